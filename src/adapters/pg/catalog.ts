@@ -1,0 +1,208 @@
+import type pg from "pg";
+import type { Hex } from "viem";
+import type {
+  CatalogStore,
+  JsonValue,
+  ModelRecord,
+  ModelStatus,
+  OfferRecord,
+  OfferStatus,
+} from "../../domain/catalog.js";
+
+export type Queryable = Pick<pg.Pool, "query">;
+
+/** A model as the chain states it (what the indexer writes). */
+export type ModelState = Omit<ModelRecord, "activeOffers">;
+/** An offer as the chain states it (what the indexer writes). */
+export type OfferState = Omit<OfferRecord, "verifiedAt" | "verificationExpiresAt">;
+
+interface ModelRow {
+  model_id: string;
+  creator: string;
+  credit_token: string;
+  repository: string;
+  revision: string;
+  task: string;
+  pool_id: string;
+  position_token_id: string;
+  status: ModelStatus;
+  active_offers: string;
+}
+
+interface OfferRow {
+  offer_id: string;
+  model_id: string;
+  owner: string;
+  operator: string;
+  payout: string;
+  status: OfferStatus;
+  tariff_version: string;
+  input_price_per_mtok: string;
+  output_price_per_mtok: string;
+  wake_fee: string;
+  region: string;
+  hardware: string;
+  max_concurrency: number;
+  capabilities: { [key: string]: JsonValue };
+  verified_at: string | null;
+  verification_expires_at: string | null;
+}
+
+const modelSelect = `
+  SELECT m.*, (SELECT count(*) FROM offers o WHERE o.model_id = m.model_id AND o.status = 'active') AS active_offers
+  FROM models m`;
+
+const offerSelect = `
+  SELECT o.*, NULL::bigint AS verified_at, NULL::bigint AS verification_expires_at
+  FROM offers o`;
+
+function toModel(row: ModelRow): ModelRecord {
+  return {
+    modelId: row.model_id as Hex,
+    creator: row.creator as Hex,
+    creditToken: row.credit_token as Hex,
+    repository: row.repository,
+    revision: row.revision,
+    task: row.task,
+    poolId: row.pool_id as Hex,
+    positionTokenId: BigInt(row.position_token_id),
+    status: row.status,
+    activeOffers: Number(row.active_offers),
+  };
+}
+
+function toOffer(row: OfferRow): OfferRecord {
+  return {
+    offerId: row.offer_id as Hex,
+    modelId: row.model_id as Hex,
+    owner: row.owner as Hex,
+    operator: row.operator as Hex,
+    payout: row.payout as Hex,
+    status: row.status,
+    tariff: {
+      version: BigInt(row.tariff_version),
+      inputPricePerMTok: BigInt(row.input_price_per_mtok),
+      outputPricePerMTok: BigInt(row.output_price_per_mtok),
+      wakeFee: BigInt(row.wake_fee),
+    },
+    region: row.region,
+    hardware: row.hardware,
+    maxConcurrency: row.max_concurrency,
+    capabilities: row.capabilities,
+    verifiedAt: row.verified_at === null ? undefined : Number(row.verified_at),
+    verificationExpiresAt:
+      row.verification_expires_at === null ? undefined : Number(row.verification_expires_at),
+  };
+}
+
+export function createPgCatalogStore(db: Queryable): CatalogStore {
+  return {
+    async listModels(status) {
+      const { rows } = await db.query<ModelRow>(
+        `${modelSelect} WHERE ($1::text IS NULL OR m.status = $1) ORDER BY m.model_id`,
+        [status ?? null],
+      );
+      return rows.map(toModel);
+    },
+    async getModel(modelId) {
+      const { rows } = await db.query<ModelRow>(`${modelSelect} WHERE m.model_id = $1`, [modelId]);
+      return rows[0] === undefined ? undefined : toModel(rows[0]);
+    },
+    async listOffers(modelId, status) {
+      const { rows } = await db.query<OfferRow>(
+        `${offerSelect} WHERE o.model_id = $1 AND ($2::text IS NULL OR o.status = $2) ORDER BY o.offer_id`,
+        [modelId, status ?? null],
+      );
+      return rows.map(toOffer);
+    },
+    async getOffer(offerId) {
+      const { rows } = await db.query<OfferRow>(`${offerSelect} WHERE o.offer_id = $1`, [offerId]);
+      return rows[0] === undefined ? undefined : toOffer(rows[0]);
+    },
+  };
+}
+
+/**
+ * Writes a model as read at `block`. A row already indexed from a later block
+ * wins, so two gateway processes indexing the same chain never move a model
+ * back in time.
+ */
+export async function upsertModel(db: Queryable, model: ModelState, block: bigint): Promise<void> {
+  await db.query(
+    `INSERT INTO models (model_id, creator, credit_token, repository, revision, task, pool_id,
+       position_token_id, status, indexed_block)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+     ON CONFLICT (model_id) DO UPDATE SET
+       creator = EXCLUDED.creator, credit_token = EXCLUDED.credit_token,
+       repository = EXCLUDED.repository, revision = EXCLUDED.revision, task = EXCLUDED.task,
+       pool_id = EXCLUDED.pool_id, position_token_id = EXCLUDED.position_token_id,
+       status = EXCLUDED.status, indexed_block = EXCLUDED.indexed_block, updated_at = now()
+     WHERE models.indexed_block <= EXCLUDED.indexed_block`,
+    [
+      model.modelId,
+      model.creator,
+      model.creditToken,
+      model.repository,
+      model.revision,
+      model.task,
+      model.poolId,
+      model.positionTokenId.toString(),
+      model.status,
+      block.toString(),
+    ],
+  );
+}
+
+/** Writes an offer as read at `block` (later reads win, as for models). */
+export async function upsertOffer(db: Queryable, offer: OfferState, block: bigint): Promise<void> {
+  await db.query(
+    `INSERT INTO offers (offer_id, model_id, owner, operator, payout, status, tariff_version,
+       input_price_per_mtok, output_price_per_mtok, wake_fee, region, hardware, max_concurrency,
+       capabilities, indexed_block)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+     ON CONFLICT (offer_id) DO UPDATE SET
+       model_id = EXCLUDED.model_id, owner = EXCLUDED.owner, operator = EXCLUDED.operator,
+       payout = EXCLUDED.payout, status = EXCLUDED.status, tariff_version = EXCLUDED.tariff_version,
+       input_price_per_mtok = EXCLUDED.input_price_per_mtok,
+       output_price_per_mtok = EXCLUDED.output_price_per_mtok, wake_fee = EXCLUDED.wake_fee,
+       region = EXCLUDED.region, hardware = EXCLUDED.hardware,
+       max_concurrency = EXCLUDED.max_concurrency, capabilities = EXCLUDED.capabilities,
+       indexed_block = EXCLUDED.indexed_block, updated_at = now()
+     WHERE offers.indexed_block <= EXCLUDED.indexed_block`,
+    [
+      offer.offerId,
+      offer.modelId,
+      offer.owner,
+      offer.operator,
+      offer.payout,
+      offer.status,
+      offer.tariff.version.toString(),
+      offer.tariff.inputPricePerMTok.toString(),
+      offer.tariff.outputPricePerMTok.toString(),
+      offer.tariff.wakeFee.toString(),
+      offer.region,
+      offer.hardware,
+      offer.maxConcurrency,
+      JSON.stringify(offer.capabilities),
+      block.toString(),
+    ],
+  );
+}
+
+export async function readCursor(db: Queryable, name: string): Promise<bigint | undefined> {
+  const { rows } = await db.query<{ block_number: string }>(
+    "SELECT block_number FROM chain_cursors WHERE name = $1",
+    [name],
+  );
+  return rows[0] === undefined ? undefined : BigInt(rows[0].block_number);
+}
+
+/** Moves the cursor forward only (a slower process never rewinds it). */
+export async function advanceCursor(db: Queryable, name: string, block: bigint): Promise<void> {
+  await db.query(
+    `INSERT INTO chain_cursors (name, block_number) VALUES ($1, $2)
+     ON CONFLICT (name) DO UPDATE SET block_number = GREATEST(chain_cursors.block_number, EXCLUDED.block_number),
+       updated_at = now()`,
+    [name, block.toString()],
+  );
+}

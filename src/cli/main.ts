@@ -1,0 +1,136 @@
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { createApiKey, listApiKeys, revokeApiKey } from "../adapters/pg/api-keys.js";
+import { openDatabase } from "../adapters/pg/database.js";
+import { migrate } from "../adapters/pg/migrate.js";
+import { startGateway } from "../app.js";
+import { ConfigError, parseConfig, type LogLevel } from "../config.js";
+import { startSandbox } from "../dev/sandbox.js";
+import { createLogger } from "../logger.js";
+
+const usage = `usage: gateway <command>
+
+commands:
+  dev                       run everything on embedded defaults (anvil, PGlite, demo market)
+  serve                     run the gateway with configuration from the environment
+  migrate                   apply database migrations and exit
+  keys create [--name N]    create an API key (printed once)
+  keys list                 list API keys (never the keys themselves)
+  keys revoke <id|prefix>   revoke an API key
+
+Environment: see README.md ("Configuration").`;
+
+class UsageError extends Error {}
+
+function onShutdown(close: () => Promise<void>, log: { info(msg: string): void }): void {
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    log.info(`${signal}: shutting down`);
+    const force = setTimeout(() => process.exit(1), 15_000);
+    force.unref();
+    close().then(
+      () => process.exit(0),
+      () => process.exit(1),
+    );
+  };
+  process.once("SIGINT", () => stop("SIGINT"));
+  process.once("SIGTERM", () => stop("SIGTERM"));
+}
+
+/** The database a management command works on: DATABASE_URL, else the embedded one under the state dir. */
+async function managementDatabase() {
+  const url = process.env.DATABASE_URL?.trim() || undefined;
+  const stateDir = process.env.GATEWAY_STATE_DIR?.trim() || ".gateway";
+  const db = await openDatabase({ url, dataDir: url === undefined ? join(stateDir, "pgdata") : undefined });
+  await migrate(db.pool);
+  return db;
+}
+
+async function run(argv: string[]): Promise<void> {
+  const [command, ...rest] = argv;
+  const logLevel = (process.env.LOG_LEVEL?.trim() || "info") as LogLevel;
+  switch (command) {
+    case "dev": {
+      const logger = createLogger(logLevel);
+      const port = process.env.PORT?.trim() ? Number(process.env.PORT) : 8080;
+      if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError("PORT must be 0-65535");
+      const sandbox = await startSandbox({
+        stateDir: process.env.GATEWAY_STATE_DIR?.trim() || ".gateway",
+        port,
+        logger,
+      });
+      onShutdown(() => sandbox.close(), logger);
+      const { manifest } = sandbox;
+      const model = manifest.models[0]?.id ?? "";
+      process.stdout.write(
+        `\nGateway ready at ${manifest.baseUrl} (REST, Connect, gRPC and gRPC-Web on one port).\n` +
+          `Manifest: ${sandbox.manifestPath}\n\nTry:\n` +
+          `  curl -s ${manifest.baseUrl}/v1/models -H 'Authorization: Bearer ${manifest.apiKey}'\n` +
+          `  curl -s ${manifest.baseUrl}/v1/models/${model} -H 'Authorization: Bearer ${manifest.apiKey}'\n\n`,
+      );
+      return;
+    }
+    case "serve": {
+      const config = parseConfig(process.env);
+      const logger = createLogger(config.logLevel);
+      const gateway = await startGateway(config, { logger });
+      onShutdown(() => gateway.close(), logger);
+      return;
+    }
+    case "migrate": {
+      const db = await managementDatabase();
+      await db.close();
+      process.stdout.write("database is up to date\n");
+      return;
+    }
+    case "keys": {
+      const { values, positionals } = parseArgs({
+        args: rest,
+        options: { name: { type: "string" } },
+        allowPositionals: true,
+      });
+      const [action, target] = positionals;
+      const db = await managementDatabase();
+      try {
+        if (action === "create") {
+          const key = await createApiKey(db.pool, values.name ?? "default");
+          process.stdout.write(
+            `created ${key.id} (${key.name})\n${key.key}\nstore it now: it is not shown again\n`,
+          );
+        } else if (action === "list") {
+          for (const key of await listApiKeys(db.pool)) {
+            const state = key.revokedAt ? `revoked ${key.revokedAt.toISOString()}` : "active";
+            process.stdout.write(`${key.id}\t${key.prefix}…\t${key.name}\t${key.createdAt.toISOString()}\t${state}\n`);
+          }
+        } else if (action === "revoke" && target !== undefined) {
+          if (!(await revokeApiKey(db.pool, target))) {
+            process.stderr.write(`no active key matches '${target}'\n`);
+            process.exitCode = 1;
+          } else process.stdout.write(`revoked ${target}\n`);
+        } else {
+          throw new UsageError("keys: expected 'create', 'list' or 'revoke <id|prefix>'");
+        }
+      } finally {
+        await db.close();
+      }
+      return;
+    }
+    default:
+      throw new UsageError(command === undefined ? "missing command" : `unknown command '${command}'`);
+  }
+}
+
+run(process.argv.slice(2)).catch((error: unknown) => {
+  if (error instanceof UsageError) {
+    process.stderr.write(`${error.message}\n\n${usage}\n`);
+    process.exit(2);
+  }
+  if (error instanceof ConfigError) {
+    process.stderr.write(`${error.message}\n`);
+    process.exit(2);
+  }
+  process.stderr.write(`gateway: ${(error as Error).message}\n`);
+  process.exit(1);
+});

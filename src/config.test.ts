@@ -1,0 +1,65 @@
+import { describe, expect, it } from "vitest";
+import { ConfigError, parseConfig } from "./config.js";
+
+const base = {
+  RPC_URL: "http://127.0.0.1:8545",
+  CHAIN_ID: "31337",
+  MARKET_ADDRESS: "0x5FbDB2315678afecb367f032d93F642f64180aa3",
+  SETTLEMENT_OPERATOR_TOKEN: "s3cret-operator-token-123",
+};
+
+describe("parseConfig", () => {
+  it("applies documented defaults", () => {
+    const config = parseConfig(base);
+    expect(config).toMatchObject({
+      databaseUrl: undefined,
+      stateDir: ".gateway",
+      chainId: 31337,
+      marketAddress: "0x5fbdb2315678afecb367f032d93f642f64180aa3",
+      startBlock: 0n,
+      confirmations: 2,
+      pollIntervalMs: 2000,
+      port: 8080,
+      logLevel: "info",
+      bodyLimitBytes: 4194304,
+    });
+    expect(Object.isFrozen(config)).toBe(true);
+  });
+
+  it("reports every problem at once and never echoes the operator token", () => {
+    let error: unknown;
+    try {
+      parseConfig({
+        RPC_URL: "ftp://x",
+        CHAIN_ID: "abc",
+        MARKET_ADDRESS: "0x12",
+        SETTLEMENT_OPERATOR_TOKEN: "short-secret",
+        PORT: "70000",
+        START_BLOCK: "-1",
+        DATABASE_URL: "mysql://db",
+        LOG_LEVEL: "loud",
+      });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    const problems = (error as ConfigError).problems;
+    for (const key of [
+      "RPC_URL",
+      "CHAIN_ID",
+      "MARKET_ADDRESS",
+      "SETTLEMENT_OPERATOR_TOKEN",
+      "PORT",
+      "START_BLOCK",
+      "DATABASE_URL",
+      "LOG_LEVEL",
+    ]) {
+      expect(problems.some((p) => p.startsWith(key))).toBe(true);
+    }
+    expect((error as Error).message).not.toContain("short-secret");
+  });
+
+  it("requires the chain settings", () => {
+    expect(() => parseConfig({})).toThrow(/RPC_URL is required[\s\S]*CHAIN_ID is required/);
+  });
+});

@@ -1,0 +1,118 @@
+import { isAddress, type Address } from "viem";
+
+/**
+ * The gateway's configuration, parsed once from the environment into one
+ * frozen object. Every key is documented in README.md ("Configuration").
+ */
+export interface Config {
+  /** PostgreSQL URL; absent: embedded PGlite under `stateDir`. */
+  readonly databaseUrl: string | undefined;
+  /** Where embedded state (PGlite data, dev manifest) lives. */
+  readonly stateDir: string;
+  readonly rpcUrl: string;
+  readonly chainId: number;
+  readonly marketAddress: Address;
+  /** First block the indexer reads when it has no cursor yet. */
+  readonly startBlock: bigint;
+  /** Blocks behind the head the indexer stays, so reorgs shallower than this never reach the catalog. */
+  readonly confirmations: number;
+  readonly pollIntervalMs: number;
+  readonly catalogFile: string | undefined;
+  readonly settlementOperatorToken: string;
+  readonly host: string;
+  readonly port: number;
+  readonly logLevel: LogLevel;
+  readonly bodyLimitBytes: number;
+}
+
+export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
+export type LogLevel = (typeof logLevels)[number];
+
+export class ConfigError extends Error {
+  override readonly name = "ConfigError";
+  constructor(readonly problems: readonly string[]) {
+    super(`invalid configuration:\n  - ${problems.join("\n  - ")}`);
+  }
+}
+
+type Env = Readonly<Record<string, string | undefined>>;
+
+/**
+ * Parses the environment. Collects every problem before failing, so an
+ * operator fixes a bad deployment in one pass. Never echoes secret values.
+ */
+export function parseConfig(env: Env): Config {
+  const problems: string[] = [];
+  const str = (key: string): string | undefined => {
+    const value = env[key]?.trim();
+    return value === undefined || value === "" ? undefined : value;
+  };
+  const required = (key: string, what: string): string => {
+    const value = str(key);
+    if (value === undefined) problems.push(`${key} is required (${what})`);
+    return value ?? "";
+  };
+  const int = (key: string, fallback: number, min: number, max: number): number => {
+    const raw = str(key);
+    if (raw === undefined) return fallback;
+    if (!/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
+      problems.push(`${key} must be an integer from ${min} to ${max}, got "${raw}"`);
+      return fallback;
+    }
+    return Number(raw);
+  };
+
+  const databaseUrl = str("DATABASE_URL");
+  if (databaseUrl !== undefined && !/^postgres(ql)?:\/\//.test(databaseUrl)) {
+    problems.push("DATABASE_URL must be a postgres:// or postgresql:// URL");
+  }
+
+  const rpcUrl = required("RPC_URL", "the JSON-RPC URL of the chain the market contract lives on");
+  if (rpcUrl !== "" && !/^(https?|wss?):\/\//.test(rpcUrl)) {
+    problems.push("RPC_URL must be an http(s):// or ws(s):// URL");
+  }
+  const chainId = str("CHAIN_ID") === undefined ? 0 : int("CHAIN_ID", 0, 1, Number.MAX_SAFE_INTEGER);
+  if (str("CHAIN_ID") === undefined) problems.push("CHAIN_ID is required (the chain id RPC_URL must report)");
+
+  const market = required("MARKET_ADDRESS", "the market contract's address");
+  if (market !== "" && !isAddress(market, { strict: false })) {
+    problems.push(`MARKET_ADDRESS must be a 0x-prefixed 20-byte address, got "${market}"`);
+  }
+
+  const startBlockRaw = str("START_BLOCK") ?? "0";
+  let startBlock = 0n;
+  if (/^\d+$/.test(startBlockRaw)) startBlock = BigInt(startBlockRaw);
+  else problems.push(`START_BLOCK must be a block number, got "${startBlockRaw}"`);
+
+  const token = required(
+    "SETTLEMENT_OPERATOR_TOKEN",
+    "the bearer token that authorises POST /settlements/flush",
+  );
+  if (token !== "" && token.length < 16) {
+    problems.push("SETTLEMENT_OPERATOR_TOKEN must be at least 16 characters");
+  }
+
+  const logLevel = (str("LOG_LEVEL") ?? "info") as LogLevel;
+  if (!logLevels.includes(logLevel)) {
+    problems.push(`LOG_LEVEL must be one of ${logLevels.join(", ")}`);
+  }
+
+  const config: Config = {
+    databaseUrl,
+    stateDir: str("GATEWAY_STATE_DIR") ?? ".gateway",
+    rpcUrl,
+    chainId,
+    marketAddress: market.toLowerCase() as Address,
+    startBlock,
+    confirmations: int("CONFIRMATIONS", 2, 0, 1000),
+    pollIntervalMs: int("POLL_INTERVAL_MS", 2000, 50, 3_600_000),
+    catalogFile: str("CATALOG_FILE"),
+    settlementOperatorToken: token,
+    host: str("HOST") ?? "0.0.0.0",
+    port: int("PORT", 8080, 0, 65535),
+    logLevel,
+    bodyLimitBytes: int("BODY_LIMIT_BYTES", 4 * 1024 * 1024, 1024, 1024 * 1024 * 1024),
+  };
+  if (problems.length > 0) throw new ConfigError(problems);
+  return Object.freeze(config);
+}

@@ -1,0 +1,17 @@
+import { createContextKey } from "@connectrpc/connect";
+import type { Logger } from "pino";
+
+/** The API key a call was authenticated with (absent on operator-only calls). */
+export interface Caller {
+  readonly apiKeyId: string;
+}
+
+export const callerKey = createContextKey<Caller | undefined>(undefined, {
+  description: "authenticated API key",
+});
+
+export const requestIdKey = createContextKey<string>("", { description: "request id for logs" });
+
+export const loggerKey = createContextKey<Logger | undefined>(undefined, {
+  description: "request-scoped logger",
+});

@@ -1,0 +1,79 @@
+import { create } from "@bufbuild/protobuf";
+import {
+  ModelSchema,
+  ModelStatus,
+  OfferSchema,
+  OfferStatus,
+  type Model,
+  type Offer,
+} from "../../gen/gateway/v1/market_pb.js";
+import type { ModelDirectory, ModelRecord, OfferRecord } from "../domain/catalog.js";
+import * as domain from "../domain/catalog.js";
+
+/** Domain records -> protobuf messages (and the status enums both ways). */
+
+const modelStatusToProto: Record<domain.ModelStatus, ModelStatus> = {
+  pending: ModelStatus.PENDING,
+  active: ModelStatus.ACTIVE,
+  paused: ModelStatus.PAUSED,
+  retired: ModelStatus.RETIRED,
+};
+
+const offerStatusToProto: Record<domain.OfferStatus, OfferStatus> = {
+  active: OfferStatus.ACTIVE,
+  paused: OfferStatus.PAUSED,
+  retired: OfferStatus.RETIRED,
+};
+
+export function modelStatusFromProto(status: ModelStatus): domain.ModelStatus | undefined {
+  return domain.modelStatuses.find((s) => modelStatusToProto[s] === status);
+}
+
+export function offerStatusFromProto(status: OfferStatus): domain.OfferStatus | undefined {
+  return domain.offerStatuses.find((s) => offerStatusToProto[s] === status);
+}
+
+export function offerStatusToMessage(status: domain.OfferStatus): OfferStatus {
+  return offerStatusToProto[status];
+}
+
+export function modelToMessage(model: ModelRecord, directory: ModelDirectory): Model {
+  return create(ModelSchema, {
+    id: directory.publicId(model.modelId),
+    modelId: model.modelId,
+    repository: model.repository,
+    revision: model.revision,
+    task: model.task,
+    creator: model.creator,
+    creditToken: model.creditToken,
+    poolId: model.poolId,
+    positionTokenId: model.positionTokenId.toString(),
+    providerCount: model.activeOffers,
+    status: modelStatusToProto[model.status],
+    aliases: [...directory.aliases(model.modelId)],
+  });
+}
+
+export function offerToMessage(offer: OfferRecord): Offer {
+  return create(OfferSchema, {
+    offerId: offer.offerId,
+    modelId: offer.modelId,
+    operator: offer.operator,
+    payout: offer.payout,
+    status: offerStatusToProto[offer.status],
+    tariffVersion: offer.tariff.version.toString(),
+    capabilities: offer.capabilities,
+    verifiedAt: offer.verifiedAt === undefined ? undefined : BigInt(offer.verifiedAt),
+    verificationExpiresAt:
+      offer.verificationExpiresAt === undefined ? undefined : BigInt(offer.verificationExpiresAt),
+    region: offer.region,
+    hardware: offer.hardware,
+    maxConcurrency: offer.maxConcurrency,
+    tariff: {
+      version: offer.tariff.version.toString(),
+      inputPricePerMtok: offer.tariff.inputPricePerMTok.toString(),
+      outputPricePerMtok: offer.tariff.outputPricePerMTok.toString(),
+      wakeFee: offer.tariff.wakeFee.toString(),
+    },
+  });
+}

@@ -1,0 +1,70 @@
+import { Code, ConnectError } from "@connectrpc/connect";
+import { ErrorInfoSchema } from "../../gen/google/rpc/error_details_pb.js";
+import { GatewayError, errorCodes, isErrorCode, type ErrorCode } from "../domain/errors.js";
+
+/** ErrorInfo.domain of every gateway error. */
+export const errorDomain = "gateway.v1";
+
+const connectCodeForStatus: Record<number, Code> = {
+  400: Code.InvalidArgument,
+  401: Code.Unauthenticated,
+  402: Code.FailedPrecondition,
+  403: Code.PermissionDenied,
+  404: Code.NotFound,
+  405: Code.Unimplemented,
+  409: Code.Aborted,
+  413: Code.ResourceExhausted,
+  415: Code.InvalidArgument,
+  422: Code.FailedPrecondition,
+  429: Code.ResourceExhausted,
+  500: Code.Internal,
+  501: Code.Unimplemented,
+  502: Code.Unavailable,
+  503: Code.Unavailable,
+};
+
+/**
+ * The one place where a domain failure becomes a ConnectError: the Connect
+ * code follows the HTTP status of the error code, and an ErrorInfo detail
+ * carries the code itself (reason) and its type. Unknown failures become
+ * `internal_error` with a generic message; their cause stays for the logs.
+ */
+export function toConnectError(error: unknown): ConnectError {
+  if (error instanceof ConnectError) return error;
+  const gatewayError =
+    error instanceof GatewayError
+      ? error
+      : new GatewayError("internal_error", "internal error", { cause: error });
+  const { status, type } = errorCodes[gatewayError.code];
+  return new ConnectError(
+    gatewayError.message,
+    connectCodeForStatus[status] ?? Code.Unknown,
+    undefined,
+    [
+      {
+        desc: ErrorInfoSchema,
+        value: { reason: gatewayError.code, domain: errorDomain, metadata: { type } },
+      },
+    ],
+    gatewayError,
+  );
+}
+
+/** Error codes for ConnectErrors that carry no ErrorInfo (raised by connect itself). */
+const fallbackCodeForConnectCode: Partial<Record<Code, ErrorCode>> = {
+  [Code.InvalidArgument]: "invalid_request",
+  [Code.Unauthenticated]: "invalid_api_key",
+  [Code.NotFound]: "route_not_found",
+  [Code.Unimplemented]: "not_implemented",
+  [Code.ResourceExhausted]: "request_too_large",
+  [Code.Unavailable]: "upstream_unavailable",
+  [Code.DeadlineExceeded]: "upstream_unavailable",
+};
+
+/** The gateway error code a ConnectError stands for. */
+export function errorCodeOf(error: ConnectError): ErrorCode {
+  for (const info of error.findDetails(ErrorInfoSchema)) {
+    if (info.domain === errorDomain && isErrorCode(info.reason)) return info.reason;
+  }
+  return fallbackCodeForConnectCode[error.code] ?? "internal_error";
+}

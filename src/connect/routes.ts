@@ -1,0 +1,28 @@
+import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
+import { CatalogService } from "../../gen/gateway/v1/catalog_pb.js";
+import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
+import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
+import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
+import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
+
+/**
+ * The service implementations the server exposes. A service or method that is
+ * not given answers Connect `unimplemented`, never made-up data.
+ */
+export interface Services {
+  readonly catalog: ServiceImpl<typeof CatalogService>;
+  readonly quote?: Partial<ServiceImpl<typeof QuoteService>>;
+  readonly inference?: Partial<ServiceImpl<typeof InferenceService>>;
+  readonly provider?: Partial<ServiceImpl<typeof ProviderService>>;
+  readonly settlement?: Partial<ServiceImpl<typeof SettlementService>>;
+}
+
+export function createRoutes(services: Services): (router: ConnectRouter) => void {
+  return (router) => {
+    router.service(CatalogService, services.catalog);
+    router.service(QuoteService, services.quote ?? {});
+    router.service(InferenceService, services.inference ?? {});
+    router.service(ProviderService, services.provider ?? {});
+    router.service(SettlementService, services.settlement ?? {});
+  };
+}

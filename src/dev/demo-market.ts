@@ -1,0 +1,169 @@
+import { keccak256, stringToHex, type Address, type Hex } from "viem";
+import type { AnvilAccount } from "../adapters/chain/anvil.js";
+import { creditTokenAbi, marketAbi } from "../adapters/chain/artifacts.js";
+import type { ChainClients } from "../adapters/chain/clients.js";
+import { deployCreditToken, deployMarket } from "../adapters/chain/deploy.js";
+import type { CatalogEntry } from "../domain/catalog.js";
+
+/** Roles of the demo market, each a distinct funded account. */
+export interface DemoAccounts {
+  readonly deployer: AnvilAccount;
+  readonly settlement: AnvilAccount;
+  readonly creator: AnvilAccount;
+  readonly operator: AnvilAccount;
+  readonly payer: AnvilAccount;
+}
+
+export interface DemoOfferSpec {
+  readonly offerId: Hex;
+  readonly modelId: Hex;
+  readonly status: "active" | "paused";
+}
+
+export interface DemoMarket {
+  readonly market: Address;
+  readonly deployBlock: bigint;
+  readonly catalog: CatalogEntry[];
+  readonly models: { id: string; modelId: Hex; creditToken: Address }[];
+  readonly offers: DemoOfferSpec[];
+  readonly permitId: Hex;
+  readonly permitDeposit: bigint;
+}
+
+export const id32 = (label: string): Hex => keccak256(stringToHex(label));
+
+export function demoAccounts(accounts: readonly AnvilAccount[]): DemoAccounts {
+  const [deployer, settlement, creator, operator, payer] = accounts;
+  if (!deployer || !settlement || !creator || !operator || !payer) throw new Error("need 5 accounts");
+  return { deployer, settlement, creator, operator, payer };
+}
+
+/** The demo offers' published capabilities and tariff. */
+export const demoTariff = {
+  version: 0n,
+  inputPricePerMTok: 2_000_000_000_000_000n,
+  outputPricePerMTok: 6_000_000_000_000_000n,
+  wakeFee: 10_000_000_000_000n,
+} as const;
+
+export function demoMetadata(region: string, hardware: string) {
+  return {
+    region,
+    hardware,
+    maxConcurrency: 8,
+    capabilities: JSON.stringify({ max_output_tokens: 4096, context_window: 8192, streaming: true }),
+  };
+}
+
+/**
+ * Deploys the market and seeds a demo: two active models with credit tokens,
+ * three offers (one paused), and a payer with an open permit on the first
+ * model. Everything goes through the contract, as a real market would.
+ */
+export async function seedDemoMarket(clients: ChainClients, roles: DemoAccounts): Promise<DemoMarket> {
+  const { publicClient } = clients;
+  const deployer = clients.wallet(roles.deployer.privateKey);
+  const creator = clients.wallet(roles.creator.privateKey);
+  const operator = clients.wallet(roles.operator.privateKey);
+  const payer = clients.wallet(roles.payer.privateKey);
+  const confirm = async (hash: Hex) => {
+    const receipt = await publicClient.waitForTransactionReceipt({ hash });
+    if (receipt.status !== "success") throw new Error(`demo transaction ${hash} reverted`);
+    return receipt;
+  };
+
+  const market = await deployMarket(deployer, publicClient, {
+    settlementOperator: roles.settlement.address,
+    closeGracePeriod: 3600n,
+  });
+  const deployBlock = await publicClient.getBlockNumber();
+
+  const modelSpecs = [
+    { id: "demo-chat", aliases: ["chat", "demo/chat"], repository: "demo/chat-small", task: "chat", symbol: "DCHAT" },
+    { id: "demo-coder", aliases: ["coder"], repository: "demo/coder-small", task: "code", symbol: "DCODE" },
+  ];
+  const models: DemoMarket["models"] = [];
+  for (const [index, spec] of modelSpecs.entries()) {
+    const modelId = id32(`model:${spec.id}`);
+    const creditToken = await deployCreditToken(creator, publicClient, {
+      name: `${spec.id} credits`,
+      symbol: spec.symbol,
+      owner: roles.creator.address,
+    });
+    await confirm(
+      await creator.writeContract({
+        address: market,
+        abi: marketAbi,
+        functionName: "createModel",
+        args: [modelId, creditToken, spec.repository, "v1", spec.task, id32(`pool:${spec.id}`), BigInt(index + 1)],
+      }),
+    );
+    await confirm(
+      await creator.writeContract({ address: market, abi: marketAbi, functionName: "setModelStatus", args: [modelId, 1] }),
+    );
+    models.push({ id: spec.id, modelId, creditToken });
+  }
+
+  const [chat, coder] = models as [DemoMarket["models"][number], DemoMarket["models"][number]];
+  const offerSpecs = [
+    { label: "chat-eu", model: chat, region: "eu-west", hardware: "cpu", status: "active" as const },
+    { label: "chat-us", model: chat, region: "us-east", hardware: "gpu-a10", status: "paused" as const },
+    { label: "coder-eu", model: coder, region: "eu-west", hardware: "cpu", status: "active" as const },
+  ];
+  const offers: DemoOfferSpec[] = [];
+  for (const spec of offerSpecs) {
+    const offerId = id32(`offer:${spec.label}`);
+    await confirm(
+      await operator.writeContract({
+        address: market,
+        abi: marketAbi,
+        functionName: "createOffer",
+        args: [offerId, spec.model.modelId, roles.operator.address, roles.operator.address, demoTariff, demoMetadata(spec.region, spec.hardware)],
+      }),
+    );
+    if (spec.status === "paused") {
+      await confirm(
+        await operator.writeContract({ address: market, abi: marketAbi, functionName: "setOfferStatus", args: [offerId, 1] }),
+      );
+    }
+    offers.push({ offerId, modelId: spec.model.modelId, status: spec.status });
+  }
+
+  const permitId = id32("permit:demo");
+  const permitDeposit = 100n * 10n ** 18n;
+  await confirm(
+    await creator.writeContract({
+      address: chat.creditToken,
+      abi: creditTokenAbi,
+      functionName: "mint",
+      args: [roles.payer.address, permitDeposit * 10n],
+    }),
+  );
+  await confirm(
+    await payer.writeContract({
+      address: chat.creditToken,
+      abi: creditTokenAbi,
+      functionName: "approve",
+      args: [market, permitDeposit],
+    }),
+  );
+  const expiresAt = BigInt(Math.floor(Date.now() / 1000) + 30 * 24 * 3600);
+  await confirm(
+    await payer.writeContract({
+      address: market,
+      abi: marketAbi,
+      functionName: "openPermit",
+      args: [permitId, chat.modelId, `0x${"00".repeat(32)}`, permitDeposit, expiresAt],
+    }),
+  );
+
+  return {
+    market,
+    deployBlock,
+    catalog: modelSpecs.map((spec, i) => ({ id: spec.id, modelId: models[i]!.modelId, aliases: spec.aliases })),
+    models,
+    offers,
+    permitId,
+    permitDeposit,
+  };
+}

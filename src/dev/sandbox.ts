@@ -1,0 +1,122 @@
+import { randomBytes } from "node:crypto";
+import { mkdir, rename, writeFile } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import type { Address, Hex } from "viem";
+import type { Logger } from "pino";
+import { startAnvil, type AnvilInstance } from "../adapters/chain/anvil.js";
+import { chainClients } from "../adapters/chain/clients.js";
+import { createApiKey } from "../adapters/pg/api-keys.js";
+import { startGateway, type Gateway } from "../app.js";
+import { parseConfig } from "../config.js";
+import { demoAccounts, seedDemoMarket } from "./demo-market.js";
+
+/** What `npm start` writes to `$GATEWAY_STATE_DIR/dev.json` for scripts and tests. */
+export interface DevManifest {
+  baseUrl: string;
+  grpcUrl: string;
+  apiKey: string;
+  rpcUrl: string;
+  chainId: number;
+  marketAddress: Address;
+  settlementOperatorToken: string;
+  models: { id: string; modelId: Hex }[];
+  offers: { offerId: Hex; modelId: Hex; status: string }[];
+  payer: { address: Address; privateKey: Hex };
+  operator: { address: Address; privateKey: Hex };
+  permitId: Hex;
+}
+
+export interface Sandbox {
+  readonly manifest: DevManifest;
+  readonly manifestPath: string;
+  readonly gateway: Gateway;
+  readonly anvil: AnvilInstance;
+  close(): Promise<void>;
+}
+
+export interface SandboxOptions {
+  readonly stateDir: string;
+  readonly host?: string;
+  readonly port?: number;
+  readonly logger: Logger;
+}
+
+/**
+ * The embedded default: a fresh anvil with the market deployed and a demo
+ * market seeded, an in-memory PGlite, and the gateway on top, configured
+ * exactly as production is (through the environment parser). Nothing is kept
+ * between runs: every start is a clean sandbox.
+ */
+export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
+  const { logger } = options;
+  const stateDir = resolve(options.stateDir);
+  await mkdir(stateDir, { recursive: true });
+
+  const anvil = await startAnvil({ chainId: 31337 });
+  try {
+    const clients = chainClients(anvil.chainId, anvil.rpcUrl, 50);
+    const roles = demoAccounts(anvil.accounts);
+    const demo = await seedDemoMarket(clients, roles);
+    logger.info({ market: demo.market, rpcUrl: anvil.rpcUrl }, "demo market deployed");
+
+    const catalogFile = join(stateDir, "catalog.json");
+    await writeFile(catalogFile, `${JSON.stringify({ models: demo.catalog }, null, 2)}\n`);
+    const settlementOperatorToken = `op_${randomBytes(24).toString("hex")}`;
+    const config = parseConfig({
+      RPC_URL: anvil.rpcUrl,
+      CHAIN_ID: String(anvil.chainId),
+      MARKET_ADDRESS: demo.market,
+      START_BLOCK: demo.deployBlock.toString(),
+      CONFIRMATIONS: "0",
+      POLL_INTERVAL_MS: "500",
+      CATALOG_FILE: catalogFile,
+      SETTLEMENT_OPERATOR_TOKEN: settlementOperatorToken,
+      HOST: options.host ?? "127.0.0.1",
+      PORT: String(options.port ?? 8080),
+      GATEWAY_STATE_DIR: stateDir,
+      LOG_LEVEL: logger.level,
+    });
+    const gateway = await startGateway(config, { logger, inMemoryDatabase: true });
+    try {
+      const apiKey = await createApiKey(gateway.db.pool, "dev");
+      const manifest: DevManifest = {
+        baseUrl: gateway.url,
+        grpcUrl: gateway.url,
+        apiKey: apiKey.key,
+        rpcUrl: anvil.rpcUrl,
+        chainId: anvil.chainId,
+        marketAddress: demo.market,
+        settlementOperatorToken,
+        models: demo.models.map(({ id, modelId }) => ({ id, modelId })),
+        offers: demo.offers.map(({ offerId, modelId, status }) => ({ offerId, modelId, status })),
+        payer: { address: roles.payer.address, privateKey: roles.payer.privateKey },
+        operator: { address: roles.operator.address, privateKey: roles.operator.privateKey },
+        permitId: demo.permitId,
+      };
+      const manifestPath = join(stateDir, "dev.json");
+      // Write-then-rename, so a script polling for the file never reads half of it.
+      await writeFile(`${manifestPath}.tmp`, `${JSON.stringify(manifest, null, 2)}\n`, { mode: 0o600 });
+      await rename(`${manifestPath}.tmp`, manifestPath);
+      let closing: Promise<void> | undefined;
+      return {
+        manifest,
+        manifestPath,
+        gateway,
+        anvil,
+        close() {
+          closing ??= (async () => {
+            await gateway.close();
+            await anvil.stop();
+          })();
+          return closing;
+        },
+      };
+    } catch (error) {
+      await gateway.close();
+      throw error;
+    }
+  } catch (error) {
+    await anvil.stop();
+    throw error;
+  }
+}

@@ -1,0 +1,131 @@
+import type { Hex } from "viem";
+import { GatewayError } from "./errors.js";
+import { isHex32, normalizeHex } from "./hex.js";
+
+export const modelStatuses = ["pending", "active", "paused", "retired"] as const;
+export type ModelStatus = (typeof modelStatuses)[number];
+export const offerStatuses = ["active", "paused", "retired"] as const;
+export type OfferStatus = (typeof offerStatuses)[number];
+
+export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+
+/** A model as indexed from the chain. */
+export interface ModelRecord {
+  readonly modelId: Hex;
+  readonly creator: Hex;
+  readonly creditToken: Hex;
+  readonly repository: string;
+  readonly revision: string;
+  readonly task: string;
+  readonly poolId: Hex;
+  readonly positionTokenId: bigint;
+  readonly status: ModelStatus;
+  /** Active offers of this model (the spec's provider_count). */
+  readonly activeOffers: number;
+}
+
+export interface Tariff {
+  readonly version: bigint;
+  readonly inputPricePerMTok: bigint;
+  readonly outputPricePerMTok: bigint;
+  readonly wakeFee: bigint;
+}
+
+/** An offer as indexed from the chain, with the gateway's verification state. */
+export interface OfferRecord {
+  readonly offerId: Hex;
+  readonly modelId: Hex;
+  readonly owner: Hex;
+  readonly operator: Hex;
+  readonly payout: Hex;
+  readonly status: OfferStatus;
+  readonly tariff: Tariff;
+  readonly region: string;
+  readonly hardware: string;
+  readonly maxConcurrency: number;
+  readonly capabilities: { [key: string]: JsonValue };
+  readonly verifiedAt: number | undefined;
+  readonly verificationExpiresAt: number | undefined;
+}
+
+/** Read side of the indexed market (PostgreSQL in production). */
+export interface CatalogStore {
+  listModels(status?: ModelStatus): Promise<ModelRecord[]>;
+  getModel(modelId: Hex): Promise<ModelRecord | undefined>;
+  listOffers(modelId: Hex, status?: OfferStatus): Promise<OfferRecord[]>;
+  getOffer(offerId: Hex): Promise<OfferRecord | undefined>;
+}
+
+/** One entry of the catalog file: the public id and aliases of a ModelID. */
+export interface CatalogEntry {
+  readonly id: string;
+  readonly modelId: Hex;
+  readonly aliases: readonly string[];
+}
+
+/**
+ * Public names of models. A model without a catalog entry is known by its
+ * ModelID. Names are matched exactly; ModelIDs in any hex case.
+ */
+export class ModelDirectory {
+  readonly #byModelId = new Map<Hex, CatalogEntry>();
+  readonly #byName = new Map<string, Hex>();
+
+  constructor(entries: readonly CatalogEntry[] = []) {
+    for (const entry of entries) {
+      const modelId = normalizeHex(entry.modelId);
+      if (this.#byModelId.has(modelId)) throw new Error(`catalog lists model ${modelId} twice`);
+      this.#byModelId.set(modelId, { ...entry, modelId });
+      for (const name of [entry.id, ...entry.aliases]) {
+        if (isHex32(name)) throw new Error(`catalog name "${name}" looks like a ModelID`);
+        if (this.#byName.has(name)) throw new Error(`catalog name "${name}" is used twice`);
+        this.#byName.set(name, modelId);
+      }
+    }
+  }
+
+  publicId(modelId: Hex): string {
+    return this.#byModelId.get(modelId)?.id ?? modelId;
+  }
+
+  aliases(modelId: Hex): readonly string[] {
+    return this.#byModelId.get(modelId)?.aliases ?? [];
+  }
+
+  /** The ModelID a public id, alias or ModelID names, if any. */
+  resolve(ref: string): Hex | undefined {
+    if (isHex32(ref)) return normalizeHex(ref);
+    return this.#byName.get(ref);
+  }
+}
+
+export interface Catalog {
+  readonly directory: ModelDirectory;
+  listModels(status?: ModelStatus): Promise<ModelRecord[]>;
+  /** Throws `model_not_found` for an unknown reference. */
+  getModel(ref: string): Promise<ModelRecord>;
+  listOffers(ref: string, status?: OfferStatus): Promise<OfferRecord[]>;
+  getOffer(offerId: Hex): Promise<OfferRecord | undefined>;
+}
+
+export function createCatalog(deps: { store: CatalogStore; directory: ModelDirectory }): Catalog {
+  const { store, directory } = deps;
+  const getModel = async (ref: string): Promise<ModelRecord> => {
+    const modelId = directory.resolve(ref);
+    const model = modelId === undefined ? undefined : await store.getModel(modelId);
+    if (model === undefined) {
+      throw new GatewayError("model_not_found", `model '${ref.slice(0, 200)}' does not exist`);
+    }
+    return model;
+  };
+  return {
+    directory,
+    listModels: (status) => store.listModels(status),
+    getModel,
+    async listOffers(ref, status) {
+      const model = await getModel(ref);
+      return store.listOffers(model.modelId, status);
+    },
+    getOffer: (offerId) => store.getOffer(normalizeHex(offerId)),
+  };
+}

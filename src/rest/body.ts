@@ -1,0 +1,44 @@
+import type { connectNodeAdapter } from "@connectrpc/connect-node";
+import { GatewayError } from "../domain/errors.js";
+
+/** The request type connect-node's handlers take (HTTP/1.1 or HTTP/2). */
+export type NodeRequest = Parameters<ReturnType<typeof connectNodeAdapter>>[0];
+
+/** Reads the raw body, refusing more than `limit` bytes with 413 `request_too_large`. */
+export async function readBody(req: NodeRequest, limit: number): Promise<Buffer> {
+  const declared = Number(req.headers["content-length"] ?? "0");
+  if (declared > limit) {
+    req.resume();
+    throw new GatewayError("request_too_large", `request body exceeds ${limit} bytes`);
+  }
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req as AsyncIterable<Buffer>) {
+    size += chunk.length;
+    if (size > limit) {
+      req.resume();
+      throw new GatewayError("request_too_large", `request body exceeds ${limit} bytes`);
+    }
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks);
+}
+
+/**
+ * Reads a JSON body. Checks only that it is JSON of the expected media type:
+ * what the document must contain is the services' business.
+ */
+export async function readJson(req: NodeRequest, limit: number): Promise<{ raw: Buffer; value: unknown }> {
+  const type = req.headers["content-type"];
+  if (type !== undefined && !/^application\/([\w.+-]*\+)?json\b/i.test(type)) {
+    req.resume();
+    throw new GatewayError("unsupported_media_type", "the request body must be application/json");
+  }
+  const raw = await readBody(req, limit);
+  if (raw.length === 0) return { raw, value: undefined };
+  try {
+    return { raw, value: JSON.parse(raw.toString("utf8")) };
+  } catch {
+    throw new GatewayError("invalid_json", "the request body is not valid JSON");
+  }
+}

@@ -1,0 +1,261 @@
+import type { connectNodeAdapter } from "@connectrpc/connect-node";
+import { createClient, type Client, type Transport } from "@connectrpc/connect";
+import type { Logger } from "pino";
+import { CatalogService } from "../../gen/gateway/v1/catalog_pb.js";
+import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
+import { ModelStatusSchema, OfferStatusSchema } from "../../gen/gateway/v1/market_pb.js";
+import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
+import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
+import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
+import { GatewayError } from "../domain/errors.js";
+import { readBody, type NodeRequest } from "./body.js";
+import { toHttpError } from "./errors.js";
+import { modelView, offerView, parseStatusFilter } from "./views.js";
+
+/** The response type connect-node's handlers take (HTTP/1.1 or HTTP/2). */
+export type NodeResponse = Parameters<ReturnType<typeof connectNodeAdapter>>[1];
+
+export interface Readiness {
+  readonly ok: boolean;
+  readonly checks: Record<string, { ok: boolean; error?: string }>;
+}
+
+export interface FacadeDeps {
+  /** Reaches the RPC services in process, through the same interceptors as the network. */
+  readonly transport: Transport;
+  readonly bodyLimitBytes: number;
+  readonly readiness: () => Promise<Readiness>;
+  readonly logger: Logger;
+}
+
+interface Clients {
+  catalog: Client<typeof CatalogService>;
+  quote: Client<typeof QuoteService>;
+  inference: Client<typeof InferenceService>;
+  provider: Client<typeof ProviderService>;
+  settlement: Client<typeof SettlementService>;
+}
+
+interface Call {
+  readonly req: NodeRequest;
+  readonly res: NodeResponse;
+  readonly url: URL;
+  readonly params: readonly string[];
+  /** Call options that carry the caller's credentials and request id to the RPC. */
+  readonly options: { headers: Record<string, string>; signal: AbortSignal };
+  readonly clients: Clients;
+  readonly deps: FacadeDeps;
+}
+
+interface Reply {
+  readonly status?: number;
+  readonly body: unknown;
+  readonly headers?: Record<string, string>;
+}
+
+interface Route {
+  readonly method: string;
+  readonly path: RegExp;
+  readonly handle: (call: Call) => Promise<Reply | undefined>;
+}
+
+const id = "([^/]+)";
+
+const statusOf = <T extends number>(schema: Parameters<typeof parseStatusFilter>[0], url: URL): T | undefined => {
+  const word = url.searchParams.get("status");
+  const value = parseStatusFilter<T>(schema, word);
+  if (word !== null && word !== "" && value === undefined) {
+    throw new GatewayError("invalid_request", `unknown status filter '${word.slice(0, 40)}'`);
+  }
+  return value;
+};
+
+/**
+ * The OpenAI-compatible REST surface. Each route translates HTTP into one RPC
+ * call and its answer back into the spec's JSON; no business rule lives here.
+ */
+const routes: Route[] = [
+  {
+    method: "GET",
+    path: /^\/health$/,
+    handle: async () => ({ body: { status: "ok" } }),
+  },
+  {
+    method: "GET",
+    path: /^\/ready$/,
+    handle: async ({ deps }) => {
+      const readiness = await deps.readiness();
+      return { status: readiness.ok ? 200 : 503, body: { status: readiness.ok ? "ready" : "unavailable", checks: readiness.checks } };
+    },
+  },
+  {
+    method: "GET",
+    path: /^\/v1\/models$/,
+    handle: async ({ clients, options, url }) => {
+      const { models } = await clients.catalog.listModels({ status: statusOf(ModelStatusSchema, url) }, options);
+      return { body: { object: "list", data: models.map(modelView) } };
+    },
+  },
+  {
+    method: "GET",
+    path: new RegExp(`^/v1/models/${id}$`),
+    handle: async ({ clients, options, params }) => {
+      const { model, offers } = await clients.catalog.getModel({ id: params[0] }, options);
+      if (model === undefined) throw new Error("GetModel answered without a model");
+      return { body: { ...modelView(model), offers: offers.map(offerView) } };
+    },
+  },
+  {
+    method: "GET",
+    path: new RegExp(`^/v1/models/${id}/offers$`),
+    handle: async ({ clients, options, params, url }) => {
+      const { offers } = await clients.catalog.listOffers(
+        { model: params[0], status: statusOf(OfferStatusSchema, url) },
+        options,
+      );
+      return { body: { object: "list", data: offers.map(offerView) } };
+    },
+  },
+  {
+    method: "POST",
+    path: /^\/v1\/quotes$/,
+    handle: async ({ clients, options, req, deps }) => {
+      const body = await readBody(req, deps.bodyLimitBytes);
+      const { quote } = await clients.quote.createQuote({ body }, options);
+      return { body: quote };
+    },
+  },
+  {
+    method: "POST",
+    path: /^\/v1\/chat\/completions$/,
+    handle: async ({ clients, options, req, deps }) => {
+      const body = await readBody(req, deps.bodyLimitBytes);
+      for await (const message of clients.inference.streamChatCompletion({ body }, options)) {
+        return { body: message };
+      }
+      return undefined;
+    },
+  },
+  {
+    method: "GET",
+    path: new RegExp(`^/v1/requests/${id}$`),
+    handle: async ({ clients, options, params }) => {
+      const { request } = await clients.inference.getRequest({ id: params[0] }, options);
+      return { body: request };
+    },
+  },
+  {
+    method: "POST",
+    path: /^\/v1\/provider-offers\/challenge$/,
+    handle: async ({ clients, options }) => {
+      const response = await clients.provider.createRegistrationChallenge({}, options);
+      return { body: response };
+    },
+  },
+  {
+    method: "POST",
+    path: /^\/v1\/provider-offers\/register$/,
+    handle: async ({ clients, options }) => {
+      const response = await clients.provider.registerEndpoint({}, options);
+      return { body: response };
+    },
+  },
+  {
+    method: "GET",
+    path: new RegExp(`^/v1/provider-offers/${id}/health$`),
+    handle: async ({ clients, options, params }) => {
+      const response = await clients.provider.getOfferHealth({ offerId: params[0] }, options);
+      return { body: response };
+    },
+  },
+  {
+    method: "POST",
+    path: new RegExp(`^/v1/provider-offers/${id}/verify$`),
+    handle: async ({ clients, options, params }) => {
+      const response = await clients.provider.verifyOffer({ offerId: params[0] }, options);
+      return { body: response };
+    },
+  },
+  {
+    method: "POST",
+    path: /^\/settlements\/flush$/,
+    handle: async ({ clients, options }) => {
+      const response = await clients.settlement.flush({}, options);
+      return { body: response };
+    },
+  },
+];
+
+function sendJson(res: NodeResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  const payload = JSON.stringify(body);
+  res.writeHead(status, {
+    "content-type": "application/json",
+    "content-length": Buffer.byteLength(payload),
+    ...headers,
+  });
+  res.end(payload);
+}
+
+export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: NodeResponse) => void {
+  const clients: Clients = {
+    catalog: createClient(CatalogService, deps.transport),
+    quote: createClient(QuoteService, deps.transport),
+    inference: createClient(InferenceService, deps.transport),
+    provider: createClient(ProviderService, deps.transport),
+    settlement: createClient(SettlementService, deps.transport),
+  };
+
+  return (req, res) => {
+    const url = new URL(req.url ?? "/", "http://gateway.invalid");
+    const abort = new AbortController();
+    res.once("close", () => abort.abort());
+    const headers: Record<string, string> = {};
+    for (const name of ["authorization", "x-request-id"]) {
+      const value = req.headers[name];
+      if (typeof value === "string") headers[name] = value;
+    }
+    const log = deps.logger.child({ reqId: headers["x-request-id"] });
+
+    const handled = (async (): Promise<void> => {
+      let match: { route: Route; params: string[] } | undefined;
+      let pathKnown = false;
+      for (const route of routes) {
+        const m = route.path.exec(url.pathname);
+        if (m === null) continue;
+        pathKnown = true;
+        if (route.method === req.method) {
+          match = { route, params: m.slice(1).map((p) => decodeURIComponent(p)) };
+          break;
+        }
+      }
+      if (match === undefined) {
+        req.resume();
+        throw pathKnown
+          ? new GatewayError("method_not_allowed", `${req.method} is not allowed on ${url.pathname}`)
+          : new GatewayError("route_not_found", `no route for ${req.method} ${url.pathname.slice(0, 200)}`);
+      }
+      const reply = await match.route.handle({
+        req,
+        res,
+        url,
+        params: match.params,
+        options: { headers, signal: abort.signal },
+        clients,
+        deps,
+      });
+      if (reply !== undefined && !res.headersSent) sendJson(res, reply.status ?? 200, reply.body, reply.headers);
+    })();
+
+    handled.catch((error: unknown) => {
+      const { status, body } = toHttpError(error);
+      if (status >= 500 && body.error.code === "internal_error") log.error({ err: error, path: url.pathname }, "request failed");
+      if (res.headersSent) {
+        res.end();
+        return;
+      }
+      const extra: Record<string, string> = {};
+      if (status === 401) extra["www-authenticate"] = "Bearer";
+      sendJson(res, status, body, extra);
+    });
+  };
+}

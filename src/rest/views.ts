@@ -1,0 +1,68 @@
+import type { DescEnum } from "@bufbuild/protobuf";
+import { ModelStatusSchema, OfferStatusSchema, type Model, type Offer } from "../../gen/gateway/v1/market_pb.js";
+
+/**
+ * Protobuf messages -> the spec's JSON resources (snake_case, enum values as
+ * lower-case words, timestamps as integer Unix seconds, money as decimal
+ * strings). Absent optional values are `null`.
+ */
+
+/** `MODEL_STATUS_ACTIVE` -> `active`. */
+function enumWord(schema: DescEnum, value: number): string {
+  return (schema.value[value]?.localName ?? "unspecified").toLowerCase();
+}
+
+function seconds(value: bigint | undefined): number | null {
+  return value === undefined ? null : Number(value);
+}
+
+export function modelView(model: Model) {
+  return {
+    id: model.id,
+    object: "model",
+    model_id: model.modelId,
+    repository: model.repository,
+    revision: model.revision,
+    task: model.task,
+    creator: model.creator,
+    credit_token: model.creditToken,
+    pool_id: model.poolId,
+    position_token_id: model.positionTokenId,
+    provider_count: model.providerCount,
+    status: enumWord(ModelStatusSchema, model.status),
+    aliases: model.aliases,
+  };
+}
+
+export function offerView(offer: Offer) {
+  return {
+    offer_id: offer.offerId,
+    model_id: offer.modelId,
+    operator: offer.operator,
+    payout: offer.payout,
+    status: enumWord(OfferStatusSchema, offer.status),
+    tariff_version: offer.tariffVersion,
+    capabilities: offer.capabilities ?? {},
+    verified_at: seconds(offer.verifiedAt),
+    verification_expires_at: seconds(offer.verificationExpiresAt),
+    region: offer.region,
+    hardware: offer.hardware,
+    max_concurrency: offer.maxConcurrency,
+    tariff: {
+      version: offer.tariff?.version ?? offer.tariffVersion,
+      input_price_per_mtok: offer.tariff?.inputPricePerMtok ?? "0",
+      output_price_per_mtok: offer.tariff?.outputPricePerMtok ?? "0",
+      wake_fee: offer.tariff?.wakeFee ?? "0",
+    },
+  };
+}
+
+/** `?status=active` -> the enum value; undefined when absent; throws a 400 on an unknown word. */
+export function parseStatusFilter<T extends number>(
+  schema: DescEnum,
+  word: string | null,
+): T | undefined {
+  if (word === null || word === "") return undefined;
+  const value = schema.values.find((v) => enumWord(schema, v.number) === word && v.number !== 0);
+  return value?.number as T | undefined;
+}

@@ -1,0 +1,49 @@
+import { createRouterTransport } from "@connectrpc/connect";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import type { Logger } from "pino";
+import { authInterceptor, newRequestId, observabilityInterceptor, type AuthOptions } from "./connect/interceptors.js";
+import { createRoutes, type Services } from "./connect/routes.js";
+import type { NodeRequest } from "./rest/body.js";
+import { createRestFacade, type NodeResponse, type Readiness } from "./rest/facade.js";
+
+export interface GatewayHandlerDeps extends AuthOptions {
+  readonly services: Services;
+  readonly logger: Logger;
+  readonly bodyLimitBytes: number;
+  readonly readiness: () => Promise<Readiness>;
+}
+
+const requestIdPattern = /^[A-Za-z0-9._-]{1,128}$/;
+
+/**
+ * One request handler for everything: Connect, gRPC and gRPC-Web for the RPC
+ * paths, and the REST facade (connect-node's fallback) for the rest. The
+ * facade reaches the same routes through an in-process transport with the
+ * same interceptors, so authentication, logging and error mapping exist once.
+ */
+export function createGatewayHandler(deps: GatewayHandlerDeps): (req: NodeRequest, res: NodeResponse) => void {
+  const interceptors = [observabilityInterceptor(deps.logger), authInterceptor(deps)];
+  const routes = createRoutes(deps.services);
+  const transport = createRouterTransport(routes, {
+    router: { interceptors, readMaxBytes: deps.bodyLimitBytes + 1024 },
+  });
+  const facade = createRestFacade({
+    transport,
+    bodyLimitBytes: deps.bodyLimitBytes,
+    readiness: deps.readiness,
+    logger: deps.logger,
+  });
+  const connect = connectNodeAdapter({
+    routes,
+    interceptors,
+    readMaxBytes: deps.bodyLimitBytes + 1024,
+    fallback: facade,
+  });
+  return (req, res) => {
+    const incoming = req.headers["x-request-id"];
+    const requestId = typeof incoming === "string" && requestIdPattern.test(incoming) ? incoming : newRequestId();
+    req.headers["x-request-id"] = requestId;
+    res.setHeader("x-request-id", requestId);
+    connect(req, res);
+  };
+}
