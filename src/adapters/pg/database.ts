@@ -1,0 +1,258 @@
+import { mkdir } from "node:fs/promises";
+import { resolve as resolvePath } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { PGlite } from "@electric-sql/pglite";
+import { PGLiteSocketServer } from "@electric-sql/pglite-socket";
+import pg from "pg";
+
+// No global type parsers are installed on purpose: `pg` already returns int8 (count(*), sums)
+// and numeric as strings, and money in this project is bigint or decimal strings, so a parser
+// that turned them into JS numbers would silently lose precision.
+
+/** The minimal logger `openDatabase` needs; a pino logger fits. */
+export interface DatabaseLogger {
+  info(obj: object, msg?: string): void;
+  warn?(obj: object, msg?: string): void;
+}
+
+export interface OpenDatabaseOptions {
+  /** A PostgreSQL connection string. Without it an embedded PGlite is used. */
+  url?: string;
+  /** Where the embedded PGlite keeps its files; in memory when absent. Ignored with `url`. */
+  dataDir?: string;
+  logger?: DatabaseLogger;
+}
+
+/**
+ * One database, whatever backs it: adapters only ever see `pool`, so the same queries run on a
+ * real PostgreSQL and on the embedded PGlite.
+ */
+export interface Database {
+  pool: pg.Pool;
+  kind: "postgres" | "pglite";
+  /** Ends the pool and, for PGlite, the socket server and the database. Idempotent. */
+  close(): Promise<void>;
+}
+
+/** Opening the database failed; the message never contains a password. */
+export class DatabaseOpenError extends Error {
+  override readonly name = "DatabaseOpenError";
+  readonly reason = "database_unavailable";
+}
+
+/**
+ * Opens the database: a `pg.Pool` on `url`, checked with `SELECT 1` so that a wrong URL fails
+ * here rather than on the first request; or, without `url`, an embedded PGlite served over a
+ * local socket so that the same `pg` code talks to it.
+ */
+export async function openDatabase(opts: OpenDatabaseOptions = {}): Promise<Database> {
+  if (opts.url !== undefined) return openPostgres(opts.url, opts.logger);
+  let dataDir: string | undefined;
+  if (opts.dataDir !== undefined) {
+    dataDir = resolvePath(opts.dataDir);
+    await mkdir(dataDir, { recursive: true });
+  }
+  const pglite = await PGlite.create(dataDir === undefined ? {} : { dataDir });
+  return servePglite(pglite, { logger: opts.logger, label: dataDir ?? "memory" });
+}
+
+async function openPostgres(url: string, logger: DatabaseLogger | undefined): Promise<Database> {
+  const safeUrl = redactDatabaseUrl(url);
+  const password = passwordOf(url);
+  let pool: pg.Pool;
+  try {
+    pool = new pg.Pool({
+      connectionString: url,
+      max: 10,
+      // Also bounds the wait for a free client when all ten are busy: fail rather than hang.
+      connectionTimeoutMillis: 10_000,
+      idleTimeoutMillis: 30_000,
+      application_name: "model-market-gateway",
+    });
+  } catch (err) {
+    throw new DatabaseOpenError(`invalid database url ${safeUrl}: ${scrub(err, password)}`, {
+      cause: sanitizeCause(err, password),
+    });
+  }
+  pool.on("error", (err) => logPoolError(logger, err, password));
+  try {
+    await pool.query("SELECT 1");
+  } catch (err) {
+    await pool.end().catch(() => {});
+    throw new DatabaseOpenError(`cannot connect to ${safeUrl}: ${scrub(err, password)}`, {
+      cause: sanitizeCause(err, password),
+    });
+  }
+  logger?.info({ kind: "postgres", url: safeUrl }, "database connected");
+  return { pool, kind: "postgres", close: once(() => pool.end()) };
+}
+
+/**
+ * Serves an already created PGlite over a local TCP socket and returns a Database that owns it
+ * (closing the Database closes `pglite`). Exported so tests can start PGlite from a snapshot.
+ *
+ * PGlite is a single-connection database. The socket server can multiplex several clients, but
+ * that gives wrong results, so both the server and the pool allow exactly one connection.
+ */
+export async function servePglite(
+  pglite: PGlite,
+  opts: { logger?: DatabaseLogger | undefined; label?: string } = {},
+): Promise<Database> {
+  const server = new PGLiteSocketServer({
+    db: pglite,
+    host: "127.0.0.1",
+    port: 0,
+    maxConnections: 1,
+  });
+  let pool: pg.Pool | undefined;
+  const close = once(async () => {
+    try {
+      await pool?.end();
+    } finally {
+      try {
+        await server.stop();
+      } finally {
+        await pglite.close();
+      }
+    }
+  });
+  try {
+    // start() resolves once listening and records the port the OS picked for port 0;
+    // getServerConn() then reports it as "127.0.0.1:<port>".
+    await server.start();
+    const port = Number(server.getServerConn().split(":").pop());
+    if (!Number.isInteger(port) || port <= 0) {
+      throw new Error(`PGlite socket server reported no port (${server.getServerConn()})`);
+    }
+    pool = new pg.Pool({
+      host: "127.0.0.1",
+      port,
+      user: "postgres",
+      database: "postgres",
+      max: 1,
+      // Never drop the one idle connection: reconnecting is where the race below lives.
+      idleTimeoutMillis: 0,
+      Client: clientWaitingForFreeSlot(server),
+    });
+    pool.on("error", (err) => logPoolError(opts.logger, err, undefined));
+    await pool.query("SELECT 1");
+    opts.logger?.info({ kind: "pglite", dataDir: opts.label ?? "memory" }, "database started");
+    return { pool, kind: "pglite", close };
+  } catch (err) {
+    await close().catch(() => {});
+    throw new DatabaseOpenError(`cannot start embedded PGlite: ${scrub(err, undefined)}`, {
+      cause: err,
+    });
+  }
+}
+
+/**
+ * A pg.Client that, before connecting, waits until the PGlite socket server has let go of the
+ * previous connection. pg-pool destroys a client whenever a query through `pool.query` fails
+ * (it calls `release(err)`), and it opens the replacement at once; the server only notices the
+ * old socket closing on a later tick, so with `maxConnections: 1` it would reject the new one
+ * and the next query would fail with "Connection terminated unexpectedly".
+ */
+function clientWaitingForFreeSlot(server: PGLiteSocketServer): new () => pg.Client {
+  const waitForFreeSlot = async (): Promise<void> => {
+    const deadline = Date.now() + 5_000;
+    while (server.getStats().activeConnections > 0 && Date.now() < deadline) {
+      await sleep(1);
+    }
+  };
+  return class PgliteSocketClient extends pg.Client {
+    override connect(): Promise<pg.Client>;
+    override connect(callback: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): void;
+    override connect(
+      callback?: ((err: Error) => void) | ((err: null, c: pg.Client) => void),
+    ): Promise<pg.Client> | void {
+      if (callback === undefined) return waitForFreeSlot().then(() => super.connect());
+      void waitForFreeSlot().then(() => super.connect(callback));
+    }
+  };
+}
+
+/**
+ * The URL with its password (in the userinfo or a `password` parameter) replaced by `***`,
+ * fit for logs and error messages.
+ */
+export function redactDatabaseUrl(url: string): string {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    return "[unparseable database url]";
+  }
+  if (parsed.password !== "") parsed.password = "***";
+  for (const key of ["password", "sslpassword"]) {
+    if (parsed.searchParams.has(key)) parsed.searchParams.set(key, "***");
+  }
+  return parsed.toString();
+}
+
+function passwordOf(url: string): string | undefined {
+  try {
+    const parsed = new URL(url);
+    const password = parsed.password || parsed.searchParams.get("password") || undefined;
+    return password === undefined ? undefined : safeDecode(password);
+  } catch {
+    return undefined;
+  }
+}
+
+function safeDecode(s: string): string {
+  try {
+    return decodeURIComponent(s);
+  } catch {
+    return s;
+  }
+}
+
+/** The error's message with the password (raw or URL-encoded) cut out. */
+function scrub(err: unknown, password: string | undefined): string {
+  const message = err instanceof Error ? err.message : String(err);
+  return scrubText(message, password);
+}
+
+function scrubText(text: string, password: string | undefined): string {
+  if (password === undefined || password === "") return text;
+  let out = text;
+  for (const secret of new Set([password, encodeURIComponent(password)])) {
+    out = out.split(secret).join("***");
+  }
+  return out;
+}
+
+/**
+ * Keeps the original error as `cause` unless anything in it mentions the password (Node's
+ * ERR_INVALID_URL, for one, carries the whole input URL), in which case a scrubbed copy is kept.
+ */
+function sanitizeCause(err: unknown, password: string | undefined): unknown {
+  if (password === undefined || password === "" || !(err instanceof Error)) return err;
+  const leaks = [err.message, err.stack ?? "", ...Object.values(err).map(String)].some(
+    (v) => v.includes(password) || v.includes(encodeURIComponent(password)),
+  );
+  if (!leaks) return err;
+  const copy = new Error(scrubText(err.message, password));
+  copy.name = err.name;
+  const code = (err as { code?: unknown }).code;
+  if (code !== undefined) Object.assign(copy, { code });
+  return copy;
+}
+
+function logPoolError(
+  logger: DatabaseLogger | undefined,
+  err: Error,
+  password: string | undefined,
+): void {
+  // An idle client lost its connection; the pool drops it and opens a new one when needed.
+  // Without this listener the 'error' event would crash the process.
+  const entry = { err: { name: err.name, message: scrub(err, password) } };
+  if (logger?.warn) logger.warn(entry, "idle database connection failed");
+  else logger?.info(entry, "idle database connection failed");
+}
+
+function once(fn: () => Promise<void>): () => Promise<void> {
+  let done: Promise<void> | undefined;
+  return () => (done ??= fn());
+}

@@ -1,0 +1,147 @@
+import { randomBytes } from "node:crypto";
+import { readFile, rename, writeFile } from "node:fs/promises";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { gunzipSync } from "node:zlib";
+import { PGlite } from "@electric-sql/pglite";
+import pg from "pg";
+import { describe } from "vitest";
+import { openDatabase, servePglite, type Database } from "../../src/adapters/pg/database.js";
+import { migrate } from "../../src/adapters/pg/migrate.js";
+
+export interface TestDatabase {
+  /** The URL of the fresh PostgreSQL database; undefined for PGlite. */
+  url?: string;
+  db: Database;
+  /** Closes the database and, on PostgreSQL, drops it. Idempotent. */
+  drop(): Promise<void>;
+}
+
+/** The PostgreSQL server tests may create databases on, when there is one. */
+export function testDatabaseUrl(): string | undefined {
+  return process.env.TEST_DATABASE_URL || undefined;
+}
+
+/** `describe` that runs only against a real PostgreSQL (TEST_DATABASE_URL set). */
+export const describeIfPostgres = describe.skipIf(!process.env.TEST_DATABASE_URL);
+
+/**
+ * A fresh, empty database: a new `gw_test_<hex>` database on TEST_DATABASE_URL's server when
+ * that is set, else an in-memory PGlite. Migrated unless `migrate: false`.
+ */
+export async function createTestDatabase(opts: { migrate?: boolean } = {}): Promise<TestDatabase> {
+  const serverUrl = testDatabaseUrl();
+  const test = serverUrl === undefined ? await createPglite() : await createPostgres(serverUrl);
+  if (opts.migrate !== false) {
+    try {
+      await migrate(test.db.pool);
+    } catch (err) {
+      await test.drop().catch(() => {});
+      throw err;
+    }
+  }
+  return test;
+}
+
+async function createPostgres(serverUrl: string): Promise<TestDatabase> {
+  const name = `gw_test_${randomBytes(6).toString("hex")}`;
+  await withAdminClient(serverUrl, (c) => c.query(`CREATE DATABASE ${name}`));
+  const url = new URL(serverUrl);
+  url.pathname = `/${name}`;
+  let db: Database;
+  try {
+    db = await openDatabase({ url: url.toString() });
+  } catch (err) {
+    await withAdminClient(serverUrl, (c) => c.query(`DROP DATABASE IF EXISTS ${name}`));
+    throw err;
+  }
+  return {
+    url: url.toString(),
+    db,
+    drop: once(async () => {
+      await db.close();
+      await withAdminClient(serverUrl, (c) =>
+        c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`),
+      );
+    }),
+  };
+}
+
+async function withAdminClient(url: string, fn: (c: pg.Client) => Promise<unknown>): Promise<void> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    await fn(client);
+  } finally {
+    await client.end();
+  }
+}
+
+async function createPglite(): Promise<TestDatabase> {
+  const template = await pgliteTemplate();
+  let pglite: PGlite | undefined;
+  if (template) {
+    // A damaged cache file must not fail the tests: fall back to a fresh initdb.
+    pglite = await PGlite.create({ loadDataDir: template }).catch(() => undefined);
+  }
+  const db = await servePglite(pglite ?? (await PGlite.create()));
+  return { db, drop: once(() => db.close()) };
+}
+
+// Creating a PGlite runs initdb (3-5 s); starting from a snapshot of a fresh data directory
+// takes under one. The snapshot is cached on disk (per PGlite version) so that every vitest
+// worker process, not just the first, starts fast.
+let templatePromise: Promise<Blob | undefined> | undefined;
+
+function pgliteTemplate(): Promise<Blob | undefined> {
+  return (templatePromise ??= loadOrCreateTemplate().catch(() => undefined));
+}
+
+async function loadOrCreateTemplate(): Promise<Blob | undefined> {
+  const version = pgliteVersion();
+  if (version === undefined) return undefined;
+  const path = join(tmpdir(), `gateway-test-pglite-${version}.tgz`);
+  try {
+    // Unzipped here, not by PGlite, so that a damaged file (gzip has a checksum) is a cache
+    // miss rather than an error thrown inside PGlite.
+    return new Blob([gunzipSync(await readFile(path))], { type: "application/x-tar" });
+  } catch {
+    // not cached yet, or damaged
+  }
+  const fresh = await PGlite.create();
+  try {
+    const dump = Buffer.from(await (await fresh.dumpDataDir("gzip")).arrayBuffer());
+    // Write then rename, so a concurrent worker never reads half a file.
+    const partial = `${path}.${process.pid}.${randomBytes(4).toString("hex")}`;
+    await writeFile(partial, dump);
+    await rename(partial, path);
+    return new Blob([gunzipSync(dump)], { type: "application/x-tar" });
+  } finally {
+    await fresh.close();
+  }
+}
+
+function pgliteVersion(): string | undefined {
+  try {
+    const require = createRequire(import.meta.url);
+    let dir = dirname(require.resolve("@electric-sql/pglite"));
+    for (let i = 0; i < 5; i++) {
+      try {
+        const pkg = require(join(dir, "package.json")) as { name?: string; version?: string };
+        if (pkg.name === "@electric-sql/pglite" && pkg.version) return pkg.version;
+      } catch {
+        // keep walking up
+      }
+      dir = dirname(dir);
+    }
+  } catch {
+    // not resolvable: no cache
+  }
+  return undefined;
+}
+
+function once(fn: () => Promise<void>): () => Promise<void> {
+  let done: Promise<void> | undefined;
+  return () => (done ??= fn());
+}
