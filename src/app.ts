@@ -28,6 +28,8 @@ export interface StartOptions {
   readonly logger: Logger;
   /** Embedded PGlite only: keep data in memory instead of under the state dir. */
   readonly inMemoryDatabase?: boolean;
+  /** A database opened by the caller (tests); the gateway migrates it but does not close it. */
+  readonly database?: Database;
 }
 
 async function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
@@ -70,11 +72,14 @@ export async function startGateway(config: Config, options: StartOptions): Promi
   const entries = config.catalogFile === undefined ? [] : await loadCatalogFile(config.catalogFile);
   const directory = new ModelDirectory(entries);
 
-  const db = await openDatabase({
-    url: config.databaseUrl,
-    dataDir: options.inMemoryDatabase ? undefined : join(config.stateDir, "pgdata"),
-    logger,
-  });
+  const ownsDatabase = options.database === undefined;
+  const db =
+    options.database ??
+    (await openDatabase({
+      url: config.databaseUrl,
+      dataDir: options.inMemoryDatabase ? undefined : join(config.stateDir, "pgdata"),
+      logger,
+    }));
   try {
     const { applied } = await migrate(db.pool);
     if (applied.length > 0) logger.info({ applied }, "database migrated");
@@ -138,13 +143,13 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         closing ??= (async () => {
           await listener.close();
           await indexer.stop();
-          await db.close();
+          if (ownsDatabase) await db.close();
         })();
         return closing;
       },
     };
   } catch (error) {
-    await db.close();
+    if (ownsDatabase) await db.close();
     throw error;
   }
 }
