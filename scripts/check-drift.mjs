@@ -27,19 +27,26 @@ try {
   const want = files(fresh);
   const have = files("gen");
   const differing = [
-    ...want.filter((f) => !have.includes(f) || !readFileSync(join(fresh, f)).equals(readFileSync(join("gen", f)))),
+    ...want.filter(
+      (f) =>
+        !have.includes(f) || !readFileSync(join(fresh, f)).equals(readFileSync(join("gen", f))),
+    ),
     ...have.filter((f) => !want.includes(f)),
   ];
   if (differing.length > 0) {
     failed = true;
-    console.error(`gen/ is out of date with proto/ (run 'npm run generate'):\n  ${differing.join("\n  ")}`);
+    console.error(
+      `gen/ is out of date with proto/ (run 'npm run generate'):\n  ${differing.join("\n  ")}`,
+    );
   }
 } finally {
   rmSync(scratch, { recursive: true, force: true });
 }
 
 try {
-  execFileSync("node", ["--import", "tsx", "scripts/build-contracts.ts", "--check"], { stdio: "inherit" });
+  execFileSync("node", ["--import", "tsx", "scripts/build-contracts.ts", "--check"], {
+    stdio: "inherit",
+  });
 } catch {
   failed = true;
 }

@@ -7,7 +7,7 @@ import { ModelStatus } from "../gen/gateway/v1/market_pb.js";
 import { marketAbi } from "../src/adapters/chain/artifacts.js";
 import { demoMetadata, demoTariff, id32 } from "../src/dev/demo-market.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
-import { authed, eventually, startTestStack, type TestStack } from "./helpers/stack.js";
+import { authed, eventually, json, startTestStack, type TestStack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
 
@@ -53,46 +53,59 @@ describe("catalog", () => {
     it("serves /health without credentials", async () => {
       const res = await fetch(`${stack.gateway.url}/health`);
       expect(res.status).toBe(200);
-      expect(await res.json()).toEqual({ status: "ok" });
+      expect(await json(res)).toEqual({ status: "ok" });
     });
 
     it("reports readiness of database and chain", async () => {
       const res = await fetch(`${stack.gateway.url}/ready`);
       expect(res.status).toBe(200);
-      expect(await res.json()).toMatchObject({ checks: { database: { ok: true }, chain: { ok: true } } });
+      expect(await json(res)).toMatchObject({
+        checks: { database: { ok: true }, chain: { ok: true } },
+      });
     });
 
     it("answers 401 missing_api_key without a key", async () => {
       const res = await fetch(`${stack.gateway.url}/v1/models`);
       expect(res.status).toBe(401);
-      expect(await res.json()).toEqual({
-        error: { code: "missing_api_key", type: "authentication_error", message: expect.any(String) },
+      expect(await json(res)).toEqual({
+        error: {
+          code: "missing_api_key",
+          type: "authentication_error",
+          message: expect.any(String),
+        },
       });
     });
 
     it("answers 401 invalid_api_key with a wrong key", async () => {
-      const res = await fetch(`${stack.gateway.url}/v1/models`, { headers: { authorization: "Bearer gw_wrong" } });
+      const res = await fetch(`${stack.gateway.url}/v1/models`, {
+        headers: { authorization: "Bearer gw_wrong" },
+      });
       expect(res.status).toBe(401);
-      expect((await res.json()).error.code).toBe("invalid_api_key");
+      expect((await json(res)).error.code).toBe("invalid_api_key");
     });
 
     it("answers unknown routes and methods with the error body", async () => {
       const missing = await authed(stack, "/v1/nothing");
       expect(missing.status).toBe(404);
-      expect((await missing.json()).error.code).toBe("route_not_found");
+      expect((await json(missing)).error.code).toBe("route_not_found");
       const wrongMethod = await authed(stack, "/v1/models", { method: "DELETE" });
       expect(wrongMethod.status).toBe(405);
-      expect((await wrongMethod.json()).error.type).toBe("invalid_request_error");
+      expect((await json(wrongMethod)).error.type).toBe("invalid_request_error");
     });
 
     it("answers later-issue RPCs with unimplemented, never made-up data", async () => {
-      const res = await authed(stack, "/settlements/flush", { method: "POST", headers: { authorization: `Bearer ${stack.operatorToken}` } });
+      const res = await authed(stack, "/settlements/flush", {
+        method: "POST",
+        headers: { authorization: `Bearer ${stack.operatorToken}` },
+      });
       expect(res.status).toBe(501);
-      expect((await res.json()).error.code).toBe("not_implemented");
+      expect((await json(res)).error.code).toBe("not_implemented");
     });
 
     it("keeps the API key out of the logs and puts a request id on every request line", async () => {
-      const res = await authed(stack, "/v1/models", { headers: { "x-request-id": "req-log-check-1" } });
+      const res = await authed(stack, "/v1/models", {
+        headers: { "x-request-id": "req-log-check-1" },
+      });
       expect(res.headers.get("x-request-id")).toBe("req-log-check-1");
       const lines = stack.logs.lines.filter((l) => l.includes("req-log-check-1"));
       expect(lines.length).toBeGreaterThan(0);
@@ -105,9 +118,12 @@ describe("catalog", () => {
     it("lists the demo models with every spec field", async () => {
       const res = await authed(stack, "/v1/models");
       expect(res.status).toBe(200);
-      const body = await res.json();
+      const body = await json(res);
       expect(body.object).toBe("list");
-      expect(body.data.map((m: { id: string }) => m.id).sort()).toEqual(["demo-chat", "demo-coder"]);
+      expect(body.data.map((m: { id: string }) => m.id).sort()).toEqual([
+        "demo-chat",
+        "demo-coder",
+      ]);
       const chat = body.data.find((m: { id: string }) => m.id === "demo-chat");
       for (const field of modelFields) expect(chat).toHaveProperty(field);
       expect(chat).not.toHaveProperty("offers");
@@ -128,17 +144,24 @@ describe("catalog", () => {
 
     it("finds a model by public id, ModelID in either case, and alias, with its offers", async () => {
       const modelId = stack.demo.models[0]!.modelId;
-      const refs = ["demo-chat", modelId.toLowerCase(), `0x${modelId.slice(2).toUpperCase()}`, "chat", "demo%2Fchat"];
+      const refs = [
+        "demo-chat",
+        modelId.toLowerCase(),
+        `0x${modelId.slice(2).toUpperCase()}`,
+        "chat",
+        "demo%2Fchat",
+      ];
       const bodies = [];
       for (const ref of refs) {
         const res = await authed(stack, `/v1/models/${ref}`);
         expect(res.status, ref).toBe(200);
-        bodies.push(await res.json());
+        bodies.push(await json(res));
       }
       for (const body of bodies) expect(body).toEqual(bodies[0]);
       const offers = bodies[0].offers;
       expect(offers).toHaveLength(2);
-      for (const offer of offers) for (const field of offerFields) expect(offer).toHaveProperty(field);
+      for (const offer of offers)
+        for (const field of offerFields) expect(offer).toHaveProperty(field);
       const active = offers.find((o: { status: string }) => o.status === "active");
       expect(active).toMatchObject({
         model_id: modelId,
@@ -159,21 +182,21 @@ describe("catalog", () => {
       for (const ref of ["no-such-model", id32("nothing")]) {
         const res = await authed(stack, `/v1/models/${ref}`);
         expect(res.status).toBe(404);
-        expect(await res.json()).toEqual({
+        expect(await json(res)).toEqual({
           error: { code: "model_not_found", type: "not_found_error", message: expect.any(String) },
         });
       }
     });
 
     it("lists a model's offers, optionally filtered by status", async () => {
-      const all = await (await authed(stack, "/v1/models/demo-chat/offers")).json();
+      const all = await json(await authed(stack, "/v1/models/demo-chat/offers"));
       expect(all.object).toBe("list");
       expect(all.data).toHaveLength(2);
-      const paused = await (await authed(stack, "/v1/models/demo-chat/offers?status=paused")).json();
+      const paused = await json(await authed(stack, "/v1/models/demo-chat/offers?status=paused"));
       expect(paused.data.map((o: { status: string }) => o.status)).toEqual(["paused"]);
       const bad = await authed(stack, "/v1/models/demo-chat/offers?status=sleepy");
       expect(bad.status).toBe(400);
-      expect((await bad.json()).error.code).toBe("invalid_request");
+      expect((await json(bad)).error.code).toBe("invalid_request");
     });
   });
 
@@ -181,17 +204,29 @@ describe("catalog", () => {
     it("serves ListModels to a @grpc/grpc-js client", async () => {
       const client = grpcClient(stack.gateway.url);
       try {
-        const response = await grpcUnary(client, CatalogService.method.listModels, {}, {
-          authorization: `Bearer ${stack.apiKey}`,
-        });
+        const response = await grpcUnary(
+          client,
+          CatalogService.method.listModels,
+          {},
+          {
+            authorization: `Bearer ${stack.apiKey}`,
+          },
+        );
         expect(response.models.map((m) => m.id).sort()).toEqual(["demo-chat", "demo-coder"]);
         expect(response.models.every((m) => m.status === ModelStatus.ACTIVE)).toBe(true);
-        const rest = await (await authed(stack, "/v1/models")).json();
-        expect(response.models.map((m) => m.modelId)).toEqual(rest.data.map((m: { model_id: string }) => m.model_id));
+        const rest = await json(await authed(stack, "/v1/models"));
+        expect(response.models.map((m) => m.modelId)).toEqual(
+          rest.data.map((m: { model_id: string }) => m.model_id),
+        );
 
-        const error = await grpcUnary(client, CatalogService.method.getModel, { id: "nope" }, {
-          authorization: `Bearer ${stack.apiKey}`,
-        }).catch((e: grpc.ServiceError) => e);
+        const error = await grpcUnary(
+          client,
+          CatalogService.method.getModel,
+          { id: "nope" },
+          {
+            authorization: `Bearer ${stack.apiKey}`,
+          },
+        ).catch((e: grpc.ServiceError) => e);
         expect((error as grpc.ServiceError).code).toBe(grpc.status.NOT_FOUND);
         const unauthenticated = await grpcUnary(client, CatalogService.method.listModels, {}).catch(
           (e: grpc.ServiceError) => e,
@@ -215,7 +250,10 @@ describe("catalog", () => {
         `${stack.gateway.url}/gateway.v1.CatalogService/ListModels`,
       ]);
       const body = JSON.parse(stdout);
-      expect(body.models.map((m: { id: string }) => m.id).sort()).toEqual(["demo-chat", "demo-coder"]);
+      expect(body.models.map((m: { id: string }) => m.id).sort()).toEqual([
+        "demo-chat",
+        "demo-coder",
+      ]);
     });
   });
 
@@ -224,23 +262,47 @@ describe("catalog", () => {
       const operator = stack.clients.wallet(stack.roles.operator.privateKey);
       const offerId = id32("offer:coder-new");
       const coder = stack.demo.models[1]!;
-      const send = async (hash: `0x${string}`) => stack.clients.publicClient.waitForTransactionReceipt({ hash });
+      const send = async (hash: `0x${string}`) =>
+        stack.clients.publicClient.waitForTransactionReceipt({ hash });
       await send(
         await operator.writeContract({
           address: stack.demo.market,
           abi: marketAbi,
           functionName: "createOffer",
-          args: [offerId, coder.modelId, stack.roles.operator.address, stack.roles.operator.address, demoTariff, demoMetadata("ap-south", "gpu-l4")],
+          args: [
+            offerId,
+            coder.modelId,
+            stack.roles.operator.address,
+            stack.roles.operator.address,
+            demoTariff,
+            demoMetadata("ap-south", "gpu-l4"),
+          ],
         }),
       );
-      const offersOf = async () => (await (await authed(stack, "/v1/models/demo-coder/offers")).json()).data as { offer_id: string; status: string; region: string }[];
+      const offersOf = async () =>
+        (await json(await authed(stack, "/v1/models/demo-coder/offers"))).data as {
+          offer_id: string;
+          status: string;
+          region: string;
+        }[];
       await eventually(async () => (await offersOf()).some((o) => o.offer_id === offerId), 2000);
-      expect((await offersOf()).find((o) => o.offer_id === offerId)).toMatchObject({ status: "active", region: "ap-south" });
+      expect((await offersOf()).find((o) => o.offer_id === offerId)).toMatchObject({
+        status: "active",
+        region: "ap-south",
+      });
 
       await send(
-        await operator.writeContract({ address: stack.demo.market, abi: marketAbi, functionName: "setOfferStatus", args: [offerId, 1] }),
+        await operator.writeContract({
+          address: stack.demo.market,
+          abi: marketAbi,
+          functionName: "setOfferStatus",
+          args: [offerId, 1],
+        }),
       );
-      await eventually(async () => (await offersOf()).find((o) => o.offer_id === offerId)?.status === "paused", 2000);
+      await eventually(
+        async () => (await offersOf()).find((o) => o.offer_id === offerId)?.status === "paused",
+        2000,
+      );
 
       const count = async () => {
         const { rows } = await stack.database.db.pool.query<{ models: string; offers: string }>(
@@ -249,12 +311,16 @@ describe("catalog", () => {
         return rows[0];
       };
       const before = await count();
-      const cursorBefore = await stack.database.db.pool.query("SELECT block_number FROM chain_cursors");
+      const cursorBefore = await stack.database.db.pool.query(
+        "SELECT block_number FROM chain_cursors",
+      );
       await stack.restart();
       const after = await count();
       expect(after).toEqual(before);
       expect(before).toEqual({ models: "2", offers: "4" });
-      const cursorAfter = await stack.database.db.pool.query("SELECT block_number FROM chain_cursors");
+      const cursorAfter = await stack.database.db.pool.query(
+        "SELECT block_number FROM chain_cursors",
+      );
       expect(cursorAfter.rows).toEqual(cursorBefore.rows);
       const listed = await offersOf();
       expect(listed.filter((o) => o.offer_id === offerId)).toHaveLength(1);

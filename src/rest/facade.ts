@@ -61,7 +61,10 @@ interface Route {
 
 const id = "([^/]+)";
 
-const statusOf = <T extends number>(schema: Parameters<typeof parseStatusFilter>[0], url: URL): T | undefined => {
+const statusOf = <T extends number>(
+  schema: Parameters<typeof parseStatusFilter>[0],
+  url: URL,
+): T | undefined => {
   const word = url.searchParams.get("status");
   const value = parseStatusFilter<T>(schema, word);
   if (word !== null && word !== "" && value === undefined) {
@@ -85,14 +88,20 @@ const routes: Route[] = [
     path: /^\/ready$/,
     handle: async ({ deps }) => {
       const readiness = await deps.readiness();
-      return { status: readiness.ok ? 200 : 503, body: { status: readiness.ok ? "ready" : "unavailable", checks: readiness.checks } };
+      return {
+        status: readiness.ok ? 200 : 503,
+        body: { status: readiness.ok ? "ready" : "unavailable", checks: readiness.checks },
+      };
     },
   },
   {
     method: "GET",
     path: /^\/v1\/models$/,
     handle: async ({ clients, options, url }) => {
-      const { models } = await clients.catalog.listModels({ status: statusOf(ModelStatusSchema, url) }, options);
+      const { models } = await clients.catalog.listModels(
+        { status: statusOf(ModelStatusSchema, url) },
+        options,
+      );
       return { body: { object: "list", data: models.map(modelView) } };
     },
   },
@@ -186,7 +195,20 @@ const routes: Route[] = [
   },
 ];
 
-function sendJson(res: NodeResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+function decodePathParam(raw: string): string {
+  try {
+    return decodeURIComponent(raw);
+  } catch {
+    throw new GatewayError("invalid_request", "malformed percent-encoding in the path");
+  }
+}
+
+function sendJson(
+  res: NodeResponse,
+  status: number,
+  body: unknown,
+  headers: Record<string, string> = {},
+): void {
   const payload = JSON.stringify(body);
   res.writeHead(status, {
     "content-type": "application/json",
@@ -224,15 +246,21 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
         if (m === null) continue;
         pathKnown = true;
         if (route.method === req.method) {
-          match = { route, params: m.slice(1).map((p) => decodeURIComponent(p)) };
+          match = { route, params: m.slice(1).map(decodePathParam) };
           break;
         }
       }
       if (match === undefined) {
         req.resume();
         throw pathKnown
-          ? new GatewayError("method_not_allowed", `${req.method} is not allowed on ${url.pathname}`)
-          : new GatewayError("route_not_found", `no route for ${req.method} ${url.pathname.slice(0, 200)}`);
+          ? new GatewayError(
+              "method_not_allowed",
+              `${req.method} is not allowed on ${url.pathname}`,
+            )
+          : new GatewayError(
+              "route_not_found",
+              `no route for ${req.method} ${url.pathname.slice(0, 200)}`,
+            );
       }
       const reply = await match.route.handle({
         req,
@@ -243,12 +271,14 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
         clients,
         deps,
       });
-      if (reply !== undefined && !res.headersSent) sendJson(res, reply.status ?? 200, reply.body, reply.headers);
+      if (reply !== undefined && !res.headersSent)
+        sendJson(res, reply.status ?? 200, reply.body, reply.headers);
     })();
 
     handled.catch((error: unknown) => {
       const { status, body } = toHttpError(error);
-      if (status >= 500 && body.error.code === "internal_error") log.error({ err: error, path: url.pathname }, "request failed");
+      if (status >= 500 && body.error.code === "internal_error")
+        log.error({ err: error, path: url.pathname }, "request failed");
       if (res.headersSent) {
         res.end();
         return;

@@ -8,7 +8,12 @@ import { chainClients, type ChainClients } from "../../src/adapters/chain/client
 import { createApiKey } from "../../src/adapters/pg/api-keys.js";
 import { startGateway, type Gateway } from "../../src/app.js";
 import { parseConfig, type Config } from "../../src/config.js";
-import { demoAccounts, seedDemoMarket, type DemoAccounts, type DemoMarket } from "../../src/dev/demo-market.js";
+import {
+  demoAccounts,
+  seedDemoMarket,
+  type DemoAccounts,
+  type DemoMarket,
+} from "../../src/dev/demo-market.js";
 import { createLogger, type Logger } from "../../src/logger.js";
 import { createTestDatabase, type TestDatabase } from "./db.js";
 
@@ -16,7 +21,12 @@ import { createTestDatabase, type TestDatabase } from "./db.js";
 export class LogCapture extends Writable {
   readonly lines: string[] = [];
   override _write(chunk: Buffer, _encoding: string, done: () => void): void {
-    this.lines.push(...chunk.toString("utf8").split("\n").filter((l) => l !== ""));
+    this.lines.push(
+      ...chunk
+        .toString("utf8")
+        .split("\n")
+        .filter((l) => l !== ""),
+    );
     done();
   }
   get text(): string {
@@ -107,15 +117,28 @@ export async function startTestStack(env: Record<string, string> = {}): Promise<
 export function authed(stack: TestStack, path: string, init: RequestInit = {}): Promise<Response> {
   return fetch(`${stack.gateway.url}${path}`, {
     ...init,
-    headers: { authorization: `Bearer ${stack.apiKey}`, ...(init.headers as Record<string, string>) },
+    headers: {
+      authorization: `Bearer ${stack.apiKey}`,
+      ...(init.headers as Record<string, string>),
+    },
   });
 }
 
 /** Polls `check` until it returns true or `timeoutMs` passes (for asynchronous effects like indexing). */
-export async function eventually(check: () => Promise<boolean>, timeoutMs = 5000, stepMs = 50): Promise<void> {
+export async function eventually(
+  check: () => Promise<boolean>,
+  timeoutMs = 5000,
+  stepMs = 50,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!(await check())) {
     if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms`);
     await new Promise((r) => setTimeout(r, stepMs));
   }
+}
+
+/** A response body as loosely typed JSON, for assertions. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export async function json(res: Response): Promise<any> {
+  return res.json();
 }
