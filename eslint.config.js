@@ -2,13 +2,25 @@ import js from "@eslint/js";
 import tseslint from "typescript-eslint";
 
 export default tseslint.config(
-  { ignores: ["gen/**", "node_modules/**", "dist/**", ".gateway/**", "contracts/artifacts/**", "src/adapters/chain/artifacts.ts"] },
+  {
+    ignores: [
+      "gen/**",
+      "node_modules/**",
+      "dist/**",
+      ".gateway/**",
+      "contracts/artifacts/**",
+      "src/adapters/chain/artifacts.ts",
+    ],
+  },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {
     languageOptions: { globals: { process: "readonly", console: "readonly" } },
     rules: {
-      "@typescript-eslint/no-unused-vars": ["error", { argsIgnorePattern: "^_", varsIgnorePattern: "^_" }],
+      "@typescript-eslint/no-unused-vars": [
+        "error",
+        { argsIgnorePattern: "^_", varsIgnorePattern: "^_" },
+      ],
       "@typescript-eslint/no-explicit-any": "error",
     },
   },

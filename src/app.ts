@@ -53,10 +53,14 @@ export async function connectChain(config: Config): Promise<PublicClient> {
   try {
     chainId = await client.getChainId();
   } catch (error) {
-    throw new Error(`cannot reach the chain at RPC_URL: ${(error as Error).message}`, { cause: error });
+    throw new Error(`cannot reach the chain at RPC_URL: ${(error as Error).message}`, {
+      cause: error,
+    });
   }
   if (chainId !== config.chainId) {
-    throw new Error(`RPC_URL serves chain ${chainId}, but CHAIN_ID is ${config.chainId}: refusing to start`);
+    throw new Error(
+      `RPC_URL serves chain ${chainId}, but CHAIN_ID is ${config.chainId}: refusing to start`,
+    );
   }
   const code = await client.getCode({ address: config.marketAddress });
   if (code === undefined || code === "0x") {
@@ -130,7 +134,10 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     const listener = await listen(handler, { host: config.host, port: config.port });
     const host = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
     const url = `http://${host.includes(":") ? `[${host}]` : host}:${listener.port}`;
-    logger.info({ url, chainId: config.chainId, market: config.marketAddress, database: db.kind }, "gateway listening");
+    logger.info(
+      { url, chainId: config.chainId, market: config.marketAddress, database: db.kind },
+      "gateway listening",
+    );
 
     let closing: Promise<void> | undefined;
     return {

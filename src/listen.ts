@@ -3,7 +3,10 @@ import http2 from "node:http2";
 import net from "node:net";
 import type { Socket } from "node:net";
 
-type Handler = (req: http.IncomingMessage | http2.Http2ServerRequest, res: http.ServerResponse | http2.Http2ServerResponse) => void;
+type Handler = (
+  req: http.IncomingMessage | http2.Http2ServerRequest,
+  res: http.ServerResponse | http2.Http2ServerResponse,
+) => void;
 
 export interface Listener {
   readonly port: number;
@@ -20,10 +23,16 @@ const http2Preface = Buffer.from("PRI * HTTP/2.0\r\n");
  * the server looks at the first bytes: the HTTP/2 connection preface starts
  * with "PRI * HTTP/2.0", which no HTTP/1 request does.
  */
-export async function listen(handler: Handler, options: { host: string; port: number }): Promise<Listener> {
+export async function listen(
+  handler: Handler,
+  options: { host: string; port: number },
+): Promise<Listener> {
   const h1 = http.createServer(handler as http.RequestListener);
   h1.keepAliveTimeout = 65_000;
-  const h2 = http2.createServer({}, handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void);
+  const h2 = http2.createServer(
+    {},
+    handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void,
+  );
   const sockets = new Set<Socket>();
   const sessions = new Set<http2.ServerHttp2Session>();
   h2.on("session", (session) => {

@@ -1,7 +1,12 @@
 import { createRouterTransport } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Logger } from "pino";
-import { authInterceptor, newRequestId, observabilityInterceptor, type AuthOptions } from "./connect/interceptors.js";
+import {
+  authInterceptor,
+  newRequestId,
+  observabilityInterceptor,
+  type AuthOptions,
+} from "./connect/interceptors.js";
 import { createRoutes, type Services } from "./connect/routes.js";
 import type { NodeRequest } from "./rest/body.js";
 import { createRestFacade, type NodeResponse, type Readiness } from "./rest/facade.js";
@@ -21,7 +26,9 @@ const requestIdPattern = /^[A-Za-z0-9._-]{1,128}$/;
  * facade reaches the same routes through an in-process transport with the
  * same interceptors, so authentication, logging and error mapping exist once.
  */
-export function createGatewayHandler(deps: GatewayHandlerDeps): (req: NodeRequest, res: NodeResponse) => void {
+export function createGatewayHandler(
+  deps: GatewayHandlerDeps,
+): (req: NodeRequest, res: NodeResponse) => void {
   const interceptors = [observabilityInterceptor(deps.logger), authInterceptor(deps)];
   const routes = createRoutes(deps.services);
   const transport = createRouterTransport(routes, {
@@ -41,7 +48,8 @@ export function createGatewayHandler(deps: GatewayHandlerDeps): (req: NodeReques
   });
   return (req, res) => {
     const incoming = req.headers["x-request-id"];
-    const requestId = typeof incoming === "string" && requestIdPattern.test(incoming) ? incoming : newRequestId();
+    const requestId =
+      typeof incoming === "string" && requestIdPattern.test(incoming) ? incoming : newRequestId();
     req.headers["x-request-id"] = requestId;
     res.setHeader("x-request-id", requestId);
     connect(req, res);

@@ -21,7 +21,11 @@ export function parseCatalog(value: unknown, source = "catalog"): CatalogEntry[]
   const fail = (message: string): never => {
     throw new Error(`${source}: ${message}`);
   };
-  if (typeof value !== "object" || value === null || !Array.isArray((value as { models?: unknown }).models)) {
+  if (
+    typeof value !== "object" ||
+    value === null ||
+    !Array.isArray((value as { models?: unknown }).models)
+  ) {
     fail('expected an object with a "models" array');
   }
   const models = (value as { models: unknown[] }).models;

@@ -43,7 +43,10 @@ function onShutdown(close: () => Promise<void>, log: { info(msg: string): void }
 async function managementDatabase() {
   const url = process.env.DATABASE_URL?.trim() || undefined;
   const stateDir = process.env.GATEWAY_STATE_DIR?.trim() || ".gateway";
-  const db = await openDatabase({ url, dataDir: url === undefined ? join(stateDir, "pgdata") : undefined });
+  const db = await openDatabase({
+    url,
+    dataDir: url === undefined ? join(stateDir, "pgdata") : undefined,
+  });
   await migrate(db.pool);
   return db;
 }
@@ -55,7 +58,8 @@ async function run(argv: string[]): Promise<void> {
     case "dev": {
       const logger = createLogger(logLevel);
       const port = process.env.PORT?.trim() ? Number(process.env.PORT) : 8080;
-      if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError("PORT must be 0-65535");
+      if (!Number.isInteger(port) || port < 0 || port > 65535)
+        throw new UsageError("PORT must be 0-65535");
       const sandbox = await startSandbox({
         stateDir: process.env.GATEWAY_STATE_DIR?.trim() || ".gateway",
         port,
@@ -102,7 +106,9 @@ async function run(argv: string[]): Promise<void> {
         } else if (action === "list") {
           for (const key of await listApiKeys(db.pool)) {
             const state = key.revokedAt ? `revoked ${key.revokedAt.toISOString()}` : "active";
-            process.stdout.write(`${key.id}\t${key.prefix}…\t${key.name}\t${key.createdAt.toISOString()}\t${state}\n`);
+            process.stdout.write(
+              `${key.id}\t${key.prefix}…\t${key.name}\t${key.createdAt.toISOString()}\t${state}\n`,
+            );
           }
         } else if (action === "revoke" && target !== undefined) {
           if (!(await revokeApiKey(db.pool, target))) {
@@ -118,7 +124,9 @@ async function run(argv: string[]): Promise<void> {
       return;
     }
     default:
-      throw new UsageError(command === undefined ? "missing command" : `unknown command '${command}'`);
+      throw new UsageError(
+        command === undefined ? "missing command" : `unknown command '${command}'`,
+      );
   }
 }
 

@@ -25,14 +25,18 @@ export function observabilityInterceptor(logger: Logger): Interceptor {
       requestId = header !== null && requestIdPattern.test(header) ? header : newRequestId();
       req.contextValues.set(requestIdKey, requestId);
     }
-    const log = logger.child({ reqId: requestId, rpc: `${req.service.typeName}/${req.method.name}` });
+    const log = logger.child({
+      reqId: requestId,
+      rpc: `${req.service.typeName}/${req.method.name}`,
+    });
     req.contextValues.set(loggerKey, log);
     const started = performance.now();
     const fail = (error: unknown): ConnectError => {
       const connectError = toConnectError(error);
       const code = errorCodeOf(connectError);
       const fields = { code, ms: Math.round(performance.now() - started) };
-      if (code === "internal_error") log.error({ ...fields, err: connectError.cause ?? error }, "rpc failed");
+      if (code === "internal_error")
+        log.error({ ...fields, err: connectError.cause ?? error }, "rpc failed");
       else log.info(fields, "rpc rejected");
       return connectError;
     };

@@ -34,7 +34,8 @@ export const id32 = (label: string): Hex => keccak256(stringToHex(label));
 
 export function demoAccounts(accounts: readonly AnvilAccount[]): DemoAccounts {
   const [deployer, settlement, creator, operator, payer] = accounts;
-  if (!deployer || !settlement || !creator || !operator || !payer) throw new Error("need 5 accounts");
+  if (!deployer || !settlement || !creator || !operator || !payer)
+    throw new Error("need 5 accounts");
   return { deployer, settlement, creator, operator, payer };
 }
 
@@ -51,7 +52,11 @@ export function demoMetadata(region: string, hardware: string) {
     region,
     hardware,
     maxConcurrency: 8,
-    capabilities: JSON.stringify({ max_output_tokens: 4096, context_window: 8192, streaming: true }),
+    capabilities: JSON.stringify({
+      max_output_tokens: 4096,
+      context_window: 8192,
+      streaming: true,
+    }),
   };
 }
 
@@ -60,7 +65,10 @@ export function demoMetadata(region: string, hardware: string) {
  * three offers (one paused), and a payer with an open permit on the first
  * model. Everything goes through the contract, as a real market would.
  */
-export async function seedDemoMarket(clients: ChainClients, roles: DemoAccounts): Promise<DemoMarket> {
+export async function seedDemoMarket(
+  clients: ChainClients,
+  roles: DemoAccounts,
+): Promise<DemoMarket> {
   const { publicClient } = clients;
   const deployer = clients.wallet(roles.deployer.privateKey);
   const creator = clients.wallet(roles.creator.privateKey);
@@ -79,8 +87,20 @@ export async function seedDemoMarket(clients: ChainClients, roles: DemoAccounts)
   const deployBlock = await publicClient.getBlockNumber();
 
   const modelSpecs = [
-    { id: "demo-chat", aliases: ["chat", "demo/chat"], repository: "demo/chat-small", task: "chat", symbol: "DCHAT" },
-    { id: "demo-coder", aliases: ["coder"], repository: "demo/coder-small", task: "code", symbol: "DCODE" },
+    {
+      id: "demo-chat",
+      aliases: ["chat", "demo/chat"],
+      repository: "demo/chat-small",
+      task: "chat",
+      symbol: "DCHAT",
+    },
+    {
+      id: "demo-coder",
+      aliases: ["coder"],
+      repository: "demo/coder-small",
+      task: "code",
+      symbol: "DCODE",
+    },
   ];
   const models: DemoMarket["models"] = [];
   for (const [index, spec] of modelSpecs.entries()) {
@@ -95,20 +115,51 @@ export async function seedDemoMarket(clients: ChainClients, roles: DemoAccounts)
         address: market,
         abi: marketAbi,
         functionName: "createModel",
-        args: [modelId, creditToken, spec.repository, "v1", spec.task, id32(`pool:${spec.id}`), BigInt(index + 1)],
+        args: [
+          modelId,
+          creditToken,
+          spec.repository,
+          "v1",
+          spec.task,
+          id32(`pool:${spec.id}`),
+          BigInt(index + 1),
+        ],
       }),
     );
     await confirm(
-      await creator.writeContract({ address: market, abi: marketAbi, functionName: "setModelStatus", args: [modelId, 1] }),
+      await creator.writeContract({
+        address: market,
+        abi: marketAbi,
+        functionName: "setModelStatus",
+        args: [modelId, 1],
+      }),
     );
     models.push({ id: spec.id, modelId, creditToken });
   }
 
   const [chat, coder] = models as [DemoMarket["models"][number], DemoMarket["models"][number]];
   const offerSpecs = [
-    { label: "chat-eu", model: chat, region: "eu-west", hardware: "cpu", status: "active" as const },
-    { label: "chat-us", model: chat, region: "us-east", hardware: "gpu-a10", status: "paused" as const },
-    { label: "coder-eu", model: coder, region: "eu-west", hardware: "cpu", status: "active" as const },
+    {
+      label: "chat-eu",
+      model: chat,
+      region: "eu-west",
+      hardware: "cpu",
+      status: "active" as const,
+    },
+    {
+      label: "chat-us",
+      model: chat,
+      region: "us-east",
+      hardware: "gpu-a10",
+      status: "paused" as const,
+    },
+    {
+      label: "coder-eu",
+      model: coder,
+      region: "eu-west",
+      hardware: "cpu",
+      status: "active" as const,
+    },
   ];
   const offers: DemoOfferSpec[] = [];
   for (const spec of offerSpecs) {
@@ -118,12 +169,24 @@ export async function seedDemoMarket(clients: ChainClients, roles: DemoAccounts)
         address: market,
         abi: marketAbi,
         functionName: "createOffer",
-        args: [offerId, spec.model.modelId, roles.operator.address, roles.operator.address, demoTariff, demoMetadata(spec.region, spec.hardware)],
+        args: [
+          offerId,
+          spec.model.modelId,
+          roles.operator.address,
+          roles.operator.address,
+          demoTariff,
+          demoMetadata(spec.region, spec.hardware),
+        ],
       }),
     );
     if (spec.status === "paused") {
       await confirm(
-        await operator.writeContract({ address: market, abi: marketAbi, functionName: "setOfferStatus", args: [offerId, 1] }),
+        await operator.writeContract({
+          address: market,
+          abi: marketAbi,
+          functionName: "setOfferStatus",
+          args: [offerId, 1],
+        }),
       );
     }
     offers.push({ offerId, modelId: spec.model.modelId, status: spec.status });
@@ -160,7 +223,11 @@ export async function seedDemoMarket(clients: ChainClients, roles: DemoAccounts)
   return {
     market,
     deployBlock,
-    catalog: modelSpecs.map((spec, i) => ({ id: spec.id, modelId: models[i]!.modelId, aliases: spec.aliases })),
+    catalog: modelSpecs.map((spec, i) => ({
+      id: spec.id,
+      modelId: models[i]!.modelId,
+      aliases: spec.aliases,
+    })),
     models,
     offers,
     permitId,

@@ -95,7 +95,9 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
       };
       const manifestPath = join(stateDir, "dev.json");
       // Write-then-rename, so a script polling for the file never reads half of it.
-      await writeFile(`${manifestPath}.tmp`, `${JSON.stringify(manifest, null, 2)}\n`, { mode: 0o600 });
+      await writeFile(`${manifestPath}.tmp`, `${JSON.stringify(manifest, null, 2)}\n`, {
+        mode: 0o600,
+      });
       await rename(`${manifestPath}.tmp`, manifestPath);
       let closing: Promise<void> | undefined;
       return {

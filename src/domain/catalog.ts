@@ -7,7 +7,8 @@ export type ModelStatus = (typeof modelStatuses)[number];
 export const offerStatuses = ["active", "paused", "retired"] as const;
 export type OfferStatus = (typeof offerStatuses)[number];
 
-export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+export type JsonValue =
+  string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
 
 /** A model as indexed from the chain. */
 export interface ModelRecord {

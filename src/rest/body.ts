@@ -28,7 +28,10 @@ export async function readBody(req: NodeRequest, limit: number): Promise<Buffer>
  * Reads a JSON body. Checks only that it is JSON of the expected media type:
  * what the document must contain is the services' business.
  */
-export async function readJson(req: NodeRequest, limit: number): Promise<{ raw: Buffer; value: unknown }> {
+export async function readJson(
+  req: NodeRequest,
+  limit: number,
+): Promise<{ raw: Buffer; value: unknown }> {
   const type = req.headers["content-type"];
   if (type !== undefined && !/^application\/([\w.+-]*\+)?json\b/i.test(type)) {
     req.resume();

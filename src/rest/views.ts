@@ -1,5 +1,10 @@
 import type { DescEnum } from "@bufbuild/protobuf";
-import { ModelStatusSchema, OfferStatusSchema, type Model, type Offer } from "../../gen/gateway/v1/market_pb.js";
+import {
+  ModelStatusSchema,
+  OfferStatusSchema,
+  type Model,
+  type Offer,
+} from "../../gen/gateway/v1/market_pb.js";
 
 /**
  * Protobuf messages -> the spec's JSON resources (snake_case, enum values as

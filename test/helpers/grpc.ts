@@ -1,5 +1,12 @@
 import * as grpc from "@grpc/grpc-js";
-import { create, fromBinary, toBinary, type DescMessage, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
+import {
+  create,
+  fromBinary,
+  toBinary,
+  type DescMessage,
+  type MessageInitShape,
+  type MessageShape,
+} from "@bufbuild/protobuf";
 import type { DescMethod } from "@bufbuild/protobuf";
 
 /**

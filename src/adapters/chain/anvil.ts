@@ -61,7 +61,12 @@ export function anvilBinaryPath(): string {
   try {
     pkgJson = createRequire(import.meta.url).resolve(`@foundry-rs/${pkg}/package.json`);
   } catch (cause) {
-    throw new AnvilError(`@foundry-rs/${pkg} is not installed (run npm install)`, { cause });
+    // Only the linux-x64 binary is a dependency (the registry this project is built against
+    // carries no other platform's); elsewhere install yours: npm install --no-save @foundry-rs/${pkg}
+    throw new AnvilError(
+      `@foundry-rs/${pkg} is not installed: run 'npm install --no-save @foundry-rs/${pkg}'`,
+      { cause },
+    );
   }
   const bin = join(dirname(pkgJson), "bin", process.platform === "win32" ? "anvil.exe" : "anvil");
   if (!existsSync(bin)) throw new AnvilError(`anvil binary missing at ${bin}`);

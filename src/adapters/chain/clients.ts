@@ -29,9 +29,17 @@ export interface ChainClients {
 }
 
 /** Public and wallet clients for one chain; `pollingIntervalMs` suits local chains when short. */
-export function chainClients(chainId: number, rpcUrl: string, pollingIntervalMs = 4000): ChainClients {
+export function chainClients(
+  chainId: number,
+  rpcUrl: string,
+  pollingIntervalMs = 4000,
+): ChainClients {
   const chain = chainFor(chainId, rpcUrl);
-  const publicClient = createPublicClient({ chain, transport: http(rpcUrl), pollingInterval: pollingIntervalMs });
+  const publicClient = createPublicClient({
+    chain,
+    transport: http(rpcUrl),
+    pollingInterval: pollingIntervalMs,
+  });
   return {
     chain,
     publicClient: publicClient as PublicClient,

@@ -1,11 +1,7 @@
 import type pg from "pg";
 import type { Address, Hex, PublicClient } from "viem";
 import type { Logger } from "pino";
-import {
-  modelStatuses,
-  offerStatuses,
-  type JsonValue,
-} from "../../domain/catalog.js";
+import { modelStatuses, offerStatuses, type JsonValue } from "../../domain/catalog.js";
 import { normalizeHex } from "../../domain/hex.js";
 import {
   advanceCursor,
@@ -78,7 +74,13 @@ export function createIndexer(deps: IndexerDeps): Indexer {
   let stopped = true;
 
   const readModel = async (modelId: Hex, blockNumber: bigint): Promise<ModelState> => {
-    const m = await client.readContract({ address: market, abi: marketAbi, functionName: "getModel", args: [modelId], blockNumber });
+    const m = await client.readContract({
+      address: market,
+      abi: marketAbi,
+      functionName: "getModel",
+      args: [modelId],
+      blockNumber,
+    });
     return {
       modelId: normalizeHex(modelId),
       creator: normalizeHex(m.creator),
@@ -93,7 +95,13 @@ export function createIndexer(deps: IndexerDeps): Indexer {
   };
 
   const readOffer = async (offerId: Hex, blockNumber: bigint): Promise<OfferState> => {
-    const o = await client.readContract({ address: market, abi: marketAbi, functionName: "getOffer", args: [offerId], blockNumber });
+    const o = await client.readContract({
+      address: market,
+      abi: marketAbi,
+      functionName: "getOffer",
+      args: [offerId],
+      blockNumber,
+    });
     return {
       offerId: normalizeHex(offerId),
       modelId: normalizeHex(o.modelId),
@@ -122,13 +130,20 @@ export function createIndexer(deps: IndexerDeps): Indexer {
     const fromBlock = cursor + 1n;
     const toBlock = safe < fromBlock + batchSize - 1n ? safe : fromBlock + batchSize - 1n;
 
-    const events = await client.getContractEvents({ address: market, abi: marketAbi, fromBlock, toBlock });
+    const events = await client.getContractEvents({
+      address: market,
+      abi: marketAbi,
+      fromBlock,
+      toBlock,
+    });
     const modelIds = new Set<Hex>();
     const offerIds = new Set<Hex>();
     for (const event of events) {
       const args = event.args as { modelId?: Hex; offerId?: Hex };
-      if (event.eventName.startsWith("Model") && args.modelId !== undefined) modelIds.add(normalizeHex(args.modelId));
-      if (event.eventName.startsWith("Offer") && args.offerId !== undefined) offerIds.add(normalizeHex(args.offerId));
+      if (event.eventName.startsWith("Model") && args.modelId !== undefined)
+        modelIds.add(normalizeHex(args.modelId));
+      if (event.eventName.startsWith("Offer") && args.offerId !== undefined)
+        offerIds.add(normalizeHex(args.offerId));
     }
     const models = await Promise.all([...modelIds].map((id) => readModel(id, toBlock)));
     const offers = await Promise.all([...offerIds].map((id) => readOffer(id, toBlock)));
@@ -146,7 +161,13 @@ export function createIndexer(deps: IndexerDeps): Indexer {
     } finally {
       db.release();
     }
-    const result = { fromBlock, toBlock, models: models.length, offers: offers.length, behind: toBlock < safe };
+    const result = {
+      fromBlock,
+      toBlock,
+      models: models.length,
+      offers: offers.length,
+      behind: toBlock < safe,
+    };
     if (models.length + offers.length > 0) logger.info(result, "indexed market events");
     return result;
   };
