@@ -71,8 +71,10 @@ export function parseConfig(env: Env): Config {
   if (rpcUrl !== "" && !/^(https?|wss?):\/\//.test(rpcUrl)) {
     problems.push("RPC_URL must be an http(s):// or ws(s):// URL");
   }
-  const chainId = str("CHAIN_ID") === undefined ? 0 : int("CHAIN_ID", 0, 1, Number.MAX_SAFE_INTEGER);
-  if (str("CHAIN_ID") === undefined) problems.push("CHAIN_ID is required (the chain id RPC_URL must report)");
+  const chainId =
+    str("CHAIN_ID") === undefined ? 0 : int("CHAIN_ID", 0, 1, Number.MAX_SAFE_INTEGER);
+  if (str("CHAIN_ID") === undefined)
+    problems.push("CHAIN_ID is required (the chain id RPC_URL must report)");
 
   const market = required("MARKET_ADDRESS", "the market contract's address");
   if (market !== "" && !isAddress(market, { strict: false })) {
