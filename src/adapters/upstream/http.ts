@@ -1,0 +1,288 @@
+import { isIP } from "node:net";
+import { createParser, type EventSourceMessage } from "eventsource-parser";
+import { Agent, buildConnector } from "undici";
+import { GatewayError } from "../../domain/errors.js";
+import {
+  canonicalEndpointUrl,
+  resolveHost,
+  sanitizedCause,
+  type LookupAll,
+} from "./endpoint-guard.js";
+
+/**
+ * The gateway's only way to talk to provider endpoints: an HTTP/1.1 client (undici) whose
+ * connections are pinned to addresses checked by the endpoint guard.
+ *
+ * Every new connection resolves the endpoint's host, refuses it when any address is not public
+ * (`endpoint_not_allowed`, unless `allowPrivate`), and connects to the checked address itself,
+ * with the original host name kept for the `Host` header, TLS SNI and certificate checks. So a
+ * DNS answer that changes after registration, or between check and connect, cannot send the
+ * gateway somewhere else. Redirects are never followed: a 3xx is returned like any status.
+ * Idle connections are kept alive and reused per origin.
+ *
+ * Errors never carry the endpoint URL, host, address or token (the endpoint is the provider's
+ * secret): network failures become `upstream_unavailable` with a sanitised cause that keeps
+ * only the error code (ECONNREFUSED, UND_ERR_CONNECT_TIMEOUT, ...).
+ */
+
+/** A registered provider endpoint, as opened from its sealed storage. */
+export interface UpstreamEndpoint {
+  /** Canonical endpoint URL (the server root: `/v1/...` paths are appended to it). */
+  readonly url: string;
+  /** Bearer token the gateway presents upstream, if the provider set one. */
+  readonly token?: string | undefined;
+}
+
+export interface UpstreamRequestInit {
+  readonly method: string;
+  /**
+   * Extra request headers. `authorization` and `host` are ignored: the endpoint's token is
+   * the only credential ever sent upstream (a client's gateway API key must never leak there).
+   */
+  readonly headers?: Readonly<Record<string, string>> | undefined;
+  readonly body?: string | Uint8Array | undefined;
+  /**
+   * Aborts the request and, after the headers, the body (the connection is closed, so the
+   * provider sees the cancellation). The rejection or body error is then `signal.reason`.
+   */
+  readonly signal?: AbortSignal | undefined;
+  /** Deadline for resolving, connecting and receiving the response headers. Default 30 s. */
+  readonly timeoutMs?: number | undefined;
+  /** Longest silence allowed between two body chunks. Default 5 min. */
+  readonly idleTimeoutMs?: number | undefined;
+}
+
+export interface UpstreamResponse {
+  readonly status: number;
+  /** Response headers, names in lower case. */
+  readonly headers: Readonly<Record<string, string | string[] | undefined>>;
+  /**
+   * The body as it arrives. Iterate it once, or call `text`/`json`/`dump`: a body left
+   * unread holds its connection. Breaking out of the iteration closes the connection. Errors
+   * while reading are `upstream_error` (or the caller's abort reason).
+   */
+  readonly body: AsyncIterable<Uint8Array>;
+  /** Reads the whole body as UTF-8; `upstream_error` when it exceeds `maxBytes` (default 8 MiB). */
+  text(maxBytes?: number): Promise<string>;
+  /** `text()` parsed as JSON; `upstream_error` when it does not parse. */
+  json(maxBytes?: number): Promise<unknown>;
+  /** Discards the body so the connection can be reused (or closes it if the body is large). */
+  dump(): Promise<void>;
+}
+
+export interface UpstreamClient {
+  /**
+   * Sends one request to `path` under the endpoint URL: endpoint `https://h/base` and path
+   * `/v1/models` give `https://h/base/v1/models` (an endpoint query string is kept).
+   * Resolves when the response headers arrive, whatever the status (3xx included).
+   * Rejects with `endpoint_not_allowed`, `upstream_unavailable` (DNS, connect, timeout,
+   * reset before the headers), `invalid_request` (the stored URL is not a valid endpoint),
+   * or the caller's `signal.reason`.
+   */
+  request(
+    endpoint: UpstreamEndpoint,
+    path: string,
+    init: UpstreamRequestInit,
+  ): Promise<UpstreamResponse>;
+  /** Closes idle connections and waits for the running requests. */
+  close(): Promise<void>;
+}
+
+export interface UpstreamClientOptions {
+  /** Let endpoints on loopback and private networks through: development and tests only. */
+  readonly allowPrivate: boolean;
+  /** TCP (and TLS) connect timeout. Default 10 s. */
+  readonly connectTimeoutMs?: number | undefined;
+  /** Replaces the system resolver (tests). */
+  readonly lookup?: LookupAll | undefined;
+  /** Trusted CA certificates (PEM), replacing the system roots: a private PKI, or tests. */
+  readonly ca?: string | Buffer | readonly (string | Buffer)[] | undefined;
+}
+
+const defaultTimeoutMs = 30_000;
+const defaultIdleTimeoutMs = 300_000;
+const defaultMaxBytes = 8 * 1024 * 1024;
+
+export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClient {
+  const connect = buildConnector({
+    timeout: opts.connectTimeoutMs ?? 10_000,
+    ...(opts.ca === undefined ? {} : { ca: opts.ca as string | Buffer | (string | Buffer)[] }),
+  });
+  const agent = new Agent({
+    connect(connectOpts, callback) {
+      // undici hands over the URL's host (IPv6 without brackets); connect to the checked
+      // address instead, keeping the name for SNI (undici derives the `Host` header from
+      // the origin, not from the socket).
+      resolveHost(connectOpts.hostname, { allowPrivate: opts.allowPrivate, lookup: opts.lookup })
+        .then(({ address }) => {
+          const name = connectOpts.hostname;
+          connect(
+            {
+              ...connectOpts,
+              hostname: address,
+              servername: connectOpts.servername || (isIP(name) === 0 ? name : undefined),
+            },
+            callback,
+          );
+        })
+        .catch((err: unknown) => callback(asError(err), null));
+    },
+  });
+
+  return {
+    async request(endpoint, path, init) {
+      const target = endpointTarget(endpoint.url, path);
+      const headers: Record<string, string> = {};
+      for (const [name, value] of Object.entries(init.headers ?? {})) {
+        const lower = name.toLowerCase();
+        if (lower !== "authorization" && lower !== "host") headers[lower] = value;
+      }
+      if (endpoint.token !== undefined && endpoint.token !== "") {
+        headers.authorization = `Bearer ${endpoint.token}`;
+      }
+
+      const timeoutMs = init.timeoutMs ?? defaultTimeoutMs;
+      const deadline = new AbortController();
+      const timer = setTimeout(
+        () =>
+          deadline.abort(
+            new GatewayError(
+              "upstream_unavailable",
+              `upstream did not answer within ${timeoutMs} ms`,
+            ),
+          ),
+        timeoutMs,
+      );
+      const signal =
+        init.signal === undefined
+          ? deadline.signal
+          : AbortSignal.any([init.signal, deadline.signal]);
+
+      let data: Awaited<ReturnType<Agent["request"]>>;
+      try {
+        data = await agent.request({
+          origin: target.origin,
+          path: target.pathname + target.search,
+          method: init.method,
+          headers,
+          body: init.body,
+          signal,
+          // The deadline above covers the headers; undici's own would only start after connect.
+          headersTimeout: 0,
+          bodyTimeout: init.idleTimeoutMs ?? defaultIdleTimeoutMs,
+        });
+      } catch (err) {
+        throw upstreamFailure(err, signal, "upstream_unavailable", "upstream request failed");
+      } finally {
+        clearTimeout(timer);
+      }
+
+      const raw = data.body;
+      const body = (async function* () {
+        try {
+          for await (const chunk of raw) yield chunk as Uint8Array;
+        } catch (err) {
+          throw upstreamFailure(err, signal, "upstream_error", "upstream response failed");
+        }
+      })();
+      const text = async (maxBytes = defaultMaxBytes): Promise<string> => {
+        const chunks: Uint8Array[] = [];
+        let size = 0;
+        for await (const chunk of body) {
+          size += chunk.byteLength;
+          if (size > maxBytes) {
+            raw.destroy();
+            throw new GatewayError("upstream_error", `upstream response exceeds ${maxBytes} bytes`);
+          }
+          chunks.push(chunk);
+        }
+        return Buffer.concat(chunks).toString("utf8");
+      };
+      return {
+        status: data.statusCode,
+        headers: data.headers,
+        body,
+        text,
+        async json(maxBytes) {
+          const content = await text(maxBytes);
+          try {
+            return JSON.parse(content) as unknown;
+          } catch {
+            throw new GatewayError("upstream_error", "upstream response is not valid JSON");
+          }
+        },
+        async dump() {
+          await raw.dump().catch(() => {});
+        },
+      };
+    },
+    close: () => agent.close(),
+  };
+}
+
+/**
+ * The URL of `path` under an endpoint: the endpoint's path, then `path`, then the endpoint's
+ * query merged with the path's. The endpoint URL is checked again here, so a row that was
+ * written without going through registration cannot smuggle in user info or a new scheme.
+ */
+export function endpointTarget(endpointUrl: string, path: string): URL {
+  if (!path.startsWith("/")) throw new Error("upstream path must start with '/'");
+  const url = new URL(canonicalEndpointUrl(endpointUrl));
+  const queryAt = path.indexOf("?");
+  const pathname = queryAt === -1 ? path : path.slice(0, queryAt);
+  const query = queryAt === -1 ? "" : path.slice(queryAt + 1);
+  url.pathname = (url.pathname === "/" ? "" : url.pathname) + pathname;
+  if (query !== "") url.search = url.search === "" ? query : `${url.search.slice(1)}&${query}`;
+  return url;
+}
+
+/**
+ * The server-sent events of a body (an OpenAI stream: `data: {...}` events, then
+ * `data: [DONE]`). An event left unterminated when the body ends is still delivered, as
+ * providers sometimes omit the final blank line. Field errors are ignored as the SSE standard
+ * says; an event larger than `maxEventBytes` (default 1 MiB) fails with `upstream_error`.
+ */
+export async function* readEventStream(
+  body: AsyncIterable<Uint8Array>,
+  opts: { maxEventBytes?: number } = {},
+): AsyncGenerator<EventSourceMessage, void, undefined> {
+  const pending: EventSourceMessage[] = [];
+  let failure: GatewayError | undefined;
+  const parser = createParser({
+    maxBufferSize: opts.maxEventBytes ?? 1024 * 1024,
+    onEvent: (event) => pending.push(event),
+    onError: (err) => {
+      if (err.type === "max-buffer-size-exceeded") {
+        failure = new GatewayError("upstream_error", "upstream stream event is too large");
+      }
+    },
+  });
+  const decoder = new TextDecoder();
+  for await (const chunk of body) {
+    parser.feed(decoder.decode(chunk, { stream: true }));
+    if (failure !== undefined) throw failure;
+    yield* pending.splice(0);
+  }
+  // Terminating whatever is left dispatches an unfinished last event (and is a no-op after a
+  // complete one).
+  parser.feed(`${decoder.decode()}\n\n`);
+  if (failure !== undefined) throw failure;
+  yield* pending.splice(0);
+}
+
+function upstreamFailure(
+  err: unknown,
+  signal: AbortSignal,
+  code: "upstream_unavailable" | "upstream_error",
+  message: string,
+): unknown {
+  // The caller's own abort (client gone, request cancelled) and our deadline pass through.
+  if (signal.aborted && err === signal.reason) return err;
+  if (signal.aborted) return signal.reason;
+  if (err instanceof GatewayError) return err;
+  return new GatewayError(code, message, { cause: sanitizedCause(err) });
+}
+
+function asError(err: unknown): Error {
+  return err instanceof Error ? err : new Error(String(err));
+}

@@ -1,0 +1,316 @@
+import { GatewayError } from "../../domain/errors.js";
+import type {
+  EndpointProber,
+  EndpointSecret,
+  EndpointVerification,
+  VerificationCheck,
+} from "../../domain/health.js";
+import { readEventStream, type UpstreamClient, type UpstreamResponse } from "./http.js";
+
+/**
+ * Liveness probes and the conformance checks a provider endpoint must pass before the gateway
+ * routes chat to it. Every message produced here is safe to show to the provider and to log:
+ * none contains the endpoint URL, its host, or its token, and none repeats what the endpoint
+ * answered (an endpoint could echo anything back).
+ */
+
+export interface ProberOptions {
+  /** Deadline of a liveness probe, body included. Default 5 s. */
+  readonly livenessTimeoutMs?: number | undefined;
+  /** Deadline of each verification step, body included. Default 30 s. */
+  readonly verifyTimeoutMs?: number | undefined;
+}
+
+/** Largest answer read during verification (model lists can be long, completions are one token). */
+const maxVerificationBytes = 1024 * 1024;
+
+/** The prober port of the health monitor, over the pinned upstream client. */
+export function createEndpointProber(
+  upstream: UpstreamClient,
+  opts: ProberOptions = {},
+): EndpointProber {
+  return {
+    probeLiveness: (endpoint) => probeLiveness(upstream, endpoint, opts),
+    verifyEndpoint: (endpoint, modelNames) => verifyEndpoint(upstream, endpoint, modelNames, opts),
+  };
+}
+
+/** Whether `GET /v1/models` answers 2xx within the liveness deadline. Never throws. */
+export async function probeLiveness(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  opts: ProberOptions = {},
+): Promise<boolean> {
+  const timeoutMs = opts.livenessTimeoutMs ?? 5_000;
+  try {
+    const response = await upstream.request(endpoint, "/v1/models", {
+      method: "GET",
+      headers: { accept: "application/json" },
+      signal: AbortSignal.timeout(timeoutMs),
+      timeoutMs,
+    });
+    await response.dump();
+    return response.status >= 200 && response.status < 300;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Runs the conformance checks in order and reports the first that fails:
+ *
+ * 1. `GET /v1/models` answers 2xx (else `endpoint_unreachable`) with an OpenAI model list
+ *    naming one of `modelNames` (else `model_not_listed`; ModelIDs match in any hex case);
+ * 2. a non-streaming one-token completion of that model answers 200 with a `choices` array
+ *    (else `completion_failed`) and a usage with integer prompt and completion tokens (else
+ *    `usage_missing`);
+ * 3. the same completion with `stream: true, stream_options: {include_usage: true}` answers
+ *    200 `text/event-stream` whose events are JSON and end with `[DONE]` (else
+ *    `stream_failed`) and carry a usage object (else `usage_missing`).
+ *
+ * Never throws.
+ */
+export async function verifyEndpoint(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  modelNames: readonly string[],
+  opts: ProberOptions = {},
+): Promise<EndpointVerification> {
+  const timeoutMs = opts.verifyTimeoutMs ?? 30_000;
+  try {
+    const model = await checkModelListed(upstream, endpoint, modelNames, timeoutMs);
+    await checkCompletion(upstream, endpoint, model, timeoutMs);
+    await checkStream(upstream, endpoint, model, timeoutMs);
+    return { ok: true };
+  } catch (err) {
+    if (err instanceof CheckFailed) return { ok: false, check: err.check, message: err.message };
+    // Not expected (every step maps its own failures); still a failure, never a pass.
+    return {
+      ok: false,
+      check: "endpoint_unreachable",
+      message: "the endpoint could not be checked",
+    };
+  }
+}
+
+class CheckFailed extends Error {
+  override readonly name = "CheckFailed";
+  constructor(
+    readonly check: VerificationCheck,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+async function send(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  path: string,
+  body: unknown,
+  timeoutMs: number,
+  check: VerificationCheck,
+  what: string,
+): Promise<{ response: UpstreamResponse; signal: AbortSignal }> {
+  const signal = AbortSignal.timeout(timeoutMs);
+  try {
+    const response = await upstream.request(endpoint, path, {
+      method: body === undefined ? "GET" : "POST",
+      headers:
+        body === undefined
+          ? { accept: "application/json" }
+          : { "content-type": "application/json", accept: "application/json, text/event-stream" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+      signal,
+      timeoutMs,
+    });
+    return { response, signal };
+  } catch (err) {
+    throw new CheckFailed(check, `${what} failed: ${reason(err, signal, timeoutMs)}`);
+  }
+}
+
+async function readJson(
+  response: UpstreamResponse,
+  signal: AbortSignal,
+  timeoutMs: number,
+  check: VerificationCheck,
+  what: string,
+): Promise<unknown> {
+  try {
+    return await response.json(maxVerificationBytes);
+  } catch (err) {
+    throw new CheckFailed(check, `${what}: ${reason(err, signal, timeoutMs)}`);
+  }
+}
+
+async function checkModelListed(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  modelNames: readonly string[],
+  timeoutMs: number,
+): Promise<string> {
+  const what = "GET /v1/models";
+  const { response, signal } = await send(
+    upstream,
+    endpoint,
+    "/v1/models",
+    undefined,
+    timeoutMs,
+    "endpoint_unreachable",
+    what,
+  );
+  if (response.status < 200 || response.status > 299) {
+    await response.dump();
+    throw new CheckFailed("endpoint_unreachable", `${what} answered HTTP ${response.status}`);
+  }
+  const list = await readJson(response, signal, timeoutMs, "model_not_listed", what);
+  const data = isObject(list) ? list.data : undefined;
+  if (!Array.isArray(data)) {
+    throw new CheckFailed("model_not_listed", `${what} did not answer an OpenAI model list`);
+  }
+  const listed = data.flatMap((m) => (isObject(m) && typeof m.id === "string" ? [m.id] : []));
+  for (const id of listed) {
+    if (modelNames.some((name) => sameModelName(name, id))) return id;
+  }
+  throw new CheckFailed(
+    "model_not_listed",
+    `${what} does not list the offer's model (expected one of: ${modelNames.join(", ")})`,
+  );
+}
+
+async function checkCompletion(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  model: string,
+  timeoutMs: number,
+): Promise<void> {
+  const what = "a one-token chat completion";
+  const { response, signal } = await send(
+    upstream,
+    endpoint,
+    "/v1/chat/completions",
+    { model, messages: probeMessages, max_tokens: 1, stream: false },
+    timeoutMs,
+    "completion_failed",
+    what,
+  );
+  if (response.status !== 200) {
+    await response.dump();
+    throw new CheckFailed("completion_failed", `${what} answered HTTP ${response.status}`);
+  }
+  const completion = await readJson(response, signal, timeoutMs, "completion_failed", what);
+  if (!isObject(completion) || !Array.isArray(completion.choices)) {
+    throw new CheckFailed("completion_failed", `${what} answered without a choices array`);
+  }
+  if (!isUsage(completion.usage)) {
+    throw new CheckFailed(
+      "usage_missing",
+      `${what} answered without usage (integer prompt_tokens and completion_tokens)`,
+    );
+  }
+}
+
+async function checkStream(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  model: string,
+  timeoutMs: number,
+): Promise<void> {
+  const what = "a streamed one-token chat completion";
+  const { response, signal } = await send(
+    upstream,
+    endpoint,
+    "/v1/chat/completions",
+    {
+      model,
+      messages: probeMessages,
+      max_tokens: 1,
+      stream: true,
+      stream_options: { include_usage: true },
+    },
+    timeoutMs,
+    "stream_failed",
+    what,
+  );
+  if (response.status !== 200) {
+    await response.dump();
+    throw new CheckFailed("stream_failed", `${what} answered HTTP ${response.status}`);
+  }
+  const contentType = firstHeader(response.headers["content-type"]);
+  if (!/^text\/event-stream\s*(;|$)/i.test(contentType ?? "")) {
+    await response.dump();
+    throw new CheckFailed("stream_failed", `${what} did not answer text/event-stream`);
+  }
+  let done = false;
+  let usage = false;
+  const events = readEventStream(response.body);
+  try {
+    for await (const event of events) {
+      if (event.data === "[DONE]") {
+        done = true;
+        break;
+      }
+      let chunk: unknown;
+      try {
+        chunk = JSON.parse(event.data);
+      } catch {
+        throw new CheckFailed("stream_failed", `${what} sent an event that is not JSON`);
+      }
+      if (!isObject(chunk)) {
+        throw new CheckFailed("stream_failed", `${what} sent an event that is not a JSON object`);
+      }
+      if (chunk.error !== undefined) {
+        throw new CheckFailed("stream_failed", `${what} reported an error in the stream`);
+      }
+      if (isUsage(chunk.usage)) usage = true;
+    }
+  } catch (err) {
+    if (err instanceof CheckFailed) throw err;
+    throw new CheckFailed("stream_failed", `${what} broke off: ${reason(err, signal, timeoutMs)}`);
+  } finally {
+    // Anything after [DONE] is not read; closing the body frees (or drops) the connection.
+    await events.return();
+  }
+  if (!done) throw new CheckFailed("stream_failed", `${what} ended without data: [DONE]`);
+  if (!usage) {
+    throw new CheckFailed(
+      "usage_missing",
+      `${what} carried no usage although stream_options.include_usage was set`,
+    );
+  }
+}
+
+const probeMessages = [{ role: "user", content: "Reply with OK." }];
+
+function sameModelName(expected: string, listed: string): boolean {
+  if (expected === listed) return true;
+  // A ModelID may be spelled in either hex case.
+  return /^0x[0-9a-f]+$/i.test(expected) && expected.toLowerCase() === listed.toLowerCase();
+}
+
+function isUsage(value: unknown): boolean {
+  return (
+    isObject(value) && isTokenCount(value.prompt_tokens) && isTokenCount(value.completion_tokens)
+  );
+}
+
+function isTokenCount(value: unknown): boolean {
+  return typeof value === "number" && Number.isSafeInteger(value) && value >= 0;
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+function firstHeader(value: string | string[] | undefined): string | undefined {
+  return Array.isArray(value) ? value[0] : value;
+}
+
+/** Why a step failed, in words that never name the endpoint. */
+function reason(err: unknown, signal: AbortSignal, timeoutMs: number): string {
+  if (signal.aborted) return `no complete answer within ${timeoutMs} ms`;
+  // GatewayErrors from the upstream client are written not to contain the endpoint.
+  if (err instanceof GatewayError) return err.message;
+  return "unexpected error";
+}

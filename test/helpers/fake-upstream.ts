@@ -1,0 +1,312 @@
+import { createServer, type IncomingHttpHeaders, type ServerResponse } from "node:http";
+import type { AddressInfo, Socket } from "node:net";
+import { setTimeout as sleep } from "node:timers/promises";
+
+/**
+ * A fake OpenAI-compatible model provider for tests: a real `node:http` server on 127.0.0.1,
+ * port 0. It serves `GET /v1/models` and `POST /v1/chat/completions` (JSON, or SSE with
+ * `"stream": true`), records every request, and can be told to misbehave (no usage, no model
+ * list, an error status, a stream cut mid-way, slow chunks). A test fixture: never imported by
+ * `src/`.
+ */
+
+export interface FakeUpstreamOptions {
+  /** Model ids listed and accepted (a chat for another model gets 404). Default `["fake-model"]`. */
+  models?: readonly string[];
+  /** Bearer token every request must present (401 otherwise). Default: none needed. */
+  token?: string | undefined;
+  /** Leave `usage` out of JSON answers and the usage chunk out of streams. */
+  omitUsage?: boolean;
+  /** `false` makes `GET /v1/models` answer 404. Default true. */
+  listModels?: boolean;
+  /** Content chunks of a completion (each one "token"). Default 3. */
+  chunks?: number;
+  /** Pause before a JSON answer and between stream chunks, in ms. Default 0. */
+  delayMs?: number;
+  /** Destroy the socket mid-stream, after `failAfterChunks` content chunks. */
+  failMidStream?: boolean;
+  /** Content chunks sent before `failMidStream` cuts the stream. Default 1. */
+  failAfterChunks?: number;
+  /** Usage reported instead of the real counts (e.g. to over-report). */
+  usage?: { prompt_tokens: number; completion_tokens: number } | undefined;
+  /** Answer chat completions with this error status before any body byte (e.g. 500, 503). */
+  failStatus?: number | undefined;
+  /** Serve the API under this path prefix (e.g. `/base`); `url` includes it. Default "". */
+  basePath?: string;
+}
+
+export interface FakeRequest {
+  readonly method: string;
+  /** Path without the base path and query, e.g. `/v1/chat/completions`. */
+  readonly path: string;
+  readonly headers: IncomingHttpHeaders;
+  /** The parsed JSON body, the raw text when it is not JSON, undefined when empty. */
+  readonly body: unknown;
+  /** True once the connection closed before the response was complete (client went away). */
+  readonly closedEarly: boolean;
+  /** Settles when the exchange ends: the response completed, or the connection closed first. */
+  readonly finished: Promise<"completed" | "aborted">;
+}
+
+export interface FakeUpstream {
+  /** Endpoint URL, e.g. `http://127.0.0.1:41234` (plus the base path). */
+  readonly url: string;
+  readonly port: number;
+  /** Every request received, in order. */
+  readonly requests: FakeRequest[];
+  /** Requests received on `path` (e.g. `/v1/models`). */
+  calls(path: string): number;
+  setOptions(partial: Partial<FakeUpstreamOptions>): void;
+  /** Connections accepted so far (keep-alive reuse keeps this low). */
+  readonly connections: number;
+  /** Connections that have closed so far. */
+  readonly closedConnections: number;
+  /** Closes the server and every open connection. Idempotent. */
+  stop(): Promise<void>;
+}
+
+const defaults: Required<Omit<FakeUpstreamOptions, "token" | "usage" | "failStatus">> = {
+  models: ["fake-model"],
+  omitUsage: false,
+  listModels: true,
+  chunks: 3,
+  delayMs: 0,
+  failMidStream: false,
+  failAfterChunks: 1,
+  basePath: "",
+};
+
+export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Promise<FakeUpstream> {
+  let options: FakeUpstreamOptions & typeof defaults = { ...defaults, ...initial };
+  const requests: FakeRequest[] = [];
+  const sockets = new Set<Socket>();
+  let connections = 0;
+  let closedConnections = 0;
+  let created = 0;
+
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (chunk: Buffer) => chunks.push(chunk));
+    req.on("end", () => {
+      const text = Buffer.concat(chunks).toString("utf8");
+      let body: unknown = text === "" ? undefined : text;
+      try {
+        if (text !== "") body = JSON.parse(text) as unknown;
+      } catch {
+        // kept as text
+      }
+      const url = new URL(req.url ?? "/", "http://fake");
+      const base = options.basePath;
+      const path =
+        base !== "" && url.pathname.startsWith(base)
+          ? url.pathname.slice(base.length) || "/"
+          : url.pathname;
+      let closedEarly = false;
+      const finished = new Promise<"completed" | "aborted">((resolve) => {
+        res.on("close", () => {
+          closedEarly = !res.writableFinished;
+          resolve(closedEarly ? "aborted" : "completed");
+        });
+      });
+      requests.push({
+        method: req.method ?? "",
+        path,
+        headers: req.headers,
+        body,
+        get closedEarly() {
+          return closedEarly;
+        },
+        finished,
+      });
+      handle(req.method ?? "", path, req.headers, body, res).catch(() => res.destroy());
+    });
+  });
+  server.on("connection", (socket) => {
+    connections++;
+    sockets.add(socket);
+    socket.on("close", () => {
+      closedConnections++;
+      sockets.delete(socket);
+    });
+  });
+
+  async function handle(
+    method: string,
+    path: string,
+    headers: IncomingHttpHeaders,
+    body: unknown,
+    res: ServerResponse,
+  ): Promise<void> {
+    const opts = options;
+    if (opts.token !== undefined && headers.authorization !== `Bearer ${opts.token}`) {
+      return sendError(res, 401, "invalid_api_key", "missing or wrong bearer token");
+    }
+    if (method === "GET" && path === "/v1/models") {
+      if (!opts.listModels) return sendError(res, 404, "not_found", "no such route");
+      return sendJson(res, 200, {
+        object: "list",
+        data: opts.models.map((id) => ({ id, object: "model", created: 0, owned_by: "fake" })),
+      });
+    }
+    if (method === "POST" && path === "/v1/chat/completions") {
+      return chat(body, res, opts);
+    }
+    return sendError(res, 404, "not_found", "no such route");
+  }
+
+  async function chat(body: unknown, res: ServerResponse, opts: typeof options): Promise<void> {
+    if (typeof body !== "object" || body === null || Array.isArray(body)) {
+      return sendError(res, 400, "invalid_request", "body must be a JSON object");
+    }
+    const request = body as Record<string, unknown>;
+    const model = request.model;
+    if (typeof model !== "string" || !opts.models.includes(model)) {
+      return sendError(res, 404, "model_not_found", "the model does not exist");
+    }
+    if (!Array.isArray(request.messages) || request.messages.length === 0) {
+      return sendError(res, 400, "invalid_request", "messages are required");
+    }
+    if (opts.failStatus !== undefined) {
+      return sendError(res, opts.failStatus, "upstream_failure", "the fake provider failed");
+    }
+    const limit = positiveInt(request.max_completion_tokens) ?? positiveInt(request.max_tokens);
+    const count = limit === undefined ? opts.chunks : Math.min(opts.chunks, limit);
+    const pieces = Array.from({ length: count }, (_, i) => (i === 0 ? "word0" : ` word${i}`));
+    const finishReason = limit !== undefined && limit < opts.chunks ? "length" : "stop";
+    const usage = {
+      prompt_tokens: opts.usage?.prompt_tokens ?? promptTokens(request.messages),
+      completion_tokens: opts.usage?.completion_tokens ?? count,
+    };
+    const usageObject = { ...usage, total_tokens: usage.prompt_tokens + usage.completion_tokens };
+    const id = `chatcmpl-fake${++created}`;
+    const createdAt = Math.floor(Date.now() / 1000);
+
+    if (request.stream !== true) {
+      if (opts.delayMs > 0) await sleep(opts.delayMs);
+      return sendJson(res, 200, {
+        id,
+        object: "chat.completion",
+        created: createdAt,
+        model,
+        choices: [
+          {
+            index: 0,
+            message: { role: "assistant", content: pieces.join("") },
+            finish_reason: finishReason,
+          },
+        ],
+        ...(opts.omitUsage ? {} : { usage: usageObject }),
+      });
+    }
+
+    res.writeHead(200, {
+      "content-type": "text/event-stream",
+      "cache-control": "no-cache",
+    });
+    const chunk = (choices: unknown[], extra: object = {}) => ({
+      id,
+      object: "chat.completion.chunk",
+      created: createdAt,
+      model,
+      choices,
+      ...extra,
+    });
+    const send = async (payload: unknown): Promise<boolean> => {
+      if (res.destroyed) return false;
+      res.write(`data: ${typeof payload === "string" ? payload : JSON.stringify(payload)}\n\n`);
+      if (opts.delayMs > 0) await sleep(opts.delayMs);
+      return !res.destroyed;
+    };
+    if (
+      !(await send(
+        chunk([{ index: 0, delta: { role: "assistant", content: "" }, finish_reason: null }]),
+      ))
+    ) {
+      return;
+    }
+    for (const [i, piece] of pieces.entries()) {
+      if (opts.failMidStream && i >= opts.failAfterChunks) {
+        res.socket?.destroy();
+        return;
+      }
+      if (!(await send(chunk([{ index: 0, delta: { content: piece }, finish_reason: null }])))) {
+        return;
+      }
+    }
+    if (opts.failMidStream) {
+      res.socket?.destroy();
+      return;
+    }
+    if (!(await send(chunk([{ index: 0, delta: {}, finish_reason: finishReason }])))) return;
+    const streamOptions = request.stream_options as { include_usage?: unknown } | undefined;
+    if (streamOptions?.include_usage === true && !opts.omitUsage) {
+      if (!(await send(chunk([], { usage: usageObject })))) return;
+    }
+    if (!(await send("[DONE]"))) return;
+    res.end();
+  }
+
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
+  const port = (server.address() as AddressInfo).port;
+
+  let stopped: Promise<void> | undefined;
+  return {
+    get url() {
+      return `http://127.0.0.1:${port}${options.basePath}`;
+    },
+    port,
+    requests,
+    calls: (path) => requests.filter((r) => r.path === path).length,
+    setOptions(partial) {
+      options = { ...options, ...partial };
+    },
+    get connections() {
+      return connections;
+    },
+    get closedConnections() {
+      return closedConnections;
+    },
+    stop() {
+      return (stopped ??= (async () => {
+        const closing = new Promise<void>((resolve) => server.close(() => resolve()));
+        // Waiting for every socket's "close" makes `closedConnections` final once this resolves.
+        const open = [...sockets].map((s) => new Promise((resolve) => s.once("close", resolve)));
+        for (const socket of sockets) socket.destroy();
+        await Promise.all([closing, ...open]);
+      })());
+    },
+  };
+}
+
+function sendJson(res: ServerResponse, status: number, payload: unknown): void {
+  const text = JSON.stringify(payload);
+  res.writeHead(status, {
+    "content-type": "application/json",
+    "content-length": Buffer.byteLength(text),
+  });
+  res.end(text);
+}
+
+function sendError(res: ServerResponse, status: number, code: string, message: string): void {
+  sendJson(res, status, { error: { message, type: "invalid_request_error", code } });
+}
+
+function positiveInt(value: unknown): number | undefined {
+  return typeof value === "number" && Number.isInteger(value) && value >= 1 ? value : undefined;
+}
+
+/** A stand-in for a tokenizer: one token per whitespace-separated word, at least one. */
+function promptTokens(messages: unknown[]): number {
+  let words = 0;
+  for (const message of messages) {
+    const content = (message as { content?: unknown } | null)?.content;
+    if (typeof content === "string") words += content.split(/\s+/).filter(Boolean).length;
+  }
+  return Math.max(words, 1);
+}
