@@ -1,0 +1,358 @@
+import type { Hex } from "viem";
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
+import { startFakeUpstream, type FakeUpstream } from "../../test/helpers/fake-upstream.js";
+import { createTestDatabase, type TestDatabase } from "../../test/helpers/db.js";
+import {
+  createPgEndpointHealthStore,
+  getEndpointHealth,
+  listRegisteredEndpoints,
+  recordProbe,
+  recordVerification,
+} from "../adapters/pg/endpoint-health.js";
+import type { Queryable } from "../adapters/pg/catalog.js";
+import { createUpstreamClient, type UpstreamClient } from "../adapters/upstream/http.js";
+import { createEndpointProber } from "../adapters/upstream/probe.js";
+import { GatewayError } from "./errors.js";
+import {
+  createHealthMonitor,
+  type EndpointSecret,
+  type HealthMonitor,
+  type HealthMonitorDeps,
+} from "./health.js";
+
+// Sealing is the lead's AES-GCM in production; any reversible encoding shows the flow here.
+const seal = (endpoint: EndpointSecret): Buffer => Buffer.from(JSON.stringify(endpoint), "utf8");
+const open = (_offerId: Hex, sealed: Buffer): EndpointSecret =>
+  JSON.parse(sealed.toString("utf8")) as EndpointSecret;
+
+const modelId = `0x${"11".repeat(32)}` as Hex;
+const names = ["acme/llama", modelId];
+const token = "tok-health-secret";
+
+let test: TestDatabase;
+let db: Queryable;
+let upstream: UpstreamClient;
+let offerCounter = 0;
+let now = 1_700_000_000;
+const clock = () => now;
+const fakes: FakeUpstream[] = [];
+const monitors: HealthMonitor[] = [];
+const logLines: string[] = [];
+const logger = {
+  info: (obj: object, msg?: string) => logLines.push(JSON.stringify({ ...obj, msg })),
+  warn: (obj: object, msg?: string) => logLines.push(JSON.stringify({ ...obj, msg })),
+};
+
+beforeAll(async () => {
+  test = await createTestDatabase();
+  db = test.db.pool;
+  upstream = createUpstreamClient({ allowPrivate: true });
+  await db.query(
+    `INSERT INTO models (model_id, creator, credit_token, repository, revision, task, pool_id,
+       position_token_id, status, indexed_block)
+     VALUES ($1, $2, $2, 'acme/llama', 'main', 'chat', $1, 1, 'active', 1)`,
+    [modelId, `0x${"22".repeat(20)}`],
+  );
+});
+
+afterAll(async () => {
+  await upstream?.close();
+  await test?.drop();
+});
+
+afterEach(async () => {
+  await Promise.all(monitors.splice(0).map((m) => m.stop()));
+  await Promise.all(fakes.splice(0).map((f) => f.stop()));
+});
+
+async function fake(opts: Parameters<typeof startFakeUpstream>[0] = {}): Promise<FakeUpstream> {
+  const f = await startFakeUpstream({ models: ["acme/llama"], token, ...opts });
+  fakes.push(f);
+  return f;
+}
+
+/** A fresh offer with `endpoint` registered (rows written directly: registration is not ours). */
+async function registeredOffer(endpoint: EndpointSecret): Promise<Hex> {
+  const offerId = `0x${(++offerCounter).toString(16).padStart(64, "0")}` as Hex;
+  const address = `0x${"33".repeat(20)}`;
+  await db.query(
+    `INSERT INTO offers (offer_id, model_id, owner, operator, payout, status, tariff_version,
+       input_price_per_mtok, output_price_per_mtok, wake_fee, region, hardware, max_concurrency,
+       capabilities, indexed_block)
+     VALUES ($1, $2, $3, $3, $3, 'active', 1, 1, 1, 0, 'eu', 'gpu', 4, '{}', 1)`,
+    [offerId, modelId, address],
+  );
+  await db.query(
+    `INSERT INTO provider_endpoints (offer_id, operator, endpoint_sealed, registered_at)
+     VALUES ($1, $2, $3, $4)`,
+    [offerId, address, seal(endpoint), now],
+  );
+  return offerId;
+}
+
+function monitor(overrides: Partial<HealthMonitorDeps> = {}): HealthMonitor {
+  const m = createHealthMonitor({
+    store: createPgEndpointHealthStore(db),
+    open,
+    prober: createEndpointProber(upstream, { livenessTimeoutMs: 1_000, verifyTimeoutMs: 5_000 }),
+    intervalMs: 60_000,
+    concurrency: 4,
+    staleMs: 30_000,
+    clock,
+    logger,
+    ...overrides,
+  });
+  monitors.push(m);
+  return m;
+}
+
+describe("endpoint health store", () => {
+  it("records probes monotonically and reads them back", async () => {
+    const offerId = await registeredOffer({ url: "http://127.0.0.1:9/" });
+    expect(await getEndpointHealth(db, offerId)).toEqual({
+      offerId,
+      registeredAt: now,
+      running: undefined,
+      checkedAt: undefined,
+      verifiedAt: undefined,
+      verificationExpiresAt: undefined,
+      verificationError: undefined,
+    });
+    await recordProbe(db, offerId, true, now + 10);
+    await recordProbe(db, offerId, false, now + 5); // older: ignored
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({
+      running: true,
+      checkedAt: now + 10,
+    });
+    // Offer ids compare in any hex case.
+    await recordProbe(db, offerId.toUpperCase().replace("0X", "0x") as Hex, false, now + 11);
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({ running: false });
+    const listed = (await listRegisteredEndpoints(db)).find((e) => e.offerId === offerId);
+    expect(listed).toEqual({
+      offerId,
+      sealed: seal({ url: "http://127.0.0.1:9/" }),
+      checkedAt: now + 11,
+    });
+    expect(await getEndpointHealth(db, `0x${"ff".repeat(32)}`)).toBeUndefined();
+  });
+
+  it("records a verification only for the endpoint it checked", async () => {
+    const offerId = await registeredOffer({ url: "http://127.0.0.1:9/" });
+    const ok = { ok: true, verifiedAt: now, expiresAt: now + 60 } as const;
+    expect(
+      await recordVerification(db, offerId, ok, { sealed: seal({ url: "http://other/" }) }),
+    ).toBe(false);
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({ verifiedAt: undefined });
+    expect(
+      await recordVerification(db, offerId, ok, { sealed: seal({ url: "http://127.0.0.1:9/" }) }),
+    ).toBe(true);
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({
+      verifiedAt: now,
+      verificationExpiresAt: now + 60,
+      verificationError: undefined,
+    });
+    expect(await recordVerification(db, offerId, { ok: false, check: "usage_missing" })).toBe(true);
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({
+      verifiedAt: undefined,
+      verificationExpiresAt: undefined,
+      verificationError: "usage_missing",
+    });
+  });
+});
+
+describe("health monitor", () => {
+  it("shows a stopped fake provider as not running after the next probe", async () => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    const m = monitor();
+    expect(await m.probeAll()).toMatchObject({ running: expect.any(Number) as number });
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({ running: true, checkedAt: now });
+
+    await f.stop();
+    now += 1;
+    await m.probeAll();
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({
+      running: false,
+      checkedAt: now,
+    });
+  });
+
+  it("notices a stopped provider within the probe interval when started", async () => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    const m = monitor({ intervalMs: 100 });
+    m.start();
+    await vi.waitFor(async () => {
+      expect(await getEndpointHealth(db, offerId)).toMatchObject({ running: true });
+    });
+    await f.stop();
+    await vi.waitFor(
+      async () => {
+        expect(await getEndpointHealth(db, offerId)).toMatchObject({ running: false });
+      },
+      { timeout: 5_000 },
+    );
+    await m.stop();
+  });
+
+  it("probes with bounded concurrency", async () => {
+    const f = await fake();
+    const offers = await Promise.all(
+      Array.from({ length: 6 }, () => registeredOffer({ url: f.url, token })),
+    );
+    let active = 0;
+    let peak = 0;
+    const prober = createEndpointProber(upstream);
+    const m = monitor({
+      concurrency: 2,
+      prober: {
+        async probeLiveness(endpoint) {
+          peak = Math.max(peak, ++active);
+          await new Promise((r) => setTimeout(r, 20));
+          try {
+            return await prober.probeLiveness(endpoint);
+          } finally {
+            active--;
+          }
+        },
+        verifyEndpoint: (endpoint, modelNames) => prober.verifyEndpoint(endpoint, modelNames),
+      },
+    });
+    now += 1;
+    const result = await m.probeAll();
+    expect(result.probed).toBeGreaterThanOrEqual(offers.length);
+    expect(peak).toBe(2);
+    for (const offerId of offers) {
+      expect(await getEndpointHealth(db, offerId)).toMatchObject({ running: true, checkedAt: now });
+    }
+  });
+
+  it("skips endpoints probed recently when asked to", async () => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    const m = monitor();
+    now += 1;
+    await m.probeAll();
+    const calls = f.calls("/v1/models");
+    now += 10;
+    await m.probeAll({ minAgeSeconds: 30 });
+    expect(f.calls("/v1/models")).toBe(calls);
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({ checkedAt: now - 10 });
+  });
+
+  it("probes on demand only when the last verdict is stale", async () => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    const m = monitor({ staleMs: 30_000 });
+    expect(await m.probeIfStale(offerId)).toMatchObject({ running: true, checkedAt: now });
+    expect(f.calls("/v1/models")).toBe(1);
+
+    now += 10;
+    await f.stop();
+    expect(await m.probeIfStale(offerId)).toMatchObject({ running: true, checkedAt: now - 10 });
+
+    now += 30;
+    expect(await m.probeIfStale(offerId)).toMatchObject({ running: false, checkedAt: now });
+    expect(await m.probeIfStale(`0x${"ee".repeat(32)}`)).toBeUndefined();
+  });
+
+  it("shares one probe between concurrent on-demand requests", async () => {
+    const f = await fake({ delayMs: 0 });
+    const offerId = await registeredOffer({ url: f.url, token });
+    const m = monitor();
+    await Promise.all(Array.from({ length: 5 }, () => m.probeIfStale(offerId)));
+    expect(f.calls("/v1/models")).toBe(1);
+  });
+
+  it("marks an endpoint whose seal cannot be opened as not running", async () => {
+    const offerId = await registeredOffer({ url: "http://127.0.0.1:9/" });
+    const m = monitor({
+      open: () => {
+        throw new Error("unsupported state or unable to authenticate data");
+      },
+    });
+    expect(await m.probeIfStale(offerId)).toMatchObject({ running: false });
+  });
+
+  it("verifies a conforming provider and records it", async () => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    const m = monitor();
+    expect(await m.verify(offerId, names, 3600)).toEqual({
+      ok: true,
+      verifiedAt: now,
+      expiresAt: now + 3600,
+    });
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({
+      running: true,
+      verifiedAt: now,
+      verificationExpiresAt: now + 3600,
+      verificationError: undefined,
+    });
+  });
+
+  it.each([
+    ["does not list the model", { models: ["someone/else"] }, "model_not_listed"],
+    ["omits usage", { omitUsage: true }, "usage_missing"],
+  ] as const)(
+    "fails verification against a provider that %s and clears verified_at",
+    async (_name, opts, check) => {
+      const f = await fake();
+      const offerId = await registeredOffer({ url: f.url, token });
+      const m = monitor();
+      expect(await m.verify(offerId, names, 3600)).toMatchObject({ ok: true });
+
+      f.setOptions(opts);
+      now += 100;
+      const result = await m.verify(offerId, names, 3600);
+      expect(result).toMatchObject({ ok: false, check });
+      expect(await getEndpointHealth(db, offerId)).toMatchObject({
+        running: true,
+        verifiedAt: undefined,
+        verificationExpiresAt: undefined,
+        verificationError: check,
+      });
+      const { rows } = await db.query<{ verified_at: string | null }>(
+        "SELECT verified_at FROM provider_endpoints WHERE offer_id = $1",
+        [offerId],
+      );
+      expect(rows[0]?.verified_at).toBeNull();
+    },
+  );
+
+  it("fails verification of a stopped provider as unreachable and not running", async () => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    await f.stop();
+    const result = await monitor().verify(offerId, names, 3600);
+    expect(result).toMatchObject({ ok: false, check: "endpoint_unreachable" });
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({
+      running: false,
+      verificationError: "endpoint_unreachable",
+    });
+  });
+
+  it("refuses to verify an offer without an endpoint", async () => {
+    const err: unknown = await monitor()
+      .verify(`0x${"dd".repeat(32)}`, names, 60)
+      .catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(GatewayError);
+    expect((err as GatewayError).code).toBe("offer_not_found");
+  });
+
+  it("never logs an endpoint URL or token", async () => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    const m = monitor();
+    await m.verify(offerId, names, 60);
+    await f.stop();
+    now += 100;
+    await m.probeAll();
+    await m.verify(offerId, names, 60);
+    expect(logLines.length).toBeGreaterThan(0);
+    for (const line of logLines) {
+      expect(line).not.toContain(String(f.port));
+      expect(line).not.toContain(token);
+    }
+  });
+});
