@@ -1,15 +1,31 @@
+import { hkdfSync } from "node:crypto";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { createPublicClient, http, type PublicClient } from "viem";
 import type { Logger } from "pino";
 import { loadCatalogFile } from "./adapters/catalog-file.js";
 import { createIndexer, type Indexer } from "./adapters/chain/indexer.js";
+import { createChainOfferReader } from "./adapters/chain/offers.js";
+import {
+  createSealer,
+  generateEncryptionKey,
+  parseEncryptionKey,
+} from "./adapters/crypto/sealer.js";
+import { createPgEndpointHealthStore } from "./adapters/pg/endpoint-health.js";
+import { recordRegistration } from "./adapters/pg/registrations.js";
+import { canonicalEndpointUrl, resolveEndpoint } from "./adapters/upstream/endpoint-guard.js";
+import { createUpstreamClient, type UpstreamClient } from "./adapters/upstream/http.js";
+import { createEndpointProber } from "./adapters/upstream/probe.js";
 import { findActiveApiKey } from "./adapters/pg/api-keys.js";
 import { createPgCatalogStore } from "./adapters/pg/catalog.js";
 import { openDatabase, type Database } from "./adapters/pg/database.js";
 import { migrate } from "./adapters/pg/migrate.js";
 import type { Config } from "./config.js";
 import { createCatalogService } from "./connect/catalog-service.js";
+import { createProviderService } from "./connect/provider-service.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
+import { createHealthMonitor, type HealthMonitor } from "./domain/health.js";
+import { createRegistrationService, openEndpoint } from "./domain/registration.js";
 import { listen } from "./listen.js";
 import type { Readiness } from "./rest/facade.js";
 import { createGatewayHandler } from "./server.js";
@@ -21,6 +37,8 @@ export interface Gateway {
   readonly db: Database;
   readonly chain: PublicClient;
   readonly indexer: Indexer;
+  readonly health: HealthMonitor;
+  readonly upstream: UpstreamClient;
   close(): Promise<void>;
 }
 
@@ -30,6 +48,35 @@ export interface StartOptions {
   readonly inMemoryDatabase?: boolean;
   /** A database opened by the caller (tests); the gateway migrates it but does not close it. */
   readonly database?: Database;
+  /** Unix seconds; tests inject a clock to move time without sleeping. */
+  readonly clock?: () => number;
+}
+
+/**
+ * The key that seals provider endpoints at rest: ENDPOINT_ENCRYPTION_KEY, else
+ * (embedded database only) one made on first start and kept beside the data,
+ * or a throwaway one for an in-memory database.
+ */
+async function endpointEncryptionKey(config: Config, inMemory: boolean): Promise<Buffer> {
+  if (config.endpointEncryptionKey !== undefined)
+    return parseEncryptionKey(config.endpointEncryptionKey);
+  if (inMemory) return generateEncryptionKey();
+  const path = join(config.stateDir, "endpoint-encryption.key");
+  try {
+    return parseEncryptionKey((await readFile(path, "utf8")).trim());
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
+  }
+  await mkdir(config.stateDir, { recursive: true });
+  const key = generateEncryptionKey();
+  try {
+    await writeFile(path, `${key.toString("hex")}\n`, { mode: 0o600, flag: "wx" });
+    return key;
+  } catch (error) {
+    // Another process made it first: use theirs.
+    if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+    return parseEncryptionKey((await readFile(path, "utf8")).trim());
+  }
 }
 
 async function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
@@ -76,6 +123,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
   const entries = config.catalogFile === undefined ? [] : await loadCatalogFile(config.catalogFile);
   const directory = new ModelDirectory(entries);
 
+  const clock = options.clock ?? (() => Math.floor(Date.now() / 1000));
   const ownsDatabase = options.database === undefined;
   const db =
     options.database ??
@@ -107,6 +155,36 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     indexer.start();
 
     const catalog = createCatalog({ store: createPgCatalogStore(db.pool), directory });
+
+    const key = await endpointEncryptionKey(config, options.inMemoryDatabase === true);
+    const sealer = createSealer(key);
+    const upstream = createUpstreamClient({ allowPrivate: config.allowPrivateEndpoints });
+    const registration = createRegistrationService({
+      chainId: config.chainId,
+      market: config.marketAddress,
+      offers: createChainOfferReader({ client: chain, market: config.marketAddress }),
+      recordRegistration: (nonce, reg) => recordRegistration(db.pool, nonce, reg),
+      sealer,
+      canonicalizeUrl: canonicalEndpointUrl,
+      checkEndpoint: async (url) => {
+        await resolveEndpoint(url, { allowPrivate: config.allowPrivateEndpoints });
+      },
+      clock,
+      // Derived, so every gateway sharing the endpoint key also shares it.
+      challengeSecret: Buffer.from(
+        hkdfSync("sha256", key, "", "gateway.v1 registration challenge", 32),
+      ),
+    });
+    const health = createHealthMonitor({
+      store: createPgEndpointHealthStore(db.pool),
+      open: (offerId, sealed) => openEndpoint(sealer, offerId, sealed),
+      prober: createEndpointProber(upstream),
+      intervalMs: config.probeIntervalMs,
+      concurrency: config.probeConcurrency,
+      staleMs: config.probeStaleMs,
+      clock,
+      logger: logger.child({ component: "health" }),
+    });
     const readiness = async (): Promise<Readiness> => {
       const check = async (probe: () => Promise<unknown>) => {
         try {
@@ -124,7 +202,15 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     };
 
     const handler = createGatewayHandler({
-      services: { catalog: createCatalogService(catalog) },
+      services: {
+        catalog: createCatalogService(catalog),
+        provider: createProviderService({
+          catalog,
+          registration,
+          health,
+          verificationTtlSeconds: config.verificationTtlSeconds,
+        }),
+      },
       logger,
       bodyLimitBytes: config.bodyLimitBytes,
       readiness,
@@ -132,6 +218,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       settlementOperatorToken: config.settlementOperatorToken,
     });
     const listener = await listen(handler, { host: config.host, port: config.port });
+    health.start();
     const host = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
     const url = `http://${host.includes(":") ? `[${host}]` : host}:${listener.port}`;
     logger.info(
@@ -146,10 +233,14 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       db,
       chain,
       indexer,
+      health,
+      upstream,
       close() {
         closing ??= (async () => {
           await listener.close();
+          await health.stop();
           await indexer.stop();
+          await upstream.close();
           if (ownsDatabase) await db.close();
         })();
         return closing;

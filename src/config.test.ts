@@ -63,3 +63,37 @@ describe("parseConfig", () => {
     expect(() => parseConfig({})).toThrow(/RPC_URL is required[\s\S]*CHAIN_ID is required/);
   });
 });
+
+describe("provider settings", () => {
+  it("requires an endpoint encryption key with an external database", () => {
+    expect(() => parseConfig({ ...base, DATABASE_URL: "postgres://db/gw" })).toThrow(
+      /ENDPOINT_ENCRYPTION_KEY is required with DATABASE_URL/,
+    );
+    expect(
+      parseConfig({
+        ...base,
+        DATABASE_URL: "postgres://db/gw",
+        ENDPOINT_ENCRYPTION_KEY: "ab".repeat(32),
+      }).endpointEncryptionKey,
+    ).toBe("ab".repeat(32));
+  });
+
+  it("parses the probe and verification settings", () => {
+    const config = parseConfig({
+      ...base,
+      ALLOW_PRIVATE_ENDPOINTS: "yes",
+      PROBE_INTERVAL_MS: "1000",
+    });
+    expect(config).toMatchObject({
+      allowPrivateEndpoints: true,
+      probeIntervalMs: 1000,
+      probeStaleMs: 2000,
+      probeConcurrency: 4,
+      verificationTtlSeconds: 86400,
+    });
+    expect(parseConfig(base).allowPrivateEndpoints).toBe(false);
+    expect(() => parseConfig({ ...base, ALLOW_PRIVATE_ENDPOINTS: "maybe" })).toThrow(
+      /ALLOW_PRIVATE_ENDPOINTS must be true or false/,
+    );
+  });
+});

@@ -23,6 +23,16 @@ export interface Config {
   readonly port: number;
   readonly logLevel: LogLevel;
   readonly bodyLimitBytes: number;
+  /** AES-256-GCM key for provider endpoints (64 hex chars or base64); absent: embedded default only. */
+  readonly endpointEncryptionKey: string | undefined;
+  /** Lets providers register loopback/private endpoints: local development and tests only. */
+  readonly allowPrivateEndpoints: boolean;
+  readonly probeIntervalMs: number;
+  readonly probeConcurrency: number;
+  /** A health read older than this probes the endpoint on demand. */
+  readonly probeStaleMs: number;
+  /** How long a successful verification keeps an offer eligible. */
+  readonly verificationTtlSeconds: number;
 }
 
 export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -35,6 +45,7 @@ export class ConfigError extends Error {
   }
 }
 
+type Mutable<T> = { -readonly [K in keyof T]: T[K] };
 type Env = Readonly<Record<string, string | undefined>>;
 
 /**
@@ -94,12 +105,28 @@ export function parseConfig(env: Env): Config {
     problems.push("SETTLEMENT_OPERATOR_TOKEN must be at least 16 characters");
   }
 
+  const bool = (key: string, fallback: boolean): boolean => {
+    const raw = str(key)?.toLowerCase();
+    if (raw === undefined) return fallback;
+    if (["1", "true", "yes", "on"].includes(raw)) return true;
+    if (["0", "false", "no", "off"].includes(raw)) return false;
+    problems.push(`${key} must be true or false, got "${raw}"`);
+    return fallback;
+  };
+
+  const endpointEncryptionKey = str("ENDPOINT_ENCRYPTION_KEY");
+  if (endpointEncryptionKey === undefined && databaseUrl !== undefined) {
+    problems.push(
+      "ENDPOINT_ENCRYPTION_KEY is required with DATABASE_URL (32 bytes as 64 hex characters or base64; every gateway sharing the database needs the same key)",
+    );
+  }
+
   const logLevel = (str("LOG_LEVEL") ?? "info") as LogLevel;
   if (!logLevels.includes(logLevel)) {
     problems.push(`LOG_LEVEL must be one of ${logLevels.join(", ")}`);
   }
 
-  const config: Config = {
+  const config: Mutable<Config> = {
     databaseUrl,
     stateDir: str("GATEWAY_STATE_DIR") ?? ".gateway",
     rpcUrl,
@@ -114,7 +141,14 @@ export function parseConfig(env: Env): Config {
     port: int("PORT", 8080, 0, 65535),
     logLevel,
     bodyLimitBytes: int("BODY_LIMIT_BYTES", 4 * 1024 * 1024, 1024, 1024 * 1024 * 1024),
+    endpointEncryptionKey,
+    allowPrivateEndpoints: bool("ALLOW_PRIVATE_ENDPOINTS", false),
+    probeIntervalMs: int("PROBE_INTERVAL_MS", 30_000, 50, 86_400_000),
+    probeConcurrency: int("PROBE_CONCURRENCY", 4, 1, 256),
+    probeStaleMs: 0,
+    verificationTtlSeconds: int("VERIFICATION_TTL_SECONDS", 86_400, 1, 365 * 86_400),
   };
+  config.probeStaleMs = int("PROBE_STALE_MS", config.probeIntervalMs * 2, 50, 86_400_000);
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);
 }

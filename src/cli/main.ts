@@ -7,6 +7,7 @@ import { startGateway } from "../app.js";
 import { ConfigError, parseConfig, type LogLevel } from "../config.js";
 import { startSandbox } from "../dev/sandbox.js";
 import { createLogger } from "../logger.js";
+import { runProviderCommand } from "./provider.js";
 
 const usage = `usage: gateway <command>
 
@@ -17,6 +18,7 @@ commands:
   keys create [--name N]    create an API key (printed once)
   keys list                 list API keys (never the keys themselves)
   keys revoke <id|prefix>   revoke an API key
+  provider ...              onboard an offer's endpoint (see 'gateway provider')
 
 Environment: see README.md ("Configuration").`;
 
@@ -121,6 +123,13 @@ async function run(argv: string[]): Promise<void> {
       } finally {
         await db.close();
       }
+      return;
+    }
+    case "provider": {
+      process.exitCode = await runProviderCommand(rest, process.env, {
+        log: (line) => process.stdout.write(`${line}\n`),
+        error: (line) => process.stderr.write(`${line}\n`),
+      });
       return;
     }
     default:

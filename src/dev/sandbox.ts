@@ -8,7 +8,10 @@ import { chainClients } from "../adapters/chain/clients.js";
 import { createApiKey } from "../adapters/pg/api-keys.js";
 import { startGateway, type Gateway } from "../app.js";
 import { parseConfig } from "../config.js";
+import { privateKeyToAccount } from "viem/accounts";
+import { registerEndpoint, verifyOffer } from "../provider/client.js";
 import { demoAccounts, seedDemoMarket } from "./demo-market.js";
+import { startDemoProvider, type DemoProvider } from "./demo-provider.js";
 
 /** What `npm start` writes to `$GATEWAY_STATE_DIR/dev.json` for scripts and tests. */
 export interface DevManifest {
@@ -31,6 +34,7 @@ export interface Sandbox {
   readonly manifestPath: string;
   readonly gateway: Gateway;
   readonly anvil: AnvilInstance;
+  readonly provider: DemoProvider;
   close(): Promise<void>;
 }
 
@@ -53,6 +57,7 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
   await mkdir(stateDir, { recursive: true });
 
   const anvil = await startAnvil({ chainId: 31337 });
+  let provider: DemoProvider | undefined;
   try {
     const clients = chainClients(anvil.chainId, anvil.rpcUrl, 50);
     const roles = demoAccounts(anvil.accounts);
@@ -75,10 +80,30 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
       PORT: String(options.port ?? 8080),
       GATEWAY_STATE_DIR: stateDir,
       LOG_LEVEL: logger.level,
+      // The demo provider listens on loopback.
+      ALLOW_PRIVATE_ENDPOINTS: "true",
+      PROBE_INTERVAL_MS: "5000",
     });
     const gateway = await startGateway(config, { logger, inMemoryDatabase: true });
     try {
       const apiKey = await createApiKey(gateway.db.pool, "dev");
+      // The demo offers onboard exactly as a real provider would: signed challenge, then verification.
+      provider = await startDemoProvider(demo.models.map((m) => m.id));
+      const connection = { baseUrl: gateway.url, apiKey: apiKey.key };
+      const signer = privateKeyToAccount(roles.operator.privateKey);
+      for (const offer of demo.offers.filter((o) => o.status === "active")) {
+        await registerEndpoint(connection, {
+          offerId: offer.offerId,
+          endpointUrl: provider.url,
+          endpointToken: provider.token,
+          signer,
+        });
+        await verifyOffer(connection, offer.offerId);
+      }
+      logger.info(
+        { offers: demo.offers.filter((o) => o.status === "active").length },
+        "demo offers registered and verified",
+      );
       const manifest: DevManifest = {
         baseUrl: gateway.url,
         grpcUrl: gateway.url,
@@ -105,9 +130,11 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
         manifestPath,
         gateway,
         anvil,
+        provider,
         close() {
           closing ??= (async () => {
             await gateway.close();
+            await provider?.close();
             await anvil.stop();
           })();
           return closing;
@@ -115,6 +142,7 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
       };
     } catch (error) {
       await gateway.close();
+      await provider?.close();
       throw error;
     }
   } catch (error) {

@@ -47,6 +47,28 @@ export interface OfferRecord {
   readonly capabilities: { [key: string]: JsonValue };
   readonly verifiedAt: number | undefined;
   readonly verificationExpiresAt: number | undefined;
+  /** A provider endpoint is registered for the offer (through a signed challenge). */
+  readonly endpointRegistered: boolean;
+}
+
+/**
+ * Whether chat may be routed to an offer at `now` (Unix seconds): the offer
+ * and its model are active, an endpoint is registered, and its verification
+ * has not lapsed. Capacity and pins are checked by routing on top of this.
+ */
+export function isEligible(
+  offer: OfferRecord,
+  model: Pick<ModelRecord, "status">,
+  now: number,
+): boolean {
+  return (
+    offer.status === "active" &&
+    model.status === "active" &&
+    offer.endpointRegistered &&
+    offer.verifiedAt !== undefined &&
+    offer.verificationExpiresAt !== undefined &&
+    offer.verificationExpiresAt > now
+  );
 }
 
 /** Read side of the indexed market (PostgreSQL in production). */

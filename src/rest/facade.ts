@@ -8,9 +8,15 @@ import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError } from "../domain/errors.js";
-import { readBody, type NodeRequest } from "./body.js";
+import { readBody, readJson, type NodeRequest } from "./body.js";
 import { toHttpError } from "./errors.js";
-import { modelView, offerView, parseStatusFilter } from "./views.js";
+import {
+  modelView,
+  offerHealthView,
+  offerView,
+  parseStatusFilter,
+  typedDataView,
+} from "./views.js";
 
 /** The response type connect-node's handlers take (HTTP/1.1 or HTTP/2). */
 export type NodeResponse = Parameters<ReturnType<typeof connectNodeAdapter>>[1];
@@ -156,33 +162,58 @@ const routes: Route[] = [
   {
     method: "POST",
     path: /^\/v1\/provider-offers\/challenge$/,
-    handle: async ({ clients, options }) => {
-      const response = await clients.provider.createRegistrationChallenge({}, options);
-      return { body: response };
+    handle: async ({ clients, options, req, deps }) => {
+      const body = objectBody(await readJson(req, deps.bodyLimitBytes));
+      const { typedData } = await clients.provider.createRegistrationChallenge(
+        {
+          offerId: stringField(body, "offerId", true),
+          endpointUrl: stringField(body, "endpointUrl", true),
+          nonce: stringField(body, "nonce", false),
+          expiresAt: integerField(body, "expiresAt", false),
+        },
+        options,
+      );
+      if (typedData === undefined) throw new Error("challenge answered without typed data");
+      return { body: typedDataView(typedData) };
     },
   },
   {
     method: "POST",
     path: /^\/v1\/provider-offers\/register$/,
-    handle: async ({ clients, options }) => {
-      const response = await clients.provider.registerEndpoint({}, options);
-      return { body: response };
+    handle: async ({ clients, options, req, deps }) => {
+      const body = objectBody(await readJson(req, deps.bodyLimitBytes));
+      const { offer } = await clients.provider.registerEndpoint(
+        {
+          offerId: stringField(body, "offerId", true),
+          endpointUrl: stringField(body, "endpointUrl", true),
+          nonce: stringField(body, "nonce", true),
+          expiresAt: integerField(body, "expiresAt", true),
+          signature: stringField(body, "signature", true),
+          endpointToken: stringField(body, "endpointToken", false),
+        },
+        options,
+      );
+      if (offer === undefined) throw new Error("registration answered without an offer");
+      return { body: { offer: offerView(offer) } };
     },
   },
   {
     method: "GET",
     path: new RegExp(`^/v1/provider-offers/${id}/health$`),
     handle: async ({ clients, options, params }) => {
-      const response = await clients.provider.getOfferHealth({ offerId: params[0] }, options);
-      return { body: response };
+      const { health } = await clients.provider.getOfferHealth({ offerId: params[0] }, options);
+      if (health === undefined) throw new Error("health answered without a health record");
+      return { body: offerHealthView(health) };
     },
   },
   {
     method: "POST",
     path: new RegExp(`^/v1/provider-offers/${id}/verify$`),
-    handle: async ({ clients, options, params }) => {
-      const response = await clients.provider.verifyOffer({ offerId: params[0] }, options);
-      return { body: response };
+    handle: async ({ clients, options, params, req }) => {
+      req.resume(); // the spec's verify takes no body
+      const { offer } = await clients.provider.verifyOffer({ offerId: params[0] }, options);
+      if (offer === undefined) throw new Error("verify answered without an offer");
+      return { body: { offer: offerView(offer) } };
     },
   },
   {
@@ -194,6 +225,48 @@ const routes: Route[] = [
     },
   },
 ];
+
+/** The JSON body as an object (400 for anything else). */
+function objectBody(parsed: { value: unknown }): Record<string, unknown> {
+  const value = parsed.value;
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new GatewayError("invalid_request", "the request body must be a JSON object");
+  }
+  return value as Record<string, unknown>;
+}
+
+function stringField(body: Record<string, unknown>, name: string, required: boolean): string {
+  const value = body[name];
+  if (value === undefined || value === null) {
+    if (required) throw new GatewayError("invalid_request", `'${name}' is required`);
+    return "";
+  }
+  if (typeof value !== "string")
+    throw new GatewayError("invalid_request", `'${name}' must be a string`);
+  return value;
+}
+
+function integerField(body: Record<string, unknown>, name: string, required: true): bigint;
+function integerField(
+  body: Record<string, unknown>,
+  name: string,
+  required: false,
+): bigint | undefined;
+function integerField(
+  body: Record<string, unknown>,
+  name: string,
+  required: boolean,
+): bigint | undefined {
+  const value = body[name];
+  if (value === undefined || value === null) {
+    if (required) throw new GatewayError("invalid_request", `'${name}' is required`);
+    return undefined;
+  }
+  if (typeof value !== "number" || !Number.isSafeInteger(value)) {
+    throw new GatewayError("invalid_request", `'${name}' must be an integer (Unix seconds)`);
+  }
+  return BigInt(value);
+}
 
 function decodePathParam(raw: string): string {
   try {

@@ -5,6 +5,7 @@ import {
   type Model,
   type Offer,
 } from "../../gen/gateway/v1/market_pb.js";
+import type { OfferHealth, TypedData } from "../../gen/gateway/v1/provider_pb.js";
 
 /**
  * Protobuf messages -> the spec's JSON resources (snake_case, enum values as
@@ -70,4 +71,38 @@ export function parseStatusFilter<T extends number>(
   if (word === null || word === "") return undefined;
   const value = schema.values.find((v) => enumWord(schema, v.number) === word && v.number !== 0);
   return value?.number as T | undefined;
+}
+
+export function offerHealthView(health: OfferHealth) {
+  return {
+    offer_id: health.offerId,
+    status: enumWord(OfferStatusSchema, health.status),
+    running: health.running,
+    verified_at: seconds(health.verifiedAt),
+    verification_expires_at: seconds(health.verificationExpiresAt),
+    checked_at: seconds(health.checkedAt),
+  };
+}
+
+/** The challenge as wallet-ready EIP-712 JSON (what eth_signTypedData_v4 takes as is). */
+export function typedDataView(typed: TypedData) {
+  return {
+    types: Object.fromEntries(
+      typed.types.map((t) => [t.name, t.fields.map((f) => ({ name: f.name, type: f.type }))]),
+    ),
+    primaryType: typed.primaryType,
+    domain: {
+      name: typed.domain?.name,
+      version: typed.domain?.version,
+      chainId: Number(typed.domain?.chainId ?? 0n),
+      verifyingContract: typed.domain?.verifyingContract,
+    },
+    message: {
+      offerId: typed.message?.offerId,
+      operator: typed.message?.operator,
+      endpointUrlHash: typed.message?.endpointUrlHash,
+      nonce: typed.message?.nonce,
+      expiresAt: Number(typed.message?.expiresAt ?? 0n),
+    },
+  };
 }

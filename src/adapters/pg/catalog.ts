@@ -14,7 +14,10 @@ export type Queryable = Pick<pg.Pool, "query">;
 /** A model as the chain states it (what the indexer writes). */
 export type ModelState = Omit<ModelRecord, "activeOffers">;
 /** An offer as the chain states it (what the indexer writes). */
-export type OfferState = Omit<OfferRecord, "verifiedAt" | "verificationExpiresAt">;
+export type OfferState = Omit<
+  OfferRecord,
+  "verifiedAt" | "verificationExpiresAt" | "endpointRegistered"
+>;
 
 interface ModelRow {
   model_id: string;
@@ -46,6 +49,7 @@ interface OfferRow {
   capabilities: { [key: string]: JsonValue };
   verified_at: string | null;
   verification_expires_at: string | null;
+  endpoint_registered: boolean;
 }
 
 const modelSelect = `
@@ -53,8 +57,8 @@ const modelSelect = `
   FROM models m`;
 
 const offerSelect = `
-  SELECT o.*, NULL::bigint AS verified_at, NULL::bigint AS verification_expires_at
-  FROM offers o`;
+  SELECT o.*, e.verified_at, e.verification_expires_at, (e.offer_id IS NOT NULL) AS endpoint_registered
+  FROM offers o LEFT JOIN provider_endpoints e ON e.offer_id = o.offer_id`;
 
 function toModel(row: ModelRow): ModelRecord {
   return {
@@ -92,6 +96,7 @@ function toOffer(row: OfferRow): OfferRecord {
     verifiedAt: row.verified_at === null ? undefined : Number(row.verified_at),
     verificationExpiresAt:
       row.verification_expires_at === null ? undefined : Number(row.verification_expires_at),
+    endpointRegistered: row.endpoint_registered,
   };
 }
 

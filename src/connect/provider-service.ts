@@ -1,0 +1,125 @@
+import { create } from "@bufbuild/protobuf";
+import type { ServiceImpl } from "@connectrpc/connect";
+import type { Hex } from "viem";
+import {
+  CreateRegistrationChallengeResponseSchema,
+  GetOfferHealthResponseSchema,
+  ProviderService,
+  RegisterEndpointResponseSchema,
+  VerifyOfferResponseSchema,
+} from "../../gen/gateway/v1/provider_pb.js";
+import type { Catalog, OfferRecord } from "../domain/catalog.js";
+import { GatewayError } from "../domain/errors.js";
+import type { HealthMonitor } from "../domain/health.js";
+import { isHex32, normalizeHex } from "../domain/hex.js";
+import type { RegistrationService } from "../domain/registration.js";
+import { offerStatusToMessage, offerToMessage } from "./convert.js";
+
+export interface ProviderServiceDeps {
+  readonly catalog: Catalog;
+  readonly registration: RegistrationService;
+  readonly health: HealthMonitor;
+  readonly verificationTtlSeconds: number;
+}
+
+function offerIdOf(raw: string): Hex {
+  if (!isHex32(raw))
+    throw new GatewayError("invalid_hex", "offer id must be a Hex32 (0x + 64 hex digits)");
+  return normalizeHex(raw);
+}
+
+async function indexedOffer(catalog: Catalog, offerId: Hex): Promise<OfferRecord> {
+  const offer = await catalog.getOffer(offerId);
+  if (offer === undefined)
+    throw new GatewayError("offer_not_found", `offer ${offerId} does not exist`);
+  return offer;
+}
+
+const seconds = (value: number | undefined): bigint | undefined =>
+  value === undefined ? undefined : BigInt(value);
+
+export function createProviderService(
+  deps: ProviderServiceDeps,
+): ServiceImpl<typeof ProviderService> {
+  const { catalog, registration, health } = deps;
+  return {
+    async createRegistrationChallenge(req) {
+      const typed = await registration.createChallenge({
+        offerId: req.offerId,
+        endpointUrl: req.endpointUrl,
+        nonce: req.nonce === "" ? undefined : req.nonce,
+        expiresAt: req.expiresAt,
+      });
+      return create(CreateRegistrationChallengeResponseSchema, {
+        typedData: {
+          domain: {
+            name: typed.domain.name,
+            version: typed.domain.version,
+            chainId: BigInt(typed.domain.chainId),
+            verifyingContract: typed.domain.verifyingContract,
+          },
+          types: Object.entries(typed.types).map(([name, fields]) => ({ name, fields })),
+          primaryType: typed.primaryType,
+          message: {
+            offerId: typed.message.offerId,
+            operator: typed.message.operator,
+            endpointUrlHash: typed.message.endpointUrlHash,
+            nonce: typed.message.nonce,
+            expiresAt: BigInt(typed.message.expiresAt),
+          },
+        },
+      });
+    },
+
+    async registerEndpoint(req) {
+      const offerId = await registration.register({
+        offerId: req.offerId,
+        endpointUrl: req.endpointUrl,
+        nonce: req.nonce,
+        expiresAt: req.expiresAt,
+        signature: req.signature,
+        endpointToken: req.endpointToken === "" ? undefined : req.endpointToken,
+      });
+      return create(RegisterEndpointResponseSchema, {
+        offer: offerToMessage(await indexedOffer(catalog, offerId)),
+      });
+    },
+
+    async getOfferHealth(req) {
+      const offerId = offerIdOf(req.offerId);
+      const offer = await indexedOffer(catalog, offerId);
+      const endpoint = await health.probeIfStale(offerId);
+      return create(GetOfferHealthResponseSchema, {
+        health: {
+          offerId,
+          status: offerStatusToMessage(offer.status),
+          running: endpoint?.running ?? false,
+          verifiedAt: seconds(endpoint?.verifiedAt),
+          verificationExpiresAt: seconds(endpoint?.verificationExpiresAt),
+          checkedAt: seconds(endpoint?.checkedAt),
+        },
+      });
+    },
+
+    async verifyOffer(req) {
+      const offerId = offerIdOf(req.offerId);
+      const offer = await indexedOffer(catalog, offerId);
+      const model = await catalog.getModel(offer.modelId);
+      const names = [
+        catalog.directory.publicId(model.modelId),
+        model.modelId,
+        ...catalog.directory.aliases(model.modelId),
+      ];
+      const outcome = await health.verify(
+        offerId,
+        [...new Set(names)],
+        deps.verificationTtlSeconds,
+      );
+      if (!outcome.ok)
+        throw new GatewayError(outcome.check, `verification failed: ${outcome.message}`);
+      return create(VerifyOfferResponseSchema, {
+        offer: offerToMessage(await indexedOffer(catalog, offerId)),
+      });
+    },
+  };
+}

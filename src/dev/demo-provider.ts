@@ -1,0 +1,128 @@
+import { randomBytes } from "node:crypto";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+
+/**
+ * The demo market's provider: a small OpenAI-compatible endpoint that echoes
+ * the last user message back, word by word, with usage. It exists so that
+ * `npm start` shows the whole product on one machine; it runs as a separate
+ * HTTP server and the gateway reaches it only through provider registration,
+ * like any real provider.
+ */
+export interface DemoProvider {
+  readonly url: string;
+  readonly token: string;
+  close(): Promise<void>;
+}
+
+interface ChatBody {
+  model?: string;
+  messages?: { role?: string; content?: unknown }[];
+  stream?: boolean;
+  stream_options?: { include_usage?: boolean };
+  max_tokens?: number;
+  max_completion_tokens?: number;
+}
+
+function replyWords(body: ChatBody): string[] {
+  const last = [...(body.messages ?? [])].reverse().find((m) => m.role === "user");
+  const text =
+    typeof last?.content === "string" ? last.content : JSON.stringify(last?.content ?? "");
+  const limit = body.max_completion_tokens ?? body.max_tokens ?? 64;
+  return `You said: ${text}`.split(/\s+/).filter(Boolean).slice(0, Math.max(1, limit));
+}
+
+function promptTokens(body: ChatBody): number {
+  return Math.max(1, Math.ceil(JSON.stringify(body.messages ?? []).length / 4));
+}
+
+export async function startDemoProvider(
+  models: readonly string[],
+  host = "127.0.0.1",
+): Promise<DemoProvider> {
+  const token = `demo_${randomBytes(16).toString("hex")}`;
+  const server = http.createServer((req, res) => {
+    const send = (status: number, body: unknown) => {
+      res.writeHead(status, { "content-type": "application/json" });
+      res.end(JSON.stringify(body));
+    };
+    if (req.headers.authorization !== `Bearer ${token}`) {
+      req.resume();
+      return send(401, { error: { message: "invalid token", type: "authentication_error" } });
+    }
+    if (req.method === "GET" && req.url === "/v1/models") {
+      req.resume();
+      return send(200, {
+        object: "list",
+        data: models.map((id) => ({ id, object: "model", owned_by: "demo" })),
+      });
+    }
+    if (req.method !== "POST" || req.url !== "/v1/chat/completions") {
+      req.resume();
+      return send(404, { error: { message: "not found", type: "invalid_request_error" } });
+    }
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      let body: ChatBody;
+      try {
+        body = JSON.parse(Buffer.concat(chunks).toString("utf8")) as ChatBody;
+      } catch {
+        return send(400, { error: { message: "invalid JSON", type: "invalid_request_error" } });
+      }
+      const id = `chatcmpl-${randomBytes(8).toString("hex")}`;
+      const created = Math.floor(Date.now() / 1000);
+      const words = replyWords(body);
+      const usage = {
+        prompt_tokens: promptTokens(body),
+        completion_tokens: words.length,
+        total_tokens: promptTokens(body) + words.length,
+      };
+      const model = body.model ?? models[0] ?? "demo";
+      if (!body.stream) {
+        return send(200, {
+          id,
+          object: "chat.completion",
+          created,
+          model,
+          choices: [
+            {
+              index: 0,
+              message: { role: "assistant", content: words.join(" ") },
+              finish_reason: "stop",
+            },
+          ],
+          usage,
+        });
+      }
+      res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+      const event = (data: unknown) => res.write(`data: ${JSON.stringify(data)}\n\n`);
+      const chunk = (delta: object, finish: string | null) =>
+        event({
+          id,
+          object: "chat.completion.chunk",
+          created,
+          model,
+          choices: [{ index: 0, delta, finish_reason: finish }],
+        });
+      chunk({ role: "assistant", content: "" }, null);
+      words.forEach((word, i) => chunk({ content: i === 0 ? word : ` ${word}` }, null));
+      chunk({}, "stop");
+      if (body.stream_options?.include_usage) {
+        event({ id, object: "chat.completion.chunk", created, model, choices: [], usage });
+      }
+      res.end("data: [DONE]\n\n");
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, host, resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://${host}:${port}`,
+    token,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}

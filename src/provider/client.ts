@@ -1,0 +1,131 @@
+import type { Hex, LocalAccount } from "viem";
+import { withoutDomainType, type RegistrationTypedData } from "../domain/registration.js";
+
+/**
+ * What a provider runs on its own machine to onboard an offer: it asks the
+ * gateway for a challenge over the public REST API, signs it locally with the
+ * offer operator's key (the key never leaves the process), and submits it.
+ * The `provider` CLI and the dev sandbox both use it.
+ */
+export interface GatewayConnection {
+  readonly baseUrl: string;
+  readonly apiKey: string;
+}
+
+/** An error answer of the gateway, with the spec's code. */
+export class GatewayRequestError extends Error {
+  override readonly name = "GatewayRequestError";
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+async function call<T>(
+  gateway: GatewayConnection,
+  method: string,
+  path: string,
+  body?: unknown,
+): Promise<T> {
+  const res = await fetch(new URL(path, gateway.baseUrl), {
+    method,
+    headers: {
+      authorization: `Bearer ${gateway.apiKey}`,
+      ...(body === undefined ? {} : { "content-type": "application/json" }),
+    },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  let parsed: unknown;
+  try {
+    parsed = text === "" ? undefined : JSON.parse(text);
+  } catch {
+    parsed = undefined;
+  }
+  if (!res.ok) {
+    const error = (parsed as { error?: { code?: string; message?: string } } | undefined)?.error;
+    throw new GatewayRequestError(
+      res.status,
+      error?.code ?? "http_error",
+      error?.message ?? `HTTP ${res.status}`,
+    );
+  }
+  return parsed as T;
+}
+
+export interface RegisterOptions {
+  readonly offerId: Hex;
+  readonly endpointUrl: string;
+  readonly endpointToken?: string;
+  /** The offer operator's key (for a contract operator: a key its ERC-1271 check accepts). */
+  readonly signer: LocalAccount;
+}
+
+export interface OfferJson {
+  offer_id: string;
+  status: string;
+  verified_at: number | null;
+  verification_expires_at: number | null;
+  [key: string]: unknown;
+}
+
+export interface HealthJson {
+  offer_id: string;
+  status: string;
+  running: boolean;
+  verified_at: number | null;
+  verification_expires_at: number | null;
+}
+
+/** Challenge -> local signature -> registration. Returns the offer as the gateway lists it. */
+export async function registerEndpoint(
+  gateway: GatewayConnection,
+  options: RegisterOptions,
+): Promise<OfferJson> {
+  const typedData = await call<RegistrationTypedData>(
+    gateway,
+    "POST",
+    "/v1/provider-offers/challenge",
+    {
+      offerId: options.offerId,
+      endpointUrl: options.endpointUrl,
+    },
+  );
+  const signable = withoutDomainType(typedData);
+  const signature = await options.signer.signTypedData({
+    domain: signable.domain,
+    types: signable.types,
+    primaryType: signable.primaryType,
+    message: signable.message,
+  });
+  const { offer } = await call<{ offer: OfferJson }>(
+    gateway,
+    "POST",
+    "/v1/provider-offers/register",
+    {
+      offerId: options.offerId,
+      endpointUrl: options.endpointUrl,
+      nonce: typedData.message.nonce,
+      expiresAt: typedData.message.expiresAt,
+      signature,
+      ...(options.endpointToken === undefined ? {} : { endpointToken: options.endpointToken }),
+    },
+  );
+  return offer;
+}
+
+export async function verifyOffer(gateway: GatewayConnection, offerId: Hex): Promise<OfferJson> {
+  const { offer } = await call<{ offer: OfferJson }>(
+    gateway,
+    "POST",
+    `/v1/provider-offers/${offerId}/verify`,
+  );
+  return offer;
+}
+
+export function offerHealth(gateway: GatewayConnection, offerId: Hex): Promise<HealthJson> {
+  return call<HealthJson>(gateway, "GET", `/v1/provider-offers/${offerId}/health`);
+}

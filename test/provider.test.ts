@@ -1,0 +1,313 @@
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { privateKeyToAccount } from "viem/accounts";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startGateway, type Gateway } from "../src/app.js";
+import { runProviderCommand } from "../src/cli/provider.js";
+import { GatewayRequestError, registerEndpoint } from "../src/provider/client.js";
+import { describeIfPostgres } from "./helpers/db.js";
+import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
+import { authed, eventually, json, startTestStack, type TestStack } from "./helpers/stack.js";
+
+const run = promisify(execFile);
+
+function capture() {
+  const lines: string[] = [];
+  return { lines, out: { log: (l: string) => lines.push(l), error: (l: string) => lines.push(l) } };
+}
+
+describe("provider onboarding", () => {
+  let stack: TestStack;
+  let fake: FakeUpstream;
+  const token = "provider-secret-token-123";
+  const responses: string[] = [];
+  const record = async (res: Response) => {
+    const text = await res.text();
+    responses.push(text);
+    return { status: res.status, body: text === "" ? undefined : JSON.parse(text) };
+  };
+
+  beforeAll(async () => {
+    stack = await startTestStack({ ALLOW_PRIVATE_ENDPOINTS: "true", PROBE_INTERVAL_MS: "200" });
+    fake = await startFakeUpstream({ models: ["demo-coder"], token });
+  });
+  afterAll(async () => {
+    await fake?.stop();
+    await stack?.close();
+  });
+
+  const coderOffer = () =>
+    stack.demo.offers.find((o) => o.modelId === stack.demo.models[1]!.modelId)!.offerId;
+  const env = () => ({
+    GATEWAY_URL: stack.gateway.url,
+    GATEWAY_API_KEY: stack.apiKey,
+    OPERATOR_PRIVATE_KEY: stack.roles.operator.privateKey,
+  });
+
+  it("registers and verifies through the CLI; health and the offers listing show it", async () => {
+    const offerId = coderOffer();
+    const register = capture();
+    const code = await runProviderCommand(
+      ["register", "--offer", offerId, "--endpoint", fake.url, "--endpoint-token", token],
+      env(),
+      register.out,
+    );
+    expect(code, register.lines.join("\n")).toBe(0);
+    expect(register.lines.join("\n")).toContain("registered");
+
+    const verify = capture();
+    expect(
+      await runProviderCommand(["verify", offerId], env(), verify.out),
+      verify.lines.join("\n"),
+    ).toBe(0);
+    // The provider saw the gateway's checks, with its token.
+    expect(fake.calls("/v1/models")).toBeGreaterThan(0);
+    expect(fake.requests.every((r) => r.headers.authorization === `Bearer ${token}`)).toBe(true);
+
+    const health = await record(await authed(stack, `/v1/provider-offers/${offerId}/health`));
+    expect(health.status).toBe(200);
+    expect(health.body).toMatchObject({ offer_id: offerId, status: "active", running: true });
+    expect(health.body.verified_at).toEqual(expect.any(Number));
+    expect(health.body.verification_expires_at).toBe(health.body.verified_at + 86_400);
+
+    const offers = await record(await authed(stack, "/v1/models/demo-coder/offers"));
+    const listed = offers.body.data.find((o: { offer_id: string }) => o.offer_id === offerId);
+    expect(listed.verified_at).toBe(health.body.verified_at);
+    expect(listed.verification_expires_at).toBe(health.body.verification_expires_at);
+
+    // The real CLI binary answers the same health.
+    const { stdout } = await run(
+      process.execPath,
+      ["--import", "tsx", "src/cli/main.ts", "provider", "health", offerId],
+      {
+        env: { ...process.env, ...env() },
+      },
+    );
+    expect(JSON.parse(stdout)).toMatchObject({ offer_id: offerId, running: true });
+  });
+
+  it("fails verification with a code naming the check, and the offer loses its verification", async () => {
+    const offerId = coderOffer();
+    fake.setOptions({ listModels: true, models: ["something-else"] });
+    const notListed = await record(
+      await authed(stack, `/v1/provider-offers/${offerId}/verify`, { method: "POST" }),
+    );
+    expect(notListed.status).toBe(422);
+    expect(notListed.body.error.code).toBe("model_not_listed");
+    const offers = await record(await authed(stack, "/v1/models/demo-coder/offers"));
+    expect(
+      offers.body.data.find((o: { offer_id: string }) => o.offer_id === offerId).verified_at,
+    ).toBeNull();
+
+    fake.setOptions({ models: ["demo-coder"], omitUsage: true });
+    const noUsage = await record(
+      await authed(stack, `/v1/provider-offers/${offerId}/verify`, { method: "POST" }),
+    );
+    expect(noUsage.status).toBe(422);
+    expect(noUsage.body.error.code).toBe("usage_missing");
+
+    fake.setOptions({ omitUsage: false });
+    const ok = await record(
+      await authed(stack, `/v1/provider-offers/${offerId}/verify`, { method: "POST" }),
+    );
+    expect(ok.status).toBe(200);
+    expect(ok.body.offer.verified_at).toEqual(expect.any(Number));
+  });
+
+  it("shows a stopped provider as not running within the probe interval", async () => {
+    const offerId = coderOffer();
+    const stopped = await startFakeUpstream({ models: ["demo-chat"] });
+    const chatOffer = stack.demo.offers.find(
+      (o) => o.status === "active" && o.modelId === stack.demo.models[0]!.modelId,
+    )!.offerId;
+    await registerEndpoint(
+      { baseUrl: stack.gateway.url, apiKey: stack.apiKey },
+      {
+        offerId: chatOffer,
+        endpointUrl: stopped.url,
+        signer: privateKeyToAccount(stack.roles.operator.privateKey),
+      },
+    );
+    await eventually(
+      async () =>
+        (await json(await authed(stack, `/v1/provider-offers/${chatOffer}/health`))).running ===
+        true,
+      3000,
+    );
+    await stopped.stop();
+    // The background prober (200 ms) notices without anyone asking.
+    await eventually(async () => {
+      const { rows } = await stack.database.db.pool.query(
+        "SELECT running FROM provider_endpoints WHERE offer_id = $1",
+        [chatOffer],
+      );
+      return rows[0]?.running === false;
+    }, 2000);
+    const health = await record(await authed(stack, `/v1/provider-offers/${chatOffer}/health`));
+    expect(health.body.running).toBe(false);
+    expect((await json(await authed(stack, `/v1/provider-offers/${offerId}/health`))).running).toBe(
+      true,
+    );
+  });
+
+  it("answers bad input with the error body", async () => {
+    const offerId = coderOffer();
+    const unknown = `0x${"ab".repeat(32)}`;
+    const cases: [string, RequestInit, number, string][] = [
+      [`/v1/provider-offers/${unknown}/health`, {}, 404, "offer_not_found"],
+      ["/v1/provider-offers/0x12/health", {}, 400, "invalid_hex"],
+      [
+        "/v1/provider-offers/challenge",
+        { method: "POST", body: "{", headers: { "content-type": "application/json" } },
+        400,
+        "invalid_json",
+      ],
+      [
+        "/v1/provider-offers/challenge",
+        {
+          method: "POST",
+          body: JSON.stringify({ offerId }),
+          headers: { "content-type": "application/json" },
+        },
+        400,
+        "invalid_request",
+      ],
+      [
+        "/v1/provider-offers/challenge",
+        {
+          method: "POST",
+          body: JSON.stringify({ offerId: unknown, endpointUrl: fake.url }),
+          headers: { "content-type": "application/json" },
+        },
+        404,
+        "offer_not_found",
+      ],
+      [
+        "/v1/provider-offers/challenge",
+        {
+          method: "POST",
+          body: JSON.stringify({
+            offerId,
+            endpointUrl: fake.url,
+            expiresAt: Math.floor(Date.now() / 1000) + 3600,
+          }),
+          headers: { "content-type": "application/json" },
+        },
+        400,
+        "challenge_expiry_invalid",
+      ],
+      [
+        "/v1/provider-offers/challenge",
+        {
+          method: "POST",
+          body: JSON.stringify({ offerId, endpointUrl: fake.url, expiresAt: "soon" }),
+          headers: { "content-type": "application/json" },
+        },
+        400,
+        "invalid_request",
+      ],
+    ];
+    for (const [path, init, status, code] of cases) {
+      const res = await record(await authed(stack, path, init));
+      expect(res.status, path).toBe(status);
+      expect(res.body.error.code, path).toBe(code);
+      expect(res.body.error.type).toEqual(expect.any(String));
+    }
+  });
+
+  it("never shows the endpoint URL or token in a response or a log line", () => {
+    const host = new URL(fake.url).host;
+    for (const text of [...responses, stack.logs.text]) {
+      expect(text).not.toContain(host);
+      expect(text).not.toContain(token);
+    }
+    expect(stack.logs.lines.length).toBeGreaterThan(0);
+  });
+});
+
+describe("endpoint safety", () => {
+  let stack: TestStack;
+  beforeAll(async () => {
+    stack = await startTestStack({ ALLOW_PRIVATE_ENDPOINTS: "false" });
+  });
+  afterAll(async () => {
+    await stack?.close();
+  });
+
+  it.each([
+    "http://169.254.169.254/",
+    "http://[::ffff:a9fe:a9fe]/",
+    "http://10.0.0.1/",
+    "http://2130706433/",
+    "http://[::1]/",
+    "http://localhost:9/",
+    "http://100.64.0.1/",
+  ])("refuses %s with 400 endpoint_not_allowed", async (endpointUrl) => {
+    const error = await registerEndpoint(
+      { baseUrl: stack.gateway.url, apiKey: stack.apiKey },
+      {
+        offerId: stack.demo.offers[0]!.offerId,
+        endpointUrl,
+        signer: privateKeyToAccount(stack.roles.operator.privateKey),
+      },
+    ).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(GatewayRequestError);
+    expect((error as GatewayRequestError).status).toBe(400);
+    expect((error as GatewayRequestError).code).toBe("endpoint_not_allowed");
+  });
+});
+
+describeIfPostgres("two gateway processes on one PostgreSQL", () => {
+  let stack: TestStack;
+  let second: Gateway;
+  beforeAll(async () => {
+    stack = await startTestStack({ ALLOW_PRIVATE_ENDPOINTS: "true" });
+    second = await startGateway(stack.config, {
+      logger: stack.logger,
+      database: stack.database.db,
+    });
+  });
+  afterAll(async () => {
+    await second?.close();
+    await stack?.close();
+  });
+
+  it("lets exactly one of two racing registrations with one nonce succeed", async () => {
+    const offerId = stack.demo.offers[0]!.offerId;
+    const headers = { authorization: `Bearer ${stack.apiKey}`, "content-type": "application/json" };
+    const endpointUrl = "http://127.0.0.1:9/";
+    const typed = await json(
+      await fetch(`${stack.gateway.url}/v1/provider-offers/challenge`, {
+        method: "POST",
+        headers,
+        body: JSON.stringify({ offerId, endpointUrl }),
+      }),
+    );
+    const { EIP712Domain: _, ...types } = typed.types;
+    const signature = await privateKeyToAccount(stack.roles.operator.privateKey).signTypedData({
+      domain: typed.domain,
+      types,
+      primaryType: typed.primaryType,
+      message: typed.message,
+    });
+    const body = JSON.stringify({
+      offerId,
+      endpointUrl,
+      nonce: typed.message.nonce,
+      expiresAt: typed.message.expiresAt,
+      signature,
+    });
+    const results = await Promise.all(
+      [stack.gateway.url, second.url].map(async (base) => {
+        const res = await fetch(`${base}/v1/provider-offers/register`, {
+          method: "POST",
+          headers,
+          body,
+        });
+        return { status: res.status, body: await json(res) };
+      }),
+    );
+    expect(results.map((r) => r.status).sort()).toEqual([200, 409]);
+    expect(results.find((r) => r.status === 409)!.body.error.code).toBe("nonce_used");
+  });
+});
