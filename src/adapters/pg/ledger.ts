@@ -1,0 +1,593 @@
+/**
+ * The credit ledger: reservations, charges and offer slots in PostgreSQL, shared by every
+ * gateway process on the database.
+ *
+ * Invariants (DESIGN.md section 3), which every function here keeps:
+ * - per permit, what has settled on chain + the unsettled charges + the open reservations never
+ *   exceeds the deposit;
+ * - a request is charged at most its `maximum_credits` (also a CHECK on the table);
+ * - every reservation ends in exactly one final state (completed, failed or cancelled), once;
+ * - a request exists (and holds its reservation and its offer slot) before any upstream call:
+ *   `reserve` commits before it returns `ok`.
+ *
+ * ## Why conditional statements are enough across processes
+ *
+ * Every admission is one conditional write on the row it limits, e.g. `UPDATE permit_ledgers
+ * SET reserved = reserved + $m WHERE permit_id = $p AND <available> >= $m`. Under READ
+ * COMMITTED (PostgreSQL's default, which these transactions ask for) a writer that finds the row
+ * locked by another transaction waits for it to commit or roll back and then re-evaluates its
+ * WHERE clause against the newest version of the row (EvalPlanQual), not against its snapshot.
+ * So two processes that both see 10 credits available cannot both take 10: the second one
+ * waits, re-reads the row with the first one's reservation in it, and its condition fails. The
+ * same holds for `INSERT ... ON CONFLICT DO UPDATE ... WHERE`: the conflicting row is locked and
+ * the WHERE is checked on its newest version, and a concurrent insert of the same key is waited
+ * for. No read-then-write, no SERIALIZABLE retries and no advisory locks are needed.
+ *
+ * ## Lock order
+ *
+ * Transactions take row locks in one global order, so they cannot deadlock with each other:
+ * quote, then request, then offer rows (ascending id), then the permit row. `reserve` inserts
+ * its request row last, but a row that does not exist yet is nobody else's to wait for.
+ */
+import type pg from "pg";
+import type { Hex } from "viem";
+import { insertQuote, type NewQuote } from "./quotes.js";
+import type { Queryable } from "./registrations.js";
+import type { Billing, FinalRequestStatus, UsageSource } from "./requests.js";
+
+/** The ledger found itself inconsistent (a bug, or a hand edit); the transaction was undone. */
+export class LedgerInconsistencyError extends Error {
+  override readonly name = "LedgerInconsistencyError";
+}
+
+export interface ReserveInput {
+  readonly requestId: string;
+  readonly apiKeyId: string;
+  /** The gateway process serving the request (see {@link heartbeat}). */
+  readonly instanceId: string;
+  readonly model: string;
+  readonly modelId: Hex;
+  readonly offerId: Hex;
+  readonly permitId: Hex;
+  readonly quoteId: string;
+  readonly stream: boolean;
+  /** The quote's maximum credits: what is reserved, and the most the request can be charged. */
+  readonly maximumCredits: bigint;
+  readonly tariffVersion: bigint;
+  /** Stored as the request's input tokens until it is finalized (the quote's upper bound). */
+  readonly inputTokens: bigint;
+  /** The permit's deposit, read live from the chain. */
+  readonly deposit: bigint;
+  /** What has settled on chain against the permit, read live from the chain. */
+  readonly chainSettled: bigint;
+  /** The offer's `max_concurrency`; below 1 the offer admits nothing. */
+  readonly maxConcurrency: number;
+  /** Unix seconds. */
+  readonly now: number;
+  /** An internal quote (made by the gateway for a request without one), stored first. */
+  readonly quote?: NewQuote;
+}
+
+export type ReserveRefusal = "insufficient_credits" | "offer_at_capacity" | "quote_used";
+export type ReserveResult = { ok: true } | { ok: false; reason: ReserveRefusal };
+
+/**
+ * Admits a request, in one transaction: stores the internal quote if one is given, consumes the
+ * quote, takes a slot on the offer, reserves `maximumCredits` on the permit and inserts the
+ * request as `pending`. A refusal (checked in that order: `quote_used`, `offer_at_capacity`,
+ * `insufficient_credits`) rolls all of it back. A quote that does not exist reads as
+ * `quote_used`; the caller looks the quote up first to answer `quote_not_found`.
+ *
+ * Availability: `deposit - (charged + max(0, chainSettled - settled)) - reserved`, where
+ * `charged` includes what this gateway has settled, and settlements on chain that this gateway
+ * has not recorded (another gateway, or one whose record is not written yet) count too.
+ *
+ * When this throws, the outcome may be unknown (a COMMIT whose answer was lost): the caller
+ * must not call upstream, and should `finalize` the request as failed and void, which is a
+ * no-op if nothing was committed.
+ */
+export async function reserve(pool: pg.Pool, input: ReserveInput): Promise<ReserveResult> {
+  requireAmount("maximumCredits", input.maximumCredits);
+  requireAmount("tariffVersion", input.tariffVersion);
+  requireAmount("inputTokens", input.inputTokens);
+  requireAmount("deposit", input.deposit);
+  requireAmount("chainSettled", input.chainSettled);
+  if (input.quote !== undefined && input.quote.quoteId !== input.quoteId) {
+    throw new RangeError("reserve: quote.quoteId differs from quoteId");
+  }
+  const offerId = input.offerId.toLowerCase();
+  const permitId = input.permitId.toLowerCase();
+  const maximum = input.maximumCredits.toString();
+  return inTransaction<ReserveResult>(pool, async (client) => {
+    if (input.quote !== undefined) await insertQuote(client, input.quote);
+
+    const quote = await client.query(
+      "UPDATE quotes SET used_by = $2 WHERE quote_id = $1 AND used_by IS NULL",
+      [input.quoteId, input.requestId],
+    );
+    if (quote.rowCount !== 1) return refuse({ ok: false, reason: "quote_used" });
+
+    if (!(await takeOfferSlot(client, offerId, input.maxConcurrency))) {
+      return refuse({ ok: false, reason: "offer_at_capacity" });
+    }
+
+    // A missing ledger row is created holding this reservation, if a fresh permit (nothing
+    // charged or settled by us) could hold it. When no row is proposed because it could not,
+    // an existing row could not either: its committed part, charged + max(0, chainSettled -
+    // settled), is at least max(0, chainSettled) since charged >= settled.
+    const permit = await client.query(
+      `INSERT INTO permit_ledgers AS p (permit_id, reserved)
+       SELECT $1, $2::numeric WHERE $3::numeric - GREATEST(0, $4::numeric) >= $2::numeric
+       ON CONFLICT (permit_id) DO UPDATE
+         SET reserved = p.reserved + EXCLUDED.reserved, updated_at = now()
+         WHERE $3::numeric - (p.charged + GREATEST(0, $4::numeric - p.settled)) - p.reserved
+           >= EXCLUDED.reserved`,
+      [permitId, maximum, input.deposit.toString(), input.chainSettled.toString()],
+    );
+    if (permit.rowCount !== 1) return refuse({ ok: false, reason: "insufficient_credits" });
+
+    await client.query(
+      `INSERT INTO inference_requests (id, api_key_id, instance_id, model, model_id, offer_id,
+         permit_id, quote_id, stream, status, input_tokens, maximum_credits, tariff_version,
+         created_at)
+       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10, $11, $12, $13)`,
+      [
+        input.requestId,
+        input.apiKeyId,
+        input.instanceId,
+        input.model,
+        input.modelId.toLowerCase(),
+        offerId,
+        permitId,
+        input.quoteId,
+        input.stream,
+        input.inputTokens.toString(),
+        maximum,
+        input.tariffVersion.toString(),
+        input.now,
+      ],
+    );
+    return { ok: true };
+  });
+}
+
+/**
+ * pending -> streaming, when the first byte goes to the client. False when the request is not
+ * pending any more: if it was finalized meanwhile (reconciled as an orphan, say), the caller
+ * must stop serving it, since nothing it delivers can be charged.
+ */
+export async function markStreaming(db: Queryable, requestId: string): Promise<boolean> {
+  const { rowCount } = await db.query(
+    "UPDATE inference_requests SET status = 'streaming' WHERE id = $1 AND status = 'pending'",
+    [requestId],
+  );
+  return rowCount === 1;
+}
+
+export interface FinalizeInput {
+  readonly requestId: string;
+  readonly status: FinalRequestStatus;
+  readonly inputTokens: bigint;
+  readonly outputTokens: bigint;
+  /** The price of the usage; clamped to the request's maximum. Must be 0 when `void`. */
+  readonly creditsCharged: bigint;
+  readonly billing: Billing;
+  readonly usageSource: UsageSource;
+  readonly error?: string;
+  /** Unix seconds. */
+  readonly now: number;
+}
+
+export interface FinalizeResult {
+  /** False when the request was already final (or does not exist): nothing was changed. */
+  readonly finalized: boolean;
+  /** The charge recorded: the clamped charge, or the earlier one when already final. */
+  readonly creditsCharged: bigint;
+}
+
+/**
+ * Ends an open request, exactly once: records its final state and charge (at most its
+ * maximum: `LEAST` in SQL), turns its reservation into the charge on the permit ledger and
+ * frees its offer slot, all in one transaction. A request that is already final is left as it
+ * is; a retry, a duplicate or a race with {@link reconcileOrphans} therefore cannot charge
+ * twice.
+ */
+export async function finalize(pool: pg.Pool, input: FinalizeInput): Promise<FinalizeResult> {
+  requireAmount("inputTokens", input.inputTokens);
+  requireAmount("outputTokens", input.outputTokens);
+  requireAmount("creditsCharged", input.creditsCharged);
+  if (input.billing === "void" && input.creditsCharged !== 0n) {
+    throw new RangeError("finalize: a void request is charged nothing");
+  }
+  return closeRequest(pool, input.requestId, {
+    status: input.status,
+    inputTokens: input.inputTokens,
+    outputTokens: input.outputTokens,
+    creditsCharged: input.creditsCharged,
+    billing: input.billing,
+    usageSource: input.usageSource,
+    error: input.error ?? null,
+    now: input.now,
+  });
+}
+
+export interface SwitchOfferInput {
+  readonly requestId: string;
+  readonly offerId: Hex;
+  /** The new offer's maximum credits, which becomes the reservation. */
+  readonly maximumCredits: bigint;
+  readonly tariffVersion: bigint;
+  /** The new offer's `max_concurrency`. */
+  readonly maxConcurrency: number;
+  readonly deposit: bigint;
+  readonly chainSettled: bigint;
+}
+
+/**
+ * Failover before the first byte: moves a pending request to another offer in one transaction,
+ * releasing its slot on the old offer, taking one on the new, and resizing its reservation to
+ * the new maximum (a growth is admitted like a reservation). False, with nothing changed, when
+ * the new offer is at capacity, the permit cannot cover the growth, or the request is not
+ * pending any more (streaming already, or final).
+ */
+export async function switchOffer(pool: pg.Pool, input: SwitchOfferInput): Promise<boolean> {
+  requireAmount("maximumCredits", input.maximumCredits);
+  requireAmount("tariffVersion", input.tariffVersion);
+  requireAmount("deposit", input.deposit);
+  requireAmount("chainSettled", input.chainSettled);
+  const newOffer = input.offerId.toLowerCase();
+  return inTransaction<boolean>(pool, async (client) => {
+    const { rows } = await client.query<{
+      offer_id: string;
+      permit_id: string;
+      maximum_credits: string;
+    }>(
+      `SELECT offer_id, permit_id, maximum_credits FROM inference_requests
+       WHERE id = $1 AND status = 'pending' FOR UPDATE`,
+      [input.requestId],
+    );
+    const request = rows[0];
+    if (!request) return refuse(false);
+
+    if (newOffer !== request.offer_id) {
+      // Both offer rows are locked in ascending id order (see "Lock order" above).
+      const steps = [
+        { offerId: newOffer, take: true },
+        { offerId: request.offer_id, take: false },
+      ].sort((a, b) => (a.offerId < b.offerId ? -1 : 1));
+      for (const step of steps) {
+        if (step.take) {
+          if (!(await takeOfferSlot(client, step.offerId, input.maxConcurrency))) {
+            return refuse(false);
+          }
+        } else {
+          await releaseOfferSlot(client, step.offerId);
+        }
+      }
+    }
+
+    const growth = input.maximumCredits - BigInt(request.maximum_credits);
+    if (growth > 0n) {
+      const grown = await client.query(
+        `UPDATE permit_ledgers SET reserved = reserved + $2::numeric, updated_at = now()
+         WHERE permit_id = $1
+           AND $3::numeric - (charged + GREATEST(0, $4::numeric - settled)) - reserved
+             >= $2::numeric`,
+        [
+          request.permit_id,
+          growth.toString(),
+          input.deposit.toString(),
+          input.chainSettled.toString(),
+        ],
+      );
+      if (grown.rowCount !== 1) return refuse(false);
+    } else if (growth < 0n) {
+      const shrunk = await client.query(
+        `UPDATE permit_ledgers SET reserved = reserved + $2::numeric, updated_at = now()
+         WHERE permit_id = $1`,
+        [request.permit_id, growth.toString()],
+      );
+      expectOneRow(shrunk.rowCount, `permit ledger ${request.permit_id}`);
+    }
+
+    await client.query(
+      `UPDATE inference_requests SET offer_id = $2, maximum_credits = $3, tariff_version = $4
+       WHERE id = $1`,
+      [input.requestId, newOffer, input.maximumCredits.toString(), input.tariffVersion.toString()],
+    );
+    return true;
+  });
+}
+
+/**
+ * Records that the process `instanceId` is alive at `now` (Unix seconds). Every process calls
+ * this periodically, well within the `staleAfterSeconds` given to {@link reconcileOrphans}.
+ */
+export async function heartbeat(db: Queryable, instanceId: string, now: number): Promise<void> {
+  await db.query(
+    `INSERT INTO gateway_instances AS g (instance_id, started_at, heartbeat_at)
+     VALUES ($1, $2, $2)
+     ON CONFLICT (instance_id) DO UPDATE
+       SET heartbeat_at = GREATEST(g.heartbeat_at, EXCLUDED.heartbeat_at)`,
+    [instanceId, now],
+  );
+}
+
+export interface ReconcileOrphansInput {
+  /** Unix seconds. */
+  readonly now: number;
+  readonly staleAfterSeconds: number;
+  /** At most this many orphans per call (default 1000); call again for more. */
+  readonly limit?: number;
+}
+
+/**
+ * Ends the requests of processes that died. The rule:
+ *
+ * A request that is still pending or streaming is an **orphan** when the last sign of life of
+ * the process serving it is more than `staleAfterSeconds` old, that sign being the later of
+ * the process's heartbeat (none if its `gateway_instances` row is missing) and the request's
+ * own creation (a process that just made a request was alive then, even if it has not sent
+ * its first heartbeat yet). An orphan is finalized `failed`, billing `void`, charged 0, with
+ * error `orphaned`, and its reservation and offer slot are released. Its client got no
+ * complete answer, and the gateway cannot know what was delivered before the crash, so the
+ * client is never charged for it (the provider's work is lost to the crash, as it would be
+ * without the gateway).
+ *
+ * Each orphan is ended by the same exactly-once update as {@link finalize}, with the staleness
+ * re-checked in it, so this is safe to run from every process at once and concurrently with
+ * the owners' own finalize: whichever comes first wins, the others change nothing. If a process
+ * was only paused and comes back, its `finalize` returns `finalized: false` and its
+ * `markStreaming` false.
+ *
+ * @returns how many requests this call finalized.
+ */
+export async function reconcileOrphans(
+  pool: pg.Pool,
+  input: ReconcileOrphansInput,
+): Promise<number> {
+  const cutoff = input.now - input.staleAfterSeconds;
+  const { rows } = await pool.query<{ id: string }>(
+    `SELECT r.id FROM inference_requests r
+     LEFT JOIN gateway_instances g ON g.instance_id = r.instance_id
+     WHERE r.status IN ('pending', 'streaming') AND GREATEST(g.heartbeat_at, r.created_at) < $1
+     ORDER BY r.created_at, r.id
+     LIMIT $2`,
+    [cutoff, input.limit ?? 1000],
+  );
+  let finalized = 0;
+  for (const { id } of rows) {
+    const result = await closeRequest(
+      pool,
+      id,
+      {
+        status: "failed",
+        inputTokens: null,
+        outputTokens: null,
+        creditsCharged: 0n,
+        billing: "void",
+        usageSource: null,
+        error: "orphaned",
+        now: input.now,
+      },
+      cutoff,
+    );
+    if (result.finalized) finalized++;
+  }
+  return finalized;
+}
+
+export interface OfferFlagInput {
+  readonly offerId: Hex;
+  readonly requestId: string;
+  /** Why, e.g. that the provider reported more usage than the gateway could account for. */
+  readonly reason: string;
+  readonly now: number;
+}
+
+/** Flags an offer for review; flags are evidence, they do not change routing by themselves. */
+export async function recordOfferFlag(db: Queryable, flag: OfferFlagInput): Promise<void> {
+  await db.query(
+    "INSERT INTO offer_flags (offer_id, request_id, reason, created_at) VALUES ($1, $2, $3, $4)",
+    [flag.offerId.toLowerCase(), flag.requestId, flag.reason, flag.now],
+  );
+}
+
+export interface PermitLedger {
+  /** Held for open requests. */
+  readonly reserved: bigint;
+  /** Charged for final requests, settled or not. */
+  readonly charged: bigint;
+  /** The part of `charged` this gateway has settled on chain. */
+  readonly settled: bigint;
+}
+
+/** The permit's ledger; zeros when the gateway has never reserved against it. */
+export async function permitLedger(db: Queryable, permitId: Hex): Promise<PermitLedger> {
+  const { rows } = await db.query<{ reserved: string; charged: string; settled: string }>(
+    "SELECT reserved, charged, settled FROM permit_ledgers WHERE permit_id = $1",
+    [permitId.toLowerCase()],
+  );
+  const row = rows[0];
+  if (!row) return { reserved: 0n, charged: 0n, settled: 0n };
+  return {
+    reserved: BigInt(row.reserved),
+    charged: BigInt(row.charged),
+    settled: BigInt(row.settled),
+  };
+}
+
+/**
+ * The credits a permit can still reserve, by the same rule `reserve` applies in SQL: the deposit
+ * minus the charges (settled on chain beyond what this gateway settled counts too) and the open
+ * reservations. Negative when over-committed (the deposit was read lower than before).
+ */
+export function availableCredits(
+  ledger: PermitLedger,
+  deposit: bigint,
+  chainSettled: bigint,
+): bigint {
+  const beyondOurs = chainSettled - ledger.settled;
+  return deposit - (ledger.charged + (beyondOurs > 0n ? beyondOurs : 0n)) - ledger.reserved;
+}
+
+interface Closing {
+  status: FinalRequestStatus;
+  /** null keeps what the request has. */
+  inputTokens: bigint | null;
+  outputTokens: bigint | null;
+  creditsCharged: bigint;
+  billing: Billing;
+  usageSource: UsageSource | null;
+  error: string | null;
+  now: number;
+}
+
+/**
+ * The one place a request becomes final. With `orphanedBefore`, only if the request is (still)
+ * an orphan by the rule of {@link reconcileOrphans}, checked in the same statement.
+ */
+async function closeRequest(
+  pool: pg.Pool,
+  requestId: string,
+  closing: Closing,
+  orphanedBefore?: number,
+): Promise<FinalizeResult> {
+  return inTransaction<FinalizeResult>(pool, async (client) => {
+    // The status condition makes this exactly once: a concurrent close of the same request
+    // waits for our row lock, then re-checks the status and finds the request final.
+    const { rows } = await client.query<{
+      permit_id: string;
+      offer_id: string;
+      maximum_credits: string;
+      credits_charged: string;
+    }>(
+      `UPDATE inference_requests r SET
+         status = $2,
+         input_tokens = COALESCE($3::numeric, r.input_tokens),
+         output_tokens = COALESCE($4::numeric, r.output_tokens),
+         credits_charged = LEAST($5::numeric, r.maximum_credits),
+         billing = $6,
+         usage_source = $7,
+         error = $8,
+         completed_at = $9,
+         settlement_status = CASE WHEN LEAST($5::numeric, r.maximum_credits) > 0
+                                  THEN 'unsettled' ELSE 'none' END
+       WHERE r.id = $1 AND r.status IN ('pending', 'streaming')
+         AND ($10::bigint IS NULL OR GREATEST(
+               (SELECT g.heartbeat_at FROM gateway_instances g WHERE g.instance_id = r.instance_id),
+               r.created_at) < $10::bigint)
+       RETURNING r.permit_id, r.offer_id, r.maximum_credits, r.credits_charged`,
+      [
+        requestId,
+        closing.status,
+        closing.inputTokens?.toString() ?? null,
+        closing.outputTokens?.toString() ?? null,
+        closing.creditsCharged.toString(),
+        closing.billing,
+        closing.usageSource,
+        closing.error,
+        closing.now,
+        orphanedBefore ?? null,
+      ],
+    );
+    const closed = rows[0];
+    if (!closed) {
+      const earlier = await client.query<{ credits_charged: string | null }>(
+        "SELECT credits_charged FROM inference_requests WHERE id = $1",
+        [requestId],
+      );
+      const charged = earlier.rows[0]?.credits_charged;
+      return refuse({ finalized: false, creditsCharged: charged ? BigInt(charged) : 0n });
+    }
+    await releaseOfferSlot(client, closed.offer_id);
+    const ledger = await client.query(
+      `UPDATE permit_ledgers
+       SET reserved = reserved - $2::numeric, charged = charged + $3::numeric, updated_at = now()
+       WHERE permit_id = $1`,
+      [closed.permit_id, closed.maximum_credits, closed.credits_charged],
+    );
+    expectOneRow(ledger.rowCount, `permit ledger ${closed.permit_id}`);
+    return { finalized: true, creditsCharged: BigInt(closed.credits_charged) };
+  });
+}
+
+/**
+ * Takes one of the offer's `maxConcurrency` slots; false when all are taken. One statement: a
+ * missing row is created with this slot in it, an existing one is incremented only while below
+ * the limit, checked on its newest version (see the module comment).
+ */
+async function takeOfferSlot(
+  client: pg.PoolClient,
+  offerId: string,
+  maxConcurrency: number,
+): Promise<boolean> {
+  if (!(maxConcurrency >= 1)) return false;
+  const { rowCount } = await client.query(
+    `INSERT INTO offer_loads AS l (offer_id, in_flight) VALUES ($1, 1)
+     ON CONFLICT (offer_id) DO UPDATE SET in_flight = l.in_flight + 1 WHERE l.in_flight < $2`,
+    [offerId, Math.floor(maxConcurrency)],
+  );
+  return rowCount === 1;
+}
+
+async function releaseOfferSlot(client: pg.PoolClient, offerId: string): Promise<void> {
+  // in_flight >= 0 is a CHECK: releasing a slot nobody holds fails rather than drifting.
+  const { rowCount } = await client.query(
+    "UPDATE offer_loads SET in_flight = in_flight - 1 WHERE offer_id = $1",
+    [offerId],
+  );
+  expectOneRow(rowCount, `offer load ${offerId}`);
+}
+
+function expectOneRow(rowCount: number | null, what: string): void {
+  if (rowCount !== 1) throw new LedgerInconsistencyError(`${what} is missing`);
+}
+
+function requireAmount(name: string, value: bigint): void {
+  if (value < 0n) throw new RangeError(`${name} must not be negative (got ${value})`);
+}
+
+/** A transaction's result that must not be committed: everything it wrote is rolled back. */
+class Refusal<T> {
+  constructor(readonly value: T) {}
+}
+
+function refuse<T>(value: T): Refusal<T> {
+  return new Refusal(value);
+}
+
+/**
+ * Runs `body` in a transaction on one client: commits what it returns, rolls back on a
+ * {@link Refusal} (returning its value) or an error (rethrown). A client whose transaction
+ * state is unknown because even ROLLBACK failed is destroyed rather than returned to the pool,
+ * where the next user would find itself inside our transaction; after a failed query whose
+ * ROLLBACK worked, the connection is fine and goes back.
+ */
+async function inTransaction<T>(
+  pool: pg.Pool,
+  body: (client: pg.PoolClient) => Promise<T | Refusal<T>>,
+): Promise<T> {
+  const client = await pool.connect();
+  let discard: Error | boolean = false;
+  try {
+    // Explicit: a different server default must not change what the module comment relies on.
+    await client.query("BEGIN ISOLATION LEVEL READ COMMITTED");
+    const result = await body(client);
+    if (result instanceof Refusal) {
+      await client.query("ROLLBACK");
+      return result.value;
+    }
+    await client.query("COMMIT");
+    return result;
+  } catch (err) {
+    try {
+      await client.query("ROLLBACK");
+    } catch (rollbackError) {
+      discard = rollbackError instanceof Error ? rollbackError : true;
+    }
+    throw err;
+  } finally {
+    client.release(discard);
+  }
+}

@@ -1,0 +1,122 @@
+import type { Hex } from "viem";
+import type { Queryable } from "./registrations.js";
+
+export type RequestStatus = "pending" | "streaming" | "completed" | "failed" | "cancelled";
+/** The final states; a request reaches exactly one of them, once. */
+export type FinalRequestStatus = Extract<RequestStatus, "completed" | "failed" | "cancelled">;
+/** Which clause of the billing policy (DESIGN.md section 3) applied. */
+export type Billing = "billed" | "partial" | "void";
+/** Whose token count the charge was computed from. */
+export type UsageSource = "provider" | "gateway";
+export type SettlementStatus = "unsettled" | "settling" | "settled" | "none";
+
+/**
+ * A row of `inference_requests`: amounts and token counts as bigint, times as Unix seconds.
+ * While the request is open (pending or streaming) `maximumCredits` is the reservation held
+ * against the permit and the final fields are null.
+ */
+export interface RequestRecord {
+  readonly id: string;
+  readonly apiKeyId: string;
+  /** The gateway process that serves (or served) the request. */
+  readonly instanceId: string;
+  readonly model: string;
+  readonly modelId: Hex;
+  readonly offerId: Hex;
+  readonly permitId: Hex;
+  readonly quoteId: string;
+  readonly stream: boolean;
+  readonly status: RequestStatus;
+  readonly inputTokens: bigint;
+  readonly outputTokens: bigint;
+  readonly maximumCredits: bigint;
+  readonly creditsCharged: bigint | null;
+  readonly billing: Billing | null;
+  readonly usageSource: UsageSource | null;
+  readonly tariffVersion: bigint;
+  readonly error: string | null;
+  readonly createdAt: number;
+  readonly completedAt: number | null;
+  readonly settlementStatus: SettlementStatus;
+  readonly batchId: string | null;
+  readonly txHash: Hex | null;
+  readonly settledAt: number | null;
+}
+
+interface RequestDbRow {
+  id: string;
+  api_key_id: string;
+  instance_id: string;
+  model: string;
+  model_id: string;
+  offer_id: string;
+  permit_id: string;
+  quote_id: string;
+  stream: boolean;
+  status: RequestStatus;
+  input_tokens: string;
+  output_tokens: string;
+  maximum_credits: string;
+  credits_charged: string | null;
+  billing: Billing | null;
+  usage_source: UsageSource | null;
+  tariff_version: string;
+  error: string | null;
+  created_at: string;
+  completed_at: string | null;
+  settlement_status: SettlementStatus;
+  batch_id: string | null;
+  tx_hash: string | null;
+  settled_at: string | null;
+}
+
+/**
+ * The request's record, or undefined when there is none or when another API key made it: a
+ * record is visible only to its own key, and "not yours" must look exactly like "not found"
+ * (404 `request_not_found`), so that request ids cannot be probed.
+ */
+export async function getRequest(
+  db: Queryable,
+  id: string,
+  apiKeyId: string,
+): Promise<RequestRecord | undefined> {
+  const { rows } = await db.query<RequestDbRow>(
+    `SELECT id, api_key_id, instance_id, model, model_id, offer_id, permit_id, quote_id, stream,
+       status, input_tokens, output_tokens, maximum_credits, credits_charged, billing,
+       usage_source, tariff_version, error, created_at, completed_at, settlement_status,
+       batch_id, tx_hash, settled_at
+     FROM inference_requests WHERE id = $1 AND api_key_id = $2`,
+    [id, apiKeyId],
+  );
+  const row = rows[0];
+  return row ? toRequestRecord(row) : undefined;
+}
+
+function toRequestRecord(row: RequestDbRow): RequestRecord {
+  return {
+    id: row.id,
+    apiKeyId: row.api_key_id,
+    instanceId: row.instance_id,
+    model: row.model,
+    modelId: row.model_id as Hex,
+    offerId: row.offer_id as Hex,
+    permitId: row.permit_id as Hex,
+    quoteId: row.quote_id,
+    stream: row.stream,
+    status: row.status,
+    inputTokens: BigInt(row.input_tokens),
+    outputTokens: BigInt(row.output_tokens),
+    maximumCredits: BigInt(row.maximum_credits),
+    creditsCharged: row.credits_charged === null ? null : BigInt(row.credits_charged),
+    billing: row.billing,
+    usageSource: row.usage_source,
+    tariffVersion: BigInt(row.tariff_version),
+    error: row.error,
+    createdAt: Number(row.created_at),
+    completedAt: row.completed_at === null ? null : Number(row.completed_at),
+    settlementStatus: row.settlement_status,
+    batchId: row.batch_id,
+    txHash: row.tx_hash as Hex | null,
+    settledAt: row.settled_at === null ? null : Number(row.settled_at),
+  };
+}
