@@ -1,0 +1,599 @@
+import fc from "fast-check";
+import { describe, expect, it } from "vitest";
+import {
+  canonicalJson,
+  defaultOutputLimit,
+  exactInteger,
+  fixedTokenAllowance,
+  inputTokenUpperBound,
+  maxJsonDepth,
+  mediaPartTokenAllowance,
+  outputLimit,
+  parseChatRequest,
+  perMessageTokenAllowance,
+  quoteFingerprint,
+  upstreamBody,
+  type ChatRequest,
+} from "./chat-request.js";
+import { GatewayError, type ErrorCode } from "./errors.js";
+
+const maxBytes = 1 << 20;
+const enc = new TextEncoder();
+const dec = new TextDecoder();
+const bytes = (text: string): Uint8Array => enc.encode(text);
+const parseText = (text: string): ChatRequest => parseChatRequest(bytes(text), { maxBytes });
+const parseBody = (body: unknown): ChatRequest => parseText(JSON.stringify(body));
+const hello = [{ role: "user", content: "hello" }];
+const minimal = { model: "demo-chat", messages: hello };
+const offer = `0x${"ab".repeat(32)}`;
+
+function rejects(input: string | Uint8Array, code: ErrorCode, field?: string): void {
+  const raw = typeof input === "string" ? bytes(input) : input;
+  let error: unknown;
+  try {
+    parseChatRequest(raw, { maxBytes });
+  } catch (err) {
+    error = err;
+  }
+  expect(error).toBeInstanceOf(GatewayError);
+  const gatewayError = error as GatewayError;
+  expect(gatewayError.code).toBe(code);
+  if (field !== undefined) expect(gatewayError.message).toContain(field);
+}
+
+const withBody = (extra: Record<string, unknown>): string =>
+  JSON.stringify({ ...minimal, ...extra });
+
+describe("parseChatRequest", () => {
+  it("accepts the minimal request and exposes typed fields", () => {
+    const req = parseBody(minimal);
+    expect(req).toMatchObject({
+      model: "demo-chat",
+      messages: hello,
+      stream: false,
+      includeUsage: false,
+      offer: undefined,
+      maxTokens: undefined,
+      maxCompletionTokens: undefined,
+      tools: undefined,
+      toolChoice: undefined,
+      responseFormat: undefined,
+    });
+    expect(dec.decode(req.raw)).toBe(JSON.stringify(minimal));
+  });
+
+  it("exposes every typed field and keeps unknown properties", () => {
+    const tools = [{ type: "function", function: { name: "f", parameters: {} } }];
+    const req = parseBody({
+      ...minimal,
+      offer: offer.toUpperCase().replace("0X", "0x"),
+      stream: true,
+      stream_options: { include_usage: true },
+      max_tokens: 10,
+      max_completion_tokens: 20,
+      tools,
+      tool_choice: "auto",
+      response_format: { type: "json_object" },
+      temperature: 0.5,
+      top_p: 1,
+      stop: ["x", "y"],
+      seed: -3,
+      user: "u",
+      logit_bias: { "1": 2 },
+    });
+    expect(req).toMatchObject({
+      offer,
+      stream: true,
+      includeUsage: true,
+      maxTokens: 10n,
+      maxCompletionTokens: 20n,
+      tools,
+      toolChoice: "auto",
+      responseFormat: { type: "json_object" },
+    });
+    expect(req.body["logit_bias"]).toEqual({ "1": 2 });
+  });
+
+  it("accepts every role, any content (null included) and extra message properties", () => {
+    const messages = [
+      { role: "system", content: "s" },
+      { role: "developer", content: [{ type: "text", text: "d" }] },
+      { role: "user", content: "u", name: "bob" },
+      { role: "assistant", content: null, tool_calls: [] },
+      { role: "tool", content: "t", tool_call_id: "1" },
+      { role: "function", content: { any: 1 }, name: "f" },
+    ];
+    expect(parseBody({ model: "m", messages }).messages).toEqual(messages);
+  });
+
+  it("treats optional fields set to null as absent", () => {
+    const req = parseBody({
+      ...minimal,
+      offer: null,
+      max_tokens: null,
+      max_completion_tokens: null,
+      stream: null,
+      stream_options: null,
+      tools: null,
+      tool_choice: null,
+      response_format: null,
+      temperature: null,
+      stop: null,
+      seed: null,
+      user: null,
+    });
+    expect(req).toMatchObject({ stream: false, offer: undefined, maxTokens: undefined });
+    expect(quoteFingerprint(req)).toBe(quoteFingerprint(parseBody(minimal)));
+  });
+
+  it("reads integer limits exactly, also beyond 2^53 and in exponent form", () => {
+    expect(parseText(withBody({})).maxTokens).toBeUndefined();
+    expect(
+      parseText(
+        `{"model":"m","messages":[],"max_tokens":9007199254740993}`.replace(
+          "[]",
+          JSON.stringify(hello),
+        ),
+      ).maxTokens,
+    ).toBe(9007199254740993n);
+    const text = `{"model":"m","messages":${JSON.stringify(hello)},"max_completion_tokens":1e3,"max_tokens":5.0}`;
+    expect(parseText(text)).toMatchObject({ maxCompletionTokens: 1000n, maxTokens: 5n });
+  });
+
+  it("rejects a body over the limit with request_too_large", () => {
+    const raw = bytes(JSON.stringify(minimal));
+    expect(() => parseChatRequest(raw, { maxBytes: raw.byteLength })).not.toThrow();
+    let error: unknown;
+    try {
+      parseChatRequest(raw, { maxBytes: raw.byteLength - 1 });
+    } catch (err) {
+      error = err;
+    }
+    expect(error).toMatchObject({ code: "request_too_large" });
+  });
+
+  it("rejects what is not UTF-8 JSON with invalid_json", () => {
+    rejects("", "invalid_json");
+    rejects("{", "invalid_json");
+    rejects("{'model': 'm'}", "invalid_json");
+    rejects(new Uint8Array([0x7b, 0x22, 0xff, 0x22, 0x3a, 0x31, 0x7d]), "invalid_json", "UTF-8");
+    rejects(new Uint8Array([0xef, 0xbb, 0xbf, ...bytes(JSON.stringify(minimal))]), "invalid_json");
+  });
+
+  it("rejects a body that is not an object", () => {
+    for (const body of ["[]", "null", "1", '"x"', "true"])
+      rejects(body, "invalid_request", "object");
+  });
+
+  it("requires a non-empty string model", () => {
+    rejects(JSON.stringify({ messages: hello }), "invalid_request", "'model'");
+    rejects(withBody({ model: "" }), "invalid_request", "'model'");
+    rejects(withBody({ model: 7 }), "invalid_request", "'model'");
+    rejects(withBody({ model: null }), "invalid_request", "'model'");
+  });
+
+  it("requires at least one well-formed message", () => {
+    rejects(JSON.stringify({ model: "m" }), "invalid_request", "'messages'");
+    rejects(withBody({ messages: [] }), "invalid_request", "'messages'");
+    rejects(withBody({ messages: {} }), "invalid_request", "'messages'");
+    rejects(withBody({ messages: [...hello, "hi"] }), "invalid_request", "'messages[1]'");
+    rejects(withBody({ messages: [null] }), "invalid_request", "'messages[0]'");
+    rejects(withBody({ messages: [{ content: "x" }] }), "invalid_request", "'messages[0].role'");
+    rejects(
+      withBody({ messages: [{ role: "robot", content: "x" }] }),
+      "invalid_request",
+      "'messages[0].role'",
+    );
+    rejects(withBody({ messages: [{ role: "user" }] }), "invalid_request", "'messages[0].content'");
+  });
+
+  it("requires offer to be Hex32 (invalid_hex)", () => {
+    rejects(withBody({ offer: "0x1234" }), "invalid_hex", "'offer'");
+    rejects(withBody({ offer: `0x${"g".repeat(64)}` }), "invalid_hex", "'offer'");
+    rejects(withBody({ offer: 5 }), "invalid_hex", "'offer'");
+  });
+
+  it("requires max_tokens and max_completion_tokens to be integers of at least 1", () => {
+    for (const key of ["max_tokens", "max_completion_tokens"]) {
+      for (const value of [0, -1, 1.5, "5", true, []]) {
+        rejects(withBody({ [key]: value }), "invalid_request", `'${key}'`);
+      }
+      rejects(withBody({}).replace(/}$/, `,"${key}":1.0000000000000001}`), "invalid_request", key);
+      rejects(withBody({}).replace(/}$/, `,"${key}":1e400}`), "invalid_request", key);
+      rejects(withBody({}).replace(/}$/, `,"${key}":0e999999999}`), "invalid_request", key);
+    }
+  });
+
+  it("checks the types of the other known fields", () => {
+    const cases: [string, unknown][] = [
+      ["temperature", "0.5"],
+      ["top_p", true],
+      ["stop", 5],
+      ["stop", ["a", 1]],
+      ["stream", "true"],
+      ["tools", {}],
+      ["seed", 1.5],
+      ["seed", "1"],
+      ["user", 5],
+      ["stream_options", "x"],
+      ["stream_options", []],
+    ];
+    for (const [key, value] of cases)
+      rejects(withBody({ [key]: value }), "invalid_request", `'${key}'`);
+    rejects(
+      withBody({ stream_options: { include_usage: "yes" } }),
+      "invalid_request",
+      "'stream_options.include_usage'",
+    );
+    expect(parseText(withBody({}).replace(/}$/, `,"seed":12345678901234567890}`))).toBeDefined();
+    expect(
+      parseBody({ ...minimal, stop: "x", tool_choice: 5, response_format: "x" }),
+    ).toBeDefined();
+  });
+
+  it("rejects a property given twice at the top level", () => {
+    rejects(
+      `{"model":"m","messages":${JSON.stringify(hello)},"stream":false,"stream":true}`,
+      "invalid_request",
+      "'stream'",
+    );
+    rejects(
+      `{"model":"m","mod\\u0065l":"n","messages":${JSON.stringify(hello)}}`,
+      "invalid_request",
+      "'model'",
+    );
+  });
+
+  it(`rejects nesting deeper than ${maxJsonDepth} levels`, () => {
+    const nested = (depth: number) => "[".repeat(depth) + "]".repeat(depth);
+    // The top-level object is one level; messages[0].content another two.
+    expect(() =>
+      parseText(withBody({}).replace(/}$/, `,"x":${nested(maxJsonDepth - 1)}}`)),
+    ).not.toThrow();
+    rejects(
+      withBody({}).replace(/}$/, `,"x":${nested(maxJsonDepth)}}`),
+      "invalid_request",
+      "nested",
+    );
+    rejects(withBody({}).replace(/}$/, `,"x":${nested(100_000)}}`), "invalid_request", "nested");
+  });
+});
+
+describe("exactInteger", () => {
+  it("reads integer literals exactly and refuses fractions", () => {
+    expect(exactInteger("12")).toBe(12n);
+    expect(exactInteger("-4")).toBe(-4n);
+    expect(exactInteger("0")).toBe(0n);
+    expect(exactInteger("0.0")).toBe(0n);
+    expect(exactInteger("1.50e1")).toBe(15n);
+    expect(exactInteger("12345678901234567890")).toBe(12345678901234567890n);
+    expect(exactInteger("1E+2")).toBe(100n);
+    expect(exactInteger("100e-2")).toBe(1n);
+    expect(exactInteger("1.5")).toBeUndefined();
+    expect(exactInteger("15e-1")).toBeUndefined();
+    expect(exactInteger("x")).toBeUndefined();
+    expect(exactInteger("0e999999999")).toBe(0n);
+    expect(exactInteger("-0.000e99999")).toBe(0n);
+    expect(exactInteger("1e999999999")).toBeUndefined();
+    expect(exactInteger("1e308")).toBe(10n ** 308n);
+  });
+});
+
+describe("outputLimit", () => {
+  const caps = { max_output_tokens: 2048 };
+  it("prefers max_completion_tokens, then max_tokens, then the offer's capability", () => {
+    expect(
+      outputLimit(parseBody({ ...minimal, max_tokens: 5, max_completion_tokens: 7 }), caps),
+    ).toBe(7n);
+    expect(outputLimit(parseBody({ ...minimal, max_tokens: 5 }), caps)).toBe(5n);
+    expect(outputLimit(parseBody(minimal), caps)).toBe(2048n);
+  });
+
+  it("falls back to the default when the capability is missing or not a positive integer", () => {
+    for (const value of [undefined, 0, -5, 1.5, "2048", null]) {
+      expect(outputLimit(parseBody(minimal), { max_output_tokens: value })).toBe(
+        defaultOutputLimit,
+      );
+    }
+    expect(defaultOutputLimit).toBe(4096n);
+  });
+});
+
+describe("inputTokenUpperBound", () => {
+  const length = (value: unknown) => BigInt(enc.encode(JSON.stringify(value)).byteLength);
+
+  it("follows the documented formula", () => {
+    const messages = [
+      { role: "system", content: "Be brief." },
+      { role: "user", content: "Grüße, 世界! 🌍" },
+    ];
+    expect(inputTokenUpperBound(parseBody({ model: "m", messages }))).toBe(
+      length(messages) + 2n * perMessageTokenAllowance + fixedTokenAllowance,
+    );
+    const tools = [{ type: "function", function: { name: "f", parameters: { type: "object" } } }];
+    const schema = { type: "json_schema", json_schema: { name: "x" } };
+    const req = parseBody({
+      model: "m",
+      messages,
+      tools,
+      tool_choice: "auto",
+      response_format: schema,
+    });
+    expect(inputTokenUpperBound(req)).toBe(
+      length(messages) +
+        2n * (length(tools) + length("auto") + length(schema)) +
+        2n * perMessageTokenAllowance +
+        fixedTokenAllowance,
+    );
+  });
+
+  it("adds the media allowance per non-text content part", () => {
+    const messages = [
+      {
+        role: "user",
+        content: [
+          { type: "text", text: "what is this?" },
+          { type: "image_url", image_url: { url: "https://x/y.png" } },
+          { type: "input_audio", input_audio: { data: "AAAA", format: "wav" } },
+        ],
+      },
+    ];
+    expect(inputTokenUpperBound(parseBody({ model: "m", messages }))).toBe(
+      length(messages) +
+        perMessageTokenAllowance +
+        2n * mediaPartTokenAllowance +
+        fixedTokenAllowance,
+    );
+  });
+
+  it("is at least the UTF-8 bytes of all message text (each token covers at least one byte)", () => {
+    fc.assert(
+      fc.property(
+        fc.array(fc.string({ unit: "binary", maxLength: 64 }), { minLength: 1, maxLength: 5 }),
+        (texts) => {
+          const req = parseBody({
+            model: "m",
+            messages: texts.map((content) => ({ role: "user", content })),
+          });
+          const textBytes = texts.reduce((n, t) => n + BigInt(enc.encode(t).byteLength), 0n);
+          expect(
+            inputTokenUpperBound(req) >=
+              textBytes + perMessageTokenAllowance * BigInt(texts.length),
+          ).toBe(true);
+        },
+      ),
+    );
+  });
+});
+
+describe("quoteFingerprint", () => {
+  const base = {
+    model: "demo-chat",
+    messages: [
+      { role: "system", content: "s" },
+      { role: "user", content: [{ type: "text", text: "hi" }], name: "n" },
+    ],
+    max_tokens: 100,
+    tools: [{ type: "function", function: { name: "f", parameters: { a: 1, b: [1, 2] } } }],
+    tool_choice: { type: "function", function: { name: "f" } },
+    response_format: { type: "json_object" },
+  };
+  const fp = (body: unknown) => quoteFingerprint(parseBody(body));
+
+  it("is a sha256 hex digest", () => {
+    expect(fp(base)).toMatch(/^[0-9a-f]{64}$/);
+  });
+
+  it("does not depend on key order or whitespace, at any depth", () => {
+    const reordered = `{
+      "response_format": {"type": "json_object"},
+      "tool_choice": {"function": {"name": "f"}, "type": "function"},
+      "tools": [{"function": {"parameters": {"b": [1, 2], "a": 1}, "name": "f"}, "type": "function"}],
+      "max_tokens": 100,
+      "messages": [{"content": "s", "role": "system"}, {"name": "n", "content": [{"text": "hi", "type": "text"}], "role": "user"}],
+      "model": "demo-chat"
+    }`;
+    expect(quoteFingerprint(parseText(reordered))).toBe(fp(base));
+  });
+
+  it("changes when any of the six fields changes", () => {
+    const variants: Record<string, unknown>[] = [
+      { model: "demo-coder" },
+      { messages: [...base.messages, { role: "user", content: "more" }] },
+      { messages: [{ role: "system", content: "S" }, base.messages[1]] },
+      { messages: [{ role: "developer", content: "s" }, base.messages[1]] },
+      { max_tokens: 101 },
+      { max_tokens: undefined },
+      { max_completion_tokens: 50 },
+      { tools: [] },
+      { tools: undefined },
+      { tools: [{ type: "function", function: { name: "f", parameters: { a: 2, b: [1, 2] } } }] },
+      { tool_choice: "auto" },
+      { tool_choice: undefined },
+      { response_format: { type: "text" } },
+      { response_format: undefined },
+    ];
+    const seen = new Set([fp(base)]);
+    for (const change of variants) {
+      const value = fp({ ...base, ...change });
+      expect(seen.has(value), JSON.stringify(change)).toBe(false);
+      seen.add(value);
+    }
+  });
+
+  it("binds the output limit, not how it was spelled", () => {
+    const { max_tokens: _, ...rest } = base;
+    expect(fp({ ...rest, max_completion_tokens: 100 })).toBe(fp(base));
+    expect(fp({ ...base, max_completion_tokens: 100 })).toBe(fp(base));
+  });
+
+  it("ignores fields outside the six", () => {
+    expect(
+      fp({ ...base, temperature: 1, stream: true, user: "u", offer, seed: 1, extra: { x: 1 } }),
+    ).toBe(fp(base));
+  });
+
+  it("distinguishes output limits beyond 2^53", () => {
+    const text = (n: string) =>
+      `{"model":"m","messages":${JSON.stringify(hello)},"max_tokens":${n}}`;
+    expect(quoteFingerprint(parseText(text("9007199254740993")))).not.toBe(
+      quoteFingerprint(parseText(text("9007199254740992"))),
+    );
+  });
+});
+
+describe("canonicalJson", () => {
+  it("writes strings as JSON.stringify does", () => {
+    fc.assert(
+      fc.property(fc.string({ unit: "binary", maxLength: 40 }), (text) => {
+        expect(canonicalJson(text)).toBe(JSON.stringify(text));
+      }),
+    );
+  });
+
+  it("is a compact serialisation of the same value", () => {
+    fc.assert(
+      fc.property(fc.jsonValue({ noUnicodeString: false }), (value) => {
+        const canonical = canonicalJson(value);
+        expect(canonical.length).toBe(JSON.stringify(value).length);
+        expect(JSON.parse(canonical)).toEqual(JSON.parse(JSON.stringify(value)));
+      }),
+    );
+  });
+
+  it("sorts keys recursively and writes no whitespace", () => {
+    expect(canonicalJson({ b: [{ d: 1, c: "é" }], a: null, n: 10n })).toBe(
+      '{"a":null,"b":[{"c":"é","d":1}],"n":10}',
+    );
+  });
+});
+
+describe("upstreamBody", () => {
+  const bigSeed = `{"model":"m","seed":12345678901234567890,"messages":${JSON.stringify(hello)},"x_unknown":{"k":[1,2.50,1e2]}`;
+
+  it("returns the raw bytes unchanged when not streaming", () => {
+    const req = parseText(`${bigSeed}}`);
+    expect(upstreamBody(req)).toBe(req.raw);
+  });
+
+  it("returns the raw bytes unchanged when the client already asks for usage", () => {
+    const req = parseText(`${bigSeed},"stream":true,"stream_options":{"include_usage":true}}`);
+    expect(upstreamBody(req)).toBe(req.raw);
+  });
+
+  it("inserts stream_options after the opening brace, keeping every other byte", () => {
+    const text = `  \n${bigSeed},"stream":true}`;
+    const out = dec.decode(upstreamBody(parseText(text)));
+    expect(out).toBe(
+      `  \n{"stream_options":{"include_usage":true},${bigSeed.slice(1)},"stream":true}`,
+    );
+    expect(out).toContain('"seed":12345678901234567890');
+    expect(out).toContain('"x_unknown":{"k":[1,2.50,1e2]}');
+  });
+
+  it("replaces stream_options: null", () => {
+    const text = `${bigSeed},"stream":true,"stream_options" : null }`;
+    expect(dec.decode(upstreamBody(parseText(text)))).toBe(
+      `${bigSeed},"stream":true,"stream_options" : {"include_usage":true} }`,
+    );
+  });
+
+  it("sets include_usage inside an existing stream_options, keeping its other members", () => {
+    const cases: [string, string][] = [
+      [`{}`, `{"include_usage":true}`],
+      [`{ }`, `{"include_usage":true }`],
+      [`{"include_usage":false}`, `{"include_usage":true}`],
+      [
+        `{"include_usage": null, "n": 98765432109876543210}`,
+        `{"include_usage": true, "n": 98765432109876543210}`,
+      ],
+      [`{"continuous_usage_stats":true}`, `{"include_usage":true,"continuous_usage_stats":true}`],
+    ];
+    for (const [before, after] of cases) {
+      const text = `${bigSeed},"stream":true,"stream_options":${before}}`;
+      expect(dec.decode(upstreamBody(parseText(text)))).toBe(
+        `${bigSeed},"stream":true,"stream_options":${after}}`,
+      );
+    }
+  });
+
+  it("is not fooled by strings that look like stream_options", () => {
+    const messages = [
+      { role: "user", content: 'say "stream_options":{"include_usage":false} \\" {' },
+    ];
+    const text = `{"messages":${JSON.stringify(messages)},"model":"m","stream":true,"stre\\u0061m_options":{"x":"}\\\\"}}`;
+    const out = JSON.parse(dec.decode(upstreamBody(parseText(text)))) as Record<string, unknown>;
+    expect(out).toEqual({
+      messages,
+      model: "m",
+      stream: true,
+      stream_options: { include_usage: true, x: "}\\" },
+    });
+  });
+
+  it("changes nothing but stream_options.include_usage, for any body", () => {
+    const knownKeys = [
+      ...["model", "messages", "offer", "max_tokens", "max_completion_tokens", "temperature"],
+      ...["top_p", "stop", "stream", "tools", "tool_choice", "response_format", "seed", "user"],
+      ...["stream_options", "__proto__"],
+    ];
+    const extra = fc.dictionary(
+      fc.string().filter((k) => !knownKeys.includes(k)),
+      fc.jsonValue(),
+    );
+    const streamOptions = fc.option(
+      fc.record(
+        { include_usage: fc.option(fc.boolean()), other: fc.jsonValue() },
+        { requiredKeys: [] },
+      ),
+    );
+    fc.assert(
+      fc.property(extra, streamOptions, fc.boolean(), (rest, so, pretty) => {
+        const body: Record<string, unknown> = {
+          ...rest,
+          model: "m",
+          messages: hello,
+          stream: true,
+        };
+        if (so !== null) body["stream_options"] = so;
+        const text = JSON.stringify(body, null, pretty ? 2 : undefined);
+        const out = JSON.parse(dec.decode(upstreamBody(parseText(text)))) as Record<
+          string,
+          unknown
+        >;
+        const soOut = out["stream_options"] as Record<string, unknown>;
+        expect(soOut["include_usage"]).toBe(true);
+        const { stream_options: _a, ...restOut } = out;
+        const { stream_options: soIn, ...restIn } = JSON.parse(text) as Record<string, unknown>;
+        expect(restOut).toEqual(restIn);
+        const { include_usage: _c, ...soRest } = soOut;
+        // Compared with the input as JSON reads it (fast-check's -0 is written as 0).
+        const { include_usage: _d, ...soInRest } = (soIn ?? {}) as Record<string, unknown>;
+        expect(soRest).toEqual(soInRest);
+      }),
+    );
+  });
+});
+
+describe("quoteFingerprint and canonicalJson agree", () => {
+  it("hashes the canonical JSON of the six fields", async () => {
+    const { createHash } = await import("node:crypto");
+    const body = {
+      model: "m",
+      messages: [{ role: "user", content: "hi", z: 1, a: [{ y: 2, b: null }] }],
+      max_completion_tokens: 9,
+      tools: [{ b: 1, a: 2 }],
+      tool_choice: "auto",
+    };
+    const req = parseBody(body);
+    const canonical = canonicalJson({
+      model: body.model,
+      messages: body.messages,
+      output_limit: 9n,
+      tools: body.tools,
+      tool_choice: body.tool_choice,
+      response_format: null,
+    });
+    expect(quoteFingerprint(req)).toBe(createHash("sha256").update(canonical).digest("hex"));
+  });
+});

@@ -1,0 +1,646 @@
+import { createHash } from "node:crypto";
+import type { Hex } from "viem";
+import type { JsonValue } from "./catalog.js";
+import { GatewayError } from "./errors.js";
+import { isHex32, normalizeHex } from "./hex.js";
+
+/**
+ * The spec's Chat request (body of `POST /v1/chat/completions` and `POST /v1/quotes`): its
+ * validation, the numbers a quote is made of (output limit, input-token bound, fingerprint),
+ * and the exact bytes that go upstream.
+ *
+ * The raw bytes are kept: unknown properties (and numbers JavaScript cannot represent, such as
+ * a 64-bit `seed`) reach the provider as the client wrote them. The parsed value is used only to
+ * validate and to compute what the gateway itself needs.
+ *
+ * Decisions beyond the spec, OpenAI-compatible where the spec is silent:
+ * - an optional field set to `null` is treated as absent (OpenAI's API marks them nullable);
+ * - a property that occurs twice at the top level is rejected, so the gateway and the provider
+ *   cannot read different values for `stream`, `max_tokens` or any other field;
+ * - JSON nested more than {@link maxJsonDepth} levels deep is rejected;
+ * - a body starting with a UTF-8 byte order mark is rejected (RFC 8259 section 8.1: senders
+ *   must not add one).
+ */
+
+export const chatRoles = ["system", "developer", "user", "assistant", "tool", "function"] as const;
+export type ChatRole = (typeof chatRoles)[number];
+
+export type JsonObject = { readonly [key: string]: JsonValue };
+
+/** One message; extra properties (name, tool_calls, tool_call_id...) are kept as sent. */
+export interface ChatMessage {
+  readonly role: ChatRole;
+  readonly content: JsonValue;
+  readonly [key: string]: JsonValue;
+}
+
+export interface ChatRequest {
+  /** The body exactly as received. */
+  readonly raw: Uint8Array;
+  /** The parsed body, unknown properties included. */
+  readonly body: JsonObject;
+  readonly model: string;
+  readonly messages: readonly ChatMessage[];
+  /** The offer the request pins (`offer`), in lower case. */
+  readonly offer?: Hex | undefined;
+  readonly stream: boolean;
+  /** The client asked for usage on its stream (`stream_options.include_usage === true`). */
+  readonly includeUsage: boolean;
+  readonly maxTokens?: bigint | undefined;
+  readonly maxCompletionTokens?: bigint | undefined;
+  readonly tools?: readonly JsonValue[] | undefined;
+  readonly toolChoice?: JsonValue | undefined;
+  readonly responseFormat?: JsonValue | undefined;
+}
+
+/** Deepest nesting of arrays and objects accepted (the top-level object is depth 1). */
+export const maxJsonDepth = 128;
+
+/** The output limit when neither the request nor the offer's capabilities give one. */
+export const defaultOutputLimit = 4096n;
+
+// ---------------------------------------------------------------- parsing
+
+function invalid(message: string): never {
+  throw new GatewayError("invalid_request", message);
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+const utf8Encoder = new TextEncoder();
+
+/**
+ * Validates a Chat request body. Throws {@link GatewayError}: `request_too_large` over
+ * `opts.maxBytes`; `invalid_json` when the body is not UTF-8 JSON; `invalid_hex` for an `offer`
+ * that is not Hex32; `invalid_request` for anything else, with a message naming the field.
+ */
+export function parseChatRequest(raw: Uint8Array, opts: { maxBytes: number }): ChatRequest {
+  if (raw.byteLength > opts.maxBytes) {
+    throw new GatewayError(
+      "request_too_large",
+      `the request body is larger than ${opts.maxBytes} bytes`,
+    );
+  }
+  if (raw[0] === 0xef && raw[1] === 0xbb && raw[2] === 0xbf) {
+    throw new GatewayError(
+      "invalid_json",
+      "the request body must not start with a byte order mark",
+    );
+  }
+  let text: string;
+  try {
+    text = utf8.decode(raw);
+  } catch {
+    throw new GatewayError("invalid_json", "the request body is not valid UTF-8");
+  }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch (err) {
+    const detail = err instanceof Error ? `: ${err.message.slice(0, 200)}` : "";
+    throw new GatewayError("invalid_json", `the request body is not valid JSON${detail}`);
+  }
+  if (!isObject(parsed)) invalid("the request body must be a JSON object");
+  const top = topLevelMembers(raw);
+  const body = parsed as JsonObject;
+  const field = (key: string): JsonValue | undefined => {
+    const value = Object.hasOwn(body, key) ? body[key] : undefined;
+    return value === null ? undefined : value;
+  };
+  const literal = (key: string): string => {
+    const member = top.find((m) => m.key === key);
+    if (member === undefined) throw new Error(`no span for '${key}'`);
+    return textOf(raw, member.valueStart, member.valueEnd);
+  };
+
+  const model = field("model");
+  if (typeof model !== "string" || model.length === 0) {
+    invalid("'model' is required and must be a non-empty string");
+  }
+  const messages = parseMessages(field("messages"));
+
+  const offerValue = field("offer");
+  let offer: Hex | undefined;
+  if (offerValue !== undefined) {
+    if (typeof offerValue !== "string" || !isHex32(offerValue)) {
+      throw new GatewayError(
+        "invalid_hex",
+        "'offer' must be a Hex32 string (0x followed by 64 hex digits)",
+      );
+    }
+    offer = normalizeHex(offerValue);
+  }
+
+  const positiveInteger = (key: string): bigint | undefined => {
+    const value = field(key);
+    if (value === undefined) return undefined;
+    // The parsed number screens out non-numbers and non-finite values; the literal gives the
+    // exact value, also beyond 2^53.
+    const exact =
+      typeof value === "number" && Number.isInteger(value) ? exactInteger(literal(key)) : undefined;
+    if (exact === undefined || exact < 1n) invalid(`'${key}' must be an integer of at least 1`);
+    return exact;
+  };
+  const maxTokens = positiveInteger("max_tokens");
+  const maxCompletionTokens = positiveInteger("max_completion_tokens");
+
+  for (const key of ["temperature", "top_p"]) {
+    const value = field(key);
+    if (value !== undefined && (typeof value !== "number" || !Number.isFinite(value))) {
+      invalid(`'${key}' must be a number`);
+    }
+  }
+  const stop = field("stop");
+  if (
+    stop !== undefined &&
+    typeof stop !== "string" &&
+    !(Array.isArray(stop) && stop.every((s) => typeof s === "string"))
+  ) {
+    invalid("'stop' must be a string or an array of strings");
+  }
+  const stream = field("stream");
+  if (stream !== undefined && typeof stream !== "boolean") invalid("'stream' must be a boolean");
+  const tools = field("tools");
+  if (tools !== undefined && !Array.isArray(tools)) invalid("'tools' must be an array");
+  const seed = field("seed");
+  if (
+    seed !== undefined &&
+    !(
+      typeof seed === "number" &&
+      Number.isInteger(seed) &&
+      exactInteger(literal("seed")) !== undefined
+    )
+  ) {
+    invalid("'seed' must be an integer");
+  }
+  const user = field("user");
+  if (user !== undefined && typeof user !== "string") invalid("'user' must be a string");
+  const streamOptions = field("stream_options");
+  let includeUsage = false;
+  if (streamOptions !== undefined) {
+    if (!isObject(streamOptions)) invalid("'stream_options' must be an object");
+    const value = (streamOptions as JsonObject)["include_usage"];
+    if (value !== undefined && value !== null && typeof value !== "boolean") {
+      invalid("'stream_options.include_usage' must be a boolean");
+    }
+    includeUsage = value === true;
+  }
+
+  const request: ChatRequest = {
+    raw,
+    body,
+    model,
+    messages,
+    offer,
+    stream: stream === true,
+    includeUsage,
+    maxTokens,
+    maxCompletionTokens,
+    tools,
+    toolChoice: field("tool_choice"),
+    responseFormat: field("response_format"),
+  };
+  spans.set(request, top);
+  return request;
+}
+
+function isObject(value: unknown): value is { [key: string]: unknown } {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+function parseMessages(value: JsonValue | undefined): ChatMessage[] {
+  if (!Array.isArray(value) || value.length === 0) {
+    invalid("'messages' is required and must be an array of at least 1 message");
+  }
+  value.forEach((message, index) => {
+    const at = `messages[${index}]`;
+    if (!isObject(message)) invalid(`'${at}' must be an object`);
+    const role = message["role"];
+    if (typeof role !== "string" || !(chatRoles as readonly string[]).includes(role)) {
+      invalid(`'${at}.role' must be one of ${chatRoles.join(", ")}`);
+    }
+    if (!Object.hasOwn(message, "content")) invalid(`'${at}.content' is required`);
+  });
+  return value as unknown as ChatMessage[];
+}
+
+/**
+ * The exact integer a JSON number literal denotes (`12`, `1.0`, `1e3`, `-4`), or undefined when
+ * it has a fractional part or is too large to be a finite double. Never builds a huge number:
+ * a zero significand is 0 whatever its exponent (`0e999999999`).
+ */
+export function exactInteger(literal: string): bigint | undefined {
+  const match = /^(-?)(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?$/.exec(literal);
+  if (!match) return undefined;
+  const [, sign = "", whole = "", fraction = "", exponentText = "0"] = match;
+  let digits = (whole + fraction).replace(/^0+/, "");
+  if (digits === "") return 0n;
+  let exponent = Number(exponentText) - fraction.length;
+  while (exponent < 0 && digits.endsWith("0")) {
+    digits = digits.slice(0, -1);
+    exponent += 1;
+  }
+  // Doubles end below 1.8e308: beyond that the literal is not a number this gateway reads.
+  if (exponent < 0 || digits.length + exponent > 309) return undefined;
+  const value = BigInt(digits) * 10n ** BigInt(exponent);
+  return sign === "-" ? -value : value;
+}
+
+// ---------------------------------------------------------------- the JSON text, lossless
+
+/**
+ * A property of an object in the raw JSON, located by byte offsets. The scan works on bytes:
+ * every structural character of JSON is ASCII, and no byte of a multi-byte UTF-8 sequence is.
+ */
+interface Member {
+  readonly key: string;
+  readonly valueStart: number;
+  readonly valueEnd: number;
+}
+
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const OPEN_OBJECT = 0x7b;
+const CLOSE_OBJECT = 0x7d;
+const OPEN_ARRAY = 0x5b;
+const CLOSE_ARRAY = 0x5d;
+const COMMA = 0x2c;
+const COLON = 0x3a;
+
+// Spans of the top-level members of requests made by parseChatRequest, for upstreamBody.
+const spans = new WeakMap<ChatRequest, readonly Member[]>();
+
+function isSpace(byte: number | undefined): boolean {
+  return byte === 0x20 || byte === 0x0a || byte === 0x0d || byte === 0x09;
+}
+
+function skipSpace(bytes: Uint8Array, i: number): number {
+  while (isSpace(bytes[i])) i += 1;
+  return i;
+}
+
+function malformed(): never {
+  // Only reached on text JSON.parse rejected, which parseChatRequest never scans.
+  throw new Error("malformed JSON text");
+}
+
+/** The index just past the string whose opening quote is at `start`. */
+function skipString(bytes: Uint8Array, start: number): number {
+  let from = start + 1;
+  for (;;) {
+    const quote = bytes.indexOf(QUOTE, from);
+    if (quote < 0) malformed();
+    let backslashes = 0;
+    while (bytes[quote - 1 - backslashes] === BACKSLASH) backslashes += 1;
+    if (backslashes % 2 === 0) return quote + 1;
+    from = quote + 1;
+  }
+}
+
+/** The index just past the value starting at `start`; throws past `depthLimit` nesting levels. */
+function skipValue(bytes: Uint8Array, start: number, depthLimit: number): number {
+  const first = bytes[start];
+  if (first === QUOTE) return skipString(bytes, start);
+  if (first === OPEN_OBJECT || first === OPEN_ARRAY) {
+    let depth = 0;
+    let i = start;
+    while (i < bytes.length) {
+      const byte = bytes[i];
+      if (byte === QUOTE) {
+        i = skipString(bytes, i);
+        continue;
+      }
+      if (byte === OPEN_OBJECT || byte === OPEN_ARRAY) {
+        depth += 1;
+        if (depth > depthLimit)
+          invalid(`the request is nested more than ${maxJsonDepth} levels deep`);
+      } else if (byte === CLOSE_OBJECT || byte === CLOSE_ARRAY) {
+        depth -= 1;
+        if (depth === 0) return i + 1;
+      }
+      i += 1;
+    }
+    malformed();
+  }
+  let i = start;
+  while (i < bytes.length) {
+    const byte = bytes[i];
+    if (byte === COMMA || byte === CLOSE_OBJECT || byte === CLOSE_ARRAY || isSpace(byte)) break;
+    i += 1;
+  }
+  return i;
+}
+
+/** The text of `bytes[start, end)`; ASCII (every key this gateway reads) skips the decoder. */
+function textOf(bytes: Uint8Array, start: number, end: number): string {
+  let text = "";
+  for (let i = start; i < end; i += 1) {
+    const byte = bytes[i] as number;
+    if (byte >= 0x80) return utf8.decode(bytes.subarray(start, end));
+    text += String.fromCharCode(byte);
+  }
+  return text;
+}
+
+function decodeKey(bytes: Uint8Array, start: number, end: number): string {
+  return bytes.subarray(start + 1, end - 1).includes(BACKSLASH)
+    ? (JSON.parse(textOf(bytes, start, end)) as string)
+    : textOf(bytes, start + 1, end - 1);
+}
+
+/** The members of the object whose `{` is at `open`, with the index just past its `}`. */
+function objectMembers(
+  bytes: Uint8Array,
+  open: number,
+  depthLimit: number,
+): { members: Member[]; end: number } {
+  if (bytes[open] !== OPEN_OBJECT) malformed();
+  const members: Member[] = [];
+  let i = skipSpace(bytes, open + 1);
+  if (bytes[i] === CLOSE_OBJECT) return { members, end: i + 1 };
+  for (;;) {
+    const keyStart = skipSpace(bytes, i);
+    if (bytes[keyStart] !== QUOTE) malformed();
+    const keyEnd = skipString(bytes, keyStart);
+    const key = decodeKey(bytes, keyStart, keyEnd);
+    i = skipSpace(bytes, keyEnd);
+    if (bytes[i] !== COLON) malformed();
+    const valueStart = skipSpace(bytes, i + 1);
+    const valueEnd = skipValue(bytes, valueStart, depthLimit);
+    members.push({ key, valueStart, valueEnd });
+    i = skipSpace(bytes, valueEnd);
+    if (bytes[i] === CLOSE_OBJECT) return { members, end: i + 1 };
+    if (bytes[i] !== COMMA) malformed();
+    i += 1;
+  }
+}
+
+/** Members of the top-level object; rejects duplicate keys and too deep nesting. */
+function topLevelMembers(raw: Uint8Array): Member[] {
+  const { members } = objectMembers(raw, skipSpace(raw, 0), maxJsonDepth - 1);
+  const seen = new Set<string>();
+  for (const { key } of members) {
+    if (seen.has(key)) invalid(`'${key.slice(0, 100)}' occurs more than once`);
+    seen.add(key);
+  }
+  return members;
+}
+
+function concatBytes(parts: readonly Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(parts.reduce((n, part) => n + part.byteLength, 0));
+  let offset = 0;
+  for (const part of parts) {
+    out.set(part, offset);
+    offset += part.byteLength;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- what goes upstream
+
+const includeUsageMember = utf8Encoder.encode('"include_usage":true');
+const streamOptionsMember = utf8Encoder.encode('"stream_options":{"include_usage":true}');
+const streamOptionsValue = utf8Encoder.encode('{"include_usage":true}');
+const trueLiteral = utf8Encoder.encode("true");
+const comma = utf8Encoder.encode(",");
+
+/**
+ * The bytes to send to the provider. The gateway meters every stream from the provider's
+ * usage, so a streaming request always asks for it: when `stream_options.include_usage` is not
+ * already true, the body gains it. Everything else is the client's bytes, unchanged: the edit is
+ * a splice into the raw text (never a re-serialisation), so unknown properties, key order,
+ * whitespace and numbers beyond 2^53 reach the provider exactly as sent. Concretely:
+ * - no `stream_options`: `"stream_options":{"include_usage":true},` goes right after the
+ *   opening `{`;
+ * - `stream_options: null`: the `null` becomes `{"include_usage":true}`;
+ * - a `stream_options` object: its `include_usage` value becomes `true`, or
+ *   `"include_usage":true` is added as its first member; its other members stay.
+ * A request that does not stream, or already asks for usage, goes upstream byte for byte.
+ */
+export function upstreamBody(req: ChatRequest): Uint8Array {
+  const raw = req.raw;
+  if (!req.stream || req.includeUsage) return raw;
+  const top = spans.get(req) ?? topLevelMembers(raw);
+  const existing = top.find((m) => m.key === "stream_options");
+  if (existing === undefined) {
+    const open = skipSpace(raw, 0);
+    return concatBytes([
+      raw.subarray(0, open + 1),
+      streamOptionsMember,
+      top.length > 0 ? comma : new Uint8Array(),
+      raw.subarray(open + 1),
+    ]);
+  }
+  const { valueStart, valueEnd } = existing;
+  if (raw[valueStart] !== OPEN_OBJECT) {
+    // null (anything else failed validation)
+    return concatBytes([raw.subarray(0, valueStart), streamOptionsValue, raw.subarray(valueEnd)]);
+  }
+  const inner = objectMembers(raw, valueStart, maxJsonDepth).members;
+  const usage = inner.filter((m) => m.key === "include_usage");
+  if (usage.length === 0) {
+    return concatBytes([
+      raw.subarray(0, valueStart + 1),
+      includeUsageMember,
+      inner.length > 0 ? comma : new Uint8Array(),
+      raw.subarray(valueStart + 1),
+    ]);
+  }
+  // Every occurrence, so a provider that keeps the first of duplicate keys also sees true.
+  const parts: Uint8Array[] = [];
+  let from = 0;
+  for (const member of usage) {
+    parts.push(raw.subarray(from, member.valueStart), trueLiteral);
+    from = member.valueEnd;
+  }
+  parts.push(raw.subarray(from));
+  return concatBytes(parts);
+}
+
+// ---------------------------------------------------------------- quote numbers
+
+/**
+ * The most output tokens the request may produce: `max_completion_tokens`, else `max_tokens`,
+ * else the offer's `capabilities.max_output_tokens` (a positive integer), else
+ * {@link defaultOutputLimit}.
+ */
+export function outputLimit(req: ChatRequest, offerCapabilities: Record<string, unknown>): bigint {
+  const requested = req.maxCompletionTokens ?? req.maxTokens;
+  if (requested !== undefined) return requested;
+  const capability = offerCapabilities["max_output_tokens"];
+  if (typeof capability === "number" && Number.isSafeInteger(capability) && capability > 0) {
+    return BigInt(capability);
+  }
+  return defaultOutputLimit;
+}
+
+/** Tokens allowed per message for the chat template's role markers and separators. */
+export const perMessageTokenAllowance = 8n;
+/**
+ * Tokens allowed once per request for the template's constant text: begin-of-sequence and
+ * generation-prompt markers, a default system prompt (Qwen2.5's is about 20 tokens), a date
+ * header (Llama 3.1's is about 25), tool-use instructions (about 60 to 100 tokens).
+ */
+export const fixedTokenAllowance = 256n;
+/**
+ * Tokens allowed per non-text content part (image, audio, file...), whose tokens do not follow
+ * from the bytes that reference them: `16384` is the most a Qwen2-VL image can take with its
+ * default `max_pixels`, and above OpenAI's largest high-detail image.
+ */
+export const mediaPartTokenAllowance = 16_384n;
+
+const textPartTypes = new Set(["text", "input_text", "output_text", "refusal"]);
+
+function utf8Length(text: string): bigint {
+  return BigInt(Buffer.byteLength(text, "utf8"));
+}
+
+function mediaParts(messages: readonly ChatMessage[]): bigint {
+  let count = 0n;
+  for (const message of messages) {
+    if (!Array.isArray(message.content)) continue;
+    for (const part of message.content) {
+      if (isObject(part) && typeof part["type"] === "string" && !textPartTypes.has(part["type"])) {
+        count += 1n;
+      }
+    }
+  }
+  return count;
+}
+
+/**
+ * The gateway's upper bound of the prompt's tokens, made without the model's tokenizer:
+ *
+ *     B(messages) + 2 * (B(tools) + B(tool_choice) + B(response_format))
+ *       + 8 * (number of messages) + 16384 * (non-text content parts) + 256
+ *
+ * where `B(x)` is the UTF-8 byte length of `x`'s compact JSON serialisation (0 when absent).
+ *
+ * Why it holds: the tokenizers chat models use (byte-level BPE as in GPT, Llama 3 and Qwen;
+ * SentencePiece with byte fallback as in Llama 2 and Mistral) never produce a token that covers
+ * less than one byte of the text, so a text of `n` UTF-8 bytes has at most `n` tokens. A chat
+ * template copies each message's text into the prompt; the JSON serialisation contains that
+ * text with at least as many bytes (quotes, escapes and the keys such as `"role":"user"` only
+ * add bytes), so `B(messages)` bounds the tokens of all message text. What the template adds
+ * around each message (role markers, separators, end-of-turn tokens) is at most
+ * {@link perMessageTokenAllowance} tokens beyond the bytes the message's JSON keys already
+ * count, and its constant text (begin markers, default system prompt, date header, tool
+ * instructions, generation prompt) is {@link fixedTokenAllowance}. Tool schemas, the tool
+ * choice and the response format count twice, because templates often re-serialise them
+ * indented (Llama 3.1 uses `tojson(indent=4)`), which adds whitespace per line the compact form
+ * does not have. Images, audio and files are tokenised from their content, not from the bytes
+ * that reference them, so each non-text content part adds {@link mediaPartTokenAllowance}.
+ *
+ * The byte argument is exact; the allowances are generous estimates of template text. Where a
+ * provider still reports more, the charge is capped at the quote's maximum and the offer flagged.
+ */
+export function inputTokenUpperBound(req: ChatRequest): bigint {
+  // Canonical JSON has exactly the length of the compact serialisation.
+  const parts = canonicalParts(req);
+  const schemas = [parts.tools, parts.toolChoice, parts.responseFormat].reduce<bigint>(
+    (sum, text) => sum + (text === undefined ? 0n : utf8Length(text)),
+    0n,
+  );
+  return (
+    utf8Length(parts.messages) +
+    2n * schemas +
+    perMessageTokenAllowance * BigInt(req.messages.length) +
+    mediaPartTokenAllowance * mediaParts(req.messages) +
+    fixedTokenAllowance
+  );
+}
+
+/**
+ * RFC 8785 (JCS) style canonical JSON: object keys sorted by UTF-16 code units at every depth,
+ * arrays in order, no whitespace, strings and numbers as `JSON.stringify` writes them. A bigint
+ * is written as its decimal integer. Its length equals that of `JSON.stringify(value)` for any
+ * JSON value, since sorting keys moves bytes without adding any.
+ */
+export function canonicalJson(value: unknown): string {
+  switch (typeof value) {
+    case "string":
+      return jsonString(value);
+    case "boolean":
+      return value ? "true" : "false";
+    case "bigint":
+      return value.toString();
+    case "number":
+      if (!Number.isFinite(value)) throw new TypeError("canonical JSON has no non-finite numbers");
+      return JSON.stringify(value);
+    case "object": {
+      if (value === null) return "null";
+      if (Array.isArray(value)) {
+        let out = "[";
+        for (let i = 0; i < value.length; i += 1) {
+          if (i > 0) out += ",";
+          out += canonicalJson(value[i]);
+        }
+        return `${out}]`;
+      }
+      const object = value as { [key: string]: unknown };
+      const keys = Object.keys(object).sort();
+      let out = "{";
+      for (let i = 0; i < keys.length; i += 1) {
+        const key = keys[i] as string;
+        if (i > 0) out += ",";
+        out += `${jsonString(key)}:${canonicalJson(object[key])}`;
+      }
+      return `${out}}`;
+    }
+    default:
+      throw new TypeError(`canonical JSON cannot represent a ${typeof value}`);
+  }
+}
+
+// Characters JSON.stringify escapes: quote, backslash, controls, and surrogates (when lone).
+// eslint-disable-next-line no-control-regex -- matching control characters is the point
+const needsEscape = /["\\\u0000-\u001f\ud800-\udfff]/;
+
+/** `JSON.stringify(text)`, without the call when nothing needs escaping (the common case). */
+function jsonString(text: string): string {
+  return needsEscape.test(text) ? JSON.stringify(text) : `"${text}"`;
+}
+
+/** The canonical JSON of the request's bound fields, made once per request. */
+interface CanonicalParts {
+  readonly messages: string;
+  readonly tools: string | undefined;
+  readonly toolChoice: string | undefined;
+  readonly responseFormat: string | undefined;
+}
+
+const canonicalCache = new WeakMap<ChatRequest, CanonicalParts>();
+
+function canonicalParts(req: ChatRequest): CanonicalParts {
+  let parts = canonicalCache.get(req);
+  if (parts === undefined) {
+    const optional = (value: unknown) => (value === undefined ? undefined : canonicalJson(value));
+    parts = {
+      messages: canonicalJson(req.messages),
+      tools: optional(req.tools),
+      toolChoice: optional(req.toolChoice),
+      responseFormat: optional(req.responseFormat),
+    };
+    canonicalCache.set(req, parts);
+  }
+  return parts;
+}
+
+/**
+ * What a quote is bound to (spec: "the exact model, messages, output limit, tools, tool choice
+ * and response format"): the SHA-256 hex of the canonical JSON of
+ * `{model, messages, output_limit, tools, tool_choice, response_format}`, with
+ * `output_limit = max_completion_tokens ?? max_tokens ?? null` (exact, also beyond 2^53) and
+ * absent or null `tools`, `tool_choice`, `response_format` as null. Key order and whitespace in
+ * the request do not change it; any change of value in the six does. Numbers inside messages
+ * and tools compare as JavaScript numbers (`1.0` equals `1`).
+ */
+export function quoteFingerprint(req: ChatRequest): string {
+  const parts = canonicalParts(req);
+  // canonicalJson of the six-field object, its keys written in sorted order.
+  const canonical =
+    `{"messages":${parts.messages},"model":${JSON.stringify(req.model)}` +
+    `,"output_limit":${(req.maxCompletionTokens ?? req.maxTokens)?.toString() ?? "null"}` +
+    `,"response_format":${parts.responseFormat ?? "null"}` +
+    `,"tool_choice":${parts.toolChoice ?? "null"},"tools":${parts.tools ?? "null"}}`;
+  return createHash("sha256").update(canonical, "utf8").digest("hex");
+}
