@@ -40,7 +40,8 @@ export async function listen(
     session.once("close", () => sessions.delete(session));
   });
 
-  const tcp = net.createServer((socket) => {
+  // noDelay: small writes (SSE events, headers) go out at once instead of waiting on Nagle.
+  const tcp = net.createServer({ noDelay: true }, (socket) => {
     sockets.add(socket);
     socket.once("close", () => sockets.delete(socket));
     socket.on("error", () => socket.destroy());
