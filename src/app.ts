@@ -1,4 +1,4 @@
-import { hkdfSync } from "node:crypto";
+import { hkdfSync, randomBytes } from "node:crypto";
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { createPublicClient, http, type PublicClient } from "viem";
@@ -6,6 +6,12 @@ import type { Logger } from "pino";
 import { loadCatalogFile } from "./adapters/catalog-file.js";
 import { createIndexer, type Indexer } from "./adapters/chain/indexer.js";
 import { createChainOfferReader } from "./adapters/chain/offers.js";
+import { createChainPermitReader } from "./adapters/chain/permits.js";
+import { createPgIdempotencyStore } from "./adapters/pg/idempotency.js";
+import * as ledger from "./adapters/pg/ledger.js";
+import { getQuote, insertQuote } from "./adapters/pg/quotes.js";
+import { getRequest } from "./adapters/pg/requests.js";
+import { getRegisteredEndpoint } from "./adapters/pg/endpoint-health.js";
 import {
   createSealer,
   generateEncryptionKey,
@@ -14,7 +20,11 @@ import {
 import { createPgEndpointHealthStore } from "./adapters/pg/endpoint-health.js";
 import { recordRegistration } from "./adapters/pg/registrations.js";
 import { canonicalEndpointUrl, resolveEndpoint } from "./adapters/upstream/endpoint-guard.js";
-import { createUpstreamClient, type UpstreamClient } from "./adapters/upstream/http.js";
+import {
+  createUpstreamClient,
+  readEventStream,
+  type UpstreamClient,
+} from "./adapters/upstream/http.js";
 import { createEndpointProber } from "./adapters/upstream/probe.js";
 import { findActiveApiKey } from "./adapters/pg/api-keys.js";
 import { createPgCatalogStore } from "./adapters/pg/catalog.js";
@@ -22,9 +32,12 @@ import { openDatabase, type Database } from "./adapters/pg/database.js";
 import { migrate } from "./adapters/pg/migrate.js";
 import type { Config } from "./config.js";
 import { createCatalogService } from "./connect/catalog-service.js";
+import { createInferenceService } from "./connect/inference-service.js";
 import { createProviderService } from "./connect/provider-service.js";
+import { createQuoteService } from "./connect/quote-service.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
-import { createHealthMonitor, type HealthMonitor } from "./domain/health.js";
+import { createHealthMonitor, type EndpointSecret, type HealthMonitor } from "./domain/health.js";
+import { createInference, type QuoteRecord, type UpstreamChat } from "./domain/inference.js";
 import { createRegistrationService, openEndpoint } from "./domain/registration.js";
 import { listen } from "./listen.js";
 import type { Readiness } from "./rest/facade.js";
@@ -39,6 +52,8 @@ export interface Gateway {
   readonly indexer: Indexer;
   readonly health: HealthMonitor;
   readonly upstream: UpstreamClient;
+  /** Identifies this process's requests (orphans of a crashed process are reconciled). */
+  readonly instanceId: string;
   close(): Promise<void>;
 }
 
@@ -136,7 +151,13 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     const { applied } = await migrate(db.pool);
     if (applied.length > 0) logger.info({ applied }, "database migrated");
 
+    const permits = createChainPermitReader({
+      client: chain,
+      market: config.marketAddress,
+      maxStalenessMs: config.permitCacheMs,
+    });
     const indexer = createIndexer({
+      onPermitEvent: (permitId) => permits.invalidate(permitId),
       client: chain,
       market: config.marketAddress,
       pool: db.pool,
@@ -201,9 +222,83 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       return { ok: database.ok && chainCheck.ok, checks: { database, chain: chainCheck } };
     };
 
+    const instanceId = `gw_${randomBytes(8).toString("hex")}`;
+    await ledger.heartbeat(db.pool, instanceId, clock());
+    const opened = new Map<string, EndpointSecret>();
+    const upstreamChat: UpstreamChat = async (endpoint, body, { signal }) => {
+      const reply = await upstream.request(endpoint, "/v1/chat/completions", {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body,
+        signal,
+        timeoutMs: config.upstreamTimeoutMs,
+        idleTimeoutMs: config.upstreamIdleTimeoutMs,
+      });
+      return {
+        status: reply.status,
+        text: () => reply.text(),
+        events: async function* () {
+          for await (const event of readEventStream(reply.body)) yield event.data;
+        },
+        discard: () => reply.dump(),
+      };
+    };
+    const inference = createInference({
+      catalog,
+      permits,
+      quotes: {
+        insert: (quote) => insertQuote(db.pool, quote),
+        get: async (quoteId) => (await getQuote(db.pool, quoteId)) as QuoteRecord | undefined,
+      },
+      ledger: {
+        reserve: (input) => ledger.reserve(db.pool, { ...input, instanceId }),
+        markStreaming: async (requestId) => {
+          await ledger.markStreaming(db.pool, requestId);
+        },
+        finalize: (input) => ledger.finalize(db.pool, input),
+        switchOffer: (input) => ledger.switchOffer(db.pool, input),
+        recordOfferFlag: (input) => ledger.recordOfferFlag(db.pool, input),
+      },
+      endpoints: async (offerId) => {
+        const registered = await getRegisteredEndpoint(db.pool, offerId);
+        if (registered === undefined) return undefined;
+        // Opened endpoints are kept by their sealed value, so a re-registration is never missed.
+        const cacheKey = `${offerId}:${registered.sealed.toString("base64")}`;
+        let endpoint = opened.get(cacheKey);
+        if (endpoint === undefined) {
+          endpoint = openEndpoint(sealer, offerId, registered.sealed);
+          if (opened.size > 10_000) opened.clear();
+          opened.set(cacheKey, endpoint);
+        }
+        return endpoint;
+      },
+      upstream: upstreamChat,
+      idempotency: createPgIdempotencyStore(db.pool),
+      clock,
+      bodyLimitBytes: config.bodyLimitBytes,
+    });
+    // Liveness of this process, and the rule for the requests of crashed ones (docs/decisions.md).
+    const housekeeping = setInterval(() => {
+      void (async () => {
+        await ledger.heartbeat(db.pool, instanceId, clock());
+        const orphans = await ledger.reconcileOrphans(db.pool, {
+          now: clock(),
+          staleAfterSeconds: 60,
+        });
+        if (orphans > 0)
+          logger.warn({ orphans }, "reconciled requests of a stopped gateway process");
+      })().catch((error: unknown) => logger.warn({ err: error }, "housekeeping failed"));
+    }, 10_000);
+    housekeeping.unref();
+
     const handler = createGatewayHandler({
       services: {
         catalog: createCatalogService(catalog),
+        quote: createQuoteService(inference),
+        inference: createInferenceService({
+          inference,
+          findRequest: (id, apiKeyId) => getRequest(db.pool, id, apiKeyId),
+        }),
         provider: createProviderService({
           catalog,
           registration,
@@ -235,8 +330,10 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       indexer,
       health,
       upstream,
+      instanceId,
       close() {
         closing ??= (async () => {
+          clearInterval(housekeeping);
           await listener.close();
           await health.stop();
           await indexer.stop();

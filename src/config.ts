@@ -33,6 +33,12 @@ export interface Config {
   readonly probeStaleMs: number;
   /** How long a successful verification keeps an offer eligible. */
   readonly verificationTtlSeconds: number;
+  /** Longest a permit read from the chain is reused (events invalidate it sooner). */
+  readonly permitCacheMs: number;
+  /** Deadline for a provider's response headers. */
+  readonly upstreamTimeoutMs: number;
+  /** Longest silence allowed between two chunks of a provider's answer. */
+  readonly upstreamIdleTimeoutMs: number;
 }
 
 export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -147,6 +153,9 @@ export function parseConfig(env: Env): Config {
     probeConcurrency: int("PROBE_CONCURRENCY", 4, 1, 256),
     probeStaleMs: 0,
     verificationTtlSeconds: int("VERIFICATION_TTL_SECONDS", 86_400, 1, 365 * 86_400),
+    permitCacheMs: int("PERMIT_CACHE_MS", 2000, 0, 60_000),
+    upstreamTimeoutMs: int("UPSTREAM_TIMEOUT_MS", 30_000, 100, 600_000),
+    upstreamIdleTimeoutMs: int("UPSTREAM_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
   };
   config.probeStaleMs = int("PROBE_STALE_MS", config.probeIntervalMs * 2, 50, 86_400_000);
   if (problems.length > 0) throw new ConfigError(problems);

@@ -47,6 +47,8 @@ describe("isEligible", () => {
     verifiedAt: 1000,
     verificationExpiresAt: 2000,
     endpointRegistered: true,
+    endpointRunning: true,
+    inFlight: 0,
   };
   const active = { status: "active" } as const;
 

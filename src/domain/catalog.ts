@@ -49,6 +49,10 @@ export interface OfferRecord {
   readonly verificationExpiresAt: number | undefined;
   /** A provider endpoint is registered for the offer (through a signed challenge). */
   readonly endpointRegistered: boolean;
+  /** The prober's last verdict on the endpoint (undefined: never probed). */
+  readonly endpointRunning: boolean | undefined;
+  /** Requests in flight on the offer, across all gateway processes. */
+  readonly inFlight: number;
 }
 
 /**

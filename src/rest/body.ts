@@ -24,6 +24,20 @@ export async function readBody(req: NodeRequest, limit: number): Promise<Buffer>
   return Buffer.concat(chunks);
 }
 
+function requireJsonType(req: NodeRequest): void {
+  const type = req.headers["content-type"];
+  if (type !== undefined && !/^application\/([\w.+-]*\+)?json\b/i.test(type)) {
+    req.resume();
+    throw new GatewayError("unsupported_media_type", "the request body must be application/json");
+  }
+}
+
+/** The raw bytes of a JSON body, for services that parse it themselves (chat, quotes). */
+export async function readJsonBytes(req: NodeRequest, limit: number): Promise<Buffer> {
+  requireJsonType(req);
+  return readBody(req, limit);
+}
+
 /**
  * Reads a JSON body. Checks only that it is JSON of the expected media type:
  * what the document must contain is the services' business.
@@ -32,11 +46,7 @@ export async function readJson(
   req: NodeRequest,
   limit: number,
 ): Promise<{ raw: Buffer; value: unknown }> {
-  const type = req.headers["content-type"];
-  if (type !== undefined && !/^application\/([\w.+-]*\+)?json\b/i.test(type)) {
-    req.resume();
-    throw new GatewayError("unsupported_media_type", "the request body must be application/json");
-  }
+  requireJsonType(req);
   const raw = await readBody(req, limit);
   if (raw.length === 0) return { raw, value: undefined };
   try {

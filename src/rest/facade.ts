@@ -8,13 +8,16 @@ import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError } from "../domain/errors.js";
-import { readBody, readJson, type NodeRequest } from "./body.js";
+import { readJson, readJsonBytes, type NodeRequest } from "./body.js";
+import { relayChat } from "./chat.js";
 import { toHttpError } from "./errors.js";
 import {
   modelView,
   offerHealthView,
   offerView,
   parseStatusFilter,
+  quoteView,
+  requestView,
   typedDataView,
 } from "./views.js";
 
@@ -135,19 +138,18 @@ const routes: Route[] = [
     method: "POST",
     path: /^\/v1\/quotes$/,
     handle: async ({ clients, options, req, deps }) => {
-      const body = await readBody(req, deps.bodyLimitBytes);
+      const body = await readJsonBytes(req, deps.bodyLimitBytes);
       const { quote } = await clients.quote.createQuote({ body }, options);
-      return { body: quote };
+      if (quote === undefined) throw new Error("CreateQuote answered without a quote");
+      return { body: quoteView(quote) };
     },
   },
   {
     method: "POST",
     path: /^\/v1\/chat\/completions$/,
-    handle: async ({ clients, options, req, deps }) => {
-      const body = await readBody(req, deps.bodyLimitBytes);
-      for await (const message of clients.inference.streamChatCompletion({ body }, options)) {
-        return { body: message };
-      }
+    handle: async ({ clients, options, req, res, deps }) => {
+      const body = await readJsonBytes(req, deps.bodyLimitBytes);
+      await relayChat(clients.inference, req, res, body, options);
       return undefined;
     },
   },
@@ -156,7 +158,8 @@ const routes: Route[] = [
     path: new RegExp(`^/v1/requests/${id}$`),
     handle: async ({ clients, options, params }) => {
       const { request } = await clients.inference.getRequest({ id: params[0] }, options);
-      return { body: request };
+      if (request === undefined) throw new Error("GetRequest answered without a record");
+      return { body: requestView(request) };
     },
   },
   {

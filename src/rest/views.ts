@@ -6,6 +6,14 @@ import {
   type Offer,
 } from "../../gen/gateway/v1/market_pb.js";
 import type { OfferHealth, TypedData } from "../../gen/gateway/v1/provider_pb.js";
+import {
+  Billing,
+  BillingSchema,
+  RequestStatusSchema,
+  SettlementStatusSchema,
+  type InferenceRequest,
+} from "../../gen/gateway/v1/inference_pb.js";
+import type { Quote } from "../../gen/gateway/v1/quote_pb.js";
 
 /**
  * Protobuf messages -> the spec's JSON resources (snake_case, enum values as
@@ -103,6 +111,54 @@ export function typedDataView(typed: TypedData) {
       endpointUrlHash: typed.message?.endpointUrlHash,
       nonce: typed.message?.nonce,
       expiresAt: Number(typed.message?.expiresAt ?? 0n),
+    },
+  };
+}
+
+export function quoteView(quote: Quote) {
+  return {
+    quote_id: quote.quoteId,
+    model: quote.model,
+    model_id: quote.modelId,
+    offer_id: quote.offerId,
+    tariff_version: quote.tariffVersion,
+    input_tokens: quote.inputTokens,
+    max_output_tokens: quote.maxOutputTokens,
+    wakes_endpoint: quote.wakesEndpoint,
+    maximum_credits: quote.maximumCredits,
+    expires_at: Number(quote.expiresAt),
+  };
+}
+
+export function billingWord(billing: Billing): string | null {
+  return billing === Billing.UNSPECIFIED ? null : enumWord(BillingSchema, billing);
+}
+
+export function requestView(request: InferenceRequest) {
+  return {
+    id: request.id,
+    object: "inference.request",
+    model: request.model,
+    model_id: request.modelId,
+    offer_id: request.offerId,
+    permit_id: request.permitId,
+    quote_id: request.quoteId,
+    stream: request.stream,
+    status: enumWord(RequestStatusSchema, request.status),
+    input_tokens: request.inputTokens.toString(),
+    output_tokens: request.outputTokens.toString(),
+    maximum_credits: request.maximumCredits,
+    credits_charged: request.creditsCharged,
+    tariff_version: request.tariffVersion,
+    billing: billingWord(request.billing),
+    error: request.error === "" ? null : request.error,
+    created_at: Number(request.createdAt),
+    completed_at: seconds(request.completedAt),
+    settlement: {
+      status: enumWord(SettlementStatusSchema, request.settlement?.status ?? 0),
+      batch_id: request.settlement?.batchId || null,
+      tx_hash: request.settlement?.txHash || null,
+      settled_at: seconds(request.settlement?.settledAt),
     },
   };
 }

@@ -56,7 +56,10 @@ export interface TestStack {
  * (PGlite, or PostgreSQL when TEST_DATABASE_URL is set), the gateway, and an
  * API key. Logs are captured for assertions.
  */
-export async function startTestStack(env: Record<string, string> = {}): Promise<TestStack> {
+export async function startTestStack(
+  env: Record<string, string> = {},
+  options: { clock?: () => number } = {},
+): Promise<TestStack> {
   const anvil = await startAnvil();
   const dir = await mkdtemp(join(tmpdir(), "gw-test-"));
   const clients = chainClients(anvil.chainId, anvil.rpcUrl, 50);
@@ -83,7 +86,12 @@ export async function startTestStack(env: Record<string, string> = {}): Promise<
   });
   const logs = new LogCapture();
   const logger = createLogger(config.logLevel, logs);
-  const start = () => startGateway(config, { logger, database: database.db });
+  const start = () =>
+    startGateway(config, {
+      logger,
+      database: database.db,
+      ...(options.clock === undefined ? {} : { clock: options.clock }),
+    });
   const gateway = await start();
   const apiKey = (await createApiKey(database.db.pool, "test")).key;
   const stack: TestStack = {

@@ -25,6 +25,8 @@ export interface IndexerDeps {
   readonly logger: Logger;
   /** Blocks per getLogs call. */
   readonly batchSize?: bigint;
+  /** Told of every permit an event touched (opened, closing, closed, charged), so caches drop it. */
+  readonly onPermitEvent?: (permitId: Hex) => void;
 }
 
 export interface SyncResult {
@@ -139,7 +141,8 @@ export function createIndexer(deps: IndexerDeps): Indexer {
     const modelIds = new Set<Hex>();
     const offerIds = new Set<Hex>();
     for (const event of events) {
-      const args = event.args as { modelId?: Hex; offerId?: Hex };
+      const args = event.args as { modelId?: Hex; offerId?: Hex; permitId?: Hex };
+      if (args.permitId !== undefined) deps.onPermitEvent?.(normalizeHex(args.permitId));
       if (event.eventName.startsWith("Model") && args.modelId !== undefined)
         modelIds.add(normalizeHex(args.modelId));
       if (event.eventName.startsWith("Offer") && args.offerId !== undefined)

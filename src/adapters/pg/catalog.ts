@@ -16,7 +16,7 @@ export type ModelState = Omit<ModelRecord, "activeOffers">;
 /** An offer as the chain states it (what the indexer writes). */
 export type OfferState = Omit<
   OfferRecord,
-  "verifiedAt" | "verificationExpiresAt" | "endpointRegistered"
+  "verifiedAt" | "verificationExpiresAt" | "endpointRegistered" | "endpointRunning" | "inFlight"
 >;
 
 interface ModelRow {
@@ -50,6 +50,8 @@ interface OfferRow {
   verified_at: string | null;
   verification_expires_at: string | null;
   endpoint_registered: boolean;
+  endpoint_running: boolean | null;
+  in_flight: number;
 }
 
 const modelSelect = `
@@ -57,8 +59,11 @@ const modelSelect = `
   FROM models m`;
 
 const offerSelect = `
-  SELECT o.*, e.verified_at, e.verification_expires_at, (e.offer_id IS NOT NULL) AS endpoint_registered
-  FROM offers o LEFT JOIN provider_endpoints e ON e.offer_id = o.offer_id`;
+  SELECT o.*, e.verified_at, e.verification_expires_at, (e.offer_id IS NOT NULL) AS endpoint_registered,
+    e.running AS endpoint_running, COALESCE(l.in_flight, 0) AS in_flight
+  FROM offers o
+  LEFT JOIN provider_endpoints e ON e.offer_id = o.offer_id
+  LEFT JOIN offer_loads l ON l.offer_id = o.offer_id`;
 
 function toModel(row: ModelRow): ModelRecord {
   return {
@@ -97,6 +102,8 @@ function toOffer(row: OfferRow): OfferRecord {
     verificationExpiresAt:
       row.verification_expires_at === null ? undefined : Number(row.verification_expires_at),
     endpointRegistered: row.endpoint_registered,
+    endpointRunning: row.endpoint_running ?? undefined,
+    inFlight: row.in_flight,
   };
 }
 

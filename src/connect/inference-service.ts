@@ -1,0 +1,157 @@
+import { create } from "@bufbuild/protobuf";
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import {
+  Billing,
+  GetRequestResponseSchema,
+  InferenceService,
+  RequestStatus,
+  SettlementStatus,
+  StreamChatCompletionResponseSchema,
+  type StreamChatCompletionResponse,
+} from "../../gen/gateway/v1/inference_pb.js";
+import type { RequestRecord } from "../adapters/pg/requests.js";
+import { GatewayError } from "../domain/errors.js";
+import type { ChatEvent, Inference } from "../domain/inference.js";
+import { isHex32, normalizeHex } from "../domain/hex.js";
+import { callerKey } from "./context.js";
+
+export interface InferenceServiceDeps {
+  readonly inference: Inference;
+  /** The record of a request made with `apiKeyId` (undefined for another key's request). */
+  readonly findRequest: (id: string, apiKeyId: string) => Promise<RequestRecord | undefined>;
+}
+
+export const billingToProto = {
+  billed: Billing.BILLED,
+  partial: Billing.PARTIAL,
+  void: Billing.VOID,
+} as const;
+
+function apiKeyOf(ctx: HandlerContext): string {
+  const caller = ctx.values.get(callerKey);
+  if (caller === undefined) throw new GatewayError("missing_api_key", "missing API key");
+  return caller.apiKeyId;
+}
+
+/** Domain events -> stream messages (one message per event, in order). */
+export function eventToMessage(
+  event: Exclude<ChatEvent, { type: "failed" }>,
+): StreamChatCompletionResponse {
+  switch (event.type) {
+    case "started":
+      return create(StreamChatCompletionResponseSchema, {
+        event: {
+          case: "started",
+          value: {
+            requestId: event.requestId,
+            quoteId: event.quoteId,
+            offerId: event.offerId,
+            tariffVersion: event.tariffVersion.toString(),
+            maximumCredits: event.maximumCredits.toString(),
+            stream: event.stream,
+            replayed: event.replayed,
+          },
+        },
+      });
+    case "chunk":
+      return create(StreamChatCompletionResponseSchema, {
+        event: {
+          case: "chunk",
+          value: {
+            data: event.data,
+            metering: {
+              inputTokens: event.metering.inputTokens,
+              outputTokens: event.metering.outputTokens,
+              credits: event.metering.credits.toString(),
+            },
+          },
+        },
+      });
+    case "completed":
+      return create(StreamChatCompletionResponseSchema, {
+        event: {
+          case: "completed",
+          value: {
+            requestId: event.requestId,
+            quoteId: event.quoteId,
+            offerId: event.offerId,
+            tariffVersion: event.tariffVersion.toString(),
+            inputTokens: event.inputTokens,
+            outputTokens: event.outputTokens,
+            creditsCharged: event.creditsCharged.toString(),
+            billing: billingToProto[event.billing],
+            usageFromProvider: event.usageFromProvider,
+          },
+        },
+      });
+  }
+}
+
+const statusToProto: Record<string, RequestStatus> = {
+  pending: RequestStatus.PENDING,
+  streaming: RequestStatus.STREAMING,
+  completed: RequestStatus.COMPLETED,
+  failed: RequestStatus.FAILED,
+  cancelled: RequestStatus.CANCELLED,
+};
+
+const settlementToProto: Record<string, SettlementStatus> = {
+  unsettled: SettlementStatus.UNSETTLED,
+  settling: SettlementStatus.SETTLING,
+  settled: SettlementStatus.SETTLED,
+  none: SettlementStatus.NONE,
+};
+
+export function createInferenceService(
+  deps: InferenceServiceDeps,
+): ServiceImpl<typeof InferenceService> {
+  return {
+    async *streamChatCompletion(req, ctx) {
+      const stream = deps.inference.chat({
+        apiKeyId: apiKeyOf(ctx),
+        body: req.body,
+        permitId: req.permitId === "" ? undefined : req.permitId,
+        quoteId: req.quoteId === "" ? undefined : req.quoteId,
+        idempotencyKey: req.idempotencyKey === "" ? undefined : req.idempotencyKey,
+        signal: ctx.signal,
+      });
+      for await (const event of stream) {
+        if (event.type !== "failed") yield eventToMessage(event);
+      }
+    },
+
+    async getRequest(req, ctx) {
+      if (!isHex32(req.id)) throw new GatewayError("invalid_hex", "request id must be a Hex32");
+      const record = await deps.findRequest(normalizeHex(req.id), apiKeyOf(ctx));
+      if (record === undefined)
+        throw new GatewayError("request_not_found", `request ${req.id} does not exist`);
+      return create(GetRequestResponseSchema, {
+        request: {
+          id: record.id,
+          model: record.model,
+          modelId: record.modelId,
+          offerId: record.offerId,
+          permitId: record.permitId,
+          quoteId: record.quoteId,
+          stream: record.stream,
+          status: statusToProto[record.status] ?? RequestStatus.UNSPECIFIED,
+          inputTokens: record.inputTokens,
+          outputTokens: record.outputTokens,
+          maximumCredits: record.maximumCredits.toString(),
+          creditsCharged: (record.creditsCharged ?? 0n).toString(),
+          tariffVersion: record.tariffVersion.toString(),
+          billing: record.billing === null ? Billing.UNSPECIFIED : billingToProto[record.billing],
+          error: record.error ?? "",
+          createdAt: BigInt(record.createdAt),
+          completedAt: record.completedAt === null ? undefined : BigInt(record.completedAt),
+          settlement: {
+            status: settlementToProto[record.settlementStatus] ?? SettlementStatus.UNSPECIFIED,
+            batchId: record.batchId ?? "",
+            txHash: record.txHash ?? "",
+            settledAt: record.settledAt === null ? undefined : BigInt(record.settledAt),
+          },
+        },
+      });
+    },
+  };
+}

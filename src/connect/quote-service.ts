@@ -1,0 +1,30 @@
+import { create } from "@bufbuild/protobuf";
+import type { ServiceImpl } from "@connectrpc/connect";
+import { CreateQuoteResponseSchema, QuoteService } from "../../gen/gateway/v1/quote_pb.js";
+import { GatewayError } from "../domain/errors.js";
+import type { Inference } from "../domain/inference.js";
+import { callerKey } from "./context.js";
+
+export function createQuoteService(inference: Inference): ServiceImpl<typeof QuoteService> {
+  return {
+    async createQuote(req, ctx) {
+      const caller = ctx.values.get(callerKey);
+      if (caller === undefined) throw new GatewayError("missing_api_key", "missing API key");
+      const quote = await inference.createQuote({ apiKeyId: caller.apiKeyId, body: req.body });
+      return create(CreateQuoteResponseSchema, {
+        quote: {
+          quoteId: quote.quoteId,
+          model: quote.model,
+          modelId: quote.modelId,
+          offerId: quote.offerId,
+          tariffVersion: quote.tariffVersion.toString(),
+          inputTokens: quote.inputTokens.toString(),
+          maxOutputTokens: quote.maxOutputTokens.toString(),
+          wakesEndpoint: quote.wakesEndpoint,
+          maximumCredits: quote.maximumCredits.toString(),
+          expiresAt: BigInt(quote.expiresAt),
+        },
+      });
+    },
+  };
+}
