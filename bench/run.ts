@@ -1,0 +1,418 @@
+import { randomBytes } from "node:crypto";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { availableParallelism, tmpdir } from "node:os";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { fileURLToPath } from "node:url";
+import { startAnvil } from "../src/adapters/chain/anvil.js";
+import { killAllChildrenSync, startChild, type ChildHandle } from "./lib/processes.js";
+import {
+  load,
+  percentiles,
+  preflight,
+  requestBody,
+  scenarios,
+  UnloadedSampler,
+  type Scenario,
+  type Target,
+} from "./lib/measure.js";
+import {
+  compare,
+  formatReport,
+  type BenchReport,
+  type CpuFigures,
+  type LoadPhase,
+  type TargetName,
+  type UnloadedFigures,
+} from "./lib/report.js";
+import {
+  createBenchApiKey,
+  createBenchDatabase,
+  onboardOffers,
+  seedBenchMarket,
+} from "./lib/setup.js";
+
+/**
+ * `npm run bench`: the gateway on a fresh database of a real PostgreSQL, anvil with the demo
+ * market, a fast fake upstream and a minimal Node reverse proxy, all started here on 127.0.0.1;
+ * then the same chat requests through the proxy and through the gateway, unloaded and at load.
+ * Everything it starts is stopped (by PID) and the database dropped, also on failure, Ctrl-C,
+ * or when the run overstays its time budget. See bench/README.md.
+ */
+
+interface Settings {
+  readonly serverUrl: string;
+  readonly seconds: number;
+  readonly warmupSeconds: number;
+  readonly connections: number;
+  readonly unloadedRequests: number;
+  readonly output: string;
+  readonly profileDir: string | undefined;
+}
+
+function intSetting(name: string, fallback: number, min: number, max: number): number {
+  const raw = process.env[name]?.trim();
+  if (raw === undefined || raw === "") return fallback;
+  if (!/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
+    throw new Error(`${name} must be an integer from ${min} to ${max}, got "${raw}"`);
+  }
+  return Number(raw);
+}
+
+function readSettings(): Settings {
+  return {
+    serverUrl: process.env.BENCH_DATABASE_URL || "postgres://postgres@127.0.0.1:5432/test",
+    seconds: intSetting("BENCH_SECONDS", 10, 1, 300),
+    warmupSeconds: intSetting("BENCH_WARMUP_SECONDS", 2, 0, 60),
+    connections: intSetting("BENCH_CONNECTIONS", 32, 1, 512),
+    unloadedRequests: intSetting("BENCH_UNLOADED_REQUESTS", 300, 10, 5000),
+    output:
+      process.env.BENCH_OUTPUT || fileURLToPath(new URL("./results/latest.json", import.meta.url)),
+    profileDir: process.env.BENCH_PROFILE_DIR || undefined,
+  };
+}
+
+const setupBudgetMs = 180_000;
+const unloadedBudgetMs = 120_000;
+
+function log(message: string): void {
+  process.stderr.write(`[bench] ${message}\n`);
+}
+
+/** Only the variables a child needs, so the caller's shell cannot change what is measured. */
+function baseEnv(): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const key of ["PATH", "HOME", "TMPDIR", "LANG", "TZ"]) {
+    if (process.env[key] !== undefined) env[key] = process.env[key];
+  }
+  return env;
+}
+
+/** `BENCH_GATEWAY_<NAME>=value` is passed to the gateway as `<NAME>=value` (after the defaults). */
+function gatewayOverrides(): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const [key, value] of Object.entries(process.env)) {
+    if (key.startsWith("BENCH_GATEWAY_") && value !== undefined) {
+      env[key.slice("BENCH_GATEWAY_".length)] = value;
+    }
+  }
+  return env;
+}
+
+async function cpuWindow<T>(
+  children: Record<"gateway" | "proxy" | "upstream", ChildHandle>,
+  run: () => Promise<T & { responses: number }>,
+): Promise<{ result: T & { responses: number }; cpu: CpuFigures }> {
+  const names = ["gateway", "proxy", "upstream"] as const;
+  const before = await Promise.all(names.map((n) => children[n].stats()));
+  const startedAt = process.hrtime.bigint();
+  const result = await run();
+  const wallMs = Number(process.hrtime.bigint() - startedAt) / 1e6;
+  const after = await Promise.all(names.map((n) => children[n].stats()));
+  const used = (i: number): number =>
+    (after[i]!.cpu.user + after[i]!.cpu.system - before[i]!.cpu.user - before[i]!.cpu.system) /
+    1000;
+  const perRequest = (i: number): number | undefined =>
+    result.responses > 0 ? used(i) / result.responses : undefined;
+  const cores: CpuFigures["cores"] = {};
+  names.forEach((n, i) => (cores[n] = used(i) / wallMs));
+  const cpu: CpuFigures = {
+    ...(perRequest(0) === undefined ? {} : { gatewayMsPerRequest: perRequest(0) }),
+    ...(perRequest(1) === undefined ? {} : { proxyMsPerRequest: perRequest(1) }),
+    ...(perRequest(2) === undefined ? {} : { upstreamMsPerRequest: perRequest(2) }),
+    cores,
+  };
+  return { result, cpu };
+}
+
+async function main(): Promise<number> {
+  const settings = readSettings();
+  const startedAt = new Date();
+  const problems: string[] = [];
+  const cleanups: { what: string; run: () => Promise<void> }[] = [];
+  let cleaning: Promise<void> | undefined;
+  const cleanup = (): Promise<void> => {
+    cleaning ??= (async () => {
+      for (const step of cleanups.reverse()) {
+        try {
+          await step.run();
+        } catch (error) {
+          log(`cleanup: ${step.what} failed: ${(error as Error).message}`);
+        }
+      }
+    })();
+    return cleaning;
+  };
+
+  // Whatever happens, the run ends: a watchdog for the whole budget, and signals.
+  const budgetMs =
+    setupBudgetMs +
+    unloadedBudgetMs +
+    scenarios.length * 2 * (settings.warmupSeconds + settings.seconds + 15) * 1000 +
+    60_000;
+  let aborted: string | undefined;
+  const checkAborted = (): void => {
+    if (aborted !== undefined) throw new Error(`aborted (${aborted})`);
+  };
+  const abort = (reason: string, code: number): void => {
+    aborted = reason;
+    log(`${reason}: stopping everything`);
+    const force = setTimeout(() => {
+      killAllChildrenSync();
+      process.exit(code);
+    }, 20_000);
+    force.unref();
+    void cleanup().finally(() => {
+      killAllChildrenSync();
+      process.exit(code);
+    });
+  };
+  const watchdog = setTimeout(
+    () => abort(`the run exceeded its ${Math.round(budgetMs / 1000)} s budget`, 3),
+    budgetMs,
+  );
+  process.once("SIGINT", () => abort("SIGINT", 130));
+  process.once("SIGTERM", () => abort("SIGTERM", 143));
+  process.on("exit", killAllChildrenSync);
+
+  try {
+    // ---------------------------------------------------------------- setup
+    const setupStarted = Date.now();
+    log(`creating a database on ${new URL(settings.serverUrl).host}`);
+    const db = await createBenchDatabase(settings.serverUrl);
+    cleanups.push({ what: `dropping database ${db.name}`, run: () => db.drop() });
+
+    log("starting anvil and seeding the demo market");
+    const anvil = await startAnvil({ chainId: 31337 });
+    cleanups.push({ what: "stopping anvil", run: () => anvil.stop() });
+    const maxConcurrency = Math.max(64, settings.connections * 4);
+    const deposit = 1_000_000n * 10n ** 18n;
+    const market = await seedBenchMarket(anvil, { maxConcurrency, deposit });
+
+    const dir = await mkdtemp(join(tmpdir(), "gw-bench-"));
+    cleanups.push({
+      what: `removing ${dir}`,
+      run: () => rm(dir, { recursive: true, force: true }),
+    });
+    const catalogFile = join(dir, "catalog.json");
+    await writeFile(catalogFile, `${JSON.stringify({ models: market.demo.catalog }, null, 2)}\n`);
+
+    log("starting the fake upstream, the reverse proxy and the gateway");
+    const children: Partial<Record<"gateway" | "proxy" | "upstream", ChildHandle>> = {};
+    const stopChild = (name: keyof typeof children) => async () => {
+      const child = children[name];
+      if (!child) return;
+      const t0 = Date.now();
+      await child.stop();
+      const status = child.exitStatus();
+      if (status !== "code 0") {
+        log(`${name} ended with ${status} after ${Date.now() - t0} ms; its last output:`);
+        process.stderr.write(`${child.output().trim().split("\n").slice(-20).join("\n")}\n`);
+      }
+    };
+    cleanups.push({ what: "stopping the upstream", run: stopChild("upstream") });
+    cleanups.push({ what: "stopping the proxy", run: stopChild("proxy") });
+    cleanups.push({ what: "stopping the gateway", run: stopChild("gateway") });
+    const gatewayEnv: NodeJS.ProcessEnv = {
+      ...baseEnv(),
+      RPC_URL: anvil.rpcUrl,
+      CHAIN_ID: String(anvil.chainId),
+      MARKET_ADDRESS: market.demo.market,
+      START_BLOCK: market.demo.deployBlock.toString(),
+      CONFIRMATIONS: "0",
+      CATALOG_FILE: catalogFile,
+      SETTLEMENT_OPERATOR_TOKEN: `op_${randomBytes(24).toString("hex")}`,
+      DATABASE_URL: db.url,
+      ENDPOINT_ENCRYPTION_KEY: randomBytes(32).toString("hex"),
+      ALLOW_PRIVATE_ENDPOINTS: "true",
+      HOST: "127.0.0.1",
+      PORT: "0",
+      LOG_LEVEL: "warn",
+      GATEWAY_STATE_DIR: join(dir, "state"),
+      ...gatewayOverrides(),
+    };
+    // BENCH_PROFILE_DIR: a V8 CPU profile of the gateway, written there when it stops.
+    const profileArgs = settings.profileDir
+      ? ["--cpu-prof", `--cpu-prof-dir=${settings.profileDir}`]
+      : [];
+    const started = await Promise.allSettled([
+      startChild("upstream", "upstream.ts", { ...baseEnv(), HOST: "127.0.0.1", PORT: "0" }, 30_000)
+        .then((c) => (children.upstream = c))
+        .then(async (up) => {
+          children.proxy = await startChild(
+            "proxy",
+            "proxy.ts",
+            { ...baseEnv(), HOST: "127.0.0.1", PORT: "0", UPSTREAM_URL: up.url },
+            30_000,
+          );
+        }),
+      startChild("gateway", "gateway.ts", gatewayEnv, 90_000, profileArgs).then(
+        (c) => (children.gateway = c),
+      ),
+    ]);
+    for (const outcome of started) {
+      if (outcome.status === "rejected") throw outcome.reason;
+    }
+    const { gateway, proxy, upstream } = children as Record<
+      "gateway" | "proxy" | "upstream",
+      ChildHandle
+    >;
+    log(`upstream ${upstream.url} (pid ${upstream.pid}), proxy ${proxy.url} (pid ${proxy.pid})`);
+    log(`gateway ${gateway.url} (pid ${gateway.pid}), database ${db.name}`);
+
+    const apiKey = await createBenchApiKey(db.url);
+    const onboarded = await onboardOffers(market, { baseUrl: gateway.url, apiKey }, upstream.url);
+    log(`${onboarded} demo offers registered and verified against the fake upstream`);
+    const setupSeconds = (Date.now() - setupStarted) / 1000;
+
+    const headers = {
+      authorization: `Bearer ${apiKey}`,
+      "x-gateway-permit": market.permitId,
+      "content-type": "application/json",
+    };
+    const targetsByName: Record<TargetName, Target> = {
+      proxy: { name: "proxy", url: proxy.url, headers },
+      gateway: { name: "gateway", url: gateway.url, headers },
+    };
+    const order: TargetName[] = ["proxy", "gateway"];
+
+    // ---------------------------------------------------------------- preflight
+    const pre: BenchReport["preflight"] = { proxy: {}, gateway: {} };
+    for (const name of order) {
+      for (const scenario of scenarios) {
+        checkAborted();
+        const result = await preflight(targetsByName[name], scenario);
+        pre[name][scenario] = result;
+        log(`preflight ${name} ${scenario}: ${result.ok ? "ok" : "FAILED"}: ${result.detail}`);
+        if (!result.ok) {
+          problems.push(
+            `${name} ${scenario === "json" ? "JSON" : "SSE"} is not measured: its preflight answered ${result.detail}`,
+          );
+        }
+      }
+    }
+    const measurable = (name: TargetName, scenario: Scenario): boolean =>
+      pre[name][scenario]?.ok === true;
+
+    // ---------------------------------------------------------------- unloaded
+    log(`unloaded: ${settings.unloadedRequests} sequential requests per target and scenario`);
+    const samplers: UnloadedSampler[] = [];
+    for (const scenario of scenarios) {
+      for (const name of order) {
+        if (measurable(name, scenario)) {
+          samplers.push(new UnloadedSampler(targetsByName[name], scenario));
+        }
+      }
+    }
+    const unloadedDeadline = Date.now() + unloadedBudgetMs;
+    for (const sampler of samplers) {
+      checkAborted();
+      await sampler.run(30, true, unloadedDeadline);
+    }
+    // Interleaved rounds, so a slow moment of the machine does not land on one target only.
+    const rounds = 6;
+    const perRound = Math.ceil(settings.unloadedRequests / rounds);
+    for (let round = 0; round < rounds; round++) {
+      for (const sampler of samplers) {
+        checkAborted();
+        const left = settings.unloadedRequests - round * perRound;
+        await sampler.run(Math.min(perRound, left), false, unloadedDeadline);
+      }
+    }
+    const unloaded: BenchReport["unloaded"] = { proxy: {}, gateway: {} };
+    for (const sampler of samplers) {
+      sampler.close();
+      const statusCodes = Object.fromEntries(
+        [...sampler.statuses].map(([code, n]) => [String(code), n]),
+      );
+      const figures: UnloadedFigures = {
+        requests: [...sampler.statuses.values()].reduce((a, b) => a + b, 0),
+        statusCodes,
+        failures: sampler.failures.slice(0, 5),
+        ...(percentiles(sampler.total) ? { totalMs: percentiles(sampler.total) } : {}),
+        ...(percentiles(sampler.firstByte) ? { firstByteMs: percentiles(sampler.firstByte) } : {}),
+        ...(percentiles(sampler.headers) ? { headersMs: percentiles(sampler.headers) } : {}),
+      };
+      unloaded[sampler.target.name][sampler.scenario] = figures;
+    }
+    if (Date.now() >= unloadedDeadline) {
+      problems.push(`the unloaded measurement stopped at its ${unloadedBudgetMs / 1000} s budget`);
+    }
+
+    // ---------------------------------------------------------------- load
+    const loadResults: BenchReport["load"] = { proxy: {}, gateway: {} };
+    const all = { gateway, proxy, upstream };
+    for (const scenario of scenarios) {
+      for (const name of order) {
+        if (!measurable(name, scenario)) continue;
+        checkAborted();
+        const target = targetsByName[name];
+        const options = { connections: settings.connections };
+        if (settings.warmupSeconds > 0) {
+          log(`warm-up: ${name} ${scenario}, ${settings.warmupSeconds} s`);
+          await load(target, scenario, { ...options, seconds: settings.warmupSeconds });
+          await sleep(500);
+        }
+        log(
+          `load: ${name} ${scenario}, ${settings.connections} connections, ${settings.seconds} s`,
+        );
+        checkAborted();
+        const { result, cpu } = await cpuWindow(all, () =>
+          load(target, scenario, { ...options, seconds: settings.seconds }),
+        );
+        const phase: LoadPhase = { ...result, cpu };
+        loadResults[name][scenario] = phase;
+        log(
+          `  ${phase.requestsPerSecond.toFixed(0)} req/s, p50 ${phase.latencyMs.p50} ms, ` +
+            `${phase.non2xx} non-2xx, ${phase.errors} errors`,
+        );
+        if (phase.non2xx > 0 || phase.errors > 0) {
+          problems.push(
+            `${name} ${scenario}: ${phase.non2xx} non-2xx answers and ${phase.errors} errors at load` +
+              (phase.errorSamples.length > 0 ? ` (${phase.errorSamples.join(" | ")})` : ""),
+          );
+        }
+        await sleep(1_000);
+      }
+    }
+
+    // ---------------------------------------------------------------- report
+    const { comparison, targets } = compare(loadResults, unloaded, pre);
+    const report: BenchReport = {
+      version: 1,
+      startedAt: startedAt.toISOString(),
+      finishedAt: new Date().toISOString(),
+      machine: { cpus: availableParallelism(), node: process.version, platform: process.platform },
+      settings: {
+        seconds: settings.seconds,
+        warmupSeconds: settings.warmupSeconds,
+        connections: settings.connections,
+        unloadedRequests: settings.unloadedRequests,
+        offerMaxConcurrency: market.maxConcurrency,
+        permitDeposit: market.permitDeposit.toString(),
+        request: requestBody("json"),
+      },
+      setupSeconds,
+      preflight: pre,
+      unloaded,
+      load: loadResults,
+      comparison,
+      targets,
+      problems,
+    };
+    await mkdir(join(settings.output, ".."), { recursive: true });
+    await writeFile(settings.output, `${JSON.stringify(report, null, 2)}\n`);
+    process.stdout.write(`\n${formatReport(report)}\n`);
+    log(`results written to ${settings.output}`);
+    return targets.every((t) => t.verdict === "PASS") ? 0 : 1;
+  } catch (error) {
+    log(`setup or measurement failed: ${(error as Error).stack ?? String(error)}`);
+    return 2;
+  } finally {
+    clearTimeout(watchdog);
+    log("stopping everything and dropping the database");
+    await cleanup();
+  }
+}
+
+process.exitCode = await main();
