@@ -1,7 +1,7 @@
-import { hkdfSync, randomBytes } from "node:crypto";
+import { createHash, hkdfSync, randomBytes } from "node:crypto";
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { createPublicClient, http, type PublicClient } from "viem";
+import { createPublicClient, http, type Hex, type PublicClient } from "viem";
 import type { Logger } from "pino";
 import { loadCatalogFile } from "./adapters/catalog-file.js";
 import { createIndexer, type Indexer } from "./adapters/chain/indexer.js";
@@ -106,6 +106,33 @@ async function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
   }
 }
 
+/**
+ * API key lookups, remembered for `ttlMs` once found (a chat request is the hot path; a
+ * revoked key stops within `ttlMs`). Unknown keys are never remembered. Keyed by the key's
+ * SHA-256, as the database is: no plaintext key is kept in memory longer than a request.
+ */
+function cachedApiKeys(
+  db: Database,
+  ttlMs: number,
+): (key: string) => Promise<{ id: string } | null> {
+  const found = new Map<string, { id: string; at: number }>();
+  return async (key) => {
+    const digest = createHash("sha256").update(key).digest("base64");
+    const hit = found.get(digest);
+    if (hit !== undefined && Date.now() - hit.at < ttlMs) return { id: hit.id };
+    const row = await findActiveApiKey(db.pool, key);
+    if (row === null) {
+      found.delete(digest);
+      return null;
+    }
+    if (ttlMs > 0) {
+      if (found.size > 10_000) found.clear();
+      found.set(digest, { id: row.id, at: Date.now() });
+    }
+    return { id: row.id };
+  };
+}
+
 /** Connects to the chain and refuses one whose id or market contract is not the configured one. */
 export async function connectChain(config: Config): Promise<PublicClient> {
   const client = createPublicClient({
@@ -151,6 +178,18 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     const { applied } = await migrate(db.pool);
     if (applied.length > 0) logger.info({ applied }, "database migrated");
 
+    // Routing reads (offers, opened endpoints) are reused for ROUTING_CACHE_MS; what this
+    // process changes or indexes drops them at once.
+    const endpointCache = new Map<string, { endpoint: EndpointSecret | undefined; at: number }>();
+    const catalog = createCatalog({
+      store: createPgCatalogStore(db.pool),
+      directory,
+      routingCacheMs: config.routingCacheMs,
+    });
+    const invalidateRouting = () => {
+      catalog.invalidate();
+      endpointCache.clear();
+    };
     const permits = createChainPermitReader({
       client: chain,
       market: config.marketAddress,
@@ -158,6 +197,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     });
     const indexer = createIndexer({
       onPermitEvent: (permitId) => permits.invalidate(permitId),
+      onCatalogChange: () => invalidateRouting(),
       client: chain,
       market: config.marketAddress,
       pool: db.pool,
@@ -174,8 +214,6 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       logger.warn({ err: error }, "initial indexing failed; the indexer keeps trying");
     }
     indexer.start();
-
-    const catalog = createCatalog({ store: createPgCatalogStore(db.pool), directory });
 
     const key = await endpointEncryptionKey(config, options.inMemoryDatabase === true);
     const sealer = createSealer(key);
@@ -224,7 +262,12 @@ export async function startGateway(config: Config, options: StartOptions): Promi
 
     const instanceId = `gw_${randomBytes(8).toString("hex")}`;
     await ledger.heartbeat(db.pool, instanceId, clock());
-    const opened = new Map<string, EndpointSecret>();
+    const lookupEndpoint = async (offerId: Hex): Promise<EndpointSecret | undefined> => {
+      const registered = await getRegisteredEndpoint(db.pool, offerId);
+      return registered === undefined
+        ? undefined
+        : openEndpoint(sealer, offerId, registered.sealed);
+    };
     const upstreamChat: UpstreamChat = async (endpoint, body, { signal }) => {
       const reply = await upstream.request(endpoint, "/v1/chat/completions", {
         method: "POST",
@@ -260,16 +303,10 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         recordOfferFlag: (input) => ledger.recordOfferFlag(db.pool, input),
       },
       endpoints: async (offerId) => {
-        const registered = await getRegisteredEndpoint(db.pool, offerId);
-        if (registered === undefined) return undefined;
-        // Opened endpoints are kept by their sealed value, so a re-registration is never missed.
-        const cacheKey = `${offerId}:${registered.sealed.toString("base64")}`;
-        let endpoint = opened.get(cacheKey);
-        if (endpoint === undefined) {
-          endpoint = openEndpoint(sealer, offerId, registered.sealed);
-          if (opened.size > 10_000) opened.clear();
-          opened.set(cacheKey, endpoint);
-        }
+        const hit = endpointCache.get(offerId);
+        if (hit !== undefined && Date.now() - hit.at < config.routingCacheMs) return hit.endpoint;
+        const endpoint = await lookupEndpoint(offerId);
+        if (config.routingCacheMs > 0) endpointCache.set(offerId, { endpoint, at: Date.now() });
         return endpoint;
       },
       upstream: upstreamChat,
@@ -304,12 +341,13 @@ export async function startGateway(config: Config, options: StartOptions): Promi
           registration,
           health,
           verificationTtlSeconds: config.verificationTtlSeconds,
+          onEndpointChange: invalidateRouting,
         }),
       },
       logger,
       bodyLimitBytes: config.bodyLimitBytes,
       readiness,
-      findApiKey: (key) => findActiveApiKey(db.pool, key),
+      findApiKey: cachedApiKeys(db, config.apiKeyCacheMs),
       settlementOperatorToken: config.settlementOperatorToken,
     });
     const listener = await listen(handler, { host: config.host, port: config.port });

@@ -39,6 +39,10 @@ export interface Config {
   readonly upstreamTimeoutMs: number;
   /** Longest silence allowed between two chunks of a provider's answer. */
   readonly upstreamIdleTimeoutMs: number;
+  /** How long routing reuses a model's offers and endpoints (changes seen by this process drop it at once). */
+  readonly routingCacheMs: number;
+  /** How long a verified API key is remembered: revocation takes effect within this. */
+  readonly apiKeyCacheMs: number;
 }
 
 export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -156,6 +160,8 @@ export function parseConfig(env: Env): Config {
     permitCacheMs: int("PERMIT_CACHE_MS", 2000, 0, 60_000),
     upstreamTimeoutMs: int("UPSTREAM_TIMEOUT_MS", 30_000, 100, 600_000),
     upstreamIdleTimeoutMs: int("UPSTREAM_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
+    routingCacheMs: int("ROUTING_CACHE_MS", 1000, 0, 60_000),
+    apiKeyCacheMs: int("API_KEY_CACHE_MS", 5000, 0, 300_000),
   };
   config.probeStaleMs = int("PROBE_STALE_MS", config.probeIntervalMs * 2, 50, 86_400_000);
   if (problems.length > 0) throw new ConfigError(problems);

@@ -23,7 +23,9 @@ describeIfPostgres("two gateway processes sharing one PostgreSQL and one permit"
       logger: stack.logger,
       database: stack.database.db,
     });
-    // Slow answers, so that all requests are in flight together.
+    // Slow answers, so that requests are in flight together; and usage priced above any quote, so
+    // every admitted request is charged exactly its maximum and K admissions use the whole deposit
+    // however the requests interleave.
     fake = await startFakeUpstream({ models: ["demo-chat"], delayMs: 300 });
     const chatOffer = stack.demo.offers.find(
       (o) => o.status === "active" && o.modelId === stack.demo.models[0]!.modelId,
@@ -50,6 +52,7 @@ describeIfPostgres("two gateway processes sharing one PostgreSQL and one permit"
       }),
     );
     const maximum = BigInt(quote.maximum_credits);
+    fake.setOptions({ usage: { prompt_tokens: 1_000_000, completion_tokens: 1_000_000 } });
     const permitId: Hex = await openPermit(stack, { deposit: maximum * BigInt(K) });
 
     let peak = 0n;
@@ -88,6 +91,7 @@ describeIfPostgres("two gateway processes sharing one PostgreSQL and one permit"
     ).toBe(true);
     const ledger = await permitLedger(stack.database.db.pool, permitId);
     expect(ledger.reserved).toBe(0n);
+    expect(ledger.charged).toBe(maximum * BigInt(admitted.length));
     expect(ledger.charged).toBeLessThanOrEqual(maximum * BigInt(K));
     expect(peak).toBeLessThanOrEqual(maximum * BigInt(K));
     const { rows } = await stack.database.db.pool.query<{ total: string }>(

@@ -20,6 +20,8 @@ export interface ProviderServiceDeps {
   readonly registration: RegistrationService;
   readonly health: HealthMonitor;
   readonly verificationTtlSeconds: number;
+  /** Told when an endpoint or its verification changed (routing caches drop their copies). */
+  readonly onEndpointChange?: () => void;
 }
 
 function offerIdOf(raw: string): Hex {
@@ -80,6 +82,7 @@ export function createProviderService(
         signature: req.signature,
         endpointToken: req.endpointToken === "" ? undefined : req.endpointToken,
       });
+      deps.onEndpointChange?.();
       return create(RegisterEndpointResponseSchema, {
         offer: offerToMessage(await indexedOffer(catalog, offerId)),
       });

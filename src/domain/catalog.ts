@@ -126,8 +126,22 @@ export class ModelDirectory {
   }
 }
 
+/** A model and its offers, as routing reads them. */
+export interface RoutingView {
+  readonly model: ModelRecord;
+  readonly offers: readonly OfferRecord[];
+}
+
 export interface Catalog {
   readonly directory: ModelDirectory;
+  /**
+   * The model a request names and its offers, for routing. Served from a short-lived cache
+   * (`routingCacheMs`): a chat request is the hot path, and a change on chain reaches routing
+   * at most that much later (this process drops the cache at once on changes it makes or sees).
+   */
+  routingView(ref: string): Promise<RoutingView>;
+  /** Drops the routing cache (after indexing, registration or verification). */
+  invalidate(): void;
   listModels(status?: ModelStatus): Promise<ModelRecord[]>;
   /** Throws `model_not_found` for an unknown reference. */
   getModel(ref: string): Promise<ModelRecord>;
@@ -135,8 +149,18 @@ export interface Catalog {
   getOffer(offerId: Hex): Promise<OfferRecord | undefined>;
 }
 
-export function createCatalog(deps: { store: CatalogStore; directory: ModelDirectory }): Catalog {
+export function createCatalog(deps: {
+  store: CatalogStore;
+  directory: ModelDirectory;
+  /** How long a routing view is reused; 0 disables the cache. */
+  routingCacheMs?: number;
+  /** Milliseconds (tests inject a clock). */
+  now?: () => number;
+}): Catalog {
   const { store, directory } = deps;
+  const routingCacheMs = deps.routingCacheMs ?? 0;
+  const now = deps.now ?? Date.now;
+  const views = new Map<Hex, { view: Promise<RoutingView>; at: number }>();
   const getModel = async (ref: string): Promise<ModelRecord> => {
     const modelId = directory.resolve(ref);
     const model = modelId === undefined ? undefined : await store.getModel(modelId);
@@ -147,6 +171,22 @@ export function createCatalog(deps: { store: CatalogStore; directory: ModelDirec
   };
   return {
     directory,
+    async routingView(ref) {
+      const modelId = directory.resolve(ref);
+      const cached = modelId === undefined ? undefined : views.get(modelId);
+      if (cached !== undefined && now() - cached.at < routingCacheMs) return cached.view;
+      const view = (async () => {
+        const model = await getModel(ref);
+        return { model, offers: await store.listOffers(model.modelId) };
+      })();
+      if (modelId !== undefined && routingCacheMs > 0) {
+        views.set(modelId, { view, at: now() });
+        // A failed read is not reused.
+        view.catch(() => views.delete(modelId));
+      }
+      return view;
+    },
+    invalidate: () => views.clear(),
     listModels: (status) => store.listModels(status),
     getModel,
     async listOffers(ref, status) {

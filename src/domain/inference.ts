@@ -349,11 +349,7 @@ function requestFingerprint(input: ChatInput): string {
 export function createInference(deps: InferenceDeps): Inference {
   const newId = deps.newId ?? ((): Hex => `0x${randomBytes(32).toString("hex")}`);
 
-  const resolve = async (req: ChatRequest) => {
-    const model = await deps.catalog.getModel(req.model);
-    const offers = await deps.catalog.listOffers(model.modelId);
-    return { model, offers };
-  };
+  const resolve = (req: ChatRequest) => deps.catalog.routingView(req.model);
 
   const createQuote = async (input: {
     apiKeyId: string;

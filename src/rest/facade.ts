@@ -306,7 +306,11 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
   return (req, res) => {
     const url = new URL(req.url ?? "/", "http://gateway.invalid");
     const abort = new AbortController();
-    res.once("close", () => abort.abort());
+    // Only a client that left before the answer ended cancels the call (an abort builds an
+    // AbortError with a stack trace: not something to pay for on every finished request).
+    res.once("close", () => {
+      if (!res.writableFinished) abort.abort();
+    });
     const headers: Record<string, string> = {};
     for (const name of ["authorization", "x-request-id"]) {
       const value = req.headers[name];

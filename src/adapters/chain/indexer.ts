@@ -27,6 +27,8 @@ export interface IndexerDeps {
   readonly batchSize?: bigint;
   /** Told of every permit an event touched (opened, closing, closed, charged), so caches drop it. */
   readonly onPermitEvent?: (permitId: Hex) => void;
+  /** Told after a pass that changed models or offers. */
+  readonly onCatalogChange?: () => void;
 }
 
 export interface SyncResult {
@@ -171,7 +173,10 @@ export function createIndexer(deps: IndexerDeps): Indexer {
       offers: offers.length,
       behind: toBlock < safe,
     };
-    if (models.length + offers.length > 0) logger.info(result, "indexed market events");
+    if (models.length + offers.length > 0) {
+      logger.info(result, "indexed market events");
+      deps.onCatalogChange?.();
+    }
     return result;
   };
 
