@@ -562,7 +562,7 @@ export function createInference(deps: InferenceDeps): Inference {
           ? quoteRecord(newId(), input.apiKeyId, req, model, c, now, true)
           : undefined;
       const q = quote ?? internal!;
-      const result = await deps.ledger.reserve({
+      const result = await reserveOrVoid(requestId, {
         requestId,
         apiKeyId: input.apiKeyId,
         model: req.model,
@@ -615,6 +615,73 @@ export function createInference(deps: InferenceDeps): Inference {
       candidates,
       failover,
     });
+  }
+
+  /**
+   * One call to an offer's provider, up to its response headers. A connection failure or a
+   * 5xx is `retryable` (another offer may serve); a 4xx is the provider refusing this request,
+   * which no other offer would answer differently.
+   */
+  async function callProvider(
+    offerId: Hex,
+    req: ChatRequest,
+    signal: AbortSignal,
+  ): Promise<{ reply: UpstreamReply } | { failure: GatewayError; retryable: boolean }> {
+    const endpoint = await deps.endpoints(offerId);
+    if (endpoint === undefined) {
+      return {
+        failure: new GatewayError("upstream_unavailable", "the offer has no registered endpoint"),
+        retryable: true,
+      };
+    }
+    let reply: UpstreamReply;
+    try {
+      reply = await deps.upstream(endpoint, upstreamBody(req), { signal });
+    } catch (error) {
+      const failure =
+        error instanceof GatewayError
+          ? error
+          : new GatewayError("upstream_unavailable", "the provider could not be reached");
+      return { failure, retryable: true };
+    }
+    if (reply.status >= 200 && reply.status < 300) return { reply };
+    await reply.discard();
+    return {
+      failure: new GatewayError("upstream_error", `the provider answered HTTP ${reply.status}`),
+      retryable: reply.status >= 500,
+    };
+  }
+
+  /**
+   * The reservation, or a clear 503. When the call fails its outcome is unknown (a COMMIT whose
+   * answer was lost): the request is closed as failed and void, which does nothing if nothing
+   * was committed, so a reservation that did land is released at once rather than by the
+   * orphan rule a minute later. No provider is called either way.
+   */
+  async function reserveOrVoid(
+    requestId: Hex,
+    input: Parameters<Ledger["reserve"]>[0],
+  ): ReturnType<Ledger["reserve"]> {
+    try {
+      return await deps.ledger.reserve(input);
+    } catch (error) {
+      await deps.ledger
+        .finalize({
+          requestId,
+          status: "failed",
+          inputTokens: 0n,
+          outputTokens: 0n,
+          creditsCharged: 0n,
+          billing: "void",
+          usageSource: "gateway",
+          error: "reservation failed",
+          now: deps.clock(),
+        })
+        .catch(() => undefined);
+      throw new GatewayError("database_unavailable", "the reservation could not be stored", {
+        cause: error,
+      });
+    }
   }
 
   interface Served {
@@ -684,44 +751,19 @@ export function createInference(deps: InferenceDeps): Inference {
       let reply: UpstreamReply | undefined;
       for (;;) {
         tried.add(current.offer.offerId);
-        const endpoint = await deps.endpoints(current.offer.offerId);
-        let failure: GatewayError | undefined;
-        if (endpoint === undefined)
-          failure = new GatewayError(
-            "upstream_unavailable",
-            "the offer has no registered endpoint",
-          );
-        else {
-          try {
-            const r = await deps.upstream(endpoint, upstreamBody(req), { signal: abort.signal });
-            if (r.status >= 200 && r.status < 300) reply = r;
-            else {
-              await r.discard();
-              failure = new GatewayError(
-                "upstream_error",
-                `the provider answered HTTP ${r.status}`,
-              );
-              if (r.status < 500) throw failure; // the provider refused this request: no other offer will differ
-            }
-          } catch (error) {
-            if (input.signal.aborted) throw error;
-            failure =
-              error instanceof GatewayError
-                ? error
-                : new GatewayError("upstream_unavailable", "the provider could not be reached");
-            if (
-              failure.code === "upstream_error" &&
-              !failure.message.startsWith("the provider answered HTTP 5")
-            )
-              throw failure;
-          }
+        const attempt = await callProvider(current.offer.offerId, req, abort.signal);
+        if (input.signal.aborted) throw input.signal.reason;
+        if ("reply" in attempt) {
+          reply = attempt.reply;
+          break;
         }
-        if (reply !== undefined) break;
+        if (!attempt.retryable) throw attempt.failure;
+        const { failure } = attempt;
         const next = s.failover ? s.candidates.find((c) => !tried.has(c.offer.offerId)) : undefined;
         if (next === undefined)
           throw new GatewayError(
             "upstream_error",
-            `${failure?.message ?? "the provider failed"}; no other offer could serve`,
+            `${failure.message}; no other offer could serve`,
           );
         const switched = await deps.ledger.switchOffer({
           requestId,
@@ -735,7 +777,7 @@ export function createInference(deps: InferenceDeps): Inference {
         if (!switched)
           throw new GatewayError(
             "upstream_error",
-            `${failure?.message ?? "the provider failed"}; no other offer could serve`,
+            `${failure.message}; no other offer could serve`,
           );
         current = next;
         maximumCredits = next.maximumCredits;

@@ -1,0 +1,194 @@
+import type { Hex } from "viem";
+import { describe, expect, it } from "vitest";
+import { createCatalog, ModelDirectory, type ModelRecord, type OfferRecord } from "./catalog.js";
+import { GatewayError } from "./errors.js";
+import {
+  createInference,
+  type ChatEvent,
+  type Ledger,
+  type UpstreamChat,
+  type UpstreamReply,
+} from "./inference.js";
+import type { Permit } from "./permits.js";
+
+// The pipeline against in-memory ports: what the integration suites cannot provoke on demand.
+
+const modelId = `0x${"11".repeat(32)}` as Hex;
+const permitId = `0x${"33".repeat(32)}` as Hex;
+const offerA = `0x${"0a".repeat(32)}` as Hex;
+const offerB = `0x${"0b".repeat(32)}` as Hex;
+const now = 1_800_000_000;
+
+const model: ModelRecord = {
+  modelId,
+  creator: `0x${"01".repeat(20)}`,
+  creditToken: `0x${"02".repeat(20)}`,
+  repository: "r",
+  revision: "v1",
+  task: "chat",
+  poolId: `0x${"03".repeat(32)}`,
+  positionTokenId: 1n,
+  status: "active",
+  activeOffers: 2,
+};
+
+function offer(offerId: Hex, inputPrice: bigint): OfferRecord {
+  return {
+    offerId,
+    modelId,
+    owner: `0x${"04".repeat(20)}`,
+    operator: `0x${"04".repeat(20)}`,
+    payout: `0x${"04".repeat(20)}`,
+    status: "active",
+    tariff: { version: 1n, inputPricePerMTok: inputPrice, outputPricePerMTok: 1n, wakeFee: 0n },
+    region: "eu",
+    hardware: "cpu",
+    maxConcurrency: 8,
+    capabilities: { max_output_tokens: 16 },
+    verifiedAt: now - 10,
+    verificationExpiresAt: now + 1000,
+    endpointRegistered: true,
+    endpointRunning: true,
+    inFlight: 0,
+  };
+}
+
+const permit: Permit = {
+  permitId,
+  payer: `0x${"05".repeat(20)}`,
+  modelId,
+  offerId: undefined,
+  deposit: 10n ** 18n,
+  settled: 0n,
+  expiresAt: now + 1000,
+  state: "open",
+};
+
+function reply(status: number, body: object): UpstreamReply {
+  return {
+    status,
+    text: async () => JSON.stringify(body),
+    events: async function* () {},
+    discard: async () => undefined,
+  };
+}
+
+function setup(overrides: { ledger?: Partial<Ledger>; upstream?: UpstreamChat } = {}) {
+  const finalized: Parameters<Ledger["finalize"]>[0][] = [];
+  const called: string[] = [];
+  const ledger: Ledger = {
+    reserve: async () => ({ ok: true }),
+    markStreaming: async () => undefined,
+    finalize: async (input) => {
+      finalized.push(input);
+      return { finalized: true, creditsCharged: input.creditsCharged };
+    },
+    switchOffer: async () => true,
+    recordOfferFlag: async () => undefined,
+    ...overrides.ledger,
+  };
+  const completion = {
+    id: "c",
+    object: "chat.completion",
+    choices: [{ message: { role: "assistant", content: "hi" } }],
+    usage: { prompt_tokens: 3, completion_tokens: 1 },
+  };
+  const inference = createInference({
+    catalog: createCatalog({
+      directory: new ModelDirectory([{ id: "m", modelId, aliases: [] }]),
+      store: {
+        listModels: async () => [model],
+        getModel: async () => model,
+        // A is cheaper, so routing tries it first.
+        listOffers: async () => [offer(offerA, 1n), offer(offerB, 2n)],
+        getOffer: async () => undefined,
+      },
+    }),
+    permits: { get: async () => permit, invalidate: () => undefined },
+    quotes: { insert: async () => undefined, get: async () => undefined },
+    ledger,
+    endpoints: async (offerId) => ({ url: `http://${offerId.slice(2, 6)}.test` }),
+    upstream:
+      overrides.upstream ??
+      (async (endpoint) => {
+        called.push(endpoint.url);
+        return reply(200, completion);
+      }),
+    idempotency: {
+      claim: async () => ({ state: "claimed" }),
+      complete: async () => undefined,
+      release: async () => undefined,
+    },
+    clock: () => now,
+    bodyLimitBytes: 1 << 20,
+  });
+  const chat = async (): Promise<ChatEvent[]> => {
+    const events: ChatEvent[] = [];
+    for await (const event of inference.chat({
+      apiKeyId: "key",
+      body: new TextEncoder().encode(
+        JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+      ),
+      permitId,
+      quoteId: undefined,
+      idempotencyKey: undefined,
+      signal: new AbortController().signal,
+    })) {
+      events.push(event);
+    }
+    return events;
+  };
+  return { chat, finalized, called };
+}
+
+describe("inference pipeline", () => {
+  it("answers 503 database_unavailable when the reservation fails, voids it, and calls no provider", async () => {
+    const { chat, finalized, called } = setup({
+      ledger: {
+        reserve: async () => {
+          throw new Error("connection reset");
+        },
+      },
+    });
+    const error = await chat().catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(GatewayError);
+    expect((error as GatewayError).code).toBe("database_unavailable");
+    expect(called).toEqual([]);
+    expect(finalized).toHaveLength(1);
+    expect(finalized[0]).toMatchObject({ status: "failed", billing: "void", creditsCharged: 0n });
+  });
+
+  it("fails over on a 5xx before the first byte and bills the offer that answered", async () => {
+    const called: number[] = [];
+    const { chat, finalized } = setup({
+      upstream: async (endpoint) => {
+        const first = endpoint.url.includes("0a0a");
+        called.push(first ? 1 : 2);
+        return first
+          ? reply(503, {})
+          : reply(200, {
+              choices: [{ message: { content: "ok" } }],
+              usage: { prompt_tokens: 2, completion_tokens: 1 },
+            });
+      },
+    });
+    const events = await chat();
+    expect(called).toEqual([1, 2]);
+    expect(events.at(-1)).toMatchObject({ type: "completed", offerId: offerB, billing: "billed" });
+    expect(finalized).toHaveLength(1);
+  });
+
+  it("does not fail over on a 4xx: the provider refused the request itself", async () => {
+    const called: number[] = [];
+    const { chat, finalized } = setup({
+      upstream: async (endpoint) => {
+        called.push(endpoint.url.includes("0a0a") ? 1 : 2);
+        return reply(400, { error: "bad" });
+      },
+    });
+    const error = await chat().catch((e: unknown) => e);
+    expect((error as GatewayError).code).toBe("upstream_error");
+    expect(called).toEqual([1]);
+    expect(finalized[0]).toMatchObject({ status: "failed", billing: "void", creditsCharged: 0n });
+  });
+});
