@@ -1,28 +1,12 @@
 import type { Hex } from "viem";
+import type { QuoteRecord } from "../../domain/inference.js";
 import type { Queryable } from "./registrations.js";
 
-/** A row of `quotes`: amounts and token counts as bigint, times as Unix seconds. */
-export interface QuoteRow {
-  readonly quoteId: string;
-  readonly apiKeyId: string;
-  readonly model: string;
-  readonly modelId: Hex;
-  readonly offerId: Hex;
-  readonly tariffVersion: bigint;
-  /** The gateway's upper bound of the prompt's tokens. */
-  readonly inputTokens: bigint;
-  readonly maxOutputTokens: bigint;
-  readonly wakesEndpoint: boolean;
-  readonly maximumCredits: bigint;
-  /** sha256 of the canonical request fields the quote is bound to. */
-  readonly fingerprint: string;
-  readonly createdAt: number;
-  readonly expiresAt: number;
-  /** Made by the gateway for a chat request that brought no quote. */
-  readonly internal: boolean;
-  /** The request that consumed the quote; null while unused. */
-  readonly usedBy: string | null;
-}
+/**
+ * A row of `quotes`: the domain's quote record (amounts as bigint, times as Unix seconds), whose
+ * id is whatever string was stored (the gateway makes Hex32 ids; tests may use others).
+ */
+export type QuoteRow = Omit<QuoteRecord, "quoteId"> & { readonly quoteId: string };
 
 /** A quote about to be stored: never used yet. */
 export type NewQuote = Omit<QuoteRow, "usedBy">;

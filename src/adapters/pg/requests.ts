@@ -1,11 +1,12 @@
 import type { Hex } from "viem";
+import type { Billing } from "../../domain/inference.js";
 import type { Queryable } from "./registrations.js";
+
+export type { Billing };
 
 export type RequestStatus = "pending" | "streaming" | "completed" | "failed" | "cancelled";
 /** The final states; a request reaches exactly one of them, once. */
 export type FinalRequestStatus = Extract<RequestStatus, "completed" | "failed" | "cancelled">;
-/** Which clause of the billing policy (DESIGN.md section 3) applied. */
-export type Billing = "billed" | "partial" | "void";
 /** Whose token count the charge was computed from. */
 export type UsageSource = "provider" | "gateway";
 export type SettlementStatus = "unsettled" | "settling" | "settled" | "none";
