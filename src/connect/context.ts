@@ -1,5 +1,4 @@
 import { createContextKey } from "@connectrpc/connect";
-import type { Logger } from "pino";
 
 /** The API key a call was authenticated with (absent on operator-only calls). */
 export interface Caller {
@@ -11,7 +10,3 @@ export const callerKey = createContextKey<Caller | undefined>(undefined, {
 });
 
 export const requestIdKey = createContextKey<string>("", { description: "request id for logs" });
-
-export const loggerKey = createContextKey<Logger | undefined>(undefined, {
-  description: "request-scoped logger",
-});

@@ -3,7 +3,7 @@ import { ConnectError, type Interceptor } from "@connectrpc/connect";
 import type { Logger } from "pino";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError } from "../domain/errors.js";
-import { callerKey, loggerKey, requestIdKey } from "./context.js";
+import { callerKey, requestIdKey } from "./context.js";
 import { errorCodeOf, toConnectError } from "./errors.js";
 
 const requestIdPattern = /^[A-Za-z0-9._-]{1,128}$/;
@@ -13,8 +13,7 @@ export function newRequestId(): string {
 }
 
 /**
- * Outermost interceptor: gives the call a request id and a child logger
- * carrying it, logs the outcome, and turns every failure, unary or mid-stream,
+ * Outermost interceptor: gives the call a request id, logs the outcome with it, and turns every failure, unary or mid-stream,
  * into a ConnectError through {@link toConnectError}.
  */
 export function observabilityInterceptor(logger: Logger): Interceptor {
@@ -25,25 +24,28 @@ export function observabilityInterceptor(logger: Logger): Interceptor {
       requestId = header !== null && requestIdPattern.test(header) ? header : newRequestId();
       req.contextValues.set(requestIdKey, requestId);
     }
-    const log = logger.child({
-      reqId: requestId,
-      rpc: `${req.service.typeName}/${req.method.name}`,
-    });
-    req.contextValues.set(loggerKey, log);
+    // The child logger is made only when a line is written: most calls log nothing.
+    let child: Logger | undefined;
+    const log = (): Logger =>
+      (child ??= logger.child({
+        reqId: requestId,
+        rpc: `${req.service.typeName}/${req.method.name}`,
+      }));
+    const debug = logger.isLevelEnabled("debug");
     const started = performance.now();
     const fail = (error: unknown): ConnectError => {
       const connectError = toConnectError(error);
       const code = errorCodeOf(connectError);
       const fields = { code, ms: Math.round(performance.now() - started) };
       if (code === "internal_error")
-        log.error({ ...fields, err: connectError.cause ?? error }, "rpc failed");
-      else log.info(fields, "rpc rejected");
+        log().error({ ...fields, err: connectError.cause ?? error }, "rpc failed");
+      else log().info(fields, "rpc rejected");
       return connectError;
     };
     try {
       const res = await next(req);
       if (!res.stream) {
-        log.debug({ ms: Math.round(performance.now() - started) }, "rpc ok");
+        if (debug) log().debug({ ms: Math.round(performance.now() - started) }, "rpc ok");
         return res;
       }
       const inner = res.message;
@@ -52,7 +54,8 @@ export function observabilityInterceptor(logger: Logger): Interceptor {
         message: (async function* () {
           try {
             yield* inner;
-            log.debug({ ms: Math.round(performance.now() - started) }, "rpc stream ok");
+            if (debug)
+              log().debug({ ms: Math.round(performance.now() - started) }, "rpc stream ok");
           } catch (error) {
             throw fail(error);
           }
