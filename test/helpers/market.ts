@@ -1,5 +1,5 @@
+import type { ContractFunctionArgs, ContractFunctionName, Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
-import type { Hex } from "viem";
 import { creditTokenAbi, marketAbi } from "../../src/adapters/chain/artifacts.js";
 import { id32 } from "../../src/dev/demo-market.js";
 import { registerEndpoint, verifyOffer } from "../../src/provider/client.js";
@@ -7,9 +7,43 @@ import type { TestStack } from "./stack.js";
 
 let permitCounter = 0;
 
-async function send(stack: TestStack, hash: Hex): Promise<void> {
+type MarketFunction = ContractFunctionName<typeof marketAbi, "nonpayable">;
+type TokenFunction = ContractFunctionName<typeof creditTokenAbi, "nonpayable">;
+
+async function confirm(stack: TestStack, hash: Hex): Promise<void> {
   const receipt = await stack.clients.publicClient.waitForTransactionReceipt({ hash });
   if (receipt.status !== "success") throw new Error(`transaction ${hash} reverted`);
+}
+
+/** Sends a market transaction as `privateKey`'s account and waits for it to succeed. */
+async function market<F extends MarketFunction>(
+  stack: TestStack,
+  privateKey: Hex,
+  functionName: F,
+  args: ContractFunctionArgs<typeof marketAbi, "nonpayable", F>,
+): Promise<void> {
+  const wallet = stack.clients.wallet(privateKey);
+  const request = { address: stack.demo.market, abi: marketAbi, functionName, args } as const;
+  await confirm(
+    stack,
+    await wallet.writeContract(request as Parameters<typeof wallet.writeContract>[0]),
+  );
+}
+
+/** Sends a credit-token transaction as `privateKey`'s account and waits for it to succeed. */
+async function token<F extends TokenFunction>(
+  stack: TestStack,
+  privateKey: Hex,
+  address: Hex,
+  functionName: F,
+  args: ContractFunctionArgs<typeof creditTokenAbi, "nonpayable", F>,
+): Promise<void> {
+  const wallet = stack.clients.wallet(privateKey);
+  const request = { address, abi: creditTokenAbi, functionName, args } as const;
+  await confirm(
+    stack,
+    await wallet.writeContract(request as Parameters<typeof wallet.writeContract>[0]),
+  );
 }
 
 /** Opens a permit from the demo payer (minting and approving the model's credits first). */
@@ -19,58 +53,28 @@ export async function openPermit(
 ): Promise<Hex> {
   const model = stack.demo.models[opts.model ?? 0]!;
   const permitId = id32(`permit:test:${Date.now()}:${permitCounter++}`);
-  const creator = stack.clients.wallet(stack.roles.creator.privateKey);
-  const payer = stack.clients.wallet(stack.roles.payer.privateKey);
-  await send(
-    stack,
-    await creator.writeContract({
-      address: model.creditToken,
-      abi: creditTokenAbi,
-      functionName: "mint",
-      args: [stack.roles.payer.address, opts.deposit],
-    }),
-  );
-  await send(
-    stack,
-    await payer.writeContract({
-      address: model.creditToken,
-      abi: creditTokenAbi,
-      functionName: "approve",
-      args: [stack.demo.market, opts.deposit],
-    }),
-  );
+  const { creator, payer } = stack.roles;
+  await token(stack, creator.privateKey, model.creditToken, "mint", [payer.address, opts.deposit]);
+  await token(stack, payer.privateKey, model.creditToken, "approve", [
+    stack.demo.market,
+    opts.deposit,
+  ]);
   const block = await stack.clients.publicClient.getBlock();
-  await send(
-    stack,
-    await payer.writeContract({
-      address: stack.demo.market,
-      abi: marketAbi,
-      functionName: "openPermit",
-      args: [
-        permitId,
-        model.modelId,
-        opts.offerId ?? `0x${"00".repeat(32)}`,
-        opts.deposit,
-        opts.expiresAt ?? block.timestamp + 30n * 24n * 3600n,
-      ],
-    }),
-  );
+  await market(stack, payer.privateKey, "openPermit", [
+    permitId,
+    model.modelId,
+    opts.offerId ?? `0x${"00".repeat(32)}`,
+    opts.deposit,
+    opts.expiresAt ?? block.timestamp + 30n * 24n * 3600n,
+  ]);
   return permitId;
 }
 
 export async function requestClose(stack: TestStack, permitId: Hex): Promise<void> {
-  const payer = stack.clients.wallet(stack.roles.payer.privateKey);
-  await send(
-    stack,
-    await payer.writeContract({
-      address: stack.demo.market,
-      abi: marketAbi,
-      functionName: "requestClose",
-      args: [permitId],
-    }),
-  );
+  await market(stack, stack.roles.payer.privateKey, "requestClose", [permitId]);
 }
 
+/** Requests the close, lets the grace period pass on chain, and finalizes (refund). */
 export async function closePermit(stack: TestStack, permitId: Hex): Promise<void> {
   await requestClose(stack, permitId);
   await stack.clients.publicClient.request({
@@ -78,16 +82,7 @@ export async function closePermit(stack: TestStack, permitId: Hex): Promise<void
     params: [7200] as never,
   });
   await stack.clients.publicClient.request({ method: "evm_mine" as never, params: [] as never });
-  const payer = stack.clients.wallet(stack.roles.payer.privateKey);
-  await send(
-    stack,
-    await payer.writeContract({
-      address: stack.demo.market,
-      abi: marketAbi,
-      functionName: "finalizeClose",
-      args: [permitId],
-    }),
-  );
+  await market(stack, stack.roles.payer.privateKey, "finalizeClose", [permitId]);
 }
 
 export async function setOffer(
@@ -95,28 +90,12 @@ export async function setOffer(
   offerId: Hex,
   change: { status?: number; tariff?: { input: bigint; output: bigint; wake: bigint } },
 ): Promise<void> {
-  const operator = stack.clients.wallet(stack.roles.operator.privateKey);
-  if (change.status !== undefined) {
-    await send(
-      stack,
-      await operator.writeContract({
-        address: stack.demo.market,
-        abi: marketAbi,
-        functionName: "setOfferStatus",
-        args: [offerId, change.status],
-      }),
-    );
-  }
+  const operator = stack.roles.operator.privateKey;
+  if (change.status !== undefined)
+    await market(stack, operator, "setOfferStatus", [offerId, change.status]);
   if (change.tariff !== undefined) {
-    await send(
-      stack,
-      await operator.writeContract({
-        address: stack.demo.market,
-        abi: marketAbi,
-        functionName: "setOfferTariff",
-        args: [offerId, change.tariff.input, change.tariff.output, change.tariff.wake],
-      }),
-    );
+    const { input, output, wake } = change.tariff;
+    await market(stack, operator, "setOfferTariff", [offerId, input, output, wake]);
   }
   // Index it now rather than waiting for the poll.
   await stack.gateway.indexer.syncOnce();
@@ -127,13 +106,13 @@ export async function onboard(
   stack: TestStack,
   offerId: Hex,
   endpointUrl: string,
-  token?: string,
+  endpointToken?: string,
 ): Promise<void> {
   const connection = { baseUrl: stack.gateway.url, apiKey: stack.apiKey };
   await registerEndpoint(connection, {
     offerId,
     endpointUrl,
-    ...(token === undefined ? {} : { endpointToken: token }),
+    ...(endpointToken === undefined ? {} : { endpointToken }),
     signer: privateKeyToAccount(stack.roles.operator.privateKey),
   });
   await verifyOffer(connection, offerId);
