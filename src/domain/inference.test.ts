@@ -73,7 +73,9 @@ function reply(status: number, body: object): UpstreamReply {
   };
 }
 
-function setup(overrides: { ledger?: Partial<Ledger>; upstream?: UpstreamChat } = {}) {
+function setup(
+  overrides: { ledger?: Partial<Ledger>; upstream?: UpstreamChat; stream?: boolean } = {},
+) {
   const finalized: Parameters<Ledger["finalize"]>[0][] = [];
   const called: string[] = [];
   const ledger: Ledger = {
@@ -122,12 +124,17 @@ function setup(overrides: { ledger?: Partial<Ledger>; upstream?: UpstreamChat } 
     clock: () => now,
     bodyLimitBytes: 1 << 20,
   });
-  const chat = async (): Promise<ChatEvent[]> => {
+  const chat = async (stopAfterChunks = Infinity): Promise<ChatEvent[]> => {
     const events: ChatEvent[] = [];
+    let chunks = 0;
     for await (const event of inference.chat({
       apiKeyId: "key",
       body: new TextEncoder().encode(
-        JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+        JSON.stringify({
+          model: "m",
+          messages: [{ role: "user", content: "hi" }],
+          stream: overrides.stream === true,
+        }),
       ),
       permitId,
       quoteId: undefined,
@@ -135,6 +142,7 @@ function setup(overrides: { ledger?: Partial<Ledger>; upstream?: UpstreamChat } 
       signal: new AbortController().signal,
     })) {
       events.push(event);
+      if (event.type === "chunk" && ++chunks >= stopAfterChunks) break;
     }
     return events;
   };
@@ -190,5 +198,37 @@ describe("inference pipeline", () => {
     expect((error as GatewayError).code).toBe("upstream_error");
     expect(called).toEqual([1]);
     expect(finalized[0]).toMatchObject({ status: "failed", billing: "void", creditsCharged: 0n });
+  });
+
+  it("charges input plus the output sent when the consumer stops reading mid-stream", async () => {
+    const chunk = (content: string) =>
+      JSON.stringify({
+        id: "c",
+        object: "chat.completion.chunk",
+        choices: [{ delta: { content } }],
+      });
+    const { chat, finalized } = setup({
+      stream: true,
+      upstream: async () => ({
+        status: 200,
+        text: async () => "",
+        events: async function* () {
+          yield chunk("one");
+          yield chunk("two");
+          yield chunk("three");
+          yield "[DONE]";
+        },
+        discard: async () => undefined,
+      }),
+    });
+    const events = await chat(2);
+    expect(events.filter((e) => e.type === "chunk")).toHaveLength(2);
+    expect(finalized).toHaveLength(1);
+    expect(finalized[0]).toMatchObject({
+      status: "cancelled",
+      billing: "partial",
+      outputTokens: 2n,
+    });
+    expect(finalized[0]!.creditsCharged).toBeGreaterThan(0n);
   });
 });

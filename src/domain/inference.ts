@@ -702,6 +702,9 @@ export function createInference(deps: InferenceDeps): Inference {
     let maximumCredits = s.maximumCredits;
     const inputBound = current.inputTokens;
     let finalized = false;
+    // Metered so far (streams): the finally block below needs them when the consumer stops early.
+    let delivered = 0n;
+    let provided: Usage | undefined;
     const settle = async (
       status: "completed" | "failed" | "cancelled",
       usage: Usage,
@@ -840,8 +843,6 @@ export function createInference(deps: InferenceDeps): Inference {
       }
 
       await deps.ledger.markStreaming(requestId);
-      let delivered = 0n;
-      let provided: Usage | undefined;
       try {
         for await (const data of reply.events()) {
           if (data === "[DONE]") break;
@@ -906,10 +907,15 @@ export function createInference(deps: InferenceDeps): Inference {
       if (!finalized) {
         // The consumer stopped early (client gone between events) or a step before the first
         // byte failed: the reservation still ends, exactly once.
-        const cancelled = input.signal.aborted;
+        // A consumer that stops reading after output began is a client that left, even when its
+        // signal has not fired (yet): input plus the output it was sent, as the policy says.
+        const cancelled = input.signal.aborted || delivered > 0n;
         await settle(
           cancelled ? "cancelled" : "failed",
-          { inputTokens: cancelled ? inputBound : 0n, outputTokens: 0n },
+          {
+            inputTokens: cancelled ? (provided?.inputTokens ?? inputBound) : 0n,
+            outputTokens: delivered,
+          },
           cancelled ? "partial" : "void",
           "gateway",
           cancelled ? "client disconnected" : "the provider failed before the first byte",
