@@ -37,7 +37,7 @@
  */
 import type pg from "pg";
 import type { Hex } from "viem";
-import type { NewQuote } from "./quotes.js";
+import { quoteColumns, type NewQuote } from "./quotes.js";
 import type { Queryable } from "./registrations.js";
 import type { Billing, FinalRequestStatus, UsageSource } from "./requests.js";
 
@@ -124,25 +124,7 @@ export async function reserve(pool: pg.Pool, input: ReserveInput): Promise<Reser
         input.chainSettled.toString(),
         Number.isFinite(input.maxConcurrency) ? Math.floor(input.maxConcurrency) : 0,
         input.now,
-        q === undefined
-          ? null
-          : JSON.stringify({
-              quote_id: q.quoteId,
-              api_key_id: q.apiKeyId,
-              model: q.model,
-              model_id: q.modelId.toLowerCase(),
-              offer_id: q.offerId.toLowerCase(),
-              tariff_version: q.tariffVersion.toString(),
-              input_tokens: q.inputTokens.toString(),
-              max_output_tokens: q.maxOutputTokens.toString(),
-              wakes_endpoint: q.wakesEndpoint,
-              maximum_credits: q.maximumCredits.toString(),
-              fingerprint: q.fingerprint,
-              created_at: q.createdAt,
-              expires_at: q.expiresAt,
-              internal: q.internal,
-              used_by: null,
-            }),
+        q === undefined ? null : quoteColumns(q),
       ],
     );
     return { ok: true };

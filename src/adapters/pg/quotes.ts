@@ -12,32 +12,38 @@ export type QuoteRow = Omit<QuoteRecord, "quoteId"> & { readonly quoteId: string
 export type NewQuote = Omit<QuoteRow, "usedBy">;
 
 /**
- * Stores a new, unused quote. The ids are stored lower-case, as everywhere else, so that the
- * quote's offer matches `offers` and `offer_loads`. A duplicate `quoteId` throws (unique
- * violation): quote ids are random and never reused.
+ * The quote as a `quotes` row in JSON (snake_case columns, ids lower-case, amounts as decimal
+ * strings), for `jsonb_populate_record(NULL::quotes, ...)`: the one mapping from a quote to its
+ * columns, used here and by the ledger's reservation.
+ */
+export function quoteColumns(quote: NewQuote): string {
+  return JSON.stringify({
+    quote_id: quote.quoteId,
+    api_key_id: quote.apiKeyId,
+    model: quote.model,
+    model_id: quote.modelId.toLowerCase(),
+    offer_id: quote.offerId.toLowerCase(),
+    tariff_version: quote.tariffVersion.toString(),
+    input_tokens: quote.inputTokens.toString(),
+    max_output_tokens: quote.maxOutputTokens.toString(),
+    wakes_endpoint: quote.wakesEndpoint,
+    maximum_credits: quote.maximumCredits.toString(),
+    fingerprint: quote.fingerprint,
+    created_at: quote.createdAt,
+    expires_at: quote.expiresAt,
+    internal: quote.internal,
+    used_by: null,
+  });
+}
+
+/**
+ * Stores a new, unused quote. A duplicate `quoteId` throws (unique violation): quote ids are
+ * random and never reused.
  */
 export async function insertQuote(db: Queryable, quote: NewQuote): Promise<void> {
   await db.query(
-    `INSERT INTO quotes (quote_id, api_key_id, model, model_id, offer_id, tariff_version,
-       input_tokens, max_output_tokens, wakes_endpoint, maximum_credits, fingerprint, created_at,
-       expires_at, internal)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
-    [
-      quote.quoteId,
-      quote.apiKeyId,
-      quote.model,
-      quote.modelId.toLowerCase(),
-      quote.offerId.toLowerCase(),
-      quote.tariffVersion.toString(),
-      quote.inputTokens.toString(),
-      quote.maxOutputTokens.toString(),
-      quote.wakesEndpoint,
-      quote.maximumCredits.toString(),
-      quote.fingerprint,
-      quote.createdAt,
-      quote.expiresAt,
-      quote.internal,
-    ],
+    "INSERT INTO quotes SELECT * FROM jsonb_populate_record(NULL::quotes, $1::jsonb)",
+    [quoteColumns(quote)],
   );
 }
 
