@@ -146,6 +146,7 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
   const { store, open, prober, clock, logger } = deps;
   // One probe per endpoint at a time, whoever asks (the loop or an on-demand refresh).
   const inflight = new Map<Hex, Promise<boolean>>();
+  const refreshing = new Map<Hex, Promise<EndpointHealth | undefined>>();
   let timer: NodeJS.Timeout | undefined;
   let round: Promise<unknown> | undefined;
   let started = false;
@@ -233,15 +234,23 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
       await Promise.allSettled(inflight.values());
     },
     probeAll,
-    async probeIfStale(offerId) {
+    probeIfStale(offerId) {
       const id = normalizeHex(offerId);
-      const endpoint = await store.getRegisteredEndpoint(id);
-      if (endpoint === undefined) return undefined;
-      const staleSeconds = deps.staleMs / 1000;
-      if (endpoint.checkedAt === undefined || clock() - endpoint.checkedAt >= staleSeconds) {
-        await probe(endpoint);
-      }
-      return store.getEndpointHealth(id);
+      // Concurrent callers share the whole read-probe-read: sharing only the probe left a
+      // window where a caller whose read predated another's recorded probe probed again.
+      const shared = refreshing.get(id);
+      if (shared !== undefined) return shared;
+      const task = (async () => {
+        const endpoint = await store.getRegisteredEndpoint(id);
+        if (endpoint === undefined) return undefined;
+        const staleSeconds = deps.staleMs / 1000;
+        if (endpoint.checkedAt === undefined || clock() - endpoint.checkedAt >= staleSeconds) {
+          await probe(endpoint);
+        }
+        return store.getEndpointHealth(id);
+      })().finally(() => refreshing.delete(id));
+      refreshing.set(id, task);
+      return task;
     },
     async verify(offerId, modelNames, ttlSeconds) {
       const id = normalizeHex(offerId);
