@@ -4,6 +4,7 @@ import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
+import type { ServiceBinding } from "./in-process-transport.js";
 
 /**
  * The service implementations the server exposes. A service or method that is
@@ -15,6 +16,17 @@ export interface Services {
   readonly inference?: Partial<ServiceImpl<typeof InferenceService>>;
   readonly provider?: Partial<ServiceImpl<typeof ProviderService>>;
   readonly settlement?: Partial<ServiceImpl<typeof SettlementService>>;
+}
+
+/** The services with their implementations, in one list for the router and the in-process transport. */
+export function serviceBindings(services: Services): ServiceBinding[] {
+  return [
+    { service: CatalogService, impl: services.catalog },
+    { service: QuoteService, impl: services.quote ?? {} },
+    { service: InferenceService, impl: services.inference ?? {} },
+    { service: ProviderService, impl: services.provider ?? {} },
+    { service: SettlementService, impl: services.settlement ?? {} },
+  ];
 }
 
 export function createRoutes(services: Services): (router: ConnectRouter) => void {
