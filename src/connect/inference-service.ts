@@ -122,7 +122,10 @@ export function createInferenceService(
 
     async getRequest(req, ctx) {
       if (!isHex32(req.id)) throw new GatewayError("invalid_hex", "request id must be a Hex32");
-      const record = await deps.findRequest(normalizeHex(req.id), apiKeyOf(ctx));
+      const id = normalizeHex(req.id);
+      // Read your writes: an answer this process just gave may still be recording its charge.
+      await deps.inference.whenRecorded(id);
+      const record = await deps.findRequest(id, apiKeyOf(ctx));
       if (record === undefined)
         throw new GatewayError("request_not_found", `request ${req.id} does not exist`);
       return create(GetRequestResponseSchema, {

@@ -146,7 +146,7 @@ function setup(
     }
     return events;
   };
-  return { chat, finalized, called };
+  return { chat, finalized, called, inference };
 }
 
 describe("inference pipeline", () => {
@@ -230,5 +230,88 @@ describe("inference pipeline", () => {
       outputTokens: 2n,
     });
     expect(finalized[0]!.creditsCharged).toBeGreaterThan(0n);
+  });
+
+  it("hands the completed answer on before its charge is committed, and reports it recorded after", async () => {
+    let commit: (() => void) | undefined;
+    const committed: string[] = [];
+    const { inference } = setup({
+      ledger: {
+        finalize: (input) =>
+          new Promise((resolve) => {
+            commit = () => {
+              committed.push(input.status);
+              resolve({ finalized: true, creditsCharged: input.creditsCharged });
+            };
+          }),
+      },
+    });
+    const events = inference.chat({
+      apiKeyId: "key",
+      body: new TextEncoder().encode(
+        JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+      ),
+      permitId,
+      quoteId: undefined,
+      idempotencyKey: undefined,
+      signal: new AbortController().signal,
+    });
+    const seen: ChatEvent[] = [];
+    for (;;) {
+      const next = await events.next();
+      if (next.done === true) throw new Error("ended before completing");
+      seen.push(next.value);
+      if (next.value.type === "completed") break;
+    }
+    // The answer and its charge are out while the ledger has not committed anything.
+    const done = seen.at(-1) as Extract<ChatEvent, { type: "completed" }>;
+    expect(done.creditsCharged).toBeGreaterThan(0n);
+    expect(committed).toEqual([]);
+    // The consumer asks for the rest: the call ends once the charge is recorded.
+    const rest = events.next();
+    let recorded = false;
+    const whenRecorded = inference.whenRecorded(done.requestId).then(() => (recorded = true));
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    expect(commit).toBeDefined();
+    expect(recorded).toBe(false);
+    commit!();
+    expect((await rest).done).toBe(true);
+    await whenRecorded;
+    expect(committed).toEqual(["completed"]);
+  });
+
+  it("records a completed answer as completed even when the consumer stops right after it", async () => {
+    const { inference, finalized } = setup();
+    for await (const event of inference.chat({
+      apiKeyId: "key",
+      body: new TextEncoder().encode(
+        JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+      ),
+      permitId,
+      quoteId: undefined,
+      idempotencyKey: undefined,
+      signal: new AbortController().signal,
+    })) {
+      if (event.type === "completed") break;
+    }
+    expect(finalized).toHaveLength(1);
+    expect(finalized[0]).toMatchObject({ status: "completed", billing: "billed" });
+  });
+
+  it("retries recording a completed answer's charge until the ledger takes it, once", async () => {
+    let failures = 2;
+    const finalized: bigint[] = [];
+    const { chat } = setup({
+      ledger: {
+        finalize: async (input) => {
+          if (failures-- > 0) throw new Error("connection reset");
+          finalized.push(input.creditsCharged);
+          return { finalized: true, creditsCharged: input.creditsCharged };
+        },
+      },
+    });
+    const events = await chat();
+    const done = events.at(-1) as Extract<ChatEvent, { type: "completed" }>;
+    expect(finalized).toEqual([done.creditsCharged]);
   });
 });

@@ -219,9 +219,44 @@ export interface ChatInput {
 export interface Inference {
   createQuote(input: { apiKeyId: string; body: Uint8Array }): Promise<QuoteRecord>;
   chat(input: ChatInput): AsyncGenerator<ChatEvent, void, undefined>;
+  /**
+   * Settles once this process has recorded the request's final state, if it is recording it
+   * now (a completed answer goes to the client just before its charge is committed).
+   */
+  whenRecorded(requestId: string): Promise<void>;
 }
 
 // ------------------------------------------------------------------------------ rules
+
+/** How a request ends, decided in memory before the ledger records it. */
+interface Closing {
+  readonly status: "completed" | "failed" | "cancelled";
+  readonly usage: Usage;
+  readonly billing: Billing;
+  readonly usageSource: "provider" | "gateway";
+  readonly error: string | undefined;
+  readonly charge: bigint;
+  /** The provider reported usage priced above the quote's maximum (the offer gets flagged). */
+  readonly aboveQuote: boolean;
+  readonly offerId: Hex;
+}
+
+/**
+ * Attempts after the first for recording a completed answer's charge (about 20 s in all): the
+ * client already has the answer, so a short database outage must not lose its charge.
+ */
+const completionRetries = 8;
+
+async function withRetries<T>(retries: number, attempt: () => Promise<T>): Promise<T> {
+  for (let i = 0; ; i++) {
+    try {
+      return await attempt();
+    } catch (error) {
+      if (i >= retries) throw error;
+      await new Promise((resolve) => setTimeout(resolve, Math.min(100 * 2 ** i, 8_000)));
+    }
+  }
+}
 
 /** A candidate offer with what a request would cost on it. */
 interface Candidate {
@@ -350,6 +385,8 @@ export function createInference(deps: InferenceDeps): Inference {
   const newId = deps.newId ?? ((): Hex => `0x${randomBytes(32).toString("hex")}`);
 
   const resolve = (req: ChatRequest) => deps.catalog.routingView(req.model);
+  // Completed answers whose final state is being recorded, by request id.
+  const recording = new Map<string, Promise<void>>();
 
   const createQuote = async (input: {
     apiKeyId: string;
@@ -705,6 +742,79 @@ export function createInference(deps: InferenceDeps): Inference {
     // Metered so far (streams): the finally block below needs them when the consumer stops early.
     let delivered = 0n;
     let provided: Usage | undefined;
+    /** What a closing charges, in memory: the answer can go out before the ledger write. */
+    const close = (
+      status: "completed" | "failed" | "cancelled",
+      usage: Usage,
+      billing: Billing,
+      usageSource: "provider" | "gateway",
+      error?: string,
+    ): Closing => {
+      const raw =
+        billing === "void"
+          ? 0n
+          : priceCredits(current.offer.tariff, usage, current.wakes && status === "completed");
+      const charge = minBigint(raw, maximumCredits);
+      return {
+        status,
+        usage,
+        billing: charge === 0n ? "void" : billing,
+        usageSource,
+        error,
+        charge,
+        aboveQuote: raw > maximumCredits && usageSource === "provider",
+        offerId: current.offer.offerId,
+      };
+    };
+    // pending -> streaming is written while the answer flows; a closing waits for it.
+    let marking: Promise<unknown> | undefined;
+    /**
+     * A completed answer: its charge is reported with the last event and recorded right after
+     * (retried), so the client does not wait for the ledger's commit. Should the consumer stop
+     * between the two, the finally block records it all the same.
+     */
+    let pendingClose: Closing | undefined;
+    let recorded: (() => void) | undefined;
+    const answered = (c: Closing) => {
+      pendingClose = c;
+      recording.set(requestId, new Promise<void>((resolve) => (recorded = resolve)));
+    };
+    /** Makes a closing durable: the reservation becomes its charge, exactly once. */
+    const record = async (c: Closing, retries = 0) => {
+      finalized = true;
+      pendingClose = undefined;
+      let result: Awaited<ReturnType<Ledger["finalize"]>>;
+      try {
+        if (marking !== undefined) await marking;
+        result = await withRetries(retries, () =>
+          deps.ledger.finalize({
+            requestId,
+            status: c.status,
+            inputTokens: c.usage.inputTokens,
+            outputTokens: c.usage.outputTokens,
+            creditsCharged: c.charge,
+            billing: c.billing,
+            usageSource: c.usageSource,
+            ...(c.error === undefined ? {} : { error: c.error }),
+            now: deps.clock(),
+          }),
+        );
+      } finally {
+        if (recorded !== undefined) {
+          recording.delete(requestId);
+          recorded();
+        }
+      }
+      if (c.aboveQuote) {
+        await deps.ledger.recordOfferFlag({
+          offerId: c.offerId,
+          requestId,
+          reason: "usage_above_quote",
+          now: deps.clock(),
+        });
+      }
+      return result;
+    };
     const settle = async (
       status: "completed" | "failed" | "cancelled",
       usage: Usage,
@@ -712,34 +822,11 @@ export function createInference(deps: InferenceDeps): Inference {
       usageSource: "provider" | "gateway",
       error?: string,
     ) => {
-      const raw =
-        billing === "void"
-          ? 0n
-          : priceCredits(current.offer.tariff, usage, current.wakes && status === "completed");
-      const charge = minBigint(raw, maximumCredits);
-      const result = await deps.ledger.finalize({
-        requestId,
-        status,
-        inputTokens: usage.inputTokens,
-        outputTokens: usage.outputTokens,
-        creditsCharged: charge,
-        billing: charge === 0n ? "void" : billing,
-        usageSource,
-        ...(error === undefined ? {} : { error }),
-        now: deps.clock(),
-      });
-      finalized = true;
-      if (raw > maximumCredits && usageSource === "provider") {
-        await deps.ledger.recordOfferFlag({
-          offerId: current.offer.offerId,
-          requestId,
-          reason: "usage_above_quote",
-          now: deps.clock(),
-        });
-      }
+      const c = close(status, usage, billing, usageSource, error);
+      const result = await record(c);
       return {
         charge: result.creditsCharged,
-        billing: (result.creditsCharged === 0n ? "void" : billing) as Billing,
+        billing: (result.creditsCharged === 0n ? "void" : c.billing) as Billing,
       };
     };
 
@@ -832,17 +919,19 @@ export function createInference(deps: InferenceDeps): Inference {
           outputTokens: countTextTokens(completionText(body)),
         };
         const billing: Billing = usage.outputTokens === 0n ? "void" : "billed";
-        const final = await settle("completed", usage, billing, provided ? "provider" : "gateway");
+        const final = close("completed", usage, billing, provided ? "provider" : "gateway");
+        answered(final);
         yield {
           type: "chunk",
           data: encoder.encode(text),
           metering: { ...usage, credits: final.charge },
         };
         yield completed(s, current, usage, final, provided !== undefined);
+        await record(final, completionRetries);
         return;
       }
 
-      await deps.ledger.markStreaming(requestId);
+      marking = deps.ledger.markStreaming(requestId).catch(() => undefined);
       try {
         for await (const data of reply.events()) {
           if (data === "[DONE]") break;
@@ -895,16 +984,21 @@ export function createInference(deps: InferenceDeps): Inference {
           : new GatewayError("upstream_error", "the provider failed mid-stream");
       }
       const usage = provided ?? { inputTokens: inputBound, outputTokens: delivered };
-      const final = await settle(
+      const final = close(
         "completed",
         usage,
         usage.outputTokens === 0n ? "void" : "billed",
         provided ? "provider" : "gateway",
       );
+      answered(final);
       yield completed(s, current, usage, final, provided !== undefined);
+      await record(final, completionRetries);
     } finally {
       input.signal.removeEventListener("abort", onClientAbort);
-      if (!finalized) {
+      if (pendingClose !== undefined) {
+        // The answer was complete and reported; only its record was still to be written.
+        await record(pendingClose, completionRetries).catch(() => undefined);
+      } else if (!finalized) {
         // The consumer stopped early (client gone between events) or a step before the first
         // byte failed: the reservation still ends, exactly once.
         // A consumer that stops reading after output began is a client that left, even when its
@@ -946,5 +1040,9 @@ export function createInference(deps: InferenceDeps): Inference {
     };
   }
 
-  return { createQuote, chat };
+  return {
+    createQuote,
+    chat,
+    whenRecorded: (requestId) => recording.get(requestId) ?? Promise.resolve(),
+  };
 }

@@ -45,6 +45,7 @@ export async function relayChat(
   let json: Uint8Array | undefined;
   let firstChunk: Uint8Array | undefined;
   let sse = false;
+  let answered = false;
   try {
     for await (const message of messages) {
       const event = message.event;
@@ -80,17 +81,20 @@ export async function relayChat(
             "x-gateway-credits-charged": done.creditsCharged,
           });
           res.end(payload);
-          return;
+        } else {
+          res.write(`data: ${JSON.stringify(finalChunk(firstChunk, done))}\n\n`);
+          res.write("data: [DONE]\n\n");
+          res.addTrailers({ "X-Gateway-Credits-Charged": done.creditsCharged });
+          res.end();
         }
-        res.write(`data: ${JSON.stringify(finalChunk(firstChunk, done))}\n\n`);
-        res.write("data: [DONE]\n\n");
-        res.addTrailers({ "X-Gateway-Credits-Charged": done.creditsCharged });
-        res.end();
-        return;
+        // The call goes on until the charge is recorded; the client need not wait for that.
+        answered = true;
       }
     }
-    throw new GatewayError("upstream_error", "the answer ended before it completed");
+    if (!answered) throw new GatewayError("upstream_error", "the answer ended before it completed");
   } catch (error) {
+    // After the answer: a failure to record its charge is the service's to log, not the client's.
+    if (answered) return;
     if (!sse || !res.headersSent) throw error;
     const { body: errorBody } = toHttpError(error);
     if (!res.writableEnded && !res.destroyed) {
