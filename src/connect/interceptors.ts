@@ -1,15 +1,16 @@
-import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
+import { createHash, timingSafeEqual } from "node:crypto";
 import { ConnectError, type Interceptor } from "@connectrpc/connect";
 import type { Logger } from "pino";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError } from "../domain/errors.js";
+import { randomHex } from "../domain/random-id.js";
 import { callerKey, requestIdKey } from "./context.js";
 import { errorCodeOf, toConnectError } from "./errors.js";
 
 const requestIdPattern = /^[A-Za-z0-9._-]{1,128}$/;
 
 export function newRequestId(): string {
-  return randomBytes(12).toString("hex");
+  return randomHex(12);
 }
 
 /**

@@ -1,4 +1,4 @@
-import { createHash, randomBytes } from "node:crypto";
+import { createHash } from "node:crypto";
 import type { Hex } from "viem";
 import { isEligible, type Catalog, type ModelRecord, type OfferRecord } from "./catalog.js";
 import {
@@ -12,6 +12,7 @@ import {
 import { GatewayError } from "./errors.js";
 import type { EndpointSecret } from "./health.js";
 import { isHex32, normalizeHex } from "./hex.js";
+import { randomHex } from "./random-id.js";
 import { checkPermit, type Permit, type PermitReader } from "./permits.js";
 import { priceCredits } from "./pricing.js";
 
@@ -382,7 +383,7 @@ function requestFingerprint(input: ChatInput): string {
 // ------------------------------------------------------------------------------ pipeline
 
 export function createInference(deps: InferenceDeps): Inference {
-  const newId = deps.newId ?? ((): Hex => `0x${randomBytes(32).toString("hex")}`);
+  const newId = deps.newId ?? ((): Hex => `0x${randomHex(32)}`);
 
   const resolve = (req: ChatRequest) => deps.catalog.routingView(req.model);
   // Completed answers whose final state is being recorded, by request id.

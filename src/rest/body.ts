@@ -11,17 +11,48 @@ export async function readBody(req: NodeRequest, limit: number): Promise<Buffer>
     req.resume();
     throw new GatewayError("request_too_large", `request body exceeds ${limit} bytes`);
   }
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > limit) {
-      req.resume();
-      throw new GatewayError("request_too_large", `request body exceeds ${limit} bytes`);
+  // Events, not `for await`: the stream's async iterator builds an AbortError (stack trace
+  // included) when it finishes, on every request.
+  return new Promise<Buffer>((resolve, reject) => {
+    if (req.destroyed) {
+      reject(new GatewayError("invalid_request", "the request body was cut short"));
+      return;
     }
-    chunks.push(chunk);
-  }
-  return Buffer.concat(chunks);
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const cleanup = () => {
+      req.off("data", onData);
+      req.off("end", onEnd);
+      req.off("error", onError);
+      req.off("close", onClose);
+    };
+    const onData = (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > limit) {
+        cleanup();
+        req.resume();
+        reject(new GatewayError("request_too_large", `request body exceeds ${limit} bytes`));
+        return;
+      }
+      chunks.push(chunk);
+    };
+    const onEnd = () => {
+      cleanup();
+      resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
+    };
+    const onError = (error: Error) => {
+      cleanup();
+      reject(error);
+    };
+    const onClose = () => {
+      cleanup();
+      reject(new GatewayError("invalid_request", "the request body was cut short"));
+    };
+    req.on("data", onData);
+    req.on("end", onEnd);
+    req.on("error", onError);
+    req.on("close", onClose);
+  });
 }
 
 function requireJsonType(req: NodeRequest): void {

@@ -316,7 +316,6 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
       const value = req.headers[name];
       if (typeof value === "string") headers[name] = value;
     }
-    const log = deps.logger.child({ reqId: headers["x-request-id"] });
 
     const handled = (async (): Promise<void> => {
       let match: { route: Route; params: string[] } | undefined;
@@ -358,7 +357,9 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
     handled.catch((error: unknown) => {
       const { status, body } = toHttpError(error);
       if (status >= 500 && body.error.code === "internal_error")
-        log.error({ err: error, path: url.pathname }, "request failed");
+        deps.logger
+          .child({ reqId: headers["x-request-id"] })
+          .error({ err: error, path: url.pathname }, "request failed");
       if (res.headersSent) {
         res.end();
         return;
