@@ -8,6 +8,7 @@ export default tseslint.config(
       "node_modules/**",
       "dist/**",
       ".gateway/**",
+      "scratch/**",
       "contracts/artifacts/**",
       "src/adapters/chain/artifacts.ts",
     ],

@@ -286,6 +286,9 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         discard: () => reply.dump(),
       };
     };
+    // Reservations and finalisations that arrive together share one transaction (group commit,
+    // migration 006); unloaded, each still goes at once.
+    const ledgerBatcher = ledger.createLedgerBatcher(db.pool);
     const inference = createInference({
       catalog,
       permits,
@@ -294,11 +297,11 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         get: async (quoteId) => (await getQuote(db.pool, quoteId)) as QuoteRecord | undefined,
       },
       ledger: {
-        reserve: (input) => ledger.reserve(db.pool, { ...input, instanceId }),
+        reserve: (input) => ledgerBatcher.reserve({ ...input, instanceId }),
         markStreaming: async (requestId) => {
           await ledger.markStreaming(db.pool, requestId);
         },
-        finalize: (input) => ledger.finalize(db.pool, input),
+        finalize: (input) => ledgerBatcher.finalize(input),
         switchOffer: (input) => ledger.switchOffer(db.pool, input),
         recordOfferFlag: (input) => ledger.recordOfferFlag(db.pool, input),
       },

@@ -1,15 +1,19 @@
 import { randomBytes, randomInt } from "node:crypto";
+import { setTimeout } from "node:timers/promises";
 import pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { openDatabase, type Database } from "../src/adapters/pg/database.js";
 import {
+  createLedgerBatcher,
   finalize,
   heartbeat,
   permitLedger,
   reconcileOrphans,
   reserve,
   switchOffer,
+  type FinalizeInput,
+  type FinalizeResult,
   type ReserveInput,
   type ReserveResult,
 } from "../src/adapters/pg/ledger.js";
@@ -411,5 +415,199 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
       [permitId],
     );
     expect((await permitLedger(a.pool, permitId)).reserved).toBe(BigInt(sums[0]!.open));
+  });
+});
+
+describeIfPostgres("batched reservations and finalisations from two gateway processes", () => {
+  let test: TestDatabase;
+  let a: Database;
+  let b: Database;
+  let url: string;
+
+  beforeAll(async () => {
+    test = await createTestDatabase();
+    url = test.url!;
+    a = test.db;
+    b = await openDatabase({ url });
+  });
+
+  afterAll(async () => {
+    await b?.close();
+    await test?.drop();
+  });
+
+  it("does not deadlock and keeps the invariants on two shared permits and offers", async () => {
+    const M = 12;
+    const deposit = 15_000n;
+    const permits = [hex32(), hex32()];
+    const offers = [hex32(), hex32()];
+    // Two batchers per process, one of them with several batches in flight; the single calls
+    // and failovers run alongside.
+    const batchers = [
+      createLedgerBatcher(a.pool),
+      createLedgerBatcher(b.pool),
+      createLedgerBatcher(a.pool, { maxInFlight: 3 }),
+      createLedgerBatcher(b.pool, { maxInFlight: 2, maxBatch: 8 }),
+    ];
+    const singles = [a.pool, b.pool];
+    type Ledger = {
+      reserve(input: ReserveInput): Promise<ReserveResult>;
+      finalize(input: FinalizeInput): Promise<FinalizeResult>;
+    };
+    const ledgers: Ledger[] = [
+      ...batchers,
+      ...singles.map((pool) => ({
+        reserve: (input: ReserveInput) => reserve(pool, input),
+        finalize: (input: FinalizeInput) => finalize(pool, input),
+      })),
+    ];
+    // Mostly batched.
+    const pick = (): Ledger => ledgers[randomInt(0, 10) < 8 ? randomInt(0, 4) : randomInt(4, 6)]!;
+
+    const errors: unknown[] = [];
+    const violations: string[] = [];
+    const admitted: { requestId: string; charge: bigint; results: FinalizeResult[] }[] = [];
+    const refusals = new Map<string, number>();
+
+    const watcher = new pg.Client({ connectionString: url });
+    await watcher.connect();
+    let watching = true;
+    let observations = 0;
+    const watch = (async () => {
+      while (watching) {
+        const { rows } = await watcher.query<{ kind: string; id: string; a: string; b: string }>(
+          `SELECT 'permit' AS kind, permit_id AS id, reserved::text AS a, charged::text AS b
+             FROM permit_ledgers WHERE permit_id = ANY($1)
+           UNION ALL
+           SELECT 'offer', offer_id, in_flight::text, '0' FROM offer_loads WHERE offer_id = ANY($2)`,
+          [permits, offers],
+        );
+        for (const row of rows) {
+          if (row.kind === "permit" && BigInt(row.a) + BigInt(row.b) > deposit) {
+            violations.push(`permit ${row.id}: reserved ${row.a} + charged ${row.b} > ${deposit}`);
+          }
+          if (row.kind === "offer" && Number(row.a) > M) {
+            violations.push(`offer ${row.id}: ${row.a} in flight > ${M}`);
+          }
+        }
+        observations++;
+      }
+    })();
+
+    const deadline = Date.now() + 3_000;
+    const worker = async (): Promise<void> => {
+      while (Date.now() < deadline) {
+        const p = randomInt(0, 2);
+        const o = randomInt(0, 2);
+        const maximumCredits = BigInt(randomInt(100, 1_000));
+        const input = reservation({
+          permitId: permits[p]!,
+          offerId: offers[o]!,
+          maximumCredits,
+          deposit,
+          maxConcurrency: M,
+        });
+        let result: ReserveResult;
+        try {
+          result = await pick().reserve(input);
+        } catch (error) {
+          errors.push(error);
+          continue;
+        }
+        if (!result.ok) {
+          refusals.set(result.reason, (refusals.get(result.reason) ?? 0) + 1);
+          await setTimeout(randomInt(0, 3));
+          continue;
+        }
+        let maximum = maximumCredits;
+        if (randomInt(0, 5) === 0) {
+          // Failover to the other offer, which locks both offers' rows.
+          const grown = BigInt(randomInt(100, 1_000));
+          try {
+            const moved = await switchOffer(singles[randomInt(0, 2)]!, {
+              requestId: input.requestId,
+              offerId: offers[1 - o]!,
+              maximumCredits: grown,
+              tariffVersion: 2n,
+              maxConcurrency: M,
+              deposit,
+              chainSettled: 0n,
+            });
+            if (moved) maximum = grown;
+          } catch (error) {
+            errors.push(error);
+          }
+        }
+        await setTimeout(randomInt(0, 5));
+        const charge = (maximum * BigInt(randomInt(0, 1_000))) / 4_000n;
+        const closing: FinalizeInput = {
+          requestId: input.requestId,
+          status: "completed",
+          inputTokens: 1n,
+          outputTokens: 1n,
+          creditsCharged: charge,
+          billing: "billed",
+          usageSource: "provider",
+          now: NOW,
+        };
+        // Sometimes twice at once, through two different ledgers.
+        const times = randomInt(0, 4) === 0 ? 2 : 1;
+        const results = await Promise.allSettled(
+          Array.from({ length: times }, () => pick().finalize(closing)),
+        );
+        const done: FinalizeResult[] = [];
+        for (const r of results) {
+          if (r.status === "fulfilled") done.push(r.value);
+          else errors.push(r.reason);
+        }
+        admitted.push({ requestId: input.requestId, charge, results: done });
+      }
+    };
+    try {
+      await Promise.all(Array.from({ length: 48 }, worker));
+    } finally {
+      watching = false;
+      await watch;
+      await watcher.end();
+    }
+
+    expect(errors).toEqual([]);
+    expect(violations).toEqual([]);
+    expect(observations).toBeGreaterThan(0);
+    expect(admitted.length).toBeGreaterThan(100);
+    expect(refusals.get("offer_at_capacity") ?? 0).toBeGreaterThan(0);
+    // The batchers did batch.
+    const sent = batchers.map((x) => x.stats());
+    const items = sent.reduce((n, s) => n + s.reserve.items + s.finalize.items, 0);
+    const batches = sent.reduce((n, s) => n + s.reserve.batches + s.finalize.batches, 0);
+    expect(items / batches).toBeGreaterThan(1.5);
+
+    // Each admitted request was finalized exactly once, by one of its finalize calls.
+    let charged = 0n;
+    for (const x of admitted) {
+      expect(x.results.filter((r) => r.finalized)).toHaveLength(1);
+      const first = x.results.find((r) => r.finalized)!;
+      for (const r of x.results) expect(r.creditsCharged).toBe(first.creditsCharged);
+      expect(first.creditsCharged).toBe(x.charge);
+      charged += first.creditsCharged;
+    }
+    const { rows: open } = await a.pool.query<{ n: string; final: string }>(
+      `SELECT count(*) FILTER (WHERE status IN ('pending', 'streaming')) AS n,
+              count(*) FILTER (WHERE status = 'completed') AS final
+       FROM inference_requests WHERE permit_id = ANY($1)`,
+      [permits],
+    );
+    expect(open[0]).toEqual({ n: "0", final: String(admitted.length) });
+    const permitLedgers = await Promise.all(permits.map((p) => permitLedger(a.pool, p)));
+    for (const l of permitLedgers) {
+      expect(l.reserved).toBe(0n);
+      expect(l.charged <= deposit).toBe(true);
+    }
+    expect(permitLedgers.reduce((s, l) => s + l.charged, 0n)).toBe(charged);
+    const { rows: loads } = await a.pool.query<{ in_flight: number }>(
+      "SELECT in_flight FROM offer_loads WHERE offer_id = ANY($1)",
+      [offers],
+    );
+    expect(loads.map((l) => l.in_flight)).toEqual([0, 0]);
   });
 });

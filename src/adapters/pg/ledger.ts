@@ -34,9 +34,22 @@
  * (migration 005), each one statement that commits on its own: every request of a permit and an
  * offer locks the same two rows until COMMIT, and sending the steps one by one held those locks
  * across several network round trips (the bench measured ~110 req/s on one permit).
+ *
+ * ## Batches (group commit)
+ *
+ * Even so, one transaction per request admits at most one request of a permit per commit. The
+ * gateway therefore goes through {@link createLedgerBatcher}: reservations (and, separately,
+ * finalisations) that arrive while the previous batch is in flight go together as the next
+ * batch, one call of `gw_reserve_batch` (`gw_close_batch`, migration 006), one transaction and
+ * one COMMIT. Each item runs in its own subtransaction, so it is refused, fails or succeeds as
+ * it would alone, and it is committed before its promise resolves. The batch functions take
+ * every row lock their items need up front, in the order above, so batches cannot deadlock with
+ * each other or with the single calls (migration 006 gives the argument; it also rewrote
+ * gw_reserve's upserts as plain conditional UPDATEs, which behave the same).
  */
 import type pg from "pg";
 import type { Hex } from "viem";
+import { createBatcher, type BatcherStats, type ItemOutcome } from "./batcher.js";
 import { quoteColumns, type NewQuote } from "./quotes.js";
 import type { Queryable } from "./registrations.js";
 import type { Billing, FinalRequestStatus, UsageSource } from "./requests.js";
@@ -93,6 +106,54 @@ export type ReserveResult = { ok: true } | { ok: false; reason: ReserveRefusal }
  * no-op if nothing was committed.
  */
 export async function reserve(pool: pg.Pool, input: ReserveInput): Promise<ReserveResult> {
+  return reserveOne(pool, reserveArgs(input));
+}
+
+async function reserveOne(pool: pg.Pool, args: ReserveArgs): Promise<ReserveResult> {
+  try {
+    // One statement, committed on its own: see migration 005 for why and how.
+    await pool.query(
+      `SELECT gw_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::numeric, $11::numeric,
+         $12::numeric, $13::numeric, $14::numeric, $15::integer, $16::bigint, $17::jsonb)`,
+      Object.values(args),
+    );
+    return { ok: true };
+  } catch (error) {
+    const message = (error as { message?: unknown }).message;
+    const reason = typeof message === "string" ? refusal(message, "gw:") : undefined;
+    if (reason !== undefined) return { ok: false, reason };
+    throw error;
+  }
+}
+
+/**
+ * gw_reserve's arguments, in its parameter order and named as it names them without the `p_`,
+ * as JSON values (amounts as decimal strings): the positional parameters of {@link reserve}
+ * and an item of `gw_reserve_batch`.
+ */
+interface ReserveArgs {
+  readonly request_id: string;
+  readonly api_key_id: string;
+  readonly instance_id: string;
+  readonly model: string;
+  readonly model_id: string;
+  readonly offer_id: string;
+  readonly permit_id: string;
+  readonly quote_id: string;
+  readonly stream: boolean;
+  readonly maximum: string;
+  readonly tariff_version: string;
+  readonly input_tokens: string;
+  readonly deposit: string;
+  readonly chain_settled: string;
+  readonly max_concurrency: number;
+  readonly now: number;
+  /** The JSON text of the internal quote's row, or null. */
+  readonly quote: string | null;
+}
+
+/** Checks a reservation and maps it to gw_reserve's arguments. */
+function reserveArgs(input: ReserveInput): ReserveArgs {
   requireAmount("maximumCredits", input.maximumCredits);
   requireAmount("tariffVersion", input.tariffVersion);
   requireAmount("inputTokens", input.inputTokens);
@@ -101,44 +162,38 @@ export async function reserve(pool: pg.Pool, input: ReserveInput): Promise<Reser
   if (input.quote !== undefined && input.quote.quoteId !== input.quoteId) {
     throw new RangeError("reserve: quote.quoteId differs from quoteId");
   }
-  const q = input.quote;
-  try {
-    // One statement, committed on its own: see migration 005 for why and how.
-    await pool.query(
-      `SELECT gw_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::numeric, $11::numeric,
-         $12::numeric, $13::numeric, $14::numeric, $15::integer, $16::bigint, $17::jsonb)`,
-      [
-        input.requestId,
-        input.apiKeyId,
-        input.instanceId,
-        input.model,
-        input.modelId.toLowerCase(),
-        input.offerId.toLowerCase(),
-        input.permitId.toLowerCase(),
-        input.quoteId,
-        input.stream,
-        input.maximumCredits.toString(),
-        input.tariffVersion.toString(),
-        input.inputTokens.toString(),
-        input.deposit.toString(),
-        input.chainSettled.toString(),
-        Number.isFinite(input.maxConcurrency) ? Math.floor(input.maxConcurrency) : 0,
-        input.now,
-        q === undefined ? null : quoteColumns(q),
-      ],
-    );
-    return { ok: true };
-  } catch (error) {
-    const message = (error as { message?: unknown }).message;
-    if (
-      message === "gw:quote_used" ||
-      message === "gw:offer_at_capacity" ||
-      message === "gw:insufficient_credits"
-    ) {
-      return { ok: false, reason: message.slice(3) as ReserveRefusal };
-    }
-    throw error;
-  }
+  return {
+    request_id: input.requestId,
+    api_key_id: input.apiKeyId,
+    instance_id: input.instanceId,
+    model: input.model,
+    model_id: input.modelId.toLowerCase(),
+    offer_id: input.offerId.toLowerCase(),
+    permit_id: input.permitId.toLowerCase(),
+    quote_id: input.quoteId,
+    stream: input.stream,
+    maximum: input.maximumCredits.toString(),
+    tariff_version: input.tariffVersion.toString(),
+    input_tokens: input.inputTokens.toString(),
+    deposit: input.deposit.toString(),
+    chain_settled: input.chainSettled.toString(),
+    max_concurrency: Number.isFinite(input.maxConcurrency) ? Math.floor(input.maxConcurrency) : 0,
+    now: input.now,
+    quote: input.quote === undefined ? null : quoteColumns(input.quote),
+  };
+}
+
+const REFUSALS: readonly string[] = [
+  "quote_used",
+  "offer_at_capacity",
+  "insufficient_credits",
+] satisfies readonly ReserveRefusal[];
+
+/** The refusal that `text` names after `prefix`, if it names one. */
+function refusal(text: string, prefix: string): ReserveRefusal | undefined {
+  if (!text.startsWith(prefix)) return undefined;
+  const reason = text.slice(prefix.length);
+  return REFUSALS.includes(reason) ? (reason as ReserveRefusal) : undefined;
 }
 
 /**
@@ -183,13 +238,18 @@ export interface FinalizeResult {
  * twice.
  */
 export async function finalize(pool: pg.Pool, input: FinalizeInput): Promise<FinalizeResult> {
+  return closeRequest(pool, input.requestId, finalizeClosing(input));
+}
+
+/** Checks a finalisation and maps it to its {@link Closing}. */
+function finalizeClosing(input: FinalizeInput): Closing {
   requireAmount("inputTokens", input.inputTokens);
   requireAmount("outputTokens", input.outputTokens);
   requireAmount("creditsCharged", input.creditsCharged);
   if (input.billing === "void" && input.creditsCharged !== 0n) {
     throw new RangeError("finalize: a void request is charged nothing");
   }
-  return closeRequest(pool, input.requestId, {
+  return {
     status: input.status,
     inputTokens: input.inputTokens,
     outputTokens: input.outputTokens,
@@ -198,7 +258,141 @@ export async function finalize(pool: pg.Pool, input: FinalizeInput): Promise<Fin
     usageSource: input.usageSource,
     error: input.error ?? null,
     now: input.now,
+  };
+}
+
+/** One item of a batch failed in the database; only that item was rolled back. */
+export class LedgerItemError extends Error {
+  override readonly name = "LedgerItemError";
+  /** The SQLSTATE, as on the errors of `pg` (e.g. `23505` for a duplicate key). */
+  readonly code: string;
+
+  constructor(code: string, message: string) {
+    super(message);
+    this.code = code;
+  }
+}
+
+/** Batches go to `gw_reserve_batch`/`gw_close_batch` with at most this many items (migration 006). */
+export const MAX_LEDGER_BATCH = 64;
+
+export interface LedgerBatcherOptions {
+  /** The most items in one transaction; at most (and by default) {@link MAX_LEDGER_BATCH}. */
+  readonly maxBatch?: number;
+  /** The most batches in flight at once, per kind (default 1). */
+  readonly maxInFlight?: number;
+}
+
+/** {@link reserve} and {@link finalize}, batched. */
+export interface LedgerBatcher {
+  reserve(input: ReserveInput): Promise<ReserveResult>;
+  finalize(input: FinalizeInput): Promise<FinalizeResult>;
+  stats(): { readonly reserve: BatcherStats; readonly finalize: BatcherStats };
+}
+
+/**
+ * {@link reserve} and {@link finalize} with the same inputs, checks, results and guarantees
+ * (a reservation is committed before `ok` is returned; a finalisation happens once), sent in
+ * natural batches (see batcher.ts): while a batch of reservations is in flight, the next ones
+ * queue and then go together in one transaction (`gw_reserve_batch`), and likewise for
+ * finalisations (`gw_close_batch`). An item's refusal or database error is its own; when a
+ * whole batch fails (the connection was lost, say), each of its items rejects with that error
+ * and its outcome is unknown, as when a single call throws. A batch of one (every request,
+ * unloaded) is sent to the single function instead, which is the same transaction without the
+ * batch's set-up: batching adds no latency when there is nothing to batch.
+ */
+export function createLedgerBatcher(
+  pool: pg.Pool,
+  options: LedgerBatcherOptions = {},
+): LedgerBatcher {
+  const maxBatch = options.maxBatch ?? MAX_LEDGER_BATCH;
+  if (maxBatch > MAX_LEDGER_BATCH) {
+    throw new RangeError(`maxBatch must be at most ${MAX_LEDGER_BATCH} (got ${maxBatch})`);
+  }
+  const reserves = createBatcher<ReserveArgs, ReserveResult>({
+    run: (items) => reserveBatch(pool, items),
+    maxBatch,
+    maxInFlight: options.maxInFlight,
   });
+  const closes = createBatcher<CloseArgs, FinalizeResult>({
+    run: (items) => closeBatch(pool, items),
+    maxBatch,
+    maxInFlight: options.maxInFlight,
+  });
+  return {
+    reserve: async (input) => reserves.submit(reserveArgs(input)),
+    finalize: async (input) => closes.submit(closeArgs(input.requestId, finalizeClosing(input))),
+    stats: () => ({ reserve: reserves.stats(), finalize: closes.stats() }),
+  };
+}
+
+async function reserveBatch(
+  pool: pg.Pool,
+  items: readonly ReserveArgs[],
+): Promise<ItemOutcome<ReserveResult>[]> {
+  if (items.length === 1) return [{ ok: true, value: await reserveOne(pool, items[0]!) }];
+  const { rows } = await pool.query<{ idx: number; outcome: string }>(
+    "SELECT idx, outcome FROM gw_reserve_batch($1::jsonb)",
+    [JSON.stringify(items)],
+  );
+  return inItemOrder(rows, items.length, "gw_reserve_batch").map(
+    ({ outcome }): ItemOutcome<ReserveResult> => {
+      if (outcome === "ok") return { ok: true, value: { ok: true } };
+      const reason = refusal(outcome, "");
+      if (reason !== undefined) return { ok: true, value: { ok: false, reason } };
+      return { ok: false, error: itemError(outcome.replace(/^error:/, "")) };
+    },
+  );
+}
+
+async function closeBatch(
+  pool: pg.Pool,
+  items: readonly CloseArgs[],
+): Promise<ItemOutcome<FinalizeResult>[]> {
+  if (items.length === 1) return [{ ok: true, value: await closeOne(pool, items[0]!) }];
+  const { rows } = await pool.query<{
+    idx: number;
+    finalized: boolean | null;
+    credits_charged: string | null;
+    error: string | null;
+  }>("SELECT idx, finalized, credits_charged::text, error FROM gw_close_batch($1::jsonb)", [
+    JSON.stringify(items),
+  ]);
+  return inItemOrder(rows, items.length, "gw_close_batch").map(
+    ({ finalized, credits_charged, error }): ItemOutcome<FinalizeResult> => {
+      if (error !== null) return { ok: false, error: itemError(error) };
+      if (finalized === null || credits_charged === null) {
+        return { ok: false, error: new LedgerInconsistencyError("gw_close_batch returned nulls") };
+      }
+      return { ok: true, value: closeResult({ finalized, credits_charged }) };
+    },
+  );
+}
+
+/** The rows of a batch function by item, checking there is exactly one per item. */
+function inItemOrder<T extends { idx: number }>(
+  rows: readonly T[],
+  count: number,
+  fn: string,
+): T[] {
+  const ordered: T[] = new Array<T>(count);
+  for (const row of rows) {
+    const i = row.idx - 1;
+    if (!(i >= 0 && i < count) || ordered[i] !== undefined) {
+      throw new LedgerInconsistencyError(`${fn} returned an unexpected item ${row.idx}`);
+    }
+    ordered[i] = row;
+  }
+  if (rows.length !== count) {
+    throw new LedgerInconsistencyError(`${fn} returned ${rows.length} rows for ${count} items`);
+  }
+  return ordered;
+}
+
+/** `<sqlstate>: <message>`, as the batch functions report an item's error. */
+function itemError(text: string): LedgerItemError {
+  const match = /^([0-9A-Z]{5}): ([\s\S]*)$/.exec(text);
+  return match ? new LedgerItemError(match[1]!, match[2]!) : new LedgerItemError("XX000", text);
 }
 
 export interface SwitchOfferInput {
@@ -443,26 +637,63 @@ async function closeRequest(
   closing: Closing,
   orphanedBefore?: number,
 ): Promise<FinalizeResult> {
+  return closeOne(pool, closeArgs(requestId, closing), orphanedBefore);
+}
+
+async function closeOne(
+  pool: pg.Pool,
+  args: CloseArgs,
+  orphanedBefore?: number,
+): Promise<FinalizeResult> {
   // One statement, committed on its own (migration 005). The status condition makes it exactly
   // once: a concurrent close of the same request waits for our row lock, then finds it final.
-  const { rows } = await pool.query<{ finalized: boolean; credits_charged: string }>(
+  const { rows } = await pool.query<CloseRow>(
     `SELECT finalized, credits_charged::text FROM gw_close_request($1, $2, $3::numeric, $4::numeric,
        $5::numeric, $6, $7, $8, $9::bigint, $10::bigint)`,
-    [
-      requestId,
-      closing.status,
-      closing.inputTokens?.toString() ?? null,
-      closing.outputTokens?.toString() ?? null,
-      closing.creditsCharged.toString(),
-      closing.billing,
-      closing.usageSource,
-      closing.error,
-      closing.now,
-      orphanedBefore ?? null,
-    ],
+    [...Object.values(args), orphanedBefore ?? null],
   );
   const row = rows[0];
   if (row === undefined) throw new LedgerInconsistencyError("gw_close_request returned nothing");
+  return closeResult(row);
+}
+
+/**
+ * gw_close_request's arguments but the orphan rule, in its parameter order and named as it
+ * names them without the `p_`, as JSON values: the first positional parameters of
+ * {@link closeRequest} and an item of `gw_close_batch`.
+ */
+interface CloseArgs {
+  readonly request_id: string;
+  readonly status: FinalRequestStatus;
+  readonly input_tokens: string | null;
+  readonly output_tokens: string | null;
+  readonly credits_charged: string;
+  readonly billing: Billing;
+  readonly usage_source: UsageSource | null;
+  readonly error: string | null;
+  readonly now: number;
+}
+
+function closeArgs(requestId: string, closing: Closing): CloseArgs {
+  return {
+    request_id: requestId,
+    status: closing.status,
+    input_tokens: closing.inputTokens?.toString() ?? null,
+    output_tokens: closing.outputTokens?.toString() ?? null,
+    credits_charged: closing.creditsCharged.toString(),
+    billing: closing.billing,
+    usage_source: closing.usageSource,
+    error: closing.error,
+    now: closing.now,
+  };
+}
+
+interface CloseRow {
+  finalized: boolean;
+  credits_charged: string;
+}
+
+function closeResult(row: CloseRow): FinalizeResult {
   return { finalized: row.finalized, creditsCharged: BigInt(row.credits_charged) };
 }
 
