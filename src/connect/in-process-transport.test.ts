@@ -71,7 +71,7 @@ describe("in-process transport", () => {
     expect(header?.get("x-done")).toBe("yes");
   });
 
-  it("streams the implementation's messages in order, and cancels it when the caller stops reading", async () => {
+  it("streams the implementation's messages in order, ends it when the caller stops reading, and passes the caller's signal", async () => {
     let aborted: unknown;
     let finished = false;
     const transport = createInProcessTransport(
@@ -108,7 +108,7 @@ describe("in-process transport", () => {
     expect(aborted).toBeUndefined();
 
     // A caller that stops reading (the promise client offers only its signal for that; the
-    // transport's own iterable has return()) cancels the implementation.
+    // transport's own iterable has return()) ends the implementation's generator.
     const res = await transport.stream(
       InferenceService.method.streamChatCompletion,
       undefined,
@@ -122,8 +122,7 @@ describe("in-process transport", () => {
     await it.next();
     await it.return?.();
     expect(finished).toBe(true);
-    expect(aborted).toBeInstanceOf(ConnectError);
-    expect((aborted as ConnectError).code).toBe(Code.Canceled);
+    expect(aborted).toBeUndefined();
 
     // The caller's signal reaches the implementation's context.
     aborted = undefined;
