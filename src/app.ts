@@ -376,6 +376,8 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         closing ??= (async () => {
           clearInterval(housekeeping);
           await listener.close();
+          // Answers already given may still be committing their charges: let them land.
+          await inference.drain();
           await health.stop();
           await indexer.stop();
           await upstream.close();

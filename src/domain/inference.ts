@@ -225,6 +225,8 @@ export interface Inference {
    * now (a completed answer goes to the client just before its charge is committed).
    */
   whenRecorded(requestId: string): Promise<void>;
+  /** Settles when every answer given so far has its final state recorded (graceful shutdown). */
+  drain(): Promise<void>;
 }
 
 // ------------------------------------------------------------------------------ rules
@@ -1045,5 +1047,8 @@ export function createInference(deps: InferenceDeps): Inference {
     createQuote,
     chat,
     whenRecorded: (requestId) => recording.get(requestId) ?? Promise.resolve(),
+    drain: async () => {
+      while (recording.size > 0) await Promise.all(recording.values());
+    },
   };
 }
