@@ -5,6 +5,7 @@ import { GatewayError } from "./errors.js";
 import {
   createInference,
   type ChatEvent,
+  type ChatInput,
   type Ledger,
   type UpstreamChat,
   type UpstreamReply,
@@ -73,6 +74,20 @@ function reply(status: number, body: object): UpstreamReply {
   };
 }
 
+/** A chat request of the test model on the test permit, as the service hands it over. */
+function chatInput(stream = false): ChatInput {
+  return {
+    apiKeyId: "key",
+    body: new TextEncoder().encode(
+      JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }], stream }),
+    ),
+    permitId,
+    quoteId: undefined,
+    idempotencyKey: undefined,
+    signal: new AbortController().signal,
+  };
+}
+
 function setup(
   overrides: { ledger?: Partial<Ledger>; upstream?: UpstreamChat; stream?: boolean } = {},
 ) {
@@ -127,20 +142,7 @@ function setup(
   const chat = async (stopAfterChunks = Infinity): Promise<ChatEvent[]> => {
     const events: ChatEvent[] = [];
     let chunks = 0;
-    for await (const event of inference.chat({
-      apiKeyId: "key",
-      body: new TextEncoder().encode(
-        JSON.stringify({
-          model: "m",
-          messages: [{ role: "user", content: "hi" }],
-          stream: overrides.stream === true,
-        }),
-      ),
-      permitId,
-      quoteId: undefined,
-      idempotencyKey: undefined,
-      signal: new AbortController().signal,
-    })) {
+    for await (const event of inference.chat(chatInput(overrides.stream === true))) {
       events.push(event);
       if (event.type === "chunk" && ++chunks >= stopAfterChunks) break;
     }
@@ -246,16 +248,7 @@ describe("inference pipeline", () => {
           }),
       },
     });
-    const events = inference.chat({
-      apiKeyId: "key",
-      body: new TextEncoder().encode(
-        JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
-      ),
-      permitId,
-      quoteId: undefined,
-      idempotencyKey: undefined,
-      signal: new AbortController().signal,
-    });
+    const events = inference.chat(chatInput());
     const seen: ChatEvent[] = [];
     for (;;) {
       const next = await events.next();
@@ -287,16 +280,7 @@ describe("inference pipeline", () => {
 
   it("records a completed answer as completed even when the consumer stops right after it", async () => {
     const { inference, finalized } = setup();
-    for await (const event of inference.chat({
-      apiKeyId: "key",
-      body: new TextEncoder().encode(
-        JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
-      ),
-      permitId,
-      quoteId: undefined,
-      idempotencyKey: undefined,
-      signal: new AbortController().signal,
-    })) {
+    for await (const event of inference.chat(chatInput())) {
       if (event.type === "completed") break;
     }
     expect(finalized).toHaveLength(1);

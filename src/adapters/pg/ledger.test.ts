@@ -1,7 +1,7 @@
-import { randomBytes } from "node:crypto";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { completion, hex32, id, newQuote, NOW, reservation } from "../../../test/helpers/ledger.js";
 import {
   availableCredits,
   finalize,
@@ -12,10 +12,8 @@ import {
   recordOfferFlag,
   reserve,
   switchOffer,
-  type FinalizeInput,
-  type ReserveInput,
 } from "./ledger.js";
-import { getQuote, insertQuote, type NewQuote } from "./quotes.js";
+import { getQuote, insertQuote } from "./quotes.js";
 import { getRequest } from "./requests.js";
 
 let test: TestDatabase;
@@ -27,77 +25,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await test?.drop();
 });
-
-const NOW = 1_700_000_000;
-
-function hex32(): Hex {
-  return `0x${randomBytes(32).toString("hex")}`;
-}
-
-function id(prefix: string): string {
-  return `${prefix}_${randomBytes(8).toString("hex")}`;
-}
-
-function newQuote(overrides: Partial<NewQuote> = {}): NewQuote {
-  return {
-    quoteId: id("qt"),
-    apiKeyId: "key_a",
-    model: "org/model",
-    modelId: hex32(),
-    offerId: hex32(),
-    tariffVersion: 1n,
-    inputTokens: 100n,
-    maxOutputTokens: 200n,
-    wakesEndpoint: false,
-    maximumCredits: 1_000n,
-    fingerprint: "f".repeat(64),
-    createdAt: NOW,
-    expiresAt: NOW + 60,
-    internal: true,
-    ...overrides,
-  };
-}
-
-/** A reservation with its own internal quote; `permitId`/`offerId` shared through overrides. */
-function reservation(overrides: Partial<ReserveInput> = {}): ReserveInput {
-  const requestId = overrides.requestId ?? id("req");
-  const offerId = overrides.offerId ?? hex32();
-  const maximumCredits = overrides.maximumCredits ?? 1_000n;
-  const quote = newQuote({ offerId, maximumCredits });
-  return {
-    requestId,
-    apiKeyId: "key_a",
-    instanceId: "instance_live",
-    model: "org/model",
-    modelId: quote.modelId,
-    offerId,
-    permitId: hex32(),
-    quoteId: quote.quoteId,
-    stream: false,
-    maximumCredits,
-    tariffVersion: 1n,
-    inputTokens: 100n,
-    deposit: 10_000n,
-    chainSettled: 0n,
-    maxConcurrency: 100,
-    now: NOW,
-    quote,
-    ...overrides,
-  };
-}
-
-function completion(requestId: string, creditsCharged: bigint): FinalizeInput {
-  return {
-    requestId,
-    status: "completed",
-    inputTokens: 90n,
-    outputTokens: 150n,
-    creditsCharged,
-    billing: "billed",
-    usageSource: "provider",
-    now: NOW + 5,
-  };
-}
 
 async function inFlight(offerId: Hex): Promise<number> {
   const { rows } = await test.db.pool.query<{ in_flight: number }>(
