@@ -108,25 +108,35 @@ async function watchingPermit<T>(
   }
 }
 
-describeIfPostgres("the ledger shared by two gateway processes", () => {
-  let test: TestDatabase;
-  let a: Database;
-  let b: Database;
-  let url: string;
-
+/** One fresh database with two handles on it, as two gateway processes have, for a suite. */
+function twoProcesses(): { readonly a: Database; readonly b: Database; readonly url: string } {
+  let test: TestDatabase | undefined;
+  let b: Database | undefined;
   beforeAll(async () => {
     test = await createTestDatabase();
-    url = test.url!;
-    a = test.db;
-    b = await openDatabase({ url });
+    b = await openDatabase({ url: test.url! });
   });
-
   afterAll(async () => {
     await b?.close();
     await test?.drop();
   });
+  return {
+    get a() {
+      return test!.db;
+    },
+    get b() {
+      return b!;
+    },
+    get url() {
+      return test!.url!;
+    },
+  };
+}
 
-  const poolOf = (i: number): pg.Pool => (i % 2 === 0 ? a.pool : b.pool);
+describeIfPostgres("the ledger shared by two gateway processes", () => {
+  const p = twoProcesses();
+
+  const poolOf = (i: number): pg.Pool => (i % 2 === 0 ? p.a.pool : p.b.pool);
 
   it("admits exactly K of 10·K concurrent requests when the deposit covers K", async () => {
     const K = 20;
@@ -138,7 +148,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
     const inputs = Array.from({ length: 10 * K }, () =>
       reservation({ permitId, offerId: hex32(), maximumCredits: maximum, deposit }),
     );
-    const results = await watchingPermit(url, permitId, deposit, () =>
+    const results = await watchingPermit(p.url, permitId, deposit, () =>
       Promise.all(inputs.map((input, i) => reserve(poolOf(i), input))),
     );
 
@@ -148,12 +158,12 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
     expect(new Set(refusals.map((r) => r.reason))).toEqual(new Set(["insufficient_credits"]));
     // Both processes got some in.
     expect(new Set(admitted.map((x) => inputs.indexOf(x) % 2)).size).toBe(2);
-    expect(await permitLedger(a.pool, permitId)).toEqual({
+    expect(await permitLedger(p.a.pool, permitId)).toEqual({
       reserved: deposit,
       charged: 0n,
       settled: 0n,
     });
-    const { rows } = await a.pool.query<{ n: string; in_flight: string }>(
+    const { rows } = await p.a.pool.query<{ n: string; in_flight: string }>(
       `SELECT (SELECT count(*) FROM inference_requests WHERE permit_id = $1) AS n,
               (SELECT sum(in_flight) FROM offer_loads WHERE offer_id = ANY($2)) AS in_flight`,
       [permitId, inputs.map((x) => x.offerId)],
@@ -163,7 +173,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
     // Finalize them all concurrently, each one twice (once from each process), with random
     // charges, some above the maximum.
     const charges = admitted.map(() => BigInt(randomInt(0, 1_500)));
-    const finalizations = await watchingPermit(url, permitId, deposit, () =>
+    const finalizations = await watchingPermit(p.url, permitId, deposit, () =>
       Promise.all(
         admitted.flatMap((input, i) =>
           [0, 1].map((process) =>
@@ -188,7 +198,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
       expect(pair.map((f) => f.creditsCharged)).toEqual([clamped[i], clamped[i]]);
     }
     const total = clamped.reduce((s, c) => s + c, 0n);
-    const ledger = await permitLedger(a.pool, permitId);
+    const ledger = await permitLedger(p.a.pool, permitId);
     expect(ledger).toEqual({ reserved: 0n, charged: total, settled: 0n });
     expect(ledger.charged + ledger.reserved <= deposit).toBe(true);
   });
@@ -198,7 +208,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
     const permitId = hex32();
     let charged = 0n;
 
-    await watchingPermit(url, permitId, deposit, () =>
+    await watchingPermit(p.url, permitId, deposit, () =>
       Promise.all(
         Array.from({ length: 16 }, async (_, worker) => {
           const pool = poolOf(worker);
@@ -224,7 +234,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
         }),
       ),
     );
-    const ledger = await permitLedger(a.pool, permitId);
+    const ledger = await permitLedger(p.a.pool, permitId);
     expect(ledger).toEqual({ reserved: 0n, charged, settled: 0n });
     expect(charged <= deposit).toBe(true);
   });
@@ -247,7 +257,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
     expect(results.filter((r) => !r.ok && r.reason === "offer_at_capacity")).toHaveLength(N - M);
     const load = async (): Promise<number | undefined> =>
       (
-        await a.pool.query<{ in_flight: number }>(
+        await p.a.pool.query<{ in_flight: number }>(
           "SELECT in_flight FROM offer_loads WHERE offer_id = $1",
           [offerId],
         )
@@ -306,7 +316,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
 
   it("reconciles each orphan once when both processes reconcile at the same time", async () => {
     const dead = `dead_${randomBytes(4).toString("hex")}`;
-    await heartbeat(a.pool, dead, NOW - 600);
+    await heartbeat(p.a.pool, dead, NOW - 600);
     const permitId = hex32();
     const offerId = hex32();
     const inputs = Array.from({ length: 30 }, () =>
@@ -319,7 +329,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
         now: NOW - 600,
       }),
     );
-    for (const input of inputs) expect(await reserve(a.pool, input)).toEqual({ ok: true });
+    for (const input of inputs) expect(await reserve(p.a.pool, input)).toEqual({ ok: true });
 
     // The owner also wakes up and tries to finalize some of them at the same moment.
     const counts = await Promise.all([
@@ -343,9 +353,9 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
     const finalizedByOwner = counts.slice(6).reduce((s, n) => s + n, 0) / 1_000;
     expect(reconciled + finalizedByOwner).toBe(inputs.length);
 
-    const ledger = await permitLedger(a.pool, permitId);
+    const ledger = await permitLedger(p.a.pool, permitId);
     expect(ledger).toEqual({ reserved: 0n, charged: 50n * BigInt(finalizedByOwner), settled: 0n });
-    const { rows } = await a.pool.query<{ in_flight: number; orphaned: string }>(
+    const { rows } = await p.a.pool.query<{ in_flight: number; orphaned: string }>(
       `SELECT (SELECT in_flight FROM offer_loads WHERE offer_id = $1) AS in_flight,
               (SELECT count(*) FROM inference_requests
                WHERE permit_id = $2 AND error = 'orphaned' AND billing = 'void'
@@ -400,7 +410,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
     });
     await Promise.all([...switches, ...traffic].map((f) => f()));
 
-    const { rows } = await a.pool.query<{ offer_id: string; in_flight: number; open: string }>(
+    const { rows } = await p.a.pool.query<{ offer_id: string; in_flight: number; open: string }>(
       `SELECT l.offer_id, l.in_flight,
               (SELECT count(*) FROM inference_requests r
                WHERE r.offer_id = l.offer_id AND r.status = 'pending') AS open
@@ -409,32 +419,17 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
     );
     for (const row of rows) expect(row.in_flight).toBe(Number(row.open));
     expect(rows.reduce((s, r) => s + r.in_flight, 0)).toBe(inputs.length);
-    const { rows: sums } = await a.pool.query<{ open: string }>(
+    const { rows: sums } = await p.a.pool.query<{ open: string }>(
       `SELECT COALESCE(sum(maximum_credits), 0)::text AS open FROM inference_requests
        WHERE permit_id = $1 AND status = 'pending'`,
       [permitId],
     );
-    expect((await permitLedger(a.pool, permitId)).reserved).toBe(BigInt(sums[0]!.open));
+    expect((await permitLedger(p.a.pool, permitId)).reserved).toBe(BigInt(sums[0]!.open));
   });
 });
 
 describeIfPostgres("batched reservations and finalisations from two gateway processes", () => {
-  let test: TestDatabase;
-  let a: Database;
-  let b: Database;
-  let url: string;
-
-  beforeAll(async () => {
-    test = await createTestDatabase();
-    url = test.url!;
-    a = test.db;
-    b = await openDatabase({ url });
-  });
-
-  afterAll(async () => {
-    await b?.close();
-    await test?.drop();
-  });
+  const p = twoProcesses();
 
   it("does not deadlock and keeps the invariants on two shared permits and offers", async () => {
     const M = 12;
@@ -444,12 +439,12 @@ describeIfPostgres("batched reservations and finalisations from two gateway proc
     // Two batchers per process, one of them with several batches in flight; the single calls
     // and failovers run alongside.
     const batchers = [
-      createLedgerBatcher(a.pool),
-      createLedgerBatcher(b.pool),
-      createLedgerBatcher(a.pool, { maxInFlight: 3 }),
-      createLedgerBatcher(b.pool, { maxInFlight: 2, maxBatch: 8 }),
+      createLedgerBatcher(p.a.pool),
+      createLedgerBatcher(p.b.pool),
+      createLedgerBatcher(p.a.pool, { maxInFlight: 3 }),
+      createLedgerBatcher(p.b.pool, { maxInFlight: 2, maxBatch: 8 }),
     ];
-    const singles = [a.pool, b.pool];
+    const singles = [p.a.pool, p.b.pool];
     type Ledger = {
       reserve(input: ReserveInput): Promise<ReserveResult>;
       finalize(input: FinalizeInput): Promise<FinalizeResult>;
@@ -469,7 +464,7 @@ describeIfPostgres("batched reservations and finalisations from two gateway proc
     const admitted: { requestId: string; charge: bigint; results: FinalizeResult[] }[] = [];
     const refusals = new Map<string, number>();
 
-    const watcher = new pg.Client({ connectionString: url });
+    const watcher = new pg.Client({ connectionString: p.url });
     await watcher.connect();
     let watching = true;
     let observations = 0;
@@ -497,11 +492,11 @@ describeIfPostgres("batched reservations and finalisations from two gateway proc
     const deadline = Date.now() + 3_000;
     const worker = async (): Promise<void> => {
       while (Date.now() < deadline) {
-        const p = randomInt(0, 2);
+        const pi = randomInt(0, 2);
         const o = randomInt(0, 2);
         const maximumCredits = BigInt(randomInt(100, 1_000));
         const input = reservation({
-          permitId: permits[p]!,
+          permitId: permits[pi]!,
           offerId: offers[o]!,
           maximumCredits,
           deposit,
@@ -591,20 +586,22 @@ describeIfPostgres("batched reservations and finalisations from two gateway proc
       expect(first.creditsCharged).toBe(x.charge);
       charged += first.creditsCharged;
     }
-    const { rows: open } = await a.pool.query<{ n: string; final: string }>(
+    const { rows: open } = await p.a.pool.query<{ n: string; final: string }>(
       `SELECT count(*) FILTER (WHERE status IN ('pending', 'streaming')) AS n,
               count(*) FILTER (WHERE status = 'completed') AS final
        FROM inference_requests WHERE permit_id = ANY($1)`,
       [permits],
     );
     expect(open[0]).toEqual({ n: "0", final: String(admitted.length) });
-    const permitLedgers = await Promise.all(permits.map((p) => permitLedger(a.pool, p)));
+    const permitLedgers = await Promise.all(
+      permits.map((permit) => permitLedger(p.a.pool, permit)),
+    );
     for (const l of permitLedgers) {
       expect(l.reserved).toBe(0n);
       expect(l.charged <= deposit).toBe(true);
     }
     expect(permitLedgers.reduce((s, l) => s + l.charged, 0n)).toBe(charged);
-    const { rows: loads } = await a.pool.query<{ in_flight: number }>(
+    const { rows: loads } = await p.a.pool.query<{ in_flight: number }>(
       "SELECT in_flight FROM offer_loads WHERE offer_id = ANY($1)",
       [offers],
     );
