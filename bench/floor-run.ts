@@ -2,37 +2,25 @@ import { availableParallelism } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 import { killAllChildrenSync, startChild, type ChildHandle } from "./lib/processes.js";
 import { load, percentiles, preflight, UnloadedSampler, type Target } from "./lib/measure.js";
+import { baseEnv, readCommonSettings } from "./lib/settings.js";
 import { createBenchDatabase, type BenchDatabase } from "./lib/setup.js";
 
 /**
  * `npm run bench:floor`: what the issue's JSON targets leave room for on this machine. The same
- * fake upstream and reverse proxy as `npm run bench`, against two floors (bench/floor.ts): a
- * metering hop without a database, and the same hop with one committed INSERT before the
- * upstream call and one UPDATE after it. JSON only; unloaded p50 and throughput at load, each
+ * fake upstream and reverse proxy as `npm run bench`, against three floors (bench/floor.ts): a
+ * metering hop without a database, the same hop with one committed INSERT before the upstream
+ * call and one UPDATE after it, and that with group commit. JSON only; unloaded p50 and throughput at load, each
  * as a ratio or difference to the proxy measured in the same run. See bench/README.md.
  */
 
-function intSetting(name: string, fallback: number): number {
-  const raw = process.env[name]?.trim();
-  return raw && /^\d+$/.test(raw) && Number(raw) > 0 ? Number(raw) : fallback;
-}
-
-const serverUrl = process.env.BENCH_DATABASE_URL || "postgres://postgres@127.0.0.1:5432/test";
-const seconds = intSetting("BENCH_SECONDS", 10);
-const warmupSeconds = intSetting("BENCH_WARMUP_SECONDS", 2);
-const connections = intSetting("BENCH_CONNECTIONS", 32);
-const unloadedRequests = intSetting("BENCH_UNLOADED_REQUESTS", 300);
+const { serverUrl, seconds, warmupSeconds, connections, unloadedRequests } = readCommonSettings();
 
 function log(message: string): void {
   process.stderr.write(`[bench:floor] ${message}\n`);
 }
 
-function baseEnv(): NodeJS.ProcessEnv {
-  const env: NodeJS.ProcessEnv = { HOST: "127.0.0.1", PORT: "0" };
-  for (const key of ["PATH", "HOME", "TMPDIR", "LANG", "TZ"]) {
-    if (process.env[key] !== undefined) env[key] = process.env[key];
-  }
-  return env;
+function childEnv(): NodeJS.ProcessEnv {
+  return { ...baseEnv(), HOST: "127.0.0.1", PORT: "0" };
 }
 
 interface Row {
@@ -57,9 +45,9 @@ async function main(): Promise<number> {
   process.on("exit", killAllChildrenSync);
   try {
     db = await createBenchDatabase(serverUrl);
-    const upstream = await startChild("upstream", "upstream.ts", baseEnv(), 30_000);
+    const upstream = await startChild("upstream", "upstream.ts", childEnv(), 30_000);
     children.push(upstream);
-    const env = { ...baseEnv(), UPSTREAM_URL: upstream.url };
+    const env = { ...childEnv(), UPSTREAM_URL: upstream.url };
     const proxy = await startChild("proxy", "proxy.ts", env, 30_000);
     const floor = await startChild("floor", "floor.ts", env, 30_000);
     const floorDb = await startChild(
@@ -106,8 +94,10 @@ async function main(): Promise<number> {
     for (const [i, target] of targets.entries()) {
       const [name, child] = measured[i]!;
       log(`load: ${name}, ${connections} connections, ${seconds} s`);
-      await load(target, "json", { connections, seconds: warmupSeconds });
-      await sleep(500);
+      if (warmupSeconds > 0) {
+        await load(target, "json", { connections, seconds: warmupSeconds });
+        await sleep(500);
+      }
       const before = (await child.stats()).cpu;
       const result = await load(target, "json", { connections, seconds });
       const after = (await child.stats()).cpu;

@@ -31,6 +31,7 @@ import {
   onboardOffers,
   seedBenchMarket,
 } from "./lib/setup.js";
+import { baseEnv, readCommonSettings, type CommonSettings } from "./lib/settings.js";
 
 /**
  * `npm run bench`: the gateway on a fresh database of a real PostgreSQL, anvil with the demo
@@ -40,32 +41,14 @@ import {
  * or when the run overstays its time budget. See bench/README.md.
  */
 
-interface Settings {
-  readonly serverUrl: string;
-  readonly seconds: number;
-  readonly warmupSeconds: number;
-  readonly connections: number;
-  readonly unloadedRequests: number;
+interface Settings extends CommonSettings {
   readonly output: string;
   readonly profileDir: string | undefined;
 }
 
-function intSetting(name: string, fallback: number, min: number, max: number): number {
-  const raw = process.env[name]?.trim();
-  if (raw === undefined || raw === "") return fallback;
-  if (!/^\d+$/.test(raw) || Number(raw) < min || Number(raw) > max) {
-    throw new Error(`${name} must be an integer from ${min} to ${max}, got "${raw}"`);
-  }
-  return Number(raw);
-}
-
 function readSettings(): Settings {
   return {
-    serverUrl: process.env.BENCH_DATABASE_URL || "postgres://postgres@127.0.0.1:5432/test",
-    seconds: intSetting("BENCH_SECONDS", 10, 1, 300),
-    warmupSeconds: intSetting("BENCH_WARMUP_SECONDS", 2, 0, 60),
-    connections: intSetting("BENCH_CONNECTIONS", 32, 1, 512),
-    unloadedRequests: intSetting("BENCH_UNLOADED_REQUESTS", 300, 10, 5000),
+    ...readCommonSettings(),
     output:
       process.env.BENCH_OUTPUT || fileURLToPath(new URL("./results/latest.json", import.meta.url)),
     profileDir: process.env.BENCH_PROFILE_DIR || undefined,
@@ -77,15 +60,6 @@ const unloadedBudgetMs = 120_000;
 
 function log(message: string): void {
   process.stderr.write(`[bench] ${message}\n`);
-}
-
-/** Only the variables a child needs, so the caller's shell cannot change what is measured. */
-function baseEnv(): NodeJS.ProcessEnv {
-  const env: NodeJS.ProcessEnv = {};
-  for (const key of ["PATH", "HOME", "TMPDIR", "LANG", "TZ"]) {
-    if (process.env[key] !== undefined) env[key] = process.env[key];
-  }
-  return env;
 }
 
 /** `BENCH_GATEWAY_<NAME>=value` is passed to the gateway as `<NAME>=value` (after the defaults). */
