@@ -18,55 +18,29 @@ import {
   type ReserveResult,
 } from "../src/adapters/pg/ledger.js";
 import { createTestDatabase, describeIfPostgres, type TestDatabase } from "./helpers/db.js";
+import {
+  completion,
+  hex32,
+  NOW,
+  offerInFlight,
+  reservation as sharedReservation,
+} from "./helpers/ledger.js";
 
 // Two pools on one fresh database stand for two gateway processes: each has its own
 // connections, so their transactions really interleave in PostgreSQL. Only a real PostgreSQL
 // can show this (PGlite has a single connection).
 
-const NOW = 1_700_000_000;
-
-function hex32(): Hex {
-  return `0x${randomBytes(32).toString("hex")}`;
-}
-
+/** A reservation as one of these processes makes it: no capacity limit unless the test sets one. */
 function reservation(
   input: Pick<ReserveInput, "permitId" | "offerId" | "maximumCredits" | "deposit"> &
     Partial<ReserveInput>,
 ): ReserveInput {
-  const requestId = `req_${randomBytes(8).toString("hex")}`;
-  const quoteId = `qt_${randomBytes(8).toString("hex")}`;
-  const modelId: Hex = `0x${"11".repeat(32)}`;
-  return {
-    requestId,
+  return sharedReservation({
     apiKeyId: "key_concurrency",
     instanceId: "instance_a",
-    model: "org/model",
-    modelId,
-    quoteId,
-    stream: false,
-    tariffVersion: 1n,
-    inputTokens: 10n,
-    chainSettled: 0n,
     maxConcurrency: 1_000_000,
-    now: NOW,
-    quote: {
-      quoteId,
-      apiKeyId: "key_concurrency",
-      model: "org/model",
-      modelId,
-      offerId: input.offerId,
-      tariffVersion: 1n,
-      inputTokens: 10n,
-      maxOutputTokens: 10n,
-      wakesEndpoint: false,
-      maximumCredits: input.maximumCredits,
-      fingerprint: "0".repeat(64),
-      createdAt: NOW,
-      expiresAt: NOW + 60,
-      internal: true,
-    },
     ...input,
-  };
+  });
 }
 
 /**
@@ -218,16 +192,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
             const result = await reserve(pool, input);
             if (!result.ok) continue;
             const charge = BigInt(randomInt(0, 4_000));
-            const done = await finalize(poolOf(worker + n), {
-              requestId: input.requestId,
-              status: "completed",
-              inputTokens: 1n,
-              outputTokens: 1n,
-              creditsCharged: charge,
-              billing: "billed",
-              usageSource: "provider",
-              now: NOW,
-            });
+            const done = await finalize(poolOf(worker + n), completion(input.requestId, charge));
             expect(done.finalized).toBe(true);
             charged += done.creditsCharged;
           }
@@ -255,20 +220,14 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
     const results = await Promise.all(inputs.map((input, i) => reserve(poolOf(i), input)));
     expect(results.filter((r) => r.ok)).toHaveLength(M);
     expect(results.filter((r) => !r.ok && r.reason === "offer_at_capacity")).toHaveLength(N - M);
-    const load = async (): Promise<number | undefined> =>
-      (
-        await p.a.pool.query<{ in_flight: number }>(
-          "SELECT in_flight FROM offer_loads WHERE offer_id = $1",
-          [offerId],
-        )
-      ).rows[0]?.in_flight;
+    const load = (): Promise<number> => offerInFlight(p.a.pool, offerId);
     expect(await load()).toBe(M);
 
     // Requests coming and going from both processes never push the load above M.
     let peak = 0;
     let stop = false;
     const watcher = (async () => {
-      while (!stop) peak = Math.max(peak, (await load()) ?? 0);
+      while (!stop) peak = Math.max(peak, await load());
     })();
     const admitted = inputs.filter((_, i) => results[i]!.ok);
     await Promise.all([
@@ -535,16 +494,7 @@ describeIfPostgres("batched reservations and finalisations from two gateway proc
         }
         await setTimeout(randomInt(0, 5));
         const charge = (maximum * BigInt(randomInt(0, 1_000))) / 4_000n;
-        const closing: FinalizeInput = {
-          requestId: input.requestId,
-          status: "completed",
-          inputTokens: 1n,
-          outputTokens: 1n,
-          creditsCharged: charge,
-          billing: "billed",
-          usageSource: "provider",
-          now: NOW,
-        };
+        const closing = completion(input.requestId, charge);
         // Sometimes twice at once, through two different ledgers.
         const times = randomInt(0, 4) === 0 ? 2 : 1;
         const results = await Promise.allSettled(

@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto";
 import type { Hex } from "viem";
+import type pg from "pg";
 import type { FinalizeInput, ReserveInput } from "../../src/adapters/pg/ledger.js";
 import type { NewQuote } from "../../src/adapters/pg/quotes.js";
 
@@ -75,4 +76,13 @@ export function completion(requestId: string, creditsCharged: bigint): FinalizeI
     usageSource: "provider",
     now: NOW + 5,
   };
+}
+
+/** Requests in flight on an offer, as the ledger counts them (0 when it has no row yet). */
+export async function offerInFlight(db: Pick<pg.Pool, "query">, offerId: Hex): Promise<number> {
+  const { rows } = await db.query<{ in_flight: number }>(
+    "SELECT in_flight FROM offer_loads WHERE offer_id = $1",
+    [offerId.toLowerCase()],
+  );
+  return rows[0]?.in_flight ?? 0;
 }

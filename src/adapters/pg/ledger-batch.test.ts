@@ -2,7 +2,13 @@ import type pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
-import { completion, hex32, newQuote, reservation } from "../../../test/helpers/ledger.js";
+import {
+  completion,
+  hex32,
+  newQuote,
+  reservation,
+  offerInFlight,
+} from "../../../test/helpers/ledger.js";
 import {
   createLedgerBatcher,
   LedgerItemError,
@@ -28,12 +34,8 @@ afterAll(async () => {
   await test?.drop();
 });
 
-async function inFlight(offerId: Hex): Promise<number> {
-  const { rows } = await test.db.pool.query<{ in_flight: number }>(
-    "SELECT in_flight FROM offer_loads WHERE offer_id = $1",
-    [offerId.toLowerCase()],
-  );
-  return rows[0]?.in_flight ?? 0;
+function inFlight(offerId: Hex): Promise<number> {
+  return offerInFlight(test.db.pool, offerId);
 }
 
 async function requestExists(requestId: string): Promise<boolean> {

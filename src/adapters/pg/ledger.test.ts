@@ -1,7 +1,15 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
-import { completion, hex32, id, newQuote, NOW, reservation } from "../../../test/helpers/ledger.js";
+import {
+  completion,
+  hex32,
+  id,
+  newQuote,
+  NOW,
+  reservation,
+  offerInFlight,
+} from "../../../test/helpers/ledger.js";
 import {
   availableCredits,
   finalize,
@@ -26,12 +34,8 @@ afterAll(async () => {
   await test?.drop();
 });
 
-async function inFlight(offerId: Hex): Promise<number> {
-  const { rows } = await test.db.pool.query<{ in_flight: number }>(
-    "SELECT in_flight FROM offer_loads WHERE offer_id = $1",
-    [offerId],
-  );
-  return rows[0]?.in_flight ?? 0;
+function inFlight(offerId: Hex): Promise<number> {
+  return offerInFlight(test.db.pool, offerId);
 }
 
 async function count(table: string, where: string, param: string): Promise<number> {
