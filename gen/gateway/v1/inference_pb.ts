@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/inference.proto.
  */
 export const file_gateway_v1_inference: GenFile = /*@__PURE__*/
-  fileDesc("ChpnYXRld2F5L3YxL2luZmVyZW5jZS5wcm90bxIKZ2F0ZXdheS52MSJpChtTdHJlYW1DaGF0Q29tcGxldGlvblJlcXVlc3QSDAoEYm9keRgBIAEoDBIRCglwZXJtaXRfaWQYAiABKAkSEAoIcXVvdGVfaWQYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJIqsBChxTdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlEioKB3N0YXJ0ZWQYASABKAsyFy5nYXRld2F5LnYxLkNoYXRTdGFydGVkSAASJgoFY2h1bmsYAiABKAsyFS5nYXRld2F5LnYxLkNoYXRDaHVua0gAEi4KCWNvbXBsZXRlZBgDIAEoCzIZLmdhdGV3YXkudjEuQ2hhdENvbXBsZXRlZEgAQgcKBWV2ZW50IpgBCgtDaGF0U3RhcnRlZBISCgpyZXF1ZXN0X2lkGAEgASgJEhAKCHF1b3RlX2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAQgASgJEhcKD21heGltdW1fY3JlZGl0cxgFIAEoCRIOCgZzdHJlYW0YBiABKAgSEAoIcmVwbGF5ZWQYByABKAgiQQoJQ2hhdENodW5rEgwKBGRhdGEYASABKAwSJgoIbWV0ZXJpbmcYAiABKAsyFC5nYXRld2F5LnYxLk1ldGVyaW5nIkgKCE1ldGVyaW5nEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEg8KB2NyZWRpdHMYAyABKAki6AEKDUNoYXRDb21wbGV0ZWQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghxdW90ZV9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgEIAEoCRIUCgxpbnB1dF90b2tlbnMYBSABKAQSFQoNb3V0cHV0X3Rva2VucxgGIAEoBBIXCg9jcmVkaXRzX2NoYXJnZWQYByABKAkSJAoHYmlsbGluZxgIIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxIbChN1c2FnZV9mcm9tX3Byb3ZpZGVyGAkgASgIIh8KEUdldFJlcXVlc3RSZXF1ZXN0EgoKAmlkGAEgASgJIkMKEkdldFJlcXVlc3RSZXNwb25zZRItCgdyZXF1ZXN0GAEgASgLMhwuZ2F0ZXdheS52MS5JbmZlcmVuY2VSZXF1ZXN0IowBChFSZXF1ZXN0U2V0dGxlbWVudBIsCgZzdGF0dXMYASABKA4yHC5nYXRld2F5LnYxLlNldHRsZW1lbnRTdGF0dXMSEAoIYmF0Y2hfaWQYAiABKAkSDwoHdHhfaGFzaBgDIAEoCRIXCgpzZXR0bGVkX2F0GAQgASgDSACIAQFCDQoLX3NldHRsZWRfYXQi0AMKEEluZmVyZW5jZVJlcXVlc3QSCgoCaWQYASABKAkSDQoFbW9kZWwYAiABKAkSEAoIbW9kZWxfaWQYAyABKAkSEAoIb2ZmZXJfaWQYBCABKAkSEQoJcGVybWl0X2lkGAUgASgJEhAKCHF1b3RlX2lkGAYgASgJEg4KBnN0cmVhbRgHIAEoCBIpCgZzdGF0dXMYCCABKA4yGS5nYXRld2F5LnYxLlJlcXVlc3RTdGF0dXMSFAoMaW5wdXRfdG9rZW5zGAkgASgEEhUKDW91dHB1dF90b2tlbnMYCiABKAQSFwoPbWF4aW11bV9jcmVkaXRzGAsgASgJEhcKD2NyZWRpdHNfY2hhcmdlZBgMIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgNIAEoCRIkCgdiaWxsaW5nGA4gASgOMhMuZ2F0ZXdheS52MS5CaWxsaW5nEg0KBWVycm9yGA8gASgJEhIKCmNyZWF0ZWRfYXQYECABKAMSGQoMY29tcGxldGVkX2F0GBEgASgDSACIAQESMQoKc2V0dGxlbWVudBgSIAEoCzIdLmdhdGV3YXkudjEuUmVxdWVzdFNldHRsZW1lbnRCDwoNX2NvbXBsZXRlZF9hdCpdCgdCaWxsaW5nEhcKE0JJTExJTkdfVU5TUEVDSUZJRUQQABISCg5CSUxMSU5HX0JJTExFRBABEhMKD0JJTExJTkdfUEFSVElBTBACEhAKDEJJTExJTkdfVk9JRBADKsABCg1SZXF1ZXN0U3RhdHVzEh4KGlJFUVVFU1RfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGgoWUkVRVUVTVF9TVEFUVVNfUEVORElORxABEhwKGFJFUVVFU1RfU1RBVFVTX1NUUkVBTUlORxACEhwKGFJFUVVFU1RfU1RBVFVTX0NPTVBMRVRFRBADEhkKFVJFUVVFU1RfU1RBVFVTX0ZBSUxFRBAEEhwKGFJFUVVFU1RfU1RBVFVTX0NBTkNFTExFRBAFKrEBChBTZXR0bGVtZW50U3RhdHVzEiEKHVNFVFRMRU1FTlRfU1RBVFVTX1VOU1BFQ0lGSUVEEAASHwobU0VUVExFTUVOVF9TVEFUVVNfVU5TRVRUTEVEEAESHgoaU0VUVExFTUVOVF9TVEFUVVNfU0VUVExJTkcQAhIdChlTRVRUTEVNRU5UX1NUQVRVU19TRVRUTEVEEAMSGgoWU0VUVExFTUVOVF9TVEFUVVNfTk9ORRAEMswBChBJbmZlcmVuY2VTZXJ2aWNlEmsKFFN0cmVhbUNoYXRDb21wbGV0aW9uEicuZ2F0ZXdheS52MS5TdHJlYW1DaGF0Q29tcGxldGlvblJlcXVlc3QaKC5nYXRld2F5LnYxLlN0cmVhbUNoYXRDb21wbGV0aW9uUmVzcG9uc2UwARJLCgpHZXRSZXF1ZXN0Eh0uZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVxdWVzdBoeLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlc3BvbnNlYgZwcm90bzM");
+  fileDesc("ChpnYXRld2F5L3YxL2luZmVyZW5jZS5wcm90bxIKZ2F0ZXdheS52MSJpChtTdHJlYW1DaGF0Q29tcGxldGlvblJlcXVlc3QSDAoEYm9keRgBIAEoDBIRCglwZXJtaXRfaWQYAiABKAkSEAoIcXVvdGVfaWQYAyABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJIqsBChxTdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlEioKB3N0YXJ0ZWQYASABKAsyFy5nYXRld2F5LnYxLkNoYXRTdGFydGVkSAASJgoFY2h1bmsYAiABKAsyFS5nYXRld2F5LnYxLkNoYXRDaHVua0gAEi4KCWNvbXBsZXRlZBgDIAEoCzIZLmdhdGV3YXkudjEuQ2hhdENvbXBsZXRlZEgAQgcKBWV2ZW50IpgBCgtDaGF0U3RhcnRlZBISCgpyZXF1ZXN0X2lkGAEgASgJEhAKCHF1b3RlX2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAQgASgJEhcKD21heGltdW1fY3JlZGl0cxgFIAEoCRIOCgZzdHJlYW0YBiABKAgSEAoIcmVwbGF5ZWQYByABKAgiQQoJQ2hhdENodW5rEgwKBGRhdGEYASABKAwSJgoIbWV0ZXJpbmcYAiABKAsyFC5nYXRld2F5LnYxLk1ldGVyaW5nIkgKCE1ldGVyaW5nEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEg8KB2NyZWRpdHMYAyABKAki6AEKDUNoYXRDb21wbGV0ZWQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghxdW90ZV9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgEIAEoCRIUCgxpbnB1dF90b2tlbnMYBSABKAQSFQoNb3V0cHV0X3Rva2VucxgGIAEoBBIXCg9jcmVkaXRzX2NoYXJnZWQYByABKAkSJAoHYmlsbGluZxgIIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxIbChN1c2FnZV9mcm9tX3Byb3ZpZGVyGAkgASgIIh8KEUdldFJlcXVlc3RSZXF1ZXN0EgoKAmlkGAEgASgJIkMKEkdldFJlcXVlc3RSZXNwb25zZRItCgdyZXF1ZXN0GAEgASgLMhwuZ2F0ZXdheS52MS5JbmZlcmVuY2VSZXF1ZXN0IpwBChFSZXF1ZXN0U2V0dGxlbWVudBIsCgZzdGF0dXMYASABKA4yHC5nYXRld2F5LnYxLlNldHRsZW1lbnRTdGF0dXMSEAoIYmF0Y2hfaWQYAiABKAkSDwoHdHhfaGFzaBgDIAEoCRIXCgpzZXR0bGVkX2F0GAQgASgDSACIAQESDgoGcmVhc29uGAUgASgJQg0KC19zZXR0bGVkX2F0ItADChBJbmZlcmVuY2VSZXF1ZXN0EgoKAmlkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEhEKCXBlcm1pdF9pZBgFIAEoCRIQCghxdW90ZV9pZBgGIAEoCRIOCgZzdHJlYW0YByABKAgSKQoGc3RhdHVzGAggASgOMhkuZ2F0ZXdheS52MS5SZXF1ZXN0U3RhdHVzEhQKDGlucHV0X3Rva2VucxgJIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAogASgEEhcKD21heGltdW1fY3JlZGl0cxgLIAEoCRIXCg9jcmVkaXRzX2NoYXJnZWQYDCABKAkSFgoOdGFyaWZmX3ZlcnNpb24YDSABKAkSJAoHYmlsbGluZxgOIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxINCgVlcnJvchgPIAEoCRISCgpjcmVhdGVkX2F0GBAgASgDEhkKDGNvbXBsZXRlZF9hdBgRIAEoA0gAiAEBEjEKCnNldHRsZW1lbnQYEiABKAsyHS5nYXRld2F5LnYxLlJlcXVlc3RTZXR0bGVtZW50Qg8KDV9jb21wbGV0ZWRfYXQiJQoQR2V0UGVybWl0UmVxdWVzdBIRCglwZXJtaXRfaWQYASABKAkinQIKDVBlcm1pdEJhbGFuY2USEQoJcGVybWl0X2lkGAEgASgJEiYKBXN0YXRlGAIgASgOMhcuZ2F0ZXdheS52MS5QZXJtaXRTdGF0ZRIQCghtb2RlbF9pZBgDIAEoCRIQCghvZmZlcl9pZBgEIAEoCRINCgVwYXllchgFIAEoCRISCgpleHBpcmVzX2F0GAYgASgDEhgKC2Nsb3NhYmxlX2F0GAcgASgDSACIAQESDwoHZGVwb3NpdBgIIAEoCRIPCgdzZXR0bGVkGAkgASgJEhkKEWNoYXJnZWRfdW5zZXR0bGVkGAogASgJEhAKCHJlc2VydmVkGAsgASgJEhEKCWF2YWlsYWJsZRgMIAEoCUIOCgxfY2xvc2FibGVfYXQiPgoRR2V0UGVybWl0UmVzcG9uc2USKQoGcGVybWl0GAEgASgLMhkuZ2F0ZXdheS52MS5QZXJtaXRCYWxhbmNlKl0KB0JpbGxpbmcSFwoTQklMTElOR19VTlNQRUNJRklFRBAAEhIKDkJJTExJTkdfQklMTEVEEAESEwoPQklMTElOR19QQVJUSUFMEAISEAoMQklMTElOR19WT0lEEAMqwAEKDVJlcXVlc3RTdGF0dXMSHgoaUkVRVUVTVF9TVEFUVVNfVU5TUEVDSUZJRUQQABIaChZSRVFVRVNUX1NUQVRVU19QRU5ESU5HEAESHAoYUkVRVUVTVF9TVEFUVVNfU1RSRUFNSU5HEAISHAoYUkVRVUVTVF9TVEFUVVNfQ09NUExFVEVEEAMSGQoVUkVRVUVTVF9TVEFUVVNfRkFJTEVEEAQSHAoYUkVRVUVTVF9TVEFUVVNfQ0FOQ0VMTEVEEAUq1QEKEFNldHRsZW1lbnRTdGF0dXMSIQodU0VUVExFTUVOVF9TVEFUVVNfVU5TUEVDSUZJRUQQABIfChtTRVRUTEVNRU5UX1NUQVRVU19VTlNFVFRMRUQQARIeChpTRVRUTEVNRU5UX1NUQVRVU19TRVRUTElORxACEh0KGVNFVFRMRU1FTlRfU1RBVFVTX1NFVFRMRUQQAxIaChZTRVRUTEVNRU5UX1NUQVRVU19OT05FEAQSIgoeU0VUVExFTUVOVF9TVEFUVVNfVU5TRVRUTEVBQkxFEAUqdQoLUGVybWl0U3RhdGUSHAoYUEVSTUlUX1NUQVRFX1VOU1BFQ0lGSUVEEAASFQoRUEVSTUlUX1NUQVRFX09QRU4QARIYChRQRVJNSVRfU1RBVEVfQ0xPU0lORxACEhcKE1BFUk1JVF9TVEFURV9DTE9TRUQQAzKWAgoQSW5mZXJlbmNlU2VydmljZRJrChRTdHJlYW1DaGF0Q29tcGxldGlvbhInLmdhdGV3YXkudjEuU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0GiguZ2F0ZXdheS52MS5TdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlMAESSwoKR2V0UmVxdWVzdBIdLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlcXVlc3QaHi5nYXRld2F5LnYxLkdldFJlcXVlc3RSZXNwb25zZRJICglHZXRQZXJtaXQSHC5nYXRld2F5LnYxLkdldFBlcm1pdFJlcXVlc3QaHS5nYXRld2F5LnYxLkdldFBlcm1pdFJlc3BvbnNlYgZwcm90bzM");
 
 /**
  * @generated from message gateway.v1.StreamChatCompletionRequest
@@ -326,6 +326,13 @@ export type RequestSettlement = Message<"gateway.v1.RequestSettlement"> & {
    * @generated from field: optional int64 settled_at = 4;
    */
   settledAt?: bigint | undefined;
+
+  /**
+   * Why the charge is unsettleable (empty otherwise).
+   *
+   * @generated from field: string reason = 5;
+   */
+  reason: string;
 };
 
 /**
@@ -440,6 +447,133 @@ export const InferenceRequestSchema: GenMessage<InferenceRequest> = /*@__PURE__*
   messageDesc(file_gateway_v1_inference, 9);
 
 /**
+ * @generated from message gateway.v1.GetPermitRequest
+ */
+export type GetPermitRequest = Message<"gateway.v1.GetPermitRequest"> & {
+  /**
+   * Hex32 permit id.
+   *
+   * @generated from field: string permit_id = 1;
+   */
+  permitId: string;
+};
+
+/**
+ * Describes the message gateway.v1.GetPermitRequest.
+ * Use `create(GetPermitRequestSchema)` to create a new message.
+ */
+export const GetPermitRequestSchema: GenMessage<GetPermitRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 10);
+
+/**
+ * A permit's balance. Amounts are decimal strings in the model's credit
+ * token base units; timestamps Unix seconds.
+ *
+ * @generated from message gateway.v1.PermitBalance
+ */
+export type PermitBalance = Message<"gateway.v1.PermitBalance"> & {
+  /**
+   * @generated from field: string permit_id = 1;
+   */
+  permitId: string;
+
+  /**
+   * @generated from field: gateway.v1.PermitState state = 2;
+   */
+  state: PermitState;
+
+  /**
+   * Hex32.
+   *
+   * @generated from field: string model_id = 3;
+   */
+  modelId: string;
+
+  /**
+   * Hex32 offer the permit is pinned to; empty when any offer of the model may serve it.
+   *
+   * @generated from field: string offer_id = 4;
+   */
+  offerId: string;
+
+  /**
+   * Address.
+   *
+   * @generated from field: string payer = 5;
+   */
+  payer: string;
+
+  /**
+   * @generated from field: int64 expires_at = 6;
+   */
+  expiresAt: bigint;
+
+  /**
+   * When the payer may finalise the close (closing and closed permits only).
+   *
+   * @generated from field: optional int64 closable_at = 7;
+   */
+  closableAt?: bigint | undefined;
+
+  /**
+   * @generated from field: string deposit = 8;
+   */
+  deposit: string;
+
+  /**
+   * Settled on chain.
+   *
+   * @generated from field: string settled = 9;
+   */
+  settled: string;
+
+  /**
+   * Charged by the gateway and not yet settled on chain (settling included).
+   *
+   * @generated from field: string charged_unsettled = 10;
+   */
+  chargedUnsettled: string;
+
+  /**
+   * Held for requests in flight.
+   *
+   * @generated from field: string reserved = 11;
+   */
+  reserved: string;
+
+  /**
+   * What a request may still reserve now (0 unless the permit is open and unexpired).
+   *
+   * @generated from field: string available = 12;
+   */
+  available: string;
+};
+
+/**
+ * Describes the message gateway.v1.PermitBalance.
+ * Use `create(PermitBalanceSchema)` to create a new message.
+ */
+export const PermitBalanceSchema: GenMessage<PermitBalance> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 11);
+
+/**
+ * @generated from message gateway.v1.GetPermitResponse
+ */
+export type GetPermitResponse = Message<"gateway.v1.GetPermitResponse"> & {
+  /**
+   * @generated from field: gateway.v1.PermitBalance permit = 1;
+   */
+  permit?: PermitBalance | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.GetPermitResponse.
+ * Use `create(GetPermitResponseSchema)` to create a new message.
+ */
+export const GetPermitResponseSchema: GenMessage<GetPermitResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 12);
+
+/**
  * How a request was billed (DESIGN.md section 3).
  *
  * @generated from enum gateway.v1.Billing
@@ -543,6 +677,14 @@ export enum SettlementStatus {
    * @generated from enum value: SETTLEMENT_STATUS_NONE = 4;
    */
   NONE = 4,
+
+  /**
+   * The charge can never settle (its permit closed on chain first, or the
+   * chain refuses it); `reason` in RequestSettlement says why.
+   *
+   * @generated from enum value: SETTLEMENT_STATUS_UNSETTLEABLE = 5;
+   */
+  UNSETTLEABLE = 5,
 }
 
 /**
@@ -550,6 +692,39 @@ export enum SettlementStatus {
  */
 export const SettlementStatusSchema: GenEnum<SettlementStatus> = /*@__PURE__*/
   enumDesc(file_gateway_v1_inference, 2);
+
+/**
+ * The state of a permit as the chain holds it.
+ *
+ * @generated from enum gateway.v1.PermitState
+ */
+export enum PermitState {
+  /**
+   * @generated from enum value: PERMIT_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: PERMIT_STATE_OPEN = 1;
+   */
+  OPEN = 1,
+
+  /**
+   * @generated from enum value: PERMIT_STATE_CLOSING = 2;
+   */
+  CLOSING = 2,
+
+  /**
+   * @generated from enum value: PERMIT_STATE_CLOSED = 3;
+   */
+  CLOSED = 3,
+}
+
+/**
+ * Describes the enum gateway.v1.PermitState.
+ */
+export const PermitStateSchema: GenEnum<PermitState> = /*@__PURE__*/
+  enumDesc(file_gateway_v1_inference, 3);
 
 /**
  * Metered chat completions and their records.
@@ -578,6 +753,18 @@ export const InferenceService: GenService<{
     methodKind: "unary";
     input: typeof GetRequestRequestSchema;
     output: typeof GetRequestResponseSchema;
+  },
+  /**
+   * Gets a permit's balance: the chain's view (state, deposit, settled) with
+   * the gateway's (charges not yet settled, open reservations, what a request
+   * may still reserve). Permits are public on chain: any API key may ask.
+   *
+   * @generated from rpc gateway.v1.InferenceService.GetPermit
+   */
+  getPermit: {
+    methodKind: "unary";
+    input: typeof GetPermitRequestSchema;
+    output: typeof GetPermitResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_gateway_v1_inference, 0);

@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/settlement.proto.
  */
 export const file_gateway_v1_settlement: GenFile = /*@__PURE__*/
-  fileDesc("ChtnYXRld2F5L3YxL3NldHRsZW1lbnQucHJvdG8SCmdhdGV3YXkudjEiSwoMRmx1c2hSZXF1ZXN0EhkKDG1heF9yZXF1ZXN0cxgBIAEoDUgAiAEBEg8KB2RyeV9ydW4YAiABKAhCDwoNX21heF9yZXF1ZXN0cyKAAQoPU2V0dGxlbWVudEJhdGNoEhAKCGJhdGNoX2lkGAEgASgJEhAKCHJlcXVlc3RzGAIgASgEEg8KB2NyZWRpdHMYAyABKAkSDwoHdHhfaGFzaBgEIAEoCRInCgZzdGF0dXMYBSABKA4yFy5nYXRld2F5LnYxLkJhdGNoU3RhdHVzInAKDUZsdXNoUmVzcG9uc2USLAoHYmF0Y2hlcxgBIAMoCzIbLmdhdGV3YXkudjEuU2V0dGxlbWVudEJhdGNoEhgKEHNldHRsZWRfcmVxdWVzdHMYAiABKAQSFwoPc2V0dGxlZF9jcmVkaXRzGAMgASgJKq4BCgtCYXRjaFN0YXR1cxIcChhCQVRDSF9TVEFUVVNfVU5TUEVDSUZJRUQQABIYChRCQVRDSF9TVEFUVVNfUEVORElORxABEhoKFkJBVENIX1NUQVRVU19TVUJNSVRURUQQAhIYChRCQVRDSF9TVEFUVVNfU0VUVExFRBADEhcKE0JBVENIX1NUQVRVU19GQUlMRUQQBBIYChRCQVRDSF9TVEFUVVNfRFJZX1JVThAFMlEKEVNldHRsZW1lbnRTZXJ2aWNlEjwKBUZsdXNoEhguZ2F0ZXdheS52MS5GbHVzaFJlcXVlc3QaGS5nYXRld2F5LnYxLkZsdXNoUmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("ChtnYXRld2F5L3YxL3NldHRsZW1lbnQucHJvdG8SCmdhdGV3YXkudjEiSwoMRmx1c2hSZXF1ZXN0EhkKDG1heF9yZXF1ZXN0cxgBIAEoDUgAiAEBEg8KB2RyeV9ydW4YAiABKAhCDwoNX21heF9yZXF1ZXN0cyKtAQoPU2V0dGxlbWVudEJhdGNoEhAKCGJhdGNoX2lkGAEgASgJEhAKCHJlcXVlc3RzGAIgASgEEg8KB2NyZWRpdHMYAyABKAkSDwoHdHhfaGFzaBgEIAEoCRInCgZzdGF0dXMYBSABKA4yFy5nYXRld2F5LnYxLkJhdGNoU3RhdHVzEg8KB2NoYXJnZXMYBiABKAQSCwoDZ2FzGAcgASgJEg0KBWVycm9yGAggASgJImwKElVuc2V0dGxlYWJsZUNoYXJnZRIRCglwZXJtaXRfaWQYASABKAkSEAoIb2ZmZXJfaWQYAiABKAkSEAoIcmVxdWVzdHMYAyABKAQSDwoHY3JlZGl0cxgEIAEoCRIOCgZyZWFzb24YBSABKAkitAEKDUZsdXNoUmVzcG9uc2USLAoHYmF0Y2hlcxgBIAMoCzIbLmdhdGV3YXkudjEuU2V0dGxlbWVudEJhdGNoEhgKEHNldHRsZWRfcmVxdWVzdHMYAiABKAQSFwoPc2V0dGxlZF9jcmVkaXRzGAMgASgJEjQKDHVuc2V0dGxlYWJsZRgEIAMoCzIeLmdhdGV3YXkudjEuVW5zZXR0bGVhYmxlQ2hhcmdlEgwKBGJ1c3kYBSABKAgiEgoQUmVjb25jaWxlUmVxdWVzdCKWAQoUUGVybWl0UmVjb25jaWxpYXRpb24SEQoJcGVybWl0X2lkGAEgASgJEhcKD2dhdGV3YXlfc2V0dGxlZBgCIAEoCRIWCg5sZWRnZXJfc2V0dGxlZBgDIAEoCRIVCg1jaGFpbl9zZXR0bGVkGAQgASgJEhQKDHVuc2V0dGxlYWJsZRgFIAEoCRINCgVkcmlmdBgGIAEoCCJgChNPZmZlclJlY29uY2lsaWF0aW9uEhAKCG9mZmVyX2lkGAEgASgJEhQKDGdhdGV3YXlfcGFpZBgCIAEoCRISCgpjaGFpbl9wYWlkGAMgASgJEg0KBWRyaWZ0GAQgASgIIpcBChFSZWNvbmNpbGVSZXNwb25zZRIxCgdwZXJtaXRzGAEgAygLMiAuZ2F0ZXdheS52MS5QZXJtaXRSZWNvbmNpbGlhdGlvbhIvCgZvZmZlcnMYAiADKAsyHy5nYXRld2F5LnYxLk9mZmVyUmVjb25jaWxpYXRpb24SDQoFZHJpZnQYAyABKAgSDwoHYWNjb3VudBgEIAEoCSquAQoLQmF0Y2hTdGF0dXMSHAoYQkFUQ0hfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUQkFUQ0hfU1RBVFVTX1BFTkRJTkcQARIaChZCQVRDSF9TVEFUVVNfU1VCTUlUVEVEEAISGAoUQkFUQ0hfU1RBVFVTX1NFVFRMRUQQAxIXChNCQVRDSF9TVEFUVVNfRkFJTEVEEAQSGAoUQkFUQ0hfU1RBVFVTX0RSWV9SVU4QBTKbAQoRU2V0dGxlbWVudFNlcnZpY2USPAoFRmx1c2gSGC5nYXRld2F5LnYxLkZsdXNoUmVxdWVzdBoZLmdhdGV3YXkudjEuRmx1c2hSZXNwb25zZRJICglSZWNvbmNpbGUSHC5nYXRld2F5LnYxLlJlY29uY2lsZVJlcXVlc3QaHS5nYXRld2F5LnYxLlJlY29uY2lsZVJlc3BvbnNlYgZwcm90bzM");
 
 /**
  * @generated from message gateway.v1.FlushRequest
@@ -70,6 +70,27 @@ export type SettlementBatch = Message<"gateway.v1.SettlementBatch"> & {
    * @generated from field: gateway.v1.BatchStatus status = 5;
    */
   status: BatchStatus;
+
+  /**
+   * Aggregated (permit, offer) entries the batch carries.
+   *
+   * @generated from field: uint64 charges = 6;
+   */
+  charges: bigint;
+
+  /**
+   * Gas used (settled batches) or estimated (dry runs); decimal string.
+   *
+   * @generated from field: string gas = 7;
+   */
+  gas: string;
+
+  /**
+   * Why the batch failed (empty otherwise).
+   *
+   * @generated from field: string error = 8;
+   */
+  error: string;
 };
 
 /**
@@ -78,6 +99,53 @@ export type SettlementBatch = Message<"gateway.v1.SettlementBatch"> & {
  */
 export const SettlementBatchSchema: GenMessage<SettlementBatch> = /*@__PURE__*/
   messageDesc(file_gateway_v1_settlement, 1);
+
+/**
+ * Charges taken out of settlement for good.
+ *
+ * @generated from message gateway.v1.UnsettleableCharge
+ */
+export type UnsettleableCharge = Message<"gateway.v1.UnsettleableCharge"> & {
+  /**
+   * Hex32.
+   *
+   * @generated from field: string permit_id = 1;
+   */
+  permitId: string;
+
+  /**
+   * Hex32.
+   *
+   * @generated from field: string offer_id = 2;
+   */
+  offerId: string;
+
+  /**
+   * @generated from field: uint64 requests = 3;
+   */
+  requests: bigint;
+
+  /**
+   * Decimal string.
+   *
+   * @generated from field: string credits = 4;
+   */
+  credits: string;
+
+  /**
+   * permit_closed, permit_not_found, offer_mismatch, exceeds_deposit, or the chain's revert reason.
+   *
+   * @generated from field: string reason = 5;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message gateway.v1.UnsettleableCharge.
+ * Use `create(UnsettleableChargeSchema)` to create a new message.
+ */
+export const UnsettleableChargeSchema: GenMessage<UnsettleableCharge> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_settlement, 2);
 
 /**
  * @generated from message gateway.v1.FlushResponse
@@ -99,6 +167,20 @@ export type FlushResponse = Message<"gateway.v1.FlushResponse"> & {
    * @generated from field: string settled_credits = 3;
    */
   settledCredits: string;
+
+  /**
+   * Charges this call found can never settle.
+   *
+   * @generated from field: repeated gateway.v1.UnsettleableCharge unsettleable = 4;
+   */
+  unsettleable: UnsettleableCharge[];
+
+  /**
+   * Another flusher holds this settlement account: this call sent nothing.
+   *
+   * @generated from field: bool busy = 5;
+   */
+  busy: boolean;
 };
 
 /**
@@ -106,7 +188,146 @@ export type FlushResponse = Message<"gateway.v1.FlushResponse"> & {
  * Use `create(FlushResponseSchema)` to create a new message.
  */
 export const FlushResponseSchema: GenMessage<FlushResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_settlement, 2);
+  messageDesc(file_gateway_v1_settlement, 3);
+
+/**
+ * @generated from message gateway.v1.ReconcileRequest
+ */
+export type ReconcileRequest = Message<"gateway.v1.ReconcileRequest"> & {
+};
+
+/**
+ * Describes the message gateway.v1.ReconcileRequest.
+ * Use `create(ReconcileRequestSchema)` to create a new message.
+ */
+export const ReconcileRequestSchema: GenMessage<ReconcileRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_settlement, 4);
+
+/**
+ * @generated from message gateway.v1.PermitReconciliation
+ */
+export type PermitReconciliation = Message<"gateway.v1.PermitReconciliation"> & {
+  /**
+   * Hex32.
+   *
+   * @generated from field: string permit_id = 1;
+   */
+  permitId: string;
+
+  /**
+   * Sum of the gateway's settled charges (decimal string).
+   *
+   * @generated from field: string gateway_settled = 2;
+   */
+  gatewaySettled: string;
+
+  /**
+   * The permit ledger's settled amount (decimal string).
+   *
+   * @generated from field: string ledger_settled = 3;
+   */
+  ledgerSettled: string;
+
+  /**
+   * The chain's `settled` (decimal string).
+   *
+   * @generated from field: string chain_settled = 4;
+   */
+  chainSettled: string;
+
+  /**
+   * Charges the gateway holds as unsettleable (decimal string).
+   *
+   * @generated from field: string unsettleable = 5;
+   */
+  unsettleable: string;
+
+  /**
+   * @generated from field: bool drift = 6;
+   */
+  drift: boolean;
+};
+
+/**
+ * Describes the message gateway.v1.PermitReconciliation.
+ * Use `create(PermitReconciliationSchema)` to create a new message.
+ */
+export const PermitReconciliationSchema: GenMessage<PermitReconciliation> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_settlement, 5);
+
+/**
+ * @generated from message gateway.v1.OfferReconciliation
+ */
+export type OfferReconciliation = Message<"gateway.v1.OfferReconciliation"> & {
+  /**
+   * Hex32.
+   *
+   * @generated from field: string offer_id = 1;
+   */
+  offerId: string;
+
+  /**
+   * Sum of the gateway's settled charges for the offer (decimal string).
+   *
+   * @generated from field: string gateway_paid = 2;
+   */
+  gatewayPaid: string;
+
+  /**
+   * Sum of the chain's ChargeSettled amounts for the offer from this gateway's batches (decimal string).
+   *
+   * @generated from field: string chain_paid = 3;
+   */
+  chainPaid: string;
+
+  /**
+   * @generated from field: bool drift = 4;
+   */
+  drift: boolean;
+};
+
+/**
+ * Describes the message gateway.v1.OfferReconciliation.
+ * Use `create(OfferReconciliationSchema)` to create a new message.
+ */
+export const OfferReconciliationSchema: GenMessage<OfferReconciliation> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_settlement, 6);
+
+/**
+ * @generated from message gateway.v1.ReconcileResponse
+ */
+export type ReconcileResponse = Message<"gateway.v1.ReconcileResponse"> & {
+  /**
+   * @generated from field: repeated gateway.v1.PermitReconciliation permits = 1;
+   */
+  permits: PermitReconciliation[];
+
+  /**
+   * @generated from field: repeated gateway.v1.OfferReconciliation offers = 2;
+   */
+  offers: OfferReconciliation[];
+
+  /**
+   * True when any permit or offer drifts.
+   *
+   * @generated from field: bool drift = 3;
+   */
+  drift: boolean;
+
+  /**
+   * The settlement account the gateway sends from (address).
+   *
+   * @generated from field: string account = 4;
+   */
+  account: string;
+};
+
+/**
+ * Describes the message gateway.v1.ReconcileResponse.
+ * Use `create(ReconcileResponseSchema)` to create a new message.
+ */
+export const ReconcileResponseSchema: GenMessage<ReconcileResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_settlement, 7);
 
 /**
  * @generated from enum gateway.v1.BatchStatus
@@ -118,11 +339,15 @@ export enum BatchStatus {
   UNSPECIFIED = 0,
 
   /**
+   * Stored with its signed transaction; not yet known to be broadcast.
+   *
    * @generated from enum value: BATCH_STATUS_PENDING = 1;
    */
   PENDING = 1,
 
   /**
+   * Broadcast, waiting to be mined and confirmed.
+   *
    * @generated from enum value: BATCH_STATUS_SUBMITTED = 2;
    */
   SUBMITTED = 2,
@@ -133,11 +358,15 @@ export enum BatchStatus {
   SETTLED = 3,
 
   /**
+   * Reverted or abandoned on chain: its charges went back to unsettled (or unsettleable).
+   *
    * @generated from enum value: BATCH_STATUS_FAILED = 4;
    */
   FAILED = 4,
 
   /**
+   * What a dry run would send.
+   *
    * @generated from enum value: BATCH_STATUS_DRY_RUN = 5;
    */
   DRY_RUN = 5,
@@ -165,6 +394,16 @@ export const SettlementService: GenService<{
     methodKind: "unary";
     input: typeof FlushRequestSchema;
     output: typeof FlushResponseSchema;
+  },
+  /**
+   * Compares the gateway's settled sums with the chain's, per permit and per offer.
+   *
+   * @generated from rpc gateway.v1.SettlementService.Reconcile
+   */
+  reconcile: {
+    methodKind: "unary";
+    input: typeof ReconcileRequestSchema;
+    output: typeof ReconcileResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_gateway_v1_settlement, 0);
