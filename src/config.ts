@@ -1,4 +1,4 @@
-import { isAddress, type Address } from "viem";
+import { isAddress, isHex, type Address, type Hex } from "viem";
 
 /**
  * The gateway's configuration, parsed once from the environment into one
@@ -43,6 +43,22 @@ export interface Config {
   readonly routingCacheMs: number;
   /** How long a verified API key is remembered: revocation takes effect within this. */
   readonly apiKeyCacheMs: number;
+  /** Settlement: the settlement operator account's key; absent, Flush answers 503 `settlement_unavailable`. */
+  readonly settlementPrivateKey: Hex | undefined;
+  /** Gas bound of one settlement batch (below the block gas limit). */
+  readonly settlementMaxBatchGas: bigint;
+  /** Blocks an attempt may wait unmined before it is replaced with higher fees. */
+  readonly settlementReplaceAfterBlocks: number;
+  /** Fee increase of a replacement, in percent (at least 15: geth wants 10 on both fee fields). */
+  readonly settlementFeeBumpPercent: number;
+  /** How long one flush waits for its transaction before answering `submitted` (the next flush goes on). */
+  readonly settlementWaitMs: number;
+  /** Charges on a closing permit must be settled this many seconds before `closableAt`. */
+  readonly settlementCloseMarginSeconds: number;
+  /** How often the gateway looks for charges on closing permits (and settles them). */
+  readonly settlementCloseCheckMs: number;
+  /** The flusher lease's length; a flusher that stops renewing it loses it after this. */
+  readonly settlementLeaseSeconds: number;
 }
 
 export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -131,6 +147,14 @@ export function parseConfig(env: Env): Config {
     );
   }
 
+  const settlementPrivateKey = str("SETTLEMENT_PRIVATE_KEY");
+  if (
+    settlementPrivateKey !== undefined &&
+    !(isHex(settlementPrivateKey, { strict: true }) && settlementPrivateKey.length === 66)
+  ) {
+    problems.push("SETTLEMENT_PRIVATE_KEY must be a 0x-prefixed 32-byte hex private key");
+  }
+
   const logLevel = (str("LOG_LEVEL") ?? "info") as LogLevel;
   if (!logLevels.includes(logLevel)) {
     problems.push(`LOG_LEVEL must be one of ${logLevels.join(", ")}`);
@@ -162,6 +186,16 @@ export function parseConfig(env: Env): Config {
     upstreamIdleTimeoutMs: int("UPSTREAM_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
     routingCacheMs: int("ROUTING_CACHE_MS", 1000, 0, 60_000),
     apiKeyCacheMs: int("API_KEY_CACHE_MS", 5000, 0, 300_000),
+    settlementPrivateKey: settlementPrivateKey?.toLowerCase() as Hex | undefined,
+    settlementMaxBatchGas: BigInt(
+      int("SETTLEMENT_MAX_BATCH_GAS", 12_000_000, 200_000, 1_000_000_000),
+    ),
+    settlementReplaceAfterBlocks: int("SETTLEMENT_REPLACE_AFTER_BLOCKS", 3, 1, 10_000),
+    settlementFeeBumpPercent: int("SETTLEMENT_FEE_BUMP_PERCENT", 20, 15, 1000),
+    settlementWaitMs: int("SETTLEMENT_WAIT_MS", 60_000, 0, 3_600_000),
+    settlementCloseMarginSeconds: int("SETTLEMENT_CLOSE_MARGIN_SECONDS", 600, 0, 86_400),
+    settlementCloseCheckMs: int("SETTLEMENT_CLOSE_CHECK_MS", 5000, 50, 3_600_000),
+    settlementLeaseSeconds: int("SETTLEMENT_LEASE_SECONDS", 30, 2, 3600),
   };
   config.probeStaleMs = int("PROBE_STALE_MS", config.probeIntervalMs * 2, 50, 86_400_000);
   if (problems.length > 0) throw new ConfigError(problems);
