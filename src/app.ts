@@ -7,6 +7,8 @@ import { loadCatalogFile } from "./adapters/catalog-file.js";
 import { createIndexer, type Indexer } from "./adapters/chain/indexer.js";
 import { createChainOfferReader } from "./adapters/chain/offers.js";
 import { createChainPermitReader } from "./adapters/chain/permits.js";
+import { chainSettledTotals, createChainSettlement } from "./adapters/chain/settlement.js";
+import { createPgSettlementStore, settledSums } from "./adapters/pg/settlement.js";
 import { createPgIdempotencyStore } from "./adapters/pg/idempotency.js";
 import * as ledger from "./adapters/pg/ledger.js";
 import { getQuote, insertQuote } from "./adapters/pg/quotes.js";
@@ -35,10 +37,12 @@ import { createCatalogService } from "./connect/catalog-service.js";
 import { createInferenceService } from "./connect/inference-service.js";
 import { createProviderService } from "./connect/provider-service.js";
 import { createQuoteService } from "./connect/quote-service.js";
+import { createSettlementService } from "./connect/settlement-service.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import { createHealthMonitor, type EndpointSecret, type HealthMonitor } from "./domain/health.js";
 import { createInference, type QuoteRecord, type UpstreamChat } from "./domain/inference.js";
 import { createRegistrationService, openEndpoint } from "./domain/registration.js";
+import { createSettlementFlusher, reconcile, type SettlementFlusher } from "./domain/settlement.js";
 import { listen } from "./listen.js";
 import type { Readiness } from "./rest/facade.js";
 import { createGatewayHandler } from "./server.js";
@@ -195,9 +199,53 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       market: config.marketAddress,
       maxStalenessMs: config.permitCacheMs,
     });
+    const instanceId = `gw_${randomBytes(8).toString("hex")}`;
+    // Settlement: the flusher behind SettlementService.Flush, and the close watcher that settles
+    // charges of permits in their close grace period without waiting for a worker.
+    const flusher: SettlementFlusher | undefined =
+      config.settlementPrivateKey === undefined
+        ? undefined
+        : createSettlementFlusher({
+            store: createPgSettlementStore(db.pool),
+            chain: createChainSettlement({
+              client: chain,
+              chainId: config.chainId,
+              market: config.marketAddress,
+              privateKey: config.settlementPrivateKey,
+            }),
+            holder: instanceId,
+            logger: logger.child({ component: "settlement" }),
+            clock,
+            confirmations: config.confirmations,
+            maxBatchGas: config.settlementMaxBatchGas,
+            replaceAfterBlocks: config.settlementReplaceAfterBlocks,
+            feeBumpPercent: config.settlementFeeBumpPercent,
+            waitMs: config.settlementWaitMs,
+            leaseSeconds: config.settlementLeaseSeconds,
+            pollMs: Math.min(config.pollIntervalMs, 1000),
+            closeMarginSeconds: config.settlementCloseMarginSeconds,
+          });
+    let settlingClosing: Promise<void> | undefined;
+    let settlementStopped = false;
+    const settleClosingSoon = (): void => {
+      if (flusher === undefined || settlingClosing !== undefined || settlementStopped) return;
+      settlingClosing = flusher
+        .settleClosing()
+        .then(
+          () => undefined,
+          (error: unknown) =>
+            logger.warn({ err: error }, "settling charges of closing permits failed; will retry"),
+        )
+        .finally(() => {
+          settlingClosing = undefined;
+        });
+    };
+    const closeWatcher = setInterval(settleClosingSoon, config.settlementCloseCheckMs);
+    closeWatcher.unref();
     const indexer = createIndexer({
       onPermitEvent: (permitId) => permits.invalidate(permitId),
       onCatalogChange: () => invalidateRouting(),
+      onPermitClosing: () => settleClosingSoon(),
       client: chain,
       market: config.marketAddress,
       pool: db.pool,
@@ -260,7 +308,6 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       return { ok: database.ok && chainCheck.ok, checks: { database, chain: chainCheck } };
     };
 
-    const instanceId = `gw_${randomBytes(8).toString("hex")}`;
     await ledger.heartbeat(db.pool, instanceId, clock());
     const lookupEndpoint = async (offerId: Hex): Promise<EndpointSecret | undefined> => {
       const registered = await getRegisteredEndpoint(db.pool, offerId);
@@ -338,6 +385,29 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         inference: createInferenceService({
           inference,
           findRequest: (id, apiKeyId) => getRequest(db.pool, id, apiKeyId),
+          permits,
+          permitLedger: (permitId) => ledger.permitLedger(db.pool, permitId),
+          clock,
+        }),
+        settlement: createSettlementService({
+          flusher,
+          reconcile: async () => {
+            const gateway = await settledSums(db.pool);
+            const events = await chainSettledTotals(chain, config.marketAddress, config.startBlock);
+            // The chain's own `settled` of every permit the gateway knows, over the event sums.
+            const chainPermits = new Map(events.permits);
+            for (const p of gateway.permits) {
+              permits.invalidate(p.permitId);
+              const permit = await permits.get(p.permitId);
+              chainPermits.set(p.permitId, permit?.settled ?? 0n);
+            }
+            return reconcile({
+              account: flusher?.account ?? "0x",
+              gateway,
+              chainPermits,
+              chainOffers: events.offers,
+            });
+          },
         }),
         provider: createProviderService({
           catalog,
@@ -375,11 +445,14 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       close() {
         closing ??= (async () => {
           clearInterval(housekeeping);
+          clearInterval(closeWatcher);
+          settlementStopped = true;
           await listener.close();
           // Answers already given may still be committing their charges: let them land.
           await inference.drain();
           await health.stop();
           await indexer.stop();
+          await settlingClosing;
           await upstream.close();
           if (ownsDatabase) await db.close();
         })();

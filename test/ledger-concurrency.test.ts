@@ -136,6 +136,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
       reserved: deposit,
       charged: 0n,
       settled: 0n,
+      unsettleable: 0n,
     });
     const { rows } = await p.a.pool.query<{ n: string; in_flight: string }>(
       `SELECT (SELECT count(*) FROM inference_requests WHERE permit_id = $1) AS n,
@@ -173,7 +174,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
     }
     const total = clamped.reduce((s, c) => s + c, 0n);
     const ledger = await permitLedger(p.a.pool, permitId);
-    expect(ledger).toEqual({ reserved: 0n, charged: total, settled: 0n });
+    expect(ledger).toEqual({ reserved: 0n, charged: total, settled: 0n, unsettleable: 0n });
     expect(ledger.charged + ledger.reserved <= deposit).toBe(true);
   });
 
@@ -200,7 +201,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
       ),
     );
     const ledger = await permitLedger(p.a.pool, permitId);
-    expect(ledger).toEqual({ reserved: 0n, charged, settled: 0n });
+    expect(ledger).toEqual({ reserved: 0n, charged, settled: 0n, unsettleable: 0n });
     expect(charged <= deposit).toBe(true);
   });
 
@@ -313,7 +314,12 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
     expect(reconciled + finalizedByOwner).toBe(inputs.length);
 
     const ledger = await permitLedger(p.a.pool, permitId);
-    expect(ledger).toEqual({ reserved: 0n, charged: 50n * BigInt(finalizedByOwner), settled: 0n });
+    expect(ledger).toEqual({
+      reserved: 0n,
+      charged: 50n * BigInt(finalizedByOwner),
+      settled: 0n,
+      unsettleable: 0n,
+    });
     const { rows } = await p.a.pool.query<{ in_flight: number; orphaned: string }>(
       `SELECT (SELECT in_flight FROM offer_loads WHERE offer_id = $1) AS in_flight,
               (SELECT count(*) FROM inference_requests

@@ -115,6 +115,7 @@ describe("chain permit reader (anvil)", () => {
       settled: 0n,
       expiresAt: expect.any(Number),
       state: "open",
+      closableAt: undefined,
     });
     expect(permit!.expiresAt).toBeGreaterThan(Date.now() / 1000 + 29 * 24 * 3600);
     const checked = await checkPermit(demo.permitId, permits, {
@@ -188,7 +189,17 @@ describe("chain permit reader (anvil)", () => {
     expect(await permits.get(permitId)).toMatchObject({ state: "open" });
     expect(traffic.calls).toBe(1);
     permits.invalidate(permitId);
-    expect(await permits.get(permitId)).toMatchObject({ state: "closing" });
+    // closableAt is the close request's block time plus the market's grace period.
+    const block = await clients.publicClient.getBlock();
+    const grace = await clients.publicClient.readContract({
+      address: demo.market,
+      abi: marketAbi,
+      functionName: "closeGracePeriod",
+    });
+    expect(await permits.get(permitId)).toMatchObject({
+      state: "closing",
+      closableAt: Number(block.timestamp + grace),
+    });
     await expect(
       checkPermit(permitId, permits, { modelId: demo.models[0]!.modelId, now: 0 }),
     ).rejects.toMatchObject({ code: "permit_closing", status: 402 });

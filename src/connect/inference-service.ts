@@ -1,9 +1,12 @@
 import { create } from "@bufbuild/protobuf";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import type { Hex } from "viem";
 import {
   Billing,
+  GetPermitResponseSchema,
   GetRequestResponseSchema,
   InferenceService,
+  PermitState,
   RequestStatus,
   SettlementStatus,
   StreamChatCompletionResponseSchema,
@@ -13,12 +16,20 @@ import type { RequestRecord } from "../adapters/pg/requests.js";
 import { GatewayError } from "../domain/errors.js";
 import type { ChatEvent, Inference } from "../domain/inference.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
+import { readPermitBalance, type PermitLedger } from "../domain/permit-balance.js";
+import type { PermitReader } from "../domain/permits.js";
 import { callerKey } from "./context.js";
 
 export interface InferenceServiceDeps {
   readonly inference: Inference;
   /** The record of a request made with `apiKeyId` (undefined for another key's request). */
   readonly findRequest: (id: string, apiKeyId: string) => Promise<RequestRecord | undefined>;
+  /** Permits read live from the chain (the cached reader chat requests use). */
+  readonly permits: PermitReader;
+  /** The gateway's ledger of a permit (zeros when it has none). */
+  readonly permitLedger: (permitId: Hex) => Promise<PermitLedger>;
+  /** Unix seconds. */
+  readonly clock: () => number;
 }
 
 export const billingToProto = {
@@ -95,11 +106,18 @@ const statusToProto: Record<string, RequestStatus> = {
   cancelled: RequestStatus.CANCELLED,
 };
 
+const permitStateToProto = {
+  open: PermitState.OPEN,
+  closing: PermitState.CLOSING,
+  closed: PermitState.CLOSED,
+} as const;
+
 const settlementToProto: Record<string, SettlementStatus> = {
   unsettled: SettlementStatus.UNSETTLED,
   settling: SettlementStatus.SETTLING,
   settled: SettlementStatus.SETTLED,
   none: SettlementStatus.NONE,
+  unsettleable: SettlementStatus.UNSETTLEABLE,
 };
 
 export function createInferenceService(
@@ -152,7 +170,33 @@ export function createInferenceService(
             batchId: record.batchId ?? "",
             txHash: record.txHash ?? "",
             settledAt: record.settledAt === null ? undefined : BigInt(record.settledAt),
+            reason: record.settlementReason ?? "",
           },
+        },
+      });
+    },
+
+    async getPermit(req, ctx) {
+      apiKeyOf(ctx); // any valid API key: permits are public on chain
+      const balance = await readPermitBalance(req.permitId, {
+        permits: deps.permits,
+        ledger: deps.permitLedger,
+        now: deps.clock(),
+      });
+      return create(GetPermitResponseSchema, {
+        permit: {
+          permitId: balance.permitId,
+          state: permitStateToProto[balance.state],
+          modelId: balance.modelId,
+          offerId: balance.offerId ?? "",
+          payer: balance.payer,
+          expiresAt: BigInt(balance.expiresAt),
+          closableAt: balance.closableAt === undefined ? undefined : BigInt(balance.closableAt),
+          deposit: balance.deposit.toString(),
+          settled: balance.settled.toString(),
+          chargedUnsettled: balance.chargedUnsettled.toString(),
+          reserved: balance.reserved.toString(),
+          available: balance.available.toString(),
         },
       });
     },

@@ -54,6 +54,8 @@ export const errorCodes = {
   upstream_unavailable: { status: 503, type: "service_unavailable" },
   chain_unavailable: { status: 503, type: "service_unavailable" },
   database_unavailable: { status: 503, type: "service_unavailable" },
+  // This gateway has no settlement account configured (SETTLEMENT_PRIVATE_KEY).
+  settlement_unavailable: { status: 503, type: "service_unavailable" },
 } as const satisfies Record<string, { status: number; type: string }>;
 
 export type ErrorCode = keyof typeof errorCodes;

@@ -63,6 +63,7 @@ const permit: Permit = {
   settled: 0n,
   expiresAt: now + 1000,
   state: "open",
+  closableAt: undefined,
 };
 
 function reply(status: number, body: object): UpstreamReply {

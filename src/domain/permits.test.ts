@@ -18,6 +18,7 @@ const openPermit: Permit = {
   settled: 0n,
   expiresAt: now + 60,
   state: "open",
+  closableAt: undefined,
 };
 
 /** A reader over a fixed set of permits; `fail` makes every read throw. */

@@ -27,6 +27,11 @@ export interface Permit {
   /** Unix seconds; the permit may not be spent from then on. */
   readonly expiresAt: number;
   readonly state: PermitState;
+  /**
+   * Unix seconds from which the payer may finalise the close (refund); undefined unless the
+   * close was requested (closing or closed; zero on chain).
+   */
+  readonly closableAt: number | undefined;
 }
 
 /** Reads permits from the chain (the chain adapter). */

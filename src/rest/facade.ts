@@ -12,10 +12,12 @@ import { readJson, readJsonBytes, type NodeRequest } from "./body.js";
 import { relayChat } from "./chat.js";
 import { toHttpError } from "./errors.js";
 import {
+  flushView,
   modelView,
   offerHealthView,
   offerView,
   parseStatusFilter,
+  permitBalanceView,
   quoteView,
   requestView,
   typedDataView,
@@ -163,6 +165,15 @@ const routes: Route[] = [
     },
   },
   {
+    method: "GET",
+    path: new RegExp(`^/v1/permits/${id}$`),
+    handle: async ({ clients, options, params }) => {
+      const { permit } = await clients.inference.getPermit({ permitId: params[0] }, options);
+      if (permit === undefined) throw new Error("GetPermit answered without a permit");
+      return { body: permitBalanceView(permit) };
+    },
+  },
+  {
     method: "POST",
     path: /^\/v1\/provider-offers\/challenge$/,
     handle: async ({ clients, options, req, deps }) => {
@@ -222,9 +233,32 @@ const routes: Route[] = [
   {
     method: "POST",
     path: /^\/settlements\/flush$/,
-    handle: async ({ clients, options }) => {
-      const response = await clients.settlement.flush({}, options);
-      return { body: response };
+    handle: async ({ clients, options, req, deps }) => {
+      const parsed = await readJson(req, deps.bodyLimitBytes);
+      const body = parsed.value === undefined ? {} : objectBody(parsed);
+      const maxRequests = body.maxRequests ?? body.max_requests;
+      if (
+        maxRequests !== undefined &&
+        maxRequests !== null &&
+        (typeof maxRequests !== "number" ||
+          !Number.isSafeInteger(maxRequests) ||
+          maxRequests < 1 ||
+          maxRequests > 0xffffffff)
+      ) {
+        throw new GatewayError("invalid_request", "'maxRequests' must be a positive integer");
+      }
+      const dryRun = body.dryRun ?? body.dry_run;
+      if (dryRun !== undefined && dryRun !== null && typeof dryRun !== "boolean") {
+        throw new GatewayError("invalid_request", "'dryRun' must be a boolean");
+      }
+      const response = await clients.settlement.flush(
+        {
+          ...(typeof maxRequests === "number" ? { maxRequests } : {}),
+          dryRun: dryRun === true,
+        },
+        options,
+      );
+      return { body: flushView(response) };
     },
   },
 ];

@@ -9,11 +9,14 @@ import type { OfferHealth, TypedData } from "../../gen/gateway/v1/provider_pb.js
 import {
   Billing,
   BillingSchema,
+  PermitStateSchema,
   RequestStatusSchema,
   SettlementStatusSchema,
   type InferenceRequest,
+  type PermitBalance,
 } from "../../gen/gateway/v1/inference_pb.js";
 import type { Quote } from "../../gen/gateway/v1/quote_pb.js";
+import { BatchStatusSchema, type FlushResponse } from "../../gen/gateway/v1/settlement_pb.js";
 
 /**
  * Protobuf messages -> the spec's JSON resources (snake_case, enum values as
@@ -159,6 +162,50 @@ export function requestView(request: InferenceRequest) {
       batch_id: request.settlement?.batchId || null,
       tx_hash: request.settlement?.txHash || null,
       settled_at: seconds(request.settlement?.settledAt),
+      reason: request.settlement?.reason || null,
     },
+  };
+}
+
+export function permitBalanceView(permit: PermitBalance) {
+  return {
+    permit_id: permit.permitId,
+    state: enumWord(PermitStateSchema, permit.state),
+    model_id: permit.modelId,
+    offer_id: permit.offerId === "" ? null : permit.offerId,
+    payer: permit.payer,
+    expires_at: Number(permit.expiresAt),
+    closable_at: seconds(permit.closableAt),
+    deposit: permit.deposit,
+    settled: permit.settled,
+    charged_unsettled: permit.chargedUnsettled,
+    reserved: permit.reserved,
+    available: permit.available,
+  };
+}
+
+/** DESIGN.md's flush body, plus what an operator needs to act on it. */
+export function flushView(response: FlushResponse) {
+  return {
+    batches: response.batches.map((b) => ({
+      batch_id: b.batchId,
+      requests: Number(b.requests),
+      credits: b.credits,
+      tx_hash: b.txHash || null,
+      status: enumWord(BatchStatusSchema, b.status),
+      charges: Number(b.charges),
+      gas: b.gas || null,
+      error: b.error || null,
+    })),
+    settled_requests: Number(response.settledRequests),
+    settled_credits: response.settledCredits,
+    unsettleable: response.unsettleable.map((u) => ({
+      permit_id: u.permitId,
+      offer_id: u.offerId,
+      requests: Number(u.requests),
+      credits: u.credits,
+      reason: u.reason,
+    })),
+    busy: response.busy,
   };
 }

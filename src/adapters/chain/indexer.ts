@@ -11,6 +11,7 @@ import {
   type ModelState,
   type OfferState,
 } from "../pg/catalog.js";
+import { recordPermitClosing } from "../pg/settlement.js";
 import { marketAbi } from "./artifacts.js";
 
 export interface IndexerDeps {
@@ -29,6 +30,12 @@ export interface IndexerDeps {
   readonly onPermitEvent?: (permitId: Hex) => void;
   /** Told after a pass that changed models or offers. */
   readonly onCatalogChange?: () => void;
+  /**
+   * Told after a pass that recorded permits entering their close grace period
+   * (`PermitCloseRequested`, stored in `permit_closings` with the cursor), so their charges
+   * can be settled before `closableAt`.
+   */
+  readonly onPermitClosing?: (permitIds: readonly Hex[]) => void;
 }
 
 export interface SyncResult {
@@ -142,7 +149,16 @@ export function createIndexer(deps: IndexerDeps): Indexer {
     });
     const modelIds = new Set<Hex>();
     const offerIds = new Set<Hex>();
+    const closings: { permitId: Hex; closableAt: number; blockNumber: bigint }[] = [];
     for (const event of events) {
+      if (event.eventName === "PermitCloseRequested") {
+        const { permitId, closableAt } = event.args as { permitId: Hex; closableAt: bigint };
+        closings.push({
+          permitId: normalizeHex(permitId),
+          closableAt: Number(closableAt),
+          blockNumber: event.blockNumber,
+        });
+      }
       const args = event.args as { modelId?: Hex; offerId?: Hex; permitId?: Hex };
       if (args.permitId !== undefined) deps.onPermitEvent?.(normalizeHex(args.permitId));
       if (event.eventName.startsWith("Model") && args.modelId !== undefined)
@@ -158,6 +174,8 @@ export function createIndexer(deps: IndexerDeps): Indexer {
       await db.query("BEGIN");
       for (const model of models) await upsertModel(db, model, toBlock);
       for (const offer of offers) await upsertOffer(db, offer, toBlock);
+      for (const c of closings)
+        await recordPermitClosing(db, c.permitId, c.closableAt, c.blockNumber);
       await advanceCursor(db, cursorName, toBlock);
       await db.query("COMMIT");
     } catch (error) {
@@ -173,6 +191,7 @@ export function createIndexer(deps: IndexerDeps): Indexer {
       offers: offers.length,
       behind: toBlock < safe,
     };
+    if (closings.length > 0) deps.onPermitClosing?.(closings.map((c) => c.permitId));
     if (models.length + offers.length > 0) {
       logger.info(result, "indexed market events");
       deps.onCatalogChange?.();

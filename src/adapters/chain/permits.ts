@@ -135,6 +135,7 @@ type RawPermit = {
   settled: bigint;
   expiresAt: bigint;
   state: number;
+  closableAt: bigint;
 };
 
 /** The market answers an unknown id with a zeroed struct (state None, no payer). */
@@ -149,11 +150,14 @@ function toPermit(permitId: Hex, raw: RawPermit): Permit | undefined {
     offerId: raw.offerId === zeroHash ? undefined : normalizeHex(raw.offerId),
     deposit: raw.deposit,
     settled: raw.settled,
-    // uint64 seconds; beyond 2^53 is "never" for any clock this gateway will run on.
-    expiresAt:
-      raw.expiresAt > BigInt(Number.MAX_SAFE_INTEGER)
-        ? Number.MAX_SAFE_INTEGER
-        : Number(raw.expiresAt),
+    expiresAt: seconds(raw.expiresAt),
     state,
+    // Zero until the payer requests the close.
+    closableAt: state === "open" || raw.closableAt === 0n ? undefined : seconds(raw.closableAt),
   };
+}
+
+/** uint64 seconds; beyond 2^53 is "never" for any clock this gateway will run on. */
+function seconds(value: bigint): number {
+  return value > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(value);
 }

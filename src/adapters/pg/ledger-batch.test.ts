@@ -127,6 +127,7 @@ describe("batched reservations", () => {
       reserved: 2_000n,
       charged: 0n,
       settled: 0n,
+      unsettleable: 0n,
     });
     expect(await inFlight(offerId)).toBe(3);
     for (const x of [a, b, c, last]) {
@@ -278,6 +279,7 @@ describe("batched finalisations", () => {
       reserved: 0n,
       charged: 100n + 200n + 1_000n + 300n,
       settled: 0n,
+      unsettleable: 0n,
     });
     expect(await inFlight(offerId)).toBe(0);
   });

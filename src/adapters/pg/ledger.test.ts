@@ -55,6 +55,7 @@ describe("reserve and finalize", () => {
       reserved: 1_000n,
       charged: 0n,
       settled: 0n,
+      unsettleable: 0n,
     });
     expect(await inFlight(input.offerId)).toBe(1);
     expect((await getQuote(test.db.pool, input.quoteId))?.usedBy).toBe(input.requestId);
@@ -85,6 +86,7 @@ describe("reserve and finalize", () => {
       reserved: 0n,
       charged: 420n,
       settled: 0n,
+      unsettleable: 0n,
     });
     expect(await inFlight(input.offerId)).toBe(0);
     expect(await getRequest(test.db.pool, input.requestId, "key_a")).toMatchObject({
@@ -214,6 +216,7 @@ describe("reserve and finalize", () => {
       reserved: 0n,
       charged: 300n,
       settled: 0n,
+      unsettleable: 0n,
     });
     expect(await inFlight(input.offerId)).toBe(0);
     expect(await finalize(test.db.pool, completion("req_missing", 1n))).toEqual({
@@ -298,7 +301,7 @@ describe("chain settlements", () => {
       permitId,
     ]);
     const ledger = await permitLedger(test.db.pool, permitId);
-    expect(ledger).toEqual({ reserved: 0n, charged: 400n, settled: 400n });
+    expect(ledger).toEqual({ reserved: 0n, charged: 400n, settled: 400n, unsettleable: 0n });
     // 1500 - (400 charged + (1000 - 400) beyond ours) = 500 available.
     expect(availableCredits(ledger, 1_500n, 1_000n)).toBe(500n);
     const tooBig = reservation({

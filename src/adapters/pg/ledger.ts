@@ -49,6 +49,11 @@
  */
 import type pg from "pg";
 import type { Hex } from "viem";
+import {
+  availableCredits,
+  emptyPermitLedger,
+  type PermitLedger,
+} from "../../domain/permit-balance.js";
 import { createBatcher, type BatcherStats, type ItemOutcome } from "./batcher.js";
 import { quoteColumns, type NewQuote } from "./quotes.js";
 import type { Queryable } from "./registrations.js";
@@ -577,42 +582,28 @@ export async function recordOfferFlag(db: Queryable, flag: OfferFlagInput): Prom
   );
 }
 
-export interface PermitLedger {
-  /** Held for open requests. */
-  readonly reserved: bigint;
-  /** Charged for final requests, settled or not. */
-  readonly charged: bigint;
-  /** The part of `charged` this gateway has settled on chain. */
-  readonly settled: bigint;
-}
+// The ledger's shape and the availability rule are the domain's (src/domain/permit-balance.ts),
+// shared with the permit balance; re-exported for this module's callers.
+export { availableCredits, type PermitLedger };
 
 /** The permit's ledger; zeros when the gateway has never reserved against it. */
 export async function permitLedger(db: Queryable, permitId: Hex): Promise<PermitLedger> {
-  const { rows } = await db.query<{ reserved: string; charged: string; settled: string }>(
-    "SELECT reserved, charged, settled FROM permit_ledgers WHERE permit_id = $1",
-    [permitId.toLowerCase()],
-  );
+  const { rows } = await db.query<{
+    reserved: string;
+    charged: string;
+    settled: string;
+    unsettleable: string;
+  }>("SELECT reserved, charged, settled, unsettleable FROM permit_ledgers WHERE permit_id = $1", [
+    permitId.toLowerCase(),
+  ]);
   const row = rows[0];
-  if (!row) return { reserved: 0n, charged: 0n, settled: 0n };
+  if (!row) return { ...emptyPermitLedger };
   return {
     reserved: BigInt(row.reserved),
     charged: BigInt(row.charged),
     settled: BigInt(row.settled),
+    unsettleable: BigInt(row.unsettleable),
   };
-}
-
-/**
- * The credits a permit can still reserve, by the same rule `reserve` applies in SQL: the deposit
- * minus the charges (settled on chain beyond what this gateway settled counts too) and the open
- * reservations. Negative when over-committed (the deposit was read lower than before).
- */
-export function availableCredits(
-  ledger: PermitLedger,
-  deposit: bigint,
-  chainSettled: bigint,
-): bigint {
-  const beyondOurs = chainSettled - ledger.settled;
-  return deposit - (ledger.charged + (beyondOurs > 0n ? beyondOurs : 0n)) - ledger.reserved;
 }
 
 interface Closing {
@@ -749,7 +740,7 @@ function refuse<T>(value: T): Refusal<T> {
  * where the next user would find itself inside our transaction; after a failed query whose
  * ROLLBACK worked, the connection is fine and goes back.
  */
-async function inTransaction<T>(
+export async function inTransaction<T>(
   pool: pg.Pool,
   body: (client: pg.PoolClient) => Promise<T | Refusal<T>>,
 ): Promise<T> {

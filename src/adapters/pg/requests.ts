@@ -9,7 +9,7 @@ export type RequestStatus = "pending" | "streaming" | "completed" | "failed" | "
 export type FinalRequestStatus = Extract<RequestStatus, "completed" | "failed" | "cancelled">;
 /** Whose token count the charge was computed from. */
 export type UsageSource = "provider" | "gateway";
-export type SettlementStatus = "unsettled" | "settling" | "settled" | "none";
+export type SettlementStatus = "unsettled" | "settling" | "settled" | "none" | "unsettleable";
 
 /**
  * A row of `inference_requests`: amounts and token counts as bigint, times as Unix seconds.
@@ -42,6 +42,8 @@ export interface RequestRecord {
   readonly batchId: string | null;
   readonly txHash: Hex | null;
   readonly settledAt: number | null;
+  /** Why the charge can never settle (unsettleable only). */
+  readonly settlementReason: string | null;
 }
 
 interface RequestDbRow {
@@ -69,6 +71,7 @@ interface RequestDbRow {
   batch_id: string | null;
   tx_hash: string | null;
   settled_at: string | null;
+  settlement_reason: string | null;
 }
 
 /**
@@ -85,7 +88,7 @@ export async function getRequest(
     `SELECT id, api_key_id, instance_id, model, model_id, offer_id, permit_id, quote_id, stream,
        status, input_tokens, output_tokens, maximum_credits, credits_charged, billing,
        usage_source, tariff_version, error, created_at, completed_at, settlement_status,
-       batch_id, tx_hash, settled_at
+       batch_id, tx_hash, settled_at, settlement_reason
      FROM inference_requests WHERE id = $1 AND api_key_id = $2`,
     [id, apiKeyId],
   );
@@ -119,5 +122,6 @@ function toRequestRecord(row: RequestDbRow): RequestRecord {
     batchId: row.batch_id,
     txHash: row.tx_hash as Hex | null,
     settledAt: row.settled_at === null ? null : Number(row.settled_at),
+    settlementReason: row.settlement_reason,
   };
 }

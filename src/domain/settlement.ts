@@ -1,0 +1,831 @@
+import { randomBytes } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
+import type { Logger } from "pino";
+import type { Hex } from "viem";
+
+/**
+ * Settlement: every charge reaches the chain exactly once (DESIGN.md sections 2 and 3).
+ *
+ * The chain is the authority on what has been paid: `settle(batchId, charges)` accepts a batch
+ * id once, and `isBatchSettled(batchId)` says whether it did. The flusher is a transaction
+ * manager in the style of Chainlink's, persisted before every side effect:
+ *
+ *   unsettled --store (batch, calldata, signed tx, hash, nonce)--> settling / batch `pending`
+ *   pending --broadcast--> `submitted` --receipt with BatchSettled, CONFIRMATIONS deep--> settled
+ *   submitted --every attempt's nonce taken, batch not settled--> `failed`: charges unsettled
+ *
+ * - One flusher per settlement account at a time (a lease on the database clock; every write
+ *   is fenced by it), and one transaction in flight per account: a batch is driven to its end
+ *   before the next is made.
+ * - Every signed attempt is stored before it is broadcast, and kept. A batch is settled only
+ *   when the chain says its id settled; before any resend the chain is asked first.
+ * - An attempt unmined for `replaceAfterBlocks` blocks is replaced: same nonce, same calldata,
+ *   fees raised by `feeBumpPercent` (at least 15). An attempt whose nonce another transaction
+ *   took is re-sent under a new nonce with the same batch id (the chain refuses a second
+ *   settlement of one id, so whichever lands, it lands once).
+ * - A batch is simulated before it is stored; a charge the chain would refuse (its permit
+ *   closed or unknown, an offer mismatch, beyond the deposit) is taken out and marked
+ *   `unsettleable` with the reason, so one bad permit never holds up the others.
+ * - Charges are aggregated per (permit, offer): one `Charge` entry per pair per batch.
+ */
+
+/** A charged request waiting to settle. */
+export interface PendingCharge {
+  readonly requestId: string;
+  readonly permitId: Hex;
+  readonly offerId: Hex;
+  readonly credits: bigint;
+  /** When the permit may be finalised, for a permit in its close grace period. */
+  readonly closableAt: number | undefined;
+}
+
+/** One `Charge` entry of a batch: the sum of a (permit, offer) pair's charges. */
+export interface BatchCharge {
+  readonly permitId: Hex;
+  readonly offerId: Hex;
+  readonly amount: bigint;
+  readonly requests: number;
+}
+
+export interface PlannedCharge extends BatchCharge {
+  readonly requestIds: readonly string[];
+}
+
+export interface SettlementAttempt {
+  readonly txHash: Hex;
+  readonly nonce: number;
+  readonly raw: Hex;
+  readonly gas: bigint;
+  readonly maxFeePerGas: bigint;
+  readonly maxPriorityFeePerGas: bigint;
+  /** The chain head when the attempt was made. */
+  readonly headBlock: bigint;
+}
+
+export interface InFlightBatch {
+  readonly batchId: Hex;
+  readonly status: "pending" | "submitted";
+  readonly calldata: Hex;
+  readonly requests: number;
+  readonly credits: bigint;
+  readonly charges: readonly BatchCharge[];
+  readonly attempts: readonly SettlementAttempt[];
+}
+
+export interface UnsettleableMark {
+  readonly permitId: Hex;
+  readonly offerId: Hex;
+  readonly requestIds: readonly string[];
+  readonly credits: bigint;
+  readonly reason: string;
+}
+
+export type Sign = (nonce: number) => Promise<SettlementAttempt>;
+
+/** The settlement tables (the PostgreSQL adapter). Writes that take `holder` are fenced by the lease. */
+export interface SettlementStore {
+  /** Takes or renews the account's lease; false when another holder has it. */
+  takeLease(account: Hex, holder: string, seconds: number): Promise<boolean>;
+  releaseLease(account: Hex, holder: string): Promise<void>;
+  /** Unsettled charges, closing permits' first (soonest closable first), then the oldest. */
+  pendingCharges(opts: {
+    limit: number;
+    permits?: readonly Hex[] | undefined;
+  }): Promise<PendingCharge[]>;
+  closingPermitsWithCharges(): Promise<{ permitId: Hex; closableAt: number }[]>;
+  markUnsettleable(account: Hex, holder: string, marks: readonly UnsettleableMark[]): Promise<void>;
+  /**
+   * One transaction: the batch, its first signed attempt (nonce: the larger of the stored next
+   * nonce and `chainNonce`), and its requests `settling`.
+   */
+  storeBatch(
+    input: {
+      account: Hex;
+      holder: string;
+      batchId: Hex;
+      charges: readonly PlannedCharge[];
+      calldata: Hex;
+      chainNonce: number;
+      now: number;
+    },
+    sign: Sign,
+  ): Promise<SettlementAttempt>;
+  /** Another attempt for a stored batch: `nonce` for a replacement, else a new nonce. */
+  recordAttempt(
+    input: {
+      account: Hex;
+      holder: string;
+      batchId: Hex;
+      nonce?: number;
+      chainNonce: number;
+      now: number;
+    },
+    sign: Sign,
+  ): Promise<SettlementAttempt>;
+  markSubmitted(batchId: Hex): Promise<void>;
+  inFlight(account: Hex): Promise<InFlightBatch[]>;
+  attempts(batchId: Hex): Promise<SettlementAttempt[]>;
+  /** Settles the batch and its requests and adds to the permits' settled; false if it was not in flight. */
+  markSettled(
+    batchId: Hex,
+    outcome: { txHash: Hex; blockNumber: bigint; gasUsed: bigint; settledAt: number },
+  ): Promise<boolean>;
+  /** Fails the batch and returns its requests to unsettled; false if it was not in flight. */
+  markFailed(
+    batchId: Hex,
+    outcome: { txHash?: Hex; blockNumber?: bigint; gasUsed?: bigint; error: string },
+  ): Promise<boolean>;
+}
+
+/** Why the chain would refuse a batch, decoded from its revert. */
+export interface SettleRevert {
+  /** The contract error's name (`ChargeExceedsDeposit`, `OfferMismatch`, `InvalidState`, ...). */
+  readonly name: string;
+  readonly permitId?: Hex;
+  readonly offerId?: Hex;
+  readonly amount?: bigint;
+  readonly message: string;
+}
+
+export type Simulation = { ok: true; gas: bigint } | { ok: false; revert: SettleRevert };
+export type BroadcastOutcome = "sent" | "known" | "nonce_too_low" | "underpriced";
+export type PermitChainState = "none" | "open" | "closing" | "closed";
+
+/** The chain side of settlement (the viem adapter). Failures to reach the chain throw. */
+export interface SettlementChain {
+  /** The settlement operator account the gateway sends from. */
+  readonly account: Hex;
+  head(): Promise<bigint>;
+  /** Transactions of the account mined so far (the next nonce the chain expects). */
+  minedNonce(): Promise<number>;
+  fees(): Promise<{ maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }>;
+  encode(batchId: Hex, charges: readonly BatchCharge[]): Hex;
+  simulate(calldata: Hex): Promise<Simulation>;
+  sign(tx: {
+    nonce: number;
+    gas: bigint;
+    maxFeePerGas: bigint;
+    maxPriorityFeePerGas: bigint;
+    data: Hex;
+  }): Promise<{ raw: Hex; txHash: Hex }>;
+  broadcast(raw: Hex): Promise<BroadcastOutcome>;
+  receipt(
+    txHash: Hex,
+  ): Promise<{ status: "success" | "reverted"; blockNumber: bigint; gasUsed: bigint } | undefined>;
+  /** Where `batchId` settled (its BatchSettled log), searching from `fromBlock`; undefined if it has not. */
+  batchSettled(
+    batchId: Hex,
+    fromBlock: bigint,
+  ): Promise<{ txHash: Hex; blockNumber: bigint } | undefined>;
+  permitState(permitId: Hex): Promise<PermitChainState>;
+}
+
+export type BatchState = "pending" | "submitted" | "settled" | "failed" | "dry_run";
+
+export interface BatchReport {
+  readonly batchId: Hex;
+  readonly requests: number;
+  readonly credits: bigint;
+  readonly charges: number;
+  readonly txHash: Hex | undefined;
+  readonly status: BatchState;
+  readonly gas: bigint | undefined;
+  readonly error: string | undefined;
+}
+
+export interface UnsettleableReport {
+  readonly permitId: Hex;
+  readonly offerId: Hex;
+  readonly requests: number;
+  readonly credits: bigint;
+  readonly reason: string;
+}
+
+export interface FlushResult {
+  readonly batches: BatchReport[];
+  readonly settledRequests: number;
+  readonly settledCredits: bigint;
+  readonly unsettleable: UnsettleableReport[];
+  /** Another flusher holds the account: nothing was done. */
+  readonly busy: boolean;
+}
+
+export interface FlushOptions {
+  readonly maxRequests?: number | undefined;
+  readonly dryRun?: boolean | undefined;
+  /** Only these permits' charges (the close watcher). */
+  readonly permits?: readonly Hex[] | undefined;
+}
+
+export interface SettlementFlusherDeps {
+  readonly store: SettlementStore;
+  readonly chain: SettlementChain;
+  /** Identifies this flusher in the lease (one per process). */
+  readonly holder: string;
+  readonly logger: Logger;
+  /** Unix seconds. */
+  readonly clock: () => number;
+  /** Blocks on top of a receipt's block before it counts. */
+  readonly confirmations: number;
+  readonly maxBatchGas: bigint;
+  readonly replaceAfterBlocks: number;
+  readonly feeBumpPercent: number;
+  /** How long one flush waits for its transaction before answering `submitted`. */
+  readonly waitMs: number;
+  readonly leaseSeconds: number;
+  /** Between two looks at the chain while a transaction is in flight. */
+  readonly pollMs: number;
+  /** Settle charges of closing permits this long before `closableAt` at the latest. */
+  readonly closeMarginSeconds?: number;
+}
+
+export interface SettlementFlusher {
+  readonly account: Hex;
+  flush(options?: FlushOptions): Promise<FlushResult>;
+  /** Settles the charges of permits in their close grace period, if any (the close watcher). */
+  settleClosing(): Promise<FlushResult | undefined>;
+}
+
+/** Gas a batch costs besides its entries, and a first guess of one entry's (refined by estimation). */
+const baseGasGuess = 60_000n;
+const chargeGasGuess = 90_000n;
+/** Most charges read for one batch. */
+const selectLimit = 20_000;
+
+/** Sums charges per (permit, offer), in the order each pair first appears (the queue's priority). */
+export function aggregateCharges(charges: readonly PendingCharge[]): PlannedCharge[] {
+  const byPair = new Map<string, { permitId: Hex; offerId: Hex; amount: bigint; ids: string[] }>();
+  for (const charge of charges) {
+    const key = `${charge.permitId}:${charge.offerId}`;
+    let entry = byPair.get(key);
+    if (entry === undefined) {
+      entry = { permitId: charge.permitId, offerId: charge.offerId, amount: 0n, ids: [] };
+      byPair.set(key, entry);
+    }
+    entry.amount += charge.credits;
+    entry.ids.push(charge.requestId);
+  }
+  return [...byPair.values()].map((e) => ({
+    permitId: e.permitId,
+    offerId: e.offerId,
+    amount: e.amount,
+    requests: e.ids.length,
+    requestIds: e.ids,
+  }));
+}
+
+/** `value` raised by `percent`, rounded up. */
+export function bump(value: bigint, percent: number): bigint {
+  return (value * BigInt(100 + percent) + 99n) / 100n;
+}
+
+/** The fees of a replacement: the old ones raised by `percent`, or the market's if higher. */
+export function replacementFees(
+  previous: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint },
+  market: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint },
+  percent: number,
+): { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint } {
+  const max = (a: bigint, b: bigint) => (a > b ? a : b);
+  const priority = max(bump(previous.maxPriorityFeePerGas, percent), market.maxPriorityFeePerGas);
+  const fee = max(bump(previous.maxFeePerGas, percent), market.maxFeePerGas);
+  return { maxFeePerGas: max(fee, priority), maxPriorityFeePerGas: priority };
+}
+
+/** Entries the contract would process up to `gasBound`, by the first guess of an entry's gas. */
+export function entriesUnder(gasBound: bigint): number {
+  const n = (gasBound - baseGasGuess) / chargeGasGuess;
+  return n < 1n ? 1 : Number(n);
+}
+
+const reasonOf = (revert: SettleRevert): string => {
+  switch (revert.name) {
+    case "ChargeExceedsDeposit":
+      return "exceeds_deposit";
+    case "OfferMismatch":
+      return "offer_mismatch";
+    case "InvalidState":
+      return "permit_closed";
+    case "NotFound":
+      return "not_found";
+    default:
+      return revert.name;
+  }
+};
+
+/** A failure that makes every batch revert, not one charge: configuration, never unsettleable. */
+const batchWideErrors = new Set(["NotSettlementOperator", "BatchAlreadySettled"]);
+
+export function createSettlementFlusher(deps: SettlementFlusherDeps): SettlementFlusher {
+  const { store, chain, holder, logger, clock } = deps;
+  const account = chain.account;
+  const newBatchId = (): Hex => `0x${randomBytes(32).toString("hex")}`;
+
+  /**
+   * Takes the charges the chain would refuse out of `entries` (marking nothing: the caller
+   * decides), until the rest simulates cleanly under the gas bound.
+   */
+  async function prepare(
+    batchId: Hex,
+    entries: readonly PlannedCharge[],
+  ): Promise<{
+    good: PlannedCharge[];
+    bad: UnsettleableMark[];
+    calldata: Hex | undefined;
+    gas: bigint;
+  }> {
+    let candidate = [...entries];
+    const bad: UnsettleableMark[] = [];
+    const remove = (culprits: readonly PlannedCharge[], reason: string) => {
+      for (const c of culprits) {
+        bad.push({
+          permitId: c.permitId,
+          offerId: c.offerId,
+          requestIds: c.requestIds,
+          credits: c.amount,
+          reason,
+        });
+      }
+      candidate = candidate.filter((c) => !culprits.includes(c));
+    };
+    for (;;) {
+      if (candidate.length === 0) return { good: [], bad, calldata: undefined, gas: 0n };
+      const calldata = chain.encode(batchId, candidate);
+      const result = await chain.simulate(calldata);
+      if (result.ok) {
+        if (result.gas > deps.maxBatchGas && candidate.length > 1) {
+          const keep = Number(
+            (BigInt(candidate.length) * deps.maxBatchGas * 9n) / (result.gas * 10n),
+          );
+          candidate = candidate.slice(0, Math.max(1, Math.min(keep, candidate.length - 1)));
+          continue;
+        }
+        return { good: candidate, bad, calldata, gas: result.gas };
+      }
+      const revert = result.revert;
+      if (batchWideErrors.has(revert.name)) {
+        throw new Error(`settlement refused by the market: ${revert.message}`);
+      }
+      // 1. The revert names the charge.
+      if (revert.permitId !== undefined) {
+        const culprit = candidate.find(
+          (c) =>
+            c.permitId === revert.permitId &&
+            (revert.offerId === undefined || c.offerId === revert.offerId) &&
+            (revert.amount === undefined || c.amount === revert.amount),
+        );
+        if (culprit !== undefined) {
+          remove([culprit], reasonOf(revert));
+          continue;
+        }
+      }
+      // 2. Permits the chain no longer takes charges for.
+      const permits = [...new Set(candidate.map((c) => c.permitId))];
+      const states = await Promise.all(permits.map((p) => chain.permitState(p)));
+      const gone = new Map<Hex, string>();
+      permits.forEach((p, i) => {
+        if (states[i] === "closed") gone.set(p, "permit_closed");
+        if (states[i] === "none") gone.set(p, "permit_not_found");
+      });
+      if (gone.size > 0) {
+        for (const [permitId, reason] of gone)
+          remove(
+            candidate.filter((c) => c.permitId === permitId),
+            reason,
+          );
+        continue;
+      }
+      // 3. Each entry alone.
+      const alone = await Promise.all(
+        candidate.map((c) => chain.simulate(chain.encode(batchId, [c]))),
+      );
+      const culprits = candidate.filter((_, i) => !alone[i]!.ok);
+      if (culprits.length === 0) {
+        throw new Error(`settlement batch reverts in simulation: ${revert.message}`);
+      }
+      for (const c of culprits) {
+        const r = alone[candidate.indexOf(c)]!;
+        remove([c], r.ok ? "rejected" : reasonOf(r.revert));
+      }
+    }
+  }
+
+  const report = (
+    batchId: Hex,
+    charges: readonly BatchCharge[],
+    status: BatchState,
+    extra: { txHash?: Hex | undefined; gas?: bigint | undefined; error?: string | undefined } = {},
+  ): BatchReport => ({
+    batchId,
+    requests: charges.reduce((n, c) => n + c.requests, 0),
+    credits: charges.reduce((sum, c) => sum + c.amount, 0n),
+    charges: charges.length,
+    txHash: extra.txHash,
+    status,
+    gas: extra.gas,
+    error: extra.error,
+  });
+
+  const signer =
+    (
+      data: Hex,
+      gas: bigint,
+      fees: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint },
+      headBlock: bigint,
+    ): Sign =>
+    async (nonce) => {
+      const signed = await chain.sign({ nonce, gas, data, ...fees });
+      return { txHash: signed.txHash, raw: signed.raw, nonce, gas, headBlock, ...fees };
+    };
+
+  /**
+   * Drives one stored batch until it is settled, failed, or `deadline` passes (then it stays
+   * in flight for the next flush). The chain is asked first, every time.
+   */
+  async function drive(
+    batch: {
+      batchId: Hex;
+      calldata: Hex;
+      charges: readonly BatchCharge[];
+      status: "pending" | "submitted";
+    },
+    deadline: number,
+  ): Promise<BatchReport> {
+    const { batchId, calldata, charges } = batch;
+    let broadcastThisCall = false;
+    for (;;) {
+      const attempts = await store.attempts(batchId);
+      const first = attempts[0];
+      if (first === undefined) throw new Error(`settlement batch ${batchId} has no attempt`);
+      const fromBlock = attempts.reduce(
+        (m, a) => (a.headBlock < m ? a.headBlock : m),
+        first.headBlock,
+      );
+      const head = await chain.head();
+      const settled = await chain.batchSettled(batchId, fromBlock);
+      if (settled !== undefined) {
+        if (head >= settled.blockNumber + BigInt(deps.confirmations)) {
+          const receipt = await chain.receipt(settled.txHash);
+          const gasUsed = receipt?.gasUsed ?? 0n;
+          await store.markSettled(batchId, {
+            txHash: settled.txHash,
+            blockNumber: settled.blockNumber,
+            gasUsed,
+            settledAt: clock(),
+          });
+          const done = report(batchId, charges, "settled", {
+            txHash: settled.txHash,
+            gas: gasUsed,
+          });
+          logger.info(
+            {
+              batchId,
+              txHash: settled.txHash,
+              requests: done.requests,
+              credits: done.credits.toString(),
+              gasUsed: gasUsed.toString(),
+            },
+            "settlement batch settled",
+          );
+          return done;
+        }
+      } else {
+        // Not settled (as of the head read above). Did one of our attempts get mined anyway?
+        const receipts = await Promise.all(attempts.map((a) => chain.receipt(a.txHash)));
+        const minedIndex = receipts.findIndex((r) => r !== undefined);
+        const mined = minedIndex >= 0 ? receipts[minedIndex] : undefined;
+        if (mined !== undefined && mined.status === "reverted") {
+          if (head >= mined.blockNumber + BigInt(deps.confirmations)) {
+            const txHash = attempts[minedIndex]!.txHash;
+            const error = "the settlement transaction reverted";
+            if (
+              await store.markFailed(batchId, {
+                txHash,
+                blockNumber: mined.blockNumber,
+                gasUsed: mined.gasUsed,
+                error,
+              })
+            ) {
+              logger.error(
+                { batchId, txHash, requests: report(batchId, charges, "failed").requests },
+                "settlement batch reverted on chain; its charges are unsettled again and will be re-simulated",
+              );
+            }
+            return report(batchId, charges, "failed", { txHash, gas: mined.gasUsed, error });
+          }
+        } else if (mined === undefined) {
+          const latest = attempts[attempts.length - 1]!;
+          const minedNonce = await chain.minedNonce();
+          if (minedNonce > latest.nonce) {
+            // The nonce is spent, but by none of our attempts (checked again now, after reading
+            // the nonce, so an attempt mined in between is not taken for a stranger's).
+            const again = await Promise.all(attempts.map((a) => chain.receipt(a.txHash)));
+            if (
+              again.every((r) => r === undefined) &&
+              (await chain.batchSettled(batchId, fromBlock)) === undefined
+            ) {
+              const fees = await chain.fees();
+              const attempt = await store.recordAttempt(
+                { account, holder, batchId, chainNonce: minedNonce, now: clock() },
+                signer(calldata, latest.gas, fees, head),
+              );
+              logger.warn(
+                {
+                  batchId,
+                  nonce: attempt.nonce,
+                  previousNonce: latest.nonce,
+                  txHash: attempt.txHash,
+                },
+                "settlement nonce taken by another transaction; re-sending the batch under a new nonce",
+              );
+              await chain.broadcast(attempt.raw);
+              broadcastThisCall = true;
+              continue;
+            }
+            continue;
+          }
+          if (head >= latest.headBlock + BigInt(deps.replaceAfterBlocks)) {
+            const fees = replacementFees(latest, await chain.fees(), deps.feeBumpPercent);
+            const attempt = await store.recordAttempt(
+              {
+                account,
+                holder,
+                batchId,
+                nonce: latest.nonce,
+                chainNonce: minedNonce,
+                now: clock(),
+              },
+              signer(calldata, latest.gas, fees, head),
+            );
+            logger.warn(
+              {
+                batchId,
+                nonce: attempt.nonce,
+                txHash: attempt.txHash,
+                replaces: latest.txHash,
+                maxFeePerGas: fees.maxFeePerGas.toString(),
+              },
+              "settlement transaction not mined in time; replacing it with higher fees",
+            );
+            await chain.broadcast(attempt.raw);
+            broadcastThisCall = true;
+            continue;
+          }
+          if (!broadcastThisCall) {
+            // Stored but perhaps never sent (a crash between store and broadcast), or sent by a
+            // flusher that died: the same signed bytes again, which the chain takes at most once.
+            const outcome = await chain.broadcast(latest.raw);
+            broadcastThisCall = true;
+            if (outcome === "sent" || outcome === "known") await store.markSubmitted(batchId);
+            continue;
+          }
+        }
+      }
+      if (Date.now() >= deadline) {
+        const latest = attempts[attempts.length - 1]!;
+        return report(batchId, charges, "submitted", { txHash: latest.txHash });
+      }
+      await sleep(deps.pollMs);
+    }
+  }
+
+  async function flushLeased(options: FlushOptions): Promise<FlushResult> {
+    const deadline = Date.now() + deps.waitMs;
+    const batches: BatchReport[] = [];
+    const unsettleable: UnsettleableReport[] = [];
+    for (const batch of await store.inFlight(account)) {
+      const outcome = await drive(batch, deadline);
+      batches.push(outcome);
+      if (outcome.status !== "settled") return summary(batches, unsettleable);
+    }
+    let remaining = options.maxRequests ?? Number.POSITIVE_INFINITY;
+    const maxEntries = entriesUnder(deps.maxBatchGas);
+    while (remaining > 0 && Date.now() < deadline) {
+      const pending = await store.pendingCharges({
+        limit: Math.min(remaining, selectLimit),
+        permits: options.permits,
+      });
+      if (pending.length === 0) break;
+      const batchId = newBatchId();
+      const { good, bad, calldata, gas } = await prepare(
+        batchId,
+        aggregateCharges(pending).slice(0, maxEntries),
+      );
+      if (bad.length > 0) {
+        await store.markUnsettleable(account, holder, bad);
+        for (const mark of bad) {
+          unsettleable.push({
+            permitId: mark.permitId,
+            offerId: mark.offerId,
+            requests: mark.requestIds.length,
+            credits: mark.credits,
+            reason: mark.reason,
+          });
+          logger.warn(
+            {
+              permitId: mark.permitId,
+              offerId: mark.offerId,
+              requests: mark.requestIds.length,
+              credits: mark.credits.toString(),
+              reason: mark.reason,
+            },
+            "charges cannot settle on chain; marked unsettleable",
+          );
+        }
+      }
+      if (calldata === undefined || good.length === 0) continue;
+      const fees = await chain.fees();
+      const head = await chain.head();
+      const gasLimit = (gas * 125n) / 100n + 20_000n;
+      await store.storeBatch(
+        {
+          account,
+          holder,
+          batchId,
+          charges: good,
+          calldata,
+          chainNonce: await chain.minedNonce(),
+          now: clock(),
+        },
+        signer(calldata, gasLimit, fees, head),
+      );
+      const outcome = await drive(
+        { batchId, calldata, charges: good, status: "pending" },
+        deadline,
+      );
+      batches.push(outcome);
+      remaining -= good.reduce((n, c) => n + c.requests, 0);
+      // Still in flight: one transaction per account. Failed: its charges are unsettled again,
+      // and the next flush simulates them afresh (never a loop of reverting batches here).
+      if (outcome.status !== "settled") break;
+    }
+    return summary(batches, unsettleable);
+  }
+
+  async function dryRun(options: FlushOptions): Promise<FlushResult> {
+    const pending = await store.pendingCharges({
+      limit: Math.min(options.maxRequests ?? selectLimit, selectLimit),
+      permits: options.permits,
+    });
+    const batches: BatchReport[] = [];
+    const unsettleable: UnsettleableReport[] = [];
+    let entries = aggregateCharges(pending);
+    const maxEntries = entriesUnder(deps.maxBatchGas);
+    while (entries.length > 0) {
+      const batchId = newBatchId();
+      const planned = entries.slice(0, maxEntries);
+      const { good, bad, gas } = await prepare(batchId, planned);
+      for (const mark of bad)
+        unsettleable.push({
+          permitId: mark.permitId,
+          offerId: mark.offerId,
+          requests: mark.requestIds.length,
+          credits: mark.credits,
+          reason: mark.reason,
+        });
+      if (good.length > 0) batches.push(report(batchId, good, "dry_run", { gas }));
+      const done = new Set([
+        ...good,
+        ...planned.filter((p) => bad.some((b) => b.requestIds === p.requestIds)),
+      ]);
+      entries = entries.filter((e) => !done.has(e));
+      if (good.length === 0 && bad.length === 0) break;
+    }
+    return { batches, settledRequests: 0, settledCredits: 0n, unsettleable, busy: false };
+  }
+
+  function summary(batches: BatchReport[], unsettleable: UnsettleableReport[]): FlushResult {
+    const settled = batches.filter((b) => b.status === "settled");
+    return {
+      batches,
+      settledRequests: settled.reduce((n, b) => n + b.requests, 0),
+      settledCredits: settled.reduce((sum, b) => sum + b.credits, 0n),
+      unsettleable,
+      busy: false,
+    };
+  }
+
+  async function flush(options: FlushOptions = {}): Promise<FlushResult> {
+    if (options.dryRun === true) return dryRun(options);
+    if (!(await store.takeLease(account, holder, deps.leaseSeconds))) {
+      return { batches: [], settledRequests: 0, settledCredits: 0n, unsettleable: [], busy: true };
+    }
+    let renewal: Promise<unknown> = Promise.resolve();
+    const renew = setInterval(
+      () => {
+        renewal = store.takeLease(account, holder, deps.leaseSeconds).catch((error: unknown) => {
+          logger.warn({ err: error }, "settlement lease renewal failed");
+        });
+      },
+      (deps.leaseSeconds * 1000) / 3,
+    );
+    try {
+      return await flushLeased(options);
+    } finally {
+      clearInterval(renew);
+      await renewal;
+      await store.releaseLease(account, holder).catch((error: unknown) => {
+        logger.warn({ err: error }, "settlement lease release failed; it expires on its own");
+      });
+    }
+  }
+
+  return {
+    account,
+    flush,
+    async settleClosing() {
+      const closing = await store.closingPermitsWithCharges();
+      if (closing.length === 0) return undefined;
+      const now = clock();
+      const margin = deps.closeMarginSeconds ?? 0;
+      for (const permit of closing) {
+        if (now >= permit.closableAt - margin) {
+          logger.error(
+            { permitId: permit.permitId, closableAt: permit.closableAt, now },
+            "a closing permit still has unsettled charges inside the close margin",
+          );
+        }
+      }
+      return flush({ permits: closing.map((c) => c.permitId) });
+    },
+  };
+}
+
+export interface PermitReconciliation {
+  readonly permitId: Hex;
+  readonly gatewaySettled: bigint;
+  readonly ledgerSettled: bigint;
+  readonly chainSettled: bigint;
+  readonly unsettleable: bigint;
+  readonly drift: boolean;
+}
+
+export interface OfferReconciliation {
+  readonly offerId: Hex;
+  readonly gatewayPaid: bigint;
+  readonly chainPaid: bigint;
+  readonly drift: boolean;
+}
+
+export interface Reconciliation {
+  readonly account: Hex;
+  readonly permits: PermitReconciliation[];
+  readonly offers: OfferReconciliation[];
+  readonly drift: boolean;
+}
+
+/**
+ * Compares the gateway's settled sums with the chain's: per permit, the settled requests' sum,
+ * the permit ledger's settled amount and the chain's `settled` must be one number; per offer,
+ * the settled requests' sum and what the chain's `ChargeSettled` events paid it. A permit or
+ * offer known to only one side counts with zero on the other.
+ */
+export function reconcile(input: {
+  account: Hex;
+  gateway: {
+    permits: readonly {
+      permitId: Hex;
+      settled: bigint;
+      unsettleable: bigint;
+      ledgerSettled: bigint;
+    }[];
+    offers: readonly { offerId: Hex; settled: bigint }[];
+  };
+  chainPermits: ReadonlyMap<Hex, bigint>;
+  chainOffers: ReadonlyMap<Hex, bigint>;
+}): Reconciliation {
+  const permitIds = new Set<Hex>([
+    ...input.gateway.permits.map((p) => p.permitId),
+    ...input.chainPermits.keys(),
+  ]);
+  const byPermit = new Map(input.gateway.permits.map((p) => [p.permitId, p]));
+  const permits = [...permitIds].sort().map((permitId): PermitReconciliation => {
+    const g = byPermit.get(permitId);
+    const gatewaySettled = g?.settled ?? 0n;
+    const ledgerSettled = g?.ledgerSettled ?? 0n;
+    const chainSettled = input.chainPermits.get(permitId) ?? 0n;
+    return {
+      permitId,
+      gatewaySettled,
+      ledgerSettled,
+      chainSettled,
+      unsettleable: g?.unsettleable ?? 0n,
+      drift: gatewaySettled !== chainSettled || ledgerSettled !== chainSettled,
+    };
+  });
+  const offerIds = new Set<Hex>([
+    ...input.gateway.offers.map((o) => o.offerId),
+    ...input.chainOffers.keys(),
+  ]);
+  const byOffer = new Map(input.gateway.offers.map((o) => [o.offerId, o.settled]));
+  const offers = [...offerIds].sort().map((offerId): OfferReconciliation => {
+    const gatewayPaid = byOffer.get(offerId) ?? 0n;
+    const chainPaid = input.chainOffers.get(offerId) ?? 0n;
+    return { offerId, gatewayPaid, chainPaid, drift: gatewayPaid !== chainPaid };
+  });
+  return {
+    account: input.account,
+    permits,
+    offers,
+    drift: permits.some((p) => p.drift) || offers.some((o) => o.drift),
+  };
+}

@@ -1,0 +1,306 @@
+import { randomBytes } from "node:crypto";
+import { parseEther, type Hex } from "viem";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createChainSettlement } from "../src/adapters/chain/settlement.js";
+import { createPgSettlementStore } from "../src/adapters/pg/settlement.js";
+import {
+  createSettlementFlusher,
+  type SettlementChain,
+  type SettlementFlusherDeps,
+} from "../src/domain/settlement.js";
+import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
+import { closePermit, onboard, openPermit } from "./helpers/market.js";
+import { chainPermit, chatOn, settlementKey, settlementRows } from "./helpers/settlement.js";
+import { startTestStack, type TestStack } from "./helpers/stack.js";
+
+/**
+ * The sender under faults injected at each of its steps. The gateway here has no settlement key,
+ * so nothing settles but the flushers each test makes: a flusher over the real database and the
+ * real anvil, whose chain adapter a test wraps to fail (or lie) at one step, as a crash or a
+ * misbehaving node would. After each fault, a flusher on the unwrapped chain must settle every
+ * charge exactly once; the chain's own `settled` proves it.
+ */
+describe("settlement sender under faults", () => {
+  let stack: TestStack;
+  let fake: FakeUpstream;
+
+  beforeAll(async () => {
+    stack = await startTestStack({
+      ALLOW_PRIVATE_ENDPOINTS: "true",
+      PROBE_INTERVAL_MS: "600000",
+      PERMIT_CACHE_MS: "0",
+    });
+    fake = await startFakeUpstream({ models: ["demo-chat"], chunks: 2 });
+    const offer = stack.demo.offers.find(
+      (o) => o.status === "active" && o.modelId === stack.demo.models[0]!.modelId,
+    )!.offerId;
+    await onboard(stack, offer, fake.url);
+  });
+  afterAll(async () => {
+    await fake?.stop();
+    await stack?.close();
+  });
+
+  const realChain = (): SettlementChain =>
+    createChainSettlement({
+      client: stack.clients.publicClient,
+      chainId: stack.anvil.chainId,
+      market: stack.demo.market,
+      privateKey: settlementKey,
+    });
+
+  const flusher = (chain: SettlementChain, overrides: Partial<SettlementFlusherDeps> = {}) =>
+    createSettlementFlusher({
+      store: createPgSettlementStore(stack.database.db.pool),
+      chain,
+      holder: `test_${randomBytes(4).toString("hex")}`,
+      logger: stack.logger,
+      clock: () => Math.floor(Date.now() / 1000),
+      confirmations: 0,
+      maxBatchGas: 12_000_000n,
+      replaceAfterBlocks: 2,
+      feeBumpPercent: 20,
+      waitMs: 5000,
+      leaseSeconds: 30,
+      pollMs: 50,
+      ...overrides,
+    });
+
+  const rpc = (method: string, params: unknown[] = []) =>
+    stack.clients.publicClient.request({ method: method as never, params: params as never });
+
+  /** A fresh permit with `n` charged chats on it. */
+  async function charged(n: number): Promise<{ permitId: Hex; ids: string[]; total: bigint }> {
+    const permitId = await openPermit(stack, { deposit: 10n ** 18n });
+    const ids: string[] = [];
+    let total = 0n;
+    for (let i = 0; i < n; i++) {
+      const chat = await chatOn(stack, permitId);
+      ids.push(chat.id);
+      total += chat.charged;
+    }
+    return { permitId, ids, total };
+  }
+
+  const attempts = async (batchId: string) =>
+    (
+      await stack.database.db.pool.query<{
+        tx_hash: string;
+        nonce: string;
+        max_fee_per_gas: string;
+        max_priority_fee_per_gas: string;
+      }>(
+        `SELECT tx_hash, nonce, max_fee_per_gas, max_priority_fee_per_gas FROM settlement_attempts
+         WHERE batch_id = $1 ORDER BY nonce, max_fee_per_gas`,
+        [batchId],
+      )
+    ).rows;
+
+  const batchOf = async (requestId: string) =>
+    (
+      await stack.database.db.pool.query<{ batch_id: string; status: string; tx_hash: string }>(
+        `SELECT b.batch_id, b.status, b.tx_hash FROM settlement_batches b
+         JOIN inference_requests r ON r.batch_id = b.batch_id WHERE r.id = $1`,
+        [requestId],
+      )
+    ).rows[0];
+
+  /** Every charge settled once: records settled, the chain's settled equal to their sum. */
+  async function expectSettledOnce(permitId: Hex, ids: string[], total: bigint) {
+    const rows = await settlementRows(stack, ids);
+    expect(rows.map((r) => r.settlement_status)).toEqual(ids.map(() => "settled"));
+    expect((await chainPermit(stack, permitId)).settled).toBe(total);
+    const ledger = await stack.database.db.pool.query<{ settled: string; charged: string }>(
+      "SELECT settled, charged FROM permit_ledgers WHERE permit_id = $1",
+      [permitId],
+    );
+    expect(BigInt(ledger.rows[0]!.settled)).toBe(total);
+  }
+
+  it("a crash after the attempt is stored, before it is broadcast: the next flush sends the stored transaction", async () => {
+    const { permitId, ids, total } = await charged(3);
+    const real = realChain();
+    let sent = 0;
+    const crashing: SettlementChain = {
+      ...real,
+      broadcast: async () => {
+        throw new Error("injected crash before broadcast");
+      },
+    };
+    await expect(flusher(crashing).flush()).rejects.toThrow(/injected crash/);
+    const stored = await batchOf(ids[0]!);
+    expect(stored?.status).toBe("pending");
+    expect(
+      (await settlementRows(stack, ids)).every((r) => r.settlement_status === "settling"),
+    ).toBe(true);
+    expect((await chainPermit(stack, permitId)).settled).toBe(0n);
+
+    const counting: SettlementChain = {
+      ...real,
+      broadcast: async (raw) => {
+        sent++;
+        return real.broadcast(raw);
+      },
+    };
+    const result = await flusher(counting).flush();
+    expect(result.batches[0]).toMatchObject({ batchId: stored!.batch_id, status: "settled" });
+    expect(sent).toBe(1);
+    // The transaction that settled is the one stored before the crash.
+    expect((await attempts(stored!.batch_id)).map((a) => a.tx_hash)).toEqual([
+      result.batches[0]!.txHash,
+    ]);
+    await expectSettledOnce(permitId, ids, total);
+  });
+
+  it("a crash after broadcast, before the receipt is recorded: the next flush finds it settled and sends nothing", async () => {
+    const { permitId, ids, total } = await charged(2);
+    const real = realChain();
+    const crashing: SettlementChain = {
+      ...real,
+      broadcast: async (raw) => {
+        await real.broadcast(raw);
+        throw new Error("injected crash after broadcast");
+      },
+    };
+    await expect(flusher(crashing).flush()).rejects.toThrow(/injected crash/);
+    // It was mined (automine), but the gateway has not recorded it.
+    expect((await chainPermit(stack, permitId)).settled).toBe(total);
+    expect((await batchOf(ids[0]!))?.status).toBe("pending");
+
+    let sent = 0;
+    const result = await flusher({
+      ...real,
+      broadcast: async (raw) => {
+        sent++;
+        return real.broadcast(raw);
+      },
+    }).flush();
+    expect(sent).toBe(0);
+    expect(result.batches[0]?.status).toBe("settled");
+    await expectSettledOnce(permitId, ids, total);
+  });
+
+  it("a dropped transaction is replaced with the same nonce and fees raised at least 15%", async () => {
+    const { permitId, ids, total } = await charged(2);
+    const real = realChain();
+    // The node accepts the first attempt and loses it (a dropped transaction).
+    const dropping: SettlementChain = { ...real, broadcast: async () => "sent" };
+    const first = await flusher(dropping, { waitMs: 300 }).flush();
+    expect(first.batches[0]?.status).toBe("submitted");
+    expect((await chainPermit(stack, permitId)).settled).toBe(0n);
+    for (let i = 0; i < 3; i++) await rpc("evm_mine");
+
+    const second = await flusher(real).flush();
+    expect(second.batches[0]).toMatchObject({
+      batchId: first.batches[0]!.batchId,
+      status: "settled",
+    });
+    const tried = await attempts(first.batches[0]!.batchId);
+    expect(tried).toHaveLength(2);
+    expect(tried[1]!.nonce).toBe(tried[0]!.nonce);
+    expect(BigInt(tried[1]!.max_fee_per_gas) * 100n).toBeGreaterThanOrEqual(
+      BigInt(tried[0]!.max_fee_per_gas) * 115n,
+    );
+    expect(BigInt(tried[1]!.max_priority_fee_per_gas) * 100n).toBeGreaterThanOrEqual(
+      BigInt(tried[0]!.max_priority_fee_per_gas) * 115n,
+    );
+    expect(second.batches[0]!.txHash).toBe(tried[1]!.tx_hash);
+    await expectSettledOnce(permitId, ids, total);
+  });
+
+  it("a transaction still pending is replaced by a fee bump; whichever lands, the batch settles once", async () => {
+    const { permitId, ids, total } = await charged(2);
+    const real = realChain();
+    await rpc("evm_setAutomine", [false]);
+    try {
+      const first = await flusher(real, { waitMs: 300 }).flush();
+      expect(first.batches[0]?.status).toBe("submitted");
+      const batchId = first.batches[0]!.batchId;
+      // Blocks pass without it (a congested chain): the head runs ahead of the attempt.
+      const congested: SettlementChain = { ...real, head: async () => (await real.head()) + 5n };
+      const mining = (async () => {
+        await new Promise((r) => setTimeout(r, 400));
+        await rpc("evm_mine");
+      })();
+      const second = await flusher(congested, { replaceAfterBlocks: 3 }).flush();
+      await mining;
+      expect(second.batches[0]).toMatchObject({ batchId, status: "settled" });
+      const tried = await attempts(batchId);
+      expect(tried.length).toBeGreaterThanOrEqual(2);
+      expect(new Set(tried.map((a) => a.nonce)).size).toBe(1);
+      expect(tried.map((a) => a.tx_hash)).toContain(second.batches[0]!.txHash);
+    } finally {
+      await rpc("evm_setAutomine", [true]);
+    }
+    await expectSettledOnce(permitId, ids, total);
+  });
+
+  it("an attempt whose nonce another transaction took is re-sent under a new nonce with the same batch id", async () => {
+    const { permitId, ids, total } = await charged(2);
+    const real = realChain();
+    const wallet = stack.clients.wallet(settlementKey);
+    let stolen = false;
+    const racing: SettlementChain = {
+      ...real,
+      broadcast: async (raw) => {
+        if (!stolen) {
+          stolen = true;
+          // Another sender on the same account takes the nonce first.
+          const hash = await wallet.sendTransaction({
+            to: stack.roles.settlement.address,
+            value: parseEther("0.001"),
+          });
+          await stack.clients.publicClient.waitForTransactionReceipt({ hash });
+        }
+        return real.broadcast(raw);
+      },
+    };
+    const result = await flusher(racing).flush();
+    expect(result.batches[0]?.status).toBe("settled");
+    const tried = await attempts(result.batches[0]!.batchId);
+    expect(tried).toHaveLength(2);
+    expect(Number(tried[1]!.nonce)).toBeGreaterThan(Number(tried[0]!.nonce));
+    expect(result.batches[0]!.txHash).toBe(tried[1]!.tx_hash);
+    await expectSettledOnce(permitId, ids, total);
+  });
+
+  it("a batch that reverts on chain returns its charges; the next flush settles the good ones and marks the closed permit's unsettleable", async () => {
+    const good = await charged(2);
+    const doomed = await charged(1);
+    await closePermit(stack, doomed.permitId);
+    const real = realChain();
+    // A node whose simulation saw the permit still open: the batch is sent and reverts.
+    const blind: SettlementChain = {
+      ...real,
+      simulate: async () => ({ ok: true, gas: 1_000_000n }),
+    };
+    const first = await flusher(blind).flush();
+    expect(first.batches[0]?.status).toBe("failed");
+    expect(first.batches[0]?.error).toMatch(/reverted/);
+    expect(
+      (await settlementRows(stack, [...good.ids, ...doomed.ids])).map((r) => r.settlement_status),
+    ).toEqual([...good.ids, ...doomed.ids].map(() => "unsettled"));
+    expect((await chainPermit(stack, good.permitId)).settled).toBe(0n);
+
+    const second = await flusher(real).flush();
+    expect(second.unsettleable).toEqual([
+      expect.objectContaining({
+        permitId: doomed.permitId,
+        requests: 1,
+        credits: doomed.total,
+        reason: "permit_closed",
+      }),
+    ]);
+    await expectSettledOnce(good.permitId, good.ids, good.total);
+    const [row] = await settlementRows(stack, doomed.ids);
+    expect(row).toMatchObject({
+      settlement_status: "unsettleable",
+      settlement_reason: "permit_closed",
+    });
+    const ledger = await stack.database.db.pool.query<{ unsettleable: string; settled: string }>(
+      "SELECT unsettleable, settled FROM permit_ledgers WHERE permit_id = $1",
+      [doomed.permitId],
+    );
+    expect(ledger.rows[0]).toEqual({ unsettleable: doomed.total.toString(), settled: "0" });
+  });
+});
