@@ -95,8 +95,9 @@ export interface SettlementStore {
   closingPermitsWithCharges(): Promise<{ permitId: Hex; closableAt: number }[]>;
   markUnsettleable(account: Hex, holder: string, marks: readonly UnsettleableMark[]): Promise<void>;
   /**
-   * One transaction: the batch, its first signed attempt (nonce: the larger of the stored next
-   * nonce and `chainNonce`), and its requests `settling`.
+   * One transaction: the batch, its first signed attempt (under `chainNonce`, the account's
+   * mined count: with one transaction in flight per account it is the next free nonce), and its
+   * requests `settling`.
    */
   storeBatch(
     input: {
@@ -110,7 +111,7 @@ export interface SettlementStore {
     },
     sign: Sign,
   ): Promise<SettlementAttempt>;
-  /** Another attempt for a stored batch: `nonce` for a replacement, else a new nonce. */
+  /** Another attempt for a stored batch: `nonce` for a replacement, else `chainNonce`. */
   recordAttempt(
     input: {
       account: Hex;

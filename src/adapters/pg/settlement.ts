@@ -185,8 +185,10 @@ export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
 
     async storeBatch(input, sign) {
       return inTransaction(pool, async (client) => {
-        const nextNonce = await lockAccount(client, input.account, input.holder);
-        const nonce = Math.max(nextNonce, input.chainNonce);
+        await lockAccount(client, input.account, input.holder);
+        // One transaction in flight per account: the chain's count of mined transactions is
+        // the next free nonce. The stored next_nonce is the record of what was used.
+        const nonce = input.chainNonce;
         const ids = input.charges.flatMap((c) => c.requestIds).sort();
         const { rowCount } = await client.query(
           `UPDATE inference_requests SET settlement_status = 'settling', batch_id = $2,
@@ -232,7 +234,7 @@ export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
     async recordAttempt(input, sign) {
       return inTransaction(pool, async (client) => {
         const nextNonce = await lockAccount(client, input.account, input.holder);
-        const nonce = input.nonce ?? Math.max(nextNonce, input.chainNonce);
+        const nonce = input.nonce ?? input.chainNonce;
         const attempt = await sign(nonce);
         await insertAttempt(client, input.batchId, attempt, input.now);
         if (nonce + 1 > nextNonce) {
