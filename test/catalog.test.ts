@@ -93,13 +93,16 @@ describe("catalog", () => {
       expect((await json(wrongMethod)).error.type).toBe("invalid_request_error");
     });
 
-    it("answers later-issue RPCs with unimplemented, never made-up data", async () => {
+    it("answers a flush with 503 settlement_unavailable when the gateway has no settlement key", async () => {
       const res = await authed(stack, "/settlements/flush", {
         method: "POST",
         headers: { authorization: `Bearer ${stack.operatorToken}` },
       });
-      expect(res.status).toBe(501);
-      expect((await json(res)).error.code).toBe("not_implemented");
+      expect(res.status).toBe(503);
+      expect((await json(res)).error).toMatchObject({
+        code: "settlement_unavailable",
+        type: "service_unavailable",
+      });
     });
 
     it("keeps the API key out of the logs and puts a request id on every request line", async () => {

@@ -249,7 +249,7 @@ export interface SettlementFlusher {
 
 /** Gas a batch costs besides its entries, and a first guess of one entry's (refined by estimation). */
 const baseGasGuess = 60_000n;
-const chargeGasGuess = 90_000n;
+const chargeGasGuess = 30_000n;
 /** Most charges read for one batch. */
 const selectLimit = 20_000;
 
@@ -316,6 +316,15 @@ const reasonOf = (revert: SettleRevert): string => {
 /** A failure that makes every batch revert, not one charge: configuration, never unsettleable. */
 const batchWideErrors = new Set(["NotSettlementOperator", "BatchAlreadySettled"]);
 
+/** A batch ready to store: what simulates cleanly under the gas bound, and what never will. */
+interface Prepared {
+  readonly good: PlannedCharge[];
+  readonly bad: UnsettleableMark[];
+  readonly badEntries: PlannedCharge[];
+  readonly calldata: Hex | undefined;
+  readonly gas: bigint;
+}
+
 export function createSettlementFlusher(deps: SettlementFlusherDeps): SettlementFlusher {
   const { store, chain, holder, logger, clock } = deps;
   const account = chain.account;
@@ -325,19 +334,13 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
    * Takes the charges the chain would refuse out of `entries` (marking nothing: the caller
    * decides), until the rest simulates cleanly under the gas bound.
    */
-  async function prepare(
-    batchId: Hex,
-    entries: readonly PlannedCharge[],
-  ): Promise<{
-    good: PlannedCharge[];
-    bad: UnsettleableMark[];
-    calldata: Hex | undefined;
-    gas: bigint;
-  }> {
+  async function prepare(batchId: Hex, entries: readonly PlannedCharge[]): Promise<Prepared> {
     let candidate = [...entries];
     const bad: UnsettleableMark[] = [];
+    const badEntries: PlannedCharge[] = [];
     const remove = (culprits: readonly PlannedCharge[], reason: string) => {
       for (const c of culprits) {
+        badEntries.push(c);
         bad.push({
           permitId: c.permitId,
           offerId: c.offerId,
@@ -349,7 +352,8 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
       candidate = candidate.filter((c) => !culprits.includes(c));
     };
     for (;;) {
-      if (candidate.length === 0) return { good: [], bad, calldata: undefined, gas: 0n };
+      if (candidate.length === 0)
+        return { good: [], bad, badEntries, calldata: undefined, gas: 0n };
       const calldata = chain.encode(batchId, candidate);
       const result = await chain.simulate(calldata);
       if (result.ok) {
@@ -360,7 +364,7 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
           candidate = candidate.slice(0, Math.max(1, Math.min(keep, candidate.length - 1)));
           continue;
         }
-        return { good: candidate, bad, calldata, gas: result.gas };
+        return { good: candidate, bad, badEntries, calldata, gas: result.gas };
       }
       const revert = result.revert;
       if (batchWideErrors.has(revert.name)) {
@@ -466,7 +470,12 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
       if (settled !== undefined) {
         if (head >= settled.blockNumber + BigInt(deps.confirmations)) {
           const receipt = await chain.receipt(settled.txHash);
-          const gasUsed = receipt?.gasUsed ?? 0n;
+          if (receipt === undefined) {
+            // The node has the log but not yet the receipt (a lagging replica): ask again.
+            await sleep(deps.pollMs);
+            continue;
+          }
+          const gasUsed = receipt.gasUsed;
           await store.markSettled(batchId, {
             txHash: settled.txHash,
             blockNumber: settled.blockNumber,
@@ -589,6 +598,34 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
     }
   }
 
+  /**
+   * Batches from one read of the queue: its charges aggregated per (permit, offer), each pair in
+   * one batch, as many pairs per batch as simulate under the gas bound.
+   */
+  async function* plan(
+    options: FlushOptions,
+    limit: number,
+  ): AsyncGenerator<Prepared & { batchId: Hex }> {
+    const pending = await store.pendingCharges({ limit, permits: options.permits });
+    let entries = aggregateCharges(pending);
+    const maxEntries = entriesUnder(deps.maxBatchGas);
+    while (entries.length > 0) {
+      const batchId = newBatchId();
+      const prepared = await prepare(batchId, entries.slice(0, maxEntries));
+      const taken = new Set([...prepared.good, ...prepared.badEntries]);
+      entries = entries.filter((e) => !taken.has(e));
+      yield { batchId, ...prepared };
+    }
+  }
+
+  const unsettleableReport = (mark: UnsettleableMark): UnsettleableReport => ({
+    permitId: mark.permitId,
+    offerId: mark.offerId,
+    requests: mark.requestIds.length,
+    credits: mark.credits,
+    reason: mark.reason,
+  });
+
   async function flushLeased(options: FlushOptions): Promise<FlushResult> {
     const deadline = Date.now() + deps.waitMs;
     const batches: BatchReport[] = [];
@@ -599,97 +636,62 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
       if (outcome.status !== "settled") return summary(batches, unsettleable);
     }
     let remaining = options.maxRequests ?? Number.POSITIVE_INFINITY;
-    const maxEntries = entriesUnder(deps.maxBatchGas);
-    while (remaining > 0 && Date.now() < deadline) {
-      const pending = await store.pendingCharges({
-        limit: Math.min(remaining, selectLimit),
-        permits: options.permits,
-      });
-      if (pending.length === 0) break;
-      const batchId = newBatchId();
-      const { good, bad, calldata, gas } = await prepare(
-        batchId,
-        aggregateCharges(pending).slice(0, maxEntries),
-      );
-      if (bad.length > 0) {
-        await store.markUnsettleable(account, holder, bad);
-        for (const mark of bad) {
-          unsettleable.push({
-            permitId: mark.permitId,
-            offerId: mark.offerId,
-            requests: mark.requestIds.length,
-            credits: mark.credits,
-            reason: mark.reason,
-          });
-          logger.warn(
-            {
-              permitId: mark.permitId,
-              offerId: mark.offerId,
-              requests: mark.requestIds.length,
-              credits: mark.credits.toString(),
-              reason: mark.reason,
-            },
-            "charges cannot settle on chain; marked unsettleable",
-          );
+    reading: while (remaining > 0 && Date.now() < deadline) {
+      let planned = false;
+      for await (const { batchId, good, bad, calldata, gas } of plan(
+        options,
+        Math.min(remaining, selectLimit),
+      )) {
+        planned = true;
+        if (bad.length > 0) {
+          await store.markUnsettleable(account, holder, bad);
+          for (const mark of bad) {
+            const reported = unsettleableReport(mark);
+            unsettleable.push(reported);
+            logger.warn(
+              { ...reported, credits: reported.credits.toString() },
+              "charges cannot settle on chain; marked unsettleable",
+            );
+          }
         }
+        if (calldata === undefined || good.length === 0) continue;
+        const fees = await chain.fees();
+        const head = await chain.head();
+        const gasLimit = (gas * 125n) / 100n + 20_000n;
+        await store.storeBatch(
+          {
+            account,
+            holder,
+            batchId,
+            charges: good,
+            calldata,
+            chainNonce: await chain.minedNonce(),
+            now: clock(),
+          },
+          signer(calldata, gasLimit, fees, head),
+        );
+        const outcome = await drive(
+          { batchId, calldata, charges: good, status: "pending" },
+          deadline,
+        );
+        batches.push(outcome);
+        remaining -= outcome.requests;
+        // Still in flight: one transaction per account. Failed: its charges are unsettled
+        // again, and the next flush simulates them afresh (never a loop of reverting batches).
+        if (outcome.status !== "settled" || Date.now() >= deadline) break reading;
       }
-      if (calldata === undefined || good.length === 0) continue;
-      const fees = await chain.fees();
-      const head = await chain.head();
-      const gasLimit = (gas * 125n) / 100n + 20_000n;
-      await store.storeBatch(
-        {
-          account,
-          holder,
-          batchId,
-          charges: good,
-          calldata,
-          chainNonce: await chain.minedNonce(),
-          now: clock(),
-        },
-        signer(calldata, gasLimit, fees, head),
-      );
-      const outcome = await drive(
-        { batchId, calldata, charges: good, status: "pending" },
-        deadline,
-      );
-      batches.push(outcome);
-      remaining -= good.reduce((n, c) => n + c.requests, 0);
-      // Still in flight: one transaction per account. Failed: its charges are unsettled again,
-      // and the next flush simulates them afresh (never a loop of reverting batches here).
-      if (outcome.status !== "settled") break;
+      if (!planned) break;
     }
     return summary(batches, unsettleable);
   }
 
   async function dryRun(options: FlushOptions): Promise<FlushResult> {
-    const pending = await store.pendingCharges({
-      limit: Math.min(options.maxRequests ?? selectLimit, selectLimit),
-      permits: options.permits,
-    });
     const batches: BatchReport[] = [];
     const unsettleable: UnsettleableReport[] = [];
-    let entries = aggregateCharges(pending);
-    const maxEntries = entriesUnder(deps.maxBatchGas);
-    while (entries.length > 0) {
-      const batchId = newBatchId();
-      const planned = entries.slice(0, maxEntries);
-      const { good, bad, gas } = await prepare(batchId, planned);
-      for (const mark of bad)
-        unsettleable.push({
-          permitId: mark.permitId,
-          offerId: mark.offerId,
-          requests: mark.requestIds.length,
-          credits: mark.credits,
-          reason: mark.reason,
-        });
+    const limit = Math.min(options.maxRequests ?? selectLimit, selectLimit);
+    for await (const { batchId, good, bad, gas } of plan(options, limit)) {
+      unsettleable.push(...bad.map(unsettleableReport));
       if (good.length > 0) batches.push(report(batchId, good, "dry_run", { gas }));
-      const done = new Set([
-        ...good,
-        ...planned.filter((p) => bad.some((b) => b.requestIds === p.requestIds)),
-      ]);
-      entries = entries.filter((e) => !done.has(e));
-      if (good.length === 0 && bad.length === 0) break;
     }
     return { batches, settledRequests: 0, settledCredits: 0n, unsettleable, busy: false };
   }

@@ -179,19 +179,18 @@ export function createChainSettlement(options: ChainSettlementOptions): Settleme
           args: [batchId],
         });
         if (!settled) return undefined;
-        for (const from of [fromBlock > 64n ? fromBlock - 64n : 0n, 0n]) {
-          const logs = await client.getContractEvents({
-            address: market,
-            abi: marketAbi,
-            eventName: "BatchSettled",
-            args: { batchId },
-            fromBlock: from,
-            toBlock: "latest",
-          });
-          const log = logs[0];
-          if (log?.transactionHash && log.blockNumber !== null)
-            return { txHash: normalizeHex(log.transactionHash), blockNumber: log.blockNumber };
-        }
+        // Every attempt was signed at or after `fromBlock`, so its log cannot be older.
+        const logs = await client.getContractEvents({
+          address: market,
+          abi: marketAbi,
+          eventName: "BatchSettled",
+          args: { batchId },
+          fromBlock,
+          toBlock: "latest",
+        });
+        const log = logs[0];
+        if (log?.transactionHash && log.blockNumber !== null)
+          return { txHash: normalizeHex(log.transactionHash), blockNumber: log.blockNumber };
         throw new Error(`batch ${batchId} is settled on chain but its BatchSettled log is missing`);
       } catch (error) {
         if (error instanceof GatewayError) throw error;

@@ -313,10 +313,13 @@ export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
         );
         if (batch.rowCount !== 1) return false;
         const { rows } = await client.query<{ permit_id: string; credits_charged: string }>(
-          `UPDATE inference_requests SET settlement_status = 'settled', tx_hash = $2,
-             settled_at = $3
-           WHERE batch_id = $1 AND settlement_status = 'settling'
-           RETURNING permit_id, credits_charged`,
+          `WITH settled AS (
+             UPDATE inference_requests SET settlement_status = 'settled', tx_hash = $2,
+               settled_at = $3
+             WHERE batch_id = $1 AND settlement_status = 'settling'
+             RETURNING permit_id, credits_charged)
+           SELECT permit_id, sum(credits_charged) AS credits_charged FROM settled
+           GROUP BY permit_id`,
           [batchId, outcome.txHash, outcome.settledAt],
         );
         await addToPermits(client, "settled", sumByPermit(rows));
