@@ -1,11 +1,14 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { execFile } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { createServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { afterAll, describe, expect, it } from "vitest";
+import { afterAll, afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { DevManifest } from "../src/dev/sandbox.js";
+import { startSettlementFixture, type SettlementFixture } from "./helpers/settlement-fixture.js";
 import { eventually, json } from "./helpers/stack.js";
 
 const run = promisify(execFile);
@@ -72,6 +75,7 @@ describe("npm start (gateway dev)", () => {
         "payer",
         "operator",
         "permitId",
+        "settlement",
       ]) {
         expect(m).toHaveProperty(key);
       }
@@ -89,6 +93,54 @@ describe("npm start (gateway dev)", () => {
       expect(body.data.map((x) => x.id).sort()).toEqual(m.models.map((x) => x.id).sort());
       await eventually(async () => output.includes("curl"), 5000);
       expect(output).toContain(`${m.baseUrl}/v1/models`);
+      expect(m.settlement).toEqual({
+        account: expect.stringMatching(/^0x[0-9a-fA-F]{40}$/),
+        workerIntervalMs: 2000,
+        flushUrl: `${m.baseUrl}/settlements/flush`,
+      });
+      expect(output).toContain(`curl -s -X POST ${m.settlement.flushUrl}`);
+      expect(output).toContain(`${m.baseUrl}/v1/requests/$REQUEST_ID`);
+      // The CLI reaches the sandbox over gRPC with the manifest's token; the sandbox settles from
+      // the demo market's settlement account.
+      const reconciled = await runCli(["settle", "reconcile"], {
+        PATH: process.env.PATH ?? "",
+        GATEWAY_URL: m.grpcUrl,
+        SETTLEMENT_OPERATOR_TOKEN: m.settlementOperatorToken,
+      });
+      expect(reconciled.stderr).toBe("");
+      expect(reconciled.code).toBe(0);
+      expect((JSON.parse(reconciled.stdout) as { account: string }).account.toLowerCase()).toBe(
+        m.settlement.account.toLowerCase(),
+      );
+      // The sandbox's own worker settles a chat request without anyone calling flush.
+      const chat = await fetch(`${m.baseUrl}/v1/chat/completions`, {
+        method: "POST",
+        headers: {
+          authorization: `Bearer ${m.apiKey}`,
+          "x-gateway-permit": m.permitId,
+          "content-type": "application/json",
+        },
+        body: JSON.stringify({
+          model: m.models[0]!.id,
+          messages: [{ role: "user", content: "hi" }],
+        }),
+      });
+      expect(chat.status).toBe(200);
+      await chat.arrayBuffer();
+      const requestId = chat.headers.get("x-gateway-request-id")!;
+      let settlement: { status: string; tx_hash: string | null } | undefined;
+      await eventually(
+        async () => {
+          const record = await fetch(`${m.baseUrl}/v1/requests/${requestId}`, {
+            headers: { authorization: `Bearer ${m.apiKey}` },
+          });
+          settlement = ((await json(record)) as { settlement: typeof settlement }).settlement;
+          return settlement?.status === "settled";
+        },
+        20_000,
+        250,
+      );
+      expect(settlement?.tx_hash).toMatch(/^0x[0-9a-f]{64}$/);
 
       child.kill("SIGTERM");
       expect(await exited(child)).toBe(0);
@@ -138,5 +190,175 @@ describe("npm start (gateway dev)", () => {
     expect(failure.stderr).toMatch(/RPC_URL is required/);
     expect(failure.stderr).toMatch(/MARKET_ADDRESS is required/);
     expect(failure.stderr).toMatch(/CHAIN_ID must be/);
+  });
+});
+
+/** What a finished CLI run left behind; `code` 0 when it succeeded. */
+interface Ran {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+async function runCli(args: string[], env: NodeJS.ProcessEnv): Promise<Ran> {
+  try {
+    const { stdout, stderr } = await run(process.execPath, [...cli, ...args], { env });
+    return { code: 0, stdout, stderr };
+  } catch (error) {
+    const e = error as { code: number; stdout: string; stderr: string };
+    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
+  }
+}
+
+/** A port nothing listens on (bound, then released). */
+async function closedPort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
+describe("gateway settle (gRPC client of SettlementService)", () => {
+  const token = `op_${randomBytes(16).toString("hex")}`;
+  let fixture: SettlementFixture;
+  let env: NodeJS.ProcessEnv;
+
+  beforeEach(async () => {
+    fixture = await startSettlementFixture(token);
+    env = {
+      PATH: process.env.PATH ?? "",
+      GATEWAY_URL: fixture.url,
+      SETTLEMENT_OPERATOR_TOKEN: token,
+    };
+  });
+  afterEach(async () => {
+    await fixture.close();
+  });
+
+  it("runs the worker: flushes with the token on the interval and exits 0 on SIGTERM", async () => {
+    const child = spawn(process.execPath, [...cli, "settle"], {
+      env: { ...env, SETTLE_INTERVAL_MS: "200", SETTLE_MAX_REQUESTS: "50", LOG_LEVEL: "debug" },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let output = "";
+    child.stdout.on("data", (d: Buffer) => (output += d.toString()));
+    child.stderr.on("data", (d: Buffer) => (output += d.toString()));
+    try {
+      await eventually(
+        async () => {
+          if (child.exitCode !== null) throw new Error(`settle exited early:\n${output}`);
+          return fixture.calls.length >= 2;
+        },
+        30_000,
+        50,
+      );
+      for (const call of fixture.calls) {
+        expect(call).toMatchObject({ method: "flush", protocol: "grpc" });
+        expect(call.authorization).toBe(`Bearer ${token}`);
+        expect(call.request?.maxRequests).toBe(50);
+      }
+      await eventually(async () => output.includes("settlement batch"), 5000);
+      const stopping = Date.now();
+      child.kill("SIGTERM");
+      expect(await exited(child)).toBe(0);
+      expect(Date.now() - stopping).toBeLessThan(5000);
+      expect(output).toContain("settlement worker stopped");
+      expect(output).not.toContain(token);
+    } finally {
+      if (child.exitCode === null) child.kill("SIGKILL");
+    }
+  });
+
+  it("refuses to start without a token (exit 2, usage on stderr)", async () => {
+    const result = await runCli(["settle"], { PATH: env.PATH, GATEWAY_URL: fixture.url });
+    expect(result.code).toBe(2);
+    expect(result.stderr).toMatch(/SETTLEMENT_OPERATOR_TOKEN is required/);
+    expect(result.stderr).toMatch(/usage: gateway settle/);
+    const bad = await runCli(["settle"], { ...env, SETTLE_INTERVAL_MS: "soon" });
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toMatch(/SETTLE_INTERVAL_MS must be/);
+    expect((await runCli(["settle", "nope"], env)).code).toBe(2);
+    expect(fixture.calls).toHaveLength(0);
+  });
+
+  it("reconcile prints the answer as JSON and exits 0 without drift", async () => {
+    const result = await runCli(["settle", "reconcile"], env);
+    expect(result.code).toBe(0);
+    const body = JSON.parse(result.stdout) as Record<string, unknown>;
+    expect(body).toEqual({
+      permits: [],
+      offers: [],
+      drift: false,
+      account: `0x${"11".repeat(20)}`,
+    });
+    expect(fixture.calls).toMatchObject([
+      { method: "reconcile", authorization: `Bearer ${token}` },
+    ]);
+  });
+
+  it("reconcile exits 1 on drift, still prints the JSON, and names what drifts on stderr", async () => {
+    const permitId = `0x${"aa".repeat(32)}`;
+    const offerId = `0x${"bb".repeat(32)}`;
+    fixture.reconcileAnswer = {
+      account: `0x${"11".repeat(20)}`,
+      drift: true,
+      permits: [
+        {
+          permitId,
+          gatewaySettled: "100",
+          ledgerSettled: "100",
+          chainSettled: "90",
+          unsettleable: "0",
+          drift: true,
+        },
+        {
+          permitId: `0x${"cc".repeat(32)}`,
+          gatewaySettled: "5",
+          ledgerSettled: "5",
+          chainSettled: "5",
+          unsettleable: "0",
+          drift: false,
+        },
+      ],
+      offers: [{ offerId, gatewayPaid: "100", chainPaid: "90", drift: true }],
+    };
+    const result = await runCli(["settle", "reconcile"], env);
+    expect(result.code).toBe(1);
+    const body = JSON.parse(result.stdout) as {
+      drift: boolean;
+      permits: { permitId: string; chainSettled: string; drift: boolean }[];
+    };
+    expect(body.drift).toBe(true);
+    expect(body.permits[0]).toMatchObject({ permitId, chainSettled: "90", drift: true });
+    expect(result.stderr).toContain(permitId);
+    expect(result.stderr).toContain(offerId);
+    expect(result.stderr).not.toContain(`0x${"cc".repeat(32)}`);
+  });
+
+  it("flush sends --dry-run and --max-requests and prints the answer", async () => {
+    const result = await runCli(["settle", "flush", "--dry-run", "--max-requests", "7"], env);
+    expect(result.code).toBe(0);
+    expect(fixture.calls[0]?.request).toMatchObject({ dryRun: true, maxRequests: 7 });
+    const body = JSON.parse(result.stdout) as Record<string, unknown>;
+    expect(body).toMatchObject({ settledCredits: "1500", settledRequests: "3", busy: false });
+    expect((await runCli(["settle", "flush", "--max-requests", "0"], env)).code).toBe(2);
+  });
+
+  it("exits 1 without printing the token when the gateway is unreachable or refuses", async () => {
+    const port = await closedPort();
+    const down = await runCli(["settle", "reconcile"], {
+      ...env,
+      GATEWAY_URL: `http://127.0.0.1:${port}`,
+    });
+    expect(down.code).toBe(1);
+    expect(down.stderr).toMatch(/cannot reach the gateway/);
+    expect(down.stdout + down.stderr).not.toContain(token);
+
+    const wrong = `op_${randomBytes(16).toString("hex")}`;
+    const refused = await runCli(["settle", "flush"], { ...env, SETTLEMENT_OPERATOR_TOKEN: wrong });
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toMatch(/refused \(unauthenticated invalid_operator_token\)/);
+    expect(refused.stdout + refused.stderr).not.toContain(wrong);
   });
 });

@@ -8,6 +8,7 @@ import { ConfigError, parseConfig, type LogLevel } from "../config.js";
 import { startSandbox } from "../dev/sandbox.js";
 import { createLogger } from "../logger.js";
 import { runProviderCommand } from "./provider.js";
+import { runSettleCommand } from "./settle.js";
 
 const usage = `usage: gateway <command>
 
@@ -19,6 +20,10 @@ commands:
   keys list                 list API keys (never the keys themselves)
   keys revoke <id|prefix>   revoke an API key
   provider ...              onboard an offer's endpoint (see 'gateway provider')
+  settle                    run the settlement worker (Flush over gRPC on an interval)
+  settle reconcile          compare settled sums with the chain; exit 1 on drift
+  settle flush [--dry-run] [--max-requests N]
+                            one Flush now (see 'gateway settle help')
 
 Environment: see README.md ("Configuration").`;
 
@@ -39,6 +44,22 @@ function onShutdown(close: () => Promise<void>, log: { info(msg: string): void }
   };
   process.once("SIGINT", () => stop("SIGINT"));
   process.once("SIGTERM", () => stop("SIGTERM"));
+}
+
+/** Resolves on the first SIGTERM/SIGINT; exits the process if shutting down then takes too long. */
+function stopSignal(): Promise<string> {
+  return new Promise((resolve) => {
+    const stop = (signal: string) => {
+      process.off("SIGINT", onInt);
+      process.off("SIGTERM", onTerm);
+      setTimeout(() => process.exit(1), 20_000).unref();
+      resolve(signal);
+    };
+    const onInt = () => stop("SIGINT");
+    const onTerm = () => stop("SIGTERM");
+    process.once("SIGINT", onInt);
+    process.once("SIGTERM", onTerm);
+  });
 }
 
 /** The database a management command works on: DATABASE_URL, else the embedded one under the state dir. */
@@ -74,7 +95,14 @@ async function run(argv: string[]): Promise<void> {
         `\nGateway ready at ${manifest.baseUrl} (REST, Connect, gRPC and gRPC-Web on one port).\n` +
           `Manifest: ${sandbox.manifestPath}\n\nTry:\n` +
           `  curl -s ${manifest.baseUrl}/v1/models -H 'Authorization: Bearer ${manifest.apiKey}'\n` +
-          `  curl -s ${manifest.baseUrl}/v1/models/${model} -H 'Authorization: Bearer ${manifest.apiKey}'\n\n`,
+          `  curl -s ${manifest.baseUrl}/v1/models/${model} -H 'Authorization: Bearer ${manifest.apiKey}'\n\n` +
+          `Settlement: a worker flushes every ${manifest.settlement.workerIntervalMs / 1000} s from ${manifest.settlement.account}.\n` +
+          `A chat request (its X-Gateway-Request-Id header names the request):\n` +
+          `  curl -si ${manifest.baseUrl}/v1/chat/completions -H 'Authorization: Bearer ${manifest.apiKey}' -H 'X-Gateway-Permit: ${manifest.permitId}' -H 'Content-Type: application/json' -d '{"model": "${model}", "messages": [{"role": "user", "content": "hi"}]}'\n` +
+          `Its record, settlement status included (set REQUEST_ID to that header):\n` +
+          `  curl -s ${manifest.baseUrl}/v1/requests/$REQUEST_ID -H 'Authorization: Bearer ${manifest.apiKey}'\n` +
+          `Flush now instead of waiting (settlement operator token):\n` +
+          `  curl -s -X POST ${manifest.settlement.flushUrl} -H 'Authorization: Bearer ${manifest.settlementOperatorToken}'\n\n`,
       );
       return;
     }
@@ -129,6 +157,14 @@ async function run(argv: string[]): Promise<void> {
       process.exitCode = await runProviderCommand(rest, process.env, {
         log: (line) => process.stdout.write(`${line}\n`),
         error: (line) => process.stderr.write(`${line}\n`),
+      });
+      return;
+    }
+    case "settle": {
+      process.exitCode = await runSettleCommand(rest, process.env, {
+        out: (line) => process.stdout.write(`${line}\n`),
+        error: (line) => process.stderr.write(`${line}\n`),
+        stopSignal,
       });
       return;
     }

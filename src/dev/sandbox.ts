@@ -10,8 +10,13 @@ import { startGateway, type Gateway } from "../app.js";
 import { parseConfig } from "../config.js";
 import { privateKeyToAccount } from "viem/accounts";
 import { registerEndpoint, verifyOffer } from "../provider/client.js";
+import { connectSettlement } from "../settlement/client.js";
+import { createSettlementWorker, type SettlementWorker } from "../settlement/worker.js";
 import { demoAccounts, seedDemoMarket } from "./demo-market.js";
 import { startDemoProvider, type DemoProvider } from "./demo-provider.js";
+
+/** How often the sandbox's settlement worker flushes: short, so a demo request settles while you watch. */
+const workerIntervalMs = 2000;
 
 /** What `npm start` writes to `$GATEWAY_STATE_DIR/dev.json` for scripts and tests. */
 export interface DevManifest {
@@ -27,6 +32,8 @@ export interface DevManifest {
   payer: { address: Address; privateKey: Hex };
   operator: { address: Address; privateKey: Hex };
   permitId: Hex;
+  /** What to watch settlement with: the account that settles, the worker's pace, the flush route. */
+  settlement: { account: Address; workerIntervalMs: number; flushUrl: string };
 }
 
 export interface Sandbox {
@@ -35,6 +42,7 @@ export interface Sandbox {
   readonly gateway: Gateway;
   readonly anvil: AnvilInstance;
   readonly provider: DemoProvider;
+  readonly worker: SettlementWorker;
   close(): Promise<void>;
 }
 
@@ -76,6 +84,7 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
       POLL_INTERVAL_MS: "500",
       CATALOG_FILE: catalogFile,
       SETTLEMENT_OPERATOR_TOKEN: settlementOperatorToken,
+      SETTLEMENT_PRIVATE_KEY: roles.settlement.privateKey,
       HOST: options.host ?? "127.0.0.1",
       PORT: String(options.port ?? 8080),
       GATEWAY_STATE_DIR: stateDir,
@@ -117,6 +126,11 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
         payer: { address: roles.payer.address, privateKey: roles.payer.privateKey },
         operator: { address: roles.operator.address, privateKey: roles.operator.privateKey },
         permitId: demo.permitId,
+        settlement: {
+          account: roles.settlement.address,
+          workerIntervalMs,
+          flushUrl: `${gateway.url}/settlements/flush`,
+        },
       };
       const manifestPath = join(stateDir, "dev.json");
       // Write-then-rename, so a script polling for the file never reads half of it.
@@ -124,6 +138,15 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
         mode: 0o600,
       });
       await rename(`${manifestPath}.tmp`, manifestPath);
+      // The worker reaches the gateway the way a separate `gateway settle` process would: gRPC
+      // over the network, with the operator token.
+      const worker = createSettlementWorker({
+        ...connectSettlement(gateway.url),
+        token: settlementOperatorToken,
+        intervalMs: workerIntervalMs,
+        logger,
+      });
+      worker.start();
       let closing: Promise<void> | undefined;
       return {
         manifest,
@@ -131,8 +154,11 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
         gateway,
         anvil,
         provider,
+        worker,
         close() {
           closing ??= (async () => {
+            // Before the gateway: a flush in flight finishes (or is aborted) while it can still answer.
+            await worker.stop();
             await gateway.close();
             await provider?.close();
             await anvil.stop();
