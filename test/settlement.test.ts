@@ -1,3 +1,5 @@
+import { execFile, spawn } from "node:child_process";
+import { promisify } from "node:util";
 import * as grpc from "@grpc/grpc-js";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -243,5 +245,87 @@ describe("settlement", () => {
       reserved: "0",
       available: before.available,
     });
+  });
+
+  const cli = ["--import", "tsx", "src/cli/main.ts"];
+  const cliEnv = () => ({
+    PATH: process.env.PATH ?? "",
+    GATEWAY_URL: stack.gateway.url,
+    SETTLEMENT_OPERATOR_TOKEN: stack.operatorToken,
+    LOG_LEVEL: "info",
+  });
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const reconcileCli = async (): Promise<{ code: number; report: any }> => {
+    try {
+      const { stdout } = await promisify(execFile)(
+        process.execPath,
+        [...cli, "settle", "reconcile"],
+        {
+          env: cliEnv(),
+        },
+      );
+      return { code: 0, report: JSON.parse(stdout) };
+    } catch (error) {
+      const e = error as { code: number; stdout: string };
+      return { code: e.code, report: JSON.parse(e.stdout) };
+    }
+  };
+
+  it("the `gateway settle` worker process settles a chat made after it started, and stops on SIGTERM", async () => {
+    await flush(stack);
+    const worker = spawn(process.execPath, [...cli, "settle"], {
+      env: { ...cliEnv(), SETTLE_INTERVAL_MS: "300" },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let output = "";
+    worker.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()));
+    try {
+      await eventually(async () => output.includes("settlement worker started"), 20_000, 100);
+      const permitId = await openPermit(stack, { deposit: 10n ** 18n });
+      const chat = await chatOn(stack, permitId);
+      await eventually(
+        async () => (await settlementRows(stack, [chat.id]))[0]?.settlement_status === "settled",
+        20_000,
+        100,
+      );
+      expect((await chainPermit(stack, permitId)).settled).toBe(chat.charged);
+      expect(output).toContain("settlement batch");
+      expect(output).not.toContain(stack.operatorToken);
+    } finally {
+      const exited = new Promise<number | null>((resolve) => worker.once("exit", resolve));
+      worker.kill("SIGTERM");
+      expect(await exited).toBe(0);
+    }
+  });
+
+  it("`gateway settle reconcile` reports no drift after the runs above, and drift (exit 1) once a settled charge is altered", async () => {
+    const clean = await reconcileCli();
+    expect(clean.code).toBe(0);
+    expect(clean.report.drift).toBe(false);
+    expect(clean.report.permits.length).toBeGreaterThan(0);
+
+    const { rows } = await stack.database.db.pool.query<{ id: string; permit_id: string }>(
+      "SELECT id, permit_id FROM inference_requests WHERE settlement_status = 'settled' LIMIT 1",
+    );
+    const altered = rows[0]!;
+    await stack.database.db.pool.query(
+      "UPDATE inference_requests SET credits_charged = credits_charged + 1 WHERE id = $1",
+      [altered.id],
+    );
+    try {
+      const drifted = await reconcileCli();
+      expect(drifted.code).toBe(1);
+      expect(drifted.report.drift).toBe(true);
+      const permit = drifted.report.permits.find(
+        (p: { permitId: string }) => p.permitId === altered.permit_id,
+      );
+      expect(permit.drift).toBe(true);
+      expect(BigInt(permit.gatewaySettled)).toBe(BigInt(permit.chainSettled) + 1n);
+    } finally {
+      await stack.database.db.pool.query(
+        "UPDATE inference_requests SET credits_charged = credits_charged - 1 WHERE id = $1",
+        [altered.id],
+      );
+    }
   });
 });
