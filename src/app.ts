@@ -225,21 +225,29 @@ export async function startGateway(config: Config, options: StartOptions): Promi
             pollMs: Math.min(config.pollIntervalMs, 1000),
             closeMarginSeconds: config.settlementCloseMarginSeconds,
           });
-    let settlingClosing: Promise<void> | undefined;
-    let settlementStopped = false;
-    const settleClosingSoon = (): void => {
-      if (flusher === undefined || settlingClosing !== undefined || settlementStopped) return;
-      settlingClosing = flusher
-        .settleClosing()
+    // One background settlement task at a time: the recovery of a batch left in flight by a
+    // stopped process (at start), and the close watcher. Shutdown stops its waiting at once.
+    const settlementStop = new AbortController();
+    let settlementTask: Promise<void> | undefined;
+    const settleInBackground = (
+      what: string,
+      task: (flusher: SettlementFlusher) => Promise<unknown>,
+    ) => {
+      if (flusher === undefined || settlementTask !== undefined || settlementStop.signal.aborted)
+        return;
+      settlementTask = task(flusher)
         .then(
           () => undefined,
-          (error: unknown) =>
-            logger.warn({ err: error }, "settling charges of closing permits failed; will retry"),
+          (error: unknown) => logger.warn({ err: error }, `${what} failed; will retry`),
         )
         .finally(() => {
-          settlingClosing = undefined;
+          settlementTask = undefined;
         });
     };
+    const settleClosingSoon = (): void =>
+      settleInBackground("settling charges of closing permits", (f) =>
+        f.settleClosing(settlementStop.signal),
+      );
     const closeWatcher = setInterval(settleClosingSoon, config.settlementCloseCheckMs);
     closeWatcher.unref();
     const indexer = createIndexer({
@@ -425,6 +433,11 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     });
     const listener = await listen(handler, { host: config.host, port: config.port });
     health.start();
+    // A batch a stopped process left in flight is driven to its end from the chain's state
+    // (asking isBatchSettled first), whether or not a worker calls soon.
+    settleInBackground("recovering settlement batches in flight", (f) =>
+      f.flush({ maxRequests: 0, signal: settlementStop.signal }),
+    );
     const host = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
     const url = `http://${host.includes(":") ? `[${host}]` : host}:${listener.port}`;
     logger.info(
@@ -446,13 +459,13 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         closing ??= (async () => {
           clearInterval(housekeeping);
           clearInterval(closeWatcher);
-          settlementStopped = true;
+          settlementStop.abort();
           await listener.close();
           // Answers already given may still be committing their charges: let them land.
           await inference.drain();
           await health.stop();
           await indexer.stop();
-          await settlingClosing;
+          await settlementTask;
           await upstream.close();
           if (ownsDatabase) await db.close();
         })();

@@ -142,9 +142,14 @@ describe("settlement sender under faults", () => {
         return real.broadcast(raw);
       },
     };
-    const result = await flusher(counting).flush();
+    // A charge made after the crash: recovery (what a gateway runs at start, maxRequests 0)
+    // finishes the batch in flight and makes no new one.
+    const later = await chatOn(stack, permitId);
+    const result = await flusher(counting).flush({ maxRequests: 0 });
+    expect(result.batches).toHaveLength(1);
     expect(result.batches[0]).toMatchObject({ batchId: stored!.batch_id, status: "settled" });
     expect(sent).toBe(1);
+    expect((await settlementRows(stack, [later.id]))[0]?.settlement_status).toBe("unsettled");
     // The transaction that settled is the one stored before the crash.
     expect((await attempts(stored!.batch_id)).map((a) => a.tx_hash)).toEqual([
       result.batches[0]!.txHash,

@@ -4,6 +4,9 @@ import * as grpc from "@grpc/grpc-js";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SettlementService } from "../gen/gateway/v1/settlement_pb.js";
+import { createChainSettlement } from "../src/adapters/chain/settlement.js";
+import { createPgSettlementStore } from "../src/adapters/pg/settlement.js";
+import { createSettlementFlusher } from "../src/domain/settlement.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
 import { closePermit, onboard, openPermit, requestClose } from "./helpers/market.js";
 import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
@@ -11,6 +14,7 @@ import {
   chainPermit,
   chatOn,
   flush,
+  settlementKey,
   settlementRows,
   settlingEnv,
   tokenBalance,
@@ -160,17 +164,19 @@ describe("settlement", () => {
     await requestClose(stack, permitId);
     const { closableAt } = await chainPermit(stack, permitId);
     await eventually(
-      async () => (await chainPermit(stack, permitId)).settled === total,
+      async () =>
+        (
+          await settlementRows(
+            stack,
+            chats.map((c) => c.id),
+          )
+        ).every((r) => r.settlement_status === "settled"),
       15_000,
       100,
     );
+    expect((await chainPermit(stack, permitId)).settled).toBe(total);
     const block = await stack.clients.publicClient.getBlock();
     expect(block.timestamp).toBeLessThan(closableAt);
-    const rows = await settlementRows(
-      stack,
-      chats.map((c) => c.id),
-    );
-    expect(rows.map((r) => r.settlement_status)).toEqual(["settled", "settled"]);
   });
 
   it("refuses a missing or wrong operator token, and an API key in its place: 401 on REST, unauthenticated on gRPC", async () => {
@@ -245,6 +251,47 @@ describe("settlement", () => {
       reserved: "0",
       available: before.available,
     });
+  });
+
+  it("a gateway that starts drives a batch left in flight by a stopped process to its end", async () => {
+    const permitId = await openPermit(stack, { deposit: 10n ** 18n });
+    const chat = await chatOn(stack, permitId);
+    const real = createChainSettlement({
+      client: stack.clients.publicClient,
+      chainId: stack.anvil.chainId,
+      market: stack.demo.market,
+      privateKey: settlementKey,
+    });
+    // A process that stored its batch and died before broadcasting it.
+    const dying = createSettlementFlusher({
+      store: createPgSettlementStore(stack.database.db.pool),
+      chain: {
+        ...real,
+        broadcast: async () => {
+          throw new Error("process killed");
+        },
+      },
+      holder: "a-process-that-died",
+      logger: stack.logger,
+      clock: () => Math.floor(Date.now() / 1000),
+      confirmations: 0,
+      maxBatchGas: 12_000_000n,
+      replaceAfterBlocks: 3,
+      feeBumpPercent: 20,
+      waitMs: 5000,
+      leaseSeconds: 30,
+      pollMs: 50,
+    });
+    await expect(dying.flush()).rejects.toThrow(/process killed/);
+    expect((await settlementRows(stack, [chat.id]))[0]?.settlement_status).toBe("settling");
+
+    await stack.restart();
+    await eventually(
+      async () => (await settlementRows(stack, [chat.id]))[0]?.settlement_status === "settled",
+      15_000,
+      100,
+    );
+    expect((await chainPermit(stack, permitId)).settled).toBe(chat.charged);
   });
 
   const cli = ["--import", "tsx", "src/cli/main.ts"];

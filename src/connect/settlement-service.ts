@@ -39,7 +39,7 @@ export function createSettlementService(
   return {
     async flush(req) {
       const result = await flusher().flush({
-        maxRequests: req.maxRequests === 0 ? undefined : req.maxRequests,
+        maxRequests: req.maxRequests,
         dryRun: req.dryRun,
       });
       return create(FlushResponseSchema, {

@@ -216,6 +216,11 @@ export interface FlushOptions {
   readonly dryRun?: boolean | undefined;
   /** Only these permits' charges (the close watcher). */
   readonly permits?: readonly Hex[] | undefined;
+  /**
+   * Stops waiting for a transaction in flight (shutdown): the flush answers at once with the
+   * batch `submitted`, and the next flush goes on from the chain's state. Nothing is abandoned.
+   */
+  readonly signal?: AbortSignal | undefined;
 }
 
 export interface SettlementFlusherDeps {
@@ -244,7 +249,7 @@ export interface SettlementFlusher {
   readonly account: Hex;
   flush(options?: FlushOptions): Promise<FlushResult>;
   /** Settles the charges of permits in their close grace period, if any (the close watcher). */
-  settleClosing(): Promise<FlushResult | undefined>;
+  settleClosing(signal?: AbortSignal): Promise<FlushResult | undefined>;
 }
 
 /** Gas a batch costs besides its entries, and a first guess of one entry's (refined by estimation). */
@@ -454,6 +459,7 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
       status: "pending" | "submitted";
     },
     deadline: number,
+    signal: AbortSignal | undefined,
   ): Promise<BatchReport> {
     const { batchId, calldata, charges } = batch;
     let broadcastThisCall = false;
@@ -590,11 +596,11 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
           }
         }
       }
-      if (Date.now() >= deadline) {
+      if (Date.now() >= deadline || signal?.aborted === true) {
         const latest = attempts[attempts.length - 1]!;
         return report(batchId, charges, "submitted", { txHash: latest.txHash });
       }
-      await sleep(deps.pollMs);
+      await sleep(deps.pollMs, undefined, { signal }).catch(() => undefined);
     }
   }
 
@@ -631,12 +637,13 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
     const batches: BatchReport[] = [];
     const unsettleable: UnsettleableReport[] = [];
     for (const batch of await store.inFlight(account)) {
-      const outcome = await drive(batch, deadline);
+      const outcome = await drive(batch, deadline, options.signal);
       batches.push(outcome);
       if (outcome.status !== "settled") return summary(batches, unsettleable);
     }
     let remaining = options.maxRequests ?? Number.POSITIVE_INFINITY;
-    reading: while (remaining > 0 && Date.now() < deadline) {
+    // maxRequests 0: only drive what is in flight (recovery after a restart).
+    reading: while (remaining > 0 && Date.now() < deadline && options.signal?.aborted !== true) {
       let planned = false;
       for await (const { batchId, good, bad, calldata, gas } of plan(
         options,
@@ -673,6 +680,7 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
         const outcome = await drive(
           { batchId, calldata, charges: good, status: "pending" },
           deadline,
+          options.signal,
         );
         batches.push(outcome);
         remaining -= outcome.requests;
@@ -735,7 +743,7 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
   return {
     account,
     flush,
-    async settleClosing() {
+    async settleClosing(signal) {
       const closing = await store.closingPermitsWithCharges();
       if (closing.length === 0) return undefined;
       const now = clock();
@@ -748,7 +756,7 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
           );
         }
       }
-      return flush({ permits: closing.map((c) => c.permitId) });
+      return flush({ permits: closing.map((c) => c.permitId), signal });
     },
   };
 }
