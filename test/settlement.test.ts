@@ -336,7 +336,8 @@ describe("settlement", () => {
         100,
       );
       expect((await chainPermit(stack, permitId)).settled).toBe(chat.charged);
-      expect(output).toContain("settlement batch");
+      // The worker logs the batch once Flush has answered it.
+      await eventually(async () => output.includes("settlement batch"), 10_000, 50);
       expect(output).not.toContain(stack.operatorToken);
     } finally {
       const exited = new Promise<number | null>((resolve) => worker.once("exit", resolve));
