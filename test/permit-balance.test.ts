@@ -5,9 +5,9 @@ import { InferenceService, PermitState } from "../gen/gateway/v1/inference_pb.js
 import { marketAbi } from "../src/adapters/chain/artifacts.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
-import { closePermit, onboard, openPermit, requestClose } from "./helpers/market.js";
-import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
-import { authed, eventually, json, startTestStack, type TestStack } from "./helpers/stack.js";
+import { closePermit, openPermit, requestClose } from "./helpers/market.js";
+import type { FakeUpstream } from "./helpers/fake-upstream.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 const messages = [{ role: "user" as const, content: "what is my balance?" }];
 const deposit = 10n ** 18n;
@@ -20,15 +20,7 @@ describe("permit balance: GET /v1/permits/{id} and InferenceService.GetPermit", 
   let chatOffer: Hex;
 
   beforeAll(async () => {
-    stack = await startTestStack(
-      { ALLOW_PRIVATE_ENDPOINTS: "true", PROBE_INTERVAL_MS: "600000" },
-      { clock },
-    );
-    fake = await startFakeUpstream({ models: ["demo-chat"], chunks: 5 });
-    chatOffer = stack.demo.offers.find(
-      (o) => o.status === "active" && o.modelId === stack.demo.models[0]!.modelId,
-    )!.offerId;
-    await onboard(stack, chatOffer, fake.url);
+    ({ stack, fake, chatOffer } = await startChatStack({}, { clock, chunks: 5 }));
   });
   afterAll(async () => {
     await fake?.stop();

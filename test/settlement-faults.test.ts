@@ -1,18 +1,17 @@
-import { randomBytes } from "node:crypto";
 import { parseEther, type Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createChainSettlement } from "../src/adapters/chain/settlement.js";
-import { createPgSettlementStore } from "../src/adapters/pg/settlement.js";
+import type { SettlementChain, SettlementFlusherDeps } from "../src/domain/settlement.js";
+import type { FakeUpstream } from "./helpers/fake-upstream.js";
+import { closePermit, openPermit } from "./helpers/market.js";
 import {
-  createSettlementFlusher,
-  type SettlementChain,
-  type SettlementFlusherDeps,
-} from "../src/domain/settlement.js";
-import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
-import { closePermit, onboard, openPermit } from "./helpers/market.js";
-import { chainPermit, chatOn, settlementKey, settlementRows } from "./helpers/settlement.js";
-import { startTestStack, type TestStack } from "./helpers/stack.js";
-
+  chainPermit,
+  chatOn,
+  settlementChain,
+  settlementKey,
+  settlementRows,
+  testFlusher,
+} from "./helpers/settlement.js";
+import { startChatStack, type TestStack } from "./helpers/stack.js";
 /**
  * The sender under faults injected at each of its steps. The gateway here has no settlement key,
  * so nothing settles but the flushers each test makes: a flusher over the real database and the
@@ -25,46 +24,16 @@ describe("settlement sender under faults", () => {
   let fake: FakeUpstream;
 
   beforeAll(async () => {
-    stack = await startTestStack({
-      ALLOW_PRIVATE_ENDPOINTS: "true",
-      PROBE_INTERVAL_MS: "600000",
-      PERMIT_CACHE_MS: "0",
-    });
-    fake = await startFakeUpstream({ models: ["demo-chat"], chunks: 2 });
-    const offer = stack.demo.offers.find(
-      (o) => o.status === "active" && o.modelId === stack.demo.models[0]!.modelId,
-    )!.offerId;
-    await onboard(stack, offer, fake.url);
+    ({ stack, fake } = await startChatStack({ PERMIT_CACHE_MS: "0" }));
   });
   afterAll(async () => {
     await fake?.stop();
     await stack?.close();
   });
 
-  const realChain = (): SettlementChain =>
-    createChainSettlement({
-      client: stack.clients.publicClient,
-      chainId: stack.anvil.chainId,
-      market: stack.demo.market,
-      privateKey: settlementKey,
-    });
-
+  const realChain = (): SettlementChain => settlementChain(stack);
   const flusher = (chain: SettlementChain, overrides: Partial<SettlementFlusherDeps> = {}) =>
-    createSettlementFlusher({
-      store: createPgSettlementStore(stack.database.db.pool),
-      chain,
-      holder: `test_${randomBytes(4).toString("hex")}`,
-      logger: stack.logger,
-      clock: () => Math.floor(Date.now() / 1000),
-      confirmations: 0,
-      maxBatchGas: 12_000_000n,
-      replaceAfterBlocks: 2,
-      feeBumpPercent: 20,
-      waitMs: 5000,
-      leaseSeconds: 30,
-      pollMs: 50,
-      ...overrides,
-    });
+    testFlusher(stack, chain, overrides);
 
   const rpc = (method: string, params: unknown[] = []) =>
     stack.clients.publicClient.request({ method: method as never, params: params as never });

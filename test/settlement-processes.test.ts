@@ -4,10 +4,10 @@ import { createInterface } from "node:readline";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { describeIfPostgres } from "./helpers/db.js";
-import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
-import { onboard, openPermit } from "./helpers/market.js";
+import type { FakeUpstream } from "./helpers/fake-upstream.js";
+import { openPermit } from "./helpers/market.js";
 import { chainPermit, chatOn, settlementKey, settlementRows } from "./helpers/settlement.js";
-import { json, startTestStack, type TestStack } from "./helpers/stack.js";
+import { json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 interface GatewayProcess {
   readonly child: ChildProcess;
@@ -70,16 +70,7 @@ describeIfPostgres("two gateway processes flushing at once", () => {
   let b: GatewayProcess | undefined;
 
   beforeAll(async () => {
-    stack = await startTestStack({
-      ALLOW_PRIVATE_ENDPOINTS: "true",
-      PROBE_INTERVAL_MS: "600000",
-      PERMIT_CACHE_MS: "0",
-    });
-    fake = await startFakeUpstream({ models: ["demo-chat"], chunks: 2 });
-    const offer = stack.demo.offers.find(
-      (o) => o.status === "active" && o.modelId === stack.demo.models[0]!.modelId,
-    )!.offerId;
-    await onboard(stack, offer, fake.url);
+    ({ stack, fake } = await startChatStack({ PERMIT_CACHE_MS: "0" }));
     [a, b] = await Promise.all([serveProcess(stack), serveProcess(stack)]);
   }, 60_000);
   afterAll(async () => {

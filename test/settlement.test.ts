@@ -1,38 +1,29 @@
 import { execFile, spawn } from "node:child_process";
 import { promisify } from "node:util";
 import * as grpc from "@grpc/grpc-js";
-import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SettlementService } from "../gen/gateway/v1/settlement_pb.js";
-import { createChainSettlement } from "../src/adapters/chain/settlement.js";
-import { createPgSettlementStore } from "../src/adapters/pg/settlement.js";
-import { createSettlementFlusher } from "../src/domain/settlement.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
-import { closePermit, onboard, openPermit, requestClose } from "./helpers/market.js";
-import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
+import { closePermit, openPermit, requestClose } from "./helpers/market.js";
+import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import {
   chainPermit,
   chatOn,
   flush,
-  settlementKey,
+  settlementChain,
   settlementRows,
   settlingEnv,
+  testFlusher,
   tokenBalance,
 } from "./helpers/settlement.js";
-import { authed, eventually, json, startTestStack, type TestStack } from "./helpers/stack.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 describe("settlement", () => {
   let stack: TestStack;
   let fake: FakeUpstream;
-  let chatOffer: Hex;
 
   beforeAll(async () => {
-    stack = await startTestStack(settlingEnv);
-    fake = await startFakeUpstream({ models: ["demo-chat"], chunks: 3 });
-    chatOffer = stack.demo.offers.find(
-      (o) => o.status === "active" && o.modelId === stack.demo.models[0]!.modelId,
-    )!.offerId;
-    await onboard(stack, chatOffer, fake.url);
+    ({ stack, fake } = await startChatStack(settlingEnv, { chunks: 3 }));
   });
   afterAll(async () => {
     await fake?.stop();
@@ -256,31 +247,13 @@ describe("settlement", () => {
   it("a gateway that starts drives a batch left in flight by a stopped process to its end", async () => {
     const permitId = await openPermit(stack, { deposit: 10n ** 18n });
     const chat = await chatOn(stack, permitId);
-    const real = createChainSettlement({
-      client: stack.clients.publicClient,
-      chainId: stack.anvil.chainId,
-      market: stack.demo.market,
-      privateKey: settlementKey,
-    });
+    const real = settlementChain(stack);
     // A process that stored its batch and died before broadcasting it.
-    const dying = createSettlementFlusher({
-      store: createPgSettlementStore(stack.database.db.pool),
-      chain: {
-        ...real,
-        broadcast: async () => {
-          throw new Error("process killed");
-        },
+    const dying = testFlusher(stack, {
+      ...real,
+      broadcast: async () => {
+        throw new Error("process killed");
       },
-      holder: "a-process-that-died",
-      logger: stack.logger,
-      clock: () => Math.floor(Date.now() / 1000),
-      confirmations: 0,
-      maxBatchGas: 12_000_000n,
-      replaceAfterBlocks: 3,
-      feeBumpPercent: 20,
-      waitMs: 5000,
-      leaseSeconds: 30,
-      pollMs: 50,
     });
     await expect(dying.flush()).rejects.toThrow(/process killed/);
     expect((await settlementRows(stack, [chat.id]))[0]?.settlement_status).toBe("settling");

@@ -117,3 +117,10 @@ export async function onboard(
   });
   await verifyOffer(connection, offerId);
 }
+
+/** The demo market's first active offer of its first model (the one `demo-chat` routes to). */
+export function demoChatOffer(stack: TestStack): Hex {
+  return stack.demo.offers.find(
+    (o) => o.status === "active" && o.modelId === stack.demo.models[0]!.modelId,
+  )!.offerId;
+}

@@ -1,6 +1,15 @@
+import { randomBytes } from "node:crypto";
 import type { Hex } from "viem";
 import { creditTokenAbi, marketAbi } from "../../src/adapters/chain/artifacts.js";
 import { anvilAccounts } from "../../src/adapters/chain/anvil.js";
+import { createChainSettlement } from "../../src/adapters/chain/settlement.js";
+import { createPgSettlementStore } from "../../src/adapters/pg/settlement.js";
+import {
+  createSettlementFlusher,
+  type SettlementChain,
+  type SettlementFlusher,
+  type SettlementFlusherDeps,
+} from "../../src/domain/settlement.js";
 import { authed, json, type TestStack } from "./stack.js";
 
 /** The demo market's settlement operator (anvil account 1, `demoAccounts().settlement`). */
@@ -8,8 +17,6 @@ export const settlementKey: Hex = anvilAccounts()[1]!.privateKey;
 
 /** A gateway environment that settles: the operator's key, and the close watcher on a short leash. */
 export const settlingEnv = {
-  ALLOW_PRIVATE_ENDPOINTS: "true",
-  PROBE_INTERVAL_MS: "600000",
   PERMIT_CACHE_MS: "0",
   SETTLEMENT_PRIVATE_KEY: settlementKey,
   SETTLEMENT_WAIT_MS: "20000",
@@ -87,4 +94,40 @@ export async function settlementRows(stack: TestStack, ids: readonly string[]) {
     [ids],
   );
   return rows;
+}
+
+/** The settlement operator's chain adapter on the stack's anvil. */
+export function settlementChain(stack: TestStack): SettlementChain {
+  return createChainSettlement({
+    client: stack.clients.publicClient,
+    chainId: stack.anvil.chainId,
+    market: stack.demo.market,
+    privateKey: settlementKey,
+  });
+}
+
+/**
+ * A flusher over the stack's database and `chain` (the real adapter, or one a test wraps to fail
+ * at a step): what a settlement process of its own would run.
+ */
+export function testFlusher(
+  stack: TestStack,
+  chain: SettlementChain,
+  overrides: Partial<SettlementFlusherDeps> = {},
+): SettlementFlusher {
+  return createSettlementFlusher({
+    store: createPgSettlementStore(stack.database.db.pool),
+    chain,
+    holder: `test_${randomBytes(4).toString("hex")}`,
+    logger: stack.logger,
+    clock: () => Math.floor(Date.now() / 1000),
+    confirmations: 0,
+    maxBatchGas: 12_000_000n,
+    replaceAfterBlocks: 2,
+    feeBumpPercent: 20,
+    waitMs: 5000,
+    leaseSeconds: 30,
+    pollMs: 50,
+    ...overrides,
+  });
 }

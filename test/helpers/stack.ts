@@ -3,6 +3,7 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Writable } from "node:stream";
+import type { Hex } from "viem";
 import { startAnvil, type AnvilInstance } from "../../src/adapters/chain/anvil.js";
 import { chainClients, type ChainClients } from "../../src/adapters/chain/clients.js";
 import { createApiKey } from "../../src/adapters/pg/api-keys.js";
@@ -16,6 +17,8 @@ import {
 } from "../../src/dev/demo-market.js";
 import { createLogger, type Logger } from "../../src/logger.js";
 import { createTestDatabase, type TestDatabase } from "./db.js";
+import { startFakeUpstream, type FakeUpstream } from "./fake-upstream.js";
+import { demoChatOffer, onboard } from "./market.js";
 
 /** Log lines a test can search (the gateway logs JSON, one object per line). */
 export class LogCapture extends Writable {
@@ -149,4 +152,27 @@ export async function eventually(
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 export async function json(res: Response): Promise<any> {
   return res.json();
+}
+
+/**
+ * A stack whose `demo-chat` offer is served by a fake upstream (registered and verified as its
+ * operator would), for suites that make chat requests.
+ */
+export async function startChatStack(
+  env: Record<string, string> = {},
+  options: { clock?: () => number; chunks?: number } = {},
+): Promise<{ stack: TestStack; fake: FakeUpstream; chatOffer: Hex }> {
+  const stack = await startTestStack(
+    { ALLOW_PRIVATE_ENDPOINTS: "true", PROBE_INTERVAL_MS: "600000", ...env },
+    options.clock === undefined ? {} : { clock: options.clock },
+  );
+  try {
+    const fake = await startFakeUpstream({ models: ["demo-chat"], chunks: options.chunks ?? 2 });
+    const chatOffer = demoChatOffer(stack);
+    await onboard(stack, chatOffer, fake.url);
+    return { stack, fake, chatOffer };
+  } catch (error) {
+    await stack.close();
+    throw error;
+  }
 }
