@@ -4,12 +4,16 @@ import { createCatalog, ModelDirectory, type ModelRecord, type OfferRecord } fro
 import { GatewayError } from "./errors.js";
 import {
   createInference,
+  type ChatCompleted,
   type ChatEvent,
   type ChatInput,
   type Ledger,
+  type QuoteRecord,
+  type QuoteStore,
   type UpstreamChat,
   type UpstreamReply,
 } from "./inference.js";
+import { parseChatRequest, quoteFingerprint } from "./chat-request.js";
 import type { Permit } from "./permits.js";
 
 // The pipeline against in-memory ports: what the integration suites cannot provoke on demand.
@@ -90,7 +94,13 @@ function chatInput(stream = false): ChatInput {
 }
 
 function setup(
-  overrides: { ledger?: Partial<Ledger>; upstream?: UpstreamChat; stream?: boolean } = {},
+  overrides: {
+    ledger?: Partial<Ledger>;
+    upstream?: UpstreamChat;
+    stream?: boolean;
+    quotes?: QuoteStore;
+    offers?: OfferRecord[];
+  } = {},
 ) {
   const finalized: Parameters<Ledger["finalize"]>[0][] = [];
   const called: string[] = [];
@@ -118,12 +128,12 @@ function setup(
         listModels: async () => [model],
         getModel: async () => model,
         // A is cheaper, so routing tries it first.
-        listOffers: async () => [offer(offerA, 1n), offer(offerB, 2n)],
+        listOffers: async () => overrides.offers ?? [offer(offerA, 1n), offer(offerB, 2n)],
         getOffer: async () => undefined,
       },
     }),
     permits: { get: async () => permit, invalidate: () => undefined },
-    quotes: { insert: async () => undefined, get: async () => undefined },
+    quotes: overrides.quotes ?? { insert: async () => undefined, get: async () => undefined },
     ledger,
     endpoints: async (offerId) => ({ url: `http://${offerId.slice(2, 6)}.test` }),
     upstream:
@@ -303,5 +313,81 @@ describe("inference pipeline", () => {
     const events = await chat();
     const done = events.at(-1) as Extract<ChatEvent, { type: "completed" }>;
     expect(finalized).toEqual([done.creditsCharged]);
+  });
+});
+
+describe("request lifecycle defects (issue 10)", () => {
+  const quoted = (wakesEndpoint: boolean, createdAt: number, expiresAt: number) => {
+    const req = parseChatRequest(chatInput().body, { maxBytes: 1 << 20 });
+    const quote: QuoteRecord = {
+      quoteId: `0x${"99".repeat(32)}`,
+      apiKeyId: "key",
+      model: "m",
+      modelId,
+      offerId: offerA,
+      tariffVersion: 1n,
+      inputTokens: 100n,
+      maxOutputTokens: 16n,
+      wakesEndpoint,
+      maximumCredits: 10n ** 12n,
+      fingerprint: quoteFingerprint(req),
+      createdAt,
+      expiresAt,
+      internal: false,
+      usedBy: null,
+    };
+    return { insert: async () => undefined, get: async () => quote };
+  };
+  const withQuote = (input: ChatInput): ChatInput => ({
+    ...input,
+    quoteId: `0x${"99".repeat(32)}`,
+  });
+  const drain = async (events: AsyncIterable<ChatEvent>) => {
+    const out: ChatEvent[] = [];
+    for await (const e of events) out.push(e);
+    return out;
+  };
+
+  it("a client gone during the reservation is void: nothing charged, no provider called", async () => {
+    const client = new AbortController();
+    const { finalized, called, inference } = setup({
+      ledger: {
+        reserve: async () => {
+          client.abort(new Error("client left"));
+          return { ok: true };
+        },
+      },
+    });
+    await drain(inference.chat({ ...chatInput(), signal: client.signal })).catch(() => undefined);
+    expect(called).toEqual([]);
+    expect(finalized).toHaveLength(1);
+    expect(finalized[0]).toMatchObject({
+      status: "cancelled",
+      billing: "void",
+      creditsCharged: 0n,
+      inputTokens: 0n,
+    });
+  });
+
+  it("takes the wake fee from the quote, not from what the prober saw since", async () => {
+    const sleeping = { ...offer(offerA, 1n), endpointRunning: false };
+    sleeping.tariff = { ...sleeping.tariff, wakeFee: 5_000n };
+    const { finalized, inference } = setup({
+      quotes: quoted(false, now - 5, now + 55),
+      offers: [sleeping],
+    });
+    const events = await drain(inference.chat(withQuote(chatInput())));
+    const done = events.at(-1) as ChatCompleted;
+    expect(done.type).toBe("completed");
+    // 3 input tokens and 1 output token at 1 per MTok: 1 + 1, no wake fee.
+    expect(done.creditsCharged).toBe(2n);
+    expect(finalized[0]?.creditsCharged).toBe(2n);
+  });
+
+  it("refuses a quote past its stored expiry, whatever its creation time says", async () => {
+    const { called, inference } = setup({ quotes: quoted(false, now - 5, now - 1) });
+    const error = await drain(inference.chat(withQuote(chatInput()))).catch((e: unknown) => e);
+    expect((error as GatewayError).code).toBe("quote_expired");
+    expect(called).toEqual([]);
   });
 });

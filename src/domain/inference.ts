@@ -449,11 +449,9 @@ export function createInference(deps: InferenceDeps): Inference {
     if (quote === undefined || quote.apiKeyId !== apiKeyId || quote.internal) {
       throw new GatewayError("quote_not_found", `quote ${quoteId} does not exist`);
     }
-    if (now - quote.createdAt > quoteLifetimeSeconds) {
-      throw new GatewayError(
-        "quote_expired",
-        `quote ${quoteId} is older than ${quoteLifetimeSeconds} seconds`,
-      );
+    // The stored expiry decides (quotes are made with createdAt + quoteLifetimeSeconds).
+    if (now > quote.expiresAt) {
+      throw new GatewayError("quote_expired", `quote ${quoteId} expired at ${quote.expiresAt}`);
     }
     if (quote.fingerprint !== quoteFingerprint(req)) {
       throw new GatewayError(
@@ -621,7 +619,9 @@ export function createInference(deps: InferenceDeps): Inference {
         ...(internal === undefined ? {} : { quote: internal }),
       });
       if (result.ok) {
-        chosen = c;
+        // What the request pays is what was quoted: the wake fee only if the quote said so,
+        // whatever the prober has seen since.
+        chosen = { ...c, wakes: q.wakesEndpoint };
         quoteId = q.quoteId;
         maximumCredits = q.maximumCredits;
         break;
@@ -742,6 +742,9 @@ export function createInference(deps: InferenceDeps): Inference {
     let maximumCredits = s.maximumCredits;
     const inputBound = current.inputTokens;
     let finalized = false;
+    // Whether the request went to a provider: a client that leaves before that is charged
+    // nothing (DESIGN.md: input is charged only once the provider has the request).
+    let dispatched = false;
     // Metered so far (streams): the finally block below needs them when the consumer stops early.
     let delivered = 0n;
     let provided: Usage | undefined;
@@ -844,6 +847,8 @@ export function createInference(deps: InferenceDeps): Inference {
       let reply: UpstreamReply | undefined;
       for (;;) {
         tried.add(current.offer.offerId);
+        if (input.signal.aborted) throw input.signal.reason;
+        dispatched = true;
         const attempt = await callProvider(current.offer.offerId, req, abort.signal);
         if (input.signal.aborted) throw input.signal.reason;
         if ("reply" in attempt) {
@@ -1007,15 +1012,20 @@ export function createInference(deps: InferenceDeps): Inference {
         // A consumer that stops reading after output began is a client that left, even when its
         // signal has not fired (yet): input plus the output it was sent, as the policy says.
         const cancelled = input.signal.aborted || delivered > 0n;
+        const charged = cancelled && (dispatched || delivered > 0n);
         await settle(
           cancelled ? "cancelled" : "failed",
           {
-            inputTokens: cancelled ? (provided?.inputTokens ?? inputBound) : 0n,
+            inputTokens: charged ? (provided?.inputTokens ?? inputBound) : 0n,
             outputTokens: delivered,
           },
-          cancelled ? "partial" : "void",
+          charged ? "partial" : "void",
           "gateway",
-          cancelled ? "client disconnected" : "the provider failed before the first byte",
+          !cancelled
+            ? "the provider failed before the first byte"
+            : charged
+              ? "client disconnected"
+              : "client disconnected before the provider got the request",
         ).catch(() => undefined);
         abort.abort();
       }
