@@ -45,6 +45,7 @@ import { createRegistrationService, openEndpoint } from "./domain/registration.j
 import { createSettlementFlusher, reconcile, type SettlementFlusher } from "./domain/settlement.js";
 import { listen } from "./listen.js";
 import type { Readiness } from "./rest/facade.js";
+import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
 import { createGatewayHandler } from "./server.js";
 
 export interface Gateway {
@@ -58,6 +59,8 @@ export interface Gateway {
   readonly upstream: UpstreamClient;
   /** Identifies this process's requests (orphans of a crashed process are reconciled). */
   readonly instanceId: string;
+  /** Heartbeat and the orphan rule (runs on its own; `runOnce` for operators and tests). */
+  readonly housekeeping: Housekeeping;
   close(): Promise<void>;
 }
 
@@ -316,7 +319,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       return { ok: database.ok && chainCheck.ok, checks: { database, chain: chainCheck } };
     };
 
-    await ledger.heartbeat(db.pool, instanceId, clock());
+    await ledger.heartbeat(db.pool, instanceId);
     const lookupEndpoint = async (offerId: Hex): Promise<EndpointSecret | undefined> => {
       const registered = await getRegisteredEndpoint(db.pool, offerId);
       return registered === undefined
@@ -353,9 +356,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       },
       ledger: {
         reserve: (input) => ledgerBatcher.reserve({ ...input, instanceId }),
-        markStreaming: async (requestId) => {
-          await ledger.markStreaming(db.pool, requestId);
-        },
+        markStreaming: (requestId) => ledger.markStreaming(db.pool, requestId),
         finalize: (input) => ledgerBatcher.finalize(input),
         switchOffer: (input) => ledger.switchOffer(db.pool, input),
         recordOfferFlag: (input) => ledger.recordOfferFlag(db.pool, input),
@@ -372,19 +373,13 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       clock,
       bodyLimitBytes: config.bodyLimitBytes,
     });
-    // Liveness of this process, and the rule for the requests of crashed ones (docs/decisions.md).
-    const housekeeping = setInterval(() => {
-      void (async () => {
-        await ledger.heartbeat(db.pool, instanceId, clock());
-        const orphans = await ledger.reconcileOrphans(db.pool, {
-          now: clock(),
-          staleAfterSeconds: 60,
-        });
-        if (orphans > 0)
-          logger.warn({ orphans }, "reconciled requests of a stopped gateway process");
-      })().catch((error: unknown) => logger.warn({ err: error }, "housekeeping failed"));
-    }, 10_000);
-    housekeeping.unref();
+    // Liveness of this process, and the rule for the requests of crashed ones.
+    const housekeeping = createHousekeeping({
+      pool: db.pool,
+      instanceId,
+      logger: logger.child({ component: "housekeeping" }),
+    });
+    housekeeping.start();
 
     const handler = createGatewayHandler({
       services: {
@@ -455,9 +450,10 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       health,
       upstream,
       instanceId,
+      housekeeping,
       close() {
         closing ??= (async () => {
-          clearInterval(housekeeping);
+          await housekeeping.stop();
           clearInterval(closeWatcher);
           settlementStop.abort();
           await listener.close();

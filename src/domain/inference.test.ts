@@ -106,7 +106,7 @@ function setup(
   const called: string[] = [];
   const ledger: Ledger = {
     reserve: async () => ({ ok: true }),
-    markStreaming: async () => undefined,
+    markStreaming: async () => true,
     finalize: async (input) => {
       finalized.push(input);
       return { finalized: true, creditsCharged: input.creditsCharged };
@@ -389,5 +389,32 @@ describe("request lifecycle defects (issue 10)", () => {
     const error = await drain(inference.chat(withQuote(chatInput()))).catch((e: unknown) => e);
     expect((error as GatewayError).code).toBe("quote_expired");
     expect(called).toEqual([]);
+  });
+
+  it("stops serving a stream the orphan rule closed meanwhile, and reports no charge", async () => {
+    const chunk = (content: string) => JSON.stringify({ choices: [{ delta: { content } }] });
+    const { finalized, inference } = setup({
+      stream: true,
+      ledger: { markStreaming: async () => false },
+      upstream: async () => ({
+        status: 200,
+        text: async () => "",
+        events: async function* () {
+          yield chunk("a");
+          yield chunk("b");
+          yield JSON.stringify({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 2 } });
+          yield "[DONE]";
+        },
+        discard: async () => undefined,
+      }),
+    });
+    const events: ChatEvent[] = [];
+    const error = await (async () => {
+      for await (const e of inference.chat(chatInput(true))) events.push(e);
+    })().catch((e: unknown) => e);
+    expect((error as GatewayError).code).toBe("internal_error");
+    expect(events.some((e) => e.type === "completed")).toBe(false);
+    // The close it tried found the request already closed (the orphan rule's void stands).
+    expect(finalized.every((f) => f.billing !== "billed")).toBe(true);
   });
 });

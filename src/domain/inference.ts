@@ -122,7 +122,11 @@ export interface Ledger {
     now: number;
     quote?: QuoteRecord;
   }): Promise<{ ok: true } | { ok: false; reason: ReserveRefusal }>;
-  markStreaming(requestId: Hex): Promise<void>;
+  /**
+   * pending -> streaming. False when the request is no longer open: the orphan rule closed it
+   * (this process looked dead), so this process must stop serving it.
+   */
+  markStreaming(requestId: Hex): Promise<boolean>;
   finalize(input: {
     requestId: Hex;
     status: "completed" | "failed" | "cancelled";
@@ -939,7 +943,20 @@ export function createInference(deps: InferenceDeps): Inference {
         return;
       }
 
-      marking = deps.ledger.markStreaming(requestId).catch(() => undefined);
+      // A failed write leaves the request pending, which closes the same way: only a definite
+      // "no longer open" stops the answer.
+      let lost = false;
+      marking = deps.ledger.markStreaming(requestId).then(
+        (open) => {
+          lost = !open;
+        },
+        () => undefined,
+      );
+      const lostRequest = () =>
+        new GatewayError(
+          "internal_error",
+          "the gateway closed this request while it was being served (its process looked stopped)",
+        );
       try {
         for await (const data of reply.events()) {
           if (data === "[DONE]") break;
@@ -951,6 +968,7 @@ export function createInference(deps: InferenceDeps): Inference {
           }
           const usage = usageOf(chunk);
           if (usage !== undefined) provided = usage;
+          if (lost) throw lostRequest();
           if (isUsageOnly(chunk) && !req.includeUsage) continue;
           if (deltaText(chunk) !== "") delivered += 1n;
           const credits = minBigint(
@@ -990,6 +1008,18 @@ export function createInference(deps: InferenceDeps): Inference {
         throw error instanceof GatewayError
           ? error
           : new GatewayError("upstream_error", "the provider failed mid-stream");
+      }
+      await marking;
+      if (lost) {
+        // Never report a charge the record does not hold: the orphan rule closed it void.
+        await settle(
+          "failed",
+          { inputTokens: 0n, outputTokens: delivered },
+          "partial",
+          "gateway",
+          "closed by the orphan rule while served",
+        );
+        throw lostRequest();
       }
       const usage = provided ?? { inputTokens: inputBound, outputTokens: delivered };
       const final = close(

@@ -488,23 +488,34 @@ export async function switchOffer(pool: pg.Pool, input: SwitchOfferInput): Promi
   });
 }
 
+/** The database's clock in Unix seconds: liveness is judged on one clock for every process. */
+export async function databaseNow(db: Queryable): Promise<number> {
+  const { rows } = await db.query<{ now: string }>(
+    "SELECT extract(epoch from clock_timestamp())::bigint AS now",
+  );
+  return Number(rows[0]!.now);
+}
+
 /**
- * Records that the process `instanceId` is alive at `now` (Unix seconds). Every process calls
- * this periodically, well within the `staleAfterSeconds` given to {@link reconcileOrphans}.
+ * Records that the process `instanceId` is alive, on the database's clock (`now`, Unix seconds,
+ * only where a test places a heartbeat in time). Every process calls this periodically, well
+ * within the `staleAfterSeconds` given to {@link reconcileOrphans}. Hosts' own clocks are never
+ * compared: a process whose clock runs minutes behind must not look dead to the others.
  */
-export async function heartbeat(db: Queryable, instanceId: string, now: number): Promise<void> {
+export async function heartbeat(db: Queryable, instanceId: string, now?: number): Promise<void> {
   await db.query(
     `INSERT INTO gateway_instances AS g (instance_id, started_at, heartbeat_at)
-     VALUES ($1, $2, $2)
+     VALUES ($1, COALESCE($2::bigint, extract(epoch from clock_timestamp())::bigint),
+       COALESCE($2::bigint, extract(epoch from clock_timestamp())::bigint))
      ON CONFLICT (instance_id) DO UPDATE
        SET heartbeat_at = GREATEST(g.heartbeat_at, EXCLUDED.heartbeat_at)`,
-    [instanceId, now],
+    [instanceId, now ?? null],
   );
 }
 
 export interface ReconcileOrphansInput {
-  /** Unix seconds. */
-  readonly now: number;
+  /** Unix seconds; absent (as in production): the database's clock, the one heartbeats use. */
+  readonly now?: number;
   readonly staleAfterSeconds: number;
   /** At most this many orphans per call (default 1000); call again for more. */
   readonly limit?: number;
@@ -535,7 +546,8 @@ export async function reconcileOrphans(
   pool: pg.Pool,
   input: ReconcileOrphansInput,
 ): Promise<number> {
-  const cutoff = input.now - input.staleAfterSeconds;
+  const now = input.now ?? (await databaseNow(pool));
+  const cutoff = now - input.staleAfterSeconds;
   const { rows } = await pool.query<{ id: string }>(
     `SELECT r.id FROM inference_requests r
      LEFT JOIN gateway_instances g ON g.instance_id = r.instance_id
@@ -557,7 +569,7 @@ export async function reconcileOrphans(
         billing: "void",
         usageSource: null,
         error: "orphaned",
-        now: input.now,
+        now,
       },
       cutoff,
     );
