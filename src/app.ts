@@ -378,6 +378,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       pool: db.pool,
       instanceId,
       logger: logger.child({ component: "housekeeping" }),
+      retryCloses: () => inference.retryCloses(),
     });
     housekeeping.start();
 

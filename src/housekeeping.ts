@@ -11,11 +11,17 @@ export interface HousekeepingOptions {
   readonly intervalMs?: number;
   /** A process silent this long is dead and its open requests are orphans (default 60 s). */
   readonly staleAfterSeconds?: number;
+  /** Writes the closes the ledger refused earlier (the inference outbox). */
+  readonly retryCloses?: () => Promise<{ written: number; pending: number }>;
 }
 
 export interface Housekeeping {
-  /** One round: this process's heartbeat, then the orphan rule; both on the database's clock. */
-  runOnce(): Promise<{ orphans: number }>;
+  /**
+   * One round: this process's heartbeat, the closes its outbox holds, then the orphan rule
+   * (heartbeat first, so that after an outage this process's own requests are not taken for
+   * orphans before their closes land). Times are the database's.
+   */
+  runOnce(): Promise<{ orphans: number; closesWritten: number; closesPending: number }>;
   start(): void;
   /** Stops the timer and waits for a round in progress. */
   stop(): Promise<void>;
@@ -32,11 +38,17 @@ export function createHousekeeping(options: HousekeepingOptions): Housekeeping {
   let timer: NodeJS.Timeout | undefined;
   let running: Promise<unknown> | undefined;
 
-  const runOnce = async (): Promise<{ orphans: number }> => {
+  const runOnce = async () => {
     await ledger.heartbeat(pool, instanceId);
+    const closes = (await options.retryCloses?.()) ?? { written: 0, pending: 0 };
+    if (closes.written > 0 || closes.pending > 0) {
+      const fields = { written: closes.written, pending: closes.pending };
+      if (closes.pending > 0) logger.warn(fields, "request closes still refused by the database");
+      else logger.info(fields, "request closes written after the database refused them");
+    }
     const orphans = await ledger.reconcileOrphans(pool, { staleAfterSeconds });
     if (orphans > 0) logger.warn({ orphans }, "reconciled requests of a stopped gateway process");
-    return { orphans };
+    return { orphans, closesWritten: closes.written, closesPending: closes.pending };
   };
 
   return {

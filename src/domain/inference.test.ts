@@ -417,4 +417,30 @@ describe("request lifecycle defects (issue 10)", () => {
     // The close it tried found the request already closed (the orphan rule's void stands).
     expect(finalized.every((f) => f.billing !== "billed")).toBe(true);
   });
+
+  it("keeps a close the ledger refuses in the outbox until housekeeping writes it, once, on every path", async () => {
+    let down = true;
+    const written: Parameters<Ledger["finalize"]>[0][] = [];
+    const { inference } = setup({
+      ledger: {
+        finalize: async (input) => {
+          if (down) throw new Error("the database refuses writes");
+          written.push(input);
+          return { finalized: true, creditsCharged: input.creditsCharged };
+        },
+      },
+    });
+    // A completed answer whose close the ledger refuses (after the quick retries).
+    const events = await drain(inference.chat(chatInput()));
+    const done = events.at(-1) as ChatCompleted;
+    expect(done.creditsCharged).toBeGreaterThan(0n);
+    expect(await inference.retryCloses()).toEqual({ written: 0, pending: 1 });
+    expect(written).toEqual([]);
+    down = false;
+    expect(await inference.retryCloses()).toEqual({ written: 1, pending: 0 });
+    expect(written).toHaveLength(1);
+    expect(written[0]).toMatchObject({ status: "completed", creditsCharged: done.creditsCharged });
+    expect(await inference.retryCloses()).toEqual({ written: 0, pending: 0 });
+    expect(written).toHaveLength(1);
+  });
 });

@@ -231,9 +231,20 @@ export interface Inference {
   whenRecorded(requestId: string): Promise<void>;
   /** Settles when every answer given so far has its final state recorded (graceful shutdown). */
   drain(): Promise<void>;
+  /**
+   * Writes the closes the ledger refused so far (housekeeping calls it every round): until it
+   * has, their reservations and offer slots stay held.
+   */
+  retryCloses(): Promise<{ written: number; pending: number }>;
 }
 
 // ------------------------------------------------------------------------------ rules
+
+/** A close the ledger has not taken yet, kept until it does. */
+interface PendingClose {
+  readonly finalize: Parameters<Ledger["finalize"]>[0];
+  readonly flag: { readonly offerId: Hex; readonly reason: string } | undefined;
+}
 
 /** How a request ends, decided in memory before the ledger records it. */
 interface Closing {
@@ -249,10 +260,10 @@ interface Closing {
 }
 
 /**
- * Attempts after the first for recording a completed answer's charge (about 20 s in all): the
- * client already has the answer, so a short database outage must not lose its charge.
+ * Attempts after the first for recording a completed answer's charge at once (about 0.7 s);
+ * after them the close waits in the outbox for housekeeping, as every refused close does.
  */
-const completionRetries = 8;
+const completionRetries = 3;
 
 async function withRetries<T>(retries: number, attempt: () => Promise<T>): Promise<T> {
   for (let i = 0; ; i++) {
@@ -394,6 +405,35 @@ export function createInference(deps: InferenceDeps): Inference {
   const resolve = (req: ChatRequest) => deps.catalog.routingView(req.model);
   // Completed answers whose final state is being recorded, by request id.
   const recording = new Map<string, Promise<void>>();
+  /** Closes decided but refused by the ledger (an outage): written by {@link retryCloses}. */
+  const outbox = new Map<Hex, PendingClose>();
+
+  /** Writes a close and its offer flag; the close is exactly-once, so a retry never charges twice. */
+  const writeClose = async (close: PendingClose): Promise<{ creditsCharged: bigint }> => {
+    const result = await deps.ledger.finalize(close.finalize);
+    if (close.flag !== undefined) {
+      await deps.ledger.recordOfferFlag({
+        ...close.flag,
+        requestId: close.finalize.requestId,
+        now: deps.clock(),
+      });
+    }
+    return result;
+  };
+
+  const retryCloses = async (): Promise<{ written: number; pending: number }> => {
+    let written = 0;
+    for (const [requestId, close] of [...outbox]) {
+      try {
+        await writeClose(close);
+        outbox.delete(requestId);
+        written++;
+      } catch {
+        // Still refused: the next round tries again.
+      }
+    }
+    return { written, pending: outbox.size };
+  };
 
   const createQuote = async (input: {
     apiKeyId: string;
@@ -745,7 +785,7 @@ export function createInference(deps: InferenceDeps): Inference {
     let current = s.chosen;
     let maximumCredits = s.maximumCredits;
     const inputBound = current.inputTokens;
-    let finalized = false;
+    let decided = false;
     // Whether the request went to a provider: a client that leaves before that is charged
     // nothing (DESIGN.md: input is charged only once the provider has the request).
     let dispatched = false;
@@ -789,41 +829,41 @@ export function createInference(deps: InferenceDeps): Inference {
       pendingClose = c;
       recording.set(requestId, new Promise<void>((resolve) => (recorded = resolve)));
     };
-    /** Makes a closing durable: the reservation becomes its charge, exactly once. */
-    const record = async (c: Closing, retries = 0) => {
-      finalized = true;
+    /**
+     * Makes a closing durable: the reservation becomes its charge, exactly once. The close is
+     * decided here, once (`decided`); a write the ledger refuses (after `retries`) goes to the
+     * outbox, which housekeeping retries until it lands, so the reservation and the offer slot
+     * are released and the charge recorded while the process lives, whatever the outage.
+     */
+    const record = async (c: Closing, retries = 0): Promise<{ creditsCharged: bigint }> => {
+      decided = true;
       pendingClose = undefined;
-      let result: Awaited<ReturnType<Ledger["finalize"]>>;
+      const close: PendingClose = {
+        finalize: {
+          requestId,
+          status: c.status,
+          inputTokens: c.usage.inputTokens,
+          outputTokens: c.usage.outputTokens,
+          creditsCharged: c.charge,
+          billing: c.billing,
+          usageSource: c.usageSource,
+          ...(c.error === undefined ? {} : { error: c.error }),
+          now: deps.clock(),
+        },
+        flag: c.aboveQuote ? { offerId: c.offerId, reason: "usage_above_quote" } : undefined,
+      };
       try {
         if (marking !== undefined) await marking;
-        result = await withRetries(retries, () =>
-          deps.ledger.finalize({
-            requestId,
-            status: c.status,
-            inputTokens: c.usage.inputTokens,
-            outputTokens: c.usage.outputTokens,
-            creditsCharged: c.charge,
-            billing: c.billing,
-            usageSource: c.usageSource,
-            ...(c.error === undefined ? {} : { error: c.error }),
-            now: deps.clock(),
-          }),
-        );
+        return await withRetries(retries, () => writeClose(close));
+      } catch {
+        outbox.set(requestId, close);
+        return { creditsCharged: c.charge };
       } finally {
         if (recorded !== undefined) {
           recording.delete(requestId);
           recorded();
         }
       }
-      if (c.aboveQuote) {
-        await deps.ledger.recordOfferFlag({
-          offerId: c.offerId,
-          requestId,
-          reason: "usage_above_quote",
-          now: deps.clock(),
-        });
-      }
-      return result;
     };
     const settle = async (
       status: "completed" | "failed" | "cancelled",
@@ -1036,7 +1076,7 @@ export function createInference(deps: InferenceDeps): Inference {
       if (pendingClose !== undefined) {
         // The answer was complete and reported; only its record was still to be written.
         await record(pendingClose, completionRetries).catch(() => undefined);
-      } else if (!finalized) {
+      } else if (!decided) {
         // The consumer stopped early (client gone between events) or a step before the first
         // byte failed: the reservation still ends, exactly once.
         // A consumer that stops reading after output began is a client that left, even when its
@@ -1089,6 +1129,10 @@ export function createInference(deps: InferenceDeps): Inference {
     whenRecorded: (requestId) => recording.get(requestId) ?? Promise.resolve(),
     drain: async () => {
       while (recording.size > 0) await Promise.all(recording.values());
+      for (let round = 0; outbox.size > 0 && round < 5; round++) {
+        if ((await retryCloses()).pending > 0) await new Promise((r) => setTimeout(r, 500));
+      }
     },
+    retryCloses,
   };
 }
