@@ -42,6 +42,7 @@ import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import { createHealthMonitor, type EndpointSecret, type HealthMonitor } from "./domain/health.js";
 import { createInference, type QuoteRecord, type UpstreamChat } from "./domain/inference.js";
 import { createRegistrationService, openEndpoint } from "./domain/registration.js";
+import { createTtlCache } from "./domain/ttl-cache.js";
 import { createSettlementFlusher, reconcile, type SettlementFlusher } from "./domain/settlement.js";
 import { listen } from "./listen.js";
 import type { Readiness } from "./rest/facade.js";
@@ -122,20 +123,17 @@ function cachedApiKeys(
   db: Database,
   ttlMs: number,
 ): (key: string) => Promise<{ id: string } | null> {
-  const found = new Map<string, { id: string; at: number }>();
+  const found = createTtlCache<string, string>({ ttlMs });
   return async (key) => {
     const digest = createHash("sha256").update(key).digest("base64");
     const hit = found.get(digest);
-    if (hit !== undefined && Date.now() - hit.at < ttlMs) return { id: hit.id };
+    if (hit !== undefined) return { id: hit };
     const row = await findActiveApiKey(db.pool, key);
     if (row === null) {
       found.delete(digest);
       return null;
     }
-    if (ttlMs > 0) {
-      if (found.size > 10_000) found.clear();
-      found.set(digest, { id: row.id, at: Date.now() });
-    }
+    found.set(digest, row.id);
     return { id: row.id };
   };
 }
@@ -187,7 +185,9 @@ export async function startGateway(config: Config, options: StartOptions): Promi
 
     // Routing reads (offers, opened endpoints) are reused for ROUTING_CACHE_MS; what this
     // process changes or indexes drops them at once.
-    const endpointCache = new Map<string, { endpoint: EndpointSecret | undefined; at: number }>();
+    const endpointCache = createTtlCache<Hex, EndpointSecret>({
+      ttlMs: config.routingCacheMs,
+    });
     const catalog = createCatalog({
       store: createPgCatalogStore(db.pool),
       directory,
@@ -362,10 +362,11 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         recordOfferFlag: (input) => ledger.recordOfferFlag(db.pool, input),
       },
       endpoints: async (offerId) => {
+        // `undefined` (no endpoint) is not remembered: a registration is picked up at once.
         const hit = endpointCache.get(offerId);
-        if (hit !== undefined && Date.now() - hit.at < config.routingCacheMs) return hit.endpoint;
+        if (hit !== undefined) return hit;
         const endpoint = await lookupEndpoint(offerId);
-        if (config.routingCacheMs > 0) endpointCache.set(offerId, { endpoint, at: Date.now() });
+        if (endpoint !== undefined) endpointCache.set(offerId, endpoint);
         return endpoint;
       },
       upstream: upstreamChat,

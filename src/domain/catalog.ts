@@ -1,6 +1,7 @@
 import type { Hex } from "viem";
 import { GatewayError } from "./errors.js";
 import { isHex32, normalizeHex } from "./hex.js";
+import { createTtlCache } from "./ttl-cache.js";
 
 export const modelStatuses = ["pending", "active", "paused", "retired"] as const;
 export type ModelStatus = (typeof modelStatuses)[number];
@@ -160,7 +161,7 @@ export function createCatalog(deps: {
   const { store, directory } = deps;
   const routingCacheMs = deps.routingCacheMs ?? 0;
   const now = deps.now ?? Date.now;
-  const views = new Map<Hex, { view: Promise<RoutingView>; at: number }>();
+  const views = createTtlCache<Hex, Promise<RoutingView>>({ ttlMs: routingCacheMs, now });
   const getModel = async (ref: string): Promise<ModelRecord> => {
     const modelId = directory.resolve(ref);
     const model = modelId === undefined ? undefined : await store.getModel(modelId);
@@ -174,13 +175,13 @@ export function createCatalog(deps: {
     async routingView(ref) {
       const modelId = directory.resolve(ref);
       const cached = modelId === undefined ? undefined : views.get(modelId);
-      if (cached !== undefined && now() - cached.at < routingCacheMs) return cached.view;
+      if (cached !== undefined) return cached;
       const view = (async () => {
         const model = await getModel(ref);
         return { model, offers: await store.listOffers(model.modelId) };
       })();
-      if (modelId !== undefined && routingCacheMs > 0) {
-        views.set(modelId, { view, at: now() });
+      if (modelId !== undefined) {
+        views.set(modelId, view);
         // A failed read is not reused.
         view.catch(() => views.delete(modelId));
       }
