@@ -40,7 +40,7 @@ import { createQuoteService } from "./connect/quote-service.js";
 import { createSettlementService } from "./connect/settlement-service.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import { createHealthMonitor, type EndpointSecret, type HealthMonitor } from "./domain/health.js";
-import { createInference, type QuoteRecord, type UpstreamChat } from "./domain/inference.js";
+import { createInference, type QuoteRecord, type UpstreamChat } from "./domain/chat/index.js";
 import { createRegistrationService, openEndpoint } from "./domain/registration.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
 import { createSettlementFlusher, reconcile, type SettlementFlusher } from "./domain/settlement.js";

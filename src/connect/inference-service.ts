@@ -14,7 +14,7 @@ import {
 } from "../../gen/gateway/v1/inference_pb.js";
 import type { RequestRecord } from "../adapters/pg/requests.js";
 import { GatewayError } from "../domain/errors.js";
-import type { ChatEvent, Inference } from "../domain/inference.js";
+import type { ChatEvent, Inference } from "../domain/chat/index.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
 import { readPermitBalance, type PermitLedger } from "../domain/permit-balance.js";
 import type { PermitReader } from "../domain/permits.js";

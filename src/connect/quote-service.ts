@@ -2,7 +2,7 @@ import { create } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { CreateQuoteResponseSchema, QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { GatewayError } from "../domain/errors.js";
-import type { Inference } from "../domain/inference.js";
+import type { Inference } from "../domain/chat/index.js";
 import { callerKey } from "./context.js";
 
 export function createQuoteService(inference: Inference): ServiceImpl<typeof QuoteService> {

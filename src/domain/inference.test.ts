@@ -12,7 +12,7 @@ import {
   type QuoteStore,
   type UpstreamChat,
   type UpstreamReply,
-} from "./inference.js";
+} from "./chat/index.js";
 import { parseChatRequest, quoteFingerprint } from "./chat-request.js";
 import type { Permit } from "./permits.js";
 

@@ -1,5 +1,5 @@
 import type pg from "pg";
-import type { ChatEvent, IdempotencyClaim, IdempotencyStore } from "../../domain/inference.js";
+import type { ChatEvent, IdempotencyClaim, IdempotencyStore } from "../../domain/chat/index.js";
 
 export type Queryable = Pick<pg.Pool, "query">;
 

@@ -1,5 +1,5 @@
 import type { Hex } from "viem";
-import type { QuoteRecord } from "../../domain/inference.js";
+import type { QuoteRecord } from "../../domain/chat/index.js";
 import type { Queryable } from "./registrations.js";
 
 /**

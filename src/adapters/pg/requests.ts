@@ -1,5 +1,5 @@
 import type { Hex } from "viem";
-import type { Billing } from "../../domain/inference.js";
+import type { Billing } from "../../domain/chat/index.js";
 import type { Queryable } from "./registrations.js";
 
 export type { Billing };

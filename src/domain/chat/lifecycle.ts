@@ -1,0 +1,160 @@
+import type { Hex } from "viem";
+import type { Closing } from "./metering.js";
+import type { InferenceDeps, Ledger } from "./types.js";
+
+/**
+ * The lifecycle of a request's close: admitted (reserved) -> sent -> streaming -> closing ->
+ * closed. Every request ends in exactly one durable close; a close the ledger refuses waits in
+ * an outbox that housekeeping writes until the ledger takes it (docs/decisions.md).
+ */
+
+/** A close the ledger has not taken yet, kept until it does. */
+export interface PendingClose {
+  readonly finalize: Parameters<Ledger["finalize"]>[0];
+  readonly flag: { readonly offerId: Hex; readonly reason: string } | undefined;
+}
+
+/**
+ * Attempts after the first for recording a completed answer's charge at once (about 0.7 s);
+ * after them the close waits in the outbox for housekeeping, as every refused close does.
+ */
+export const completionRetries = 3;
+
+export async function withRetries<T>(retries: number, attempt: () => Promise<T>): Promise<T> {
+  for (let i = 0; ; i++) {
+    try {
+      return await attempt();
+    } catch (error) {
+      if (i >= retries) throw error;
+      await new Promise((resolve) => setTimeout(resolve, Math.min(100 * 2 ** i, 8_000)));
+    }
+  }
+}
+
+/**
+ * The closes of this process's requests: written once each, and those the ledger refuses kept
+ * in an outbox until housekeeping writes them (`retry`).
+ */
+export interface Closes {
+  /** Writes a close and its offer flag; the close is exactly-once, so a retry never charges twice. */
+  write(close: PendingClose): Promise<{ creditsCharged: bigint }>;
+  /** Keeps a close the ledger refused, for {@link retry}. */
+  enqueue(close: PendingClose): void;
+  retry(): Promise<{ written: number; pending: number }>;
+  /** Marks a completed answer whose close is about to be written (record reads wait for it). */
+  recording(requestId: string): () => void;
+  whenRecorded(requestId: string): Promise<void>;
+  /** Waits for closes being written, then tries the outbox a few times (graceful shutdown). */
+  drain(): Promise<void>;
+}
+
+export function createCloses(deps: Pick<InferenceDeps, "ledger" | "clock">): Closes {
+  const outbox = new Map<Hex, PendingClose>();
+  // Completed answers whose final state is being recorded, by request id.
+  const recording = new Map<string, Promise<void>>();
+  const write = async (close: PendingClose): Promise<{ creditsCharged: bigint }> => {
+    const result = await deps.ledger.finalize(close.finalize);
+    if (close.flag !== undefined) {
+      await deps.ledger.recordOfferFlag({
+        ...close.flag,
+        requestId: close.finalize.requestId,
+        now: deps.clock(),
+      });
+    }
+    return result;
+  };
+  const retry = async (): Promise<{ written: number; pending: number }> => {
+    let written = 0;
+    for (const [requestId, close] of [...outbox]) {
+      try {
+        await write(close);
+        outbox.delete(requestId);
+        written++;
+      } catch {
+        // Still refused: the next round tries again.
+      }
+    }
+    return { written, pending: outbox.size };
+  };
+  return {
+    write,
+    enqueue: (close) => void outbox.set(close.finalize.requestId, close),
+    retry,
+    recording(requestId) {
+      let done = () => {};
+      recording.set(requestId, new Promise<void>((resolve) => (done = resolve)));
+      return () => {
+        recording.delete(requestId);
+        done();
+      };
+    },
+    whenRecorded: (requestId) => recording.get(requestId) ?? Promise.resolve(),
+    async drain() {
+      while (recording.size > 0) await Promise.all(recording.values());
+      for (let round = 0; outbox.size > 0 && round < 5; round++) {
+        if ((await retry()).pending > 0) await new Promise((r) => setTimeout(r, 500));
+      }
+    },
+  };
+}
+
+/**
+ * One request's close: decided once (`decided`), in memory first (a completed answer goes to
+ * the client before its write), then written through {@link Closes}, or kept in the outbox.
+ * `beforeWrite` is what must land first (the request's `streaming` mark).
+ */
+export function createRequestClose(options: {
+  readonly closes: Closes;
+  readonly requestId: Hex;
+  readonly clock: () => number;
+  readonly beforeWrite: () => Promise<unknown> | undefined;
+}) {
+  const { closes, requestId } = options;
+  let decided = false;
+  let pending: Closing | undefined;
+  let recorded: (() => void) | undefined;
+  return {
+    /** A close was decided (written, being written, or in the outbox). */
+    get decided(): boolean {
+      return decided;
+    },
+    /** A completed answer reported to the client whose close is not written yet. */
+    get pending(): Closing | undefined {
+      return pending;
+    },
+    /** The answer is complete and reported: its close is recorded next (or by the finally). */
+    answered(c: Closing): void {
+      pending = c;
+      recorded = closes.recording(requestId);
+    },
+    /** Makes a closing durable: the reservation becomes its charge, exactly once. */
+    async record(c: Closing, retries = 0): Promise<{ creditsCharged: bigint }> {
+      decided = true;
+      pending = undefined;
+      const close: PendingClose = {
+        finalize: {
+          requestId,
+          status: c.status,
+          inputTokens: c.usage.inputTokens,
+          outputTokens: c.usage.outputTokens,
+          creditsCharged: c.charge,
+          billing: c.billing,
+          usageSource: c.usageSource,
+          ...(c.error === undefined ? {} : { error: c.error }),
+          now: options.clock(),
+        },
+        flag: c.aboveQuote ? { offerId: c.offerId, reason: "usage_above_quote" } : undefined,
+      };
+      try {
+        await options.beforeWrite();
+        return await withRetries(retries, () => closes.write(close));
+      } catch {
+        closes.enqueue(close);
+        return { creditsCharged: c.charge };
+      } finally {
+        recorded?.();
+        recorded = undefined;
+      }
+    },
+  };
+}

@@ -1,0 +1,114 @@
+import type { Hex } from "viem";
+import type { Tariff } from "../catalog.js";
+import { priceCredits } from "../pricing.js";
+import type { Billing } from "./types.js";
+
+/**
+ * Metering: the usage a provider reported (or the gateway's own count) and the charge it makes,
+ * one implementation for every path of the pipeline.
+ */
+
+export interface Usage {
+  readonly inputTokens: bigint;
+  readonly outputTokens: bigint;
+}
+
+export function usageOf(value: unknown): Usage | undefined {
+  const usage = (
+    value as { usage?: { prompt_tokens?: unknown; completion_tokens?: unknown } } | null
+  )?.usage;
+  if (usage === undefined || usage === null) return undefined;
+  const { prompt_tokens: p, completion_tokens: c } = usage;
+  if (
+    !Number.isSafeInteger(p) ||
+    !Number.isSafeInteger(c) ||
+    (p as number) < 0 ||
+    (c as number) < 0
+  )
+    return undefined;
+  return { inputTokens: BigInt(p as number), outputTokens: BigInt(c as number) };
+}
+
+/**
+ * The gateway's own count of output tokens when the provider reports none:
+ * one token per four UTF-8 bytes of generated text (at least one for any text).
+ * It is a fallback, documented in docs/decisions.md, not a tokenizer.
+ */
+export function countTextTokens(text: string): bigint {
+  const bytes = Buffer.byteLength(text, "utf8");
+  return bytes === 0 ? 0n : BigInt(Math.ceil(bytes / 4));
+}
+
+export function completionText(body: unknown): string {
+  const choices = (body as { choices?: { message?: { content?: unknown } }[] } | null)?.choices;
+  if (!Array.isArray(choices)) return "";
+  return choices
+    .map((c) => (typeof c?.message?.content === "string" ? c.message.content : ""))
+    .join("");
+}
+
+export function deltaText(chunk: unknown): string {
+  const choices = (chunk as { choices?: { delta?: { content?: unknown } }[] } | null)?.choices;
+  if (!Array.isArray(choices)) return "";
+  return choices
+    .map((c) => (typeof c?.delta?.content === "string" ? c.delta.content : ""))
+    .join("");
+}
+
+export function isUsageOnly(chunk: unknown): boolean {
+  const c = chunk as { choices?: unknown[]; usage?: unknown } | null;
+  return (
+    Array.isArray(c?.choices) &&
+    c.choices.length === 0 &&
+    c?.usage !== undefined &&
+    c?.usage !== null
+  );
+}
+
+export const minBigint = (a: bigint, b: bigint): bigint => (a < b ? a : b);
+
+/** How a request ends, decided in memory before the ledger records it. */
+export interface Closing {
+  readonly status: "completed" | "failed" | "cancelled";
+  readonly usage: Usage;
+  readonly billing: Billing;
+  readonly usageSource: "provider" | "gateway";
+  readonly error: string | undefined;
+  readonly charge: bigint;
+  /** The provider reported usage priced above the quote's maximum (the offer gets flagged). */
+  readonly aboveQuote: boolean;
+  readonly offerId: Hex;
+}
+
+/**
+ * How a request closes, in memory: the charge of `usage` on `tariff` (the wake fee only for a
+ * completed request whose quote said it wakes the endpoint), capped at `maximum`; a charge of 0
+ * is void whatever the billing asked.
+ */
+export function closingOf(input: {
+  readonly status: "completed" | "failed" | "cancelled";
+  readonly usage: Usage;
+  readonly billing: Billing;
+  readonly usageSource: "provider" | "gateway";
+  readonly error: string | undefined;
+  readonly tariff: Tariff;
+  readonly wakes: boolean;
+  readonly maximum: bigint;
+  readonly offerId: Hex;
+}): Closing {
+  const raw =
+    input.billing === "void"
+      ? 0n
+      : priceCredits(input.tariff, input.usage, input.wakes && input.status === "completed");
+  const charge = minBigint(raw, input.maximum);
+  return {
+    status: input.status,
+    usage: input.usage,
+    billing: charge === 0n ? "void" : input.billing,
+    usageSource: input.usageSource,
+    error: input.error,
+    charge,
+    aboveQuote: raw > input.maximum && input.usageSource === "provider",
+    offerId: input.offerId,
+  };
+}

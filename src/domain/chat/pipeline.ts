@@ -1,0 +1,352 @@
+import { createHash } from "node:crypto";
+import type { Hex } from "viem";
+import type { ModelRecord } from "../catalog.js";
+import { parseChatRequest, quoteFingerprint, type ChatRequest } from "../chat-request.js";
+import { GatewayError } from "../errors.js";
+import { isHex32, normalizeHex } from "../hex.js";
+import { checkPermit } from "../permits.js";
+import { randomHex } from "../random-id.js";
+import { createCloses } from "./lifecycle.js";
+import { serve } from "./relay.js";
+import { rankCandidates, type Candidate } from "./routing.js";
+import {
+  idempotencyLifetimeSeconds,
+  quoteLifetimeSeconds,
+  type ChatEvent,
+  type ChatInput,
+  type Inference,
+  type InferenceDeps,
+  type Ledger,
+  type QuoteRecord,
+} from "./types.js";
+
+/**
+ * The pipeline of a chat request, step by step: validate -> idempotency -> bind the quote ->
+ * permit -> route -> reserve, then the relay (`relay.ts`) and its one close (`lifecycle.ts`).
+ */
+
+function requestFingerprint(input: ChatInput): string {
+  return createHash("sha256")
+    .update(input.body)
+    .update("\0")
+    .update(input.permitId ?? "")
+    .update("\0")
+    .update(input.quoteId ?? "")
+    .digest("hex");
+}
+
+export function createInference(deps: InferenceDeps): Inference {
+  const newId = deps.newId ?? ((): Hex => `0x${randomHex(32)}`);
+
+  const resolve = (req: ChatRequest) => deps.catalog.routingView(req.model);
+  const closes = createCloses(deps);
+
+  const createQuote = async (input: {
+    apiKeyId: string;
+    body: Uint8Array;
+  }): Promise<QuoteRecord> => {
+    const req = parseChatRequest(input.body, { maxBytes: deps.bodyLimitBytes });
+    const now = deps.clock();
+    const { model, offers } = await resolve(req);
+    const [best] = rankCandidates(offers, model, req, [req.offer], now);
+    if (best === undefined) throw noEligibleOffer(req);
+    const quote = quoteRecord(newId(), input.apiKeyId, req, model, best, now, false);
+    await deps.quotes.insert(quote);
+    return quote;
+  };
+
+  function quoteRecord(
+    quoteId: Hex,
+    apiKeyId: string,
+    req: ChatRequest,
+    model: ModelRecord,
+    c: Candidate,
+    now: number,
+    internal: boolean,
+  ): QuoteRecord {
+    return {
+      quoteId,
+      apiKeyId,
+      model: req.model,
+      modelId: model.modelId,
+      offerId: c.offer.offerId,
+      tariffVersion: c.offer.tariff.version,
+      inputTokens: c.inputTokens,
+      maxOutputTokens: c.maxOutputTokens,
+      wakesEndpoint: c.wakes,
+      maximumCredits: c.maximumCredits,
+      fingerprint: quoteFingerprint(req),
+      createdAt: now,
+      expiresAt: now + quoteLifetimeSeconds,
+      internal,
+      usedBy: null,
+    };
+  }
+
+  function noEligibleOffer(req: ChatRequest): GatewayError {
+    return new GatewayError(
+      "no_eligible_offer",
+      req.offer === undefined
+        ? `no verified, active offer of '${req.model.slice(0, 200)}' can serve this request now`
+        : `offer ${req.offer} cannot serve this request now (not active, verified and registered for this model)`,
+    );
+  }
+
+  /** Checks a supplied quote, in the order DESIGN.md gives; returns it bound to its offer. */
+  async function boundQuote(quoteId: string, apiKeyId: string, req: ChatRequest, now: number) {
+    if (!isHex32(quoteId)) throw new GatewayError("invalid_hex", "X-Gateway-Quote must be a Hex32");
+    const quote = await deps.quotes.get(normalizeHex(quoteId));
+    if (quote === undefined || quote.apiKeyId !== apiKeyId || quote.internal) {
+      throw new GatewayError("quote_not_found", `quote ${quoteId} does not exist`);
+    }
+    // The stored expiry decides (quotes are made with createdAt + quoteLifetimeSeconds).
+    if (now > quote.expiresAt) {
+      throw new GatewayError("quote_expired", `quote ${quoteId} expired at ${quote.expiresAt}`);
+    }
+    if (quote.fingerprint !== quoteFingerprint(req)) {
+      throw new GatewayError(
+        "quote_mismatch",
+        "the request differs from the quoted one in model, messages, output limit, tools, tool choice or response format",
+      );
+    }
+    if (quote.usedBy !== null)
+      throw new GatewayError("quote_used", `quote ${quoteId} has already been used`);
+    return quote;
+  }
+
+  async function* chat(input: ChatInput): AsyncGenerator<ChatEvent, void, undefined> {
+    const req = parseChatRequest(input.body, { maxBytes: deps.bodyLimitBytes });
+    const key = input.idempotencyKey;
+    if (
+      key !== undefined &&
+      (key.length === 0 || key.length > 255 || !/^[\x21-\x7e]+$/.test(key))
+    ) {
+      throw new GatewayError(
+        "invalid_request",
+        "Idempotency-Key must be 1 to 255 visible ASCII characters",
+      );
+    }
+    const now = deps.clock();
+    if (key !== undefined) {
+      const claim = await deps.idempotency.claim({
+        apiKeyId: input.apiKeyId,
+        key,
+        fingerprint: requestFingerprint(input),
+        now,
+        expiresAt: now + idempotencyLifetimeSeconds,
+      });
+      if (claim.state === "in_progress") {
+        throw new GatewayError(
+          "idempotency_in_progress",
+          "a request with this Idempotency-Key is still in progress",
+        );
+      }
+      if (claim.state === "mismatch") {
+        throw new GatewayError(
+          "idempotency_key_reused",
+          "this Idempotency-Key was used with a different request",
+        );
+      }
+      if (claim.state === "completed") {
+        yield* replay(claim.events);
+        return;
+      }
+    }
+
+    const events: ChatEvent[] = [];
+    let started = false;
+    try {
+      for await (const event of run(req, input, now)) {
+        if (event.type === "started") started = true;
+        if (key !== undefined) {
+          events.push(event);
+          // Stored before the last event is handed on: a consumer may stop reading right after it.
+          if (event.type === "completed") await storeResult(input, key, events);
+        }
+        yield event;
+      }
+    } catch (error) {
+      if (key !== undefined) {
+        // Nothing reached the client: the key is free for a corrected retry. Once the
+        // answer began, its outcome (and any partial charge) is the key's for good.
+        if (!started) await deps.idempotency.release({ apiKeyId: input.apiKeyId, key });
+        else {
+          const failure = error instanceof GatewayError ? error : undefined;
+          events.push({
+            type: "failed",
+            code:
+              failure?.code === "upstream_unavailable" ? "upstream_unavailable" : "upstream_error",
+            message: failure?.message ?? "the answer was interrupted",
+          });
+          await storeResult(input, key, events);
+        }
+      }
+      throw error;
+    }
+  }
+
+  async function storeResult(input: ChatInput, key: string, events: ChatEvent[]) {
+    const first = events[0];
+    if (first?.type !== "started") return;
+    await deps.idempotency.complete({
+      apiKeyId: input.apiKeyId,
+      key,
+      requestId: first.requestId,
+      events,
+    });
+  }
+
+  async function* replay(events: readonly ChatEvent[]): AsyncGenerator<ChatEvent, void, undefined> {
+    for (const event of events) {
+      if (event.type === "started") yield { ...event, replayed: true };
+      else if (event.type === "failed") throw new GatewayError(event.code, event.message);
+      else yield event;
+    }
+  }
+
+  async function* run(
+    req: ChatRequest,
+    input: ChatInput,
+    now: number,
+  ): AsyncGenerator<ChatEvent, void, undefined> {
+    // 1. Quote first: a stale or foreign quote is refused before anything else happens.
+    const quote =
+      input.quoteId === undefined
+        ? undefined
+        : await boundQuote(input.quoteId, input.apiKeyId, req, now);
+    const { model, offers } = await resolve(req);
+    if (quote !== undefined) {
+      const offer = offers.find((o) => o.offerId === quote.offerId);
+      if (offer === undefined || offer.tariff.version !== quote.tariffVersion) {
+        throw new GatewayError(
+          "tariff_changed",
+          `the tariff of offer ${quote.offerId} changed since the quote`,
+        );
+      }
+    }
+
+    // 2. Permit, read live from the chain.
+    const pinnedOffer = req.offer ?? quote?.offerId;
+    const permit = await checkPermit(input.permitId, deps.permits, {
+      modelId: model.modelId,
+      pinnedOfferId: pinnedOffer,
+      now,
+    });
+
+    // 3. Route.
+    const pins = [req.offer, quote?.offerId, permit.offerId];
+    const candidates = rankCandidates(offers, model, req, pins, now);
+    if (candidates.length === 0) throw noEligibleOffer(req);
+    const failover = pins.every((p) => p === undefined);
+
+    // 4. Reserve the maximum, durably, before any upstream call.
+    const requestId = newId();
+    let chosen: Candidate | undefined;
+    let quoteId: Hex | undefined;
+    let maximumCredits = 0n;
+    for (const c of quote === undefined ? candidates : candidates.slice(0, 1)) {
+      const internal =
+        quote === undefined
+          ? quoteRecord(newId(), input.apiKeyId, req, model, c, now, true)
+          : undefined;
+      const q = quote ?? internal!;
+      const result = await reserveOrVoid(requestId, {
+        requestId,
+        apiKeyId: input.apiKeyId,
+        model: req.model,
+        modelId: model.modelId,
+        offerId: c.offer.offerId,
+        permitId: permit.permitId,
+        quoteId: q.quoteId,
+        stream: req.stream,
+        maximumCredits: q.maximumCredits,
+        tariffVersion: c.offer.tariff.version,
+        inputTokens: q.inputTokens,
+        deposit: permit.deposit,
+        chainSettled: permit.settled,
+        maxConcurrency: c.offer.maxConcurrency,
+        now,
+        ...(internal === undefined ? {} : { quote: internal }),
+      });
+      if (result.ok) {
+        // What the request pays is what was quoted: the wake fee only if the quote said so,
+        // whatever the prober has seen since.
+        chosen = { ...c, wakes: q.wakesEndpoint };
+        quoteId = q.quoteId;
+        maximumCredits = q.maximumCredits;
+        break;
+      }
+      if (result.reason === "insufficient_credits") {
+        throw new GatewayError(
+          "insufficient_credits",
+          `permit ${permit.permitId} cannot cover this request's maximum of ${q.maximumCredits} credits`,
+        );
+      }
+      if (result.reason === "quote_used")
+        throw new GatewayError("quote_used", `quote ${q.quoteId} has already been used`);
+      // offer_at_capacity: the next offer, if routing may choose one.
+      if (!failover) break;
+    }
+    if (chosen === undefined || quoteId === undefined) {
+      throw new GatewayError(
+        "offer_at_capacity",
+        "every eligible offer is at its max_concurrency; retry shortly",
+      );
+    }
+
+    yield* serve(
+      { deps, closes },
+      {
+        req,
+        input,
+        permit,
+        requestId,
+        quoteId,
+        maximumCredits,
+        chosen,
+        candidates,
+        failover,
+      },
+    );
+  }
+
+  /**
+   * The reservation, or a clear 503. When the call fails its outcome is unknown (a COMMIT whose
+   * answer was lost): the request is closed as failed and void, which does nothing if nothing
+   * was committed, so a reservation that did land is released at once rather than by the
+   * orphan rule a minute later. No provider is called either way.
+   */
+  async function reserveOrVoid(
+    requestId: Hex,
+    input: Parameters<Ledger["reserve"]>[0],
+  ): ReturnType<Ledger["reserve"]> {
+    try {
+      return await deps.ledger.reserve(input);
+    } catch (error) {
+      await deps.ledger
+        .finalize({
+          requestId,
+          status: "failed",
+          inputTokens: 0n,
+          outputTokens: 0n,
+          creditsCharged: 0n,
+          billing: "void",
+          usageSource: "gateway",
+          error: "reservation failed",
+          now: deps.clock(),
+        })
+        .catch(() => undefined);
+      throw new GatewayError("database_unavailable", "the reservation could not be stored", {
+        cause: error,
+      });
+    }
+  }
+
+  return {
+    createQuote,
+    chat,
+    whenRecorded: (requestId) => closes.whenRecorded(requestId),
+    drain: () => closes.drain(),
+    retryCloses: () => closes.retry(),
+  };
+}

@@ -1,0 +1,376 @@
+import type { Hex } from "viem";
+import { upstreamBody, type ChatRequest } from "../chat-request.js";
+import { GatewayError } from "../errors.js";
+import type { Permit } from "../permits.js";
+import { priceCredits } from "../pricing.js";
+import { completionRetries, createRequestClose, type Closes } from "./lifecycle.js";
+import {
+  closingOf,
+  completionText,
+  countTextTokens,
+  deltaText,
+  isUsageOnly,
+  minBigint,
+  usageOf,
+  type Closing,
+  type Usage,
+} from "./metering.js";
+import type { Candidate } from "./routing.js";
+import type {
+  Billing,
+  ChatCompleted,
+  ChatEvent,
+  ChatInput,
+  InferenceDeps,
+  UpstreamReply,
+} from "./types.js";
+
+/**
+ * The relay: one admitted request through its provider (failing over before the first byte
+ * where routing may), its answer metered event by event, and its one close.
+ */
+
+const encoder = new TextEncoder();
+
+/** What the relay needs of the pipeline. */
+export interface RelayContext {
+  readonly deps: InferenceDeps;
+  readonly closes: Closes;
+}
+
+/**
+ * One call to an offer's provider, up to its response headers. A connection failure or a
+ * 5xx is `retryable` (another offer may serve); a 4xx is the provider refusing this request,
+ * which no other offer would answer differently.
+ */
+export async function callProvider(
+  deps: Pick<InferenceDeps, "endpoints" | "upstream">,
+  offerId: Hex,
+  req: ChatRequest,
+  signal: AbortSignal,
+): Promise<{ reply: UpstreamReply } | { failure: GatewayError; retryable: boolean }> {
+  const endpoint = await deps.endpoints(offerId);
+  if (endpoint === undefined) {
+    return {
+      failure: new GatewayError("upstream_unavailable", "the offer has no registered endpoint"),
+      retryable: true,
+    };
+  }
+  let reply: UpstreamReply;
+  try {
+    reply = await deps.upstream(endpoint, upstreamBody(req), { signal });
+  } catch (error) {
+    const failure =
+      error instanceof GatewayError
+        ? error
+        : new GatewayError("upstream_unavailable", "the provider could not be reached");
+    return { failure, retryable: true };
+  }
+  if (reply.status >= 200 && reply.status < 300) return { reply };
+  await reply.discard();
+  return {
+    failure: new GatewayError("upstream_error", `the provider answered HTTP ${reply.status}`),
+    retryable: reply.status >= 500,
+  };
+}
+
+export interface Served {
+  req: ChatRequest;
+  input: ChatInput;
+  permit: Permit;
+  requestId: Hex;
+  quoteId: Hex;
+  maximumCredits: bigint;
+  chosen: Candidate;
+  candidates: Candidate[];
+  failover: boolean;
+}
+
+export async function* serve(
+  ctx: RelayContext,
+  s: Served,
+): AsyncGenerator<ChatEvent, void, undefined> {
+  const { deps } = ctx;
+  const { req, input, requestId, quoteId } = s;
+  let current = s.chosen;
+  let maximumCredits = s.maximumCredits;
+  const inputBound = current.inputTokens;
+  // Whether the request went to a provider: a client that leaves before that is charged
+  // nothing (DESIGN.md: input is charged only once the provider has the request).
+  let dispatched = false;
+  // Metered so far (streams): the finally block below needs them when the consumer stops early.
+  let delivered = 0n;
+  let provided: Usage | undefined;
+  /** What a closing charges, in memory: the answer can go out before the ledger write. */
+  const close = (
+    status: "completed" | "failed" | "cancelled",
+    usage: Usage,
+    billing: Billing,
+    usageSource: "provider" | "gateway",
+    error?: string,
+  ): Closing =>
+    closingOf({
+      status,
+      usage,
+      billing,
+      usageSource,
+      error,
+      tariff: current.offer.tariff,
+      wakes: current.wakes,
+      maximum: maximumCredits,
+      offerId: current.offer.offerId,
+    });
+  // pending -> streaming is written while the answer flows; a closing waits for it.
+  let marking: Promise<unknown> | undefined;
+  const lifecycle = createRequestClose({
+    closes: ctx.closes,
+    requestId,
+    clock: deps.clock,
+    beforeWrite: () => marking,
+  });
+  /** Decides and records a close now (the paths that end without a complete answer). */
+  const closeAs = async (
+    status: "completed" | "failed" | "cancelled",
+    usage: Usage,
+    billing: Billing,
+    usageSource: "provider" | "gateway",
+    error?: string,
+  ) => lifecycle.record(close(status, usage, billing, usageSource, error));
+
+  const abort = new AbortController();
+  const onClientAbort = () => abort.abort(input.signal.reason);
+  if (input.signal.aborted) onClientAbort();
+  else input.signal.addEventListener("abort", onClientAbort, { once: true });
+
+  try {
+    // 5. Call the provider; before the first byte a connection error or a 5xx may fail over.
+    const tried = new Set<Hex>();
+    let reply: UpstreamReply | undefined;
+    for (;;) {
+      tried.add(current.offer.offerId);
+      if (input.signal.aborted) throw input.signal.reason;
+      dispatched = true;
+      const attempt = await callProvider(deps, current.offer.offerId, req, abort.signal);
+      if (input.signal.aborted) throw input.signal.reason;
+      if ("reply" in attempt) {
+        reply = attempt.reply;
+        break;
+      }
+      if (!attempt.retryable) throw attempt.failure;
+      const { failure } = attempt;
+      const next = s.failover ? s.candidates.find((c) => !tried.has(c.offer.offerId)) : undefined;
+      if (next === undefined)
+        throw new GatewayError("upstream_error", `${failure.message}; no other offer could serve`);
+      const switched = await deps.ledger.switchOffer({
+        requestId,
+        offerId: next.offer.offerId,
+        maximumCredits: next.maximumCredits,
+        tariffVersion: next.offer.tariff.version,
+        maxConcurrency: next.offer.maxConcurrency,
+        deposit: s.permit.deposit,
+        chainSettled: s.permit.settled,
+      });
+      if (!switched)
+        throw new GatewayError("upstream_error", `${failure.message}; no other offer could serve`);
+      current = next;
+      maximumCredits = next.maximumCredits;
+    }
+
+    yield {
+      type: "started",
+      requestId,
+      quoteId,
+      offerId: current.offer.offerId,
+      tariffVersion: current.offer.tariff.version,
+      maximumCredits,
+      stream: req.stream,
+      replayed: false,
+    };
+
+    // 6. Relay and meter.
+    if (!req.stream) {
+      let text: string;
+      try {
+        text = await reply.text();
+      } catch (error) {
+        if (input.signal.aborted) throw error;
+        await closeAs(
+          "failed",
+          { inputTokens: 0n, outputTokens: 0n },
+          "void",
+          "gateway",
+          "the provider failed while answering",
+        );
+        throw error;
+      }
+      let body: unknown;
+      try {
+        body = JSON.parse(text);
+      } catch {
+        await closeAs(
+          "failed",
+          { inputTokens: 0n, outputTokens: 0n },
+          "void",
+          "gateway",
+          "the provider answered invalid JSON",
+        );
+        throw new GatewayError("upstream_error", "the provider answered invalid JSON");
+      }
+      const provided = usageOf(body);
+      const usage = provided ?? {
+        inputTokens: inputBound,
+        outputTokens: countTextTokens(completionText(body)),
+      };
+      const billing: Billing = usage.outputTokens === 0n ? "void" : "billed";
+      const final = close("completed", usage, billing, provided ? "provider" : "gateway");
+      lifecycle.answered(final);
+      yield {
+        type: "chunk",
+        data: encoder.encode(text),
+        metering: { ...usage, credits: final.charge },
+      };
+      yield completed(s, current, usage, final, provided !== undefined);
+      await lifecycle.record(final, completionRetries);
+      return;
+    }
+
+    // A failed write leaves the request pending, which closes the same way: only a definite
+    // "no longer open" stops the answer.
+    let lost = false;
+    marking = deps.ledger.markStreaming(requestId).then(
+      (open) => {
+        lost = !open;
+      },
+      () => undefined,
+    );
+    const lostRequest = () =>
+      new GatewayError(
+        "internal_error",
+        "the gateway closed this request while it was being served (its process looked stopped)",
+      );
+    try {
+      for await (const data of reply.events()) {
+        if (data === "[DONE]") break;
+        let chunk: unknown;
+        try {
+          chunk = JSON.parse(data);
+        } catch {
+          chunk = undefined;
+        }
+        const usage = usageOf(chunk);
+        if (usage !== undefined) provided = usage;
+        if (lost) throw lostRequest();
+        if (isUsageOnly(chunk) && !req.includeUsage) continue;
+        if (deltaText(chunk) !== "") delivered += 1n;
+        const credits = minBigint(
+          priceCredits(
+            current.offer.tariff,
+            { inputTokens: inputBound, outputTokens: delivered },
+            false,
+          ),
+          maximumCredits,
+        );
+        yield {
+          type: "chunk",
+          data: encoder.encode(data),
+          metering: { inputTokens: inputBound, outputTokens: delivered, credits },
+        };
+      }
+    } catch (error) {
+      if (input.signal.aborted) {
+        // The client left: input plus the output produced so far.
+        await closeAs(
+          "cancelled",
+          { inputTokens: provided?.inputTokens ?? inputBound, outputTokens: delivered },
+          "partial",
+          "gateway",
+          "client disconnected",
+        );
+      } else {
+        // The provider failed after the first byte: only the output delivered.
+        await closeAs(
+          "failed",
+          { inputTokens: 0n, outputTokens: delivered },
+          "partial",
+          "gateway",
+          "the provider failed mid-stream",
+        );
+      }
+      throw error instanceof GatewayError
+        ? error
+        : new GatewayError("upstream_error", "the provider failed mid-stream");
+    }
+    await marking;
+    if (lost) {
+      // Never report a charge the record does not hold: the orphan rule closed it void.
+      await closeAs(
+        "failed",
+        { inputTokens: 0n, outputTokens: delivered },
+        "partial",
+        "gateway",
+        "closed by the orphan rule while served",
+      );
+      throw lostRequest();
+    }
+    const usage = provided ?? { inputTokens: inputBound, outputTokens: delivered };
+    const final = close(
+      "completed",
+      usage,
+      usage.outputTokens === 0n ? "void" : "billed",
+      provided ? "provider" : "gateway",
+    );
+    lifecycle.answered(final);
+    yield completed(s, current, usage, final, provided !== undefined);
+    await lifecycle.record(final, completionRetries);
+  } finally {
+    input.signal.removeEventListener("abort", onClientAbort);
+    const pending = lifecycle.pending;
+    if (pending !== undefined) {
+      // The answer was complete and reported; only its record was still to be written.
+      await lifecycle.record(pending, completionRetries);
+    } else if (!lifecycle.decided) {
+      // The consumer stopped early (client gone between events) or a step before the first
+      // byte failed: the reservation still ends, exactly once.
+      // A consumer that stops reading after output began is a client that left, even when its
+      // signal has not fired (yet): input plus the output it was sent, as the policy says.
+      const cancelled = input.signal.aborted || delivered > 0n;
+      const charged = cancelled && (dispatched || delivered > 0n);
+      await closeAs(
+        cancelled ? "cancelled" : "failed",
+        {
+          inputTokens: charged ? (provided?.inputTokens ?? inputBound) : 0n,
+          outputTokens: delivered,
+        },
+        charged ? "partial" : "void",
+        "gateway",
+        !cancelled
+          ? "the provider failed before the first byte"
+          : charged
+            ? "client disconnected"
+            : "client disconnected before the provider got the request",
+      ).catch(() => undefined);
+      abort.abort();
+    }
+  }
+}
+
+function completed(
+  s: Served,
+  offer: Candidate,
+  usage: Usage,
+  final: { charge: bigint; billing: Billing },
+  usageFromProvider: boolean,
+): ChatCompleted {
+  return {
+    type: "completed",
+    requestId: s.requestId,
+    quoteId: s.quoteId,
+    offerId: offer.offer.offerId,
+    tariffVersion: offer.offer.tariff.version,
+    inputTokens: usage.inputTokens,
+    outputTokens: usage.outputTokens,
+    creditsCharged: final.charge,
+    billing: final.billing,
+    usageFromProvider,
+  };
+}

@@ -1,0 +1,225 @@
+/**
+ * The metered chat pipeline: request -> quote -> permit -> route -> reserve ->
+ * upstream -> meter -> close, as separate visible steps (`pipeline.ts`), each request's one
+ * durable close (`lifecycle.ts`), the relay of the provider's answer (`relay.ts`) and its
+ * metering (`metering.ts`). It knows neither HTTP nor protobuf: it yields {@link ChatEvent}s
+ * that the RPC layer turns into stream messages.
+ */
+import type { Hex } from "viem";
+import type { Catalog } from "../catalog.js";
+import type { EndpointSecret } from "../health.js";
+import type { PermitReader } from "../permits.js";
+
+export const quoteLifetimeSeconds = 60;
+export const idempotencyLifetimeSeconds = 24 * 3600;
+
+export type Billing = "billed" | "partial" | "void";
+
+export interface Metering {
+  readonly inputTokens: bigint;
+  readonly outputTokens: bigint;
+  readonly credits: bigint;
+}
+
+export interface ChatStarted {
+  readonly type: "started";
+  readonly requestId: Hex;
+  readonly quoteId: Hex;
+  readonly offerId: Hex;
+  readonly tariffVersion: bigint;
+  readonly maximumCredits: bigint;
+  readonly stream: boolean;
+  readonly replayed: boolean;
+}
+
+export interface ChatChunk {
+  readonly type: "chunk";
+  /** One upstream chunk, byte for byte (an SSE event's data, or the whole JSON body). */
+  readonly data: Uint8Array;
+  readonly metering: Metering;
+}
+
+export interface ChatCompleted {
+  readonly type: "completed";
+  readonly requestId: Hex;
+  readonly quoteId: Hex;
+  readonly offerId: Hex;
+  readonly tariffVersion: bigint;
+  readonly inputTokens: bigint;
+  readonly outputTokens: bigint;
+  readonly creditsCharged: bigint;
+  readonly billing: Billing;
+  readonly usageFromProvider: boolean;
+}
+
+/** Ends a stream that failed after it started; replays re-raise it. */
+export interface ChatFailed {
+  readonly type: "failed";
+  readonly code: "upstream_error" | "upstream_unavailable";
+  readonly message: string;
+}
+
+export type ChatEvent = ChatStarted | ChatChunk | ChatCompleted | ChatFailed;
+
+// ------------------------------------------------------------------------------ ports
+
+export interface QuoteRecord {
+  readonly quoteId: Hex;
+  readonly apiKeyId: string;
+  readonly model: string;
+  readonly modelId: Hex;
+  readonly offerId: Hex;
+  readonly tariffVersion: bigint;
+  readonly inputTokens: bigint;
+  readonly maxOutputTokens: bigint;
+  readonly wakesEndpoint: boolean;
+  readonly maximumCredits: bigint;
+  readonly fingerprint: string;
+  readonly createdAt: number;
+  readonly expiresAt: number;
+  readonly internal: boolean;
+  readonly usedBy: string | null;
+}
+
+export interface QuoteStore {
+  insert(quote: QuoteRecord): Promise<void>;
+  get(quoteId: Hex): Promise<QuoteRecord | undefined>;
+}
+
+export type ReserveRefusal = "insufficient_credits" | "offer_at_capacity" | "quote_used";
+
+/** The reservation ledger (adapters/pg/ledger.ts); each call is one transaction. */
+export interface Ledger {
+  reserve(input: {
+    requestId: Hex;
+    apiKeyId: string;
+    model: string;
+    modelId: Hex;
+    offerId: Hex;
+    permitId: Hex;
+    quoteId: Hex;
+    stream: boolean;
+    maximumCredits: bigint;
+    tariffVersion: bigint;
+    inputTokens: bigint;
+    deposit: bigint;
+    chainSettled: bigint;
+    maxConcurrency: number;
+    now: number;
+    quote?: QuoteRecord;
+  }): Promise<{ ok: true } | { ok: false; reason: ReserveRefusal }>;
+  /**
+   * pending -> streaming. False when the request is no longer open: the orphan rule closed it
+   * (this process looked dead), so this process must stop serving it.
+   */
+  markStreaming(requestId: Hex): Promise<boolean>;
+  finalize(input: {
+    requestId: Hex;
+    status: "completed" | "failed" | "cancelled";
+    inputTokens: bigint;
+    outputTokens: bigint;
+    creditsCharged: bigint;
+    billing: Billing;
+    usageSource: "provider" | "gateway";
+    error?: string;
+    now: number;
+  }): Promise<{ finalized: boolean; creditsCharged: bigint }>;
+  switchOffer(input: {
+    requestId: Hex;
+    offerId: Hex;
+    maximumCredits: bigint;
+    tariffVersion: bigint;
+    maxConcurrency: number;
+    deposit: bigint;
+    chainSettled: bigint;
+  }): Promise<boolean>;
+  recordOfferFlag(input: {
+    offerId: Hex;
+    requestId: Hex;
+    reason: string;
+    now: number;
+  }): Promise<void>;
+}
+
+/** The registered endpoint of an offer, opened (never logged). */
+export type EndpointLookup = (offerId: Hex) => Promise<EndpointSecret | undefined>;
+
+export interface UpstreamReply {
+  readonly status: number;
+  /** The whole body as text (non-streaming answers). */
+  text(): Promise<string>;
+  /** The data of each server-sent event (streaming answers). */
+  events(): AsyncIterable<string>;
+  /** Drops the body (an answer that will not be used). */
+  discard(): Promise<void>;
+}
+
+/** Sends a chat body to a provider; rejects (GatewayError) when no answer header arrives. */
+export type UpstreamChat = (
+  endpoint: EndpointSecret,
+  body: Uint8Array,
+  options: { signal: AbortSignal },
+) => Promise<UpstreamReply>;
+
+export type IdempotencyClaim =
+  | { readonly state: "claimed" }
+  | { readonly state: "in_progress" }
+  | { readonly state: "mismatch" }
+  | { readonly state: "completed"; readonly events: readonly ChatEvent[] };
+
+export interface IdempotencyStore {
+  claim(input: {
+    apiKeyId: string;
+    key: string;
+    fingerprint: string;
+    now: number;
+    expiresAt: number;
+  }): Promise<IdempotencyClaim>;
+  complete(input: {
+    apiKeyId: string;
+    key: string;
+    requestId: Hex;
+    events: readonly ChatEvent[];
+  }): Promise<void>;
+  release(input: { apiKeyId: string; key: string }): Promise<void>;
+}
+
+export interface InferenceDeps {
+  readonly catalog: Catalog;
+  readonly permits: PermitReader;
+  readonly quotes: QuoteStore;
+  readonly ledger: Ledger;
+  readonly endpoints: EndpointLookup;
+  readonly upstream: UpstreamChat;
+  readonly idempotency: IdempotencyStore;
+  /** Unix seconds. */
+  readonly clock: () => number;
+  readonly bodyLimitBytes: number;
+  readonly newId?: () => Hex;
+}
+
+export interface ChatInput {
+  readonly apiKeyId: string;
+  readonly body: Uint8Array;
+  readonly permitId: string | undefined;
+  readonly quoteId: string | undefined;
+  readonly idempotencyKey: string | undefined;
+  readonly signal: AbortSignal;
+}
+
+export interface Inference {
+  createQuote(input: { apiKeyId: string; body: Uint8Array }): Promise<QuoteRecord>;
+  chat(input: ChatInput): AsyncGenerator<ChatEvent, void, undefined>;
+  /**
+   * Settles once this process has recorded the request's final state, if it is recording it
+   * now (a completed answer goes to the client just before its charge is committed).
+   */
+  whenRecorded(requestId: string): Promise<void>;
+  /** Settles when every answer given so far has its final state recorded (graceful shutdown). */
+  drain(): Promise<void>;
+  /**
+   * Writes the closes the ledger refused so far (housekeeping calls it every round): until it
+   * has, their reservations and offer slots stay held.
+   */
+  retryCloses(): Promise<{ written: number; pending: number }>;
+}
