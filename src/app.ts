@@ -370,7 +370,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         return endpoint;
       },
       upstream: upstreamChat,
-      idempotency: createPgIdempotencyStore(db.pool),
+      idempotency: createPgIdempotencyStore(db.pool, { instanceId }),
       clock,
       bodyLimitBytes: config.bodyLimitBytes,
     });

@@ -1,5 +1,6 @@
 import type pg from "pg";
 import type { Logger } from "pino";
+import { releaseOrphanedClaims } from "./adapters/pg/idempotency.js";
 import * as ledger from "./adapters/pg/ledger.js";
 
 export interface HousekeepingOptions {
@@ -19,9 +20,15 @@ export interface Housekeeping {
   /**
    * One round: this process's heartbeat, the closes its outbox holds, then the orphan rule
    * (heartbeat first, so that after an outage this process's own requests are not taken for
-   * orphans before their closes land). Times are the database's.
+   * orphans before their closes land), and the idempotency claims dead processes held. Times
+   * are the database's.
    */
-  runOnce(): Promise<{ orphans: number; closesWritten: number; closesPending: number }>;
+  runOnce(): Promise<{
+    orphans: number;
+    claimsReleased: number;
+    closesWritten: number;
+    closesPending: number;
+  }>;
   start(): void;
   /** Stops the timer and waits for a round in progress. */
   stop(): Promise<void>;
@@ -48,7 +55,19 @@ export function createHousekeeping(options: HousekeepingOptions): Housekeeping {
     }
     const orphans = await ledger.reconcileOrphans(pool, { staleAfterSeconds });
     if (orphans > 0) logger.warn({ orphans }, "reconciled requests of a stopped gateway process");
-    return { orphans, closesWritten: closes.written, closesPending: closes.pending };
+    const claimsReleased = await releaseOrphanedClaims(pool, { staleAfterSeconds });
+    if (claimsReleased > 0) {
+      logger.warn(
+        { claimsReleased },
+        "released idempotency keys held by a stopped gateway process",
+      );
+    }
+    return {
+      orphans,
+      claimsReleased,
+      closesWritten: closes.written,
+      closesPending: closes.pending,
+    };
   };
 
   return {

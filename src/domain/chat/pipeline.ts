@@ -153,39 +153,57 @@ export function createInference(deps: InferenceDeps): Inference {
       }
     }
 
+    // The events handed to the client so far, and whether the key is done with: its result
+    // stored (the completed answer, or how an answer that began ended) or the key released.
+    // Once only: a stored completed result is never followed by a failed one, whatever fails
+    // after it (the consumer stopping, the close's record throwing).
     const events: ChatEvent[] = [];
     let started = false;
+    let keyDone = key === undefined;
+    // An answer that ended without completing: nothing reached the client, and the key is free
+    // for a corrected retry; or the answer began, and its outcome (any partial charge
+    // included) is the key's for good.
+    const finishInterrupted = async (error: unknown) => {
+      if (keyDone || key === undefined) return;
+      keyDone = true;
+      if (!started) {
+        await deps.idempotency.release({ apiKeyId: input.apiKeyId, key });
+        return;
+      }
+      const failure = error instanceof GatewayError ? error : undefined;
+      await storeResult(input, key, [
+        ...events,
+        {
+          type: "failed",
+          code:
+            failure?.code === "upstream_unavailable" ? "upstream_unavailable" : "upstream_error",
+          message: failure?.message ?? "the answer was interrupted",
+        },
+      ]);
+    };
     try {
       for await (const event of run(req, input, now)) {
         if (event.type === "started") started = true;
-        if (key !== undefined) {
-          events.push(event);
+        if (key !== undefined && !keyDone) {
           // Stored before the last event is handed on: a consumer may stop reading right after it.
-          if (event.type === "completed") await storeResult(input, key, events);
+          if (event.type === "completed") {
+            await storeResult(input, key, [...events, event]);
+            keyDone = true;
+          }
+          events.push(event);
         }
         yield event;
       }
     } catch (error) {
-      if (key !== undefined) {
-        // Nothing reached the client: the key is free for a corrected retry. Once the
-        // answer began, its outcome (and any partial charge) is the key's for good.
-        if (!started) await deps.idempotency.release({ apiKeyId: input.apiKeyId, key });
-        else {
-          const failure = error instanceof GatewayError ? error : undefined;
-          events.push({
-            type: "failed",
-            code:
-              failure?.code === "upstream_unavailable" ? "upstream_unavailable" : "upstream_error",
-            message: failure?.message ?? "the answer was interrupted",
-          });
-          await storeResult(input, key, events);
-        }
-      }
+      await finishInterrupted(error);
       throw error;
+    } finally {
+      // The consumer stopped reading before the answer completed (no error reached us).
+      await finishInterrupted(undefined);
     }
   }
 
-  async function storeResult(input: ChatInput, key: string, events: ChatEvent[]) {
+  async function storeResult(input: ChatInput, key: string, events: readonly ChatEvent[]) {
     const first = events[0];
     if (first?.type !== "started") return;
     await deps.idempotency.complete({
