@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
-import { createCatalog, ModelDirectory, type ModelRecord, type OfferRecord } from "./catalog.js";
+import { createCatalog, ModelDirectory, type ModelRecord, type OfferRecord } from "../catalog.js";
 import {
   createInference,
   type ChatEvent,
@@ -9,8 +9,8 @@ import {
   type IdempotencyStore,
   type Ledger,
   type UpstreamReply,
-} from "./chat/index.js";
-import type { Permit } from "./permits.js";
+} from "./index.js";
+import type { Permit } from "../permits.js";
 
 // Idempotency keys through the chat pipeline, against in-memory ports (issue 10, defect 7): a
 // key's result is stored once; a stored completed result is never followed by a failed one.

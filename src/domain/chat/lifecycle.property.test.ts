@@ -1,9 +1,9 @@
 import fc from "fast-check";
 import type { Hex } from "viem";
 import { expect, it } from "vitest";
-import { createCatalog, ModelDirectory, type ModelRecord, type OfferRecord } from "./catalog.js";
-import { createInference, type ChatEvent, type Ledger, type UpstreamReply } from "./chat/index.js";
-import type { Permit } from "./permits.js";
+import { createCatalog, ModelDirectory, type ModelRecord, type OfferRecord } from "../catalog.js";
+import { createInference, type ChatEvent, type Ledger, type UpstreamReply } from "./index.js";
+import type { Permit } from "../permits.js";
 
 // The request lifecycle under random interleavings of client aborts, upstream failures, database
 // failures and recovery, and the loss of the serving process (the orphan rule closing its

@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
-import { createCatalog, ModelDirectory, type ModelRecord, type OfferRecord } from "./catalog.js";
-import { GatewayError } from "./errors.js";
+import { createCatalog, ModelDirectory, type ModelRecord, type OfferRecord } from "../catalog.js";
+import { GatewayError } from "../errors.js";
 import {
   createInference,
   type ChatCompleted,
@@ -12,9 +12,9 @@ import {
   type QuoteStore,
   type UpstreamChat,
   type UpstreamReply,
-} from "./chat/index.js";
-import { parseChatRequest, quoteFingerprint } from "./chat-request.js";
-import type { Permit } from "./permits.js";
+} from "./index.js";
+import { parseChatRequest, quoteFingerprint } from "../chat-request.js";
+import type { Permit } from "../permits.js";
 
 // The pipeline against in-memory ports: what the integration suites cannot provoke on demand.
 
