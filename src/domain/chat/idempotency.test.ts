@@ -1,6 +1,12 @@
-import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
-import { createCatalog, ModelDirectory, type ModelRecord, type OfferRecord } from "../catalog.js";
+import {
+  now,
+  offerA,
+  permitId,
+  testCatalog,
+  testOffer,
+  testPermit,
+} from "../../../test/helpers/chat-market.js";
 import {
   createInference,
   type ChatEvent,
@@ -10,59 +16,9 @@ import {
   type Ledger,
   type UpstreamReply,
 } from "./index.js";
-import type { Permit } from "../permits.js";
 
 // Idempotency keys through the chat pipeline, against in-memory ports (issue 10, defect 7): a
 // key's result is stored once; a stored completed result is never followed by a failed one.
-
-const modelId = `0x${"11".repeat(32)}` as Hex;
-const permitId = `0x${"33".repeat(32)}` as Hex;
-const offerId = `0x${"0a".repeat(32)}` as Hex;
-const now = 1_800_000_000;
-
-const model: ModelRecord = {
-  modelId,
-  creator: `0x${"01".repeat(20)}`,
-  creditToken: `0x${"02".repeat(20)}`,
-  repository: "r",
-  revision: "v1",
-  task: "chat",
-  poolId: `0x${"03".repeat(32)}`,
-  positionTokenId: 1n,
-  status: "active",
-  activeOffers: 1,
-};
-
-const offer: OfferRecord = {
-  offerId,
-  modelId,
-  owner: `0x${"04".repeat(20)}`,
-  operator: `0x${"04".repeat(20)}`,
-  payout: `0x${"04".repeat(20)}`,
-  status: "active",
-  tariff: { version: 1n, inputPricePerMTok: 1n, outputPricePerMTok: 1n, wakeFee: 0n },
-  region: "eu",
-  hardware: "cpu",
-  maxConcurrency: 8,
-  capabilities: { max_output_tokens: 16 },
-  verifiedAt: now - 10,
-  verificationExpiresAt: now + 1000,
-  endpointRegistered: true,
-  endpointRunning: true,
-  inFlight: 0,
-};
-
-const permit: Permit = {
-  permitId,
-  payer: `0x${"05".repeat(20)}`,
-  modelId,
-  offerId: undefined,
-  deposit: 10n ** 18n,
-  settled: 0n,
-  expiresAt: now + 1000,
-  state: "open",
-  closableAt: undefined,
-};
 
 const chunk = (content: string) =>
   JSON.stringify({ id: "c", object: "chat.completion.chunk", choices: [{ delta: { content } }] });
@@ -134,16 +90,8 @@ function setup(options: { stream: boolean }) {
     discard: async () => undefined,
   };
   const inference = createInference({
-    catalog: createCatalog({
-      directory: new ModelDirectory([{ id: "m", modelId, aliases: [] }]),
-      store: {
-        listModels: async () => [model],
-        getModel: async () => model,
-        listOffers: async () => [offer],
-        getOffer: async () => undefined,
-      },
-    }),
-    permits: { get: async () => permit, invalidate: () => undefined },
+    catalog: testCatalog(() => [testOffer(offerA)]),
+    permits: { get: async () => testPermit(), invalidate: () => undefined },
     quotes: { insert: async () => undefined, get: async () => undefined },
     ledger,
     endpoints: async () => ({ url: "http://provider.test" }),

@@ -1,9 +1,16 @@
 import fc from "fast-check";
 import type { Hex } from "viem";
 import { expect, it } from "vitest";
-import { createCatalog, ModelDirectory, type ModelRecord, type OfferRecord } from "../catalog.js";
-import { createInference, type ChatEvent, type Ledger, type UpstreamReply } from "./index.js";
-import type { Permit } from "../permits.js";
+import {
+  now,
+  offerA,
+  permitId,
+  testCatalog,
+  testOffer,
+  testPermit,
+  upstreamReply,
+} from "../../../test/helpers/chat-market.js";
+import { createInference, type ChatEvent, type Ledger } from "./index.js";
 
 // The request lifecycle under random interleavings of client aborts, upstream failures, database
 // failures and recovery, and the loss of the serving process (the orphan rule closing its
@@ -12,31 +19,8 @@ import type { Permit } from "../permits.js";
 // reservation and offer slot released, 0 <= charge <= maximum, and the permit never promised
 // beyond its deposit at any moment.
 
-const modelId = `0x${"11".repeat(32)}` as Hex;
-const permitId = `0x${"33".repeat(32)}` as Hex;
-const offerId = `0x${"0a".repeat(32)}` as Hex;
-const now = 1_800_000_000;
 const deposit = 5_000n;
-
-const model: ModelRecord = {
-  modelId,
-  creator: `0x${"01".repeat(20)}`,
-  creditToken: `0x${"02".repeat(20)}`,
-  repository: "r",
-  revision: "v1",
-  task: "chat",
-  poolId: `0x${"03".repeat(32)}`,
-  positionTokenId: 1n,
-  status: "active",
-  activeOffers: 1,
-};
-const offer: OfferRecord = {
-  offerId,
-  modelId,
-  owner: `0x${"04".repeat(20)}`,
-  operator: `0x${"04".repeat(20)}`,
-  payout: `0x${"04".repeat(20)}`,
-  status: "active",
+const offer = testOffer(offerA, {
   // 1 credit per input token and 10 per output token (per MTok = 1e6).
   tariff: {
     version: 1n,
@@ -44,27 +28,9 @@ const offer: OfferRecord = {
     outputPricePerMTok: 10_000_000n,
     wakeFee: 0n,
   },
-  region: "eu",
-  hardware: "cpu",
   maxConcurrency: 3,
   capabilities: { max_output_tokens: 8 },
-  verifiedAt: now - 10,
-  verificationExpiresAt: now + 1000,
-  endpointRegistered: true,
-  endpointRunning: true,
-  inFlight: 0,
-};
-const permit: Permit = {
-  permitId,
-  payer: `0x${"05".repeat(20)}`,
-  modelId,
-  offerId: undefined,
-  deposit,
-  settled: 0n,
-  expiresAt: now + 1000,
-  state: "open",
-  closableAt: undefined,
-};
+});
 
 interface Scenario {
   readonly stream: boolean;
@@ -203,17 +169,8 @@ async function runScenarios(scenarios: readonly Scenario[]): Promise<void> {
           usage: { prompt_tokens: 3, completion_tokens: s.chunks },
         };
   const inference = createInference({
-    catalog: createCatalog({
-      directory: new ModelDirectory([{ id: "m", modelId, aliases: [] }]),
-      store: {
-        listModels: async () => [model],
-        getModel: async () => model,
-        listOffers: async () => [offer],
-        getOffer: async () => undefined,
-      },
-      routingCacheMs: 0,
-    }),
-    permits: { get: async () => permit, invalidate: () => undefined },
+    catalog: testCatalog(() => [offer]),
+    permits: { get: async () => testPermit(deposit), invalidate: () => undefined },
     quotes: { insert: async () => undefined, get: async () => undefined },
     ledger,
     endpoints: async () => ({ url: "http://provider.test" }),
@@ -223,13 +180,13 @@ async function runScenarios(scenarios: readonly Scenario[]): Promise<void> {
       const s = scenarios[index]!;
       if (signal.aborted) throw new Error("aborted");
       if (s.upstream === "fail_before")
-        return reply(
+        return upstreamReply(
           503,
           async () => "{}",
           async function* () {},
         );
       const requestId = [...owner].find(([, i]) => i === index)![0];
-      return reply(
+      return upstreamReply(
         200,
         async () => JSON.stringify(completion(s)),
         async function* () {
@@ -308,14 +265,6 @@ async function runScenarios(scenarios: readonly Scenario[]): Promise<void> {
     expect(row.charge! >= 0n && row.charge! <= row.maximum).toBe(true);
   }
   expect(db.totals()).toMatchObject({ reserved: 0n, inFlight: 0 });
-}
-
-function reply(
-  status: number,
-  text: () => Promise<string>,
-  events: () => AsyncGenerator<string, void, undefined>,
-): UpstreamReply {
-  return { status, text, events, discard: async () => undefined };
 }
 
 it("closes every request exactly once and releases everything, whatever fails and when", async () => {

@@ -1,6 +1,17 @@
 import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
-import { createCatalog, ModelDirectory, type ModelRecord, type OfferRecord } from "../catalog.js";
+import type { OfferRecord } from "../catalog.js";
+import {
+  modelId,
+  now,
+  offerA,
+  offerB,
+  permitId,
+  testCatalog,
+  testOffer,
+  testPermit,
+  upstreamReply,
+} from "../../../test/helpers/chat-market.js";
 import { GatewayError } from "../errors.js";
 import {
   createInference,
@@ -14,69 +25,17 @@ import {
   type UpstreamReply,
 } from "./index.js";
 import { parseChatRequest, quoteFingerprint } from "../chat-request.js";
-import type { Permit } from "../permits.js";
 
 // The pipeline against in-memory ports: what the integration suites cannot provoke on demand.
 
-const modelId = `0x${"11".repeat(32)}` as Hex;
-const permitId = `0x${"33".repeat(32)}` as Hex;
-const offerA = `0x${"0a".repeat(32)}` as Hex;
-const offerB = `0x${"0b".repeat(32)}` as Hex;
-const now = 1_800_000_000;
-
-const model: ModelRecord = {
-  modelId,
-  creator: `0x${"01".repeat(20)}`,
-  creditToken: `0x${"02".repeat(20)}`,
-  repository: "r",
-  revision: "v1",
-  task: "chat",
-  poolId: `0x${"03".repeat(32)}`,
-  positionTokenId: 1n,
-  status: "active",
-  activeOffers: 2,
-};
-
 function offer(offerId: Hex, inputPrice: bigint): OfferRecord {
-  return {
-    offerId,
-    modelId,
-    owner: `0x${"04".repeat(20)}`,
-    operator: `0x${"04".repeat(20)}`,
-    payout: `0x${"04".repeat(20)}`,
-    status: "active",
+  return testOffer(offerId, {
     tariff: { version: 1n, inputPricePerMTok: inputPrice, outputPricePerMTok: 1n, wakeFee: 0n },
-    region: "eu",
-    hardware: "cpu",
-    maxConcurrency: 8,
-    capabilities: { max_output_tokens: 16 },
-    verifiedAt: now - 10,
-    verificationExpiresAt: now + 1000,
-    endpointRegistered: true,
-    endpointRunning: true,
-    inFlight: 0,
-  };
+  });
 }
 
-const permit: Permit = {
-  permitId,
-  payer: `0x${"05".repeat(20)}`,
-  modelId,
-  offerId: undefined,
-  deposit: 10n ** 18n,
-  settled: 0n,
-  expiresAt: now + 1000,
-  state: "open",
-  closableAt: undefined,
-};
-
 function reply(status: number, body: object): UpstreamReply {
-  return {
-    status,
-    text: async () => JSON.stringify(body),
-    events: async function* () {},
-    discard: async () => undefined,
-  };
+  return upstreamReply(status, async () => JSON.stringify(body));
 }
 
 /** A chat request of the test model on the test permit, as the service hands it over. */
@@ -122,17 +81,9 @@ function setup(
     usage: { prompt_tokens: 3, completion_tokens: 1 },
   };
   const inference = createInference({
-    catalog: createCatalog({
-      directory: new ModelDirectory([{ id: "m", modelId, aliases: [] }]),
-      store: {
-        listModels: async () => [model],
-        getModel: async () => model,
-        // A is cheaper, so routing tries it first.
-        listOffers: async () => overrides.offers ?? [offer(offerA, 1n), offer(offerB, 2n)],
-        getOffer: async () => undefined,
-      },
-    }),
-    permits: { get: async () => permit, invalidate: () => undefined },
+    // A is cheaper, so routing tries it first.
+    catalog: testCatalog(() => overrides.offers ?? [offer(offerA, 1n), offer(offerB, 2n)]),
+    permits: { get: async () => testPermit(), invalidate: () => undefined },
     quotes: overrides.quotes ?? { insert: async () => undefined, get: async () => undefined },
     ledger,
     endpoints: async (offerId) => ({ url: `http://${offerId.slice(2, 6)}.test` }),
