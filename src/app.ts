@@ -178,6 +178,11 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       url: config.databaseUrl,
       dataDir: options.inMemoryDatabase ? undefined : join(config.stateDir, "pgdata"),
       logger,
+      timeouts: {
+        statementMs: config.dbStatementTimeoutMs,
+        queryMs: config.dbQueryTimeoutMs,
+        connectMs: config.dbConnectTimeoutMs,
+      },
     }));
   try {
     const { applied } = await migrate(db.pool);
@@ -346,7 +351,11 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     };
     // Reservations and finalisations that arrive together share one transaction (group commit,
     // migration 006); unloaded, each still goes at once.
-    const ledgerBatcher = ledger.createLedgerBatcher(db.pool);
+    // Bounded: behind a hung batch, a request fails closed in time (503, no upstream call).
+    const ledgerBatcher = ledger.createLedgerBatcher(db.pool, {
+      maxQueued: config.ledgerQueueMax,
+      maxWaitMs: config.ledgerQueueWaitMs,
+    });
     const inference = createInference({
       catalog,
       permits,

@@ -59,6 +59,16 @@ export interface Config {
   readonly settlementCloseCheckMs: number;
   /** The flusher lease's length; a flusher that stops renewing it loses it after this. */
   readonly settlementLeaseSeconds: number;
+  /** PostgreSQL: the server cancels a statement running longer than this. */
+  readonly dbStatementTimeoutMs: number;
+  /** PostgreSQL: the client gives up on a query unanswered for this long (a dead connection). */
+  readonly dbQueryTimeoutMs: number;
+  /** PostgreSQL: the longest wait for a free pooled connection. */
+  readonly dbConnectTimeoutMs: number;
+  /** Ledger writes (reservations, closes) waiting for their batch before new ones are refused. */
+  readonly ledgerQueueMax: number;
+  /** How long a ledger write may wait for its batch before it is refused (503, never sent). */
+  readonly ledgerQueueWaitMs: number;
 }
 
 export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -196,6 +206,11 @@ export function parseConfig(env: Env): Config {
     settlementCloseMarginSeconds: int("SETTLEMENT_CLOSE_MARGIN_SECONDS", 600, 0, 86_400),
     settlementCloseCheckMs: int("SETTLEMENT_CLOSE_CHECK_MS", 5000, 50, 3_600_000),
     settlementLeaseSeconds: int("SETTLEMENT_LEASE_SECONDS", 30, 2, 3600),
+    dbStatementTimeoutMs: int("DB_STATEMENT_TIMEOUT_MS", 5000, 100, 3_600_000),
+    dbQueryTimeoutMs: int("DB_QUERY_TIMEOUT_MS", 10_000, 100, 3_600_000),
+    dbConnectTimeoutMs: int("DB_CONNECT_TIMEOUT_MS", 5000, 100, 600_000),
+    ledgerQueueMax: int("LEDGER_QUEUE_MAX", 4096, 1, 1_000_000),
+    ledgerQueueWaitMs: int("LEDGER_QUEUE_WAIT_MS", 2000, 10, 600_000),
   };
   config.probeStaleMs = int("PROBE_STALE_MS", config.probeIntervalMs * 2, 50, 86_400_000);
   if (problems.length > 0) throw new ConfigError(problems);

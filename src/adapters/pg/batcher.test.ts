@@ -142,4 +142,37 @@ describe("natural batcher", () => {
     expect(() => createBatcher({ run, maxBatch: 0 })).toThrow(RangeError);
     expect(() => createBatcher({ run, maxInFlight: 1.5 })).toThrow(RangeError);
   });
+
+  it("refuses a submit beyond maxQueued at once, without sending it", async () => {
+    const { calls, run } = manualRun<number, number>();
+    const batcher = createBatcher({ run, maxQueued: 2 });
+    const first = batcher.submit(0); // in flight
+    const queued = [batcher.submit(1), batcher.submit(2)];
+    await expect(batcher.submit(3)).rejects.toMatchObject({
+      name: "BatcherOverloadError",
+      reason: "queue_full",
+    });
+    calls[0]!.settle([ok(0)]);
+    await flush();
+    calls[1]!.settle([ok(1), ok(2)]);
+    expect(await Promise.all([first, ...queued])).toEqual([0, 1, 2]);
+    expect(calls.map((c) => c.items)).toEqual([[0], [1, 2]]);
+  });
+
+  it("refuses an item that waited maxWaitMs behind a hung batch, and never sends it", async () => {
+    const { calls, run } = manualRun<number, number>();
+    const batcher = createBatcher({ run, maxWaitMs: 30 });
+    const hung = batcher.submit(0);
+    const waiting = batcher.submit(1);
+    await expect(waiting).rejects.toMatchObject({ reason: "wait_timeout" });
+    expect(batcher.stats().queued).toBe(0);
+    calls[0]!.settle([ok(0)]);
+    expect(await hung).toBe(0);
+    await flush();
+    // Item 1 was never sent: the only batch after the hung one is the next submit's.
+    const next = batcher.submit(2);
+    calls[1]!.settle([ok(2)]);
+    expect(await next).toBe(2);
+    expect(calls.map((c) => c.items)).toEqual([[0], [2]]);
+  });
 });

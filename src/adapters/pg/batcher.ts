@@ -19,6 +19,25 @@ export interface BatcherOptions<I, R> {
   readonly maxBatch?: number;
   /** The most batches in flight at once (default 1). */
   readonly maxInFlight?: number;
+  /** The most items waiting for a batch; a submit beyond it is refused at once (default: no bound). */
+  readonly maxQueued?: number;
+  /**
+   * How long an item may wait for a batch (default: no bound). One still waiting then is taken
+   * out of the queue, refused, and never sent: behind a hung batch, a caller fails in time.
+   */
+  readonly maxWaitMs?: number;
+}
+
+/** The batcher refused an item before sending it: nothing of it reached the database. */
+export class BatcherOverloadError extends Error {
+  override readonly name = "BatcherOverloadError";
+  constructor(readonly reason: "queue_full" | "wait_timeout") {
+    super(
+      reason === "queue_full"
+        ? "too many items are waiting for the database"
+        : "the item waited too long for the database",
+    );
+  }
 }
 
 export interface BatcherStats {
@@ -41,11 +60,14 @@ interface Waiting<I, R> {
   readonly item: I;
   readonly resolve: (value: R) => void;
   readonly reject: (error: unknown) => void;
+  timer?: NodeJS.Timeout;
 }
 
 export function createBatcher<I, R>(options: BatcherOptions<I, R>): Batcher<I, R> {
   const maxBatch = options.maxBatch ?? 64;
   const maxInFlight = options.maxInFlight ?? 1;
+  const maxQueued = options.maxQueued ?? Number.POSITIVE_INFINITY;
+  const maxWaitMs = options.maxWaitMs;
   if (!Number.isInteger(maxBatch) || maxBatch < 1) {
     throw new RangeError(`maxBatch must be a positive integer (got ${maxBatch})`);
   }
@@ -62,6 +84,7 @@ export function createBatcher<I, R>(options: BatcherOptions<I, R>): Batcher<I, R
   function pump(): void {
     while (inFlight < maxInFlight && queue.length > 0) {
       const batch = queue.splice(0, maxBatch);
+      for (const w of batch) if (w.timer !== undefined) clearTimeout(w.timer);
       inFlight++;
       batches++;
       items += batch.length;
@@ -98,8 +121,22 @@ export function createBatcher<I, R>(options: BatcherOptions<I, R>): Batcher<I, R
   return {
     submit(item) {
       return new Promise<R>((resolve, reject) => {
-        queue.push({ item, resolve, reject });
+        if (queue.length >= maxQueued) {
+          reject(new BatcherOverloadError("queue_full"));
+          return;
+        }
+        const waiting: Waiting<I, R> = { item, resolve, reject };
+        queue.push(waiting);
         pump();
+        if (maxWaitMs !== undefined && queue.includes(waiting)) {
+          waiting.timer = setTimeout(() => {
+            const at = queue.indexOf(waiting);
+            if (at < 0) return;
+            queue.splice(at, 1);
+            reject(new BatcherOverloadError("wait_timeout"));
+          }, maxWaitMs);
+          waiting.timer.unref();
+        }
       });
     },
     stats: () => ({ batches, items, queued: queue.length, inFlight }),

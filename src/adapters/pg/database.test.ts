@@ -135,3 +135,21 @@ describeIfPostgres("openDatabase on PostgreSQL", () => {
     await db.close();
   });
 });
+
+describeIfPostgres("openDatabase on PostgreSQL with timeouts", () => {
+  it("cancels a statement that runs longer than the statement timeout", async () => {
+    const test = await createTestDatabase({ migrate: false });
+    const db = await openDatabase({
+      url: test.url!,
+      timeouts: { statementMs: 200, queryMs: 5000, connectMs: 2000 },
+    });
+    try {
+      await expect(db.pool.query("SELECT pg_sleep(2)")).rejects.toThrow(/statement timeout/);
+      const { rows } = await db.pool.query<{ one: number }>("SELECT 1 AS one");
+      expect(rows[0]?.one).toBe(1);
+    } finally {
+      await db.close();
+      await test.drop();
+    }
+  });
+});

@@ -21,6 +21,11 @@ export interface OpenDatabaseOptions {
   /** Where the embedded PGlite keeps its files; in memory when absent. Ignored with `url`. */
   dataDir?: string;
   logger?: DatabaseLogger;
+  /**
+   * PostgreSQL only (the embedded PGlite serves one connection and ignores them): the server's
+   * `statement_timeout`, the client's `query_timeout`, and the wait for a pooled connection.
+   */
+  timeouts?: { statementMs: number; queryMs: number; connectMs: number };
 }
 
 /**
@@ -46,7 +51,7 @@ export class DatabaseOpenError extends Error {
  * local socket so that the same `pg` code talks to it.
  */
 export async function openDatabase(opts: OpenDatabaseOptions = {}): Promise<Database> {
-  if (opts.url !== undefined) return openPostgres(opts.url, opts.logger);
+  if (opts.url !== undefined) return openPostgres(opts.url, opts.logger, opts.timeouts);
   let dataDir: string | undefined;
   if (opts.dataDir !== undefined) {
     dataDir = resolvePath(opts.dataDir);
@@ -56,7 +61,11 @@ export async function openDatabase(opts: OpenDatabaseOptions = {}): Promise<Data
   return servePglite(pglite, { logger: opts.logger, label: dataDir ?? "memory" });
 }
 
-async function openPostgres(url: string, logger: DatabaseLogger | undefined): Promise<Database> {
+async function openPostgres(
+  url: string,
+  logger: DatabaseLogger | undefined,
+  timeouts: OpenDatabaseOptions["timeouts"],
+): Promise<Database> {
   const safeUrl = redactDatabaseUrl(url);
   const password = passwordOf(url);
   let pool: pg.Pool;
@@ -65,7 +74,10 @@ async function openPostgres(url: string, logger: DatabaseLogger | undefined): Pr
       connectionString: url,
       max: 10,
       // Also bounds the wait for a free client when all ten are busy: fail rather than hang.
-      connectionTimeoutMillis: 10_000,
+      connectionTimeoutMillis: timeouts?.connectMs ?? 10_000,
+      ...(timeouts === undefined
+        ? {}
+        : { statement_timeout: timeouts.statementMs, query_timeout: timeouts.queryMs }),
       idleTimeoutMillis: 30_000,
       application_name: "model-market-gateway",
     });

@@ -286,6 +286,10 @@ export interface LedgerBatcherOptions {
   readonly maxBatch?: number;
   /** The most batches in flight at once, per kind (default 1). */
   readonly maxInFlight?: number;
+  /** Items waiting per kind before a submit is refused (backpressure; default: no bound). */
+  readonly maxQueued?: number | undefined;
+  /** How long an item may wait for its batch before it is refused, never sent (default: no bound). */
+  readonly maxWaitMs?: number | undefined;
 }
 
 /** {@link reserve} and {@link finalize}, batched. */
@@ -314,15 +318,18 @@ export function createLedgerBatcher(
   if (maxBatch > MAX_LEDGER_BATCH) {
     throw new RangeError(`maxBatch must be at most ${MAX_LEDGER_BATCH} (got ${maxBatch})`);
   }
+  const bounds = { maxQueued: options.maxQueued, maxWaitMs: options.maxWaitMs };
   const reserves = createBatcher<ReserveArgs, ReserveResult>({
     run: (items) => reserveBatch(pool, items),
     maxBatch,
     maxInFlight: options.maxInFlight,
+    ...bounds,
   });
   const closes = createBatcher<CloseArgs, FinalizeResult>({
     run: (items) => closeBatch(pool, items),
     maxBatch,
     maxInFlight: options.maxInFlight,
+    ...bounds,
   });
   return {
     reserve: async (input) => reserves.submit(reserveArgs(input)),

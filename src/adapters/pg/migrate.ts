@@ -43,6 +43,8 @@ export async function migrate(
   const client = await pool.connect();
   let broken: Error | undefined;
   try {
+    // A migration (or the wait for another process's) may outlast the pool's statement timeout.
+    await client.query("SET statement_timeout = 0");
     await client.query(`SELECT pg_advisory_lock(${MIGRATION_LOCK_KEY})`);
     try {
       await client.query(`
@@ -82,6 +84,7 @@ export async function migrate(
       if (broken === undefined) {
         await client
           .query(`SELECT pg_advisory_unlock(${MIGRATION_LOCK_KEY})`)
+          .then(() => client.query("RESET statement_timeout"))
           .catch((err: unknown) => {
             broken = err instanceof Error ? err : new Error(String(err));
           });
