@@ -128,7 +128,8 @@ export function createBatcher<I, R>(options: BatcherOptions<I, R>): Batcher<I, R
         const waiting: Waiting<I, R> = { item, resolve, reject };
         queue.push(waiting);
         pump();
-        if (maxWaitMs !== undefined && queue.includes(waiting)) {
+        // Still waiting (pump takes from the front, so an item it did not take is still the last).
+        if (maxWaitMs !== undefined && queue[queue.length - 1] === waiting) {
           waiting.timer = setTimeout(() => {
             const at = queue.indexOf(waiting);
             if (at < 0) return;
