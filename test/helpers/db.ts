@@ -7,7 +7,12 @@ import { gunzipSync } from "node:zlib";
 import { PGlite } from "@electric-sql/pglite";
 import pg from "pg";
 import { describe } from "vitest";
-import { openDatabase, servePglite, type Database } from "../../src/adapters/pg/database.js";
+import {
+  openDatabase,
+  servePglite,
+  type Database,
+  type OpenDatabaseOptions,
+} from "../../src/adapters/pg/database.js";
 import { migrate } from "../../src/adapters/pg/migrate.js";
 
 export interface TestDatabase {
@@ -28,11 +33,15 @@ export const describeIfPostgres = describe.skipIf(!process.env.TEST_DATABASE_URL
 
 /**
  * A fresh, empty database: a new `gw_test_<hex>` database on TEST_DATABASE_URL's server when
- * that is set, else an in-memory PGlite. Migrated unless `migrate: false`.
+ * that is set, else an in-memory PGlite. Migrated unless `migrate: false`. `timeouts` are the
+ * pool's on PostgreSQL (see `openDatabase`); PGlite has none.
  */
-export async function createTestDatabase(opts: { migrate?: boolean } = {}): Promise<TestDatabase> {
+export async function createTestDatabase(
+  opts: { migrate?: boolean; timeouts?: OpenDatabaseOptions["timeouts"] } = {},
+): Promise<TestDatabase> {
   const serverUrl = testDatabaseUrl();
-  const test = serverUrl === undefined ? await createPglite() : await createPostgres(serverUrl);
+  const test =
+    serverUrl === undefined ? await createPglite() : await createPostgres(serverUrl, opts.timeouts);
   if (opts.migrate !== false) {
     try {
       await migrate(test.db.pool);
@@ -44,14 +53,20 @@ export async function createTestDatabase(opts: { migrate?: boolean } = {}): Prom
   return test;
 }
 
-async function createPostgres(serverUrl: string): Promise<TestDatabase> {
+async function createPostgres(
+  serverUrl: string,
+  timeouts: OpenDatabaseOptions["timeouts"],
+): Promise<TestDatabase> {
   const name = `gw_test_${randomBytes(6).toString("hex")}`;
   await withAdminClient(serverUrl, (c) => c.query(`CREATE DATABASE ${name}`));
   const url = new URL(serverUrl);
   url.pathname = `/${name}`;
   let db: Database;
   try {
-    db = await openDatabase({ url: url.toString() });
+    db = await openDatabase({
+      url: url.toString(),
+      ...(timeouts === undefined ? {} : { timeouts }),
+    });
   } catch (err) {
     await withAdminClient(serverUrl, (c) => c.query(`DROP DATABASE IF EXISTS ${name}`));
     throw err;

@@ -70,7 +70,6 @@ export async function startTestStack(
   const demo = await seedDemoMarket(clients, roles);
   const catalogFile = join(dir, "catalog.json");
   await writeFile(catalogFile, JSON.stringify({ models: demo.catalog }));
-  const database = await createTestDatabase();
   const operatorToken = `op_${randomBytes(16).toString("hex")}`;
   const config = parseConfig({
     RPC_URL: anvil.rpcUrl,
@@ -87,6 +86,21 @@ export async function startTestStack(
     LOG_LEVEL: "debug",
     ...env,
   });
+  // The gateway is handed the test database, so the pool timeouts it would set itself are set
+  // here, when a suite asks for them (the other suites keep the helper's plain pool).
+  const database = await createTestDatabase(
+    ["DB_STATEMENT_TIMEOUT_MS", "DB_QUERY_TIMEOUT_MS", "DB_CONNECT_TIMEOUT_MS"].some(
+      (key) => key in env,
+    )
+      ? {
+          timeouts: {
+            statementMs: config.dbStatementTimeoutMs,
+            queryMs: config.dbQueryTimeoutMs,
+            connectMs: config.dbConnectTimeoutMs,
+          },
+        }
+      : {},
+  );
   const logs = new LogCapture();
   const logger = createLogger(config.logLevel, logs);
   const start = () =>

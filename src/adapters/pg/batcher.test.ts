@@ -175,4 +175,39 @@ describe("natural batcher", () => {
     expect(await next).toBe(2);
     expect(calls.map((c) => c.items)).toEqual([[0], [2]]);
   });
+
+  it("lets an item sent before maxWaitMs keep its batch's outcome, however late it comes", async () => {
+    const { calls, run } = manualRun<number, number>();
+    const batcher = createBatcher({ run, maxWaitMs: 30 });
+    const first = batcher.submit(0);
+    const second = batcher.submit(1); // queued behind the first
+    calls[0]!.settle([ok(0)]);
+    await flush();
+    expect(calls.map((c) => c.items)).toEqual([[0], [1]]); // sent well within its 30 ms
+    await new Promise((r) => setTimeout(r, 60));
+    calls[1]!.settle([ok(1)]);
+    expect(await Promise.all([first, second])).toEqual([0, 1]);
+  });
+
+  it("with maxQueued 0 sends what can go at once and refuses what would wait", async () => {
+    const { calls, run } = manualRun<number, number>();
+    const batcher = createBatcher({ run, maxQueued: 0 });
+    const first = batcher.submit(0);
+    await expect(batcher.submit(1)).rejects.toMatchObject({ reason: "queue_full", sent: false });
+    calls[0]!.settle([ok(0)]);
+    expect(await first).toBe(0);
+    await flush();
+    const next = batcher.submit(2);
+    calls[1]!.settle([ok(2)]);
+    expect(await next).toBe(2);
+    expect(calls.map((c) => c.items)).toEqual([[0], [2]]);
+  });
+
+  it("refuses a negative or fractional maxQueued and a negative or infinite maxWaitMs", () => {
+    const run = () => Promise.resolve([]);
+    expect(() => createBatcher({ run, maxQueued: -1 })).toThrow(RangeError);
+    expect(() => createBatcher({ run, maxQueued: 1.5 })).toThrow(RangeError);
+    expect(() => createBatcher({ run, maxWaitMs: -1 })).toThrow(RangeError);
+    expect(() => createBatcher({ run, maxWaitMs: Number.POSITIVE_INFINITY })).toThrow(RangeError);
+  });
 });

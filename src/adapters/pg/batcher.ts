@@ -19,18 +19,28 @@ export interface BatcherOptions<I, R> {
   readonly maxBatch?: number;
   /** The most batches in flight at once (default 1). */
   readonly maxInFlight?: number;
-  /** The most items waiting for a batch; a submit beyond it is refused at once (default: no bound). */
+  /**
+   * The most items waiting for a batch (not counting those in flight); a submit that would
+   * have to wait beyond it is refused at once (default: no bound; 0: only what can go at once).
+   */
   readonly maxQueued?: number;
   /**
    * How long an item may wait for a batch (default: no bound). One still waiting then is taken
-   * out of the queue, refused, and never sent: behind a hung batch, a caller fails in time.
+   * out of the queue, refused, and never sent: behind a hung batch, a caller fails in time. An
+   * item already sent is never refused early: it keeps its batch's outcome, whenever that comes
+   * (bound that with the run's own timeouts).
    */
   readonly maxWaitMs?: number;
 }
 
-/** The batcher refused an item before sending it: nothing of it reached the database. */
+/**
+ * The batcher refused an item before sending it: nothing of it reached the database, so its
+ * outcome is known (nothing happened) and there is nothing to undo.
+ */
 export class BatcherOverloadError extends Error {
   override readonly name = "BatcherOverloadError";
+  /** Always false: the item was never sent (callers outside this module test this field). */
+  readonly sent = false;
   constructor(readonly reason: "queue_full" | "wait_timeout") {
     super(
       reason === "queue_full"
@@ -73,6 +83,12 @@ export function createBatcher<I, R>(options: BatcherOptions<I, R>): Batcher<I, R
   }
   if (!Number.isInteger(maxInFlight) || maxInFlight < 1) {
     throw new RangeError(`maxInFlight must be a positive integer (got ${maxInFlight})`);
+  }
+  if (maxQueued !== Number.POSITIVE_INFINITY && (!Number.isInteger(maxQueued) || maxQueued < 0)) {
+    throw new RangeError(`maxQueued must be a non-negative integer (got ${maxQueued})`);
+  }
+  if (maxWaitMs !== undefined && (!Number.isFinite(maxWaitMs) || maxWaitMs < 0)) {
+    throw new RangeError(`maxWaitMs must be a non-negative number (got ${maxWaitMs})`);
   }
   const queue: Waiting<I, R>[] = [];
   let inFlight = 0;
@@ -121,7 +137,9 @@ export function createBatcher<I, R>(options: BatcherOptions<I, R>): Batcher<I, R
   return {
     submit(item) {
       return new Promise<R>((resolve, reject) => {
-        if (queue.length >= maxQueued) {
+        // Only an item that would have to wait is counted against the bound (with a batch
+        // slot free the queue is empty and the item goes at once).
+        if (inFlight >= maxInFlight && queue.length >= maxQueued) {
           reject(new BatcherOverloadError("queue_full"));
           return;
         }

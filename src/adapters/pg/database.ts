@@ -22,8 +22,11 @@ export interface OpenDatabaseOptions {
   dataDir?: string;
   logger?: DatabaseLogger;
   /**
-   * PostgreSQL only (the embedded PGlite serves one connection and ignores them): the server's
-   * `statement_timeout`, the client's `query_timeout`, and the wait for a pooled connection.
+   * PostgreSQL only: the server's `statement_timeout` (set per connection at startup), the
+   * client's `query_timeout`, and the wait for a pooled connection (`connectionTimeoutMillis`;
+   * 10 s without this). Keep `queryMs` above `statementMs`, so that the server cancels a slow
+   * statement and the connection survives; the client's timeout is for a server that cannot
+   * answer at all. The embedded PGlite ignores them (see {@link servePglite}).
    */
   timeouts?: { statementMs: number; queryMs: number; connectMs: number };
 }
@@ -144,6 +147,15 @@ export async function servePglite(
       max: 1,
       // Never drop the one idle connection: reconnecting is where the race below lives.
       idleTimeoutMillis: 0,
+      // No statement, query or connection timeouts (openDatabase's `timeouts` are PostgreSQL
+      // only). PGlite is one connection in this process, so nothing else can hold a lock a
+      // query waits for, and a query is only ever slow because it is working. Every query waits
+      // for the one connection behind all the others, whatever holds it (a migration run, the
+      // indexer's transaction over a block's events): a connectionTimeoutMillis would have to be
+      // larger than the longest such legitimate wait, which nothing bounds, so there is none. A
+      // client-side query_timeout would drop the one connection while PGlite is still running
+      // the query, and the replacement would wait for it anyway. What stays bounded is admission:
+      // the ledger batcher refuses a write still queued after LEDGER_QUEUE_WAIT_MS.
       Client: clientWaitingForFreeSlot(server),
     });
     pool.on("error", (err) => logPoolError(opts.logger, err, undefined));

@@ -12,6 +12,7 @@ import {
   testPermit,
   upstreamReply,
 } from "../../../test/helpers/chat-market.js";
+import { BatcherOverloadError } from "../../adapters/pg/batcher.js";
 import { GatewayError } from "../errors.js";
 import {
   createInference,
@@ -128,6 +129,22 @@ describe("inference pipeline", () => {
     expect(called).toEqual([]);
     expect(finalized).toHaveLength(1);
     expect(finalized[0]).toMatchObject({ status: "failed", billing: "void", creditsCharged: 0n });
+  });
+
+  it("answers 503 database_unavailable without a void close when the reservation was never sent", async () => {
+    const { chat, finalized, called } = setup({
+      ledger: {
+        reserve: async () => {
+          // What the ledger's bounded batcher throws for backpressure.
+          throw new BatcherOverloadError("wait_timeout");
+        },
+      },
+    });
+    const error = await chat().catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(GatewayError);
+    expect((error as GatewayError).code).toBe("database_unavailable");
+    expect(called).toEqual([]);
+    expect(finalized).toEqual([]);
   });
 
   it("fails over on a 5xx before the first byte and bills the offer that answered", async () => {

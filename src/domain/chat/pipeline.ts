@@ -332,7 +332,10 @@ export function createInference(deps: InferenceDeps): Inference {
    * The reservation, or a clear 503. When the call fails its outcome is unknown (a COMMIT whose
    * answer was lost): the request is closed as failed and void, which does nothing if nothing
    * was committed, so a reservation that did land is released at once rather than by the
-   * orphan rule a minute later. No provider is called either way.
+   * orphan rule a minute later. A reservation the ledger refused before sending it (`sent:
+   * false`, backpressure) has a known outcome, nothing, so no close is sent: the 503 is not
+   * delayed by it, and an overloaded database is not given one more write. No provider is
+   * called either way.
    */
   async function reserveOrVoid(
     requestId: Hex,
@@ -341,19 +344,22 @@ export function createInference(deps: InferenceDeps): Inference {
     try {
       return await deps.ledger.reserve(input);
     } catch (error) {
-      await deps.ledger
-        .finalize({
-          requestId,
-          status: "failed",
-          inputTokens: 0n,
-          outputTokens: 0n,
-          creditsCharged: 0n,
-          billing: "void",
-          usageSource: "gateway",
-          error: "reservation failed",
-          now: deps.clock(),
-        })
-        .catch(() => undefined);
+      const neverSent = (error as { sent?: unknown } | null | undefined)?.sent === false;
+      if (!neverSent) {
+        await deps.ledger
+          .finalize({
+            requestId,
+            status: "failed",
+            inputTokens: 0n,
+            outputTokens: 0n,
+            creditsCharged: 0n,
+            billing: "void",
+            usageSource: "gateway",
+            error: "reservation failed",
+            now: deps.clock(),
+          })
+          .catch(() => undefined);
+      }
       throw new GatewayError("database_unavailable", "the reservation could not be stored", {
         cause: error,
       });

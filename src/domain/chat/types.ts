@@ -90,6 +90,11 @@ export type ReserveRefusal = "insufficient_credits" | "offer_at_capacity" | "quo
 
 /** The reservation ledger (adapters/pg/ledger.ts); each call is one transaction. */
 export interface Ledger {
+  /**
+   * Throws when the outcome is unknown (the caller voids the request), or with an error whose
+   * `sent` is false when the reservation was refused before it reached the database
+   * (backpressure: nothing happened, nothing to void). Either way the answer is 503.
+   */
   reserve(input: {
     requestId: Hex;
     apiKeyId: string;
