@@ -11,7 +11,7 @@ import {
   settlementRows,
   testFlusher,
 } from "./helpers/settlement.js";
-import { startChatStack, type TestStack } from "./helpers/stack.js";
+import { eventually, startChatStack, type TestStack } from "./helpers/stack.js";
 /**
  * The sender under faults injected at each of its steps. The gateway here has no settlement key,
  * so nothing settles but the flushers each test makes: a flusher over the real database and the
@@ -137,8 +137,9 @@ describe("settlement sender under faults", () => {
       },
     };
     await expect(flusher(crashing).flush()).rejects.toThrow(/injected crash/);
-    // It was mined (automine), but the gateway has not recorded it.
-    expect((await chainPermit(stack, permitId)).settled).toBe(total);
+    // It is mined (automine; under load the block can land just after the broadcast returns),
+    // but the gateway has not recorded it.
+    await eventually(async () => (await chainPermit(stack, permitId)).settled === total, 5000, 50);
     expect((await batchOf(ids[0]!))?.status).toBe("pending");
 
     let sent = 0;
