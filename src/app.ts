@@ -11,6 +11,7 @@ import { chainSettledTotals, createChainSettlement } from "./adapters/chain/sett
 import { createPgSettlementStore, settledSums } from "./adapters/pg/settlement.js";
 import { createPgIdempotencyStore } from "./adapters/pg/idempotency.js";
 import * as ledger from "./adapters/pg/ledger.js";
+import { createPgLeaseStore } from "./adapters/pg/leases.js";
 import { getQuote, insertQuote } from "./adapters/pg/quotes.js";
 import { getRequest } from "./adapters/pg/requests.js";
 import { getRegisteredEndpoint } from "./adapters/pg/endpoint-health.js";
@@ -40,7 +41,13 @@ import { createQuoteService } from "./connect/quote-service.js";
 import { createSettlementService } from "./connect/settlement-service.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import { createHealthMonitor, type EndpointSecret, type HealthMonitor } from "./domain/health.js";
-import { createInference, type QuoteRecord, type UpstreamChat } from "./domain/chat/index.js";
+import {
+  createInference,
+  type Ledger,
+  type QuoteRecord,
+  type UpstreamChat,
+} from "./domain/chat/index.js";
+import { createLeasedLedger, type LeasedLedger } from "./domain/chat/leases.js";
 import { createRegistrationService, openEndpoint } from "./domain/registration.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
 import { createSettlementFlusher, reconcile, type SettlementFlusher } from "./domain/settlement.js";
@@ -208,6 +215,8 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       maxStalenessMs: config.permitCacheMs,
     });
     const instanceId = `gw_${randomBytes(8).toString("hex")}`;
+    // Set once the ledger exists; the indexer (started before it) revokes closing permits.
+    const late: { leased?: LeasedLedger } = {};
     // Settlement: the flusher behind SettlementService.Flush, and the close watcher that settles
     // charges of permits in their close grace period without waiting for a worker.
     const flusher: SettlementFlusher | undefined =
@@ -261,7 +270,10 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     const indexer = createIndexer({
       onPermitEvent: (permitId) => permits.invalidate(permitId),
       onCatalogChange: () => invalidateRouting(),
-      onPermitClosing: () => settleClosingSoon(),
+      onPermitClosing: (permitIds) => {
+        for (const permitId of permitIds) late.leased?.revokePermit(permitId);
+        settleClosingSoon();
+      },
       client: chain,
       market: config.marketAddress,
       pool: db.pool,
@@ -356,6 +368,31 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       maxQueued: config.ledgerQueueMax,
       maxWaitMs: config.ledgerQueueWaitMs,
     });
+    const perRequest: Ledger = {
+      reserve: (input) => ledgerBatcher.reserve({ ...input, instanceId }),
+      markStreaming: (requestId) => ledger.markStreaming(db.pool, requestId),
+      finalize: (input) => ledgerBatcher.finalize(input),
+      switchOffer: (input) => ledger.switchOffer(db.pool, input),
+      recordOfferFlag: (input) => ledger.recordOfferFlag(db.pool, input),
+    };
+    // Plain requests are admitted against reservation leases; their records and closes are
+    // written in batches (migration 010).
+    const leased = config.reservationLeases
+      ? createLeasedLedger({
+          store: createPgLeaseStore(db.pool, {
+            maxQueued: config.ledgerQueueMax,
+            maxWaitMs: config.ledgerQueueWaitMs,
+          }),
+          fallback: perRequest,
+          instanceId,
+          clock,
+          staleAfterSeconds: config.orphanAfterSeconds,
+          maxQueued: config.ledgerQueueMax,
+          maxWaitMs: config.ledgerQueueWaitMs,
+        })
+      : undefined;
+    late.leased = leased;
+    leased?.start();
     const inference = createInference({
       catalog,
       permits,
@@ -363,13 +400,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         insert: (quote) => insertQuote(db.pool, quote),
         get: async (quoteId) => (await getQuote(db.pool, quoteId)) as QuoteRecord | undefined,
       },
-      ledger: {
-        reserve: (input) => ledgerBatcher.reserve({ ...input, instanceId }),
-        markStreaming: (requestId) => ledger.markStreaming(db.pool, requestId),
-        finalize: (input) => ledgerBatcher.finalize(input),
-        switchOffer: (input) => ledger.switchOffer(db.pool, input),
-        recordOfferFlag: (input) => ledger.recordOfferFlag(db.pool, input),
-      },
+      ledger: leased ?? perRequest,
       endpoints: async (offerId) => {
         // `undefined` (no endpoint) is not remembered: a registration is picked up at once.
         const hit = endpointCache.get(offerId);
@@ -389,6 +420,8 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       instanceId,
       logger: logger.child({ component: "housekeeping" }),
       retryCloses: () => inference.retryCloses(),
+      staleAfterSeconds: config.orphanAfterSeconds,
+      intervalMs: config.housekeepingIntervalMs,
     });
     housekeeping.start();
 
@@ -470,6 +503,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
           await listener.close();
           // Answers already given may still be committing their charges: let them land.
           await inference.drain();
+          await leased?.stop();
           await health.stop();
           await indexer.stop();
           await settlementTask;

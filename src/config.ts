@@ -69,6 +69,15 @@ export interface Config {
   readonly ledgerQueueMax: number;
   /** How long a ledger write may wait for its batch before it is refused (503, never sent). */
   readonly ledgerQueueWaitMs: number;
+  /**
+   * Admit plain requests against reservation leases (docs/decisions.md, "Reservation leases");
+   * false: every request reserves alone before its upstream call.
+   */
+  readonly reservationLeases: boolean;
+  /** A gateway process silent this long is dead: its open requests and leases are released. */
+  readonly orphanAfterSeconds: number;
+  /** Between two housekeeping rounds (heartbeat, outbox, orphan rule). */
+  readonly housekeepingIntervalMs: number;
 }
 
 export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -211,6 +220,9 @@ export function parseConfig(env: Env): Config {
     dbConnectTimeoutMs: int("DB_CONNECT_TIMEOUT_MS", 5000, 100, 600_000),
     ledgerQueueMax: int("LEDGER_QUEUE_MAX", 4096, 1, 1_000_000),
     ledgerQueueWaitMs: int("LEDGER_QUEUE_WAIT_MS", 2000, 10, 600_000),
+    reservationLeases: bool("RESERVATION_LEASES", true),
+    orphanAfterSeconds: int("ORPHAN_AFTER_SECONDS", 60, 2, 86_400),
+    housekeepingIntervalMs: int("HOUSEKEEPING_INTERVAL_MS", 10_000, 100, 600_000),
   };
   config.probeStaleMs = int("PROBE_STALE_MS", config.probeIntervalMs * 2, 50, 86_400_000);
   if (problems.length > 0) throw new ConfigError(problems);

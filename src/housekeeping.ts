@@ -1,6 +1,7 @@
 import type pg from "pg";
 import type { Logger } from "pino";
 import { releaseOrphanedClaims } from "./adapters/pg/idempotency.js";
+import { releaseOrphanedLeases } from "./adapters/pg/leases.js";
 import * as ledger from "./adapters/pg/ledger.js";
 
 export interface HousekeepingOptions {
@@ -20,11 +21,13 @@ export interface Housekeeping {
   /**
    * One round: this process's heartbeat, the closes its outbox holds, then the orphan rule
    * (heartbeat first, so that after an outage this process's own requests are not taken for
-   * orphans before their closes land), and the idempotency claims dead processes held. Times
+   * orphans before their closes land), the reservation leases of dead processes, and the
+   * idempotency claims dead processes held. Times
    * are the database's.
    */
   runOnce(): Promise<{
     orphans: number;
+    leasesReleased: number;
     claimsReleased: number;
     closesWritten: number;
     closesPending: number;
@@ -55,6 +58,11 @@ export function createHousekeeping(options: HousekeepingOptions): Housekeeping {
     }
     const orphans = await ledger.reconcileOrphans(pool, { staleAfterSeconds });
     if (orphans > 0) logger.warn({ orphans }, "reconciled requests of a stopped gateway process");
+    // After the requests: a dead holder's leases go back once nothing of it is open any more.
+    const leasesReleased = await releaseOrphanedLeases(pool, { staleAfterSeconds });
+    if (leasesReleased > 0) {
+      logger.warn({ leasesReleased }, "released reservation leases of a stopped gateway process");
+    }
     const claimsReleased = await releaseOrphanedClaims(pool, { staleAfterSeconds });
     if (claimsReleased > 0) {
       logger.warn(
@@ -64,6 +72,7 @@ export function createHousekeeping(options: HousekeepingOptions): Housekeeping {
     }
     return {
       orphans,
+      leasesReleased,
       claimsReleased,
       closesWritten: closes.written,
       closesPending: closes.pending,

@@ -74,6 +74,8 @@ describeIfPostgres("backpressure behind a hung ledger batch", () => {
       ({ stack, fake, chatOffer } = await startChatStack({
         PERMIT_CACHE_MS: "0",
         LEDGER_QUEUE_WAIT_MS: "300",
+        // The per-request reservation's batches; the leases' extensions are tested below.
+        RESERVATION_LEASES: "false",
       }));
     });
     afterAll(async () => {
@@ -124,6 +126,7 @@ describeIfPostgres("backpressure behind a hung ledger batch", () => {
         DB_CONNECT_TIMEOUT_MS: "2000",
         LEDGER_QUEUE_MAX: "1",
         LEDGER_QUEUE_WAIT_MS: "20000",
+        RESERVATION_LEASES: "false",
       }));
     });
     afterAll(async () => {
@@ -172,6 +175,53 @@ describeIfPostgres("backpressure behind a hung ledger batch", () => {
         );
         return permit.reserved === "0" && rows[0]?.in_flight === 0;
       });
+    });
+  });
+
+  describe("a reservation lease whose extension hangs (LEDGER_QUEUE_WAIT_MS)", () => {
+    let stack: TestStack;
+    let fake: FakeUpstream;
+
+    beforeAll(async () => {
+      ({ stack, fake } = await startChatStack({
+        PERMIT_CACHE_MS: "0",
+        LEDGER_QUEUE_WAIT_MS: "300",
+      }));
+    });
+    afterAll(async () => {
+      await fake?.stop();
+      await stack?.close();
+    });
+
+    it("refuses requests waiting for the extension with 503 and no upstream call, then recovers", async () => {
+      const permitId = stack.demo.permitId;
+      await chatOn(stack, permitId); // the permit's ledger row exists
+      // This process's lease goes back when idle: the next request must extend it.
+      await eventually(
+        async () => (await json(await authed(stack, `/v1/permits/${permitId}`))).reserved === "0",
+      );
+      const calls = fake.calls("/v1/chat/completions");
+      const blocker = new pg.Client({ connectionString: stack.database.url! });
+      await blocker.connect();
+      await blocker.query("BEGIN");
+      await blocker.query("SELECT * FROM permit_ledgers WHERE permit_id = $1 FOR UPDATE", [
+        permitId.toLowerCase(),
+      ]);
+      try {
+        const started = Date.now();
+        const refused = await Promise.all([1, 2, 3].map(() => elapsed(chat(stack), started)));
+        for (const { res, ms } of refused) {
+          await expectDatabaseUnavailable(res);
+          expect(ms).toBeGreaterThanOrEqual(250);
+          expect(ms).toBeLessThan(2000);
+        }
+        expect(fake.calls("/v1/chat/completions")).toBe(calls);
+      } finally {
+        await blocker.query("COMMIT");
+        await blocker.end();
+      }
+      expect((await chat(stack)).status).toBe(200);
+      expect(fake.calls("/v1/chat/completions")).toBe(calls + 1);
     });
   });
 });

@@ -174,7 +174,8 @@ describe("permit balance: GET /v1/permits/{id} and InferenceService.GetPermit", 
     let closed: Record<string, unknown> = {};
     await eventually(async () => {
       closed = await balance(permitId);
-      return closed.state === "closed";
+      // (and the lease this process held on it is given back on the close request)
+      return closed.state === "closed" && closed.reserved === "0";
     });
     expect(closed).toMatchObject({
       state: "closed",

@@ -284,6 +284,8 @@ export function createInference(deps: InferenceDeps): Inference {
         chainSettled: permit.settled,
         maxConcurrency: c.offer.maxConcurrency,
         now,
+        durable: quote !== undefined || input.idempotencyKey !== undefined,
+        permitExpiresAt: permit.expiresAt,
         ...(internal === undefined ? {} : { quote: internal }),
       });
       if (result.ok) {
@@ -344,6 +346,8 @@ export function createInference(deps: InferenceDeps): Inference {
     try {
       return await deps.ledger.reserve(input);
     } catch (error) {
+      // The ledger's own answer (a lease refused before anything was sent, a closing permit).
+      if (error instanceof GatewayError) throw error;
       const neverSent = (error as { sent?: unknown } | null | undefined)?.sent === false;
       if (!neverSent) {
         await deps.ledger
@@ -369,7 +373,10 @@ export function createInference(deps: InferenceDeps): Inference {
   return {
     createQuote,
     chat,
-    whenRecorded: (requestId) => closes.whenRecorded(requestId),
+    whenRecorded: async (requestId) => {
+      await closes.whenRecorded(requestId);
+      await deps.ledger.whenWritten?.(requestId);
+    },
     drain: () => closes.drain(),
     retryCloses: () => closes.retry(),
   };

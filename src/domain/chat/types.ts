@@ -112,6 +112,13 @@ export interface Ledger {
     maxConcurrency: number;
     now: number;
     quote?: QuoteRecord;
+    /**
+     * Reserve this request alone, durably, before the call (a supplied quote is single use,
+     * an Idempotency-Key is claimed first); otherwise it may be admitted against a lease.
+     */
+    durable?: boolean;
+    /** The permit's expiry (Unix seconds): a lease on it is given back once it passes. */
+    permitExpiresAt?: number;
   }): Promise<{ ok: true } | { ok: false; reason: ReserveRefusal }>;
   /**
    * pending -> streaming. False when the request is no longer open: the orphan rule closed it
@@ -138,6 +145,8 @@ export interface Ledger {
     deposit: bigint;
     chainSettled: bigint;
   }): Promise<boolean>;
+  /** Settles once a record write of the request still in progress has ended (leases). */
+  whenWritten?(requestId: string): Promise<void>;
   recordOfferFlag(input: {
     offerId: Hex;
     requestId: Hex;

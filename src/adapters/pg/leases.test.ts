@@ -1,0 +1,294 @@
+import type { Hex } from "viem";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { hex32, NOW } from "../../../test/helpers/ledger.js";
+import {
+  createLeasedLedger,
+  type LeasedLedger,
+  type LeaseStore,
+} from "../../domain/chat/leases.js";
+import type { Ledger } from "../../domain/chat/types.js";
+import { GatewayError } from "../../domain/errors.js";
+import { createPgLeaseStore, releaseOrphanedLeases } from "./leases.js";
+import * as ledger from "./ledger.js";
+
+const MAX = 1_000n;
+
+describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
+  let test: TestDatabase;
+  const started: LeasedLedger[] = [];
+
+  beforeAll(async () => {
+    test = await createTestDatabase();
+  });
+  afterAll(async () => {
+    for (const l of started) await l.stop().catch(() => undefined);
+    await test?.drop();
+  });
+
+  /** A process's leased ledger on the test database, with a clock the test moves. */
+  function processLedger(name: string, wrap: (s: LeaseStore) => LeaseStore = (s) => s) {
+    const pool = test.db.pool;
+    const clock = { ms: 0 };
+    const fallback: Ledger = {
+      reserve: (input) => ledger.reserve(pool, { ...input, instanceId: name }),
+      markStreaming: (id) => ledger.markStreaming(pool, id),
+      finalize: (input) => ledger.finalize(pool, input),
+      switchOffer: (input) => ledger.switchOffer(pool, input),
+      recordOfferFlag: (input) => ledger.recordOfferFlag(pool, input),
+    };
+    const leases = createLeasedLedger({
+      store: wrap(createPgLeaseStore(pool)),
+      fallback,
+      instanceId: name,
+      clock: () => NOW,
+      monotonicMs: () => clock.ms,
+      staleAfterSeconds: 60,
+    });
+    started.push(leases);
+    return { leases, clock };
+  }
+
+  function request(permitId: Hex, offerId: Hex, deposit: bigint) {
+    return {
+      requestId: hex32(),
+      apiKeyId: "key_a",
+      model: "org/model",
+      modelId: hex32(),
+      offerId,
+      permitId,
+      quoteId: hex32(),
+      stream: false,
+      maximumCredits: MAX,
+      tariffVersion: 1n,
+      inputTokens: 10n,
+      deposit,
+      chainSettled: 0n,
+      maxConcurrency: 100,
+      now: NOW,
+    };
+  }
+
+  const close = (requestId: Hex, creditsCharged: bigint) => ({
+    requestId,
+    status: "completed" as const,
+    inputTokens: 10n,
+    outputTokens: 20n,
+    creditsCharged,
+    billing: "billed" as const,
+    usageSource: "provider" as const,
+    now: NOW + 1,
+  });
+
+  async function state(permitId: Hex, offerId: Hex) {
+    const q = async (sql: string, id: Hex) =>
+      (await test.db.pool.query<{ v: string | null }>(sql, [id.toLowerCase()])).rows[0]?.v ?? "0";
+    return {
+      ledger: await ledger.permitLedger(test.db.pool, permitId),
+      leased: BigInt(
+        await q("SELECT sum(credits)::text AS v FROM permit_leases WHERE permit_id = $1", permitId),
+      ),
+      inFlight: Number(
+        await q("SELECT in_flight::text AS v FROM offer_loads WHERE offer_id = $1", offerId),
+      ),
+      slots: Number(
+        await q("SELECT sum(slots)::text AS v FROM offer_leases WHERE offer_id = $1", offerId),
+      ),
+    };
+  }
+
+  async function record(id: Hex) {
+    const { rows } = await test.db.pool.query<{
+      status: string;
+      credits_charged: string | null;
+      billing: string | null;
+      leased: boolean;
+    }>("SELECT status, credits_charged, billing, leased FROM inference_requests WHERE id = $1", [
+      id,
+    ]);
+    return rows[0];
+  }
+
+  it("admits against a lease, charges through it in batches, and gives it back when idle", async () => {
+    const { leases, clock } = processLedger("gw_a");
+    const [permitId, offerId] = [hex32(), hex32()];
+    const ids: Hex[] = [];
+    for (let i = 0; i < 3; i++) {
+      const r = request(permitId, offerId, 10_000n);
+      expect(await leases.reserve(r)).toEqual({ ok: true });
+      ids.push(r.requestId);
+    }
+    let s = await state(permitId, offerId);
+    // Leases count among the reservations: the ledger holds exactly what the leases hold.
+    expect(s.ledger.reserved).toBe(s.leased);
+    expect(s.leased).toBeGreaterThanOrEqual(3n * MAX);
+    expect(s.inFlight).toBe(s.slots);
+    for (const id of ids) {
+      expect(await leases.finalize(close(id, 400n))).toEqual({
+        finalized: true,
+        creditsCharged: 400n,
+      });
+      // Exactly once: a second close changes nothing.
+      expect(await leases.finalize(close(id, 400n))).toMatchObject({ creditsCharged: 400n });
+      expect(await record(id)).toMatchObject({
+        status: "completed",
+        credits_charged: "400",
+        leased: true,
+      });
+    }
+    s = await state(permitId, offerId);
+    expect(s.ledger.charged).toBe(1_200n);
+    expect(s.ledger.reserved).toBe(s.leased);
+    clock.ms += 1_500;
+    await leases.tick();
+    s = await state(permitId, offerId);
+    expect(s).toMatchObject({ leased: 0n, inFlight: 0, slots: 0 });
+    expect(s.ledger.reserved).toBe(0n);
+    expect(s.ledger.charged).toBe(1_200n);
+  });
+
+  it("refuses only when the database refuses to extend, and never admits past the deposit", async () => {
+    const a = processLedger("gw_b1");
+    const b = processLedger("gw_b2");
+    const [permitId, offerId] = [hex32(), hex32()];
+    const deposit = 3n * MAX;
+    const held: Hex[] = [];
+    for (const r of [request(permitId, offerId, deposit), request(permitId, offerId, deposit)]) {
+      expect(await a.leases.reserve(r)).toEqual({ ok: true });
+      held.push(r.requestId);
+    }
+    const third = request(permitId, offerId, deposit);
+    expect(await b.leases.reserve(third)).toEqual({ ok: true });
+    // Both processes' leases now cover the deposit: the next request of either is refused.
+    expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({
+      ok: false,
+      reason: "insufficient_credits",
+    });
+    expect(await a.leases.reserve(request(permitId, offerId, deposit))).toEqual({
+      ok: false,
+      reason: "insufficient_credits",
+    });
+    let s = await state(permitId, offerId);
+    expect(s.ledger.reserved + s.ledger.charged).toBeLessThanOrEqual(deposit);
+    // A's requests end void and its lease goes back: B can use those credits now.
+    for (const id of held) await a.leases.finalize({ ...close(id, 0n), billing: "void" });
+    a.clock.ms += 1_500;
+    await a.leases.tick();
+    expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({ ok: true });
+    expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({ ok: true });
+    s = await state(permitId, offerId);
+    expect(s.ledger.reserved).toBe(deposit);
+    expect(s.leased).toBe(deposit);
+  });
+
+  it("admits nothing on a revoked (closing) permit and gives back its free credits at once", async () => {
+    const { leases, clock } = processLedger("gw_c");
+    const [permitId, offerId] = [hex32(), hex32()];
+    const first = request(permitId, offerId, 100n * MAX);
+    // A busy permit: a larger lease (headroom from the recent demand).
+    expect(await leases.reserve(first)).toEqual({ ok: true });
+    await leases.tick();
+    leases.revokePermit(permitId);
+    await expect(leases.reserve(request(permitId, offerId, 100n * MAX))).rejects.toMatchObject({
+      code: "permit_closing",
+    });
+    await leases.tick();
+    let s = await state(permitId, offerId);
+    expect(s.leased).toBe(MAX); // only what the request in flight holds
+    await leases.finalize(close(first.requestId, 250n));
+    clock.ms += 10;
+    await leases.tick();
+    s = await state(permitId, offerId);
+    expect(s.leased).toBe(0n);
+    expect(s.ledger).toMatchObject({ reserved: 0n, charged: 250n });
+  });
+
+  it("releases a dead holder's leases by the orphan rule; a close after that charges nothing", async () => {
+    const { leases } = processLedger("gw_d");
+    const [permitId, offerId] = [hex32(), hex32()];
+    const r = request(permitId, offerId, 10n * MAX);
+    expect(await leases.reserve(r)).toEqual({ ok: true });
+    await leases.whenWritten(r.requestId);
+    // Not yet stale: nothing happens.
+    expect(await releaseOrphanedLeases(test.db.pool, { staleAfterSeconds: 60 })).toBe(0);
+    const later = (await ledger.databaseNow(test.db.pool)) + 120;
+    expect(
+      await ledger.reconcileOrphans(test.db.pool, { staleAfterSeconds: 60, now: later }),
+    ).toBeGreaterThanOrEqual(1);
+    // This test's two leases, and whatever the other tests' processes still hold (all "dead").
+    expect(
+      await releaseOrphanedLeases(test.db.pool, { staleAfterSeconds: 60, now: later }),
+    ).toBeGreaterThanOrEqual(2);
+    let s = await state(permitId, offerId);
+    expect(s).toMatchObject({ leased: 0n, inFlight: 0, slots: 0 });
+    expect(s.ledger.reserved).toBe(0n);
+    // The paused process comes back and closes its request: already void, nothing charged.
+    expect(await leases.finalize(close(r.requestId, 500n))).toEqual({
+      finalized: false,
+      creditsCharged: 0n,
+    });
+    s = await state(permitId, offerId);
+    expect(s.ledger).toMatchObject({ reserved: 0n, charged: 0n });
+    expect(await record(r.requestId)).toMatchObject({ status: "failed", billing: "void" });
+  });
+
+  it("writes the whole record at the close when its first write was lost", async () => {
+    const { leases } = processLedger("gw_e", (store) => ({
+      ...store,
+      open: () => Promise.reject(new Error("connection lost")),
+    }));
+    const [permitId, offerId] = [hex32(), hex32()];
+    const r = request(permitId, offerId, 10n * MAX);
+    expect(await leases.reserve(r)).toEqual({ ok: true });
+    await leases.whenWritten(r.requestId);
+    expect(await record(r.requestId)).toBeUndefined();
+    expect(await leases.finalize(close(r.requestId, 300n))).toEqual({
+      finalized: true,
+      creditsCharged: 300n,
+    });
+    expect(await record(r.requestId)).toMatchObject({
+      status: "completed",
+      credits_charged: "300",
+    });
+    expect((await state(permitId, offerId)).ledger.charged).toBe(300n);
+  });
+
+  it("stops admitting against an epoch the others could take for dead, and starts a new one", async () => {
+    const { leases, clock } = processLedger("gw_f");
+    const [permitId, offerId] = [hex32(), hex32()];
+    const first = request(permitId, offerId, 10n * MAX);
+    expect(await leases.reserve(first)).toEqual({ ok: true });
+    const before = leases.held().holder;
+    // No heartbeat for 50 s (of a 60 s orphan window): the epoch is retired.
+    clock.ms += 50_000;
+    const second = request(permitId, offerId, 10n * MAX);
+    expect(await leases.reserve(second)).toEqual({ ok: true });
+    expect(leases.held().holder).not.toBe(before);
+    for (const r of [first, second]) await leases.finalize(close(r.requestId, 100n));
+    clock.ms += 1_500;
+    await leases.tick();
+    const s = await state(permitId, offerId);
+    expect(s).toMatchObject({ leased: 0n, inFlight: 0, slots: 0 });
+    expect(s.ledger).toMatchObject({ reserved: 0n, charged: 200n });
+  });
+
+  it("keeps the per-request reservation for durable requests", async () => {
+    const { leases } = processLedger("gw_g");
+    const [permitId, offerId] = [hex32(), hex32()];
+    const r = { ...request(permitId, offerId, 10n * MAX), durable: true };
+    // The per-request path consumes the stored quote first; there is none, so it answers as
+    // gw_reserve does. A lease never answers quote_used.
+    expect(await leases.reserve(r)).toEqual({ ok: false, reason: "quote_used" });
+    expect(leases.held().permits.size).toBe(0);
+  });
+
+  it("maps a lease failure to database_unavailable without a request", async () => {
+    const { leases } = processLedger("gw_h", (store) => ({
+      ...store,
+      takePermit: () => Promise.reject(new Error("connection lost")),
+    }));
+    const err = await leases.reserve(request(hex32(), hex32(), 10n * MAX)).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(GatewayError);
+    expect(err).toMatchObject({ code: "database_unavailable", sent: false });
+  });
+});
