@@ -5,7 +5,7 @@ import { permitLedger } from "../src/adapters/pg/ledger.js";
 import { describeIfPostgres } from "./helpers/db.js";
 import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
 import { onboard, openPermit } from "./helpers/market.js";
-import { json, startTestStack, type TestStack } from "./helpers/stack.js";
+import { eventually, json, startTestStack, type TestStack } from "./helpers/stack.js";
 
 describeIfPostgres("two gateway processes sharing one PostgreSQL and one permit", () => {
   let stack: TestStack;
@@ -105,5 +105,31 @@ describeIfPostgres("two gateway processes sharing one PostgreSQL and one permit"
       [permitId],
     );
     expect(BigInt(rows[0]!.total)).toBe(ledger.charged);
+
+    // No credit stranded: once the burst's leases are given back, a sequential run alternating
+    // between the processes spends the rest of the deposit, to within one request's maximum.
+    await eventually(
+      async () => (await permitLedger(stack.database.db.pool, permitId)).reserved === 0n,
+    );
+    let last: { status: number; body: unknown } | undefined;
+    for (let i = 0; i < 2 * K; i++) {
+      const res = await fetch(`${bases[i % 2]}/v1/chat/completions`, {
+        method: "POST",
+        headers: {
+          authorization: `Bearer ${stack.apiKey}`,
+          "content-type": "application/json",
+          "x-gateway-permit": permitId,
+        },
+        body,
+      });
+      last = { status: res.status, body: await json(res) };
+      if (res.status !== 200) break;
+    }
+    expect(last).toMatchObject({ status: 402, body: { error: { code: "insufficient_credits" } } });
+    await eventually(
+      async () => (await permitLedger(stack.database.db.pool, permitId)).reserved === 0n,
+    );
+    const spent = await permitLedger(stack.database.db.pool, permitId);
+    expect(maximum * BigInt(K) - spent.charged).toBeLessThan(maximum);
   });
 });

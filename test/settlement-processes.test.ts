@@ -1,67 +1,11 @@
-import { spawn, type ChildProcess } from "node:child_process";
-import { randomBytes } from "node:crypto";
-import { createInterface } from "node:readline";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { describeIfPostgres } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { openPermit } from "./helpers/market.js";
-import { chainPermit, chatOn, settlementKey, settlementRows } from "./helpers/settlement.js";
+import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
+import { chainPermit, chatOn, settlementRows } from "./helpers/settlement.js";
 import { json, startChatStack, type TestStack } from "./helpers/stack.js";
-
-interface GatewayProcess {
-  readonly child: ChildProcess;
-  readonly url: string;
-}
-
-/** `gateway serve` as its own process on the stack's PostgreSQL and anvil; resolves once it listens. */
-async function serveProcess(stack: TestStack): Promise<GatewayProcess> {
-  const child = spawn(process.execPath, ["--import", "tsx", "src/cli/main.ts", "serve"], {
-    env: {
-      PATH: process.env.PATH,
-      DATABASE_URL: stack.database.url!,
-      ENDPOINT_ENCRYPTION_KEY: randomBytes(32).toString("hex"),
-      RPC_URL: stack.config.rpcUrl,
-      CHAIN_ID: String(stack.config.chainId),
-      MARKET_ADDRESS: stack.config.marketAddress,
-      START_BLOCK: stack.config.startBlock.toString(),
-      CONFIRMATIONS: "0",
-      SETTLEMENT_OPERATOR_TOKEN: stack.operatorToken,
-      SETTLEMENT_PRIVATE_KEY: settlementKey,
-      PROBE_INTERVAL_MS: "600000",
-      HOST: "127.0.0.1",
-      PORT: "0",
-      LOG_LEVEL: "info",
-    },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  const lines = createInterface({ input: child.stdout! });
-  const url = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error("gateway process did not start")), 30_000);
-    child.once("exit", (code) => reject(new Error(`gateway process exited with ${code}`)));
-    lines.on("line", (line) => {
-      try {
-        const entry = JSON.parse(line) as { msg?: string; url?: string };
-        if (entry.msg === "gateway listening" && entry.url !== undefined) {
-          clearTimeout(timer);
-          resolve(entry.url);
-        }
-      } catch {
-        // not a log line
-      }
-    });
-  });
-  return { child, url };
-}
-
-async function stop(p: GatewayProcess | undefined): Promise<void> {
-  if (p === undefined || p.child.exitCode !== null) return;
-  const exited = new Promise((r) => p.child.once("exit", r));
-  p.child.kill("SIGTERM");
-  const timer = setTimeout(() => p.child.kill("SIGKILL"), 10_000);
-  await exited;
-  clearTimeout(timer);
-}
 
 describeIfPostgres("two gateway processes flushing at once", () => {
   let stack: TestStack;
@@ -74,7 +18,7 @@ describeIfPostgres("two gateway processes flushing at once", () => {
     [a, b] = await Promise.all([serveProcess(stack), serveProcess(stack)]);
   }, 60_000);
   afterAll(async () => {
-    await Promise.all([stop(a), stop(b)]);
+    await Promise.all([stopProcess(a), stopProcess(b)]);
     await fake?.stop();
     await stack?.close();
   });

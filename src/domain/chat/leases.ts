@@ -72,7 +72,10 @@ export interface OpenState {
 
 /** adapters/pg/leases.ts. Each take/return is one transaction; record writes are batched. */
 export interface LeaseStore {
-  /** Credits granted (at least `need`, at most `want`), or 0: refused. */
+  /**
+   * Credits granted (at least `need`, at most `want`); 0: refused; -1: refused, but other
+   * holders' leases hold enough that it may fit once they give back their idle part.
+   */
   takePermit(r: PermitLeaseRequest): Promise<bigint>;
   takeOffer(r: OfferLeaseRequest): Promise<number>;
   /** Gives back part of a lease, or all of it ("all": whatever the database holds). */
@@ -134,6 +137,8 @@ interface LeasePool {
   expiresAt: number | undefined;
   /** An extension's outcome is unknown: the database may hold more than `granted`. */
   dirty: boolean;
+  /** When a refusal last waited for other holders' idle leases (monotonic ms). */
+  waitedAt: number;
 }
 
 interface Epoch {
@@ -240,6 +245,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
         recent: 0n,
         expiresAt: undefined,
         dirty: false,
+        waitedAt: Number.NEGATIVE_INFINITY,
       };
       epoch.pools.set(key, pool);
     }
@@ -286,10 +292,18 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
           for (const waiter of pool.queue.splice(0)) settle(waiter).reject(error);
           return;
         }
-        if (granted > 0n) pool.granted += granted;
-        // Refused: the head's need did not fit in what the database has left. (A head that
-        // timed out meanwhile is gone; the next one gets its own answer.)
-        else if (pool.queue[0] === head) settle(pool.queue.shift()!).resolve(false);
+        if (granted > 0n) {
+          pool.granted += granted;
+        } else if (granted < 0n && mono() - pool.waitedAt > 2 * (idleMs + tickMs)) {
+          // Other processes hold enough in leases: ask once more when their idle part is back
+          // (once per window: a queue of requests does not wait once each).
+          pool.waitedAt = mono();
+          await new Promise((resolve) => setTimeout(resolve, idleMs + 2 * tickMs));
+        } else if (pool.queue[0] === head) {
+          // Refused: the head's need does not fit in what the database has left. (A head that
+          // timed out meanwhile is gone; the next one gets its own answer.)
+          settle(pool.queue.shift()!).resolve(false);
+        }
       }
     } finally {
       pool.busy = false;

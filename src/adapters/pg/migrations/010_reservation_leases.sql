@@ -41,7 +41,9 @@ ALTER TABLE inference_requests ADD COLUMN leased boolean NOT NULL DEFAULT false;
 
 -- Takes credits of a permit for `p_holder`: `p_want` if the permit has that much available,
 -- else all that is available if that covers `p_need`, else nothing (the refusal). Returns the
--- credits granted (0 when refused). The availability rule is gw_reserve's.
+-- credits granted; 0 when refused; -1 when refused now but other holders' leases hold enough
+-- that it would fit once they give back what they do not use (they do within about a second
+-- of idleness): the caller may ask once more after that. The availability rule is gw_reserve's.
 CREATE FUNCTION gw_lease_permit(
   p_holder text, p_permit_id text, p_need numeric, p_want numeric, p_deposit numeric,
   p_chain_settled numeric
@@ -68,6 +70,10 @@ BEGIN
   END IF;
   v_available := p_deposit - (l.charged + GREATEST(0, p_chain_settled - l.settled)) - l.reserved;
   IF v_available < p_need THEN
+    IF v_available + (SELECT COALESCE(sum(credits), 0) FROM permit_leases
+                      WHERE permit_id = p_permit_id AND holder <> p_holder) >= p_need THEN
+      RETURN -1;
+    END IF;
     RETURN 0;
   END IF;
   v_grant := LEAST(p_want, v_available);
@@ -80,7 +86,7 @@ END
 $$;
 
 -- Takes slots of an offer for `p_holder`: `p_want`, else all that are free if that covers
--- `p_need`, else none. Returns the slots granted (0 when refused).
+-- `p_need`, else none. Returns the slots granted; 0 when refused; -1 as gw_lease_permit.
 CREATE FUNCTION gw_lease_offer(
   p_holder text, p_offer_id text, p_need integer, p_want integer, p_max_concurrency integer
 ) RETURNS integer LANGUAGE plpgsql AS $$
@@ -103,6 +109,10 @@ BEGIN
     SELECT in_flight INTO v_in_flight FROM offer_loads WHERE offer_id = p_offer_id FOR UPDATE;
   END IF;
   IF p_max_concurrency - v_in_flight < p_need THEN
+    IF p_max_concurrency - v_in_flight + (SELECT COALESCE(sum(slots), 0) FROM offer_leases
+                      WHERE offer_id = p_offer_id AND holder <> p_holder) >= p_need THEN
+      RETURN -1;
+    END IF;
     RETURN 0;
   END IF;
   v_grant := LEAST(p_want, p_max_concurrency - v_in_flight);
@@ -365,5 +375,6 @@ BEGIN
 END
 $$;
 
--- The holders the orphan rule looks at.
+-- The other holders' leases of a permit or an offer (a refusal's second look).
 CREATE INDEX permit_leases_permit ON permit_leases (permit_id);
+CREATE INDEX offer_leases_offer ON offer_leases (offer_id);

@@ -1,0 +1,74 @@
+import { spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import { settlementKey } from "./settlement.js";
+import type { TestStack } from "./stack.js";
+
+/** The stack's endpoint key, so a process can open the endpoints the stack registered. */
+function endpointKey(stack: TestStack): string {
+  if (stack.config.endpointEncryptionKey !== undefined) return stack.config.endpointEncryptionKey;
+  const file = join(stack.config.stateDir, "endpoint-encryption.key");
+  return existsSync(file) ? readFileSync(file, "utf8").trim() : randomBytes(32).toString("hex");
+}
+
+export interface GatewayProcess {
+  readonly child: ChildProcess;
+  readonly url: string;
+}
+
+/** `gateway serve` as its own process on the stack's PostgreSQL and anvil; resolves once it listens. */
+export async function serveProcess(
+  stack: TestStack,
+  env: Record<string, string> = {},
+): Promise<GatewayProcess> {
+  const child = spawn(process.execPath, ["--import", "tsx", "src/cli/main.ts", "serve"], {
+    env: {
+      PATH: process.env.PATH,
+      DATABASE_URL: stack.database.url!,
+      ENDPOINT_ENCRYPTION_KEY: endpointKey(stack),
+      RPC_URL: stack.config.rpcUrl,
+      CHAIN_ID: String(stack.config.chainId),
+      MARKET_ADDRESS: stack.config.marketAddress,
+      START_BLOCK: stack.config.startBlock.toString(),
+      CONFIRMATIONS: "0",
+      SETTLEMENT_OPERATOR_TOKEN: stack.operatorToken,
+      SETTLEMENT_PRIVATE_KEY: settlementKey,
+      PROBE_INTERVAL_MS: "600000",
+      HOST: "127.0.0.1",
+      PORT: "0",
+      LOG_LEVEL: "info",
+      ...(stack.config.catalogFile === undefined ? {} : { CATALOG_FILE: stack.config.catalogFile }),
+      ALLOW_PRIVATE_ENDPOINTS: String(stack.config.allowPrivateEndpoints),
+      ...env,
+    },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const lines = createInterface({ input: child.stdout! });
+  const url = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error("gateway process did not start")), 30_000);
+    child.once("exit", (code) => reject(new Error(`gateway process exited with ${code}`)));
+    lines.on("line", (line) => {
+      try {
+        const entry = JSON.parse(line) as { msg?: string; url?: string };
+        if (entry.msg === "gateway listening" && entry.url !== undefined) {
+          clearTimeout(timer);
+          resolve(entry.url);
+        }
+      } catch {
+        // not a log line
+      }
+    });
+  });
+  return { child, url };
+}
+
+export async function stopProcess(p: GatewayProcess | undefined): Promise<void> {
+  if (p === undefined || p.child.exitCode !== null || p.child.signalCode !== null) return;
+  const exited = new Promise((r) => p.child.once("exit", r));
+  p.child.kill("SIGTERM");
+  const timer = setTimeout(() => p.child.kill("SIGKILL"), 10_000);
+  await exited;
+  clearTimeout(timer);
+}
