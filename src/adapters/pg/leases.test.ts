@@ -2,11 +2,8 @@ import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
 import { hex32, NOW } from "../../../test/helpers/ledger.js";
-import {
-  createLeasedLedger,
-  type LeasedLedger,
-  type LeaseStore,
-} from "../../domain/chat/leases.js";
+import type { LeaseStore } from "../../domain/chat/lease-store.js";
+import { createLeasedLedger, type LeasedLedger } from "../../domain/chat/leases.js";
 import type { Ledger } from "../../domain/chat/types.js";
 import { GatewayError } from "../../domain/errors.js";
 import { createPgLeaseStore, releaseOrphanedLeases } from "./leases.js";

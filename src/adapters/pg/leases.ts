@@ -12,7 +12,7 @@ import type {
   LeaseStore,
   PermitLeaseRequest,
   OfferLeaseRequest,
-} from "../../domain/chat/leases.js";
+} from "../../domain/chat/lease-store.js";
 import { createBatcher, type ItemOutcome } from "./batcher.js";
 import { databaseNow, heartbeat } from "./ledger.js";
 import type { Queryable } from "./registrations.js";

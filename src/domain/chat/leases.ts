@@ -1,6 +1,8 @@
 import type { Hex } from "viem";
 import { GatewayError } from "../errors.js";
-import type { Billing, Ledger } from "./types.js";
+import { createPools, type LeasePool } from "./lease-pool.js";
+import type { LeasedRecord, LeaseStore, OpenState } from "./lease-store.js";
+import type { Ledger } from "./types.js";
 
 /**
  * Reservation leases (docs/decisions.md, "Reservation leases"; migration 010): this process
@@ -16,77 +18,6 @@ import type { Billing, Ledger } from "./types.js";
  * heartbeat fails for so long that other processes could take the epoch for dead (and release
  * its leases), admission against it stops before that can happen and a new epoch begins.
  */
-
-export interface PermitLeaseRequest {
-  readonly holder: string;
-  readonly permitId: Hex;
-  readonly need: bigint;
-  readonly want: bigint;
-  readonly deposit: bigint;
-  readonly chainSettled: bigint;
-}
-
-export interface OfferLeaseRequest {
-  readonly holder: string;
-  readonly offerId: Hex;
-  readonly need: number;
-  readonly want: number;
-  readonly maxConcurrency: number;
-}
-
-/** A leased request's record, as written while its upstream call runs. */
-export interface LeasedRecord {
-  readonly requestId: Hex;
-  readonly apiKeyId: string;
-  readonly holder: string;
-  readonly model: string;
-  readonly modelId: Hex;
-  offerId: Hex;
-  readonly permitId: Hex;
-  readonly quoteId: Hex;
-  readonly stream: boolean;
-  maximumCredits: bigint;
-  tariffVersion: bigint;
-  readonly inputTokens: bigint;
-  readonly createdAt: number;
-}
-
-export interface LeasedClose {
-  readonly record: LeasedRecord;
-  readonly status: "completed" | "failed" | "cancelled";
-  readonly inputTokens: bigint;
-  readonly outputTokens: bigint;
-  readonly creditsCharged: bigint;
-  readonly billing: Billing;
-  readonly usageSource: "provider" | "gateway";
-  readonly error?: string | undefined;
-  readonly now: number;
-}
-
-/** The record write's progress, which the store updates and reads when it sends the batch. */
-export interface OpenState {
-  sent: boolean;
-  skip: boolean;
-  streaming: boolean;
-}
-
-/** adapters/pg/leases.ts. Each take/return is one transaction; record writes are batched. */
-export interface LeaseStore {
-  /**
-   * Credits granted (at least `need`, at most `want`); 0: refused; -1: refused, but other
-   * holders' leases hold enough that it may fit once they give back their idle part.
-   */
-  takePermit(r: PermitLeaseRequest): Promise<bigint>;
-  takeOffer(r: OfferLeaseRequest): Promise<number>;
-  /** Gives back part of a lease, or all of it ("all": whatever the database holds). */
-  returnPermit(holder: string, permitId: Hex, credits: bigint | "all"): Promise<bigint>;
-  returnOffer(holder: string, offerId: Hex, slots: number | "all"): Promise<number>;
-  heartbeat(holder: string): Promise<void>;
-  /** Writes the record unless `state.skip` is set before its batch is sent. */
-  open(record: LeasedRecord, state: OpenState): Promise<void>;
-  markStreaming(requestId: Hex): Promise<void>;
-  close(close: LeasedClose): Promise<{ finalized: boolean; creditsCharged: bigint }>;
-}
 
 export interface LeaseOptions {
   readonly store: LeaseStore;
@@ -107,38 +38,6 @@ export interface LeaseOptions {
   readonly maxQueued?: number | undefined;
   /** How long a request may wait for an extension before it is refused (503, not admitted). */
   readonly maxWaitMs?: number | undefined;
-}
-
-interface Waiter {
-  readonly amount: bigint;
-  readonly take: (need: bigint, want: bigint) => Promise<bigint>;
-  readonly resolve: (admitted: boolean) => void;
-  readonly reject: (error: unknown) => void;
-  timer?: NodeJS.Timeout;
-}
-
-/** A request refused before the database saw anything of it (backpressure). */
-class LeaseWaitError extends Error {
-  override readonly name = "LeaseWaitError";
-  readonly sent = false;
-}
-
-interface LeasePool {
-  readonly kind: "permit" | "offer";
-  readonly id: Hex;
-  readonly epoch: Epoch;
-  granted: bigint;
-  used: bigint;
-  readonly queue: Waiter[];
-  busy: boolean;
-  lastActive: number;
-  admittedInWindow: bigint;
-  recent: bigint;
-  expiresAt: number | undefined;
-  /** An extension's outcome is unknown: the database may hold more than `granted`. */
-  dirty: boolean;
-  /** When a refusal last waited for other holders' idle leases (monotonic ms). */
-  waitedAt: number;
 }
 
 interface Epoch {
@@ -182,7 +81,13 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
   const marginMs = staleMs / 4;
   const idleMs = options.idleMs ?? 1_000;
   const tickMs = options.tickMs ?? 250;
-  const maxQueued = options.maxQueued ?? Number.POSITIVE_INFINITY;
+  const { newPool, acquire, release, pump, rejectAll } = createPools({
+    mono,
+    idleMs,
+    tickMs,
+    maxQueued: options.maxQueued ?? Number.POSITIVE_INFINITY,
+    maxWaitMs: options.maxWaitMs,
+  });
   const requests = new Map<string, LeasedRequest>();
   const revoked = new Set<Hex>();
   const epochs: Epoch[] = [];
@@ -228,115 +133,15 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     return current;
   };
 
+  /** The epoch's pool of a permit or an offer: one per lease row. */
   const poolOf = (epoch: Epoch, kind: LeasePool["kind"], id: Hex): LeasePool => {
     const key = `${kind}:${id}`;
     let pool = epoch.pools.get(key);
     if (pool === undefined) {
-      pool = {
-        kind,
-        id,
-        epoch,
-        granted: 0n,
-        used: 0n,
-        queue: [],
-        busy: false,
-        lastActive: mono(),
-        admittedInWindow: 0n,
-        recent: 0n,
-        expiresAt: undefined,
-        dirty: false,
-        waitedAt: Number.NEGATIVE_INFINITY,
-      };
+      pool = newPool(kind, id, epoch.holder);
       epoch.pools.set(key, pool);
     }
     return pool;
-  };
-
-  const admit = (pool: LeasePool, amount: bigint): void => {
-    pool.used += amount;
-    pool.admittedInWindow += amount;
-    pool.lastActive = mono();
-  };
-
-  /**
-   * What an extension asks for beyond the head request's need: for credits about half a
-   * second of the permit's recent demand, for slots a quarter of those in use. Not the whole
-   * queue: a burst must not take everything from the other processes.
-   */
-  const headroom = (pool: LeasePool): bigint =>
-    pool.kind === "permit" ? pool.recent * 2n : 1n + pool.used / 4n;
-
-  const settle = (waiter: Waiter): Waiter => {
-    if (waiter.timer !== undefined) clearTimeout(waiter.timer);
-    return waiter;
-  };
-
-  const pump = async (pool: LeasePool): Promise<void> => {
-    if (pool.busy) return;
-    pool.busy = true;
-    try {
-      for (;;) {
-        while (pool.queue.length > 0 && pool.granted - pool.used >= pool.queue[0]!.amount) {
-          const waiter = settle(pool.queue.shift()!);
-          admit(pool, waiter.amount);
-          waiter.resolve(true);
-        }
-        const head = pool.queue[0];
-        if (head === undefined) return;
-        const need = head.amount - (pool.granted - pool.used);
-        let granted: bigint;
-        try {
-          granted = await head.take(need, need + headroom(pool));
-        } catch (error) {
-          pool.dirty = true;
-          for (const waiter of pool.queue.splice(0)) settle(waiter).reject(error);
-          return;
-        }
-        if (granted > 0n) {
-          pool.granted += granted;
-        } else if (granted < 0n && mono() - pool.waitedAt > 2 * (idleMs + tickMs)) {
-          // Other processes hold enough in leases: ask once more when their idle part is back
-          // (once per window: a queue of requests does not wait once each).
-          pool.waitedAt = mono();
-          await new Promise((resolve) => setTimeout(resolve, idleMs + 2 * tickMs));
-        } else if (pool.queue[0] === head) {
-          // Refused: the head's need does not fit in what the database has left. (A head that
-          // timed out meanwhile is gone; the next one gets its own answer.)
-          settle(pool.queue.shift()!).resolve(false);
-        }
-      }
-    } finally {
-      pool.busy = false;
-    }
-  };
-
-  const acquire = (pool: LeasePool, amount: bigint, take: Waiter["take"]): Promise<boolean> => {
-    if (pool.queue.length === 0 && pool.granted - pool.used >= amount) {
-      admit(pool, amount);
-      return Promise.resolve(true);
-    }
-    if (pool.queue.length >= maxQueued) {
-      return Promise.reject(new LeaseWaitError("too many requests are waiting for a lease"));
-    }
-    return new Promise<boolean>((resolve, reject) => {
-      const waiter: Waiter = { amount, take, resolve, reject };
-      if (options.maxWaitMs !== undefined) {
-        waiter.timer = setTimeout(() => {
-          const i = pool.queue.indexOf(waiter);
-          if (i < 0) return;
-          pool.queue.splice(i, 1);
-          reject(new LeaseWaitError("the request waited too long for a lease"));
-        }, options.maxWaitMs);
-      }
-      pool.queue.push(waiter);
-      void pump(pool);
-    });
-  };
-
-  const release = (pool: LeasePool, amount: bigint): void => {
-    pool.used -= amount;
-    pool.lastActive = mono();
-    if (pool.queue.length > 0) void pump(pool);
   };
 
   /** A lease error: the request was not admitted (nothing of it reached the database). */
@@ -534,15 +339,15 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     try {
       const free = pool.granted - pool.used;
       if (all) {
-        if (pool.kind === "permit") await store.returnPermit(pool.epoch.holder, pool.id, "all");
-        else await store.returnOffer(pool.epoch.holder, pool.id, "all");
+        if (pool.kind === "permit") await store.returnPermit(pool.holder, pool.id, "all");
+        else await store.returnOffer(pool.holder, pool.id, "all");
         pool.granted = 0n;
         pool.dirty = false;
       } else if (free > 0n) {
         const back =
           pool.kind === "permit"
-            ? await store.returnPermit(pool.epoch.holder, pool.id, free)
-            : BigInt(await store.returnOffer(pool.epoch.holder, pool.id, Number(free)));
+            ? await store.returnPermit(pool.holder, pool.id, free)
+            : BigInt(await store.returnOffer(pool.holder, pool.id, Number(free)));
         pool.granted -= back;
       }
     } finally {
@@ -597,7 +402,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       for (const epoch of epochs) {
         const pool = epoch.pools.get(`permit:${id}`);
         if (pool === undefined) continue;
-        for (const waiter of pool.queue.splice(0)) settle(waiter).reject(permitClosing(permitId));
+        rejectAll(pool, permitClosing(permitId));
       }
       void tick();
     },
