@@ -1,3 +1,4 @@
+import pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { permitLedger } from "../src/adapters/pg/ledger.js";
@@ -151,5 +152,45 @@ describeIfPostgres("reservation leases across processes", () => {
     // Its lease went back at once, not after the idle second.
     await eventually(async () => (await leaseRows(permitId, false)) === 0, 1_000);
     expect((await permitLedger(stack.database.db.pool, permitId)).reserved).toBe(0n);
+  });
+
+  it("GET /v1/requests/{id} on the serving process waits for the record's pending write", async () => {
+    const permitId = await openPermit(stack, { deposit: 10n ** 18n });
+    // Record inserts wait behind this lock (reads do not): the write stays pending.
+    const blocker = new pg.Client({ connectionString: stack.database.url! });
+    await blocker.connect();
+    await blocker.query("BEGIN");
+    await blocker.query("LOCK TABLE inference_requests IN SHARE MODE");
+    let unlocked = false;
+    const unlock = async () => {
+      if (unlocked) return;
+      unlocked = true;
+      await blocker.query("COMMIT");
+      await blocker.end();
+    };
+    fake.setOptions({ delayMs: 200 });
+    try {
+      const res = await authed(stack, "/v1/chat/completions", {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-gateway-permit": permitId },
+        body: JSON.stringify({
+          model: "demo-chat",
+          messages: [{ role: "user", content: "x" }],
+          stream: true,
+        }),
+      });
+      expect(res.status).toBe(200);
+      const id = res.headers.get("x-gateway-request-id")!;
+      const reading = authed(stack, `/v1/requests/${id}`);
+      setTimeout(() => void unlock(), 300);
+      const record = await reading;
+      expect(record.status).toBe(200);
+      expect(unlocked).toBe(true);
+      expect((await json(record)).id).toBe(id);
+      await res.text();
+    } finally {
+      fake.setOptions({ delayMs: 0 });
+      await unlock();
+    }
   });
 });
