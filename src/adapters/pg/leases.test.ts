@@ -288,4 +288,37 @@ describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
     expect(err).toBeInstanceOf(GatewayError);
     expect(err).toMatchObject({ code: "database_unavailable", sent: false });
   });
+
+  it("admits nothing against credits being given back (the request extends instead)", async () => {
+    let gate: (() => void) | undefined;
+    let takes = 0;
+    const { leases, clock } = processLedger("gw_i", (store) => ({
+      ...store,
+      takePermit: (r) => {
+        takes++;
+        return store.takePermit(r);
+      },
+      returnPermit: async (...args) => {
+        if (gate === undefined) await new Promise<void>((resolve) => (gate = resolve));
+        return store.returnPermit(...args);
+      },
+    }));
+    const [permitId, offerId] = [hex32(), hex32()];
+    const first = request(permitId, offerId, 10n * MAX);
+    expect(await leases.reserve(first)).toEqual({ ok: true });
+    await leases.finalize(close(first.requestId, 100n));
+    clock.ms += 1_500;
+    const ticking = leases.tick(); // gives the idle lease back; held at the gate
+    await new Promise((r) => setTimeout(r, 20));
+    expect(gate).toBeDefined();
+    const second = leases.reserve(request(permitId, offerId, 10n * MAX));
+    await new Promise((r) => setTimeout(r, 20));
+    gate!();
+    await ticking;
+    expect(await second).toEqual({ ok: true });
+    expect(takes).toBe(2);
+    const s = await state(permitId, offerId);
+    expect(s.ledger.reserved).toBe(s.leased);
+    expect(s.leased).toBeGreaterThanOrEqual(MAX);
+  });
 });

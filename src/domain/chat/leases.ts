@@ -335,21 +335,25 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
 
   /** Gives back what a pool does not use: all of it (the database's figure) when idle. */
   const giveBack = async (pool: LeasePool, all: boolean): Promise<void> => {
+    // What goes back leaves `granted` before the call: a request arriving meanwhile must not
+    // be admitted against it (it waits for an extension instead).
+    const free = all ? pool.granted : pool.granted - pool.used;
+    if (free <= 0n && !all) return;
     pool.busy = true;
+    pool.granted -= free;
     try {
-      const free = pool.granted - pool.used;
       if (all) {
         if (pool.kind === "permit") await store.returnPermit(pool.holder, pool.id, "all");
         else await store.returnOffer(pool.holder, pool.id, "all");
-        pool.granted = 0n;
         pool.dirty = false;
-      } else if (free > 0n) {
-        const back =
-          pool.kind === "permit"
-            ? await store.returnPermit(pool.holder, pool.id, free)
-            : BigInt(await store.returnOffer(pool.holder, pool.id, Number(free)));
-        pool.granted -= back;
+      } else if (pool.kind === "permit") {
+        await store.returnPermit(pool.holder, pool.id, free);
+      } else {
+        await store.returnOffer(pool.holder, pool.id, Number(free));
       }
+    } catch {
+      // Unknown outcome: the database may still hold it; the next idle give-back returns all.
+      pool.dirty = true;
     } finally {
       pool.busy = false;
       if (pool.queue.length > 0) void pump(pool);
