@@ -6,7 +6,7 @@ import {
   observabilityInterceptor,
   type AuthOptions,
 } from "./connect/interceptors.js";
-import { createInProcessTransport } from "./connect/in-process-transport.js";
+import { createInProcessCaller } from "./connect/in-process-transport.js";
 import { createRoutes, serviceBindings, type Services } from "./connect/routes.js";
 import type { NodeRequest } from "./rest/body.js";
 import { createRestFacade, type NodeResponse, type Readiness } from "./rest/facade.js";
@@ -23,18 +23,17 @@ const requestIdPattern = /^[A-Za-z0-9._-]{1,128}$/;
 /**
  * One request handler for everything: Connect, gRPC and gRPC-Web for the RPC
  * paths, and the REST facade (connect-node's fallback) for the rest. The
- * facade reaches the same implementations through an in-process transport (no
- * serialisation) with the same interceptors, so authentication, logging and
- * error mapping exist once.
+ * facade reaches the same implementations in process (no serialisation) through
+ * the same interceptors, so authentication, logging and error mapping exist once.
  */
 export function createGatewayHandler(
   deps: GatewayHandlerDeps,
 ): (req: NodeRequest, res: NodeResponse) => void {
   const interceptors = [observabilityInterceptor(deps.logger), authInterceptor(deps)];
   const routes = createRoutes(deps.services);
-  const transport = createInProcessTransport(serviceBindings(deps.services), interceptors);
+  const rpc = createInProcessCaller(serviceBindings(deps.services), interceptors);
   const facade = createRestFacade({
-    transport,
+    rpc,
     bodyLimitBytes: deps.bodyLimitBytes,
     readiness: deps.readiness,
     logger: deps.logger,

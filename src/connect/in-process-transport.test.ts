@@ -1,7 +1,6 @@
 import {
   Code,
   ConnectError,
-  createClient,
   createContextKey,
   type HandlerContext,
   type Interceptor,
@@ -9,11 +8,12 @@ import {
 import { describe, expect, it } from "vitest";
 import { CatalogService } from "../../gen/gateway/v1/catalog_pb.js";
 import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
-import { createInProcessTransport } from "./in-process-transport.js";
+import { createInProcessCaller } from "./in-process-transport.js";
 
 const who = createContextKey<string>("nobody");
+const never = new AbortController().signal;
 
-describe("in-process transport", () => {
+describe("in-process caller", () => {
   it("runs the interceptors outermost first around the implementation, sharing context values and headers", async () => {
     const order: string[] = [];
     const tag =
@@ -26,13 +26,15 @@ describe("in-process transport", () => {
         order.push(`<${name}`);
         return res;
       };
-    const transport = createInProcessTransport(
+    let seen = "";
+    const caller = createInProcessCaller(
       [
         {
           service: InferenceService,
           impl: {
-            getRequest: (req: { id: string }) => {
+            getRequest: (req: { id: string }, ctx: HandlerContext) => {
               order.push("impl");
+              seen = ctx.values.get(who);
               return { request: { id: req.id } };
             },
           },
@@ -40,49 +42,68 @@ describe("in-process transport", () => {
       ],
       [tag("outer"), tag("auth")],
     );
-    // The implementation sees what an interceptor stored, through its HandlerContext.
-    let seen = "";
-    const t2 = createInProcessTransport(
+    const headers = { authorization: "Bearer k", "x-other": ["a", "b"] };
+    const res = await caller.unary(
+      InferenceService.method.getRequest,
+      { id: "abc" },
+      { headers, signal: never },
+    );
+    // A message (defaults filled), whatever shape the implementation returned.
+    expect(res.request?.id).toBe("abc");
+    expect(res.request?.model).toBe("");
+    expect(order).toEqual(["outer>", "auth>", "impl", "<auth", "<outer"]);
+    expect(seen).toBe("Bearer k");
+  });
+
+  it("lets interceptors read the caller's headers in place and change them without touching the caller's", async () => {
+    const headers: Record<string, string | string[]> = {
+      authorization: "Bearer k",
+      "x-many": ["a", "b"],
+    };
+    let read: Record<string, unknown> = {};
+    const caller = createInProcessCaller(
+      [{ service: InferenceService, impl: { getRequest: () => ({}) } }],
       [
-        {
-          service: InferenceService,
-          impl: {
-            getRequest: (req: { id: string }, ctx: HandlerContext) => {
-              seen = ctx.values.get(who);
-              ctx.responseHeader.set("x-done", "yes");
-              return { request: { id: req.id } };
-            },
-          },
+        (next) => async (req) => {
+          read = {
+            auth: req.header.get("Authorization"),
+            many: req.header.get("x-many"),
+            missing: req.header.get("x-missing"),
+            has: req.header.has("authorization"),
+          };
+          req.header.set("authorization", "Bearer other");
+          read.after = req.header.get("authorization");
+          read.all = [...req.header].map(([k]) => k);
+          return next(req);
         },
       ],
-      [tag("auth")],
     );
-    const client = createClient(InferenceService, transport);
-    const res = await client.getRequest({ id: "abc" });
-    expect(res.request?.id).toBe("abc");
-    expect(order).toEqual(["outer>", "auth>", "impl", "<auth", "<outer"]);
-
-    let header: Headers | undefined;
-    await createClient(InferenceService, t2).getRequest(
-      { id: "x" },
-      { headers: { authorization: "Bearer k" }, onHeader: (h) => (header = h) },
-    );
-    expect(seen).toBe("Bearer k");
-    expect(header?.get("x-done")).toBe("yes");
+    await caller.unary(InferenceService.method.getRequest, { id: "x" }, { headers, signal: never });
+    expect(read).toEqual({
+      auth: "Bearer k",
+      many: "a, b",
+      missing: null,
+      has: true,
+      after: "Bearer other",
+      all: ["authorization", "x-many"],
+    });
+    expect(headers.authorization).toBe("Bearer k");
   });
 
   it("streams the implementation's messages in order, ends it when the caller stops reading, and passes the caller's signal", async () => {
     let aborted: unknown;
     let finished = false;
-    const transport = createInProcessTransport(
+    let input: unknown;
+    const caller = createInProcessCaller(
       [
         {
           service: InferenceService,
           impl: {
             streamChatCompletion: async function* (
-              _req: unknown,
+              req: { permitId: string },
               ctx: HandlerContext,
             ): AsyncGenerator<object> {
+              input = req.permitId;
               ctx.signal.addEventListener("abort", () => (aborted = ctx.signal.reason));
               try {
                 for (let i = 0; i < 5; i++) {
@@ -99,49 +120,45 @@ describe("in-process transport", () => {
       ],
       [],
     );
-    const client = createClient(InferenceService, transport);
+    const method = InferenceService.method.streamChatCompletion;
     const all: string[] = [];
-    for await (const m of client.streamChatCompletion({ body: new Uint8Array() })) {
+    const messages = await caller.stream(
+      method,
+      { body: new Uint8Array(), permitId: "p1" },
+      { headers: {}, signal: never },
+    );
+    for await (const m of messages) {
       if (m.event.case === "chunk") all.push(new TextDecoder().decode(m.event.value.data));
     }
+    expect(input).toBe("p1");
     expect(all).toEqual(["0", "1", "2", "3", "4"]);
     expect(aborted).toBeUndefined();
 
-    // A caller that stops reading (the promise client offers only its signal for that; the
-    // transport's own iterable has return()) ends the implementation's generator.
-    const res = await transport.stream(
-      InferenceService.method.streamChatCompletion,
-      undefined,
-      undefined,
-      undefined,
-      (async function* () {
-        yield { body: new Uint8Array() };
-      })(),
-    );
-    const it = res.message[Symbol.asyncIterator]();
+    // A caller that stops reading ends the implementation's generator.
+    finished = false;
+    const it = (
+      await caller.stream(method, { body: new Uint8Array() }, { headers: {}, signal: never })
+    )[Symbol.asyncIterator]();
     await it.next();
     await it.return?.();
     expect(finished).toBe(true);
     expect(aborted).toBeUndefined();
 
     // The caller's signal reaches the implementation's context.
-    aborted = undefined;
-    const caller = new AbortController();
-    const read = (async () => {
-      for await (const m of client.streamChatCompletion(
-        { body: new Uint8Array() },
-        { signal: caller.signal },
-      )) {
-        if (m.event.case === "chunk") caller.abort(new Error("client left"));
-      }
-    })();
-    await read.catch(() => undefined);
+    const left = new AbortController();
+    for await (const m of await caller.stream(
+      method,
+      { body: new Uint8Array() },
+      { headers: {}, signal: left.signal },
+    )) {
+      if (m.event.case === "chunk") left.abort(new Error("client left"));
+    }
     expect((aborted as Error).message).toBe("client left");
   });
 
   it("answers unimplemented for a method without an implementation, through the interceptors", async () => {
     const seen: string[] = [];
-    const transport = createInProcessTransport(
+    const caller = createInProcessCaller(
       [{ service: CatalogService, impl: {} }],
       [
         (next) => async (req) => {
@@ -154,8 +171,8 @@ describe("in-process transport", () => {
         },
       ],
     );
-    const error = await createClient(CatalogService, transport)
-      .listModels({})
+    const error = await caller
+      .unary(CatalogService.method.listModels, {}, { headers: {}, signal: never })
       .catch((e: unknown) => e);
     expect(error).toBeInstanceOf(ConnectError);
     expect((error as ConnectError).code).toBe(Code.Unimplemented);

@@ -6,6 +6,7 @@ import {
   type DescMethodUnary,
   type DescService,
   type MessageInitShape,
+  type MessageShape,
 } from "@bufbuild/protobuf";
 import {
   Code,
@@ -16,7 +17,6 @@ import {
   type Interceptor,
   type StreamRequest,
   type StreamResponse,
-  type Transport,
   type UnaryRequest,
   type UnaryResponse,
 } from "@connectrpc/connect";
@@ -32,23 +32,138 @@ type UnaryImpl = (req: unknown, ctx: HandlerContext) => unknown;
 type StreamImpl = (req: unknown, ctx: HandlerContext) => AsyncIterable<unknown>;
 type AnyFn = (req: UnaryRequest | StreamRequest) => Promise<UnaryResponse | StreamResponse>;
 
-const neverAborted = new AbortController().signal;
+const noTimeout = (): undefined => undefined;
+
+/** Request headers as Node has them: lower-case names, repeated headers as arrays. */
+export type HeaderRecord = Readonly<Record<string, string | string[] | undefined>>;
+
+/** What a caller hands an in-process call besides its input. */
+export interface InProcessCallOptions {
+  /** The call's signal: aborting it cancels the call (the REST client went away). */
+  readonly signal: AbortSignal;
+  /** The caller's request headers (credentials, request id), read in place. */
+  readonly headers: HeaderRecord;
+  /** Values the interceptors and the implementation share; fresh ones when absent. */
+  readonly contextValues?: ContextValues;
+}
 
 /**
- * A Transport that calls the service implementations in this process directly: the request
- * and response messages are passed as objects, never serialised, while the call still goes
- * through the given interceptors (the server's, so authentication, logging and error mapping
- * are the same code as on the network) and the implementation gets a real HandlerContext.
- *
- * connect's own `createRouterTransport` runs the full protocol in memory (serialise, envelope,
- * parse, per-call signal plumbing); for the REST facade, which calls an RPC per HTTP request,
- * that is most of its cost. Unary and server-streaming methods are supported, which is what
- * the gateway's services define.
+ * Calls the service implementations of this process. The REST facade's way to the RPCs: one
+ * call per HTTP request, with the input as a message object, never serialised.
  */
-export function createInProcessTransport(
+export interface InProcessCaller {
+  unary<I extends DescMessage, O extends DescMessage>(
+    method: DescMethodUnary<I, O>,
+    input: MessageInitShape<I>,
+    options: InProcessCallOptions,
+  ): Promise<MessageShape<O>>;
+  /** A server-streaming call: its messages as the implementation yields them. */
+  stream<I extends DescMessage, O extends DescMessage>(
+    method: DescMethodStreaming<I, O>,
+    input: MessageInitShape<I>,
+    options: InProcessCallOptions,
+  ): Promise<AsyncIterable<MessageShape<O>>>;
+}
+
+/**
+ * The caller's headers as a `Headers`, read in place: copying them into a WHATWG `Headers`
+ * costs more than everything else an in-process call does before its implementation runs.
+ * A write (an interceptor adding a header) first copies them, so the caller's are never changed.
+ */
+class HeaderView implements Headers {
+  private copy: Headers | undefined;
+
+  constructor(private readonly source: HeaderRecord) {}
+
+  private own(): Headers {
+    if (this.copy === undefined) {
+      this.copy = new Headers();
+      for (const [name, value] of Object.entries(this.source)) {
+        if (name.startsWith(":")) continue; // HTTP/2 pseudo-headers are not headers
+        if (typeof value === "string") this.copy.append(name, value);
+        else if (Array.isArray(value)) for (const v of value) this.copy.append(name, v);
+      }
+    }
+    return this.copy;
+  }
+
+  get(name: string): string | null {
+    if (this.copy !== undefined) return this.copy.get(name);
+    const value = this.source[name.toLowerCase()];
+    if (value === undefined) return null;
+    return typeof value === "string" ? value : value.join(", ");
+  }
+
+  has(name: string): boolean {
+    return this.get(name) !== null;
+  }
+
+  getSetCookie(): string[] {
+    return this.own().getSetCookie();
+  }
+
+  set(name: string, value: string): void {
+    this.own().set(name, value);
+  }
+
+  append(name: string, value: string): void {
+    this.own().append(name, value);
+  }
+
+  delete(name: string): void {
+    this.own().delete(name);
+  }
+
+  forEach(
+    callback: (value: string, key: string, parent: Headers) => void,
+    thisArg?: unknown,
+  ): void {
+    this.own().forEach((value, key) => callback.call(thisArg, value, key, this));
+  }
+
+  entries(): ReturnType<Headers["entries"]> {
+    return this.own().entries();
+  }
+
+  keys(): ReturnType<Headers["keys"]> {
+    return this.own().keys();
+  }
+
+  values(): ReturnType<Headers["values"]> {
+    return this.own().values();
+  }
+
+  [Symbol.iterator](): ReturnType<Headers["entries"]> {
+    return this.own().entries();
+  }
+}
+
+/** The one input message of a server-streaming call, as the request's message stream. */
+class SingleInput<T> implements AsyncIterable<T> {
+  constructor(readonly value: T) {}
+
+  async *[Symbol.asyncIterator](): AsyncGenerator<T> {
+    yield this.value;
+  }
+}
+
+/**
+ * Calls the service implementations in this process directly: the request and
+ * response messages are passed as objects, never serialised, while the call still goes through
+ * the given interceptors (the server's, so authentication, logging and error mapping are the
+ * same code as on the network) and the implementation gets a real HandlerContext.
+ *
+ * It is not a connect `Transport` under a `createClient` client: those two layers exist to turn
+ * calls into the protocol and back, which an in-process call does not do, and per streamed
+ * message each added several promises and an async generator. A stream's messages are the
+ * implementation's own iterable, handed through as they come (the implementations yield
+ * complete messages). Unary and server-streaming methods are supported, which is what the
+ * gateway's services define.
+ */
+export function createInProcessCaller(
   bindings: readonly ServiceBinding[],
   interceptors: readonly Interceptor[],
-): Transport {
+): InProcessCaller {
   const impls = new Map<DescMethod, unknown>();
   for (const { service, impl } of bindings) {
     for (const method of service.methods) impls.set(method, impl[method.localName]);
@@ -62,7 +177,7 @@ export function createInProcessTransport(
     method,
     service: method.parent,
     signal: req.signal,
-    timeoutMs: () => undefined,
+    timeoutMs: noTimeout,
     requestMethod: req.requestMethod,
     requestHeader: req.header,
     responseHeader: new Headers(),
@@ -102,73 +217,61 @@ export function createInProcessTransport(
     const ctx = contextFor(method, req);
     // Server streaming: the one request message, then the implementation's messages as they come.
     let input: unknown;
-    for await (const m of req.message) input = m;
-    const outputs = impl(input, ctx);
+    if (req.message instanceof SingleInput) input = req.message.value;
+    else for await (const m of req.message) input = m;
     return {
       stream: true,
       service: method.parent,
       method: method as DescMethodStreaming,
       header: ctx.responseHeader,
       trailer: ctx.responseTrailer,
-      message: (async function* () {
-        // Stopping early (return()) ends `outputs` too: for-await returns its iterator.
-        for await (const m of outputs)
-          yield create(method.output, m as MessageInitShape<DescMessage>);
-      })(),
+      message: impl(input, ctx) as AsyncIterable<MessageShape<DescMessage>>,
     };
   };
 
   let call = innermost;
   for (const interceptor of [...interceptors].reverse()) call = interceptor(call as never) as AnyFn;
 
-  const common = (
-    method: DescMethod,
-    signal: AbortSignal | undefined,
-    header: ConstructorParameters<typeof Headers>[0] | undefined,
-    contextValues: ContextValues | undefined,
-  ) => ({
-    service: method.parent,
-    requestMethod: "POST",
-    url: `in-process:///${method.parent.typeName}/${method.name}`,
-    signal: signal ?? neverAborted,
-    header: new Headers(header),
-    contextValues: contextValues ?? createContextValues(),
-  });
+  const urlOf = (method: DescMethod) => `in-process:///${method.parent.typeName}/${method.name}`;
 
   return {
     async unary<I extends DescMessage, O extends DescMessage>(
       method: DescMethodUnary<I, O>,
-      signal: AbortSignal | undefined,
-      _timeoutMs: number | undefined,
-      header: ConstructorParameters<typeof Headers>[0] | undefined,
       input: MessageInitShape<I>,
-      contextValues?: ContextValues,
-    ): Promise<UnaryResponse<I, O>> {
+      options: InProcessCallOptions,
+    ): Promise<MessageShape<O>> {
       const req: UnaryRequest<I, O> = {
-        ...common(method, signal, header, contextValues),
         stream: false,
+        service: method.parent,
         method,
+        requestMethod: "POST",
+        url: urlOf(method),
+        signal: options.signal,
+        header: new HeaderView(options.headers),
+        contextValues: options.contextValues ?? createContextValues(),
         message: create(method.input, input),
       };
-      return (await call(req as unknown as UnaryRequest)) as unknown as UnaryResponse<I, O>;
+      const res = (await call(req as unknown as UnaryRequest)) as unknown as UnaryResponse<I, O>;
+      return res.message;
     },
     async stream<I extends DescMessage, O extends DescMessage>(
       method: DescMethodStreaming<I, O>,
-      signal: AbortSignal | undefined,
-      _timeoutMs: number | undefined,
-      header: ConstructorParameters<typeof Headers>[0] | undefined,
-      input: AsyncIterable<MessageInitShape<I>>,
-      contextValues?: ContextValues,
-    ): Promise<StreamResponse<I, O>> {
+      input: MessageInitShape<I>,
+      options: InProcessCallOptions,
+    ): Promise<AsyncIterable<MessageShape<O>>> {
       const req: StreamRequest<I, O> = {
-        ...common(method, signal, header, contextValues),
         stream: true,
+        service: method.parent,
         method,
-        message: (async function* () {
-          for await (const m of input) yield create(method.input, m);
-        })(),
+        requestMethod: "POST",
+        url: urlOf(method),
+        signal: options.signal,
+        header: new HeaderView(options.headers),
+        contextValues: options.contextValues ?? createContextValues(),
+        message: new SingleInput(create(method.input, input)),
       };
-      return (await call(req as unknown as StreamRequest)) as unknown as StreamResponse<I, O>;
+      const res = (await call(req as unknown as StreamRequest)) as unknown as StreamResponse<I, O>;
+      return res.message;
     },
   };
 }

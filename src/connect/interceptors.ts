@@ -1,8 +1,16 @@
 import { createHash, timingSafeEqual } from "node:crypto";
-import { ConnectError, type Interceptor } from "@connectrpc/connect";
+import {
+  Code,
+  ConnectError,
+  type Interceptor,
+  type StreamRequest,
+  type StreamResponse,
+  type UnaryRequest,
+  type UnaryResponse,
+} from "@connectrpc/connect";
 import type { Logger } from "pino";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
-import { GatewayError } from "../domain/errors.js";
+import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { randomHex } from "../domain/random-id.js";
 import { callerKey, requestIdKey } from "./context.js";
 import { errorCodeOf, toConnectError } from "./errors.js";
@@ -14,8 +22,12 @@ export function newRequestId(): string {
 }
 
 /**
- * Outermost interceptor: gives the call a request id, logs the outcome with it, and turns every failure, unary or mid-stream,
- * into a ConnectError through {@link toConnectError}.
+ * Outermost interceptor: gives the call a request id, logs the outcome with it, and turns every
+ * failure, unary or mid-stream, into a ConnectError through {@link toConnectError}. It is the one
+ * place a call's outcome is logged, for network RPCs and the REST facade's in-process calls
+ * alike: an internal error at error level with its cause, a refusal at info, a caller that went
+ * away at info as `cancelled` (an ordinary outcome, not a failure of the gateway), and with
+ * debug enabled every success. Nothing is built for the log on a success unless debug is on.
  */
 export function observabilityInterceptor(logger: Logger): Interceptor {
   return (next) => async (req) => {
@@ -25,47 +37,120 @@ export function observabilityInterceptor(logger: Logger): Interceptor {
       requestId = header !== null && requestIdPattern.test(header) ? header : newRequestId();
       req.contextValues.set(requestIdKey, requestId);
     }
-    // The child logger is made only when a line is written: most calls log nothing.
-    let child: Logger | undefined;
-    const log = (): Logger =>
-      (child ??= logger.child({
-        reqId: requestId,
-        rpc: `${req.service.typeName}/${req.method.name}`,
-      }));
-    const debug = logger.isLevelEnabled("debug");
     const started = performance.now();
-    const fail = (error: unknown): ConnectError => {
-      const connectError = toConnectError(error);
-      const code = errorCodeOf(connectError);
-      const fields = { code, ms: Math.round(performance.now() - started) };
-      if (code === "internal_error")
-        log().error({ ...fields, err: connectError.cause ?? error }, "rpc failed");
-      else log().info(fields, "rpc rejected");
-      return connectError;
-    };
+    let res: UnaryResponse | StreamResponse;
     try {
-      const res = await next(req);
-      if (!res.stream) {
-        if (debug) log().debug({ ms: Math.round(performance.now() - started) }, "rpc ok");
-        return res;
-      }
-      const inner = res.message;
-      return {
-        ...res,
-        message: (async function* () {
-          try {
-            yield* inner;
-            if (debug)
-              log().debug({ ms: Math.round(performance.now() - started) }, "rpc stream ok");
-          } catch (error) {
-            throw fail(error);
-          }
-        })(),
-      };
+      res = await next(req);
     } catch (error) {
-      throw fail(error);
+      throw logFailure(logger, req, requestId, started, error);
     }
+    if (!res.stream) {
+      if (logger.isLevelEnabled("debug")) logOk(logger, req, requestId, started, "rpc ok");
+      return res;
+    }
+    return { ...res, message: observed(res.message, logger, req, requestId, started) };
   };
+}
+
+/** A stream's messages as they come, its end logged (debug) and its failure mapped and logged. */
+function observed<T>(
+  messages: AsyncIterable<T>,
+  logger: Logger,
+  req: UnaryRequest | StreamRequest,
+  requestId: string,
+  started: number,
+): AsyncIterable<T> {
+  // An iterator rather than an async generator around the stream: one promise per message
+  // instead of a generator's several. (Methods, not named arrows: under tsx every named closure
+  // made per call costs a defineProperty for its name.)
+  return {
+    [Symbol.asyncIterator](): AsyncIterator<T> {
+      const inner = messages[Symbol.asyncIterator]();
+      const on = {
+        result(result: IteratorResult<T>): IteratorResult<T> {
+          if (result.done === true && logger.isLevelEnabled("debug"))
+            logOk(logger, req, requestId, started, "rpc stream ok");
+          return result;
+        },
+        error(error: unknown): never {
+          throw logFailure(logger, req, requestId, started, error);
+        },
+      };
+      return {
+        next() {
+          return inner.next().then(on.result, on.error);
+        },
+        return(value?: unknown) {
+          if (inner.return === undefined) return Promise.resolve({ done: true, value: value as T });
+          return inner.return(value).then(undefined, on.error);
+        },
+        throw(error?: unknown) {
+          if (inner.throw === undefined) return Promise.reject(error);
+          return inner.throw(error).then(undefined, on.error);
+        },
+      };
+    },
+  };
+}
+
+function rpcName(req: UnaryRequest | StreamRequest): string {
+  return `${req.service.typeName}/${req.method.name}`;
+}
+
+function logOk(
+  logger: Logger,
+  req: UnaryRequest | StreamRequest,
+  requestId: string,
+  started: number,
+  message: string,
+): void {
+  logger.debug(
+    { reqId: requestId, rpc: rpcName(req), ms: Math.round(performance.now() - started) },
+    message,
+  );
+}
+
+/** Maps a failure to the ConnectError the caller gets, and logs it once. */
+function logFailure(
+  logger: Logger,
+  req: UnaryRequest | StreamRequest,
+  requestId: string,
+  started: number,
+  error: unknown,
+): ConnectError {
+  const connectError = toConnectError(error);
+  const code = errorCodeOf(connectError);
+  const fields = {
+    reqId: requestId,
+    rpc: rpcName(req),
+    ms: Math.round(performance.now() - started),
+  };
+  if (callerLeft(req.signal, code, error)) {
+    logger.info({ ...fields, code: "cancelled" }, "client disconnected");
+    return new ConnectError("the caller went away", Code.Canceled, undefined, undefined, error);
+  }
+  if (code === "internal_error")
+    logger.error({ ...fields, code, err: connectError.cause ?? error }, "rpc failed");
+  else logger.info({ ...fields, code }, "rpc rejected");
+  return connectError;
+}
+
+/**
+ * Whether a call failed because its caller went away: the call's signal was aborted, not by its
+ * deadline. What the implementation made of that (the abort itself, or an upstream read it cut
+ * short) is its consequence; an internal error that is not the abort stays a failure.
+ */
+function callerLeft(signal: AbortSignal, code: ErrorCode, error: unknown): boolean {
+  if (!signal.aborted) return false;
+  const reason: unknown = signal.reason;
+  if (reason instanceof ConnectError && reason.code === Code.DeadlineExceeded) return false;
+  if (code !== "internal_error") return true;
+  let cause = error;
+  for (let depth = 0; depth < 8 && cause instanceof Error; depth++) {
+    if (cause === reason || cause.name === "AbortError") return true;
+    cause = cause.cause;
+  }
+  return cause === reason;
 }
 
 export interface AuthOptions {

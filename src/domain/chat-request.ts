@@ -102,23 +102,16 @@ export function parseChatRequest(raw: Uint8Array, opts: { maxBytes: number }): C
   if (!isObject(parsed)) invalid("the request body must be a JSON object");
   const top = topLevelMembers(raw);
   const body = parsed as JsonObject;
-  const field = (key: string): JsonValue | undefined => {
-    const value = Object.hasOwn(body, key) ? body[key] : undefined;
-    return value === null ? undefined : value;
-  };
-  const literal = (key: string): string => {
-    const member = top.find((m) => m.key === key);
-    if (member === undefined) throw new Error(`no span for '${key}'`);
-    return textOf(raw, member.valueStart, member.valueEnd);
-  };
 
-  const model = field("model");
+  // Fields are read by module functions, not closures made here: under tsx every named closure
+  // made per request costs a defineProperty for its name.
+  const model = fieldOf(body, "model");
   if (typeof model !== "string" || model.length === 0) {
     invalid("'model' is required and must be a non-empty string");
   }
-  const messages = parseMessages(field("messages"));
+  const messages = parseMessages(fieldOf(body, "messages"));
 
-  const offerValue = field("offer");
+  const offerValue = fieldOf(body, "offer");
   let offer: Hex | undefined;
   if (offerValue !== undefined) {
     if (typeof offerValue !== "string" || !isHex32(offerValue)) {
@@ -130,26 +123,16 @@ export function parseChatRequest(raw: Uint8Array, opts: { maxBytes: number }): C
     offer = normalizeHex(offerValue);
   }
 
-  const positiveInteger = (key: string): bigint | undefined => {
-    const value = field(key);
-    if (value === undefined) return undefined;
-    // The parsed number screens out non-numbers and non-finite values; the literal gives the
-    // exact value, also beyond 2^53.
-    const exact =
-      typeof value === "number" && Number.isInteger(value) ? exactInteger(literal(key)) : undefined;
-    if (exact === undefined || exact < 1n) invalid(`'${key}' must be an integer of at least 1`);
-    return exact;
-  };
-  const maxTokens = positiveInteger("max_tokens");
-  const maxCompletionTokens = positiveInteger("max_completion_tokens");
+  const maxTokens = positiveInteger(raw, top, body, "max_tokens");
+  const maxCompletionTokens = positiveInteger(raw, top, body, "max_completion_tokens");
 
   for (const key of ["temperature", "top_p"]) {
-    const value = field(key);
+    const value = fieldOf(body, key);
     if (value !== undefined && (typeof value !== "number" || !Number.isFinite(value))) {
       invalid(`'${key}' must be a number`);
     }
   }
-  const stop = field("stop");
+  const stop = fieldOf(body, "stop");
   if (
     stop !== undefined &&
     typeof stop !== "string" &&
@@ -157,24 +140,24 @@ export function parseChatRequest(raw: Uint8Array, opts: { maxBytes: number }): C
   ) {
     invalid("'stop' must be a string or an array of strings");
   }
-  const stream = field("stream");
+  const stream = fieldOf(body, "stream");
   if (stream !== undefined && typeof stream !== "boolean") invalid("'stream' must be a boolean");
-  const tools = field("tools");
+  const tools = fieldOf(body, "tools");
   if (tools !== undefined && !Array.isArray(tools)) invalid("'tools' must be an array");
-  const seed = field("seed");
+  const seed = fieldOf(body, "seed");
   if (
     seed !== undefined &&
     !(
       typeof seed === "number" &&
       Number.isInteger(seed) &&
-      exactInteger(literal("seed")) !== undefined
+      exactInteger(literal(raw, top, "seed")) !== undefined
     )
   ) {
     invalid("'seed' must be an integer");
   }
-  const user = field("user");
+  const user = fieldOf(body, "user");
   if (user !== undefined && typeof user !== "string") invalid("'user' must be a string");
-  const streamOptions = field("stream_options");
+  const streamOptions = fieldOf(body, "stream_options");
   let includeUsage = false;
   if (streamOptions !== undefined) {
     if (!isObject(streamOptions)) invalid("'stream_options' must be an object");
@@ -196,11 +179,42 @@ export function parseChatRequest(raw: Uint8Array, opts: { maxBytes: number }): C
     maxTokens,
     maxCompletionTokens,
     tools,
-    toolChoice: field("tool_choice"),
-    responseFormat: field("response_format"),
+    toolChoice: fieldOf(body, "tool_choice"),
+    responseFormat: fieldOf(body, "response_format"),
   };
   spans.set(request, top);
   return request;
+}
+
+/** A top-level field of the body; null counts as absent. */
+function fieldOf(body: JsonObject, key: string): JsonValue | undefined {
+  const value = Object.hasOwn(body, key) ? body[key] : undefined;
+  return value === null ? undefined : value;
+}
+
+/** The text of a top-level member's value as the client wrote it. */
+function literal(raw: Uint8Array, top: readonly Member[], key: string): string {
+  const member = top.find((m) => m.key === key);
+  if (member === undefined) throw new Error(`no span for '${key}'`);
+  return textOf(raw, member.valueStart, member.valueEnd);
+}
+
+function positiveInteger(
+  raw: Uint8Array,
+  top: readonly Member[],
+  body: JsonObject,
+  key: string,
+): bigint | undefined {
+  const value = fieldOf(body, key);
+  if (value === undefined) return undefined;
+  // The parsed number screens out non-numbers and non-finite values; the literal gives the
+  // exact value, also beyond 2^53.
+  const exact =
+    typeof value === "number" && Number.isInteger(value)
+      ? exactInteger(literal(raw, top, key))
+      : undefined;
+  if (exact === undefined || exact < 1n) invalid(`'${key}' must be an integer of at least 1`);
+  return exact;
 }
 
 function isObject(value: unknown): value is { [key: string]: unknown } {
@@ -613,17 +627,20 @@ const canonicalCache = new WeakMap<ChatRequest, CanonicalParts>();
 function canonicalParts(req: ChatRequest): CanonicalParts {
   let parts = canonicalCache.get(req);
   if (parts === undefined) {
-    const optional = (value: unknown) => (value === undefined ? undefined : canonicalJson(value));
     parts = {
       messages: canonicalJson(req.messages),
-      tools: optional(req.tools),
-      toolChoice: optional(req.toolChoice),
-      responseFormat: optional(req.responseFormat),
+      tools: req.tools === undefined ? undefined : canonicalJson(req.tools),
+      toolChoice: req.toolChoice === undefined ? undefined : canonicalJson(req.toolChoice),
+      responseFormat:
+        req.responseFormat === undefined ? undefined : canonicalJson(req.responseFormat),
     };
     canonicalCache.set(req, parts);
   }
   return parts;
 }
+
+// Each request's fingerprint, computed once (every candidate offer's internal quote carries it).
+const fingerprints = new WeakMap<ChatRequest, string>();
 
 /**
  * What a quote is bound to (spec: "the exact model, messages, output limit, tools, tool choice
@@ -635,6 +652,8 @@ function canonicalParts(req: ChatRequest): CanonicalParts {
  * and tools compare as JavaScript numbers (`1.0` equals `1`).
  */
 export function quoteFingerprint(req: ChatRequest): string {
+  let fingerprint = fingerprints.get(req);
+  if (fingerprint !== undefined) return fingerprint;
   const parts = canonicalParts(req);
   // canonicalJson of the six-field object, its keys written in sorted order.
   const canonical =
@@ -642,5 +661,7 @@ export function quoteFingerprint(req: ChatRequest): string {
     `,"output_limit":${(req.maxCompletionTokens ?? req.maxTokens)?.toString() ?? "null"}` +
     `,"response_format":${parts.responseFormat ?? "null"}` +
     `,"tool_choice":${parts.toolChoice ?? "null"},"tools":${parts.tools ?? "null"}}`;
-  return createHash("sha256").update(canonical, "utf8").digest("hex");
+  fingerprint = createHash("sha256").update(canonical, "utf8").digest("hex");
+  fingerprints.set(req, fingerprint);
+  return fingerprint;
 }

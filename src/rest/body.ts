@@ -12,7 +12,8 @@ export async function readBody(req: NodeRequest, limit: number): Promise<Buffer>
     throw new GatewayError("request_too_large", `request body exceeds ${limit} bytes`);
   }
   // Events, not `for await`: the stream's async iterator builds an AbortError (stack trace
-  // included) when it finishes, on every request.
+  // included) when it finishes, on every request. The listeners are methods, not named arrows:
+  // under tsx every named closure made per request costs a defineProperty for its name.
   return new Promise<Buffer>((resolve, reject) => {
     if (req.destroyed) {
       reject(new GatewayError("invalid_request", "the request body was cut short"));
@@ -20,38 +21,40 @@ export async function readBody(req: NodeRequest, limit: number): Promise<Buffer>
     }
     const chunks: Buffer[] = [];
     let size = 0;
-    const cleanup = () => {
-      req.off("data", onData);
-      req.off("end", onEnd);
-      req.off("error", onError);
-      req.off("close", onClose);
+    const on = {
+      data(chunk: Buffer) {
+        size += chunk.length;
+        if (size > limit) {
+          on.off();
+          req.resume();
+          reject(new GatewayError("request_too_large", `request body exceeds ${limit} bytes`));
+          return;
+        }
+        chunks.push(chunk);
+      },
+      end() {
+        on.off();
+        resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
+      },
+      error(error: Error) {
+        on.off();
+        reject(error);
+      },
+      close() {
+        on.off();
+        reject(new GatewayError("invalid_request", "the request body was cut short"));
+      },
+      off() {
+        req.off("data", on.data);
+        req.off("end", on.end);
+        req.off("error", on.error);
+        req.off("close", on.close);
+      },
     };
-    const onData = (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > limit) {
-        cleanup();
-        req.resume();
-        reject(new GatewayError("request_too_large", `request body exceeds ${limit} bytes`));
-        return;
-      }
-      chunks.push(chunk);
-    };
-    const onEnd = () => {
-      cleanup();
-      resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
-    };
-    const onError = (error: Error) => {
-      cleanup();
-      reject(error);
-    };
-    const onClose = () => {
-      cleanup();
-      reject(new GatewayError("invalid_request", "the request body was cut short"));
-    };
-    req.on("data", onData);
-    req.on("end", onEnd);
-    req.on("error", onError);
-    req.on("close", onClose);
+    req.on("data", on.data);
+    req.on("end", on.end);
+    req.on("error", on.error);
+    req.on("close", on.close);
   });
 }
 

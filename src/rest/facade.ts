@@ -1,5 +1,5 @@
+import { ConnectError } from "@connectrpc/connect";
 import type { connectNodeAdapter } from "@connectrpc/connect-node";
-import { createClient, type Client, type Transport } from "@connectrpc/connect";
 import type { Logger } from "pino";
 import { CatalogService } from "../../gen/gateway/v1/catalog_pb.js";
 import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
@@ -7,6 +7,7 @@ import { ModelStatusSchema, OfferStatusSchema } from "../../gen/gateway/v1/marke
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
+import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
 import { GatewayError } from "../domain/errors.js";
 import { readJson, readJsonBytes, type NodeRequest } from "./body.js";
 import { relayChat } from "./chat.js";
@@ -33,28 +34,21 @@ export interface Readiness {
 
 export interface FacadeDeps {
   /** Reaches the RPC services in process, through the same interceptors as the network. */
-  readonly transport: Transport;
+  readonly rpc: InProcessCaller;
   readonly bodyLimitBytes: number;
   readonly readiness: () => Promise<Readiness>;
   readonly logger: Logger;
 }
 
-interface Clients {
-  catalog: Client<typeof CatalogService>;
-  quote: Client<typeof QuoteService>;
-  inference: Client<typeof InferenceService>;
-  provider: Client<typeof ProviderService>;
-  settlement: Client<typeof SettlementService>;
-}
-
 interface Call {
   readonly req: NodeRequest;
   readonly res: NodeResponse;
-  readonly url: URL;
+  /** The query string, without its `?` ("" when there is none). */
+  readonly query: string;
   readonly params: readonly string[];
-  /** Call options that carry the caller's credentials and request id to the RPC. */
-  readonly options: { headers: Record<string, string>; signal: AbortSignal };
-  readonly clients: Clients;
+  /** What carries the caller's credentials, request id and cancellation to the RPC. */
+  readonly options: InProcessCallOptions;
+  readonly rpc: InProcessCaller;
   readonly deps: FacadeDeps;
 }
 
@@ -66,7 +60,8 @@ interface Reply {
 
 interface Route {
   readonly method: string;
-  readonly path: RegExp;
+  /** The path itself, or a pattern whose groups are the path parameters. */
+  readonly path: string | RegExp;
   readonly handle: (call: Call) => Promise<Reply | undefined>;
 }
 
@@ -74,9 +69,9 @@ const id = "([^/]+)";
 
 const statusOf = <T extends number>(
   schema: Parameters<typeof parseStatusFilter>[0],
-  url: URL,
+  query: string,
 ): T | undefined => {
-  const word = url.searchParams.get("status");
+  const word = query === "" ? null : new URLSearchParams(query).get("status");
   const value = parseStatusFilter<T>(schema, word);
   if (word !== null && word !== "" && value === undefined) {
     throw new GatewayError("invalid_request", `unknown status filter '${word.slice(0, 40)}'`);
@@ -91,12 +86,12 @@ const statusOf = <T extends number>(
 const routes: Route[] = [
   {
     method: "GET",
-    path: /^\/health$/,
+    path: "/health",
     handle: async () => ({ body: { status: "ok" } }),
   },
   {
     method: "GET",
-    path: /^\/ready$/,
+    path: "/ready",
     handle: async ({ deps }) => {
       const readiness = await deps.readiness();
       return {
@@ -107,10 +102,11 @@ const routes: Route[] = [
   },
   {
     method: "GET",
-    path: /^\/v1\/models$/,
-    handle: async ({ clients, options, url }) => {
-      const { models } = await clients.catalog.listModels(
-        { status: statusOf(ModelStatusSchema, url) },
+    path: "/v1/models",
+    handle: async ({ rpc, options, query }) => {
+      const { models } = await rpc.unary(
+        CatalogService.method.listModels,
+        { status: statusOf(ModelStatusSchema, query) },
         options,
       );
       return { body: { object: "list", data: models.map(modelView) } };
@@ -119,8 +115,12 @@ const routes: Route[] = [
   {
     method: "GET",
     path: new RegExp(`^/v1/models/${id}$`),
-    handle: async ({ clients, options, params }) => {
-      const { model, offers } = await clients.catalog.getModel({ id: params[0] }, options);
+    handle: async ({ rpc, options, params }) => {
+      const { model, offers } = await rpc.unary(
+        CatalogService.method.getModel,
+        { id: params[0] },
+        options,
+      );
       if (model === undefined) throw new Error("GetModel answered without a model");
       return { body: { ...modelView(model), offers: offers.map(offerView) } };
     },
@@ -128,9 +128,10 @@ const routes: Route[] = [
   {
     method: "GET",
     path: new RegExp(`^/v1/models/${id}/offers$`),
-    handle: async ({ clients, options, params, url }) => {
-      const { offers } = await clients.catalog.listOffers(
-        { model: params[0], status: statusOf(OfferStatusSchema, url) },
+    handle: async ({ rpc, options, params, query }) => {
+      const { offers } = await rpc.unary(
+        CatalogService.method.listOffers,
+        { model: params[0], status: statusOf(OfferStatusSchema, query) },
         options,
       );
       return { body: { object: "list", data: offers.map(offerView) } };
@@ -138,28 +139,32 @@ const routes: Route[] = [
   },
   {
     method: "POST",
-    path: /^\/v1\/quotes$/,
-    handle: async ({ clients, options, req, deps }) => {
+    path: "/v1/quotes",
+    handle: async ({ rpc, options, req, deps }) => {
       const body = await readJsonBytes(req, deps.bodyLimitBytes);
-      const { quote } = await clients.quote.createQuote({ body }, options);
+      const { quote } = await rpc.unary(QuoteService.method.createQuote, { body }, options);
       if (quote === undefined) throw new Error("CreateQuote answered without a quote");
       return { body: quoteView(quote) };
     },
   },
   {
     method: "POST",
-    path: /^\/v1\/chat\/completions$/,
-    handle: async ({ clients, options, req, res, deps }) => {
+    path: "/v1/chat/completions",
+    handle: async ({ rpc, options, req, res, deps }) => {
       const body = await readJsonBytes(req, deps.bodyLimitBytes);
-      await relayChat(clients.inference, req, res, body, options);
+      await relayChat(rpc, req, res, body, options);
       return undefined;
     },
   },
   {
     method: "GET",
     path: new RegExp(`^/v1/requests/${id}$`),
-    handle: async ({ clients, options, params }) => {
-      const { request } = await clients.inference.getRequest({ id: params[0] }, options);
+    handle: async ({ rpc, options, params }) => {
+      const { request } = await rpc.unary(
+        InferenceService.method.getRequest,
+        { id: params[0] },
+        options,
+      );
       if (request === undefined) throw new Error("GetRequest answered without a record");
       return { body: requestView(request) };
     },
@@ -167,18 +172,23 @@ const routes: Route[] = [
   {
     method: "GET",
     path: new RegExp(`^/v1/permits/${id}$`),
-    handle: async ({ clients, options, params }) => {
-      const { permit } = await clients.inference.getPermit({ permitId: params[0] }, options);
+    handle: async ({ rpc, options, params }) => {
+      const { permit } = await rpc.unary(
+        InferenceService.method.getPermit,
+        { permitId: params[0] },
+        options,
+      );
       if (permit === undefined) throw new Error("GetPermit answered without a permit");
       return { body: permitBalanceView(permit) };
     },
   },
   {
     method: "POST",
-    path: /^\/v1\/provider-offers\/challenge$/,
-    handle: async ({ clients, options, req, deps }) => {
+    path: "/v1/provider-offers/challenge",
+    handle: async ({ rpc, options, req, deps }) => {
       const body = objectBody(await readJson(req, deps.bodyLimitBytes));
-      const { typedData } = await clients.provider.createRegistrationChallenge(
+      const { typedData } = await rpc.unary(
+        ProviderService.method.createRegistrationChallenge,
         {
           offerId: stringField(body, "offerId", true),
           endpointUrl: stringField(body, "endpointUrl", true),
@@ -193,10 +203,11 @@ const routes: Route[] = [
   },
   {
     method: "POST",
-    path: /^\/v1\/provider-offers\/register$/,
-    handle: async ({ clients, options, req, deps }) => {
+    path: "/v1/provider-offers/register",
+    handle: async ({ rpc, options, req, deps }) => {
       const body = objectBody(await readJson(req, deps.bodyLimitBytes));
-      const { offer } = await clients.provider.registerEndpoint(
+      const { offer } = await rpc.unary(
+        ProviderService.method.registerEndpoint,
         {
           offerId: stringField(body, "offerId", true),
           endpointUrl: stringField(body, "endpointUrl", true),
@@ -214,8 +225,12 @@ const routes: Route[] = [
   {
     method: "GET",
     path: new RegExp(`^/v1/provider-offers/${id}/health$`),
-    handle: async ({ clients, options, params }) => {
-      const { health } = await clients.provider.getOfferHealth({ offerId: params[0] }, options);
+    handle: async ({ rpc, options, params }) => {
+      const { health } = await rpc.unary(
+        ProviderService.method.getOfferHealth,
+        { offerId: params[0] },
+        options,
+      );
       if (health === undefined) throw new Error("health answered without a health record");
       return { body: offerHealthView(health) };
     },
@@ -223,17 +238,21 @@ const routes: Route[] = [
   {
     method: "POST",
     path: new RegExp(`^/v1/provider-offers/${id}/verify$`),
-    handle: async ({ clients, options, params, req }) => {
+    handle: async ({ rpc, options, params, req }) => {
       req.resume(); // the spec's verify takes no body
-      const { offer } = await clients.provider.verifyOffer({ offerId: params[0] }, options);
+      const { offer } = await rpc.unary(
+        ProviderService.method.verifyOffer,
+        { offerId: params[0] },
+        options,
+      );
       if (offer === undefined) throw new Error("verify answered without an offer");
       return { body: { offer: offerView(offer) } };
     },
   },
   {
     method: "POST",
-    path: /^\/settlements\/flush$/,
-    handle: async ({ clients, options, req, deps }) => {
+    path: "/settlements/flush",
+    handle: async ({ rpc, options, req, deps }) => {
       const parsed = await readJson(req, deps.bodyLimitBytes);
       const body = parsed.value === undefined ? {} : objectBody(parsed);
       const maxRequests = body.maxRequests ?? body.max_requests;
@@ -251,7 +270,8 @@ const routes: Route[] = [
       if (dryRun !== undefined && dryRun !== null && typeof dryRun !== "boolean") {
         throw new GatewayError("invalid_request", "'dryRun' must be a boolean");
       }
-      const response = await clients.settlement.flush(
+      const response = await rpc.unary(
+        SettlementService.method.flush,
         {
           ...(typeof maxRequests === "number" ? { maxRequests } : {}),
           dryRun: dryRun === true,
@@ -328,60 +348,80 @@ function sendJson(
   res.end(payload);
 }
 
+/** Routes with a fixed path, by path; the others are tried in order by their patterns. */
+const fixedRoutes = new Map<string, Route[]>();
+const patternRoutes: Route[] = [];
+for (const route of routes) {
+  if (typeof route.path === "string") {
+    const list = fixedRoutes.get(route.path) ?? [];
+    list.push(route);
+    fixedRoutes.set(route.path, list);
+  } else patternRoutes.push(route);
+}
+
+function findRoute(
+  method: string | undefined,
+  pathname: string,
+): { route: Route; params: string[] } | "method_not_allowed" | undefined {
+  let pathKnown = false;
+  const fixed = fixedRoutes.get(pathname);
+  if (fixed !== undefined) {
+    pathKnown = true;
+    for (const route of fixed) if (route.method === method) return { route, params: [] };
+  }
+  for (const route of patternRoutes) {
+    const m = (route.path as RegExp).exec(pathname);
+    if (m === null) continue;
+    pathKnown = true;
+    if (route.method === method) return { route, params: m.slice(1).map(decodePathParam) };
+  }
+  return pathKnown ? "method_not_allowed" : undefined;
+}
+
+// A request target whose path WHATWG URL parsing leaves as it is: no query or fragment, no
+// backslash, no leading "//", only characters a path keeps unencoded, and no dot segment.
+const plainTarget = /^\/(?!\/)[A-Za-z0-9\-._~!$&'()*+,;=:@%/]*$/;
+const dotSegment = /(?:^|\/)(?:\.|%2e){1,2}(?:\/|$)/i;
+
+/** The path and query of a request target, as `new URL(target, base)` reads them. */
+function targetOf(target: string): { pathname: string; query: string } {
+  // The common target needs no parse (a URL costs about a microsecond).
+  if (plainTarget.test(target) && !dotSegment.test(target)) return { pathname: target, query: "" };
+  const url = new URL(target, "http://gateway.invalid");
+  return { pathname: url.pathname, query: url.search.slice(1) };
+}
+
 export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: NodeResponse) => void {
-  const clients: Clients = {
-    catalog: createClient(CatalogService, deps.transport),
-    quote: createClient(QuoteService, deps.transport),
-    inference: createClient(InferenceService, deps.transport),
-    provider: createClient(ProviderService, deps.transport),
-    settlement: createClient(SettlementService, deps.transport),
-  };
+  const { rpc, logger } = deps;
 
   return (req, res) => {
-    const url = new URL(req.url ?? "/", "http://gateway.invalid");
+    const { pathname, query } = targetOf(req.url ?? "/");
     const abort = new AbortController();
     // Only a client that left before the answer ended cancels the call (an abort builds an
     // AbortError with a stack trace: not something to pay for on every finished request).
     res.once("close", () => {
       if (!res.writableFinished) abort.abort();
     });
-    const headers: Record<string, string> = {};
-    for (const name of ["authorization", "x-request-id"]) {
-      const value = req.headers[name];
-      if (typeof value === "string") headers[name] = value;
-    }
+    const options: InProcessCallOptions = { headers: req.headers, signal: abort.signal };
 
     const handled = (async (): Promise<void> => {
-      let match: { route: Route; params: string[] } | undefined;
-      let pathKnown = false;
-      for (const route of routes) {
-        const m = route.path.exec(url.pathname);
-        if (m === null) continue;
-        pathKnown = true;
-        if (route.method === req.method) {
-          match = { route, params: m.slice(1).map(decodePathParam) };
-          break;
-        }
-      }
-      if (match === undefined) {
+      const match = findRoute(req.method, pathname);
+      if (match === undefined || match === "method_not_allowed") {
         req.resume();
-        throw pathKnown
-          ? new GatewayError(
-              "method_not_allowed",
-              `${req.method} is not allowed on ${url.pathname}`,
-            )
+        throw match === "method_not_allowed"
+          ? new GatewayError("method_not_allowed", `${req.method} is not allowed on ${pathname}`)
           : new GatewayError(
               "route_not_found",
-              `no route for ${req.method} ${url.pathname.slice(0, 200)}`,
+              `no route for ${req.method} ${pathname.slice(0, 200)}`,
             );
       }
       const reply = await match.route.handle({
         req,
         res,
-        url,
+        query,
         params: match.params,
-        options: { headers, signal: abort.signal },
-        clients,
+        options,
+        rpc,
         deps,
       });
       if (reply !== undefined && !res.headersSent)
@@ -389,18 +429,38 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
     })();
 
     handled.catch((error: unknown) => {
-      const { status, body } = toHttpError(error);
-      if (status >= 500 && body.error.code === "internal_error")
-        deps.logger
-          .child({ reqId: headers["x-request-id"] })
-          .error({ err: error, path: url.pathname }, "request failed");
+      // A ConnectError is an RPC's outcome, which the observability interceptor has logged; what
+      // failed outside an RPC (the route, the body, this facade) is logged here, once.
+      const left = abort.signal.aborted;
+      if (!(error instanceof ConnectError)) logOutcome(logger, req, pathname, error, left);
+      if (left || res.destroyed) return; // nobody to answer
       if (res.headersSent) {
         res.end();
         return;
       }
+      const { status, body } = toHttpError(error);
       const extra: Record<string, string> = {};
       if (status === 401) extra["www-authenticate"] = "Bearer";
       sendJson(res, status, body, extra);
     });
   };
+}
+
+/** The outcome of a request that failed before or after its RPC, not in it. */
+function logOutcome(
+  logger: Logger,
+  req: NodeRequest,
+  path: string,
+  error: unknown,
+  clientLeft: boolean,
+): void {
+  const reqId = req.headers["x-request-id"];
+  if (clientLeft) {
+    logger.info({ reqId, path, code: "cancelled" }, "client disconnected");
+    return;
+  }
+  const { status, body } = toHttpError(error);
+  if (status >= 500 && body.error.code === "internal_error")
+    logger.error({ reqId, path, err: error }, "request failed");
+  else logger.info({ reqId, path, code: body.error.code }, "request rejected");
 }

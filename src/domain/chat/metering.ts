@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import type { Tariff } from "../catalog.js";
-import { priceCredits } from "../pricing.js";
-import type { Billing } from "./types.js";
+import { priceCredits, type PriceSchedule } from "../pricing.js";
+import type { Billing, Metering } from "./types.js";
 
 /**
  * Metering: the usage a provider reported (or the gateway's own count) and the charge it makes,
@@ -55,6 +55,17 @@ export function deltaText(chunk: unknown): string {
     .join("");
 }
 
+/** Whether a stream chunk carries generated text (`deltaText(chunk) !== ""`, without building it). */
+export function hasDeltaText(chunk: unknown): boolean {
+  const choices = (chunk as { choices?: { delta?: { content?: unknown } }[] } | null)?.choices;
+  if (!Array.isArray(choices)) return false;
+  for (const c of choices) {
+    const content = c?.delta?.content;
+    if (typeof content === "string" && content !== "") return true;
+  }
+  return false;
+}
+
 export function isUsageOnly(chunk: unknown): boolean {
   const c = chunk as { choices?: unknown[]; usage?: unknown } | null;
   return (
@@ -65,7 +76,45 @@ export function isUsageOnly(chunk: unknown): boolean {
   );
 }
 
+/**
+ * The UTF-8 bytes of a text, as a plain Uint8Array over Node's buffer pool: several times
+ * cheaper than a TextEncoder for a chunk-sized text, and not a Buffer (whose toJSON would change
+ * how a stored idempotent answer keeps its chunks).
+ */
+export function utf8Bytes(text: string): Uint8Array {
+  const buffer = Buffer.from(text, "utf8");
+  return new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength);
+}
+
 export const minBigint = (a: bigint, b: bigint): bigint => (a < b ? a : b);
+
+/**
+ * A stream's metering after one of its chunks: the tokens so far and what they cost, priced
+ * when read. The RPC stream sends the credits with every chunk; the REST facade reads none of
+ * them, so a chunk relayed to it costs no pricing (the charge is priced once, at the close).
+ */
+export class StreamMetering implements Metering {
+  constructor(
+    private readonly tariff: PriceSchedule,
+    private readonly maximum: bigint,
+    readonly inputTokens: bigint,
+    readonly outputTokens: bigint,
+  ) {}
+
+  /** The price of the tokens so far, capped at the request's maximum. */
+  get credits(): bigint {
+    return minBigint(priceCredits(this.tariff, this, false), this.maximum);
+  }
+
+  /** The plain {@link Metering} (what a stored idempotent answer keeps). */
+  toJSON(): Metering {
+    return {
+      inputTokens: this.inputTokens,
+      outputTokens: this.outputTokens,
+      credits: this.credits,
+    };
+  }
+}
 
 /** How a request ends, decided in memory before the ledger records it. */
 export interface Closing {

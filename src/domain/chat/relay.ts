@@ -2,16 +2,16 @@ import type { Hex } from "viem";
 import { upstreamBody, type ChatRequest } from "../chat-request.js";
 import { GatewayError } from "../errors.js";
 import type { Permit } from "../permits.js";
-import { priceCredits } from "../pricing.js";
 import { completionRetries, createRequestClose, type Closes } from "./lifecycle.js";
 import {
   closingOf,
   completionText,
   countTextTokens,
-  deltaText,
+  hasDeltaText,
   isUsageOnly,
-  minBigint,
+  StreamMetering,
   usageOf,
+  utf8Bytes,
   type Closing,
   type Usage,
 } from "./metering.js";
@@ -261,19 +261,11 @@ export async function* serve(
         if (usage !== undefined) provided = usage;
         if (lost) throw lostRequest();
         if (isUsageOnly(chunk) && !req.includeUsage) continue;
-        if (deltaText(chunk) !== "") delivered += 1n;
-        const credits = minBigint(
-          priceCredits(
-            current.offer.tariff,
-            { inputTokens: inputBound, outputTokens: delivered },
-            false,
-          ),
-          maximumCredits,
-        );
+        if (hasDeltaText(chunk)) delivered += 1n;
         yield {
           type: "chunk",
-          data: encoder.encode(data),
-          metering: { inputTokens: inputBound, outputTokens: delivered, credits },
+          data: utf8Bytes(data),
+          metering: new StreamMetering(current.offer.tariff, maximumCredits, inputBound, delivered),
         };
       }
     } catch (error) {
