@@ -321,4 +321,28 @@ describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
     expect(s.ledger.reserved).toBe(s.leased);
     expect(s.leased).toBeGreaterThanOrEqual(MAX);
   });
+
+  it("frees a request's offer slot when its close starts, before the charge commits", async () => {
+    let gate: (() => void) | undefined;
+    const { leases } = processLedger("gw_j", (store) => ({
+      ...store,
+      close: async (c) => {
+        if (gate === undefined) await new Promise<void>((resolve) => (gate = resolve));
+        return store.close(c);
+      },
+    }));
+    const [permitId, offerId] = [hex32(), hex32()];
+    const one = { ...request(permitId, offerId, 10n * MAX), maxConcurrency: 1 };
+    expect(await leases.reserve(one)).toEqual({ ok: true });
+    const closing = leases.finalize(close(one.requestId, 100n));
+    await new Promise((r) => setTimeout(r, 20));
+    expect(gate).toBeDefined(); // the charge is not committed yet ...
+    const two = { ...request(permitId, offerId, 10n * MAX), maxConcurrency: 1 };
+    expect(await leases.reserve(two)).toEqual({ ok: true }); // ... but the slot is free
+    gate!();
+    expect(await closing).toEqual({ finalized: true, creditsCharged: 100n });
+    const s = await state(permitId, offerId);
+    expect(s.inFlight).toBe(1);
+    expect(s.ledger.reserved).toBe(s.leased);
+  });
 });

@@ -56,6 +56,8 @@ interface LeasedRequest {
   readonly open: OpenState;
   readonly written: Promise<void>;
   closing: Promise<{ finalized: boolean; creditsCharged: bigint }> | undefined;
+  /** Its offer slot, held until the provider is done with it (the close starts). */
+  slotHeld: boolean;
 }
 
 export interface LeasedLedger extends Ledger {
@@ -233,6 +235,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       open,
       written,
       closing: undefined,
+      slotHeld: true,
     });
     return { ok: true };
   };
@@ -240,6 +243,12 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
   const finalize: Ledger["finalize"] = async (input) => {
     const r = requests.get(input.requestId);
     if (r === undefined) return fallback.finalize(input);
+    // The provider is done with the request: its slot is free now, while its credits stay
+    // held until the charge is committed (a slot is in-memory accounting inside the lease).
+    if (r.slotHeld) {
+      r.slotHeld = false;
+      release(r.offerPool, 1n);
+    }
     r.closing ??= (async () => {
       if (!r.open.sent) r.open.skip = true;
       else await r.written;
@@ -266,7 +275,6 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       // The charge left the lease in the same transaction; the rest of the maximum is free.
       r.permitPool.granted -= result.creditsCharged;
       release(r.permitPool, r.record.maximumCredits);
-      release(r.offerPool, 1n);
     }
     return result;
   };
