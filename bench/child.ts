@@ -8,6 +8,12 @@
 /** Content chunks of every streamed completion of the fake upstream. */
 export const STREAM_CONTENT_CHUNKS = 20;
 
+/**
+ * The `"user"` of a streaming request the fake upstream answers slowly: its chunks spread over
+ * `SLOW_STREAM_MS` instead of written at once (the slow-streams phase of `npm run bench`).
+ */
+export const SLOW_STREAM_USER = "bench-slow-stream";
+
 /** The line a child prints on stdout once it is ready. */
 export interface ReadyLine {
   readonly ready: true;
@@ -28,6 +34,8 @@ export interface StatsReply {
   readonly id: number;
   readonly cpu: NodeJS.CpuUsage;
   readonly rssBytes: number;
+  /** `process.memoryUsage()`: V8 heap, external memory and array buffers (bytes). */
+  readonly memory: NodeJS.MemoryUsage;
 }
 
 export function announceReady(role: string, url: string): void {
@@ -65,6 +73,7 @@ export function serveControl(close: () => Promise<void>): void {
       id: request.id,
       cpu: process.cpuUsage(),
       rssBytes: process.memoryUsage.rss(),
+      memory: process.memoryUsage(),
     };
     process.send?.(reply);
   });

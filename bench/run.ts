@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 import { startAnvil } from "../src/adapters/chain/anvil.js";
+import { execFileSync } from "node:child_process";
 import { killAllChildrenSync, startChild, type ChildHandle } from "./lib/processes.js";
 import {
   load,
@@ -12,11 +13,15 @@ import {
   preflight,
   requestBody,
   scenarios,
+  slowStreamBody,
   UnloadedSampler,
+  type LoadResult,
   type Scenario,
   type Target,
 } from "./lib/measure.js";
+import { createPgCpuProbe, type PgCpuProbe } from "./lib/pg-cpu.js";
 import {
+  allPassed,
   compare,
   formatReport,
   type BenchReport,
@@ -28,10 +33,13 @@ import {
 import {
   createBenchApiKey,
   createBenchDatabase,
+  maximumCreditsPerRequest,
   onboardOffers,
   seedBenchMarket,
 } from "./lib/setup.js";
-import { baseEnv, readCommonSettings, type CommonSettings } from "./lib/settings.js";
+import { baseEnv, intSetting, readCommonSettings, type CommonSettings } from "./lib/settings.js";
+import { memoryOf, slowStreamBurst } from "./lib/streams.js";
+import { sustainedLoad, type SustainedFigures } from "./lib/sustained.js";
 
 /**
  * `npm run bench`: the gateway on a fresh database of a real PostgreSQL, anvil with the demo
@@ -41,22 +49,57 @@ import { baseEnv, readCommonSettings, type CommonSettings } from "./lib/settings
  * or when the run overstays its time budget. See bench/README.md.
  */
 
+/** Length of each window of the sustained phase, s. */
+const sustainedWindowSeconds = 20;
+
 interface Settings extends CommonSettings {
   readonly output: string;
   readonly profileDir: string | undefined;
+  /** Connections of the second SSE load phase; 0 skips it. */
+  readonly wideConnections: number;
+  /** Seconds of the sustained JSON phase; 0 skips it. */
+  readonly sustainedSeconds: number;
+  /** Slow streams started at once; 0 skips the phase. */
+  readonly slowStreams: number;
+  /** The slow streams are started evenly within this many ms. */
+  readonly slowStartMs: number;
+  /** How long the fake upstream takes for each slow stream. */
+  readonly slowStreamSeconds: number;
 }
 
 function readSettings(): Settings {
+  const sustainedSeconds = intSetting("BENCH_SUSTAINED_SECONDS", 180, 0, 3600);
+  if (sustainedSeconds > 0 && sustainedSeconds < 2 * sustainedWindowSeconds) {
+    throw new Error(
+      `BENCH_SUSTAINED_SECONDS must be 0 (skip) or at least ${2 * sustainedWindowSeconds} (two ${sustainedWindowSeconds} s windows), got ${sustainedSeconds}`,
+    );
+  }
   return {
     ...readCommonSettings(),
     output:
       process.env.BENCH_OUTPUT || fileURLToPath(new URL("./results/latest.json", import.meta.url)),
     profileDir: process.env.BENCH_PROFILE_DIR || undefined,
+    wideConnections: intSetting("BENCH_WIDE_CONNECTIONS", 128, 0, 1024),
+    sustainedSeconds,
+    slowStreams: intSetting("BENCH_SLOW_STREAMS", 1000, 0, 5000),
+    slowStartMs: intSetting("BENCH_SLOW_START_MS", 1000, 1, 60_000),
+    slowStreamSeconds: intSetting("BENCH_SLOW_STREAM_SECONDS", 10, 1, 120),
   };
 }
 
 const setupBudgetMs = 180_000;
 const unloadedBudgetMs = 120_000;
+
+/** The soft limit of open files this process (and so its children) may have, if known. */
+function openFilesLimit(): number | undefined {
+  try {
+    const out = execFileSync("sh", ["-c", "ulimit -n"], { encoding: "utf8", timeout: 5_000 });
+    const value = Number(out.trim());
+    return Number.isInteger(value) ? value : undefined; // "unlimited" is NaN
+  } catch {
+    return undefined;
+  }
+}
 
 function log(message: string): void {
   process.stderr.write(`[bench] ${message}\n`);
@@ -75,14 +118,22 @@ function gatewayOverrides(): NodeJS.ProcessEnv {
 
 async function cpuWindow<T>(
   children: Record<"gateway" | "proxy" | "upstream", ChildHandle>,
-  run: () => Promise<T & { responses: number }>,
-): Promise<{ result: T & { responses: number }; cpu: CpuFigures }> {
+  probe: PgCpuProbe,
+  run: () => Promise<T & { responses: number; ok: number }>,
+): Promise<{ result: T & { responses: number; ok: number }; cpu: CpuFigures }> {
   const names = ["gateway", "proxy", "upstream"] as const;
-  const before = await Promise.all(names.map((n) => children[n].stats()));
+  const [before, pgBefore] = await Promise.all([
+    Promise.all(names.map((n) => children[n].stats())),
+    probe.snapshot(),
+  ]);
   const startedAt = process.hrtime.bigint();
   const result = await run();
   const wallMs = Number(process.hrtime.bigint() - startedAt) / 1e6;
-  const after = await Promise.all(names.map((n) => children[n].stats()));
+  const [after, pgAfter] = await Promise.all([
+    Promise.all(names.map((n) => children[n].stats())),
+    probe.snapshot(),
+  ]);
+  const postgres = pgBefore && pgAfter ? probe.between(pgBefore, pgAfter) : undefined;
   const used = (i: number): number =>
     (after[i]!.cpu.user + after[i]!.cpu.system - before[i]!.cpu.user - before[i]!.cpu.system) /
     1000;
@@ -90,10 +141,13 @@ async function cpuWindow<T>(
     result.responses > 0 ? used(i) / result.responses : undefined;
   const cores: CpuFigures["cores"] = {};
   names.forEach((n, i) => (cores[n] = used(i) / wallMs));
+  if (postgres) cores.postgres = postgres.cores;
   const cpu: CpuFigures = {
     ...(perRequest(0) === undefined ? {} : { gatewayMsPerRequest: perRequest(0) }),
     ...(perRequest(1) === undefined ? {} : { proxyMsPerRequest: perRequest(1) }),
     ...(perRequest(2) === undefined ? {} : { upstreamMsPerRequest: perRequest(2) }),
+    ...(postgres && result.ok > 0 ? { postgresMsPerRequest: postgres.cpuMs / result.ok } : {}),
+    ...(postgres ? { postgres } : {}),
     cores,
   };
   return { result, cpu };
@@ -103,6 +157,18 @@ async function main(): Promise<number> {
   const settings = readSettings();
   const startedAt = new Date();
   const problems: string[] = [];
+  const logPhase = (label: string, phase: LoadResult): void => {
+    log(
+      `  ${phase.requestsPerSecond.toFixed(0)} req/s, p50 ${phase.latencyMs.p50} ms, ` +
+        `${phase.non2xx} non-2xx, ${phase.errors} errors`,
+    );
+    if (phase.non2xx > 0 || phase.errors > 0) {
+      problems.push(
+        `${label}: ${phase.non2xx} non-2xx answers and ${phase.errors} errors at load` +
+          (phase.errorSamples.length > 0 ? ` (${phase.errorSamples.join(" | ")})` : ""),
+      );
+    }
+  };
   const cleanups: { what: string; run: () => Promise<void> }[] = [];
   let cleaning: Promise<void> | undefined;
   const cleanup = (): Promise<void> => {
@@ -119,10 +185,15 @@ async function main(): Promise<number> {
   };
 
   // Whatever happens, the run ends: a watchdog for the whole budget, and signals.
+  const slowStreamTimeoutMs = settings.slowStartMs + settings.slowStreamSeconds * 1000 + 50_000;
+  const loadPhaseMs = (settings.warmupSeconds + settings.seconds + 15) * 1000;
   const budgetMs =
     setupBudgetMs +
     unloadedBudgetMs +
-    scenarios.length * 2 * (settings.warmupSeconds + settings.seconds + 15) * 1000 +
+    scenarios.length * 2 * loadPhaseMs +
+    (settings.wideConnections > 0 ? 2 * loadPhaseMs : 0) +
+    (settings.slowStreams > 0 ? 2 * (slowStreamTimeoutMs + 15_000) : 0) +
+    (settings.sustainedSeconds > 0 ? (settings.sustainedSeconds + 60) * 1000 : 0) +
     60_000;
   let aborted: string | undefined;
   const checkAborted = (): void => {
@@ -159,9 +230,35 @@ async function main(): Promise<number> {
     log("starting anvil and seeding the demo market");
     const anvil = await startAnvil({ chainId: 31337 });
     cleanups.push({ what: "stopping anvil", run: () => anvil.stop() });
-    const maxConcurrency = Math.max(64, settings.connections * 4);
-    const deposit = 1_000_000n * 10n ** 18n;
+    // Room for every connection of every phase, and for all slow streams at once (with the
+    // slots of closes still in flight); a deposit that covers all of them at their maximum.
+    const maxConcurrency = Math.max(
+      64,
+      4 * Math.max(settings.connections, settings.wideConnections),
+      2 * settings.slowStreams,
+    );
+    const perRequestMaximum = maximumCreditsPerRequest([
+      requestBody("json"),
+      requestBody("sse"),
+      slowStreamBody(),
+    ]);
+    const oneMillionCredits = 1_000_000n * 10n ** 18n;
+    const coverAll = 10n * BigInt(maxConcurrency) * perRequestMaximum;
+    const deposit = coverAll > oneMillionCredits ? coverAll : oneMillionCredits;
     const market = await seedBenchMarket(anvil, { maxConcurrency, deposit });
+    log(
+      `offers: max_concurrency ${maxConcurrency}; permit deposit ${deposit} covers ` +
+        `${deposit / perRequestMaximum} concurrent maxima of ${perRequestMaximum}`,
+    );
+    if (settings.slowStreams > 0) {
+      const limit = openFilesLimit();
+      // The gateway holds a client and an upstream socket per stream, the runner one.
+      if (limit !== undefined && limit < 2 * settings.slowStreams + 1024) {
+        problems.push(
+          `ulimit -n is ${limit}: too low for ${settings.slowStreams} slow streams (the gateway needs about ${2 * settings.slowStreams + 1024} descriptors); raise it before the run`,
+        );
+      }
+    }
 
     const dir = await mkdtemp(join(tmpdir(), "gw-bench-"));
     cleanups.push({
@@ -210,7 +307,17 @@ async function main(): Promise<number> {
       ? ["--cpu-prof", `--cpu-prof-dir=${settings.profileDir}`]
       : [];
     const started = await Promise.allSettled([
-      startChild("upstream", "upstream.ts", { ...baseEnv(), HOST: "127.0.0.1", PORT: "0" }, 30_000)
+      startChild(
+        "upstream",
+        "upstream.ts",
+        {
+          ...baseEnv(),
+          HOST: "127.0.0.1",
+          PORT: "0",
+          SLOW_STREAM_MS: String(settings.slowStreamSeconds * 1000),
+        },
+        30_000,
+      )
         .then((c) => (children.upstream = c))
         .then(async (up) => {
           children.proxy = await startChild(
@@ -234,10 +341,20 @@ async function main(): Promise<number> {
     log(`upstream ${upstream.url} (pid ${upstream.pid}), proxy ${proxy.url} (pid ${proxy.pid})`);
     log(`gateway ${gateway.url} (pid ${gateway.pid}), database ${db.name}`);
 
+    const probe = await createPgCpuProbe(settings.serverUrl, db.name);
+    cleanups.push({ what: "closing the PostgreSQL CPU probe", run: () => probe.close() });
+    if (probe.unavailable !== undefined) {
+      log(`PostgreSQL CPU will not be measured: ${probe.unavailable}`);
+    }
+
     const apiKey = await createBenchApiKey(db.url);
     const onboarded = await onboardOffers(market, { baseUrl: gateway.url, apiKey }, upstream.url);
     log(`${onboarded} demo offers registered and verified against the fake upstream`);
     const setupSeconds = (Date.now() - setupStarted) / 1000;
+    const memoryAfterSetup: BenchReport["memoryAfterSetup"] = {
+      gateway: memoryOf(await gateway.stats()),
+      proxy: memoryOf(await proxy.stats()),
+    };
 
     const headers = {
       authorization: `Bearer ${apiKey}`,
@@ -331,45 +448,145 @@ async function main(): Promise<number> {
           `load: ${name} ${scenario}, ${settings.connections} connections, ${settings.seconds} s`,
         );
         checkAborted();
-        const { result, cpu } = await cpuWindow(all, () =>
+        const { result, cpu } = await cpuWindow(all, probe, () =>
           load(target, scenario, { ...options, seconds: settings.seconds }),
         );
         const phase: LoadPhase = { ...result, cpu };
         loadResults[name][scenario] = phase;
-        log(
-          `  ${phase.requestsPerSecond.toFixed(0)} req/s, p50 ${phase.latencyMs.p50} ms, ` +
-            `${phase.non2xx} non-2xx, ${phase.errors} errors`,
-        );
-        if (phase.non2xx > 0 || phase.errors > 0) {
-          problems.push(
-            `${name} ${scenario}: ${phase.non2xx} non-2xx answers and ${phase.errors} errors at load` +
-              (phase.errorSamples.length > 0 ? ` (${phase.errorSamples.join(" | ")})` : ""),
-          );
-        }
+        logPhase(`${name} ${scenario}`, phase);
         await sleep(1_000);
       }
     }
 
+    // ---------------------------------------------------------------- SSE, more connections
+    const loadWide: BenchReport["loadWide"] = {};
+    if (settings.wideConnections > 0) {
+      for (const name of order) {
+        if (!measurable(name, "sse")) continue;
+        checkAborted();
+        const target = targetsByName[name];
+        const options = { connections: settings.wideConnections };
+        if (settings.warmupSeconds > 0) {
+          log(`warm-up: ${name} sse, ${settings.wideConnections} connections`);
+          await load(target, "sse", { ...options, seconds: settings.warmupSeconds });
+          await sleep(500);
+        }
+        log(`load: ${name} sse, ${settings.wideConnections} connections, ${settings.seconds} s`);
+        checkAborted();
+        const { result, cpu } = await cpuWindow(all, probe, () =>
+          load(target, "sse", { ...options, seconds: settings.seconds }),
+        );
+        const phase: LoadPhase = { ...result, cpu };
+        loadWide[name] = phase;
+        logPhase(`${name} sse ${settings.wideConnections}`, phase);
+        await sleep(1_000);
+      }
+    }
+
+    // ---------------------------------------------------------------- slow streams
+    const slowStreams: BenchReport["slowStreams"] = {};
+    if (settings.slowStreams > 0) {
+      for (const name of order) {
+        if (!measurable(name, "sse")) continue;
+        checkAborted();
+        log(
+          `slow streams: ${name}, ${settings.slowStreams} started within ${settings.slowStartMs} ms, ` +
+            `${settings.slowStreamSeconds} s each`,
+        );
+        const burst = await slowStreamBurst(targetsByName[name], all[name], {
+          streams: settings.slowStreams,
+          spreadMs: settings.slowStartMs,
+          timeoutMs: slowStreamTimeoutMs,
+        });
+        slowStreams[name] = burst;
+        log(
+          `  ${burst.complete}/${burst.streams} complete, started within ${burst.startSpreadMs.toFixed(0)} ms, ` +
+            `first byte p50 ${burst.firstByteMs?.p50.toFixed(1) ?? "-"} ms, ` +
+            `peak RSS ${(burst.memory.peak.rssBytes / 1e6).toFixed(1)} MB ` +
+            `(${(burst.memory.before.rssBytes / 1e6).toFixed(1)} MB before)`,
+        );
+        if (burst.complete < burst.streams) {
+          problems.push(
+            `${name} slow streams: ${burst.complete} of ${burst.streams} complete, ` +
+              `${burst.errors} errors, ${burst.incomplete} cut or malformed, statuses ` +
+              `${JSON.stringify(burst.statusCodes)} (${burst.errorSamples.join(" | ")})`,
+          );
+        }
+        // Let the streams' closes (and the gateway's records of them) settle.
+        await sleep(2_000);
+      }
+    }
+
+    // ---------------------------------------------------------------- sustained
+    let sustained: SustainedFigures | undefined;
+    if (settings.sustainedSeconds > 0 && measurable("gateway", "json")) {
+      checkAborted();
+      log(
+        `sustained: gateway json, ${settings.connections} connections, ${settings.sustainedSeconds} s ` +
+          `in ${sustainedWindowSeconds} s windows, same database`,
+      );
+      sustained = await sustainedLoad(targetsByName.gateway, gateway, probe, {
+        connections: settings.connections,
+        seconds: settings.sustainedSeconds,
+        windowSeconds: sustainedWindowSeconds,
+        log,
+      });
+      if (sustained.load.non2xx > 0 || sustained.load.errors > 0) {
+        problems.push(
+          `sustained: ${sustained.load.non2xx} non-2xx answers and ${sustained.load.errors} errors` +
+            (sustained.load.errorSamples.length > 0
+              ? ` (${sustained.load.errorSamples.join(" | ")})`
+              : ""),
+        );
+      }
+    }
+
     // ---------------------------------------------------------------- report
-    const { comparison, targets } = compare(loadResults, unloaded, pre);
+    const reportSettings: BenchReport["settings"] = {
+      seconds: settings.seconds,
+      warmupSeconds: settings.warmupSeconds,
+      connections: settings.connections,
+      unloadedRequests: settings.unloadedRequests,
+      wideConnections: settings.wideConnections,
+      sustainedSeconds: settings.sustainedSeconds,
+      sustainedWindowSeconds,
+      slowStreams: settings.slowStreams,
+      slowStartMs: settings.slowStartMs,
+      slowStreamSeconds: settings.slowStreamSeconds,
+      offerMaxConcurrency: market.maxConcurrency,
+      permitDeposit: market.permitDeposit.toString(),
+      request: requestBody("json"),
+    };
+    const postgresCpu: BenchReport["postgresCpu"] = {
+      clockTicksPerSecond: probe.clockTicksPerSecond,
+      ...(probe.unavailable === undefined ? {} : { unavailable: probe.unavailable }),
+      ...(probe.note === undefined ? {} : { note: probe.note }),
+    };
+    const { comparison, targets } = compare({
+      load: loadResults,
+      loadWide,
+      unloaded,
+      preflight: pre,
+      slowStreams,
+      ...(sustained ? { sustained } : {}),
+      settings: reportSettings,
+      postgresCpu,
+    });
     const report: BenchReport = {
-      version: 1,
+      version: 2,
       startedAt: startedAt.toISOString(),
       finishedAt: new Date().toISOString(),
       machine: { cpus: availableParallelism(), node: process.version, platform: process.platform },
-      settings: {
-        seconds: settings.seconds,
-        warmupSeconds: settings.warmupSeconds,
-        connections: settings.connections,
-        unloadedRequests: settings.unloadedRequests,
-        offerMaxConcurrency: market.maxConcurrency,
-        permitDeposit: market.permitDeposit.toString(),
-        request: requestBody("json"),
-      },
+      settings: reportSettings,
       setupSeconds,
+      memoryAfterSetup,
+      postgresCpu,
       preflight: pre,
       unloaded,
       load: loadResults,
+      loadWide,
+      slowStreams,
+      ...(sustained ? { sustained } : {}),
       comparison,
       targets,
       problems,
@@ -378,7 +595,7 @@ async function main(): Promise<number> {
     await writeFile(settings.output, `${JSON.stringify(report, null, 2)}\n`);
     process.stdout.write(`\n${formatReport(report)}\n`);
     log(`results written to ${settings.output}`);
-    return targets.every((t) => t.verdict === "PASS") ? 0 : 1;
+    return allPassed(targets) ? 0 : 1;
   } catch (error) {
     log(`setup or measurement failed: ${(error as Error).stack ?? String(error)}`);
     return 2;

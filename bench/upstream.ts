@@ -1,6 +1,6 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
-import { STREAM_CONTENT_CHUNKS, announceReady, serveControl } from "./child.js";
+import { SLOW_STREAM_USER, STREAM_CONTENT_CHUNKS, announceReady, serveControl } from "./child.js";
 
 /**
  * The benchmark's fake provider: as fast an OpenAI-compatible endpoint as plain `node:http`
@@ -9,7 +9,10 @@ import { STREAM_CONTENT_CHUNKS, announceReady, serveControl } from "./child.js";
  * - `GET /v1/models` lists `BENCH_MODELS` (default the demo market's `demo-chat,demo-coder`).
  * - `POST /v1/chat/completions` answers a small `chat.completion` with `usage`, or with
  *   `"stream": true` exactly 20 content chunks, a finish chunk, a usage chunk when
- *   `stream_options.include_usage` is set, and `data: [DONE]`, all written at once.
+ *   `stream_options.include_usage` is set, and `data: [DONE]`, all written at once; unless the
+ *   request's `"user"` is `"bench-slow-stream"` (SLOW_STREAM_USER): then the first content chunk
+ *   goes at once, the others one every `SLOW_STREAM_MS` / 20 ms (default 10,000 / 20 = 500), and
+ *   the finish, usage and `[DONE]` one tick after the last, so the stream lasts `SLOW_STREAM_MS`.
  *
  * Usage: `completion_tokens` never exceeds the request's output limit (`max_completion_tokens`,
  * else `max_tokens`), so a gateway that caps over-reported usage has nothing to cap.
@@ -23,6 +26,7 @@ const models = (process.env.BENCH_MODELS ?? "demo-chat,demo-coder")
   .filter(Boolean);
 const host = process.env.HOST ?? "127.0.0.1";
 const port = Number(process.env.PORT ?? "0");
+const slowStreamMs = Number(process.env.SLOW_STREAM_MS ?? "10000");
 
 const jsonWords = ["Hello", "from", "the", "benchmark", "upstream."];
 
@@ -33,6 +37,7 @@ interface ChatBody {
   stream_options?: { include_usage?: unknown } | null;
   max_tokens?: unknown;
   max_completion_tokens?: unknown;
+  user?: unknown;
 }
 
 const modelList = Buffer.from(
@@ -110,32 +115,49 @@ function answer(res: http.ServerResponse, raw: Buffer): void {
     "cache-control": "no-cache",
   });
   const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(model)},"choices":[{"index":0,"delta":`;
-  // Each content chunk is its own write, as a real provider's tokens would be.
-  res.write(`data: ${head}{"role":"assistant","content":"tok0"},"finish_reason":null}]}\n\n`);
-  for (let i = 1; i < STREAM_CONTENT_CHUNKS; i++) {
-    res.write(`data: ${head}{"content":" tok${i}"},"finish_reason":null}]}\n\n`);
-  }
+  const content = (i: number): string =>
+    i === 0
+      ? `data: ${head}{"role":"assistant","content":"tok0"},"finish_reason":null}]}\n\n`
+      : `data: ${head}{"content":" tok${i}"},"finish_reason":null}]}\n\n`;
   const completion = Math.min(limit, STREAM_CONTENT_CHUNKS);
-  res.write(
-    `data: ${head}{},"finish_reason":"${completion < STREAM_CONTENT_CHUNKS ? "length" : "stop"}"}]}\n\n`,
-  );
-  if (body.stream_options?.include_usage === true) {
+  const finish = (): void => {
     res.write(
-      `data: ${JSON.stringify({
-        id,
-        object: "chat.completion.chunk",
-        created,
-        model,
-        choices: [],
-        usage: {
-          prompt_tokens: prompt,
-          completion_tokens: completion,
-          total_tokens: prompt + completion,
-        },
-      })}\n\n`,
+      `data: ${head}{},"finish_reason":"${completion < STREAM_CONTENT_CHUNKS ? "length" : "stop"}"}]}\n\n`,
     );
+    if (body.stream_options?.include_usage === true) {
+      res.write(
+        `data: ${JSON.stringify({
+          id,
+          object: "chat.completion.chunk",
+          created,
+          model,
+          choices: [],
+          usage: {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+          },
+        })}\n\n`,
+      );
+    }
+    res.end("data: [DONE]\n\n");
+  };
+
+  if (body.user === SLOW_STREAM_USER) {
+    // A slow model: the first token at once, then one every slowStreamMs / 20.
+    let sent = 0;
+    res.write(content(sent++));
+    const timer = setInterval(() => {
+      if (sent < STREAM_CONTENT_CHUNKS) return void res.write(content(sent++));
+      clearInterval(timer);
+      finish();
+    }, slowStreamMs / STREAM_CONTENT_CHUNKS);
+    res.on("close", () => clearInterval(timer));
+    return;
   }
-  res.end("data: [DONE]\n\n");
+  // Each content chunk is its own write, as a real provider's tokens would be.
+  for (let i = 0; i < STREAM_CONTENT_CHUNKS; i++) res.write(content(i));
+  finish();
 }
 
 const server = http.createServer({ keepAliveTimeout: 60_000 }, (req, res) => {

@@ -1,6 +1,6 @@
 import http from "node:http";
 import autocannon from "autocannon";
-import { STREAM_CONTENT_CHUNKS } from "../child.js";
+import { SLOW_STREAM_USER, STREAM_CONTENT_CHUNKS } from "../child.js";
 
 /**
  * The three kinds of measurement: a preflight (one request, its answer checked in full), the
@@ -25,6 +25,21 @@ export function requestBody(scenario: Scenario): string {
     messages: [{ role: "user", content: "hi" }],
     max_tokens: 16,
     ...(scenario === "sse" ? { stream: true } : {}),
+  });
+}
+
+/**
+ * A streaming request the fake upstream answers slowly (its chunks spread over
+ * `SLOW_STREAM_MS`): selected by `"user"`, which the gateway forwards unchanged (it only splices
+ * `stream_options.include_usage` into a streaming body) and the proxy pipes as it is.
+ */
+export function slowStreamBody(): string {
+  return JSON.stringify({
+    model: "demo-chat",
+    messages: [{ role: "user", content: "hi" }],
+    max_tokens: 16,
+    stream: true,
+    user: SLOW_STREAM_USER,
   });
 }
 
@@ -162,31 +177,35 @@ export async function preflight(target: Target, scenario: Scenario): Promise<Pre
       detail: `content-type is "${answer.contentType}", not text/event-stream`,
     };
   }
-  const events = answer.body
+  const problem = checkStream(answer.body);
+  if (typeof problem === "string") return { ok: false, status: answer.status, detail: problem };
+  return { ok: true, status: answer.status, detail: `${problem.events} events ending with [DONE]` };
+}
+
+/**
+ * Checks a complete SSE body: it ends with `data: [DONE]` and has exactly 20 content chunks.
+ * Returns what is wrong, or the number of events.
+ */
+export function checkStream(body: string): string | { events: number } {
+  const events = body
     .split(/\r?\n\r?\n/)
     .map((e) => e.trim())
     .filter((e) => e.startsWith("data:"))
     .map((e) => e.slice("data:".length).trim());
-  if (events.at(-1) !== "[DONE]") {
-    return { ok: false, status: answer.status, detail: "the stream does not end with [DONE]" };
-  }
+  if (events.at(-1) !== "[DONE]") return "the stream does not end with [DONE]";
   let content = 0;
   for (const data of events.slice(0, -1)) {
     try {
       const chunk = JSON.parse(data) as { choices?: { delta?: { content?: unknown } }[] };
       if (typeof chunk.choices?.[0]?.delta?.content === "string") content++;
     } catch {
-      return { ok: false, status: answer.status, detail: "an SSE event is not JSON" };
+      return "an SSE event is not JSON";
     }
   }
   if (content !== STREAM_CONTENT_CHUNKS) {
-    return {
-      ok: false,
-      status: answer.status,
-      detail: `${content} content chunks, expected ${STREAM_CONTENT_CHUNKS}`,
-    };
+    return `${content} content chunks, expected ${STREAM_CONTENT_CHUNKS}`;
   }
-  return { ok: true, status: answer.status, detail: `${events.length} events ending with [DONE]` };
+  return { events: events.length };
 }
 
 // ------------------------------------------------------------------ unloaded latency
@@ -285,10 +304,15 @@ export interface LoadResult {
 export async function load(
   target: Target,
   scenario: Scenario,
-  opts: { connections: number; seconds: number },
+  opts: {
+    connections: number;
+    seconds: number;
+    /** Called on every response as it completes (autocannon's `response` event). */
+    onResponse?: (status: number) => void;
+  },
 ): Promise<LoadResult> {
   const samples = new Map<number, string[]>();
-  const result = await autocannon({
+  const options: autocannon.Options = {
     url: target.url,
     connections: opts.connections,
     duration: opts.seconds,
@@ -311,6 +335,13 @@ export async function load(
         },
       },
     ],
+  };
+  const result = await new Promise<autocannon.Result>((resolve, reject) => {
+    const instance = autocannon(options, (error: unknown, res: autocannon.Result) =>
+      error ? reject(error instanceof Error ? error : new Error(String(error))) : resolve(res),
+    );
+    const onResponse = opts.onResponse;
+    if (onResponse) instance.on("response", (_client, status) => onResponse(status));
   });
   const statusCodes: Record<string, number> = {};
   for (const [code, stat] of Object.entries(result.statusCodeStats ?? {})) {

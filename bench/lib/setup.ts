@@ -7,8 +7,15 @@ import { creditTokenAbi, marketAbi } from "../../src/adapters/chain/artifacts.js
 import { chainClients, type ChainClients } from "../../src/adapters/chain/clients.js";
 import { createApiKey } from "../../src/adapters/pg/api-keys.js";
 import {
+  inputTokenUpperBound,
+  outputLimit,
+  parseChatRequest,
+} from "../../src/domain/chat-request.js";
+import { maximumCredits } from "../../src/domain/pricing.js";
+import {
   demoAccounts,
   demoMetadata,
+  demoTariff,
   id32,
   seedDemoMarket,
   type DemoAccounts,
@@ -141,6 +148,24 @@ export async function seedBenchMarket(
     permitDeposit: opts.deposit,
     maxConcurrency: opts.maxConcurrency,
   };
+}
+
+/**
+ * The most one of `bodies` can reserve at the demo tariff: the price of the gateway's input-token
+ * bound and the request's output limit, with the wake fee (what a quote's `maximum_credits` is).
+ */
+export function maximumCreditsPerRequest(bodies: readonly string[]): bigint {
+  let most = 0n;
+  for (const text of bodies) {
+    const req = parseChatRequest(new TextEncoder().encode(text), { maxBytes: 1 << 20 });
+    const credits = maximumCredits(
+      demoTariff,
+      { inputTokenBound: inputTokenUpperBound(req), outputLimit: outputLimit(req, {}) },
+      true,
+    );
+    if (credits > most) most = credits;
+  }
+  return most;
 }
 
 /** An API key on the bench database (the gateway has migrated it by now). */
