@@ -140,7 +140,8 @@ function clampInt(n: number): number {
   return Number.isFinite(n) ? Math.max(0, Math.min(2 ** 31 - 1, Math.floor(n))) : 0;
 }
 
-function recordRow({ record: r, state }: OpenItem) {
+/** A leased record's columns, as the batch statements name them (amounts as decimal strings). */
+function recordColumns(r: LeasedRecord) {
   return {
     id: r.requestId,
     api_key_id: r.apiKeyId,
@@ -151,29 +152,23 @@ function recordRow({ record: r, state }: OpenItem) {
     permit_id: r.permitId.toLowerCase(),
     quote_id: r.quoteId,
     stream: r.stream,
-    status: state.streaming ? "streaming" : "pending",
-    input_tokens: r.inputTokens.toString(),
     maximum: r.maximumCredits.toString(),
     tariff_version: r.tariffVersion.toString(),
     created_at: r.createdAt,
   };
 }
 
-function closeRow(c: LeasedClose) {
-  const r = c.record;
+function recordRow({ record, state }: OpenItem) {
   return {
-    id: r.requestId,
-    api_key_id: r.apiKeyId,
-    holder: r.holder,
-    model: r.model,
-    model_id: r.modelId.toLowerCase(),
-    offer_id: r.offerId.toLowerCase(),
-    permit_id: r.permitId.toLowerCase(),
-    quote_id: r.quoteId,
-    stream: r.stream,
-    maximum: r.maximumCredits.toString(),
-    tariff_version: r.tariffVersion.toString(),
-    created_at: r.createdAt,
+    ...recordColumns(record),
+    status: state.streaming ? "streaming" : "pending",
+    input_tokens: record.inputTokens.toString(),
+  };
+}
+
+function closeRow(c: LeasedClose) {
+  return {
+    ...recordColumns(c.record),
     status: c.status,
     input_tokens: c.inputTokens.toString(),
     output_tokens: c.outputTokens.toString(),
