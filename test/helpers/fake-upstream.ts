@@ -23,6 +23,8 @@ export interface FakeUpstreamOptions {
   chunks?: number;
   /** Pause before a JSON answer and between stream chunks, in ms. Default 0. */
   delayMs?: number;
+  /** Pause before answering `GET /v1/models` (a liveness probe), in ms. Default 0. */
+  modelsDelayMs?: number;
   /** Destroy the socket mid-stream, after `failAfterChunks` content chunks. */
   failMidStream?: boolean;
   /** Content chunks sent before `failMidStream` cuts the stream. Default 1. */
@@ -33,6 +35,19 @@ export interface FakeUpstreamOptions {
   failStatus?: number | undefined;
   /** Serve the API under this path prefix (e.g. `/base`); `url` includes it. Default "". */
   basePath?: string;
+  /** Extra headers on every answer (a hostile provider's `set-cookie`, `x-gateway-*`...). */
+  responseHeaders?: Record<string, string> | undefined;
+  /** Destroy the connection of a chat completion before any response byte (a reset). */
+  resetBeforeHeaders?: boolean | undefined;
+  /** Hold a chat completion this long before any response byte (or until the client leaves). */
+  stallBeforeHeadersMs?: number | undefined;
+  /**
+   * In a stream, stop sending after this many content chunks without closing the connection
+   * (until the client leaves).
+   */
+  stallAfterChunks?: number | undefined;
+  /** Answer with bytes that are not JSON: a JSON answer's body, and every SSE event's data. */
+  garbage?: boolean | undefined;
 }
 
 export interface FakeRequest {
@@ -65,12 +80,25 @@ export interface FakeUpstream {
   stop(): Promise<void>;
 }
 
-const defaults: Required<Omit<FakeUpstreamOptions, "token" | "usage" | "failStatus">> = {
+const defaults: Required<
+  Omit<
+    FakeUpstreamOptions,
+    | "token"
+    | "usage"
+    | "failStatus"
+    | "responseHeaders"
+    | "resetBeforeHeaders"
+    | "stallBeforeHeadersMs"
+    | "stallAfterChunks"
+    | "garbage"
+  >
+> = {
   models: ["fake-model"],
   omitUsage: false,
   listModels: true,
   chunks: 3,
   delayMs: 0,
+  modelsDelayMs: 0,
   failMidStream: false,
   failAfterChunks: 1,
   basePath: "",
@@ -118,6 +146,8 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
         },
         finished,
       });
+      for (const [name, value] of Object.entries(options.responseHeaders ?? {}))
+        res.setHeader(name, value);
       handle(req.method ?? "", path, req.headers, body, res).catch(() => res.destroy());
     });
   });
@@ -142,6 +172,7 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
       return sendError(res, 401, "invalid_api_key", "missing or wrong bearer token");
     }
     if (method === "GET" && path === "/v1/models") {
+      if (opts.modelsDelayMs > 0) await sleep(opts.modelsDelayMs);
       if (!opts.listModels) return sendError(res, 404, "not_found", "no such route");
       return sendJson(res, 200, {
         object: "list",
@@ -169,6 +200,22 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
     if (opts.failStatus !== undefined) {
       return sendError(res, opts.failStatus, "upstream_failure", "the fake provider failed");
     }
+    // Fault modes: `hold` waits `ms`, or less when the client goes away first.
+    const gone = new AbortController();
+    res.on("close", () => gone.abort());
+    const hold = (ms: number) =>
+      sleep(ms, undefined, { signal: gone.signal }).then(
+        () => undefined,
+        () => undefined,
+      );
+    if (opts.resetBeforeHeaders === true) {
+      res.socket?.destroy();
+      return;
+    }
+    if (opts.stallBeforeHeadersMs !== undefined && opts.stallBeforeHeadersMs > 0) {
+      await hold(opts.stallBeforeHeadersMs);
+      if (res.destroyed) return;
+    }
     const limit = positiveInt(request.max_completion_tokens) ?? positiveInt(request.max_tokens);
     const count = limit === undefined ? opts.chunks : Math.min(opts.chunks, limit);
     const pieces = Array.from({ length: count }, (_, i) => (i === 0 ? "word0" : ` word${i}`));
@@ -183,6 +230,15 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
 
     if (request.stream !== true) {
       if (opts.delayMs > 0) await sleep(opts.delayMs);
+      if (opts.garbage === true) {
+        const text = '{"id": "chatcmpl-broken", "choices": [<html>502 Bad Gateway</html>';
+        res.writeHead(200, {
+          "content-type": "application/json",
+          "content-length": Buffer.byteLength(text),
+        });
+        res.end(text);
+        return;
+      }
       return sendJson(res, 200, {
         id,
         object: "chat.completion",
@@ -213,7 +269,13 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
     });
     const send = async (payload: unknown): Promise<boolean> => {
       if (res.destroyed) return false;
-      res.write(`data: ${typeof payload === "string" ? payload : JSON.stringify(payload)}\n\n`);
+      const data =
+        opts.garbage === true && payload !== "[DONE]"
+          ? `{"broken": ${JSON.stringify(payload).slice(0, 20)} not json`
+          : typeof payload === "string"
+            ? payload
+            : JSON.stringify(payload);
+      res.write(`data: ${data}\n\n`);
       if (opts.delayMs > 0) await sleep(opts.delayMs);
       return !res.destroyed;
     };
@@ -225,6 +287,10 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
       return;
     }
     for (const [i, piece] of pieces.entries()) {
+      if (opts.stallAfterChunks !== undefined && i >= opts.stallAfterChunks) {
+        await hold(600_000);
+        return;
+      }
       if (opts.failMidStream && i >= opts.failAfterChunks) {
         res.socket?.destroy();
         return;
