@@ -6,5 +6,8 @@ export default defineConfig({
     testTimeout: 60_000,
     hookTimeout: 120_000,
     pool: "forks",
+    // Every test file's captured log lines are checked for the secrets it handed out.
+    globalSetup: ["test/setup/global-log-audit.ts"],
+    setupFiles: ["test/setup/log-audit.ts"],
   },
 });

@@ -9,6 +9,7 @@ import { promisify } from "node:util";
 import { afterAll, afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { DevManifest } from "../src/dev/sandbox.js";
 import { startSettlementFixture, type SettlementFixture } from "./helpers/settlement-fixture.js";
+import { auditChildLogs, auditSecret } from "./helpers/log-audit.js";
 import { eventually, json } from "./helpers/stack.js";
 
 const run = promisify(execFile);
@@ -41,6 +42,7 @@ describe("npm start (gateway dev)", () => {
       env,
       stdio: ["ignore", "pipe", "pipe"],
     });
+    auditChildLogs(child, "gateway dev");
     let output = "";
     child.stdout.on("data", (d: Buffer) => (output += d.toString()));
     child.stderr.on("data", (d: Buffer) => (output += d.toString()));
@@ -62,6 +64,9 @@ describe("npm start (gateway dev)", () => {
         250,
       );
       const m = manifest!;
+      auditSecret("api key", m.apiKey);
+      auditSecret("operator token", m.settlementOperatorToken);
+      auditSecret("private key", m.payer.privateKey);
       for (const key of [
         "baseUrl",
         "grpcUrl",
@@ -241,6 +246,8 @@ describe("gateway settle (gRPC client of SettlementService)", () => {
       env: { ...env, SETTLE_INTERVAL_MS: "200", SETTLE_MAX_REQUESTS: "50", LOG_LEVEL: "debug" },
       stdio: ["ignore", "pipe", "pipe"],
     });
+    auditSecret("operator token", token);
+    auditChildLogs(child, "gateway settle");
     let output = "";
     child.stdout.on("data", (d: Buffer) => (output += d.toString()));
     child.stderr.on("data", (d: Buffer) => (output += d.toString()));

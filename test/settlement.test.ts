@@ -4,6 +4,7 @@ import * as grpc from "@grpc/grpc-js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SettlementService } from "../gen/gateway/v1/settlement_pb.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
+import { auditChildLogs } from "./helpers/log-audit.js";
 import { closePermit, openPermit, requestClose } from "./helpers/market.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import {
@@ -302,6 +303,7 @@ describe("settlement", () => {
       env: { ...cliEnv(), SETTLE_INTERVAL_MS: "300" },
       stdio: ["ignore", "pipe", "pipe"],
     });
+    auditChildLogs(worker, "gateway settle");
     let output = "";
     worker.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()));
     try {

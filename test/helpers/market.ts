@@ -3,6 +3,7 @@ import { privateKeyToAccount } from "viem/accounts";
 import { creditTokenAbi, marketAbi } from "../../src/adapters/chain/artifacts.js";
 import { id32 } from "../../src/dev/demo-market.js";
 import { registerEndpoint, verifyOffer } from "../../src/provider/client.js";
+import { auditSecret } from "./log-audit.js";
 import type { TestStack } from "./stack.js";
 
 let permitCounter = 0;
@@ -108,6 +109,8 @@ export async function onboard(
   endpointUrl: string,
   endpointToken?: string,
 ): Promise<void> {
+  auditSecret("endpoint url", endpointUrl);
+  auditSecret("endpoint token", endpointToken);
   const connection = { baseUrl: stack.gateway.url, apiKey: stack.apiKey };
   await registerEndpoint(connection, {
     offerId,

@@ -3,6 +3,7 @@ import { randomBytes } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
+import { auditChildLogs } from "./log-audit.js";
 import { settlementKey } from "./settlement.js";
 import type { TestStack } from "./stack.js";
 
@@ -46,6 +47,8 @@ export async function serveProcess(
     stdio: ["ignore", "pipe", "pipe"],
   });
   const lines = createInterface({ input: child.stdout! });
+  // Everything the process logs goes through the log audit (test/setup/log-audit.ts).
+  auditChildLogs(child, "gateway serve");
   const url = await new Promise<string>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error("gateway process did not start")), 30_000);
     child.once("exit", (code) => reject(new Error(`gateway process exited with ${code}`)));

@@ -17,6 +17,7 @@ import {
 } from "../../src/dev/demo-market.js";
 import { createLogger, type Logger } from "../../src/logger.js";
 import { createTestDatabase, type TestDatabase } from "./db.js";
+import { auditLog, auditSecret } from "./log-audit.js";
 import { startFakeUpstream, type FakeUpstream } from "./fake-upstream.js";
 import { demoChatOffer, onboard } from "./market.js";
 
@@ -24,12 +25,9 @@ import { demoChatOffer, onboard } from "./market.js";
 export class LogCapture extends Writable {
   readonly lines: string[] = [];
   override _write(chunk: Buffer, _encoding: string, done: () => void): void {
-    this.lines.push(
-      ...chunk
-        .toString("utf8")
-        .split("\n")
-        .filter((l) => l !== ""),
-    );
+    const text = chunk.toString("utf8");
+    auditLog("gateway", text);
+    this.lines.push(...text.split("\n").filter((l) => l !== ""));
     done();
   }
   get text(): string {
@@ -111,6 +109,11 @@ export async function startTestStack(
     });
   const gateway = await start();
   const apiKey = (await createApiKey(database.db.pool, "test")).key;
+  auditSecret("api key", apiKey);
+  auditSecret("operator token", operatorToken);
+  auditSecret("private key", config.settlementPrivateKey);
+  auditSecret("encryption key", config.endpointEncryptionKey);
+  for (const account of anvil.accounts) auditSecret("private key", account.privateKey);
   const stack: TestStack = {
     anvil,
     clients,

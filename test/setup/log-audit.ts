@@ -1,0 +1,21 @@
+import { appendFileSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, expect, inject } from "vitest";
+import { auditSize, findLeaks } from "../helpers/log-audit.js";
+
+/**
+ * After every test file: none of the secrets the file handed out appears in any log line it
+ * captured. The counts go to the run's audit directory for the summary the global teardown prints.
+ */
+afterAll(() => {
+  const { lines, secrets } = auditSize();
+  const leaks = findLeaks();
+  const dir = inject("logAuditDir");
+  if (dir !== undefined && lines > 0) {
+    appendFileSync(
+      join(dir, `${process.pid}.jsonl`),
+      `${JSON.stringify({ file: expect.getState().testPath ?? "", lines, secrets, leaks: leaks.length })}\n`,
+    );
+  }
+  expect(leaks, "secrets found in log lines").toEqual([]);
+});
