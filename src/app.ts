@@ -40,6 +40,7 @@ import { createProviderService } from "./connect/provider-service.js";
 import { createQuoteService } from "./connect/quote-service.js";
 import { createSettlementService } from "./connect/settlement-service.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
+import { GatewayError } from "./domain/errors.js";
 import { createHealthMonitor, type EndpointSecret, type HealthMonitor } from "./domain/health.js";
 import {
   createInference,
@@ -52,9 +53,13 @@ import { createRegistrationService, openEndpoint } from "./domain/registration.j
 import { createTtlCache } from "./domain/ttl-cache.js";
 import { createSettlementFlusher, reconcile, type SettlementFlusher } from "./domain/settlement.js";
 import { listen } from "./listen.js";
-import type { Readiness } from "./rest/facade.js";
+import type { NodeRequest } from "./rest/body.js";
+import type { NodeResponse, Readiness } from "./rest/facade.js";
+import { toHttpError } from "./rest/errors.js";
 import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
 import { createGatewayHandler } from "./server.js";
+import { createMetrics, metricsOnlyHandler } from "./metrics.js";
+import { createRateLimiter } from "./rate-limit.js";
 
 export interface Gateway {
   readonly port: number;
@@ -69,6 +74,8 @@ export interface Gateway {
   readonly instanceId: string;
   /** Heartbeat and the orphan rule (runs on its own; `runOnce` for operators and tests). */
   readonly housekeeping: Housekeeping;
+  /** Where `GET /metrics` is served: `url` unless METRICS_PORT gave it its own listener. */
+  readonly metricsUrl: string;
   close(): Promise<void>;
 }
 
@@ -119,6 +126,34 @@ async function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
   } finally {
     clearTimeout(timer);
   }
+}
+
+/**
+ * Shutdown: after SHUTDOWN_GRACE_MS the requests still in flight are cut (a stream ends with
+ * its `shutting_down` event); connections still open this much later are destroyed.
+ */
+const cutMs = 500;
+/** Shutdown: the longest wait for the closes of the requests in flight to be written. */
+const drainMs = 2000;
+
+function isReadyTarget(url: string | undefined): boolean {
+  return url === "/ready" || url?.startsWith("/ready?") === true;
+}
+
+/** 503 shutting_down for a request that arrives while the gateway drains; the connection closes. */
+function refuseShuttingDown(req: NodeRequest, res: NodeResponse): void {
+  req.resume();
+  const { status, body } = toHttpError(
+    new GatewayError("shutting_down", "the gateway is shutting down; retry on another instance"),
+  );
+  const payload = JSON.stringify(body);
+  const headers: Record<string, string | number> = {
+    "content-type": "application/json",
+    "content-length": Buffer.byteLength(payload),
+  };
+  if (req.httpVersionMajor === 1) headers.connection = "close";
+  res.writeHead(status, headers);
+  res.end(payload);
 }
 
 /**
@@ -176,6 +211,8 @@ export async function startGateway(config: Config, options: StartOptions): Promi
   const chain = await connectChain(config);
   const entries = config.catalogFile === undefined ? [] : await loadCatalogFile(config.catalogFile);
   const directory = new ModelDirectory(entries);
+  // This gateway's own registry (several gateways may share a process: tests).
+  const metrics = createMetrics({ modelName: (modelId) => directory.publicId(modelId) });
 
   const clock = options.clock ?? (() => Math.floor(Date.now() / 1000));
   const ownsDatabase = options.database === undefined;
@@ -241,6 +278,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
             leaseSeconds: config.settlementLeaseSeconds,
             pollMs: Math.min(config.pollIntervalMs, 1000),
             closeMarginSeconds: config.settlementCloseMarginSeconds,
+            observer: metrics.settlement,
           });
     // One background settlement task at a time: the recovery of a batch left in flight by a
     // stopped process (at start), and the close watcher. Shutdown stops its waiting at once.
@@ -320,7 +358,12 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       clock,
       logger: logger.child({ component: "health" }),
     });
+    // Shutdown: `draining` first (GET /ready answers 503 shutting_down, new requests are
+    // refused), `cut` when the grace is over (what is still in flight ends with shutting_down).
+    let draining = false;
+    const cut = new AbortController();
     const readiness = async (): Promise<Readiness> => {
+      if (draining) return { ok: false, shuttingDown: true, checks: {} };
       const check = async (probe: () => Promise<unknown>) => {
         try {
           await withTimeout(probe(), 2000);
@@ -393,6 +436,13 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       : undefined;
     late.leased = leased;
     leased?.start();
+    // Per API key, per replica (docs/decisions.md, "Rate limits").
+    const rateLimiter = createRateLimiter({
+      rps: config.rateLimitRps,
+      burst: config.rateLimitBurst,
+      maxStreams: config.maxStreamsPerKey,
+      replicas: config.gatewayReplicas,
+    });
     const inference = createInference({
       catalog,
       permits,
@@ -413,6 +463,9 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       idempotency: createPgIdempotencyStore(db.pool, { instanceId }),
       clock,
       bodyLimitBytes: config.bodyLimitBytes,
+      jsonBounds: { maxDepth: config.maxJsonDepth, maxArrayItems: config.maxJsonArrayItems },
+      acquireStream: (apiKeyId) => rateLimiter.acquireStream(apiKeyId),
+      observer: metrics.chat,
     });
     // Liveness of this process, and the rule for the requests of crashed ones.
     const housekeeping = createHousekeeping({
@@ -469,8 +522,43 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       readiness,
       findApiKey: cachedApiKeys(db, config.apiKeyCacheMs),
       settlementOperatorToken: config.settlementOperatorToken,
+      rateLimiter,
+      metrics,
+      serveMetrics: config.metricsPort === undefined,
+      shutdown: cut.signal,
     });
-    const listener = await listen(handler, { host: config.host, port: config.port });
+    // While draining, a request that still reaches us (on a kept-alive connection) is refused,
+    // except GET /ready, which says why.
+    const serve: typeof handler = (req, res) => {
+      if (!draining || isReadyTarget(req.url)) handler(req, res);
+      else refuseShuttingDown(req, res);
+    };
+    metrics.setSources({
+      query: (text) => db.pool.query(text),
+      chainHead: () => chain.getBlockNumber({ cacheTime: 0 }),
+      confirmations: config.confirmations,
+      clock,
+    });
+    const metricsListener =
+      config.metricsPort === undefined
+        ? undefined
+        : await listen(metricsOnlyHandler(metrics), {
+            host: config.host,
+            port: config.metricsPort,
+          });
+    const listener = await listen(serve, {
+      host: config.host,
+      port: config.port,
+      limits: {
+        headersTimeoutMs: config.headersTimeoutMs,
+        bodyTimeoutMs: config.bodyTimeoutMs,
+        idleTimeoutMs: config.idleTimeoutMs,
+        maxHeaderBytes: config.maxHeaderBytes,
+      },
+    }).catch(async (error: unknown) => {
+      await metricsListener?.close(0);
+      throw error;
+    });
     health.start();
     // A batch a stopped process left in flight is driven to its end from the chain's state
     // (asking isBatchSettled first), whether or not a worker calls soon.
@@ -479,6 +567,10 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     );
     const host = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
     const url = `http://${host.includes(":") ? `[${host}]` : host}:${listener.port}`;
+    const metricsUrl =
+      metricsListener === undefined
+        ? `${url}/metrics`
+        : `http://${host.includes(":") ? `[${host}]` : host}:${metricsListener.port}/metrics`;
     logger.info(
       { url, chainId: config.chainId, market: config.marketAddress, database: db.kind },
       "gateway listening",
@@ -495,20 +587,48 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       upstream,
       instanceId,
       housekeeping,
+      metricsUrl,
       close() {
         closing ??= (async () => {
-          await housekeeping.stop();
+          const began = performance.now();
+          const step = (name: string) =>
+            logger.debug({ step: name, ms: Math.round(performance.now() - began) }, "shutdown");
+          // First, before anything stops: readiness goes 503 and new requests are refused.
+          draining = true;
+          // Then nothing new starts: no probe, index pass, housekeeping round or settlement.
           clearInterval(closeWatcher);
           settlementStop.abort();
-          await listener.close();
-          // Answers already given may still be committing their charges: let them land.
-          await inference.drain();
+          const background = Promise.all([health.stop(), indexer.stop(), housekeeping.stop()]);
+          // The listener stops accepting at once; what is in flight has the grace to finish.
+          const graceMs = config.shutdownGraceMs;
+          const closed = listener.close(graceMs + cutMs);
+          let graceTimer: NodeJS.Timeout | undefined;
+          const drained = await Promise.race([
+            closed.then(() => true),
+            new Promise<false>((resolve) => (graceTimer = setTimeout(resolve, graceMs, false))),
+          ]);
+          clearTimeout(graceTimer);
+          if (!drained) {
+            logger.warn({ grace_ms: graceMs }, "shutdown grace over: cutting requests in flight");
+            cut.abort(new GatewayError("shutting_down", "the gateway is shutting down"));
+          }
+          await closed;
+          step("listener closed");
+          await metricsListener?.close(0);
+          await background;
+          step("background tasks stopped");
+          // Every request's close is written (those cut above included) before the leases go back.
+          try {
+            await withTimeout(inference.drain(), drainMs);
+          } catch {
+            logger.error({ ms: drainMs }, "request closes still unwritten at shutdown");
+          }
           await leased?.stop();
-          await health.stop();
-          await indexer.stop();
           await settlementTask;
+          step("request closes and leases written");
           await upstream.close();
           if (ownsDatabase) await db.close();
+          step("closed");
         })();
         return closing;
       },

@@ -97,3 +97,62 @@ describe("provider settings", () => {
     );
   });
 });
+
+describe("rate limit and slow-client settings", () => {
+  it("defaults to no request rate limit, 1000 streams per key and the listener limits", () => {
+    expect(parseConfig(base)).toMatchObject({
+      rateLimitRps: 0,
+      rateLimitBurst: 0,
+      maxStreamsPerKey: 1000,
+      gatewayReplicas: 1,
+      headersTimeoutMs: 10_000,
+      bodyTimeoutMs: 30_000,
+      idleTimeoutMs: 65_000,
+      maxHeaderBytes: 16_384,
+      maxJsonDepth: 64,
+      maxJsonArrayItems: 10_000,
+    });
+  });
+
+  it("parses them and refuses bad values", () => {
+    expect(
+      parseConfig({
+        ...base,
+        RATE_LIMIT_RPS: "20",
+        RATE_LIMIT_BURST: "40",
+        MAX_STREAMS_PER_KEY: "0",
+        GATEWAY_REPLICAS: "3",
+        MAX_JSON_DEPTH: "32",
+      }),
+    ).toMatchObject({
+      rateLimitRps: 20,
+      rateLimitBurst: 40,
+      maxStreamsPerKey: 0,
+      gatewayReplicas: 3,
+      maxJsonDepth: 32,
+    });
+    let error: unknown;
+    try {
+      parseConfig({
+        ...base,
+        RATE_LIMIT_RPS: "-1",
+        GATEWAY_REPLICAS: "0",
+        HEADERS_TIMEOUT_MS: "soon",
+        MAX_HEADER_BYTES: "10",
+        MAX_JSON_DEPTH: "1",
+      });
+    } catch (err) {
+      error = err;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    const problems = (error as ConfigError).problems.join("\n");
+    for (const key of [
+      "RATE_LIMIT_RPS",
+      "GATEWAY_REPLICAS",
+      "HEADERS_TIMEOUT_MS",
+      "MAX_HEADER_BYTES",
+      "MAX_JSON_DEPTH",
+    ])
+      expect(problems).toContain(key);
+  });
+});

@@ -21,6 +21,8 @@ export interface Config {
   readonly settlementOperatorToken: string;
   readonly host: string;
   readonly port: number;
+  /** Serves `GET /metrics` on its own listener on `host` (0: a free port); absent: on `port`. */
+  readonly metricsPort: number | undefined;
   readonly logLevel: LogLevel;
   readonly bodyLimitBytes: number;
   /** AES-256-GCM key for provider endpoints (64 hex chars or base64); absent: embedded default only. */
@@ -78,6 +80,31 @@ export interface Config {
   readonly orphanAfterSeconds: number;
   /** Between two housekeeping rounds (heartbeat, outbox, orphan rule). */
   readonly housekeepingIntervalMs: number;
+  /**
+   * Shutdown (SIGTERM/SIGINT): how long requests and streams in flight may finish before they
+   * are cut (streams end with a `shutting_down` error event; every record is closed first).
+   */
+  readonly shutdownGraceMs: number;
+  /** Fleet-wide requests per second per API key (0: off); each replica enforces its share. */
+  readonly rateLimitRps: number;
+  /** Fleet-wide burst per API key (0: one second's worth of RATE_LIMIT_RPS). */
+  readonly rateLimitBurst: number;
+  /** Fleet-wide concurrent chat streams per API key (0: off); each replica its share. */
+  readonly maxStreamsPerKey: number;
+  /** Gateway processes sharing the rate limits: each enforces limit / replicas. */
+  readonly gatewayReplicas: number;
+  /** A client must send its request headers within this (slowloris); also the HTTP/2 preface. */
+  readonly headersTimeoutMs: number;
+  /** A request body must arrive within this after its headers (408 `request_timeout`). */
+  readonly bodyTimeoutMs: number;
+  /** An idle kept-alive HTTP/1 connection or HTTP/2 session is closed after this. */
+  readonly idleTimeoutMs: number;
+  /** Largest request header block (HTTP/1 `maxHeaderSize`, HTTP/2 `maxHeaderListSize`). */
+  readonly maxHeaderBytes: number;
+  /** Deepest nesting of arrays and objects in a chat or quote body (400 beyond). */
+  readonly maxJsonDepth: number;
+  /** Most items in one array of a chat or quote body (400 beyond). */
+  readonly maxJsonArrayItems: number;
 }
 
 export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -192,6 +219,7 @@ export function parseConfig(env: Env): Config {
     settlementOperatorToken: token,
     host: str("HOST") ?? "0.0.0.0",
     port: int("PORT", 8080, 0, 65535),
+    metricsPort: str("METRICS_PORT") === undefined ? undefined : int("METRICS_PORT", 0, 0, 65535),
     logLevel,
     bodyLimitBytes: int("BODY_LIMIT_BYTES", 4 * 1024 * 1024, 1024, 1024 * 1024 * 1024),
     endpointEncryptionKey,
@@ -223,7 +251,24 @@ export function parseConfig(env: Env): Config {
     reservationLeases: bool("RESERVATION_LEASES", true),
     orphanAfterSeconds: int("ORPHAN_AFTER_SECONDS", 60, 2, 86_400),
     housekeepingIntervalMs: int("HOUSEKEEPING_INTERVAL_MS", 10_000, 100, 600_000),
+    shutdownGraceMs: int("SHUTDOWN_GRACE_MS", 10_000, 0, 600_000),
+    rateLimitRps: int("RATE_LIMIT_RPS", 0, 0, 1_000_000),
+    rateLimitBurst: int("RATE_LIMIT_BURST", 0, 0, 10_000_000),
+    maxStreamsPerKey: int("MAX_STREAMS_PER_KEY", 1000, 0, 1_000_000),
+    gatewayReplicas: int("GATEWAY_REPLICAS", 1, 1, 10_000),
+    headersTimeoutMs: int("HEADERS_TIMEOUT_MS", 10_000, 100, 600_000),
+    bodyTimeoutMs: int("BODY_TIMEOUT_MS", 30_000, 100, 3_600_000),
+    idleTimeoutMs: int("IDLE_TIMEOUT_MS", 65_000, 100, 3_600_000),
+    maxHeaderBytes: int("MAX_HEADER_BYTES", 16 * 1024, 1024, 1024 * 1024),
+    maxJsonDepth: int("MAX_JSON_DEPTH", 64, 2, 1000),
+    maxJsonArrayItems: int("MAX_JSON_ARRAY_ITEMS", 10_000, 1, 10_000_000),
   };
+  if (
+    config.metricsPort !== undefined &&
+    config.metricsPort !== 0 &&
+    config.metricsPort === config.port
+  )
+    problems.push("METRICS_PORT must differ from PORT (leave it unset to serve /metrics on PORT)");
   config.probeStaleMs = int("PROBE_STALE_MS", config.probeIntervalMs * 2, 50, 86_400_000);
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);

@@ -10,12 +10,19 @@ import { createInProcessCaller } from "./connect/in-process-transport.js";
 import { createRoutes, serviceBindings, type Services } from "./connect/routes.js";
 import type { NodeRequest } from "./rest/body.js";
 import { createRestFacade, type NodeResponse, type Readiness } from "./rest/facade.js";
+import { isMetricsPath, type GatewayMetrics } from "./metrics.js";
 
 export interface GatewayHandlerDeps extends AuthOptions {
   readonly services: Services;
   readonly logger: Logger;
   readonly bodyLimitBytes: number;
   readonly readiness: () => Promise<Readiness>;
+  /** Metrics: observed when given; `GET /metrics` served here too when `serveMetrics`. */
+  readonly metrics?: GatewayMetrics;
+  /** False when the metrics have their own listener (METRICS_PORT): /metrics is then a 404 here. */
+  readonly serveMetrics?: boolean;
+  /** Aborted when the shutdown grace is over: REST requests in flight are cut (`shutting_down`). */
+  readonly shutdown?: AbortSignal;
 }
 
 const requestIdPattern = /^[A-Za-z0-9._-]{1,128}$/;
@@ -29,7 +36,8 @@ const requestIdPattern = /^[A-Za-z0-9._-]{1,128}$/;
 export function createGatewayHandler(
   deps: GatewayHandlerDeps,
 ): (req: NodeRequest, res: NodeResponse) => void {
-  const interceptors = [observabilityInterceptor(deps.logger), authInterceptor(deps)];
+  const { metrics } = deps;
+  const interceptors = [observabilityInterceptor(deps.logger, metrics?.rpc), authInterceptor(deps)];
   const routes = createRoutes(deps.services);
   const rpc = createInProcessCaller(serviceBindings(deps.services), interceptors);
   const facade = createRestFacade({
@@ -37,6 +45,8 @@ export function createGatewayHandler(
     bodyLimitBytes: deps.bodyLimitBytes,
     readiness: deps.readiness,
     logger: deps.logger,
+    ...(metrics === undefined ? {} : { observer: metrics.rest }),
+    ...(deps.shutdown === undefined ? {} : { shutdown: deps.shutdown }),
   });
   const connect = connectNodeAdapter({
     routes,
@@ -44,7 +54,13 @@ export function createGatewayHandler(
     readMaxBytes: deps.bodyLimitBytes + 1024,
     fallback: facade,
   });
+  // Before the REST facade and without credentials, as scrapers expect.
+  const scrapeHere = metrics !== undefined && deps.serveMetrics !== false ? metrics : undefined;
   return (req, res) => {
+    if (scrapeHere !== undefined && isMetricsPath(req.url)) {
+      scrapeHere.handle(req, res);
+      return;
+    }
     const incoming = req.headers["x-request-id"];
     const requestId =
       typeof incoming === "string" && requestIdPattern.test(incoming) ? incoming : newRequestId();

@@ -5,7 +5,7 @@ import { openDatabase } from "../adapters/pg/database.js";
 import { migrate } from "../adapters/pg/migrate.js";
 import { startGateway } from "../app.js";
 import { ConfigError, parseConfig, type LogLevel } from "../config.js";
-import { startSandbox } from "../dev/sandbox.js";
+import { sandboxShutdownGraceMs, startSandbox } from "../dev/sandbox.js";
 import { createLogger } from "../logger.js";
 import { runProviderCommand } from "./provider.js";
 import { runSettleCommand } from "./settle.js";
@@ -29,21 +29,36 @@ Environment: see README.md ("Configuration").`;
 
 class UsageError extends Error {}
 
-function onShutdown(close: () => Promise<void>, log: { info(msg: string): void }): void {
+/**
+ * SIGTERM/SIGINT stop what `started` resolves to (a signal that comes while it is still
+ * starting waits for it, so no child process such as anvil is left behind), then exit 0. A
+ * shutdown still running `graceMs` plus a margin later exits 1 (anvil is killed on exit).
+ */
+function onShutdown(
+  started: Promise<{ close(): Promise<void> }>,
+  log: { info(msg: string): void; error(obj: object, msg: string): void },
+  graceMs: number,
+): void {
   let stopping = false;
   const stop = (signal: string) => {
+    // Once: `npm start` under a terminal gets Ctrl-C twice (from the terminal and from npm).
     if (stopping) return;
     stopping = true;
     log.info(`${signal}: shutting down`);
-    const force = setTimeout(() => process.exit(1), 15_000);
+    const force = setTimeout(() => process.exit(1), graceMs + 10_000);
     force.unref();
-    close().then(
-      () => process.exit(0),
-      () => process.exit(1),
-    );
+    started
+      .then((running) => running.close())
+      .then(
+        () => process.exit(0),
+        (error: unknown) => {
+          log.error({ err: error }, "shutdown failed");
+          process.exit(1);
+        },
+      );
   };
-  process.once("SIGINT", () => stop("SIGINT"));
-  process.once("SIGTERM", () => stop("SIGTERM"));
+  process.on("SIGINT", () => stop("SIGINT"));
+  process.on("SIGTERM", () => stop("SIGTERM"));
 }
 
 /** Resolves on the first SIGTERM/SIGINT; exits the process if shutting down then takes too long. */
@@ -83,12 +98,13 @@ async function run(argv: string[]): Promise<void> {
       const port = process.env.PORT?.trim() ? Number(process.env.PORT) : 8080;
       if (!Number.isInteger(port) || port < 0 || port > 65535)
         throw new UsageError("PORT must be 0-65535");
-      const sandbox = await startSandbox({
+      const starting = startSandbox({
         stateDir: process.env.GATEWAY_STATE_DIR?.trim() || ".gateway",
         port,
         logger,
       });
-      onShutdown(() => sandbox.close(), logger);
+      onShutdown(starting, logger, sandboxShutdownGraceMs);
+      const sandbox = await starting;
       const { manifest } = sandbox;
       const model = manifest.models[0]?.id ?? "";
       process.stdout.write(
@@ -109,8 +125,9 @@ async function run(argv: string[]): Promise<void> {
     case "serve": {
       const config = parseConfig(process.env);
       const logger = createLogger(config.logLevel);
-      const gateway = await startGateway(config, { logger });
-      onShutdown(() => gateway.close(), logger);
+      const starting = startGateway(config, { logger });
+      onShutdown(starting, logger, config.shutdownGraceMs);
+      await starting;
       return;
     }
     case "migrate": {

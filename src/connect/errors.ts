@@ -12,6 +12,7 @@ const connectCodeForStatus: Record<number, Code> = {
   403: Code.PermissionDenied,
   404: Code.NotFound,
   405: Code.Unimplemented,
+  408: Code.DeadlineExceeded,
   409: Code.Aborted,
   413: Code.ResourceExhausted,
   415: Code.InvalidArgument,
@@ -23,11 +24,16 @@ const connectCodeForStatus: Record<number, Code> = {
   503: Code.Unavailable,
 };
 
+/** ErrorInfo.metadata key of the whole seconds to wait before a retry (429 `rate_limited`). */
+export const retryAfterKey = "retry_after_seconds";
+
 /**
  * The one place where a domain failure becomes a ConnectError: the Connect
  * code follows the HTTP status of the error code, and an ErrorInfo detail
  * carries the code itself (reason) and its type. Unknown failures become
  * `internal_error` with a generic message; their cause stays for the logs.
+ * A retry delay travels in the ErrorInfo metadata and as a `retry-after` header
+ * (trailer on gRPC) of the error.
  */
 export function toConnectError(error: unknown): ConnectError {
   if (error instanceof ConnectError) return error;
@@ -36,18 +42,33 @@ export function toConnectError(error: unknown): ConnectError {
       ? error
       : new GatewayError("internal_error", "internal error", { cause: error });
   const { status, type } = errorCodes[gatewayError.code];
+  const retryAfter = gatewayError.retryAfterSeconds;
   return new ConnectError(
     gatewayError.message,
     connectCodeForStatus[status] ?? Code.Unknown,
-    undefined,
+    retryAfter === undefined ? undefined : { "retry-after": String(retryAfter) },
     [
       {
         desc: ErrorInfoSchema,
-        value: { reason: gatewayError.code, domain: errorDomain, metadata: { type } },
+        value: {
+          reason: gatewayError.code,
+          domain: errorDomain,
+          metadata:
+            retryAfter === undefined ? { type } : { type, [retryAfterKey]: String(retryAfter) },
+        },
       },
     ],
     gatewayError,
   );
+}
+
+/** The whole seconds a ConnectError asks the caller to wait before retrying, if it says. */
+export function retryAfterOf(error: ConnectError): number | undefined {
+  for (const info of error.findDetails(ErrorInfoSchema)) {
+    const raw = info.domain === errorDomain ? info.metadata[retryAfterKey] : undefined;
+    if (raw !== undefined && /^\d{1,9}$/.test(raw)) return Math.max(1, Number(raw));
+  }
+  return undefined;
 }
 
 /** Error codes for ConnectErrors that carry no ErrorInfo (raised by connect itself). */

@@ -12,6 +12,7 @@ import type { Logger } from "pino";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { randomHex } from "../domain/random-id.js";
+import type { RateLimiter } from "../rate-limit.js";
 import { callerKey, requestIdKey } from "./context.js";
 import { errorCodeOf, toConnectError } from "./errors.js";
 
@@ -21,6 +22,28 @@ export function newRequestId(): string {
   return randomHex(12);
 }
 
+/** Hooks for metrics (the connect layer never imports a metrics library); they must not throw. */
+export interface RpcObserver {
+  /**
+   * A network RPC ended (the REST facade's in-process calls are counted as REST requests):
+   * its procedure (`gateway.v1.XService/Method`), HTTP method, outcome (`ok` or the Connect
+   * code, e.g. `resource_exhausted`, `canceled`) and duration in seconds.
+   */
+  call(procedure: string, method: string, status: string, seconds: number): void;
+  /** An error answer of an RPC, network or in process: its gateway error code. */
+  rejected(code: ErrorCode, procedure: string): void;
+}
+
+/** Connect codes as metric label values: `resource_exhausted`, ... */
+const codeLabels = new Map<Code, string>(
+  Object.entries(Code)
+    .filter((entry): entry is [string, Code] => typeof entry[1] === "number")
+    .map(([name, code]) => [
+      code,
+      name.replace(/[A-Z]/g, (c, i: number) => (i === 0 ? "" : "_") + c.toLowerCase()),
+    ]),
+);
+
 /**
  * Outermost interceptor: gives the call a request id, logs the outcome with it, and turns every
  * failure, unary or mid-stream, into a ConnectError through {@link toConnectError}. It is the one
@@ -29,7 +52,7 @@ export function newRequestId(): string {
  * away at info as `cancelled` (an ordinary outcome, not a failure of the gateway), and with
  * debug enabled every success. Nothing is built for the log on a success unless debug is on.
  */
-export function observabilityInterceptor(logger: Logger): Interceptor {
+export function observabilityInterceptor(logger: Logger, observer?: RpcObserver): Interceptor {
   return (next) => async (req) => {
     let requestId = req.contextValues.get(requestIdKey);
     if (requestId === "") {
@@ -38,17 +61,42 @@ export function observabilityInterceptor(logger: Logger): Interceptor {
       req.contextValues.set(requestIdKey, requestId);
     }
     const started = performance.now();
+    // Network calls only: a REST request is counted once, by the facade, under its route.
+    const ended =
+      observer === undefined || req.url.startsWith("in-process:")
+        ? undefined
+        : once((status: string) =>
+            observer.call(
+              rpcName(req),
+              req.requestMethod,
+              status,
+              (performance.now() - started) / 1000,
+            ),
+          );
     let res: UnaryResponse | StreamResponse;
     try {
       res = await next(req);
     } catch (error) {
-      throw logFailure(logger, req, requestId, started, error);
+      throw logFailure(logger, req, requestId, started, error, observer, ended);
     }
     if (!res.stream) {
       if (logger.isLevelEnabled("debug")) logOk(logger, req, requestId, started, "rpc ok");
+      ended?.("ok");
       return res;
     }
-    return { ...res, message: observed(res.message, logger, req, requestId, started) };
+    return {
+      ...res,
+      message: observed(res.message, logger, req, requestId, started, observer, ended),
+    };
+  };
+}
+
+function once(record: (status: string) => void): (status: string) => void {
+  let done = false;
+  return (status) => {
+    if (done) return;
+    done = true;
+    record(status);
   };
 }
 
@@ -59,6 +107,8 @@ function observed<T>(
   req: UnaryRequest | StreamRequest,
   requestId: string,
   started: number,
+  observer: RpcObserver | undefined,
+  ended: ((status: string) => void) | undefined,
 ): AsyncIterable<T> {
   // An iterator rather than an async generator around the stream: one promise per message
   // instead of a generator's several. (Methods, not named arrows: under tsx every named closure
@@ -68,12 +118,15 @@ function observed<T>(
       const inner = messages[Symbol.asyncIterator]();
       const on = {
         result(result: IteratorResult<T>): IteratorResult<T> {
-          if (result.done === true && logger.isLevelEnabled("debug"))
-            logOk(logger, req, requestId, started, "rpc stream ok");
+          if (result.done === true) {
+            if (logger.isLevelEnabled("debug"))
+              logOk(logger, req, requestId, started, "rpc stream ok");
+            ended?.("ok");
+          }
           return result;
         },
         error(error: unknown): never {
-          throw logFailure(logger, req, requestId, started, error);
+          throw logFailure(logger, req, requestId, started, error, observer, ended);
         },
       };
       return {
@@ -81,6 +134,8 @@ function observed<T>(
           return inner.next().then(on.result, on.error);
         },
         return(value?: unknown) {
+          // The caller stopped reading before the end (it went away).
+          ended?.("canceled");
           if (inner.return === undefined) return Promise.resolve({ done: true, value: value as T });
           return inner.return(value).then(undefined, on.error);
         },
@@ -117,6 +172,8 @@ function logFailure(
   requestId: string,
   started: number,
   error: unknown,
+  observer?: RpcObserver,
+  ended?: (status: string) => void,
 ): ConnectError {
   const connectError = toConnectError(error);
   const code = errorCodeOf(connectError);
@@ -127,8 +184,11 @@ function logFailure(
   };
   if (callerLeft(req.signal, code, error)) {
     logger.info({ ...fields, code: "cancelled" }, "client disconnected");
+    ended?.("canceled");
     return new ConnectError("the caller went away", Code.Canceled, undefined, undefined, error);
   }
+  ended?.(codeLabels.get(connectError.code) ?? "unknown");
+  observer?.rejected(code, fields.rpc);
   if (code === "internal_error")
     logger.error({ ...fields, code, err: connectError.cause ?? error }, "rpc failed");
   else logger.info({ ...fields, code }, "rpc rejected");
@@ -157,6 +217,11 @@ export interface AuthOptions {
   /** Looks an API key up; null when unknown or revoked. */
   readonly findApiKey: (key: string) => Promise<{ id: string } | null>;
   readonly settlementOperatorToken: string;
+  /**
+   * Per-API-key request rate (src/rate-limit.ts); absent: no limit. Applied here, where the key
+   * is known, so REST and RPC calls share one bucket per key.
+   */
+  readonly rateLimiter?: RateLimiter | undefined;
 }
 
 function bearer(header: string | null): string | undefined {
@@ -171,7 +236,8 @@ function digest(value: string): Buffer {
 
 /**
  * Every RPC needs credentials: the settlement service the operator token,
- * everything else an API key.
+ * everything else an API key, whose request rate is then checked (429 `rate_limited` with
+ * Retry-After). The settlement operator is not rate limited.
  */
 export function authInterceptor(options: AuthOptions): Interceptor {
   const operatorDigest = digest(options.settlementOperatorToken);
@@ -201,6 +267,7 @@ export function authInterceptor(options: AuthOptions): Interceptor {
       });
     }
     if (found === null) throw new GatewayError("invalid_api_key", "invalid API key");
+    options.rateLimiter?.take(found.id);
     req.contextValues.set(callerKey, { apiKeyId: found.id });
     return next(req);
   };

@@ -100,6 +100,7 @@ export function createProviderService(
           verifiedAt: seconds(endpoint?.verifiedAt),
           verificationExpiresAt: seconds(endpoint?.verificationExpiresAt),
           checkedAt: seconds(endpoint?.checkedAt),
+          quarantineReason: offer.quarantineReason,
         },
       });
     },

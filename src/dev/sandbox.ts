@@ -18,6 +18,9 @@ import { startDemoProvider, type DemoProvider } from "./demo-provider.js";
 /** How often the sandbox's settlement worker flushes: short, so a demo request settles while you watch. */
 const workerIntervalMs = 2000;
 
+/** The sandbox gateway's SHUTDOWN_GRACE_MS (requests in flight at SIGTERM may finish for this long). */
+export const sandboxShutdownGraceMs = 5000;
+
 /** What `npm start` writes to `$GATEWAY_STATE_DIR/dev.json` for scripts and tests. */
 export interface DevManifest {
   baseUrl: string;
@@ -92,6 +95,7 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
       // The demo provider listens on loopback.
       ALLOW_PRIVATE_ENDPOINTS: "true",
       PROBE_INTERVAL_MS: "5000",
+      SHUTDOWN_GRACE_MS: String(sandboxShutdownGraceMs),
     });
     const gateway = await startGateway(config, { logger, inMemoryDatabase: true });
     try {
@@ -157,11 +161,11 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
         worker,
         close() {
           closing ??= (async () => {
-            // Before the gateway: a flush in flight finishes (or is aborted) while it can still answer.
-            await worker.stop();
-            await gateway.close();
-            await provider?.close();
-            await anvil.stop();
+            // Together: readiness turns at once, and a flush in flight is one of the calls the
+            // gateway lets finish within its grace.
+            await Promise.all([worker.stop(), gateway.close()]);
+            // Then the gateway's dependencies; the anvil child process must not outlive us.
+            await Promise.all([provider?.close(), anvil.stop()]);
           })();
           return closing;
         },

@@ -24,6 +24,11 @@ export interface ModelRecord {
   readonly status: ModelStatus;
   /** Active offers of this model (the spec's provider_count). */
   readonly activeOffers: number;
+  /**
+   * Set when the chain states a value the catalog cannot hold (see docs/decisions.md,
+   * "Quarantine"): the model is stored with neutral values and nothing of it is routed to.
+   */
+  readonly quarantineReason?: string | undefined;
 }
 
 export interface Tariff {
@@ -54,19 +59,27 @@ export interface OfferRecord {
   readonly endpointRunning: boolean | undefined;
   /** Requests in flight on the offer, across all gateway processes. */
   readonly inFlight: number;
+  /**
+   * Set when the offer (or its model: `model_quarantined`) is quarantined: the chain states a
+   * value the catalog cannot hold. A quarantined offer is never eligible.
+   */
+  readonly quarantineReason?: string | undefined;
 }
 
 /**
  * Whether chat may be routed to an offer at `now` (Unix seconds): the offer
- * and its model are active, an endpoint is registered, and its verification
- * has not lapsed. Capacity and pins are checked by routing on top of this.
+ * and its model are active and not quarantined, an endpoint is registered, and
+ * its verification has not lapsed. Capacity and pins are checked by routing on
+ * top of this.
  */
 export function isEligible(
   offer: OfferRecord,
-  model: Pick<ModelRecord, "status">,
+  model: Pick<ModelRecord, "status" | "quarantineReason">,
   now: number,
 ): boolean {
   return (
+    offer.quarantineReason === undefined &&
+    model.quarantineReason === undefined &&
     offer.status === "active" &&
     model.status === "active" &&
     offer.endpointRegistered &&

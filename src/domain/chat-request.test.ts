@@ -257,6 +257,21 @@ describe("parseChatRequest", () => {
     );
     rejects(withBody({}).replace(/}$/, `,"x":${nested(100_000)}}`), "invalid_request", "nested");
   });
+
+  it("bounds arrays and depth as configured, counting only JSON structure (not text in strings)", () => {
+    const items = (n: number) => JSON.stringify(Array.from({ length: n }, () => 1));
+    const parse = (text: string) =>
+      parseChatRequest(bytes(text), { maxBytes, maxDepth: 4, maxArrayItems: 3 });
+    expect(() => parse(withBody({}).replace(/}$/, `,"x":${items(3)}}`))).not.toThrow();
+    expect(() => parse(withBody({}).replace(/}$/, `,"x":${items(4)}}`))).toThrow(
+      /more than 3 items/,
+    );
+    // Objects' members are not array items; brackets and commas inside strings are text.
+    expect(() =>
+      parse(withBody({}).replace(/}$/, `,"o":{"a":1,"b":2,"c":3,"d":4},"s":"[[[[[,,,,\\"[,,"}`)),
+    ).not.toThrow();
+    expect(() => parse(withBody({}).replace(/}$/, `,"x":[[[[]]]]}`))).toThrow(/nested more than 4/);
+  });
 });
 
 describe("exactInteger", () => {

@@ -53,8 +53,22 @@ export interface ChatRequest {
   readonly responseFormat?: JsonValue | undefined;
 }
 
-/** Deepest nesting of arrays and objects accepted (the top-level object is depth 1). */
-export const maxJsonDepth = 128;
+/**
+ * Deepest nesting of arrays and objects accepted by default (MAX_JSON_DEPTH; the top-level
+ * object is depth 1).
+ */
+export const maxJsonDepth = 64;
+
+/** Most items one array of a request body may have by default (MAX_JSON_ARRAY_ITEMS). */
+export const maxJsonArrayItems = 10_000;
+
+/** Bounds on the shape of a JSON body, checked on its bytes before it is parsed. */
+export interface JsonBounds {
+  /** Deepest nesting of arrays and objects (the top-level value is depth 1). */
+  readonly maxDepth?: number | undefined;
+  /** Most items in any one array. */
+  readonly maxArrayItems?: number | undefined;
+}
 
 /** The output limit when neither the request nor the offer's capabilities give one. */
 export const defaultOutputLimit = 4096n;
@@ -70,16 +84,22 @@ const utf8Encoder = new TextEncoder();
 
 /**
  * Validates a Chat request body. Throws {@link GatewayError}: `request_too_large` over
- * `opts.maxBytes`; `invalid_json` when the body is not UTF-8 JSON; `invalid_hex` for an `offer`
- * that is not Hex32; `invalid_request` for anything else, with a message naming the field.
+ * `opts.maxBytes`; `invalid_request` when it nests deeper than `opts.maxDepth` or an array has
+ * more than `opts.maxArrayItems` items (checked on the bytes, before parsing); `invalid_json`
+ * when the body is not UTF-8 JSON; `invalid_hex` for an `offer` that is not Hex32;
+ * `invalid_request` for anything else, with a message naming the field.
  */
-export function parseChatRequest(raw: Uint8Array, opts: { maxBytes: number }): ChatRequest {
+export function parseChatRequest(
+  raw: Uint8Array,
+  opts: { maxBytes: number } & JsonBounds,
+): ChatRequest {
   if (raw.byteLength > opts.maxBytes) {
     throw new GatewayError(
       "request_too_large",
       `the request body is larger than ${opts.maxBytes} bytes`,
     );
   }
+  checkJsonBounds(raw, opts);
   if (raw[0] === 0xef && raw[1] === 0xbb && raw[2] === 0xbf) {
     throw new GatewayError(
       "invalid_json",
@@ -310,8 +330,8 @@ function skipString(bytes: Uint8Array, start: number): number {
   }
 }
 
-/** The index just past the value starting at `start`; throws past `depthLimit` nesting levels. */
-function skipValue(bytes: Uint8Array, start: number, depthLimit: number): number {
+/** The index just past the value starting at `start` (its depth was bounded by checkJsonBounds). */
+function skipValue(bytes: Uint8Array, start: number): number {
   const first = bytes[start];
   if (first === QUOTE) return skipString(bytes, start);
   if (first === OPEN_OBJECT || first === OPEN_ARRAY) {
@@ -325,8 +345,6 @@ function skipValue(bytes: Uint8Array, start: number, depthLimit: number): number
       }
       if (byte === OPEN_OBJECT || byte === OPEN_ARRAY) {
         depth += 1;
-        if (depth > depthLimit)
-          invalid(`the request is nested more than ${maxJsonDepth} levels deep`);
       } else if (byte === CLOSE_OBJECT || byte === CLOSE_ARRAY) {
         depth -= 1;
         if (depth === 0) return i + 1;
@@ -362,11 +380,7 @@ function decodeKey(bytes: Uint8Array, start: number, end: number): string {
 }
 
 /** The members of the object whose `{` is at `open`, with the index just past its `}`. */
-function objectMembers(
-  bytes: Uint8Array,
-  open: number,
-  depthLimit: number,
-): { members: Member[]; end: number } {
+function objectMembers(bytes: Uint8Array, open: number): { members: Member[]; end: number } {
   if (bytes[open] !== OPEN_OBJECT) malformed();
   const members: Member[] = [];
   let i = skipSpace(bytes, open + 1);
@@ -379,7 +393,7 @@ function objectMembers(
     i = skipSpace(bytes, keyEnd);
     if (bytes[i] !== COLON) malformed();
     const valueStart = skipSpace(bytes, i + 1);
-    const valueEnd = skipValue(bytes, valueStart, depthLimit);
+    const valueEnd = skipValue(bytes, valueStart);
     members.push({ key, valueStart, valueEnd });
     i = skipSpace(bytes, valueEnd);
     if (bytes[i] === CLOSE_OBJECT) return { members, end: i + 1 };
@@ -388,9 +402,9 @@ function objectMembers(
   }
 }
 
-/** Members of the top-level object; rejects duplicate keys and too deep nesting. */
+/** Members of the top-level object; rejects duplicate keys. */
 function topLevelMembers(raw: Uint8Array): Member[] {
-  const { members } = objectMembers(raw, skipSpace(raw, 0), maxJsonDepth - 1);
+  const { members } = objectMembers(raw, skipSpace(raw, 0));
   const seen = new Set<string>();
   for (const { key } of members) {
     if (seen.has(key)) invalid(`'${key.slice(0, 100)}' occurs more than once`);
@@ -407,6 +421,50 @@ function concatBytes(parts: readonly Uint8Array[]): Uint8Array {
     offset += part.byteLength;
   }
   return out;
+}
+
+/**
+ * Refuses, with 400 `invalid_request`, a JSON text that nests arrays and objects deeper than
+ * `maxDepth` or has an array of more than `maxArrayItems` items, before anything parses it (so
+ * neither JSON.parse nor a recursive walk ever sees such a document). One pass over the bytes,
+ * no recursion, memory bounded by `maxDepth`; strings are skipped with indexOf. Text that is not
+ * JSON is let through for the parser to report.
+ */
+export function checkJsonBounds(raw: Uint8Array, bounds: JsonBounds = {}): void {
+  const maxDepth = bounds.maxDepth ?? maxJsonDepth;
+  const maxItems = bounds.maxArrayItems ?? maxJsonArrayItems;
+  // Per open level: the commas seen so far in an array, -1 for an object.
+  const commas = new Int32Array(maxDepth + 1);
+  let depth = 0;
+  const n = raw.length;
+  for (let i = 0; i < n; i += 1) {
+    const byte = raw[i];
+    if (byte === QUOTE) {
+      let from = i + 1;
+      for (;;) {
+        const quote = raw.indexOf(QUOTE, from);
+        if (quote < 0) return; // unterminated: JSON.parse says so
+        let backslashes = 0;
+        while (raw[quote - 1 - backslashes] === BACKSLASH) backslashes += 1;
+        from = quote + 1;
+        if (backslashes % 2 === 0) break;
+      }
+      i = from - 1;
+    } else if (byte === OPEN_ARRAY || byte === OPEN_OBJECT) {
+      depth += 1;
+      if (depth > maxDepth)
+        invalid(`the request body is nested more than ${maxDepth} levels deep (MAX_JSON_DEPTH)`);
+      commas[depth] = byte === OPEN_ARRAY ? 0 : -1;
+    } else if (byte === CLOSE_ARRAY || byte === CLOSE_OBJECT) {
+      if (depth > 0) depth -= 1;
+    } else if (byte === COMMA && depth > 0 && commas[depth]! >= 0) {
+      const seen = (commas[depth] = commas[depth]! + 1);
+      if (seen >= maxItems)
+        invalid(
+          `an array in the request body has more than ${maxItems} items (MAX_JSON_ARRAY_ITEMS)`,
+        );
+    }
+  }
 }
 
 // ---------------------------------------------------------------- what goes upstream
@@ -449,7 +507,7 @@ export function upstreamBody(req: ChatRequest): Uint8Array {
     // null (anything else failed validation)
     return concatBytes([raw.subarray(0, valueStart), streamOptionsValue, raw.subarray(valueEnd)]);
   }
-  const inner = objectMembers(raw, valueStart, maxJsonDepth).members;
+  const inner = objectMembers(raw, valueStart).members;
   const usage = inner.filter((m) => m.key === "include_usage");
   if (usage.length === 0) {
     return concatBytes([

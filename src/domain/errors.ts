@@ -36,6 +36,8 @@ export const errorCodes = {
   tariff_changed: { status: 409, type: "conflict_error" },
   nonce_used: { status: 409, type: "conflict_error" },
   idempotency_in_progress: { status: 409, type: "conflict_error" },
+  // The request body did not arrive within BODY_TIMEOUT_MS.
+  request_timeout: { status: 408, type: "invalid_request_error" },
   request_too_large: { status: 413, type: "invalid_request_error" },
   unsupported_media_type: { status: 415, type: "invalid_request_error" },
   idempotency_key_reused: { status: 422, type: "invalid_request_error" },
@@ -44,6 +46,7 @@ export const errorCodes = {
   completion_failed: { status: 422, type: "invalid_request_error" },
   stream_failed: { status: 422, type: "invalid_request_error" },
   usage_missing: { status: 422, type: "invalid_request_error" },
+  // Over the API key's request rate or its concurrent streams (per replica); carries Retry-After.
   rate_limited: { status: 429, type: "rate_limit_error" },
   offer_at_capacity: { status: 429, type: "rate_limit_error" },
   internal_error: { status: 500, type: "api_error" },
@@ -56,6 +59,8 @@ export const errorCodes = {
   database_unavailable: { status: 503, type: "service_unavailable" },
   // This gateway has no settlement account configured (SETTLEMENT_PRIVATE_KEY).
   settlement_unavailable: { status: 503, type: "service_unavailable" },
+  // The process is stopping (SIGTERM): a request arriving now, or one cut at the end of the grace.
+  shutting_down: { status: 503, type: "service_unavailable" },
 } as const satisfies Record<string, { status: number; type: string }>;
 
 export type ErrorCode = keyof typeof errorCodes;
@@ -71,10 +76,17 @@ export function isErrorCode(value: string): value is ErrorCode {
 export class GatewayError extends Error {
   override readonly name = "GatewayError";
   readonly code: ErrorCode;
+  /** Whole seconds the client should wait before retrying (`Retry-After`), when it says so. */
+  readonly retryAfterSeconds: number | undefined;
 
-  constructor(code: ErrorCode, message: string, options?: { cause?: unknown }) {
+  constructor(
+    code: ErrorCode,
+    message: string,
+    options?: { cause?: unknown; retryAfterSeconds?: number },
+  ) {
     super(message, options);
     this.code = code;
+    this.retryAfterSeconds = options?.retryAfterSeconds;
   }
 
   get status(): number {

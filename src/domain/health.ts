@@ -38,8 +38,11 @@ export type EndpointVerification =
 
 /** Talks to provider endpoints (the upstream adapter). Neither method throws. */
 export interface EndpointProber {
-  /** Whether the endpoint answers `GET /v1/models` with a 2xx within the prober's timeout. */
-  probeLiveness(endpoint: EndpointSecret): Promise<boolean>;
+  /**
+   * Whether the endpoint answers `GET /v1/models` with a 2xx within the prober's timeout;
+   * false at once when `signal` aborts (the monitor stops: shutdown does not wait for a probe).
+   */
+  probeLiveness(endpoint: EndpointSecret, signal?: AbortSignal): Promise<boolean>;
   /** Runs the conformance checks in order and reports the first that fails. */
   verifyEndpoint(
     endpoint: EndpointSecret,
@@ -150,6 +153,8 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
   let timer: NodeJS.Timeout | undefined;
   let round: Promise<unknown> | undefined;
   let started = false;
+  // Aborted by stop(): probes under way end at once and record nothing.
+  let stopping = new AbortController();
 
   const openSafely = (endpoint: RegisteredEndpoint): EndpointSecret | undefined => {
     try {
@@ -167,10 +172,13 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
   const probe = (endpoint: RegisteredEndpoint): Promise<boolean> => {
     const running = inflight.get(endpoint.offerId);
     if (running !== undefined) return running;
+    const { signal } = stopping;
     const task = (async () => {
       const secret = openSafely(endpoint);
       let up = false;
-      if (secret !== undefined) up = await prober.probeLiveness(secret).catch(() => false);
+      if (secret !== undefined) up = await prober.probeLiveness(secret, signal).catch(() => false);
+      // A probe cut by stop() says nothing about the endpoint.
+      if (signal.aborted) return false;
       await store.recordProbe(endpoint.offerId, up, clock());
       return up;
     })().finally(() => inflight.delete(endpoint.offerId));
@@ -224,10 +232,12 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
     start() {
       if (started) return;
       started = true;
+      if (stopping.signal.aborted) stopping = new AbortController();
       loop();
     },
     async stop() {
       started = false;
+      stopping.abort();
       if (timer !== undefined) clearTimeout(timer);
       timer = undefined;
       await round;

@@ -243,6 +243,19 @@ export interface SettlementFlusherDeps {
   readonly pollMs: number;
   /** Settle charges of closing permits this long before `closableAt` at the latest. */
   readonly closeMarginSeconds?: number;
+  /** Metrics hooks; absent: nothing is observed. */
+  readonly observer?: SettlementObserver;
+}
+
+/** Hooks for metrics (the domain never imports a metrics library); they must not throw. */
+export interface SettlementObserver {
+  /**
+   * A batch as a flush reports it (a batch still in flight is reported again by the next
+   * flush); `gasUsed` only for a mined one (settled or failed).
+   */
+  batch(status: BatchState, gasUsed: bigint | undefined): void;
+  /** A flush that failed with an error (its outcome is resumed by the next flush). */
+  failure(): void;
 }
 
 export interface SettlementFlusher {
@@ -730,7 +743,15 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
       (deps.leaseSeconds * 1000) / 3,
     );
     try {
-      return await flushLeased(options);
+      const result = await flushLeased(options);
+      for (const b of result.batches) {
+        const mined = b.status === "settled" || b.status === "failed";
+        deps.observer?.batch(b.status, mined ? b.gas : undefined);
+      }
+      return result;
+    } catch (error) {
+      deps.observer?.failure();
+      throw error;
     } finally {
       clearInterval(renew);
       await renewal;

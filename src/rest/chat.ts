@@ -86,6 +86,11 @@ function header(req: NodeRequest, name: string): string {
  * X-Gateway-Credits-Charged. Otherwise the upstream's JSON object as it came.
  * Failures before the answer begins get the error body; a failure after it
  * began ends the stream with an error event (never a silent close).
+ *
+ * Response headers are the gateway's own, listed here and nowhere else: no header of the
+ * provider's answer is copied (the upstream adapter exposes only `upstreamResponseHeaders`, and
+ * none of those reaches the client), so a provider cannot set cookies, fake the
+ * `X-Gateway-*` metering headers or the framing (`content-length`, `transfer-encoding`).
  */
 export async function relayChat(
   rpc: InProcessCaller,
@@ -166,7 +171,9 @@ export async function relayChat(
     if (answered) return;
     if (events === undefined || !res.headersSent) throw error;
     if (!res.writableEnded && !res.destroyed) {
-      const { body: errorBody } = toHttpError(error);
+      // Cut by shutdown: the signal's reason (`shutting_down`) is the stream's last event.
+      const reason: unknown = options.signal.aborted ? options.signal.reason : undefined;
+      const { body: errorBody } = toHttpError(reason instanceof GatewayError ? reason : error);
       events.end(`data: ${JSON.stringify(errorBody)}\n\n`);
     }
   }

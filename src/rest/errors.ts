@@ -1,5 +1,5 @@
 import { ConnectError } from "@connectrpc/connect";
-import { errorCodeOf, toConnectError } from "../connect/errors.js";
+import { errorCodeOf, retryAfterOf, toConnectError } from "../connect/errors.js";
 import { errorCodes, type ErrorCode } from "../domain/errors.js";
 
 export interface ErrorBody {
@@ -9,12 +9,22 @@ export interface ErrorBody {
 /**
  * The one place where a failure becomes the spec's error body and an HTTP
  * status: whatever was thrown goes through the same domain -> ConnectError
- * mapping the RPCs use, and the ErrorInfo code picks status and type.
+ * mapping the RPCs use, and the ErrorInfo code picks status and type. `headers`
+ * are the ones the answer must carry: `WWW-Authenticate` on a 401, an integer
+ * `Retry-After` (seconds) when the error says when to retry (429 `rate_limited`).
  */
-export function toHttpError(error: unknown): { status: number; body: ErrorBody } {
+export function toHttpError(error: unknown): {
+  status: number;
+  body: ErrorBody;
+  headers: Record<string, string>;
+} {
   const connectError = error instanceof ConnectError ? error : toConnectError(error);
   const code = errorCodeOf(connectError);
   const { status, type } = errorCodes[code];
   const message = code === "internal_error" ? "internal error" : connectError.rawMessage;
-  return { status, body: { error: { code, type, message } } };
+  const headers: Record<string, string> = {};
+  if (status === 401) headers["www-authenticate"] = "Bearer";
+  const retryAfter = retryAfterOf(connectError);
+  if (retryAfter !== undefined) headers["retry-after"] = String(retryAfter);
+  return { status, body: { error: { code, type, message } }, headers };
 }

@@ -8,10 +8,11 @@ import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
-import { GatewayError } from "../domain/errors.js";
+import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { readJson, readJsonBytes, type NodeRequest } from "./body.js";
 import { relayChat } from "./chat.js";
 import { toHttpError } from "./errors.js";
+import { openApiDocument } from "./openapi.js";
 import {
   flushView,
   modelView,
@@ -29,6 +30,8 @@ export type NodeResponse = Parameters<ReturnType<typeof connectNodeAdapter>>[1];
 
 export interface Readiness {
   readonly ok: boolean;
+  /** The process is stopping (SIGTERM): `GET /ready` answers 503 `shutting_down` without checks. */
+  readonly shuttingDown?: boolean;
   readonly checks: Record<string, { ok: boolean; error?: string }>;
 }
 
@@ -38,6 +41,24 @@ export interface FacadeDeps {
   readonly bodyLimitBytes: number;
   readonly readiness: () => Promise<Readiness>;
   readonly logger: Logger;
+  /** Metrics hooks; absent: nothing is observed. */
+  readonly observer?: RestObserver;
+  /**
+   * Aborted when the shutdown grace is over: requests still in flight are cut, with the
+   * signal's reason (`shutting_down`) as their answer or a stream's last event.
+   */
+  readonly shutdown?: AbortSignal;
+}
+
+/** Hooks for metrics (the facade never imports a metrics library); they must not throw. */
+export interface RestObserver {
+  /**
+   * A REST request ended: its route template (`/v1/models/{id}`; `unmatched` when no route
+   * matched), method, HTTP status (499 when the client left before an answer) and duration.
+   */
+  request(route: string, method: string, status: number, seconds: number): void;
+  /** An error answered outside any RPC (the RPC layer reports its own): its error code. */
+  rejected(code: ErrorCode, route: string): void;
 }
 
 interface Call {
@@ -94,11 +115,18 @@ const routes: Route[] = [
     path: "/ready",
     handle: async ({ deps }) => {
       const readiness = await deps.readiness();
+      if (readiness.shuttingDown === true)
+        return { status: 503, body: { status: "shutting_down" } };
       return {
         status: readiness.ok ? 200 : 503,
         body: { status: readiness.ok ? "ready" : "unavailable", checks: readiness.checks },
       };
     },
+  },
+  {
+    method: "GET",
+    path: "/openapi.json",
+    handle: async () => ({ body: openApiDocument }),
   },
   {
     method: "GET",
@@ -348,6 +376,21 @@ function sendJson(
   res.end(payload);
 }
 
+/** A route's path as a metric label: `/v1/models/{id}`, never a raw path. */
+const templates = new Map<Route, string>(
+  routes.map((r) => [
+    r,
+    typeof r.path === "string"
+      ? r.path
+      : r.path.source.slice(1, -1).replaceAll("\\/", "/").replaceAll(id, "{id}"),
+  ]),
+);
+
+/** Every route the facade serves, as `{method, path}` with `{id}` templates (for the OpenAPI test). */
+export function restRoutes(): { method: string; path: string }[] {
+  return routes.map((r) => ({ method: r.method, path: templates.get(r) ?? "" }));
+}
+
 /** Routes with a fixed path, by path; the others are tried in order by their patterns. */
 const fixedRoutes = new Map<string, Route[]>();
 const patternRoutes: Route[] = [];
@@ -397,10 +440,23 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
   return (req, res) => {
     const { pathname, query } = targetOf(req.url ?? "/");
     const abort = new AbortController();
+    const { observer, shutdown } = deps;
+    // Set when shutdown cut this request (not its client): it still gets an answer.
+    let cut = false;
+    const onShutdown = (): void => {
+      cut = true;
+      abort.abort(shutdown?.reason);
+    };
+    shutdown?.addEventListener("abort", onShutdown, { once: true });
+    const started = observer === undefined ? 0 : performance.now();
+    let route = "unmatched";
     // Only a client that left before the answer ended cancels the call (an abort builds an
     // AbortError with a stack trace: not something to pay for on every finished request).
     res.once("close", () => {
+      shutdown?.removeEventListener("abort", onShutdown);
       if (!res.writableFinished) abort.abort();
+      const status = res.headersSent ? res.statusCode : 499;
+      observer?.request(route, req.method ?? "", status, (performance.now() - started) / 1000);
     });
     const options: InProcessCallOptions = { headers: req.headers, signal: abort.signal };
 
@@ -415,6 +471,7 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
               `no route for ${req.method} ${pathname.slice(0, 200)}`,
             );
       }
+      route = templates.get(match.route) ?? route;
       const reply = await match.route.handle({
         req,
         res,
@@ -428,20 +485,22 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
         sendJson(res, reply.status ?? 200, reply.body, reply.headers);
     })();
 
-    handled.catch((error: unknown) => {
+    handled.catch((failure: unknown) => {
+      const error: unknown = cut ? shutdown?.reason : failure;
       // A ConnectError is an RPC's outcome, which the observability interceptor has logged; what
       // failed outside an RPC (the route, the body, this facade) is logged here, once.
-      const left = abort.signal.aborted;
-      if (!(error instanceof ConnectError)) logOutcome(logger, req, pathname, error, left);
+      const left = abort.signal.aborted && !cut;
+      if (!(error instanceof ConnectError)) {
+        logOutcome(logger, req, pathname, error, left);
+        if (!left) observer?.rejected(toHttpError(error).body.error.code, route);
+      }
       if (left || res.destroyed) return; // nobody to answer
       if (res.headersSent) {
         res.end();
         return;
       }
-      const { status, body } = toHttpError(error);
-      const extra: Record<string, string> = {};
-      if (status === 401) extra["www-authenticate"] = "Bearer";
-      sendJson(res, status, body, extra);
+      const { status, body, headers } = toHttpError(error);
+      sendJson(res, status, body, headers);
     });
   };
 }

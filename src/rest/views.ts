@@ -92,6 +92,7 @@ export function offerHealthView(health: OfferHealth) {
     verified_at: seconds(health.verifiedAt),
     verification_expires_at: seconds(health.verificationExpiresAt),
     checked_at: seconds(health.checkedAt),
+    quarantine_reason: health.quarantineReason ?? null,
   };
 }
 

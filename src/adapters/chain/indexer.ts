@@ -1,18 +1,35 @@
 import type pg from "pg";
-import type { Address, Hex, PublicClient } from "viem";
+import {
+  hexToBytes,
+  type Abi,
+  type AbiParameter,
+  type Address,
+  type Hex,
+  type PublicClient,
+} from "viem";
 import type { Logger } from "pino";
-import { modelStatuses, offerStatuses, type JsonValue } from "../../domain/catalog.js";
 import { normalizeHex } from "../../domain/hex.js";
 import {
   advanceCursor,
+  existingModels,
   readCursor,
   upsertModel,
   upsertOffer,
   type ModelState,
   type OfferState,
+  type Queryable,
+  type UpsertResult,
 } from "../pg/catalog.js";
 import { recordPermitClosing } from "../pg/settlement.js";
 import { marketAbi } from "./artifacts.js";
+import {
+  modelFromChain,
+  offerFromChain,
+  quarantinedModel,
+  quarantinedOffer,
+  type RawModel,
+  type RawOffer,
+} from "./catalog-values.js";
 
 export interface IndexerDeps {
   readonly client: PublicClient;
@@ -57,17 +74,125 @@ export interface Indexer {
 
 const cursorName = "market";
 
-/** Parses the capabilities JSON an offer publishes; anything but an object is ignored. */
-export function parseCapabilities(text: string): { [key: string]: JsonValue } {
-  try {
-    const value: unknown = JSON.parse(text);
-    if (typeof value === "object" && value !== null && !Array.isArray(value)) {
-      return value as { [key: string]: JsonValue };
-    }
-  } catch {
-    // fall through: an offer with unreadable capabilities advertises none
+/** `string` -> `bytes` (same ABI encoding), so strings arrive as the bytes the chain holds. */
+function stringsAsBytes(param: AbiParameter): AbiParameter {
+  if (param.type === "string") return { ...param, type: "bytes" };
+  if ("components" in param && param.components !== undefined) {
+    return { ...param, components: param.components.map(stringsAsBytes) } as AbiParameter;
   }
-  return {};
+  return param;
+}
+
+/**
+ * `getModel` and `getOffer` with their strings read as bytes: viem decodes a `string` lossily
+ * (invalid UTF-8 becomes U+FFFD), and the indexer must see what the chain holds to decide.
+ */
+const rawReadAbi = marketAbi
+  .filter((item) => item.type === "function" && ["getModel", "getOffer"].includes(item.name))
+  .map((item) => ({
+    ...item,
+    outputs: (item as { outputs: readonly AbiParameter[] }).outputs.map(stringsAsBytes),
+  })) as Abi;
+
+type RawModelResult = Omit<RawModel, "repository" | "revision" | "task"> & {
+  repository: Hex;
+  revision: Hex;
+  task: Hex;
+};
+type RawOfferResult = Omit<RawOffer, "metadata"> & {
+  metadata: { region: Hex; hardware: Hex; maxConcurrency: number; capabilities: Hex };
+};
+
+/** SQLSTATE classes a row's values cause: data exception, integrity violation, program limit. */
+const rowErrorClasses = ["22", "23", "54"];
+
+function sqlState(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | undefined)?.code;
+  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code) ? code : undefined;
+}
+
+/**
+ * Runs one row's write inside a savepoint. A failure the row's values caused (see
+ * {@link rowErrorClasses}) is rolled back to the savepoint and reported as its SQLSTATE, so the
+ * range's transaction goes on; any other failure (connection, timeout) is thrown, and the whole
+ * range is retried.
+ */
+async function inSavepoint<T>(
+  db: Queryable,
+  write: () => Promise<T>,
+): Promise<{ ok: true; value: T } | { ok: false; code: string }> {
+  await db.query("SAVEPOINT indexer_row");
+  try {
+    const value = await write();
+    await db.query("RELEASE SAVEPOINT indexer_row");
+    return { ok: true, value };
+  } catch (err) {
+    const code = sqlState(err);
+    if (code === undefined || !rowErrorClasses.includes(code.slice(0, 2))) throw err;
+    await db.query("ROLLBACK TO SAVEPOINT indexer_row");
+    await db.query("RELEASE SAVEPOINT indexer_row");
+    return { ok: false, code };
+  }
+}
+
+/** A quarantine that started or was lifted by a write, to be logged once the range commits. */
+export interface QuarantineChange {
+  readonly kind: "model" | "offer";
+  readonly id: Hex;
+  /** The new reason; undefined when the quarantine was lifted. */
+  readonly reason: string | undefined;
+}
+
+/**
+ * Writes the models and offers of one range (inside the caller's transaction), each in its own
+ * savepoint. Values were checked before ({@link modelFromChain}, {@link offerFromChain}); a row
+ * the database still refuses is written again as a quarantine (`db_rejected_<SQLSTATE>`), so no
+ * single model or offer can fail the range. Returns the quarantines that started or ended.
+ */
+export async function writeCatalogRows(
+  db: Queryable,
+  rows: { models: readonly ModelState[]; offers: readonly OfferState[] },
+  block: bigint,
+): Promise<QuarantineChange[]> {
+  const changes: QuarantineChange[] = [];
+  const note = (
+    kind: QuarantineChange["kind"],
+    id: Hex,
+    reason: string | undefined,
+    result: UpsertResult,
+  ) => {
+    if (result.written && (result.previousQuarantine ?? undefined) !== reason) {
+      changes.push({ kind, id, reason });
+    }
+  };
+  // In id order: each write locks its entity until commit, and concurrent indexers taking the
+  // same locks in the same order cannot deadlock.
+  const byId =
+    <T>(key: (row: T) => string) =>
+    (a: T, b: T) =>
+      key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0;
+  for (const model of [...rows.models].sort(byId((m) => m.modelId))) {
+    let written = await inSavepoint(db, () => upsertModel(db, model, block));
+    let stored = model;
+    if (!written.ok) {
+      stored = quarantinedModel(model, `db_rejected_${written.code}`);
+      written = await inSavepoint(db, () => upsertModel(db, stored, block));
+      // Neutral values refused too: not the row's fault; retry the range.
+      if (!written.ok) throw new Error(`cannot store model ${model.modelId} (${written.code})`);
+    }
+    note("model", model.modelId, stored.quarantineReason, written.value);
+  }
+  for (const offer of [...rows.offers].sort(byId((o) => o.offerId))) {
+    let written = await inSavepoint(db, () => upsertOffer(db, offer, block));
+    let stored = offer;
+    if (!written.ok) {
+      stored = quarantinedOffer(offer, `db_rejected_${written.code}`);
+      written = await inSavepoint(db, () => upsertOffer(db, stored, block));
+      if (!written.ok) throw new Error(`cannot store offer ${offer.offerId} (${written.code})`);
+    }
+    note("offer", offer.offerId, stored.quarantineReason, written.value);
+  }
+  return changes;
 }
 
 /**
@@ -84,53 +209,41 @@ export function createIndexer(deps: IndexerDeps): Indexer {
   let running: Promise<void> | undefined;
   let stopped = true;
 
+  // Values the catalog cannot hold make a quarantined row here (catalog-values.ts), before
+  // anything is written.
   const readModel = async (modelId: Hex, blockNumber: bigint): Promise<ModelState> => {
-    const m = await client.readContract({
+    const m = (await client.readContract({
       address: market,
-      abi: marketAbi,
+      abi: rawReadAbi,
       functionName: "getModel",
       args: [modelId],
       blockNumber,
+    })) as RawModelResult;
+    return modelFromChain(modelId, {
+      ...m,
+      repository: hexToBytes(m.repository),
+      revision: hexToBytes(m.revision),
+      task: hexToBytes(m.task),
     });
-    return {
-      modelId: normalizeHex(modelId),
-      creator: normalizeHex(m.creator),
-      creditToken: normalizeHex(m.creditToken),
-      repository: m.repository,
-      revision: m.revision,
-      task: m.task,
-      poolId: normalizeHex(m.poolId),
-      positionTokenId: m.positionTokenId,
-      status: modelStatuses[m.status] ?? "retired",
-    };
   };
 
   const readOffer = async (offerId: Hex, blockNumber: bigint): Promise<OfferState> => {
-    const o = await client.readContract({
+    const o = (await client.readContract({
       address: market,
-      abi: marketAbi,
+      abi: rawReadAbi,
       functionName: "getOffer",
       args: [offerId],
       blockNumber,
-    });
-    return {
-      offerId: normalizeHex(offerId),
-      modelId: normalizeHex(o.modelId),
-      owner: normalizeHex(o.owner),
-      operator: normalizeHex(o.operator),
-      payout: normalizeHex(o.payout),
-      status: offerStatuses[o.status] ?? "retired",
-      tariff: {
-        version: BigInt(o.tariff.version),
-        inputPricePerMTok: o.tariff.inputPricePerMTok,
-        outputPricePerMTok: o.tariff.outputPricePerMTok,
-        wakeFee: o.tariff.wakeFee,
+    })) as RawOfferResult;
+    return offerFromChain(offerId, {
+      ...o,
+      metadata: {
+        region: hexToBytes(o.metadata.region),
+        hardware: hexToBytes(o.metadata.hardware),
+        maxConcurrency: o.metadata.maxConcurrency,
+        capabilities: hexToBytes(o.metadata.capabilities),
       },
-      region: o.metadata.region,
-      hardware: o.metadata.hardware,
-      maxConcurrency: Number(o.metadata.maxConcurrency),
-      capabilities: parseCapabilities(o.metadata.capabilities),
-    };
+    });
   };
 
   const syncOnce = async (): Promise<SyncResult | undefined> => {
@@ -166,14 +279,18 @@ export function createIndexer(deps: IndexerDeps): Indexer {
       if (event.eventName.startsWith("Offer") && args.offerId !== undefined)
         offerIds.add(normalizeHex(args.offerId));
     }
-    const models = await Promise.all([...modelIds].map((id) => readModel(id, toBlock)));
     const offers = await Promise.all([...offerIds].map((id) => readOffer(id, toBlock)));
+    // An offer's model may predate START_BLOCK: read it too, or the offer's row could not be
+    // stored (its model_id references models).
+    const known = await existingModels(pool, [...new Set(offers.map((o) => o.modelId))]);
+    for (const offer of offers) if (!known.has(offer.modelId)) modelIds.add(offer.modelId);
+    const models = await Promise.all([...modelIds].map((id) => readModel(id, toBlock)));
 
+    let changes: QuarantineChange[];
     const db = await pool.connect();
     try {
       await db.query("BEGIN");
-      for (const model of models) await upsertModel(db, model, toBlock);
-      for (const offer of offers) await upsertOffer(db, offer, toBlock);
+      changes = await writeCatalogRows(db, { models, offers }, toBlock);
       for (const c of closings)
         await recordPermitClosing(db, c.permitId, c.closableAt, c.blockNumber);
       await advanceCursor(db, cursorName, toBlock);
@@ -183,6 +300,19 @@ export function createIndexer(deps: IndexerDeps): Indexer {
       throw error;
     } finally {
       db.release();
+    }
+    // Once per change, after the commit; the reason names the field and the problem, never the
+    // value (which is the operator's to fix, and may be anything).
+    for (const change of changes) {
+      const key = change.kind === "model" ? "modelId" : "offerId";
+      if (change.reason === undefined) {
+        logger.info({ [key]: change.id }, `${change.kind} quarantine lifted`);
+      } else {
+        logger.warn(
+          { [key]: change.id, reason: change.reason },
+          `${change.kind} quarantined: the chain states a value the catalog cannot hold`,
+        );
+      }
     }
     const result = {
       fromBlock,

@@ -30,6 +30,7 @@ interface ModelRow {
   position_token_id: string;
   status: ModelStatus;
   active_offers: string;
+  quarantine_reason: string | null;
 }
 
 interface OfferRow {
@@ -52,16 +53,25 @@ interface OfferRow {
   endpoint_registered: boolean;
   endpoint_running: boolean | null;
   in_flight: number;
+  effective_quarantine: string | null;
 }
 
+// Catalog views leave quarantined models and offers out (docs/decisions.md, "Quarantine"): a
+// quarantined model is `model_not_found` everywhere, and neither it nor a quarantined offer is
+// listed or counted. Only `getOffer` (health, registration, verification) returns a quarantined
+// offer, with its reason (`model_quarantined` when it is its model that is quarantined).
 const modelSelect = `
-  SELECT m.*, (SELECT count(*) FROM offers o WHERE o.model_id = m.model_id AND o.status = 'active') AS active_offers
+  SELECT m.*, (SELECT count(*) FROM offers o WHERE o.model_id = m.model_id AND o.status = 'active'
+      AND o.quarantine_reason IS NULL) AS active_offers
   FROM models m`;
 
 const offerSelect = `
   SELECT o.*, e.verified_at, e.verification_expires_at, (e.offer_id IS NOT NULL) AS endpoint_registered,
-    e.running AS endpoint_running, COALESCE(l.in_flight, 0) AS in_flight
+    e.running AS endpoint_running, COALESCE(l.in_flight, 0) AS in_flight,
+    COALESCE(o.quarantine_reason,
+      CASE WHEN m.quarantine_reason IS NOT NULL THEN 'model_quarantined' END) AS effective_quarantine
   FROM offers o
+  JOIN models m ON m.model_id = o.model_id
   LEFT JOIN provider_endpoints e ON e.offer_id = o.offer_id
   LEFT JOIN offer_loads l ON l.offer_id = o.offer_id`;
 
@@ -77,6 +87,7 @@ function toModel(row: ModelRow): ModelRecord {
     positionTokenId: BigInt(row.position_token_id),
     status: row.status,
     activeOffers: Number(row.active_offers),
+    ...(row.quarantine_reason === null ? {} : { quarantineReason: row.quarantine_reason }),
   };
 }
 
@@ -104,6 +115,7 @@ function toOffer(row: OfferRow): OfferRecord {
     endpointRegistered: row.endpoint_registered,
     endpointRunning: row.endpoint_running ?? undefined,
     inFlight: row.in_flight,
+    ...(row.effective_quarantine === null ? {} : { quarantineReason: row.effective_quarantine }),
   };
 }
 
@@ -111,18 +123,24 @@ export function createPgCatalogStore(db: Queryable): CatalogStore {
   return {
     async listModels(status) {
       const { rows } = await db.query<ModelRow>(
-        `${modelSelect} WHERE ($1::text IS NULL OR m.status = $1) ORDER BY m.model_id`,
+        `${modelSelect} WHERE m.quarantine_reason IS NULL AND ($1::text IS NULL OR m.status = $1)
+         ORDER BY m.model_id`,
         [status ?? null],
       );
       return rows.map(toModel);
     },
     async getModel(modelId) {
-      const { rows } = await db.query<ModelRow>(`${modelSelect} WHERE m.model_id = $1`, [modelId]);
+      const { rows } = await db.query<ModelRow>(
+        `${modelSelect} WHERE m.model_id = $1 AND m.quarantine_reason IS NULL`,
+        [modelId],
+      );
       return rows[0] === undefined ? undefined : toModel(rows[0]);
     },
     async listOffers(modelId, status) {
       const { rows } = await db.query<OfferRow>(
-        `${offerSelect} WHERE o.model_id = $1 AND ($2::text IS NULL OR o.status = $2) ORDER BY o.offer_id`,
+        `${offerSelect} WHERE o.model_id = $1 AND o.quarantine_reason IS NULL
+           AND m.quarantine_reason IS NULL AND ($2::text IS NULL OR o.status = $2)
+         ORDER BY o.offer_id`,
         [modelId, status ?? null],
       );
       return rows.map(toOffer);
@@ -135,20 +153,56 @@ export function createPgCatalogStore(db: Queryable): CatalogStore {
 }
 
 /**
+ * What an upsert did: whether the row was written (a row indexed from a later block wins), and
+ * the quarantine reason the row had before (null: none, or no row), so that the indexer logs a
+ * quarantine once, when it starts, and when it is lifted.
+ */
+export interface UpsertResult {
+  readonly written: boolean;
+  readonly previousQuarantine: string | null;
+}
+
+/**
+ * Serialises the writers of one model or offer until their transaction ends, and reads the
+ * quarantine reason the row has then. Gateways indexing the same range at once would otherwise
+ * each see the row as it was before the other's write (or no row), and each log the same
+ * quarantine.
+ */
+async function lockEntity(
+  db: Queryable,
+  table: "models" | "offers",
+  id: Hex,
+): Promise<string | null> {
+  const key = table === "models" ? "model_id" : "offer_id";
+  await db.query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", [`gw_${table}:${id}`]);
+  const { rows } = await db.query<{ quarantine_reason: string | null }>(
+    `SELECT quarantine_reason FROM ${table} WHERE ${key} = $1`,
+    [id],
+  );
+  return rows[0]?.quarantine_reason ?? null;
+}
+
+/**
  * Writes a model as read at `block`. A row already indexed from a later block
  * wins, so two gateway processes indexing the same chain never move a model
  * back in time.
  */
-export async function upsertModel(db: Queryable, model: ModelState, block: bigint): Promise<void> {
-  await db.query(
+export async function upsertModel(
+  db: Queryable,
+  model: ModelState,
+  block: bigint,
+): Promise<UpsertResult> {
+  const previousQuarantine = await lockEntity(db, "models", model.modelId);
+  const { rowCount } = await db.query(
     `INSERT INTO models (model_id, creator, credit_token, repository, revision, task, pool_id,
-       position_token_id, status, indexed_block)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+       position_token_id, status, indexed_block, quarantine_reason)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
      ON CONFLICT (model_id) DO UPDATE SET
        creator = EXCLUDED.creator, credit_token = EXCLUDED.credit_token,
        repository = EXCLUDED.repository, revision = EXCLUDED.revision, task = EXCLUDED.task,
        pool_id = EXCLUDED.pool_id, position_token_id = EXCLUDED.position_token_id,
-       status = EXCLUDED.status, indexed_block = EXCLUDED.indexed_block, updated_at = now()
+       status = EXCLUDED.status, indexed_block = EXCLUDED.indexed_block,
+       quarantine_reason = EXCLUDED.quarantine_reason, updated_at = now()
      WHERE models.indexed_block <= EXCLUDED.indexed_block`,
     [
       model.modelId,
@@ -161,17 +215,24 @@ export async function upsertModel(db: Queryable, model: ModelState, block: bigin
       model.positionTokenId.toString(),
       model.status,
       block.toString(),
+      model.quarantineReason ?? null,
     ],
   );
+  return { written: (rowCount ?? 0) > 0, previousQuarantine };
 }
 
 /** Writes an offer as read at `block` (later reads win, as for models). */
-export async function upsertOffer(db: Queryable, offer: OfferState, block: bigint): Promise<void> {
-  await db.query(
+export async function upsertOffer(
+  db: Queryable,
+  offer: OfferState,
+  block: bigint,
+): Promise<UpsertResult> {
+  const previousQuarantine = await lockEntity(db, "offers", offer.offerId);
+  const { rowCount } = await db.query(
     `INSERT INTO offers (offer_id, model_id, owner, operator, payout, status, tariff_version,
        input_price_per_mtok, output_price_per_mtok, wake_fee, region, hardware, max_concurrency,
-       capabilities, indexed_block)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+       capabilities, indexed_block, quarantine_reason)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
      ON CONFLICT (offer_id) DO UPDATE SET
        model_id = EXCLUDED.model_id, owner = EXCLUDED.owner, operator = EXCLUDED.operator,
        payout = EXCLUDED.payout, status = EXCLUDED.status, tariff_version = EXCLUDED.tariff_version,
@@ -179,7 +240,8 @@ export async function upsertOffer(db: Queryable, offer: OfferState, block: bigin
        output_price_per_mtok = EXCLUDED.output_price_per_mtok, wake_fee = EXCLUDED.wake_fee,
        region = EXCLUDED.region, hardware = EXCLUDED.hardware,
        max_concurrency = EXCLUDED.max_concurrency, capabilities = EXCLUDED.capabilities,
-       indexed_block = EXCLUDED.indexed_block, updated_at = now()
+       indexed_block = EXCLUDED.indexed_block, quarantine_reason = EXCLUDED.quarantine_reason,
+       updated_at = now()
      WHERE offers.indexed_block <= EXCLUDED.indexed_block`,
     [
       offer.offerId,
@@ -197,8 +259,20 @@ export async function upsertOffer(db: Queryable, offer: OfferState, block: bigin
       offer.maxConcurrency,
       JSON.stringify(offer.capabilities),
       block.toString(),
+      offer.quarantineReason ?? null,
     ],
   );
+  return { written: (rowCount ?? 0) > 0, previousQuarantine };
+}
+
+/** Which of `modelIds` have a row (quarantined or not), for the indexer. */
+export async function existingModels(db: Queryable, modelIds: readonly Hex[]): Promise<Set<Hex>> {
+  if (modelIds.length === 0) return new Set();
+  const { rows } = await db.query<{ model_id: string }>(
+    "SELECT model_id FROM models WHERE model_id = ANY($1::text[])",
+    [modelIds],
+  );
+  return new Set(rows.map((r) => r.model_id as Hex));
 }
 
 export async function readCursor(db: Queryable, name: string): Promise<bigint | undefined> {

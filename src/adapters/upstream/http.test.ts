@@ -67,14 +67,26 @@ describe("upstream client", () => {
   it("joins the path onto the endpoint path and presents the endpoint token only", async () => {
     const response = await client.request({ url: fake.url, token: "tok-secret" }, "/v1/models", {
       method: "GET",
-      headers: { Authorization: "Bearer client-api-key", "x-extra": "1" },
+      headers: {
+        Authorization: "Bearer client-api-key",
+        Accept: "application/json",
+        "x-extra": "1",
+        cookie: "session=client",
+        "x-gateway-permit": `0x${"33".repeat(32)}`,
+        "x-forwarded-for": "10.0.0.1",
+      },
     });
     expect(response.status).toBe(200);
     expect(await response.json()).toMatchObject({ object: "list", data: [{ id: "fake-model" }] });
     const seen = fake.requests.at(-1);
     expect(seen?.path).toBe("/v1/models");
     expect(seen?.headers.authorization).toBe("Bearer tok-secret");
-    expect(seen?.headers["x-extra"]).toBe("1");
+    // Only the allowlisted headers go upstream.
+    expect(seen?.headers.accept).toBe("application/json");
+    for (const name of ["x-extra", "cookie", "x-gateway-permit", "x-forwarded-for"])
+      expect(seen?.headers[name]).toBeUndefined();
+    // And only the allowlisted ones come back (content-length, date, connection do not).
+    expect(Object.keys(response.headers)).toEqual(["content-type"]);
     expect(seen?.headers.host).toBe(`127.0.0.1:${fake.port}`);
   });
 

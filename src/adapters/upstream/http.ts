@@ -36,8 +36,9 @@ export interface UpstreamEndpoint {
 export interface UpstreamRequestInit {
   readonly method: string;
   /**
-   * Extra request headers. `authorization` and `host` are ignored: the endpoint's token is
-   * the only credential ever sent upstream (a client's gateway API key must never leak there).
+   * Extra request headers; only those named in {@link upstreamRequestHeaders} are sent (the
+   * endpoint's token is the only credential ever sent upstream: a client's gateway API key,
+   * cookies or permit must never leak there).
    */
   readonly headers?: Readonly<Record<string, string>> | undefined;
   readonly body?: string | Uint8Array | undefined;
@@ -54,7 +55,10 @@ export interface UpstreamRequestInit {
 
 export interface UpstreamResponse {
   readonly status: number;
-  /** Response headers, names in lower case. */
+  /**
+   * Response headers, names in lower case: only those named in {@link upstreamResponseHeaders}
+   * (a provider's cookies, framing or `x-gateway-*` headers are never exposed).
+   */
   readonly headers: Readonly<Record<string, string | string[] | undefined>>;
   /**
    * The body as it arrives. Iterate it once, or call `text`/`json`/`dump`: a body left
@@ -99,6 +103,38 @@ export interface UpstreamClientOptions {
   readonly ca?: string | Buffer | readonly (string | Buffer)[] | undefined;
 }
 
+/**
+ * The request headers a caller may send to a provider, besides the `authorization` the
+ * gateway makes from the endpoint's token: the body's media type and what is accepted back.
+ * Everything else is dropped, so nothing a client sent the gateway (its API key, cookies,
+ * `x-gateway-permit`, forwarding headers) can reach a provider even if a caller passed it on.
+ */
+export const upstreamRequestHeaders: ReadonlySet<string> = new Set(["content-type", "accept"]);
+
+/**
+ * The provider response headers the gateway reads: the media type (probes check it),
+ * `retry-after`, and `location` (a redirect is reported, never followed). Nothing else a provider sends is exposed; the chat answer's headers are the
+ * gateway's own (src/rest/chat.ts), so no provider header reaches a client at all.
+ */
+export const upstreamResponseHeaders: ReadonlySet<string> = new Set([
+  "content-type",
+  "retry-after",
+  "location",
+]);
+
+/** The headers of `headers` whose (lower-cased) names are in `allowed`. */
+export function allowedHeaders<T>(
+  headers: Readonly<Record<string, T>>,
+  allowed: ReadonlySet<string>,
+): Record<string, T> {
+  const out: Record<string, T> = {};
+  for (const [name, value] of Object.entries(headers)) {
+    const lower = name.toLowerCase();
+    if (allowed.has(lower)) out[lower] = value;
+  }
+  return out;
+}
+
 const defaultTimeoutMs = 30_000;
 const defaultIdleTimeoutMs = 300_000;
 const defaultMaxBytes = 8 * 1024 * 1024;
@@ -132,11 +168,7 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
   return {
     async request(endpoint, path, init) {
       const target = endpointTarget(endpoint.url, path);
-      const headers: Record<string, string> = {};
-      for (const [name, value] of Object.entries(init.headers ?? {})) {
-        const lower = name.toLowerCase();
-        if (lower !== "authorization" && lower !== "host") headers[lower] = value;
-      }
+      const headers = allowedHeaders(init.headers ?? {}, upstreamRequestHeaders);
       if (endpoint.token !== undefined && endpoint.token !== "") {
         headers.authorization = `Bearer ${endpoint.token}`;
       }
@@ -204,7 +236,7 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
       };
       return {
         status: data.statusCode,
-        headers: data.headers,
+        headers: allowedHeaders(data.headers, upstreamResponseHeaders),
         body,
         text,
         async json(maxBytes) {

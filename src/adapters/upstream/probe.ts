@@ -30,7 +30,7 @@ export function createEndpointProber(
   opts: ProberOptions = {},
 ): EndpointProber {
   return {
-    probeLiveness: (endpoint) => probeLiveness(upstream, endpoint, opts),
+    probeLiveness: (endpoint, signal) => probeLiveness(upstream, endpoint, opts, signal),
     verifyEndpoint: (endpoint, modelNames) => verifyEndpoint(upstream, endpoint, modelNames, opts),
   };
 }
@@ -40,13 +40,15 @@ export async function probeLiveness(
   upstream: UpstreamClient,
   endpoint: EndpointSecret,
   opts: ProberOptions = {},
+  signal?: AbortSignal,
 ): Promise<boolean> {
   const timeoutMs = opts.livenessTimeoutMs ?? 5_000;
+  const deadline = AbortSignal.timeout(timeoutMs);
   try {
     const response = await upstream.request(endpoint, "/v1/models", {
       method: "GET",
       headers: { accept: "application/json" },
-      signal: AbortSignal.timeout(timeoutMs),
+      signal: signal === undefined ? deadline : AbortSignal.any([signal, deadline]),
       timeoutMs,
     });
     await response.dump();

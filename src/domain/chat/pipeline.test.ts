@@ -257,6 +257,37 @@ describe("inference pipeline", () => {
     expect(committed).toEqual(["completed"]);
   });
 
+  it("drain waits for a call still under way (shutdown cuts it), and its close is written first", async () => {
+    let upstreamCalled = () => {};
+    const called = new Promise<void>((resolve) => (upstreamCalled = resolve));
+    const { finalized, inference } = setup({
+      upstream: (_endpoint, _body, { signal }) => {
+        upstreamCalled();
+        return new Promise((_, reject) =>
+          signal.addEventListener("abort", () => reject(signal.reason as Error)),
+        );
+      },
+    });
+    const shutdown = new AbortController();
+    const call = (async () => {
+      for await (const event of inference.chat({ ...chatInput(), signal: shutdown.signal }))
+        void event;
+    })().catch((e: unknown) => e);
+    await called;
+    let drained = false;
+    const drain = inference.drain().then(() => (drained = true));
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    expect(drained).toBe(false);
+    shutdown.abort(new GatewayError("shutting_down", "the gateway is shutting down"));
+    await drain;
+    expect(finalized).toHaveLength(1);
+    expect(finalized[0]).toMatchObject({
+      status: "cancelled",
+      error: "cut by the gateway's shutdown",
+    });
+    expect(await call).toBeInstanceOf(GatewayError);
+  });
+
   it("records a completed answer as completed even when the consumer stops right after it", async () => {
     const { inference, finalized } = setup();
     for await (const event of inference.chat(chatInput())) {

@@ -40,12 +40,19 @@ export function createInference(deps: InferenceDeps): Inference {
 
   const resolve = (req: ChatRequest) => deps.catalog.routingView(req.model);
   const closes = createCloses(deps);
+  // Chat calls under way, so that drain() (shutdown) also waits for the closes of requests
+  // that were cut, which are written as their calls unwind.
+  let running = 0;
+  const whenIdle: (() => void)[] = [];
+  const settled = (): void => {
+    if (--running === 0) for (const resolve of whenIdle.splice(0)) resolve();
+  };
 
   const createQuote = async (input: {
     apiKeyId: string;
     body: Uint8Array;
   }): Promise<QuoteRecord> => {
-    const req = parseChatRequest(input.body, { maxBytes: deps.bodyLimitBytes });
+    const req = parseChatRequest(input.body, { ...deps.jsonBounds, maxBytes: deps.bodyLimitBytes });
     const now = deps.clock();
     const { model, offers } = await resolve(req);
     const [best] = rankCandidates(offers, model, req, [req.offer], now);
@@ -115,7 +122,25 @@ export function createInference(deps: InferenceDeps): Inference {
   }
 
   async function* chat(input: ChatInput): AsyncGenerator<ChatEvent, void, undefined> {
-    const req = parseChatRequest(input.body, { maxBytes: deps.bodyLimitBytes });
+    running++;
+    const stream: { release?: () => void } = {};
+    try {
+      yield* answer(input, stream);
+    } finally {
+      stream.release?.();
+      settled();
+    }
+  }
+
+  async function* answer(
+    input: ChatInput,
+    stream: { release?: () => void },
+  ): AsyncGenerator<ChatEvent, void, undefined> {
+    const arrivedAt = performance.now();
+    const req = parseChatRequest(input.body, { ...deps.jsonBounds, maxBytes: deps.bodyLimitBytes });
+    // A stream counts against its key's limit from here (nothing claimed or reserved yet).
+    if (req.stream && deps.acquireStream !== undefined)
+      stream.release = deps.acquireStream(input.apiKeyId);
     const key = input.idempotencyKey;
     if (
       key !== undefined &&
@@ -182,8 +207,11 @@ export function createInference(deps: InferenceDeps): Inference {
       ]);
     };
     try {
-      for await (const event of run(req, input, now)) {
+      for await (const event of run(req, input, now, arrivedAt)) {
         if (event.type === "started") started = true;
+        // The client has its whole answer: its stream no longer counts (the charge's record may
+        // still be in flight).
+        else if (event.type === "completed") stream.release?.();
         if (key !== undefined && !keyDone) {
           // Stored before the last event is handed on: a consumer may stop reading right after it.
           if (event.type === "completed") {
@@ -226,6 +254,7 @@ export function createInference(deps: InferenceDeps): Inference {
     req: ChatRequest,
     input: ChatInput,
     now: number,
+    arrivedAt: number,
   ): AsyncGenerator<ChatEvent, void, undefined> {
     // 1. Quote first: a stale or foreign quote is refused before anything else happens.
     const quote =
@@ -326,6 +355,7 @@ export function createInference(deps: InferenceDeps): Inference {
         chosen,
         candidates,
         failover,
+        arrivedAt,
       },
     );
   }
@@ -377,7 +407,10 @@ export function createInference(deps: InferenceDeps): Inference {
       await closes.whenRecorded(requestId);
       await deps.ledger.whenWritten?.(requestId);
     },
-    drain: () => closes.drain(),
+    drain: async () => {
+      if (running > 0) await new Promise<void>((resolve) => whenIdle.push(resolve));
+      await closes.drain();
+    },
     retryCloses: () => closes.retry(),
   };
 }

@@ -84,6 +84,8 @@ export interface Served {
   chosen: Candidate;
   candidates: Candidate[];
   failover: boolean;
+  /** `performance.now()` when the pipeline took the request (for the overhead metric). */
+  arrivedAt: number;
 }
 
 export async function* serve(
@@ -101,6 +103,11 @@ export async function* serve(
   // Metered so far (streams): the finally block below needs them when the consumer stops early.
   let delivered = 0n;
   let provided: Usage | undefined;
+  // Metrics: when the provider that answered was called, and when its answer ended.
+  const observer = deps.observer;
+  let calledAt = 0;
+  let repliedAt: number | undefined;
+  let endedAt: number | undefined;
   /** What a closing charges, in memory: the answer can go out before the ledger write. */
   const close = (
     status: "completed" | "failed" | "cancelled",
@@ -108,8 +115,8 @@ export async function* serve(
     billing: Billing,
     usageSource: "provider" | "gateway",
     error?: string,
-  ): Closing =>
-    closingOf({
+  ): Closing => {
+    const closing = closingOf({
       status,
       usage,
       billing,
@@ -120,6 +127,18 @@ export async function* serve(
       maximum: maximumCredits,
       offerId: current.offer.offerId,
     });
+    // Decided once per request (every path closes through here exactly once).
+    if (observer !== undefined && dispatched) {
+      observer.charged(
+        current.offer.modelId,
+        current.offer.offerId,
+        closing.usage.inputTokens,
+        closing.usage.outputTokens,
+        closing.charge,
+      );
+    }
+    return closing;
+  };
   // pending -> streaming is written while the answer flows; a closing waits for it.
   let marking: Promise<unknown> | undefined;
   const lifecycle = createRequestClose({
@@ -149,11 +168,14 @@ export async function* serve(
     for (;;) {
       tried.add(current.offer.offerId);
       if (input.signal.aborted) throw input.signal.reason;
+      calledAt = performance.now();
+      if (!dispatched) observer?.overhead((calledAt - s.arrivedAt) / 1000);
       dispatched = true;
       const attempt = await callProvider(deps, current.offer.offerId, req, abort.signal);
       if (input.signal.aborted) throw input.signal.reason;
       if ("reply" in attempt) {
         reply = attempt.reply;
+        repliedAt = calledAt;
         break;
       }
       if (!attempt.retryable) throw attempt.failure;
@@ -192,6 +214,12 @@ export async function* serve(
       let text: string;
       try {
         text = await reply.text();
+        endedAt = performance.now();
+        observer?.firstToken(
+          current.offer.modelId,
+          current.offer.offerId,
+          (endedAt - calledAt) / 1000,
+        );
       } catch (error) {
         if (input.signal.aborted) throw error;
         await closeAs(
@@ -261,22 +289,30 @@ export async function* serve(
         if (usage !== undefined) provided = usage;
         if (lost) throw lostRequest();
         if (isUsageOnly(chunk) && !req.includeUsage) continue;
-        if (hasDeltaText(chunk)) delivered += 1n;
+        if (hasDeltaText(chunk)) {
+          delivered += 1n;
+          if (delivered === 1n && observer !== undefined) {
+            const at = (performance.now() - calledAt) / 1000;
+            observer.firstToken(current.offer.modelId, current.offer.offerId, at);
+          }
+        }
         yield {
           type: "chunk",
           data: utf8Bytes(data),
           metering: new StreamMetering(current.offer.tariff, maximumCredits, inputBound, delivered),
         };
       }
+      endedAt = performance.now();
     } catch (error) {
+      endedAt = performance.now();
       if (input.signal.aborted) {
-        // The client left: input plus the output produced so far.
+        // The client left (or shutdown cut the call): input plus the output produced so far.
         await closeAs(
           "cancelled",
           { inputTokens: provided?.inputTokens ?? inputBound, outputTokens: delivered },
           "partial",
           "gateway",
-          "client disconnected",
+          cancelledBy(input.signal),
         );
       } else {
         // The provider failed after the first byte: only the output delivered.
@@ -316,6 +352,10 @@ export async function* serve(
     await lifecycle.record(final, completionRetries);
   } finally {
     input.signal.removeEventListener("abort", onClientAbort);
+    if (observer !== undefined && repliedAt !== undefined) {
+      const seconds = ((endedAt ?? performance.now()) - repliedAt) / 1000;
+      observer.upstreamDone(current.offer.modelId, current.offer.offerId, seconds);
+    }
     const pending = lifecycle.pending;
     if (pending !== undefined) {
       // The answer was complete and reported; only its record was still to be written.
@@ -338,8 +378,8 @@ export async function* serve(
         !cancelled
           ? "the provider failed before the first byte"
           : charged
-            ? "client disconnected"
-            : "client disconnected before the provider got the request",
+            ? cancelledBy(input.signal)
+            : `${cancelledBy(input.signal)} before the provider got the request`,
       ).catch(() => undefined);
       abort.abort();
     }
@@ -365,4 +405,12 @@ function completed(
     billing: final.billing,
     usageFromProvider,
   };
+}
+
+/** Why a cancelled request ended, for its record: the client left, or shutdown cut it. */
+function cancelledBy(signal: AbortSignal): string {
+  const reason: unknown = signal.reason;
+  return reason instanceof GatewayError && reason.code === "shutting_down"
+    ? "cut by the gateway's shutdown"
+    : "client disconnected";
 }

@@ -7,6 +7,7 @@
  */
 import type { Hex } from "viem";
 import type { Catalog } from "../catalog.js";
+import type { JsonBounds } from "../chat-request.js";
 import type { EndpointSecret } from "../health.js";
 import type { PermitReader } from "../permits.js";
 
@@ -198,6 +199,27 @@ export interface IdempotencyStore {
   release(input: { apiKeyId: string; key: string }): Promise<void>;
 }
 
+/**
+ * Hooks for metrics (the domain never imports a metrics library). Each is called a few times per
+ * request, never per chunk, and must not throw. Times are seconds.
+ */
+export interface ChatObserver {
+  /** From the request's arrival in the pipeline to its first provider call. */
+  overhead(seconds: number): void;
+  /** From the call of the provider that answered to its first token (a JSON answer: its body). */
+  firstToken(modelId: Hex, offerId: Hex, seconds: number): void;
+  /** From the call of the provider that answered to the end of its answer, complete or not. */
+  upstreamDone(modelId: Hex, offerId: Hex, seconds: number): void;
+  /** A request's close was decided: the usage and the credits it charges (0 when void). */
+  charged(
+    modelId: Hex,
+    offerId: Hex,
+    inputTokens: bigint,
+    outputTokens: bigint,
+    credits: bigint,
+  ): void;
+}
+
 export interface InferenceDeps {
   readonly catalog: Catalog;
   readonly permits: PermitReader;
@@ -209,7 +231,17 @@ export interface InferenceDeps {
   /** Unix seconds. */
   readonly clock: () => number;
   readonly bodyLimitBytes: number;
+  /** MAX_JSON_DEPTH / MAX_JSON_ARRAY_ITEMS of chat and quote bodies; absent: the defaults. */
+  readonly jsonBounds?: JsonBounds | undefined;
   readonly newId?: () => Hex;
+  /** Metrics hooks; absent: nothing is observed. */
+  readonly observer?: ChatObserver;
+  /**
+   * Admits a `stream: true` chat of an API key before anything is reserved (throws 429
+   * `rate_limited` at the key's limit of streams in flight) and returns its release, called
+   * once the call ends however it ends. Absent: no limit.
+   */
+  readonly acquireStream?: (apiKeyId: string) => () => void;
 }
 
 export interface ChatInput {
@@ -229,7 +261,10 @@ export interface Inference {
    * now (a completed answer goes to the client just before its charge is committed).
    */
   whenRecorded(requestId: string): Promise<void>;
-  /** Settles when every answer given so far has its final state recorded (graceful shutdown). */
+  /**
+   * Settles when no chat call is under way any more and every answer given so far has its
+   * final state recorded (graceful shutdown: called once the calls in flight ended or were cut).
+   */
   drain(): Promise<void>;
   /**
    * Writes the closes the ledger refused so far (housekeeping calls it every round): until it

@@ -1,0 +1,93 @@
+import { describe, expect, it } from "vitest";
+import { GatewayError } from "./domain/errors.js";
+import { createRateLimiter } from "./rate-limit.js";
+
+function refusal(run: () => void): GatewayError {
+  try {
+    run();
+  } catch (error) {
+    expect(error).toBeInstanceOf(GatewayError);
+    return error as GatewayError;
+  }
+  throw new Error("expected a refusal");
+}
+
+describe("rate limiter", () => {
+  it("spends the burst, refuses with the whole seconds until a token, and refills", () => {
+    let t = 0;
+    const limiter = createRateLimiter({ rps: 2, burst: 3, maxStreams: 0, now: () => t });
+    for (let i = 0; i < 3; i++) limiter.take("k");
+    const error = refusal(() => limiter.take("k"));
+    expect(error.code).toBe("rate_limited");
+    expect(error.retryAfterSeconds).toBe(1); // half a second, rounded up
+    limiter.take("other"); // another key has its own bucket
+    t += 499;
+    expect(refusal(() => limiter.take("k")).code).toBe("rate_limited");
+    t += 1;
+    limiter.take("k");
+  });
+
+  it("says how long a slow refill takes", () => {
+    const t = 0;
+    const limiter = createRateLimiter({ rps: 1, burst: 1, maxStreams: 0, now: () => t });
+    limiter.take("k");
+    expect(refusal(() => limiter.take("k")).retryAfterSeconds).toBe(1);
+    const slow = createRateLimiter({ rps: 1, burst: 1, maxStreams: 0, replicas: 4, now: () => t });
+    slow.take("k");
+    // A quarter of the fleet-wide rate per replica: a token every 4 s.
+    expect(refusal(() => slow.take("k")).retryAfterSeconds).toBe(4);
+  });
+
+  it("divides the fleet-wide limit by the replicas", () => {
+    const t = 0;
+    const limiter = createRateLimiter({
+      rps: 10,
+      burst: 20,
+      maxStreams: 0,
+      replicas: 2,
+      now: () => t,
+    });
+    for (let i = 0; i < 10; i++) limiter.take("k");
+    expect(refusal(() => limiter.take("k")).code).toBe("rate_limited");
+  });
+
+  it("is off at 0", () => {
+    const limiter = createRateLimiter({ rps: 0, burst: 0, maxStreams: 0 });
+    for (let i = 0; i < 10_000; i++) limiter.take("k");
+    expect(limiter.size).toBe(0);
+    const release = limiter.acquireStream("k");
+    release();
+  });
+
+  it("keeps no bucket of a key idle long enough to be full, and at most maxKeys", () => {
+    let t = 0;
+    const limiter = createRateLimiter({
+      rps: 10,
+      burst: 10,
+      maxStreams: 0,
+      now: () => t,
+      maxKeys: 1000,
+    });
+    for (let i = 0; i < 5000; i++) limiter.take(`key-${i}`);
+    expect(limiter.size).toBe(1000);
+    t += 1000; // every bucket has refilled
+    limiter.take("fresh");
+    expect(limiter.size).toBe(1);
+  });
+
+  it("counts streams per key, releases each once, and refuses at the limit with retry 1", () => {
+    const limiter = createRateLimiter({ rps: 0, burst: 0, maxStreams: 4, replicas: 2 });
+    const a = limiter.acquireStream("k");
+    const b = limiter.acquireStream("k");
+    const error = refusal(() => limiter.acquireStream("k"));
+    expect(error.code).toBe("rate_limited");
+    expect(error.retryAfterSeconds).toBe(1);
+    limiter.acquireStream("other")();
+    a();
+    a(); // idempotent: does not free a second slot
+    const c = limiter.acquireStream("k");
+    expect(refusal(() => limiter.acquireStream("k")).code).toBe("rate_limited");
+    b();
+    c();
+  });
+});

@@ -1,0 +1,1241 @@
+/**
+ * The OpenAPI 3.1 description of the REST facade (issue 12): every route `facade.ts` serves,
+ * plus `GET /metrics`, which the server answers before the facade. It is served as is at
+ * `GET /openapi.json`, validated as OpenAPI 3.1 by `npm run check:openapi`, and
+ * test/openapi.test.ts sends real requests to every route and checks each answer against it,
+ * and that every route of the facade is described here.
+ *
+ * Built by small helpers rather than written out: every error response lists the codes the
+ * route can answer (DESIGN.md section 5, docs/decisions.md), with the one `type` its status
+ * carries, so a code a route starts answering has to be added here first.
+ */
+
+/** A JSON Schema 2020-12 object (OpenAPI 3.1's dialect). */
+export type JsonSchema = { readonly [keyword: string]: unknown };
+
+/** The parts of an OpenAPI 3.1 document this one uses. */
+export interface OpenApiDocument {
+  readonly openapi: "3.1.0";
+  readonly info: {
+    readonly title: string;
+    readonly version: string;
+    readonly description: string;
+    readonly license: { readonly name: string; readonly identifier: string };
+  };
+  readonly jsonSchemaDialect: string;
+  readonly servers: readonly { readonly url: string; readonly description: string }[];
+  readonly tags: readonly { readonly name: string; readonly description: string }[];
+  readonly security: readonly Record<string, readonly string[]>[];
+  readonly paths: Record<string, Record<string, Operation>>;
+  readonly components: {
+    readonly schemas: Record<string, JsonSchema>;
+    readonly responses: Record<string, Response>;
+    readonly parameters: Record<string, Parameter>;
+    readonly headers: Record<string, Header>;
+    readonly securitySchemes: Record<string, unknown>;
+  };
+}
+
+export interface Operation {
+  readonly operationId: string;
+  readonly summary: string;
+  readonly description?: string;
+  readonly tags: readonly string[];
+  readonly security?: readonly Record<string, readonly string[]>[];
+  readonly parameters?: readonly (Parameter | Ref)[];
+  readonly requestBody?: {
+    readonly required: boolean;
+    readonly content: Record<string, { readonly schema: JsonSchema }>;
+  };
+  readonly responses: Record<string, Response | Ref>;
+}
+
+export interface Parameter {
+  readonly name: string;
+  readonly in: "path" | "query" | "header";
+  readonly required: boolean;
+  readonly description: string;
+  readonly schema: JsonSchema;
+}
+
+export interface Header {
+  readonly description: string;
+  readonly required: boolean;
+  readonly schema: JsonSchema;
+}
+
+export interface Response {
+  readonly description: string;
+  readonly headers?: Record<string, Header | Ref>;
+  readonly content?: Record<string, MediaType>;
+}
+
+export interface MediaType {
+  readonly schema: JsonSchema;
+  /** text/event-stream: the schema of each event's `data` (JSON), besides `[DONE]`. */
+  readonly "x-sse-data"?: JsonSchema;
+}
+
+export interface Ref {
+  readonly $ref: string;
+}
+
+const schema = (name: string): JsonSchema => ({ $ref: `#/components/schemas/${name}` });
+const ref = (kind: "responses" | "parameters" | "headers", name: string): Ref => ({
+  $ref: `#/components/${kind}/${name}`,
+});
+
+/** The `type` of an error body is a function of its HTTP status (src/domain/errors.ts). */
+export const errorTypes: Readonly<Record<number, string>> = {
+  400: "invalid_request_error",
+  401: "authentication_error",
+  402: "payment_required",
+  403: "permission_error",
+  404: "not_found_error",
+  405: "invalid_request_error",
+  408: "invalid_request_error",
+  409: "conflict_error",
+  413: "invalid_request_error",
+  415: "invalid_request_error",
+  422: "invalid_request_error",
+  429: "rate_limit_error",
+  500: "api_error",
+  501: "api_error",
+  502: "api_error",
+  503: "service_unavailable",
+};
+
+const reasons: Readonly<Record<number, string>> = {
+  400: "Invalid request",
+  401: "Missing or invalid credentials (with `WWW-Authenticate: Bearer`)",
+  402: "The permit does not cover the request",
+  403: "Not allowed",
+  404: "Not found",
+  405: "Method not allowed",
+  408: "The request body did not arrive within the body timeout",
+  409: "Conflict",
+  413: "The request body is larger than BODY_LIMIT_BYTES",
+  415: "The request body is not application/json",
+  422: "Unprocessable",
+  429: "Too many requests",
+  500: "Internal error (the message never carries details)",
+  502: "The provider failed",
+  503: "Unavailable: a dependency cannot be asked, or the gateway is shutting down",
+};
+
+const hex32: JsonSchema = { type: "string", pattern: "^0x[0-9a-fA-F]{64}$" };
+const requestIdHeader: Ref = ref("headers", "X-Request-Id");
+
+/**
+ * An error response whose body's `code` is one of `codes` and whose `type` is the status's.
+ * 503s may come before the request id is assigned (a request refused while shutting down).
+ */
+function errorResponse(status: number, codes: readonly string[], extra = ""): Response {
+  const headers: Record<string, Header | Ref> = {
+    "X-Request-Id": status === 503 ? ref("headers", "X-Request-Id-Optional") : requestIdHeader,
+  };
+  if (status === 401) headers["WWW-Authenticate"] = ref("headers", "WWW-Authenticate");
+  if (status === 429) {
+    headers["Retry-After"] = codes.every((c) => c === "rate_limited")
+      ? ref("headers", "Retry-After")
+      : ref("headers", "Retry-After-Optional");
+  }
+  return {
+    description: `${reasons[status] ?? "Error"}: ${codes.map((c) => `\`${c}\``).join(", ")}${extra}`,
+    headers,
+    content: {
+      "application/json": {
+        schema: {
+          allOf: [schema("Error")],
+          properties: {
+            error: {
+              properties: {
+                code: codes.length === 1 ? { const: codes[0] } : { enum: [...codes] },
+                type: { const: errorTypes[status] },
+              },
+            },
+          },
+        },
+      },
+    },
+  };
+}
+
+type Codes = Readonly<Record<number, readonly string[]>>;
+
+/** Merges code lists by status (later lists add codes, never drop them). */
+function codes(...lists: Codes[]): Codes {
+  const merged: Record<number, string[]> = {};
+  for (const list of lists) {
+    for (const [status, cs] of Object.entries(list)) {
+      const into = (merged[Number(status)] ??= []);
+      for (const c of cs) if (!into.includes(c)) into.push(c);
+    }
+  }
+  return merged;
+}
+
+/** What any route can answer. */
+const anyRoute: Codes = { 500: ["internal_error"], 503: ["shutting_down"] };
+/** Routes behind the API key (the key is checked when the RPC is called, after the body). */
+const apiKeyed: Codes = {
+  401: ["missing_api_key", "invalid_api_key"],
+  429: ["rate_limited"],
+  503: ["database_unavailable"],
+};
+/** Routes with a JSON body (read and size-checked before the credentials). */
+const withBody: Codes = {
+  400: ["invalid_request", "invalid_json"],
+  408: ["request_timeout"],
+  413: ["request_too_large"],
+  415: ["unsupported_media_type"],
+};
+/** Routes with a `{id}` path parameter (malformed percent-encoding). */
+const withPathId: Codes = { 400: ["invalid_request"] };
+
+function errorResponses(list: Codes, options: { body?: boolean } = {}): Record<string, Response> {
+  const out: Record<string, Response> = {};
+  for (const [status, cs] of Object.entries(list)) {
+    out[status] = errorResponse(
+      Number(status),
+      cs,
+      Number(status) === 400 && options.body === true
+        ? " (`invalid_request` also for a JSON body nested deeper than MAX_JSON_DEPTH or with an array longer than MAX_JSON_ARRAY_ITEMS, refused before anything is reserved)"
+        : "",
+    );
+  }
+  return out;
+}
+
+/** Every operation takes `X-Request-Id` (echoed in the answer's header of the same name). */
+function withRequestIds(
+  paths: Record<string, Record<string, Operation>>,
+): Record<string, Record<string, Operation>> {
+  const requestId = ref("parameters", "X-Request-Id");
+  return Object.fromEntries(
+    Object.entries(paths).map(([path, item]) => [
+      path,
+      Object.fromEntries(
+        Object.entries(item).map(([method, op]) => [
+          method,
+          { ...op, parameters: [...(op.parameters ?? []), requestId] },
+        ]),
+      ),
+    ]),
+  );
+}
+
+function jsonResponse(description: string, body: JsonSchema): Response {
+  return {
+    description,
+    headers: { "X-Request-Id": requestIdHeader },
+    content: { "application/json": { schema: body } },
+  };
+}
+
+const idParam = (description: string, shape: JsonSchema = { type: "string" }): Parameter => ({
+  name: "id",
+  in: "path",
+  required: true,
+  description,
+  schema: shape,
+});
+
+const statusFilter = (values: readonly string[]): Parameter => ({
+  name: "status",
+  in: "query",
+  required: false,
+  description: "Only entries with this status (an unknown value is 400 `invalid_request`).",
+  schema: { type: "string", enum: [...values] },
+});
+
+const jsonBody = (body: JsonSchema, required = true) => ({
+  required,
+  content: { "application/json": { schema: body } },
+});
+
+const nullable = (shape: JsonSchema): JsonSchema => ({ oneOf: [shape, { type: "null" }] });
+const decimal: JsonSchema = schema("Decimal");
+const seconds: JsonSchema = schema("UnixSeconds");
+
+const modelProperties = {
+  id: { type: "string", description: "public model id (catalog id, else the ModelID)" },
+  object: { const: "model" },
+  model_id: schema("Hex32"),
+  repository: { type: "string" },
+  revision: { type: "string" },
+  task: { type: "string" },
+  creator: schema("Address"),
+  credit_token: schema("Address"),
+  pool_id: schema("Hex32"),
+  position_token_id: { type: "string", pattern: "^[0-9]+$" },
+  provider_count: { type: "integer", minimum: 0 },
+  status: { enum: ["pending", "active", "paused", "retired"] },
+  aliases: { type: "array", items: { type: "string" } },
+} as const;
+
+const chatResponseHeaders: Record<string, Header | Ref> = {
+  "X-Request-Id": requestIdHeader,
+  "X-Gateway-Request-Id": ref("headers", "X-Gateway-Request-Id"),
+  "X-Gateway-Quote-Id": ref("headers", "X-Gateway-Quote-Id"),
+  "X-Gateway-Offer-Id": ref("headers", "X-Gateway-Offer-Id"),
+  "X-Gateway-Tariff-Version": ref("headers", "X-Gateway-Tariff-Version"),
+};
+
+export const openApiDocument: OpenApiDocument = {
+  openapi: "3.1.0",
+  info: {
+    title: "Model Market Gateway",
+    version: "2.0.0",
+    license: { name: "Apache 2.0", identifier: "Apache-2.0" },
+    description: [
+      "OpenAI-compatible gateway for on-chain model markets: catalog, quotes, metered chat",
+      "completions (JSON and server-sent events), provider onboarding and settlement.",
+      "",
+      "Every error answer has the body `{error: {code, type, message}}`; each response below",
+      "lists the codes a route answers with that status. Besides those: a path no route",
+      "serves is 404 `route_not_found` and a method a path does not serve is 405",
+      "`method_not_allowed` (components `RouteNotFound`, `MethodNotAllowed`). Money is a",
+      "decimal integer string in the credit token's base units; times are Unix seconds;",
+      "absent optional values are `null`. Every answer but `/metrics` carries `X-Request-Id`.",
+      "Requests with an API key are limited per key (rate and concurrent streams): 429",
+      "`rate_limited` with `Retry-After` (whole seconds). A request body that does not arrive",
+      "within the body timeout is 408 `request_timeout`.",
+    ].join("\n"),
+  },
+  jsonSchemaDialect: "https://spec.openapis.org/oas/3.1/dialect/base",
+  servers: [{ url: "http://127.0.0.1:8080", description: "a local gateway (`npm start`)" }],
+  tags: [
+    { name: "operations", description: "liveness, readiness, metrics, this document" },
+    { name: "catalog", description: "models and offers, as indexed from the chain" },
+    { name: "inference", description: "quotes, chat completions, request records, permits" },
+    { name: "provider", description: "provider onboarding (EIP-712) and offer health" },
+    { name: "settlement", description: "settlement on chain (operator token)" },
+  ],
+  security: [{ apiKey: [] }],
+  paths: withRequestIds({
+    "/health": {
+      get: {
+        operationId: "getHealth",
+        summary: "Liveness",
+        tags: ["operations"],
+        security: [],
+        responses: {
+          "200": jsonResponse("The process is up", schema("Health")),
+          ...errorResponses(anyRoute),
+        },
+      },
+    },
+    "/ready": {
+      get: {
+        operationId: "getReady",
+        summary: "Readiness: the database and the chain answer",
+        description:
+          "503 `unavailable` with the failing check, or `shutting_down` from SIGTERM on (before anything else stops).",
+        tags: ["operations"],
+        security: [],
+        responses: {
+          "200": jsonResponse("Ready", schema("Readiness")),
+          "503": {
+            description: "Not ready: a check failed, or the gateway is shutting down",
+            headers: { "X-Request-Id": ref("headers", "X-Request-Id-Optional") },
+            content: { "application/json": { schema: schema("Readiness") } },
+          },
+          "500": errorResponse(500, ["internal_error"]),
+        },
+      },
+    },
+    "/metrics": {
+      get: {
+        operationId: "getMetrics",
+        summary: "Prometheus metrics",
+        description:
+          "Served on the main port unless METRICS_PORT is set, then only on that port (here a 404). No credentials, no X-Request-Id.",
+        tags: ["operations"],
+        security: [],
+        responses: {
+          "200": {
+            description: "Prometheus text exposition format",
+            content: { "text/plain": { schema: { type: "string" } } },
+          },
+          "404": errorResponse(404, ["route_not_found"], " (METRICS_PORT is set)"),
+          "503": errorResponse(503, ["shutting_down"]),
+        },
+      },
+    },
+    "/openapi.json": {
+      get: {
+        operationId: "getOpenApi",
+        summary: "This document",
+        tags: ["operations"],
+        security: [],
+        responses: {
+          "200": jsonResponse("The OpenAPI 3.1 description of the REST facade", {
+            type: "object",
+            required: ["openapi", "info", "paths"],
+          }),
+          ...errorResponses(anyRoute),
+        },
+      },
+    },
+    "/v1/models": {
+      get: {
+        operationId: "listModels",
+        summary: "List canonical models",
+        tags: ["catalog"],
+        parameters: [statusFilter(["pending", "active", "paused", "retired"])],
+        responses: {
+          "200": jsonResponse("The models", schema("ModelList")),
+          ...errorResponses(codes(anyRoute, apiKeyed, { 400: ["invalid_request"] })),
+        },
+      },
+    },
+    "/v1/models/{id}": {
+      get: {
+        operationId: "getModel",
+        summary: "Get one model with its offers",
+        tags: ["catalog"],
+        parameters: [ref("parameters", "ModelId")],
+        responses: {
+          "200": jsonResponse("The model", schema("ModelWithOffers")),
+          ...errorResponses(codes(anyRoute, apiKeyed, withPathId, { 404: ["model_not_found"] })),
+        },
+      },
+    },
+    "/v1/models/{id}/offers": {
+      get: {
+        operationId: "listOffers",
+        summary: "List the offers of a model",
+        tags: ["catalog"],
+        parameters: [ref("parameters", "ModelId"), statusFilter(["active", "paused", "retired"])],
+        responses: {
+          "200": jsonResponse("The offers", schema("OfferList")),
+          ...errorResponses(codes(anyRoute, apiKeyed, withPathId, { 404: ["model_not_found"] })),
+        },
+      },
+    },
+    "/v1/quotes": {
+      post: {
+        operationId: "createQuote",
+        summary: "Quote the most a chat request can cost",
+        description:
+          "Bound to the request's model, messages, output limit, tools, tool choice and response format; single use; expires after 60 s. No permit needed.",
+        tags: ["inference"],
+        requestBody: jsonBody(schema("ChatRequest")),
+        responses: {
+          "200": jsonResponse("The quote", schema("Quote")),
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withBody, {
+              400: ["invalid_hex"],
+              404: ["model_not_found"],
+              503: ["no_eligible_offer", "chain_unavailable"],
+            }),
+            { body: true },
+          ),
+        },
+      },
+    },
+    "/v1/chat/completions": {
+      post: {
+        operationId: "createChatCompletion",
+        summary: "Create a metered chat completion",
+        description: [
+          'Proxied to an eligible provider and metered. `"stream": true` answers',
+          "`text/event-stream` in OpenAI framing: one `data:` event per upstream chunk, then a",
+          "last chunk carrying `x_gateway` (the final charge), then `data: [DONE]`; the charge",
+          "is also sent as the HTTP trailer `X-Gateway-Credits-Charged`. A stream that fails",
+          'after its first byte (or is cut by shutdown) ends with one `data: {"error": ...}`',
+          "event and no `[DONE]`. Otherwise the provider's JSON object as it came.",
+          "`Idempotency-Key` replays a finished answer (status, body, X-Gateway-* headers).",
+        ].join("\n"),
+        tags: ["inference"],
+        parameters: [
+          ref("parameters", "X-Gateway-Permit"),
+          ref("parameters", "X-Gateway-Quote"),
+          ref("parameters", "Idempotency-Key"),
+        ],
+        requestBody: jsonBody(schema("ChatRequest")),
+        responses: {
+          "200": {
+            description: 'The completion: JSON, or an SSE stream with `"stream": true`',
+            headers: {
+              ...chatResponseHeaders,
+              "X-Gateway-Credits-Charged": ref("headers", "X-Gateway-Credits-Charged-Json"),
+              Trailer: ref("headers", "Trailer"),
+            },
+            content: {
+              "application/json": { schema: schema("ChatCompletion") },
+              "text/event-stream": {
+                schema: {
+                  type: "string",
+                  description:
+                    "`data: <json>` events (see x-sse-data), ending with `data: [DONE]` or, after a failure, an error event",
+                },
+                "x-sse-data": schema("ChatStreamEvent"),
+              },
+            },
+          },
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withBody, {
+              400: ["invalid_hex"],
+              402: [
+                "permit_missing",
+                "permit_not_found",
+                "permit_expired",
+                "permit_closing",
+                "permit_closed",
+                "permit_model_mismatch",
+                "permit_offer_mismatch",
+                "insufficient_credits",
+              ],
+              404: ["model_not_found", "quote_not_found"],
+              409: [
+                "quote_expired",
+                "quote_mismatch",
+                "quote_used",
+                "tariff_changed",
+                "idempotency_in_progress",
+              ],
+              422: ["idempotency_key_reused"],
+              429: ["offer_at_capacity"],
+              502: ["upstream_error"],
+              503: ["no_eligible_offer", "upstream_unavailable", "chain_unavailable"],
+            }),
+            { body: true },
+          ),
+        },
+      },
+    },
+    "/v1/requests/{id}": {
+      get: {
+        operationId: "getRequest",
+        summary: "Get an inference request record (only the API key that made it)",
+        tags: ["inference"],
+        parameters: [idParam("request id (X-Gateway-Request-Id)", schema("Hex32"))],
+        responses: {
+          "200": jsonResponse("The record", schema("InferenceRequest")),
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withPathId, {
+              400: ["invalid_hex"],
+              404: ["request_not_found"],
+            }),
+          ),
+        },
+      },
+    },
+    "/v1/permits/{id}": {
+      get: {
+        operationId: "getPermit",
+        summary: "A permit's balance (any API key: permits are public on chain)",
+        tags: ["inference"],
+        parameters: [idParam("permit id", schema("Hex32"))],
+        responses: {
+          "200": jsonResponse("The balance", schema("PermitBalance")),
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withPathId, {
+              400: ["invalid_hex"],
+              402: ["permit_not_found"],
+              503: ["chain_unavailable"],
+            }),
+          ),
+        },
+      },
+    },
+    "/v1/provider-offers/challenge": {
+      post: {
+        operationId: "createRegistrationChallenge",
+        summary: "EIP-712 typed data for the offer's operator to sign",
+        tags: ["provider"],
+        requestBody: jsonBody(schema("ChallengeRequest")),
+        responses: {
+          "200": jsonResponse(
+            "Wallet-ready typed data (eth_signTypedData_v4)",
+            schema("TypedData"),
+          ),
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withBody, {
+              400: ["invalid_hex", "challenge_expiry_invalid"],
+              404: ["offer_not_found"],
+              503: ["chain_unavailable"],
+            }),
+            { body: true },
+          ),
+        },
+      },
+    },
+    "/v1/provider-offers/register": {
+      post: {
+        operationId: "registerEndpoint",
+        summary: "Register the offer's private endpoint with the signed challenge",
+        description:
+          "The nonce is consumed atomically; the endpoint URL and token are never returned.",
+        tags: ["provider"],
+        requestBody: jsonBody(schema("RegisterRequest")),
+        responses: {
+          "200": jsonResponse("The offer", schema("OfferEnvelope")),
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withBody, {
+              400: ["invalid_hex", "challenge_expiry_invalid", "endpoint_not_allowed"],
+              401: ["invalid_signature"],
+              403: ["not_offer_operator"],
+              404: ["offer_not_found"],
+              409: ["nonce_used"],
+              503: ["chain_unavailable", "upstream_unavailable"],
+            }),
+            { body: true },
+          ),
+        },
+      },
+    },
+    "/v1/provider-offers/{id}/health": {
+      get: {
+        operationId: "getOfferHealth",
+        summary: "An offer's health",
+        tags: ["provider"],
+        parameters: [idParam("offer id", schema("Hex32"))],
+        responses: {
+          "200": jsonResponse("The health", schema("OfferHealth")),
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withPathId, {
+              400: ["invalid_hex"],
+              404: ["offer_not_found"],
+              503: ["chain_unavailable", "upstream_unavailable"],
+            }),
+          ),
+        },
+      },
+    },
+    "/v1/provider-offers/{id}/verify": {
+      post: {
+        operationId: "verifyOffer",
+        summary: "Refresh the offer's verification (no body)",
+        description:
+          "Checks the endpoint: model listed, one-token completion, stream with usage. A failure names the check and clears the verification.",
+        tags: ["provider"],
+        parameters: [idParam("offer id", schema("Hex32"))],
+        responses: {
+          "200": jsonResponse("The offer, verified", schema("OfferEnvelope")),
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withPathId, {
+              400: ["invalid_hex", "endpoint_not_allowed"],
+              404: ["offer_not_found", "model_not_found"],
+              422: ["model_not_listed", "completion_failed", "stream_failed", "usage_missing"],
+              502: ["endpoint_unreachable"],
+              503: ["chain_unavailable"],
+            }),
+          ),
+        },
+      },
+    },
+    "/settlements/flush": {
+      post: {
+        operationId: "flushSettlement",
+        summary: "Settle unsettled charges on chain now (settlement worker)",
+        description:
+          "Safe to call concurrently (another flush in progress: `busy: true`) and after a crash. An empty body is `{}`.",
+        tags: ["settlement"],
+        security: [{ operatorToken: [] }],
+        requestBody: jsonBody(schema("FlushRequest"), false),
+        responses: {
+          "200": jsonResponse("What the flush did", schema("FlushResponse")),
+          ...errorResponses(
+            codes(anyRoute, withBody, {
+              401: ["invalid_operator_token"],
+              503: ["settlement_unavailable", "chain_unavailable", "database_unavailable"],
+            }),
+            { body: true },
+          ),
+        },
+      },
+    },
+  }),
+  components: {
+    securitySchemes: {
+      apiKey: {
+        type: "http",
+        scheme: "bearer",
+        description: "`Authorization: Bearer <API key>` (issued by `gateway keys create`)",
+      },
+      operatorToken: {
+        type: "http",
+        scheme: "bearer",
+        description: "`Authorization: Bearer <SETTLEMENT_OPERATOR_TOKEN>`",
+      },
+    },
+    parameters: {
+      ModelId: idParam("the public model id, an alias, or the ModelID (Hex32)"),
+      "X-Gateway-Permit": {
+        name: "X-Gateway-Permit",
+        in: "header",
+        required: true,
+        description: "The on-chain permit paying for the request (missing: 402 `permit_missing`).",
+        schema: schema("Hex32"),
+      },
+      "X-Gateway-Quote": {
+        name: "X-Gateway-Quote",
+        in: "header",
+        required: false,
+        description: "A quote from POST /v1/quotes for this exact request (single use).",
+        schema: schema("Hex32"),
+      },
+      "Idempotency-Key": {
+        name: "Idempotency-Key",
+        in: "header",
+        required: false,
+        description:
+          "Per API key, kept 24 h: the same key and body replays the finished answer; another body is 422 `idempotency_key_reused`; while the first runs, 409 `idempotency_in_progress`.",
+        schema: { type: "string", minLength: 1, maxLength: 255 },
+      },
+      "X-Request-Id": {
+        name: "X-Request-Id",
+        in: "header",
+        required: false,
+        description:
+          "The request's id in logs and in the X-Request-Id answer header (any other shape is replaced by a generated id). Accepted on every route.",
+        schema: { type: "string", pattern: "^[A-Za-z0-9._-]{1,128}$" },
+      },
+    },
+    headers: {
+      "X-Request-Id": {
+        description: "The request's id (the caller's X-Request-Id, else generated)",
+        required: true,
+        schema: { type: "string", pattern: "^[A-Za-z0-9._-]{1,128}$" },
+      },
+      "X-Request-Id-Optional": {
+        description: "The request's id; absent on a request refused while the gateway shuts down",
+        required: false,
+        schema: { type: "string", pattern: "^[A-Za-z0-9._-]{1,128}$" },
+      },
+      "WWW-Authenticate": {
+        description: "`Bearer`",
+        required: true,
+        schema: { const: "Bearer" },
+      },
+      "Retry-After": {
+        description: "Seconds until the API key may send again",
+        required: true,
+        schema: { type: "string", pattern: "^[1-9][0-9]*$" },
+      },
+      "Retry-After-Optional": {
+        description: "With `rate_limited`: seconds until the API key may send again",
+        required: false,
+        schema: { type: "string", pattern: "^[1-9][0-9]*$" },
+      },
+      "X-Gateway-Request-Id": {
+        description: "The request record's id (GET /v1/requests/{id})",
+        required: true,
+        schema: schema("Hex32"),
+      },
+      "X-Gateway-Quote-Id": {
+        description: "The quote the request was admitted under (the client's, or an internal one)",
+        required: true,
+        schema: schema("Hex32"),
+      },
+      "X-Gateway-Offer-Id": {
+        description: "The offer that served the request",
+        required: true,
+        schema: schema("Hex32"),
+      },
+      "X-Gateway-Tariff-Version": {
+        description: "The offer's tariff version the request is priced by",
+        required: true,
+        schema: { type: "string", pattern: "^[0-9]+$" },
+      },
+      "X-Gateway-Credits-Charged-Json": {
+        description:
+          "The charge (JSON answers; a stream sends it as the trailer of the same name instead)",
+        required: false,
+        schema: decimal,
+      },
+      Trailer: {
+        description: "`X-Gateway-Credits-Charged` (streams: the charge arrives as a trailer)",
+        required: false,
+        schema: { const: "X-Gateway-Credits-Charged" },
+      },
+    },
+    responses: {
+      RouteNotFound: errorResponse(404, ["route_not_found"]),
+      MethodNotAllowed: errorResponse(405, ["method_not_allowed"]),
+    },
+    schemas: {
+      Hex32: hex32,
+      Address: { type: "string", pattern: "^0x[0-9a-fA-F]{40}$" },
+      Decimal: {
+        type: "string",
+        pattern: "^(0|[1-9][0-9]*)$",
+        description: "a non-negative integer in the credit token's base units (uint256)",
+      },
+      UnixSeconds: { type: "integer", minimum: 0 },
+      Error: {
+        type: "object",
+        required: ["error"],
+        additionalProperties: false,
+        properties: {
+          error: {
+            type: "object",
+            required: ["code", "type", "message"],
+            additionalProperties: false,
+            properties: {
+              code: { type: "string" },
+              type: { type: "string" },
+              message: { type: "string" },
+            },
+          },
+        },
+      },
+      Health: {
+        type: "object",
+        required: ["status"],
+        properties: { status: { const: "ok" } },
+      },
+      Readiness: {
+        type: "object",
+        required: ["status"],
+        properties: {
+          status: { enum: ["ready", "unavailable", "shutting_down"] },
+          checks: {
+            type: "object",
+            additionalProperties: {
+              type: "object",
+              required: ["ok"],
+              properties: { ok: { type: "boolean" }, error: { type: "string" } },
+            },
+          },
+        },
+      },
+      Model: {
+        type: "object",
+        required: Object.keys(modelProperties),
+        properties: modelProperties,
+      },
+      ModelWithOffers: {
+        type: "object",
+        required: [...Object.keys(modelProperties), "offers"],
+        properties: {
+          ...modelProperties,
+          offers: { type: "array", items: schema("Offer") },
+        },
+      },
+      ModelList: {
+        type: "object",
+        required: ["object", "data"],
+        properties: { object: { const: "list" }, data: { type: "array", items: schema("Model") } },
+      },
+      Tariff: {
+        type: "object",
+        required: ["version", "input_price_per_mtok", "output_price_per_mtok", "wake_fee"],
+        properties: {
+          version: { type: "string", pattern: "^[0-9]+$" },
+          input_price_per_mtok: decimal,
+          output_price_per_mtok: decimal,
+          wake_fee: decimal,
+        },
+      },
+      Offer: {
+        type: "object",
+        required: [
+          "offer_id",
+          "model_id",
+          "operator",
+          "payout",
+          "status",
+          "tariff_version",
+          "capabilities",
+          "verified_at",
+          "verification_expires_at",
+          "region",
+          "hardware",
+          "max_concurrency",
+          "tariff",
+        ],
+        properties: {
+          offer_id: schema("Hex32"),
+          model_id: schema("Hex32"),
+          operator: schema("Address"),
+          payout: schema("Address"),
+          status: { enum: ["active", "paused", "retired"] },
+          tariff_version: { type: "string", pattern: "^[0-9]+$" },
+          capabilities: { type: "object", additionalProperties: true },
+          verified_at: nullable(seconds),
+          verification_expires_at: nullable(seconds),
+          region: { type: "string" },
+          hardware: { type: "string" },
+          max_concurrency: { type: "integer", minimum: 0 },
+          tariff: schema("Tariff"),
+        },
+      },
+      OfferList: {
+        type: "object",
+        required: ["object", "data"],
+        properties: { object: { const: "list" }, data: { type: "array", items: schema("Offer") } },
+      },
+      OfferEnvelope: {
+        type: "object",
+        required: ["offer"],
+        properties: { offer: schema("Offer") },
+      },
+      OfferHealth: {
+        type: "object",
+        required: [
+          "offer_id",
+          "status",
+          "running",
+          "verified_at",
+          "verification_expires_at",
+          "checked_at",
+          "quarantine_reason",
+        ],
+        properties: {
+          offer_id: schema("Hex32"),
+          status: { enum: ["active", "paused", "retired"] },
+          running: { type: "boolean" },
+          verified_at: nullable(seconds),
+          verification_expires_at: nullable(seconds),
+          checked_at: nullable(seconds),
+          quarantine_reason: nullable({ type: "string" }),
+        },
+      },
+      ChatMessage: {
+        type: "object",
+        required: ["role", "content"],
+        additionalProperties: true,
+        properties: {
+          role: { enum: ["system", "developer", "user", "assistant", "tool", "function"] },
+          content: {},
+        },
+      },
+      ChatRequest: {
+        type: "object",
+        required: ["model", "messages"],
+        additionalProperties: true,
+        properties: {
+          model: { type: "string" },
+          messages: { type: "array", minItems: 1, items: schema("ChatMessage") },
+          offer: schema("Hex32"),
+          max_tokens: { type: "integer", minimum: 1 },
+          max_completion_tokens: { type: "integer", minimum: 1 },
+          temperature: { type: "number" },
+          top_p: { type: "number" },
+          stop: { oneOf: [{ type: "string" }, { type: "array", items: { type: "string" } }] },
+          stream: { type: "boolean" },
+          tools: { type: "array" },
+          tool_choice: {},
+          response_format: {},
+          seed: { type: "integer" },
+          user: { type: "string" },
+        },
+      },
+      Quote: {
+        type: "object",
+        required: [
+          "quote_id",
+          "model",
+          "model_id",
+          "offer_id",
+          "tariff_version",
+          "input_tokens",
+          "max_output_tokens",
+          "wakes_endpoint",
+          "maximum_credits",
+          "expires_at",
+        ],
+        properties: {
+          quote_id: schema("Hex32"),
+          model: { type: "string" },
+          model_id: schema("Hex32"),
+          offer_id: schema("Hex32"),
+          tariff_version: { type: "string", pattern: "^[0-9]+$" },
+          input_tokens: decimal,
+          max_output_tokens: decimal,
+          wakes_endpoint: { type: "boolean" },
+          maximum_credits: decimal,
+          expires_at: seconds,
+        },
+      },
+      ChatCompletion: {
+        type: "object",
+        description: "The provider's OpenAI-compatible chat.completion object, as it came",
+        additionalProperties: true,
+        properties: {
+          id: { type: "string" },
+          object: { type: "string" },
+          choices: { type: "array" },
+          usage: { type: "object" },
+        },
+      },
+      ChatCompletionChunk: {
+        type: "object",
+        description:
+          "An upstream chat.completion.chunk, as it came (the gateway's last one is ChatStreamFinalChunk)",
+        required: ["choices"],
+        not: { required: ["x_gateway"] },
+        additionalProperties: true,
+        properties: {
+          id: { type: "string" },
+          object: { type: "string" },
+          choices: { type: "array" },
+        },
+      },
+      XGateway: {
+        type: "object",
+        required: [
+          "request_id",
+          "quote_id",
+          "offer_id",
+          "tariff_version",
+          "input_tokens",
+          "output_tokens",
+          "credits_charged",
+          "billing",
+        ],
+        properties: {
+          request_id: schema("Hex32"),
+          quote_id: schema("Hex32"),
+          offer_id: schema("Hex32"),
+          tariff_version: { type: "string", pattern: "^[0-9]+$" },
+          input_tokens: decimal,
+          output_tokens: decimal,
+          credits_charged: decimal,
+          billing: nullable({ enum: ["billed", "partial", "void"] }),
+        },
+      },
+      ChatStreamFinalChunk: {
+        type: "object",
+        description: "The last chunk before `[DONE]`: no choices, and the charge",
+        required: ["id", "object", "created", "model", "choices", "x_gateway"],
+        properties: {
+          id: { type: "string" },
+          object: { const: "chat.completion.chunk" },
+          created: { type: "integer" },
+          model: { type: "string" },
+          choices: { type: "array", maxItems: 0 },
+          x_gateway: schema("XGateway"),
+        },
+      },
+      ChatStreamEvent: {
+        description:
+          "The JSON `data` of one SSE event: an upstream chunk, the final chunk with `x_gateway`, or (last, no `[DONE]` after it) an error",
+        anyOf: [schema("ChatStreamFinalChunk"), schema("ChatCompletionChunk"), schema("Error")],
+      },
+      InferenceRequest: {
+        type: "object",
+        required: [
+          "id",
+          "object",
+          "model",
+          "model_id",
+          "offer_id",
+          "permit_id",
+          "quote_id",
+          "stream",
+          "status",
+          "input_tokens",
+          "output_tokens",
+          "maximum_credits",
+          "credits_charged",
+          "tariff_version",
+          "billing",
+          "error",
+          "created_at",
+          "completed_at",
+          "settlement",
+        ],
+        properties: {
+          id: schema("Hex32"),
+          object: { const: "inference.request" },
+          model: { type: "string" },
+          model_id: schema("Hex32"),
+          offer_id: schema("Hex32"),
+          permit_id: schema("Hex32"),
+          quote_id: { type: "string" },
+          stream: { type: "boolean" },
+          status: { enum: ["pending", "streaming", "completed", "failed", "cancelled"] },
+          input_tokens: decimal,
+          output_tokens: decimal,
+          maximum_credits: decimal,
+          credits_charged: decimal,
+          tariff_version: { type: "string" },
+          billing: nullable({ enum: ["billed", "partial", "void"] }),
+          error: nullable({ type: "string" }),
+          created_at: seconds,
+          completed_at: nullable(seconds),
+          settlement: {
+            type: "object",
+            required: ["status", "batch_id", "tx_hash", "settled_at", "reason"],
+            properties: {
+              status: { enum: ["unsettled", "settling", "settled", "none", "unsettleable"] },
+              batch_id: nullable(schema("Hex32")),
+              tx_hash: nullable(schema("Hex32")),
+              settled_at: nullable(seconds),
+              reason: nullable({ type: "string" }),
+            },
+          },
+        },
+      },
+      PermitBalance: {
+        type: "object",
+        required: [
+          "permit_id",
+          "state",
+          "model_id",
+          "offer_id",
+          "payer",
+          "expires_at",
+          "closable_at",
+          "deposit",
+          "settled",
+          "charged_unsettled",
+          "reserved",
+          "available",
+        ],
+        properties: {
+          permit_id: schema("Hex32"),
+          state: { enum: ["open", "closing", "closed"] },
+          model_id: schema("Hex32"),
+          offer_id: nullable(schema("Hex32")),
+          payer: schema("Address"),
+          expires_at: seconds,
+          closable_at: nullable(seconds),
+          deposit: decimal,
+          settled: decimal,
+          charged_unsettled: decimal,
+          reserved: decimal,
+          available: decimal,
+        },
+      },
+      ChallengeRequest: {
+        type: "object",
+        required: ["offerId", "endpointUrl"],
+        properties: {
+          offerId: schema("Hex32"),
+          endpointUrl: { type: "string", format: "uri" },
+          nonce: { type: "string", description: "default: a random Hex32 the gateway makes" },
+          expiresAt: {
+            type: "integer",
+            description: "Unix seconds, at most 15 minutes ahead (default now + 10 min)",
+          },
+        },
+      },
+      RegisterRequest: {
+        type: "object",
+        required: ["offerId", "endpointUrl", "nonce", "expiresAt", "signature"],
+        properties: {
+          offerId: schema("Hex32"),
+          endpointUrl: { type: "string", format: "uri" },
+          nonce: { type: "string" },
+          expiresAt: { type: "integer" },
+          signature: {
+            type: "string",
+            pattern: "^0x([0-9a-fA-F]{128}|[0-9a-fA-F]{130})$",
+            description: "65-byte or EIP-2098 compact signature of the challenge",
+          },
+          endpointToken: {
+            type: "string",
+            description: "the bearer the gateway presents to the endpoint (never returned)",
+          },
+        },
+      },
+      TypedData: {
+        type: "object",
+        required: ["types", "primaryType", "domain", "message"],
+        properties: {
+          types: {
+            type: "object",
+            required: ["EIP712Domain", "RegisterEndpoint"],
+            properties: {
+              EIP712Domain: schema("TypedDataFields"),
+              RegisterEndpoint: schema("TypedDataFields"),
+            },
+          },
+          primaryType: { const: "RegisterEndpoint" },
+          domain: {
+            type: "object",
+            required: ["name", "version", "chainId", "verifyingContract"],
+            properties: {
+              name: { const: "Model Market Gateway" },
+              version: { const: "2" },
+              chainId: { type: "integer", minimum: 1 },
+              verifyingContract: schema("Address"),
+            },
+          },
+          message: {
+            type: "object",
+            required: ["offerId", "operator", "endpointUrlHash", "nonce", "expiresAt"],
+            properties: {
+              offerId: schema("Hex32"),
+              operator: schema("Address"),
+              endpointUrlHash: schema("Hex32"),
+              nonce: { type: "string" },
+              expiresAt: seconds,
+            },
+          },
+        },
+      },
+      TypedDataFields: {
+        type: "array",
+        items: {
+          type: "object",
+          required: ["name", "type"],
+          properties: { name: { type: "string" }, type: { type: "string" } },
+        },
+      },
+      FlushRequest: {
+        type: "object",
+        description: "camelCase; snake_case (`max_requests`, `dry_run`) is accepted too",
+        properties: {
+          maxRequests: { type: "integer", minimum: 1, maximum: 4294967295 },
+          dryRun: { type: "boolean" },
+        },
+      },
+      FlushResponse: {
+        type: "object",
+        required: ["batches", "settled_requests", "settled_credits", "unsettleable", "busy"],
+        properties: {
+          batches: {
+            type: "array",
+            items: {
+              type: "object",
+              required: [
+                "batch_id",
+                "requests",
+                "credits",
+                "tx_hash",
+                "status",
+                "charges",
+                "gas",
+                "error",
+              ],
+              properties: {
+                batch_id: schema("Hex32"),
+                requests: { type: "integer", minimum: 0 },
+                credits: decimal,
+                tx_hash: nullable(schema("Hex32")),
+                status: { enum: ["pending", "submitted", "settled", "failed", "dry_run"] },
+                charges: { type: "integer", minimum: 0 },
+                gas: nullable(decimal),
+                error: nullable({ type: "string" }),
+              },
+            },
+          },
+          settled_requests: { type: "integer", minimum: 0 },
+          settled_credits: decimal,
+          unsettleable: {
+            type: "array",
+            items: {
+              type: "object",
+              required: ["permit_id", "offer_id", "requests", "credits", "reason"],
+              properties: {
+                permit_id: schema("Hex32"),
+                offer_id: schema("Hex32"),
+                requests: { type: "integer", minimum: 0 },
+                credits: decimal,
+                reason: { type: "string" },
+              },
+            },
+          },
+          busy: { type: "boolean" },
+        },
+      },
+    },
+  },
+};
