@@ -78,6 +78,11 @@ export async function requestClose(stack: TestStack, permitId: Hex): Promise<voi
 /** Requests the close, lets the grace period pass on chain, and finalizes (refund). */
 export async function closePermit(stack: TestStack, permitId: Hex): Promise<void> {
   await requestClose(stack, permitId);
+  await finalizeClose(stack, permitId);
+}
+
+/** Lets the close grace period of a permit whose close was requested pass, and finalizes it. */
+export async function finalizeClose(stack: TestStack, permitId: Hex): Promise<void> {
   await stack.clients.publicClient.request({
     method: "evm_increaseTime" as never,
     params: [7200] as never,
