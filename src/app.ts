@@ -183,7 +183,7 @@ function cachedApiKeys(
 /** Connects to the chain and refuses one whose id or market contract is not the configured one. */
 export async function connectChain(config: Config): Promise<PublicClient> {
   const client = createPublicClient({
-    transport: http(config.rpcUrl, { batch: true, retryCount: 2, timeout: 10_000 }),
+    transport: http(config.rpcUrl, { batch: true, retryCount: 2, timeout: config.chainTimeoutMs }),
   });
   let chainId: number;
   try {

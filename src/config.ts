@@ -10,6 +10,11 @@ export interface Config {
   /** Where embedded state (PGlite data, dev manifest) lives. */
   readonly stateDir: string;
   readonly rpcUrl: string;
+  /**
+   * Longest wait for one JSON-RPC answer; a call is tried 3 times (2 retries), so a slow or
+   * silent RPC fails a read after about 3 times this (permits: 503 `chain_unavailable`).
+   */
+  readonly chainTimeoutMs: number;
   readonly chainId: number;
   readonly marketAddress: Address;
   /** First block the indexer reads when it has no cursor yet. */
@@ -210,6 +215,7 @@ export function parseConfig(env: Env): Config {
     databaseUrl,
     stateDir: str("GATEWAY_STATE_DIR") ?? ".gateway",
     rpcUrl,
+    chainTimeoutMs: int("CHAIN_TIMEOUT_MS", 10_000, 100, 600_000),
     chainId,
     marketAddress: market.toLowerCase() as Address,
     startBlock,

@@ -39,6 +39,9 @@ function revertOf(error: unknown): SettleRevert | undefined {
   if (!(error instanceof BaseError)) return undefined;
   const reverted = error.walk((e) => e instanceof ContractFunctionRevertedError);
   if (!(reverted instanceof ContractFunctionRevertedError)) return undefined;
+  // viem also reads a JSON-RPC "internal error" (-32603) without revert data as a revert: that
+  // is the node failing, not the contract refusing, and must not make charges unsettleable.
+  if (reverted.raw === undefined) return undefined;
   const name = reverted.data?.errorName ?? "Reverted";
   const args = (reverted.data?.args ?? []) as readonly unknown[];
   const revert: { -readonly [K in keyof SettleRevert]: SettleRevert[K] } = {
