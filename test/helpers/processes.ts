@@ -17,6 +17,8 @@ function endpointKey(stack: TestStack): string {
 export interface GatewayProcess {
   readonly child: ChildProcess;
   readonly url: string;
+  /** The environment it was started with beyond the stack's (for {@link restartProcess}). */
+  readonly env?: Record<string, string>;
 }
 
 /** `gateway serve` as its own process on the stack's PostgreSQL and anvil; resolves once it listens. */
@@ -64,7 +66,7 @@ export async function serveProcess(
       }
     });
   });
-  return { child, url };
+  return { child, url, env };
 }
 
 export async function stopProcess(p: GatewayProcess | undefined): Promise<void> {
@@ -74,4 +76,59 @@ export async function stopProcess(p: GatewayProcess | undefined): Promise<void> 
   const timer = setTimeout(() => p.child.kill("SIGKILL"), 10_000);
   await exited;
   clearTimeout(timer);
+}
+
+/** Sends `signal` (default SIGKILL: no shutdown code runs) and resolves once the process exited. */
+export async function killProcess(
+  p: { readonly child: ChildProcess } | undefined,
+  signal: NodeJS.Signals = "SIGKILL",
+): Promise<void> {
+  if (p === undefined || p.child.exitCode !== null || p.child.signalCode !== null) return;
+  const exited = new Promise((r) => p.child.once("exit", r));
+  p.child.kill(signal);
+  await exited;
+}
+
+/** A new `gateway serve` process with the same environment as `p` (on a new port). */
+export async function restartProcess(stack: TestStack, p: GatewayProcess): Promise<GatewayProcess> {
+  await killProcess(p);
+  return serveProcess(stack, p.env ?? {});
+}
+
+/**
+ * `gateway settle` (the settlement worker) as its own process, calling Flush on `gateway` with
+ * the stack's operator token; resolves once it has started its loop.
+ */
+export async function settleWorkerProcess(
+  stack: TestStack,
+  gateway: GatewayProcess,
+  env: Record<string, string> = {},
+): Promise<{ readonly child: ChildProcess }> {
+  const child = spawn(process.execPath, ["--import", "tsx", "src/cli/main.ts", "settle"], {
+    env: {
+      PATH: process.env.PATH,
+      GATEWAY_URL: gateway.url,
+      SETTLEMENT_OPERATOR_TOKEN: stack.operatorToken,
+      LOG_LEVEL: "info",
+      ...env,
+    },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const lines = createInterface({ input: child.stdout! });
+  auditChildLogs(child, "gateway settle");
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error("settlement worker did not start")), 30_000);
+    child.once("exit", (code) => reject(new Error(`settlement worker exited with ${code}`)));
+    lines.on("line", (line) => {
+      try {
+        if ((JSON.parse(line) as { msg?: string }).msg === "settlement worker started") {
+          clearTimeout(timer);
+          resolve();
+        }
+      } catch {
+        // not a log line
+      }
+    });
+  });
+  return { child };
 }
