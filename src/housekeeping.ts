@@ -49,13 +49,20 @@ export function createHousekeeping(options: HousekeepingOptions): Housekeeping {
   let running: Promise<unknown> | undefined;
 
   const runOnce = async () => {
-    await ledger.heartbeat(pool, instanceId);
+    // A failed heartbeat (the database is away) still lets the closes waiting in the outbox
+    // be tried and reported, so an operator sees them pending during the outage; the round
+    // then fails with the heartbeat's error.
+    const beat = await ledger.heartbeat(pool, instanceId).then(
+      () => undefined,
+      (error: unknown) => ({ error }),
+    );
     const closes = (await options.retryCloses?.()) ?? { written: 0, pending: 0 };
     if (closes.written > 0 || closes.pending > 0) {
       const fields = { written: closes.written, pending: closes.pending };
       if (closes.pending > 0) logger.warn(fields, "request closes still refused by the database");
       else logger.info(fields, "request closes written after the database refused them");
     }
+    if (beat !== undefined) throw beat.error;
     const orphans = await ledger.reconcileOrphans(pool, { staleAfterSeconds });
     if (orphans > 0) logger.warn({ orphans }, "reconciled requests of a stopped gateway process");
     // After the requests: a dead holder's leases go back once nothing of it is open any more.

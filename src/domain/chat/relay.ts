@@ -49,7 +49,19 @@ export async function callProvider(
   req: ChatRequest,
   signal: AbortSignal,
 ): Promise<{ reply: UpstreamReply } | { failure: GatewayError; retryable: boolean }> {
-  const endpoint = await deps.endpoints(offerId);
+  let endpoint: Awaited<ReturnType<typeof deps.endpoints>>;
+  try {
+    endpoint = await deps.endpoints(offerId);
+  } catch (error) {
+    // The endpoint could not be read (the database): no provider is called; 503, not 500.
+    const failure =
+      error instanceof GatewayError
+        ? error
+        : new GatewayError("database_unavailable", "the offer's endpoint could not be read", {
+            cause: error,
+          });
+    return { failure, retryable: false };
+  }
   if (endpoint === undefined) {
     return {
       failure: new GatewayError("upstream_unavailable", "the offer has no registered endpoint"),
