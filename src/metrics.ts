@@ -77,10 +77,16 @@ const gaugeQuery = `SELECT
   (SELECT count(*) FROM inference_requests WHERE status IN ('pending', 'streaming'))::text AS open,
   (SELECT count(*) FROM permit_leases)::text AS permit_leases,
   (SELECT count(*) FROM offer_leases)::text AS offer_leases,
-  (SELECT coalesce(sum(credits_charged), 0) FROM inference_requests
-    WHERE settlement_status = 'unsettled' AND credits_charged > 0)::text AS unsettled,
-  (SELECT min(completed_at) FROM inference_requests
-    WHERE settlement_status = 'unsettled' AND credits_charged > 0)::text AS oldest,
+  ((SELECT coalesce(sum(credits_charged), 0) FROM inference_requests
+     WHERE settlement_status = 'unsettled' AND credits_charged > 0)
+   + (SELECT coalesce(sum(credits), 0) FROM settlement_batches
+     WHERE status IN ('pending', 'submitted')))::text AS unsettled,
+  LEAST(
+    (SELECT min(completed_at) FROM inference_requests
+      WHERE settlement_status = 'unsettled' AND credits_charged > 0),
+    (SELECT min(r.completed_at) FROM settlement_batches b
+      JOIN inference_requests r ON r.batch_id = b.batch_id
+      WHERE b.status IN ('pending', 'submitted')))::text AS oldest,
   (SELECT block_number FROM chain_cursors WHERE name = '${indexerCursor}')::text AS cursor`;
 
 function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
@@ -176,12 +182,12 @@ export function createMetrics(
   });
   const unsettledCredits = new Gauge({
     name: "gateway_unsettled_credits",
-    help: "Credits charged and waiting to be settled on chain (approximate above 2^53).",
+    help: "Credits charged and not yet settled on chain, in a batch in flight included (approximate above 2^53).",
     registers,
   });
   const oldestUnsettled = new Gauge({
     name: "gateway_oldest_unsettled_charge_age_seconds",
-    help: "Age of the oldest charge waiting to be settled (0 when none waits; NaN when the database could not be read).",
+    help: "Age of the oldest charge not yet settled on chain, in a batch in flight included (0 when none waits; NaN when the database could not be read).",
     registers,
   });
   const batches = new Counter({

@@ -239,6 +239,48 @@ describe("Prometheus metrics on the main port", () => {
     expect(total(samples, "gateway_oldest_unsettled_charge_age_seconds")).toBe(0);
   });
 
+  it("counts a charge in a batch still in flight as unsettled, with its age", async () => {
+    const res = await chat({
+      model: "demo-chat",
+      messages: [{ role: "user", content: "settle me later" }],
+      max_tokens: 8,
+    });
+    expect(res.status).toBe(200);
+    const requestId = res.headers.get("x-gateway-request-id")!;
+    await res.text();
+    const record = await json(await authed(stack, `/v1/requests/${requestId}`));
+    const charged = BigInt(record.credits_charged);
+    expect(charged).toBeGreaterThan(0n);
+    // As a flush leaves it when its broadcast keeps failing: the batch stored, its charges
+    // `settling` (written here directly, so no chain is involved).
+    const pool = stack.database.db.pool;
+    const batchId = `0x${"ab".repeat(32)}`;
+    await pool.query(
+      `INSERT INTO settlement_batches (batch_id, account, status, charges, calldata, requests,
+         credits, created_at)
+       VALUES ($1, 'test', 'submitted', '[]', '0x', 1, $2, 0)`,
+      [batchId, charged.toString()],
+    );
+    await pool.query(
+      "UPDATE inference_requests SET settlement_status = 'settling', batch_id = $1 WHERE id = $2",
+      [batchId, requestId],
+    );
+    try {
+      const { samples } = await scrape(stack.gateway.metricsUrl);
+      expect(total(samples, "gateway_unsettled_credits")).toBe(Number(charged));
+      expect(total(samples, "gateway_oldest_unsettled_charge_age_seconds")).toBeGreaterThanOrEqual(
+        0,
+      );
+      expect(find(samples, "gateway_oldest_unsettled_charge_age_seconds")).toHaveLength(1);
+    } finally {
+      await pool.query(
+        "UPDATE inference_requests SET settlement_status = 'unsettled', batch_id = NULL WHERE id = $1",
+        [requestId],
+      );
+      await pool.query("DELETE FROM settlement_batches WHERE batch_id = $1", [batchId]);
+    }
+  });
+
   it("answers other methods on /metrics with the error body", async () => {
     const res = await fetch(stack.gateway.metricsUrl, { method: "POST", body: "{}" });
     expect(res.status).toBe(405);
