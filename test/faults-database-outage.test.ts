@@ -455,6 +455,15 @@ describeIfPostgres("database outage, hang and pool exhaustion", () => {
       ["failed", "0"],
       ["failed", "0"],
     ]);
+    // Its record says what failed: the endpoint read, not a provider that was never called.
+    const errors = await query<{ error: string }>(
+      "SELECT error FROM inference_requests WHERE permit_id = $1",
+      [permitId.toLowerCase()],
+    );
+    expect(errors.map((r) => r.error)).toEqual([
+      "the offer's endpoint could not be read",
+      "the offer's endpoint could not be read",
+    ]);
     expect((await chat(stack.gateway.url, permitId, false)).status).toBe(200);
     expect(chatCalls()).toBe(calls + 1);
     await settled(permitId);

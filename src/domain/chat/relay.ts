@@ -173,6 +173,8 @@ export async function* serve(
   if (input.signal.aborted) onClientAbort();
   else input.signal.addEventListener("abort", onClientAbort, { once: true });
 
+  /** What ended the request before it was decided, for its record's error text. */
+  let failedWith: unknown;
   try {
     // 5. Call the provider; before the first byte a connection error or a 5xx may fail over.
     const tried = new Set<Hex>();
@@ -362,6 +364,9 @@ export async function* serve(
     lifecycle.answered(final);
     yield completed(s, current, usage, final, provided !== undefined);
     await lifecycle.record(final, completionRetries);
+  } catch (error) {
+    failedWith = error;
+    throw error;
   } finally {
     input.signal.removeEventListener("abort", onClientAbort);
     if (observer !== undefined && repliedAt !== undefined) {
@@ -388,7 +393,9 @@ export async function* serve(
         charged ? "partial" : "void",
         "gateway",
         !cancelled
-          ? "the provider failed before the first byte"
+          ? failedWith instanceof GatewayError
+            ? failedWith.message
+            : "the provider failed before the first byte"
           : charged
             ? cancelledBy(input.signal)
             : `${cancelledBy(input.signal)} before the provider got the request`,
