@@ -26,6 +26,7 @@ import {
   type SettlementStore,
 } from "../src/domain/settlement.js";
 import { createLogger } from "../src/logger.js";
+import { prng } from "./lib/prng.js";
 import { intSetting } from "./lib/settings.js";
 import { createBenchDatabase } from "./lib/setup.js";
 
@@ -63,18 +64,6 @@ const fmt = (n: number | bigint, digits = 0): string =>
     : n.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
 
 // ------------------------------------------------------------------ the plan
-
-/** A small deterministic PRNG (mulberry32), so every run settles the same amounts. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 interface PlannedRequest {
   readonly id: Hex;

@@ -1,8 +1,9 @@
 import type { Hex } from "viem";
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, beforeEach, expect, it } from "vitest";
 import { marketAbi } from "../src/adapters/chain/artifacts.js";
 import { permitLedger } from "../src/adapters/pg/ledger.js";
 import { startGateway } from "../src/app.js";
+import { describeIfPostgres } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { openPermit, setOffer } from "./helpers/market.js";
 import { startRpcProxy, type RpcProxy } from "./helpers/rpc-proxy.js";
@@ -25,7 +26,7 @@ const readBoundMs = 3 * chainTimeoutMs + 4000;
 
 const messages = [{ role: "user" as const, content: "hello flaky chain" }];
 
-describe("chain RPC faults", () => {
+describeIfPostgres("chain RPC faults", () => {
   let stack: TestStack;
   let fake: FakeUpstream;
   let proxy: RpcProxy;
