@@ -192,14 +192,7 @@ export function createCatalog(deps: {
       const view = (async () => {
         const model = await getModel(ref);
         return { model, offers: await store.listOffers(model.modelId) };
-      })().catch((error: unknown) => {
-        // The store (the database) could not be read: a chat request fails closed with 503,
-        // not 500 (docs/operations.md, "Database"). `model_not_found` stays as it is.
-        if (error instanceof GatewayError) throw error;
-        throw new GatewayError("database_unavailable", "the catalog could not be read", {
-          cause: error,
-        });
-      });
+      })();
       if (modelId !== undefined) {
         views.set(modelId, view);
         // A failed read is not reused.

@@ -39,16 +39,6 @@ export function createInference(deps: InferenceDeps): Inference {
   const newId = deps.newId ?? ((): Hex => `0x${randomHex(32)}`);
 
   const resolve = (req: ChatRequest) => deps.catalog.routingView(req.model);
-  /**
-   * A store call before admission failed without an answer of its own: the database cannot be
-   * asked, so the request fails closed with 503 and no provider is called (not a 500).
-   */
-  const unavailable =
-    (message: string) =>
-    (error: unknown): never => {
-      if (error instanceof GatewayError) throw error;
-      throw new GatewayError("database_unavailable", message, { cause: error });
-    };
   const closes = createCloses(deps);
   // Chat calls under way, so that drain() (shutdown) also waits for the closes of requests
   // that were cut, which are written as their calls unwind.
@@ -68,7 +58,7 @@ export function createInference(deps: InferenceDeps): Inference {
     const [best] = rankCandidates(offers, model, req, [req.offer], now);
     if (best === undefined) throw noEligibleOffer(req);
     const quote = quoteRecord(newId(), input.apiKeyId, req, model, best, now, false);
-    await deps.quotes.insert(quote).catch(unavailable("the quote could not be stored"));
+    await deps.quotes.insert(quote);
     return quote;
   };
 
@@ -112,9 +102,7 @@ export function createInference(deps: InferenceDeps): Inference {
   /** Checks a supplied quote, in the order DESIGN.md gives; returns it bound to its offer. */
   async function boundQuote(quoteId: string, apiKeyId: string, req: ChatRequest, now: number) {
     if (!isHex32(quoteId)) throw new GatewayError("invalid_hex", "X-Gateway-Quote must be a Hex32");
-    const quote = await deps.quotes
-      .get(normalizeHex(quoteId))
-      .catch(unavailable("the quote could not be read"));
+    const quote = await deps.quotes.get(normalizeHex(quoteId));
     if (quote === undefined || quote.apiKeyId !== apiKeyId || quote.internal) {
       throw new GatewayError("quote_not_found", `quote ${quoteId} does not exist`);
     }
@@ -165,15 +153,13 @@ export function createInference(deps: InferenceDeps): Inference {
     }
     const now = deps.clock();
     if (key !== undefined) {
-      const claim = await deps.idempotency
-        .claim({
-          apiKeyId: input.apiKeyId,
-          key,
-          fingerprint: requestFingerprint(input),
-          now,
-          expiresAt: now + idempotencyLifetimeSeconds,
-        })
-        .catch(unavailable("the Idempotency-Key could not be claimed"));
+      const claim = await deps.idempotency.claim({
+        apiKeyId: input.apiKeyId,
+        key,
+        fingerprint: requestFingerprint(input),
+        now,
+        expiresAt: now + idempotencyLifetimeSeconds,
+      });
       if (claim.state === "in_progress") {
         throw new GatewayError(
           "idempotency_in_progress",
