@@ -443,6 +443,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       maxStreams: config.maxStreamsPerKey,
       replicas: config.gatewayReplicas,
     });
+    const jsonBounds = { maxDepth: config.maxJsonDepth, maxArrayItems: config.maxJsonArrayItems };
     const inference = createInference({
       catalog,
       permits,
@@ -463,7 +464,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       idempotency: createPgIdempotencyStore(db.pool, { instanceId }),
       clock,
       bodyLimitBytes: config.bodyLimitBytes,
-      jsonBounds: { maxDepth: config.maxJsonDepth, maxArrayItems: config.maxJsonArrayItems },
+      jsonBounds,
       acquireStream: (apiKeyId) => rateLimiter.acquireStream(apiKeyId),
       observer: metrics.chat,
     });
@@ -519,6 +520,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       },
       logger,
       bodyLimitBytes: config.bodyLimitBytes,
+      jsonBounds,
       readiness,
       findApiKey: cachedApiKeys(db, config.apiKeyCacheMs),
       settlementOperatorToken: config.settlementOperatorToken,

@@ -8,6 +8,7 @@ import {
 } from "./connect/interceptors.js";
 import { createInProcessCaller } from "./connect/in-process-transport.js";
 import { createRoutes, serviceBindings, type Services } from "./connect/routes.js";
+import type { JsonBounds } from "./domain/chat-request.js";
 import type { NodeRequest } from "./rest/body.js";
 import { createRestFacade, type NodeResponse, type Readiness } from "./rest/facade.js";
 import { isMetricsPath, type GatewayMetrics } from "./metrics.js";
@@ -16,6 +17,8 @@ export interface GatewayHandlerDeps extends AuthOptions {
   readonly services: Services;
   readonly logger: Logger;
   readonly bodyLimitBytes: number;
+  /** MAX_JSON_DEPTH / MAX_JSON_ARRAY_ITEMS of the REST facade's JSON bodies. */
+  readonly jsonBounds?: JsonBounds | undefined;
   readonly readiness: () => Promise<Readiness>;
   /** Metrics: observed when given; `GET /metrics` served here too when `serveMetrics`. */
   readonly metrics?: GatewayMetrics;
@@ -43,6 +46,7 @@ export function createGatewayHandler(
   const facade = createRestFacade({
     rpc,
     bodyLimitBytes: deps.bodyLimitBytes,
+    jsonBounds: deps.jsonBounds,
     readiness: deps.readiness,
     logger: deps.logger,
     ...(metrics === undefined ? {} : { observer: metrics.rest }),

@@ -286,6 +286,14 @@ describe("slow and hostile clients", () => {
     });
     expect(challenge.status).toBe(400);
     expect((await json(challenge)).error.message).toMatch(/MAX_JSON_DEPTH/);
+    // ...by the configured bounds, not only the defaults (MAX_JSON_ARRAY_ITEMS is 100 here).
+    const wide = await authed(stack, "/v1/provider-offers/challenge", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ offerId: Array.from({ length: 101 }, () => 0) }),
+    });
+    expect(wide.status).toBe(400);
+    expect((await json(wide)).error.message).toMatch(/MAX_JSON_ARRAY_ITEMS/);
   });
 
   describe("header allowlists", () => {

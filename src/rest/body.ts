@@ -1,5 +1,5 @@
 import type { connectNodeAdapter } from "@connectrpc/connect-node";
-import { checkJsonBounds } from "../domain/chat-request.js";
+import { checkJsonBounds, type JsonBounds } from "../domain/chat-request.js";
 import { GatewayError } from "../domain/errors.js";
 
 /** The request type connect-node's handlers take (HTTP/1.1 or HTTP/2). */
@@ -74,18 +74,19 @@ export async function readJsonBytes(req: NodeRequest, limit: number): Promise<Bu
 }
 
 /**
- * Reads a JSON body. Checks only that it is JSON of the expected media type, nested at most
- * 64 levels with at most 10 000 items per array (400 `invalid_request`, checked on the bytes
- * before parsing): what the document must contain is the services' business.
+ * Reads a JSON body. Checks only that it is JSON of the expected media type, within `bounds`
+ * (MAX_JSON_DEPTH, MAX_JSON_ARRAY_ITEMS; 400 `invalid_request`, checked on the bytes before
+ * parsing): what the document must contain is the services' business.
  */
 export async function readJson(
   req: NodeRequest,
   limit: number,
+  bounds?: JsonBounds,
 ): Promise<{ raw: Buffer; value: unknown }> {
   requireJsonType(req);
   const raw = await readBody(req, limit);
   if (raw.length === 0) return { raw, value: undefined };
-  checkJsonBounds(raw);
+  checkJsonBounds(raw, bounds);
   try {
     return { raw, value: JSON.parse(raw.toString("utf8")) };
   } catch {

@@ -8,6 +8,7 @@ import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
+import type { JsonBounds } from "../domain/chat-request.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { readJson, readJsonBytes, type NodeRequest } from "./body.js";
 import { relayChat } from "./chat.js";
@@ -39,6 +40,8 @@ export interface FacadeDeps {
   /** Reaches the RPC services in process, through the same interceptors as the network. */
   readonly rpc: InProcessCaller;
   readonly bodyLimitBytes: number;
+  /** MAX_JSON_DEPTH / MAX_JSON_ARRAY_ITEMS of every JSON body; absent: the defaults. */
+  readonly jsonBounds?: JsonBounds | undefined;
   readonly readiness: () => Promise<Readiness>;
   readonly logger: Logger;
   /** Metrics hooks; absent: nothing is observed. */
@@ -214,7 +217,7 @@ const routes: Route[] = [
     method: "POST",
     path: "/v1/provider-offers/challenge",
     handle: async ({ rpc, options, req, deps }) => {
-      const body = objectBody(await readJson(req, deps.bodyLimitBytes));
+      const body = objectBody(await readJson(req, deps.bodyLimitBytes, deps.jsonBounds));
       const { typedData } = await rpc.unary(
         ProviderService.method.createRegistrationChallenge,
         {
@@ -233,7 +236,7 @@ const routes: Route[] = [
     method: "POST",
     path: "/v1/provider-offers/register",
     handle: async ({ rpc, options, req, deps }) => {
-      const body = objectBody(await readJson(req, deps.bodyLimitBytes));
+      const body = objectBody(await readJson(req, deps.bodyLimitBytes, deps.jsonBounds));
       const { offer } = await rpc.unary(
         ProviderService.method.registerEndpoint,
         {
@@ -281,7 +284,7 @@ const routes: Route[] = [
     method: "POST",
     path: "/settlements/flush",
     handle: async ({ rpc, options, req, deps }) => {
-      const parsed = await readJson(req, deps.bodyLimitBytes);
+      const parsed = await readJson(req, deps.bodyLimitBytes, deps.jsonBounds);
       const body = parsed.value === undefined ? {} : objectBody(parsed);
       const maxRequests = body.maxRequests ?? body.max_requests;
       if (
