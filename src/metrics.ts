@@ -267,9 +267,27 @@ export function createMetrics(
     failure: () => settlementFailures.inc(),
   };
 
+  // Per request: the label children are resolved once per (route, method, status), as `pair`
+  // does for (model, offer), not hashed from a label object on every answer.
+  const requestChildren = new Map<
+    string,
+    {
+      readonly count: ReturnType<Counter<"route" | "method" | "status">["labels"]>;
+      readonly duration: ReturnType<Histogram<"route" | "method">["labels"]>;
+    }
+  >();
   const record = (route: string, method: string, status: string, seconds: number): void => {
-    requests.inc({ route, method, status });
-    requestDuration.observe({ route, method }, seconds);
+    const key = `${method} ${status} ${route}`;
+    let children = requestChildren.get(key);
+    if (children === undefined) {
+      children = {
+        count: requests.labels({ route, method, status }),
+        duration: requestDuration.labels({ route, method }),
+      };
+      requestChildren.set(key, children);
+    }
+    children.count.inc();
+    children.duration.observe(seconds);
   };
   const rpc: RpcObserver = {
     call: record,
