@@ -1,6 +1,7 @@
 import { request as httpRequest } from "node:http";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
+import { sseData } from "./helpers/sse.js";
 
 const fakes: FakeUpstream[] = [];
 
@@ -24,14 +25,6 @@ function chat(f: FakeUpstream, body: object, headers: Record<string, string> = {
       ...body,
     }),
   });
-}
-
-/** The `data:` payloads of an SSE body. */
-function sseData(text: string): string[] {
-  return text
-    .split("\n\n")
-    .filter((block) => block.startsWith("data: "))
-    .map((block) => block.slice("data: ".length));
 }
 
 describe("fake upstream", () => {

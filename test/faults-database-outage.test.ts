@@ -10,6 +10,7 @@ import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { auditSecret } from "./helpers/log-audit.js";
 import { openPermit } from "./helpers/market.js";
 import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
+import { reportedCharge, sseData } from "./helpers/sse.js";
 import { eventually, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
@@ -134,14 +135,6 @@ describeIfPostgres("database outage, hang and pool exhaustion", () => {
     expect(body.error?.message).toEqual(expect.any(String));
     expect(elapsed).toBeLessThan(refusalWithinMs);
   };
-
-  /** The SSE events' data, in order. */
-  const sseData = (text: string) =>
-    text
-      .split("\n\n")
-      .map((e) => e.trim())
-      .filter((e) => e.startsWith("data: "))
-      .map((e) => e.slice(6));
 
   const ready = async (base: string) => {
     const res = await fetch(`${base}/ready`);
@@ -298,13 +291,9 @@ describeIfPostgres("database outage, hang and pool exhaustion", () => {
     // The stream ends with its whole answer or an error event, never silently.
     const events = sseData(await streamText);
     const last = events.at(-1)!;
-    let reported: bigint | undefined;
-    if (last === "[DONE]") {
-      const final = JSON.parse(events.at(-2)!) as { x_gateway: { credits_charged: string } };
-      reported = BigInt(final.x_gateway.credits_charged);
-    } else {
-      expect(JSON.parse(last)).toHaveProperty("error.code");
-    }
+    const reported = reportedCharge(events);
+    if (last === "[DONE]") expect(reported).toBeDefined();
+    else expect(JSON.parse(last)).toHaveProperty("error.code");
 
     // The answer went out while the database was down: once its immediate retries are spent
     // (about 0.7 s, completionRetries) its close waits in the outbox, its record still open and

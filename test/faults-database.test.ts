@@ -3,6 +3,7 @@ import { afterAll, beforeAll, expect, it } from "vitest";
 import { describeIfPostgres } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { openPermit } from "./helpers/market.js";
+import { reportedCharge, sseData } from "./helpers/sse.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
@@ -67,20 +68,12 @@ describeIfPostgres("database connections killed mid-request", () => {
     expect(await killConnections()).toBeGreaterThan(0);
     const text = await res.text();
     fake.setOptions({ delayMs: 0, chunks: 3 });
-    const events = text
-      .split("\n\n")
-      .map((e) => e.trim())
-      .filter((e) => e.startsWith("data: "))
-      .map((e) => e.slice(6));
+    const events = sseData(text);
     const last = events.at(-1)!;
     // The whole answer with its charge, or an error event as the last event: never a silent end.
-    let reported: bigint | undefined;
-    if (last === "[DONE]") {
-      const final = JSON.parse(events.at(-2)!) as { x_gateway: { credits_charged: string } };
-      reported = BigInt(final.x_gateway.credits_charged);
-    } else {
-      expect(JSON.parse(last)).toHaveProperty("error.code");
-    }
+    const reported = reportedCharge(events);
+    if (last === "[DONE]") expect(reported).toBeDefined();
+    else expect(JSON.parse(last)).toHaveProperty("error.code");
 
     // The record closes (housekeeping retries a close the dead connection lost) and the
     // permit's reservation comes back; the charge is the one reported, recorded once.

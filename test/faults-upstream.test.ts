@@ -5,6 +5,7 @@ import { priceCredits } from "../src/domain/pricing.js";
 import { demoTariff } from "../src/dev/demo-market.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { sseData } from "./helpers/sse.js";
 
 /**
  * Provider faults (issue 13, docs/operations.md "Provider (upstream)"): each one ends in its
@@ -104,13 +105,6 @@ describe("provider faults", () => {
     return { result, record: fresh[0]!, ledgerCharged: after.charged - before.charged };
   }
 
-  function sseEvents(text: string): string[] {
-    return text
-      .split("\n\n")
-      .filter((e) => e.startsWith("data: "))
-      .map((e) => e.slice(6));
-  }
-
   async function expectServedFailure(res: Response): Promise<void> {
     expect([502, 503]).toContain(res.status);
     const body = await json(res);
@@ -159,7 +153,7 @@ describe("provider faults", () => {
       expect(res.status).toBe(200);
       return res.text();
     });
-    const events = sseEvents(text);
+    const events = sseData(text);
     expect(events).not.toContain("[DONE]");
     const last = JSON.parse(events.at(-1)!) as { error?: { code: string; type: string } };
     expect(last.error).toMatchObject({ code: expect.stringMatching(/^upstream_/) });
@@ -215,7 +209,7 @@ describe("provider faults", () => {
       expect(res.status).toBe(200);
       return res.text();
     });
-    expect(sseEvents(streamCase.result).at(-1)).toBe("[DONE]");
+    expect(sseData(streamCase.result).at(-1)).toBe("[DONE]");
     for (const { record, ledgerCharged } of [jsonCase, streamCase]) {
       expect(record).toMatchObject({
         status: "completed",

@@ -12,6 +12,7 @@ import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js
 import { closePermit, openPermit, requestClose, setOffer } from "./helpers/market.js";
 import { settlementKey } from "./helpers/settlement.js";
 import { eventually, startChatStack, startTestStack, type TestStack } from "./helpers/stack.js";
+import { sseData } from "./helpers/sse.js";
 import { ConfigError, parseConfig } from "../src/config.js";
 
 /**
@@ -195,13 +196,6 @@ function conform(method: string, route: string, answer: Answer): Schema | undefi
   }
   expect(answer.text.length, `${label}: empty ${type} body`).toBeGreaterThan(0);
   return undefined;
-}
-
-function sseData(text: string): string[] {
-  return text
-    .split("\n\n")
-    .filter((e) => e.startsWith("data: "))
-    .map((e) => e.slice(6));
 }
 
 const errorCode = (body: Schema | undefined) => (body?.error as { code: string }).code;

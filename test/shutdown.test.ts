@@ -18,6 +18,7 @@ import { auditChildLogs } from "./helpers/log-audit.js";
 import { openPermit } from "./helpers/market.js";
 import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { sseData } from "./helpers/sse.js";
 
 /**
  * Graceful shutdown (issue 12, item 5), on real processes: SIGTERM turns readiness to 503
@@ -70,15 +71,6 @@ function getOn(
       })
       .on("error", reject);
   });
-}
-
-/** The `data:` payloads of an SSE body, in order. */
-function sseData(text: string): string[] {
-  return text
-    .split("\n\n")
-    .map((event) => event.trim())
-    .filter((event) => event.startsWith("data: "))
-    .map((event) => event.slice("data: ".length));
 }
 
 describeIfPostgres("graceful shutdown of gateway serve", () => {

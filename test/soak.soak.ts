@@ -11,6 +11,7 @@ import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { auditChildLogs } from "./helpers/log-audit.js";
 import { finalizeClose, openPermit, requestClose } from "./helpers/market.js";
 import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
+import { reportedCharge, sseData } from "./helpers/sse.js";
 import { chainPermit, settlementKey, tokenBalance } from "./helpers/settlement.js";
 import { eventually, startChatStack, type TestStack } from "./helpers/stack.js";
 
@@ -280,20 +281,14 @@ describe("soak across replicas", () => {
           };
         }
       }
-      const events = text
-        .split("\n\n")
-        .map((e) => e.trim())
-        .filter((e) => e.startsWith("data: "))
-        .map((e) => e.slice(6));
+      const events = sseData(text);
       if (events.at(-1) === "[DONE]") {
-        const final = JSON.parse(events.at(-2)!) as { x_gateway?: { credits_charged: string } };
         return {
           ...base,
           status: 200,
           code: undefined,
           requestId,
-          reported:
-            final.x_gateway === undefined ? undefined : BigInt(final.x_gateway.credits_charged),
+          reported: reportedCharge(events),
         };
       }
       const last = events.at(-1);
