@@ -31,6 +31,7 @@ import {
   type UnloadedFigures,
 } from "./lib/report.js";
 import {
+  authorizeBenchKey,
   createBenchApiKey,
   createBenchDatabase,
   maximumCreditsPerRequest,
@@ -350,6 +351,7 @@ async function main(): Promise<number> {
     const apiKey = await createBenchApiKey(db.url);
     const onboarded = await onboardOffers(market, { baseUrl: gateway.url, apiKey }, upstream.url);
     log(`${onboarded} demo offers registered and verified against the fake upstream`);
+    await authorizeBenchKey(market, { baseUrl: gateway.url, apiKey });
     const setupSeconds = (Date.now() - setupStarted) / 1000;
     const memoryAfterSetup: BenchReport["memoryAfterSetup"] = {
       gateway: memoryOf(await gateway.stats()),

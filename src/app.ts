@@ -29,13 +29,18 @@ import {
   type UpstreamClient,
 } from "./adapters/upstream/http.js";
 import { createEndpointProber } from "./adapters/upstream/probe.js";
-import { findActiveApiKey } from "./adapters/pg/api-keys.js";
+import {
+  createPgPermitAuthorizationStore,
+  findApiKeyWithAuthorizations,
+} from "./adapters/pg/permit-authorizations.js";
+import { createChainSignatureVerifier } from "./adapters/chain/signatures.js";
 import { createPgCatalogStore } from "./adapters/pg/catalog.js";
 import { openDatabase, type Database } from "./adapters/pg/database.js";
 import { migrate } from "./adapters/pg/migrate.js";
 import type { Config } from "./config.js";
 import { createCatalogService } from "./connect/catalog-service.js";
 import { createInferenceService } from "./connect/inference-service.js";
+import { createPermitService } from "./connect/permit-service.js";
 import { createProviderService } from "./connect/provider-service.js";
 import { createQuoteService } from "./connect/quote-service.js";
 import { createSettlementService } from "./connect/settlement-service.js";
@@ -49,7 +54,14 @@ import {
   type UpstreamChat,
 } from "./domain/chat/index.js";
 import { createLeasedLedger, type LeasedLedger } from "./domain/chat/leases.js";
+import {
+  createKeyAuthorities,
+  createPermitAuthorizationService,
+  type KeyAuthorities,
+  type SpendingAuthority,
+} from "./domain/permit-authorization.js";
 import { createRegistrationService, openEndpoint } from "./domain/registration.js";
+import { createSharedRefresh } from "./domain/shared-refresh.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
 import { createSettlementFlusher, reconcile, type SettlementFlusher } from "./domain/settlement.js";
 import { listen } from "./listen.js";
@@ -58,7 +70,7 @@ import type { NodeResponse, Readiness } from "./rest/facade.js";
 import { toHttpError } from "./rest/errors.js";
 import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
 import { createGatewayHandler } from "./server.js";
-import { createMetrics, metricsOnlyHandler } from "./metrics.js";
+import { createMetrics, metricsOnlyHandler, publicStateMaxAgeMs } from "./metrics.js";
 import { createRateLimiter } from "./rate-limit.js";
 
 export interface Gateway {
@@ -160,23 +172,33 @@ function refuseShuttingDown(req: NodeRequest, res: NodeResponse): void {
  * API key lookups, remembered for `ttlMs` once found (a chat request is the hot path; a
  * revoked key stops within `ttlMs`). Unknown keys are never remembered. Keyed by the key's
  * SHA-256, as the database is: no plaintext key is kept in memory longer than a request.
+ *
+ * The key's spending authority (its live permit authorizations) comes in the same query and is
+ * held by `authorities` for the same `ttlMs`: a chat's authority check is a read of memory, and
+ * a revocation made by another gateway on the database reaches this one within `ttlMs`
+ * (API_KEY_CACHE_MS; one made here applies at once, see domain/permit-authorization.ts).
  */
 function cachedApiKeys(
   db: Database,
   ttlMs: number,
-): (key: string) => Promise<{ id: string } | null> {
+  authorities: KeyAuthorities,
+  clock: () => number,
+): (key: string) => Promise<{ id: string; authority: SpendingAuthority } | null> {
   const found = createTtlCache<string, string>({ ttlMs });
   return async (key) => {
     const digest = createHash("sha256").update(key).digest("base64");
     const hit = found.get(digest);
-    if (hit !== undefined) return { id: hit };
-    const row = await findActiveApiKey(db.pool, key);
+    const held = hit === undefined ? undefined : authorities.get(hit);
+    if (hit !== undefined && held !== undefined) return { id: hit, authority: held };
+    // Marked before the read: a change this process makes while it runs is applied on top.
+    const since = authorities.mark();
+    const row = await findApiKeyWithAuthorizations(db.pool, key, clock());
     if (row === null) {
       found.delete(digest);
       return null;
     }
     found.set(digest, row.id);
-    return { id: row.id };
+    return { id: row.id, authority: authorities.load(row.id, row.authorizations, since) };
   };
 }
 
@@ -355,6 +377,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       intervalMs: config.probeIntervalMs,
       concurrency: config.probeConcurrency,
       staleMs: config.probeStaleMs,
+      verifyMinIntervalSeconds: config.verifyMinIntervalSeconds,
       clock,
       logger: logger.child({ component: "health" }),
     });
@@ -362,22 +385,29 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     // refused), `cut` when the grace is over (what is still in flight ends with shutting_down).
     let draining = false;
     const cut = new AbortController();
-    const readiness = async (): Promise<Readiness> => {
-      if (draining) return { ok: false, shuttingDown: true, checks: {} };
-      const check = async (probe: () => Promise<unknown>) => {
-        try {
-          await withTimeout(probe(), 2000);
-          return { ok: true };
-        } catch (error) {
-          return { ok: false, error: (error as Error).message.split("\n")[0] ?? "failed" };
-        }
-      };
-      const [database, chainCheck] = await Promise.all([
-        check(() => db.pool.query("SELECT 1")),
-        check(() => chain.getBlockNumber({ cacheTime: 0 })),
-      ]);
-      return { ok: database.ok && chainCheck.ok, checks: { database, chain: chainCheck } };
-    };
+    // GET /ready is unauthenticated: it answers from one check of the database and the chain
+    // per publicStateMaxAgeMs, shared by every caller (DESIGN.md section 8), never one per request.
+    const dependencyChecks = createSharedRefresh(
+      async (): Promise<Readiness> => {
+        const check = async (probe: () => Promise<unknown>) => {
+          try {
+            await withTimeout(probe(), 2000);
+            return { ok: true };
+          } catch (error) {
+            return { ok: false, error: (error as Error).message.split("\n")[0] ?? "failed" };
+          }
+        };
+        const [database, chainCheck] = await Promise.all([
+          check(() => db.pool.query("SELECT 1")),
+          check(() => chain.getBlockNumber({ cacheTime: 0 })),
+        ]);
+        return { ok: database.ok && chainCheck.ok, checks: { database, chain: chainCheck } };
+      },
+      { maxAgeMs: publicStateMaxAgeMs },
+    );
+    // Draining is this process's own state: said at once, not after the next check.
+    const readiness = async (): Promise<Readiness> =>
+      draining ? { ok: false, shuttingDown: true, checks: {} } : dependencyChecks.get();
 
     await ledger.heartbeat(db.pool, instanceId);
     const lookupEndpoint = async (offerId: Hex): Promise<EndpointSecret | undefined> => {
@@ -465,6 +495,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       clock,
       bodyLimitBytes: config.bodyLimitBytes,
       jsonBounds,
+      idempotencyMaxResultBytes: config.idempotencyMaxResultBytes,
       acquireStream: (apiKeyId) => rateLimiter.acquireStream(apiKeyId),
       observer: metrics.chat,
     });
@@ -479,6 +510,16 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     });
     housekeeping.start();
 
+    // Spending authority (DESIGN.md section 8): held per API key with the key itself.
+    const authorities = createKeyAuthorities({ ttlMs: config.apiKeyCacheMs });
+    const permitAuthorizations = createPermitAuthorizationService({
+      chainId: config.chainId,
+      market: config.marketAddress,
+      store: createPgPermitAuthorizationStore(db.pool),
+      verifier: createChainSignatureVerifier(chain),
+      authorities,
+      clock,
+    });
     const handler = createGatewayHandler({
       services: {
         catalog: createCatalogService(catalog),
@@ -490,6 +531,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
           permitLedger: (permitId) => ledger.permitLedger(db.pool, permitId),
           clock,
         }),
+        permit: createPermitService({ authorizations: permitAuthorizations, clock }),
         settlement: createSettlementService({
           flusher,
           reconcile: async () => {
@@ -522,7 +564,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       bodyLimitBytes: config.bodyLimitBytes,
       jsonBounds,
       readiness,
-      findApiKey: cachedApiKeys(db, config.apiKeyCacheMs),
+      findApiKey: cachedApiKeys(db, config.apiKeyCacheMs, authorities, clock),
       settlementOperatorToken: config.settlementOperatorToken,
       rateLimiter,
       metrics,
@@ -556,6 +598,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         bodyTimeoutMs: config.bodyTimeoutMs,
         idleTimeoutMs: config.idleTimeoutMs,
         maxHeaderBytes: config.maxHeaderBytes,
+        clientWriteTimeoutMs: config.clientWriteTimeoutMs,
       },
     }).catch(async (error: unknown) => {
       await metricsListener?.close(0);

@@ -40,6 +40,11 @@ export interface Config {
   readonly probeStaleMs: number;
   /** How long a successful verification keeps an offer eligible. */
   readonly verificationTtlSeconds: number;
+  /**
+   * Least time between two verification runs of one offer, across every gateway sharing the
+   * database; a verify inside it answers the last run's outcome (0: runs are only shared).
+   */
+  readonly verifyMinIntervalSeconds: number;
   /** Longest a permit read from the chain is reused (events invalidate it sooner). */
   readonly permitCacheMs: number;
   /** Deadline for a provider's response headers. */
@@ -48,7 +53,11 @@ export interface Config {
   readonly upstreamIdleTimeoutMs: number;
   /** How long routing reuses a model's offers and endpoints (changes seen by this process drop it at once). */
   readonly routingCacheMs: number;
-  /** How long a verified API key is remembered: revocation takes effect within this. */
+  /**
+   * How long a verified API key is remembered, with its permit authorizations: a key's
+   * revocation, and a permit authorization's revocation or creation on another gateway process,
+   * take effect within this (this process applies its own authorization changes at once).
+   */
   readonly apiKeyCacheMs: number;
   /** Settlement: the settlement operator account's key; absent, Flush answers 503 `settlement_unavailable`. */
   readonly settlementPrivateKey: Hex | undefined;
@@ -110,6 +119,17 @@ export interface Config {
   readonly maxJsonDepth: number;
   /** Most items in one array of a chat or quote body (400 beyond). */
   readonly maxJsonArrayItems: number;
+  /**
+   * A client whose response has bytes waiting and that takes none of them for this long is cut
+   * (its chat is cancelled, billed partial); meanwhile the relay reads nothing more from the
+   * provider.
+   */
+  readonly clientWriteTimeoutMs: number;
+  /**
+   * Largest answer an Idempotency-Key keeps for replay (chunk bytes); a larger one still
+   * completes and is charged once, and its replay is 409 `idempotency_result_too_large`.
+   */
+  readonly idempotencyMaxResultBytes: number;
 }
 
 export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -234,6 +254,7 @@ export function parseConfig(env: Env): Config {
     probeConcurrency: int("PROBE_CONCURRENCY", 4, 1, 256),
     probeStaleMs: 0,
     verificationTtlSeconds: int("VERIFICATION_TTL_SECONDS", 86_400, 1, 365 * 86_400),
+    verifyMinIntervalSeconds: int("VERIFY_MIN_INTERVAL_SECONDS", 60, 0, 86_400),
     permitCacheMs: int("PERMIT_CACHE_MS", 2000, 0, 60_000),
     upstreamTimeoutMs: int("UPSTREAM_TIMEOUT_MS", 30_000, 100, 600_000),
     upstreamIdleTimeoutMs: int("UPSTREAM_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
@@ -268,6 +289,13 @@ export function parseConfig(env: Env): Config {
     maxHeaderBytes: int("MAX_HEADER_BYTES", 16 * 1024, 1024, 1024 * 1024),
     maxJsonDepth: int("MAX_JSON_DEPTH", 64, 2, 1000),
     maxJsonArrayItems: int("MAX_JSON_ARRAY_ITEMS", 10_000, 1, 10_000_000),
+    clientWriteTimeoutMs: int("CLIENT_WRITE_TIMEOUT_MS", 30_000, 100, 3_600_000),
+    idempotencyMaxResultBytes: int(
+      "IDEMPOTENCY_MAX_RESULT_BYTES",
+      1024 * 1024,
+      1024,
+      256 * 1024 * 1024,
+    ),
   };
   if (
     config.metricsPort !== undefined &&

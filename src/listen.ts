@@ -38,6 +38,14 @@ export interface ListenLimits {
   readonly idleTimeoutMs: number;
   /** Largest request header block: HTTP/1 `maxHeaderSize` (431 beyond), HTTP/2 `maxHeaderListSize`. */
   readonly maxHeaderBytes: number;
+  /**
+   * A response with bytes waiting on its client (the writer was told to wait for `drain`, or
+   * the response has ended and is still flushing) that sees none of them taken for this long is
+   * destroyed: a client that stops reading must not hold the answer's memory, its provider (the
+   * relay reads it no faster than the client) or its offer slot forever. The call sees its
+   * client leave (a chat is cancelled, billed partial).
+   */
+  readonly clientWriteTimeoutMs: number;
 }
 
 export const defaultListenLimits: ListenLimits = {
@@ -45,7 +53,79 @@ export const defaultListenLimits: ListenLimits = {
   bodyTimeoutMs: 30_000,
   idleTimeoutMs: 65_000,
   maxHeaderBytes: 16 * 1024,
+  clientWriteTimeoutMs: 30_000,
 };
+
+type AnyResponse = http.ServerResponse | http2.Http2ServerResponse;
+
+/**
+ * Whether a response waits on its client: bytes are buffered and either its writer was told to
+ * wait (`write` returned false) or it has ended and is only flushing.
+ */
+function waitsOnClient(res: AnyResponse): boolean {
+  if (res.writableLength === 0) return false;
+  if (res.writableEnded) return true;
+  return res instanceof http.ServerResponse
+    ? res.writableNeedDrain
+    : (res.stream as { writableNeedDrain?: boolean }).writableNeedDrain === true;
+}
+
+/**
+ * Cuts responses whose client takes nothing for `timeoutMs`: one sweep a second (or a quarter of
+ * the timeout) over the responses in flight, no timer or listener per write. A response counts
+ * as stalled from the first sweep that finds it waiting on its client and ends being stalled
+ * when it drains, when its buffered bytes shrink (the client took some) or when it no longer
+ * waits. Bytes leave `writableLength` a whole write at a time (Node shows no partial progress
+ * of one write), so a writer that wants a slow reader's progress seen writes in pieces (the
+ * REST JSON answer does).
+ */
+function createWriteWatchdog(timeoutMs: number) {
+  const open = new Set<AnyResponse>();
+  const stalled = new Map<AnyResponse, { length: number; since: number }>();
+  const sweep = (): void => {
+    const now = performance.now();
+    for (const res of open) {
+      if (!waitsOnClient(res)) {
+        stalled.delete(res);
+        continue;
+      }
+      const length = res.writableLength;
+      const seen = stalled.get(res);
+      if (seen === undefined || length < seen.length) {
+        stalled.set(res, { length, since: now });
+      } else if (now - seen.since >= timeoutMs) {
+        stalled.delete(res);
+        open.delete(res);
+        res.destroy();
+        // A writer waiting for `drain` is not told of a destroy (HTTP/2's compatibility response
+        // forwards no stream error, and a write already handed to the stream never calls
+        // back): connect-node's stream writes would wait forever, and the call with them. Woken,
+        // its next write fails at once and the call ends as a client that left.
+        res.emit("drain");
+      } else seen.length = length;
+    }
+  };
+  const timer = setInterval(sweep, Math.max(20, Math.min(1000, Math.floor(timeoutMs / 4))));
+  timer.unref();
+  // The client took everything that was waiting: no longer stalled, whatever the writer wrote
+  // since (a sweep may never see the moment between a drain and the next full write). One
+  // function for every response, no closure per request.
+  function drained(this: AnyResponse): void {
+    stalled.delete(this);
+  }
+  function closed(this: AnyResponse): void {
+    open.delete(this);
+    stalled.delete(this);
+  }
+  return {
+    watch(res: AnyResponse): void {
+      open.add(res);
+      res.on("drain", drained);
+      res.once("close", closed);
+    },
+    stop: () => clearInterval(timer),
+  };
+}
 
 /** The 408 body of a request whose body did not arrive in time. */
 function requestTimeout(limits: ListenLimits): { status: number; payload: string } {
@@ -125,6 +205,7 @@ export async function listen(
     }
     socket.destroy();
   });
+  const watchdog = createWriteWatchdog(limits.clientWriteTimeoutMs);
   const h2 = http2.createServer(
     { settings: { maxHeaderListSize: limits.maxHeaderBytes } },
     handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void,
@@ -144,6 +225,7 @@ export async function listen(
   });
   // HTTP/2 request bodies: the same deadline, per stream, until the body is in or an answer began.
   h2.prependListener("request", (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
+    watchdog.watch(res);
     if (req.stream.endAfterHeaders) return; // no body
     const timer = setTimeout(() => {
       if (req.complete || res.headersSent || res.writableEnded) return;
@@ -177,6 +259,7 @@ export async function listen(
     const socket = req.socket;
     active.set(socket, (active.get(socket) ?? 0) + 1);
     inFlight++;
+    watchdog.watch(res);
     // A request that arrives on a kept-alive connection while closing is its last one.
     if (closing) res.setHeader("connection", "close");
     res.once("close", () => {
@@ -230,8 +313,11 @@ export async function listen(
     });
   });
   const address = tcp.address() as net.AddressInfo;
-  // Stops the connection checks Node started on "listening" above.
-  tcp.once("close", () => h1.close(() => {}));
+  // Stops the connection checks Node started on "listening" above, and the write watchdog.
+  tcp.once("close", () => {
+    h1.close(() => {});
+    watchdog.stop();
+  });
 
   return {
     port: address.port,

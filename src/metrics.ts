@@ -10,6 +10,7 @@ import {
 import type { RpcObserver } from "./connect/interceptors.js";
 import type { ChatObserver } from "./domain/chat/types.js";
 import { GatewayError, type ErrorCode } from "./domain/errors.js";
+import { createSharedRefresh } from "./domain/shared-refresh.js";
 import type { SettlementObserver } from "./domain/settlement.js";
 import type { NodeRequest } from "./rest/body.js";
 import { toHttpError } from "./rest/errors.js";
@@ -47,7 +48,10 @@ export interface GatewayMetrics {
   readonly rest: RestObserver;
   /** Sets where the scrape-time gauges are read (until then they are absent). */
   setSources(sources: ScrapeSources): void;
-  /** The exposition text of a scrape (never fails for a source that does). */
+  /**
+   * The exposition text of a scrape (never fails for a source that does). Its scrape-time gauges
+   * are at most `publicStateMaxAgeMs` old: concurrent scrapes share one read of the sources.
+   */
   scrape(): Promise<string>;
   /** Answers `GET /metrics` (any other method: 405). */
   handle(req: NodeRequest, res: NodeResponse): void;
@@ -65,6 +69,11 @@ const upstreamBuckets = [
 ];
 
 const collectTimeoutMs = 1000;
+/**
+ * The oldest state `/ready` and `/metrics` answer from (DESIGN.md section 8): anyone may call
+ * them, so a flood of them reads each source at most once per this.
+ */
+export const publicStateMaxAgeMs = 1000;
 /** The indexer's cursor row (src/adapters/chain/indexer.ts). */
 const indexerCursor = "market";
 
@@ -341,8 +350,13 @@ export function createMetrics(
     } else indexerLag.set(NaN);
   }
 
+  // Scrapes share one read of the sources per publicStateMaxAgeMs: the scrape is unauthenticated,
+  // and a read is a database query and a chain RPC call.
+  const gauges = createSharedRefresh(() => refresh().catch(() => undefined), {
+    maxAgeMs: publicStateMaxAgeMs,
+  });
   const scrape = async (): Promise<string> => {
-    await refresh().catch(() => undefined);
+    await gauges.get();
     return registry.metrics();
   };
 

@@ -1,16 +1,19 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { createServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { afterAll, afterEach, beforeEach, describe, expect, it } from "vitest";
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import type { DevManifest } from "../src/dev/sandbox.js";
+import { encryptKeystoreJsonSync } from "ethers";
+import { createApiKey } from "../src/adapters/pg/api-keys.js";
+import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { startSettlementFixture, type SettlementFixture } from "./helpers/settlement-fixture.js";
 import { auditChildLogs, auditSecret } from "./helpers/log-audit.js";
-import { eventually, json } from "./helpers/stack.js";
+import { eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
 const cli = ["--import", "tsx", "src/cli/main.ts"];
@@ -105,6 +108,9 @@ describe("npm start (gateway dev)", () => {
       });
       expect(output).toContain(`curl -s -X POST ${m.settlement.flushUrl}`);
       expect(output).toContain(`${m.baseUrl}/v1/requests/$REQUEST_ID`);
+      // How to let another key spend the demo payer's permits.
+      expect(output).toContain(`GATEWAY_URL=${m.baseUrl} GATEWAY_API_KEY=`);
+      expect(output).toContain("npm run gateway -- permit authorize");
       // The CLI reaches the sandbox over gRPC with the manifest's token; the sandbox settles from
       // the demo market's settlement account.
       const reconciled = await runCli(["settle", "reconcile"], {
@@ -367,5 +373,122 @@ describe("gateway settle (gRPC client of SettlementService)", () => {
     expect(refused.code).toBe(1);
     expect(refused.stderr).toMatch(/refused \(unauthenticated invalid_operator_token\)/);
     expect(refused.stdout + refused.stderr).not.toContain(wrong);
+  });
+});
+
+describe("gateway permit (the payer's CLI)", () => {
+  let stack: TestStack;
+  let fake: FakeUpstream;
+  let dir: string;
+  beforeAll(async () => {
+    ({ stack, fake } = await startChatStack());
+    dir = await mkdtemp(join(tmpdir(), "gw-permit-cli-"));
+  }, 120_000);
+  afterAll(async () => {
+    await fake?.stop();
+    await stack?.close();
+    if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+  });
+
+  const chat = (key: string) =>
+    fetch(`${stack.gateway.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: {
+        authorization: `Bearer ${key}`,
+        "x-gateway-permit": stack.demo.permitId,
+        "content-type": "application/json",
+      },
+      body: JSON.stringify({ model: "demo-chat", messages: [{ role: "user", content: "hi" }] }),
+    });
+
+  it("authorize signs as the payer for the API key given (JSON with --json); revoke signs the payer's revocation", async () => {
+    const app = await createApiKey(stack.database.db.pool, "cli app");
+    auditSecret("api key", app.key);
+    expect((await chat(app.key)).status).toBe(403);
+    const env = {
+      PATH: process.env.PATH ?? "",
+      GATEWAY_URL: stack.gateway.url,
+      GATEWAY_API_KEY: app.key,
+      PAYER_PRIVATE_KEY: stack.roles.payer.privateKey,
+    };
+    const authorized = await runCli(
+      ["permit", "authorize", "--permit", stack.demo.permitId, "--json"],
+      env,
+    );
+    expect(authorized.stderr).toBe("");
+    expect(authorized.code).toBe(0);
+    const { authorization } = JSON.parse(authorized.stdout) as {
+      authorization: { id: string; api_key_id: string; payer: string; permit_id: string };
+    };
+    expect(authorization).toMatchObject({
+      api_key_id: app.id,
+      payer: stack.roles.payer.address.toLowerCase(),
+      permit_id: stack.demo.permitId,
+      status: "active",
+    });
+    for (const secret of [app.key, stack.roles.payer.privateKey])
+      expect(authorized.stdout).not.toContain(secret);
+    const served = await chat(app.key);
+    expect(served.status).toBe(200);
+    await served.arrayBuffer();
+
+    // The payer revokes it with its own key's connection (the stack's), not the app's.
+    const revoked = await runCli(["permit", "revoke", authorization.id], {
+      ...env,
+      GATEWAY_API_KEY: stack.apiKey,
+    });
+    expect(revoked.stderr).toBe("");
+    expect(revoked.code).toBe(0);
+    expect(revoked.stdout).toBe(`revoked ${authorization.id} (API key ${app.id}, by the payer)\n`);
+    expect((await chat(app.key)).status).toBe(403);
+  });
+
+  it("signs from an encrypted keystore, and exits 1 when the gateway refuses (a key that is not the payer's)", async () => {
+    const app = await createApiKey(stack.database.db.pool, "cli keystore app");
+    auditSecret("api key", app.key);
+    const password = randomBytes(8).toString("hex");
+    const keystore = join(dir, "payer.json");
+    await writeFile(
+      keystore,
+      encryptKeystoreJsonSync(
+        { address: stack.roles.payer.address, privateKey: stack.roles.payer.privateKey },
+        password,
+        { scrypt: { N: 1 << 10 } },
+      ),
+    );
+    const env = {
+      PATH: process.env.PATH ?? "",
+      GATEWAY_URL: stack.gateway.url,
+      GATEWAY_API_KEY: app.key,
+      KEYSTORE_PASSWORD: password,
+    };
+    const authorized = await runCli(["permit", "authorize", "--keystore", keystore], env);
+    expect(authorized.stderr).toBe("");
+    expect(authorized.code).toBe(0);
+    expect(authorized.stdout).toMatch(
+      new RegExp(
+        `^authorized API key ${app.id} to spend every permit of ${stack.roles.payer.address.toLowerCase()} until \\d+ \\(pauth_[0-9a-f]{24}\\)\n`,
+      ),
+    );
+    const served = await chat(app.key);
+    expect(served.status).toBe(200);
+    await served.arrayBuffer();
+
+    // Someone else's key claiming to sign for the payer.
+    const other = await createApiKey(stack.database.db.pool, "cli other");
+    auditSecret("api key", other.key);
+    const refused = await runCli(["permit", "authorize", "--payer", stack.roles.payer.address], {
+      PATH: process.env.PATH ?? "",
+      GATEWAY_URL: stack.gateway.url,
+      GATEWAY_API_KEY: other.key,
+      PAYER_PRIVATE_KEY: stack.anvil.accounts[7]!.privateKey,
+    });
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toMatch(/^the gateway refused \(401 invalid_signature\)/);
+    expect((await chat(other.key)).status).toBe(403);
+
+    const usage = await runCli(["permit", "authorize", "--permit", "0x12"], env);
+    expect(usage.code).toBe(2);
+    expect(usage.stderr).toContain("--permit must be a permit id");
   });
 });

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CatalogService } from "../gen/gateway/v1/catalog_pb.js";
 import { ConfigError, parseConfig } from "../src/config.js";
-import { createMetrics } from "../src/metrics.js";
+import { createMetrics, publicStateMaxAgeMs } from "../src/metrics.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
 import { flush, settlingEnv } from "./helpers/settlement.js";
@@ -81,6 +81,22 @@ async function scrape(url: string): Promise<{ res: Response; samples: Sample[]; 
   const res = await fetch(url);
   const text = await res.text();
   return { res, text, samples: res.status === 200 ? parseMetrics(text) : [] };
+}
+
+/**
+ * Scrapes until `ready` holds: the scrape-time gauges are read at most once per
+ * publicStateMaxAgeMs (1 s), so a change shows within about a second, not on the next scrape.
+ */
+async function scrapeUntil(
+  url: string,
+  ready: (samples: Sample[]) => boolean,
+): Promise<{ res: Response; samples: Sample[]; text: string }> {
+  const deadline = Date.now() + publicStateMaxAgeMs + 2_000;
+  for (;;) {
+    const scraped = await scrape(url);
+    if (ready(scraped.samples) || Date.now() > deadline) return scraped;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
 }
 
 describe("Prometheus metrics on the main port", () => {
@@ -229,7 +245,10 @@ describe("Prometheus metrics on the main port", () => {
     const flushed = await flush(stack);
     expect(flushed.status).toBe(200);
     expect(flushed.body.batches.map((b: { status: string }) => b.status)).toContain("settled");
-    const { samples } = await scrape(stack.gateway.metricsUrl);
+    const { samples } = await scrapeUntil(
+      stack.gateway.metricsUrl,
+      (s) => total(s, "gateway_unsettled_credits") === 0,
+    );
     expect(total(samples, "gateway_settlement_batches_total", { status: "settled" })).toBe(
       flushed.body.batches.filter((b: { status: string }) => b.status === "settled").length,
     );
@@ -266,7 +285,10 @@ describe("Prometheus metrics on the main port", () => {
       [batchId, requestId],
     );
     try {
-      const { samples } = await scrape(stack.gateway.metricsUrl);
+      const { samples } = await scrapeUntil(
+        stack.gateway.metricsUrl,
+        (s) => total(s, "gateway_unsettled_credits") === Number(charged),
+      );
       expect(total(samples, "gateway_unsettled_credits")).toBe(Number(charged));
       expect(total(samples, "gateway_oldest_unsettled_charge_age_seconds")).toBeGreaterThanOrEqual(
         0,

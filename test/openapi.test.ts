@@ -8,7 +8,10 @@ import { checkOpenApi, resolvePointer } from "../scripts/check-openapi.js";
 import { withoutDomainType, type RegistrationTypedData } from "../src/domain/registration.js";
 import { restRoutes } from "../src/rest/facade.js";
 import { openApiDocument } from "../src/rest/openapi.js";
+import { createApiKey } from "../src/adapters/pg/api-keys.js";
+import { signable } from "./helpers/authorize.js";
 import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
+import { auditSecret } from "./helpers/log-audit.js";
 import { closePermit, openPermit, requestClose, setOffer } from "./helpers/market.js";
 import { settlementKey } from "./helpers/settlement.js";
 import { eventually, startChatStack, startTestStack, type TestStack } from "./helpers/stack.js";
@@ -260,6 +263,46 @@ function everyRequest(
     ["GET", "/v1/permits/{id}", `/v1/permits/${stack.demo.permitId}`, credentials],
     [
       "POST",
+      "/v1/permit-authorizations/challenge",
+      "/v1/permit-authorizations/challenge",
+      withJson,
+      JSON.stringify({ payer: stack.roles.payer.address }),
+    ],
+    [
+      "POST",
+      "/v1/permit-authorizations",
+      "/v1/permit-authorizations",
+      withJson,
+      JSON.stringify({
+        payer: stack.roles.payer.address,
+        permitId: `0x${"00".repeat(32)}`,
+        expiresAt: Math.floor(Date.now() / 1000) + 60,
+        nonce: "n",
+        signature: `0x${"11".repeat(65)}`,
+      }),
+    ],
+    ["GET", "/v1/permit-authorizations", "/v1/permit-authorizations", credentials],
+    [
+      "DELETE",
+      "/v1/permit-authorizations/{id}",
+      `/v1/permit-authorizations/pauth_${"0".repeat(24)}`,
+      credentials,
+    ],
+    [
+      "POST",
+      "/v1/permit-authorizations/{id}/revocation-challenge",
+      `/v1/permit-authorizations/pauth_${"0".repeat(24)}/revocation-challenge`,
+      credentials,
+    ],
+    [
+      "POST",
+      "/v1/permit-authorizations/{id}/revoke",
+      `/v1/permit-authorizations/pauth_${"0".repeat(24)}/revoke`,
+      withJson,
+      JSON.stringify({ signature: `0x${"11".repeat(65)}` }),
+    ],
+    [
+      "POST",
       "/v1/provider-offers/challenge",
       "/v1/provider-offers/challenge",
       withJson,
@@ -346,6 +389,10 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
         SETTLEMENT_PRIVATE_KEY: settlementKey,
         PERMIT_CACHE_MS: "0",
         SHUTDOWN_GRACE_MS: "1000",
+        // Each verify below is meant to run; the bound is test/provider.test.ts's.
+        VERIFY_MIN_INTERVAL_SECONDS: "0",
+        // Small enough for a 200-token answer to outgrow it (409 idempotency_result_too_large).
+        IDEMPOTENCY_MAX_RESULT_BYTES: "8192",
       },
       { clock, chunks: 3 },
     ));
@@ -767,6 +814,18 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       { ...quoted, max_tokens: 7 },
       { "idempotency-key": idem },
     );
+    // An answer larger than IDEMPOTENCY_MAX_RESULT_BYTES is not kept: its replay is 409.
+    const big = `openapi-big-${Date.now()}`;
+    fake.setOptions({ chunks: 200 });
+    try {
+      const long = { model: "demo-chat", messages, max_tokens: 200, stream: true };
+      await chat({ status: 200 }, long, { "idempotency-key": big });
+      await chat({ status: 409, code: "idempotency_result_too_large" }, long, {
+        "idempotency-key": big,
+      });
+    } finally {
+      fake.setOptions({ chunks: 3 });
+    }
     const slow = `openapi-slow-${Date.now()}`;
     fake.setOptions({ delayMs: 150 });
     try {
@@ -842,6 +901,29 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
 
   it("permit balances", async () => {
     await call("GET", "/v1/permits/{id}", `/v1/permits/${stack.demo.permitId}`, { status: 200 });
+    const outsider = await createApiKey(stack.database.db.pool, "outsider");
+    auditSecret("api key", outsider.key);
+    await call(
+      "GET",
+      "/v1/permits/{id}",
+      `/v1/permits/${stack.demo.permitId}`,
+      { status: 403, code: "permit_not_authorized" },
+      { headers: { authorization: `Bearer ${outsider.key}` } },
+    );
+    await call(
+      "POST",
+      "/v1/chat/completions",
+      "/v1/chat/completions",
+      { status: 403, code: "permit_not_authorized" },
+      {
+        headers: {
+          authorization: `Bearer ${outsider.key}`,
+          "content-type": "application/json",
+          "x-gateway-permit": stack.demo.permitId,
+        },
+        body: { model: "demo-chat", messages },
+      },
+    );
     await call("GET", "/v1/permits/{id}", `/v1/permits/0x${"42".repeat(32)}`, {
       status: 402,
       code: "permit_not_found",
@@ -858,6 +940,178 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       { status: 401, code: "missing_api_key" },
       { headers: {} },
     );
+  });
+
+  it("permit authorizations: challenge, authorize, list, revoke by key and by the payer's signature", async () => {
+    const app = await createApiKey(stack.database.db.pool, "openapi app");
+    auditSecret("api key", app.key);
+    const appJson = { authorization: `Bearer ${app.key}`, "content-type": "application/json" };
+    const payer = privateKeyToAccount(stack.roles.payer.privateKey);
+    const stranger = privateKeyToAccount(stack.anvil.accounts[7]!.privateKey);
+    const challenge = (expected: { status: number; code?: string }, body: unknown) =>
+      call(
+        "POST",
+        "/v1/permit-authorizations/challenge",
+        "/v1/permit-authorizations/challenge",
+        expected,
+        { headers: appJson, body },
+      );
+    const authorize = (expected: { status: number; code?: string }, body: unknown) =>
+      call("POST", "/v1/permit-authorizations", "/v1/permit-authorizations", expected, {
+        headers: appJson,
+        body,
+      });
+    const signed = async (signer: typeof payer, extra: Record<string, unknown> = {}) => {
+      const typed = (await challenge({ status: 200 }, { payer: payer.address, ...extra })).body!;
+      const message = typed.message as Record<string, unknown>;
+      return {
+        payer: message.payer,
+        permitId: message.permitId,
+        expiresAt: message.expiresAt,
+        nonce: message.nonce,
+        signature: await signer.signTypedData(signable(typed as never)),
+      };
+    };
+
+    await challenge({ status: 400, code: "invalid_hex" }, { payer: "0x12" });
+    await challenge({ status: 400, code: "invalid_request" }, {});
+    await challenge({ status: 400, code: "invalid_json" }, "{");
+    await challenge(
+      { status: 413, code: "request_too_large" },
+      { payer: payer.address, pad: "p".repeat(bodyLimit) },
+    );
+    await call(
+      "POST",
+      "/v1/permit-authorizations/challenge",
+      "/v1/permit-authorizations/challenge",
+      { status: 415, code: "unsupported_media_type" },
+      { headers: { authorization: `Bearer ${app.key}`, "content-type": "text/plain" }, body: "{}" },
+    );
+
+    const body = await signed(payer, { permitId: stack.demo.permitId });
+    const made = await authorize({ status: 200 }, body);
+    const id = (made.body!.authorization as { id: string }).id;
+    await authorize({ status: 409, code: "nonce_used" }, body);
+    await authorize({ status: 401, code: "invalid_signature" }, await signed(stranger));
+    await authorize({ status: 400, code: "invalid_hex" }, { ...body, permitId: "0x12" });
+    await authorize({ status: 400, code: "invalid_request" }, { ...body, nonce: undefined });
+    await authorize({ status: 400, code: "invalid_json" }, "{");
+    await authorize(
+      { status: 413, code: "request_too_large" },
+      { ...body, pad: "p".repeat(bodyLimit) },
+    );
+    await call(
+      "POST",
+      "/v1/permit-authorizations",
+      "/v1/permit-authorizations",
+      { status: 415, code: "unsupported_media_type" },
+      { headers: { authorization: `Bearer ${app.key}`, "content-type": "text/plain" }, body: "{}" },
+    );
+    await call(
+      "GET",
+      "/v1/permits/{id}",
+      `/v1/permits/${stack.demo.permitId}`,
+      { status: 200 },
+      { headers: { authorization: `Bearer ${app.key}` } },
+    );
+
+    const appKey = { authorization: `Bearer ${app.key}` };
+    const list = await call(
+      "GET",
+      "/v1/permit-authorizations",
+      "/v1/permit-authorizations?status=active",
+      { status: 200 },
+      { headers: appKey },
+    );
+    expect((list.body!.data as { id: string }[]).map((a) => a.id)).toEqual([id]);
+    await call(
+      "GET",
+      "/v1/permit-authorizations",
+      "/v1/permit-authorizations?status=bogus",
+      { status: 400, code: "invalid_request" },
+      { headers: appKey },
+    );
+
+    // Revocation by the key.
+    const revoked = await call(
+      "DELETE",
+      "/v1/permit-authorizations/{id}",
+      `/v1/permit-authorizations/${id}`,
+      { status: 200 },
+      { headers: appKey },
+    );
+    expect(revoked.body!.authorization).toMatchObject({ status: "revoked", revoked_by: "key" });
+    for (const path of [`/v1/permit-authorizations/${id}`, "/v1/permit-authorizations/pauth_x"]) {
+      // Not the key's (the stack's key holds its own authorizations only), or no such id.
+      await call(
+        "DELETE",
+        "/v1/permit-authorizations/{id}",
+        path,
+        { status: 404, code: "authorization_not_found" },
+        { headers: key() },
+      );
+    }
+    await call(
+      "DELETE",
+      "/v1/permit-authorizations/{id}",
+      "/v1/permit-authorizations/%zz",
+      { status: 400, code: "invalid_request" },
+      { headers: appKey },
+    );
+
+    // Revocation by the payer's signature.
+    const second = (await authorize({ status: 200 }, await signed(payer))).body!.authorization as {
+      id: string;
+    };
+    const typed = await call(
+      "POST",
+      "/v1/permit-authorizations/{id}/revocation-challenge",
+      `/v1/permit-authorizations/${second.id}/revocation-challenge`,
+      { status: 200 },
+    );
+    for (const [path, code] of [
+      [`/v1/permit-authorizations/pauth_${"1".repeat(24)}/revocation-challenge`, undefined],
+      ["/v1/permit-authorizations/%zz/revocation-challenge", "invalid_request"],
+    ] as const) {
+      await call(
+        "POST",
+        "/v1/permit-authorizations/{id}/revocation-challenge",
+        path,
+        code === undefined
+          ? { status: 404, code: "authorization_not_found" }
+          : { status: 400, code },
+      );
+    }
+    const revoke = (expected: { status: number; code?: string }, path: string, body: unknown) =>
+      call("POST", "/v1/permit-authorizations/{id}/revoke", path, expected, {
+        headers: jsonHeaders(),
+        body,
+      });
+    const revokePath = `/v1/permit-authorizations/${second.id}/revoke`;
+    await revoke({ status: 401, code: "invalid_signature" }, revokePath, {
+      signature: await stranger.signTypedData(signable(typed.body as never)),
+    });
+    await revoke({ status: 400, code: "invalid_request" }, revokePath, {});
+    await revoke({ status: 400, code: "invalid_json" }, revokePath, "{");
+    await revoke({ status: 413, code: "request_too_large" }, revokePath, {
+      pad: "p".repeat(bodyLimit),
+    });
+    await call(
+      "POST",
+      "/v1/permit-authorizations/{id}/revoke",
+      revokePath,
+      { status: 415, code: "unsupported_media_type" },
+      { headers: { ...key(), "content-type": "text/plain" }, body: "{}" },
+    );
+    await revoke(
+      { status: 404, code: "authorization_not_found" },
+      `/v1/permit-authorizations/pauth_${"1".repeat(24)}/revoke`,
+      { signature: `0x${"11".repeat(65)}` },
+    );
+    const byPayer = await revoke({ status: 200 }, revokePath, {
+      signature: await payer.signTypedData(signable(typed.body as never)),
+    });
+    expect(byPayer.body!.authorization).toMatchObject({ status: "revoked", revoked_by: "payer" });
   });
 
   it("provider onboarding: challenge, register, health, verify", async () => {
@@ -993,11 +1247,14 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     await verify({ status: 422, code: "model_not_listed" }, coderOffer);
     coderFake.setOptions({ models: ["demo-coder"], omitUsage: true });
     await verify({ status: 422, code: "usage_missing" }, coderOffer);
-    coderFake.setOptions({ omitUsage: false, failStatus: 500 });
+    coderFake.setOptions({ omitUsage: false, garbage: true });
     await verify({ status: 422, code: "completion_failed" }, coderOffer);
-    coderFake.setOptions({ failStatus: undefined, failMidStream: true });
+    coderFake.setOptions({ garbage: undefined, omitDone: true });
     await verify({ status: 422, code: "stream_failed" }, coderOffer);
-    coderFake.setOptions({ failMidStream: false });
+    // No answer is not a wrong answer: 502, the verification (if any) left standing.
+    coderFake.setOptions({ omitDone: undefined, failStatus: 500 });
+    await verify({ status: 502, code: "endpoint_unreachable" }, coderOffer);
+    coderFake.setOptions({ failStatus: undefined });
     await verify({ status: 404, code: "offer_not_found" }, `0x${"66".repeat(32)}`);
     await verify({ status: 400, code: "invalid_hex" }, "0x1");
     await verify({ status: 400, code: "invalid_request" }, "%zz");
@@ -1146,7 +1403,7 @@ describe.runIf(rateLimits || bodyTimeout)("the limits of issue 12 conform too", 
     "a body that does not arrive in time is 408 request_timeout",
     async () => {
       const withBodies = everyRequest(stack).filter(([, , , , body]) => body !== undefined);
-      expect(withBodies.length).toBe(5);
+      expect(withBodies.length).toBe(8);
       for (const [method, route, path, headers] of withBodies) {
         const answer = await new Promise<Answer>((resolve, reject) => {
           const req = http.request(

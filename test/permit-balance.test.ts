@@ -4,7 +4,9 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { InferenceService, PermitState } from "../gen/gateway/v1/inference_pb.js";
 import { marketAbi } from "../src/adapters/chain/artifacts.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
+import { authorizeKey } from "./helpers/authorize.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
+import { auditSecret } from "./helpers/log-audit.js";
 import { closePermit, openPermit, requestClose } from "./helpers/market.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
@@ -67,11 +69,23 @@ describe("permit balance: GET /v1/permits/{id} and InferenceService.GetPermit", 
     });
   });
 
-  it("answers any valid API key, not only the one that spent from the permit", async () => {
+  it("answers the API keys the payer authorized, and refuses 403 permit_not_authorized any other", async () => {
     const other = await createApiKey(stack.database.db.pool, "another client");
-    const res = await fetch(`${stack.gateway.url}/v1/permits/${stack.demo.permitId}`, {
-      headers: { authorization: `Bearer ${other.key}` },
+    auditSecret("api key", other.key);
+    const ask = () =>
+      fetch(`${stack.gateway.url}/v1/permits/${stack.demo.permitId}`, {
+        headers: { authorization: `Bearer ${other.key}` },
+      });
+    const refused = await ask();
+    expect(refused.status).toBe(403);
+    expect((await json(refused)).error).toMatchObject({
+      code: "permit_not_authorized",
+      type: "permission_error",
     });
+    await authorizeKey(stack.gateway.url, other.key, stack.roles.payer.privateKey, {
+      permitId: stack.demo.permitId,
+    });
+    const res = await ask();
     expect(res.status).toBe(200);
     expect(await json(res)).toMatchObject({
       permit_id: stack.demo.permitId,

@@ -3,6 +3,7 @@ import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { CatalogService } from "../gen/gateway/v1/catalog_pb.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
+import { authorizeKey } from "./helpers/authorize.js";
 import { auditSecret } from "./helpers/log-audit.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
@@ -34,6 +35,16 @@ describe("rate limits per API key", () => {
   const newKey = async (): Promise<string> => {
     const { key } = await createApiKey(stack.database.db.pool, "limits");
     auditSecret("api key", key);
+    return key;
+  };
+  /**
+   * A fresh key the demo payer authorized to spend its permits (DESIGN.md section 8), with its
+   * bucket full again: authorizing takes two requests of the key, refilled at 1 per second.
+   */
+  const newChatKey = async (): Promise<string> => {
+    const key = await newKey();
+    await authorizeKey(stack.gateway.url, key, stack.roles.payer.privateKey);
+    await new Promise((r) => setTimeout(r, 2100));
     return key;
   };
   const get = (key: string, path = "/v1/models") =>
@@ -92,7 +103,7 @@ describe("rate limits per API key", () => {
   });
 
   it("admits one stream per key at a time: a second gets 429 with Retry-After 1 and no provider call", async () => {
-    const key = await newKey();
+    const key = await newChatKey();
     fake.setOptions({ delayMs: 150, chunks: 20 });
     const first = new AbortController();
     const open = await chat(key, { stream: true }, first.signal);
@@ -109,7 +120,7 @@ describe("rate limits per API key", () => {
     fake.setOptions({ delayMs: 0 });
     expect((await chat(key, { stream: false })).status).toBe(200);
     // Other keys have their own count.
-    const other = await chat(await newKey(), { stream: true });
+    const other = await chat(await newChatKey(), { stream: true });
     expect(other.status).toBe(200);
     await other.text();
     // The client disconnects: its slot is released.
@@ -127,7 +138,7 @@ describe("rate limits per API key", () => {
   });
 
   it("releases the slot when a stream completes and when it fails", async () => {
-    const key = await newKey();
+    const key = await newChatKey();
     // Completes.
     const done = await chat(key, { stream: true });
     expect(done.status).toBe(200);

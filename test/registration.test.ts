@@ -3,9 +3,11 @@ import { Wallet } from "ethers";
 import pg from "pg";
 import { pino } from "pino";
 import {
+  keccak256,
   parseSignature,
   serializeCompactSignature,
   signatureToCompactSignature,
+  stringToHex,
   type Address,
   type Hex,
 } from "viem";
@@ -177,6 +179,7 @@ describe("provider registration (anvil + database)", () => {
       endpointUrl,
       ...(extra.nonce === undefined ? {} : { nonce: extra.nonce }),
       ...(extra.expiresAt === undefined ? {} : { expiresAt: extra.expiresAt }),
+      ...(extra.endpointToken === undefined ? {} : { endpointToken: extra.endpointToken }),
     });
     const signature = await sign(typedData);
     return {
@@ -247,7 +250,7 @@ describe("provider registration (anvil + database)", () => {
       expect(td.primaryType).toBe("RegisterEndpoint");
       expect(td.domain).toEqual({
         name: "Model Market Gateway",
-        version: "2",
+        version: "3",
         chainId: anvil.chainId,
         verifyingContract: demo.market,
       });
@@ -261,10 +264,13 @@ describe("provider registration (anvil + database)", () => {
         { name: "offerId", type: "bytes32" },
         { name: "operator", type: "address" },
         { name: "endpointUrlHash", type: "bytes32" },
+        { name: "endpointTokenHash", type: "bytes32" },
         { name: "nonce", type: "string" },
         { name: "expiresAt", type: "uint64" },
       ]);
       expect(td.message.offerId).toBe(offerId.toLowerCase());
+      // No token named: the zero bytes32.
+      expect(td.message.endpointTokenHash).toBe(`0x${"00".repeat(32)}`);
       expect(td.message.operator.toLowerCase()).toBe(roles.operator.address.toLowerCase());
       expect(td.message.nonce).toMatch(/^0x[0-9a-f]{64}$/);
       expect(td.message.expiresAt - t).toBeGreaterThanOrEqual(599);
@@ -370,6 +376,58 @@ describe("provider registration (anvil + database)", () => {
       ]);
     });
 
+    it("refuses a signed payload replayed with another endpoint token (or none) with invalid_signature; the right token registers", async () => {
+      const endpointToken = token();
+      const { req, typedData } = await signedRequest(offerId, viemSigner(roles.operator), {
+        endpointToken,
+      });
+      expect(typedData.message.endpointTokenHash).toBe(keccak256(stringToHex(endpointToken)));
+      expect(JSON.stringify(typedData)).not.toContain(endpointToken);
+      const before = await getProviderEndpoint(database.db.pool, offerId);
+      // Whoever copies the signed payload cannot register their own token with it...
+      const attacker = token();
+      const swapped = await expectCode(
+        service.register({ ...req, endpointToken: attacker }),
+        "invalid_signature",
+      );
+      expect(swapped.message).not.toContain(attacker);
+      // ...nor register the endpoint without a token, nor with the token in another case.
+      const { endpointToken: _, ...bare } = req;
+      await expectCode(service.register(bare), "invalid_signature");
+      await expectCode(
+        service.register({ ...req, endpointToken: endpointToken.toUpperCase() }),
+        "invalid_signature",
+      );
+      // The refusals spent no nonce and changed no endpoint.
+      expect(await getProviderEndpoint(database.db.pool, offerId)).toEqual(before);
+      expect(
+        (
+          await database.db.pool.query("SELECT 1 FROM registration_nonces WHERE nonce = $1", [
+            req.nonce,
+          ])
+        ).rows,
+      ).toEqual([]);
+
+      expect(await service.register(req)).toBe(offerId.toLowerCase());
+      const row = await getProviderEndpoint(database.db.pool, offerId);
+      expect(openEndpoint(sealer, offerId, row!.endpointSealed)).toEqual({
+        url: canonicalizeUrl(req.endpointUrl),
+        token: endpointToken,
+      });
+
+      // A challenge made without a token registers none, and cannot be given one.
+      const none = await signedRequest(offerId, viemSigner(roles.operator));
+      await expectCode(
+        service.register({ ...none.req, endpointToken: token() }),
+        "invalid_signature",
+      );
+      expect(await service.register(none.req)).toBe(offerId.toLowerCase());
+      const untokened = await getProviderEndpoint(database.db.pool, offerId);
+      expect(openEndpoint(sealer, offerId, untokened!.endpointSealed)).toEqual({
+        url: canonicalizeUrl(none.req.endpointUrl),
+      });
+    });
+
     it("accepts the wallet JSON as is through eth_signTypedData_v4", async () => {
       // anvil signs for its unlocked dev accounts, as a browser wallet would for its user.
       const { req } = await signedRequest(offerId, (td) =>
@@ -405,8 +463,20 @@ describe("provider registration (anvil + database)", () => {
         endpointUrl: uniqueUrl("w"),
       });
       expect(td.message.operator.toLowerCase()).toBe(walletAddress.toLowerCase());
-      const { req } = await signedRequest(walletOfferId, viemSigner(walletOwner));
+      const endpointToken = token();
+      const { req } = await signedRequest(walletOfferId, viemSigner(walletOwner), {
+        endpointToken,
+      });
+      // The contract wallet's signature binds the token as an account's does.
+      await expectCode(service.register({ ...req, endpointToken: token() }), "invalid_signature");
       expect(await service.register(req)).toBe(walletOfferId);
+      expect(
+        openEndpoint(
+          sealer,
+          walletOfferId,
+          (await getProviderEndpoint(database.db.pool, walletOfferId))!.endpointSealed,
+        ).token,
+      ).toBe(endpointToken);
       const compact = await signedRequest(walletOfferId, async (t) =>
         toCompact(await viemSigner(walletOwner)(t)),
       );

@@ -6,9 +6,10 @@ import type { AnvilInstance } from "../../src/adapters/chain/anvil.js";
 import { creditTokenAbi, marketAbi } from "../../src/adapters/chain/artifacts.js";
 import { chainClients, type ChainClients } from "../../src/adapters/chain/clients.js";
 import { createApiKey } from "../../src/adapters/pg/api-keys.js";
+import { authorizeApiKey } from "../../src/permit/client.js";
 import {
   inputTokenUpperBound,
-  outputLimit,
+  outputBound,
   parseChatRequest,
 } from "../../src/domain/chat-request.js";
 import { maximumCredits } from "../../src/domain/pricing.js";
@@ -152,7 +153,8 @@ export async function seedBenchMarket(
 
 /**
  * The most one of `bodies` can reserve at the demo tariff: the price of the gateway's input-token
- * bound and the request's output limit, with the wake fee (what a quote's `maximum_credits` is).
+ * bound and the request's output bound (the output limit times `n`), with the wake fee (what a
+ * quote's `maximum_credits` is).
  */
 export function maximumCreditsPerRequest(bodies: readonly string[]): bigint {
   let most = 0n;
@@ -160,7 +162,7 @@ export function maximumCreditsPerRequest(bodies: readonly string[]): bigint {
     const req = parseChatRequest(new TextEncoder().encode(text), { maxBytes: 1 << 20 });
     const credits = maximumCredits(
       demoTariff,
-      { inputTokenBound: inputTokenUpperBound(req), outputLimit: outputLimit(req, {}) },
+      { inputTokenBound: inputTokenUpperBound(req), outputLimit: outputBound(req, {}) },
       true,
     );
     if (credits > most) most = credits;
@@ -176,6 +178,18 @@ export async function createBenchApiKey(databaseUrl: string): Promise<string> {
   } finally {
     await pool.end();
   }
+}
+
+/**
+ * The demo payer authorizes the bench API key to spend its permits, through the gateway's
+ * routes with the payer's signature (DESIGN.md section 8): without it every chat is 403
+ * `permit_not_authorized` and the preflight fails.
+ */
+export async function authorizeBenchKey(
+  market: BenchMarket,
+  gateway: { baseUrl: string; apiKey: string },
+): Promise<void> {
+  await authorizeApiKey(gateway, { signer: privateKeyToAccount(market.roles.payer.privateKey) });
 }
 
 /**
@@ -197,7 +211,7 @@ export async function onboardOffers(
       endpointToken,
       signer,
     });
-    const verified = await verifyOffer(gateway, offer.offerId);
+    const { offer: verified } = await verifyOffer(gateway, offer.offerId);
     if (verified.verified_at === null) {
       throw new Error(`offer ${offer.offerId} was not verified against the fake upstream`);
     }

@@ -7,6 +7,7 @@ import { startGateway } from "../app.js";
 import { ConfigError, parseConfig, type LogLevel } from "../config.js";
 import { sandboxShutdownGraceMs, startSandbox } from "../dev/sandbox.js";
 import { createLogger } from "../logger.js";
+import { runPermitCommand } from "./permit.js";
 import { runProviderCommand } from "./provider.js";
 import { runSettleCommand } from "./settle.js";
 
@@ -19,6 +20,8 @@ commands:
   keys create [--name N]    create an API key (printed once)
   keys list                 list API keys (never the keys themselves)
   keys revoke <id|prefix>   revoke an API key
+  permit authorize ...      let an API key spend a payer's permits, signed as the payer
+  permit revoke ID          revoke an authorization with the payer's signature (see 'gateway permit')
   provider ...              onboard an offer's endpoint (see 'gateway provider')
   settle                    run the settlement worker (Flush over gRPC on an interval)
   settle reconcile          compare settled sums with the chain; exit 1 on drift
@@ -118,7 +121,10 @@ async function run(argv: string[]): Promise<void> {
           `Its record, settlement status included (set REQUEST_ID to that header):\n` +
           `  curl -s ${manifest.baseUrl}/v1/requests/$REQUEST_ID -H 'Authorization: Bearer ${manifest.apiKey}'\n` +
           `Flush now instead of waiting (settlement operator token):\n` +
-          `  curl -s -X POST ${manifest.settlement.flushUrl} -H 'Authorization: Bearer ${manifest.settlementOperatorToken}'\n\n`,
+          `  curl -s -X POST ${manifest.settlement.flushUrl} -H 'Authorization: Bearer ${manifest.settlementOperatorToken}'\n\n` +
+          `The demo key may spend the demo payer's permits because the payer signed for it. To let another\n` +
+          `API key spend them (the payer signs; the key asks and submits):\n` +
+          `  GATEWAY_URL=${manifest.baseUrl} GATEWAY_API_KEY=<the other key> PAYER_PRIVATE_KEY=<the payer's key, in ${sandbox.manifestPath}> npm run gateway -- permit authorize\n\n`,
       );
       return;
     }
@@ -168,6 +174,13 @@ async function run(argv: string[]): Promise<void> {
       } finally {
         await db.close();
       }
+      return;
+    }
+    case "permit": {
+      process.exitCode = await runPermitCommand(rest, process.env, {
+        log: (line) => process.stdout.write(`${line}\n`),
+        error: (line) => process.stderr.write(`${line}\n`),
+      });
       return;
     }
     case "provider": {

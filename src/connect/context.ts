@@ -1,8 +1,11 @@
 import { createContextKey } from "@connectrpc/connect";
+import type { SpendingAuthority } from "../domain/permit-authorization.js";
 
 /** The API key a call was authenticated with (absent on operator-only calls). */
 export interface Caller {
   readonly apiKeyId: string;
+  /** The permits its payers authorized it to spend, answered in memory (loaded with the key). */
+  readonly authority: SpendingAuthority;
 }
 
 export const callerKey = createContextKey<Caller | undefined>(undefined, {

@@ -23,7 +23,8 @@ import type { ChatEvent, Inference, Metering } from "../domain/chat/index.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
 import { readPermitBalance, type PermitLedger } from "../domain/permit-balance.js";
 import type { PermitReader } from "../domain/permits.js";
-import { callerKey } from "./context.js";
+import { requireAuthority } from "../domain/permit-authorization.js";
+import { callerKey, type Caller } from "./context.js";
 
 export interface InferenceServiceDeps {
   readonly inference: Inference;
@@ -43,10 +44,14 @@ export const billingToProto = {
   void: Billing.VOID,
 } as const;
 
-function apiKeyOf(ctx: HandlerContext): string {
+function callerOf(ctx: HandlerContext): Caller {
   const caller = ctx.values.get(callerKey);
   if (caller === undefined) throw new GatewayError("missing_api_key", "missing API key");
-  return caller.apiKeyId;
+  return caller;
+}
+
+function apiKeyOf(ctx: HandlerContext): string {
+  return callerOf(ctx).apiKeyId;
 }
 
 /**
@@ -159,8 +164,10 @@ export function createInferenceService(
 ): ServiceImpl<typeof InferenceService> {
   return {
     async *streamChatCompletion(req, ctx) {
+      const caller = callerOf(ctx);
       const stream = deps.inference.chat({
-        apiKeyId: apiKeyOf(ctx),
+        apiKeyId: caller.apiKeyId,
+        authority: caller.authority,
         body: req.body,
         permitId: req.permitId === "" ? undefined : req.permitId,
         quoteId: req.quoteId === "" ? undefined : req.quoteId,
@@ -211,11 +218,15 @@ export function createInferenceService(
     },
 
     async getPermit(req, ctx) {
-      apiKeyOf(ctx); // any valid API key: permits are public on chain
+      const { authority } = callerOf(ctx);
+      const now = deps.clock();
+      // Only keys the payer authorized see the balance (DESIGN.md section 4), checked from
+      // memory before the ledger is read.
       const balance = await readPermitBalance(req.permitId, {
         permits: deps.permits,
         ledger: deps.permitLedger,
-        now: deps.clock(),
+        now,
+        authorize: (permit) => requireAuthority(authority, permit, now),
       });
       return create(GetPermitResponseSchema, {
         permit: {

@@ -11,6 +11,7 @@ import {
 import type { Logger } from "pino";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
+import type { SpendingAuthority } from "../domain/permit-authorization.js";
 import { randomHex } from "../domain/random-id.js";
 import type { RateLimiter } from "../rate-limit.js";
 import { callerKey, requestIdKey } from "./context.js";
@@ -214,8 +215,10 @@ function callerLeft(signal: AbortSignal, code: ErrorCode, error: unknown): boole
 }
 
 export interface AuthOptions {
-  /** Looks an API key up; null when unknown or revoked. */
-  readonly findApiKey: (key: string) => Promise<{ id: string } | null>;
+  /** Looks an API key up, with its spending authority; null when unknown or revoked. */
+  readonly findApiKey: (
+    key: string,
+  ) => Promise<{ id: string; authority: SpendingAuthority } | null>;
   readonly settlementOperatorToken: string;
   /**
    * Per-API-key request rate (src/rate-limit.ts); absent: no limit. Applied here, where the key
@@ -258,7 +261,7 @@ export function authInterceptor(options: AuthOptions): Interceptor {
         "missing API key: send it as 'Authorization: Bearer <API key>'",
       );
     }
-    let found: { id: string } | null;
+    let found: { id: string; authority: SpendingAuthority } | null;
     try {
       found = await options.findApiKey(token);
     } catch (error) {
@@ -268,7 +271,7 @@ export function authInterceptor(options: AuthOptions): Interceptor {
     }
     if (found === null) throw new GatewayError("invalid_api_key", "invalid API key");
     options.rateLimiter?.take(found.id);
-    req.contextValues.set(callerKey, { apiKeyId: found.id });
+    req.contextValues.set(callerKey, { apiKeyId: found.id, authority: found.authority });
     return next(req);
   };
 }

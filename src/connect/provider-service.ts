@@ -10,7 +10,7 @@ import {
 } from "../../gen/gateway/v1/provider_pb.js";
 import type { Catalog, OfferRecord } from "../domain/catalog.js";
 import { GatewayError } from "../domain/errors.js";
-import type { HealthMonitor } from "../domain/health.js";
+import type { HealthMonitor, VerificationOutcome } from "../domain/health.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
 import type { RegistrationService } from "../domain/registration.js";
 import { offerStatusToMessage, offerToMessage } from "./convert.js";
@@ -37,6 +37,22 @@ async function indexedOffer(catalog: Catalog, offerId: Hex): Promise<OfferRecord
   return offer;
 }
 
+/**
+ * A failed run as the caller sees it: the failed check's code, and in words when the run was
+ * (a replayed outcome is not news), what it left standing, and when a new run may start.
+ */
+function verificationFailed(outcome: Extract<VerificationOutcome, { ok: false }>): GatewayError {
+  const when = outcome.replayed ? `the last verification (at ${outcome.ranAt})` : "verification";
+  const standing =
+    outcome.outcome === "unreachable" && outcome.expiresAt !== undefined
+      ? `; the standing verification (until ${outcome.expiresAt}) is kept`
+      : "";
+  return new GatewayError(
+    outcome.check,
+    `${when} failed: ${outcome.message}${standing}; the next run may start at ${outcome.nextRunAt}`,
+  );
+}
+
 const seconds = (value: number | undefined): bigint | undefined =>
   value === undefined ? undefined : BigInt(value);
 
@@ -51,6 +67,7 @@ export function createProviderService(
         endpointUrl: req.endpointUrl,
         nonce: req.nonce === "" ? undefined : req.nonce,
         expiresAt: req.expiresAt,
+        endpointToken: req.endpointToken === "" ? undefined : req.endpointToken,
       });
       return create(CreateRegistrationChallengeResponseSchema, {
         typedData: {
@@ -66,6 +83,7 @@ export function createProviderService(
             offerId: typed.message.offerId,
             operator: typed.message.operator,
             endpointUrlHash: typed.message.endpointUrlHash,
+            endpointTokenHash: typed.message.endpointTokenHash,
             nonce: typed.message.nonce,
             expiresAt: BigInt(typed.message.expiresAt),
           },
@@ -119,10 +137,16 @@ export function createProviderService(
         [...new Set(names)],
         deps.verificationTtlSeconds,
       );
-      if (!outcome.ok)
-        throw new GatewayError(outcome.check, `verification failed: ${outcome.message}`);
+      // A run that changed the verification drops this process's routing copies at once.
+      if (!outcome.replayed && outcome.outcome !== "unreachable") deps.onEndpointChange?.();
+      if (!outcome.ok) throw verificationFailed(outcome);
       return create(VerifyOfferResponseSchema, {
         offer: offerToMessage(await indexedOffer(catalog, offerId)),
+        verification: {
+          ranAt: BigInt(outcome.ranAt),
+          replayed: outcome.replayed,
+          nextRunAt: BigInt(outcome.nextRunAt),
+        },
       });
     },
   };

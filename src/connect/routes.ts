@@ -1,6 +1,7 @@
 import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
 import { CatalogService } from "../../gen/gateway/v1/catalog_pb.js";
 import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
+import { PermitService } from "../../gen/gateway/v1/permit_pb.js";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
@@ -14,6 +15,7 @@ export interface Services {
   readonly catalog: ServiceImpl<typeof CatalogService>;
   readonly quote?: Partial<ServiceImpl<typeof QuoteService>>;
   readonly inference?: Partial<ServiceImpl<typeof InferenceService>>;
+  readonly permit?: Partial<ServiceImpl<typeof PermitService>>;
   readonly provider?: Partial<ServiceImpl<typeof ProviderService>>;
   readonly settlement?: Partial<ServiceImpl<typeof SettlementService>>;
 }
@@ -24,6 +26,7 @@ export function serviceBindings(services: Services): ServiceBinding[] {
     { service: CatalogService, impl: services.catalog },
     { service: QuoteService, impl: services.quote ?? {} },
     { service: InferenceService, impl: services.inference ?? {} },
+    { service: PermitService, impl: services.permit ?? {} },
     { service: ProviderService, impl: services.provider ?? {} },
     { service: SettlementService, impl: services.settlement ?? {} },
   ];
@@ -34,6 +37,7 @@ export function createRoutes(services: Services): (router: ConnectRouter) => voi
     router.service(CatalogService, services.catalog);
     router.service(QuoteService, services.quote ?? {});
     router.service(InferenceService, services.inference ?? {});
+    router.service(PermitService, services.permit ?? {});
     router.service(ProviderService, services.provider ?? {});
     router.service(SettlementService, services.settlement ?? {});
   };

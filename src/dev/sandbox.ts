@@ -6,6 +6,7 @@ import type { Logger } from "pino";
 import { startAnvil, type AnvilInstance } from "../adapters/chain/anvil.js";
 import { chainClients } from "../adapters/chain/clients.js";
 import { createApiKey } from "../adapters/pg/api-keys.js";
+import { authorizeApiKey } from "../permit/client.js";
 import { startGateway, type Gateway } from "../app.js";
 import { parseConfig } from "../config.js";
 import { privateKeyToAccount } from "viem/accounts";
@@ -117,6 +118,9 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
         { offers: demo.offers.filter((o) => o.status === "active").length },
         "demo offers registered and verified",
       );
+      // The demo payer lets the demo key spend its permits, as any payer would (DESIGN.md
+      // section 8): the key asks for the typed data, the payer signs it.
+      await authorizeApiKey(connection, { signer: privateKeyToAccount(roles.payer.privateKey) });
       const manifest: DevManifest = {
         baseUrl: gateway.url,
         grpcUrl: gateway.url,

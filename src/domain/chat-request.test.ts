@@ -6,8 +6,10 @@ import {
   exactInteger,
   fixedTokenAllowance,
   inputTokenUpperBound,
+  maxChoices,
   maxJsonDepth,
   mediaPartTokenAllowance,
+  outputBound,
   outputLimit,
   parseChatRequest,
   perMessageTokenAllowance,
@@ -294,6 +296,43 @@ describe("exactInteger", () => {
   });
 });
 
+describe("n (choices)", () => {
+  it("is 1 when absent or null, else the integer given, up to the documented bound of 128", () => {
+    expect(maxChoices).toBe(128n);
+    expect(parseBody(minimal).choices).toBe(1n);
+    expect(parseBody({ ...minimal, n: null }).choices).toBe(1n);
+    expect(parseBody({ ...minimal, n: 8 }).choices).toBe(8n);
+    expect(parseText(withBody({}).replace("{", '{"n":8.0,')).choices).toBe(8n);
+    expect(parseBody({ ...minimal, n: 128 }).choices).toBe(128n);
+  });
+
+  it("refuses 0, negatives, fractions, non-numbers and anything above 128 with invalid_request", () => {
+    for (const n of [0, -1, 1.5, 129, 1e9, "8", true, [8], { n: 8 }]) {
+      rejects(withBody({ n }), "invalid_request", "'n' must be an integer from 1 to 128");
+    }
+    rejects(withBody({}).replace("{", '{"n":1e400,'), "invalid_request", "'n'");
+  });
+
+  it("refuses best_of unless it asks for exactly the n choices returned", () => {
+    for (const body of [{ best_of: 2 }, { n: 2, best_of: 4 }, { best_of: 1.5 }, { best_of: "1" }]) {
+      rejects(withBody(body), "invalid_request", "'best_of'");
+    }
+    expect(parseBody({ ...minimal, best_of: 1 }).choices).toBe(1n);
+    expect(parseBody({ ...minimal, n: 3, best_of: 3 }).choices).toBe(3n);
+    expect(parseBody({ ...minimal, best_of: null }).choices).toBe(1n);
+  });
+});
+
+describe("outputBound", () => {
+  it("is the output limit once per choice", () => {
+    const caps = { max_output_tokens: 2048 };
+    expect(outputBound(parseBody({ ...minimal, max_tokens: 5 }), caps)).toBe(5n);
+    expect(outputBound(parseBody({ ...minimal, max_tokens: 5, n: 8 }), caps)).toBe(40n);
+    expect(outputBound(parseBody({ ...minimal, n: 3 }), caps)).toBe(6144n);
+    expect(outputBound(parseBody({ ...minimal, n: 2 }), {})).toBe(2n * defaultOutputLimit);
+  });
+});
+
 describe("outputLimit", () => {
   const caps = { max_output_tokens: 2048 };
   it("prefers max_completion_tokens, then max_tokens, then the offer's capability", () => {
@@ -411,9 +450,11 @@ describe("quoteFingerprint", () => {
     expect(quoteFingerprint(parseText(reordered))).toBe(fp(base));
   });
 
-  it("changes when any of the six fields changes", () => {
+  it("changes when any of the seven fields changes", () => {
     const variants: Record<string, unknown>[] = [
       { model: "demo-coder" },
+      { n: 2 },
+      { n: 8 },
       { messages: [...base.messages, { role: "user", content: "more" }] },
       { messages: [{ role: "system", content: "S" }, base.messages[1]] },
       { messages: [{ role: "developer", content: "s" }, base.messages[1]] },
@@ -442,7 +483,13 @@ describe("quoteFingerprint", () => {
     expect(fp({ ...base, max_completion_tokens: 100 })).toBe(fp(base));
   });
 
-  it("ignores fields outside the six", () => {
+  it("binds n, not how it was spelled: absent, null and 1 are the same one choice", () => {
+    expect(fp({ ...base, n: 1 })).toBe(fp(base));
+    expect(fp({ ...base, n: null })).toBe(fp(base));
+    expect(fp({ ...base, n: 8 })).not.toBe(fp(base));
+  });
+
+  it("ignores fields outside the seven", () => {
     expect(
       fp({ ...base, temperature: 1, stream: true, user: "u", offer, seed: 1, extra: { x: 1 } }),
     ).toBe(fp(base));
@@ -550,7 +597,7 @@ describe("upstreamBody", () => {
     const knownKeys = [
       ...["model", "messages", "offer", "max_tokens", "max_completion_tokens", "temperature"],
       ...["top_p", "stop", "stream", "tools", "tool_choice", "response_format", "seed", "user"],
-      ...["stream_options", "__proto__"],
+      ...["stream_options", "n", "best_of", "__proto__"],
     ];
     const extra = fc.dictionary(
       fc.string().filter((k) => !knownKeys.includes(k)),
@@ -591,12 +638,13 @@ describe("upstreamBody", () => {
 });
 
 describe("quoteFingerprint and canonicalJson agree", () => {
-  it("hashes the canonical JSON of the six fields", async () => {
+  it("hashes the canonical JSON of the seven fields", async () => {
     const { createHash } = await import("node:crypto");
     const body = {
       model: "m",
       messages: [{ role: "user", content: "hi", z: 1, a: [{ y: 2, b: null }] }],
       max_completion_tokens: 9,
+      n: 3,
       tools: [{ b: 1, a: 2 }],
       tool_choice: "auto",
     };
@@ -604,6 +652,7 @@ describe("quoteFingerprint and canonicalJson agree", () => {
     const canonical = canonicalJson({
       model: body.model,
       messages: body.messages,
+      n: 3n,
       output_limit: 9n,
       tools: body.tools,
       tool_choice: body.tool_choice,

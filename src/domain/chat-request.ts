@@ -48,6 +48,12 @@ export interface ChatRequest {
   readonly includeUsage: boolean;
   readonly maxTokens?: bigint | undefined;
   readonly maxCompletionTokens?: bigint | undefined;
+  /**
+   * How many answers (`n`, OpenAI's "how many chat completion choices to generate") the
+   * provider is asked for: 1 to {@link maxChoices}, 1 when absent or null. Each choice may use
+   * the whole output limit, so it multiplies the output bound a quote prices.
+   */
+  readonly choices: bigint;
   readonly tools?: readonly JsonValue[] | undefined;
   readonly toolChoice?: JsonValue | undefined;
   readonly responseFormat?: JsonValue | undefined;
@@ -69,6 +75,12 @@ export interface JsonBounds {
   /** Most items in any one array. */
   readonly maxArrayItems?: number | undefined;
 }
+
+/**
+ * The largest `n` accepted: OpenAI documents 128 as the most choices one chat completion may
+ * ask for. A bound keeps the output bound (and so the reservation) of one request finite.
+ */
+export const maxChoices = 128n;
 
 /** The output limit when neither the request nor the offer's capabilities give one. */
 export const defaultOutputLimit = 4096n;
@@ -145,6 +157,22 @@ export function parseChatRequest(
 
   const maxTokens = positiveInteger(raw, top, body, "max_tokens");
   const maxCompletionTokens = positiveInteger(raw, top, body, "max_completion_tokens");
+  const choices = choiceCount(raw, top, body);
+  // `best_of` is not a chat completions parameter (it was the legacy completions API's, and
+  // vLLM accepts it on chat): the provider generates `best_of` sequences and returns and
+  // reports `n` of them, so work no tariff prices would be done. It is refused rather than
+  // forwarded, unless it asks for exactly the choices that are returned and paid for.
+  const bestOf = fieldOf(body, "best_of");
+  if (
+    bestOf !== undefined &&
+    !(
+      typeof bestOf === "number" &&
+      Number.isInteger(bestOf) &&
+      exactInteger(literal(raw, top, "best_of")) === choices
+    )
+  ) {
+    invalid("'best_of' is not a chat completions parameter; leave it out (or equal to 'n')");
+  }
 
   for (const key of ["temperature", "top_p"]) {
     const value = fieldOf(body, key);
@@ -198,6 +226,7 @@ export function parseChatRequest(
     includeUsage,
     maxTokens,
     maxCompletionTokens,
+    choices,
     tools,
     toolChoice: fieldOf(body, "tool_choice"),
     responseFormat: fieldOf(body, "response_format"),
@@ -234,6 +263,20 @@ function positiveInteger(
       ? exactInteger(literal(raw, top, key))
       : undefined;
   if (exact === undefined || exact < 1n) invalid(`'${key}' must be an integer of at least 1`);
+  return exact;
+}
+
+/** `n`: an integer from 1 to {@link maxChoices}; absent or null is 1. */
+function choiceCount(raw: Uint8Array, top: readonly Member[], body: JsonObject): bigint {
+  const value = fieldOf(body, "n");
+  if (value === undefined) return 1n;
+  const exact =
+    typeof value === "number" && Number.isInteger(value)
+      ? exactInteger(literal(raw, top, "n"))
+      : undefined;
+  if (exact === undefined || exact < 1n || exact > maxChoices) {
+    invalid(`'n' must be an integer from 1 to ${maxChoices}`);
+  }
   return exact;
 }
 
@@ -545,6 +588,16 @@ export function outputLimit(req: ChatRequest, offerCapabilities: Record<string, 
   return defaultOutputLimit;
 }
 
+/**
+ * The most output tokens the request may be billed for: {@link outputLimit} for each of its
+ * `n` choices (a provider that honours `n` generates up to the limit for every choice, and
+ * reports all of them as completion tokens). The quote's `max_output_tokens` and
+ * `maximum_credits`, and the reservation, use it.
+ */
+export function outputBound(req: ChatRequest, offerCapabilities: Record<string, unknown>): bigint {
+  return outputLimit(req, offerCapabilities) * req.choices;
+}
+
 /** Tokens allowed per message for the chat template's role markers and separators. */
 export const perMessageTokenAllowance = 8n;
 /**
@@ -702,20 +755,21 @@ const fingerprints = new WeakMap<ChatRequest, string>();
 
 /**
  * What a quote is bound to (spec: "the exact model, messages, output limit, tools, tool choice
- * and response format"): the SHA-256 hex of the canonical JSON of
- * `{model, messages, output_limit, tools, tool_choice, response_format}`, with
+ * and response format", and `n`, which multiplies the output a quote prices): the SHA-256 hex
+ * of the canonical JSON of `{model, messages, n, output_limit, tools, tool_choice,
+ * response_format}`, with `n` the choice count (1 when absent or null),
  * `output_limit = max_completion_tokens ?? max_tokens ?? null` (exact, also beyond 2^53) and
  * absent or null `tools`, `tool_choice`, `response_format` as null. Key order and whitespace in
- * the request do not change it; any change of value in the six does. Numbers inside messages
+ * the request do not change it; any change of value in the seven does. Numbers inside messages
  * and tools compare as JavaScript numbers (`1.0` equals `1`).
  */
 export function quoteFingerprint(req: ChatRequest): string {
   let fingerprint = fingerprints.get(req);
   if (fingerprint !== undefined) return fingerprint;
   const parts = canonicalParts(req);
-  // canonicalJson of the six-field object, its keys written in sorted order.
+  // canonicalJson of the seven-field object, its keys written in sorted order.
   const canonical =
-    `{"messages":${parts.messages},"model":${JSON.stringify(req.model)}` +
+    `{"messages":${parts.messages},"model":${JSON.stringify(req.model)},"n":${req.choices}` +
     `,"output_limit":${(req.maxCompletionTokens ?? req.maxTokens)?.toString() ?? "null"}` +
     `,"response_format":${parts.responseFormat ?? "null"}` +
     `,"tool_choice":${parts.toolChoice ?? "null"},"tools":${parts.tools ?? "null"}}`;

@@ -24,10 +24,15 @@ export const errorCodes = {
   permit_offer_mismatch: { status: 402, type: "payment_required" },
   insufficient_credits: { status: 402, type: "payment_required" },
   not_offer_operator: { status: 403, type: "permission_error" },
+  // The permit's payer has not authorized the calling API key (DESIGN.md section 8), or the
+  // authorization expired or was revoked.
+  permit_not_authorized: { status: 403, type: "permission_error" },
   model_not_found: { status: 404, type: "not_found_error" },
   offer_not_found: { status: 404, type: "not_found_error" },
   request_not_found: { status: 404, type: "not_found_error" },
   quote_not_found: { status: 404, type: "not_found_error" },
+  // No permit authorization with this id (held by the calling key, for a revocation by the key).
+  authorization_not_found: { status: 404, type: "not_found_error" },
   route_not_found: { status: 404, type: "not_found_error" },
   method_not_allowed: { status: 405, type: "invalid_request_error" },
   quote_expired: { status: 409, type: "conflict_error" },
@@ -36,6 +41,8 @@ export const errorCodes = {
   tariff_changed: { status: 409, type: "conflict_error" },
   nonce_used: { status: 409, type: "conflict_error" },
   idempotency_in_progress: { status: 409, type: "conflict_error" },
+  // The answer to this Idempotency-Key was larger than IDEMPOTENCY_MAX_RESULT_BYTES: not kept.
+  idempotency_result_too_large: { status: 409, type: "conflict_error" },
   // The request body did not arrive within BODY_TIMEOUT_MS.
   request_timeout: { status: 408, type: "invalid_request_error" },
   request_too_large: { status: 413, type: "invalid_request_error" },

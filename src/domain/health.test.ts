@@ -10,6 +10,7 @@ import {
   recordVerification,
 } from "../adapters/pg/endpoint-health.js";
 import type { Queryable } from "../adapters/pg/catalog.js";
+import { upsertProviderEndpoint } from "../adapters/pg/registrations.js";
 import { createUpstreamClient, type UpstreamClient } from "../adapters/upstream/http.js";
 import { createEndpointProber } from "../adapters/upstream/probe.js";
 import { GatewayError } from "./errors.js";
@@ -98,6 +99,7 @@ function monitor(overrides: Partial<HealthMonitorDeps> = {}): HealthMonitor {
     intervalMs: 60_000,
     concurrency: 4,
     staleMs: 30_000,
+    verifyMinIntervalSeconds: 0,
     clock,
     logger,
     ...overrides,
@@ -151,7 +153,28 @@ describe("endpoint health store", () => {
       verificationExpiresAt: now + 60,
       verificationError: undefined,
     });
-    expect(await recordVerification(db, offerId, { ok: false, check: "usage_missing" })).toBe(true);
+    // A transport failure leaves the verification standing; it is still the check that failed last.
+    const unreachable = {
+      ok: false,
+      check: "endpoint_unreachable",
+      message: "a one-token chat completion answered HTTP 429",
+      transport: true,
+      ranAt: now + 1,
+    } as const;
+    expect(await recordVerification(db, offerId, unreachable)).toBe(true);
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({
+      verifiedAt: now,
+      verificationExpiresAt: now + 60,
+      verificationError: "endpoint_unreachable",
+    });
+    const rejected = {
+      ok: false,
+      check: "usage_missing",
+      message: "no usage",
+      transport: false,
+      ranAt: now + 2,
+    } as const;
+    expect(await recordVerification(db, offerId, rejected)).toBe(true);
     expect(await getEndpointHealth(db, offerId)).toMatchObject({
       verifiedAt: undefined,
       verificationExpiresAt: undefined,
@@ -280,6 +303,10 @@ describe("health monitor", () => {
     const m = monitor();
     expect(await m.verify(offerId, names, 3600)).toEqual({
       ok: true,
+      outcome: "verified",
+      ranAt: now,
+      replayed: false,
+      nextRunAt: now,
       verifiedAt: now,
       expiresAt: now + 3600,
     });
@@ -305,7 +332,12 @@ describe("health monitor", () => {
       f.setOptions(opts);
       now += 100;
       const result = await m.verify(offerId, names, 3600);
-      expect(result).toMatchObject({ ok: false, check });
+      expect(result).toMatchObject({
+        ok: false,
+        outcome: "rejected",
+        check,
+        verifiedAt: undefined,
+      });
       expect(await getEndpointHealth(db, offerId)).toMatchObject({
         running: true,
         verifiedAt: undefined,
@@ -325,11 +357,175 @@ describe("health monitor", () => {
     const offerId = await registeredOffer({ url: f.url, token });
     await f.stop();
     const result = await monitor().verify(offerId, names, 3600);
-    expect(result).toMatchObject({ ok: false, check: "endpoint_unreachable" });
+    expect(result).toMatchObject({
+      ok: false,
+      outcome: "unreachable",
+      check: "endpoint_unreachable",
+    });
     expect(await getEndpointHealth(db, offerId)).toMatchObject({
       running: false,
+      verifiedAt: undefined,
       verificationError: "endpoint_unreachable",
     });
+  });
+
+  // DESIGN.md section 8, "No one can knock an offer out".
+  it.each([
+    ["a 429", { failStatus: 429 }],
+    ["a 503", { failStatus: 503 }],
+    ["a timeout", { stallBeforeHeadersMs: 5_000 }],
+    ["a stream cut mid-way", { failMidStream: true }],
+  ] as const)("keeps a standing verification through %s", async (_name, opts) => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    const prober = createEndpointProber(upstream, { verifyTimeoutMs: 300 });
+    const m = monitor({ prober });
+    const verifiedAt = now;
+    expect(await m.verify(offerId, names, 3600)).toMatchObject({ ok: true });
+    f.setOptions(opts);
+    now += 100;
+    expect(await m.verify(offerId, names, 3600)).toMatchObject({
+      ok: false,
+      outcome: "unreachable",
+      check: "endpoint_unreachable",
+      ranAt: now,
+      replayed: false,
+      verifiedAt,
+      expiresAt: verifiedAt + 3600,
+    });
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({
+      verifiedAt,
+      verificationExpiresAt: verifiedAt + 3600,
+    });
+    const { rows } = await db.query(
+      `SELECT last_verification_at, last_verification_outcome, last_verification_check
+       FROM provider_endpoints WHERE offer_id = $1`,
+      [offerId],
+    );
+    expect(rows[0]).toEqual({
+      last_verification_at: String(now),
+      last_verification_outcome: "unreachable",
+      last_verification_check: "endpoint_unreachable",
+    });
+    expect(logLines.some((l) => l.includes('"outcome":"unreachable"'))).toBe(true);
+  });
+
+  it("keeps a standing verification through a refused connection", async () => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    const m = monitor();
+    const verifiedAt = now;
+    expect(await m.verify(offerId, names, 3600)).toMatchObject({ ok: true });
+    await f.stop();
+    now += 10;
+    expect(await m.verify(offerId, names, 3600)).toMatchObject({
+      outcome: "unreachable",
+      check: "endpoint_unreachable",
+      message: expect.stringContaining("GET /v1/models failed"),
+    });
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({
+      verifiedAt,
+      verificationExpiresAt: verifiedAt + 3600,
+    });
+  });
+
+  it("shares one run among concurrent callers", async () => {
+    const f = await fake({ delayMs: 50 });
+    const offerId = await registeredOffer({ url: f.url, token });
+    const m = monitor();
+    const results = await Promise.all(
+      Array.from({ length: 20 }, () => m.verify(offerId, names, 60)),
+    );
+    expect(f.calls("/v1/models")).toBe(1);
+    expect(f.calls("/v1/chat/completions")).toBe(2);
+    expect(new Set(results).size).toBe(1);
+    expect(results[0]).toMatchObject({ ok: true, replayed: false });
+  });
+
+  it("answers the last run inside the bound, fleet-wide, and runs again after it", async () => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    // Two monitors on one database: two gateway processes.
+    const [a, b] = [
+      monitor({ verifyMinIntervalSeconds: 60 }),
+      monitor({ verifyMinIntervalSeconds: 60 }),
+    ];
+    const first = now;
+    expect(await a.verify(offerId, names, 3600)).toMatchObject({
+      ok: true,
+      replayed: false,
+      ranAt: first,
+      nextRunAt: first + 60,
+    });
+    expect(f.calls("/v1/models")).toBe(1);
+    f.setOptions({ models: ["someone/else"] });
+    now += 59;
+    for (const m of [a, b]) {
+      expect(await m.verify(offerId, names, 3600)).toEqual({
+        ok: true,
+        outcome: "verified",
+        ranAt: first,
+        replayed: true,
+        nextRunAt: first + 60,
+        verifiedAt: first,
+        expiresAt: first + 3600,
+      });
+    }
+    // No upstream call inside the bound, so the wrong answer is not seen yet.
+    expect(f.calls("/v1/models")).toBe(1);
+    now += 1;
+    expect(await b.verify(offerId, names, 3600)).toMatchObject({
+      ok: false,
+      outcome: "rejected",
+      check: "model_not_listed",
+      replayed: false,
+      ranAt: now,
+      nextRunAt: now + 60,
+    });
+    expect(f.calls("/v1/models")).toBe(2);
+    // The failure is what the next callers inside the bound are answered.
+    expect(await a.verify(offerId, names, 3600)).toMatchObject({
+      ok: false,
+      outcome: "rejected",
+      check: "model_not_listed",
+      replayed: true,
+      ranAt: now,
+      message: expect.stringContaining("does not list the offer's model"),
+    });
+    expect(f.calls("/v1/models")).toBe(2);
+  });
+
+  it("answers rate_limited while another process's first run is under way", async () => {
+    const f = await fake({ delayMs: 300 });
+    const offerId = await registeredOffer({ url: f.url, token });
+    const [a, b] = [
+      monitor({ verifyMinIntervalSeconds: 60 }),
+      monitor({ verifyMinIntervalSeconds: 60 }),
+    ];
+    const running = a.verify(offerId, names, 3600);
+    await vi.waitFor(() => expect(f.calls("/v1/models")).toBe(1));
+    const err: unknown = await b.verify(offerId, names, 3600).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(GatewayError);
+    expect((err as GatewayError).code).toBe("rate_limited");
+    expect((err as GatewayError).retryAfterSeconds).toBe(60);
+    expect(await running).toMatchObject({ ok: true });
+    expect(await b.verify(offerId, names, 3600)).toMatchObject({ ok: true, replayed: true });
+    expect(f.calls("/v1/models")).toBe(1);
+  });
+
+  it("lets a re-registered endpoint be verified at once", async () => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    const m = monitor({ verifyMinIntervalSeconds: 60 });
+    expect(await m.verify(offerId, names, 3600)).toMatchObject({ ok: true, replayed: false });
+    await upsertProviderEndpoint(db, {
+      offerId,
+      operator: `0x${"33".repeat(20)}`,
+      endpointSealed: seal({ url: f.url, token }),
+      registeredAt: now,
+    });
+    expect(await m.verify(offerId, names, 3600)).toMatchObject({ ok: true, replayed: false });
+    expect(f.calls("/v1/models")).toBe(2);
   });
 
   it("refuses to verify an offer without an endpoint", async () => {

@@ -8,8 +8,16 @@ import { normalizeHex } from "./hex.js";
  * A background loop probes every registered endpoint (`running`), on-demand probes refresh a
  * stale verdict when someone asks for an offer's health, and `verify` runs the full
  * conformance check (model listed, one-token completion, stream with usage) whose success
- * makes an offer eligible for chat until `verification_expires_at`. A failed verification
- * clears `verified_at`, so the offer stays ineligible until it passes again.
+ * makes an offer eligible for chat until `verification_expires_at`.
+ *
+ * Verification is open to any API key, so it must not be a lever against the offer (DESIGN.md
+ * section 8): runs of one offer are shared (concurrent callers in a process get one run's
+ * result) and bounded (one run per `verifyMinIntervalSeconds` across every gateway sharing the
+ * database, claimed on the endpoint's row; callers inside the bound get the last run's outcome
+ * and when it ran). Only a wrong answer (`rejected`: model not listed, invalid completion, stream
+ * without usage) clears `verified_at`; a run that failed in transport (`unreachable`: timeout,
+ * refused connection, 429, 5xx) leaves a standing verification in place, so neither a flood of
+ * verifications nor a provider's passing overload knocks the offer out of routing.
  *
  * This module knows neither HTTP nor SQL: the prober and the store are ports, implemented by
  * `adapters/upstream/probe.ts` and `adapters/pg/endpoint-health.ts`.
@@ -31,10 +39,22 @@ export const verificationChecks = [
 ] as const;
 export type VerificationCheck = (typeof verificationChecks)[number];
 
-/** What the prober concluded. `message` is safe to show: it never contains the URL or token. */
+/**
+ * What the prober concluded. `message` is safe to show: it never contains the URL or token.
+ * `transport` tells a failure to get an answer (timeout, refused or reset connection, HTTP 408,
+ * 429 or 5xx) from a wrong answer; only the latter says the endpoint does not conform.
+ */
 export type EndpointVerification =
   | { readonly ok: true }
-  | { readonly ok: false; readonly check: VerificationCheck; readonly message: string };
+  | {
+      readonly ok: false;
+      readonly check: VerificationCheck;
+      readonly message: string;
+      readonly transport: boolean;
+    };
+
+/** How a verification run ended: passed, answered wrongly, or could not get an answer. */
+export type VerificationRunOutcome = "verified" | "rejected" | "unreachable";
 
 /** Talks to provider endpoints (the upstream adapter). Neither method throws. */
 export interface EndpointProber {
@@ -72,9 +92,38 @@ export interface EndpointHealth {
   readonly verificationError: VerificationCheck | undefined;
 }
 
+/**
+ * A run's outcome as stored: `verified` sets the verification (and `ranAt` = `verifiedAt`),
+ * `rejected` clears it, `unreachable` leaves it as it stands.
+ */
 export type VerificationRecord =
   | { readonly ok: true; readonly verifiedAt: number; readonly expiresAt: number }
-  | { readonly ok: false; readonly check: VerificationCheck };
+  | {
+      readonly ok: false;
+      readonly check: VerificationCheck;
+      readonly message: string;
+      readonly transport: boolean;
+      readonly ranAt: number;
+    };
+
+/** The last verification run of an endpoint, as stored. */
+export interface LastVerificationRun {
+  /** Unix seconds the run ended. */
+  readonly ranAt: number;
+  readonly outcome: VerificationRunOutcome;
+  readonly check: VerificationCheck | undefined;
+  readonly message: string | undefined;
+}
+
+/** Whether this caller may run a verification now, and what stands either way. */
+export interface VerificationClaim {
+  readonly claimed: boolean;
+  /** Unix seconds of the claim that holds the bound: this one, or the last run's elsewhere. */
+  readonly claimedAt: number;
+  readonly last: LastVerificationRun | undefined;
+  readonly verifiedAt: number | undefined;
+  readonly verificationExpiresAt: number | undefined;
+}
 
 /** Persistence of endpoint health (PostgreSQL in production). */
 export interface EndpointHealthStore {
@@ -88,6 +137,17 @@ export interface EndpointHealthStore {
    * re-registration in the meantime makes this a no-op). Returns whether it was recorded.
    */
   recordVerification(offerId: Hex, result: VerificationRecord, sealed: Buffer): Promise<boolean>;
+  /**
+   * Claims a verification run of the endpoint sealed as `sealed` at `now`, unless a run was
+   * claimed less than `minIntervalSeconds` ago (by any process sharing the store). Undefined
+   * when no endpoint, or another one, is registered.
+   */
+  claimVerification(
+    offerId: Hex,
+    sealed: Buffer,
+    now: number,
+    minIntervalSeconds: number,
+  ): Promise<VerificationClaim | undefined>;
 }
 
 /** The minimal logger the monitor needs; a pino logger fits. Never given a URL or token. */
@@ -107,14 +167,34 @@ export interface HealthMonitorDeps {
   readonly concurrency: number;
   /** A verdict older than this is refreshed by `probeIfStale`. */
   readonly staleMs: number;
+  /**
+   * The least time between two verification runs of one offer, fleet-wide
+   * (VERIFY_MIN_INTERVAL_SECONDS); 0: runs are only shared, never refused.
+   */
+  readonly verifyMinIntervalSeconds: number;
   /** Unix seconds. */
   readonly clock: () => number;
   readonly logger: HealthLogger;
 }
 
-export type VerificationOutcome =
-  | { readonly ok: true; readonly verifiedAt: number; readonly expiresAt: number }
-  | { readonly ok: false; readonly check: VerificationCheck; readonly message: string };
+/**
+ * What a verify call answers: a run's outcome, with when it ran and whether this call got a
+ * stored outcome instead of a run (`replayed`, inside the bound). `verifiedAt` and `expiresAt`
+ * are the verification standing after the run (undefined: none).
+ */
+export type VerificationOutcome = {
+  readonly outcome: VerificationRunOutcome;
+  /** Unix seconds the run ended. */
+  readonly ranAt: number;
+  readonly replayed: boolean;
+  /** Unix seconds from which a new run may start. */
+  readonly nextRunAt: number;
+  readonly verifiedAt: number | undefined;
+  readonly expiresAt: number | undefined;
+} & (
+  | { readonly ok: true }
+  | { readonly ok: false; readonly check: VerificationCheck; readonly message: string }
+);
 
 export interface HealthMonitor {
   /** Starts the background loop (a first round at once, then one every `intervalMs`). */
@@ -133,9 +213,13 @@ export interface HealthMonitor {
   probeIfStale(offerId: Hex): Promise<EndpointHealth | undefined>;
   /**
    * Runs the conformance checks against the offer's endpoint and records the outcome: on
-   * success `verified_at` = now and `verification_expires_at` = now + `ttlSeconds`; on failure
-   * both are cleared and the failed check is kept. `modelNames` are the names the provider may
-   * know the offer's model by (public id, ModelID, aliases). Throws `offer_not_found` when no
+   * success `verified_at` = now and `verification_expires_at` = now + `ttlSeconds`; on a wrong
+   * answer both are cleared and the failed check is kept; on a transport failure both stay as
+   * they are. Concurrent calls for one offer share one run; a call less than
+   * `verifyMinIntervalSeconds` after the last run was claimed (by any gateway sharing the
+   * store) gets that run's outcome (`replayed`), or `rate_limited` while the first run of the
+   * endpoint is still under way elsewhere. `modelNames` are the names the provider may know
+   * the offer's model by (public id, ModelID, aliases). Throws `offer_not_found` when no
    * endpoint is registered.
    */
   verify(
@@ -228,6 +312,89 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
       });
   };
 
+  // One verification run per offer at a time in this process; the store bounds the fleet.
+  const verifying = new Map<Hex, Promise<VerificationOutcome>>();
+
+  const runVerification = async (
+    id: Hex,
+    modelNames: readonly string[],
+    ttlSeconds: number,
+  ): Promise<VerificationOutcome> => {
+    const endpoint = await store.getRegisteredEndpoint(id);
+    if (endpoint === undefined) {
+      throw new GatewayError("offer_not_found", "the offer has no registered endpoint");
+    }
+    const minInterval = Math.max(0, deps.verifyMinIntervalSeconds);
+    const claim = await store.claimVerification(id, endpoint.sealed, clock(), minInterval);
+    if (claim === undefined) throw registeredAgain();
+    const nextRunAt = claim.claimedAt + minInterval;
+    if (!claim.claimed) return replay(claim, nextRunAt, clock());
+    let secret: EndpointSecret;
+    try {
+      secret = open(endpoint.offerId, endpoint.sealed);
+    } catch (err) {
+      throw new GatewayError("internal_error", "the registered endpoint cannot be opened", {
+        cause: err instanceof Error ? new Error(err.name) : undefined,
+      });
+    }
+    const result = await prober.verifyEndpoint(secret, modelNames);
+    const now = clock();
+    const record: VerificationRecord = result.ok
+      ? { ok: true, verifiedAt: now, expiresAt: now + ttlSeconds }
+      : { ...result, ranAt: now };
+    if (!(await store.recordVerification(id, record, endpoint.sealed))) throw registeredAgain();
+    // A transport failure says the endpoint did not answer; any answer says it runs.
+    const running = result.ok || !result.transport;
+    await store.recordProbe(id, running, now);
+    const common = { ranAt: now, replayed: false, nextRunAt };
+    if (result.ok) {
+      logger.info({ offerId: id, outcome: "verified" }, "verified provider endpoint");
+      return {
+        ...common,
+        outcome: "verified",
+        ok: true,
+        verifiedAt: now,
+        expiresAt: now + ttlSeconds,
+      };
+    }
+    if (result.transport) {
+      // Recorded (last_verification_*) and logged; the standing verification is untouched.
+      logger.warn(
+        {
+          offerId: id,
+          outcome: "unreachable",
+          check: result.check,
+          reason: result.message,
+          verifiedAt: claim.verifiedAt,
+          verificationExpiresAt: claim.verificationExpiresAt,
+        },
+        "verification of a provider endpoint got no answer; its standing verification is kept",
+      );
+      return {
+        ...common,
+        outcome: "unreachable",
+        ok: false,
+        check: result.check,
+        message: result.message,
+        verifiedAt: claim.verifiedAt,
+        expiresAt: claim.verificationExpiresAt,
+      };
+    }
+    logger.info(
+      { offerId: id, outcome: "rejected", check: result.check },
+      "verified provider endpoint",
+    );
+    return {
+      ...common,
+      outcome: "rejected",
+      ok: false,
+      check: result.check,
+      message: result.message,
+      verifiedAt: undefined,
+      expiresAt: undefined,
+    };
+  };
+
   return {
     start() {
       if (started) return;
@@ -262,41 +429,51 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
       refreshing.set(id, task);
       return task;
     },
-    async verify(offerId, modelNames, ttlSeconds) {
+    verify(offerId, modelNames, ttlSeconds) {
       const id = normalizeHex(offerId);
-      const endpoint = await store.getRegisteredEndpoint(id);
-      if (endpoint === undefined) {
-        throw new GatewayError("offer_not_found", "the offer has no registered endpoint");
-      }
-      let secret: EndpointSecret;
-      try {
-        secret = open(endpoint.offerId, endpoint.sealed);
-      } catch (err) {
-        throw new GatewayError("internal_error", "the registered endpoint cannot be opened", {
-          cause: err instanceof Error ? new Error(err.name) : undefined,
-        });
-      }
-      const result = await prober.verifyEndpoint(secret, modelNames);
-      const now = clock();
-      const record: VerificationRecord = result.ok
-        ? { ok: true, verifiedAt: now, expiresAt: now + ttlSeconds }
-        : { ok: false, check: result.check };
-      if (!(await store.recordVerification(id, record, endpoint.sealed))) {
-        throw new GatewayError(
-          "upstream_unavailable",
-          "the endpoint was registered again during verification; verify again",
-        );
-      }
-      // Anything but an unreachable endpoint answered, so it is running.
-      const running = result.ok || result.check !== "endpoint_unreachable";
-      await store.recordProbe(id, running, now);
-      logger.info(
-        { offerId: id, ok: result.ok, check: result.ok ? undefined : result.check },
-        "verified provider endpoint",
-      );
-      return result.ok ? { ok: true, verifiedAt: now, expiresAt: now + ttlSeconds } : result;
+      // Keyed by offer alone: the names and TTL of one offer are the same for every caller.
+      const shared = verifying.get(id);
+      if (shared !== undefined) return shared;
+      const task = runVerification(id, modelNames, ttlSeconds).finally(() => verifying.delete(id));
+      verifying.set(id, task);
+      return task;
     },
   };
+}
+
+/** The stored outcome of the last run, answered to a caller inside the bound. */
+function replay(claim: VerificationClaim, nextRunAt: number, now: number): VerificationOutcome {
+  const last = claim.last;
+  if (last === undefined) {
+    // The endpoint's first run is under way in another gateway: nothing to answer yet.
+    throw new GatewayError(
+      "rate_limited",
+      `a verification of this offer started at ${claim.claimedAt} and has not ended yet; its outcome is answered once it has`,
+      { retryAfterSeconds: Math.max(1, nextRunAt - now) },
+    );
+  }
+  const common = {
+    ranAt: last.ranAt,
+    replayed: true,
+    nextRunAt,
+    verifiedAt: claim.verifiedAt,
+    expiresAt: claim.verificationExpiresAt,
+  };
+  if (last.outcome === "verified") return { ...common, outcome: "verified", ok: true };
+  return {
+    ...common,
+    outcome: last.outcome,
+    ok: false,
+    check: last.check ?? "endpoint_unreachable",
+    message: last.message ?? "the last verification failed",
+  };
+}
+
+function registeredAgain(): GatewayError {
+  return new GatewayError(
+    "upstream_unavailable",
+    "the endpoint was registered again during verification; verify again",
+  );
 }
 
 /** Runs `fn` over `items`, at most `limit` at a time. */

@@ -101,13 +101,15 @@ export interface PermitBalanceDeps {
   readonly ledger: (permitId: Hex) => Promise<PermitLedger>;
   /** Unix seconds. */
   readonly now: number;
+  /** Throws (`permit_not_authorized`) when the caller may not see this permit's ledger. */
+  readonly authorize?: (permit: Permit) => void;
 }
 
 /**
  * Reads a permit's balance by its id. Throws {@link GatewayError}: `invalid_hex` (not Hex32,
  * nothing read), `chain_unavailable` (the chain cannot be read), `permit_not_found` (the market
- * has no such permit), `database_unavailable` (the ledger cannot be read). The chain and the
- * ledger are read concurrently; a chain failure or an unknown permit takes precedence.
+ * has no such permit), what `authorize` throws, `database_unavailable` (the ledger cannot be
+ * read). The chain is read first, the ledger only for a caller `authorize` lets through.
  */
 export async function readPermitBalance(
   permitIdInput: string,
@@ -120,24 +122,28 @@ export async function readPermitBalance(
     );
   }
   const permitId = normalizeHex(permitIdInput);
-  const [chain, ledger] = await Promise.allSettled([
-    deps.permits.get(permitId),
-    deps.ledger(permitId),
-  ]);
-  if (chain.status === "rejected") {
-    const err: unknown = chain.reason;
+  // The chain first: who may see the ledger depends on the permit's payer, and a caller who may
+  // not costs no database read.
+  let permit: Permit | undefined;
+  try {
+    permit = await deps.permits.get(permitId);
+  } catch (err) {
     if (err instanceof GatewayError && err.code === "chain_unavailable") throw err;
     throw new GatewayError("chain_unavailable", "the permit could not be read from the chain", {
       cause: err,
     });
   }
-  if (chain.value === undefined) {
+  if (permit === undefined) {
     throw new GatewayError("permit_not_found", `permit ${permitId} does not exist`);
   }
-  if (ledger.status === "rejected") {
+  deps.authorize?.(permit);
+  let ledger: PermitLedger;
+  try {
+    ledger = await deps.ledger(permitId);
+  } catch (err) {
     throw new GatewayError("database_unavailable", "the permit's ledger could not be read", {
-      cause: ledger.reason,
+      cause: err,
     });
   }
-  return permitBalance(chain.value, ledger.value, deps.now);
+  return permitBalance(permit, ledger, deps.now);
 }

@@ -14,6 +14,7 @@ import {
   stringToHex,
   type Address,
   type Hex,
+  zeroHash,
 } from "viem";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { describe, expect, it } from "vitest";
@@ -22,10 +23,12 @@ import { GatewayError, type ErrorCode } from "./errors.js";
 import {
   buildTypedData,
   createRegistrationService,
+  endpointTokenHash,
   endpointUrlHash,
   openEndpoint,
   parseRegistrationSignature,
   registrationDigest,
+  registrationDomainVersion,
   sealEndpoint,
   withoutDomainType,
   type ChainOffer,
@@ -69,6 +72,7 @@ describe("typed data", () => {
     offerId,
     operator: operator.address,
     endpointUrlHash: endpointUrlHash("https://p.example/v1"),
+    endpointTokenHash: endpointTokenHash("tok_1"),
     nonce: "n-1",
     expiresAt: 1_800_000_000,
   });
@@ -77,6 +81,24 @@ describe("typed data", () => {
     expect(endpointUrlHash("https://p.example/ü")).toBe(
       keccak256(stringToHex("https://p.example/ü")),
     );
+  });
+
+  it("is version 3 and binds the endpoint token's hash (the zero bytes32 for no token)", () => {
+    expect(registrationDomainVersion).toBe("3");
+    expect(td.domain.version).toBe("3");
+    expect(td.types.RegisterEndpoint).toEqual([
+      { name: "offerId", type: "bytes32" },
+      { name: "operator", type: "address" },
+      { name: "endpointUrlHash", type: "bytes32" },
+      { name: "endpointTokenHash", type: "bytes32" },
+      { name: "nonce", type: "string" },
+      { name: "expiresAt", type: "uint64" },
+    ]);
+    expect(td.message.endpointTokenHash).toBe(keccak256(stringToHex("tok_1")));
+    expect(endpointTokenHash(undefined)).toBe(zeroHash);
+    expect(zeroHash).toBe(`0x${"00".repeat(32)}`);
+    // The token is in the challenge only as its hash.
+    expect(JSON.stringify(td)).not.toContain("tok_1");
   });
 
   it("is JSON with the EIP712Domain type; the stripped form leaves the original alone", () => {
@@ -104,6 +126,7 @@ describe("parseRegistrationSignature", () => {
     offerId,
     operator: operator.address,
     endpointUrlHash: endpointUrlHash("https://p.example/"),
+    endpointTokenHash: endpointTokenHash(undefined),
     nonce: "x",
     expiresAt: 1,
   });
@@ -227,10 +250,11 @@ describe("registration service refusals", () => {
 
   const request = async (
     signer: typeof operator,
-    extra: { nonce?: string } = {},
+    extra: { nonce?: string; endpointToken?: string } = {},
+    on: typeof service = service,
   ): Promise<{ req: RegisterRequest; td: RegistrationTypedData }> => {
     const endpointUrl = "https://provider.example/v1";
-    const td = await service.createChallenge({ offerId, endpointUrl, ...extra });
+    const td = await on.createChallenge({ offerId, endpointUrl, ...extra });
     const signature = await signer.signTypedData(withoutDomainType(td));
     return {
       td,
@@ -240,9 +264,86 @@ describe("registration service refusals", () => {
         nonce: td.message.nonce,
         expiresAt: td.message.expiresAt,
         signature,
+        ...(extra.endpointToken === undefined ? {} : { endpointToken: extra.endpointToken }),
       },
     };
   };
+
+  describe("the endpoint token", () => {
+    // A service whose store records what it was asked to store (and consumes nonces once).
+    const stored: { nonce: string; sealed: Buffer }[] = [];
+    const recording = createRegistrationService({
+      ...deps,
+      recordRegistration: async (nonce, registration) => {
+        if (stored.some((s) => s.nonce === nonce.nonce)) return "nonce_used";
+        stored.push({ nonce: nonce.nonce, sealed: registration.endpointSealed });
+        return "registered";
+      },
+    });
+
+    it("enters the challenge as its hash only", async () => {
+      const { td } = await request(operator, { endpointToken: "tok_right" }, recording);
+      expect(td.message.endpointTokenHash).toBe(keccak256(stringToHex("tok_right")));
+      expect(JSON.stringify(td)).not.toContain("tok_right");
+      const none = await request(operator, {}, recording);
+      expect(none.td.message.endpointTokenHash).toBe(zeroHash);
+      // An empty token is no token, as at registration.
+      const empty = await request(operator, { endpointToken: "" }, recording);
+      expect(empty.td.message.endpointTokenHash).toBe(zeroHash);
+      await expectCode(
+        recording.createChallenge({
+          offerId,
+          endpointUrl: "https://provider.example/v1",
+          endpointToken: "has space",
+        }),
+        "invalid_request",
+      );
+    });
+
+    it("refuses a signed payload replayed with another token, or with none, as invalid_signature", async () => {
+      const { req } = await request(operator, { endpointToken: "tok_right" }, recording);
+      const before = stored.length;
+      await expectCode(
+        recording.register({ ...req, endpointToken: "tok_attacker" }),
+        "invalid_signature",
+      );
+      const { endpointToken: _, ...withoutToken } = req;
+      await expectCode(recording.register(withoutToken), "invalid_signature");
+      // A challenge made without a token does not register one either.
+      const bare = await request(operator, {}, recording);
+      await expectCode(
+        recording.register({ ...bare.req, endpointToken: "tok_attacker" }),
+        "invalid_signature",
+      );
+      expect(stored).toHaveLength(before);
+
+      // The refusals spent nothing: the legitimate registration still succeeds, with its token.
+      await expect(recording.register(req)).resolves.toBe(offerId);
+      expect(stored).toHaveLength(before + 1);
+      expect(openEndpoint(deps.sealer, offerId, stored.at(-1)!.sealed)).toEqual({
+        url: "https://provider.example/v1",
+        token: "tok_right",
+      });
+      await expect(recording.register(bare.req)).resolves.toBe(offerId);
+      expect(openEndpoint(deps.sealer, offerId, stored.at(-1)!.sealed)).toEqual({
+        url: "https://provider.example/v1",
+      });
+    });
+
+    it("refuses a token swap under a caller-chosen nonce too (reported as the wrong signer)", async () => {
+      const { req } = await request(
+        operator,
+        { nonce: "provider-chosen-token", endpointToken: "tok_right" },
+        recording,
+      );
+      // Without a gateway nonce the altered field cannot be told from a wrong signer.
+      await expectCode(
+        recording.register({ ...req, endpointToken: "tok_attacker" }),
+        "not_offer_operator",
+      );
+      await expect(recording.register(req)).resolves.toBe(offerId);
+    });
+  });
 
   it("issues self-authenticating Hex32 nonces that differ each time", async () => {
     const a = await request(operator);

@@ -2,6 +2,7 @@ import { createHmac, randomBytes, timingSafeEqual } from "node:crypto";
 import {
   hashTypedData,
   keccak256,
+  zeroHash,
   recoverTypedDataAddress,
   stringToBytes,
   type Address,
@@ -11,12 +12,17 @@ import type { OfferStatus } from "./catalog.js";
 import { GatewayError, type ErrorCode } from "./errors.js";
 import type { EndpointSecret } from "./health.js";
 import { isHex32, normalizeHex } from "./hex.js";
+import { verifyParsedSignature, type SignatureVerifier } from "./signatures.js";
 
 // ------------------------------------------------------------------------------ typed data
 
 /** EIP-712 domain name and version of registration challenges (DESIGN.md section 4). */
 export const registrationDomainName = "Model Market Gateway";
-export const registrationDomainVersion = "2";
+/**
+ * "3" since the typed data binds the endpoint token's hash (DESIGN.md section 8, "The signature
+ * covers what it enables"); a version-"2" signature, which did not, is worthless here.
+ */
+export const registrationDomainVersion = "3";
 
 /** A challenge may expire at most this far ahead (spec: 15 minutes). */
 export const maxChallengeLifetimeSeconds = 900;
@@ -40,6 +46,7 @@ export const registerEndpointFields: TypedDataField[] = [
   { name: "offerId", type: "bytes32" },
   { name: "operator", type: "address" },
   { name: "endpointUrlHash", type: "bytes32" },
+  { name: "endpointTokenHash", type: "bytes32" },
   { name: "nonce", type: "string" },
   { name: "expiresAt", type: "uint64" },
 ];
@@ -55,6 +62,8 @@ export type RegisterEndpointMessage = {
   offerId: Hex;
   operator: Address;
   endpointUrlHash: Hex;
+  /** {@link endpointTokenHash} of the bearer the registration will present. */
+  endpointTokenHash: Hex;
   nonce: string;
   /** Unix seconds. A JSON number: wallets read uint64 from numbers, and it is far below 2^53. */
   expiresAt: number;
@@ -86,6 +95,18 @@ export function endpointUrlHash(canonicalUrl: string): Hex {
 }
 
 /**
+ * What the typed data binds of the endpoint token: `keccak256(utf8(token))`, or the zero
+ * bytes32 when the registration presents no token. Zero cannot be a token's hash (that would be
+ * a keccak256 preimage of zero), so "no token" and every token are told apart. Only the hash is
+ * in the challenge: the token itself is never returned, stored with a challenge or logged. A
+ * signature therefore enables exactly one token: a copied signed payload presented with another
+ * token (or none) is a signature over other fields, refused `invalid_signature`.
+ */
+export function endpointTokenHash(token: string | undefined): Hex {
+  return token === undefined ? zeroHash : keccak256(stringToBytes(token));
+}
+
+/**
  * The challenge for one registration. The domain is always the gateway's own (chain id and
  * market), never taken from a request, so a signature made for another chain or market is
  * worthless here.
@@ -96,6 +117,7 @@ export function buildTypedData(args: {
   offerId: Hex;
   operator: Address;
   endpointUrlHash: Hex;
+  endpointTokenHash: Hex;
   nonce: string;
   expiresAt: number;
 }): RegistrationTypedData {
@@ -115,6 +137,7 @@ export function buildTypedData(args: {
       offerId: args.offerId,
       operator: args.operator,
       endpointUrlHash: args.endpointUrlHash,
+      endpointTokenHash: args.endpointTokenHash,
       nonce: args.nonce,
       expiresAt: args.expiresAt,
     },
@@ -201,18 +224,27 @@ function hex32(value: bigint): string {
 
 // ------------------------------------------------------------------------------ challenge nonces
 
-const nonceMacLabel = Buffer.from("model-market-gateway/register-endpoint-nonce/v1", "utf8");
+// v2: the MAC also covers the endpoint token's hash (typed data version "3").
+const nonceMacLabel = Buffer.from("model-market-gateway/register-endpoint-nonce/v2", "utf8");
 const gatewayNonceShape = /^0x[0-9a-fA-F]{64}$/;
 
 /**
  * The MAC half of a gateway nonce: HMAC-SHA256 over the chain, the market and the challenge
- * fields, truncated to 16 bytes. The operator is left out on purpose: when the chain's
+ * fields (the endpoint token's hash among them, so a token swapped after the challenge reads as
+ * altered fields, 401, not as a wrong signer), truncated to 16 bytes. The operator is left out on purpose: when the chain's
  * operator changes between challenge and registration, a signature by the former operator
  * is a wrong signer (403), not tampering.
  */
 function nonceMac(
   secret: Buffer,
-  f: { chainId: number; market: Address; offerId: Hex; urlHash: Hex; expiresAt: number },
+  f: {
+    chainId: number;
+    market: Address;
+    offerId: Hex;
+    urlHash: Hex;
+    tokenHash: Hex;
+    expiresAt: number;
+  },
   random: Buffer,
 ): Buffer {
   const expires = Buffer.alloc(8);
@@ -225,6 +257,7 @@ function nonceMac(
     .update(Buffer.from(f.market.slice(2), "hex"))
     .update(Buffer.from(f.offerId.slice(2), "hex"))
     .update(Buffer.from(f.urlHash.slice(2), "hex"))
+    .update(Buffer.from(f.tokenHash.slice(2), "hex"))
     .update(expires)
     .update(random)
     .digest()
@@ -347,6 +380,11 @@ export interface ChallengeRequest {
   nonce?: string;
   /** Unix seconds; absent: now + 10 minutes. */
   expiresAt?: number | bigint | string;
+  /**
+   * The bearer the registration will present (absent or empty: none). Only its hash enters the
+   * typed data; the token is neither kept nor returned.
+   */
+  endpointToken?: string;
 }
 
 export interface RegisterRequest {
@@ -378,14 +416,15 @@ const printableToken = /^[\x21-\x7e]{1,4096}$/;
  * recovery alone cannot tell "tampered" (401 `invalid_signature`) from "wrong signer" (403
  * `not_offer_operator`). The gateway therefore makes its default nonces self-authenticating,
  * without storing anything: `nonce = 0x || random(16) || HMAC(challengeSecret, chainId, market,
- * offerId, endpointUrlHash, expiresAt, random)[0..16]` (lower-case hex, 64 digits, so still a
+ * offerId, endpointUrlHash, endpointTokenHash, expiresAt, random)[0..16]` (lower-case hex, 64 digits, so still a
  * Hex32). At registration the signature is verified first (a valid one always registers,
  * whatever its nonce); when verification against the chain's operator fails:
  *
  * 1. the signature is malformed, high-s or unrecoverable: `invalid_signature`;
  * 2. the nonce is Hex32-shaped but is not exactly a gateway nonce whose MAC matches the
- *    submitted offerId, endpoint URL hash and expiresAt: `invalid_signature` (the fields or the
- *    nonce differ from what the gateway issued);
+ *    submitted offerId, endpoint URL hash, endpoint token hash and expiresAt:
+ *    `invalid_signature` (the fields, the token or the nonce differ from what the gateway
+ *    issued: a signed payload replayed with another endpoint token ends here);
  * 3. otherwise, `not_offer_operator`: either the MAC proves the fields are the ones issued, so
  *    the signer is wrong; or the nonce was chosen by the caller (not Hex32-shaped) and the
  *    signature, which is well formed, is not the operator's. For caller-chosen nonces the two
@@ -399,11 +438,12 @@ export function createRegistrationService(deps: RegistrationServiceDeps): Regist
     throw new Error("challengeSecret must be at least 16 bytes");
   }
   const now = (): number => Math.floor(deps.clock());
-  const macFields = (offerId: Hex, urlHash: Hex, expiresAt: number) => ({
+  const macFields = (offerId: Hex, urlHash: Hex, tokenHash: Hex, expiresAt: number) => ({
     chainId: deps.chainId,
     market: deps.market,
     offerId,
     urlHash,
+    tokenHash,
     expiresAt,
   });
 
@@ -440,13 +480,20 @@ export function createRegistrationService(deps: RegistrationServiceDeps): Regist
           ? t + defaultChallengeLifetimeSeconds
           : readExpiresAt(req.expiresAt);
       checkExpiry(expiresAt, t);
-      const canonical = canonicalEndpoint(rawUrl, [rawUrl]);
+      // Read (and validated as registration will) only to hash; it goes nowhere else.
+      const token = readEndpointToken(req.endpointToken);
+      const canonical = canonicalEndpoint(rawUrl, token === undefined ? [rawUrl] : [rawUrl, token]);
       const urlHash = endpointUrlHash(canonical);
+      const tokenHash = endpointTokenHash(token);
       const offer = await readOffer(offerId);
       let nonce = givenNonce;
       if (nonce === undefined) {
         const random = randomBytes(16);
-        const mac = nonceMac(deps.challengeSecret, macFields(offerId, urlHash, expiresAt), random);
+        const mac = nonceMac(
+          deps.challengeSecret,
+          macFields(offerId, urlHash, tokenHash, expiresAt),
+          random,
+        );
         nonce = `0x${random.toString("hex")}${mac.toString("hex")}`;
       }
       return buildTypedData({
@@ -455,6 +502,7 @@ export function createRegistrationService(deps: RegistrationServiceDeps): Regist
         offerId,
         operator: offer.operator,
         endpointUrlHash: urlHash,
+        endpointTokenHash: tokenHash,
         nonce,
         expiresAt,
       });
@@ -489,12 +537,14 @@ export function createRegistrationService(deps: RegistrationServiceDeps): Regist
 
       const offer = await readOffer(offerId);
       const urlHash = endpointUrlHash(canonical);
+      const tokenHash = endpointTokenHash(token);
       const typedData = buildTypedData({
         chainId: deps.chainId,
         market: deps.market,
         offerId,
         operator: offer.operator,
         endpointUrlHash: urlHash,
+        endpointTokenHash: tokenHash,
         nonce,
         expiresAt,
       });
@@ -511,7 +561,8 @@ export function createRegistrationService(deps: RegistrationServiceDeps): Regist
       if (!(await verify(deps.offers, offer.operator, typedData, signature))) {
         throw classifyFailure({
           nonce,
-          authentic: () => isAuthenticNonce(nonce, macFields(offerId, urlHash, expiresAt)),
+          authentic: () =>
+            isAuthenticNonce(nonce, macFields(offerId, urlHash, tokenHash, expiresAt)),
           operator: offer.operator,
           recovered,
         });
@@ -551,27 +602,19 @@ export function createRegistrationService(deps: RegistrationServiceDeps): Regist
   }
 }
 
-/**
- * Verifies against the operator. A compact signature is tried in its 65-byte form first (EOAs
- * are checked by ECDSA recovery, which takes 65 bytes, and most contract wallets take it too),
- * then as submitted, for a contract wallet that reads only EIP-2098.
- */
+/** Verifies against the operator, with the shared rule for compact signatures (signatures.ts). */
 async function verify(
   offers: OfferReader,
   operator: Address,
   typedData: RegistrationTypedData,
   signature: ParsedSignature,
 ): Promise<boolean> {
+  const verifier: SignatureVerifier = {
+    verifyTypedData: (args) =>
+      offers.verifySignature({ address: args.address, typedData, signature: args.signature }),
+  };
   try {
-    if (await offers.verifySignature({ address: operator, typedData, signature: signature.full })) {
-      return true;
-    }
-    if (signature.compact === undefined) return false;
-    return await offers.verifySignature({
-      address: operator,
-      typedData,
-      signature: signature.compact,
-    });
+    return await verifyParsedSignature(verifier, operator, withoutDomainType(typedData), signature);
   } catch (err) {
     throw chainError(err);
   }
@@ -587,7 +630,7 @@ function classifyFailure(f: {
     if (!f.authentic()) {
       return new GatewayError(
         "invalid_signature",
-        "signature does not match the challenge fields (offerId, endpointUrl, nonce, expiresAt)",
+        "signature does not match the challenge fields (offerId, endpointUrl, endpointToken, nonce, expiresAt)",
       );
     }
     return new GatewayError(

@@ -24,7 +24,8 @@ export class GatewayRequestError extends Error {
   }
 }
 
-async function call<T>(
+/** One JSON request to the gateway's REST API; an error answer throws {@link GatewayRequestError}. */
+export async function call<T>(
   gateway: GatewayConnection,
   method: string,
   path: string,
@@ -92,6 +93,8 @@ export async function registerEndpoint(
     {
       offerId: options.offerId,
       endpointUrl: options.endpointUrl,
+      // The challenge binds the token's hash, so the signature registers this token only.
+      ...(options.endpointToken === undefined ? {} : { endpointToken: options.endpointToken }),
     },
   );
   const signable = withoutDomainType(typedData);
@@ -117,13 +120,28 @@ export async function registerEndpoint(
   return offer;
 }
 
-export async function verifyOffer(gateway: GatewayConnection, offerId: Hex): Promise<OfferJson> {
-  const { offer } = await call<{ offer: OfferJson }>(
+/** The verification run a verify answer rests on (Unix seconds). */
+export interface VerificationRunJson {
+  ran_at: number;
+  /** True when no run was made for this call: the last run's outcome, inside the bound. */
+  replayed: boolean;
+  next_run_at: number;
+}
+
+/**
+ * Asks the gateway to verify the offer's endpoint. Inside VERIFY_MIN_INTERVAL_SECONDS of the
+ * last run the gateway answers that run's outcome (`verification.replayed`) instead of running
+ * the checks again.
+ */
+export function verifyOffer(
+  gateway: GatewayConnection,
+  offerId: Hex,
+): Promise<{ offer: OfferJson; verification: VerificationRunJson }> {
+  return call<{ offer: OfferJson; verification: VerificationRunJson }>(
     gateway,
     "POST",
     `/v1/provider-offers/${offerId}/verify`,
   );
-  return offer;
 }
 
 export function offerHealth(gateway: GatewayConnection, offerId: Hex): Promise<HealthJson> {

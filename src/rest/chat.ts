@@ -9,6 +9,11 @@ import { billingWord } from "./views.js";
 
 const eventStart = Buffer.from("data: ");
 const eventEnd = Buffer.from("\n\n");
+const lineEnd = Buffer.from("\n");
+const lf = 0x0a;
+const cr = 0x0d;
+/** Largest single write of a JSON answer. */
+const jsonPieceBytes = 64 * 1024;
 
 /**
  * The SSE events of one answer. Events that arrive in the same turn of the event loop (one
@@ -21,6 +26,8 @@ class EventWriter {
   private pending: Uint8Array[] = [];
   private pendingBytes = 0;
   private written = false;
+  /** The last write found the client's socket full: pull nothing more until it drains. */
+  blocked = false;
 
   constructor(private readonly res: NodeResponse) {}
 
@@ -38,11 +45,35 @@ class EventWriter {
     (this.res as { flushHeaders?: () => void }).flushHeaders?.();
   }
 
-  /** Queues `data: <bytes>\n\n` for this turn's write. */
+  /**
+   * Queues one event whose data is `data`, for this turn's write: `data: <bytes>\n\n`, or, when
+   * the data holds line breaks (CR, LF or CRLF), one `data:` line per line of it. What a provider
+   * sends is data, never framing: written as it came, a line break in it would end the event's
+   * line and an empty line the event itself, letting a provider forge events of its own
+   * (DESIGN.md 8). A client's SSE parser joins the lines back with LF, the data as it was.
+   */
   event(data: Uint8Array): void {
     if (this.pending.length === 0) process.nextTick(flushEvents, this);
-    this.pending.push(eventStart, data, eventEnd);
-    this.pendingBytes += eventStart.byteLength + data.byteLength + eventEnd.byteLength;
+    // Two native scans; the line-by-line path is for the rare multi-line event.
+    if (data.indexOf(lf) === -1 && data.indexOf(cr) === -1) {
+      this.pending.push(eventStart, data, eventEnd);
+      this.pendingBytes += eventStart.byteLength + data.byteLength + eventEnd.byteLength;
+      return;
+    }
+    let start = 0;
+    for (let i = 0; i < data.byteLength; i++) {
+      const byte = data[i];
+      if (byte !== lf && byte !== cr) continue;
+      this.line(data.subarray(start, i), lineEnd);
+      if (byte === cr && data[i + 1] === lf) i++;
+      start = i + 1;
+    }
+    this.line(data.subarray(start), eventEnd);
+  }
+
+  private line(text: Uint8Array, end: Buffer): void {
+    this.pending.push(eventStart, text, end);
+    this.pendingBytes += eventStart.byteLength + text.byteLength + end.byteLength;
   }
 
   flush(): void {
@@ -53,7 +84,30 @@ class EventWriter {
     this.pendingBytes = 0;
     if (this.res.writableEnded || this.res.destroyed) return;
     this.written = true;
-    this.res.write(Buffer.concat(parts, size));
+    if (!this.res.write(Buffer.concat(parts, size))) this.blocked = true;
+  }
+
+  /**
+   * Resolves when the client has taken what was written (`drain`) or is gone (`close`: it left,
+   * or the listener cut it after CLIENT_WRITE_TIMEOUT_MS without taking a byte). Only called
+   * when a write said the socket is full, so a client that keeps up costs nothing here.
+   */
+  async drained(): Promise<void> {
+    const res = this.res;
+    // It may have drained already, between the write and now: a wait for a `drain` that
+    // already came would never end.
+    if (!res.destroyed && !res.writableEnded && needsDrain(res)) {
+      await new Promise<void>((resolve) => {
+        const done = (): void => {
+          res.off("drain", done);
+          res.off("close", done);
+          resolve();
+        };
+        res.on("drain", done);
+        res.on("close", done);
+      });
+    }
+    this.blocked = false;
   }
 
   /** Writes what is queued, then `last`, and ends the response. */
@@ -62,6 +116,14 @@ class EventWriter {
     this.written = true;
     this.res.end(last);
   }
+}
+
+/** Whether the response's writer was told to wait for `drain` and it has not come yet. */
+function needsDrain(res: NodeResponse): boolean {
+  // HTTP/2's compatibility response has no writableNeedDrain of its own; its stream does.
+  const own = (res as { writableNeedDrain?: boolean }).writableNeedDrain;
+  if (own !== undefined) return own;
+  return (res as { stream?: { writableNeedDrain?: boolean } }).stream?.writableNeedDrain === true;
 }
 
 function flushEvents(writer: EventWriter): void {
@@ -124,6 +186,12 @@ export async function relayChat(
         else {
           firstChunk ??= event.value.data;
           events.event(event.value.data);
+          // Backpressure: the next message is pulled, and so the provider read, only once the
+          // client has taken what was written (at most one upstream read's events are queued).
+          if (events.blocked) {
+            await events.drained();
+            if (res.destroyed) break;
+          }
         }
       } else if (event.case === "started") {
         started = event.value;
@@ -155,7 +223,13 @@ export async function relayChat(
             "x-gateway-tariff-version": started.tariffVersion,
             "x-gateway-credits-charged": done.creditsCharged,
           });
-          res.end(payload);
+          // A big answer in pieces (views, no copies): the listener sees a slow reader's
+          // progress per piece taken, where one write would show none until all of it left
+          // (CLIENT_WRITE_TIMEOUT_MS would cut a client that reads, slowly).
+          let at = 0;
+          for (; payload.byteLength - at > jsonPieceBytes; at += jsonPieceBytes)
+            res.write(payload.subarray(at, at + jsonPieceBytes));
+          res.end(at === 0 ? payload : payload.subarray(at));
         } else {
           events.event(Buffer.from(JSON.stringify(finalChunk(firstChunk, done))));
           res.addTrailers({ "X-Gateway-Credits-Charged": done.creditsCharged });

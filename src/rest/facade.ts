@@ -4,6 +4,7 @@ import type { Logger } from "pino";
 import { CatalogService } from "../../gen/gateway/v1/catalog_pb.js";
 import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
 import { ModelStatusSchema, OfferStatusSchema } from "../../gen/gateway/v1/market_pb.js";
+import { PermitAuthorizationStatusSchema, PermitService } from "../../gen/gateway/v1/permit_pb.js";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
@@ -18,8 +19,12 @@ import {
   flushView,
   modelView,
   offerHealthView,
+  verificationRunView,
   offerView,
   parseStatusFilter,
+  authorizeKeyTypedDataView,
+  permitAuthorizationView,
+  revokeTypedDataView,
   permitBalanceView,
   quoteView,
   requestView,
@@ -215,6 +220,98 @@ const routes: Route[] = [
   },
   {
     method: "POST",
+    path: "/v1/permit-authorizations/challenge",
+    handle: async ({ rpc, options, req, deps }) => {
+      const body = objectBody(await readJson(req, deps.bodyLimitBytes, deps.jsonBounds));
+      const { typedData } = await rpc.unary(
+        PermitService.method.createAuthorizationChallenge,
+        {
+          payer: stringField(body, "payer", true),
+          permitId: stringField(body, "permitId", false),
+          expiresAt: integerField(body, "expiresAt", false),
+        },
+        options,
+      );
+      if (typedData === undefined) throw new Error("challenge answered without typed data");
+      return { body: authorizeKeyTypedDataView(typedData) };
+    },
+  },
+  {
+    method: "POST",
+    path: "/v1/permit-authorizations",
+    handle: async ({ rpc, options, req, deps }) => {
+      const body = objectBody(await readJson(req, deps.bodyLimitBytes, deps.jsonBounds));
+      const { authorization } = await rpc.unary(
+        PermitService.method.authorizeKey,
+        {
+          payer: stringField(body, "payer", true),
+          permitId: stringField(body, "permitId", true),
+          expiresAt: integerField(body, "expiresAt", true),
+          nonce: stringField(body, "nonce", true),
+          signature: stringField(body, "signature", true),
+        },
+        options,
+      );
+      if (authorization === undefined) throw new Error("AuthorizeKey answered without one");
+      return { body: { authorization: permitAuthorizationView(authorization) } };
+    },
+  },
+  {
+    method: "GET",
+    path: "/v1/permit-authorizations",
+    handle: async ({ rpc, options, query }) => {
+      const { authorizations } = await rpc.unary(
+        PermitService.method.listAuthorizations,
+        { status: statusOf(PermitAuthorizationStatusSchema, query) },
+        options,
+      );
+      return { body: { object: "list", data: authorizations.map(permitAuthorizationView) } };
+    },
+  },
+  {
+    method: "DELETE",
+    path: new RegExp(`^/v1/permit-authorizations/${id}$`),
+    handle: async ({ rpc, options, params, req }) => {
+      req.resume(); // a DELETE takes no body
+      const { authorization } = await rpc.unary(
+        PermitService.method.revokeAuthorization,
+        { id: params[0] },
+        options,
+      );
+      if (authorization === undefined) throw new Error("revocation answered without one");
+      return { body: { authorization: permitAuthorizationView(authorization) } };
+    },
+  },
+  {
+    method: "POST",
+    path: new RegExp(`^/v1/permit-authorizations/${id}/revocation-challenge$`),
+    handle: async ({ rpc, options, params, req }) => {
+      req.resume(); // the typed data is fixed by the authorization: no body
+      const { typedData } = await rpc.unary(
+        PermitService.method.createRevocationChallenge,
+        { id: params[0] },
+        options,
+      );
+      if (typedData === undefined) throw new Error("challenge answered without typed data");
+      return { body: revokeTypedDataView(typedData) };
+    },
+  },
+  {
+    method: "POST",
+    path: new RegExp(`^/v1/permit-authorizations/${id}/revoke$`),
+    handle: async ({ rpc, options, params, req, deps }) => {
+      const body = objectBody(await readJson(req, deps.bodyLimitBytes, deps.jsonBounds));
+      const { authorization } = await rpc.unary(
+        PermitService.method.revokeAuthorizationBySignature,
+        { id: params[0], signature: stringField(body, "signature", true) },
+        options,
+      );
+      if (authorization === undefined) throw new Error("revocation answered without one");
+      return { body: { authorization: permitAuthorizationView(authorization) } };
+    },
+  },
+  {
+    method: "POST",
     path: "/v1/provider-offers/challenge",
     handle: async ({ rpc, options, req, deps }) => {
       const body = objectBody(await readJson(req, deps.bodyLimitBytes, deps.jsonBounds));
@@ -225,6 +322,7 @@ const routes: Route[] = [
           endpointUrl: stringField(body, "endpointUrl", true),
           nonce: stringField(body, "nonce", false),
           expiresAt: integerField(body, "expiresAt", false),
+          endpointToken: stringField(body, "endpointToken", false),
         },
         options,
       );
@@ -271,13 +369,20 @@ const routes: Route[] = [
     path: new RegExp(`^/v1/provider-offers/${id}/verify$`),
     handle: async ({ rpc, options, params, req }) => {
       req.resume(); // the spec's verify takes no body
-      const { offer } = await rpc.unary(
+      const { offer, verification } = await rpc.unary(
         ProviderService.method.verifyOffer,
         { offerId: params[0] },
         options,
       );
       if (offer === undefined) throw new Error("verify answered without an offer");
-      return { body: { offer: offerView(offer) } };
+      return {
+        body: {
+          offer: offerView(offer),
+          ...(verification === undefined
+            ? {}
+            : { verification: verificationRunView(verification) }),
+        },
+      };
     },
   },
   {

@@ -309,6 +309,11 @@ export const openApiDocument: OpenApiDocument = {
     { name: "operations", description: "liveness, readiness, metrics, this document" },
     { name: "catalog", description: "models and offers, as indexed from the chain" },
     { name: "inference", description: "quotes, chat completions, request records, permits" },
+    {
+      name: "permits",
+      description:
+        "spending authority: API keys a payer authorized (EIP-712 AuthorizeKey) to spend its permits",
+    },
     { name: "provider", description: "provider onboarding (EIP-712) and offer health" },
     { name: "settlement", description: "settlement on chain (operator token)" },
   ],
@@ -488,6 +493,7 @@ export const openApiDocument: OpenApiDocument = {
                 "permit_offer_mismatch",
                 "insufficient_credits",
               ],
+              403: ["permit_not_authorized"],
               404: ["model_not_found", "quote_not_found"],
               409: [
                 "quote_expired",
@@ -495,6 +501,7 @@ export const openApiDocument: OpenApiDocument = {
                 "quote_used",
                 "tariff_changed",
                 "idempotency_in_progress",
+                "idempotency_result_too_large",
               ],
               422: ["idempotency_key_reused"],
               429: ["offer_at_capacity"],
@@ -526,7 +533,7 @@ export const openApiDocument: OpenApiDocument = {
     "/v1/permits/{id}": {
       get: {
         operationId: "getPermit",
-        summary: "A permit's balance (any API key: permits are public on chain)",
+        summary: "A permit's balance (API keys the permit's payer authorized)",
         tags: ["inference"],
         parameters: [idParam("permit id", schema("Hex32"))],
         responses: {
@@ -535,8 +542,113 @@ export const openApiDocument: OpenApiDocument = {
             codes(anyRoute, apiKeyed, withPathId, {
               400: ["invalid_hex"],
               402: ["permit_not_found"],
+              403: ["permit_not_authorized"],
               503: ["chain_unavailable"],
             }),
+          ),
+        },
+      },
+    },
+    "/v1/permit-authorizations/challenge": {
+      post: {
+        operationId: "createAuthorizationChallenge",
+        summary: "EIP-712 AuthorizeKey typed data for a payer to sign for the calling API key",
+        description:
+          "The calling key's public id is filled in as `keyId`, with a random single-use nonce. `permitId` absent or all zeros: every permit of the payer.",
+        tags: ["permits"],
+        requestBody: jsonBody(schema("AuthorizationChallengeRequest")),
+        responses: {
+          "200": jsonResponse(
+            "Wallet-ready typed data (eth_signTypedData_v4)",
+            schema("AuthorizeKeyTypedData"),
+          ),
+          ...errorResponses(codes(anyRoute, apiKeyed, withBody, { 400: ["invalid_hex"] }), {
+            body: true,
+          }),
+        },
+      },
+    },
+    "/v1/permit-authorizations": {
+      post: {
+        operationId: "authorizeKey",
+        summary: "Store a payer's signed AuthorizeKey for the calling API key",
+        description:
+          "Verified against the payer (ECDSA, or ERC-1271 for a contract wallet); the nonce is consumed atomically. Effective at once on this gateway; on others sharing its database within API_KEY_CACHE_MS.",
+        tags: ["permits"],
+        requestBody: jsonBody(schema("AuthorizeKeyRequest")),
+        responses: {
+          "200": jsonResponse("The authorization", schema("PermitAuthorizationEnvelope")),
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withBody, {
+              400: ["invalid_hex"],
+              401: ["invalid_signature"],
+              409: ["nonce_used"],
+              503: ["chain_unavailable"],
+            }),
+            { body: true },
+          ),
+        },
+      },
+      get: {
+        operationId: "listAuthorizations",
+        summary: "The authorizations the calling API key holds, newest first",
+        tags: ["permits"],
+        parameters: [statusFilter(["active", "expired", "revoked"])],
+        responses: {
+          "200": jsonResponse("The authorizations", schema("PermitAuthorizationList")),
+          ...errorResponses(codes(anyRoute, apiKeyed, { 400: ["invalid_request"] })),
+        },
+      },
+    },
+    "/v1/permit-authorizations/{id}": {
+      delete: {
+        operationId: "revokeAuthorization",
+        summary: "Revoke an authorization the calling API key holds",
+        description:
+          "Refused at once on this gateway; on others sharing its database within API_KEY_CACHE_MS. Revoking again answers it unchanged.",
+        tags: ["permits"],
+        parameters: [idParam("authorization id (`pauth_...`)")],
+        responses: {
+          "200": jsonResponse("The authorization, revoked", schema("PermitAuthorizationEnvelope")),
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withPathId, { 404: ["authorization_not_found"] }),
+          ),
+        },
+      },
+    },
+    "/v1/permit-authorizations/{id}/revocation-challenge": {
+      post: {
+        operationId: "createRevocationChallenge",
+        summary: "EIP-712 RevokeKeyAuthorization typed data for the payer to sign (no body)",
+        tags: ["permits"],
+        parameters: [idParam("authorization id (`pauth_...`)")],
+        responses: {
+          "200": jsonResponse(
+            "Wallet-ready typed data (eth_signTypedData_v4)",
+            schema("RevokeKeyAuthorizationTypedData"),
+          ),
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withPathId, { 404: ["authorization_not_found"] }),
+          ),
+        },
+      },
+    },
+    "/v1/permit-authorizations/{id}/revoke": {
+      post: {
+        operationId: "revokeAuthorizationBySignature",
+        summary: "Revoke an authorization with the payer's signature (any API key may submit it)",
+        tags: ["permits"],
+        parameters: [idParam("authorization id (`pauth_...`)")],
+        requestBody: jsonBody(schema("RevokeBySignatureRequest")),
+        responses: {
+          "200": jsonResponse("The authorization, revoked", schema("PermitAuthorizationEnvelope")),
+          ...errorResponses(
+            codes(anyRoute, apiKeyed, withBody, withPathId, {
+              401: ["invalid_signature"],
+              404: ["authorization_not_found"],
+              503: ["chain_unavailable"],
+            }),
+            { body: true },
           ),
         },
       },
@@ -610,11 +722,11 @@ export const openApiDocument: OpenApiDocument = {
         operationId: "verifyOffer",
         summary: "Refresh the offer's verification (no body)",
         description:
-          "Checks the endpoint: model listed, one-token completion, stream with usage. A failure names the check and clears the verification.",
+          "Checks the endpoint: model listed, one-token completion, stream with usage. Runs are shared per offer and at most one per `VERIFY_MIN_INTERVAL_SECONDS` across the fleet: inside that bound the last run's outcome is answered (`verification.replayed`; a failure's message says when it ran), and while the endpoint's first run is under way on another gateway, 429 `rate_limited`. A wrong answer names the check (422) and clears the verification; a run that gets no answer (timeout, refused connection, 429, 5xx) is 502 `endpoint_unreachable` and leaves a standing verification in place.",
         tags: ["provider"],
         parameters: [idParam("offer id", schema("Hex32"))],
         responses: {
-          "200": jsonResponse("The offer, verified", schema("OfferEnvelope")),
+          "200": jsonResponse("The offer, verified", schema("VerifiedOffer")),
           ...errorResponses(
             codes(anyRoute, apiKeyed, withPathId, {
               400: ["invalid_hex", "endpoint_not_allowed"],
@@ -683,7 +795,7 @@ export const openApiDocument: OpenApiDocument = {
         in: "header",
         required: false,
         description:
-          "Per API key, kept 24 h: the same key and body replays the finished answer; another body is 422 `idempotency_key_reused`; while the first runs, 409 `idempotency_in_progress`.",
+          "Per API key, kept 24 h: the same key and body replays the finished answer; another body is 422 `idempotency_key_reused`; while the first runs, 409 `idempotency_in_progress`; an answer larger than IDEMPOTENCY_MAX_RESULT_BYTES (default 1 MiB) is not kept: it completes and is charged once, and its replay is 409 `idempotency_result_too_large` (no provider call, no charge).",
         schema: { type: "string", minLength: 1, maxLength: 255 },
       },
       "X-Request-Id": {
@@ -874,6 +986,27 @@ export const openApiDocument: OpenApiDocument = {
         required: ["offer"],
         properties: { offer: schema("Offer") },
       },
+      VerifiedOffer: {
+        type: "object",
+        required: ["offer", "verification"],
+        properties: {
+          offer: schema("Offer"),
+          verification: {
+            type: "object",
+            description: "The verification run this answer rests on.",
+            required: ["ran_at", "replayed", "next_run_at"],
+            properties: {
+              ran_at: { ...seconds, description: "When the run ended." },
+              replayed: {
+                type: "boolean",
+                description:
+                  "True when no run was made for this call: it came within the bound of the last run, whose outcome it is answered.",
+              },
+              next_run_at: { ...seconds, description: "From when a verify runs the checks again." },
+            },
+          },
+        },
+      },
       OfferHealth: {
         type: "object",
         required: [
@@ -914,6 +1047,19 @@ export const openApiDocument: OpenApiDocument = {
           offer: schema("Hex32"),
           max_tokens: { type: "integer", minimum: 1 },
           max_completion_tokens: { type: "integer", minimum: 1 },
+          n: {
+            type: "integer",
+            minimum: 1,
+            maximum: 128,
+            default: 1,
+            description:
+              "How many choices to generate (null or absent: 1). Each may use the whole output limit, so the quote's max_output_tokens and maximum_credits, and the reservation, count the output limit n times; the quote binds n (another n is quote_mismatch).",
+          },
+          best_of: {
+            type: "integer",
+            description:
+              "Not a chat completions parameter: refused (400 invalid_request) unless absent, null or equal to n, since the provider would generate sequences no one pays for.",
+          },
           temperature: { type: "number" },
           top_p: { type: "number" },
           stop: { oneOf: [{ type: "string" }, { type: "array", items: { type: "string" } }] },
@@ -946,7 +1092,11 @@ export const openApiDocument: OpenApiDocument = {
           offer_id: schema("Hex32"),
           tariff_version: { type: "string", pattern: "^[0-9]+$" },
           input_tokens: decimal,
-          max_output_tokens: decimal,
+          max_output_tokens: {
+            ...decimal,
+            description:
+              "The output tokens maximum_credits pays for: the output limit times n (every choice may use the whole limit)",
+          },
           wakes_endpoint: { type: "boolean" },
           maximum_credits: decimal,
           expires_at: seconds,
@@ -1103,6 +1253,149 @@ export const openApiDocument: OpenApiDocument = {
           available: decimal,
         },
       },
+      AuthorizationChallengeRequest: {
+        type: "object",
+        required: ["payer"],
+        properties: {
+          payer: schema("Address"),
+          permitId: {
+            ...hex32,
+            description: "one permit of the payer; absent or all zeros: every permit of the payer",
+          },
+          expiresAt: {
+            type: "integer",
+            description: "Unix seconds, in the future (default now + 30 days)",
+          },
+        },
+      },
+      AuthorizeKeyRequest: {
+        type: "object",
+        required: ["payer", "permitId", "expiresAt", "nonce", "signature"],
+        description: "The challenge's message fields as signed, and the payer's signature",
+        properties: {
+          payer: schema("Address"),
+          permitId: schema("Hex32"),
+          expiresAt: { type: "integer" },
+          nonce: { type: "string" },
+          signature: {
+            type: "string",
+            pattern: "^0x([0-9a-fA-F]{128}|[0-9a-fA-F]{130})$",
+            description: "the payer's 65-byte or EIP-2098 compact signature",
+          },
+        },
+      },
+      RevokeBySignatureRequest: {
+        type: "object",
+        required: ["signature"],
+        properties: {
+          signature: {
+            type: "string",
+            pattern: "^0x([0-9a-fA-F]{128}|[0-9a-fA-F]{130})$",
+            description: "the payer's signature over the revocation challenge",
+          },
+        },
+      },
+      AuthorizeKeyTypedData: {
+        type: "object",
+        required: ["types", "primaryType", "domain", "message"],
+        properties: {
+          types: {
+            type: "object",
+            required: ["EIP712Domain", "AuthorizeKey"],
+            properties: {
+              EIP712Domain: schema("TypedDataFields"),
+              AuthorizeKey: schema("TypedDataFields"),
+            },
+          },
+          primaryType: { const: "AuthorizeKey" },
+          domain: schema("AuthorizationDomain"),
+          message: {
+            type: "object",
+            required: ["payer", "keyId", "permitId", "expiresAt", "nonce"],
+            properties: {
+              payer: schema("Address"),
+              keyId: { type: "string", description: "the calling API key's public id" },
+              permitId: schema("Hex32"),
+              expiresAt: seconds,
+              nonce: { type: "string" },
+            },
+          },
+        },
+      },
+      RevokeKeyAuthorizationTypedData: {
+        type: "object",
+        required: ["types", "primaryType", "domain", "message"],
+        properties: {
+          types: {
+            type: "object",
+            required: ["EIP712Domain", "RevokeKeyAuthorization"],
+            properties: {
+              EIP712Domain: schema("TypedDataFields"),
+              RevokeKeyAuthorization: schema("TypedDataFields"),
+            },
+          },
+          primaryType: { const: "RevokeKeyAuthorization" },
+          domain: schema("AuthorizationDomain"),
+          message: {
+            type: "object",
+            required: ["payer", "authorizationId"],
+            properties: { payer: schema("Address"), authorizationId: { type: "string" } },
+          },
+        },
+      },
+      AuthorizationDomain: {
+        type: "object",
+        required: ["name", "version", "chainId", "verifyingContract"],
+        properties: {
+          name: { const: "Model Market Gateway" },
+          version: { const: "3" },
+          chainId: { type: "integer", minimum: 1 },
+          verifyingContract: schema("Address"),
+        },
+      },
+      PermitAuthorization: {
+        type: "object",
+        required: [
+          "id",
+          "object",
+          "api_key_id",
+          "payer",
+          "permit_id",
+          "status",
+          "expires_at",
+          "created_at",
+          "revoked_at",
+          "revoked_by",
+        ],
+        properties: {
+          id: { type: "string", pattern: "^pauth_[0-9a-f]{24}$" },
+          object: { const: "permit_authorization" },
+          api_key_id: { type: "string", description: "the public id of the key that may spend" },
+          payer: schema("Address"),
+          permit_id: {
+            ...hex32,
+            description: "the permit; all zeros: every permit of the payer",
+          },
+          status: { enum: ["active", "expired", "revoked"] },
+          expires_at: seconds,
+          created_at: seconds,
+          revoked_at: nullable(seconds),
+          revoked_by: nullable({ enum: ["key", "payer"] }),
+        },
+      },
+      PermitAuthorizationEnvelope: {
+        type: "object",
+        required: ["authorization"],
+        properties: { authorization: schema("PermitAuthorization") },
+      },
+      PermitAuthorizationList: {
+        type: "object",
+        required: ["object", "data"],
+        properties: {
+          object: { const: "list" },
+          data: { type: "array", items: schema("PermitAuthorization") },
+        },
+      },
       ChallengeRequest: {
         type: "object",
         required: ["offerId", "endpointUrl"],
@@ -1113,6 +1406,11 @@ export const openApiDocument: OpenApiDocument = {
           expiresAt: {
             type: "integer",
             description: "Unix seconds, at most 15 minutes ahead (default now + 10 min)",
+          },
+          endpointToken: {
+            type: "string",
+            description:
+              "the bearer the registration will present (optional): only its hash (message.endpointTokenHash) enters the typed data; the token is neither kept nor returned",
           },
         },
       },
@@ -1131,7 +1429,8 @@ export const openApiDocument: OpenApiDocument = {
           },
           endpointToken: {
             type: "string",
-            description: "the bearer the gateway presents to the endpoint (never returned)",
+            description:
+              "the bearer the gateway presents to the endpoint (never returned); must be the token whose hash the signed challenge carries, and absent when it carries the zero hash (else 401 invalid_signature)",
           },
         },
       },
@@ -1153,18 +1452,30 @@ export const openApiDocument: OpenApiDocument = {
             required: ["name", "version", "chainId", "verifyingContract"],
             properties: {
               name: { const: "Model Market Gateway" },
-              version: { const: "2" },
+              version: { const: "3" },
               chainId: { type: "integer", minimum: 1 },
               verifyingContract: schema("Address"),
             },
           },
           message: {
             type: "object",
-            required: ["offerId", "operator", "endpointUrlHash", "nonce", "expiresAt"],
+            required: [
+              "offerId",
+              "operator",
+              "endpointUrlHash",
+              "endpointTokenHash",
+              "nonce",
+              "expiresAt",
+            ],
             properties: {
               offerId: schema("Hex32"),
               operator: schema("Address"),
               endpointUrlHash: schema("Hex32"),
+              endpointTokenHash: {
+                ...schema("Hex32"),
+                description:
+                  "keccak256(utf8(endpointToken)), or the zero bytes32 when the challenge names no token",
+              },
               nonce: { type: "string" },
               expiresAt: seconds,
             },

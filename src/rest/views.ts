@@ -5,7 +5,7 @@ import {
   type Model,
   type Offer,
 } from "../../gen/gateway/v1/market_pb.js";
-import type { OfferHealth, TypedData } from "../../gen/gateway/v1/provider_pb.js";
+import type { OfferHealth, TypedData, VerificationRun } from "../../gen/gateway/v1/provider_pb.js";
 import {
   Billing,
   BillingSchema,
@@ -15,6 +15,12 @@ import {
   type InferenceRequest,
   type PermitBalance,
 } from "../../gen/gateway/v1/inference_pb.js";
+import {
+  PermitAuthorizationStatusSchema,
+  type AuthorizeKeyTypedData,
+  type PermitAuthorization,
+  type RevokeKeyAuthorizationTypedData,
+} from "../../gen/gateway/v1/permit_pb.js";
 import type { Quote } from "../../gen/gateway/v1/quote_pb.js";
 import { BatchStatusSchema, type FlushResponse } from "../../gen/gateway/v1/settlement_pb.js";
 
@@ -96,6 +102,15 @@ export function offerHealthView(health: OfferHealth) {
   };
 }
 
+/** The verification run a verify answer rests on (REST: `verification`). */
+export function verificationRunView(run: VerificationRun) {
+  return {
+    ran_at: Number(run.ranAt),
+    replayed: run.replayed,
+    next_run_at: Number(run.nextRunAt),
+  };
+}
+
 /** The challenge as wallet-ready EIP-712 JSON (what eth_signTypedData_v4 takes as is). */
 export function typedDataView(typed: TypedData) {
   return {
@@ -113,9 +128,65 @@ export function typedDataView(typed: TypedData) {
       offerId: typed.message?.offerId,
       operator: typed.message?.operator,
       endpointUrlHash: typed.message?.endpointUrlHash,
+      endpointTokenHash: typed.message?.endpointTokenHash,
       nonce: typed.message?.nonce,
       expiresAt: Number(typed.message?.expiresAt ?? 0n),
     },
+  };
+}
+
+/** The typed data's domain and types as eth_signTypedData_v4 takes them. */
+function typedDataFrame(typed: AuthorizeKeyTypedData | RevokeKeyAuthorizationTypedData) {
+  return {
+    types: Object.fromEntries(
+      typed.types.map((t) => [t.name, t.fields.map((f) => ({ name: f.name, type: f.type }))]),
+    ),
+    primaryType: typed.primaryType,
+    domain: {
+      name: typed.domain?.name,
+      version: typed.domain?.version,
+      chainId: Number(typed.domain?.chainId ?? 0n),
+      verifyingContract: typed.domain?.verifyingContract,
+    },
+  };
+}
+
+/** `AuthorizeKey` typed data, wallet-ready (camelCase, as the payer's wallet signs it). */
+export function authorizeKeyTypedDataView(typed: AuthorizeKeyTypedData) {
+  return {
+    ...typedDataFrame(typed),
+    message: {
+      payer: typed.message?.payer,
+      keyId: typed.message?.keyId,
+      permitId: typed.message?.permitId,
+      expiresAt: Number(typed.message?.expiresAt ?? 0n),
+      nonce: typed.message?.nonce,
+    },
+  };
+}
+
+export function revokeTypedDataView(typed: RevokeKeyAuthorizationTypedData) {
+  return {
+    ...typedDataFrame(typed),
+    message: {
+      payer: typed.message?.payer,
+      authorizationId: typed.message?.authorizationId,
+    },
+  };
+}
+
+export function permitAuthorizationView(a: PermitAuthorization) {
+  return {
+    id: a.id,
+    object: "permit_authorization",
+    api_key_id: a.apiKeyId,
+    payer: a.payer,
+    permit_id: a.permitId,
+    status: enumWord(PermitAuthorizationStatusSchema, a.status),
+    expires_at: Number(a.expiresAt),
+    created_at: Number(a.createdAt),
+    revoked_at: seconds(a.revokedAt),
+    revoked_by: a.revokedBy === "" ? null : a.revokedBy,
   };
 }
 

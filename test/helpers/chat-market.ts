@@ -7,6 +7,10 @@ import {
   type OfferRecord,
 } from "../../src/domain/catalog.js";
 import type { UpstreamReply } from "../../src/domain/chat/index.js";
+import {
+  createKeyAuthorities,
+  type SpendingAuthority,
+} from "../../src/domain/permit-authorization.js";
 import type { Permit } from "../../src/domain/permits.js";
 
 /** One model `m`, its offers and an open permit, for the chat domain's in-memory tests. */
@@ -16,6 +20,28 @@ export const permitId = `0x${"33".repeat(32)}` as Hex;
 export const offerA = `0x${"0a".repeat(32)}` as Hex;
 export const offerB = `0x${"0b".repeat(32)}` as Hex;
 export const now = 1_800_000_000;
+export const payer = `0x${"05".repeat(20)}` as Hex;
+
+/**
+ * What API key "key" may spend: the test permit, as its payer authorized (DESIGN.md section 8),
+ * held the way the gateway holds a key's authorizations.
+ */
+export const payerAuthority: SpendingAuthority = createKeyAuthorities({ ttlMs: 60_000 }).load(
+  "key",
+  [
+    {
+      id: "pauth_000000000000000000000001",
+      apiKeyId: "key",
+      payer,
+      permitId,
+      expiresAt: now + 3600,
+      createdAt: now,
+      revokedAt: null,
+      revokedBy: null,
+    },
+  ],
+  0,
+);
 
 export function testModel(activeOffers: number): ModelRecord {
   return {
@@ -58,7 +84,7 @@ export function testOffer(offerId: Hex, overrides: Partial<OfferRecord> = {}): O
 export function testPermit(deposit: bigint = 10n ** 18n): Permit {
   return {
     permitId,
-    payer: `0x${"05".repeat(20)}`,
+    payer,
     modelId,
     offerId: undefined,
     deposit,

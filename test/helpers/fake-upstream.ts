@@ -46,8 +46,30 @@ export interface FakeUpstreamOptions {
    * (until the client leaves).
    */
   stallAfterChunks?: number | undefined;
+  /**
+   * Honour `n`: answer `n` choices, each the same words, and report their sum as completion
+   * tokens; a stream carries every choice's piece in one chunk (as a batching server may).
+   * Default false (one choice whatever `n` says).
+   */
+  honourN?: boolean | undefined;
   /** Answer with bytes that are not JSON: a JSON answer's body, and every SSE event's data. */
   garbage?: boolean | undefined;
+  /** End a stream cleanly without `data: [DONE]` (a wrong answer, not a broken connection). */
+  omitDone?: boolean | undefined;
+  /**
+   * A stream's body exactly as these pieces (a hostile provider's framing): each piece is its own
+   * write, a turn of the event loop apart with Nagle off, so the gateway reads them split where
+   * they are split; then the response ends.
+   */
+  rawStream?: readonly Uint8Array[] | undefined;
+  /**
+   * A stream that never ends: content chunks (each one "token", about `endlessChunkBytes`
+   * long) written as fast as the connection takes them, waiting for `drain` whenever a write
+   * says the socket is full, until the client leaves. `streamedBytes` counts what was written.
+   */
+  endless?: boolean | undefined;
+  /** Size of an endless stream's chunks. Default 1024. */
+  endlessChunkBytes?: number | undefined;
 }
 
 export interface FakeRequest {
@@ -76,6 +98,10 @@ export interface FakeUpstream {
   readonly connections: number;
   /** Connections that have closed so far. */
   readonly closedConnections: number;
+  /** Bytes of chat stream bodies written so far (what `write` accepted). */
+  readonly streamedBytes: number;
+  /** Content chunks of endless streams written so far. */
+  readonly streamedChunks: number;
   /** Closes the server and every open connection. Idempotent. */
   stop(): Promise<void>;
 }
@@ -91,6 +117,11 @@ const defaults: Required<
     | "stallBeforeHeadersMs"
     | "stallAfterChunks"
     | "garbage"
+    | "omitDone"
+    | "honourN"
+    | "rawStream"
+    | "endless"
+    | "endlessChunkBytes"
   >
 > = {
   models: ["fake-model"],
@@ -111,6 +142,8 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
   let connections = 0;
   let closedConnections = 0;
   let created = 0;
+  let streamedBytes = 0;
+  let streamedChunks = 0;
 
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
@@ -220,9 +253,11 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
     const count = limit === undefined ? opts.chunks : Math.min(opts.chunks, limit);
     const pieces = Array.from({ length: count }, (_, i) => (i === 0 ? "word0" : ` word${i}`));
     const finishReason = limit !== undefined && limit < opts.chunks ? "length" : "stop";
+    const choices = opts.honourN === true ? (positiveInt(request.n) ?? 1) : 1;
+    const indexes = Array.from({ length: choices }, (_, index) => index);
     const usage = {
       prompt_tokens: opts.usage?.prompt_tokens ?? promptTokens(request.messages),
-      completion_tokens: opts.usage?.completion_tokens ?? count,
+      completion_tokens: opts.usage?.completion_tokens ?? count * choices,
     };
     const usageObject = { ...usage, total_tokens: usage.prompt_tokens + usage.completion_tokens };
     const id = `chatcmpl-fake${++created}`;
@@ -244,13 +279,11 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
         object: "chat.completion",
         created: createdAt,
         model,
-        choices: [
-          {
-            index: 0,
-            message: { role: "assistant", content: pieces.join("") },
-            finish_reason: finishReason,
-          },
-        ],
+        choices: indexes.map((index) => ({
+          index,
+          message: { role: "assistant", content: pieces.join("") },
+          finish_reason: finishReason,
+        })),
         ...(opts.omitUsage ? {} : { usage: usageObject }),
       });
     }
@@ -259,6 +292,39 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
       "content-type": "text/event-stream",
       "cache-control": "no-cache",
     });
+    if (opts.rawStream !== undefined) {
+      res.socket?.setNoDelay(true);
+      for (const piece of opts.rawStream) {
+        if (res.destroyed) return;
+        res.write(piece);
+        streamedBytes += piece.byteLength;
+        await new Promise((resolve) => setImmediate(resolve));
+      }
+      res.end();
+      return;
+    }
+    if (opts.endless === true) {
+      const filler = "x".repeat(Math.max(0, (opts.endlessChunkBytes ?? 1024) - 160));
+      for (let i = 0; ; i++) {
+        if (res.destroyed) return;
+        const delta = { content: i === 0 ? filler : ` ${filler}` };
+        const event = `data: ${JSON.stringify({ id, object: "chat.completion.chunk", created: createdAt, model, choices: [{ index: 0, delta, finish_reason: null }] })}\n\n`;
+        const flushed = res.write(event);
+        streamedBytes += Buffer.byteLength(event);
+        streamedChunks++;
+        if (!flushed) {
+          await new Promise<void>((resolve) => {
+            const done = () => {
+              res.off("drain", done);
+              res.off("close", done);
+              resolve();
+            };
+            res.on("drain", done);
+            res.on("close", done);
+          });
+        } else if (i % 64 === 63) await new Promise((resolve) => setImmediate(resolve));
+      }
+    }
     const chunk = (choices: unknown[], extra: object = {}) => ({
       id,
       object: "chat.completion.chunk",
@@ -281,7 +347,13 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
     };
     if (
       !(await send(
-        chunk([{ index: 0, delta: { role: "assistant", content: "" }, finish_reason: null }]),
+        chunk(
+          indexes.map((index) => ({
+            index,
+            delta: { role: "assistant", content: "" },
+            finish_reason: null,
+          })),
+        ),
       ))
     ) {
       return;
@@ -295,7 +367,12 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
         res.socket?.destroy();
         return;
       }
-      if (!(await send(chunk([{ index: 0, delta: { content: piece }, finish_reason: null }])))) {
+      const deltas = indexes.map((index) => ({
+        index,
+        delta: { content: piece },
+        finish_reason: null,
+      }));
+      if (!(await send(chunk(deltas)))) {
         return;
       }
     }
@@ -303,12 +380,13 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
       res.socket?.destroy();
       return;
     }
-    if (!(await send(chunk([{ index: 0, delta: {}, finish_reason: finishReason }])))) return;
+    const finals = indexes.map((index) => ({ index, delta: {}, finish_reason: finishReason }));
+    if (!(await send(chunk(finals)))) return;
     const streamOptions = request.stream_options as { include_usage?: unknown } | undefined;
     if (streamOptions?.include_usage === true && !opts.omitUsage) {
       if (!(await send(chunk([], { usage: usageObject })))) return;
     }
-    if (!(await send("[DONE]"))) return;
+    if (opts.omitDone !== true && !(await send("[DONE]"))) return;
     res.end();
   }
 
@@ -337,6 +415,12 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
     },
     get closedConnections() {
       return closedConnections;
+    },
+    get streamedBytes() {
+      return streamedBytes;
+    },
+    get streamedChunks() {
+      return streamedChunks;
     },
     stop() {
       return (stopped ??= (async () => {

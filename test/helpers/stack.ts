@@ -16,6 +16,7 @@ import {
   type DemoMarket,
 } from "../../src/dev/demo-market.js";
 import { createLogger, type Logger } from "../../src/logger.js";
+import { authorizeKey } from "./authorize.js";
 import { createTestDatabase, type TestDatabase } from "./db.js";
 import { auditLog, auditSecret } from "./log-audit.js";
 import { startFakeUpstream, type FakeUpstream } from "./fake-upstream.js";
@@ -110,6 +111,9 @@ export async function startTestStack(
   const gateway = await start();
   const apiKey = (await createApiKey(database.db.pool, "test")).key;
   auditSecret("api key", apiKey);
+  // The demo payer lets the stack's key spend its permits (DESIGN.md section 8), as a payer
+  // would: through the gateway's routes, with the payer's signature.
+  await authorizeKey(gateway.url, apiKey, roles.payer.privateKey);
   auditSecret("operator token", operatorToken);
   auditSecret("private key", config.settlementPrivateKey);
   auditSecret("encryption key", config.endpointEncryptionKey);

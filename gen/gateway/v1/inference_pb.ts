@@ -733,7 +733,10 @@ export const PermitStateSchema: GenEnum<PermitState> = /*@__PURE__*/
  */
 export const InferenceService: GenService<{
   /**
-   * Proxies one chat completion to an eligible provider. The first message
+   * Proxies one chat completion to an eligible provider, paid from a permit
+   * whose payer authorized the calling API key (PermitService; otherwise
+   * PERMISSION_DENIED `permit_not_authorized`, before anything is reserved).
+   * The first message
    * says where the request went; each following message carries one upstream
    * chunk with the metering so far; the last carries the final usage and charge.
    *
@@ -757,7 +760,8 @@ export const InferenceService: GenService<{
   /**
    * Gets a permit's balance: the chain's view (state, deposit, settled) with
    * the gateway's (charges not yet settled, open reservations, what a request
-   * may still reserve). Permits are public on chain: any API key may ask.
+   * may still reserve). Only for API keys the permit's payer authorized
+   * (PermitService); others get PERMISSION_DENIED `permit_not_authorized`.
    *
    * @generated from rpc gateway.v1.InferenceService.GetPermit
    */

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/provider.proto.
  */
 export const file_gateway_v1_provider: GenFile = /*@__PURE__*/
-  fileDesc("ChlnYXRld2F5L3YxL3Byb3ZpZGVyLnByb3RvEgpnYXRld2F5LnYxIoMBCiJDcmVhdGVSZWdpc3RyYXRpb25DaGFsbGVuZ2VSZXF1ZXN0EhAKCG9mZmVyX2lkGAEgASgJEhQKDGVuZHBvaW50X3VybBgCIAEoCRINCgVub25jZRgDIAEoCRIXCgpleHBpcmVzX2F0GAQgASgDSACIAQFCDQoLX2V4cGlyZXNfYXQiUAojQ3JlYXRlUmVnaXN0cmF0aW9uQ2hhbGxlbmdlUmVzcG9uc2USKQoKdHlwZWRfZGF0YRgBIAEoCzIVLmdhdGV3YXkudjEuVHlwZWREYXRhIq4BCglUeXBlZERhdGESKwoGZG9tYWluGAEgASgLMhsuZ2F0ZXdheS52MS5UeXBlZERhdGFEb21haW4SKAoFdHlwZXMYAiADKAsyGS5nYXRld2F5LnYxLlR5cGVkRGF0YVR5cGUSFAoMcHJpbWFyeV90eXBlGAMgASgJEjQKB21lc3NhZ2UYBCABKAsyIy5nYXRld2F5LnYxLlJlZ2lzdGVyRW5kcG9pbnRNZXNzYWdlIl4KD1R5cGVkRGF0YURvbWFpbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSEAoIY2hhaW5faWQYAyABKAQSGgoSdmVyaWZ5aW5nX2NvbnRyYWN0GAQgASgJIkkKDVR5cGVkRGF0YVR5cGUSDAoEbmFtZRgBIAEoCRIqCgZmaWVsZHMYAiADKAsyGi5nYXRld2F5LnYxLlR5cGVkRGF0YUZpZWxkIiwKDlR5cGVkRGF0YUZpZWxkEgwKBG5hbWUYASABKAkSDAoEdHlwZRgCIAEoCSJ7ChdSZWdpc3RlckVuZHBvaW50TWVzc2FnZRIQCghvZmZlcl9pZBgBIAEoCRIQCghvcGVyYXRvchgCIAEoCRIZChFlbmRwb2ludF91cmxfaGFzaBgDIAEoCRINCgVub25jZRgEIAEoCRISCgpleHBpcmVzX2F0GAUgASgDIo8BChdSZWdpc3RlckVuZHBvaW50UmVxdWVzdBIQCghvZmZlcl9pZBgBIAEoCRIUCgxlbmRwb2ludF91cmwYAiABKAkSDQoFbm9uY2UYAyABKAkSEgoKZXhwaXJlc19hdBgEIAEoAxIRCglzaWduYXR1cmUYBSABKAkSFgoOZW5kcG9pbnRfdG9rZW4YBiABKAkiPAoYUmVnaXN0ZXJFbmRwb2ludFJlc3BvbnNlEiAKBW9mZmVyGAEgASgLMhEuZ2F0ZXdheS52MS5PZmZlciIpChVHZXRPZmZlckhlYWx0aFJlcXVlc3QSEAoIb2ZmZXJfaWQYASABKAkiQQoWR2V0T2ZmZXJIZWFsdGhSZXNwb25zZRInCgZoZWFsdGgYASABKAsyFy5nYXRld2F5LnYxLk9mZmVySGVhbHRoIqMCCgtPZmZlckhlYWx0aBIQCghvZmZlcl9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy5nYXRld2F5LnYxLk9mZmVyU3RhdHVzEg8KB3J1bm5pbmcYAyABKAgSGAoLdmVyaWZpZWRfYXQYBCABKANIAIgBARIkChd2ZXJpZmljYXRpb25fZXhwaXJlc19hdBgFIAEoA0gBiAEBEhcKCmNoZWNrZWRfYXQYBiABKANIAogBARIeChFxdWFyYW50aW5lX3JlYXNvbhgHIAEoCUgDiAEBQg4KDF92ZXJpZmllZF9hdEIaChhfdmVyaWZpY2F0aW9uX2V4cGlyZXNfYXRCDQoLX2NoZWNrZWRfYXRCFAoSX3F1YXJhbnRpbmVfcmVhc29uIiYKElZlcmlmeU9mZmVyUmVxdWVzdBIQCghvZmZlcl9pZBgBIAEoCSI3ChNWZXJpZnlPZmZlclJlc3BvbnNlEiAKBW9mZmVyGAEgASgLMhEuZ2F0ZXdheS52MS5PZmZlcjKZAwoPUHJvdmlkZXJTZXJ2aWNlEn4KG0NyZWF0ZVJlZ2lzdHJhdGlvbkNoYWxsZW5nZRIuLmdhdGV3YXkudjEuQ3JlYXRlUmVnaXN0cmF0aW9uQ2hhbGxlbmdlUmVxdWVzdBovLmdhdGV3YXkudjEuQ3JlYXRlUmVnaXN0cmF0aW9uQ2hhbGxlbmdlUmVzcG9uc2USXQoQUmVnaXN0ZXJFbmRwb2ludBIjLmdhdGV3YXkudjEuUmVnaXN0ZXJFbmRwb2ludFJlcXVlc3QaJC5nYXRld2F5LnYxLlJlZ2lzdGVyRW5kcG9pbnRSZXNwb25zZRJXCg5HZXRPZmZlckhlYWx0aBIhLmdhdGV3YXkudjEuR2V0T2ZmZXJIZWFsdGhSZXF1ZXN0GiIuZ2F0ZXdheS52MS5HZXRPZmZlckhlYWx0aFJlc3BvbnNlEk4KC1ZlcmlmeU9mZmVyEh4uZ2F0ZXdheS52MS5WZXJpZnlPZmZlclJlcXVlc3QaHy5nYXRld2F5LnYxLlZlcmlmeU9mZmVyUmVzcG9uc2ViBnByb3RvMw", [file_gateway_v1_market]);
+  fileDesc("ChlnYXRld2F5L3YxL3Byb3ZpZGVyLnByb3RvEgpnYXRld2F5LnYxIpsBCiJDcmVhdGVSZWdpc3RyYXRpb25DaGFsbGVuZ2VSZXF1ZXN0EhAKCG9mZmVyX2lkGAEgASgJEhQKDGVuZHBvaW50X3VybBgCIAEoCRINCgVub25jZRgDIAEoCRIXCgpleHBpcmVzX2F0GAQgASgDSACIAQESFgoOZW5kcG9pbnRfdG9rZW4YBSABKAlCDQoLX2V4cGlyZXNfYXQiUAojQ3JlYXRlUmVnaXN0cmF0aW9uQ2hhbGxlbmdlUmVzcG9uc2USKQoKdHlwZWRfZGF0YRgBIAEoCzIVLmdhdGV3YXkudjEuVHlwZWREYXRhIq4BCglUeXBlZERhdGESKwoGZG9tYWluGAEgASgLMhsuZ2F0ZXdheS52MS5UeXBlZERhdGFEb21haW4SKAoFdHlwZXMYAiADKAsyGS5nYXRld2F5LnYxLlR5cGVkRGF0YVR5cGUSFAoMcHJpbWFyeV90eXBlGAMgASgJEjQKB21lc3NhZ2UYBCABKAsyIy5nYXRld2F5LnYxLlJlZ2lzdGVyRW5kcG9pbnRNZXNzYWdlIl4KD1R5cGVkRGF0YURvbWFpbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSEAoIY2hhaW5faWQYAyABKAQSGgoSdmVyaWZ5aW5nX2NvbnRyYWN0GAQgASgJIkkKDVR5cGVkRGF0YVR5cGUSDAoEbmFtZRgBIAEoCRIqCgZmaWVsZHMYAiADKAsyGi5nYXRld2F5LnYxLlR5cGVkRGF0YUZpZWxkIiwKDlR5cGVkRGF0YUZpZWxkEgwKBG5hbWUYASABKAkSDAoEdHlwZRgCIAEoCSKYAQoXUmVnaXN0ZXJFbmRwb2ludE1lc3NhZ2USEAoIb2ZmZXJfaWQYASABKAkSEAoIb3BlcmF0b3IYAiABKAkSGQoRZW5kcG9pbnRfdXJsX2hhc2gYAyABKAkSDQoFbm9uY2UYBCABKAkSEgoKZXhwaXJlc19hdBgFIAEoAxIbChNlbmRwb2ludF90b2tlbl9oYXNoGAYgASgJIo8BChdSZWdpc3RlckVuZHBvaW50UmVxdWVzdBIQCghvZmZlcl9pZBgBIAEoCRIUCgxlbmRwb2ludF91cmwYAiABKAkSDQoFbm9uY2UYAyABKAkSEgoKZXhwaXJlc19hdBgEIAEoAxIRCglzaWduYXR1cmUYBSABKAkSFgoOZW5kcG9pbnRfdG9rZW4YBiABKAkiPAoYUmVnaXN0ZXJFbmRwb2ludFJlc3BvbnNlEiAKBW9mZmVyGAEgASgLMhEuZ2F0ZXdheS52MS5PZmZlciIpChVHZXRPZmZlckhlYWx0aFJlcXVlc3QSEAoIb2ZmZXJfaWQYASABKAkiQQoWR2V0T2ZmZXJIZWFsdGhSZXNwb25zZRInCgZoZWFsdGgYASABKAsyFy5nYXRld2F5LnYxLk9mZmVySGVhbHRoIqMCCgtPZmZlckhlYWx0aBIQCghvZmZlcl9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy5nYXRld2F5LnYxLk9mZmVyU3RhdHVzEg8KB3J1bm5pbmcYAyABKAgSGAoLdmVyaWZpZWRfYXQYBCABKANIAIgBARIkChd2ZXJpZmljYXRpb25fZXhwaXJlc19hdBgFIAEoA0gBiAEBEhcKCmNoZWNrZWRfYXQYBiABKANIAogBARIeChFxdWFyYW50aW5lX3JlYXNvbhgHIAEoCUgDiAEBQg4KDF92ZXJpZmllZF9hdEIaChhfdmVyaWZpY2F0aW9uX2V4cGlyZXNfYXRCDQoLX2NoZWNrZWRfYXRCFAoSX3F1YXJhbnRpbmVfcmVhc29uIiYKElZlcmlmeU9mZmVyUmVxdWVzdBIQCghvZmZlcl9pZBgBIAEoCSJqChNWZXJpZnlPZmZlclJlc3BvbnNlEiAKBW9mZmVyGAEgASgLMhEuZ2F0ZXdheS52MS5PZmZlchIxCgx2ZXJpZmljYXRpb24YAiABKAsyGy5nYXRld2F5LnYxLlZlcmlmaWNhdGlvblJ1biJICg9WZXJpZmljYXRpb25SdW4SDgoGcmFuX2F0GAEgASgDEhAKCHJlcGxheWVkGAIgASgIEhMKC25leHRfcnVuX2F0GAMgASgDMpkDCg9Qcm92aWRlclNlcnZpY2USfgobQ3JlYXRlUmVnaXN0cmF0aW9uQ2hhbGxlbmdlEi4uZ2F0ZXdheS52MS5DcmVhdGVSZWdpc3RyYXRpb25DaGFsbGVuZ2VSZXF1ZXN0Gi8uZ2F0ZXdheS52MS5DcmVhdGVSZWdpc3RyYXRpb25DaGFsbGVuZ2VSZXNwb25zZRJdChBSZWdpc3RlckVuZHBvaW50EiMuZ2F0ZXdheS52MS5SZWdpc3RlckVuZHBvaW50UmVxdWVzdBokLmdhdGV3YXkudjEuUmVnaXN0ZXJFbmRwb2ludFJlc3BvbnNlElcKDkdldE9mZmVySGVhbHRoEiEuZ2F0ZXdheS52MS5HZXRPZmZlckhlYWx0aFJlcXVlc3QaIi5nYXRld2F5LnYxLkdldE9mZmVySGVhbHRoUmVzcG9uc2USTgoLVmVyaWZ5T2ZmZXISHi5nYXRld2F5LnYxLlZlcmlmeU9mZmVyUmVxdWVzdBofLmdhdGV3YXkudjEuVmVyaWZ5T2ZmZXJSZXNwb25zZWIGcHJvdG8z", [file_gateway_v1_market]);
 
 /**
  * @generated from message gateway.v1.CreateRegistrationChallengeRequest
@@ -45,6 +45,14 @@ export type CreateRegistrationChallengeRequest = Message<"gateway.v1.CreateRegis
    * @generated from field: optional int64 expires_at = 4;
    */
   expiresAt?: bigint | undefined;
+
+  /**
+   * The bearer token the registration will present (optional; empty: none). Only its hash
+   * (endpoint_token_hash) enters the typed data; the token is neither kept nor returned.
+   *
+   * @generated from field: string endpoint_token = 5;
+   */
+  endpointToken: string;
 };
 
 /**
@@ -184,7 +192,7 @@ export const TypedDataFieldSchema: GenMessage<TypedDataField> = /*@__PURE__*/
   messageDesc(file_gateway_v1_provider, 5);
 
 /**
- * RegisterEndpoint(bytes32 offerId, address operator, bytes32 endpointUrlHash, string nonce, uint64 expiresAt)
+ * RegisterEndpoint(bytes32 offerId, address operator, bytes32 endpointUrlHash, bytes32 endpointTokenHash, string nonce, uint64 expiresAt)
  *
  * @generated from message gateway.v1.RegisterEndpointMessage
  */
@@ -213,6 +221,13 @@ export type RegisterEndpointMessage = Message<"gateway.v1.RegisterEndpointMessag
    * @generated from field: int64 expires_at = 5;
    */
   expiresAt: bigint;
+
+  /**
+   * keccak256(utf8(endpoint token)), or the zero bytes32 when the registration presents none.
+   *
+   * @generated from field: string endpoint_token_hash = 6;
+   */
+  endpointTokenHash: string;
 };
 
 /**
@@ -254,7 +269,8 @@ export type RegisterEndpointRequest = Message<"gateway.v1.RegisterEndpointReques
   signature: string;
 
   /**
-   * Bearer token the gateway presents to the endpoint (optional).
+   * Bearer token the gateway presents to the endpoint (optional): the one whose hash the
+   * signed challenge carries (none when it carries the zero hash).
    *
    * @generated from field: string endpoint_token = 6;
    */
@@ -401,6 +417,13 @@ export type VerifyOfferResponse = Message<"gateway.v1.VerifyOfferResponse"> & {
    * @generated from field: gateway.v1.Offer offer = 1;
    */
   offer?: Offer | undefined;
+
+  /**
+   * The run that verified the offer (a failed run is answered as an error).
+   *
+   * @generated from field: gateway.v1.VerificationRun verification = 2;
+   */
+  verification?: VerificationRun | undefined;
 };
 
 /**
@@ -409,6 +432,42 @@ export type VerifyOfferResponse = Message<"gateway.v1.VerifyOfferResponse"> & {
  */
 export const VerifyOfferResponseSchema: GenMessage<VerifyOfferResponse> = /*@__PURE__*/
   messageDesc(file_gateway_v1_provider, 13);
+
+/**
+ * One verification run of an offer's endpoint.
+ *
+ * @generated from message gateway.v1.VerificationRun
+ */
+export type VerificationRun = Message<"gateway.v1.VerificationRun"> & {
+  /**
+   * Unix seconds the run ended.
+   *
+   * @generated from field: int64 ran_at = 1;
+   */
+  ranAt: bigint;
+
+  /**
+   * True when no run was made for this call: it came within VERIFY_MIN_INTERVAL_SECONDS of
+   * the last run, whose outcome it is answered.
+   *
+   * @generated from field: bool replayed = 2;
+   */
+  replayed: boolean;
+
+  /**
+   * Unix seconds from which a verify runs the checks again.
+   *
+   * @generated from field: int64 next_run_at = 3;
+   */
+  nextRunAt: bigint;
+};
+
+/**
+ * Describes the message gateway.v1.VerificationRun.
+ * Use `create(VerificationRunSchema)` to create a new message.
+ */
+export const VerificationRunSchema: GenMessage<VerificationRun> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 14);
 
 /**
  * Provider onboarding: offer operators attach a private endpoint to their
@@ -448,7 +507,11 @@ export const ProviderService: GenService<{
     output: typeof GetOfferHealthResponseSchema;
   },
   /**
-   * Probes the registered endpoint and refreshes the offer's verification.
+   * Probes the registered endpoint and refreshes the offer's verification. Runs are shared per
+   * offer and at most one per VERIFY_MIN_INTERVAL_SECONDS across the fleet; inside that bound
+   * the last run's outcome is answered. A run that gets no answer (timeout, refused connection,
+   * 429, 5xx) fails with `endpoint_unreachable` and leaves a standing verification in place;
+   * only a wrong answer clears it.
    *
    * @generated from rpc gateway.v1.ProviderService.VerifyOffer
    */

@@ -96,7 +96,8 @@ export type Quote = Message<"gateway.v1.Quote"> & {
   inputTokens: string;
 
   /**
-   * The output limit the quote assumes (decimal string).
+   * The output tokens the quote prices (decimal string): the output limit times n, since each
+   * of the n choices may use the whole limit.
    *
    * @generated from field: string max_output_tokens = 7;
    */

@@ -8,6 +8,7 @@ import {
   type RegistrationTypedData,
 } from "../../domain/registration.js";
 import { marketAbi } from "./artifacts.js";
+import { createChainSignatureVerifier } from "./signatures.js";
 
 /**
  * Live offer reads and signature checks on the market, for provider registration. Nothing is
@@ -19,6 +20,7 @@ export function createChainOfferReader(deps: {
   market: Address;
 }): OfferReader {
   const { client, market } = deps;
+  const signatures = createChainSignatureVerifier(client);
   return {
     async getOffer(offerId: Hex): Promise<ChainOffer | undefined> {
       let offer;
@@ -43,27 +45,17 @@ export function createChainOfferReader(deps: {
       };
     },
 
-    /**
-     * viem's verification: ERC-1271 `isValidSignature` (through the ERC-6492 validator) for an
-     * address with code, ECDSA recovery for an account. A contract's refusal is `false`; only
-     * a failure to reach the chain throws.
-     */
-    async verifySignature(args: {
+    /** The shared verifier (adapters/chain/signatures.ts): ERC-1271 for a contract, else ECDSA. */
+    verifySignature(args: {
       address: Address;
       typedData: RegistrationTypedData;
       signature: Hex;
     }): Promise<boolean> {
-      try {
-        return await client.verifyTypedData({
-          address: args.address,
-          ...withoutDomainType(args.typedData),
-          signature: args.signature,
-        });
-      } catch (err) {
-        throw new GatewayError("chain_unavailable", "the signature could not be checked on chain", {
-          cause: err,
-        });
-      }
+      return signatures.verifyTypedData({
+        address: args.address,
+        typedData: withoutDomainType(args.typedData),
+        signature: args.signature,
+      });
     },
   };
 }

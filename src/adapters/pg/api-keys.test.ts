@@ -3,10 +3,15 @@ import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.
 import {
   AmbiguousApiKeyPrefixError,
   createApiKey,
-  findActiveApiKey,
   listApiKeys,
   revokeApiKey,
+  type Queryable,
 } from "./api-keys.js";
+import { findApiKeyWithAuthorizations } from "./permit-authorizations.js";
+
+/** The gateway's lookup of a key (with its permit authorizations, none here). */
+const findActiveApiKey = (db: Queryable, key: string) =>
+  findApiKeyWithAuthorizations(db, key, 1_800_000_000);
 
 let test: TestDatabase;
 
@@ -29,7 +34,7 @@ describe("api keys", () => {
 
     expect(await findActiveApiKey(test.db.pool, created.key)).toEqual({
       id: created.id,
-      name: "ci",
+      authorizations: [],
     });
 
     const listed = (await listApiKeys(test.db.pool)).find((k) => k.id === created.id);

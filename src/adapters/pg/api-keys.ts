@@ -49,24 +49,6 @@ export async function createApiKey(db: Queryable, name: string): Promise<Created
   return { id, name, key, prefix, createdAt: row.created_at };
 }
 
-/**
- * The active key matching `key`, or null when it is unknown or revoked. The lookup is by hash,
- * so response timing reveals nothing useful about the stored keys: an attacker cannot steer
- * the hash of a guess towards a stored one, which is what a constant-time compare would guard.
- */
-export async function findActiveApiKey(
-  db: Queryable,
-  key: string,
-): Promise<{ id: string; name: string } | null> {
-  if (!key.startsWith(API_KEY_PREFIX)) return null;
-  const { rows } = await db.query<{ id: string; name: string }>(
-    "SELECT id, name FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
-    [hashApiKey(key)],
-  );
-  const row = rows[0];
-  return row ? { id: row.id, name: row.name } : null;
-}
-
 /** Every key, revoked ones included, oldest first; never the key itself. */
 export async function listApiKeys(db: Queryable): Promise<ApiKeyInfo[]> {
   const { rows } = await db.query<{
@@ -116,7 +98,7 @@ export async function revokeApiKey(db: Queryable, idOrPrefix: string): Promise<b
  * there is nothing to brute-force, and slow password hashes (bcrypt, scrypt, argon2) would only
  * cost CPU on every request and rule out finding the key by its hash.
  */
-function hashApiKey(key: string): Buffer {
+export function hashApiKey(key: string): Buffer {
   return createHash("sha256").update(key, "utf8").digest();
 }
 

@@ -3,14 +3,17 @@ import {
   verificationChecks,
   type EndpointHealth,
   type EndpointHealthStore,
+  type LastVerificationRun,
   type RegisteredEndpoint,
   type VerificationCheck,
+  type VerificationClaim,
   type VerificationRecord,
+  type VerificationRunOutcome,
 } from "../../domain/health.js";
 import { normalizeHex } from "../../domain/hex.js";
 import type { Queryable } from "./catalog.js";
 
-// Liveness and verification columns of `provider_endpoints` (migration 003). The sealed
+// Liveness and verification columns of `provider_endpoints` (migrations 003 and 013). The sealed
 // endpoint is read here only to hand it to whoever holds the key; it is never opened here.
 
 interface RegisteredRow {
@@ -77,9 +80,12 @@ export async function recordProbe(
 }
 
 /**
- * Records a verification outcome. Success sets `verified_at` and `verification_expires_at`
- * and clears `verification_error`; failure clears both times (the offer becomes ineligible,
- * also when it was verified before) and keeps the failed check.
+ * Records a verification run's outcome as the endpoint's last run (`last_verification_*`).
+ * Success also sets `verified_at` and `verification_expires_at`; a wrong answer clears both
+ * (the offer becomes ineligible, also when it was verified before); a transport failure leaves
+ * both as they are (DESIGN.md section 8: a verification that stands is not knocked out by a
+ * timeout, a refused connection, a 429 or a 5xx). Either failure keeps the failed check in
+ * `verification_error`.
  *
  * With `sealed`, the row is updated only while it still holds that sealed endpoint: a
  * verification that raced a re-registration must not vouch for the new endpoint. Returns
@@ -91,16 +97,100 @@ export async function recordVerification(
   result: VerificationRecord,
   opts: { sealed?: Buffer } = {},
 ): Promise<boolean> {
+  const outcome: VerificationRunOutcome = result.ok
+    ? "verified"
+    : result.transport
+      ? "unreachable"
+      : "rejected";
+  // $2/$3: the verification's new times; kept as they are when `unreachable`.
   const params = result.ok
-    ? [result.verifiedAt, result.expiresAt, null]
-    : [null, null, result.check];
+    ? [result.verifiedAt, result.expiresAt, null, result.verifiedAt, null]
+    : [null, null, result.check, result.ranAt, result.message];
   const { rowCount } = await db.query(
     `UPDATE provider_endpoints
-     SET verified_at = $2, verification_expires_at = $3, verification_error = $4
-     WHERE offer_id = $1 AND ($5::bytea IS NULL OR endpoint_sealed = $5::bytea)`,
-    [normalizeHex(offerId), ...params, opts.sealed ?? null],
+     SET verified_at = CASE WHEN $6 = 'unreachable' THEN verified_at ELSE $2::bigint END,
+       verification_expires_at =
+         CASE WHEN $6 = 'unreachable' THEN verification_expires_at ELSE $3::bigint END,
+       verification_error = $4,
+       last_verification_at = $5,
+       last_verification_outcome = $6,
+       last_verification_check = $4,
+       last_verification_message = $7
+     WHERE offer_id = $1 AND ($8::bytea IS NULL OR endpoint_sealed = $8::bytea)`,
+    [
+      normalizeHex(offerId),
+      params[0],
+      params[1],
+      params[2],
+      params[3],
+      outcome,
+      params[4],
+      opts.sealed ?? null,
+    ],
   );
   return (rowCount ?? 0) > 0;
+}
+
+interface ClaimRow {
+  claimed: boolean;
+  claimed_at: string | null;
+  verified_at: string | null;
+  verification_expires_at: string | null;
+  last_verification_at: string | null;
+  last_verification_outcome: string | null;
+  last_verification_check: string | null;
+  last_verification_message: string | null;
+}
+
+const runOutcomes: readonly string[] = ["verified", "rejected", "unreachable"];
+
+/**
+ * Claims a verification run of the endpoint sealed as `sealed` at `now` (Unix seconds) unless
+ * one was claimed less than `minIntervalSeconds` ago: one conditional UPDATE of the endpoint's
+ * row, so of every gateway sharing the database exactly one claims a run per interval (a racing
+ * UPDATE waits for the other's row lock and then sees its claim). Answers, either way, the
+ * verification that stands and the last run's outcome as they were before this statement.
+ * Undefined when the offer has no endpoint or another one than `sealed`.
+ */
+export async function claimVerification(
+  db: Queryable,
+  offerId: Hex,
+  sealed: Buffer,
+  now: number,
+  minIntervalSeconds: number,
+): Promise<VerificationClaim | undefined> {
+  const { rows } = await db.query<ClaimRow>(
+    `WITH claim AS (
+       UPDATE provider_endpoints SET verify_claimed_at = $3
+       WHERE offer_id = $1 AND endpoint_sealed = $2::bytea
+         AND (verify_claimed_at IS NULL OR verify_claimed_at <= $3::bigint - $4::bigint)
+       RETURNING offer_id)
+     SELECT EXISTS (SELECT 1 FROM claim) AS claimed, e.verify_claimed_at AS claimed_at,
+       e.verified_at, e.verification_expires_at, e.last_verification_at,
+       e.last_verification_outcome, e.last_verification_check, e.last_verification_message
+     FROM provider_endpoints e WHERE e.offer_id = $1 AND e.endpoint_sealed = $2::bytea`,
+    [normalizeHex(offerId), sealed, now, minIntervalSeconds],
+  );
+  const row = rows[0];
+  if (row === undefined) return undefined;
+  const outcome = row.last_verification_outcome;
+  const last: LastVerificationRun | undefined =
+    row.last_verification_at === null || outcome === null || !runOutcomes.includes(outcome)
+      ? undefined
+      : {
+          ranAt: Number(row.last_verification_at),
+          outcome: outcome as VerificationRunOutcome,
+          check: asCheck(row.last_verification_check),
+          message: row.last_verification_message ?? undefined,
+        };
+  return {
+    claimed: row.claimed,
+    // The statement's snapshot predates its own UPDATE: a fresh claim is `now`.
+    claimedAt: row.claimed ? now : Number(row.claimed_at ?? now),
+    last,
+    verifiedAt: optionalNumber(row.verified_at),
+    verificationExpiresAt: optionalNumber(row.verification_expires_at),
+  };
 }
 
 /** The health columns of one registered endpoint; undefined when none is registered. */
@@ -142,5 +232,7 @@ export function createPgEndpointHealthStore(db: Queryable): EndpointHealthStore 
     recordProbe: (offerId, running, at) => recordProbe(db, offerId, running, at),
     recordVerification: (offerId, result, sealed) =>
       recordVerification(db, offerId, result, { sealed }),
+    claimVerification: (offerId, sealed, now, minIntervalSeconds) =>
+      claimVerification(db, offerId, sealed, now, minIntervalSeconds),
   };
 }

@@ -55,7 +55,12 @@ export async function upsertProviderEndpoint(
        verification_expires_at = NULL,
        verification_error = NULL,
        running = NULL,
-       checked_at = NULL`,
+       checked_at = NULL,
+       verify_claimed_at = NULL,
+       last_verification_at = NULL,
+       last_verification_outcome = NULL,
+       last_verification_check = NULL,
+       last_verification_message = NULL`,
     [reg.offerId, reg.operator, reg.endpointSealed, reg.registeredAt],
   );
 }

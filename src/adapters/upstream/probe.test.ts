@@ -105,24 +105,66 @@ describe("verifyEndpoint", () => {
 
   it.each<[string, Parameters<typeof startFakeUpstream>[0], EndpointVerification["ok"] | string]>([
     ["a provider that does not list the model", { models: ["someone/else"] }, "model_not_listed"],
-    ["a provider without a model list", { listModels: false }, "endpoint_unreachable"],
+    ["a provider without a model list", { listModels: false }, "model_not_listed"],
     ["a provider that omits usage", { omitUsage: true }, "usage_missing"],
-    ["a provider that fails completions", { failStatus: 500 }, "completion_failed"],
-    ["a provider that cuts its stream", { failMidStream: true }, "stream_failed"],
-  ])("fails %s", async (_name, opts, check) => {
+    ["a provider that answers completions with garbage", { garbage: true }, "completion_failed"],
+  ])("fails %s as a wrong answer", async (_name, opts, check) => {
     const f = await fake(opts);
     const result = await verifyEndpoint(upstream, { url: f.url, token }, names);
-    expect(result).toMatchObject({ ok: false, check });
+    expect(result).toMatchObject({ ok: false, check, transport: false });
     expectSafe(result, f.url);
   });
 
-  it("fails a provider that rejects the token as unreachable", async () => {
+  // DESIGN.md section 8: no answer is not a wrong answer, whatever step it happens at.
+  it.each<[string, Parameters<typeof startFakeUpstream>[0], string]>([
+    ["a 429 on completions", { failStatus: 429 }, "a one-token chat completion answered HTTP 429"],
+    ["a 500 on completions", { failStatus: 500 }, "a one-token chat completion answered HTTP 500"],
+    ["a 503 on completions", { failStatus: 503 }, "a one-token chat completion answered HTTP 503"],
+    ["a 408 on completions", { failStatus: 408 }, "a one-token chat completion answered HTTP 408"],
+    [
+      "a reset before the answer",
+      { resetBeforeHeaders: true },
+      "a one-token chat completion failed: upstream request failed",
+    ],
+  ])("fails %s as a transport failure", async (_name, opts, message) => {
+    const f = await fake(opts);
+    const result = await verifyEndpoint(upstream, { url: f.url, token }, names);
+    expect(result).toEqual({ ok: false, check: "endpoint_unreachable", message, transport: true });
+    expectSafe(result, f.url);
+  });
+
+  it("fails a stream cut mid-way as a transport failure", async () => {
+    const f = await fake({ failMidStream: true });
+    const result = await verifyEndpoint(upstream, { url: f.url, token }, names);
+    expect(result).toMatchObject({ ok: false, check: "endpoint_unreachable", transport: true });
+    if (!result.ok)
+      expect(result.message).toMatch(/^a streamed one-token chat completion broke off/);
+    expectSafe(result, f.url);
+  });
+
+  it("fails a 429 or 503 on the model list as a transport failure", async () => {
+    for (const status of [429, 503]) {
+      const url = await listen((_req, res) => {
+        res.writeHead(status);
+        res.end();
+      });
+      expect(await verifyEndpoint(upstream, { url }, names)).toEqual({
+        ok: false,
+        check: "endpoint_unreachable",
+        message: `GET /v1/models answered HTTP ${status}`,
+        transport: true,
+      });
+    }
+  });
+
+  it("fails a provider that rejects the token as a wrong answer", async () => {
     const f = await fake();
     const result = await verifyEndpoint(upstream, { url: f.url, token: "wrong" }, names);
     expect(result).toEqual({
       ok: false,
-      check: "endpoint_unreachable",
+      check: "model_not_listed",
       message: "GET /v1/models answered HTTP 401",
+      transport: false,
     });
   });
 
@@ -130,7 +172,7 @@ describe("verifyEndpoint", () => {
     const f = await fake();
     await f.stop();
     const result = await verifyEndpoint(upstream, { url: f.url, token }, names);
-    expect(result).toMatchObject({ ok: false, check: "endpoint_unreachable" });
+    expect(result).toMatchObject({ ok: false, check: "endpoint_unreachable", transport: true });
     expectSafe(result, f.url);
   });
 
@@ -156,7 +198,7 @@ describe("verifyEndpoint", () => {
     for (const [name, streamAnswer, check] of cases) {
       const url = await listen(openAiLike(streamAnswer));
       const result = await verifyEndpoint(upstream, { url }, ["m"]);
-      expect(result, name).toMatchObject({ ok: false, check });
+      expect(result, name).toMatchObject({ ok: false, check, transport: false });
     }
   });
 
@@ -189,8 +231,9 @@ describe("verifyEndpoint", () => {
     const result = await verifyEndpoint(upstream, { url, token }, names);
     expect(result).toEqual({
       ok: false,
-      check: "endpoint_unreachable",
+      check: "model_not_listed",
       message: "GET /v1/models answered HTTP 307",
+      transport: false,
     });
     expect(f.requests).toHaveLength(0);
   });
@@ -206,8 +249,9 @@ describe("verifyEndpoint", () => {
     const result = await verifyEndpoint(upstream, { url }, ["m"], { verifyTimeoutMs: 200 });
     expect(result).toEqual({
       ok: false,
-      check: "completion_failed",
+      check: "endpoint_unreachable",
       message: "a one-token chat completion failed: no complete answer within 200 ms",
+      transport: true,
     });
   });
 });

@@ -12,6 +12,14 @@ import { readEventStream, type UpstreamClient, type UpstreamResponse } from "./h
  * routes chat to it. Every message produced here is safe to show to the provider and to log:
  * none contains the endpoint URL, its host, or its token, and none repeats what the endpoint
  * answered (an endpoint could echo anything back).
+ *
+ * A failure is either a wrong answer (the endpoint answered, and not as the checks require) or
+ * a transport failure (no answer: timeout, refused or reset connection, HTTP 408, 429 or 5xx, a
+ * stream broken off or reporting an error). Only a wrong answer clears a standing verification
+ * (DESIGN.md section 8): a transport failure is what a flood of verifications, or a provider's
+ * passing overload, produces, and says nothing about whether the endpoint conforms. Transport
+ * failures always carry the check `endpoint_unreachable`, so its code tells the caller the
+ * verification was left as it stood.
  */
 
 export interface ProberOptions {
@@ -85,12 +93,15 @@ export async function verifyEndpoint(
     await checkStream(upstream, endpoint, model, timeoutMs);
     return { ok: true };
   } catch (err) {
-    if (err instanceof CheckFailed) return { ok: false, check: err.check, message: err.message };
-    // Not expected (every step maps its own failures); still a failure, never a pass.
+    if (err instanceof CheckFailed) {
+      return { ok: false, check: err.check, message: err.message, transport: err.transport };
+    }
+    // Not expected (every step maps its own failures); never a pass, and no verdict either.
     return {
       ok: false,
       check: "endpoint_unreachable",
       message: "the endpoint could not be checked",
+      transport: true,
     };
   }
 }
@@ -100,9 +111,33 @@ class CheckFailed extends Error {
   constructor(
     readonly check: VerificationCheck,
     message: string,
+    readonly transport = false,
   ) {
     super(message);
   }
+}
+
+/** No answer was had: the failure says nothing about whether the endpoint conforms. */
+function transportFailed(message: string): CheckFailed {
+  return new CheckFailed("endpoint_unreachable", message, true);
+}
+
+/** Statuses that say "not now" (timeout, rate limit, server failure), not "not like this". */
+function isTransportStatus(status: number): boolean {
+  return status === 408 || status === 429 || status >= 500;
+}
+
+/** A non-success status: a transport failure, or a wrong answer failing `check`. */
+async function badStatus(
+  response: UpstreamResponse,
+  check: VerificationCheck,
+  what: string,
+): Promise<CheckFailed> {
+  await response.dump();
+  const message = `${what} answered HTTP ${response.status}`;
+  return isTransportStatus(response.status)
+    ? transportFailed(message)
+    : new CheckFailed(check, message);
 }
 
 async function send(
@@ -111,7 +146,6 @@ async function send(
   path: string,
   body: unknown,
   timeoutMs: number,
-  check: VerificationCheck,
   what: string,
 ): Promise<{ response: UpstreamResponse; signal: AbortSignal }> {
   const signal = AbortSignal.timeout(timeoutMs);
@@ -128,7 +162,7 @@ async function send(
     });
     return { response, signal };
   } catch (err) {
-    throw new CheckFailed(check, `${what} failed: ${reason(err, signal, timeoutMs)}`);
+    throw transportFailed(`${what} failed: ${reason(err, signal, timeoutMs)}`);
   }
 }
 
@@ -139,10 +173,17 @@ async function readJson(
   check: VerificationCheck,
   what: string,
 ): Promise<unknown> {
+  let text: string;
   try {
-    return await response.json(maxVerificationBytes);
+    text = await response.text(maxVerificationBytes);
   } catch (err) {
-    throw new CheckFailed(check, `${what}: ${reason(err, signal, timeoutMs)}`);
+    // Cut off or timed out while reading: no complete answer to judge.
+    throw transportFailed(`${what}: ${reason(err, signal, timeoutMs)}`);
+  }
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    throw new CheckFailed(check, `${what}: the answer is not valid JSON`);
   }
 }
 
@@ -159,12 +200,11 @@ async function checkModelListed(
     "/v1/models",
     undefined,
     timeoutMs,
-    "endpoint_unreachable",
     what,
   );
+  // Any other answer (401, 404, a redirect...) is the endpoint's: it lists no model for us.
   if (response.status < 200 || response.status > 299) {
-    await response.dump();
-    throw new CheckFailed("endpoint_unreachable", `${what} answered HTTP ${response.status}`);
+    throw await badStatus(response, "model_not_listed", what);
   }
   const list = await readJson(response, signal, timeoutMs, "model_not_listed", what);
   const data = isObject(list) ? list.data : undefined;
@@ -194,13 +234,9 @@ async function checkCompletion(
     "/v1/chat/completions",
     { model, messages: probeMessages, max_tokens: 1, stream: false },
     timeoutMs,
-    "completion_failed",
     what,
   );
-  if (response.status !== 200) {
-    await response.dump();
-    throw new CheckFailed("completion_failed", `${what} answered HTTP ${response.status}`);
-  }
+  if (response.status !== 200) throw await badStatus(response, "completion_failed", what);
   const completion = await readJson(response, signal, timeoutMs, "completion_failed", what);
   if (!isObject(completion) || !Array.isArray(completion.choices)) {
     throw new CheckFailed("completion_failed", `${what} answered without a choices array`);
@@ -232,13 +268,9 @@ async function checkStream(
       stream_options: { include_usage: true },
     },
     timeoutMs,
-    "stream_failed",
     what,
   );
-  if (response.status !== 200) {
-    await response.dump();
-    throw new CheckFailed("stream_failed", `${what} answered HTTP ${response.status}`);
-  }
+  if (response.status !== 200) throw await badStatus(response, "stream_failed", what);
   const contentType = firstHeader(response.headers["content-type"]);
   if (!/^text\/event-stream\s*(;|$)/i.test(contentType ?? "")) {
     await response.dump();
@@ -262,14 +294,15 @@ async function checkStream(
       if (!isObject(chunk)) {
         throw new CheckFailed("stream_failed", `${what} sent an event that is not a JSON object`);
       }
+      // The stream's own 5xx: the provider says it failed this time, not that it cannot.
       if (chunk.error !== undefined) {
-        throw new CheckFailed("stream_failed", `${what} reported an error in the stream`);
+        throw transportFailed(`${what} reported an error in the stream`);
       }
       if (isUsage(chunk.usage)) usage = true;
     }
   } catch (err) {
     if (err instanceof CheckFailed) throw err;
-    throw new CheckFailed("stream_failed", `${what} broke off: ${reason(err, signal, timeoutMs)}`);
+    throw transportFailed(`${what} broke off: ${reason(err, signal, timeoutMs)}`);
   } finally {
     // Anything after [DONE] is not read; closing the body frees (or drops) the connection.
     await events.return();

@@ -6,6 +6,7 @@ import {
   testCatalog,
   testOffer,
   testPermit,
+  payerAuthority,
 } from "../../../test/helpers/chat-market.js";
 import {
   createInference,
@@ -108,6 +109,7 @@ function setup(options: { stream: boolean }) {
   });
   const input = (key: string): ChatInput => ({
     apiKeyId: "key",
+    authority: payerAuthority,
     body: new TextEncoder().encode(
       JSON.stringify({
         model: "m",

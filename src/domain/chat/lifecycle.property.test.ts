@@ -9,6 +9,7 @@ import {
   testOffer,
   testPermit,
   upstreamReply,
+  payerAuthority,
 } from "../../../test/helpers/chat-market.js";
 import { createInference, type ChatEvent, type Ledger } from "./index.js";
 
@@ -222,6 +223,7 @@ async function runScenarios(scenarios: readonly Scenario[]): Promise<void> {
       try {
         for await (const event of inference.chat({
           apiKeyId: "key",
+          authority: payerAuthority,
           body: new TextEncoder().encode(
             JSON.stringify({
               model: "m",

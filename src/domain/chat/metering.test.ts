@@ -1,6 +1,12 @@
 import { describe, expect, it } from "vitest";
 import { priceCredits } from "../pricing.js";
-import { deltaText, hasDeltaText, StreamMetering, utf8Bytes } from "./metering.js";
+import {
+  completionText,
+  deltaText,
+  deltaTextChoices,
+  StreamMetering,
+  utf8Bytes,
+} from "./metering.js";
 
 const tariff = { inputPricePerMTok: 1_500_000n, outputPricePerMTok: 7_000_000n, wakeFee: 9n };
 
@@ -24,19 +30,36 @@ describe("stream metering", () => {
   });
 });
 
-describe("hasDeltaText", () => {
+describe("deltaTextChoices", () => {
   it.each([
-    [{ choices: [{ delta: { content: "hi" } }] }],
-    [{ choices: [{ delta: { content: "" } }, { delta: { content: "x" } }] }],
-    [{ choices: [{ delta: {} }] }],
-    [{ choices: [] }],
-    [{ choices: [null, { delta: { content: 3 } }] }],
-    [{ usage: {} }],
-    [null],
-    [undefined],
-    ["text"],
-  ])("agrees with deltaText for %j", (chunk) => {
-    expect(hasDeltaText(chunk)).toBe(deltaText(chunk) !== "");
+    [{ choices: [{ delta: { content: "hi" } }] }, 1n],
+    [{ choices: [{ delta: { content: "" } }, { delta: { content: "x" } }] }, 1n],
+    [{ choices: [{ delta: {} }] }, 0n],
+    [{ choices: [] }, 0n],
+    [{ choices: [null, { delta: { content: 3 } }] }, 0n],
+    [{ usage: {} }, 0n],
+    [null, 0n],
+    [undefined, 0n],
+    ["text", 0n],
+  ])("agrees with deltaText for %j", (chunk, count) => {
+    expect(deltaTextChoices(chunk)).toBe(count);
+    expect(deltaTextChoices(chunk) > 0n).toBe(deltaText(chunk) !== "");
+  });
+
+  it("counts every choice of a chunk that carries text for several (n > 1, batched)", () => {
+    const chunk = {
+      choices: [0, 1, 2, 3].map((index) => ({ index, delta: { content: ` w${index}` } })),
+    };
+    expect(deltaTextChoices(chunk)).toBe(4n);
+  });
+});
+
+describe("completionText", () => {
+  it("is the text of every choice of a JSON answer, not only the first", () => {
+    const body = {
+      choices: [0, 1, 2].map((index) => ({ index, message: { content: "abcd" } })),
+    };
+    expect(completionText(body)).toBe("abcdabcdabcd");
   });
 });
 

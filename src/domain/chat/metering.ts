@@ -39,6 +39,7 @@ export function countTextTokens(text: string): bigint {
   return bytes === 0 ? 0n : BigInt(Math.ceil(bytes / 4));
 }
 
+/** The generated text of a JSON answer, every choice's (a request with `n` has `n` of them). */
 export function completionText(body: unknown): string {
   const choices = (body as { choices?: { message?: { content?: unknown } }[] } | null)?.choices;
   if (!Array.isArray(choices)) return "";
@@ -55,15 +56,21 @@ export function deltaText(chunk: unknown): string {
     .join("");
 }
 
-/** Whether a stream chunk carries generated text (`deltaText(chunk) !== ""`, without building it). */
-export function hasDeltaText(chunk: unknown): boolean {
+/**
+ * How many choices of a stream chunk carry generated text: the gateway's own count of a
+ * stream's output is one token per such piece, so a chunk of a request with `n` choices that
+ * carries text for several of them counts each (OpenAI streams one choice per chunk, vLLM may
+ * batch several). `0n` exactly when `deltaText(chunk) === ""`, without building the text.
+ */
+export function deltaTextChoices(chunk: unknown): bigint {
   const choices = (chunk as { choices?: { delta?: { content?: unknown } }[] } | null)?.choices;
-  if (!Array.isArray(choices)) return false;
+  if (!Array.isArray(choices)) return 0n;
+  let count = 0n;
   for (const c of choices) {
     const content = c?.delta?.content;
-    if (typeof content === "string" && content !== "") return true;
+    if (typeof content === "string" && content !== "") count += 1n;
   }
-  return false;
+  return count;
 }
 
 export function isUsageOnly(chunk: unknown): boolean {

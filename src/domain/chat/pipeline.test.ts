@@ -11,9 +11,16 @@ import {
   testOffer,
   testPermit,
   upstreamReply,
+  payer,
+  payerAuthority,
 } from "../../../test/helpers/chat-market.js";
 import { BatcherOverloadError } from "../../adapters/pg/batcher.js";
 import { GatewayError } from "../errors.js";
+import {
+  anyPermit,
+  createKeyAuthorities,
+  type SpendingAuthority,
+} from "../permit-authorization.js";
 import {
   createInference,
   type ChatCompleted,
@@ -43,6 +50,7 @@ function reply(status: number, body: object): UpstreamReply {
 function chatInput(stream = false): ChatInput {
   return {
     apiKeyId: "key",
+    authority: payerAuthority,
     body: new TextEncoder().encode(
       JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }], stream }),
     ),
@@ -60,6 +68,7 @@ function setup(
     stream?: boolean;
     quotes?: QuoteStore;
     offers?: OfferRecord[];
+    authority?: SpendingAuthority;
   } = {},
 ) {
   const finalized: Parameters<Ledger["finalize"]>[0][] = [];
@@ -105,7 +114,10 @@ function setup(
   const chat = async (stopAfterChunks = Infinity): Promise<ChatEvent[]> => {
     const events: ChatEvent[] = [];
     let chunks = 0;
-    for await (const event of inference.chat(chatInput(overrides.stream === true))) {
+    const input = chatInput(overrides.stream === true);
+    for await (const event of inference.chat(
+      overrides.authority === undefined ? input : { ...input, authority: overrides.authority },
+    )) {
       events.push(event);
       if (event.type === "chunk" && ++chunks >= stopAfterChunks) break;
     }
@@ -115,6 +127,47 @@ function setup(
 }
 
 describe("inference pipeline", () => {
+  it("refuses 403 permit_not_authorized a key the permit's payer did not authorize, before reserving or calling a provider", async () => {
+    const reserved: unknown[] = [];
+    const held = createKeyAuthorities({ ttlMs: 60_000 });
+    const base = {
+      id: "pauth_000000000000000000000002",
+      apiKeyId: "key",
+      expiresAt: now + 3600,
+      createdAt: now,
+      revokedAt: null,
+      revokedBy: null,
+    };
+    for (const authority of [
+      held.load("nothing", [], 0),
+      // Another payer's every permit; the right payer's other permit; the right one, expired.
+      held.load(
+        "other payer",
+        [{ ...base, payer: `0x${"06".repeat(20)}`, permitId: anyPermit }],
+        0,
+      ),
+      held.load("other permit", [{ ...base, payer, permitId: `0x${"34".repeat(32)}` }], 0),
+      held.load("expired", [{ ...base, payer, permitId, expiresAt: now }], 0),
+    ]) {
+      const { chat, finalized, called } = setup({
+        authority,
+        ledger: {
+          reserve: async (input) => {
+            reserved.push(input);
+            return { ok: true };
+          },
+        },
+      });
+      const error = await chat().catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(GatewayError);
+      expect((error as GatewayError).code).toBe("permit_not_authorized");
+      expect((error as GatewayError).status).toBe(403);
+      expect(called).toEqual([]);
+      expect(finalized).toEqual([]);
+    }
+    expect(reserved).toEqual([]);
+  });
+
   it("answers 503 database_unavailable when the reservation fails, voids it, and calls no provider", async () => {
     const { chat, finalized, called } = setup({
       ledger: {

@@ -4,12 +4,14 @@ import type { ModelRecord } from "../catalog.js";
 import { parseChatRequest, quoteFingerprint, type ChatRequest } from "../chat-request.js";
 import { GatewayError } from "../errors.js";
 import { isHex32, normalizeHex } from "../hex.js";
+import { requireAuthority } from "../permit-authorization.js";
 import { checkPermit } from "../permits.js";
 import { randomHex } from "../random-id.js";
 import { createCloses } from "./lifecycle.js";
 import { serve } from "./relay.js";
 import { rankCandidates, type Candidate } from "./routing.js";
 import {
+  defaultIdempotencyMaxResultBytes,
   idempotencyLifetimeSeconds,
   quoteLifetimeSeconds,
   type ChatEvent,
@@ -39,6 +41,7 @@ export function createInference(deps: InferenceDeps): Inference {
   const newId = deps.newId ?? ((): Hex => `0x${randomHex(32)}`);
 
   const resolve = (req: ChatRequest) => deps.catalog.routingView(req.model);
+  const maxResultBytes = deps.idempotencyMaxResultBytes ?? defaultIdempotencyMaxResultBytes;
   const closes = createCloses(deps);
   // Chat calls under way, so that drain() (shutdown) also waits for the closes of requests
   // that were cut, which are written as their calls unwind.
@@ -113,7 +116,7 @@ export function createInference(deps: InferenceDeps): Inference {
     if (quote.fingerprint !== quoteFingerprint(req)) {
       throw new GatewayError(
         "quote_mismatch",
-        "the request differs from the quoted one in model, messages, output limit, tools, tool choice or response format",
+        "the request differs from the quoted one in model, messages, n, output limit, tools, tool choice or response format",
       );
     }
     if (quote.usedBy !== null)
@@ -185,6 +188,23 @@ export function createInference(deps: InferenceDeps): Inference {
     const events: ChatEvent[] = [];
     let started = false;
     let keyDone = key === undefined;
+    // Chunk bytes kept for the key, and whether the answer outgrew IDEMPOTENCY_MAX_RESULT_BYTES:
+    // then only its `started` event is kept (what the store needs), the answer goes on for its
+    // client, and the result stored says it cannot be replayed (DESIGN.md 8: bounded memory).
+    let keptBytes = 0;
+    let tooLarge = false;
+    const tooLargeResult = (): ChatEvent[] => {
+      const first = events[0];
+      const requestId = first?.type === "started" ? first.requestId : "";
+      return [
+        ...events.slice(0, 1),
+        {
+          type: "failed",
+          code: "idempotency_result_too_large",
+          message: `the answer to this Idempotency-Key (request ${requestId}) was larger than ${maxResultBytes} bytes and was not kept, so it cannot be replayed; it was charged once (GET /v1/requests/${requestId})`,
+        },
+      ];
+    };
     // An answer that ended without completing: nothing reached the client, and the key is free
     // for a corrected retry; or the answer began, and its outcome (any partial charge
     // included) is the key's for good.
@@ -193,6 +213,10 @@ export function createInference(deps: InferenceDeps): Inference {
       keyDone = true;
       if (!started) {
         await deps.idempotency.release({ apiKeyId: input.apiKeyId, key });
+        return;
+      }
+      if (tooLarge) {
+        await storeResult(input, key, tooLargeResult());
         return;
       }
       const failure = error instanceof GatewayError ? error : undefined;
@@ -215,10 +239,16 @@ export function createInference(deps: InferenceDeps): Inference {
         if (key !== undefined && !keyDone) {
           // Stored before the last event is handed on: a consumer may stop reading right after it.
           if (event.type === "completed") {
-            await storeResult(input, key, [...events, event]);
+            await storeResult(input, key, tooLarge ? tooLargeResult() : [...events, event]);
             keyDone = true;
+          } else if (event.type === "chunk" && !tooLarge) {
+            keptBytes += event.data.byteLength;
+            if (keptBytes > maxResultBytes) {
+              tooLarge = true;
+              events.length = Math.min(events.length, 1);
+            }
           }
-          events.push(event);
+          if (!tooLarge) events.push(event);
         }
         yield event;
       }
@@ -243,6 +273,10 @@ export function createInference(deps: InferenceDeps): Inference {
   }
 
   async function* replay(events: readonly ChatEvent[]): AsyncGenerator<ChatEvent, void, undefined> {
+    // An answer too large to keep: its error at once, before any answer begins.
+    const last = events.at(-1);
+    if (last?.type === "failed" && last.code === "idempotency_result_too_large")
+      throw new GatewayError(last.code, last.message);
     for (const event of events) {
       if (event.type === "started") yield { ...event, replayed: true };
       else if (event.type === "failed") throw new GatewayError(event.code, event.message);
@@ -279,6 +313,8 @@ export function createInference(deps: InferenceDeps): Inference {
       pinnedOfferId: pinnedOffer,
       now,
     });
+    // Only a key its payer authorized may spend it; refused from memory, before any reservation.
+    requireAuthority(input.authority, permit, now);
 
     // 3. Route.
     const pins = [req.offer, quote?.offerId, permit.offerId];

@@ -7,7 +7,7 @@ import {
   closingOf,
   completionText,
   countTextTokens,
-  hasDeltaText,
+  deltaTextChoices,
   isUsageOnly,
   StreamMetering,
   usageOf,
@@ -296,16 +296,20 @@ export async function* serve(
         let chunk: unknown;
         try {
           chunk = JSON.parse(data);
+          if (ownsGatewayMember(chunk)) continue;
         } catch {
+          if (mimicsGatewayFraming(data)) continue;
           chunk = undefined;
         }
         const usage = usageOf(chunk);
         if (usage !== undefined) provided = usage;
         if (lost) throw lostRequest();
         if (isUsageOnly(chunk) && !req.includeUsage) continue;
-        if (hasDeltaText(chunk)) {
-          delivered += 1n;
-          if (delivered === 1n && observer !== undefined) {
+        const pieces = deltaTextChoices(chunk);
+        if (pieces > 0n) {
+          const first = delivered === 0n;
+          delivered += pieces;
+          if (first && observer !== undefined) {
             const at = (performance.now() - calledAt) / 1000;
             observer.firstToken(current.offer.modelId, current.offer.offerId, at);
           }
@@ -403,6 +407,28 @@ export async function* serve(
       abort.abort();
     }
   }
+}
+
+/**
+ * A provider chunk with a top-level `x_gateway` member: where the gateway writes its own charge
+ * (the last chunk before `[DONE]`). Dropped whole, as if never sent (not metered, its usage not
+ * read): a provider must not be able to tell a client what it was charged (DESIGN.md 8). Costs
+ * one property lookup on the chunk the relay parses anyway.
+ */
+function ownsGatewayMember(chunk: unknown): boolean {
+  return typeof chunk === "object" && chunk !== null && Object.hasOwn(chunk, "x_gateway");
+}
+
+/**
+ * Data that is not JSON and holds `[DONE]` or `x_gateway` anywhere: dropped. A standard SSE
+ * parser reads it as one event (the REST writer frames every line of it), but the official
+ * openai SDK ends a stream on any data that starts with `[DONE]`, and a client that reads SSE
+ * line by line would take one of its lines for the gateway's `[DONE]` or final chunk. Only
+ * reached when the chunk did not parse (never on the hot path). Valid JSON cannot do either:
+ * no line of a JSON text starts with `[DONE]`, and a member is checked above.
+ */
+function mimicsGatewayFraming(data: string): boolean {
+  return data.includes("[DONE]") || data.includes("x_gateway");
 }
 
 function completed(

@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
 import { isEligible, type ModelRecord, type OfferRecord } from "../catalog.js";
-import { inputTokenUpperBound, outputLimit, type ChatRequest } from "../chat-request.js";
+import { inputTokenUpperBound, outputBound, type ChatRequest } from "../chat-request.js";
 import { priceCredits } from "../pricing.js";
 
 /** A candidate offer with what a request would cost on it. */
@@ -8,6 +8,7 @@ export interface Candidate {
   readonly offer: OfferRecord;
   readonly wakes: boolean;
   readonly inputTokens: bigint;
+  /** The output bound: the output limit times the request's `n` (chat-request.ts). */
   readonly maxOutputTokens: bigint;
   readonly maximumCredits: bigint;
 }
@@ -19,7 +20,7 @@ function wakes(offer: OfferRecord): boolean {
 
 function candidateFor(offer: OfferRecord, req: ChatRequest): Candidate {
   const inputTokens = inputTokenUpperBound(req);
-  const maxOutputTokens = outputLimit(req, offer.capabilities);
+  const maxOutputTokens = outputBound(req, offer.capabilities);
   const w = wakes(offer);
   return {
     offer,

@@ -9,6 +9,7 @@ import type { Hex } from "viem";
 import type { Catalog } from "../catalog.js";
 import type { JsonBounds } from "../chat-request.js";
 import type { EndpointSecret } from "../health.js";
+import type { SpendingAuthority } from "../permit-authorization.js";
 import type { PermitReader } from "../permits.js";
 
 export const quoteLifetimeSeconds = 60;
@@ -53,14 +54,21 @@ export interface ChatCompleted {
   readonly usageFromProvider: boolean;
 }
 
-/** Ends a stream that failed after it started; replays re-raise it. */
+/**
+ * Ends a stream that failed after it started; replays re-raise it. As an Idempotency-Key's
+ * stored result, `idempotency_result_too_large` stands for an answer too large to keep: its
+ * replay is that error at once, before anything else.
+ */
 export interface ChatFailed {
   readonly type: "failed";
-  readonly code: "upstream_error" | "upstream_unavailable";
+  readonly code: "upstream_error" | "upstream_unavailable" | "idempotency_result_too_large";
   readonly message: string;
 }
 
 export type ChatEvent = ChatStarted | ChatChunk | ChatCompleted | ChatFailed;
+
+/** IDEMPOTENCY_MAX_RESULT_BYTES's default: 1 MiB, about 5 000 streamed tokens. */
+export const defaultIdempotencyMaxResultBytes = 1024 * 1024;
 
 // ------------------------------------------------------------------------------ ports
 
@@ -233,6 +241,11 @@ export interface InferenceDeps {
   readonly bodyLimitBytes: number;
   /** MAX_JSON_DEPTH / MAX_JSON_ARRAY_ITEMS of chat and quote bodies; absent: the defaults. */
   readonly jsonBounds?: JsonBounds | undefined;
+  /**
+   * Most chunk bytes an Idempotency-Key keeps of one answer (IDEMPOTENCY_MAX_RESULT_BYTES);
+   * default {@link defaultIdempotencyMaxResultBytes}.
+   */
+  readonly idempotencyMaxResultBytes?: number | undefined;
   readonly newId?: () => Hex;
   /** Metrics hooks; absent: nothing is observed. */
   readonly observer?: ChatObserver;
@@ -246,6 +259,11 @@ export interface InferenceDeps {
 
 export interface ChatInput {
   readonly apiKeyId: string;
+  /**
+   * The permits the key's payers authorized it to spend (DESIGN.md section 8), answered in
+   * memory: a permit it does not cover is refused before anything is reserved.
+   */
+  readonly authority: SpendingAuthority;
   readonly body: Uint8Array;
   readonly permitId: string | undefined;
   readonly quoteId: string | undefined;

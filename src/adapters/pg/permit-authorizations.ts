@@ -1,0 +1,143 @@
+import type { Hex } from "viem";
+import type {
+  InsertOutcome,
+  PermitAuthorization,
+  PermitAuthorizationStore,
+} from "../../domain/permit-authorization.js";
+import { API_KEY_PREFIX, hashApiKey, type Queryable } from "./api-keys.js";
+
+interface Row {
+  id: string;
+  api_key_id: string;
+  payer: string;
+  permit_id: string;
+  expires_at: string;
+  created_at: string;
+  revoked_at: string | null;
+  revoked_by: "key" | "payer" | null;
+}
+
+const columns = "id, api_key_id, payer, permit_id, expires_at, created_at, revoked_at, revoked_by";
+
+function fromRow(r: Row): PermitAuthorization {
+  return {
+    id: r.id,
+    apiKeyId: r.api_key_id,
+    payer: r.payer as Hex,
+    permitId: r.permit_id as Hex,
+    expiresAt: Number(r.expires_at),
+    createdAt: Number(r.created_at),
+    revokedAt: r.revoked_at === null ? null : Number(r.revoked_at),
+    revokedBy: r.revoked_by,
+  };
+}
+
+/**
+ * Stores an authorization with the nonce and signature that made it. `ON CONFLICT DO NOTHING`
+ * on (payer, nonce) makes claiming the nonce and storing one step: of two submissions of one
+ * signed payload, exactly one is stored.
+ */
+export async function insertPermitAuthorization(
+  db: Queryable,
+  a: PermitAuthorization,
+  proof: { nonce: string; signature: Hex },
+): Promise<InsertOutcome> {
+  const { rowCount } = await db.query(
+    `INSERT INTO permit_authorizations
+       (id, api_key_id, payer, permit_id, expires_at, nonce, signature, created_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+     ON CONFLICT (payer, nonce) DO NOTHING`,
+    [a.id, a.apiKeyId, a.payer, a.permitId, a.expiresAt, proof.nonce, proof.signature, a.createdAt],
+  );
+  return rowCount === 1 ? "inserted" : "nonce_used";
+}
+
+export async function getPermitAuthorization(
+  db: Queryable,
+  id: string,
+): Promise<PermitAuthorization | undefined> {
+  const { rows } = await db.query<Row>(
+    `SELECT ${columns} FROM permit_authorizations WHERE id = $1`,
+    [id],
+  );
+  return rows[0] === undefined ? undefined : fromRow(rows[0]);
+}
+
+/** Every authorization the key holds, revoked and expired ones included, newest first. */
+export async function listPermitAuthorizations(
+  db: Queryable,
+  apiKeyId: string,
+): Promise<PermitAuthorization[]> {
+  const { rows } = await db.query<Row>(
+    `SELECT ${columns} FROM permit_authorizations WHERE api_key_id = $1
+     ORDER BY seq DESC`,
+    [apiKeyId],
+  );
+  return rows.map(fromRow);
+}
+
+/**
+ * Revokes it at `now` unless it already is (the first revocation's time and author stay), and
+ * answers it as it then is; undefined when there is none (held by `apiKeyId`, when given).
+ */
+export async function revokePermitAuthorization(
+  db: Queryable,
+  args: { id: string; apiKeyId?: string; now: number; by: "key" | "payer" },
+): Promise<PermitAuthorization | undefined> {
+  const { rows } = await db.query<Row>(
+    `WITH target AS (
+       SELECT id FROM permit_authorizations
+       WHERE id = $1 AND ($2::text IS NULL OR api_key_id = $2)
+     ), revoked AS (
+       UPDATE permit_authorizations a SET revoked_at = $3, revoked_by = $4
+       FROM target WHERE a.id = target.id AND a.revoked_at IS NULL
+       RETURNING a.id
+     )
+     SELECT ${columns.replace(/(\w+)/g, "a.$1")}, r.id IS NOT NULL AS changed
+     FROM permit_authorizations a JOIN target t ON t.id = a.id LEFT JOIN revoked r ON r.id = a.id`,
+    [args.id, args.apiKeyId ?? null, args.now, args.by],
+  );
+  const row = rows[0] as (Row & { changed: boolean }) | undefined;
+  if (row === undefined) return undefined;
+  // The SELECT sees the snapshot from before the UPDATE of the same statement.
+  return row.changed ? { ...fromRow(row), revokedAt: args.now, revokedBy: args.by } : fromRow(row);
+}
+
+export function createPgPermitAuthorizationStore(db: Queryable): PermitAuthorizationStore {
+  return {
+    insert: (a, proof) => insertPermitAuthorization(db, a, proof),
+    get: (id) => getPermitAuthorization(db, id),
+    listByKey: (apiKeyId) => listPermitAuthorizations(db, apiKeyId),
+    revoke: (args) => revokePermitAuthorization(db, args),
+  };
+}
+
+/**
+ * The active API key matching `key` (null when it is unknown or revoked) with its
+ * authorizations that are still live at `now`, in one round trip. The lookup is by hash, so
+ * response timing reveals nothing useful about the stored keys: an attacker cannot steer the
+ * hash of a guess towards a stored one, which is what a constant-time compare would guard.
+ * It is the lookup every authenticated request makes (cached for API_KEY_CACHE_MS), so a
+ * chat's spending check needs no query of its own.
+ */
+export async function findApiKeyWithAuthorizations(
+  db: Queryable,
+  key: string,
+  now: number,
+): Promise<{ id: string; authorizations: PermitAuthorization[] } | null> {
+  if (!key.startsWith(API_KEY_PREFIX)) return null;
+  const { rows } = await db.query<{ id: string; authorizations: Row[] | null }>(
+    `SELECT k.id,
+       (SELECT json_agg(json_build_object(
+                 'id', a.id, 'api_key_id', a.api_key_id, 'payer', a.payer,
+                 'permit_id', a.permit_id, 'expires_at', a.expires_at::text,
+                 'created_at', a.created_at::text, 'revoked_at', NULL, 'revoked_by', NULL))
+          FROM permit_authorizations a
+         WHERE a.api_key_id = k.id AND a.revoked_at IS NULL AND a.expires_at > $2) AS authorizations
+     FROM api_keys k WHERE k.key_hash = $1 AND k.revoked_at IS NULL`,
+    [hashApiKey(key), now],
+  );
+  const row = rows[0];
+  if (row === undefined) return null;
+  return { id: row.id, authorizations: (row.authorizations ?? []).map(fromRow) };
+}

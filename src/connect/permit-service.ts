@@ -1,0 +1,152 @@
+import { create } from "@bufbuild/protobuf";
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import {
+  AuthorizeKeyResponseSchema,
+  CreateAuthorizationChallengeResponseSchema,
+  CreateRevocationChallengeResponseSchema,
+  ListAuthorizationsResponseSchema,
+  PermitAuthorizationSchema,
+  PermitAuthorizationStatus,
+  PermitService,
+  RevokeAuthorizationBySignatureResponseSchema,
+  RevokeAuthorizationResponseSchema,
+  type PermitAuthorization as PermitAuthorizationMessage,
+} from "../../gen/gateway/v1/permit_pb.js";
+import { GatewayError } from "../domain/errors.js";
+import {
+  authorizationStatus,
+  type AuthorizationDomain,
+  type AuthorizationStatus,
+  type PermitAuthorization,
+  type PermitAuthorizationService,
+} from "../domain/permit-authorization.js";
+import type { TypedDataField } from "../domain/registration.js";
+import { callerKey } from "./context.js";
+
+export interface PermitServiceDeps {
+  readonly authorizations: PermitAuthorizationService;
+  /** Unix seconds (an authorization's status depends on it). */
+  readonly clock: () => number;
+}
+
+const statusToProto: Record<AuthorizationStatus, PermitAuthorizationStatus> = {
+  active: PermitAuthorizationStatus.ACTIVE,
+  expired: PermitAuthorizationStatus.EXPIRED,
+  revoked: PermitAuthorizationStatus.REVOKED,
+};
+
+function apiKeyOf(ctx: HandlerContext): string {
+  const caller = ctx.values.get(callerKey);
+  if (caller === undefined) throw new GatewayError("missing_api_key", "missing API key");
+  return caller.apiKeyId;
+}
+
+function domainMessage(domain: AuthorizationDomain) {
+  return {
+    name: domain.name,
+    version: domain.version,
+    chainId: BigInt(domain.chainId),
+    verifyingContract: domain.verifyingContract,
+  };
+}
+
+function typesMessage(types: Record<string, TypedDataField[]>) {
+  return Object.entries(types).map(([name, fields]) => ({
+    name,
+    fields: fields.map((f) => ({ name: f.name, type: f.type })),
+  }));
+}
+
+/** PermitService: the transport of domain/permit-authorization.ts, nothing more. */
+export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof PermitService> {
+  const { authorizations } = deps;
+  const toMessage = (a: PermitAuthorization): PermitAuthorizationMessage =>
+    create(PermitAuthorizationSchema, {
+      id: a.id,
+      apiKeyId: a.apiKeyId,
+      payer: a.payer,
+      permitId: a.permitId,
+      expiresAt: BigInt(a.expiresAt),
+      createdAt: BigInt(a.createdAt),
+      revokedAt: a.revokedAt === null ? undefined : BigInt(a.revokedAt),
+      status: statusToProto[authorizationStatus(a, deps.clock())],
+      revokedBy: a.revokedBy ?? "",
+    });
+
+  return {
+    createAuthorizationChallenge(req, ctx) {
+      const typed = authorizations.createChallenge({
+        apiKeyId: apiKeyOf(ctx),
+        payer: req.payer,
+        permitId: req.permitId,
+        ...(req.expiresAt === undefined ? {} : { expiresAt: req.expiresAt }),
+      });
+      return create(CreateAuthorizationChallengeResponseSchema, {
+        typedData: {
+          domain: domainMessage(typed.domain),
+          types: typesMessage(typed.types),
+          primaryType: typed.primaryType,
+          message: {
+            payer: typed.message.payer,
+            keyId: typed.message.keyId,
+            permitId: typed.message.permitId,
+            expiresAt: BigInt(typed.message.expiresAt),
+            nonce: typed.message.nonce,
+          },
+        },
+      });
+    },
+
+    async authorizeKey(req, ctx) {
+      const authorization = await authorizations.authorize({
+        apiKeyId: apiKeyOf(ctx),
+        payer: req.payer,
+        permitId: req.permitId,
+        expiresAt: req.expiresAt,
+        nonce: req.nonce,
+        signature: req.signature,
+      });
+      return create(AuthorizeKeyResponseSchema, { authorization: toMessage(authorization) });
+    },
+
+    async listAuthorizations(req, ctx) {
+      const all = (await authorizations.list(apiKeyOf(ctx))).map(toMessage);
+      return create(ListAuthorizationsResponseSchema, {
+        authorizations:
+          req.status === PermitAuthorizationStatus.UNSPECIFIED
+            ? all
+            : all.filter((a) => a.status === req.status),
+      });
+    },
+
+    async revokeAuthorization(req, ctx) {
+      const authorization = await authorizations.revoke({ apiKeyId: apiKeyOf(ctx), id: req.id });
+      return create(RevokeAuthorizationResponseSchema, { authorization: toMessage(authorization) });
+    },
+
+    async createRevocationChallenge(req) {
+      const typed = await authorizations.revocationChallenge(req.id);
+      return create(CreateRevocationChallengeResponseSchema, {
+        typedData: {
+          domain: domainMessage(typed.domain),
+          types: typesMessage(typed.types),
+          primaryType: typed.primaryType,
+          message: {
+            payer: typed.message.payer,
+            authorizationId: typed.message.authorizationId,
+          },
+        },
+      });
+    },
+
+    async revokeAuthorizationBySignature(req) {
+      const authorization = await authorizations.revokeBySignature({
+        id: req.id,
+        signature: req.signature,
+      });
+      return create(RevokeAuthorizationBySignatureResponseSchema, {
+        authorization: toMessage(authorization),
+      });
+    },
+  };
+}
