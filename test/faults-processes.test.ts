@@ -317,7 +317,10 @@ describeIfPostgres("process faults", () => {
       const first = await charges(6);
       await rpc("evm_setAutomine", [false]);
       let w = await worker(g);
-      await eventually(async () => (await inFlight()).length === 1, 15_000);
+      // Submitted, not only stored: a batch stored but not yet broadcast when the block is mined
+      // would wait in the pool for a block this test never mines.
+      await eventually(async () => (await inFlight())[0]?.status === "submitted", 15_000);
+      expect(await inFlight()).toHaveLength(1);
       await killProcess(w, "SIGKILL");
       expect(g.child.exitCode).toBeNull();
       await rpc("evm_mine");
