@@ -93,6 +93,39 @@ describe("openDatabase", () => {
   });
 });
 
+describeIfPostgres("openDatabase on PostgreSQL: a connection lost while checked out", () => {
+  let test: TestDatabase;
+  beforeAll(async () => {
+    test = await createTestDatabase({ migrate: false });
+  });
+  afterAll(async () => {
+    await test?.drop();
+  });
+
+  it("is logged and fails its holder's next query; it does not stop the process", async () => {
+    // pg-pool listens for 'error' only on idle clients: without the gateway's own listener the
+    // server ending a checked-out client's connection is an uncaught exception (a CI run saw
+    // one when the database fault test killed every backend).
+    const logged: { obj: object; msg?: string }[] = [];
+    const record = (obj: object, msg?: string) => logged.push({ obj, msg });
+    const db = await openDatabase({ url: test.url!, logger: { info: record, warn: record } });
+    try {
+      const client = await db.pool.connect();
+      const { rows } = await client.query<{ pid: number }>("SELECT pg_backend_pid() AS pid");
+      const ended = new Promise((resolve) => client.once("end", resolve));
+      await db.pool.query("SELECT pg_terminate_backend($1)", [rows[0]!.pid]);
+      await ended;
+      expect(logged.map((l) => l.msg)).toContain("database connection in use failed");
+      await expect(client.query("SELECT 1")).rejects.toThrow();
+      client.release(true);
+      const again = await db.pool.query<{ one: number }>("SELECT 1 AS one");
+      expect(again.rows).toEqual([{ one: 1 }]);
+    } finally {
+      await db.close();
+    }
+  });
+});
+
 describe("openDatabase with embedded PGlite", () => {
   const dirs: string[] = [];
   afterAll(async () => {

@@ -89,7 +89,7 @@ async function openPostgres(
       cause: sanitizeCause(err, password),
     });
   }
-  pool.on("error", (err) => logPoolError(logger, err, password));
+  guardClients(pool, logger, password);
   try {
     await pool.query("SELECT 1");
   } catch (err) {
@@ -158,7 +158,7 @@ export async function servePglite(
       // the ledger batcher refuses a write still queued after LEDGER_QUEUE_WAIT_MS.
       Client: clientWaitingForFreeSlot(server),
     });
-    pool.on("error", (err) => logPoolError(opts.logger, err, undefined));
+    guardClients(pool, opts.logger, undefined);
     await pool.query("SELECT 1");
     opts.logger?.info({ kind: "pglite", dataDir: opts.label ?? "memory" }, "database started");
     return { pool, kind: "pglite", close };
@@ -264,16 +264,28 @@ function sanitizeCause(err: unknown, password: string | undefined): unknown {
   return copy;
 }
 
-function logPoolError(
+/**
+ * Listens for every client's connection failing, idle or checked out; without a listener an
+ * 'error' event is an uncaught exception that stops the process. pg-pool itself listens only
+ * while a client is idle (it drops such a client, and re-emits the error on the pool, which is
+ * why the pool gets a listener too; this one logs). A client that is checked out (inside a
+ * transaction, between two of its queries) and loses its connection to a server restart or
+ * `pg_terminate_backend` would otherwise stop the gateway. With the listener the holder learns
+ * of it from its next query, which rejects, and it releases the client as broken.
+ */
+function guardClients(
+  pool: pg.Pool,
   logger: DatabaseLogger | undefined,
-  err: Error,
   password: string | undefined,
 ): void {
-  // An idle client lost its connection; the pool drops it and opens a new one when needed.
-  // Without this listener the 'error' event would crash the process.
-  const entry = { err: { name: err.name, message: scrub(err, password) } };
-  if (logger?.warn) logger.warn(entry, "idle database connection failed");
-  else logger?.info(entry, "idle database connection failed");
+  pool.on("error", () => {});
+  pool.on("connect", (client) => {
+    client.on("error", (err) => {
+      const entry = { err: { name: err.name, message: scrub(err, password) } };
+      if (logger?.warn) logger.warn(entry, "database connection in use failed");
+      else logger?.info(entry, "database connection in use failed");
+    });
+  });
 }
 
 function once(fn: () => Promise<void>): () => Promise<void> {
