@@ -1,3 +1,4 @@
+import { setMaxListeners } from "node:events";
 import { createHash, hkdfSync, randomBytes } from "node:crypto";
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
@@ -385,6 +386,10 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     // refused), `cut` when the grace is over (what is still in flight ends with shutting_down).
     let draining = false;
     const cut = new AbortController();
+    // Every request in flight listens on `cut.signal` (one listener each, removed when it ends):
+    // thousands at once is the design, not a leak, so Node's default of 10 would only print
+    // MaxListenersExceededWarning under load.
+    setMaxListeners(0, cut.signal);
     // GET /ready is unauthenticated: it answers from one check of the database and the chain
     // per publicStateMaxAgeMs, shared by every caller (DESIGN.md section 8), never one per request.
     const dependencyChecks = createSharedRefresh(

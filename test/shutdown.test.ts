@@ -342,7 +342,16 @@ describeIfPostgres("graceful shutdown of gateway serve", () => {
 
 describe("graceful shutdown of npm start (gateway dev)", () => {
   const started: { dev: ChildProcess; stateDir: string }[] = [];
+  /** Processes a failed test may have left behind (its npm's descendants). */
+  const strays: number[] = [];
   afterAll(() => {
+    for (const pid of strays) {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {
+        // already gone
+      }
+    }
     for (const { dev, stateDir } of started) {
       if (dev.exitCode === null && dev.signalCode === null) dev.kill("SIGKILL");
       rmSync(stateDir, { recursive: true, force: true });
@@ -416,4 +425,57 @@ describe("graceful shutdown of npm start (gateway dev)", () => {
     expect(code).toBe(0);
     expect(alive(anvil!.pid)).toBe(false);
   }, 90_000);
+
+  /** Every process below `root` (children, their children, ...), read from one `ps` table. */
+  const descendantsOf = (root: number) => {
+    const table = execFileSync("ps", ["-e", "-o", "pid=,ppid=,args="], { encoding: "utf8" })
+      .trim()
+      .split("\n")
+      .map((line) => line.trim().split(/\s+/))
+      .map(([pid, ppid, ...args]) => ({
+        pid: Number(pid),
+        ppid: Number(ppid),
+        args: args.join(" "),
+      }));
+    const found: { pid: number; args: string }[] = [];
+    const walk = (parent: number): void => {
+      for (const row of table.filter((r) => r.ppid === parent)) {
+        found.push({ pid: row.pid, args: row.args });
+        walk(row.pid);
+      }
+    };
+    walk(root);
+    return found;
+  };
+
+  // Issue 19, item 10: `npm run` starts a script through `sh`, which does not pass a signal on;
+  // a supervisor that signals only npm's PID left the gateway and anvil running.
+  for (const signal of ["SIGTERM", "SIGINT"] as const) {
+    it(`npm start stops everything it started when only npm's PID gets ${signal}`, async () => {
+      const stateDir = mkdtempSync(join(tmpdir(), "gateway-npm-start-"));
+      const npm = spawn("npm", ["start", "--silent"], {
+        env: { PATH: process.env.PATH, PORT: "0", GATEWAY_STATE_DIR: stateDir, LOG_LEVEL: "info" },
+        stdio: ["ignore", "pipe", "pipe"],
+      });
+      started.push({ dev: npm, stateDir });
+      auditChildLogs(npm, "npm start");
+      const exit = exited(npm);
+      const manifestPath = join(stateDir, "dev.json");
+      await eventually(async () => existsSync(manifestPath) || npm.exitCode !== null, 60_000, 100);
+      expect(npm.exitCode).toBeNull();
+      const manifest = JSON.parse(readFileSync(manifestPath, "utf8")) as DevManifest;
+      expect((await fetch(`${manifest.baseUrl}/health`)).status).toBe(200);
+      const below = descendantsOf(npm.pid!);
+      strays.push(...below.map((p) => p.pid));
+      expect(below.some((p) => p.args.includes("anvil"))).toBe(true);
+      expect(below.some((p) => p.args.includes("src/cli/main.ts dev"))).toBe(true);
+
+      npm.kill(signal);
+      await exit;
+      // Nothing npm started is left: not the gateway, not anvil, not tsx's esbuild service.
+      await eventually(async () => below.every((p) => !alive(p.pid)), 20_000, 100);
+      await expect(fetch(manifest.rpcUrl, { method: "POST" })).rejects.toThrow();
+      await expect(fetch(`${manifest.baseUrl}/health`)).rejects.toThrow();
+    }, 120_000);
+  }
 });

@@ -1,3 +1,4 @@
+import { setMaxListeners } from "node:events";
 import { createServer, type IncomingHttpHeaders, type ServerResponse } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -94,6 +95,8 @@ export interface FakeUpstream {
   /** Requests received on `path` (e.g. `/v1/models`). */
   calls(path: string): number;
   setOptions(partial: Partial<FakeUpstreamOptions>): void;
+  /** Ends every hold under way now (`stallBeforeHeadersMs`): those requests go on at once. */
+  releaseHolds(): void;
   /** Connections accepted so far (keep-alive reuse keeps this low). */
   readonly connections: number;
   /** Connections that have closed so far. */
@@ -137,6 +140,13 @@ const defaults: Required<
 
 export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Promise<FakeUpstream> {
   let options: FakeUpstreamOptions & typeof defaults = { ...defaults, ...initial };
+  // One signal every hold under way listens on (any number of them: no listener warning).
+  const newHolds = () => {
+    const controller = new AbortController();
+    setMaxListeners(0, controller.signal);
+    return controller;
+  };
+  let holds = newHolds();
   const requests: FakeRequest[] = [];
   const sockets = new Set<Socket>();
   let connections = 0;
@@ -237,7 +247,7 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
     const gone = new AbortController();
     res.on("close", () => gone.abort());
     const hold = (ms: number) =>
-      sleep(ms, undefined, { signal: gone.signal }).then(
+      sleep(ms, undefined, { signal: AbortSignal.any([gone.signal, holds.signal]) }).then(
         () => undefined,
         () => undefined,
       );
@@ -409,6 +419,10 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
     calls: (path) => requests.filter((r) => r.path === path).length,
     setOptions(partial) {
       options = { ...options, ...partial };
+    },
+    releaseHolds() {
+      holds.abort();
+      holds = newHolds();
     },
     get connections() {
       return connections;

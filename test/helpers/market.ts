@@ -1,7 +1,7 @@
 import type { ContractFunctionArgs, ContractFunctionName, Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { creditTokenAbi, marketAbi } from "../../src/adapters/chain/artifacts.js";
-import { id32 } from "../../src/dev/demo-market.js";
+import { id32, type demoMetadata } from "../../src/dev/demo-market.js";
 import { registerEndpoint, verifyOffer } from "../../src/provider/client.js";
 import { auditSecret } from "./log-audit.js";
 import type { TestStack } from "./stack.js";
@@ -104,6 +104,16 @@ export async function setOffer(
     await market(stack, operator, "setOfferTariff", [offerId, input, output, wake]);
   }
   // Index it now rather than waiting for the poll.
+  await stack.gateway.indexer.syncOnce();
+}
+
+/** Publishes new metadata for an offer (as its operator would) and indexes it now. */
+export async function setOfferMetadata(
+  stack: TestStack,
+  offerId: Hex,
+  metadata: ReturnType<typeof demoMetadata>,
+): Promise<void> {
+  await market(stack, stack.roles.operator.privateKey, "setOfferMetadata", [offerId, metadata]);
   await stack.gateway.indexer.syncOnce();
 }
 
