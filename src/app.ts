@@ -61,6 +61,7 @@ import {
   type KeyAuthorities,
   type SpendingAuthority,
 } from "./domain/permit-authorization.js";
+import { createPermitClock } from "./domain/permits.js";
 import { createRegistrationService, openEndpoint } from "./domain/registration.js";
 import { createSharedRefresh } from "./domain/shared-refresh.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
@@ -274,6 +275,9 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       market: config.marketAddress,
       maxStalenessMs: config.permitCacheMs,
     });
+    // Permit expiry is judged by the later of our clock and the chain's latest block time, which
+    // the indexer's head reads feed (no RPC per request).
+    const permitClock = createPermitClock(clock);
     const instanceId = `gw_${randomBytes(8).toString("hex")}`;
     // Set once the ledger exists; the indexer (started before it) revokes closing permits.
     const late: { leased?: LeasedLedger } = {};
@@ -329,6 +333,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     const closeWatcher = setInterval(settleClosingSoon, config.settlementCloseCheckMs);
     closeWatcher.unref();
     const indexer = createIndexer({
+      onHead: (head) => permitClock.observeBlock(head.timestamp),
       onPermitEvent: (permitId) => permits.invalidate(permitId),
       onCatalogChange: () => invalidateRouting(),
       onPermitClosing: (permitIds) => {
@@ -464,6 +469,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
           fallback: perRequest,
           instanceId,
           clock,
+          permitClock: permitClock.now,
           staleAfterSeconds: config.orphanAfterSeconds,
           maxQueued: config.ledgerQueueMax,
           maxWaitMs: config.ledgerQueueWaitMs,
@@ -498,6 +504,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       upstream: upstreamChat,
       idempotency: createPgIdempotencyStore(db.pool, { instanceId }),
       clock,
+      permitClock: permitClock.now,
       bodyLimitBytes: config.bodyLimitBytes,
       jsonBounds,
       idempotencyMaxResultBytes: config.idempotencyMaxResultBytes,
@@ -535,6 +542,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
           permits,
           permitLedger: (permitId) => ledger.permitLedger(db.pool, permitId),
           clock,
+          permitClock: permitClock.now,
         }),
         permit: createPermitService({ authorizations: permitAuthorizations, clock }),
         settlement: createSettlementService({

@@ -216,6 +216,69 @@ describe("permit balance: GET /v1/permits/{id} and InferenceService.GetPermit", 
     });
   });
 
+  it("refuses chat 402 permit_expired and shows nothing available once the chain's time passed expires_at, though the gateway's clock has not", async () => {
+    const expiresAt = (await chainNow()) + 3600n;
+    const permitId = await openPermit(stack, { deposit, expiresAt });
+    const chat = () =>
+      authed(stack, "/v1/chat/completions", {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-gateway-permit": permitId },
+        body: JSON.stringify({ model: "demo-chat", messages, max_tokens: 16 }),
+      });
+    const admitted = await chat();
+    expect(admitted.status).toBe(200);
+    await admitted.text();
+    const charged = admitted.headers.get("x-gateway-credits-charged")!;
+    expect(BigInt(charged)).toBeGreaterThan(0n);
+
+    // The chain's time moves two hours on; the gateway's clock (the wall clock) stays before
+    // the expiry.
+    await stack.clients.publicClient.request({
+      method: "evm_increaseTime" as never,
+      params: [7200] as never,
+    });
+    await stack.clients.publicClient.request({ method: "evm_mine" as never, params: [] as never });
+    expect(await chainNow()).toBeGreaterThan(expiresAt);
+    expect(clock()).toBeLessThan(Number(expiresAt));
+    // The gateway learns the block's time from the head its indexer reads anyway (a pass now,
+    // rather than waiting for the poll).
+    await stack.gateway.indexer.syncOnce();
+
+    const calls = fake.calls("/v1/chat/completions");
+    const refused = await chat();
+    expect(refused.status).toBe(402);
+    expect(await json(refused)).toEqual({
+      error: {
+        code: "permit_expired",
+        type: "payment_required",
+        message: `permit ${permitId} has expired`,
+      },
+    });
+    expect(fake.calls("/v1/chat/completions")).toBe(calls);
+    // Reading the record waits for the first answer's charge to commit.
+    await authed(stack, `/v1/requests/${admitted.headers.get("x-gateway-request-id")}`);
+    let view: Record<string, unknown> = {};
+    // (the lease this process held on the permit goes back once it is idle)
+    await eventually(async () => {
+      view = await balance(permitId);
+      return view.reserved === "0";
+    });
+    expect(view).toEqual({
+      permit_id: permitId,
+      state: "open",
+      model_id: stack.demo.models[0]!.modelId,
+      offer_id: null,
+      payer: stack.roles.payer.address.toLowerCase(),
+      expires_at: Number(expiresAt),
+      closable_at: null,
+      deposit: deposit.toString(),
+      settled: "0",
+      charged_unsettled: charged,
+      reserved: "0",
+      available: "0",
+    });
+  });
+
   describe("errors, with the spec's error body", () => {
     const expectError = async (res: Response, status: number, code: string, type: string) => {
       expect(res.status).toBe(status);

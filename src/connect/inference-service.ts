@@ -36,6 +36,11 @@ export interface InferenceServiceDeps {
   readonly permitLedger: (permitId: Hex) => Promise<PermitLedger>;
   /** Unix seconds. */
   readonly clock: () => number;
+  /**
+   * Unix seconds a permit's expiry is judged by (`PermitClock.now`: the later of `clock` and the
+   * chain's latest block time the gateway has seen); default `clock`.
+   */
+  readonly permitClock?: () => number;
 }
 
 export const billingToProto = {
@@ -222,10 +227,11 @@ export function createInferenceService(
       const now = deps.clock();
       // Only keys the payer authorized see the balance (DESIGN.md section 4), checked from
       // memory before the ledger is read.
+      // Spendability by the chain's time as well as ours, as admission judges it.
       const balance = await readPermitBalance(req.permitId, {
         permits: deps.permits,
         ledger: deps.permitLedger,
-        now,
+        now: deps.permitClock === undefined ? now : Math.max(now, deps.permitClock()),
         authorize: (permit) => requireAuthority(authority, permit, now),
       });
       return create(GetPermitResponseSchema, {

@@ -1,7 +1,13 @@
 import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
 import { GatewayError, type ErrorCode } from "./errors.js";
-import { checkPermit, permitOfferPin, type Permit, type PermitReader } from "./permits.js";
+import {
+  checkPermit,
+  createPermitClock,
+  permitOfferPin,
+  type Permit,
+  type PermitReader,
+} from "./permits.js";
 
 const hex32 = (byte: string): Hex => `0x${byte.repeat(32)}`;
 const permitId = hex32("01");
@@ -162,5 +168,37 @@ describe("permitOfferPin", () => {
   it("is the permit's offer, or undefined for any offer", () => {
     expect(permitOfferPin(openPermit)).toBeUndefined();
     expect(permitOfferPin({ ...openPermit, offerId })).toBe(offerId);
+  });
+});
+
+describe("createPermitClock", () => {
+  it("is the later of the gateway's clock and the latest block time seen, which never goes back", () => {
+    let own = now;
+    const clock = createPermitClock(() => own);
+    // No block seen yet: the gateway's clock alone.
+    expect(clock.latestBlockTime).toBeUndefined();
+    expect(clock.now()).toBe(now);
+    // The chain ahead of the gateway: the chain's time.
+    clock.observeBlock(now + 7200);
+    expect(clock.now()).toBe(now + 7200);
+    // An older head (a lagging node) changes nothing.
+    clock.observeBlock(now + 10);
+    expect(clock.latestBlockTime).toBe(now + 7200);
+    expect(clock.now()).toBe(now + 7200);
+    // The gateway's clock past the chain's (a stalled chain): the gateway's.
+    own = now + 9000;
+    expect(clock.now()).toBe(now + 9000);
+  });
+
+  it("refuses a permit the chain's time has passed while the gateway's clock has not", async () => {
+    const clock = createPermitClock(() => now);
+    const permit = { ...openPermit, expiresAt: now + 60 };
+    const reader = readerOf([permit]);
+    await expect(checkPermit(permitId, reader, { modelId, now: clock.now() })).resolves.toBe(
+      permit,
+    );
+    clock.observeBlock(now + 60);
+    const error = await rejection(checkPermit(permitId, reader, { modelId, now: clock.now() }));
+    expect(error.code).toBe("permit_expired");
   });
 });

@@ -42,6 +42,44 @@ export interface PermitReader {
   invalidate(permitId: Hex): void;
 }
 
+/**
+ * The clock a permit's expiry is judged by: the later of the gateway's clock and the latest
+ * block time the gateway has seen. `expiresAt` is the chain's time (the market compares it with
+ * `block.timestamp`), so a gateway whose clock runs behind the chain's would otherwise admit
+ * spending on a permit the chain already holds expired. Block times come from the heads the
+ * gateway reads anyway (the indexer's poll), so judging costs no RPC per request; until one is
+ * seen, the gateway's clock alone decides. A later clock of the gateway's still wins: a stalled
+ * chain (or node) cannot keep a permit spendable past its expiry by the gateway's clock.
+ */
+export interface PermitClock {
+  /** Unix seconds: the later of the gateway's clock and {@link latestBlockTime}. */
+  now(): number;
+  /**
+   * Remembers a block's timestamp (Unix seconds) the gateway has read. Only a later one moves
+   * the clock: an older head from a lagging node (or a reorg) does not turn it back.
+   */
+  observeBlock(timestamp: number): void;
+  /** The latest block time seen; undefined before the first. */
+  readonly latestBlockTime: number | undefined;
+}
+
+export function createPermitClock(clock: () => number): PermitClock {
+  let latest: number | undefined;
+  return {
+    now() {
+      const own = clock();
+      return latest !== undefined && latest > own ? latest : own;
+    },
+    observeBlock(timestamp) {
+      if (Number.isFinite(timestamp) && (latest === undefined || timestamp > latest))
+        latest = timestamp;
+    },
+    get latestBlockTime() {
+      return latest;
+    },
+  };
+}
+
 /** The offer a permit is pinned to, or undefined when any offer of its model may serve it. */
 export function permitOfferPin(permit: Permit): Hex | undefined {
   return permit.offerId;
@@ -52,7 +90,8 @@ export function permitOfferPin(permit: Permit): Hex | undefined {
  * the permit. Throws {@link GatewayError}, checking in this order:
  * `permit_missing` (no header), `invalid_hex` (not Hex32), `chain_unavailable` (the chain cannot
  * be read: fail closed), `permit_not_found`, `permit_closed`, `permit_closing`, `permit_expired`
- * (`expiresAt <= now`, Unix seconds), `permit_model_mismatch`, and `permit_offer_mismatch` when
+ * (`expiresAt <= now`, Unix seconds: pass {@link PermitClock.now}, so the chain's time counts),
+ * `permit_model_mismatch`, and `permit_offer_mismatch` when
  * the permit is pinned to an offer and the request is pinned (`pinnedOfferId`, by its `offer`
  * field or its quote) to another. A pinned permit with an unpinned request is fine: routing then
  * only considers the permit's offer.

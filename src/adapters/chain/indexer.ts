@@ -43,6 +43,12 @@ export interface IndexerDeps {
   readonly logger: Logger;
   /** Blocks per getLogs call. */
   readonly batchSize?: bigint;
+  /**
+   * Told of the head block each pass reads (its number and timestamp, Unix seconds), before
+   * anything else of the pass: the latest block time the gateway has seen (permit expiry is
+   * judged by it, `PermitClock`) at no extra RPC.
+   */
+  readonly onHead?: (head: { readonly number: bigint; readonly timestamp: number }) => void;
   /** Told of every permit an event touched (opened, closing, closed, charged), so caches drop it. */
   readonly onPermitEvent?: (permitId: Hex) => void;
   /** Told after a pass that changed models or offers. */
@@ -247,7 +253,11 @@ export function createIndexer(deps: IndexerDeps): Indexer {
   };
 
   const syncOnce = async (): Promise<SyncResult | undefined> => {
-    const head = await client.getBlockNumber({ cacheTime: 0 });
+    // The head block rather than only its number: one call either way, and its time is the
+    // chain's clock for permit expiry.
+    const latest = await client.getBlock({ blockTag: "latest" });
+    const head = latest.number;
+    deps.onHead?.({ number: head, timestamp: Number(latest.timestamp) });
     const safe = head - BigInt(deps.confirmations);
     const cursor = (await readCursor(pool, cursorName)) ?? deps.startBlock - 1n;
     if (safe <= cursor) return undefined;

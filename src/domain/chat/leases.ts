@@ -26,6 +26,11 @@ export interface LeaseOptions {
   readonly instanceId: string;
   /** Unix seconds (records). */
   readonly clock: () => number;
+  /**
+   * Unix seconds a permit's expiry is judged by (`PermitClock.now`: the later of the gateway's
+   * clock and the chain's latest block time); default `clock`.
+   */
+  readonly permitClock?: () => number;
   /** Milliseconds, monotonic (lease timing); default performance.now. */
   readonly monotonicMs?: () => number;
   /** Other processes take a holder silent this long for dead (the orphan rule; default 60). */
@@ -373,7 +378,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     if (current.beatSentAt !== undefined && now - current.beatSentAt >= heartbeatMs) {
       await beat(current).catch(() => undefined);
     }
-    const nowSeconds = options.clock();
+    const nowSeconds = (options.permitClock ?? options.clock)();
     const work: Promise<void>[] = [];
     for (const epoch of epochs) {
       for (const [key, pool] of epoch.pools) {

@@ -308,10 +308,12 @@ export function createInference(deps: InferenceDeps): Inference {
 
     // 2. Permit, read live from the chain.
     const pinnedOffer = req.offer ?? quote?.offerId;
+    // Expiry by the chain's time as well as ours (PermitClock): a permit the chain holds expired
+    // is refused even while the gateway's clock is behind.
     const permit = await checkPermit(input.permitId, deps.permits, {
       modelId: model.modelId,
       pinnedOfferId: pinnedOffer,
-      now,
+      now: deps.permitClock === undefined ? now : Math.max(now, deps.permitClock()),
     });
     // Only a key its payer authorized may spend it; refused from memory, before any reservation.
     requireAuthority(input.authority, permit, now);

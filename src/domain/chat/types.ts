@@ -238,6 +238,11 @@ export interface InferenceDeps {
   readonly idempotency: IdempotencyStore;
   /** Unix seconds. */
   readonly clock: () => number;
+  /**
+   * Unix seconds a permit's expiry is judged by at admission (`PermitClock.now`: the later of
+   * `clock` and the chain's latest block time the gateway has seen); default `clock`.
+   */
+  readonly permitClock?: () => number;
   readonly bodyLimitBytes: number;
   /** MAX_JSON_DEPTH / MAX_JSON_ARRAY_ITEMS of chat and quote bodies; absent: the defaults. */
   readonly jsonBounds?: JsonBounds | undefined;
