@@ -306,6 +306,11 @@ export async function startGateway(config: Config, options: StartOptions): Promi
             pollMs: Math.min(config.pollIntervalMs, 1000),
             closeMarginSeconds: config.settlementCloseMarginSeconds,
             observer: metrics.settlement,
+            // What we just settled is read afresh (the view's four amounts add up at once),
+            // without waiting for the indexer to see ChargeSettled.
+            onSettled: (permitIds) => {
+              for (const permitId of permitIds) permits.invalidate(permitId);
+            },
           });
     // One background settlement task at a time: the recovery of a batch left in flight by a
     // stopped process (at start), and the close watcher. Shutdown stops its waiting at once.

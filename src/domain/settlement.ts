@@ -245,6 +245,13 @@ export interface SettlementFlusherDeps {
   readonly closeMarginSeconds?: number;
   /** Metrics hooks; absent: nothing is observed. */
   readonly observer?: SettlementObserver;
+  /**
+   * Told of the permits of a batch once it is recorded settled (its receipt `confirmations`
+   * deep, the ledger's `settled` raised), so cached chain reads of them are dropped at once: a
+   * permit read from before the settlement says `settled` 0 while the ledger no longer counts
+   * the charge as unsettled. It must not throw.
+   */
+  readonly onSettled?: (permitIds: readonly Hex[]) => void;
 }
 
 /** Hooks for metrics (the domain never imports a metrics library); they must not throw. */
@@ -501,6 +508,7 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
             gasUsed,
             settledAt: clock(),
           });
+          deps.onSettled?.([...new Set(charges.map((c) => c.permitId))]);
           const done = report(batchId, charges, "settled", {
             txHash: settled.txHash,
             gas: gasUsed,

@@ -40,7 +40,8 @@ export interface ChainPermitReader extends PermitReader {
  *   (`http(url, { batch: true })`).
  * - A result is served for at most `maxStalenessMs` after its read was sent; an unknown permit
  *   for at most `notFoundTtlMs`. `invalidate` (called by the indexer on the market's
- *   `Permit*` and `ChargeSettled` events) drops the entry at once, and a read already in flight
+ *   `Permit*` and `ChargeSettled` events, and by the settlement flusher for the permits of a
+ *   batch it records settled) drops the entry at once, and a read already in flight
  *   when it is called does not repopulate the cache, since it may predate the event.
  * - Failures are never cached: each `get` after one asks the chain again. They are thrown as
  *   `chain_unavailable`, so the request fails closed.
