@@ -513,6 +513,12 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       bodyLimitBytes: config.bodyLimitBytes,
       jsonBounds,
       idempotencyMaxResultBytes: config.idempotencyMaxResultBytes,
+      // The error's first line only: never the key, the API key or the answer.
+      onIdempotencyResultLost: ({ requestId, error }) =>
+        logger.warn(
+          { requestId, error: (error as Error).message?.split("\n")[0] ?? "failed" },
+          "idempotency result not stored: the answer was delivered and charged, its replay is lost",
+        ),
       acquireStream: (apiKeyId) => rateLimiter.acquireStream(apiKeyId),
       observer: metrics.chat,
     });

@@ -239,8 +239,8 @@ export function createInference(deps: InferenceDeps): Inference {
         if (key !== undefined && !keyDone) {
           // Stored before the last event is handed on: a consumer may stop reading right after it.
           if (event.type === "completed") {
-            await storeResult(input, key, tooLarge ? tooLargeResult() : [...events, event]);
             keyDone = true;
+            await storeCompleted(input, key, tooLarge ? tooLargeResult() : [...events, event]);
           } else if (event.type === "chunk" && !tooLarge) {
             keptBytes += event.data.byteLength;
             if (keptBytes > maxResultBytes) {
@@ -258,6 +258,24 @@ export function createInference(deps: InferenceDeps): Inference {
     } finally {
       // The consumer stopped reading before the answer completed (no error reached us).
       await finishInterrupted(undefined);
+    }
+  }
+
+  /**
+   * Stores a completed answer's result for its key. A store that fails does not fail the
+   * answer: it is complete and its charge is being recorded, so the client gets what it pays
+   * for; only the replay is lost, which is reported (`onIdempotencyResultLost`). The key keeps
+   * its claim: a retry is refused 409 `idempotency_in_progress`, never served and charged again.
+   */
+  async function storeCompleted(input: ChatInput, key: string, events: readonly ChatEvent[]) {
+    try {
+      await storeResult(input, key, events);
+    } catch (error) {
+      const first = events[0];
+      deps.onIdempotencyResultLost?.({
+        requestId: first?.type === "started" ? first.requestId : "",
+        error,
+      });
     }
   }
 

@@ -251,6 +251,13 @@ export interface InferenceDeps {
    * default {@link defaultIdempotencyMaxResultBytes}.
    */
   readonly idempotencyMaxResultBytes?: number | undefined;
+  /**
+   * Told when a completed answer's Idempotency-Key result could not be stored (the store
+   * threw): the answer is still delivered and charged, and the key's replay is lost (its claim
+   * stays, so a retry is refused 409 `idempotency_in_progress`, not served and charged again).
+   * For the operator's log; it must not throw. Absent: nothing is told.
+   */
+  readonly onIdempotencyResultLost?: (lost: { requestId: string; error: unknown }) => void;
   readonly newId?: () => Hex;
   /** Metrics hooks; absent: nothing is observed. */
   readonly observer?: ChatObserver;
