@@ -517,6 +517,7 @@ async function main(): Promise<number> {
       maxBatchGas: settings.maxBatchGas,
       replaceAfterBlocks: 3,
       feeBumpPercent: 20,
+      feeCap: { maxFeePerGas: 500_000_000_000n, maxPriorityFeePerGas: 50_000_000_000n },
       waitMs: 600_000,
       leaseSeconds: 30,
       pollMs: 50,

@@ -301,6 +301,10 @@ export async function startGateway(config: Config, options: StartOptions): Promi
             maxBatchGas: config.settlementMaxBatchGas,
             replaceAfterBlocks: config.settlementReplaceAfterBlocks,
             feeBumpPercent: config.settlementFeeBumpPercent,
+            feeCap: {
+              maxFeePerGas: config.settlementMaxFeePerGas,
+              maxPriorityFeePerGas: config.settlementMaxPriorityFeePerGas,
+            },
             waitMs: config.settlementWaitMs,
             leaseSeconds: config.settlementLeaseSeconds,
             pollMs: Math.min(config.pollIntervalMs, 1000),

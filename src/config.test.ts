@@ -155,4 +155,37 @@ describe("rate limit and slow-client settings", () => {
     ])
       expect(problems).toContain(key);
   });
+
+  it("parses the settlement fee caps as wei (bigint): 500 and 50 gwei by default; bad ones refused", () => {
+    expect(parseConfig(base)).toMatchObject({
+      settlementMaxFeePerGas: 500_000_000_000n,
+      settlementMaxPriorityFeePerGas: 50_000_000_000n,
+    });
+    expect(
+      parseConfig({
+        ...base,
+        SETTLEMENT_MAX_FEE_PER_GAS: "123456789012345678901",
+        SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS: "7",
+      }),
+    ).toMatchObject({
+      settlementMaxFeePerGas: 123456789012345678901n,
+      settlementMaxPriorityFeePerGas: 7n,
+    });
+    for (const [key, value] of [
+      ["SETTLEMENT_MAX_FEE_PER_GAS", "0"],
+      ["SETTLEMENT_MAX_FEE_PER_GAS", "1.5e9"],
+      ["SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS", "-1"],
+    ] as const) {
+      expect(() => parseConfig({ ...base, [key]: value }), `${key}=${value}`).toThrow(
+        new RegExp(`${key} must be a positive integer amount of wei`),
+      );
+    }
+    expect(() =>
+      parseConfig({
+        ...base,
+        SETTLEMENT_MAX_FEE_PER_GAS: "100",
+        SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS: "101",
+      }),
+    ).toThrow(/SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS must not exceed SETTLEMENT_MAX_FEE_PER_GAS/);
+  });
 });

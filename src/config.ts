@@ -67,6 +67,10 @@ export interface Config {
   readonly settlementReplaceAfterBlocks: number;
   /** Fee increase of a replacement, in percent (at least 15: geth wants 10 on both fee fields). */
   readonly settlementFeeBumpPercent: number;
+  /** Most a settlement transaction offers per gas (wei), first attempt and replacements alike. */
+  readonly settlementMaxFeePerGas: bigint;
+  /** Most a settlement transaction tips per gas (wei); at most `settlementMaxFeePerGas`. */
+  readonly settlementMaxPriorityFeePerGas: bigint;
   /** How long one flush waits for its transaction before answering `submitted` (the next flush goes on). */
   readonly settlementWaitMs: number;
   /** Charges on a closing permit must be settled this many seconds before `closableAt`. */
@@ -226,6 +230,25 @@ export function parseConfig(env: Env): Config {
     problems.push("SETTLEMENT_PRIVATE_KEY must be a 0x-prefixed 32-byte hex private key");
   }
 
+  // Fee caps in wei, as decimal strings (amounts of money are never JS numbers).
+  const wei = (key: string, fallback: bigint): bigint => {
+    const raw = str(key);
+    if (raw === undefined) return fallback;
+    if (!/^\d{1,30}$/.test(raw) || BigInt(raw) === 0n) {
+      problems.push(`${key} must be a positive integer amount of wei, got "${raw}"`);
+      return fallback;
+    }
+    return BigInt(raw);
+  };
+  const gwei = 1_000_000_000n;
+  const maxFeePerGas = wei("SETTLEMENT_MAX_FEE_PER_GAS", 500n * gwei);
+  const maxPriorityFeePerGas = wei("SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS", 50n * gwei);
+  if (maxPriorityFeePerGas > maxFeePerGas) {
+    problems.push(
+      "SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS must not exceed SETTLEMENT_MAX_FEE_PER_GAS (the tip is part of the fee)",
+    );
+  }
+
   const logLevel = (str("LOG_LEVEL") ?? "info") as LogLevel;
   if (!logLevels.includes(logLevel)) {
     problems.push(`LOG_LEVEL must be one of ${logLevels.join(", ")}`);
@@ -266,6 +289,8 @@ export function parseConfig(env: Env): Config {
     ),
     settlementReplaceAfterBlocks: int("SETTLEMENT_REPLACE_AFTER_BLOCKS", 3, 1, 10_000),
     settlementFeeBumpPercent: int("SETTLEMENT_FEE_BUMP_PERCENT", 20, 15, 1000),
+    settlementMaxFeePerGas: maxFeePerGas,
+    settlementMaxPriorityFeePerGas: maxPriorityFeePerGas,
     settlementWaitMs: int("SETTLEMENT_WAIT_MS", 60_000, 0, 3_600_000),
     settlementCloseMarginSeconds: int("SETTLEMENT_CLOSE_MARGIN_SECONDS", 600, 0, 86_400),
     settlementCloseCheckMs: int("SETTLEMENT_CLOSE_CHECK_MS", 5000, 50, 3_600_000),

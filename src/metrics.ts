@@ -215,6 +215,11 @@ export function createMetrics(
     help: "Flushes that failed with an error (the next flush resumes from the chain's state).",
     registers,
   });
+  const insufficientFunds = new Counter({
+    name: "gateway_settlement_insufficient_funds_total",
+    help: "Settlement broadcasts the node refused because the settlement account cannot pay for gas (fund it; the same transaction is re-sent).",
+    registers,
+  });
   const indexerLag = new Gauge({
     name: "gateway_indexer_lag_blocks",
     help: "Blocks the indexer's cursor is behind the chain head less CONFIRMATIONS (0 when caught up).",
@@ -274,6 +279,7 @@ export function createMetrics(
       if (gas !== undefined && gas > 0n) gasUsed.inc(Number(gas));
     },
     failure: () => settlementFailures.inc(),
+    insufficientFunds: () => insufficientFunds.inc(),
   };
 
   // Per request: the label children are resolved once per (route, method, status), as `pair`

@@ -333,6 +333,136 @@ describeIfPostgres("chain RPC faults", () => {
     await expectSettledOnce(permitId, total);
   });
 
+  /** Talks to anvil directly (not through the proxy). */
+  const anvilRpc = (method: string, params: unknown[] = []) =>
+    stack.clients.publicClient.request({ method: method as never, params: params as never });
+  /** More blocks than SETTLEMENT_REPLACE_AFTER_BLOCKS (3): an attempt is old enough to replace. */
+  const mineBlocks = async (n = 4) => {
+    for (let i = 0; i < n; i++) await anvilRpc("evm_mine");
+  };
+  /** The stored attempts of the batch holding `requestId`. */
+  const attemptsOf = async (requestId: string) =>
+    (
+      await stack.database.db.pool.query<{
+        batch_id: string;
+        tx_hash: string;
+        nonce: string;
+        max_fee_per_gas: string;
+        max_priority_fee_per_gas: string;
+        sent_block: string | null;
+      }>(
+        `SELECT a.batch_id, a.tx_hash, a.nonce::text, a.max_fee_per_gas::text,
+           a.max_priority_fee_per_gas::text, a.sent_block::text
+         FROM settlement_attempts a JOIN inference_requests r ON r.batch_id = a.batch_id
+         WHERE r.id = $1 ORDER BY a.nonce, a.max_fee_per_gas`,
+        [requestId],
+      )
+    ).rows;
+
+  it("settlement, eth_sendRawTransaction failing across flushes while blocks pass: the stored transaction is re-sent as it is, never re-priced; settled once when the node takes it", async () => {
+    expect((await flush(stack)).status).toBe(200);
+    const permitId = await openPermit(stack, { deposit: 10n ** 18n });
+    const chats = [await chatOn(stack, permitId), await chatOn(stack, permitId)];
+    const total = chats.reduce((sum, c) => sum + c.charged, 0n);
+
+    proxy.errors({ kind: "rpc", methods: ["eth_sendRawTransaction"] });
+    const sent = proxy.calls("eth_sendRawTransaction");
+    expect((await flush(stack)).status).toBe(503);
+    const [stored] = await attemptsOf(chats[0]!.id);
+    expect(stored).toMatchObject({ sent_block: null });
+    for (let i = 0; i < 3; i++) {
+      await mineBlocks();
+      expect((await flush(stack)).status).toBe(503);
+    }
+    // Every flush tried to send, and each time the same stored transaction: one attempt, its
+    // fees those of the first, never taken by the node.
+    expect(proxy.calls("eth_sendRawTransaction")).toBeGreaterThanOrEqual(sent + 4);
+    expect(await attemptsOf(chats[0]!.id)).toEqual([stored]);
+
+    proxy.pass();
+    await mineBlocks();
+    const ok = await flush(stack);
+    expect(ok.status).toBe(200);
+    expect(ok.body.batches[0]).toMatchObject({
+      batch_id: stored!.batch_id,
+      status: "settled",
+      tx_hash: stored!.tx_hash,
+    });
+    const [after, ...more] = await attemptsOf(chats[0]!.id);
+    expect(more).toEqual([]);
+    expect(after).toMatchObject({
+      tx_hash: stored!.tx_hash,
+      max_fee_per_gas: stored!.max_fee_per_gas,
+      max_priority_fee_per_gas: stored!.max_priority_fee_per_gas,
+    });
+    expect(after!.sent_block).not.toBeNull();
+    await expectSettledOnce(permitId, total);
+  });
+
+  it("settlement, the account without funds for gas: the flush says insufficient_funds, the metric counts it, an error line names the account; the same transaction is re-sent, never re-priced, and settles once the account is funded", async () => {
+    expect((await flush(stack)).status).toBe(200);
+    const permitId = await openPermit(stack, { deposit: 10n ** 18n });
+    const chats = [await chatOn(stack, permitId), await chatOn(stack, permitId)];
+    const total = chats.reduce((sum, c) => sum + c.charged, 0n);
+    const account = stack.roles.settlement.address;
+    const balance = await stack.clients.publicClient.getBalance({ address: account });
+    const counted = await metric("gateway_settlement_insufficient_funds_total");
+    const failures = await metric("gateway_settlement_failures_total");
+    const logged = () =>
+      stack.logs.lines
+        .map((line) => JSON.parse(line) as Record<string, unknown>)
+        .filter((l) => String(l.msg).startsWith("settlement account has insufficient funds"));
+    const loggedBefore = logged().length;
+
+    await anvilRpc("anvil_setBalance", [account, "0x0"]);
+    let stored: Awaited<ReturnType<typeof attemptsOf>>[number] | undefined;
+    try {
+      for (let i = 1; i <= 3; i++) {
+        const res = await flush(stack);
+        expect(res.status).toBe(200);
+        expect(res.body.batches).toEqual([
+          expect.objectContaining({
+            status: "pending",
+            error: expect.stringMatching(/^insufficient_funds: /),
+          }),
+        ]);
+        expect(res.body.settled_requests).toBe(0);
+        stored ??= (await attemptsOf(chats[0]!.id))[0];
+        expect(res.body.batches[0].tx_hash).toBe(stored!.tx_hash);
+        expect(await attemptsOf(chats[0]!.id)).toEqual([{ ...stored!, sent_block: null }]);
+        expect(await metric("gateway_settlement_insufficient_funds_total")).toBe(counted + i);
+        const lines = logged().slice(loggedBefore);
+        expect(lines).toHaveLength(i);
+        expect(lines[i - 1]).toMatchObject({
+          level: 50,
+          account: account.toLowerCase(),
+          txHash: stored!.tx_hash,
+          needsWei: expect.stringMatching(/^[1-9]\d*$/),
+        });
+        await mineBlocks();
+      }
+      // Not a chain outage: the flushes answered, nothing counted as a failure.
+      expect(await metric("gateway_settlement_failures_total")).toBe(failures);
+      expect(
+        (
+          await settlementRows(
+            stack,
+            chats.map((c) => c.id),
+          )
+        ).map((r) => r.settlement_status),
+      ).toEqual(["settling", "settling"]);
+    } finally {
+      await anvilRpc("anvil_setBalance", [account, `0x${balance.toString(16)}`]);
+    }
+
+    const ok = await flush(stack);
+    expect(ok.status).toBe(200);
+    expect(ok.body.batches[0]).toMatchObject({ status: "settled", tx_hash: stored!.tx_hash });
+    expect(await attemptsOf(chats[0]!.id)).toHaveLength(1);
+    expect(await metric("gateway_settlement_insufficient_funds_total")).toBe(counted + 3);
+    await expectSettledOnce(permitId, total);
+  });
+
   it("indexer, RPC down then erroring on eth_getLogs: the cursor stays, the gateway keeps serving, /metrics shows it; the changes made meanwhile are indexed once it is back", async () => {
     const pausedOffer = stack.demo.offers.find((o) => o.status === "paused")!.offerId;
     const cursor = async () =>

@@ -254,6 +254,9 @@ describe("Prometheus metrics on the main port", () => {
     );
     expect(total(samples, "gateway_settlement_gas_used_total")).toBeGreaterThan(0);
     expect(find(samples, "gateway_settlement_failures_total")).toHaveLength(1);
+    expect(find(samples, "gateway_settlement_insufficient_funds_total")).toEqual([
+      expect.objectContaining({ value: 0 }),
+    ]);
     expect(total(samples, "gateway_unsettled_credits")).toBe(0);
     expect(total(samples, "gateway_oldest_unsettled_charge_age_seconds")).toBe(0);
   });

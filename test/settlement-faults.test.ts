@@ -210,6 +210,82 @@ describe("settlement sender under faults", () => {
     await expectSettledOnce(permitId, ids, total);
   });
 
+  it("replacements raise the fees up to SETTLEMENT_MAX_FEE_PER_GAS / SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS and never past them; at the cap the attempt in flight is kept", async () => {
+    const { permitId, ids, total } = await charged(2);
+    const real = realChain();
+    await rpc("evm_setAutomine", [false]);
+    try {
+      // No block is mined until the end, so the market's fees stay what they are now.
+      const market = await real.fees();
+      const cap = {
+        maxFeePerGas: (market.maxFeePerGas * 135n) / 100n,
+        maxPriorityFeePerGas: (market.maxPriorityFeePerGas * 135n) / 100n,
+      };
+      // A congested chain: after the first look (when the batch is made, so its log is searched
+      // from a real block), three blocks pass between two looks, so every attempt the node
+      // holds is old enough to replace at the next look.
+      let looks = 0n;
+      const congested: SettlementChain = {
+        ...real,
+        head: async () => (await real.head()) + 3n * looks++,
+      };
+      const mining = (async () => {
+        await new Promise((r) => setTimeout(r, 800));
+        await rpc("evm_mine");
+      })();
+      const result = await flusher(congested, { replaceAfterBlocks: 3, feeCap: cap }).flush();
+      await mining;
+      const batchId = result.batches[0]!.batchId;
+      expect(result.batches[0]).toMatchObject({ status: "settled" });
+      const ceil20 = (x: bigint) => (x * 120n + 99n) / 100n;
+      // The market's, then raised 20%, then held to the cap (12.5% more: a node takes it), then
+      // nothing more although the chain stayed congested for many more looks.
+      expect(await attempts(batchId)).toEqual([
+        expect.objectContaining({
+          max_fee_per_gas: market.maxFeePerGas.toString(),
+          max_priority_fee_per_gas: market.maxPriorityFeePerGas.toString(),
+        }),
+        expect.objectContaining({
+          max_fee_per_gas: ceil20(market.maxFeePerGas).toString(),
+          max_priority_fee_per_gas: ceil20(market.maxPriorityFeePerGas).toString(),
+        }),
+        expect.objectContaining({
+          max_fee_per_gas: cap.maxFeePerGas.toString(),
+          max_priority_fee_per_gas: cap.maxPriorityFeePerGas.toString(),
+        }),
+      ]);
+      const tried = await attempts(batchId);
+      expect(new Set(tried.map((a) => a.nonce)).size).toBe(1);
+      expect(result.batches[0]!.txHash).toBe(tried[2]!.tx_hash);
+      expect(stack.logs.text).toContain(
+        "its fees are at SETTLEMENT_MAX_FEE_PER_GAS / SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS; keeping it",
+      );
+    } finally {
+      await rpc("evm_setAutomine", [true]);
+    }
+    await expectSettledOnce(permitId, ids, total);
+  });
+
+  it("a first attempt offers the market's fees held to the cap", async () => {
+    const { permitId, ids, total } = await charged(1);
+    const real = realChain();
+    const market = await real.fees();
+    // A tip cap below the market's; the fee cap above it (so the transaction still lands).
+    const cap = {
+      maxFeePerGas: market.maxFeePerGas * 2n,
+      maxPriorityFeePerGas: market.maxPriorityFeePerGas / 2n,
+    };
+    const result = await flusher(real, { feeCap: cap }).flush();
+    expect(result.batches[0]).toMatchObject({ status: "settled" });
+    expect(await attempts(result.batches[0]!.batchId)).toEqual([
+      expect.objectContaining({
+        max_fee_per_gas: market.maxFeePerGas.toString(),
+        max_priority_fee_per_gas: cap.maxPriorityFeePerGas.toString(),
+      }),
+    ]);
+    await expectSettledOnce(permitId, ids, total);
+  });
+
   it("an attempt whose nonce another transaction took is re-sent under a new nonce with the same batch id", async () => {
     const { permitId, ids, total } = await charged(2);
     const real = realChain();

@@ -3,6 +3,7 @@ import { describe, expect, it } from "vitest";
 import {
   aggregateCharges,
   bump,
+  capFees,
   entriesUnder,
   reconcile,
   replacementFees,
@@ -42,6 +43,8 @@ describe("aggregateCharges", () => {
   });
 });
 
+const noCap = { maxFeePerGas: 10n ** 30n, maxPriorityFeePerGas: 10n ** 30n };
+
 describe("fees of a replacement", () => {
   it("raise both fee fields by the percentage, rounded up, or follow the market when it is higher", () => {
     expect(bump(100n, 15)).toBe(115n);
@@ -51,6 +54,7 @@ describe("fees of a replacement", () => {
         { maxFeePerGas: 1000n, maxPriorityFeePerGas: 10n },
         { maxFeePerGas: 900n, maxPriorityFeePerGas: 50n },
         20,
+        noCap,
       ),
     ).toEqual({ maxFeePerGas: 1200n, maxPriorityFeePerGas: 50n });
     // The fee cap never falls below the tip.
@@ -59,8 +63,54 @@ describe("fees of a replacement", () => {
         { maxFeePerGas: 10n, maxPriorityFeePerGas: 10n },
         { maxFeePerGas: 5n, maxPriorityFeePerGas: 40n },
         15,
+        noCap,
       ),
     ).toEqual({ maxFeePerGas: 40n, maxPriorityFeePerGas: 40n });
+  });
+
+  it("never pass the cap, and are not made when the cap leaves less than the 10% a node takes", () => {
+    const cap = { maxFeePerGas: 1300n, maxPriorityFeePerGas: 130n };
+    const market = { maxFeePerGas: 1n, maxPriorityFeePerGas: 1n };
+    // 1200/120 is under the cap: a full bump.
+    expect(
+      replacementFees({ maxFeePerGas: 1000n, maxPriorityFeePerGas: 100n }, market, 20, cap),
+    ).toEqual({ maxFeePerGas: 1200n, maxPriorityFeePerGas: 120n });
+    // 1320/132 would pass it: held to 1300/130, still 10% above 1180/118.
+    expect(
+      replacementFees({ maxFeePerGas: 1100n, maxPriorityFeePerGas: 110n }, market, 20, cap),
+    ).toEqual({ maxFeePerGas: 1300n, maxPriorityFeePerGas: 130n });
+    // 1440/144 held to 1300/130 is only 8.3% above 1200/120: no replacement.
+    expect(
+      replacementFees({ maxFeePerGas: 1200n, maxPriorityFeePerGas: 120n }, market, 20, cap),
+    ).toBeUndefined();
+    // At the cap: nothing left to raise.
+    expect(replacementFees(cap, market, 20, cap)).toBeUndefined();
+    // The tip at its cap holds the replacement back even though the fee could still rise.
+    expect(
+      replacementFees({ maxFeePerGas: 500n, maxPriorityFeePerGas: 130n }, market, 20, cap),
+    ).toBeUndefined();
+    // A market above the cap is held to it too.
+    expect(
+      replacementFees(
+        { maxFeePerGas: 100n, maxPriorityFeePerGas: 10n },
+        { maxFeePerGas: 5000n, maxPriorityFeePerGas: 500n },
+        20,
+        cap,
+      ),
+    ).toEqual(cap);
+  });
+
+  it("of a first attempt: the market's, held to the cap field by field, the fee never below the tip", () => {
+    const cap = { maxFeePerGas: 500n, maxPriorityFeePerGas: 50n };
+    expect(capFees({ maxFeePerGas: 400n, maxPriorityFeePerGas: 40n }, cap)).toEqual({
+      maxFeePerGas: 400n,
+      maxPriorityFeePerGas: 40n,
+    });
+    expect(capFees({ maxFeePerGas: 900n, maxPriorityFeePerGas: 90n }, cap)).toEqual(cap);
+    expect(capFees({ maxFeePerGas: 30n, maxPriorityFeePerGas: 90n }, cap)).toEqual({
+      maxFeePerGas: 50n,
+      maxPriorityFeePerGas: 50n,
+    });
   });
 });
 

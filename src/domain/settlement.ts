@@ -19,10 +19,16 @@ import type { Hex } from "viem";
  *   before the next is made.
  * - Every signed attempt is stored before it is broadcast, and kept. A batch is settled only
  *   when the chain says its id settled; before any resend the chain is asked first.
- * - An attempt unmined for `replaceAfterBlocks` blocks is replaced: same nonce, same calldata,
- *   fees raised by `feeBumpPercent` (at least 15). An attempt whose nonce another transaction
- *   took is re-sent under a new nonce with the same batch id (the chain refuses a second
- *   settlement of one id, so whichever lands, it lands once).
+ * - An attempt the node took (`sentBlock`) and left unmined for `replaceAfterBlocks` blocks is
+ *   replaced: same nonce, same calldata, fees raised by `feeBumpPercent` (at least 15), never
+ *   above `feeCap`. An attempt the node never took (its broadcast failed or was refused) is
+ *   re-sent as it is: a higher fee cures neither an unreachable node nor an empty account, and
+ *   raising it on every failed try would ratchet without end. An attempt whose nonce another
+ *   transaction took is re-sent under a new nonce with the same batch id (the chain refuses a
+ *   second settlement of one id, so whichever lands, it lands once).
+ * - A batch fails only when none of its attempts succeeded and one reverted `confirmations`
+ *   deep, and the chain, asked again just before, says its id has not settled: a lagging or
+ *   load-balanced node must not free charges the chain has paid.
  * - A batch is simulated before it is stored; a charge the chain would refuse (its permit
  *   closed or unknown, an offer mismatch, beyond the deposit) is taken out and marked
  *   `unsettleable` with the reason, so one bad permit never holds up the others.
@@ -60,6 +66,14 @@ export interface SettlementAttempt {
   readonly maxPriorityFeePerGas: bigint;
   /** The chain head when the attempt was made. */
   readonly headBlock: bigint;
+  /** The chain head when the node first took it (sent, or already known); undefined: never. */
+  readonly sentBlock?: bigint | undefined;
+}
+
+/** Fee fields of an EIP-1559 transaction, in wei. */
+export interface Fees {
+  readonly maxFeePerGas: bigint;
+  readonly maxPriorityFeePerGas: bigint;
 }
 
 export interface InFlightBatch {
@@ -123,7 +137,11 @@ export interface SettlementStore {
     },
     sign: Sign,
   ): Promise<SettlementAttempt>;
-  markSubmitted(batchId: Hex): Promise<void>;
+  /**
+   * The node took `txHash` (sent, or already known) at chain head `head`: the attempt's
+   * `sentBlock` (kept if already set) and the batch `submitted`.
+   */
+  markSent(batchId: Hex, txHash: Hex, head: bigint): Promise<void>;
   inFlight(account: Hex): Promise<InFlightBatch[]>;
   attempts(batchId: Hex): Promise<SettlementAttempt[]>;
   /** Settles the batch and its requests and adds to the permits' settled; false if it was not in flight. */
@@ -149,7 +167,13 @@ export interface SettleRevert {
 }
 
 export type Simulation = { ok: true; gas: bigint } | { ok: false; revert: SettleRevert };
-export type BroadcastOutcome = "sent" | "known" | "nonce_too_low" | "underpriced";
+/**
+ * What the node answered a broadcast. `insufficient_funds`: the settlement account cannot pay
+ * `gas * maxFeePerGas` (an operator must fund it; no fee change helps). Anything else it
+ * could not be asked about throws.
+ */
+export type BroadcastOutcome =
+  "sent" | "known" | "nonce_too_low" | "underpriced" | "insufficient_funds";
 export type PermitChainState = "none" | "open" | "closing" | "closed";
 
 /** The chain side of settlement (the viem adapter). Failures to reach the chain throw. */
@@ -159,7 +183,7 @@ export interface SettlementChain {
   head(): Promise<bigint>;
   /** Transactions of the account mined so far (the next nonce the chain expects). */
   minedNonce(): Promise<number>;
-  fees(): Promise<{ maxFeePerGas: bigint; maxPriorityFeePerGas: bigint }>;
+  fees(): Promise<Fees>;
   encode(batchId: Hex, charges: readonly BatchCharge[]): Hex;
   simulate(calldata: Hex): Promise<Simulation>;
   sign(tx: {
@@ -236,6 +260,8 @@ export interface SettlementFlusherDeps {
   readonly maxBatchGas: bigint;
   readonly replaceAfterBlocks: number;
   readonly feeBumpPercent: number;
+  /** Most the flusher ever offers per gas, whatever the market or a replacement asks. */
+  readonly feeCap: Fees;
   /** How long one flush waits for its transaction before answering `submitted`. */
   readonly waitMs: number;
   readonly leaseSeconds: number;
@@ -263,6 +289,8 @@ export interface SettlementObserver {
   batch(status: BatchState, gasUsed: bigint | undefined): void;
   /** A flush that failed with an error (its outcome is resumed by the next flush). */
   failure(): void;
+  /** A broadcast the node refused because the settlement account cannot pay for it. */
+  insufficientFunds(): void;
 }
 
 export interface SettlementFlusher {
@@ -305,16 +333,45 @@ export function bump(value: bigint, percent: number): bigint {
   return (value * BigInt(100 + percent) + 99n) / 100n;
 }
 
-/** The fees of a replacement: the old ones raised by `percent`, or the market's if higher. */
+const maxOf = (a: bigint, b: bigint) => (a > b ? a : b);
+const minOf = (a: bigint, b: bigint) => (a < b ? a : b);
+
+/**
+ * The least rise of both fee fields a node takes as a replacement of a pending transaction
+ * (geth's txpool price bump); a smaller one it refuses as underpriced.
+ */
+export const minReplacementBumpPercent = 10;
+
+/** `fees` held to `cap` field by field; the fee cap never falls below the tip. */
+export function capFees(fees: Fees, cap: Fees): Fees {
+  const priority = minOf(fees.maxPriorityFeePerGas, cap.maxPriorityFeePerGas);
+  return {
+    maxFeePerGas: maxOf(minOf(fees.maxFeePerGas, cap.maxFeePerGas), priority),
+    maxPriorityFeePerGas: priority,
+  };
+}
+
+/**
+ * The fees of a replacement: the old ones raised by `percent`, or the market's if higher, held
+ * to `cap`. Undefined when the cap leaves no rise a node would take (under
+ * {@link minReplacementBumpPercent} on either field): the attempt in flight stays as it is.
+ */
 export function replacementFees(
-  previous: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint },
-  market: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint },
+  previous: Fees,
+  market: Fees,
   percent: number,
-): { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint } {
-  const max = (a: bigint, b: bigint) => (a > b ? a : b);
-  const priority = max(bump(previous.maxPriorityFeePerGas, percent), market.maxPriorityFeePerGas);
-  const fee = max(bump(previous.maxFeePerGas, percent), market.maxFeePerGas);
-  return { maxFeePerGas: max(fee, priority), maxPriorityFeePerGas: priority };
+  cap: Fees,
+): Fees | undefined {
+  const priority = maxOf(bump(previous.maxPriorityFeePerGas, percent), market.maxPriorityFeePerGas);
+  const fee = maxOf(bump(previous.maxFeePerGas, percent), market.maxFeePerGas);
+  const fees = capFees({ maxFeePerGas: maxOf(fee, priority), maxPriorityFeePerGas: priority }, cap);
+  const taken =
+    fees.maxFeePerGas >= bump(previous.maxFeePerGas, minReplacementBumpPercent) &&
+    fees.maxPriorityFeePerGas >= bump(previous.maxPriorityFeePerGas, minReplacementBumpPercent);
+  const changed =
+    fees.maxFeePerGas !== previous.maxFeePerGas ||
+    fees.maxPriorityFeePerGas !== previous.maxPriorityFeePerGas;
+  return taken && changed ? fees : undefined;
 }
 
 /** Entries the contract would process up to `gasBound`, by the first guess of an entry's gas. */
@@ -456,16 +513,64 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
   });
 
   const signer =
-    (
-      data: Hex,
-      gas: bigint,
-      fees: { maxFeePerGas: bigint; maxPriorityFeePerGas: bigint },
-      headBlock: bigint,
-    ): Sign =>
+    (data: Hex, gas: bigint, fees: Fees, headBlock: bigint): Sign =>
     async (nonce) => {
       const signed = await chain.sign({ nonce, gas, data, ...fees });
       return { txHash: signed.txHash, raw: signed.raw, nonce, gas, headBlock, ...fees };
     };
+
+  /** The market's fees, held to the cap (logged when the cap bites: the transaction may wait). */
+  async function cappedMarketFees(batchId: Hex): Promise<Fees> {
+    const market = await chain.fees();
+    const fees = capFees(market, deps.feeCap);
+    if (
+      fees.maxFeePerGas !== market.maxFeePerGas ||
+      fees.maxPriorityFeePerGas !== market.maxPriorityFeePerGas
+    ) {
+      logger.warn(
+        {
+          batchId,
+          marketMaxFeePerGas: market.maxFeePerGas.toString(),
+          marketMaxPriorityFeePerGas: market.maxPriorityFeePerGas.toString(),
+          maxFeePerGas: fees.maxFeePerGas.toString(),
+          maxPriorityFeePerGas: fees.maxPriorityFeePerGas.toString(),
+        },
+        "settlement fees held to SETTLEMENT_MAX_FEE_PER_GAS / SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS; the transaction may wait for the market to fall",
+      );
+    }
+    return fees;
+  }
+
+  const insufficientFundsError =
+    "insufficient_funds: the settlement account cannot pay for the transaction's gas";
+
+  /**
+   * Broadcasts `attempt` and records what the node said: taken (sent or already known), the
+   * attempt's `sentBlock` and the batch `submitted`; refused for want of funds, an error line and
+   * the metric. A failure to reach the node throws (the attempt stays unsent: re-sent as it is).
+   */
+  async function send(batchId: Hex, attempt: SettlementAttempt, head: bigint) {
+    const outcome = await chain.broadcast(attempt.raw);
+    if (outcome === "sent" || outcome === "known") {
+      await store.markSent(batchId, attempt.txHash, head);
+    } else if (outcome === "insufficient_funds") {
+      deps.observer?.insufficientFunds();
+      logger.error(
+        {
+          batchId,
+          account,
+          txHash: attempt.txHash,
+          nonce: attempt.nonce,
+          gas: attempt.gas.toString(),
+          maxFeePerGas: attempt.maxFeePerGas.toString(),
+          // What the node wants the account to hold (no value is sent).
+          needsWei: (attempt.gas * attempt.maxFeePerGas).toString(),
+        },
+        "settlement account has insufficient funds for gas; fund it: the batch stays in flight and the same transaction is re-sent",
+      );
+    }
+    return outcome;
+  }
 
   /**
    * Drives one stored batch until it is settled, failed, or `deadline` passes (then it stays
@@ -483,6 +588,18 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
   ): Promise<BatchReport> {
     const { batchId, calldata, charges } = batch;
     let broadcastThisCall = false;
+    // Attempts found at the fee cap in this call (logged once, not re-priced every poll).
+    const atCap = new Set<Hex>();
+    // The account cannot pay: stay in flight (nothing to wait for until it is funded).
+    const unfunded = async (): Promise<BatchReport> => {
+      const all = await store.attempts(batchId);
+      const latest = all.at(-1);
+      const status = all.some((a) => a.sentBlock !== undefined) ? "submitted" : batch.status;
+      return report(batchId, charges, status, {
+        txHash: latest?.txHash,
+        error: insufficientFundsError,
+      });
+    };
     for (;;) {
       const attempts = await store.attempts(batchId);
       const first = attempts[0];
@@ -560,7 +677,7 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
               again.every((r) => r === undefined) &&
               (await chain.batchSettled(batchId, fromBlock)) === undefined
             ) {
-              const fees = await chain.fees();
+              const fees = await cappedMarketFees(batchId);
               const attempt = await store.recordAttempt(
                 { account, holder, batchId, chainNonce: minedNonce, now: clock() },
                 signer(calldata, latest.gas, fees, head),
@@ -574,45 +691,71 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
                 },
                 "settlement nonce taken by another transaction; re-sending the batch under a new nonce",
               );
-              await chain.broadcast(attempt.raw);
               broadcastThisCall = true;
+              if ((await send(batchId, attempt, head)) === "insufficient_funds") return unfunded();
               continue;
             }
             continue;
           }
-          if (head >= latest.headBlock + BigInt(deps.replaceAfterBlocks)) {
-            const fees = replacementFees(latest, await chain.fees(), deps.feeBumpPercent);
-            const attempt = await store.recordAttempt(
-              {
-                account,
-                holder,
-                batchId,
-                nonce: latest.nonce,
-                chainNonce: minedNonce,
-                now: clock(),
-              },
-              signer(calldata, latest.gas, fees, head),
+          // Only an attempt the node took can be stuck for its price; one it never took is
+          // re-sent below as it is (a failed broadcast never raises the fees).
+          const sentBlock = latest.sentBlock;
+          if (
+            sentBlock !== undefined &&
+            head >= sentBlock + BigInt(deps.replaceAfterBlocks) &&
+            !atCap.has(latest.txHash)
+          ) {
+            const fees = replacementFees(
+              latest,
+              await chain.fees(),
+              deps.feeBumpPercent,
+              deps.feeCap,
             );
-            logger.warn(
-              {
-                batchId,
-                nonce: attempt.nonce,
-                txHash: attempt.txHash,
-                replaces: latest.txHash,
-                maxFeePerGas: fees.maxFeePerGas.toString(),
-              },
-              "settlement transaction not mined in time; replacing it with higher fees",
-            );
-            await chain.broadcast(attempt.raw);
-            broadcastThisCall = true;
-            continue;
+            if (fees === undefined) {
+              atCap.add(latest.txHash);
+              logger.warn(
+                {
+                  batchId,
+                  txHash: latest.txHash,
+                  maxFeePerGas: latest.maxFeePerGas.toString(),
+                  maxPriorityFeePerGas: latest.maxPriorityFeePerGas.toString(),
+                },
+                "settlement transaction not mined in time, but its fees are at SETTLEMENT_MAX_FEE_PER_GAS / SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS; keeping it",
+              );
+            } else {
+              const attempt = await store.recordAttempt(
+                {
+                  account,
+                  holder,
+                  batchId,
+                  nonce: latest.nonce,
+                  chainNonce: minedNonce,
+                  now: clock(),
+                },
+                signer(calldata, latest.gas, fees, head),
+              );
+              logger.warn(
+                {
+                  batchId,
+                  nonce: attempt.nonce,
+                  txHash: attempt.txHash,
+                  replaces: latest.txHash,
+                  maxFeePerGas: fees.maxFeePerGas.toString(),
+                  maxPriorityFeePerGas: fees.maxPriorityFeePerGas.toString(),
+                },
+                "settlement transaction not mined in time; replacing it with higher fees",
+              );
+              broadcastThisCall = true;
+              if ((await send(batchId, attempt, head)) === "insufficient_funds") return unfunded();
+              continue;
+            }
           }
           if (!broadcastThisCall) {
-            // Stored but perhaps never sent (a crash between store and broadcast), or sent by a
-            // flusher that died: the same signed bytes again, which the chain takes at most once.
-            const outcome = await chain.broadcast(latest.raw);
+            // Stored but perhaps never sent (a crash between store and broadcast, a failed
+            // broadcast), or sent by a flusher that died: the same signed bytes again, which the
+            // chain takes at most once.
             broadcastThisCall = true;
-            if (outcome === "sent" || outcome === "known") await store.markSubmitted(batchId);
+            if ((await send(batchId, latest, head)) === "insufficient_funds") return unfunded();
             continue;
           }
         }
@@ -683,7 +826,7 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
           }
         }
         if (calldata === undefined || good.length === 0) continue;
-        const fees = await chain.fees();
+        const fees = await cappedMarketFees(batchId);
         const head = await chain.head();
         const gasLimit = (gas * 125n) / 100n + 20_000n;
         await store.storeBatch(

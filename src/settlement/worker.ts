@@ -103,6 +103,7 @@ export function createSettlementWorker(options: SettlementWorkerOptions): Settle
     for (const batch of response.batches) {
       const fields = batchFields(batch);
       if (batch.status === BatchStatus.FAILED) log.warn(fields, "settlement batch failed");
+      else if (batch.error !== "") log.warn(fields, "settlement batch in flight, stalled");
       else log.info(fields, dryRun ? "settlement batch (dry run)" : "settlement batch");
     }
     for (const charge of response.unsettleable) {

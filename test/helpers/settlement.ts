@@ -125,6 +125,7 @@ export function testFlusher(
     maxBatchGas: 12_000_000n,
     replaceAfterBlocks: 2,
     feeBumpPercent: 20,
+    feeCap: { maxFeePerGas: 500_000_000_000n, maxPriorityFeePerGas: 50_000_000_000n },
     waitMs: 5000,
     leaseSeconds: 30,
     pollMs: 50,

@@ -151,6 +151,8 @@ export function createChainSettlement(options: ChainSettlementOptions): Settleme
           return "known";
         if (/nonce too low|nonce.*(lower|already used)/i.test(text)) return "nonce_too_low";
         if (/underpriced|fee too low|replacement/i.test(text)) return "underpriced";
+        // geth, erigon, nethermind, reth and anvil: "insufficient funds for gas * price + value".
+        if (/insufficient funds|insufficient balance/i.test(text)) return "insufficient_funds";
         throw unavailable("broadcast", error);
       }
     },

@@ -53,6 +53,7 @@ interface AttemptRow {
   max_fee_per_gas: string;
   max_priority_fee_per_gas: string;
   head_block: string;
+  sent_block: string | null;
 }
 
 const toAttempt = (row: AttemptRow): SettlementAttempt => ({
@@ -63,6 +64,7 @@ const toAttempt = (row: AttemptRow): SettlementAttempt => ({
   maxFeePerGas: BigInt(row.max_fee_per_gas),
   maxPriorityFeePerGas: BigInt(row.max_priority_fee_per_gas),
   headBlock: BigInt(row.head_block),
+  sentBlock: row.sent_block === null ? undefined : BigInt(row.sent_block),
 });
 
 async function lockAccount(client: pg.PoolClient, account: string, holder: string) {
@@ -247,11 +249,18 @@ export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
       });
     },
 
-    async markSubmitted(batchId) {
-      await pool.query(
-        "UPDATE settlement_batches SET status = 'submitted' WHERE batch_id = $1 AND status = 'pending'",
-        [batchId],
-      );
+    async markSent(batchId, txHash, head) {
+      await inTransaction(pool, async (client) => {
+        await client.query(
+          `UPDATE settlement_attempts SET sent_block = $3
+           WHERE tx_hash = $2 AND batch_id = $1 AND sent_block IS NULL`,
+          [batchId, txHash, head.toString()],
+        );
+        await client.query(
+          "UPDATE settlement_batches SET status = 'submitted' WHERE batch_id = $1 AND status = 'pending'",
+          [batchId],
+        );
+      });
     },
 
     async inFlight(account) {
@@ -290,7 +299,7 @@ export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
     async attempts(batchId) {
       const { rows } = await pool.query<AttemptRow>(
         `SELECT tx_hash, nonce, raw_tx, gas_limit, max_fee_per_gas, max_priority_fee_per_gas,
-           head_block
+           head_block, sent_block
          FROM settlement_attempts WHERE batch_id = $1 ORDER BY nonce, max_fee_per_gas`,
         [batchId],
       );
