@@ -315,6 +315,115 @@ describe("settlement sender under faults", () => {
     await expectSettledOnce(permitId, ids, total);
   });
 
+  it("one attempt reverted and another succeeded, seen through a node that lags on the batch's state: the batch settles, is never failed, and its charges settle once", async () => {
+    const { permitId, ids, total } = await charged(2);
+    const real = realChain();
+    let signed = 0;
+    let firstHash: Hex | undefined;
+    // The node the flusher asks first does not have the first attempt's receipt yet.
+    let hideFirst = true;
+    // Reads of the batch's state answered by a node still behind the chain.
+    let lagging = 0;
+    const lagged: SettlementChain = {
+      ...real,
+      // The first attempt runs out of gas, so it is mined and reverts; later ones are signed as
+      // the flusher asks.
+      sign: async (tx) => {
+        const first = signed++ === 0;
+        const result = await real.sign(first ? { ...tx, gas: 40_000n } : tx);
+        if (first) firstHash = result.txHash;
+        return result;
+      },
+      receipt: async (hash) => (hideFirst && hash === firstHash ? undefined : real.receipt(hash)),
+      broadcast: async (raw) => {
+        const outcome = await real.broadcast(raw);
+        if (signed === 2) {
+          // The second attempt (under the next nonce: the first's looked taken by a stranger)
+          // is out: the receipts now show both, the batch's state lags two reads behind.
+          hideFirst = false;
+          lagging = 2;
+        }
+        return outcome;
+      },
+      batchSettled: async (batchId, fromBlock) => {
+        if (lagging > 0) {
+          lagging -= 1;
+          return undefined;
+        }
+        return real.batchSettled(batchId, fromBlock);
+      },
+    };
+    const result = await flusher(lagged).flush();
+    expect(result.batches).toHaveLength(1);
+    const batchId = result.batches[0]!.batchId;
+    const tried = await attempts(batchId);
+    expect(tried).toHaveLength(2);
+    expect(Number(tried[1]!.nonce)).toBe(Number(tried[0]!.nonce) + 1);
+    expect(tried[0]!.tx_hash).toBe(firstHash);
+    expect((await real.receipt(tried[0]!.tx_hash as Hex))?.status).toBe("reverted");
+    expect((await real.receipt(tried[1]!.tx_hash as Hex))?.status).toBe("success");
+    expect(result.batches[0]).toMatchObject({ status: "settled", txHash: tried[1]!.tx_hash });
+    expect(await batchOf(ids[0]!)).toEqual({
+      batch_id: batchId,
+      status: "settled",
+      tx_hash: tried[1]!.tx_hash,
+    });
+    expect(lagging).toBe(0);
+    expect(stack.logs.text).toContain(
+      "a settlement attempt succeeded but the chain does not show the batch settled yet; waiting",
+    );
+    await expectSettledOnce(permitId, ids, total);
+    // Nothing left to batch again: a later flush pays nothing twice.
+    await flusher(real).flush();
+    await expectSettledOnce(permitId, ids, total);
+  });
+
+  it("a receipt that says reverted while the batch settled (a node on a stale fork): the chain is asked again before the batch is failed, and its charges settle once", async () => {
+    const { permitId, ids, total } = await charged(2);
+    const real = realChain();
+    let broadcast = false;
+    let lagging = 0;
+    const stale: SettlementChain = {
+      ...real,
+      broadcast: async (raw) => {
+        const outcome = await real.broadcast(raw);
+        broadcast = true;
+        lagging = 1;
+        return outcome;
+      },
+      // The node answering receipts saw the transaction revert; the one answering the first
+      // read of the batch's state after it is behind.
+      receipt: async (hash) => {
+        const receipt = await real.receipt(hash);
+        return broadcast && receipt !== undefined ? { ...receipt, status: "reverted" } : receipt;
+      },
+      batchSettled: async (batchId, fromBlock) => {
+        if (lagging > 0) {
+          lagging -= 1;
+          return undefined;
+        }
+        return real.batchSettled(batchId, fromBlock);
+      },
+    };
+    const result = await flusher(stale).flush();
+    expect(result.batches).toHaveLength(1);
+    const batchId = result.batches[0]!.batchId;
+    const tried = await attempts(batchId);
+    expect(tried).toHaveLength(1);
+    expect(result.batches[0]).toMatchObject({ status: "settled", txHash: tried[0]!.tx_hash });
+    expect(await batchOf(ids[0]!)).toEqual({
+      batch_id: batchId,
+      status: "settled",
+      tx_hash: tried[0]!.tx_hash,
+    });
+    expect(stack.logs.text).toContain(
+      "a settlement attempt's receipt says reverted but the chain says the batch settled; not failing it",
+    );
+    await expectSettledOnce(permitId, ids, total);
+    await flusher(real).flush();
+    await expectSettledOnce(permitId, ids, total);
+  });
+
   it("a batch that reverts on chain returns its charges; the next flush settles the good ones and marks the closed permit's unsettleable", async () => {
     const good = await charged(2);
     const doomed = await charged(1);

@@ -12,7 +12,8 @@ import type { Hex } from "viem";
  *
  *   unsettled --store (batch, calldata, signed tx, hash, nonce)--> settling / batch `pending`
  *   pending --broadcast--> `submitted` --receipt with BatchSettled, CONFIRMATIONS deep--> settled
- *   submitted --every attempt's nonce taken, batch not settled--> `failed`: charges unsettled
+ *   submitted --an attempt reverted, CONFIRMATIONS deep, none succeeded, and the chain asked
+ *     once more says the batch id has not settled--> `failed`: charges unsettled
  *
  * - One flusher per settlement account at a time (a lease on the database clock; every write
  *   is fenced by it), and one transaction in flight per account: a batch is driven to its end
@@ -26,9 +27,6 @@ import type { Hex } from "viem";
  *   raising it on every failed try would ratchet without end. An attempt whose nonce another
  *   transaction took is re-sent under a new nonce with the same batch id (the chain refuses a
  *   second settlement of one id, so whichever lands, it lands once).
- * - A batch fails only when none of its attempts succeeded and one reverted `confirmations`
- *   deep, and the chain, asked again just before, says its id has not settled: a lagging or
- *   load-balanced node must not free charges the chain has paid.
  * - A batch is simulated before it is stored; a charge the chain would refuse (its permit
  *   closed or unknown, an offer mismatch, beyond the deposit) is taken out and marked
  *   `unsettleable` with the reason, so one bad permit never holds up the others.
@@ -590,6 +588,7 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
     let broadcastThisCall = false;
     // Attempts found at the fee cap in this call (logged once, not re-priced every poll).
     const atCap = new Set<Hex>();
+    let lagLogged = false;
     // The account cannot pay: stay in flight (nothing to wait for until it is funded).
     const unfunded = async (): Promise<BatchReport> => {
       const all = await store.attempts(batchId);
@@ -645,28 +644,50 @@ export function createSettlementFlusher(deps: SettlementFlusherDeps): Settlement
       } else {
         // Not settled (as of the head read above). Did one of our attempts get mined anyway?
         const receipts = await Promise.all(attempts.map((a) => chain.receipt(a.txHash)));
-        const minedIndex = receipts.findIndex((r) => r !== undefined);
-        const mined = minedIndex >= 0 ? receipts[minedIndex] : undefined;
-        if (mined !== undefined && mined.status === "reverted") {
-          if (head >= mined.blockNumber + BigInt(deps.confirmations)) {
-            const txHash = attempts[minedIndex]!.txHash;
-            const error = "the settlement transaction reverted";
-            if (
-              await store.markFailed(batchId, {
-                txHash,
-                blockNumber: mined.blockNumber,
-                gasUsed: mined.gasUsed,
-                error,
-              })
-            ) {
-              logger.error(
-                { batchId, txHash, requests: report(batchId, charges, "failed").requests },
-                "settlement batch reverted on chain; its charges are unsettled again and will be re-simulated",
-              );
-            }
-            return report(batchId, charges, "failed", { txHash, gas: mined.gasUsed, error });
+        const mined = receipts.some((r) => r !== undefined);
+        const succeeded = receipts.findIndex((r) => r?.status === "success");
+        const reverted = receipts.findIndex(
+          (r) => r?.status === "reverted" && head >= r.blockNumber + BigInt(deps.confirmations),
+        );
+        if (succeeded >= 0) {
+          // One attempt succeeded, so the batch id settled, whatever the read above said (a
+          // load-balanced node behind the one that answered the receipt, a reorg under way):
+          // never failed, whichever other attempt reverted. Wait until the chain shows it.
+          if (!lagLogged) {
+            lagLogged = true;
+            logger.warn(
+              { batchId, txHash: attempts[succeeded]!.txHash },
+              "a settlement attempt succeeded but the chain does not show the batch settled yet; waiting",
+            );
           }
-        } else if (mined === undefined) {
+        } else if (reverted >= 0) {
+          const txHash = attempts[reverted]!.txHash;
+          const receipt = receipts[reverted]!;
+          // Failing returns the charges to be batched again under a new id, which the chain
+          // cannot refuse as a replay: ask it once more, now, whether this id settled.
+          if ((await chain.batchSettled(batchId, fromBlock)) !== undefined) {
+            logger.warn(
+              { batchId, txHash },
+              "a settlement attempt's receipt says reverted but the chain says the batch settled; not failing it",
+            );
+            continue;
+          }
+          const error = "the settlement transaction reverted";
+          if (
+            await store.markFailed(batchId, {
+              txHash,
+              blockNumber: receipt.blockNumber,
+              gasUsed: receipt.gasUsed,
+              error,
+            })
+          ) {
+            logger.error(
+              { batchId, txHash, requests: report(batchId, charges, "failed").requests },
+              "settlement batch reverted on chain; its charges are unsettled again and will be re-simulated",
+            );
+          }
+          return report(batchId, charges, "failed", { txHash, gas: receipt.gasUsed, error });
+        } else if (!mined) {
           const latest = attempts[attempts.length - 1]!;
           const minedNonce = await chain.minedNonce();
           if (minedNonce > latest.nonce) {
