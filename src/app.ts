@@ -12,6 +12,7 @@ import { chainSettledTotals, createChainSettlement } from "./adapters/chain/sett
 import { createPgSettlementStore, settledSums } from "./adapters/pg/settlement.js";
 import { createPgIdempotencyStore } from "./adapters/pg/idempotency.js";
 import * as ledger from "./adapters/pg/ledger.js";
+import { createPgLeaseSignals, type PgLeaseSignals } from "./adapters/pg/lease-signals.js";
 import { createPgLeaseStore } from "./adapters/pg/leases.js";
 import { getQuote, insertQuote } from "./adapters/pg/quotes.js";
 import { getRequest } from "./adapters/pg/requests.js";
@@ -252,6 +253,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         connectMs: config.dbConnectTimeoutMs,
       },
     }));
+  let leaseSignals: PgLeaseSignals | undefined;
   try {
     const { applied } = await migrate(db.pool);
     if (applied.length > 0) logger.info({ applied }, "database migrated");
@@ -469,8 +471,19 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     };
     // Plain requests are admitted against reservation leases; their records and closes are
     // written in batches (migration 010).
+    // Processes recall each other's idle leases over LISTEN/NOTIFY (PostgreSQL only: the
+    // embedded PGlite serves one connection, and one process has no one to recall from).
+    leaseSignals =
+      config.reservationLeases && db.kind === "postgres"
+        ? createPgLeaseSignals(db.pool, {
+            instanceId,
+            logger: logger.child({ component: "leases" }),
+          })
+        : undefined;
+    await leaseSignals?.ready();
     const leased = config.reservationLeases
       ? createLeasedLedger({
+          signals: leaseSignals,
           store: createPgLeaseStore(db.pool, {
             maxQueued: config.ledgerQueueMax,
             maxWaitMs: config.ledgerQueueWaitMs,
@@ -697,6 +710,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
             logger.error({ ms: drainMs }, "request closes still unwritten at shutdown");
           }
           await leased?.stop();
+          await leaseSignals?.close();
           await settlementTask;
           step("request closes and leases written");
           await upstream.close();
@@ -707,6 +721,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       },
     };
   } catch (error) {
+    await leaseSignals?.close();
     if (ownsDatabase) await db.close();
     throw error;
   }

@@ -76,3 +76,18 @@ export interface LeaseStore {
   markStreaming(requestId: Hex): Promise<void>;
   close(close: LeasedClose): Promise<{ finalized: boolean; creditsCharged: bigint }>;
 }
+
+/**
+ * Lease recall between processes (adapters/pg/lease-signals.ts: PostgreSQL LISTEN/NOTIFY). A
+ * process whose extension is refused while other holders' leases would cover it asks them for
+ * their idle part; each holder gives back what its requests do not use and answers.
+ */
+export interface LeaseSignals {
+  /** Asks the other processes to give back their idle part of `key` (`permit:0x..`,
+   * `offer:0x..`); resolves when one answers, or after a bound (never rejects). */
+  recall(key: string): Promise<void>;
+  /** This process has answered a recall of `key` (given back what it could). */
+  answer(key: string): Promise<void>;
+  /** Called with the key of every recall another process sends. */
+  onRecall(handler: (key: string) => void): void;
+}

@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import { GatewayError } from "../errors.js";
 import { createPools, type LeasePool } from "./lease-pool.js";
-import type { LeasedRecord, LeaseStore, OpenState } from "./lease-store.js";
+import type { LeasedRecord, LeaseSignals, LeaseStore, OpenState } from "./lease-store.js";
 import type { Ledger } from "./types.js";
 
 /**
@@ -43,6 +43,11 @@ export interface LeaseOptions {
   readonly maxQueued?: number | undefined;
   /** How long a request may wait for an extension before it is refused (503, not admitted). */
   readonly maxWaitMs?: number | undefined;
+  /**
+   * Lease recall between processes (LISTEN/NOTIFY on PostgreSQL); without it (one process)
+   * a refusal other holders could cover waits once per window for their idle give-back.
+   */
+  readonly signals?: LeaseSignals | undefined;
 }
 
 interface Epoch {
@@ -88,12 +93,29 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
   const marginMs = staleMs / 4;
   const idleMs = options.idleMs ?? 1_000;
   const tickMs = options.tickMs ?? 250;
-  const { newPool, acquire, release, pump, rejectAll } = createPools({
+  const signals = options.signals;
+  const {
+    newPool,
+    acquire,
+    release,
+    markScarce,
+    closeStarted,
+    closeEnded,
+    whenSettled,
+    pump,
+    rejectAll,
+  } = createPools({
     mono,
     idleMs,
     tickMs,
     maxQueued: options.maxQueued ?? Number.POSITIVE_INFINITY,
     maxWaitMs: options.maxWaitMs,
+    recall: signals === undefined ? undefined : (pool) => signals.recall(`${pool.kind}:${pool.id}`),
+    // Near the end of a permit's credits (an offer's slots), what a closing request frees goes
+    // back at once: the database, not this process's idle lease, decides the next request.
+    onFree: (pool) => {
+      if (!pool.busy) void giveBack(pool, false);
+    },
   });
   const requests = new Map<string, LeasedRequest>();
   const revoked = new Set<Hex>();
@@ -270,10 +292,12 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       });
     })();
     let result: { finalized: boolean; creditsCharged: bigint };
+    closeStarted(r.permitPool);
     try {
       result = await r.closing;
     } catch (error) {
       r.closing = undefined; // the outbox tries again; the close is exactly-once
+      closeEnded(r.permitPool);
       throw error;
     }
     if (requests.delete(input.requestId)) {
@@ -281,6 +305,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       r.permitPool.granted -= result.creditsCharged;
       release(r.permitPool, r.record.maximumCredits);
     }
+    closeEnded(r.permitPool);
     return result;
   };
 
@@ -372,6 +397,31 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       if (pool.queue.length > 0) void pump(pool);
     }
   };
+
+  /**
+   * Another process needs what this one's lease on `key` holds idle: give back every part no
+   * request of ours uses, then answer (the recaller asks the database again). The lease turns
+   * scarce here too, so both sides take only what each request needs for a while.
+   */
+  const answerRecall = async (key: string): Promise<void> => {
+    const work: Promise<void>[] = [];
+    let held = false;
+    for (const epoch of epochs) {
+      const pool = epoch.pools.get(key);
+      if (pool === undefined) continue;
+      held = true;
+      markScarce(pool);
+      // Our answered requests' charges about to commit free the rest of their maxima.
+      await whenSettled(pool, 1_000);
+      // A lease extending (or waited on) right now needs what it has: its answer is "none".
+      if (pool.busy || pool.queue.length > 0) continue;
+      if (pool.granted > pool.used || pool.dirty) work.push(giveBack(pool, pool.used === 0n));
+    }
+    if (!held) return;
+    await Promise.allSettled(work);
+    await signals?.answer(key);
+  };
+  signals?.onRecall((key) => void answerRecall(key));
 
   const tick = async (): Promise<void> => {
     const now = mono();
