@@ -1,0 +1,46 @@
+import type { GatewayError } from "../errors.js";
+
+/**
+ * The port every client dialect implements (DESIGN.md section 9): a pure translator between a
+ * dialect's request, answer and event stream and the canonical OpenAI chat completion, so that
+ * quotes, permits, routing, metering and settlement only ever see the canonical request.
+ */
+
+/** One event of a dialect's stream: SSE `event:` name (when the dialect names events) and its JSON data. */
+export interface DialectEvent {
+  readonly event?: string;
+  readonly data: unknown;
+}
+
+/** What the gateway knows when the answer completes (the x_gateway object's fields). */
+export interface GatewayCharge {
+  readonly request_id: string;
+  readonly quote_id: string;
+  readonly offer_id: string;
+  readonly tariff_version: string;
+  readonly input_tokens: string;
+  readonly output_tokens: string;
+  readonly credits_charged: string;
+  readonly billing: string;
+}
+
+export interface StreamTranslator {
+  /** One canonical chat.completion.chunk object from the provider (already parsed). */
+  chunk(chunk: unknown): DialectEvent[];
+  /** The answer completed: the dialect's closing events, the last one carrying `x_gateway`. */
+  finish(charge: GatewayCharge): DialectEvent[];
+  /** The stream failed after it began: the dialect's error event(s). */
+  fail(error: GatewayError): DialectEvent[];
+}
+
+export interface Dialect {
+  readonly name: "responses" | "messages";
+  /** Validates a dialect request body (already JSON-parsed) and returns the canonical chat
+   * completion request object; throws GatewayError("invalid_request", message) on bad input. */
+  toCanonical(body: unknown): { readonly chat: Record<string, unknown>; readonly stream: boolean };
+  /** A non-streamed canonical chat.completion answer -> the dialect's JSON answer, with `x_gateway`. */
+  fromCompletion(completion: unknown, charge: GatewayCharge): unknown;
+  createStream(ctx: { readonly requestId: string; readonly model: string }): StreamTranslator;
+  /** The dialect's error body for a gateway error (carrying the gateway's code). */
+  errorBody(error: GatewayError): unknown;
+}
