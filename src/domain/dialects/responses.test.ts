@@ -665,6 +665,36 @@ describe("the stream translator", () => {
   });
 });
 
+describe("the stream translator: calls", () => {
+  it("a repeated name is kept once; text after a call is a new message after it", () => {
+    const events = translate([
+      chunk({
+        tool_calls: [{ index: 0, id: "call_a", function: { name: "clock", arguments: "{" } }],
+      }),
+      chunk({ tool_calls: [{ index: 0, function: { name: "clock", arguments: "}" } }] }),
+      chunk({ content: "Done." }, "stop"),
+    ]);
+    const last = events.at(-1)!.data as { response: { output: unknown[] } };
+    expect(last.response.output).toEqual([
+      {
+        type: "function_call",
+        id: `fc_${tail}_0`,
+        call_id: "call_a",
+        name: "clock",
+        arguments: "{}",
+        status: "completed",
+      },
+      {
+        type: "message",
+        id: `msg_${tail}_1`,
+        status: "completed",
+        role: "assistant",
+        content: [{ type: "output_text", text: "Done.", annotations: [] }],
+      },
+    ]);
+  });
+});
+
 // ---------------------------------------------------------------- through the official SDK
 
 /** What the fixture server answers next, and the request bodies it received. */

@@ -850,9 +850,10 @@ class ResponsesStream implements StreamTranslator {
         output_index: outputIndex,
         item: functionCallItem(call.id, call.callId, call.name, "", "in_progress"),
       });
-    } else {
-      // Some providers send a name in pieces.
-      call.name += name;
+    } else if (call.name === "") {
+      // The name comes whole (OpenAI sends it on a call's first delta); some providers repeat it
+      // on every delta, so a later one is kept only when the first had none.
+      call.name = name;
     }
     if (args !== "") {
       call.arguments += args;
