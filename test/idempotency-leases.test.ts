@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { heartbeat } from "../src/adapters/pg/ledger.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
  * An Idempotency-Key claimed by a gateway process that then crashed (issue 10, defect 7): the
@@ -13,9 +13,12 @@ describe("idempotency keys held by a crashed gateway process", () => {
   let fake: FakeUpstream;
 
   beforeAll(async () => {
-    ({ stack, fake } = await startChatStack());
+    // A short orphan window: the orphan rule runs only once this process's own heartbeats have
+    // held for a window (docs/decisions.md, "Orphans").
+    ({ stack, fake } = await startChatStack({ ORPHAN_AFTER_SECONDS: "3" }));
     // Rounds are run by hand below; the timer must not release a claim between two steps.
     await stack.gateway.housekeeping.stop();
+    await eventually(async () => (await stack.gateway.housekeeping.runOnce()).judged, 10_000, 250);
   });
   afterAll(async () => {
     await fake?.stop();
@@ -70,7 +73,7 @@ describe("idempotency keys held by a crashed gateway process", () => {
     expect((await json(refused)).error.code).toBe("idempotency_in_progress");
 
     const round = await stack.gateway.housekeeping.runOnce();
-    expect(round.claimsReleased).toBe(1);
+    expect(round).toMatchObject({ judged: true, claimsReleased: 1 });
     expect((await stack.gateway.housekeeping.runOnce()).claimsReleased).toBe(0);
 
     const calls = fake.calls("/v1/chat/completions");
