@@ -24,7 +24,11 @@ describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
   });
 
   /** A process's leased ledger on the test database, with a clock the test moves. */
-  function processLedger(name: string, wrap: (s: LeaseStore) => LeaseStore = (s) => s) {
+  function processLedger(
+    name: string,
+    wrap: (s: LeaseStore) => LeaseStore = (s) => s,
+    staleAfterSeconds = 60,
+  ) {
     const pool = test.db.pool;
     const clock = { ms: 0 };
     const fallback: Ledger = {
@@ -40,7 +44,7 @@ describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
       instanceId: name,
       clock: () => NOW,
       monotonicMs: () => clock.ms,
-      staleAfterSeconds: 60,
+      staleAfterSeconds,
     });
     started.push(leases);
     return { leases, clock };
@@ -344,5 +348,176 @@ describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
     const s = await state(permitId, offerId);
     expect(s.inFlight).toBe(1);
     expect(s.ledger.reserved).toBe(s.leased);
+  });
+
+  /** The holder's lease rows and its instance row (whether it has heartbeated at all). */
+  async function holderRows(holder: string) {
+    const q = async (sql: string) =>
+      (await test.db.pool.query<{ n: number }>(sql, [holder])).rows[0]!.n;
+    return {
+      leases: await q(
+        `SELECT ((SELECT count(*) FROM permit_leases WHERE holder = $1)
+               + (SELECT count(*) FROM offer_leases WHERE holder = $1))::int AS n`,
+      ),
+      instance: await q("SELECT count(*)::int AS n FROM gateway_instances WHERE instance_id = $1"),
+    };
+  }
+
+  it("writes a new epoch's instance row before it takes a lease, even while the old epoch's heartbeat hangs", async () => {
+    // The first epoch's heartbeats hang once `hanging` is set (a slow statement, a lock wait).
+    let hanging = false;
+    let resume: (() => void) | undefined;
+    const { leases, clock } = processLedger("gw_k", (store) => ({
+      ...store,
+      heartbeat: async (holder) => {
+        if (hanging && holder === "gw_k/lease-1") {
+          await new Promise<void>((resolve) => (resume = resolve));
+        }
+        return store.heartbeat(holder);
+      },
+    }));
+    const first = request(hex32(), hex32(), 10n * MAX);
+    expect(await leases.reserve(first)).toEqual({ ok: true });
+    await leases.finalize(close(first.requestId, 100n));
+
+    // A heartbeat of the first epoch is due and hangs; meanwhile it lapses (3/4 of the window
+    // without a heartbeat), so the next admission starts a second epoch.
+    hanging = true;
+    clock.ms += 5_000;
+    const ticking = leases.tick();
+    await new Promise((r) => setTimeout(r, 20));
+    expect(resume).toBeDefined();
+    clock.ms += 45_000;
+    const [permitId, offerId] = [hex32(), hex32()];
+    const second = request(permitId, offerId, 10n * MAX);
+    const admitting = leases.reserve(second);
+    await new Promise((r) => setTimeout(r, 50));
+    hanging = false;
+    resume!();
+    await ticking;
+    expect(await admitting).toEqual({ ok: true });
+    expect(leases.held().holder).toBe("gw_k/lease-2");
+    expect(await holderRows("gw_k/lease-2")).toEqual({ leases: 2, instance: 1 });
+
+    // Another process's orphan rule right after: the new epoch is alive, its leases stay.
+    await releaseOrphanedLeases(test.db.pool, { staleAfterSeconds: 60 });
+    expect(await holderRows("gw_k/lease-2")).toEqual({ leases: 2, instance: 1 });
+    const s = await state(permitId, offerId);
+    expect(s.leased).toBeGreaterThanOrEqual(MAX);
+    expect(s.ledger.reserved).toBe(s.leased);
+    expect(await leases.finalize(close(second.requestId, 300n))).toEqual({
+      finalized: true,
+      creditsCharged: 300n,
+    });
+  });
+
+  it("heartbeats a retired epoch while a request on it runs: across several orphan windows it is not voided, and it is charged", async () => {
+    // A two-second orphan window, on the database's real clock; the process's clock is moved
+    // by the test (heartbeats every 333 ms, admission stops 1.5 s after the last one).
+    const { leases, clock } = processLedger("gw_l", (s) => s, 2);
+    const [permitId, offerId] = [hex32(), hex32()];
+    const long = { ...request(permitId, offerId, 100n * MAX), stream: true };
+    expect(await leases.reserve(long)).toEqual({ ok: true });
+    await leases.whenWritten(long.requestId);
+    expect(await leases.markStreaming(long.requestId)).toBe(true);
+
+    // A brownout: no heartbeat for 3/4 of the window. The next admission retires the first
+    // epoch (the long stream still runs on it) and starts a second one.
+    clock.ms += 1_600;
+    const short = request(permitId, offerId, 100n * MAX);
+    expect(await leases.reserve(short)).toEqual({ ok: true });
+    expect(leases.held().holder).toBe("gw_l/lease-2");
+    expect(await leases.finalize(close(short.requestId, 200n))).toEqual({
+      finalized: true,
+      creditsCharged: 200n,
+    });
+
+    // The database is healthy again. For three orphan windows another process runs the
+    // orphan rule (requests, then leases) every 200 ms while this process ticks.
+    const until = Date.now() + 6_500;
+    while (Date.now() < until) {
+      await new Promise((r) => setTimeout(r, 200));
+      clock.ms += 200;
+      await leases.tick();
+      await ledger.reconcileOrphans(test.db.pool, { staleAfterSeconds: 2 });
+      await releaseOrphanedLeases(test.db.pool, { staleAfterSeconds: 2 });
+    }
+    expect(await record(long.requestId)).toMatchObject({ status: "streaming" });
+    expect((await holderRows("gw_l/lease-1")).leases).toBeGreaterThanOrEqual(1);
+
+    // The stream ends: charged as its client is told, once.
+    expect(await leases.finalize({ ...close(long.requestId, 700n), now: NOW + 10 })).toEqual({
+      finalized: true,
+      creditsCharged: 700n,
+    });
+    expect(await record(long.requestId)).toMatchObject({
+      status: "completed",
+      credits_charged: "700",
+      billing: "billed",
+    });
+    // Holding nothing now, the retired epoch gives its leases back and is heartbeated no more.
+    clock.ms += 10;
+    await leases.tick();
+    expect((await holderRows("gw_l/lease-1")).leases).toBe(0);
+    const beatAt = async () =>
+      (
+        await test.db.pool.query<{ at: string }>(
+          "SELECT heartbeat_at::text AS at FROM gateway_instances WHERE instance_id = $1",
+          ["gw_l/lease-1"],
+        )
+      ).rows[0]!.at;
+    const last = await beatAt();
+    await new Promise((r) => setTimeout(r, 1_100));
+    clock.ms += 1_100;
+    await leases.tick();
+    expect(await beatAt()).toBe(last);
+    const s = await state(permitId, offerId);
+    expect(s.ledger.charged).toBe(900n);
+    expect(s.ledger.reserved).toBe(s.leased);
+  });
+
+  it("retires an epoch whose heartbeat came back too late, and stops a stream on it once it may have been taken for dead", async () => {
+    let failing = false;
+    const { leases, clock } = processLedger("gw_m", (store) => ({
+      ...store,
+      heartbeat: async (holder) => {
+        if (failing) throw new Error("Connection terminated unexpectedly");
+        return store.heartbeat(holder);
+      },
+    }));
+    const [permitId, offerId] = [hex32(), hex32()];
+    const first = { ...request(permitId, offerId, 100n * MAX), stream: true };
+    expect(await leases.reserve(first)).toEqual({ ok: true });
+    await leases.whenWritten(first.requestId);
+
+    // The heartbeat fails for more than 3/4 of the window, then succeeds: admission must not
+    // go on against this epoch (the others may be about to release its leases).
+    failing = true;
+    clock.ms += 5_000;
+    await leases.tick();
+    clock.ms += 46_000;
+    failing = false;
+    await leases.tick();
+    const second = request(permitId, offerId, 100n * MAX);
+    expect(await leases.reserve(second)).toEqual({ ok: true });
+    expect(leases.held().holder).toBe("gw_m/lease-2");
+    // Not yet a full window without a heartbeat: the stream on the retired epoch is served.
+    expect(await leases.markStreaming(first.requestId)).toBe(true);
+
+    // A full window without a heartbeat, then one: the others may have voided the epoch's
+    // requests meanwhile, so a request on it that has not streamed yet stops.
+    const third = { ...request(permitId, offerId, 100n * MAX), stream: true };
+    expect(await leases.reserve(third)).toEqual({ ok: true });
+    failing = true;
+    clock.ms += 5_000;
+    await leases.tick();
+    clock.ms += 61_000;
+    failing = false;
+    await leases.tick();
+    expect(await leases.markStreaming(third.requestId)).toBe(false);
+    expect(leases.held().holder).toBe("gw_m/lease-2");
+    for (const r of [first, second, third]) {
+      await leases.finalize({ ...close(r.requestId, 0n), billing: "void" });
+    }
   });
 });

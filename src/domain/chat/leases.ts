@@ -16,7 +16,11 @@ import type { Ledger } from "./types.js";
  *
  * Leases belong to a holder: an epoch of this process, heartbeated while it admits. If the
  * heartbeat fails for so long that other processes could take the epoch for dead (and release
- * its leases), admission against it stops before that can happen and a new epoch begins.
+ * its leases), admission against it stops before that can happen and a new epoch begins. An
+ * epoch's instance row is written (its first heartbeat) before any lease is taken under it, so
+ * no other process finds its leases without a heartbeat; a retired epoch is heartbeated on
+ * until it holds nothing (no lease, no open request), so the requests still running on it are
+ * not taken for orphans once the database is healthy again.
  */
 
 export interface LeaseOptions {
@@ -54,7 +58,16 @@ interface Epoch {
   readonly holder: string;
   /** Monotonic ms of the last heartbeat that succeeded (sent at); undefined before the first. */
   beatSentAt: number | undefined;
+  /** This epoch's heartbeat in flight (one at a time, per epoch). */
+  beating: Promise<void> | undefined;
   retired: boolean;
+  /**
+   * A heartbeat came later than the orphan window after the one before it: other processes
+   * may have taken the epoch for dead meanwhile (voided its requests, released its leases).
+   */
+  forfeited: boolean;
+  /** Its requests not closed yet (their closes may wait in the outbox). */
+  open: number;
   readonly pools: Map<string, LeasePool>;
 }
 
@@ -121,7 +134,6 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
   const revoked = new Set<Hex>();
   const epochs: Epoch[] = [];
   let epochCount = 0;
-  let beating: Promise<void> | undefined;
   let timer: NodeJS.Timeout | undefined;
   let ticking: Promise<void> | undefined;
 
@@ -129,7 +141,10 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     const epoch: Epoch = {
       holder: `${options.instanceId}/lease-${++epochCount}`,
       beatSentAt: undefined,
+      beating: undefined,
       retired: false,
+      forfeited: false,
+      open: 0,
       pools: new Map(),
     };
     epochs.push(epoch);
@@ -137,20 +152,35 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
   };
   let current = newEpoch();
 
+  /**
+   * Heartbeats `epoch` (its own call: another epoch's heartbeat in flight is no heartbeat of
+   * this one). A heartbeat that succeeds too late retires the epoch, as admission would have
+   * (others may be about to release its leases), and one later than the orphan window forfeits
+   * it (they may have already).
+   */
   const beat = (epoch: Epoch): Promise<void> => {
-    beating ??= (async () => {
+    epoch.beating ??= (async () => {
       const sentAt = mono();
       try {
         await store.heartbeat(epoch.holder);
+        const previous = epoch.beatSentAt;
+        if (previous !== undefined) {
+          const answeredAt = mono();
+          if (answeredAt > previous + staleMs - marginMs) epoch.retired = true;
+          if (answeredAt > previous + staleMs) epoch.forfeited = true;
+        }
         epoch.beatSentAt = sentAt;
       } finally {
-        beating = undefined;
+        epoch.beating = undefined;
       }
     })();
-    return beating;
+    return epoch.beating;
   };
 
-  /** The epoch admissions use now: a new one when the current could be taken for dead. */
+  /**
+   * The epoch admissions use now: a new one when the current could be taken for dead. Its
+   * instance row is written before it is returned, so before any lease is taken under it.
+   */
   const admittingEpoch = async (): Promise<Epoch> => {
     const lapsed =
       current.beatSentAt !== undefined && mono() > current.beatSentAt + staleMs - marginMs;
@@ -158,8 +188,20 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       current.retired = true;
       current = newEpoch();
     }
-    if (current.beatSentAt === undefined) await beat(current);
-    return current;
+    const epoch = current;
+    if (epoch.beatSentAt === undefined) await beat(epoch);
+    return epoch;
+  };
+
+  /** Whether a (retired) epoch still holds anything the orphan rule would take from it. */
+  const holds = (epoch: Epoch): boolean => {
+    if (epoch.open > 0) return true;
+    for (const pool of epoch.pools.values()) {
+      if (pool.granted > 0n || pool.used > 0n || pool.dirty || pool.busy || pool.queue.length > 0) {
+        return true;
+      }
+    }
+    return false;
   };
 
   /** The epoch's pool of a permit or an offer: one per lease row. */
@@ -254,6 +296,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     const open: OpenState = { sent: false, skip: false, streaming: false };
     // The record is best effort: a close writes the whole row when it is missing.
     const written = store.open(record, open).catch(() => undefined);
+    epoch.open++;
     requests.set(input.requestId, {
       record,
       epoch,
@@ -301,6 +344,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       throw error;
     }
     if (requests.delete(input.requestId)) {
+      r.epoch.open--;
       // The charge left the lease in the same transaction; the rest of the maximum is free.
       r.permitPool.granted -= result.creditsCharged;
       release(r.permitPool, r.record.maximumCredits);
@@ -314,8 +358,8 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     if (r === undefined) return fallback.markStreaming(requestId);
     if (
       r.epoch.retired &&
-      r.epoch.beatSentAt !== undefined &&
-      mono() > r.epoch.beatSentAt + staleMs
+      (r.epoch.forfeited ||
+        (r.epoch.beatSentAt !== undefined && mono() > r.epoch.beatSentAt + staleMs))
     ) {
       return false; // the others may have released this epoch's leases: stop serving
     }
@@ -425,9 +469,16 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
 
   const tick = async (): Promise<void> => {
     const now = mono();
-    if (current.beatSentAt !== undefined && now - current.beatSentAt >= heartbeatMs) {
-      await beat(current).catch(() => undefined);
+    // The current epoch, and every retired one while it holds anything: a stream still running
+    // on a retired epoch (or a close waiting in the outbox) keeps it alive for the orphan rule.
+    const beats: Promise<void>[] = [];
+    for (const epoch of epochs) {
+      const due = epoch.beatSentAt !== undefined && now - epoch.beatSentAt >= heartbeatMs;
+      if (due && (epoch === current || holds(epoch))) {
+        beats.push(beat(epoch).catch(() => undefined));
+      }
     }
+    await Promise.all(beats);
     const nowSeconds = (options.permitClock ?? options.clock)();
     const work: Promise<void>[] = [];
     for (const epoch of epochs) {
@@ -452,7 +503,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     }
     await Promise.allSettled(work);
     for (let i = epochs.length - 1; i >= 0; i--) {
-      if (epochs[i]!.retired && epochs[i]!.pools.size === 0) epochs.splice(i, 1);
+      if (epochs[i]!.retired && !holds(epochs[i]!)) epochs.splice(i, 1);
     }
   };
 
