@@ -109,4 +109,32 @@ describe("housekeeping: the orphan rule after this process's own heartbeats brok
     expect(lines.filter((l) => l.includes("orphan rule paused"))).toHaveLength(2);
     expect(lines.filter((l) => l.includes("orphan rule running"))).toHaveLength(3);
   });
+
+  it("says so when its interval is too long for the rule ever to run", async () => {
+    const lines: string[] = [];
+    const logger = createLogger(
+      "info",
+      new Writable({
+        write(chunk: Buffer, _encoding, done) {
+          lines.push(...chunk.toString("utf8").split("\n").filter(Boolean));
+          done();
+        },
+      }),
+    );
+    for (const intervalMs of [30_000, 30_001]) {
+      const housekeeping = createHousekeeping({
+        pool: test.db.pool,
+        instanceId: id("gw_slow"),
+        logger,
+        staleAfterSeconds: 60,
+        intervalMs,
+      });
+      housekeeping.start();
+      await housekeeping.stop();
+    }
+    const warned = lines.filter((l) => l.includes("never runs the orphan rule"));
+    expect(warned.map((l) => (JSON.parse(l) as { intervalMs: number }).intervalMs)).toEqual([
+      30_001,
+    ]);
+  });
 });

@@ -136,6 +136,14 @@ export function createHousekeeping(options: HousekeepingOptions): Housekeeping {
     runOnce,
     start() {
       if (timer !== undefined) return;
+      const intervalMs = options.intervalMs ?? 10_000;
+      if (intervalMs > windowMs / 2) {
+        // Two heartbeats this far apart break the run the rule waits for: it would never run.
+        logger.warn(
+          { intervalMs, orphanAfterSeconds: staleAfterSeconds },
+          "housekeeping interval above half the orphan window: this process never runs the orphan rule",
+        );
+      }
       timer = setInterval(() => {
         if (running !== undefined) return;
         running = runOnce()
@@ -143,7 +151,7 @@ export function createHousekeeping(options: HousekeepingOptions): Housekeeping {
           .finally(() => {
             running = undefined;
           });
-      }, options.intervalMs ?? 10_000);
+      }, intervalMs);
       timer.unref();
     },
     async stop() {
