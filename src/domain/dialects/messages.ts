@@ -1,0 +1,791 @@
+import { GatewayError } from "../errors.js";
+import type { Dialect, DialectEvent, GatewayCharge, StreamTranslator } from "./types.js";
+
+/**
+ * The Anthropic Messages dialect (`POST /v1/messages`, DESIGN.md section 9): a Messages request
+ * becomes the canonical chat completion request, and the canonical answer (a chat.completion, or
+ * its chat.completion.chunk stream) becomes a Messages answer (a `message`, or the named SSE
+ * events `message_start` ... `message_stop`). Pure: no I/O, no clock, no randomness; ids derive
+ * from the gateway's request id.
+ *
+ * Decisions where the two APIs differ (each one visible to a client, so written down here):
+ * - `top_k` is dropped: chat completions has no such parameter (OpenAI refuses it, so passing it
+ *   on would fail at some providers); it is a sampling hint that changes neither the answer's
+ *   shape nor its price, and Anthropic itself calls it "for advanced use cases only".
+ * - `thinking` is refused unless `{"type": "disabled"}`: the providers answer chat completions,
+ *   which have no thinking blocks, signatures or budget; a client that asked for thinking would
+ *   get none, and could not send the blocks back. Thinking blocks in assistant messages are
+ *   refused for the same reason; reasoning deltas a provider streams are not relayed.
+ * - `metadata` is dropped, except `metadata.user_id`, which becomes `user`; `service_tier`
+ *   (Anthropic's capacity) is dropped. Other fields Anthropic knows (`container`, `mcp_servers`,
+ *   `output_config`...) and unknown fields are refused, naming the field, as Anthropic does.
+ * - The gateway's own request fields `offer` (pin) and `provider` (preferences) pass through to
+ *   the canonical request, which validates them.
+ * - `max_tokens` stays `max_tokens` on the chat request: the name more OpenAI-compatible
+ *   servers know, and the gateway's quote reads either.
+ * - Usage in Anthropic's sense: `input_tokens` excludes the cache reads, so `input_tokens +
+ *   cache_read_input_tokens` is the provider's `prompt_tokens` (`x_gateway` keeps the gateway's
+ *   own counts, as billed).
+ * - A streamed answer's `message_start` says `input_tokens: 0`: the count is known only from the
+ *   provider's last chunk; `message_delta` carries it (the SDKs take it from there).
+ * - `finish_reason` -> `stop_reason`: `length` -> `max_tokens`, `tool_calls` -> `tool_use` (also
+ *   when a provider says `stop` but called tools), `content_filter` -> `refusal`, else
+ *   `end_turn`; `stop_sequence` when the provider names the stop string it met (vLLM's
+ *   `stop_reason` on the choice), since chat completions otherwise does not say.
+ * - `tool_result` with `is_error: true` becomes a tool message whose content starts with
+ *   `Error: `: chat completions has no error flag, and the model should still learn it failed.
+ */
+
+type JsonObject = Record<string, unknown>;
+
+function invalid(message: string): never {
+  throw new GatewayError("invalid_request", message);
+}
+
+function isObject(value: unknown): value is JsonObject {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/** A member of an object; `null` counts as absent (as on the chat request). */
+function field(object: JsonObject, key: string): unknown {
+  const value = Object.hasOwn(object, key) ? object[key] : undefined;
+  return value === null ? undefined : value;
+}
+
+// ---------------------------------------------------------------- request
+
+/** Top-level fields this dialect understands (everything else is refused). */
+const knownFields = new Set([
+  "model",
+  "max_tokens",
+  "messages",
+  "system",
+  "metadata",
+  "stop_sequences",
+  "stream",
+  "temperature",
+  "top_p",
+  "top_k",
+  "tools",
+  "tool_choice",
+  "thinking",
+  "service_tier",
+  "offer",
+  "provider",
+]);
+
+function toCanonical(body: unknown): { chat: JsonObject; stream: boolean } {
+  if (!isObject(body)) invalid("the request body must be a JSON object");
+  for (const key of Object.keys(body)) {
+    if (!knownFields.has(key) && body[key] !== null) {
+      invalid(`'${key}' is not supported by this gateway's Messages API; leave it out`);
+    }
+  }
+  const model = field(body, "model");
+  if (typeof model !== "string" || model.length === 0) {
+    invalid("'model' is required and must be a non-empty string");
+  }
+  const maxTokens = field(body, "max_tokens");
+  if (maxTokens === undefined) invalid("'max_tokens' is required");
+  if (typeof maxTokens !== "number" || !Number.isSafeInteger(maxTokens) || maxTokens < 1) {
+    invalid("'max_tokens' must be an integer of at least 1");
+  }
+
+  const messages: JsonObject[] = [];
+  const system = field(body, "system");
+  if (system !== undefined) {
+    const text = textOf(system, "system");
+    if (text.length > 0) messages.push({ role: "system", content: text });
+  }
+  convertMessages(field(body, "messages"), messages);
+
+  const chat: JsonObject = { model, messages, max_tokens: maxTokens };
+
+  const stop = field(body, "stop_sequences");
+  if (stop !== undefined) {
+    if (!Array.isArray(stop) || !stop.every((s) => typeof s === "string")) {
+      invalid("'stop_sequences' must be an array of strings");
+    }
+    if (stop.length > 0) chat["stop"] = stop;
+  }
+  for (const key of ["temperature", "top_p"]) {
+    const value = field(body, key);
+    if (value === undefined) continue;
+    if (typeof value !== "number" || !(value >= 0 && value <= 1)) {
+      invalid(`'${key}' must be a number from 0 to 1`);
+    }
+    chat[key] = value;
+  }
+  const topK = field(body, "top_k");
+  if (topK !== undefined && (typeof topK !== "number" || !Number.isInteger(topK) || topK < 0)) {
+    invalid("'top_k' must be a non-negative integer");
+  }
+
+  const tools = convertTools(field(body, "tools"));
+  if (tools !== undefined) chat["tools"] = tools;
+  convertToolChoice(field(body, "tool_choice"), tools, chat);
+
+  const thinking = field(body, "thinking");
+  if (thinking !== undefined) {
+    if (!isObject(thinking) || typeof thinking["type"] !== "string") {
+      invalid("'thinking' must be an object with a 'type'");
+    }
+    if (thinking["type"] !== "disabled") {
+      invalid(
+        "'thinking' is not supported: this gateway's providers answer without thinking blocks; " +
+          'leave it out or set {"type": "disabled"}',
+      );
+    }
+  }
+
+  const metadata = field(body, "metadata");
+  if (metadata !== undefined) {
+    if (!isObject(metadata)) invalid("'metadata' must be an object");
+    const user = field(metadata, "user_id");
+    if (user !== undefined) {
+      if (typeof user !== "string") invalid("'metadata.user_id' must be a string");
+      chat["user"] = user;
+    }
+  }
+  const tier = field(body, "service_tier");
+  if (tier !== undefined && typeof tier !== "string") invalid("'service_tier' must be a string");
+
+  const stream = field(body, "stream");
+  if (stream !== undefined && typeof stream !== "boolean") invalid("'stream' must be a boolean");
+  if (stream === true) {
+    chat["stream"] = true;
+    chat["stream_options"] = { include_usage: true };
+  }
+
+  for (const key of ["offer", "provider"]) {
+    const value = field(body, key);
+    if (value !== undefined) chat[key] = value;
+  }
+  return { chat, stream: stream === true };
+}
+
+/** `system` or a tool result's `content`: a string, or an array of text blocks (joined by LF). */
+function textOf(value: unknown, path: string): string {
+  if (typeof value === "string") return value;
+  if (!Array.isArray(value)) invalid(`'${path}' must be a string or an array of text blocks`);
+  const texts: string[] = [];
+  value.forEach((block: unknown, i) => {
+    if (!isObject(block) || block["type"] !== "text" || typeof block["text"] !== "string") {
+      invalid(`'${path}[${i}]' must be a text block ({"type": "text", "text": "..."})`);
+    }
+    texts.push(block["text"]);
+  });
+  return texts.join("\n");
+}
+
+function convertMessages(value: unknown, out: JsonObject[]): void {
+  if (!Array.isArray(value) || value.length === 0) {
+    invalid("'messages' is required and must be a non-empty array");
+  }
+  // The tool_use ids of the previous assistant message: the next message must answer each.
+  let awaiting: Set<string> | undefined;
+  let awaitingPath = "";
+  value.forEach((message: unknown, i) => {
+    const path = `messages[${i}]`;
+    if (!isObject(message)) invalid(`'${path}' must be an object`);
+    const role = message["role"];
+    const content = field(message, "content");
+    if (typeof content !== "string" && !Array.isArray(content)) {
+      invalid(`'${path}.content' must be a string or an array of content blocks`);
+    }
+    if (role === "user") {
+      userMessage(content, path, awaiting, awaitingPath, out);
+      awaiting = undefined;
+    } else if (role === "assistant") {
+      if (awaiting !== undefined) unanswered(awaiting, awaitingPath);
+      awaiting = assistantMessage(content, path, out);
+      awaitingPath = path;
+    } else if (role === "system") {
+      invalid(`'${path}.role' must be "user" or "assistant"; put system text in 'system'`);
+    } else {
+      invalid(`'${path}.role' must be "user" or "assistant"`);
+    }
+  });
+  if (awaiting !== undefined) unanswered(awaiting, awaitingPath);
+}
+
+function unanswered(ids: Set<string>, path: string): never {
+  const [id] = ids;
+  invalid(
+    `tool_use '${id}' in '${path}' has no tool_result: the next message must be a user ` +
+      "message with a tool_result block for each tool_use",
+  );
+}
+
+function blockType(block: unknown, path: string): string {
+  if (!isObject(block) || typeof block["type"] !== "string") {
+    invalid(`'${path}' must be a content block with a 'type'`);
+  }
+  return block["type"];
+}
+
+/** Tool results become `tool` messages (first, answering the assistant's calls), the rest one user message. */
+function userMessage(
+  content: string | unknown[],
+  path: string,
+  awaiting: Set<string> | undefined,
+  awaitingPath: string,
+  out: JsonObject[],
+): void {
+  if (typeof content === "string") {
+    if (awaiting !== undefined) unanswered(awaiting, awaitingPath);
+    out.push({ role: "user", content });
+    return;
+  }
+  const parts: JsonObject[] = [];
+  const answered = new Set<string>();
+  content.forEach((block: unknown, j) => {
+    const at = `${path}.content[${j}]`;
+    const type = blockType(block, at);
+    const b = block as JsonObject;
+    if (type === "text") {
+      if (typeof b["text"] !== "string") invalid(`'${at}.text' must be a string`);
+      parts.push({ type: "text", text: b["text"] });
+    } else if (type === "image") {
+      parts.push({ type: "image_url", image_url: { url: imageUrl(b["source"], `${at}.source`) } });
+    } else if (type === "tool_result") {
+      const id = b["tool_use_id"];
+      if (typeof id !== "string" || id.length === 0) {
+        invalid(`'${at}.tool_use_id' must be a non-empty string`);
+      }
+      if (awaiting === undefined || !awaiting.has(id) || answered.has(id)) {
+        invalid(
+          `'${at}': tool_result '${id}' answers no tool_use of the previous assistant message`,
+        );
+      }
+      answered.add(id);
+      const result = field(b, "content");
+      let text = result === undefined ? "" : textOf(result, `${at}.content`);
+      const isError = field(b, "is_error");
+      if (isError !== undefined && typeof isError !== "boolean") {
+        invalid(`'${at}.is_error' must be a boolean`);
+      }
+      if (isError === true) text = `Error: ${text}`;
+      out.push({ role: "tool", tool_call_id: id, content: text });
+    } else {
+      invalid(`'${at}': content blocks of type '${type}' are not supported in user messages`);
+    }
+  });
+  if (awaiting !== undefined) {
+    for (const id of awaiting) if (!answered.has(id)) unanswered(new Set([id]), awaitingPath);
+  }
+  if (parts.length === 0) {
+    if (answered.size === 0) invalid(`'${path}.content' must not be empty`);
+    return;
+  }
+  const only = parts[0];
+  out.push({
+    role: "user",
+    content: parts.length === 1 && only?.["type"] === "text" ? only["text"] : parts,
+  });
+}
+
+/** An image block's source as a URL: a `data:` URL for base64 data, or the URL itself. */
+function imageUrl(source: unknown, path: string): string {
+  if (!isObject(source)) invalid(`'${path}' must be an object`);
+  if (source["type"] === "base64") {
+    const mediaType = source["media_type"];
+    const data = source["data"];
+    if (typeof mediaType !== "string" || !/^image\/[a-z0-9.+-]+$/i.test(mediaType)) {
+      invalid(`'${path}.media_type' must be an image media type such as "image/png"`);
+    }
+    if (typeof data !== "string" || !/^[A-Za-z0-9+/]*={0,2}$/.test(data)) {
+      invalid(`'${path}.data' must be base64`);
+    }
+    return `data:${mediaType};base64,${data}`;
+  }
+  if (source["type"] === "url") {
+    if (typeof source["url"] !== "string" || !/^https?:\/\//i.test(source["url"])) {
+      invalid(`'${path}.url' must be an http(s) URL`);
+    }
+    return source["url"];
+  }
+  invalid(`'${path}.type' must be "base64" or "url"`);
+}
+
+/** Text blocks become the content, tool_use blocks its tool calls; returns the tool_use ids. */
+function assistantMessage(
+  content: string | unknown[],
+  path: string,
+  out: JsonObject[],
+): Set<string> | undefined {
+  if (typeof content === "string") {
+    out.push({ role: "assistant", content });
+    return undefined;
+  }
+  const texts: string[] = [];
+  const calls: JsonObject[] = [];
+  const ids = new Set<string>();
+  content.forEach((block: unknown, j) => {
+    const at = `${path}.content[${j}]`;
+    const type = blockType(block, at);
+    const b = block as JsonObject;
+    if (type === "text") {
+      if (typeof b["text"] !== "string") invalid(`'${at}.text' must be a string`);
+      texts.push(b["text"]);
+    } else if (type === "tool_use") {
+      const { id, name, input } = b;
+      if (typeof id !== "string" || id.length === 0)
+        invalid(`'${at}.id' must be a non-empty string`);
+      if (ids.has(id)) invalid(`'${at}.id': tool_use id '${id}' is used twice`);
+      if (typeof name !== "string" || name.length === 0) {
+        invalid(`'${at}.name' must be a non-empty string`);
+      }
+      if (!isObject(input)) invalid(`'${at}.input' must be an object`);
+      ids.add(id);
+      calls.push({ id, type: "function", function: { name, arguments: JSON.stringify(input) } });
+    } else if (type === "thinking" || type === "redacted_thinking") {
+      invalid(`'${at}': thinking blocks are not supported (see 'thinking')`);
+    } else {
+      invalid(`'${at}': content blocks of type '${type}' are not supported in assistant messages`);
+    }
+  });
+  const message: JsonObject = {
+    role: "assistant",
+    content: texts.length === 0 && calls.length > 0 ? null : texts.join("\n"),
+  };
+  if (calls.length > 0) message["tool_calls"] = calls;
+  out.push(message);
+  return ids.size > 0 ? ids : undefined;
+}
+
+function convertTools(value: unknown): JsonObject[] | undefined {
+  if (value === undefined) return undefined;
+  if (!Array.isArray(value)) invalid("'tools' must be an array");
+  const names = new Set<string>();
+  return value.map((tool: unknown, i) => {
+    const at = `tools[${i}]`;
+    if (!isObject(tool)) invalid(`'${at}' must be an object`);
+    const type = field(tool, "type");
+    if (type !== undefined && type !== "custom") {
+      invalid(
+        `'${at}': tools of type '${String(type)}' are not supported; ` +
+          "only client tools ({name, description, input_schema})",
+      );
+    }
+    const name = tool["name"];
+    if (typeof name !== "string" || name.length === 0) {
+      invalid(`'${at}.name' must be a non-empty string`);
+    }
+    if (names.has(name)) invalid(`'${at}.name': tool '${name}' is defined twice`);
+    names.add(name);
+    const schema = tool["input_schema"];
+    if (!isObject(schema)) invalid(`'${at}.input_schema' must be a JSON schema object`);
+    const fn: JsonObject = { name };
+    const description = field(tool, "description");
+    if (description !== undefined) {
+      if (typeof description !== "string") invalid(`'${at}.description' must be a string`);
+      fn["description"] = description;
+    }
+    fn["parameters"] = schema;
+    const strict = field(tool, "strict");
+    if (strict !== undefined) {
+      if (typeof strict !== "boolean") invalid(`'${at}.strict' must be a boolean`);
+      fn["strict"] = strict;
+    }
+    return { type: "function", function: fn };
+  });
+}
+
+function convertToolChoice(value: unknown, tools: JsonObject[] | undefined, chat: JsonObject) {
+  if (value === undefined) return;
+  if (!isObject(value)) invalid("'tool_choice' must be an object with a 'type'");
+  const type = value["type"];
+  const disable = field(value, "disable_parallel_tool_use");
+  if (disable !== undefined && typeof disable !== "boolean") {
+    invalid("'tool_choice.disable_parallel_tool_use' must be a boolean");
+  }
+  const hasTools = tools !== undefined && tools.length > 0;
+  if (type === "auto" || type === "none") {
+    if (!hasTools) return;
+    chat["tool_choice"] = type;
+  } else if (type === "any" || type === "tool") {
+    if (!hasTools) invalid(`'tool_choice' of type '${type}' needs 'tools'`);
+    if (type === "any") chat["tool_choice"] = "required";
+    else {
+      const name = value["name"];
+      if (typeof name !== "string" || name.length === 0) {
+        invalid("'tool_choice.name' must be a non-empty string");
+      }
+      if (!tools.some((t) => (t["function"] as JsonObject)["name"] === name)) {
+        invalid(`'tool_choice.name': no tool named '${name}' in 'tools'`);
+      }
+      chat["tool_choice"] = { type: "function", function: { name } };
+    }
+  } else {
+    invalid("'tool_choice.type' must be one of 'auto', 'any', 'tool', 'none'");
+  }
+  if (disable === true && type !== "none") chat["parallel_tool_calls"] = false;
+}
+
+// ---------------------------------------------------------------- answers
+
+/** `msg_` and the request id's hex (request ids are 0x-prefixed hex). */
+function messageId(requestId: string): string {
+  return `msg_${requestId.replace(/^0x/i, "")}`;
+}
+
+/** A tool_use id for a tool call the provider gave none. */
+function toolUseId(requestId: string, index: number): string {
+  return `toolu_${requestId.replace(/^0x/i, "").slice(0, 24)}_${index}`;
+}
+
+type StopReason = "end_turn" | "max_tokens" | "stop_sequence" | "tool_use" | "refusal";
+
+function stopOf(
+  finishReason: unknown,
+  calledTools: boolean,
+  stopString: unknown,
+): { stop_reason: StopReason; stop_sequence: string | null } {
+  if (finishReason === "length") return { stop_reason: "max_tokens", stop_sequence: null };
+  if (finishReason === "content_filter") return { stop_reason: "refusal", stop_sequence: null };
+  if (calledTools || finishReason === "tool_calls" || finishReason === "function_call") {
+    return { stop_reason: "tool_use", stop_sequence: null };
+  }
+  if (finishReason === "stop" && typeof stopString === "string" && stopString.length > 0) {
+    return { stop_reason: "stop_sequence", stop_sequence: stopString };
+  }
+  return { stop_reason: "end_turn", stop_sequence: null };
+}
+
+function count(value: unknown): number | undefined {
+  return typeof value === "number" && Number.isSafeInteger(value) && value >= 0 ? value : undefined;
+}
+
+/** Decimal-string token counts of the charge, as numbers. */
+function chargeCount(value: string): number {
+  const n = Number(value);
+  return Number.isSafeInteger(n) && n >= 0 ? n : 0;
+}
+
+interface Usage {
+  readonly input_tokens: number;
+  readonly output_tokens: number;
+  readonly cache_read_input_tokens: number;
+  readonly cache_creation_input_tokens: number;
+}
+
+/** Anthropic usage from a chat usage object, else from the charge's counts. */
+function usageOf(usage: unknown, charge: GatewayCharge): Usage {
+  const u = isObject(usage) ? usage : {};
+  const prompt = count(u["prompt_tokens"]) ?? chargeCount(charge.input_tokens);
+  const output = count(u["completion_tokens"]) ?? chargeCount(charge.output_tokens);
+  const details = u["prompt_tokens_details"];
+  const cached = Math.min(prompt, (isObject(details) && count(details["cached_tokens"])) || 0);
+  return {
+    input_tokens: prompt - cached,
+    output_tokens: output,
+    cache_read_input_tokens: cached,
+    cache_creation_input_tokens: 0,
+  };
+}
+
+/** A tool call's arguments as the tool_use input object (`{}` when they are not a JSON object). */
+function inputOf(args: unknown): JsonObject {
+  if (typeof args !== "string" || args.trim() === "") return {};
+  try {
+    const parsed: unknown = JSON.parse(args);
+    return isObject(parsed) ? parsed : {};
+  } catch {
+    return {};
+  }
+}
+
+function xGateway(charge: GatewayCharge): GatewayCharge {
+  return {
+    request_id: charge.request_id,
+    quote_id: charge.quote_id,
+    offer_id: charge.offer_id,
+    tariff_version: charge.tariff_version,
+    input_tokens: charge.input_tokens,
+    output_tokens: charge.output_tokens,
+    credits_charged: charge.credits_charged,
+    billing: charge.billing,
+  };
+}
+
+function firstChoice(value: unknown): JsonObject | undefined {
+  if (!isObject(value) || !Array.isArray(value["choices"])) return undefined;
+  const choices = value["choices"] as unknown[];
+  const choice = choices.find((c) => isObject(c) && c["index"] === 0) ?? choices[0];
+  return isObject(choice) ? choice : undefined;
+}
+
+function fromCompletion(completion: unknown, charge: GatewayCharge): unknown {
+  const choice = firstChoice(completion);
+  const message = isObject(choice?.["message"]) ? (choice["message"] as JsonObject) : {};
+  const content: JsonObject[] = [];
+  const text = message["content"];
+  if (typeof text === "string" && text.length > 0) content.push({ type: "text", text });
+  const calls = Array.isArray(message["tool_calls"]) ? (message["tool_calls"] as unknown[]) : [];
+  calls.forEach((call, i) => {
+    if (!isObject(call)) return;
+    const fn = isObject(call["function"]) ? call["function"] : {};
+    content.push({
+      type: "tool_use",
+      id:
+        typeof call["id"] === "string" && call["id"].length > 0
+          ? call["id"]
+          : toolUseId(charge.request_id, i),
+      name: typeof fn["name"] === "string" ? fn["name"] : "",
+      input: inputOf(fn["arguments"]),
+    });
+  });
+  const model = isObject(completion) ? completion["model"] : undefined;
+  return {
+    id: messageId(charge.request_id),
+    type: "message",
+    role: "assistant",
+    model: typeof model === "string" ? model : "",
+    content,
+    ...stopOf(choice?.["finish_reason"], calls.length > 0, choice?.["stop_reason"]),
+    usage: usageOf(isObject(completion) ? completion["usage"] : undefined, charge),
+    x_gateway: xGateway(charge),
+  };
+}
+
+// ---------------------------------------------------------------- stream
+
+interface ToolCallState {
+  id: string | undefined;
+  name: string | undefined;
+  /** Arguments that came before the name (the block cannot start without it). */
+  pending: string;
+  /** The content block index, once started. */
+  block: number | undefined;
+}
+
+function named<T extends { readonly type: string }>(data: T): DialectEvent {
+  return { event: data.type, data };
+}
+
+/**
+ * One streamed answer. Content blocks are sequential, as Anthropic streams them: a block stops
+ * when the next starts (text at the position it first came, each tool call after it in the
+ * order the provider began them). A provider that interleaves the argument deltas of parallel
+ * tool calls gets each delta sent to its own block's index even after that block stopped: the
+ * SDKs assemble by index, and nothing is lost.
+ */
+class MessagesStream implements StreamTranslator {
+  private started = false;
+  private ended = false;
+  private model: string;
+  private nextBlock = 0;
+  /** The index of the block that is open, and whether it is text. */
+  private open: { index: number; text: boolean } | undefined;
+  private readonly tools = new Map<number, ToolCallState>();
+  private finishReason: unknown;
+  private stopString: unknown;
+  private usage: unknown;
+
+  constructor(
+    private readonly requestId: string,
+    model: string,
+  ) {
+    this.model = model;
+  }
+
+  chunk(chunk: unknown): DialectEvent[] {
+    if (this.ended || !isObject(chunk)) return [];
+    const events: DialectEvent[] = [];
+    if (!this.started && typeof chunk["model"] === "string" && chunk["model"].length > 0) {
+      this.model = chunk["model"];
+    }
+    this.start(events);
+    if (isObject(chunk["usage"])) this.usage = chunk["usage"];
+    const choice = firstChoice(chunk);
+    if (choice === undefined) return events;
+    const delta = isObject(choice["delta"]) ? choice["delta"] : {};
+    const text = delta["content"];
+    if (typeof text === "string" && text.length > 0) {
+      if (this.open?.text !== true) this.startBlock(events, { type: "text", text: "" });
+      events.push(
+        named({
+          type: "content_block_delta",
+          index: this.nextBlock - 1,
+          delta: { type: "text_delta", text },
+        }),
+      );
+    }
+    if (Array.isArray(delta["tool_calls"])) {
+      (delta["tool_calls"] as unknown[]).forEach((call, position) => {
+        if (isObject(call)) this.toolCall(events, call, position);
+      });
+    }
+    if (typeof choice["finish_reason"] === "string") this.finishReason = choice["finish_reason"];
+    if (choice["stop_reason"] !== undefined) this.stopString = choice["stop_reason"];
+    return events;
+  }
+
+  finish(charge: GatewayCharge): DialectEvent[] {
+    if (this.ended) return [];
+    const events: DialectEvent[] = [];
+    this.start(events);
+    // Tool calls whose name never came still become blocks, so their arguments are not lost.
+    for (const state of this.tools.values()) {
+      if (state.block === undefined) this.startTool(events, state, "");
+    }
+    this.stopOpen(events);
+    this.ended = true;
+    const usage = usageOf(this.usage, charge);
+    events.push(
+      named({
+        type: "message_delta",
+        delta: stopOf(this.finishReason, this.tools.size > 0, this.stopString),
+        usage: {
+          input_tokens: usage.input_tokens,
+          output_tokens: usage.output_tokens,
+          cache_read_input_tokens: usage.cache_read_input_tokens,
+          cache_creation_input_tokens: usage.cache_creation_input_tokens,
+        },
+      }),
+      named({ type: "message_stop", x_gateway: xGateway(charge) }),
+    );
+    return events;
+  }
+
+  fail(error: GatewayError): DialectEvent[] {
+    if (this.ended) return [];
+    this.ended = true;
+    return [{ event: "error", data: errorBody(error) }];
+  }
+
+  private start(events: DialectEvent[]): void {
+    if (this.started) return;
+    this.started = true;
+    events.push(
+      named({
+        type: "message_start",
+        message: {
+          id: messageId(this.requestId),
+          type: "message",
+          role: "assistant",
+          model: this.model,
+          content: [],
+          stop_reason: null,
+          stop_sequence: null,
+          usage: {
+            input_tokens: 0,
+            output_tokens: 0,
+            cache_read_input_tokens: 0,
+            cache_creation_input_tokens: 0,
+          },
+        },
+      }),
+    );
+  }
+
+  private startBlock(events: DialectEvent[], block: JsonObject): number {
+    this.stopOpen(events);
+    const index = this.nextBlock++;
+    this.open = { index, text: block["type"] === "text" };
+    events.push(named({ type: "content_block_start", index, content_block: block }));
+    return index;
+  }
+
+  private stopOpen(events: DialectEvent[]): void {
+    if (this.open === undefined) return;
+    events.push(named({ type: "content_block_stop", index: this.open.index }));
+    this.open = undefined;
+  }
+
+  private toolCall(events: DialectEvent[], call: JsonObject, position: number): void {
+    const key = typeof call["index"] === "number" ? call["index"] : position;
+    let state = this.tools.get(key);
+    if (state === undefined) {
+      state = { id: undefined, name: undefined, pending: "", block: undefined };
+      this.tools.set(key, state);
+    }
+    if (typeof call["id"] === "string" && call["id"].length > 0) state.id ??= call["id"];
+    const fn = isObject(call["function"]) ? call["function"] : {};
+    if (typeof fn["name"] === "string" && fn["name"].length > 0) state.name ??= fn["name"];
+    const args = typeof fn["arguments"] === "string" ? fn["arguments"] : "";
+    if (state.block === undefined) {
+      state.pending += args;
+      if (state.name !== undefined) this.startTool(events, state, state.name);
+    } else if (args.length > 0) {
+      this.inputDelta(events, state.block, args);
+    }
+  }
+
+  private startTool(events: DialectEvent[], state: ToolCallState, name: string): void {
+    state.block = this.startBlock(events, {
+      type: "tool_use",
+      id: state.id ?? toolUseId(this.requestId, this.nextBlock),
+      name,
+      input: {},
+    });
+    if (state.pending.length > 0) this.inputDelta(events, state.block, state.pending);
+    state.pending = "";
+  }
+
+  private inputDelta(events: DialectEvent[], index: number, partial: string): void {
+    events.push(
+      named({
+        type: "content_block_delta",
+        index,
+        delta: { type: "input_json_delta", partial_json: partial },
+      }),
+    );
+  }
+}
+
+// ---------------------------------------------------------------- errors
+
+/**
+ * Anthropic's error type for a gateway error, by its HTTP status (Anthropic's own statuses and
+ * types: 402 billing_error, 409 conflict_error, 413 request_too_large, 503 overloaded_error).
+ */
+function anthropicErrorType(status: number): string {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 402:
+      return "billing_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 409:
+      return "conflict_error";
+    case 413:
+      return "request_too_large";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "overloaded_error";
+    default:
+      return status >= 500 ? "api_error" : "invalid_request_error";
+  }
+}
+
+/**
+ * Anthropic's error body, carrying the gateway's code twice: as `error.code` (where the gateway's
+ * own error body has it) and as `error.details.error_code` (where Anthropic puts its codes, which
+ * its SDK surfaces as `errorCode`).
+ */
+function errorBody(error: GatewayError): unknown {
+  return {
+    type: "error",
+    error: {
+      type: anthropicErrorType(error.status),
+      message: error.message,
+      code: error.code,
+      details: { error_code: error.code },
+    },
+  };
+}
+
+/** The Anthropic Messages dialect. */
+export const messagesDialect: Dialect = {
+  name: "messages",
+  toCanonical,
+  fromCompletion,
+  createStream: (ctx) => new MessagesStream(ctx.requestId, ctx.model),
+  errorBody,
+};
