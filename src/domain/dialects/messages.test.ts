@@ -563,6 +563,22 @@ describe("fromCompletion", () => {
       },
     },
     {
+      name: "reasoning tokens",
+      completion: {
+        ...completion({ content: "ok" }, "stop"),
+        usage: {
+          prompt_tokens: 21,
+          completion_tokens: 9,
+          completion_tokens_details: { reasoning_tokens: 4 },
+        },
+      },
+      expected: {
+        content: [{ type: "text", text: "ok" }],
+        stop_reason: "end_turn",
+        usage: { ...usage, output_tokens_details: { thinking_tokens: 4 } },
+      },
+    },
+    {
       name: "no usage: the charge's counts",
       completion: { ...completion({ content: "ok" }, "stop"), usage: undefined },
       expected: { content: [{ type: "text", text: "ok" }], stop_reason: "end_turn" },
@@ -985,7 +1001,11 @@ describe("with the official @anthropic-ai/sdk", () => {
         chunk({ role: "assistant", content: "" }),
         chunk({ content: "One two" }),
         chunk({}, "length"),
-        usageChunk({ prompt_tokens: 7, completion_tokens: 2 }),
+        usageChunk({
+          prompt_tokens: 7,
+          completion_tokens: 2,
+          completion_tokens_details: { reasoning_tokens: 1 },
+        }),
       ]),
     };
     const message = await client.messages
@@ -993,7 +1013,11 @@ describe("with the official @anthropic-ai/sdk", () => {
       .finalMessage();
     expect(message.content).toEqual([{ type: "text", text: "One two" }]);
     expect(message.stop_reason).toBe("max_tokens");
-    expect(message.usage).toMatchObject({ input_tokens: 7, output_tokens: 2 });
+    expect(message.usage).toMatchObject({
+      input_tokens: 7,
+      output_tokens: 2,
+      output_tokens_details: { thinking_tokens: 1 },
+    });
   });
 
   it("parallel tool calls in one chunk, then interleaved argument deltas", async () => {

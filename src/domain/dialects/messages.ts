@@ -25,7 +25,8 @@ import type { Dialect, DialectEvent, GatewayCharge, StreamTranslator } from "./t
  *   servers know, and the gateway's quote reads either.
  * - Usage in Anthropic's sense: `input_tokens` excludes the cache reads, so `input_tokens +
  *   cache_read_input_tokens` is the provider's `prompt_tokens` (`x_gateway` keeps the gateway's
- *   own counts, as billed).
+ *   own counts, as billed); reasoning tokens, when reported, become
+ *   `output_tokens_details.thinking_tokens` (still counted in `output_tokens`).
  * - A streamed answer's `message_start` says `input_tokens: 0`: the count is known only from the
  *   provider's last chunk; `message_delta` carries it (the SDKs take it from there).
  * - `finish_reason` -> `stop_reason`: `length` -> `max_tokens`, `tool_calls` -> `tool_use` (also
@@ -468,6 +469,8 @@ interface Usage {
   readonly output_tokens: number;
   readonly cache_read_input_tokens: number;
   readonly cache_creation_input_tokens: number;
+  /** Present when the provider reported reasoning tokens (`completion_tokens_details`). */
+  readonly output_tokens_details?: { readonly thinking_tokens: number };
 }
 
 /** Anthropic usage from a chat usage object, else from the charge's counts. */
@@ -477,11 +480,14 @@ function usageOf(usage: unknown, charge: GatewayCharge): Usage {
   const output = count(u["completion_tokens"]) ?? chargeCount(charge.output_tokens);
   const details = u["prompt_tokens_details"];
   const cached = Math.min(prompt, (isObject(details) && count(details["cached_tokens"])) || 0);
+  const completion = u["completion_tokens_details"];
+  const reasoning = isObject(completion) ? count(completion["reasoning_tokens"]) : undefined;
   return {
     input_tokens: prompt - cached,
     output_tokens: output,
     cache_read_input_tokens: cached,
     cache_creation_input_tokens: 0,
+    ...(reasoning === undefined ? {} : { output_tokens_details: { thinking_tokens: reasoning } }),
   };
 }
 
@@ -632,17 +638,11 @@ class MessagesStream implements StreamTranslator {
     }
     this.stopOpen(events);
     this.ended = true;
-    const usage = usageOf(this.usage, charge);
     events.push(
       named({
         type: "message_delta",
         delta: stopOf(this.finishReason, this.tools.size > 0, this.stopString),
-        usage: {
-          input_tokens: usage.input_tokens,
-          output_tokens: usage.output_tokens,
-          cache_read_input_tokens: usage.cache_read_input_tokens,
-          cache_creation_input_tokens: usage.cache_creation_input_tokens,
-        },
+        usage: usageOf(this.usage, charge),
       }),
       named({ type: "message_stop", x_gateway: xGateway(charge) }),
     );
