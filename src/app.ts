@@ -69,7 +69,7 @@ import { createTtlCache } from "./domain/ttl-cache.js";
 import { createSettlementFlusher, reconcile, type SettlementFlusher } from "./domain/settlement.js";
 import { listen } from "./listen.js";
 import type { NodeRequest } from "./rest/body.js";
-import type { NodeResponse, Readiness } from "./rest/facade.js";
+import { errorBodyFor, type NodeResponse, type Readiness } from "./rest/facade.js";
 import { toHttpError } from "./rest/errors.js";
 import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
 import { createGatewayHandler } from "./server.js";
@@ -161,7 +161,7 @@ function refuseShuttingDown(req: NodeRequest, res: NodeResponse): void {
   const { status, body } = toHttpError(
     new GatewayError("shutting_down", "the gateway is shutting down; retry on another instance"),
   );
-  const payload = JSON.stringify(body);
+  const payload = JSON.stringify(errorBodyFor(req.url, body));
   const headers: Record<string, string | number> = {
     "content-type": "application/json",
     "content-length": Buffer.byteLength(payload),

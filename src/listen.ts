@@ -4,6 +4,7 @@ import net from "node:net";
 import type { Socket } from "node:net";
 import { GatewayError } from "./domain/errors.js";
 import { toHttpError } from "./rest/errors.js";
+import { errorBodyFor } from "./rest/facade.js";
 
 type Handler = (
   req: http.IncomingMessage | http2.Http2ServerRequest,
@@ -128,14 +129,18 @@ function createWriteWatchdog(timeoutMs: number) {
 }
 
 /** The 408 body of a request whose body did not arrive in time. */
-function requestTimeout(limits: ListenLimits): { status: number; payload: string } {
+function requestTimeout(
+  limits: ListenLimits,
+  target: string | undefined,
+): { status: number; payload: string } {
   const { status, body } = toHttpError(
     new GatewayError(
       "request_timeout",
       `the request body did not arrive within ${limits.bodyTimeoutMs} ms`,
     ),
   );
-  return { status, payload: JSON.stringify(body) };
+  // A dialect route answers in its own error shape (DESIGN.md section 9).
+  return { status, payload: JSON.stringify(errorBodyFor(target, body)) };
 }
 
 /** Answers 408 on a response nothing was written to yet, then closes the connection or stream. */
@@ -144,7 +149,7 @@ function answerTimeout(
   limits: ListenLimits,
   close: () => void,
 ): void {
-  const { status, payload } = requestTimeout(limits);
+  const { status, payload } = requestTimeout(limits, (res as { req?: { url?: string } }).req?.url);
   const headers: Record<string, string | number> = {
     "content-type": "application/json",
     "content-length": Buffer.byteLength(payload),

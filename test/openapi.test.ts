@@ -259,6 +259,24 @@ function everyRequest(
       { ...withJson, "x-gateway-permit": stack.demo.permitId },
       chatBody,
     ],
+    [
+      "POST",
+      "/v1/responses",
+      "/v1/responses",
+      { ...withJson, "x-gateway-permit": stack.demo.permitId },
+      JSON.stringify({ model: "demo-chat", input: "hi" }),
+    ],
+    [
+      "POST",
+      "/v1/messages",
+      "/v1/messages",
+      { ...withJson, "x-gateway-permit": stack.demo.permitId },
+      JSON.stringify({
+        model: "demo-chat",
+        max_tokens: 16,
+        messages: [{ role: "user", content: "hi" }],
+      }),
+    ],
     ["GET", "/v1/requests/{id}", `/v1/requests/0x${"77".repeat(32)}`, credentials],
     ["GET", "/v1/permits/{id}", `/v1/permits/${stack.demo.permitId}`, credentials],
     [
@@ -378,6 +396,7 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
   let chatOffer: Hex;
   let base: string;
   let offset = 0;
+  let tariffChanges = 0n;
   const clock = () => Math.floor(Date.now() / 1000) + offset;
   const messages = [{ role: "user", content: "hello openapi" }];
   const bodyLimit = 65_536;
@@ -445,14 +464,29 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       expect(errorCode(parsed), `${method} ${path}`).toBe(expected.code);
     return { answer, body: parsed };
   }
+  /** The dialect `chat` and `quote` speak (DESIGN.md section 9); a chat body is translated. */
+  let dialect: "chat" | "responses" | "messages" = "chat";
+  const chatRoute = () =>
+    dialect === "chat"
+      ? "/v1/chat/completions"
+      : dialect === "responses"
+        ? "/v1/responses"
+        : "/v1/messages";
+  const inDialect = (body: unknown): unknown => {
+    if (dialect === "chat" || typeof body !== "object" || body === null) return body;
+    const { messages: m, max_tokens: limit, ...rest } = body as Record<string, unknown>;
+    return dialect === "responses"
+      ? { ...rest, input: m, ...(limit === undefined ? {} : { max_output_tokens: limit }) }
+      : { ...rest, messages: m, max_tokens: limit ?? 64 };
+  };
   const chat = (
     expected: { status: number; code?: string },
     body: unknown,
     headers: Record<string, string> = {},
   ) =>
-    call("POST", "/v1/chat/completions", "/v1/chat/completions", expected, {
+    call("POST", chatRoute(), chatRoute(), expected, {
       headers: { ...jsonHeaders(), "x-gateway-permit": stack.demo.permitId, ...headers },
-      body,
+      body: inDialect(body),
     });
 
   const everyOperation = () => everyRequest(stack);
@@ -631,7 +665,14 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     expected: { status: number; code?: string },
     body: unknown,
     headers = jsonHeaders(),
-  ) => call("POST", "/v1/quotes", "/v1/quotes", expected, { headers, body });
+  ) =>
+    call(
+      "POST",
+      "/v1/quotes",
+      dialect === "chat" ? "/v1/quotes" : `/v1/quotes?dialect=${dialect}`,
+      expected,
+      { headers, body: inDialect(body) },
+    );
 
   it("quotes", async () => {
     const ok = await quote({ status: 200 }, { model: "demo-chat", messages, max_tokens: 8 });
@@ -718,7 +759,21 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     );
   });
 
-  it("chat completions: request, permit, quote and idempotency errors", async () => {
+  // The chat route and each dialect route (DESIGN.md section 9) answer the same statuses and
+  // codes, each in its own error shape.
+  it.each(["chat", "responses", "messages"] as const)(
+    "%s: request, permit, quote and idempotency errors",
+    async (which) => {
+      dialect = which;
+      try {
+        await chatErrors();
+      } finally {
+        dialect = "chat";
+      }
+    },
+  );
+
+  async function chatErrors() {
     await chat({ status: 400, code: "invalid_json" }, "{");
     await chat({ status: 400, code: "invalid_request" }, { model: "demo-chat", messages: [] });
     await chat(
@@ -830,13 +885,13 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     fake.setOptions({ delayMs: 150 });
     try {
       const calls = fake.calls("/v1/chat/completions");
-      const first = send(base, "POST", "/v1/chat/completions", {
+      const first = send(base, "POST", chatRoute(), {
         headers: {
           ...jsonHeaders(),
           "x-gateway-permit": stack.demo.permitId,
           "idempotency-key": slow,
         },
-        body: JSON.stringify({ ...quoted, stream: true }),
+        body: JSON.stringify(inDialect({ ...quoted, stream: true })),
       });
       await eventually(async () => fake.calls("/v1/chat/completions") > calls, 3000, 10);
       await chat(
@@ -844,7 +899,7 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
         { ...quoted, stream: true },
         { "idempotency-key": slow },
       );
-      conform("POST", "/v1/chat/completions", await first);
+      conform("POST", chatRoute(), await first);
       // A stream replayed from the key is checked like the first.
       await chat({ status: 200 }, { ...quoted, stream: true }, { "idempotency-key": slow });
     } finally {
@@ -853,8 +908,9 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
 
     // The offer's tariff changed since the quote.
     const q4 = (await quote({ status: 200 }, quoted)).body!.quote_id as string;
+    tariffChanges += 1n;
     await setOffer(stack, chatOffer, {
-      tariff: { input: 2_000_000n, output: 3_000_000n, wake: 0n },
+      tariff: { input: 2_000_000n + tariffChanges, output: 3_000_000n, wake: 0n },
     });
     await chat({ status: 409, code: "tariff_changed" }, quoted, { "x-gateway-quote": q4 });
 
@@ -874,11 +930,18 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       const cut = await chat({ status: 200 }, { model: "demo-chat", messages, stream: true });
       const events = sseData(cut.answer.text);
       expect(events.at(-1)).not.toBe("[DONE]");
-      expect(JSON.parse(events.at(-1)!)).toMatchObject({ error: { code: "upstream_error" } });
+      const last = JSON.parse(events.at(-1)!) as Record<string, Record<string, unknown>>;
+      if (dialect === "chat") expect(last).toMatchObject({ error: { code: "upstream_error" } });
+      else if (dialect === "responses")
+        expect(last).toMatchObject({
+          type: "response.failed",
+          response: { error: { code: "upstream_error" } },
+        });
+      else expect(last).toMatchObject({ type: "error", error: { code: "upstream_error" } });
     } finally {
       fake.setOptions({ failMidStream: false, chunks: 3 });
     }
-  });
+  }
 
   it.runIf(jsonDepth)("a JSON body nested too deep is 400 invalid_request", async () => {
     const deep = `${"[".repeat(1000)}${"]".repeat(1000)}`;
@@ -924,6 +987,26 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
         body: { model: "demo-chat", messages },
       },
     );
+    // The dialect routes refuse it the same way, each in its own error shape.
+    for (const [route, body] of [
+      ["/v1/responses", { model: "demo-chat", input: messages }],
+      ["/v1/messages", { model: "demo-chat", max_tokens: 8, messages }],
+    ] as const) {
+      await call(
+        "POST",
+        route,
+        route,
+        { status: 403, code: "permit_not_authorized" },
+        {
+          headers: {
+            authorization: `Bearer ${outsider.key}`,
+            "content-type": "application/json",
+            "x-gateway-permit": stack.demo.permitId,
+          },
+          body,
+        },
+      );
+    }
     await call("GET", "/v1/permits/{id}", `/v1/permits/0x${"42".repeat(32)}`, {
       status: 402,
       code: "permit_not_found",
@@ -1403,7 +1486,7 @@ describe.runIf(rateLimits || bodyTimeout)("the limits of issue 12 conform too", 
     "a body that does not arrive in time is 408 request_timeout",
     async () => {
       const withBodies = everyRequest(stack).filter(([, , , , body]) => body !== undefined);
-      expect(withBodies.length).toBe(8);
+      expect(withBodies.length).toBe(10);
       for (const [method, route, path, headers] of withBodies) {
         const answer = await new Promise<Answer>((resolve, reject) => {
           const req = http.request(

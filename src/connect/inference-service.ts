@@ -6,6 +6,7 @@ import {
   ChatChunkSchema,
   ChatCompletedSchema,
   ChatStartedSchema,
+  Dialect,
   GetPermitResponseSchema,
   GetRequestResponseSchema,
   InferenceService,
@@ -41,6 +42,18 @@ export interface InferenceServiceDeps {
    * chain's latest block time the gateway has seen); default `clock`.
    */
   readonly permitClock?: () => number;
+}
+
+/** The chat RPC's dialect -> the translator stage's name (undefined: a chat completion). */
+export function dialectName(dialect: Dialect): "responses" | "messages" | undefined {
+  switch (dialect) {
+    case Dialect.RESPONSES:
+      return "responses";
+    case Dialect.MESSAGES:
+      return "messages";
+    default:
+      return undefined;
+  }
 }
 
 export const billingToProto = {
@@ -117,6 +130,7 @@ export function eventToMessage(
             $typeName: ChatChunkSchema.typeName,
             data: event.data,
             metering: new MeteringMessage(event.metering),
+            event: event.event ?? "",
           },
         },
       };
@@ -178,6 +192,7 @@ export function createInferenceService(
         quoteId: req.quoteId === "" ? undefined : req.quoteId,
         idempotencyKey: req.idempotencyKey === "" ? undefined : req.idempotencyKey,
         signal: ctx.signal,
+        dialect: dialectName(req.dialect),
       });
       for await (const event of stream) {
         if (event.type !== "failed") yield eventToMessage(event);

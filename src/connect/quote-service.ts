@@ -4,13 +4,18 @@ import { CreateQuoteResponseSchema, QuoteService } from "../../gen/gateway/v1/qu
 import { GatewayError } from "../domain/errors.js";
 import type { Inference } from "../domain/chat/index.js";
 import { callerKey } from "./context.js";
+import { dialectName } from "./inference-service.js";
 
 export function createQuoteService(inference: Inference): ServiceImpl<typeof QuoteService> {
   return {
     async createQuote(req, ctx) {
       const caller = ctx.values.get(callerKey);
       if (caller === undefined) throw new GatewayError("missing_api_key", "missing API key");
-      const quote = await inference.createQuote({ apiKeyId: caller.apiKeyId, body: req.body });
+      const quote = await inference.createQuote({
+        apiKeyId: caller.apiKeyId,
+        body: req.body,
+        dialect: dialectName(req.dialect),
+      });
       return create(CreateQuoteResponseSchema, {
         quote: {
           quoteId: quote.quoteId,

@@ -1,5 +1,6 @@
 import type { ChatCompleted, ChatStarted } from "../../gen/gateway/v1/inference_pb.js";
-import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
+import { Dialect, InferenceService } from "../../gen/gateway/v1/inference_pb.js";
+import type { Dialect as DialectTranslator } from "../domain/dialects/types.js";
 import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
 import { GatewayError } from "../domain/errors.js";
 import type { NodeRequest } from "./body.js";
@@ -8,6 +9,7 @@ import type { NodeResponse } from "./facade.js";
 import { billingWord } from "./views.js";
 
 const eventStart = Buffer.from("data: ");
+const namedStart = Buffer.from("event: ");
 const eventEnd = Buffer.from("\n\n");
 const lineEnd = Buffer.from("\n");
 const lf = 0x0a;
@@ -52,8 +54,14 @@ class EventWriter {
    * line and an empty line the event itself, letting a provider forge events of its own
    * (DESIGN.md 8). A client's SSE parser joins the lines back with LF, the data as it was.
    */
-  event(data: Uint8Array): void {
+  event(data: Uint8Array, name?: string): void {
     if (this.pending.length === 0) process.nextTick(flushEvents, this);
+    if (name !== undefined && name !== "") {
+      // A dialect's event name is the gateway's own (its translator's), never a provider's.
+      const line = Buffer.from(name);
+      this.pending.push(namedStart, line, lineEnd);
+      this.pendingBytes += namedStart.byteLength + line.byteLength + lineEnd.byteLength;
+    }
     // Two native scans; the line-by-line path is for the rare multi-line event.
     if (data.indexOf(lf) === -1 && data.indexOf(cr) === -1) {
       this.pending.push(eventStart, data, eventEnd);
@@ -160,6 +168,7 @@ export async function relayChat(
   res: NodeResponse,
   body: Uint8Array,
   options: InProcessCallOptions,
+  dialect?: { readonly id: Dialect; readonly translator: DialectTranslator },
 ): Promise<void> {
   const messages = await rpc.stream(
     InferenceService.method.streamChatCompletion,
@@ -168,6 +177,7 @@ export async function relayChat(
       permitId: header(req, "x-gateway-permit"),
       quoteId: header(req, "x-gateway-quote"),
       idempotencyKey: header(req, "idempotency-key"),
+      dialect: dialect?.id ?? Dialect.UNSPECIFIED,
     },
     options,
   );
@@ -185,7 +195,7 @@ export async function relayChat(
         if (events === undefined) json = event.value.data;
         else {
           firstChunk ??= event.value.data;
-          events.event(event.value.data);
+          events.event(event.value.data, event.value.event);
           // Backpressure: the next message is pulled, and so the provider read, only once the
           // client has taken what was written (at most one upstream read's events are queued).
           if (events.blocked) {
@@ -230,6 +240,10 @@ export async function relayChat(
           for (; payload.byteLength - at > jsonPieceBytes; at += jsonPieceBytes)
             res.write(payload.subarray(at, at + jsonPieceBytes));
           res.end(at === 0 ? payload : payload.subarray(at));
+        } else if (dialect !== undefined) {
+          // The dialect's closing events (the last with x_gateway) came as chunks; no [DONE].
+          res.addTrailers({ "X-Gateway-Credits-Charged": done.creditsCharged });
+          events.end("");
         } else {
           events.event(Buffer.from(JSON.stringify(finalChunk(firstChunk, done))));
           res.addTrailers({ "X-Gateway-Credits-Charged": done.creditsCharged });
@@ -248,7 +262,18 @@ export async function relayChat(
       // Cut by shutdown: the signal's reason (`shutting_down`) is the stream's last event.
       const reason: unknown = options.signal.aborted ? options.signal.reason : undefined;
       const { body: errorBody } = toHttpError(reason instanceof GatewayError ? reason : error);
-      events.end(`data: ${JSON.stringify(errorBody)}\n\n`);
+      if (dialect === undefined) {
+        events.end(`data: ${JSON.stringify(errorBody)}\n\n`);
+        return;
+      }
+      const failure = new GatewayError(errorBody.error.code, errorBody.error.message);
+      const stream = dialect.translator.createStream({
+        requestId: started?.requestId ?? "",
+        model: "",
+      });
+      for (const out of stream.fail(failure))
+        events.event(Buffer.from(JSON.stringify(out.data)), out.event);
+      events.end("");
     }
   }
 }

@@ -2,7 +2,7 @@ import { ConnectError } from "@connectrpc/connect";
 import type { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Logger } from "pino";
 import { CatalogService } from "../../gen/gateway/v1/catalog_pb.js";
-import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
+import { Dialect, InferenceService } from "../../gen/gateway/v1/inference_pb.js";
 import { ModelStatusSchema, OfferStatusSchema } from "../../gen/gateway/v1/market_pb.js";
 import { PermitAuthorizationStatusSchema, PermitService } from "../../gen/gateway/v1/permit_pb.js";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
@@ -10,10 +10,12 @@ import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
 import type { JsonBounds } from "../domain/chat-request.js";
+import { dialects } from "../domain/dialects/index.js";
+import type { Dialect as DialectTranslator } from "../domain/dialects/types.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { readJson, readJsonBytes, type NodeRequest } from "./body.js";
 import { relayChat } from "./chat.js";
-import { toHttpError } from "./errors.js";
+import { toHttpError, type ErrorBody } from "./errors.js";
 import { openApiDocument } from "./openapi.js";
 import {
   flushView,
@@ -92,6 +94,37 @@ interface Route {
   /** The path itself, or a pattern whose groups are the path parameters. */
   readonly path: string | RegExp;
   readonly handle: (call: Call) => Promise<Reply | undefined>;
+  /** The route's own error body (a dialect's shape); default the spec's `{error: {...}}`. */
+  readonly errorBody?: (error: ErrorBody["error"]) => unknown;
+}
+
+/** A dialect's error body, carrying the gateway's code. */
+const dialectError =
+  (dialect: DialectTranslator) =>
+  (error: ErrorBody["error"]): unknown =>
+    dialect.errorBody(new GatewayError(error.code, error.message));
+
+/** Anthropic clients send the API key as `x-api-key`; the gateway reads a bearer token. */
+function withApiKeyHeader(options: InProcessCallOptions, req: NodeRequest): InProcessCallOptions {
+  const key = req.headers["x-api-key"];
+  if (req.headers.authorization !== undefined || typeof key !== "string") return options;
+  return { ...options, headers: { ...req.headers, authorization: `Bearer ${key}` } };
+}
+
+/** `?dialect=` of a quote: which dialect its body is written in. */
+function quoteDialect(query: string): Dialect {
+  const word = query === "" ? null : new URLSearchParams(query).get("dialect");
+  switch (word) {
+    case null:
+    case "chat":
+      return Dialect.UNSPECIFIED;
+    case "responses":
+      return Dialect.RESPONSES;
+    case "messages":
+      return Dialect.MESSAGES;
+    default:
+      throw new GatewayError("invalid_request", "'dialect' must be chat, responses or messages");
+  }
 }
 
 const id = "([^/]+)";
@@ -176,9 +209,14 @@ const routes: Route[] = [
   {
     method: "POST",
     path: "/v1/quotes",
-    handle: async ({ rpc, options, req, deps }) => {
+    handle: async ({ rpc, options, req, deps, query }) => {
+      const dialect = quoteDialect(query);
       const body = await readJsonBytes(req, deps.bodyLimitBytes);
-      const { quote } = await rpc.unary(QuoteService.method.createQuote, { body }, options);
+      const { quote } = await rpc.unary(
+        QuoteService.method.createQuote,
+        { body, dialect },
+        options,
+      );
       if (quote === undefined) throw new Error("CreateQuote answered without a quote");
       return { body: quoteView(quote) };
     },
@@ -189,6 +227,32 @@ const routes: Route[] = [
     handle: async ({ rpc, options, req, res, deps }) => {
       const body = await readJsonBytes(req, deps.bodyLimitBytes);
       await relayChat(rpc, req, res, body, options);
+      return undefined;
+    },
+  },
+  {
+    method: "POST",
+    path: "/v1/responses",
+    errorBody: dialectError(dialects.responses),
+    handle: async ({ rpc, options, req, res, deps }) => {
+      const body = await readJsonBytes(req, deps.bodyLimitBytes);
+      await relayChat(rpc, req, res, body, options, {
+        id: Dialect.RESPONSES,
+        translator: dialects.responses,
+      });
+      return undefined;
+    },
+  },
+  {
+    method: "POST",
+    path: "/v1/messages",
+    errorBody: dialectError(dialects.messages),
+    handle: async ({ rpc, options, req, res, deps }) => {
+      const body = await readJsonBytes(req, deps.bodyLimitBytes);
+      await relayChat(rpc, req, res, body, withApiKeyHeader(options, req), {
+        id: Dialect.MESSAGES,
+        translator: dialects.messages,
+      });
       return undefined;
     },
   },
@@ -542,6 +606,16 @@ function targetOf(target: string): { pathname: string; query: string } {
   return { pathname: url.pathname, query: url.search.slice(1) };
 }
 
+/**
+ * The error body a request to `target` gets: a dialect route's own shape (DESIGN.md section 9),
+ * else the spec's. For answers given before a route runs (shutdown's 503).
+ */
+export function errorBodyFor(target: string | undefined, body: ErrorBody): unknown {
+  const match = findRoute("POST", targetOf(target ?? "/").pathname);
+  if (match === undefined || match === "method_not_allowed") return body;
+  return match.route.errorBody?.(body.error) ?? body;
+}
+
 export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: NodeResponse) => void {
   const { rpc, logger } = deps;
 
@@ -568,6 +642,7 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
     });
     const options: InProcessCallOptions = { headers: req.headers, signal: abort.signal };
 
+    let matched: Route | undefined;
     const handled = (async (): Promise<void> => {
       const match = findRoute(req.method, pathname);
       if (match === undefined || match === "method_not_allowed") {
@@ -580,6 +655,7 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
             );
       }
       route = templates.get(match.route) ?? route;
+      matched = match.route;
       const reply = await match.route.handle({
         req,
         res,
@@ -608,7 +684,7 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
         return;
       }
       const { status, body, headers } = toHttpError(error);
-      sendJson(res, status, body, headers);
+      sendJson(res, status, matched?.errorBody?.(body.error) ?? body, headers);
     });
   };
 }

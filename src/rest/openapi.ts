@@ -207,6 +207,64 @@ function errorResponses(list: Codes, options: { body?: boolean } = {}): Record<s
   return out;
 }
 
+/** The chat route's errors, which every dialect route shares (DESIGN.md section 9). */
+const chatCodes = codes(anyRoute, apiKeyed, withBody, {
+  400: ["invalid_hex"],
+  402: [
+    "permit_missing",
+    "permit_not_found",
+    "permit_expired",
+    "permit_closing",
+    "permit_closed",
+    "permit_model_mismatch",
+    "permit_offer_mismatch",
+    "insufficient_credits",
+  ],
+  403: ["permit_not_authorized"],
+  404: ["model_not_found", "quote_not_found"],
+  409: [
+    "quote_expired",
+    "quote_mismatch",
+    "quote_used",
+    "tariff_changed",
+    "idempotency_in_progress",
+    "idempotency_result_too_large",
+  ],
+  422: ["idempotency_key_reused"],
+  429: ["offer_at_capacity"],
+  502: ["upstream_error"],
+  503: ["no_eligible_offer", "upstream_unavailable", "chain_unavailable"],
+});
+
+/**
+ * A dialect route's errors (DESIGN.md section 9): the same statuses and codes as the chat route,
+ * in the dialect's own error shape (`schemaName`), the gateway's code at `error.code`.
+ */
+function dialectErrorResponses(list: Codes, schemaName: string): Record<string, Response> {
+  const out: Record<string, Response> = {};
+  for (const [status, cs] of Object.entries(errorResponses(list, { body: true }))) {
+    const codes = list[Number(status)] ?? [];
+    out[status] = {
+      ...cs,
+      content: {
+        "application/json": {
+          schema: {
+            allOf: [schema(schemaName)],
+            properties: {
+              error: {
+                properties: {
+                  code: codes.length === 1 ? { const: codes[0] } : { enum: [...codes] },
+                },
+              },
+            },
+          },
+        },
+      },
+    };
+  }
+  return out;
+}
+
 /** Every operation takes `X-Request-Id` (echoed in the answer's header of the same name). */
 function withRequestIds(
   paths: Record<string, Record<string, Operation>>,
@@ -281,6 +339,53 @@ const chatResponseHeaders: Record<string, Header | Ref> = {
   "X-Gateway-Offer-Id": ref("headers", "X-Gateway-Offer-Id"),
   "X-Gateway-Tariff-Version": ref("headers", "X-Gateway-Tariff-Version"),
 };
+
+/** POST of a dialect route (DESIGN.md section 9): the chat route's parameters, headers and codes. */
+function dialectOperation(op: {
+  operationId: string;
+  summary: string;
+  description: string;
+  request: string;
+  answer: string;
+  error: string;
+}): Record<string, Operation> {
+  return {
+    post: {
+      operationId: op.operationId,
+      summary: op.summary,
+      description: op.description,
+      tags: ["inference"],
+      parameters: [
+        ref("parameters", "X-Gateway-Permit"),
+        ref("parameters", "X-Gateway-Quote"),
+        ref("parameters", "Idempotency-Key"),
+      ],
+      requestBody: jsonBody(schema(op.request)),
+      responses: {
+        "200": {
+          description: 'The answer: JSON, or the dialect\'s event stream with `"stream": true`',
+          headers: {
+            ...chatResponseHeaders,
+            "X-Gateway-Credits-Charged": ref("headers", "X-Gateway-Credits-Charged-Json"),
+            Trailer: ref("headers", "Trailer"),
+          },
+          content: {
+            "application/json": { schema: schema(op.answer) },
+            "text/event-stream": {
+              schema: {
+                type: "string",
+                description:
+                  "`event: <type>` and `data: <json>` per event (see x-sse-data); the last carries `x_gateway`",
+              },
+              "x-sse-data": schema("DialectEvent"),
+            },
+          },
+        },
+        ...dialectErrorResponses(chatCodes, op.error),
+      },
+    },
+  };
+}
 
 export const openApiDocument: OpenApiDocument = {
   openapi: "3.1.0",
@@ -424,9 +529,18 @@ export const openApiDocument: OpenApiDocument = {
         operationId: "createQuote",
         summary: "Quote the most a chat request can cost",
         description:
-          "Bound to the request's model, messages, output limit, tools, tool choice and response format; single use; expires after 60 s. No permit needed.",
+          "Bound to the request's model, messages, output limit, tools, tool choice and response format; single use; expires after 60 s. No permit needed. With `?dialect=responses` or `?dialect=messages` the body is a Responses or Messages request, and the quote binds the chat completion it translates to (DESIGN.md section 9).",
         tags: ["inference"],
-        requestBody: jsonBody(schema("ChatRequest")),
+        parameters: [
+          {
+            name: "dialect",
+            in: "query",
+            required: false,
+            description: "The dialect of the body: `chat` (default), `responses` or `messages`",
+            schema: { enum: ["chat", "responses", "messages"] },
+          },
+        ],
+        requestBody: jsonBody({ type: "object" }),
         responses: {
           "200": jsonResponse("The quote", schema("Quote")),
           ...errorResponses(
@@ -480,39 +594,42 @@ export const openApiDocument: OpenApiDocument = {
               },
             },
           },
-          ...errorResponses(
-            codes(anyRoute, apiKeyed, withBody, {
-              400: ["invalid_hex"],
-              402: [
-                "permit_missing",
-                "permit_not_found",
-                "permit_expired",
-                "permit_closing",
-                "permit_closed",
-                "permit_model_mismatch",
-                "permit_offer_mismatch",
-                "insufficient_credits",
-              ],
-              403: ["permit_not_authorized"],
-              404: ["model_not_found", "quote_not_found"],
-              409: [
-                "quote_expired",
-                "quote_mismatch",
-                "quote_used",
-                "tariff_changed",
-                "idempotency_in_progress",
-                "idempotency_result_too_large",
-              ],
-              422: ["idempotency_key_reused"],
-              429: ["offer_at_capacity"],
-              502: ["upstream_error"],
-              503: ["no_eligible_offer", "upstream_unavailable", "chain_unavailable"],
-            }),
-            { body: true },
-          ),
+          ...errorResponses(chatCodes, { body: true }),
         },
       },
     },
+    "/v1/responses": dialectOperation({
+      operationId: "createResponse",
+      summary: "Create a metered response (OpenAI Responses API, stateless)",
+      description: [
+        "The OpenAI Responses API, translated at the edge to a chat completion and served as one",
+        "(DESIGN.md section 9): the same permit, quote, Idempotency-Key, X-Gateway-* headers and",
+        "billing. `previous_response_id`, `conversation`, `store: true`, `background` and built-in",
+        'tools are refused (`invalid_request`). `"stream": true` answers typed events (`event:` is',
+        "the event's `type`) from `response.created` to `response.completed` (or",
+        "`response.incomplete` / `response.failed`), no `[DONE]`; the last event and the JSON answer",
+        "carry `x_gateway`. Errors in OpenAI's shape with the gateway's code.",
+      ].join("\n"),
+      request: "ResponsesRequest",
+      answer: "ResponsesAnswer",
+      error: "OpenAIError",
+    }),
+    "/v1/messages": dialectOperation({
+      operationId: "createMessage",
+      summary: "Create a metered message (Anthropic Messages API)",
+      description: [
+        "The Anthropic Messages API, translated at the edge to a chat completion and served as one",
+        "(DESIGN.md section 9). The API key may come as `x-api-key` (as Anthropic's clients send",
+        "it) or as a bearer token; `anthropic-version` is accepted and not required. The same",
+        'permit, quote, Idempotency-Key, X-Gateway-* headers and billing. `"stream": true` answers',
+        "`message_start` ... `content_block_*` ... `message_delta` (stop reason, usage),",
+        "`message_stop` (the last, with `x_gateway`). Errors in Anthropic's shape",
+        '(`{type: "error", error: {type, message, code}}`) with the gateway\'s code.',
+      ].join("\n"),
+      request: "MessagesRequest",
+      answer: "MessagesAnswer",
+      error: "AnthropicError",
+    }),
     "/v1/requests/{id}": {
       get: {
         operationId: "getRequest",
@@ -1160,6 +1277,100 @@ export const openApiDocument: OpenApiDocument = {
           model: { type: "string" },
           choices: { type: "array", maxItems: 0 },
           x_gateway: schema("XGateway"),
+        },
+      },
+      ResponsesRequest: {
+        type: "object",
+        additionalProperties: true,
+        description:
+          "An OpenAI Responses API request (stateless): `model`, `input` (text or items), `instructions`, function `tools`, `tool_choice`, `max_output_tokens`, `text.format`, `stream`, ...",
+        required: ["model", "input"],
+        properties: { model: { type: "string", minLength: 1 }, stream: { type: "boolean" } },
+      },
+      ResponsesAnswer: {
+        type: "object",
+        additionalProperties: true,
+        description: "An OpenAI `response` object, with `x_gateway`",
+        required: ["id", "object", "status", "output", "x_gateway"],
+        properties: {
+          id: { type: "string" },
+          object: { const: "response" },
+          status: { enum: ["completed", "incomplete"] },
+          output: { type: "array" },
+          x_gateway: schema("XGateway"),
+        },
+      },
+      MessagesRequest: {
+        type: "object",
+        additionalProperties: true,
+        description:
+          "An Anthropic Messages API request: `model`, `max_tokens`, `system`, `messages` (text, tool_use, tool_result blocks), `tools`, `tool_choice`, `stop_sequences`, `stream`, ...",
+        required: ["model", "max_tokens", "messages"],
+        properties: {
+          model: { type: "string", minLength: 1 },
+          max_tokens: { type: "integer", minimum: 1 },
+          messages: { type: "array" },
+          stream: { type: "boolean" },
+        },
+      },
+      MessagesAnswer: {
+        type: "object",
+        additionalProperties: true,
+        description: "An Anthropic `message` object, with `x_gateway`",
+        required: ["id", "type", "role", "content", "stop_reason", "usage", "x_gateway"],
+        properties: {
+          id: { type: "string" },
+          type: { const: "message" },
+          role: { const: "assistant" },
+          content: { type: "array" },
+          x_gateway: schema("XGateway"),
+        },
+      },
+      DialectEvent: {
+        type: "object",
+        additionalProperties: true,
+        description:
+          "The JSON `data` of one event of a dialect's stream; `type` is also its `event:` name",
+        required: ["type"],
+        properties: { type: { type: "string" } },
+      },
+      OpenAIError: {
+        type: "object",
+        description: "OpenAI's error shape, with the gateway's code",
+        required: ["error"],
+        properties: {
+          error: {
+            type: "object",
+            required: ["code", "type", "message"],
+            properties: {
+              code: { type: "string" },
+              type: { type: "string" },
+              message: { type: "string" },
+              param: { type: ["string", "null"] },
+            },
+          },
+        },
+      },
+      AnthropicError: {
+        type: "object",
+        description: "Anthropic's error shape, with the gateway's code at `error.code`",
+        required: ["type", "error"],
+        properties: {
+          type: { const: "error" },
+          error: {
+            type: "object",
+            required: ["type", "message", "code"],
+            properties: {
+              type: { type: "string" },
+              message: { type: "string" },
+              code: { type: "string" },
+              details: {
+                type: "object",
+                description: "`error_code`: the gateway's code, where Anthropic's SDKs read it",
+                properties: { error_code: { type: "string" } },
+              },
+            },
+          },
         },
       },
       ChatStreamEvent: {

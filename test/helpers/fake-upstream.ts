@@ -71,6 +71,14 @@ export interface FakeUpstreamOptions {
   endless?: boolean | undefined;
   /** Size of an endless stream's chunks. Default 1024. */
   endlessChunkBytes?: number | undefined;
+  /**
+   * Answer a request that offers `tools` (and whose last message is not a tool result) with a
+   * call of its first tool, arguments `toolArguments` (streamed in two pieces). A request whose
+   * last message is a tool result is answered "tool said <its content>". Default false.
+   */
+  toolCalls?: boolean | undefined;
+  /** The arguments of a tool call (`toolCalls`). Default `{"city":"Paris"}`. */
+  toolArguments?: string | undefined;
 }
 
 export interface FakeRequest {
@@ -125,6 +133,8 @@ const defaults: Required<
     | "rawStream"
     | "endless"
     | "endlessChunkBytes"
+    | "toolCalls"
+    | "toolArguments"
   >
 > = {
   models: ["fake-model"],
@@ -261,8 +271,32 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
     }
     const limit = positiveInt(request.max_completion_tokens) ?? positiveInt(request.max_tokens);
     const count = limit === undefined ? opts.chunks : Math.min(opts.chunks, limit);
-    const pieces = Array.from({ length: count }, (_, i) => (i === 0 ? "word0" : ` word${i}`));
-    const finishReason = limit !== undefined && limit < opts.chunks ? "length" : "stop";
+    let pieces = Array.from({ length: count }, (_, i) => (i === 0 ? "word0" : ` word${i}`));
+    const messages = request.messages as { role?: unknown; content?: unknown }[];
+    const lastMessage = messages[messages.length - 1];
+    const tools = Array.isArray(request.tools)
+      ? (request.tools as { function?: { name?: unknown } }[])
+      : [];
+    // A tool call: the first tool's name and `toolArguments`, split in two pieces.
+    const toolCall =
+      opts.toolCalls === true && tools.length > 0 && lastMessage?.role !== "tool"
+        ? {
+            id: `call_fake${created + 1}`,
+            name: String(tools[0]?.function?.name ?? "tool"),
+            args: opts.toolArguments ?? '{"city":"Paris"}',
+          }
+        : undefined;
+    if (opts.toolCalls === true && lastMessage?.role === "tool") {
+      pieces = ["tool said ", String(lastMessage.content)];
+    }
+    const format = request.response_format as { type?: unknown } | undefined;
+    if (format?.type === "json_schema") pieces = ['{"answer":', '"word0"}'];
+    const finishReason =
+      toolCall !== undefined
+        ? "tool_calls"
+        : limit !== undefined && limit < opts.chunks
+          ? "length"
+          : "stop";
     const choices = opts.honourN === true ? (positiveInt(request.n) ?? 1) : 1;
     const indexes = Array.from({ length: choices }, (_, index) => index);
     const usage = {
@@ -291,7 +325,20 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
         model,
         choices: indexes.map((index) => ({
           index,
-          message: { role: "assistant", content: pieces.join("") },
+          message:
+            toolCall === undefined
+              ? { role: "assistant", content: pieces.join("") }
+              : {
+                  role: "assistant",
+                  content: null,
+                  tool_calls: [
+                    {
+                      id: toolCall.id,
+                      type: "function",
+                      function: { name: toolCall.name, arguments: toolCall.args },
+                    },
+                  ],
+                },
           finish_reason: finishReason,
         })),
         ...(opts.omitUsage ? {} : { usage: usageObject }),
@@ -367,6 +414,19 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
       ))
     ) {
       return;
+    }
+    if (toolCall !== undefined) {
+      const half = Math.floor(toolCall.args.length / 2);
+      const calls = [
+        { id: toolCall.id, type: "function", function: { name: toolCall.name, arguments: "" } },
+        { function: { arguments: toolCall.args.slice(0, half) } },
+        { function: { arguments: toolCall.args.slice(half) } },
+      ];
+      for (const call of calls) {
+        const delta = { tool_calls: [{ index: 0, ...call }] };
+        if (!(await send(chunk([{ index: 0, delta, finish_reason: null }])))) return;
+      }
+      pieces = [];
     }
     for (const [i, piece] of pieces.entries()) {
       if (opts.stallAfterChunks !== undefined && i >= opts.stallAfterChunks) {

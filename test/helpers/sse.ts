@@ -1,10 +1,15 @@
-/** The `data:` payloads of an SSE body, in order. */
+/** The `data:` payloads of an SSE body, in order (an event's data lines joined; `event:` lines skipped). */
 export function sseData(text: string): string[] {
   return text
     .split("\n\n")
-    .map((event) => event.trim())
-    .filter((event) => event.startsWith("data: "))
-    .map((event) => event.slice("data: ".length));
+    .map((event) =>
+      event
+        .split("\n")
+        .filter((line) => line.startsWith("data: "))
+        .map((line) => line.slice("data: ".length))
+        .join("\n"),
+    )
+    .filter((data) => data !== "");
 }
 
 /**

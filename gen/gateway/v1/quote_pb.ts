@@ -4,13 +4,15 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { Dialect } from "./inference_pb.js";
+import { file_gateway_v1_inference } from "./inference_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file gateway/v1/quote.proto.
  */
 export const file_gateway_v1_quote: GenFile = /*@__PURE__*/
-  fileDesc("ChZnYXRld2F5L3YxL3F1b3RlLnByb3RvEgpnYXRld2F5LnYxIiIKEkNyZWF0ZVF1b3RlUmVxdWVzdBIMCgRib2R5GAEgASgMIjcKE0NyZWF0ZVF1b3RlUmVzcG9uc2USIAoFcXVvdGUYASABKAsyES5nYXRld2F5LnYxLlF1b3RlItoBCgVRdW90ZRIQCghxdW90ZV9pZBgBIAEoCRINCgVtb2RlbBgCIAEoCRIQCghtb2RlbF9pZBgDIAEoCRIQCghvZmZlcl9pZBgEIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgFIAEoCRIUCgxpbnB1dF90b2tlbnMYBiABKAkSGQoRbWF4X291dHB1dF90b2tlbnMYByABKAkSFgoOd2FrZXNfZW5kcG9pbnQYCCABKAgSFwoPbWF4aW11bV9jcmVkaXRzGAkgASgJEhIKCmV4cGlyZXNfYXQYCiABKAMyXgoMUXVvdGVTZXJ2aWNlEk4KC0NyZWF0ZVF1b3RlEh4uZ2F0ZXdheS52MS5DcmVhdGVRdW90ZVJlcXVlc3QaHy5nYXRld2F5LnYxLkNyZWF0ZVF1b3RlUmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("ChZnYXRld2F5L3YxL3F1b3RlLnByb3RvEgpnYXRld2F5LnYxIkgKEkNyZWF0ZVF1b3RlUmVxdWVzdBIMCgRib2R5GAEgASgMEiQKB2RpYWxlY3QYAiABKA4yEy5nYXRld2F5LnYxLkRpYWxlY3QiNwoTQ3JlYXRlUXVvdGVSZXNwb25zZRIgCgVxdW90ZRgBIAEoCzIRLmdhdGV3YXkudjEuUXVvdGUi2gEKBVF1b3RlEhAKCHF1b3RlX2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAUgASgJEhQKDGlucHV0X3Rva2VucxgGIAEoCRIZChFtYXhfb3V0cHV0X3Rva2VucxgHIAEoCRIWCg53YWtlc19lbmRwb2ludBgIIAEoCBIXCg9tYXhpbXVtX2NyZWRpdHMYCSABKAkSEgoKZXhwaXJlc19hdBgKIAEoAzJeCgxRdW90ZVNlcnZpY2USTgoLQ3JlYXRlUXVvdGUSHi5nYXRld2F5LnYxLkNyZWF0ZVF1b3RlUmVxdWVzdBofLmdhdGV3YXkudjEuQ3JlYXRlUXVvdGVSZXNwb25zZWIGcHJvdG8z", [file_gateway_v1_inference]);
 
 /**
  * @generated from message gateway.v1.CreateQuoteRequest
@@ -23,6 +25,14 @@ export type CreateQuoteRequest = Message<"gateway.v1.CreateQuoteRequest"> & {
    * @generated from field: bytes body = 1;
    */
   body: Uint8Array;
+
+  /**
+   * The dialect `body` is written in; the quote binds its canonical form
+   * (the chat completion it translates to).
+   *
+   * @generated from field: gateway.v1.Dialect dialect = 2;
+   */
+  dialect: Dialect;
 };
 
 /**

@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import type { Hex } from "viem";
 import type { ModelRecord } from "../catalog.js";
 import { parseChatRequest, quoteFingerprint, type ChatRequest } from "../chat-request.js";
+import { canonicalBody, dialects, translateEvents, type DialectName } from "../dialects/index.js";
 import { GatewayError } from "../errors.js";
 import { isHex32, normalizeHex } from "../hex.js";
 import { requireAuthority } from "../permit-authorization.js";
@@ -28,13 +29,15 @@ import {
  */
 
 function requestFingerprint(input: ChatInput): string {
-  return createHash("sha256")
+  const hash = createHash("sha256")
     .update(input.body)
     .update("\0")
     .update(input.permitId ?? "")
     .update("\0")
-    .update(input.quoteId ?? "")
-    .digest("hex");
+    .update(input.quoteId ?? "");
+  // A dialect's body is another request than the same bytes as a chat completion.
+  if (input.dialect !== undefined) hash.update("\0").update(input.dialect);
+  return hash.digest("hex");
 }
 
 export function createInference(deps: InferenceDeps): Inference {
@@ -51,11 +54,18 @@ export function createInference(deps: InferenceDeps): Inference {
     if (--running === 0) for (const resolve of whenIdle.splice(0)) resolve();
   };
 
+  const bounds = { ...deps.jsonBounds, maxBytes: deps.bodyLimitBytes };
+
   const createQuote = async (input: {
     apiKeyId: string;
     body: Uint8Array;
+    dialect?: DialectName | undefined;
   }): Promise<QuoteRecord> => {
-    const req = parseChatRequest(input.body, { ...deps.jsonBounds, maxBytes: deps.bodyLimitBytes });
+    const body =
+      input.dialect === undefined
+        ? input.body
+        : canonicalBody(dialects[input.dialect], input.body, bounds).body;
+    const req = parseChatRequest(body, bounds);
     const now = deps.clock();
     const { model, offers } = await resolve(req);
     const [best] = rankCandidates(offers, model, req, [req.offer], now);
@@ -128,7 +138,13 @@ export function createInference(deps: InferenceDeps): Inference {
     running++;
     const stream: { release?: () => void } = {};
     try {
-      yield* answer(input, stream);
+      if (input.dialect === undefined) yield* answer(input, stream);
+      else {
+        // The translator stage: the dialect's body in as a chat completion, its events out.
+        const dialect = dialects[input.dialect];
+        const { body, model } = canonicalBody(dialect, input.body, bounds);
+        yield* translateEvents(dialect, model, answer({ ...input, body }, stream));
+      }
     } finally {
       stream.release?.();
       settled();
@@ -140,7 +156,7 @@ export function createInference(deps: InferenceDeps): Inference {
     stream: { release?: () => void },
   ): AsyncGenerator<ChatEvent, void, undefined> {
     const arrivedAt = performance.now();
-    const req = parseChatRequest(input.body, { ...deps.jsonBounds, maxBytes: deps.bodyLimitBytes });
+    const req = parseChatRequest(input.body, bounds);
     // A stream counts against its key's limit from here (nothing claimed or reserved yet).
     if (req.stream && deps.acquireStream !== undefined)
       stream.release = deps.acquireStream(input.apiKeyId);

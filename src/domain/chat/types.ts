@@ -39,6 +39,8 @@ export interface ChatChunk {
   /** One upstream chunk, byte for byte (an SSE event's data, or the whole JSON body). */
   readonly data: Uint8Array;
   readonly metering: Metering;
+  /** A dialect's SSE event name (the translator stage); absent for chat completion chunks. */
+  readonly event?: string;
 }
 
 export interface ChatCompleted {
@@ -281,10 +283,16 @@ export interface ChatInput {
   readonly quoteId: string | undefined;
   readonly idempotencyKey: string | undefined;
   readonly signal: AbortSignal;
+  /** The dialect `body` is written in (DESIGN.md section 9); absent: a chat completion. */
+  readonly dialect?: "responses" | "messages" | undefined;
 }
 
 export interface Inference {
-  createQuote(input: { apiKeyId: string; body: Uint8Array }): Promise<QuoteRecord>;
+  createQuote(input: {
+    apiKeyId: string;
+    body: Uint8Array;
+    dialect?: "responses" | "messages" | undefined;
+  }): Promise<QuoteRecord>;
   chat(input: ChatInput): AsyncGenerator<ChatEvent, void, undefined>;
   /**
    * Settles once this process has recorded the request's final state, if it is recording it
