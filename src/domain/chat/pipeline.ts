@@ -8,7 +8,7 @@ import { isHex32, normalizeHex } from "../hex.js";
 import { requireAuthority } from "../permit-authorization.js";
 import { checkPermit } from "../permits.js";
 import { randomHex } from "../random-id.js";
-import { createCloses } from "./lifecycle.js";
+import { createCloses, type PendingClose } from "./lifecycle.js";
 import { serve } from "./relay.js";
 import { rankCandidates, type Candidate } from "./routing.js";
 import {
@@ -435,11 +435,13 @@ export function createInference(deps: InferenceDeps): Inference {
   /**
    * The reservation, or a clear 503. When the call fails its outcome is unknown (a COMMIT whose
    * answer was lost): the request is closed as failed and void, which does nothing if nothing
-   * was committed, so a reservation that did land is released at once rather than by the
-   * orphan rule a minute later. A reservation the ledger refused before sending it (`sent:
-   * false`, backpressure) has a known outcome, nothing, so no close is sent: the 503 is not
-   * delayed by it, and an overloaded database is not given one more write. No provider is
-   * called either way.
+   * was committed, so a reservation that did land is released. That close is a close like any
+   * other: one the database refuses too (it is likely away, having just lost an answer) waits
+   * in the outbox, which housekeeping writes every round until the database takes it. The
+   * orphan rule would never free it: this process is alive. A reservation the ledger refused
+   * before sending it (`sent: false`, backpressure) has a known outcome, nothing, so no close
+   * is sent: the 503 is not delayed by it, and an overloaded database is not given one more
+   * write. No provider is called either way.
    */
   async function reserveOrVoid(
     requestId: Hex,
@@ -452,8 +454,8 @@ export function createInference(deps: InferenceDeps): Inference {
       if (error instanceof GatewayError) throw error;
       const neverSent = (error as { sent?: unknown } | null | undefined)?.sent === false;
       if (!neverSent) {
-        await deps.ledger
-          .finalize({
+        const close: PendingClose = {
+          finalize: {
             requestId,
             status: "failed",
             inputTokens: 0n,
@@ -463,8 +465,10 @@ export function createInference(deps: InferenceDeps): Inference {
             usageSource: "gateway",
             error: "reservation failed",
             now: deps.clock(),
-          })
-          .catch(() => undefined);
+          },
+          flag: undefined,
+        };
+        await closes.write(close).catch(() => closes.enqueue(close));
       }
       throw new GatewayError("database_unavailable", "the reservation could not be stored", {
         cause: error,
