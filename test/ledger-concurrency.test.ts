@@ -286,7 +286,7 @@ describeIfPostgres("the ledger shared by two gateway processes", () => {
         maximumCredits: 100n,
         deposit: 10_000n,
         instanceId: dead,
-        now: NOW - 600,
+        createdAt: NOW - 600,
       }),
     );
     for (const input of inputs) expect(await reserve(p.a.pool, input)).toEqual({ ok: true });

@@ -59,7 +59,7 @@ export function reservation(overrides: Partial<ReserveInput> = {}): ReserveInput
     deposit: 10_000n,
     chainSettled: 0n,
     maxConcurrency: 100,
-    now: NOW,
+    createdAt: NOW,
     quote,
     ...overrides,
   };

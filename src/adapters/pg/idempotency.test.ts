@@ -3,7 +3,7 @@ import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.
 import { id, NOW, reservation } from "../../../test/helpers/ledger.js";
 import type { ChatEvent } from "../../domain/chat/index.js";
 import { createPgIdempotencyStore, releaseOrphanedClaims } from "./idempotency.js";
-import { heartbeat, markStreaming, reconcileOrphans, reserve } from "./ledger.js";
+import { databaseNow, heartbeat, markStreaming, reconcileOrphans, reserve } from "./ledger.js";
 import { getRequest } from "./requests.js";
 
 // Idempotency claims are leases of the claiming process (issue 10, defect 7).
@@ -66,9 +66,18 @@ async function keyRow(key: string) {
   return rows[0];
 }
 
+async function claimedAt(key: string): Promise<number> {
+  const { rows } = await test.db.pool.query<{ created_at: string }>(
+    "SELECT created_at FROM idempotency_keys WHERE api_key_id = 'key_a' AND key = $1",
+    [key],
+  );
+  return Number(rows[0]!.created_at);
+}
+
 describe("idempotency claims held by a process that died", () => {
   it("are released by the orphan rule, so the retry is claimed instead of 409; a live process's claim stays", async () => {
-    const t = NOW + 1_000;
+    // Claims are created on the database's clock, as heartbeats are placed here.
+    const t = await databaseNow(test.db.pool);
     const dead = id("gw_dead");
     const live = id("gw_live");
     const deadStore = createPgIdempotencyStore(test.db.pool, { instanceId: dead });
@@ -106,10 +115,11 @@ describe("idempotency claims held by a process that died", () => {
   });
 
   it("releases a claim whose process has no instance row once the claim itself is stale", async () => {
-    const t = NOW + 2_000;
     const ghost = createPgIdempotencyStore(test.db.pool, { instanceId: id("gw_ghost") });
     const key = id("idem");
-    await ghost.claim(claimInput(key, t));
+    await ghost.claim(claimInput(key, await databaseNow(test.db.pool)));
+    // The claim's creation, on the database's clock, is its holder's only sign of life.
+    const t = await claimedAt(key);
     expect(
       await releaseOrphanedClaims(test.db.pool, { now: t + stale - 1, staleAfterSeconds: stale }),
     ).toBe(0);
@@ -147,7 +157,8 @@ describe("idempotency claims held by a process that died", () => {
   });
 
   it("releases the key of a request the dead process had begun answering, which the orphan rule voids", async () => {
-    const t = NOW + 4_000;
+    // Claims are created on the database's clock, as heartbeats are placed here.
+    const t = await databaseNow(test.db.pool);
     const dead = id("gw_dead");
     const live = id("gw_live");
     const deadStore = createPgIdempotencyStore(test.db.pool, { instanceId: dead });
@@ -155,7 +166,7 @@ describe("idempotency claims held by a process that died", () => {
     const key = id("idem");
     await heartbeat(test.db.pool, dead, t);
     await deadStore.claim(claimInput(key, t));
-    const input = reservation({ instanceId: dead, now: t });
+    const input = reservation({ instanceId: dead, createdAt: t });
     await reserve(test.db.pool, input);
     expect(await markStreaming(test.db.pool, input.requestId)).toBe(true);
     // The process dies mid-stream; the survivors' housekeeping runs the orphan rule.
@@ -179,7 +190,8 @@ describe("idempotency claims held by a process that died", () => {
 
 describe("only the holder writes its claim, and a stored result is final", () => {
   it("a process whose claim was released and taken anew neither completes nor releases the new claim", async () => {
-    const t = NOW + 5_000;
+    // Claims are created on the database's clock, as heartbeats are placed here.
+    const t = await databaseNow(test.db.pool);
     const paused = id("gw_paused");
     const other = id("gw_other");
     const pausedStore = createPgIdempotencyStore(test.db.pool, { instanceId: paused });

@@ -44,10 +44,12 @@ export function createPgIdempotencyStore(
   const { instanceId } = options;
   return {
     async claim({ apiKeyId, key, fingerprint, now, expiresAt }): Promise<IdempotencyClaim> {
+      // `created_at` is the database's clock, as heartbeats are: the orphan rule compares the
+      // two (releaseOrphanedClaims). Expiry stays the gateway's clock, `now` against `expiresAt`.
       const inserted = await db.query(
         `INSERT INTO idempotency_keys
            (api_key_id, key, fingerprint, state, created_at, expires_at, instance_id)
-         VALUES ($1, $2, $3, 'in_progress', $4, $5, $6)
+         VALUES ($1, $2, $3, 'in_progress', extract(epoch from clock_timestamp())::bigint, $5, $6)
          ON CONFLICT (api_key_id, key) DO UPDATE
            SET fingerprint = EXCLUDED.fingerprint, state = 'in_progress', request_id = NULL,
                messages = NULL, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at,
@@ -101,9 +103,9 @@ export interface ReleaseOrphanedClaimsInput {
 /**
  * The orphan rule for idempotency claims (docs/decisions.md, "Orphans"): an `in_progress` claim
  * whose holder's last sign of life, the later of its heartbeat (none if its `gateway_instances`
- * row is missing) and the claim's own creation, is more than `staleAfterSeconds` old is deleted,
- * so the client's retry claims the key anew instead of getting 409 `idempotency_in_progress`
- * until the key expires. The dead process's request, if it made one, is closed `failed`,
+ * row is missing) and the claim's own creation (both on the database's clock), is more than
+ * `staleAfterSeconds` old is deleted, so the client's retry claims the key anew instead of
+ * getting 409 `idempotency_in_progress` until the key expires. The dead process's request, if it made one, is closed `failed`,
  * `void`, `orphaned` by `reconcileOrphans` (ledger.ts) in the same round: its client never got a
  * complete answer and was not charged, so there is nothing to replay. Stored results
  * (`completed`) are never touched, nor claims from before migration 009 (no holder).

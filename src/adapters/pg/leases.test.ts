@@ -210,6 +210,14 @@ describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
     const r = request(permitId, offerId, 10n * MAX);
     expect(await leases.reserve(r)).toEqual({ ok: true });
     await leases.whenWritten(r.requestId);
+    // Its record was created on the database's clock, the one the rule compares with
+    // heartbeats, not on the process's (NOW, years behind it).
+    const { rows } = await test.db.pool.query<{ created_at: string }>(
+      "SELECT created_at FROM inference_requests WHERE id = $1",
+      [r.requestId],
+    );
+    const created = Number(rows[0]!.created_at);
+    expect(Math.abs(created - (await ledger.databaseNow(test.db.pool)))).toBeLessThanOrEqual(2);
     // Not yet stale: nothing happens.
     expect(await releaseOrphanedLeases(test.db.pool, { staleAfterSeconds: 60 })).toBe(0);
     const later = (await ledger.databaseNow(test.db.pool)) + 120;

@@ -36,6 +36,8 @@ export function createPgLeaseStore(pool: pg.Pool, options: PgLeaseStoreOptions =
     run: async (items) => {
       for (const item of items) item.state.sent = true;
       const rows = items.filter((i) => !i.state.skip).map((i) => recordRow(i));
+      // `created_at` is the database's clock, as heartbeats are: the orphan rule compares the
+      // two (docs/decisions.md, "Orphans"), so a host's clock must not enter it.
       if (rows.length > 0) {
         await pool.query(
           `INSERT INTO inference_requests (id, api_key_id, instance_id, model, model_id, offer_id,
@@ -43,11 +45,11 @@ export function createPgLeaseStore(pool: pg.Pool, options: PgLeaseStoreOptions =
              created_at, leased)
            SELECT x.id, x.api_key_id, x.holder, x.model, x.model_id, x.offer_id, x.permit_id,
              x.quote_id, x.stream, x.status, x.input_tokens, x.maximum, x.tariff_version,
-             x.created_at, true
+             extract(epoch from clock_timestamp())::bigint, true
            FROM jsonb_to_recordset($1::jsonb) AS x(id text, api_key_id text, holder text,
              model text, model_id text, offer_id text, permit_id text, quote_id text,
              stream boolean, status text, input_tokens numeric, maximum numeric,
-             tariff_version numeric, created_at bigint)
+             tariff_version numeric)
            ON CONFLICT (id) DO NOTHING`,
           [JSON.stringify(rows)],
         );
@@ -154,7 +156,6 @@ function recordColumns(r: LeasedRecord) {
     stream: r.stream,
     maximum: r.maximumCredits.toString(),
     tariff_version: r.tariffVersion.toString(),
-    created_at: r.createdAt,
   };
 }
 

@@ -206,7 +206,7 @@ async function runScenario(scenario: Scenario): Promise<void> {
           deposit: permit.deposit,
           chainSettled: permit.chainSettled,
           maxConcurrency: offer.max,
-          now: CREATED_AT,
+          createdAt: CREATED_AT,
           quote: {
             quoteId,
             apiKeyId: "key_prop",
@@ -260,7 +260,7 @@ async function runScenario(scenario: Scenario): Promise<void> {
           deposit: permits[used.permit]!.deposit,
           chainSettled: permits[used.permit]!.chainSettled,
           maxConcurrency: 100,
-          now: CREATED_AT,
+          createdAt: CREATED_AT,
         });
         expect(result, where).toEqual({ ok: false, reason: "quote_used" });
         break;

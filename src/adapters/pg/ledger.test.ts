@@ -506,7 +506,7 @@ describe("orphans", () => {
   });
 
   it("leaves a fresh request of a process that has not beaten yet", async () => {
-    const input = reservation({ instanceId: id("starting"), now: NOW + 10_000 });
+    const input = reservation({ instanceId: id("starting"), createdAt: NOW + 10_000 });
     await reserve(test.db.pool, input);
     await reconcileOrphans(test.db.pool, { now: NOW + 10_010, staleAfterSeconds: 30 });
     expect((await getRequest(test.db.pool, input.requestId, "key_a"))?.status).toBe("pending");

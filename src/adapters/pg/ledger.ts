@@ -86,8 +86,14 @@ export interface ReserveInput {
   readonly chainSettled: bigint;
   /** The offer's `max_concurrency`; below 1 the offer admits nothing. */
   readonly maxConcurrency: number;
-  /** Unix seconds. */
-  readonly now: number;
+  /**
+   * The request's `created_at`, Unix seconds on the database's clock, only where a test places
+   * a request in time (as {@link heartbeat}'s `now`). Absent, as in production: the database's
+   * clock at insert. Never a host's clock: the orphan rule compares `created_at` with heartbeats,
+   * so a host whose clock runs ahead would keep its requests from it, one behind would expose
+   * them to it (docs/decisions.md, "Orphans").
+   */
+  readonly createdAt?: number;
   /** An internal quote (made by the gateway for a request without one), stored first. */
   readonly quote?: NewQuote;
 }
@@ -152,7 +158,8 @@ interface ReserveArgs {
   readonly deposit: string;
   readonly chain_settled: string;
   readonly max_concurrency: number;
-  readonly now: number;
+  /** The request's `created_at`; null (production): the database's clock at insert. */
+  readonly now: number | null;
   /** The JSON text of the internal quote's row, or null. */
   readonly quote: string | null;
 }
@@ -183,7 +190,7 @@ function reserveArgs(input: ReserveInput): ReserveArgs {
     deposit: input.deposit.toString(),
     chain_settled: input.chainSettled.toString(),
     max_concurrency: Number.isFinite(input.maxConcurrency) ? Math.floor(input.maxConcurrency) : 0,
-    now: input.now,
+    now: input.createdAt ?? null,
     quote: input.quote === undefined ? null : quoteColumns(input.quote),
   };
 }
@@ -535,7 +542,8 @@ export interface ReconcileOrphansInput {
  * the process serving it is more than `staleAfterSeconds` old, that sign being the later of
  * the process's heartbeat (none if its `gateway_instances` row is missing) and the request's
  * own creation (a process that just made a request was alive then, even if it has not sent
- * its first heartbeat yet). An orphan is finalized `failed`, billing `void`, charged 0, with
+ * its first heartbeat yet). Both are the database's clock (`created_at` is written by the
+ * database at insert, migration 016), so no host's clock enters the rule. An orphan is finalized `failed`, billing `void`, charged 0, with
  * error `orphaned`, and its reservation and offer slot are released. Its client got no
  * complete answer, and the gateway cannot know what was delivered before the crash, so the
  * client is never charged for it (the provider's work is lost to the crash, as it would be

@@ -37,7 +37,6 @@ export interface LeasedRecord {
   maximumCredits: bigint;
   tariffVersion: bigint;
   readonly inputTokens: bigint;
-  readonly createdAt: number;
 }
 
 export interface LeasedClose {

@@ -291,7 +291,6 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       maximumCredits: input.maximumCredits,
       tariffVersion: input.tariffVersion,
       inputTokens: input.inputTokens,
-      createdAt: input.now,
     };
     const open: OpenState = { sent: false, skip: false, streaming: false };
     // The record is best effort: a close writes the whole row when it is missing.
