@@ -466,6 +466,8 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       reserve: (input) => ledgerBatcher.reserve({ ...input, instanceId }),
       markStreaming: (requestId) => ledger.markStreaming(db.pool, requestId),
       finalize: (input) => ledgerBatcher.finalize(input),
+      voidReservation: (reservation, close) =>
+        ledger.voidReservation(db.pool, { ...reservation, instanceId }, close),
       switchOffer: (input) => ledger.switchOffer(db.pool, input),
       recordOfferFlag: (input) => ledger.recordOfferFlag(db.pool, input),
     };

@@ -145,5 +145,66 @@ describeIfPostgres(
       expect(after).toMatchObject({ reserved: "0", available: before.available });
       expect((await stack.gateway.housekeeping.runOnce()).closesPending).toBe(0);
     });
+
+    it("releases a reservation that lands after its void close was written", async () => {
+      // The database takes every close, so the void close is written at once, while the
+      // reservation whose answer was lost is still under way: it must not land afterwards and
+      // stay held.
+      const deposit = 10n ** 18n;
+      const permitId = await openPermit(stack, { deposit });
+      const before = await json(await authed(stack, `/v1/permits/${permitId}`));
+      const upstreamCalls = fake.requests.length;
+      await slowReserve();
+      try {
+        const res = await authed(stack, "/v1/chat/completions", {
+          method: "POST",
+          headers: { "content-type": "application/json", "x-gateway-permit": permitId },
+          body: JSON.stringify({
+            model: "demo-chat",
+            messages: [{ role: "user", content: "too late?" }],
+            max_tokens: 16,
+          }),
+        });
+        expect(res.status).toBe(503);
+        expect((await json(res)).error.code).toBe("database_unavailable");
+        expect(fake.requests).toHaveLength(upstreamCalls);
+        // Whatever the order, the request ends void and holds nothing.
+        const final = async () => {
+          const { rows } = await pool().query<{ status: string }>(
+            "SELECT status FROM inference_requests WHERE permit_id = $1",
+            [permitId],
+          );
+          return rows.length === 1 && rows[0]!.status === "failed";
+        };
+        await eventually(
+          async () =>
+            (await final()) &&
+            (await ledger(permitId))?.reserved === "0" &&
+            (await offerInFlight(pool(), chatOffer)) === 0,
+          10_000,
+        );
+      } finally {
+        await fastReserve();
+      }
+      const { rows } = await pool().query(
+        "SELECT status, billing, credits_charged, error, settlement_status FROM inference_requests WHERE permit_id = $1",
+        [permitId],
+      );
+      expect(rows).toEqual([
+        {
+          status: "failed",
+          billing: "void",
+          credits_charged: "0",
+          error: "reservation failed",
+          settlement_status: "none",
+        },
+      ]);
+      // Nothing lands later either.
+      await new Promise((r) => setTimeout(r, 2500));
+      expect(await ledger(permitId)).toMatchObject({ reserved: "0", charged: "0" });
+      expect(await offerInFlight(pool(), chatOffer)).toBe(0);
+      const after = await json(await authed(stack, `/v1/permits/${permitId}`));
+      expect(after).toMatchObject({ reserved: "0", available: before.available });
+    });
   },
 );

@@ -20,6 +20,7 @@ import {
   recordOfferFlag,
   reserve,
   switchOffer,
+  voidReservation,
 } from "./ledger.js";
 import { getQuote, insertQuote } from "./quotes.js";
 import { getRequest } from "./requests.js";
@@ -523,6 +524,71 @@ describe("orphans", () => {
       [instance],
     );
     expect(rows[0]).toEqual({ started_at: String(NOW + 50), heartbeat_at: String(NOW + 50) });
+  });
+});
+
+describe("voidReservation (a reservation whose outcome is unknown)", () => {
+  const voidClose = (requestId: string) => ({
+    requestId,
+    status: "failed" as const,
+    inputTokens: 0n,
+    outputTokens: 0n,
+    creditsCharged: 0n,
+    billing: "void" as const,
+    usageSource: "gateway" as const,
+    error: "reservation failed",
+    now: NOW + 1,
+  });
+
+  it("closes a reservation that landed, once", async () => {
+    const input = reservation({ maximumCredits: 700n });
+    expect(await reserve(test.db.pool, input)).toEqual({ ok: true });
+    expect(await permitLedger(test.db.pool, input.permitId)).toMatchObject({ reserved: 700n });
+    expect(await voidReservation(test.db.pool, input, voidClose(input.requestId))).toEqual({
+      finalized: true,
+      creditsCharged: 0n,
+    });
+    expect(await permitLedger(test.db.pool, input.permitId)).toMatchObject({
+      reserved: 0n,
+      charged: 0n,
+    });
+    expect(await inFlight(input.offerId)).toBe(0);
+    expect(await voidReservation(test.db.pool, input, voidClose(input.requestId))).toEqual({
+      finalized: false,
+      creditsCharged: 0n,
+    });
+    expect(await getRequest(test.db.pool, input.requestId, "key_a")).toMatchObject({
+      status: "failed",
+      billing: "void",
+      creditsCharged: 0n,
+      error: "reservation failed",
+      settlementStatus: "none",
+    });
+  });
+
+  it("written before the reservation arrives, makes the reservation fail whole: nothing is held", async () => {
+    const input = reservation({ maximumCredits: 700n });
+    expect(await voidReservation(test.db.pool, input, voidClose(input.requestId))).toEqual({
+      finalized: false,
+      creditsCharged: 0n,
+    });
+    expect(await getRequest(test.db.pool, input.requestId, "key_a")).toMatchObject({
+      status: "failed",
+      billing: "void",
+      creditsCharged: 0n,
+      maximumCredits: 700n,
+      error: "reservation failed",
+      settlementStatus: "none",
+      completedAt: NOW + 1,
+    });
+    // The late reservation: refused on the request id, rolled back with its quote.
+    await expect(reserve(test.db.pool, input)).rejects.toMatchObject({ code: "23505" });
+    expect(await permitLedger(test.db.pool, input.permitId)).toMatchObject({
+      reserved: 0n,
+      charged: 0n,
+    });
+    expect(await inFlight(input.offerId)).toBe(0);
+    expect(await getQuote(test.db.pool, input.quoteId)).toBeUndefined();
   });
 });
 

@@ -112,9 +112,9 @@ export type ReserveResult = { ok: true } | { ok: false; reason: ReserveRefusal }
  * `charged` includes what this gateway has settled, and settlements on chain that this gateway
  * has not recorded (another gateway, or one whose record is not written yet) count too.
  *
- * When this throws, the outcome may be unknown (a COMMIT whose answer was lost): the caller
- * must not call upstream, and should `finalize` the request as failed and void, which is a
- * no-op if nothing was committed.
+ * When this throws, the outcome may be unknown (a COMMIT whose answer was lost, or a statement
+ * still running): the caller must not call upstream, and should close the request with
+ * {@link voidReservation}, which also covers a reservation that lands after it.
  */
 export async function reserve(pool: pg.Pool, input: ReserveInput): Promise<ReserveResult> {
   return reserveOne(pool, reserveArgs(input));
@@ -251,6 +251,51 @@ export interface FinalizeResult {
  */
 export async function finalize(pool: pg.Pool, input: FinalizeInput): Promise<FinalizeResult> {
   return closeRequest(pool, input.requestId, finalizeClosing(input));
+}
+
+/**
+ * The void close of a reservation whose outcome is unknown (its statement was sent, its answer
+ * lost), by its reservation's data: `gw_void_reservation` (migration 017) closes the request if
+ * its row exists or is being inserted (waiting for that transaction), and otherwise inserts it
+ * already final, so a reservation still under way fails on the request id when it arrives and
+ * holds nothing. {@link finalize} alone would find no row while the reservation is under way,
+ * and the reservation would then land and stay held for the life of the process. `close` must
+ * be `failed` and `void`. Exactly once, as {@link finalize}.
+ */
+export async function voidReservation(
+  pool: pg.Pool,
+  reservation: ReserveInput,
+  close: FinalizeInput,
+): Promise<FinalizeResult> {
+  if (close.requestId !== reservation.requestId) {
+    throw new RangeError("voidReservation: the close is not the reservation's request");
+  }
+  if (close.status !== "failed" || close.billing !== "void" || close.creditsCharged !== 0n) {
+    throw new RangeError("voidReservation: the close must be failed, void and charge nothing");
+  }
+  const args = reserveArgs(reservation);
+  const { rows } = await pool.query<CloseRow>(
+    `SELECT finalized, credits_charged::text FROM gw_void_reservation($1, $2, $3, $4, $5, $6, $7,
+       $8, $9, $10::numeric, $11::numeric, $12, $13::bigint)`,
+    [
+      args.request_id,
+      args.api_key_id,
+      args.instance_id,
+      args.model,
+      args.model_id,
+      args.offer_id,
+      args.permit_id,
+      args.quote_id,
+      args.stream,
+      args.maximum,
+      args.tariff_version,
+      close.error ?? null,
+      close.now,
+    ],
+  );
+  const row = rows[0];
+  if (row === undefined) throw new LedgerInconsistencyError("gw_void_reservation returned nothing");
+  return closeResult(row);
 }
 
 /** Checks a finalisation and maps it to its {@link Closing}. */

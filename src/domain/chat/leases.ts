@@ -509,6 +509,12 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
   return {
     reserve,
     finalize,
+    // A request admitted here is closed through its lease; any other reservation is the
+    // per-request ledger's.
+    voidReservation: async (reservation, close) =>
+      requests.has(reservation.requestId) || fallback.voidReservation === undefined
+        ? finalize(close)
+        : fallback.voidReservation(reservation, close),
     markStreaming,
     switchOffer,
     recordOfferFlag: (input) => fallback.recordOfferFlag(input),

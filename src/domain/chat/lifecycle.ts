@@ -12,6 +12,11 @@ import type { InferenceDeps, Ledger } from "./types.js";
 export interface PendingClose {
   readonly finalize: Parameters<Ledger["finalize"]>[0];
   readonly flag: { readonly offerId: Hex; readonly reason: string } | undefined;
+  /**
+   * The reservation, when this is the void close of one whose outcome is unknown: it is
+   * written by `voidReservation`, which also covers a reservation that lands after it.
+   */
+  readonly reservation?: Parameters<Ledger["reserve"]>[0];
 }
 
 /**
@@ -53,7 +58,10 @@ export function createCloses(deps: Pick<InferenceDeps, "ledger" | "clock">): Clo
   // Completed answers whose final state is being recorded, by request id.
   const recording = new Map<string, Promise<void>>();
   const write = async (close: PendingClose): Promise<{ creditsCharged: bigint }> => {
-    const result = await deps.ledger.finalize(close.finalize);
+    const result =
+      close.reservation !== undefined && deps.ledger.voidReservation !== undefined
+        ? await deps.ledger.voidReservation(close.reservation, close.finalize)
+        : await deps.ledger.finalize(close.finalize);
     if (close.flag !== undefined) {
       await deps.ledger.recordOfferFlag({
         ...close.flag,

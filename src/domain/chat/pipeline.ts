@@ -434,14 +434,15 @@ export function createInference(deps: InferenceDeps): Inference {
 
   /**
    * The reservation, or a clear 503. When the call fails its outcome is unknown (a COMMIT whose
-   * answer was lost): the request is closed as failed and void, which does nothing if nothing
-   * was committed, so a reservation that did land is released. That close is a close like any
-   * other: one the database refuses too (it is likely away, having just lost an answer) waits
-   * in the outbox, which housekeeping writes every round until the database takes it. The
-   * orphan rule would never free it: this process is alive. A reservation the ledger refused
-   * before sending it (`sent: false`, backpressure) has a known outcome, nothing, so no close
-   * is sent: the 503 is not delayed by it, and an overloaded database is not given one more
-   * write. No provider is called either way.
+   * answer was lost, or a statement still running): the request is closed as failed and void
+   * with the reservation's data (`voidReservation`), so a reservation that landed is released
+   * and one that lands later holds nothing. That close is a close like any other: one the
+   * database refuses too (it is likely away, having just lost an answer) waits in the outbox,
+   * which housekeeping writes every round until the database takes it. The orphan rule would
+   * never free it: this process is alive. A reservation the ledger refused before sending it
+   * (`sent: false`, backpressure) has a known outcome, nothing, so no close is sent: the 503
+   * is not delayed by it, and an overloaded database is not given one more write. No provider
+   * is called either way.
    */
   async function reserveOrVoid(
     requestId: Hex,
@@ -467,6 +468,7 @@ export function createInference(deps: InferenceDeps): Inference {
             now: deps.clock(),
           },
           flag: undefined,
+          reservation: input,
         };
         await closes.write(close).catch(() => closes.enqueue(close));
       }

@@ -147,6 +147,16 @@ export interface Ledger {
     error?: string;
     now: number;
   }): Promise<{ finalized: boolean; creditsCharged: bigint }>;
+  /**
+   * The void close of a reservation whose outcome is unknown, by the reservation's own input
+   * (`close` is its `failed`, `void` finalisation): also when the reservation is still under way
+   * and lands after this close, it ends holding nothing. Without it, `finalize` is used, which
+   * only closes a reservation that has landed.
+   */
+  voidReservation?(
+    reservation: Parameters<Ledger["reserve"]>[0],
+    close: Parameters<Ledger["finalize"]>[0],
+  ): Promise<{ finalized: boolean; creditsCharged: bigint }>;
   switchOffer(input: {
     requestId: Hex;
     offerId: Hex;
