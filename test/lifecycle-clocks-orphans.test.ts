@@ -12,7 +12,7 @@ import { authed, eventually, startChatStack, type TestStack } from "./helpers/st
  * The orphan rule judges a process by the later of its heartbeat and its open request's (and
  * Idempotency-Key claim's) creation, and it must do so on the database's clock only (issue 19,
  * item 6). A gateway whose host clock is 10 minutes ahead or behind serves a request with a
- * key; a second, healthy gateway on the same database runs the rule (a 2 s orphan window). The
+ * key; a second, healthy gateway on the same database runs the rule (a 3 s orphan window). The
  * skewed gateway's heartbeats are stopped, so only the request's creation speaks for it.
  */
 describe("the orphan rule and gateways whose clocks are far off", () => {
@@ -24,7 +24,7 @@ describe("the orphan rule and gateways whose clocks are far off", () => {
   beforeAll(async () => {
     ({ stack, fake, chatOffer } = await startChatStack({
       PERMIT_CACHE_MS: "0",
-      ORPHAN_AFTER_SECONDS: "2",
+      ORPHAN_AFTER_SECONDS: "3",
       // Rounds run when the test says (runOnce), not on a timer.
       HOUSEKEEPING_INTERVAL_MS: "600000",
     }));
@@ -113,10 +113,10 @@ describe("the orphan rule and gateways whose clocks are far off", () => {
       expect(await claimsOf(ahead.instanceId)).toEqual([{ state: "in_progress" }]);
       expect(await offerInFlight(pool(), chatOffer)).toBe(1);
 
-      // Its heartbeat and its request are now older than the 2 s window (on the database's
+      // Its heartbeat and its request are now older than the 3 s window (on the database's
       // clock, from when the request was seen): the process is dead.
       const seen = Number(open!.db_now);
-      await eventually(async () => (await databaseNow(pool())) >= seen + 3, 10_000);
+      await eventually(async () => (await databaseNow(pool())) >= seen + 4, 10_000);
       const round = await stack.gateway.housekeeping.runOnce();
       expect(round).toMatchObject({ orphans: 1, claimsReleased: 1 });
       expect(await requestOf(permitId)).toMatchObject([
@@ -151,7 +151,7 @@ describe("the orphan rule and gateways whose clocks are far off", () => {
     );
     const beat = Number(rows[0]!.heartbeat_at);
     // The heartbeat is older than the window before the request is made.
-    await eventually(async () => (await databaseNow(pool())) >= beat + 3, 10_000);
+    await eventually(async () => (await databaseNow(pool())) >= beat + 4, 10_000);
     const permitId = await openPermit(stack, { deposit: 10n ** 18n });
     fake.setOptions({ stallBeforeHeadersMs: 60_000 });
     const answer = chatWithKey(behind, permitId).then(async (res) => {
@@ -164,7 +164,7 @@ describe("the orphan rule and gateways whose clocks are far off", () => {
       const [open] = await requestOf(permitId);
       id = open!.id;
       // Made just now, on the database's clock: the process was alive then.
-      expect(Number(open!.db_now) - Number(open!.created_at)).toBeLessThan(2);
+      expect(Number(open!.db_now) - Number(open!.created_at)).toBeLessThan(3);
       const round = await stack.gateway.housekeeping.runOnce();
       expect(round).toMatchObject({ orphans: 0, claimsReleased: 0 });
       expect(await requestOf(permitId)).toMatchObject([{ id, status: "pending" }]);
