@@ -29,7 +29,7 @@ describe("housekeeping: the orphan rule after this process's own heartbeats brok
     const dead = id("gw_dead");
     const now = await databaseNow(test.db.pool);
     await heartbeat(test.db.pool, dead, now - 120);
-    const r = reservation({ instanceId: dead, now: now - 120 });
+    const r = reservation({ instanceId: dead, createdAt: now - 120 });
     expect(await reserve(test.db.pool, r)).toEqual({ ok: true });
     return r.requestId;
   };
