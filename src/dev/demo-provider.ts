@@ -7,7 +7,13 @@ import type { AddressInfo } from "node:net";
  * the last user message back, word by word, with usage. It exists so that
  * `npm start` shows the whole product on one machine; it runs as a separate
  * HTTP server and the gateway reaches it only through provider registration,
- * like any real provider.
+ * like any real provider. It stays a chat completion server: what the
+ * Responses and Messages dialects send it (system and developer messages, text
+ * content parts, function tools, tool results, a JSON schema to answer in) is
+ * the chat the gateway's translators make of them (DESIGN.md section 9). Offered
+ * tools, it calls the first one with the user's words as `{"text": ...}`; given a
+ * tool's result, it echoes that; asked for a JSON schema, it answers
+ * `{"echo": ...}`.
  */
 export interface DemoProvider {
   readonly url: string;
@@ -22,14 +28,48 @@ interface ChatBody {
   stream_options?: { include_usage?: boolean };
   max_tokens?: number;
   max_completion_tokens?: number;
+  tools?: { type?: string; function?: { name?: string } }[];
+  tool_choice?: unknown;
+  response_format?: { type?: string };
+}
+
+/** A message's text: a string, or the text of its content parts. */
+function textOf(content: unknown): string {
+  if (typeof content === "string") return content;
+  if (!Array.isArray(content)) return "";
+  return content
+    .map((part) =>
+      typeof (part as { text?: unknown }).text === "string" ? (part as { text: string }).text : "",
+    )
+    .join(" ");
+}
+
+/** The tool to call: the first offered, unless the request says none or a tool answered last. */
+function toolToCall(body: ChatBody): string | undefined {
+  const last = body.messages?.at(-1);
+  if (last?.role === "tool" || body.tool_choice === "none") return undefined;
+  const name = body.tools?.find((t) => t.type === "function")?.function?.name;
+  return typeof name === "string" ? name : undefined;
+}
+
+function replyText(body: ChatBody): string {
+  const last = body.messages?.at(-1);
+  if (last?.role === "tool") return `The tool said: ${textOf(last.content)}`;
+  const user = [...(body.messages ?? [])].reverse().find((m) => m.role === "user");
+  const text = textOf(user?.content);
+  const format = body.response_format?.type;
+  if (format === "json_schema" || format === "json_object") return JSON.stringify({ echo: text });
+  return `You said: ${text}`;
 }
 
 function replyWords(body: ChatBody): string[] {
-  const last = [...(body.messages ?? [])].reverse().find((m) => m.role === "user");
-  const text =
-    typeof last?.content === "string" ? last.content : JSON.stringify(last?.content ?? "");
   const limit = body.max_completion_tokens ?? body.max_tokens ?? 64;
-  return `You said: ${text}`.split(/\s+/).filter(Boolean).slice(0, Math.max(1, limit));
+  const text = replyText(body);
+  // A JSON answer stays whole (one piece per space would still join back to it).
+  return text
+    .split(/(?<= )/)
+    .filter(Boolean)
+    .slice(0, Math.max(1, limit));
 }
 
 function promptTokens(body: ChatBody): number {
@@ -73,6 +113,15 @@ export async function startDemoProvider(
       const id = `chatcmpl-${randomBytes(8).toString("hex")}`;
       const created = Math.floor(Date.now() / 1000);
       const words = replyWords(body);
+      const tool = toolToCall(body);
+      const call =
+        tool === undefined
+          ? undefined
+          : {
+              id: `call_${randomBytes(6).toString("hex")}`,
+              type: "function",
+              function: { name: tool, arguments: JSON.stringify({ text: words.join("").trim() }) },
+            };
       const usage = {
         prompt_tokens: promptTokens(body),
         completion_tokens: words.length,
@@ -86,11 +135,17 @@ export async function startDemoProvider(
           created,
           model,
           choices: [
-            {
-              index: 0,
-              message: { role: "assistant", content: words.join(" ") },
-              finish_reason: "stop",
-            },
+            call === undefined
+              ? {
+                  index: 0,
+                  message: { role: "assistant", content: words.join("") },
+                  finish_reason: "stop",
+                }
+              : {
+                  index: 0,
+                  message: { role: "assistant", content: null, tool_calls: [call] },
+                  finish_reason: "tool_calls",
+                },
           ],
           usage,
         });
@@ -106,8 +161,13 @@ export async function startDemoProvider(
           choices: [{ index: 0, delta, finish_reason: finish }],
         });
       chunk({ role: "assistant", content: "" }, null);
-      words.forEach((word, i) => chunk({ content: i === 0 ? word : ` ${word}` }, null));
-      chunk({}, "stop");
+      if (call === undefined) {
+        for (const word of words) chunk({ content: word }, null);
+        chunk({}, "stop");
+      } else {
+        chunk({ tool_calls: [{ index: 0, ...call }] }, null);
+        chunk({}, "tool_calls");
+      }
       if (body.stream_options?.include_usage) {
         event({ id, object: "chat.completion.chunk", created, model, choices: [], usage });
       }
