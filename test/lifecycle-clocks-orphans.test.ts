@@ -49,6 +49,20 @@ describe("the orphan rule and gateways whose clocks are far off", () => {
     return gateway;
   };
   const pool = () => stack.database.db.pool;
+  /**
+   * The healthy gateway's first round that runs the orphan rule: a process judges others only
+   * once its own heartbeats have held for a full window (issue 19, item 4), so it heartbeats
+   * (a round every 300 ms) until it does.
+   */
+  const judgedRound = async () => {
+    let round: Awaited<ReturnType<typeof stack.gateway.housekeeping.runOnce>> | undefined;
+    await eventually(
+      async () => (round = await stack.gateway.housekeeping.runOnce()).judged,
+      15_000,
+      300,
+    );
+    return round!;
+  };
   /** A chat with an Idempotency-Key (a per-request reservation and a claim) on `gateway`. */
   const chatWithKey = (gateway: Gateway, permitId: Hex) =>
     authed({ ...stack, gateway }, "/v1/chat/completions", {
@@ -117,8 +131,8 @@ describe("the orphan rule and gateways whose clocks are far off", () => {
       // clock, from when the request was seen): the process is dead.
       const seen = Number(open!.db_now);
       await eventually(async () => (await databaseNow(pool())) >= seen + 4, 10_000);
-      const round = await stack.gateway.housekeeping.runOnce();
-      expect(round).toMatchObject({ orphans: 1, claimsReleased: 1 });
+      const round = await judgedRound();
+      expect(round).toMatchObject({ judged: true, orphans: 1, claimsReleased: 1 });
       expect(await requestOf(permitId)).toMatchObject([
         {
           id: open!.id,
@@ -150,9 +164,24 @@ describe("the orphan rule and gateways whose clocks are far off", () => {
       [behind.instanceId],
     );
     const beat = Number(rows[0]!.heartbeat_at);
-    // The heartbeat is older than the window before the request is made.
-    await eventually(async () => (await databaseNow(pool())) >= beat + 4, 10_000);
     const permitId = await openPermit(stack, { deposit: 10n ** 18n });
+    // The healthy gateway heartbeats all along (a round every 300 ms), so it runs the rule; the
+    // skewed one's heartbeat is older than the window before the request is made.
+    const keeper = setInterval(
+      () => void stack.gateway.housekeeping.runOnce().catch(() => undefined),
+      300,
+    );
+    try {
+      await judgedRound();
+      await eventually(async () => (await databaseNow(pool())) >= beat + 4, 10_000);
+      await keptFresh(behind, permitId);
+    } finally {
+      clearInterval(keeper);
+    }
+  });
+
+  /** The rest of the test above: the fresh request of `behind` is kept by a judging round. */
+  async function keptFresh(behind: Gateway, permitId: Hex) {
     fake.setOptions({ stallBeforeHeadersMs: 60_000 });
     const answer = chatWithKey(behind, permitId).then(async (res) => {
       const body = await res.text();
@@ -166,7 +195,7 @@ describe("the orphan rule and gateways whose clocks are far off", () => {
       // Made just now, on the database's clock: the process was alive then.
       expect(Number(open!.db_now) - Number(open!.created_at)).toBeLessThan(3);
       const round = await stack.gateway.housekeeping.runOnce();
-      expect(round).toMatchObject({ orphans: 0, claimsReleased: 0 });
+      expect(round).toMatchObject({ judged: true, orphans: 0, claimsReleased: 0 });
       expect(await requestOf(permitId)).toMatchObject([{ id, status: "pending" }]);
       expect(await claimsOf(behind.instanceId)).toEqual([{ state: "in_progress" }]);
     } finally {
@@ -181,5 +210,5 @@ describe("the orphan rule and gateways whose clocks are far off", () => {
     expect(done).toMatchObject({ id, status: "completed", billing: "billed", error: null });
     expect(BigInt(done!.credits_charged!)).toBeGreaterThan(0n);
     expect(await claimsOf(behind.instanceId)).toEqual([{ state: "completed" }]);
-  });
+  }
 });
