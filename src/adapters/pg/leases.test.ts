@@ -262,6 +262,41 @@ describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
     expect((await state(permitId, offerId)).ledger.charged).toBe(300n);
   });
 
+  it("records a leased close's usage details, whether its record was written first or not", async () => {
+    const details = async (id: Hex) =>
+      (
+        await test.db.pool.query<{ c: string; r: string }>(
+          "SELECT cached_input_tokens::text AS c, reasoning_tokens::text AS r FROM inference_requests WHERE id = $1",
+          [id],
+        )
+      ).rows[0];
+    for (const lost of [false, true]) {
+      const { leases } = processLedger(
+        lost ? "gw_usage_lost" : "gw_usage",
+        lost ? (store) => ({ ...store, open: () => Promise.reject(new Error("lost")) }) : undefined,
+      );
+      const [permitId, offerId] = [hex32(), hex32()];
+      const r = request(permitId, offerId, 10n * MAX);
+      const plain = request(permitId, offerId, 10n * MAX);
+      for (const x of [r, plain]) expect(await leases.reserve(x)).toEqual({ ok: true });
+      for (const x of [r, plain]) await leases.whenWritten(x.requestId);
+      // The UPDATE of a written record, or the INSERT of one whose write was lost.
+      if (lost) expect(await record(r.requestId)).toBeUndefined();
+      else expect(await record(r.requestId)).toMatchObject({ status: "pending" });
+      await Promise.all([
+        leases.finalize({
+          ...close(r.requestId, 300n),
+          cachedInputTokens: 4n,
+          reasoningTokens: 9n,
+        }),
+        leases.finalize(close(plain.requestId, 300n)),
+      ]);
+      expect(await record(r.requestId)).toMatchObject({ status: "completed", leased: true });
+      expect(await details(r.requestId)).toEqual({ c: "4", r: "9" });
+      expect(await details(plain.requestId)).toEqual({ c: "0", r: "0" });
+    }
+  });
+
   it("stops admitting against an epoch the others could take for dead, and starts a new one", async () => {
     const { leases, clock } = processLedger("gw_f");
     const [permitId, offerId] = [hex32(), hex32()];

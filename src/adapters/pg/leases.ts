@@ -173,6 +173,8 @@ function closeRow(c: LeasedClose) {
     status: c.status,
     input_tokens: c.inputTokens.toString(),
     output_tokens: c.outputTokens.toString(),
+    cached_input_tokens: (c.cachedInputTokens ?? 0n).toString(),
+    reasoning_tokens: (c.reasoningTokens ?? 0n).toString(),
     credits_charged: c.creditsCharged.toString(),
     billing: c.billing,
     usage_source: c.usageSource,

@@ -284,6 +284,37 @@ describe("batched finalisations", () => {
     expect(await inFlight(offerId)).toBe(0);
   });
 
+  it("records each item's usage details with its close (migration 018)", async () => {
+    const batcher = createLedgerBatcher(test.db.pool);
+    const inputs = [0, 1, 2].map(() => reservation());
+    for (const x of inputs) expect(await reserve(test.db.pool, x)).toEqual({ ok: true });
+    const [r0, r1, r2] = inputs.map((x) => x.requestId) as [string, string, string];
+    const settled = await inOneBatch(
+      batcher,
+      "finalize",
+      (x: FinalizeInput) => batcher.finalize(x),
+      { ...completion(r0, 100n), cachedInputTokens: 7n, reasoningTokens: 3n },
+      [
+        { ...completion(r1, 200n), cachedInputTokens: 90n, reasoningTokens: 150n },
+        completion(r2, 300n),
+        // A second close of r1 changes nothing, its details neither.
+        { ...completion(r1, 1n), cachedInputTokens: 1n, reasoningTokens: 1n },
+      ],
+    );
+    expect(settled.map(value)).toEqual([
+      { finalized: true, creditsCharged: 200n },
+      { finalized: true, creditsCharged: 300n },
+      { finalized: false, creditsCharged: 200n },
+    ]);
+    const details = async (id: string) => {
+      const r = await getRequest(test.db.pool, id, "key_a");
+      return [r?.cachedInputTokens, r?.reasoningTokens];
+    };
+    expect(await details(r0)).toEqual([7n, 3n]);
+    expect(await details(r1)).toEqual([90n, 150n]);
+    expect(await details(r2)).toEqual([0n, 0n]);
+  });
+
   it("rolls back only the item that fails", async () => {
     const batcher = createLedgerBatcher(test.db.pool);
     const healthy = reservation();

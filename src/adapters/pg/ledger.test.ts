@@ -226,6 +226,44 @@ describe("reserve and finalize", () => {
     });
   });
 
+  it("records the usage details with the close, once, and none when none are given", async () => {
+    const input = reservation();
+    await reserve(test.db.pool, input);
+    const open = await getRequest(test.db.pool, input.requestId, "key_a");
+    expect(open).toMatchObject({ cachedInputTokens: 0n, reasoningTokens: 0n });
+    await finalize(test.db.pool, {
+      ...completion(input.requestId, 300n),
+      cachedInputTokens: 60n,
+      reasoningTokens: 40n,
+    });
+    const closed = await getRequest(test.db.pool, input.requestId, "key_a");
+    expect(closed).toMatchObject({
+      inputTokens: 90n,
+      outputTokens: 150n,
+      cachedInputTokens: 60n,
+      reasoningTokens: 40n,
+      creditsCharged: 300n,
+    });
+    // A second close (a retry, the orphan rule) leaves them as they are.
+    await finalize(test.db.pool, {
+      ...completion(input.requestId, 1n),
+      cachedInputTokens: 1n,
+      reasoningTokens: 1n,
+    });
+    expect(await getRequest(test.db.pool, input.requestId, "key_a")).toEqual(closed);
+
+    const plain = reservation();
+    await reserve(test.db.pool, plain);
+    await finalize(test.db.pool, completion(plain.requestId, 300n));
+    expect(await getRequest(test.db.pool, plain.requestId, "key_a")).toMatchObject({
+      cachedInputTokens: 0n,
+      reasoningTokens: 0n,
+    });
+    await expect(
+      finalize(test.db.pool, { ...completion("req_x", 1n), reasoningTokens: -1n }),
+    ).rejects.toThrow(RangeError);
+  });
+
   it("clamps a charge above the maximum", async () => {
     const input = reservation({ maximumCredits: 500n });
     await reserve(test.db.pool, input);

@@ -226,6 +226,9 @@ export interface FinalizeInput {
   readonly status: FinalRequestStatus;
   readonly inputTokens: bigint;
   readonly outputTokens: bigint;
+  /** Usage details (absent: 0): parts of the two above, recorded and never priced. */
+  readonly cachedInputTokens?: bigint | undefined;
+  readonly reasoningTokens?: bigint | undefined;
   /** The price of the usage; clamped to the request's maximum. Must be 0 when `void`. */
   readonly creditsCharged: bigint;
   readonly billing: Billing;
@@ -302,6 +305,8 @@ export async function voidReservation(
 function finalizeClosing(input: FinalizeInput): Closing {
   requireAmount("inputTokens", input.inputTokens);
   requireAmount("outputTokens", input.outputTokens);
+  requireAmount("cachedInputTokens", input.cachedInputTokens ?? 0n);
+  requireAmount("reasoningTokens", input.reasoningTokens ?? 0n);
   requireAmount("creditsCharged", input.creditsCharged);
   if (input.billing === "void" && input.creditsCharged !== 0n) {
     throw new RangeError("finalize: a void request is charged nothing");
@@ -310,6 +315,8 @@ function finalizeClosing(input: FinalizeInput): Closing {
     status: input.status,
     inputTokens: input.inputTokens,
     outputTokens: input.outputTokens,
+    cachedInputTokens: input.cachedInputTokens ?? 0n,
+    reasoningTokens: input.reasoningTokens ?? 0n,
     creditsCharged: input.creditsCharged,
     billing: input.billing,
     usageSource: input.usageSource,
@@ -683,6 +690,9 @@ interface Closing {
   /** null keeps what the request has. */
   inputTokens: bigint | null;
   outputTokens: bigint | null;
+  /** Absent: 0. */
+  cachedInputTokens?: bigint;
+  reasoningTokens?: bigint;
   creditsCharged: bigint;
   billing: Billing;
   usageSource: UsageSource | null;
@@ -712,8 +722,21 @@ async function closeOne(
   // once: a concurrent close of the same request waits for our row lock, then finds it final.
   const { rows } = await pool.query<CloseRow>(
     `SELECT finalized, credits_charged::text FROM gw_close_request($1, $2, $3::numeric, $4::numeric,
-       $5::numeric, $6, $7, $8, $9::bigint, $10::bigint)`,
-    [...Object.values(args), orphanedBefore ?? null],
+       $5::numeric, $6, $7, $8, $9::bigint, $10::bigint, $11::numeric, $12::numeric)`,
+    [
+      args.request_id,
+      args.status,
+      args.input_tokens,
+      args.output_tokens,
+      args.credits_charged,
+      args.billing,
+      args.usage_source,
+      args.error,
+      args.now,
+      orphanedBefore ?? null,
+      args.cached_input_tokens,
+      args.reasoning_tokens,
+    ],
   );
   const row = rows[0];
   if (row === undefined) throw new LedgerInconsistencyError("gw_close_request returned nothing");
@@ -721,9 +744,8 @@ async function closeOne(
 }
 
 /**
- * gw_close_request's arguments but the orphan rule, in its parameter order and named as it
- * names them without the `p_`, as JSON values: the first positional parameters of
- * {@link closeRequest} and an item of `gw_close_batch`.
+ * gw_close_request's arguments but the orphan rule, named as it names them without the `p_`,
+ * as JSON values: the arguments of {@link closeOne} and an item of `gw_close_batch`.
  */
 interface CloseArgs {
   readonly request_id: string;
@@ -735,6 +757,8 @@ interface CloseArgs {
   readonly usage_source: UsageSource | null;
   readonly error: string | null;
   readonly now: number;
+  readonly cached_input_tokens: string;
+  readonly reasoning_tokens: string;
 }
 
 function closeArgs(requestId: string, closing: Closing): CloseArgs {
@@ -748,6 +772,8 @@ function closeArgs(requestId: string, closing: Closing): CloseArgs {
     usage_source: closing.usageSource,
     error: closing.error,
     now: closing.now,
+    cached_input_tokens: (closing.cachedInputTokens ?? 0n).toString(),
+    reasoning_tokens: (closing.reasoningTokens ?? 0n).toString(),
   };
 }
 

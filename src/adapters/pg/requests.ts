@@ -30,6 +30,10 @@ export interface RequestRecord {
   readonly status: RequestStatus;
   readonly inputTokens: bigint;
   readonly outputTokens: bigint;
+  /** Usage details (migration 018): of the input, served from the provider's prompt cache. */
+  readonly cachedInputTokens: bigint;
+  /** Of the output, spent on reasoning (0 when not reported, or not credible). */
+  readonly reasoningTokens: bigint;
   readonly maximumCredits: bigint;
   readonly creditsCharged: bigint | null;
   readonly billing: Billing | null;
@@ -59,6 +63,8 @@ interface RequestDbRow {
   status: RequestStatus;
   input_tokens: string;
   output_tokens: string;
+  cached_input_tokens: string;
+  reasoning_tokens: string;
   maximum_credits: string;
   credits_charged: string | null;
   billing: Billing | null;
@@ -86,7 +92,7 @@ export async function getRequest(
 ): Promise<RequestRecord | undefined> {
   const { rows } = await db.query<RequestDbRow>(
     `SELECT id, api_key_id, instance_id, model, model_id, offer_id, permit_id, quote_id, stream,
-       status, input_tokens, output_tokens, maximum_credits, credits_charged, billing,
+       status, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, maximum_credits, credits_charged, billing,
        usage_source, tariff_version, error, created_at, completed_at, settlement_status,
        batch_id, tx_hash, settled_at, settlement_reason
      FROM inference_requests WHERE id = $1 AND api_key_id = $2`,
@@ -110,6 +116,8 @@ function toRequestRecord(row: RequestDbRow): RequestRecord {
     status: row.status,
     inputTokens: BigInt(row.input_tokens),
     outputTokens: BigInt(row.output_tokens),
+    cachedInputTokens: BigInt(row.cached_input_tokens),
+    reasoningTokens: BigInt(row.reasoning_tokens),
     maximumCredits: BigInt(row.maximum_credits),
     creditsCharged: row.credits_charged === null ? null : BigInt(row.credits_charged),
     billing: row.billing,

@@ -44,6 +44,9 @@ export interface LeasedClose {
   readonly status: "completed" | "failed" | "cancelled";
   readonly inputTokens: bigint;
   readonly outputTokens: bigint;
+  /** Usage details (absent: 0), written by the close itself. */
+  readonly cachedInputTokens?: bigint | undefined;
+  readonly reasoningTokens?: bigint | undefined;
   readonly creditsCharged: bigint;
   readonly billing: Billing;
   readonly usageSource: "provider" | "gateway";

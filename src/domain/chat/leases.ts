@@ -326,6 +326,8 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
         status: input.status,
         inputTokens: input.inputTokens,
         outputTokens: input.outputTokens,
+        cachedInputTokens: input.cachedInputTokens,
+        reasoningTokens: input.reasoningTokens,
         creditsCharged: input.creditsCharged,
         billing: input.billing,
         usageSource: input.usageSource,

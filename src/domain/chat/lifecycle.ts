@@ -145,6 +145,8 @@ export function createRequestClose(options: {
           status: c.status,
           inputTokens: c.usage.inputTokens,
           outputTokens: c.usage.outputTokens,
+          cachedInputTokens: c.usage.cachedInputTokens ?? 0n,
+          reasoningTokens: c.usage.reasoningTokens ?? 0n,
           creditsCharged: c.charge,
           billing: c.billing,
           usageSource: c.usageSource,

@@ -11,11 +11,33 @@ import type { Billing, Metering } from "./types.js";
 export interface Usage {
   readonly inputTokens: bigint;
   readonly outputTokens: bigint;
+  /**
+   * Usage details (DESIGN.md section 9), recorded and shown, never priced: of `inputTokens`,
+   * those the provider served from its prompt cache; of `outputTokens`, those spent on
+   * reasoning. Absent: 0 (the gateway's own count has none).
+   */
+  readonly cachedInputTokens?: bigint;
+  readonly reasoningTokens?: bigint;
 }
 
+/**
+ * The usage a provider reported, in OpenAI's chat shape (`usage.prompt_tokens`,
+ * `usage.completion_tokens`), or undefined when it reported none that is credible. Its details
+ * (`prompt_tokens_details.cached_tokens`, `completion_tokens_details.reasoning_tokens`) are
+ * untrusted as well: each is kept only as a safe integer between 0 and its total (cached at most
+ * the prompt, reasoning at most the completion), else 0, so a provider cannot corrupt a record
+ * with them; a bad detail never discards the totals the charge is made of.
+ */
 export function usageOf(value: unknown): Usage | undefined {
   const usage = (
-    value as { usage?: { prompt_tokens?: unknown; completion_tokens?: unknown } } | null
+    value as {
+      usage?: {
+        prompt_tokens?: unknown;
+        completion_tokens?: unknown;
+        prompt_tokens_details?: unknown;
+        completion_tokens_details?: unknown;
+      };
+    } | null
   )?.usage;
   if (usage === undefined || usage === null) return undefined;
   const { prompt_tokens: p, completion_tokens: c } = usage;
@@ -26,7 +48,21 @@ export function usageOf(value: unknown): Usage | undefined {
     (c as number) < 0
   )
     return undefined;
-  return { inputTokens: BigInt(p as number), outputTokens: BigInt(c as number) };
+  return {
+    inputTokens: BigInt(p as number),
+    outputTokens: BigInt(c as number),
+    cachedInputTokens: detailOf(usage.prompt_tokens_details, "cached_tokens", p as number),
+    reasoningTokens: detailOf(usage.completion_tokens_details, "reasoning_tokens", c as number),
+  };
+}
+
+/** A usage detail if it is a safe integer in [0, total], else 0. */
+function detailOf(details: unknown, name: string, total: number): bigint {
+  if (typeof details !== "object" || details === null) return 0n;
+  const n: unknown = (details as Record<string, unknown>)[name];
+  return Number.isSafeInteger(n) && (n as number) >= 0 && (n as number) <= total
+    ? BigInt(n as number)
+    : 0n;
 }
 
 /**

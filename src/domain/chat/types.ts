@@ -141,6 +141,9 @@ export interface Ledger {
     status: "completed" | "failed" | "cancelled";
     inputTokens: bigint;
     outputTokens: bigint;
+    /** Usage details, recorded by the same write (absent: 0); never part of the charge. */
+    cachedInputTokens?: bigint;
+    reasoningTokens?: bigint;
     creditsCharged: bigint;
     billing: Billing;
     usageSource: "provider" | "gateway";
