@@ -113,6 +113,8 @@ interface PairChildren {
   readonly input: ReturnType<Counter<"model" | "offer" | "type">["labels"]>;
   readonly output: ReturnType<Counter<"model" | "offer" | "type">["labels"]>;
   readonly credits: ReturnType<Counter<"model" | "offer">["labels"]>;
+  readonly cached: ReturnType<Counter<"model" | "offer">["labels"]>;
+  readonly reasoning: ReturnType<Counter<"model" | "offer">["labels"]>;
 }
 
 /**
@@ -170,6 +172,18 @@ export function createMetrics(
     name: "gateway_tokens_total",
     help: "Tokens of closed chat requests as metered for their charge, by type (input or output).",
     labelNames: ["model", "offer", "type"] as const,
+    registers,
+  });
+  const cachedTokens = new Counter({
+    name: "gateway_cached_input_tokens_total",
+    help: "Of the input tokens of closed chat requests, those the provider reported served from its prompt cache (not priced).",
+    labelNames: ["model", "offer"] as const,
+    registers,
+  });
+  const reasoningTokens = new Counter({
+    name: "gateway_reasoning_tokens_total",
+    help: "Of the output tokens of closed chat requests, those the provider reported spent on reasoning (not priced).",
+    labelNames: ["model", "offer"] as const,
     registers,
   });
   const credits = new Counter({
@@ -249,6 +263,8 @@ export function createMetrics(
         input: tokens.labels({ ...labels, type: "input" }),
         output: tokens.labels({ ...labels, type: "output" }),
         credits: credits.labels(labels),
+        cached: cachedTokens.labels(labels),
+        reasoning: reasoningTokens.labels(labels),
       };
       pairs.set(key, children);
     }
@@ -265,11 +281,13 @@ export function createMetrics(
     overhead: (seconds) => overhead.observe(seconds),
     firstToken: (modelId, offerId, seconds) => pair(modelId, offerId).ttft.observe(seconds),
     upstreamDone: (modelId, offerId, seconds) => pair(modelId, offerId).upstream.observe(seconds),
-    charged(modelId, offerId, inputTokens, outputTokens, charge) {
+    charged(modelId, offerId, inputTokens, outputTokens, charge, details) {
       const children = pair(modelId, offerId);
       if (inputTokens > 0n) children.input.inc(Number(inputTokens));
       if (outputTokens > 0n) children.output.inc(Number(outputTokens));
       if (charge > 0n) children.credits.inc(Number(charge));
+      if (details.cachedInputTokens > 0n) children.cached.inc(Number(details.cachedInputTokens));
+      if (details.reasoningTokens > 0n) children.reasoning.inc(Number(details.reasoningTokens));
     },
   };
 

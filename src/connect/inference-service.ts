@@ -150,6 +150,8 @@ export function eventToMessage(
             creditsCharged: event.creditsCharged.toString(),
             billing: billingToProto[event.billing],
             usageFromProvider: event.usageFromProvider,
+            cachedInputTokens: event.cachedInputTokens ?? 0n,
+            reasoningTokens: event.reasoningTokens ?? 0n,
           },
         },
       };
@@ -219,6 +221,8 @@ export function createInferenceService(
           status: statusToProto[record.status] ?? RequestStatus.UNSPECIFIED,
           inputTokens: record.inputTokens,
           outputTokens: record.outputTokens,
+          cachedInputTokens: record.cachedInputTokens,
+          reasoningTokens: record.reasoningTokens,
           maximumCredits: record.maximumCredits.toString(),
           creditsCharged: (record.creditsCharged ?? 0n).toString(),
           tariffVersion: record.tariffVersion.toString(),

@@ -302,6 +302,8 @@ function finalChunk(first: Uint8Array | undefined, done: ChatCompleted) {
       tariff_version: done.tariffVersion,
       input_tokens: done.inputTokens.toString(),
       output_tokens: done.outputTokens.toString(),
+      cached_input_tokens: done.cachedInputTokens.toString(),
+      reasoning_tokens: done.reasoningTokens.toString(),
       credits_charged: done.creditsCharged,
       billing: billingWord(done.billing),
     },

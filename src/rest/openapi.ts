@@ -1252,6 +1252,8 @@ export const openApiDocument: OpenApiDocument = {
           "tariff_version",
           "input_tokens",
           "output_tokens",
+          "cached_input_tokens",
+          "reasoning_tokens",
           "credits_charged",
           "billing",
         ],
@@ -1262,6 +1264,16 @@ export const openApiDocument: OpenApiDocument = {
           tariff_version: { type: "string", pattern: "^[0-9]+$" },
           input_tokens: decimal,
           output_tokens: decimal,
+          cached_input_tokens: {
+            ...decimal,
+            description:
+              "Of input_tokens, those the provider reported served from its prompt cache (0: none reported, or not credible); not priced (an Idempotency-Key replay of an answer stored before they were recorded: 0)",
+          },
+          reasoning_tokens: {
+            ...decimal,
+            description:
+              "Of output_tokens, those the provider reported spent on reasoning (0: none reported, or not credible); not priced",
+          },
           credits_charged: decimal,
           billing: nullable({ enum: ["billed", "partial", "void"] }),
         },
@@ -1392,6 +1404,8 @@ export const openApiDocument: OpenApiDocument = {
           "status",
           "input_tokens",
           "output_tokens",
+          "cached_input_tokens",
+          "reasoning_tokens",
           "maximum_credits",
           "credits_charged",
           "tariff_version",
@@ -1413,6 +1427,16 @@ export const openApiDocument: OpenApiDocument = {
           status: { enum: ["pending", "streaming", "completed", "failed", "cancelled"] },
           input_tokens: decimal,
           output_tokens: decimal,
+          cached_input_tokens: {
+            ...decimal,
+            description:
+              "Of input_tokens, those the provider reported served from its prompt cache: a safe integer at most prompt_tokens, else 0; 0 when it reported none. Shown, never priced",
+          },
+          reasoning_tokens: {
+            ...decimal,
+            description:
+              "Of output_tokens, those the provider reported spent on reasoning: a safe integer at most completion_tokens, else 0; 0 when it reported none. Shown, never priced",
+          },
           maximum_credits: decimal,
           credits_charged: decimal,
           tariff_version: { type: "string" },

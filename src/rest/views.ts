@@ -222,6 +222,8 @@ export function requestView(request: InferenceRequest) {
     status: enumWord(RequestStatusSchema, request.status),
     input_tokens: request.inputTokens.toString(),
     output_tokens: request.outputTokens.toString(),
+    cached_input_tokens: request.cachedInputTokens.toString(),
+    reasoning_tokens: request.reasoningTokens.toString(),
     maximum_credits: request.maximumCredits,
     credits_charged: request.creditsCharged,
     tariff_version: request.tariffVersion,

@@ -30,8 +30,18 @@ export interface FakeUpstreamOptions {
   failMidStream?: boolean;
   /** Content chunks sent before `failMidStream` cuts the stream. Default 1. */
   failAfterChunks?: number;
-  /** Usage reported instead of the real counts (e.g. to over-report). */
-  usage?: { prompt_tokens: number; completion_tokens: number } | undefined;
+  /**
+   * Usage reported instead of the real counts (e.g. to over-report), with usage details
+   * (`prompt_tokens_details`, `completion_tokens_details`) sent as given, hostile ones too.
+   */
+  usage?:
+    | {
+        prompt_tokens: number;
+        completion_tokens: number;
+        prompt_tokens_details?: Record<string, unknown>;
+        completion_tokens_details?: Record<string, unknown>;
+      }
+    | undefined;
   /** Answer chat completions with this error status before any body byte (e.g. 500, 503). */
   failStatus?: number | undefined;
   /** Serve the API under this path prefix (e.g. `/base`); `url` includes it. Default "". */
@@ -303,7 +313,16 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
       prompt_tokens: opts.usage?.prompt_tokens ?? promptTokens(request.messages),
       completion_tokens: opts.usage?.completion_tokens ?? count * choices,
     };
-    const usageObject = { ...usage, total_tokens: usage.prompt_tokens + usage.completion_tokens };
+    const usageObject = {
+      ...usage,
+      total_tokens: usage.prompt_tokens + usage.completion_tokens,
+      ...(opts.usage?.prompt_tokens_details === undefined
+        ? {}
+        : { prompt_tokens_details: opts.usage.prompt_tokens_details }),
+      ...(opts.usage?.completion_tokens_details === undefined
+        ? {}
+        : { completion_tokens_details: opts.usage.completion_tokens_details }),
+    };
     const id = `chatcmpl-fake${++created}`;
     const createdAt = Math.floor(Date.now() / 1000);
 

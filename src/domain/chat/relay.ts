@@ -147,6 +147,10 @@ export async function* serve(
         closing.usage.inputTokens,
         closing.usage.outputTokens,
         closing.charge,
+        {
+          cachedInputTokens: closing.usage.cachedInputTokens ?? 0n,
+          reasoningTokens: closing.usage.reasoningTokens ?? 0n,
+        },
       );
     }
     return closing;
@@ -449,6 +453,8 @@ function completed(
     creditsCharged: final.charge,
     billing: final.billing,
     usageFromProvider,
+    cachedInputTokens: usage.cachedInputTokens ?? 0n,
+    reasoningTokens: usage.reasoningTokens ?? 0n,
   };
 }
 

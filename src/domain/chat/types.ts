@@ -54,6 +54,12 @@ export interface ChatCompleted {
   readonly creditsCharged: bigint;
   readonly billing: Billing;
   readonly usageFromProvider: boolean;
+  /**
+   * The usage details (metering.ts `Usage`): shown, never priced. Absent (0) in an answer an
+   * Idempotency-Key stored before they were recorded.
+   */
+  readonly cachedInputTokens?: bigint;
+  readonly reasoningTokens?: bigint;
 }
 
 /**
@@ -233,13 +239,17 @@ export interface ChatObserver {
   firstToken(modelId: Hex, offerId: Hex, seconds: number): void;
   /** From the call of the provider that answered to the end of its answer, complete or not. */
   upstreamDone(modelId: Hex, offerId: Hex, seconds: number): void;
-  /** A request's close was decided: the usage and the credits it charges (0 when void). */
+  /**
+   * A request's close was decided: the usage and the credits it charges (0 when void), and the
+   * usage details (0 when the provider reported none).
+   */
   charged(
     modelId: Hex,
     offerId: Hex,
     inputTokens: bigint,
     outputTokens: bigint,
     credits: bigint,
+    details: { readonly cachedInputTokens: bigint; readonly reasoningTokens: bigint },
   ): void;
 }
 

@@ -64,6 +64,8 @@ export function chargeOf(done: ChatCompleted): GatewayCharge {
     tariff_version: done.tariffVersion.toString(),
     input_tokens: done.inputTokens.toString(),
     output_tokens: done.outputTokens.toString(),
+    cached_input_tokens: (done.cachedInputTokens ?? 0n).toString(),
+    reasoning_tokens: (done.reasoningTokens ?? 0n).toString(),
     credits_charged: done.creditsCharged.toString(),
     billing: done.billing,
   };

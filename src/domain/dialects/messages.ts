@@ -510,6 +510,10 @@ function xGateway(charge: GatewayCharge): GatewayCharge {
     tariff_version: charge.tariff_version,
     input_tokens: charge.input_tokens,
     output_tokens: charge.output_tokens,
+    ...(charge.cached_input_tokens === undefined
+      ? {}
+      : { cached_input_tokens: charge.cached_input_tokens }),
+    ...(charge.reasoning_tokens === undefined ? {} : { reasoning_tokens: charge.reasoning_tokens }),
     credits_charged: charge.credits_charged,
     billing: charge.billing,
   };

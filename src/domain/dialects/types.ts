@@ -20,6 +20,9 @@ export interface GatewayCharge {
   readonly tariff_version: string;
   readonly input_tokens: string;
   readonly output_tokens: string;
+  /** Usage details (added later, so optional for a translator's callers): decimal strings. */
+  readonly cached_input_tokens?: string;
+  readonly reasoning_tokens?: string;
   readonly credits_charged: string;
   readonly billing: string;
 }
