@@ -1,9 +1,11 @@
 import { randomUUID } from "node:crypto";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { InferenceService } from "../gen/gateway/v1/inference_pb.js";
 import { demoTariff } from "../src/dev/demo-market.js";
 import { priceCredits } from "../src/domain/pricing.js";
 import type { FakeUpstream, FakeUpstreamOptions } from "./helpers/fake-upstream.js";
+import { grpcClient, grpcServerStream, grpcUnary } from "./helpers/grpc.js";
 import { openPermit } from "./helpers/market.js";
 import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
@@ -205,6 +207,47 @@ describe("usage details: cached and reasoning tokens", () => {
   }
 
   type Details = Omit<NonNullable<FakeUpstreamOptions["usage"]>, keyof typeof plain>;
+  it("gRPC: ChatCompleted and the InferenceRequest record carry them", async () => {
+    fake.setOptions({ usage: detailed });
+    const client = grpcClient(stack.gateway.url);
+    const auth = { authorization: `Bearer ${stack.apiKey}` };
+    try {
+      const body = {
+        model: "demo-chat",
+        messages: [{ role: "user", content: "hi" }],
+        stream: true,
+      };
+      const responses = await grpcServerStream(
+        client,
+        InferenceService.method.streamChatCompletion,
+        { body: new TextEncoder().encode(JSON.stringify(body)), permitId },
+        auth,
+      );
+      const last = responses.at(-1)!.event;
+      if (last.case !== "completed") throw new Error(`the stream ended with ${last.case}`);
+      expect(last.value).toMatchObject({
+        inputTokens: 20n,
+        outputTokens: 8n,
+        cachedInputTokens: 12n,
+        reasoningTokens: 5n,
+        creditsCharged: price,
+      });
+      const { request } = await grpcUnary(
+        client,
+        InferenceService.method.getRequest,
+        { id: last.value.requestId },
+        auth,
+      );
+      expect(request).toMatchObject({
+        cachedInputTokens: 12n,
+        reasoningTokens: 5n,
+        creditsCharged: price,
+      });
+    } finally {
+      client.close();
+    }
+  });
+
   const hostile: [string, Details][] = [
     [
       "above the totals",
