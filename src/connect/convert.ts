@@ -69,6 +69,7 @@ export function offerToMessage(offer: OfferRecord): Offer {
     region: offer.region,
     hardware: offer.hardware,
     maxConcurrency: offer.maxConcurrency,
+    verifiedFeatures: [...(offer.verifiedFeatures ?? [])],
     tariff: {
       version: offer.tariff.version.toString(),
       inputPricePerMtok: offer.tariff.inputPricePerMTok.toString(),

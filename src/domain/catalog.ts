@@ -1,6 +1,7 @@
 import type { Hex } from "viem";
 import { GatewayError } from "./errors.js";
 import { isHex32, normalizeHex } from "./hex.js";
+import type { OfferFeature } from "./offer-features.js";
 import { createTtlCache } from "./ttl-cache.js";
 
 export const modelStatuses = ["pending", "active", "paused", "retired"] as const;
@@ -57,6 +58,11 @@ export interface OfferRecord {
   readonly endpointRegistered: boolean;
   /** The prober's last verdict on the endpoint (undefined: never probed). */
   readonly endpointRunning: boolean | undefined;
+  /**
+   * Features the endpoint's last successful verification proved (`provider.require_parameters`);
+   * absent: none.
+   */
+  readonly verifiedFeatures?: readonly OfferFeature[] | undefined;
   /** Requests in flight on the offer, across all gateway processes. */
   readonly inFlight: number;
   /**

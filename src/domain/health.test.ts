@@ -181,6 +181,47 @@ describe("endpoint health store", () => {
       verificationError: "usage_missing",
     });
   });
+
+  it("keeps the features a run proved, those whose check got no answer, and clears them on a wrong answer", async () => {
+    const offerId = await registeredOffer({ url: "http://127.0.0.1:9/" });
+    const features = async () =>
+      (
+        await db.query<{ verified_features: string[] }>(
+          "SELECT verified_features FROM provider_endpoints WHERE offer_id = $1",
+          [offerId],
+        )
+      ).rows[0]?.verified_features;
+    const ok = (proved: string[], unanswered: string[] = []) =>
+      ({
+        ok: true,
+        verifiedAt: now,
+        expiresAt: now + 60,
+        features: proved,
+        unanswered,
+      }) as Parameters<typeof recordVerification>[2];
+    expect(await features()).toEqual([]);
+    await recordVerification(db, offerId, ok(["stream_usage", "tools", "json_schema"]));
+    expect(await features()).toEqual(["json_schema", "stream_usage", "tools"]);
+    // tools got no answer this time: it keeps its standing; json_schema answered wrongly.
+    await recordVerification(db, offerId, ok(["stream_usage"], ["tools"]));
+    expect(await features()).toEqual(["stream_usage", "tools"]);
+    await recordVerification(db, offerId, {
+      ok: false,
+      check: "endpoint_unreachable",
+      message: "timeout",
+      transport: true,
+      ranAt: now + 1,
+    });
+    expect(await features()).toEqual(["stream_usage", "tools"]);
+    await recordVerification(db, offerId, {
+      ok: false,
+      check: "usage_missing",
+      message: "no usage",
+      transport: false,
+      ranAt: now + 2,
+    });
+    expect(await features()).toEqual([]);
+  });
 });
 
 describe("health monitor", () => {
@@ -437,7 +478,8 @@ describe("health monitor", () => {
       Array.from({ length: 20 }, () => m.verify(offerId, names, 60)),
     );
     expect(f.calls("/v1/models")).toBe(1);
-    expect(f.calls("/v1/chat/completions")).toBe(2);
+    // One-token completion, stream, then the tools and JSON-schema feature checks.
+    expect(f.calls("/v1/chat/completions")).toBe(4);
     expect(new Set(results).size).toBe(1);
     expect(results[0]).toMatchObject({ ok: true, replayed: false });
   });

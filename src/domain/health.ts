@@ -1,6 +1,7 @@
 import type { Hex } from "viem";
 import { GatewayError } from "./errors.js";
 import { normalizeHex } from "./hex.js";
+import type { OfferFeature } from "./offer-features.js";
 
 /**
  * Liveness and verification of registered provider endpoints.
@@ -45,7 +46,13 @@ export type VerificationCheck = (typeof verificationChecks)[number];
  * 429 or 5xx) from a wrong answer; only the latter says the endpoint does not conform.
  */
 export type EndpointVerification =
-  | { readonly ok: true }
+  | {
+      readonly ok: true;
+      /** Optional features proven (`provider.require_parameters`); absent: none. */
+      readonly features?: readonly OfferFeature[] | undefined;
+      /** Features whose check got no answer: their standing value is kept. */
+      readonly unanswered?: readonly OfferFeature[] | undefined;
+    }
   | {
       readonly ok: false;
       readonly check: VerificationCheck;
@@ -97,7 +104,13 @@ export interface EndpointHealth {
  * `rejected` clears it, `unreachable` leaves it as it stands.
  */
 export type VerificationRecord =
-  | { readonly ok: true; readonly verifiedAt: number; readonly expiresAt: number }
+  | {
+      readonly ok: true;
+      readonly verifiedAt: number;
+      readonly expiresAt: number;
+      readonly features?: readonly OfferFeature[] | undefined;
+      readonly unanswered?: readonly OfferFeature[] | undefined;
+    }
   | {
       readonly ok: false;
       readonly check: VerificationCheck;
@@ -340,7 +353,13 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
     const result = await prober.verifyEndpoint(secret, modelNames);
     const now = clock();
     const record: VerificationRecord = result.ok
-      ? { ok: true, verifiedAt: now, expiresAt: now + ttlSeconds }
+      ? {
+          ok: true,
+          verifiedAt: now,
+          expiresAt: now + ttlSeconds,
+          features: result.features,
+          unanswered: result.unanswered,
+        }
       : { ...result, ranAt: now };
     if (!(await store.recordVerification(id, record, endpoint.sealed))) throw registeredAgain();
     // A transport failure says the endpoint did not answer; any answer says it runs.

@@ -1076,6 +1076,7 @@ export const openApiDocument: OpenApiDocument = {
           "hardware",
           "max_concurrency",
           "tariff",
+          "verified_features",
         ],
         properties: {
           offer_id: schema("Hex32"),
@@ -1091,6 +1092,12 @@ export const openApiDocument: OpenApiDocument = {
           hardware: { type: "string" },
           max_concurrency: { type: "integer", minimum: 0 },
           tariff: schema("Tariff"),
+          verified_features: {
+            type: "array",
+            items: { enum: ["tools", "json_schema", "stream_usage"] },
+            description:
+              "Features the endpoint's last successful verification proved: tools (a tool call answered), json_schema (a response_format json_schema answered with parseable JSON), stream_usage (a stream carried usage). provider.require_parameters routes only to offers that proved every feature a request uses.",
+          },
         },
       },
       OfferList: {

@@ -71,6 +71,7 @@ export function offerView(offer: Offer) {
     region: offer.region,
     hardware: offer.hardware,
     max_concurrency: offer.maxConcurrency,
+    verified_features: offer.verifiedFeatures,
     tariff: {
       version: offer.tariff?.version ?? offer.tariffVersion,
       input_price_per_mtok: offer.tariff?.inputPricePerMtok ?? "0",

@@ -89,6 +89,11 @@ export interface FakeUpstreamOptions {
   toolCalls?: boolean | undefined;
   /** The arguments of a tool call (`toolCalls`). Default `{"city":"Paris"}`. */
   toolArguments?: string | undefined;
+  /**
+   * `false`: ignore a `response_format` JSON schema and answer plain words (a provider that
+   * cannot do structured output fails the gateway's `json_schema` feature check). Default true.
+   */
+  jsonSchema?: boolean | undefined;
 }
 
 export interface FakeRequest {
@@ -145,6 +150,7 @@ const defaults: Required<
     | "endlessChunkBytes"
     | "toolCalls"
     | "toolArguments"
+    | "jsonSchema"
   >
 > = {
   models: ["fake-model"],
@@ -300,7 +306,8 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
       pieces = ["tool said ", String(lastMessage.content)];
     }
     const format = request.response_format as { type?: unknown } | undefined;
-    if (format?.type === "json_schema") pieces = ['{"answer":', '"word0"}'];
+    if (format?.type === "json_schema" && opts.jsonSchema !== false)
+      pieces = ['{"answer":', '"word0"}'];
     const finishReason =
       toolCall !== undefined
         ? "tool_calls"

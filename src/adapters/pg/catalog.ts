@@ -8,6 +8,7 @@ import type {
   OfferRecord,
   OfferStatus,
 } from "../../domain/catalog.js";
+import { isOfferFeature } from "../../domain/offer-features.js";
 
 export type Queryable = Pick<pg.Pool, "query">;
 
@@ -16,7 +17,12 @@ export type ModelState = Omit<ModelRecord, "activeOffers">;
 /** An offer as the chain states it (what the indexer writes). */
 export type OfferState = Omit<
   OfferRecord,
-  "verifiedAt" | "verificationExpiresAt" | "endpointRegistered" | "endpointRunning" | "inFlight"
+  | "verifiedAt"
+  | "verificationExpiresAt"
+  | "verifiedFeatures"
+  | "endpointRegistered"
+  | "endpointRunning"
+  | "inFlight"
 >;
 
 interface ModelRow {
@@ -50,6 +56,7 @@ interface OfferRow {
   capabilities: { [key: string]: JsonValue };
   verified_at: string | null;
   verification_expires_at: string | null;
+  verified_features: string[] | null;
   endpoint_registered: boolean;
   endpoint_running: boolean | null;
   in_flight: number;
@@ -66,7 +73,8 @@ const modelSelect = `
   FROM models m`;
 
 const offerSelect = `
-  SELECT o.*, e.verified_at, e.verification_expires_at, (e.offer_id IS NOT NULL) AS endpoint_registered,
+  SELECT o.*, e.verified_at, e.verification_expires_at, e.verified_features,
+    (e.offer_id IS NOT NULL) AS endpoint_registered,
     e.running AS endpoint_running, COALESCE(l.in_flight, 0) AS in_flight,
     COALESCE(o.quarantine_reason,
       CASE WHEN m.quarantine_reason IS NOT NULL THEN 'model_quarantined' END) AS effective_quarantine
@@ -112,6 +120,7 @@ function toOffer(row: OfferRow): OfferRecord {
     verifiedAt: row.verified_at === null ? undefined : Number(row.verified_at),
     verificationExpiresAt:
       row.verification_expires_at === null ? undefined : Number(row.verification_expires_at),
+    verifiedFeatures: (row.verified_features ?? []).filter(isOfferFeature),
     endpointRegistered: row.endpoint_registered,
     endpointRunning: row.endpoint_running ?? undefined,
     inFlight: row.in_flight,

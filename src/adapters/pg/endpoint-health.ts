@@ -13,7 +13,7 @@ import {
 import { normalizeHex } from "../../domain/hex.js";
 import type { Queryable } from "./catalog.js";
 
-// Liveness and verification columns of `provider_endpoints` (migrations 003 and 013). The sealed
+// Liveness and verification columns of `provider_endpoints` (migrations 003, 013 and 019). The sealed
 // endpoint is read here only to hand it to whoever holds the key; it is never opened here.
 
 interface RegisteredRow {
@@ -81,7 +81,9 @@ export async function recordProbe(
 
 /**
  * Records a verification run's outcome as the endpoint's last run (`last_verification_*`).
- * Success also sets `verified_at` and `verification_expires_at`; a wrong answer clears both
+ * Success also sets `verified_at` and `verification_expires_at`, and `verified_features` to
+ * the features it proved plus those of the standing list whose check got no answer (migration
+ * 019); a wrong answer clears all three
  * (the offer becomes ineligible, also when it was verified before); a transport failure leaves
  * both as they are (DESIGN.md section 8: a verification that stands is not knocked out by a
  * timeout, a refused connection, a 429 or a 5xx). Either failure keeps the failed check in
@@ -115,7 +117,14 @@ export async function recordVerification(
        last_verification_at = $5,
        last_verification_outcome = $6,
        last_verification_check = $4,
-       last_verification_message = $7
+       last_verification_message = $7,
+       verified_features = CASE $6
+         WHEN 'unreachable' THEN verified_features
+         WHEN 'rejected' THEN '{}'::text[]
+         ELSE ARRAY(SELECT DISTINCT f FROM (
+             SELECT unnest($9::text[]) AS f
+             UNION SELECT f FROM unnest(verified_features) AS f WHERE f = ANY($10::text[])) AS u
+           ORDER BY f) END
      WHERE offer_id = $1 AND ($8::bytea IS NULL OR endpoint_sealed = $8::bytea)`,
     [
       normalizeHex(offerId),
@@ -126,6 +135,8 @@ export async function recordVerification(
       outcome,
       params[4],
       opts.sealed ?? null,
+      result.ok ? [...(result.features ?? [])] : [],
+      result.ok ? [...(result.unanswered ?? [])] : [],
     ],
   );
   return (rowCount ?? 0) > 0;

@@ -60,7 +60,8 @@ export async function upsertProviderEndpoint(
        last_verification_at = NULL,
        last_verification_outcome = NULL,
        last_verification_check = NULL,
-       last_verification_message = NULL`,
+       last_verification_message = NULL,
+       verified_features = '{}'`,
     [reg.offerId, reg.operator, reg.endpointSealed, reg.registeredAt],
   );
 }

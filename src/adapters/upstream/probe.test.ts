@@ -86,20 +86,47 @@ describe("verifyEndpoint", () => {
   it("passes a conforming provider, asking for one token with usage", async () => {
     const f = await fake();
     const prober = createEndpointProber(upstream);
-    expect(await prober.verifyEndpoint({ url: f.url, token }, names)).toEqual({ ok: true });
+    expect(await prober.verifyEndpoint({ url: f.url, token }, names)).toEqual({
+      ok: true,
+      features: ["stream_usage", "json_schema"],
+      unanswered: [],
+    });
     const chats = f.requests.filter((r) => r.path === "/v1/chat/completions");
     expect(chats.map((r) => r.body)).toMatchObject([
       { model: "acme/llama", max_tokens: 1, stream: false },
       { model: "acme/llama", max_tokens: 1, stream: true, stream_options: { include_usage: true } },
+      { model: "acme/llama", tool_choice: { type: "function", function: { name: "get_weather" } } },
+      { model: "acme/llama", response_format: { type: "json_schema" } },
     ]);
     expect(f.requests.every((r) => r.headers.authorization === `Bearer ${token}`)).toBe(true);
   });
 
   it("matches the model by ModelID in any hex case", async () => {
     const f = await fake({ models: ["other", modelId.toUpperCase().replace("0X", "0x")] });
-    expect(await verifyEndpoint(upstream, { url: f.url, token }, names)).toEqual({ ok: true });
+    expect(await verifyEndpoint(upstream, { url: f.url, token }, names)).toMatchObject({
+      ok: true,
+    });
     expect(f.requests.at(-1)?.body).toMatchObject({
       model: modelId.toUpperCase().replace("0X", "0x"),
+    });
+  });
+
+  it("proves tools and JSON-schema output only where the provider answers them, without failing the run", async () => {
+    const verify = async (opts: Parameters<typeof startFakeUpstream>[0]) =>
+      verifyEndpoint(upstream, { url: (await fake(opts)).url, token }, names);
+    expect(await verify({ toolCalls: true })).toEqual({
+      ok: true,
+      features: ["stream_usage", "tools", "json_schema"],
+      unanswered: [],
+    });
+    expect(await verify({ toolCalls: true, jsonSchema: false })).toEqual({
+      ok: true,
+      features: ["stream_usage", "tools"],
+      unanswered: [],
+    });
+    // A tool call whose arguments are not JSON proves nothing.
+    expect(await verify({ toolCalls: true, toolArguments: "{city" })).toMatchObject({
+      features: ["stream_usage", "json_schema"],
     });
   });
 

@@ -5,6 +5,7 @@ import type {
   EndpointVerification,
   VerificationCheck,
 } from "../../domain/health.js";
+import type { OfferFeature } from "../../domain/offer-features.js";
 import { readEventStream, type UpstreamClient, type UpstreamResponse } from "./http.js";
 
 /**
@@ -76,7 +77,13 @@ export async function probeLiveness(
  *    `usage_missing`);
  * 3. the same completion with `stream: true, stream_options: {include_usage: true}` answers
  *    200 `text/event-stream` whose events are JSON and end with `[DONE]` (else
- *    `stream_failed`) and carry a usage object (else `usage_missing`).
+ *    `stream_failed`) and carry a usage object (else `usage_missing`): `stream_usage` proven;
+ * 4. optional features, which never fail the run (a feature not proven only keeps offers out
+ *    of requests that use it with `provider.require_parameters`): `tools` when a completion
+ *    offered one function with `tool_choice` naming it answers a call of it with JSON
+ *    arguments; `json_schema` when a completion with a `response_format` JSON schema answers
+ *    content that parses as a JSON object. A check that got no answer (transport) is reported
+ *    `unanswered`, so the feature's standing value is kept.
  *
  * Never throws.
  */
@@ -91,7 +98,18 @@ export async function verifyEndpoint(
     const model = await checkModelListed(upstream, endpoint, modelNames, timeoutMs);
     await checkCompletion(upstream, endpoint, model, timeoutMs);
     await checkStream(upstream, endpoint, model, timeoutMs);
-    return { ok: true };
+    // The optional features (`provider.require_parameters`): their checks never fail the run.
+    const features: OfferFeature[] = ["stream_usage"];
+    const unanswered: OfferFeature[] = [];
+    for (const [feature, check] of [
+      ["tools", checkTools],
+      ["json_schema", checkJsonSchema],
+    ] as const) {
+      const verdict = await check(upstream, endpoint, model, timeoutMs);
+      if (verdict === "proven") features.push(feature);
+      else if (verdict === "unanswered") unanswered.push(feature);
+    }
+    return { ok: true, features, unanswered };
   } catch (err) {
     if (err instanceof CheckFailed) {
       return { ok: false, check: err.check, message: err.message, transport: err.transport };
@@ -317,6 +335,128 @@ async function checkStream(
 }
 
 const probeMessages = [{ role: "user", content: "Reply with OK." }];
+
+type FeatureVerdict = "proven" | "not_proven" | "unanswered";
+
+/** One optional feature's completion: its parsed answer, or the verdict it already gives. */
+async function featureCompletion(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  body: object,
+  timeoutMs: number,
+  what: string,
+): Promise<{ verdict: FeatureVerdict } | { message: Record<string, unknown> }> {
+  try {
+    const { response, signal } = await send(
+      upstream,
+      endpoint,
+      "/v1/chat/completions",
+      body,
+      timeoutMs,
+      what,
+    );
+    if (response.status !== 200) {
+      const failure = await badStatus(response, "completion_failed", what);
+      return { verdict: failure.transport ? "unanswered" : "not_proven" };
+    }
+    const completion = await readJson(response, signal, timeoutMs, "completion_failed", what);
+    const choice =
+      isObject(completion) && Array.isArray(completion.choices) ? completion.choices[0] : undefined;
+    const message = isObject(choice) ? choice.message : undefined;
+    return isObject(message) ? { message } : { verdict: "not_proven" };
+  } catch (err) {
+    if (err instanceof CheckFailed) return { verdict: err.transport ? "unanswered" : "not_proven" };
+    return { verdict: "unanswered" };
+  }
+}
+
+const probeTool = {
+  type: "function",
+  function: {
+    name: "get_weather",
+    description: "The weather in a city.",
+    parameters: {
+      type: "object",
+      properties: { city: { type: "string" } },
+      required: ["city"],
+    },
+  },
+};
+
+/** `tools`: a completion that must call the one function it is offered, by name. */
+async function checkTools(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  model: string,
+  timeoutMs: number,
+): Promise<FeatureVerdict> {
+  const answer = await featureCompletion(
+    upstream,
+    endpoint,
+    {
+      model,
+      messages: [{ role: "user", content: "What is the weather in Paris?" }],
+      tools: [probeTool],
+      tool_choice: { type: "function", function: { name: "get_weather" } },
+      max_tokens: 64,
+      stream: false,
+    },
+    timeoutMs,
+    "a chat completion with a tool",
+  );
+  if ("verdict" in answer) return answer.verdict;
+  const calls = answer.message.tool_calls;
+  const call = Array.isArray(calls) && isObject(calls[0]) ? calls[0].function : undefined;
+  if (!isObject(call) || call.name !== "get_weather" || typeof call.arguments !== "string") {
+    return "not_proven";
+  }
+  return parsesAsObject(call.arguments) ? "proven" : "not_proven";
+}
+
+/** `json_schema`: a completion whose `response_format` is a JSON schema must answer JSON. */
+async function checkJsonSchema(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  model: string,
+  timeoutMs: number,
+): Promise<FeatureVerdict> {
+  const answer = await featureCompletion(
+    upstream,
+    endpoint,
+    {
+      model,
+      messages: [{ role: "user", content: "Answer OK as JSON." }],
+      response_format: {
+        type: "json_schema",
+        json_schema: {
+          name: "answer",
+          strict: true,
+          schema: {
+            type: "object",
+            properties: { answer: { type: "string" } },
+            required: ["answer"],
+            additionalProperties: false,
+          },
+        },
+      },
+      max_tokens: 64,
+      stream: false,
+    },
+    timeoutMs,
+    "a chat completion with a JSON schema",
+  );
+  if ("verdict" in answer) return answer.verdict;
+  const content = answer.message.content;
+  return typeof content === "string" && parsesAsObject(content) ? "proven" : "not_proven";
+}
+
+function parsesAsObject(text: string): boolean {
+  try {
+    return isObject(JSON.parse(text));
+  } catch {
+    return false;
+  }
+}
 
 function sameModelName(expected: string, listed: string): boolean {
   if (expected === listed) return true;
