@@ -72,9 +72,14 @@ import type { NodeRequest } from "./rest/body.js";
 import { errorBodyFor, type NodeResponse, type Readiness } from "./rest/facade.js";
 import { toHttpError } from "./rest/errors.js";
 import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
+import { createMeasurementSync, createOfferMeasurements } from "./domain/chat/measurements.js";
+import { createPgMeasurementStore } from "./adapters/pg/offer-measurements.js";
 import { createGatewayHandler } from "./server.js";
 import { createMetrics, metricsOnlyHandler, publicStateMaxAgeMs } from "./metrics.js";
 import { createRateLimiter } from "./rate-limit.js";
+
+/** How often each process shares its offer measurements through the database (migration 019). */
+const measurementSyncMs = 5_000;
 
 export interface Gateway {
   readonly port: number;
@@ -509,6 +514,21 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       replicas: config.gatewayReplicas,
     });
     const jsonBounds = { maxDepth: config.maxJsonDepth, maxArrayItems: config.maxJsonArrayItems };
+    // Measured latency and throughput of offers (`provider.sort`), shared through the database
+    // every few seconds (migration 019): routing reads memory only.
+    const measurements = createOfferMeasurements({ instanceId });
+    const measurementSync = createMeasurementSync({
+      measurements,
+      store: createPgMeasurementStore(db.pool),
+      instanceId,
+      intervalMs: measurementSyncMs,
+      onError: (error) =>
+        logger.warn(
+          { error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
+          "sharing offer measurements failed",
+        ),
+    });
+    measurementSync.start();
     const inference = createInference({
       catalog,
       permits,
@@ -540,6 +560,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
         ),
       acquireStream: (apiKeyId) => rateLimiter.acquireStream(apiKeyId),
       observer: metrics.chat,
+      measurements,
     });
     // Liveness of this process, and the rule for the requests of crashed ones.
     const housekeeping = createHousekeeping({
@@ -686,7 +707,12 @@ export async function startGateway(config: Config, options: StartOptions): Promi
           // Then nothing new starts: no probe, index pass, housekeeping round or settlement.
           clearInterval(closeWatcher);
           settlementStop.abort();
-          const background = Promise.all([health.stop(), indexer.stop(), housekeeping.stop()]);
+          const background = Promise.all([
+            health.stop(),
+            indexer.stop(),
+            housekeeping.stop(),
+            measurementSync.stop(),
+          ]);
           // The listener stops accepting at once; what is in flight has the grace to finish.
           const graceMs = config.shutdownGraceMs;
           const closed = listener.close(graceMs + cutMs);

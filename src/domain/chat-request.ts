@@ -3,6 +3,7 @@ import type { Hex } from "viem";
 import type { JsonValue } from "./catalog.js";
 import { GatewayError } from "./errors.js";
 import { isHex32, normalizeHex } from "./hex.js";
+import { parseProviderPreferences, type ProviderPreferences } from "./provider-preferences.js";
 
 /**
  * The spec's Chat request (body of `POST /v1/chat/completions` and `POST /v1/quotes`): its
@@ -43,6 +44,8 @@ export interface ChatRequest {
   readonly messages: readonly ChatMessage[];
   /** The offer the request pins (`offer`), in lower case. */
   readonly offer?: Hex | undefined;
+  /** Provider preferences (`provider`, OpenRouter's object; provider-preferences.ts). */
+  readonly provider?: ProviderPreferences | undefined;
   readonly stream: boolean;
   /** The client asked for usage on its stream (`stream_options.include_usage === true`). */
   readonly includeUsage: boolean;
@@ -154,6 +157,7 @@ export function parseChatRequest(
     }
     offer = normalizeHex(offerValue);
   }
+  const provider = parseProviderPreferences(fieldOf(body, "provider"));
 
   const maxTokens = positiveInteger(raw, top, body, "max_tokens");
   const maxCompletionTokens = positiveInteger(raw, top, body, "max_completion_tokens");
@@ -222,6 +226,7 @@ export function parseChatRequest(
     model,
     messages,
     offer,
+    provider,
     stream: stream === true,
     includeUsage,
     maxTokens,

@@ -1169,6 +1169,7 @@ export const openApiDocument: OpenApiDocument = {
           model: { type: "string" },
           messages: { type: "array", minItems: 1, items: schema("ChatMessage") },
           offer: schema("Hex32"),
+          provider: schema("ProviderPreferences"),
           max_tokens: { type: "integer", minimum: 1 },
           max_completion_tokens: { type: "integer", minimum: 1 },
           n: {
@@ -1193,6 +1194,56 @@ export const openApiDocument: OpenApiDocument = {
           response_format: {},
           seed: { type: "integer" },
           user: { type: "string" },
+        },
+      },
+      ProviderPreferences: {
+        type: "object",
+        description:
+          "OpenRouter's provider routing object, applied to this market's offers (offer ids). Ignored where the request's offer, its quote or its permit pins an offer: a pin wins. An invalid object, or an OpenRouter member this gateway does not support, is refused 400 invalid_request naming the field; preferences that leave no eligible offer are refused 503 no_eligible_offer naming the preference.",
+        properties: {
+          order: {
+            type: "array",
+            maxItems: 64,
+            items: schema("Hex32"),
+            description:
+              "Offers tried first, in this order; the other eligible offers follow unless allow_fallbacks is false.",
+          },
+          only: {
+            type: "array",
+            maxItems: 64,
+            items: schema("Hex32"),
+            description: "Route only to these offers.",
+          },
+          ignore: {
+            type: "array",
+            maxItems: 64,
+            items: schema("Hex32"),
+            description: "Never route to these offers.",
+          },
+          allow_fallbacks: {
+            type: "boolean",
+            default: true,
+            description:
+              "false: only the order list is tried (failing over within it); without order, only the first offer routing ranks.",
+          },
+          sort: {
+            enum: ["price", "latency", "throughput"],
+            description:
+              "Replaces the default ranking: price (lowest maximum credits first), latency (lowest measured time to first token first), throughput (highest measured output tokens per second first); offers not measured yet come last.",
+          },
+          max_price: {
+            type: "object",
+            additionalProperties: false,
+            description:
+              "Offers whose tariff is above either price are excluded (credit base units per million tokens).",
+            properties: { prompt: decimal, completion: decimal },
+          },
+          require_parameters: {
+            type: "boolean",
+            default: false,
+            description:
+              "Route only to offers whose verification proved every feature the request uses: tools, a response_format JSON schema, usage on a stream (see Offer.verified_features).",
+          },
         },
       },
       Quote: {

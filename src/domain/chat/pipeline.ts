@@ -44,6 +44,7 @@ export function createInference(deps: InferenceDeps): Inference {
   const newId = deps.newId ?? ((): Hex => `0x${randomHex(32)}`);
 
   const resolve = (req: ChatRequest) => deps.catalog.routingView(req.model);
+  const routing = { measured: (offerId: Hex) => deps.measurements?.get(offerId) };
   const maxResultBytes = deps.idempotencyMaxResultBytes ?? defaultIdempotencyMaxResultBytes;
   const closes = createCloses(deps);
   // Chat calls under way, so that drain() (shutdown) also waits for the closes of requests
@@ -68,7 +69,7 @@ export function createInference(deps: InferenceDeps): Inference {
     const req = parseChatRequest(body, bounds);
     const now = deps.clock();
     const { model, offers } = await resolve(req);
-    const [best] = rankCandidates(offers, model, req, [req.offer], now);
+    const [best] = rankCandidates(offers, model, req, [req.offer], now, routing);
     if (best === undefined) throw noEligibleOffer(req);
     const quote = quoteRecord(newId(), input.apiKeyId, req, model, best, now, false);
     await deps.quotes.insert(quote);
@@ -354,7 +355,7 @@ export function createInference(deps: InferenceDeps): Inference {
 
     // 3. Route.
     const pins = [req.offer, quote?.offerId, permit.offerId];
-    const candidates = rankCandidates(offers, model, req, pins, now);
+    const candidates = rankCandidates(offers, model, req, pins, now, routing);
     if (candidates.length === 0) throw noEligibleOffer(req);
     const failover = pins.every((p) => p === undefined);
 

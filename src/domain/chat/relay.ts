@@ -120,6 +120,11 @@ export async function* serve(
   let calledAt = 0;
   let repliedAt: number | undefined;
   let endedAt: number | undefined;
+  /** When the first token of a stream arrived (routing's latency and throughput). */
+  let firstTokenAt: number | undefined;
+  /** A completed answer's timing, for `provider.sort` (measurements.ts). */
+  const measure = (outputTokens: bigint, latencyMs: number, generationMs: number) =>
+    deps.measurements?.record(current.offer.offerId, { latencyMs, outputTokens, generationMs });
   /** What a closing charges, in memory: the answer can go out before the ledger write. */
   const close = (
     status: "completed" | "failed" | "cancelled",
@@ -267,6 +272,8 @@ export async function* serve(
         inputTokens: inputBound,
         outputTokens: countTextTokens(completionText(body)),
       };
+      // A JSON answer has no first token before its end: the whole answer is both.
+      measure(usage.outputTokens, endedAt - calledAt, endedAt - calledAt);
       const billing: Billing = usage.outputTokens === 0n ? "void" : "billed";
       const final = close("completed", usage, billing, provided ? "provider" : "gateway");
       lifecycle.answered(final);
@@ -313,9 +320,10 @@ export async function* serve(
         if (pieces > 0n) {
           const first = delivered === 0n;
           delivered += pieces;
-          if (first && observer !== undefined) {
-            const at = (performance.now() - calledAt) / 1000;
-            observer.firstToken(current.offer.modelId, current.offer.offerId, at);
+          if (first) {
+            firstTokenAt = performance.now();
+            const at = (firstTokenAt - calledAt) / 1000;
+            observer?.firstToken(current.offer.modelId, current.offer.offerId, at);
           }
         }
         yield {
@@ -363,6 +371,8 @@ export async function* serve(
       throw lostRequest();
     }
     const usage = provided ?? { inputTokens: inputBound, outputTokens: delivered };
+    if (firstTokenAt !== undefined && endedAt !== undefined)
+      measure(usage.outputTokens, firstTokenAt - calledAt, endedAt - firstTokenAt);
     const final = close(
       "completed",
       usage,

@@ -1,7 +1,11 @@
 import type { Hex } from "viem";
 import { isEligible, type ModelRecord, type OfferRecord } from "../catalog.js";
 import { inputTokenUpperBound, outputBound, type ChatRequest } from "../chat-request.js";
+import { GatewayError } from "../errors.js";
 import { priceCredits } from "../pricing.js";
+import type { OfferFeature } from "../offer-features.js";
+import type { ProviderPreferences } from "../provider-preferences.js";
+import type { OfferMeasurement } from "./measurements.js";
 
 /** A candidate offer with what a request would cost on it. */
 export interface Candidate {
@@ -31,10 +35,131 @@ function candidateFor(offer: OfferRecord, req: ChatRequest): Candidate {
   };
 }
 
+/** What routing reads besides the catalog: the measured latency and throughput of offers. */
+export interface RoutingContext {
+  readonly measured?: ((offerId: Hex) => OfferMeasurement | undefined) | undefined;
+}
+
+/**
+ * The features a request uses that an offer's verification can prove (`require_parameters`):
+ * tools (a non-empty `tools` or a `tool_choice` other than "none"), a `response_format` of type
+ * `json_schema`, and usage on a stream (the gateway always asks for it there).
+ */
+export function requiredFeatures(req: ChatRequest): OfferFeature[] {
+  const features: OfferFeature[] = [];
+  const toolChoice = req.toolChoice;
+  if (
+    (req.tools !== undefined && req.tools.length > 0) ||
+    (toolChoice !== undefined && toolChoice !== "none")
+  )
+    features.push("tools");
+  const format = req.responseFormat;
+  if (
+    typeof format === "object" &&
+    format !== null &&
+    !Array.isArray(format) &&
+    format["type"] === "json_schema"
+  )
+    features.push("json_schema");
+  if (req.stream) features.push("stream_usage");
+  return features;
+}
+
+const compareBig = (a: bigint, b: bigint): number => (a < b ? -1 : a > b ? 1 : 0);
+
+/** Measured first, lowest (or highest with `descending`) first; unmeasured offers last. */
+function compareMeasured(
+  a: number | undefined,
+  b: number | undefined,
+  descending: boolean,
+): number {
+  if (a === undefined || b === undefined) return Number(a === undefined) - Number(b === undefined);
+  return descending ? b - a : a - b;
+}
+
+function refused(what: string): GatewayError {
+  return new GatewayError(
+    "no_eligible_offer",
+    `no eligible offer of this model satisfies ${what}; relax the provider preferences`,
+  );
+}
+
+/**
+ * Applies the request's provider preferences (provider-preferences.ts) to the ranked
+ * candidates. Filters first (only, ignore, require_parameters, max_price: each one that leaves
+ * nothing is named in the refusal), then the order: `sort` replaces the default ranking, and
+ * `order` puts its offers first; `allow_fallbacks: false` keeps only the `order` list (without
+ * one, only the first offer).
+ */
+function applyPreferences(
+  ranked: Candidate[],
+  prefs: ProviderPreferences,
+  req: ChatRequest,
+  ctx: RoutingContext,
+): Candidate[] {
+  let list = ranked;
+  const narrow = (keep: (c: Candidate) => boolean, what: string) => {
+    const before = list.length;
+    list = list.filter(keep);
+    if (before > 0 && list.length === 0) throw refused(what);
+  };
+  if (prefs.only !== undefined) {
+    const only = new Set(prefs.only);
+    narrow((c) => only.has(c.offer.offerId), "provider.only");
+  }
+  if (prefs.ignore !== undefined) {
+    const ignore = new Set(prefs.ignore);
+    narrow((c) => !ignore.has(c.offer.offerId), "provider.ignore");
+  }
+  if (prefs.requireParameters) {
+    const needed = requiredFeatures(req);
+    narrow(
+      (c) => needed.every((f) => c.offer.verifiedFeatures?.includes(f) === true),
+      `provider.require_parameters (features used: ${needed.join(", ") || "none"})`,
+    );
+  }
+  const max = prefs.maxPrice;
+  if (max !== undefined) {
+    narrow(
+      (c) =>
+        (max.prompt === undefined || c.offer.tariff.inputPricePerMTok <= max.prompt) &&
+        (max.completion === undefined || c.offer.tariff.outputPricePerMTok <= max.completion),
+      `provider.max_price (prompt ${max.prompt ?? "any"}, completion ${max.completion ?? "any"} credits per million tokens)`,
+    );
+  }
+  if (prefs.sort !== undefined) {
+    const measured = (c: Candidate) => ctx.measured?.(c.offer.offerId);
+    const by = prefs.sort;
+    // Array.prototype.sort is stable: ties keep the default ranking.
+    list = [...list].sort((a, b) =>
+      by === "price"
+        ? compareBig(a.maximumCredits, b.maximumCredits)
+        : by === "latency"
+          ? compareMeasured(measured(a)?.latencyMs, measured(b)?.latencyMs, false)
+          : compareMeasured(measured(a)?.throughput, measured(b)?.throughput, true),
+    );
+  }
+  if (prefs.order !== undefined) {
+    const order = prefs.order;
+    const ordered = order.flatMap((id) => list.filter((c) => c.offer.offerId === id));
+    const rest = list.filter((c) => !order.includes(c.offer.offerId));
+    if (!prefs.allowFallbacks) {
+      if (list.length > 0 && ordered.length === 0)
+        throw refused("provider.order with provider.allow_fallbacks false");
+      return ordered;
+    }
+    return [...ordered, ...rest];
+  }
+  return prefs.allowFallbacks ? list : list.slice(0, 1);
+}
+
 /**
  * DESIGN section 6: eligible offers matching every pin, ranked by quoted
- * maximum credits, then running over sleeping, then in-flight load.
- * Capacity is enforced atomically at reservation, not here.
+ * maximum credits, then running over sleeping, then in-flight load; then the request's
+ * provider preferences (DESIGN.md section 9), except where a pin (the request's `offer`, its
+ * quote's or its permit's offer) decides: a pin wins over every preference.
+ * Capacity is enforced atomically at reservation, not here. Throws `no_eligible_offer` when the
+ * preferences exclude every eligible offer.
  */
 export function rankCandidates(
   offers: readonly OfferRecord[],
@@ -42,9 +167,10 @@ export function rankCandidates(
   req: ChatRequest,
   pins: readonly (Hex | undefined)[],
   now: number,
+  ctx: RoutingContext = {},
 ): Candidate[] {
   const pinned = pins.filter((p): p is Hex => p !== undefined);
-  return offers
+  const ranked = offers
     .filter((o) => isEligible(o, model, now) && pinned.every((p) => p === o.offerId))
     .map((o) => candidateFor(o, req))
     .sort(
@@ -53,4 +179,6 @@ export function rankCandidates(
         Number(a.wakes) - Number(b.wakes) ||
         a.offer.inFlight - b.offer.inFlight,
     );
+  if (req.provider === undefined || pinned.length > 0) return ranked;
+  return applyPreferences(ranked, req.provider, req, ctx);
 }

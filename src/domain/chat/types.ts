@@ -5,6 +5,7 @@
  * metering (`metering.ts`). It knows neither HTTP nor protobuf: it yields {@link ChatEvent}s
  * that the RPC layer turns into stream messages.
  */
+import type { OfferMeasurements } from "./measurements.js";
 import type { Hex } from "viem";
 import type { Catalog } from "../catalog.js";
 import type { JsonBounds } from "../chat-request.js";
@@ -286,6 +287,12 @@ export interface InferenceDeps {
   readonly newId?: () => Hex;
   /** Metrics hooks; absent: nothing is observed. */
   readonly observer?: ChatObserver;
+  /**
+   * The measured latency and throughput of offers (`provider.sort`): completed answers are
+   * recorded into it, routing reads it. Absent: nothing is measured, and sorting by latency or
+   * throughput keeps the default order.
+   */
+  readonly measurements?: OfferMeasurements | undefined;
   /**
    * Admits a `stream: true` chat of an API key before anything is reserved (throws 429
    * `rate_limited` at the key's limit of streams in flight) and returns its release, called

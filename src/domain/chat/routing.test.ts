@@ -1,0 +1,178 @@
+import type { Hex } from "viem";
+import { describe, expect, it } from "vitest";
+import type { ModelRecord, OfferRecord } from "../catalog.js";
+import { parseChatRequest } from "../chat-request.js";
+import { GatewayError } from "../errors.js";
+import { createOfferMeasurements } from "./measurements.js";
+import { rankCandidates, requiredFeatures } from "./routing.js";
+
+const modelId = `0x${"ab".repeat(32)}` as Hex;
+const model = { modelId, status: "active" } as ModelRecord;
+const id = (n: number) => `0x${n.toString(16).padStart(2, "0").repeat(32)}` as Hex;
+const [cheap, middle, dear] = [id(1), id(2), id(3)];
+
+function offer(offerId: Hex, price: bigint, features: OfferRecord["verifiedFeatures"] = []) {
+  return {
+    offerId,
+    modelId,
+    owner: id(9),
+    operator: id(9),
+    payout: id(9),
+    status: "active",
+    tariff: { version: 1n, inputPricePerMTok: price, outputPricePerMTok: price, wakeFee: 0n },
+    region: "eu",
+    hardware: "cpu",
+    maxConcurrency: 4,
+    capabilities: {},
+    verifiedAt: 1,
+    verificationExpiresAt: 10_000,
+    verifiedFeatures: features,
+    endpointRegistered: true,
+    endpointRunning: true,
+    inFlight: 0,
+  } satisfies OfferRecord;
+}
+
+const offers = [offer(dear, 300n, ["tools"]), offer(cheap, 100n), offer(middle, 200n)];
+const messages = [{ role: "user", content: "hi" }];
+const request = (extra: object) =>
+  parseChatRequest(new TextEncoder().encode(JSON.stringify({ model: "m", messages, ...extra })), {
+    maxBytes: 1 << 20,
+  });
+const rank = (provider: object | undefined, pins: (Hex | undefined)[] = [], extra: object = {}) => {
+  const measurements = createOfferMeasurements();
+  // latency: middle < dear < cheap; throughput: dear > cheap > middle
+  measurements.record(cheap, { latencyMs: 300, outputTokens: 100n, generationMs: 2000 });
+  measurements.record(middle, { latencyMs: 50, outputTokens: 100n, generationMs: 5000 });
+  measurements.record(dear, { latencyMs: 150, outputTokens: 100n, generationMs: 500 });
+  return rankCandidates(offers, model, request({ provider, ...extra }), pins, 5, {
+    measured: (o) => measurements.get(o),
+  }).map((c) => c.offer.offerId);
+};
+const refusal = (fn: () => unknown): GatewayError => {
+  try {
+    fn();
+  } catch (error) {
+    if (error instanceof GatewayError) return error;
+  }
+  throw new Error("not refused");
+};
+
+describe("provider preferences in routing (OpenRouter's provider object)", () => {
+  it("ranks by price by default", () => {
+    expect(rank(undefined)).toEqual([cheap, middle, dear]);
+  });
+
+  it("order: the listed offers first, in order, then the others", () => {
+    expect(rank({ order: [dear, middle] })).toEqual([dear, middle, cheap]);
+  });
+
+  it("allow_fallbacks false: only the order list; without one, only the first offer", () => {
+    expect(rank({ order: [dear], allow_fallbacks: false })).toEqual([dear]);
+    expect(rank({ allow_fallbacks: false })).toEqual([cheap]);
+  });
+
+  it("only restricts and ignore excludes", () => {
+    expect(rank({ only: [dear, middle] })).toEqual([middle, dear]);
+    expect(rank({ ignore: [cheap] })).toEqual([middle, dear]);
+    expect(refusal(() => rank({ only: [cheap], ignore: [cheap] })).message).toContain(
+      "provider.ignore",
+    );
+  });
+
+  it("sort by price, latency (lowest first) and throughput (highest first), unmeasured last", () => {
+    expect(rank({ sort: "price" })).toEqual([cheap, middle, dear]);
+    expect(rank({ sort: "latency" })).toEqual([middle, dear, cheap]);
+    expect(rank({ sort: "throughput" })).toEqual([dear, cheap, middle]);
+    const unmeasured = rankCandidates(
+      offers,
+      model,
+      request({ provider: { sort: "latency" } }),
+      [],
+      5,
+      {
+        measured: (o) =>
+          o === dear ? { latencyMs: 10, throughput: undefined, samples: 1 } : undefined,
+      },
+    ).map((c) => c.offer.offerId);
+    expect(unmeasured).toEqual([dear, cheap, middle]);
+  });
+
+  it("order with sort: the order list first, the rest sorted", () => {
+    expect(rank({ order: [cheap], sort: "latency" })).toEqual([cheap, middle, dear]);
+  });
+
+  it("max_price excludes offers above it, and refuses naming max_price when none remain", () => {
+    expect(rank({ max_price: { prompt: "200", completion: "250" } })).toEqual([cheap, middle]);
+    expect(rank({ max_price: { completion: "100" } })).toEqual([cheap]);
+    const error = refusal(() => rank({ max_price: { prompt: "99", completion: "99" } }));
+    expect(error.code).toBe("no_eligible_offer");
+    expect(error.message).toContain("provider.max_price");
+  });
+
+  it("require_parameters keeps the offers whose verification proved the request's features", () => {
+    const tools = { tools: [{ type: "function", function: { name: "f" } }] };
+    expect(rank({ require_parameters: true }, [], tools)).toEqual([dear]);
+    expect(rank(undefined, [], tools)).toEqual([cheap, middle, dear]);
+    expect(rank({ require_parameters: true })).toEqual([cheap, middle, dear]);
+    const error = refusal(() => rank({ require_parameters: true }, [], { ...tools, stream: true }));
+    expect(error.message).toContain("provider.require_parameters");
+  });
+
+  it("a pin wins over every preference", () => {
+    expect(rank({ ignore: [middle], max_price: { prompt: "1" } }, [middle])).toEqual([middle]);
+  });
+
+  it("names the features a request uses", () => {
+    const used = (extra: object) => requiredFeatures(request(extra));
+    expect(used({})).toEqual([]);
+    expect(used({ tools: [{}], stream: true })).toEqual(["tools", "stream_usage"]);
+    expect(used({ tool_choice: "none" })).toEqual([]);
+    expect(used({ response_format: { type: "json_schema" } })).toEqual(["json_schema"]);
+    expect(used({ response_format: { type: "json_object" } })).toEqual([]);
+  });
+});
+
+describe("provider object validation", () => {
+  const invalid = (provider: unknown) => refusal(() => request({ provider }));
+  it.each([
+    ["provider", "not an object"],
+    ["provider.order", { order: "0x01" }],
+    ["provider.only[0]", { only: ["nope"] }],
+    ["provider.ignore[1]", { ignore: [id(1), 7] }],
+    ["provider.allow_fallbacks", { allow_fallbacks: "no" }],
+    ["provider.require_parameters", { require_parameters: 1 }],
+    ["provider.sort", { sort: "cheapest" }],
+    ["provider.max_price", { max_price: 5 }],
+    ["provider.max_price.prompt", { max_price: { prompt: 0.5 } }],
+    ["provider.max_price.completion", { max_price: { completion: "-1" } }],
+    ["provider.max_price.request", { max_price: { request: "1" } }],
+    ["provider.data_collection", { data_collection: "deny" }],
+  ])("refuses 400 invalid_request naming '%s'", (field, provider) => {
+    const error = invalid(provider);
+    expect(error.code).toBe("invalid_request");
+    expect(error.message).toContain(`'${field}'`);
+  });
+
+  it("accepts a full object, offer ids in any hex case, null members as absent", () => {
+    const req = request({
+      provider: {
+        order: [id(10).toUpperCase().replace("0X", "0x")],
+        only: null,
+        allow_fallbacks: false,
+        sort: "throughput",
+        max_price: { prompt: "5", completion: "0" },
+        require_parameters: true,
+      },
+    });
+    expect(req.provider).toEqual({
+      order: [id(10)],
+      only: undefined,
+      ignore: undefined,
+      allowFallbacks: false,
+      sort: "throughput",
+      maxPrice: { prompt: 5n, completion: 0n },
+      requireParameters: true,
+    });
+  });
+});
