@@ -8,6 +8,8 @@ import { startAnvil } from "../src/adapters/chain/anvil.js";
 import { execFileSync } from "node:child_process";
 import { killAllChildrenSync, startChild, type ChildHandle } from "./lib/processes.js";
 import {
+  dialectRequest,
+  dialectRoutes,
   load,
   percentiles,
   preflight,
@@ -66,6 +68,8 @@ interface Settings extends CommonSettings {
   readonly slowStartMs: number;
   /** How long the fake upstream takes for each slow stream. */
   readonly slowStreamSeconds: number;
+  /** Measure POST /v1/responses and POST /v1/messages too (BENCH_DIALECTS=0 skips them). */
+  readonly dialects: boolean;
 }
 
 function readSettings(): Settings {
@@ -85,6 +89,7 @@ function readSettings(): Settings {
     slowStreams: intSetting("BENCH_SLOW_STREAMS", 1000, 0, 5000),
     slowStartMs: intSetting("BENCH_SLOW_START_MS", 1000, 1, 60_000),
     slowStreamSeconds: intSetting("BENCH_SLOW_STREAM_SECONDS", 10, 1, 120),
+    dialects: intSetting("BENCH_DIALECTS", 1, 0, 1) === 1,
   };
 }
 
@@ -193,6 +198,7 @@ async function main(): Promise<number> {
     unloadedBudgetMs +
     scenarios.length * 2 * loadPhaseMs +
     (settings.wideConnections > 0 ? 2 * loadPhaseMs : 0) +
+    (settings.dialects ? 4 * (loadPhaseMs + 5_000) : 0) +
     (settings.slowStreams > 0 ? 2 * (slowStreamTimeoutMs + 15_000) : 0) +
     (settings.sustainedSeconds > 0 ? (settings.sustainedSeconds + 60) * 1000 : 0) +
     60_000;
@@ -485,6 +491,49 @@ async function main(): Promise<number> {
       }
     }
 
+    // ---------------------------------------------------------------- dialect routes
+    // The same request through POST /v1/responses and POST /v1/messages (issue 20): the
+    // translator stage's cost on top of the chat path, on the gateway alone.
+    const dialects: NonNullable<BenchReport["dialects"]> = {};
+    if (settings.dialects) {
+      for (const dialect of dialectRoutes) {
+        for (const scenario of scenarios) {
+          if (!measurable("gateway", scenario)) continue;
+          checkAborted();
+          const request = dialectRequest(dialect, scenario);
+          const check = await load(targetsByName.gateway, scenario, {
+            connections: 1,
+            seconds: 1,
+            request,
+          });
+          if (check.ok === 0 || check.non2xx > 0) {
+            problems.push(
+              `${dialect} ${scenario} is not measured: ${check.errorSamples.join(" | ") || "no 2xx answer"}`,
+            );
+            continue;
+          }
+          const options = { connections: settings.connections, request };
+          if (settings.warmupSeconds > 0) {
+            await load(targetsByName.gateway, scenario, {
+              ...options,
+              seconds: settings.warmupSeconds,
+            });
+            await sleep(500);
+          }
+          log(
+            `load: gateway ${dialect} ${scenario}, ${settings.connections} connections, ${settings.seconds} s`,
+          );
+          const { result, cpu } = await cpuWindow(all, probe, () =>
+            load(targetsByName.gateway, scenario, { ...options, seconds: settings.seconds }),
+          );
+          const phase: LoadPhase = { ...result, cpu };
+          (dialects[dialect] ??= {})[scenario] = phase;
+          logPhase(`gateway ${dialect} ${scenario}`, phase);
+          await sleep(1_000);
+        }
+      }
+    }
+
     // ---------------------------------------------------------------- slow streams
     const slowStreams: BenchReport["slowStreams"] = {};
     if (settings.slowStreams > 0) {
@@ -587,6 +636,7 @@ async function main(): Promise<number> {
       unloaded,
       load: loadResults,
       loadWide,
+      ...(Object.keys(dialects).length > 0 ? { dialects } : {}),
       slowStreams,
       ...(sustained ? { sustained } : {}),
       comparison,

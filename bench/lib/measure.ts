@@ -28,6 +28,32 @@ export function requestBody(scenario: Scenario): string {
   });
 }
 
+/** The dialect routes (issue 20), measured on the gateway alone (the proxy speaks chat only). */
+export type DialectRoute = "responses" | "messages";
+export const dialectRoutes: readonly DialectRoute[] = ["responses", "messages"];
+
+/** The same request as `requestBody`, in a dialect: its path and body. */
+export function dialectRequest(
+  dialect: DialectRoute,
+  scenario: Scenario,
+): { path: string; body: string } {
+  const stream = scenario === "sse" ? { stream: true } : {};
+  return dialect === "responses"
+    ? {
+        path: "/v1/responses",
+        body: JSON.stringify({ model: "demo-chat", input: "hi", max_output_tokens: 16, ...stream }),
+      }
+    : {
+        path: "/v1/messages",
+        body: JSON.stringify({
+          model: "demo-chat",
+          max_tokens: 16,
+          messages: [{ role: "user", content: "hi" }],
+          ...stream,
+        }),
+      };
+}
+
 /**
  * A streaming request the fake upstream answers slowly (its chunks spread over
  * `SLOW_STREAM_MS`): selected by `"user"`, which the gateway forwards unchanged (it only splices
@@ -309,6 +335,8 @@ export async function load(
     seconds: number;
     /** Called on every response as it completes (autocannon's `response` event). */
     onResponse?: (status: number) => void;
+    /** Another route and body than the chat request's (a dialect route). */
+    request?: { path: string; body: string };
   },
 ): Promise<LoadResult> {
   const samples = new Map<number, string[]>();
@@ -321,9 +349,9 @@ export async function load(
     requests: [
       {
         method: "POST",
-        path: chatPath,
+        path: opts.request?.path ?? chatPath,
         headers: { ...target.headers },
-        body: requestBody(scenario),
+        body: opts.request?.body ?? requestBody(scenario),
         onResponse: (status: number, body: string) => {
           if (status >= 200 && status <= 299) return;
           const seen = samples.get(status) ?? [];

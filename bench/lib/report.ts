@@ -92,6 +92,10 @@ export interface BenchReport {
   readonly postgresCpu: { clockTicksPerSecond: number; unavailable?: string; note?: string };
   readonly preflight: Record<TargetName, Partial<Record<Scenario, Preflight>>>;
   readonly unloaded: Record<TargetName, Partial<Record<Scenario, UnloadedFigures>>>;
+  /** The dialect routes' load phases (gateway only, at `connections`), when measured. */
+  readonly dialects?: Partial<
+    Record<"responses" | "messages", Partial<Record<Scenario, LoadPhase>>>
+  >;
   /** The fresh load phases, at `connections`. */
   readonly load: Record<TargetName, Partial<Record<Scenario, LoadPhase>>>;
   /** SSE at `wideConnections`. */
@@ -504,6 +508,14 @@ export function formatReport(report: BenchReport): string {
     for (const target of ["proxy", "gateway"] as const) {
       const label = `SSE (20 chunks) ${target}, ${s.wideConnections} conn`;
       loadRows.push(loadRow(label, target, report.loadWide[target]));
+    }
+  }
+  for (const dialect of ["responses", "messages"] as const) {
+    for (const scenario of ["json", "sse"] as const) {
+      const phase = report.dialects?.[dialect]?.[scenario];
+      if (phase === undefined) continue;
+      const label = `/v1/${dialect} ${scenario === "json" ? "JSON" : "SSE"} gateway, ${s.connections} conn`;
+      loadRows.push(loadRow(label, "gateway", phase));
     }
   }
   out.push(table(loadRows));
