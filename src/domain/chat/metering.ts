@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
 import type { Tariff } from "../catalog.js";
-import { priceCredits, type PriceSchedule } from "../pricing.js";
+import { chargeFor, type PriceSchedule } from "../pricing.js";
 import type { Billing, Metering } from "./types.js";
 
 /**
@@ -129,8 +129,6 @@ export function utf8Bytes(text: string): Uint8Array {
   return new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength);
 }
 
-export const minBigint = (a: bigint, b: bigint): bigint => (a < b ? a : b);
-
 /**
  * A stream's metering after one of its chunks: the tokens so far and what they cost, priced
  * when read. The RPC stream sends the credits with every chunk; the REST facade reads none of
@@ -146,7 +144,7 @@ export class StreamMetering implements Metering {
 
   /** The price of the tokens so far, capped at the request's maximum. */
   get credits(): bigint {
-    return minBigint(priceCredits(this.tariff, this, false), this.maximum);
+    return chargeFor(this.tariff, this, false, this.maximum).credits;
   }
 
   /** The plain {@link Metering} (what a stored idempotent answer keeps). */
@@ -188,11 +186,15 @@ export function closingOf(input: {
   readonly maximum: bigint;
   readonly offerId: Hex;
 }): Closing {
-  const raw =
+  const { credits: charge, capped } =
     input.billing === "void"
-      ? 0n
-      : priceCredits(input.tariff, input.usage, input.wakes && input.status === "completed");
-  const charge = minBigint(raw, input.maximum);
+      ? { credits: 0n, capped: false }
+      : chargeFor(
+          input.tariff,
+          input.usage,
+          input.wakes && input.status === "completed",
+          input.maximum,
+        );
   return {
     status: input.status,
     usage: input.usage,
@@ -200,7 +202,7 @@ export function closingOf(input: {
     usageSource: input.usageSource,
     error: input.error,
     charge,
-    aboveQuote: raw > input.maximum && input.usageSource === "provider",
+    aboveQuote: capped && input.usageSource === "provider",
     offerId: input.offerId,
   };
 }

@@ -2,7 +2,7 @@ import type { Hex } from "viem";
 import { isEligible, type ModelRecord, type OfferRecord } from "../catalog.js";
 import { inputTokenUpperBound, outputBound, type ChatRequest } from "../chat-request.js";
 import { GatewayError } from "../errors.js";
-import { priceCredits } from "../pricing.js";
+import { maximumCredits } from "../pricing.js";
 import type { OfferFeature } from "../offer-features.js";
 import type { ProviderPreferences } from "../provider-preferences.js";
 import type { OfferMeasurement } from "./measurements.js";
@@ -31,7 +31,11 @@ function candidateFor(offer: OfferRecord, req: ChatRequest): Candidate {
     wakes: w,
     inputTokens,
     maxOutputTokens,
-    maximumCredits: priceCredits(offer.tariff, { inputTokens, outputTokens: maxOutputTokens }, w),
+    maximumCredits: maximumCredits(
+      offer.tariff,
+      { inputTokenBound: inputTokens, outputLimit: maxOutputTokens },
+      w,
+    ),
   };
 }
 
