@@ -2,9 +2,9 @@ import type { Hex } from "viem";
 import { upstreamBody, type ChatRequest } from "../chat-request.js";
 import { GatewayError } from "../errors.js";
 import type { Permit } from "../permits.js";
+import { decideClose, type CancelledBy, type Outcome } from "./billing.js";
 import { completionRetries, createRequestClose, type Closes } from "./lifecycle.js";
 import {
-  closingOf,
   completionText,
   countTextTokens,
   deltaTextChoices,
@@ -126,19 +126,8 @@ export async function* serve(
   const measure = (outputTokens: bigint, latencyMs: number, generationMs: number) =>
     deps.measurements?.record(current.offer.offerId, { latencyMs, outputTokens, generationMs });
   /** What a closing charges, in memory: the answer can go out before the ledger write. */
-  const close = (
-    status: "completed" | "failed" | "cancelled",
-    usage: Usage,
-    billing: Billing,
-    usageSource: "provider" | "gateway",
-    error?: string,
-  ): Closing => {
-    const closing = closingOf({
-      status,
-      usage,
-      billing,
-      usageSource,
-      error,
+  const close = (outcome: Outcome): Closing => {
+    const closing = decideClose(outcome, {
       tariff: current.offer.tariff,
       wakes: current.wakes,
       maximum: maximumCredits,
@@ -168,14 +157,16 @@ export async function* serve(
     clock: deps.clock,
     beforeWrite: () => marking,
   });
+  /** The client left or shutdown cut the call: its input (if dispatched) and the output sent. */
+  const cancelled = (): Outcome => ({
+    kind: "cancelled",
+    by: cancelledBy(input.signal),
+    dispatched,
+    input: provided?.inputTokens ?? inputBound,
+    delivered,
+  });
   /** Decides and records a close now (the paths that end without a complete answer). */
-  const closeAs = async (
-    status: "completed" | "failed" | "cancelled",
-    usage: Usage,
-    billing: Billing,
-    usageSource: "provider" | "gateway",
-    error?: string,
-  ) => lifecycle.record(close(status, usage, billing, usageSource, error));
+  const closeAs = async (outcome: Outcome) => lifecycle.record(close(outcome));
 
   const abort = new AbortController();
   const onClientAbort = () => abort.abort(input.signal.reason);
@@ -245,37 +236,27 @@ export async function* serve(
         );
       } catch (error) {
         if (input.signal.aborted) throw error;
-        await closeAs(
-          "failed",
-          { inputTokens: 0n, outputTokens: 0n },
-          "void",
-          "gateway",
-          "the provider failed while answering",
-        );
+        await closeAs({ kind: "unreadable" });
         throw error;
       }
       let body: unknown;
       try {
         body = JSON.parse(text);
       } catch {
-        await closeAs(
-          "failed",
-          { inputTokens: 0n, outputTokens: 0n },
-          "void",
-          "gateway",
-          "the provider answered invalid JSON",
-        );
+        await closeAs({ kind: "invalid_json" });
         throw new GatewayError("upstream_error", "the provider answered invalid JSON");
       }
       const provided = usageOf(body);
-      const usage = provided ?? {
-        inputTokens: inputBound,
-        outputTokens: countTextTokens(completionText(body)),
-      };
+      const final = close({
+        kind: "completed",
+        provided,
+        inputBound,
+        // The gateway's own count, needed only when the provider reported no usage.
+        counted: provided === undefined ? countTextTokens(completionText(body)) : 0n,
+      });
+      const { usage } = final;
       // A JSON answer has no first token before its end: the whole answer is both.
       measure(usage.outputTokens, endedAt - calledAt, endedAt - calledAt);
-      const billing: Billing = usage.outputTokens === 0n ? "void" : "billed";
-      const final = close("completed", usage, billing, provided ? "provider" : "gateway");
       lifecycle.answered(final);
       yield {
         type: "chunk",
@@ -335,25 +316,7 @@ export async function* serve(
       endedAt = performance.now();
     } catch (error) {
       endedAt = performance.now();
-      if (input.signal.aborted) {
-        // The client left (or shutdown cut the call): input plus the output produced so far.
-        await closeAs(
-          "cancelled",
-          { inputTokens: provided?.inputTokens ?? inputBound, outputTokens: delivered },
-          "partial",
-          "gateway",
-          cancelledBy(input.signal),
-        );
-      } else {
-        // The provider failed after the first byte: only the output delivered.
-        await closeAs(
-          "failed",
-          { inputTokens: 0n, outputTokens: delivered },
-          "partial",
-          "gateway",
-          "the provider failed mid-stream",
-        );
-      }
+      await closeAs(input.signal.aborted ? cancelled() : { kind: "provider_failed", delivered });
       throw error instanceof GatewayError
         ? error
         : new GatewayError("upstream_error", "the provider failed mid-stream");
@@ -361,24 +324,13 @@ export async function* serve(
     await marking;
     if (lost) {
       // Never report a charge the record does not hold: the orphan rule closed it void.
-      await closeAs(
-        "failed",
-        { inputTokens: 0n, outputTokens: delivered },
-        "partial",
-        "gateway",
-        "closed by the orphan rule while served",
-      );
+      await closeAs({ kind: "orphaned", delivered });
       throw lostRequest();
     }
-    const usage = provided ?? { inputTokens: inputBound, outputTokens: delivered };
+    const final = close({ kind: "completed", provided, inputBound, counted: delivered });
+    const { usage } = final;
     if (firstTokenAt !== undefined && endedAt !== undefined)
       measure(usage.outputTokens, firstTokenAt - calledAt, endedAt - firstTokenAt);
-    const final = close(
-      "completed",
-      usage,
-      usage.outputTokens === 0n ? "void" : "billed",
-      provided ? "provider" : "gateway",
-    );
     lifecycle.answered(final);
     yield completed(s, current, usage, final, provided !== undefined);
     await lifecycle.record(final, completionRetries);
@@ -400,23 +352,13 @@ export async function* serve(
       // byte failed: the reservation still ends, exactly once.
       // A consumer that stops reading after output began is a client that left, even when its
       // signal has not fired (yet): input plus the output it was sent, as the policy says.
-      const cancelled = input.signal.aborted || delivered > 0n;
-      const charged = cancelled && (dispatched || delivered > 0n);
       await closeAs(
-        cancelled ? "cancelled" : "failed",
-        {
-          inputTokens: charged ? (provided?.inputTokens ?? inputBound) : 0n,
-          outputTokens: delivered,
-        },
-        charged ? "partial" : "void",
-        "gateway",
-        !cancelled
-          ? failedWith instanceof GatewayError
-            ? failedWith.message
-            : "the provider failed before the first byte"
-          : charged
-            ? cancelledBy(input.signal)
-            : `${cancelledBy(input.signal)} before the provider got the request`,
+        input.signal.aborted || delivered > 0n
+          ? cancelled()
+          : {
+              kind: "failed",
+              reason: failedWith instanceof GatewayError ? failedWith.message : undefined,
+            },
       ).catch(() => undefined);
       abort.abort();
     }
@@ -468,10 +410,8 @@ function completed(
   };
 }
 
-/** Why a cancelled request ended, for its record: the client left, or shutdown cut it. */
-function cancelledBy(signal: AbortSignal): string {
+/** Why a cancelled request ended: the client left, or shutdown cut it. */
+function cancelledBy(signal: AbortSignal): CancelledBy {
   const reason: unknown = signal.reason;
-  return reason instanceof GatewayError && reason.code === "shutting_down"
-    ? "cut by the gateway's shutdown"
-    : "client disconnected";
+  return reason instanceof GatewayError && reason.code === "shutting_down" ? "shutdown" : "client";
 }
