@@ -14,7 +14,7 @@ import type {
   OfferLeaseRequest,
 } from "../../domain/chat/lease-store.js";
 import { createBatcher, type ItemOutcome } from "./batcher.js";
-import { databaseNow, heartbeat } from "./ledger.js";
+import { closeColumns, databaseNow, heartbeat } from "./ledger.js";
 import type { Queryable } from "./registrations.js";
 
 export interface PgLeaseStoreOptions {
@@ -168,19 +168,7 @@ function recordRow({ record, state }: OpenItem) {
 }
 
 function closeRow(c: LeasedClose) {
-  return {
-    ...recordColumns(c.record),
-    status: c.status,
-    input_tokens: c.inputTokens.toString(),
-    output_tokens: c.outputTokens.toString(),
-    cached_input_tokens: (c.cachedInputTokens ?? 0n).toString(),
-    reasoning_tokens: (c.reasoningTokens ?? 0n).toString(),
-    credits_charged: c.creditsCharged.toString(),
-    billing: c.billing,
-    usage_source: c.usageSource,
-    error: c.error ?? null,
-    now: c.now,
-  };
+  return { ...recordColumns(c.record), ...closeColumns(c) };
 }
 
 /**

@@ -57,6 +57,7 @@ import {
 import { createBatcher, type BatcherStats, type ItemOutcome } from "./batcher.js";
 import { quoteColumns, type NewQuote } from "./quotes.js";
 import type { Queryable } from "./registrations.js";
+import type { CloseRecord } from "../../domain/chat/index.js";
 import type { Billing, FinalRequestStatus, UsageSource } from "./requests.js";
 
 /** The ledger found itself inconsistent (a bug, or a hand edit); the transaction was undone. */
@@ -221,21 +222,9 @@ export async function markStreaming(db: Queryable, requestId: string): Promise<b
   return rowCount === 1;
 }
 
-export interface FinalizeInput {
+/** A request's close; its charge is clamped to the request's maximum and must be 0 when `void`. */
+export interface FinalizeInput extends CloseRecord {
   readonly requestId: string;
-  readonly status: FinalRequestStatus;
-  readonly inputTokens: bigint;
-  readonly outputTokens: bigint;
-  /** Usage details (absent: 0): parts of the two above, recorded and never priced. */
-  readonly cachedInputTokens?: bigint | undefined;
-  readonly reasoningTokens?: bigint | undefined;
-  /** The price of the usage; clamped to the request's maximum. Must be 0 when `void`. */
-  readonly creditsCharged: bigint;
-  readonly billing: Billing;
-  readonly usageSource: UsageSource;
-  readonly error?: string;
-  /** Unix seconds. */
-  readonly now: number;
 }
 
 export interface FinalizeResult {
@@ -301,7 +290,7 @@ export async function voidReservation(
   return closeResult(row);
 }
 
-/** Checks a finalisation and maps it to its {@link Closing}. */
+/** Checks a finalisation: it is its own {@link Closing}. */
 function finalizeClosing(input: FinalizeInput): Closing {
   requireAmount("inputTokens", input.inputTokens);
   requireAmount("outputTokens", input.outputTokens);
@@ -311,18 +300,7 @@ function finalizeClosing(input: FinalizeInput): Closing {
   if (input.billing === "void" && input.creditsCharged !== 0n) {
     throw new RangeError("finalize: a void request is charged nothing");
   }
-  return {
-    status: input.status,
-    inputTokens: input.inputTokens,
-    outputTokens: input.outputTokens,
-    cachedInputTokens: input.cachedInputTokens ?? 0n,
-    reasoningTokens: input.reasoningTokens ?? 0n,
-    creditsCharged: input.creditsCharged,
-    billing: input.billing,
-    usageSource: input.usageSource,
-    error: input.error ?? null,
-    now: input.now,
-  };
+  return input;
 }
 
 /** One item of a batch failed in the database; only that item was rolled back. */
@@ -685,19 +663,12 @@ export async function permitLedger(db: Queryable, permitId: Hex): Promise<Permit
   };
 }
 
-interface Closing {
-  status: FinalRequestStatus;
+/** A close as {@link closeRequest} writes it: a {@link CloseRecord}, or the orphan rule's. */
+interface Closing extends Omit<CloseRecord, "inputTokens" | "outputTokens" | "usageSource"> {
   /** null keeps what the request has. */
-  inputTokens: bigint | null;
-  outputTokens: bigint | null;
-  /** Absent: 0. */
-  cachedInputTokens?: bigint;
-  reasoningTokens?: bigint;
-  creditsCharged: bigint;
-  billing: Billing;
-  usageSource: UsageSource | null;
-  error: string | null;
-  now: number;
+  readonly inputTokens: bigint | null;
+  readonly outputTokens: bigint | null;
+  readonly usageSource: UsageSource | null;
 }
 
 /**
@@ -747,8 +718,12 @@ async function closeOne(
  * gw_close_request's arguments but the orphan rule, named as it names them without the `p_`,
  * as JSON values: the arguments of {@link closeOne} and an item of `gw_close_batch`.
  */
-interface CloseArgs {
+interface CloseArgs extends CloseColumns {
   readonly request_id: string;
+}
+
+/** A close's columns as JSON values: also of an item of `gw_close_leased_batch` (leases.ts). */
+export interface CloseColumns {
   readonly status: FinalRequestStatus;
   readonly input_tokens: string | null;
   readonly output_tokens: string | null;
@@ -762,15 +737,18 @@ interface CloseArgs {
 }
 
 function closeArgs(requestId: string, closing: Closing): CloseArgs {
+  return { request_id: requestId, ...closeColumns(closing) };
+}
+
+export function closeColumns(closing: Closing): CloseColumns {
   return {
-    request_id: requestId,
     status: closing.status,
     input_tokens: closing.inputTokens?.toString() ?? null,
     output_tokens: closing.outputTokens?.toString() ?? null,
     credits_charged: closing.creditsCharged.toString(),
     billing: closing.billing,
     usage_source: closing.usageSource,
-    error: closing.error,
+    error: closing.error ?? null,
     now: closing.now,
     cached_input_tokens: (closing.cachedInputTokens ?? 0n).toString(),
     reasoning_tokens: (closing.reasoningTokens ?? 0n).toString(),

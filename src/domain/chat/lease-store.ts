@@ -1,5 +1,5 @@
 import type { Hex } from "viem";
-import type { Billing } from "./types.js";
+import type { CloseRecord } from "./types.js";
 
 /**
  * The port of the lease ledger (leases.ts) to its storage (adapters/pg/leases.ts, migration
@@ -39,19 +39,9 @@ export interface LeasedRecord {
   readonly inputTokens: bigint;
 }
 
-export interface LeasedClose {
+/** A leased request's close: its record's columns and the close's, in one write. */
+export interface LeasedClose extends CloseRecord {
   readonly record: LeasedRecord;
-  readonly status: "completed" | "failed" | "cancelled";
-  readonly inputTokens: bigint;
-  readonly outputTokens: bigint;
-  /** Usage details (absent: 0), written by the close itself. */
-  readonly cachedInputTokens?: bigint | undefined;
-  readonly reasoningTokens?: bigint | undefined;
-  readonly creditsCharged: bigint;
-  readonly billing: Billing;
-  readonly usageSource: "provider" | "gateway";
-  readonly error?: string | undefined;
-  readonly now: number;
 }
 
 /** The record write's progress, which the store updates and reads when it sends the batch. */

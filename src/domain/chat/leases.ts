@@ -321,19 +321,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     r.closing ??= (async () => {
       if (!r.open.sent) r.open.skip = true;
       else await r.written;
-      return store.close({
-        record: r.record,
-        status: input.status,
-        inputTokens: input.inputTokens,
-        outputTokens: input.outputTokens,
-        cachedInputTokens: input.cachedInputTokens,
-        reasoningTokens: input.reasoningTokens,
-        creditsCharged: input.creditsCharged,
-        billing: input.billing,
-        usageSource: input.usageSource,
-        error: input.error,
-        now: input.now,
-      });
+      return store.close({ ...input, record: r.record });
     })();
     let result: { finalized: boolean; creditsCharged: bigint };
     closeStarted(r.permitPool);

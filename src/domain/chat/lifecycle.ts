@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
 import type { Closing } from "./metering.js";
-import type { InferenceDeps, Ledger } from "./types.js";
+import type { FinalizeInput, InferenceDeps, Ledger } from "./types.js";
 
 /**
  * The lifecycle of a request's close: admitted (reserved) -> sent -> streaming -> closing ->
@@ -10,7 +10,7 @@ import type { InferenceDeps, Ledger } from "./types.js";
 
 /** A close the ledger has not taken yet, kept until it does. */
 export interface PendingClose {
-  readonly finalize: Parameters<Ledger["finalize"]>[0];
+  readonly finalize: FinalizeInput;
   readonly flag: { readonly offerId: Hex; readonly reason: string } | undefined;
   /**
    * The reservation, when this is the void close of one whose outcome is unknown: it is

@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import type { Tariff } from "../catalog.js";
 import { chargeFor, type PriceSchedule } from "../pricing.js";
-import type { Billing, Metering } from "./types.js";
+import type { CloseRecord, Metering } from "./types.js";
 
 /**
  * Metering: the usage a provider reported (or the gateway's own count) and the charge it makes,
@@ -157,12 +157,12 @@ export class StreamMetering implements Metering {
   }
 }
 
-/** How a request ends, decided in memory before the ledger records it. */
-export interface Closing {
-  readonly status: "completed" | "failed" | "cancelled";
+/**
+ * How a request ends, decided in memory before the ledger records it (as a
+ * {@link CloseRecord}: the usage's tokens, `charge` as `creditsCharged`, and the time).
+ */
+export interface Closing extends Pick<CloseRecord, "status" | "billing" | "usageSource"> {
   readonly usage: Usage;
-  readonly billing: Billing;
-  readonly usageSource: "provider" | "gateway";
   readonly error: string | undefined;
   readonly charge: bigint;
   /** The provider reported usage priced above the quote's maximum (the offer gets flagged). */
@@ -175,17 +175,13 @@ export interface Closing {
  * completed request whose quote said it wakes the endpoint), capped at `maximum`; a charge of 0
  * is void whatever the billing asked.
  */
-export function closingOf(input: {
-  readonly status: "completed" | "failed" | "cancelled";
-  readonly usage: Usage;
-  readonly billing: Billing;
-  readonly usageSource: "provider" | "gateway";
-  readonly error: string | undefined;
-  readonly tariff: Tariff;
-  readonly wakes: boolean;
-  readonly maximum: bigint;
-  readonly offerId: Hex;
-}): Closing {
+export function closingOf(
+  input: Omit<Closing, "charge" | "aboveQuote"> & {
+    readonly tariff: Tariff;
+    readonly wakes: boolean;
+    readonly maximum: bigint;
+  },
+): Closing {
   const { credits: charge, capped } =
     input.billing === "void"
       ? { credits: 0n, capped: false }

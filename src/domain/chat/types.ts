@@ -6,6 +6,7 @@
  * that the RPC layer turns into stream messages.
  */
 import type { OfferMeasurements } from "./measurements.js";
+import type { Usage } from "./metering.js";
 import type { Hex } from "viem";
 import type { Catalog } from "../catalog.js";
 import type { JsonBounds } from "../chat-request.js";
@@ -17,6 +18,32 @@ export const quoteLifetimeSeconds = 60;
 export const idempotencyLifetimeSeconds = 24 * 3600;
 
 export type Billing = "billed" | "partial" | "void";
+
+/** The final states of a request; it reaches exactly one of them, once. */
+export type FinalStatus = "completed" | "failed" | "cancelled";
+/** Whose token count a close's charge was computed from. */
+export type UsageSource = "provider" | "gateway";
+
+/**
+ * A request's close as it is recorded: the one shape the lifecycle hands the ledger, the lease
+ * ledger writes and PostgreSQL stores. Its usage details (absent: 0) are recorded by the same
+ * write and never priced. Decided in memory first (billing.ts, metering.ts `Closing`).
+ */
+export interface CloseRecord extends Usage {
+  readonly status: FinalStatus;
+  /** At most the request's maximum; 0 when `void`. */
+  readonly creditsCharged: bigint;
+  readonly billing: Billing;
+  readonly usageSource: UsageSource;
+  readonly error?: string | undefined;
+  /** Unix seconds. */
+  readonly now: number;
+}
+
+/** A {@link CloseRecord} of one request: what {@link Ledger.finalize} takes. */
+export interface FinalizeInput extends CloseRecord {
+  readonly requestId: Hex;
+}
 
 export interface Metering {
   readonly inputTokens: bigint;
@@ -143,20 +170,7 @@ export interface Ledger {
    * (this process looked dead), so this process must stop serving it.
    */
   markStreaming(requestId: Hex): Promise<boolean>;
-  finalize(input: {
-    requestId: Hex;
-    status: "completed" | "failed" | "cancelled";
-    inputTokens: bigint;
-    outputTokens: bigint;
-    /** Usage details, recorded by the same write (absent: 0); never part of the charge. */
-    cachedInputTokens?: bigint;
-    reasoningTokens?: bigint;
-    creditsCharged: bigint;
-    billing: Billing;
-    usageSource: "provider" | "gateway";
-    error?: string;
-    now: number;
-  }): Promise<{ finalized: boolean; creditsCharged: bigint }>;
+  finalize(input: FinalizeInput): Promise<{ finalized: boolean; creditsCharged: bigint }>;
   /**
    * The void close of a reservation whose outcome is unknown, by the reservation's own input
    * (`close` is its `failed`, `void` finalisation): also when the reservation is still under way
