@@ -19,13 +19,16 @@ interface Row {
   readonly outcome: Outcome;
   readonly wakes?: boolean;
   readonly free?: boolean;
-  readonly status: "completed" | "failed" | "cancelled";
-  readonly billing: "billed" | "partial" | "void";
-  readonly usage: Usage;
-  readonly usageSource: "provider" | "gateway";
-  readonly charge: bigint;
   readonly aboveQuote?: boolean;
-  readonly error?: string;
+  /** The close expected: status, billing, usage, usage source, charge and error text. */
+  readonly closes: readonly [
+    status: "completed" | "failed" | "cancelled",
+    billing: "billed" | "partial" | "void",
+    usage: Usage,
+    usageSource: "provider" | "gateway",
+    charge: bigint,
+    error?: string,
+  ];
 }
 
 const reported: Usage = {
@@ -34,36 +37,32 @@ const reported: Usage = {
   cachedInputTokens: 2n,
   reasoningTokens: 1n,
 };
-const none = { inputTokens: 0n, outputTokens: 0n };
+const tokens = (inputTokens: bigint, outputTokens: bigint): Usage => ({
+  inputTokens,
+  outputTokens,
+});
+const none = tokens(0n, 0n);
+// A cancellation's error texts.
+const left = "client disconnected";
+const cut = "cut by the gateway's shutdown";
+const notSent = "before the provider got the request";
 
 const rows: Row[] = [
   {
     name: "completed, provider usage: billed at its price (15 + 28)",
     outcome: { kind: "completed", provided: reported, inputBound: 50n, counted: 9n },
-    status: "completed",
-    billing: "billed",
-    usage: reported,
-    usageSource: "provider",
-    charge: 43n,
+    closes: ["completed", "billed", reported, "provider", 43n],
   },
   {
     name: "completed on a woken endpoint: the wake fee is added (15 + 28 + 9)",
     outcome: { kind: "completed", provided: reported, inputBound: 50n, counted: 9n },
     wakes: true,
-    status: "completed",
-    billing: "billed",
-    usage: reported,
-    usageSource: "provider",
-    charge: 52n,
+    closes: ["completed", "billed", reported, "provider", 52n],
   },
   {
     name: "completed without provider usage: the gateway's count, each side rounded up (ceil 4.5 + 28)",
     outcome: { kind: "completed", provided: undefined, inputBound: 3n, counted: 4n },
-    status: "completed",
-    billing: "billed",
-    usage: { inputTokens: 3n, outputTokens: 4n },
-    usageSource: "gateway",
-    charge: 33n,
+    closes: ["completed", "billed", tokens(3n, 4n), "gateway", 33n],
   },
   {
     name: "completed, provider usage above the quote (150 + 1400): capped, flagged",
@@ -73,21 +72,13 @@ const rows: Row[] = [
       inputBound: 100n,
       counted: 0n,
     },
-    status: "completed",
-    billing: "billed",
-    usage: { inputTokens: 100n, outputTokens: 200n },
-    usageSource: "provider",
-    charge: maximum,
     aboveQuote: true,
+    closes: ["completed", "billed", tokens(100n, 200n), "provider", maximum],
   },
   {
     name: "completed, the gateway's count above the quote: capped, not flagged",
     outcome: { kind: "completed", provided: undefined, inputBound: 100n, counted: 200n },
-    status: "completed",
-    billing: "billed",
-    usage: { inputTokens: 100n, outputTokens: 200n },
-    usageSource: "gateway",
-    charge: maximum,
+    closes: ["completed", "billed", tokens(100n, 200n), "gateway", maximum],
   },
   {
     name: "completed with zero output tokens: void, no wake fee either",
@@ -98,155 +89,90 @@ const rows: Row[] = [
       counted: 0n,
     },
     wakes: true,
-    status: "completed",
-    billing: "void",
-    usage: { inputTokens: 10n, outputTokens: 0n },
-    usageSource: "provider",
-    charge: 0n,
+    closes: ["completed", "void", tokens(10n, 0n), "provider", 0n],
   },
   {
     name: "completed with zero output by the gateway's count: void",
     outcome: { kind: "completed", provided: undefined, inputBound: 50n, counted: 0n },
-    status: "completed",
-    billing: "void",
-    usage: { inputTokens: 50n, outputTokens: 0n },
-    usageSource: "gateway",
-    charge: 0n,
+    closes: ["completed", "void", tokens(50n, 0n), "gateway", 0n],
   },
   {
     name: "completed on a free tariff: a charge of 0 is void",
     outcome: { kind: "completed", provided: reported, inputBound: 50n, counted: 9n },
     free: true,
-    status: "completed",
-    billing: "void",
-    usage: reported,
-    usageSource: "provider",
-    charge: 0n,
+    closes: ["completed", "void", reported, "provider", 0n],
   },
   {
     name: "the answer's body could not be read: void",
     outcome: { kind: "unreadable" },
     wakes: true,
-    status: "failed",
-    billing: "void",
-    usage: none,
-    usageSource: "gateway",
-    charge: 0n,
-    error: "the provider failed while answering",
+    closes: ["failed", "void", none, "gateway", 0n, "the provider failed while answering"],
   },
   {
     name: "the answer is not JSON: void",
     outcome: { kind: "invalid_json" },
-    status: "failed",
-    billing: "void",
-    usage: none,
-    usageSource: "gateway",
-    charge: 0n,
-    error: "the provider answered invalid JSON",
+    closes: ["failed", "void", none, "gateway", 0n, "the provider answered invalid JSON"],
   },
   {
     name: "the provider failed mid-stream: the output delivered only (28), no wake fee",
     outcome: { kind: "provider_failed", delivered: 4n },
     wakes: true,
-    status: "failed",
-    billing: "partial",
-    usage: { inputTokens: 0n, outputTokens: 4n },
-    usageSource: "gateway",
-    charge: 28n,
-    error: "the provider failed mid-stream",
+    closes: ["failed", "partial", tokens(0n, 4n), "gateway", 28n, "the provider failed mid-stream"],
   },
   {
     name: "the provider failed mid-stream before any output: void",
     outcome: { kind: "provider_failed", delivered: 0n },
-    status: "failed",
-    billing: "void",
-    usage: none,
-    usageSource: "gateway",
-    charge: 0n,
-    error: "the provider failed mid-stream",
+    closes: ["failed", "void", none, "gateway", 0n, "the provider failed mid-stream"],
   },
   {
     name: "the orphan rule took the request while served: the output delivered (28)",
     outcome: { kind: "orphaned", delivered: 4n },
-    status: "failed",
-    billing: "partial",
-    usage: { inputTokens: 0n, outputTokens: 4n },
-    usageSource: "gateway",
-    charge: 28n,
-    error: "closed by the orphan rule while served",
+    closes: [
+      "failed",
+      "partial",
+      tokens(0n, 4n),
+      "gateway",
+      28n,
+      "closed by the orphan rule while served",
+    ],
   },
   {
     name: "the client left mid-answer: input plus the output delivered (15 + 28), no wake fee",
     outcome: { kind: "cancelled", by: "client", dispatched: true, input: 10n, delivered: 4n },
     wakes: true,
-    status: "cancelled",
-    billing: "partial",
-    usage: { inputTokens: 10n, outputTokens: 4n },
-    usageSource: "gateway",
-    charge: 43n,
-    error: "client disconnected",
+    closes: ["cancelled", "partial", tokens(10n, 4n), "gateway", 43n, left],
   },
   {
     name: "shutdown cut a dispatched call before any output: its input (ceil 4.5)",
     outcome: { kind: "cancelled", by: "shutdown", dispatched: true, input: 3n, delivered: 0n },
-    status: "cancelled",
-    billing: "partial",
-    usage: { inputTokens: 3n, outputTokens: 0n },
-    usageSource: "gateway",
-    charge: 5n,
-    error: "cut by the gateway's shutdown",
+    closes: ["cancelled", "partial", tokens(3n, 0n), "gateway", 5n, cut],
   },
   {
     name: "a cancellation charged above the quote: capped",
     outcome: { kind: "cancelled", by: "client", dispatched: true, input: 100n, delivered: 200n },
-    status: "cancelled",
-    billing: "partial",
-    usage: { inputTokens: 100n, outputTokens: 200n },
-    usageSource: "gateway",
-    charge: maximum,
-    error: "client disconnected",
+    closes: ["cancelled", "partial", tokens(100n, 200n), "gateway", maximum, left],
   },
   {
     name: "the client left before the provider got the request: void, nothing charged",
     outcome: { kind: "cancelled", by: "client", dispatched: false, input: 50n, delivered: 0n },
     wakes: true,
-    status: "cancelled",
-    billing: "void",
-    usage: none,
-    usageSource: "gateway",
-    charge: 0n,
-    error: "client disconnected before the provider got the request",
+    closes: ["cancelled", "void", none, "gateway", 0n, `${left} ${notSent}`],
   },
   {
     name: "shutdown before the provider got the request: void",
     outcome: { kind: "cancelled", by: "shutdown", dispatched: false, input: 50n, delivered: 0n },
-    status: "cancelled",
-    billing: "void",
-    usage: none,
-    usageSource: "gateway",
-    charge: 0n,
-    error: "cut by the gateway's shutdown before the provider got the request",
+    closes: ["cancelled", "void", none, "gateway", 0n, `${cut} ${notSent}`],
   },
   {
     name: "a step before the first byte failed with its own message: void",
     outcome: { kind: "failed", reason: "the provider answered HTTP 400" },
     wakes: true,
-    status: "failed",
-    billing: "void",
-    usage: none,
-    usageSource: "gateway",
-    charge: 0n,
-    error: "the provider answered HTTP 400",
+    closes: ["failed", "void", none, "gateway", 0n, "the provider answered HTTP 400"],
   },
   {
     name: "a step before the first byte failed without a message: void",
     outcome: { kind: "failed", reason: undefined },
-    status: "failed",
-    billing: "void",
-    usage: none,
-    usageSource: "gateway",
-    charge: 0n,
-    error: "the provider failed before the first byte",
+    closes: ["failed", "void", none, "gateway", 0n, "the provider failed before the first byte"],
   },
 ];
 
@@ -260,13 +186,14 @@ describe("decideClose", () => {
       maximum,
       offerId,
     });
+    const [status, billing, usage, usageSource, charge, error] = row.closes;
     expect(closing).toEqual({
-      status: row.status,
-      usage: row.usage,
-      billing: row.billing,
-      usageSource: row.usageSource,
-      error: row.error,
-      charge: row.charge,
+      status,
+      usage,
+      billing,
+      usageSource,
+      error,
+      charge,
       aboveQuote: row.aboveQuote ?? false,
       offerId,
     });
