@@ -485,6 +485,35 @@ const toolCall = (id: string, name: string, args: string) => ({
   function: { name, arguments: args },
 });
 
+it("usage details above their totals are the provider's error: shown as 0, as recorded", () => {
+  const answer = messagesDialect.fromCompletion(
+    completion({ content: "x" }, "stop", {}),
+    charge,
+  ) as { usage: unknown };
+  expect(answer.usage).toEqual({
+    input_tokens: 21,
+    output_tokens: 9,
+    cache_read_input_tokens: 0,
+    cache_creation_input_tokens: 0,
+  });
+  const hostile = {
+    ...completion({ content: "x" }, "stop"),
+    usage: {
+      prompt_tokens: 21,
+      completion_tokens: 9,
+      prompt_tokens_details: { cached_tokens: 22 },
+      completion_tokens_details: { reasoning_tokens: 10 },
+    },
+  };
+  expect((messagesDialect.fromCompletion(hostile, charge) as { usage: unknown }).usage).toEqual({
+    input_tokens: 21,
+    output_tokens: 9,
+    cache_read_input_tokens: 0,
+    cache_creation_input_tokens: 0,
+    output_tokens_details: { thinking_tokens: 0 },
+  });
+});
+
 describe("fromCompletion", () => {
   const usage = {
     input_tokens: 21,

@@ -479,9 +479,12 @@ function usageOf(usage: unknown, charge: GatewayCharge): Usage {
   const prompt = count(u["prompt_tokens"]) ?? chargeCount(charge.input_tokens);
   const output = count(u["completion_tokens"]) ?? chargeCount(charge.output_tokens);
   const details = u["prompt_tokens_details"];
-  const cached = Math.min(prompt, (isObject(details) && count(details["cached_tokens"])) || 0);
+  // A detail above its total is the provider's error: 0, as the record keeps it (metering).
+  const reported = (isObject(details) && count(details["cached_tokens"])) || 0;
+  const cached = reported <= prompt ? reported : 0;
   const completion = u["completion_tokens_details"];
-  const reasoning = isObject(completion) ? count(completion["reasoning_tokens"]) : undefined;
+  const thinking = isObject(completion) ? count(completion["reasoning_tokens"]) : undefined;
+  const reasoning = thinking === undefined || thinking <= output ? thinking : 0;
   return {
     input_tokens: prompt - cached,
     output_tokens: output,

@@ -381,6 +381,34 @@ describe("toCanonical: refusals name the field", () => {
 });
 
 describe("fromCompletion", () => {
+  it("usage details above their totals are the provider's error: shown as 0, as recorded", () => {
+    const answer = responsesDialect.fromCompletion(
+      {
+        id: "chatcmpl-1",
+        object: "chat.completion",
+        created: 1_700_000_000,
+        model: "m",
+        choices: [
+          { index: 0, message: { role: "assistant", content: "x" }, finish_reason: "stop" },
+        ],
+        usage: {
+          prompt_tokens: 12,
+          completion_tokens: 3,
+          prompt_tokens_details: { cached_tokens: 13 },
+          completion_tokens_details: { reasoning_tokens: 4 },
+        },
+      },
+      charge,
+    ) as { usage: unknown };
+    expect(answer.usage).toEqual({
+      input_tokens: 12,
+      input_tokens_details: { cached_tokens: 0 },
+      output_tokens: 3,
+      output_tokens_details: { reasoning_tokens: 0 },
+      total_tokens: 15,
+    });
+  });
+
   it("a text answer with usage details", () => {
     const answer = responsesDialect.fromCompletion(
       {

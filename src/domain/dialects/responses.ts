@@ -469,17 +469,16 @@ function usageOf(usage: unknown, charge: GatewayCharge | undefined): Usage | nul
     const output = count(usage["completion_tokens"]);
     const promptDetails = usage["prompt_tokens_details"];
     const completionDetails = usage["completion_tokens_details"];
+    // A detail above its total is the provider's error: 0, as the record keeps it (metering).
+    const cached = isObject(promptDetails) ? count(promptDetails["cached_tokens"]) : 0;
+    const reasoning = isObject(completionDetails)
+      ? count(completionDetails["reasoning_tokens"])
+      : 0;
     return {
       input_tokens: input,
-      input_tokens_details: {
-        cached_tokens: isObject(promptDetails) ? count(promptDetails["cached_tokens"]) : 0,
-      },
+      input_tokens_details: { cached_tokens: cached <= input ? cached : 0 },
       output_tokens: output,
-      output_tokens_details: {
-        reasoning_tokens: isObject(completionDetails)
-          ? count(completionDetails["reasoning_tokens"])
-          : 0,
-      },
+      output_tokens_details: { reasoning_tokens: reasoning <= output ? reasoning : 0 },
       total_tokens:
         usage["total_tokens"] !== undefined ? count(usage["total_tokens"]) : input + output,
     };
