@@ -626,8 +626,17 @@ describe("soak across replicas", () => {
       }
       let replays = 0;
       let keysCalledTwice = 0;
+      // Outcomes by key, read once: a filter per key is quadratic, and at SOAK_SECONDS=300 (70,000
+      // outcomes, 20,000 keys) it held the event loop for minutes.
+      const byKey = new Map<string, Outcome[]>();
+      for (const o of chatOutcomes) {
+        if (o.idempotencyKey === undefined) continue;
+        const list = byKey.get(o.idempotencyKey);
+        if (list === undefined) byKey.set(o.idempotencyKey, [o]);
+        else list.push(o);
+      }
       for (const call of idempotent) {
-        const sent = chatOutcomes.filter((o) => o.idempotencyKey === call.key);
+        const sent = byKey.get(call.key) ?? [];
         replays += Math.max(0, sent.length - 1);
         const ids = new Set(sent.map((o) => o.requestId).filter((id) => id !== undefined));
         const charged = [...ids].filter(
