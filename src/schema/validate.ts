@@ -1,0 +1,180 @@
+import type { Static, TSchema } from "@sinclair/typebox";
+import { Ajv2020, type ErrorObject, type ValidateFunction } from "ajv/dist/2020.js";
+import { GatewayError, type ErrorCode } from "../domain/errors.js";
+
+/**
+ * Compiles a body's schema (declared once with TypeBox, src/schema/*.ts) to an Ajv validator
+ * that throws the spec's 400 with a message naming the field: `'messages[0].role' must be one
+ * of system, developer, ...`. The same declaration is the TypeScript type (`Static<T>`) and the
+ * OpenAPI document's schema (src/rest/api.ts), so the three cannot drift.
+ *
+ * What a schema cannot say (a key that occurs twice, an integer beyond 2^53 read exactly, the
+ * bounds checked on the bytes before parsing) stays in code beside the schema.
+ *
+ * Annotation keywords of this gateway: `x-component` (the OpenAPI component name of a shared
+ * shape) and `x-error-code` (the error code a value that fails this schema gets, instead of
+ * `invalid_request`; e.g. `invalid_hex`).
+ */
+
+const ajv = new Ajv2020({
+  allErrors: false,
+  verbose: true,
+  strict: true,
+  // TypeBox's Integer is `type: "integer"`; nothing is coerced, defaulted or removed.
+  coerceTypes: false,
+  useDefaults: false,
+  removeAdditional: false,
+});
+ajv.addKeyword({ keyword: "x-component", schemaType: "string" });
+ajv.addKeyword({ keyword: "x-error-code", schemaType: "string" });
+
+type Schema = { readonly [keyword: string]: unknown };
+
+/** A validator: the value, typed, or a thrown 400 (GatewayError) naming the field. */
+export type BodyCheck<T extends TSchema> = (value: unknown, at?: string) => Static<T>;
+
+/**
+ * Compiles `schema`; the returned function returns its argument typed as the schema's static
+ * type, or throws {@link GatewayError} (`invalid_request`, or the schema's `x-error-code`). `at`
+ * names the value in messages when it is not a whole request body (`'provider.order[0]'`).
+ */
+export function compileBody<T extends TSchema>(schema: T): BodyCheck<T> {
+  const validate: ValidateFunction = ajv.compile(schema);
+  return (value, at) => {
+    if (validate(value)) return value as Static<T>;
+    throw refusal(validate.errors ?? [], at);
+  };
+}
+
+/** Whether `value` matches `schema` (for tests and the property test's oracle). */
+export function matches(schema: TSchema, value: unknown): boolean {
+  return ajv.validate(schema, value);
+}
+
+function refusal(errors: readonly ErrorObject[], at: string | undefined): GatewayError {
+  const error = reported(errors);
+  if (error === undefined) return new GatewayError("invalid_request", "the body is not valid");
+  const path = pathOf(error);
+  const field = fieldName(path, at);
+  const code = errorCode(error) ?? "invalid_request";
+  switch (error.keyword) {
+    case "required":
+      return new GatewayError(code, `'${field}' is required`);
+    case "additionalProperties":
+      return new GatewayError(code, `'${field}' is not a member this body may have`);
+    case "maxProperties":
+      return new GatewayError(
+        code,
+        `'${field}' has more than ${String(error.params.limit)} members`,
+      );
+    default: {
+      const subject = field === "" ? "the request body" : `'${field}'`;
+      return new GatewayError(code, `${subject} must be ${describe(error.parentSchema)}`);
+    }
+  }
+}
+
+/** The path an error is about: a missing or extra member's own path, not its object's. */
+function pathOf(error: ErrorObject): string {
+  const params = error.params as { missingProperty?: string; additionalProperty?: string };
+  const member = params.missingProperty ?? params.additionalProperty;
+  return member === undefined ? error.instancePath : `${error.instancePath}/${escape(member)}`;
+}
+
+function escape(key: string): string {
+  return key.replaceAll("~", "~0").replaceAll("/", "~1");
+}
+
+/**
+ * The error to report: the deepest (a union's failing branch says more than "must be an object
+ * or null"); among those at one depth the last, which for a union is the union itself ("a
+ * string or an array of strings" rather than one branch's "a string").
+ */
+function reported(errors: readonly ErrorObject[]): ErrorObject | undefined {
+  let best: ErrorObject | undefined;
+  let bestDepth = -1;
+  for (const error of errors) {
+    const depth = pathOf(error).split("/").length;
+    if (depth >= bestDepth) {
+      best = error;
+      bestDepth = depth;
+    }
+  }
+  return best;
+}
+
+/** `/messages/0/role` -> `messages[0].role`, under `at` when given. */
+function fieldName(pointer: string, at: string | undefined): string {
+  let name = at ?? "";
+  for (const raw of pointer.split("/").slice(1)) {
+    const key = raw.replaceAll("~1", "/").replaceAll("~0", "~");
+    if (/^(0|[1-9][0-9]*)$/.test(key)) name += `[${key}]`;
+    else name += name === "" ? key.slice(0, 100) : `.${key.slice(0, 100)}`;
+  }
+  return name;
+}
+
+function errorCode(error: ErrorObject): ErrorCode | undefined {
+  const schema = error.parentSchema as Schema | undefined;
+  const own = schema?.["x-error-code"];
+  if (typeof own === "string") return own as ErrorCode;
+  for (const branch of (schema?.anyOf ?? schema?.oneOf ?? []) as Schema[]) {
+    const code = branch["x-error-code"];
+    if (typeof code === "string") return code as ErrorCode;
+  }
+  return undefined;
+}
+
+const article = (text: string): string => (/^[aeiou]/i.test(text) ? `an ${text}` : `a ${text}`);
+
+/** What a schema expects, in words: "an integer from 1 to 128", "one of price, latency". */
+export function describe(schema: unknown): string {
+  if (typeof schema !== "object" || schema === null) return "a JSON value";
+  const s = schema as Schema;
+  if (typeof s.title === "string") return article(s.title);
+  const branches = (s.anyOf ?? s.oneOf) as Schema[] | undefined;
+  if (branches !== undefined) {
+    if (branches.every((b) => "const" in b))
+      return `one of ${branches.map((b) => String(b.const)).join(", ")}`;
+    const named = branches.filter((b) => b.type !== "null").map(describe);
+    return [...new Set(named)].join(" or ");
+  }
+  if ("const" in s) return JSON.stringify(s.const);
+  if (Array.isArray(s.enum)) return `one of ${s.enum.map(String).join(", ")}`;
+  switch (s.type) {
+    case "string": {
+      const min = s.minLength as number | undefined;
+      const max = s.maxLength as number | undefined;
+      const base = min !== undefined && min > 0 ? "a non-empty string" : "a string";
+      return max === undefined ? base : `${base} of at most ${max} characters`;
+    }
+    case "integer":
+    case "number": {
+      const word = s.type === "integer" ? "an integer" : "a number";
+      const min = s.minimum as number | undefined;
+      const max = s.maximum as number | undefined;
+      if (min !== undefined && max !== undefined) return `${word} from ${min} to ${max}`;
+      if (min !== undefined) return `${word} of at least ${min}`;
+      if (max !== undefined) return `${word} of at most ${max}`;
+      return word;
+    }
+    case "boolean":
+      return "a boolean";
+    case "array": {
+      const min = s.minItems as number | undefined;
+      const max = s.maxItems as number | undefined;
+      let text = "an array";
+      if (min !== undefined && min > 0 && max !== undefined) text += ` of ${min} to ${max} items`;
+      else if (min !== undefined && min > 0)
+        text += ` of at least ${min} item${min === 1 ? "" : "s"}`;
+      else if (max !== undefined) text += ` of at most ${max} items`;
+      return s.items === undefined ? text : `${text}, each ${describe(s.items)}`;
+    }
+    case "object":
+      return "an object";
+    case "null":
+      return "null";
+    default:
+      return "a JSON value";
+  }
+}
