@@ -96,7 +96,7 @@ export const ChatCompletion = component(
       id: Type.Optional(Type.String()),
       object: Type.Optional(Type.String()),
       choices: Type.Optional(Type.Array(Type.Unknown())),
-      usage: Type.Optional(Type.Object({})),
+      usage: Type.Optional(Type.Object({}, { additionalProperties: true })),
     },
     {
       additionalProperties: true,

@@ -7,9 +7,15 @@ import { Type, type SchemaOptions, type TSchema } from "@sinclair/typebox";
  * message names what was expected (src/schema/validate.ts).
  */
 
-/** Marks a schema as a named component of the OpenAPI document. */
+/** Every named shape, by name (the generator reads its canonical declaration here). */
+export const componentSchemas = new Map<string, TSchema>();
+
+/** Marks a schema as a named component of the OpenAPI document (one declaration per name). */
 export function component<T extends TSchema>(name: string, schema: T): T {
-  return { ...schema, "x-component": name } as T;
+  if (componentSchemas.has(name)) throw new Error(`schema component ${name} is declared twice`);
+  const named = { ...schema, "x-component": name } as T;
+  componentSchemas.set(name, named);
+  return named;
 }
 
 export const Hex32 = component(

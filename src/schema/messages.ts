@@ -57,3 +57,9 @@ export const AnthropicError = component(
     { description: "Anthropic's error shape, with the gateway's code at `error.code`" },
   ),
 );
+
+/** The JSON `data` of one event of the Messages stream; `type` is also its `event:` name. */
+export const MessagesStreamEvent = component(
+  "MessagesStreamEvent",
+  Type.Object({ type: Type.String() }, { additionalProperties: true }),
+);

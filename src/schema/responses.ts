@@ -48,3 +48,9 @@ export const OpenAIError = component(
     { description: "OpenAI's error shape, with the gateway's code" },
   ),
 );
+
+/** The JSON `data` of one event of the Responses stream; `type` is also its `event:` name. */
+export const ResponsesStreamEvent = component(
+  "ResponsesStreamEvent",
+  Type.Object({ type: Type.String() }, { additionalProperties: true }),
+);

@@ -1,0 +1,192 @@
+import { Type, type TSchema } from "@sinclair/typebox";
+import { ModelSchema, OfferSchema, TariffSchema } from "../../gen/gateway/v1/market_pb.js";
+import {
+  InferenceRequestSchema,
+  PermitBalanceSchema,
+  RequestSettlementSchema,
+} from "../../gen/gateway/v1/inference_pb.js";
+import { PermitAuthorizationSchema } from "../../gen/gateway/v1/permit_pb.js";
+import { OfferHealthSchema, VerificationRunSchema } from "../../gen/gateway/v1/provider_pb.js";
+import { QuoteSchema } from "../../gen/gateway/v1/quote_pb.js";
+import {
+  FlushResponseSchema,
+  SettlementBatchSchema,
+  UnsettleableChargeSchema,
+} from "../../gen/gateway/v1/settlement_pb.js";
+import { component, Hex32 } from "./common.js";
+import { protoView } from "./proto-view.js";
+
+/**
+ * The REST resources: each the view of the protobuf message it mirrors (proto-view.ts), with
+ * only what REST says beyond the message (a constant `object`, a description, a field shown as
+ * null when empty). Lists and envelopes wrap them.
+ */
+
+export const modelResource = protoView(ModelSchema, "Model", {
+  constants: { object: "model" },
+  fields: { id: { description: "public model id (catalog id, else the ModelID)" } },
+});
+
+const tariffResource = protoView(TariffSchema, "Tariff");
+
+export const offerResource = protoView(OfferSchema, "Offer", {
+  nested: { tariff: tariffResource },
+  fields: {
+    verified_features: {
+      schema: Type.Unsafe<string>({ enum: ["tools", "json_schema", "stream_usage"] }),
+      description:
+        "Features the endpoint's last successful verification proved: tools (a tool call answered), json_schema (a response_format json_schema answered with parseable JSON), stream_usage (a stream carried usage). provider.require_parameters routes only to offers that proved every feature a request uses.",
+    },
+  },
+});
+
+export const offerHealthResource = protoView(OfferHealthSchema, "OfferHealth");
+
+export const verificationRunResource = protoView(VerificationRunSchema, undefined, {
+  description: "The verification run this answer rests on.",
+  fields: {
+    ran_at: { description: "When the run ended." },
+    replayed: {
+      description:
+        "True when no run was made for this call: it came within the bound of the last run, whose outcome it is answered.",
+    },
+    next_run_at: { description: "From when a verify runs the checks again." },
+  },
+});
+
+export const quoteResource = protoView(QuoteSchema, "Quote", {
+  fields: {
+    max_output_tokens: {
+      description:
+        "The output tokens maximum_credits pays for: the output limit times n (every choice may use the whole limit)",
+    },
+  },
+});
+
+const settlementOfRequest = protoView(RequestSettlementSchema, undefined, {
+  fields: {
+    batch_id: { emptyIsNull: true },
+    tx_hash: { emptyIsNull: true },
+    reason: { emptyIsNull: true },
+  },
+});
+
+export const requestResource = protoView(InferenceRequestSchema, "InferenceRequest", {
+  constants: { object: "inference.request" },
+  nested: { settlement: settlementOfRequest },
+  fields: {
+    id: { schema: Hex32 },
+    billing: { emptyIsNull: true },
+    error: { emptyIsNull: true },
+    cached_input_tokens: {
+      description:
+        "Of input_tokens, those the provider reported served from its prompt cache: a safe integer at most prompt_tokens, else 0; 0 when it reported none. Shown, never priced",
+    },
+    reasoning_tokens: {
+      description:
+        "Of output_tokens, those the provider reported spent on reasoning: a safe integer at most completion_tokens, else 0; 0 when it reported none. Shown, never priced",
+    },
+  },
+});
+
+export const permitBalanceResource = protoView(PermitBalanceSchema, "PermitBalance", {
+  fields: { offer_id: { emptyIsNull: true } },
+});
+
+export const permitAuthorizationResource = protoView(
+  PermitAuthorizationSchema,
+  "PermitAuthorization",
+  {
+    constants: { object: "permit_authorization" },
+    fields: {
+      id: { schema: Type.String({ pattern: "^pauth_[0-9a-f]{24}$" }) },
+      api_key_id: { description: "the public id of the key that may spend" },
+      permit_id: { description: "the permit; all zeros: every permit of the payer" },
+      revoked_by: {
+        emptyIsNull: true,
+        schema: Type.Unsafe<string>({ enum: ["key", "payer"] }),
+      },
+    },
+  },
+);
+
+export const flushResource = protoView(FlushResponseSchema, "FlushResponse", {
+  nested: {
+    batches: protoView(SettlementBatchSchema, undefined, {
+      fields: {
+        requests: { integer: true },
+        charges: { integer: true },
+        tx_hash: { emptyIsNull: true },
+        gas: { emptyIsNull: true },
+        error: { emptyIsNull: true },
+      },
+    }),
+    unsettleable: protoView(UnsettleableChargeSchema, undefined, {
+      fields: { requests: { integer: true } },
+    }),
+  },
+  fields: { settled_requests: { integer: true } },
+});
+
+// ---------------------------------------------------------------- lists and envelopes
+
+/** `{object: "list", data: [...]}` of a resource. */
+export function listOf(name: string, item: TSchema) {
+  return component(name, Type.Object({ object: Type.Literal("list"), data: Type.Array(item) }));
+}
+
+export const ModelList = listOf("ModelList", modelResource.schema);
+export const OfferList = listOf("OfferList", offerResource.schema);
+export const PermitAuthorizationList = listOf(
+  "PermitAuthorizationList",
+  permitAuthorizationResource.schema,
+);
+
+export const ModelWithOffers = component(
+  "ModelWithOffers",
+  Type.Composite([modelResource.schema, Type.Object({ offers: OfferList.properties.data })]),
+);
+
+export const OfferEnvelope = component(
+  "OfferEnvelope",
+  Type.Object({ offer: offerResource.schema }),
+);
+
+export const VerifiedOffer = component(
+  "VerifiedOffer",
+  Type.Object({ offer: offerResource.schema, verification: verificationRunResource.schema }),
+);
+
+export const PermitAuthorizationEnvelope = component(
+  "PermitAuthorizationEnvelope",
+  Type.Object({ authorization: permitAuthorizationResource.schema }),
+);
+
+// ---------------------------------------------------------------- operations
+
+export const Health = component("Health", Type.Object({ status: Type.Literal("ok") }));
+
+export const Readiness = component(
+  "Readiness",
+  Type.Object({
+    status: Type.Unsafe<string>({ enum: ["ready", "unavailable", "shutting_down"] }),
+    checks: Type.Optional(
+      Type.Record(
+        Type.String(),
+        Type.Object({ ok: Type.Boolean(), error: Type.Optional(Type.String()) }),
+      ),
+    ),
+  }),
+);
+
+/** The spec's error body; each route's answers narrow `code` and `type` (src/rest/document.ts). */
+export const ErrorBody = component(
+  "Error",
+  Type.Object({
+    error: Type.Object({
+      code: Type.String(),
+      type: Type.String(),
+      message: Type.String(),
+    }),
+  }),
+);

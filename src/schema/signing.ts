@@ -1,0 +1,159 @@
+import { Type, type TProperties, type TSchema } from "@sinclair/typebox";
+import { Address, component, Hex32, OptionalNullable, UnixSeconds } from "./common.js";
+
+/**
+ * The EIP-712 request and answer bodies: the challenges a payer or an operator signs and the
+ * requests that carry the signatures (camelCase, as wallets sign them).
+ */
+
+/** An integer JavaScript reads exactly (request members given in Unix seconds). */
+const SafeInteger = Type.Integer({
+  minimum: -Number.MAX_SAFE_INTEGER,
+  maximum: Number.MAX_SAFE_INTEGER,
+  title: "integer (Unix seconds)",
+});
+
+/** A 65-byte or EIP-2098 compact signature; a malformed one is 401 `invalid_signature`. */
+const Signature = (description: string) =>
+  Type.String({
+    pattern: "^0x([0-9a-fA-F]{128}|[0-9a-fA-F]{130})$",
+    title: "signature (0x followed by 128 or 130 hex digits)",
+    description,
+    "x-error-code": "invalid_signature",
+  });
+
+/** Hex members of a request: malformed is 400 `invalid_hex`, as the services say over RPC. */
+const hexMember = <T extends TSchema>(schema: T, description?: string): T =>
+  ({
+    ...schema,
+    "x-error-code": "invalid_hex",
+    ...(description === undefined ? {} : { description }),
+  }) as T;
+
+// ---------------------------------------------------------------- typed data answers
+
+export const TypedDataFields = component(
+  "TypedDataFields",
+  Type.Array(Type.Object({ name: Type.String(), type: Type.String() })),
+);
+
+export const Eip712Domain = component(
+  "Eip712Domain",
+  Type.Object({
+    name: Type.Literal("Model Market Gateway"),
+    version: Type.Literal("3"),
+    chainId: Type.Integer({ minimum: 1 }),
+    verifyingContract: Address,
+  }),
+);
+
+/** Wallet-ready typed data (eth_signTypedData_v4) whose primary type is `primary`. */
+function typedData<M extends TProperties>(name: string, primary: string, message: M) {
+  return component(
+    name,
+    Type.Object({
+      types: Type.Object({ EIP712Domain: TypedDataFields, [primary]: TypedDataFields }),
+      primaryType: Type.Literal(primary),
+      domain: Eip712Domain,
+      message: Type.Object(message),
+    }),
+  );
+}
+
+export const RegistrationTypedData = typedData("TypedData", "RegisterEndpoint", {
+  offerId: Hex32,
+  operator: Address,
+  endpointUrlHash: Hex32,
+  endpointTokenHash: {
+    ...Hex32,
+    description:
+      "keccak256(utf8(endpointToken)), or the zero bytes32 when the challenge names no token",
+  } as TSchema,
+  nonce: Type.String(),
+  expiresAt: UnixSeconds,
+});
+
+export const AuthorizeKeyTypedData = typedData("AuthorizeKeyTypedData", "AuthorizeKey", {
+  payer: Address,
+  keyId: Type.String({ description: "the calling API key's public id" }),
+  permitId: Hex32,
+  expiresAt: UnixSeconds,
+  nonce: Type.String(),
+});
+
+export const RevokeKeyAuthorizationTypedData = typedData(
+  "RevokeKeyAuthorizationTypedData",
+  "RevokeKeyAuthorization",
+  { payer: Address, authorizationId: Type.String() },
+);
+
+// ---------------------------------------------------------------- requests
+
+export const AuthorizationChallengeRequest = component(
+  "AuthorizationChallengeRequest",
+  Type.Object({
+    payer: hexMember(Address),
+    permitId: OptionalNullable(
+      hexMember(Hex32, "one permit of the payer; absent or all zeros: every permit of the payer"),
+    ),
+    expiresAt: OptionalNullable(SafeInteger, {
+      description: "Unix seconds, in the future (default now + 30 days)",
+    }),
+  }),
+);
+
+export const AuthorizeKeyRequest = component(
+  "AuthorizeKeyRequest",
+  Type.Object(
+    {
+      payer: hexMember(Address),
+      permitId: hexMember(Hex32),
+      expiresAt: SafeInteger,
+      nonce: Type.String(),
+      signature: Signature("the payer's 65-byte or EIP-2098 compact signature"),
+    },
+    { description: "The challenge's message fields as signed, and the payer's signature" },
+  ),
+);
+
+export const RevokeBySignatureRequest = component(
+  "RevokeBySignatureRequest",
+  Type.Object({
+    signature: Signature("the payer's signature over the revocation challenge"),
+  }),
+);
+
+export const ChallengeRequest = component(
+  "ChallengeRequest",
+  Type.Object({
+    offerId: hexMember(Hex32),
+    endpointUrl: Type.String({
+      description: "the endpoint's URL (the gateway judges it: 400 endpoint_not_allowed)",
+    }),
+    nonce: OptionalNullable(Type.String(), {
+      description: "default: a random Hex32 the gateway makes",
+    }),
+    expiresAt: OptionalNullable(SafeInteger, {
+      description: "Unix seconds, at most 15 minutes ahead (default now + 10 min)",
+    }),
+    endpointToken: OptionalNullable(Type.String(), {
+      description:
+        "the bearer the registration will present (optional): only its hash (message.endpointTokenHash) enters the typed data; the token is neither kept nor returned",
+    }),
+  }),
+);
+
+export const RegisterRequest = component(
+  "RegisterRequest",
+  Type.Object({
+    offerId: hexMember(Hex32),
+    endpointUrl: Type.String(),
+    nonce: Type.String(),
+    expiresAt: SafeInteger,
+    signature: Signature("65-byte or EIP-2098 compact signature of the challenge"),
+    endpointToken: OptionalNullable(Type.String(), {
+      description:
+        "the bearer the gateway presents to the endpoint (never returned); must be the token whose hash the signed challenge carries, and absent when it carries the zero hash (else 401 invalid_signature)",
+    }),
+  }),
+);
