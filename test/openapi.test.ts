@@ -19,7 +19,7 @@ import { sseData } from "./helpers/sse.js";
 import { ConfigError, parseConfig } from "../src/config.js";
 
 /**
- * Conformance of the REST facade to its OpenAPI 3.1 description (src/rest/openapi.ts): real
+ * Conformance of the REST facade to its generated OpenAPI 3.1 description (src/rest/document.ts): real
  * requests to every route of a real stack (anvil, database, fake provider), each success and
  * each error code a test can provoke, every answer checked against the document (status,
  * media type, required headers, body, each SSE event's data). Every operation and every

@@ -11,6 +11,7 @@ import {
 } from "./registration.js";
 import { verifyParsedSignature, type SignatureVerifier } from "./signatures.js";
 import { createTtlCache } from "./ttl-cache.js";
+import { noncePattern } from "../schema/signing.js";
 
 /**
  * Spending authority (DESIGN.md section 8): a permit is spent only by API keys its payer
@@ -400,7 +401,6 @@ export interface PermitAuthorizationService {
   revokeBySignature(req: { id: string; signature: string }): Promise<PermitAuthorization>;
 }
 
-const printableNonce = /^[\x20-\x7e]{1,128}$/;
 const authorizationIdShape = /^pauth_[0-9a-f]{24}$/;
 
 export function createPermitAuthorizationService(
@@ -474,7 +474,7 @@ export function createPermitAuthorizationService(
       const permitId = readPermitId(req.permitId, true);
       const t = now();
       const expiresAt = readExpiresAt(req.expiresAt, t);
-      if (typeof req.nonce !== "string" || !printableNonce.test(req.nonce)) {
+      if (typeof req.nonce !== "string" || !noncePattern.test(req.nonce)) {
         throw new GatewayError(
           "invalid_request",
           "nonce must be 1 to 128 printable ASCII characters",

@@ -13,6 +13,7 @@ import { GatewayError, type ErrorCode } from "./errors.js";
 import type { EndpointSecret } from "./health.js";
 import { isHex32, normalizeHex } from "./hex.js";
 import { verifyParsedSignature, type SignatureVerifier } from "./signatures.js";
+import { endpointTokenPattern, noncePattern } from "../schema/signing.js";
 
 // ------------------------------------------------------------------------------ typed data
 
@@ -405,9 +406,6 @@ export interface RegistrationService {
   register(req: RegisterRequest): Promise<Hex>;
 }
 
-const printableNonce = /^[\x20-\x7e]{1,128}$/;
-const printableToken = /^[\x21-\x7e]{1,4096}$/;
-
 /**
  * Provider registration: issues EIP-712 challenges and completes them.
  *
@@ -695,7 +693,7 @@ function readEndpointUrl(value: unknown): string {
 }
 
 function readNonce(value: unknown): string {
-  if (typeof value !== "string" || !printableNonce.test(value)) {
+  if (typeof value !== "string" || !noncePattern.test(value)) {
     throw new GatewayError("invalid_request", "nonce must be 1 to 128 printable ASCII characters");
   }
   return value;
@@ -703,7 +701,7 @@ function readNonce(value: unknown): string {
 
 function readEndpointToken(value: unknown): string | undefined {
   if (value === undefined || value === null || value === "") return undefined;
-  if (typeof value !== "string" || !printableToken.test(value)) {
+  if (typeof value !== "string" || !endpointTokenPattern.test(value)) {
     throw new GatewayError(
       "invalid_request",
       "endpointToken must be 1 to 4096 visible ASCII characters (no spaces or control characters)",

@@ -30,6 +30,32 @@ const hexMember = <T extends TSchema>(schema: T, description?: string): T =>
     ...(description === undefined ? {} : { description }),
   }) as T;
 
+/** A nonce a client chooses: 1 to 128 printable ASCII characters (the services read this). */
+export const noncePattern = /^[\x20-\x7e]{1,128}$/;
+/** An endpoint's bearer token: 1 to 4096 visible ASCII characters, no spaces. */
+export const endpointTokenPattern = /^[\x21-\x7e]{1,4096}$/;
+
+const Nonce = Type.String({
+  pattern: noncePattern.source,
+  title: "nonce of 1 to 128 printable ASCII characters",
+});
+
+const EndpointUrl = Type.String({
+  format: "uri",
+  maxLength: 2048,
+  title: "absolute URL of at most 2048 characters",
+  description: "the endpoint's URL (the gateway judges it: 400 endpoint_not_allowed)",
+});
+
+const EndpointToken = (description: string) =>
+  OptionalNullable(
+    Type.String({
+      pattern: `^$|${endpointTokenPattern.source}`,
+      title: "token of 1 to 4096 visible ASCII characters (empty: none)",
+      description,
+    }),
+  );
+
 // ---------------------------------------------------------------- typed data answers
 
 export const TypedDataFields = component(
@@ -109,7 +135,7 @@ export const AuthorizeKeyRequest = component(
       payer: hexMember(Address),
       permitId: hexMember(Hex32),
       expiresAt: SafeInteger,
-      nonce: Type.String(),
+      nonce: Nonce,
       signature: Signature("the payer's 65-byte or EIP-2098 compact signature"),
     },
     { description: "The challenge's message fields as signed, and the payer's signature" },
@@ -127,19 +153,20 @@ export const ChallengeRequest = component(
   "ChallengeRequest",
   Type.Object({
     offerId: hexMember(Hex32),
-    endpointUrl: Type.String({
-      description: "the endpoint's URL (the gateway judges it: 400 endpoint_not_allowed)",
-    }),
-    nonce: OptionalNullable(Type.String(), {
-      description: "default: a random Hex32 the gateway makes",
-    }),
+    endpointUrl: EndpointUrl,
+    nonce: OptionalNullable(
+      Type.String({
+        pattern: `^$|${noncePattern.source}`,
+        title: "nonce of 1 to 128 printable ASCII characters",
+        description: "absent or empty: a random Hex32 the gateway makes",
+      }),
+    ),
     expiresAt: OptionalNullable(SafeInteger, {
       description: "Unix seconds, at most 15 minutes ahead (default now + 10 min)",
     }),
-    endpointToken: OptionalNullable(Type.String(), {
-      description:
-        "the bearer the registration will present (optional): only its hash (message.endpointTokenHash) enters the typed data; the token is neither kept nor returned",
-    }),
+    endpointToken: EndpointToken(
+      "the bearer the registration will present (optional): only its hash (message.endpointTokenHash) enters the typed data; the token is neither kept nor returned",
+    ),
   }),
 );
 
@@ -147,13 +174,12 @@ export const RegisterRequest = component(
   "RegisterRequest",
   Type.Object({
     offerId: hexMember(Hex32),
-    endpointUrl: Type.String(),
-    nonce: Type.String(),
+    endpointUrl: EndpointUrl,
+    nonce: Nonce,
     expiresAt: SafeInteger,
     signature: Signature("65-byte or EIP-2098 compact signature of the challenge"),
-    endpointToken: OptionalNullable(Type.String(), {
-      description:
-        "the bearer the gateway presents to the endpoint (never returned); must be the token whose hash the signed challenge carries, and absent when it carries the zero hash (else 401 invalid_signature)",
-    }),
+    endpointToken: EndpointToken(
+      "the bearer the gateway presents to the endpoint (never returned); must be the token whose hash the signed challenge carries, and absent when it carries the zero hash (else 401 invalid_signature)",
+    ),
   }),
 );

@@ -1,5 +1,6 @@
 import type { Static, TSchema } from "@sinclair/typebox";
 import { Ajv2020, type ErrorObject, type ValidateFunction } from "ajv/dist/2020.js";
+import addFormatsModule from "ajv-formats";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 
 /**
@@ -25,6 +26,10 @@ const ajv = new Ajv2020({
   useDefaults: false,
   removeAdditional: false,
 });
+// ajv-formats is CommonJS: its default export arrives wrapped under some loaders.
+const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ??
+  addFormatsModule) as (ajv: Ajv2020, formats: string[]) => void;
+addFormats(ajv, ["uri"]);
 ajv.addKeyword({ keyword: "x-component", schemaType: "string" });
 ajv.addKeyword({ keyword: "x-error-code", schemaType: "string" });
 
