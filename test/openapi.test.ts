@@ -1,13 +1,11 @@
-import { Ajv2020 } from "ajv/dist/2020.js";
-import addFormatsModule from "ajv-formats";
 import http from "node:http";
 import type { Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { checkOpenApi, resolvePointer } from "../scripts/check-openapi.js";
+import { checkOpenApi } from "../scripts/check-openapi.js";
 import { withoutDomainType, type RegistrationTypedData } from "../src/domain/registration.js";
 import { restRoutes } from "../src/rest/facade.js";
-import { openApiDocument } from "../src/rest/routes.js";
+import { ajv, deref, doc, escape, validatorAt } from "./helpers/openapi-doc.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import { signable } from "./helpers/authorize.js";
 import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
@@ -28,54 +26,6 @@ import { ConfigError, parseConfig } from "../src/config.js";
  */
 
 type Schema = Record<string, unknown>;
-const doc = openApiDocument() as Schema;
-const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ??
-  addFormatsModule) as (ajv: Ajv2020) => void;
-
-/**
- * The document as the test validates against: every object schema of `components.schemas` that
- * says nothing about additional properties gets `additionalProperties: false`, so a field the
- * gateway answers but the document does not describe fails here (the published document stays
- * open for clients, as JSON APIs grow).
- */
-function strictCopy(): Schema {
-  const copy = JSON.parse(JSON.stringify(doc)) as Schema;
-  const close = (node: unknown): void => {
-    if (Array.isArray(node)) node.forEach(close);
-    else if (typeof node === "object" && node !== null) {
-      const n = node as Schema;
-      if (typeof n.properties === "object" && !("additionalProperties" in n))
-        n.additionalProperties = false;
-      for (const value of Object.values(n)) close(value);
-    }
-  };
-  close((copy.components as Schema).schemas);
-  return copy;
-}
-
-const ajv = new Ajv2020({ strict: false, allErrors: true });
-addFormats(ajv);
-ajv.addSchema(strictCopy(), "openapi.json");
-const validators = new Map<string, ReturnType<typeof ajv.compile>>();
-function validatorAt(pointer: string) {
-  let v = validators.get(pointer);
-  if (v === undefined) {
-    v = ajv.getSchema(`openapi.json#${pointer}`);
-    if (v === undefined) throw new Error(`no schema at ${pointer}`);
-    validators.set(pointer, v);
-  }
-  return v;
-}
-const escape = (key: string) => key.replaceAll("~", "~0").replaceAll("/", "~1");
-/** Follows a `$ref` of the document to its object (and its pointer). */
-function deref(node: Schema, pointer: string): { node: Schema; pointer: string } {
-  if (typeof node.$ref === "string") {
-    const target = node.$ref.slice(1);
-    return deref(resolvePointer(doc, target) as Schema, target);
-  }
-  return { node, pointer };
-}
-
 interface Answer {
   status: number;
   headers: http.IncomingHttpHeaders;

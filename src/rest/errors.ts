@@ -1,10 +1,13 @@
 import { ConnectError } from "@connectrpc/connect";
 import { errorCodeOf, retryAfterOf, toConnectError } from "../connect/errors.js";
+import type { Static } from "@sinclair/typebox";
 import { errorCodes, type ErrorCode } from "../domain/errors.js";
+import type { ErrorBody as ErrorBodySchema } from "../schema/resources.js";
 
-export interface ErrorBody {
-  error: { code: ErrorCode; type: string; message: string };
-}
+/** The spec's error body (its schema: src/schema/resources.ts), its code one of the gateway's. */
+export type ErrorBody = Static<typeof ErrorBodySchema> & {
+  error: { code: ErrorCode };
+};
 
 /**
  * The one place where a failure becomes the spec's error body and an HTTP
