@@ -13,8 +13,14 @@ import { GatewayError, type ErrorCode } from "../domain/errors.js";
  * bounds checked on the bytes before parsing) stays in code beside the schema.
  *
  * Annotation keywords of this gateway: `x-component` (the OpenAPI component name of a shared
- * shape) and `x-error-code` (the error code a value that fails this schema gets, instead of
- * `invalid_request`; e.g. `invalid_hex`).
+ * shape), `x-error-code` (the error code a value that fails this schema gets, instead of
+ * `invalid_request`; e.g. `invalid_hex`) and `x-error-message` (what the message says after the
+ * field's name when a value fails this schema, or, on a `discriminator`, when the tag matches no
+ * branch: a refusal that says why, e.g. `'store' must be false or left out: ...`).
+ *
+ * A union discriminated by a tag member (`oneOf` with OpenAPI's `discriminator`, see
+ * src/schema/dialect-shapes.ts) is checked against the one branch its tag names, so a message
+ * speaks of that branch (`'input[2].call_id' is required`), or of the tag when no branch has it.
  */
 
 const ajv = new Ajv2020({
@@ -25,6 +31,7 @@ const ajv = new Ajv2020({
   coerceTypes: false,
   useDefaults: false,
   removeAdditional: false,
+  discriminator: true,
 });
 // ajv-formats is CommonJS: its default export arrives wrapped under some loaders.
 const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ??
@@ -32,6 +39,7 @@ const addFormats = ((addFormatsModule as unknown as { default?: unknown }).defau
 addFormats(ajv, ["uri"]);
 ajv.addKeyword({ keyword: "x-component", schemaType: "string" });
 ajv.addKeyword({ keyword: "x-error-code", schemaType: "string" });
+ajv.addKeyword({ keyword: "x-error-message", schemaType: "string" });
 
 type Schema = { readonly [keyword: string]: unknown };
 
@@ -62,6 +70,7 @@ function refusal(errors: readonly ErrorObject[], at: string | undefined): Gatewa
   const path = pathOf(error);
   const field = fieldName(path, at);
   const code = errorCode(error) ?? "invalid_request";
+  const said = errorMessage(error);
   switch (error.keyword) {
     case "required":
       return new GatewayError(code, `'${field}' is required`);
@@ -72,17 +81,21 @@ function refusal(errors: readonly ErrorObject[], at: string | undefined): Gatewa
         code,
         `'${field}' has more than ${String(error.params.limit)} members`,
       );
+    case "discriminator":
+      return new GatewayError(code, `'${field}' ${said ?? `must be ${oneOf(tagValues(error))}`}`);
     default: {
+      if (said !== undefined) return new GatewayError(code, `'${field}' ${said}`);
       const subject = field === "" ? "the request body" : `'${field}'`;
       return new GatewayError(code, `${subject} must be ${describe(error.parentSchema)}`);
     }
   }
 }
 
-/** The path an error is about: a missing or extra member's own path, not its object's. */
+/** The path an error is about: a missing, extra or tag member's own path, not its object's. */
 function pathOf(error: ErrorObject): string {
   const params = error.params as { missingProperty?: string; additionalProperty?: string };
-  const member = params.missingProperty ?? params.additionalProperty;
+  const tag = error.keyword === "discriminator" ? (error.params as { tag: string }).tag : undefined;
+  const member = params.missingProperty ?? params.additionalProperty ?? tag;
   return member === undefined ? error.instancePath : `${error.instancePath}/${escape(member)}`;
 }
 
@@ -129,6 +142,28 @@ function errorCode(error: ErrorObject): ErrorCode | undefined {
   }
   return undefined;
 }
+
+/** The schema's own `x-error-message` (a discriminator's, when the tag matched no branch). */
+function errorMessage(error: ErrorObject): string | undefined {
+  const schema = (error.keyword === "discriminator" ? error.schema : error.parentSchema) as
+    Schema | undefined;
+  const said = schema?.["x-error-message"];
+  return typeof said === "string" ? said : undefined;
+}
+
+/** The tag values a discriminated union serves: its branches', less those that refuse (`not`). */
+function tagValues(error: ErrorObject): string[] {
+  const tag = (error.params as { tag: string }).tag;
+  const branches = ((error.parentSchema as Schema | undefined)?.oneOf ?? []) as Schema[];
+  return branches.flatMap((branch) => {
+    const value = (branch.properties as Record<string, Schema> | undefined)?.[tag];
+    if (value === undefined || "not" in value) return [];
+    return ("const" in value ? [value.const] : ((value.enum ?? []) as unknown[])).map(String);
+  });
+}
+
+const oneOf = (values: readonly string[]): string =>
+  values.length === 1 ? JSON.stringify(values[0]) : `one of ${values.join(", ")}`;
 
 const article = (text: string): string => (/^[aeiou]/i.test(text) ? `an ${text}` : `a ${text}`);
 

@@ -7,6 +7,12 @@ import type {
 } from "openai/resources/responses/responses";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { parseChatRequest } from "../chat-request.js";
+import {
+  recording,
+  testEmittedConforms,
+  type Emitted,
+} from "../../../test/helpers/dialect-conformance.js";
+import { ResponsesAnswer, ResponsesRequest, ResponsesStreamEvent } from "../../schema/responses.js";
 import { GatewayError } from "../errors.js";
 import { responseId, responsesDialect } from "./responses.js";
 import type { DialectEvent, GatewayCharge } from "./types.js";
@@ -21,9 +27,15 @@ const charge: GatewayCharge = {
   tariff_version: "3",
   input_tokens: "12",
   output_tokens: "3",
-  credits_charged: "0.000000000000001234",
+  cached_input_tokens: "0",
+  reasoning_tokens: "0",
+  credits_charged: "1234",
   billing: "billed",
 };
+
+/** Every answer and event the tests below make, checked against the schemas at the end. */
+const emitted: Emitted = { requests: [], answers: [], events: [] };
+const dialect = recording(responsesDialect, emitted);
 
 /** The canonical request must be one the chat route itself accepts. */
 function chatParses(chat: Record<string, unknown>): void {
@@ -33,7 +45,7 @@ function chatParses(chat: Record<string, unknown>): void {
 
 function refusal(body: unknown): GatewayError {
   try {
-    responsesDialect.toCanonical(body);
+    dialect.toCanonical(body);
   } catch (error) {
     if (error instanceof GatewayError) return error;
     throw error;
@@ -259,7 +271,7 @@ describe("toCanonical: accepted requests", () => {
     ],
   ];
   it.each(cases)("%s", (_name, body, chat, stream) => {
-    const result = responsesDialect.toCanonical(body);
+    const result = dialect.toCanonical(body);
     expect(result).toEqual({ chat, stream });
     chatParses(result.chat);
   });
@@ -267,13 +279,9 @@ describe("toCanonical: accepted requests", () => {
 
 describe("toCanonical: refusals name the field", () => {
   const cases: [string, unknown, string][] = [
-    ["not an object", [], "the request body must be a JSON object"],
-    ["no model", { input: "x" }, "'model' is required and must be a non-empty string"],
-    [
-      "no input",
-      { model: "m" },
-      "'input' is required and must be a string or a non-empty array of input items",
-    ],
+    ["not an object", [], "the request body must be an object"],
+    ["no model", { input: "x" }, "'model' is required"],
+    ["no input", { model: "m" }, "'input' is required"],
     [
       "previous_response_id",
       { model: "m", input: "x", previous_response_id: "resp_1" },
@@ -287,12 +295,12 @@ describe("toCanonical: refusals name the field", () => {
     [
       "store true",
       { model: "m", input: "x", store: true },
-      "'store: true' is not supported: this gateway's Responses API is stateless; send the whole conversation in 'input'; leave 'store' out or set it to false",
+      "'store' must be false or left out: this gateway's Responses API is stateless; send the whole conversation in 'input'",
     ],
     [
       "background",
       { model: "m", input: "x", background: true },
-      "'background: true' is not supported: answers are not stored",
+      "'background' must be false or left out: answers are not stored",
     ],
     [
       "a stored prompt",
@@ -307,12 +315,12 @@ describe("toCanonical: refusals name the field", () => {
     [
       "a built-in tool",
       { model: "m", input: "x", tools: [{ type: "web_search" }] },
-      "'tools[0].type' \"web_search\" is not supported: this gateway runs no built-in tools; declare a function tool",
+      "'tools[0].type' must be \"function\": this gateway runs no built-in tools; declare a function tool",
     ],
     [
       "a built-in tool choice",
       { model: "m", input: "x", tool_choice: { type: "file_search" } },
-      '\'tool_choice\' must be "auto", "none", "required" or {"type": "function", "name": ...}',
+      "'tool_choice.type' must be \"function\": this gateway runs no built-in tools",
     ],
     [
       "truncation auto",
@@ -322,12 +330,12 @@ describe("toCanonical: refusals name the field", () => {
     [
       "an item reference",
       { model: "m", input: [{ type: "item_reference", id: "msg_1" }] },
-      "'input[0]': an item_reference is not supported: this gateway's Responses API is stateless; send the whole conversation in 'input'",
+      "'input[0].type' \"item_reference\" is not supported: this gateway's Responses API is stateless; send the whole conversation in 'input'",
     ],
     [
       "a built-in tool's output item",
       { model: "m", input: [{ type: "computer_call_output", call_id: "c", output: {} }] },
-      "'input[0].type' \"computer_call_output\" is not supported by this gateway's Responses API",
+      "'input[0].type' must be one of message, function_call, function_call_output, reasoning",
     ],
     [
       "a file input",
@@ -335,14 +343,19 @@ describe("toCanonical: refusals name the field", () => {
         model: "m",
         input: [{ role: "user", content: [{ type: "input_file", file_id: "file_1" }] }],
       },
-      "'input[0].content[0].type' \"input_file\" is not supported in a user message by this gateway's Responses API",
+      "'input[0].content[0].type' must be one of input_text, output_text, input_image",
     ],
     [
       "an image by file id",
       {
         model: "m",
         input: [
-          { role: "user", content: [{ type: "input_image", file_id: "file_1", detail: "auto" }] },
+          {
+            role: "user",
+            content: [
+              { type: "input_image", image_url: "https://x.test/a.png", file_id: "file_1" },
+            ],
+          },
         ],
       },
       "'input[0].content[0].file_id' is not supported (no files are stored); send 'image_url'",
@@ -355,17 +368,17 @@ describe("toCanonical: refusals name the field", () => {
     [
       "a function call without arguments",
       { model: "m", input: [{ type: "function_call", call_id: "c", name: "f" }] },
-      "'input[0].arguments' must be a string",
+      "'input[0].arguments' is required",
     ],
     [
       "max_output_tokens 0",
       { model: "m", input: "x", max_output_tokens: 0 },
-      "'max_output_tokens' must be an integer of at least 1",
+      "'max_output_tokens' must be an integer from 1 to 9007199254740991",
     ],
     [
       "a json_schema format without schema",
       { model: "m", input: "x", text: { format: { type: "json_schema", name: "a" } } },
-      "'text.format.schema' must be a JSON schema object",
+      "'text.format.schema' is required",
     ],
     [
       "stream not a boolean",
@@ -380,9 +393,268 @@ describe("toCanonical: refusals name the field", () => {
   });
 });
 
+describe("toCanonical: the schema's rules (ResponsesRequest), each naming the field", () => {
+  const user = (content: unknown) => ({ model: "m", input: [{ role: "user", content }] });
+  const call = (item: Record<string, unknown>) => ({
+    model: "m",
+    input: [{ type: "function_call", call_id: "c", name: "f", arguments: "{}", ...item }],
+  });
+  const cases: [string, unknown, string, string?][] = [
+    [
+      "input empty",
+      { model: "m", input: [] },
+      "'input' must be a string or a non-empty array of input items",
+    ],
+    [
+      "input a number",
+      { model: "m", input: 42 },
+      "'input' must be a string or a non-empty array of input items",
+    ],
+    [
+      "an item not an object",
+      { model: "m", input: [5] },
+      "'input[0]' must be an object (an input item)",
+    ],
+    [
+      "an item type not a string",
+      { model: "m", input: [{ type: 5 }] },
+      "'input[0].type' must be a string",
+    ],
+    [
+      "a message without role",
+      { model: "m", input: [{ content: "x" }] },
+      "'input[0].role' is required",
+    ],
+    [
+      "content a number",
+      user(5),
+      "'input[0].content' must be a string or an array of content parts",
+    ],
+    [
+      "a refusal part in a user message",
+      user([{ type: "refusal", refusal: "no" }]),
+      "'input[0].content[0].type' must be one of input_text, output_text, input_image",
+    ],
+    [
+      "an image in an assistant message",
+      {
+        model: "m",
+        input: [
+          {
+            role: "assistant",
+            content: [{ type: "input_image", image_url: "https://x.test/a.png" }],
+          },
+        ],
+      },
+      "'input[0].content[0].type' must be one of input_text, output_text, refusal",
+    ],
+    [
+      "an image in a developer message",
+      {
+        model: "m",
+        input: [
+          {
+            role: "developer",
+            content: [{ type: "input_image", image_url: "https://x.test/a.png" }],
+          },
+        ],
+      },
+      "'input[0].content[0].type' must be one of input_text, output_text",
+    ],
+    [
+      "a text part without text",
+      user([{ type: "input_text" }]),
+      "'input[0].content[0].text' is required",
+    ],
+    [
+      "an image by file id only",
+      user([{ type: "input_image", file_id: "file_1" }]),
+      "'input[0].content[0].image_url' is required",
+    ],
+    [
+      "an empty image_url",
+      user([{ type: "input_image", image_url: "" }]),
+      "'input[0].content[0].image_url' must be a non-empty string (a URL or a data URL)",
+    ],
+    [
+      "an image detail not a string",
+      user([{ type: "input_image", image_url: "https://x.test/a.png", detail: 5 }]),
+      "'input[0].content[0].detail' must be a string",
+    ],
+    ["an empty call_id", call({ call_id: "" }), "'input[0].call_id' must be a non-empty string"],
+    [
+      "a call without name",
+      { model: "m", input: [{ type: "function_call", call_id: "c", arguments: "{}" }] },
+      "'input[0].name' is required",
+    ],
+    [
+      "a call output without output",
+      { model: "m", input: [{ type: "function_call_output", call_id: "c" }] },
+      "'input[0].output' is required",
+    ],
+    [
+      "a call output with an image",
+      {
+        model: "m",
+        input: [{ type: "function_call_output", call_id: "c", output: [{ type: "input_image" }] }],
+      },
+      "'input[0].output[0].type' must be \"input_text\" (other tool outputs are not supported)",
+    ],
+    [
+      "only reasoning items",
+      { model: "m", input: [{ type: "reasoning", summary: [] }] },
+      "'input' holds no message",
+    ],
+    [
+      "tools not an array",
+      { model: "m", input: "x", tools: {} },
+      "'tools' must be an array, each an object",
+    ],
+    [
+      "a tool without name",
+      { model: "m", input: "x", tools: [{ type: "function" }] },
+      "'tools[0].name' is required",
+    ],
+    [
+      "tool parameters not an object",
+      { model: "m", input: "x", tools: [{ type: "function", name: "f", parameters: [] }] },
+      "'tools[0].parameters' must be a JSON schema object",
+    ],
+    [
+      "tool strict not a boolean",
+      { model: "m", input: "x", tools: [{ type: "function", name: "f", strict: "yes" }] },
+      "'tools[0].strict' must be a boolean",
+    ],
+    [
+      "tool_choice an unknown string",
+      { model: "m", input: "x", tool_choice: "always" },
+      '\'tool_choice\' must be a string ("auto", "none" or "required") or a function choice ({"type": "function", "name": ...})',
+    ],
+    [
+      "tool_choice function without name",
+      { model: "m", input: "x", tool_choice: { type: "function" } },
+      "'tool_choice.name' is required",
+    ],
+    ["text not an object", { model: "m", input: "x", text: "json" }, "'text' must be an object"],
+    [
+      "an unknown text member",
+      { model: "m", input: "x", text: { style: "x" } },
+      "'text.style' is not supported by this gateway's Responses API",
+    ],
+    [
+      "an unknown format",
+      { model: "m", input: "x", text: { format: { type: "xml" } } },
+      "'text.format.type' must be one of text, json_object, json_schema",
+    ],
+    [
+      "a json_schema format without name",
+      { model: "m", input: "x", text: { format: { type: "json_schema", schema: {} } } },
+      "'text.format.name' is required",
+    ],
+    [
+      "a null json_schema schema",
+      {
+        model: "m",
+        input: "x",
+        text: { format: { type: "json_schema", name: "a", schema: null } },
+      },
+      "'text.format.schema' must be a JSON schema object",
+    ],
+    [
+      "verbosity unknown",
+      { model: "m", input: "x", text: { verbosity: "loud" } },
+      "'text.verbosity' must be one of low, medium, high",
+    ],
+    [
+      "an unknown reasoning member",
+      { model: "m", input: "x", reasoning: { budget: 1 } },
+      "'reasoning.budget' is not supported by this gateway's Responses API",
+    ],
+    [
+      "reasoning effort not a string",
+      { model: "m", input: "x", reasoning: { effort: 1 } },
+      "'reasoning.effort' must be a string",
+    ],
+    [
+      "top_logprobs",
+      { model: "m", input: "x", top_logprobs: 2 },
+      "'top_logprobs' is not supported by this gateway's Responses API",
+    ],
+    [
+      "store not a boolean",
+      { model: "m", input: "x", store: "no" },
+      "'store' must be false or left out: this gateway's Responses API is stateless; send the whole conversation in 'input'",
+    ],
+    [
+      "an unknown member, null",
+      { model: "m", input: "x", seed: null },
+      "'seed' is not supported by this gateway's Responses API",
+    ],
+    [
+      "stream_options not an object",
+      { model: "m", input: "x", stream_options: [] },
+      "'stream_options' must be an object",
+    ],
+    [
+      "include not strings",
+      { model: "m", input: "x", include: [1] },
+      "'include[0]' must be a string",
+    ],
+    ["user not a string", { model: "m", input: "x", user: 5 }, "'user' must be a string"],
+    [
+      "parallel_tool_calls not a boolean",
+      { model: "m", input: "x", parallel_tool_calls: "no" },
+      "'parallel_tool_calls' must be a boolean",
+    ],
+    [
+      "temperature not a number",
+      { model: "m", input: "x", temperature: "hot" },
+      "'temperature' must be a number",
+    ],
+    [
+      "max_output_tokens beyond exact integers",
+      { model: "m", input: "x", max_output_tokens: 2 ** 53 },
+      "'max_output_tokens' must be an integer from 1 to 9007199254740991",
+    ],
+    [
+      "instructions not a string",
+      { model: "m", input: "x", instructions: ["a"] },
+      "'instructions' must be a string",
+    ],
+    ["model empty", { model: "", input: "x" }, "'model' must be a non-empty string"],
+    [
+      "an offer that is not Hex32",
+      { model: "m", input: "x", offer: "0x12" },
+      "'offer' must be a Hex32 string (0x followed by 64 hex digits)",
+      "invalid_hex",
+    ],
+  ];
+  it.each(cases)("%s", (_name, body, message, code = "invalid_request") => {
+    const error = refusal(body);
+    expect(error.code).toBe(code);
+    expect(error.message).toBe(message);
+  });
+
+  it("a typeless or null-typed item is a message; a member set to null is absent", () => {
+    expect(
+      dialect.toCanonical({
+        model: "m",
+        input: [{ type: null, role: "user", content: "Hi" }],
+        instructions: null,
+        tools: null,
+        tool_choice: null,
+        text: { format: null, verbosity: null },
+        reasoning: { effort: null, summary: null },
+        temperature: null,
+        stream: null,
+      }).chat,
+    ).toEqual({ model: "m", messages: [{ role: "user", content: "Hi" }], stream: false });
+  });
+});
+
 describe("fromCompletion", () => {
   it("usage details above their totals are the provider's error: shown as 0, as recorded", () => {
-    const answer = responsesDialect.fromCompletion(
+    const answer = dialect.fromCompletion(
       {
         id: "chatcmpl-1",
         object: "chat.completion",
@@ -410,7 +682,7 @@ describe("fromCompletion", () => {
   });
 
   it("a text answer with usage details", () => {
-    const answer = responsesDialect.fromCompletion(
+    const answer = dialect.fromCompletion(
       {
         id: "chatcmpl-1",
         object: "chat.completion",
@@ -466,7 +738,7 @@ describe("fromCompletion", () => {
   });
 
   it("tool calls without text, cut by the output limit, usage from the charge when absent", () => {
-    const answer = responsesDialect.fromCompletion(
+    const answer = dialect.fromCompletion(
       {
         created: 1_700_000_000,
         model: "m",
@@ -610,7 +882,7 @@ const lengthChunks = [
 ];
 
 function translate(chunks: readonly unknown[], end: "finish" | GatewayError = "finish") {
-  const stream = responsesDialect.createStream({ requestId, model: "m" });
+  const stream = dialect.createStream({ requestId, model: "m" });
   const events: DialectEvent[] = chunks.flatMap((c) => stream.chunk(c));
   events.push(...(end === "finish" ? stream.finish(charge) : stream.fail(end)));
   return events;
@@ -676,7 +948,7 @@ describe("the stream translator", () => {
   });
 
   it("nothing after the end; a failure before any chunk still opens the response", () => {
-    const stream = responsesDialect.createStream({ requestId, model: "m" });
+    const stream = dialect.createStream({ requestId, model: "m" });
     const failed = stream.fail(new GatewayError("upstream_error", "the provider went away"));
     expect(failed.map((e) => e.event)).toEqual([
       "response.created",
@@ -740,7 +1012,7 @@ function sse(res: ServerResponse, events: readonly DialectEvent[]): void {
 /** Serves the translation of `chunks` for whatever the SDK sent (checked to translate). */
 function serveStream(chunks: readonly unknown[], end: "finish" | GatewayError = "finish") {
   next = (res, body) => {
-    const { stream } = responsesDialect.toCanonical(body);
+    const { stream } = dialect.toCanonical(body);
     expect(stream).toBe(true);
     sse(res, translate(chunks, end));
   };
@@ -845,7 +1117,7 @@ describe("through the official openai SDK", () => {
       ["clock", "{}"],
     ]);
     expect(final.usage?.total_tokens).toBe(29);
-    const canonical = responsesDialect.toCanonical(received.at(-1)).chat;
+    const canonical = dialect.toCanonical(received.at(-1)).chat;
     expect(canonical["tools"]).toEqual([
       {
         type: "function",
@@ -916,10 +1188,10 @@ describe("through the official openai SDK", () => {
 
   it("responses.create JSON: output_text, usage and the charge", async () => {
     next = (res, body) => {
-      const { chat, stream } = responsesDialect.toCanonical(body);
+      const { chat, stream } = dialect.toCanonical(body);
       expect(stream).toBe(false);
       expect(chat["messages"]).toEqual([{ role: "user", content: "Hi" }]);
-      const answer = responsesDialect.fromCompletion(
+      const answer = dialect.fromCompletion(
         {
           id: "chatcmpl-1",
           object: "chat.completion",
@@ -943,7 +1215,7 @@ describe("through the official openai SDK", () => {
 
   it("a refused request: the SDK's APIError carries the gateway's code, type and message", async () => {
     next = (_res, body) => {
-      responsesDialect.toCanonical(body);
+      dialect.toCanonical(body);
       throw new Error("accepted");
     };
     const error = await client.responses
@@ -961,4 +1233,10 @@ describe("through the official openai SDK", () => {
       "400 'previous_response_id' is not supported: this gateway's Responses API is stateless; send the whole conversation in 'input'",
     );
   });
+});
+
+testEmittedConforms(emitted, {
+  request: ResponsesRequest,
+  answer: ResponsesAnswer,
+  event: ResponsesStreamEvent,
 });

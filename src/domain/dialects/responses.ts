@@ -1,3 +1,6 @@
+import type { Static } from "@sinclair/typebox";
+import { ResponsesInputItem, ResponsesRequest } from "../../schema/responses.js";
+import { compileBody } from "../../schema/validate.js";
 import { GatewayError } from "../errors.js";
 import type { Dialect, DialectEvent, GatewayCharge, StreamTranslator } from "./types.js";
 
@@ -42,6 +45,9 @@ export const responsesDialect: Dialect = {
 // ---------------------------------------------------------------- request
 
 type Json = Record<string, unknown>;
+type Request = Static<typeof ResponsesRequest>;
+type InputItem = Static<typeof ResponsesInputItem>;
+type InputMessage = Extract<InputItem, { role: unknown }>;
 
 function invalid(message: string): never {
   throw new GatewayError("invalid_request", message);
@@ -51,251 +57,108 @@ function isObject(value: unknown): value is Json {
   return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 
-/** A field of an object; `null` counts as absent (the API marks optional fields nullable). */
-function fieldOf(object: Json, key: string): unknown {
-  const value = Object.hasOwn(object, key) ? object[key] : undefined;
-  return value === null ? undefined : value;
-}
-
-const stateless =
-  "this gateway's Responses API is stateless; send the whole conversation in 'input'";
-
-/** Fields read below; any other top-level field is refused. */
-const knownFields = new Set([
-  "model",
-  "input",
-  "instructions",
-  "tools",
-  "tool_choice",
-  "parallel_tool_calls",
-  "max_output_tokens",
-  "temperature",
-  "top_p",
-  "text",
-  "reasoning",
-  "stream",
-  "stream_options",
-  "store",
-  "user",
-  "metadata",
-  "include",
-  "prompt_cache_key",
-  "prompt_cache_retention",
-  "safety_identifier",
-  "service_tier",
-  "truncation",
-  "background",
-  "previous_response_id",
-  "conversation",
-  "prompt",
-  "top_logprobs",
-  // The gateway's own, as on the chat route.
-  "offer",
-  "provider",
-]);
-
-/** Recognized fields that ask for something a stateless translator cannot give. */
-const refusedFields: Record<string, string> = {
-  previous_response_id: `'previous_response_id' is not supported: ${stateless}`,
-  conversation: `'conversation' is not supported: ${stateless}`,
-  prompt: "'prompt' (a stored prompt template) is not supported; send the text in 'input'",
-  top_logprobs: "'top_logprobs' is not supported by this gateway's Responses API",
-};
-
 /**
- * Validates a Responses request and returns the canonical chat completion request. Shapes the
- * chat parser checks anyway (the model's string, numbers' ranges) are checked here too, so the
- * message names the Responses field, not its chat counterpart.
+ * The request's shape, refusals included, is the schema's (src/schema/responses.ts). The refused
+ * members (what the API keeps on the server, built-in tools, unknown members) are refused by the
+ * schema too, not by a check before it: each carries its message (`x-error-message`), so the
+ * document states every refusal and why, and the one validator cannot disagree with it; a refused
+ * tag is a branch of its discriminated union, so it is refused before any member its kind would
+ * need is found missing. What follows trusts the typed value; `null` is absent throughout.
  */
+const checkRequest = compileBody(ResponsesRequest);
+
+/** Validates a Responses request and returns the canonical chat completion request. */
 function toCanonical(body: unknown): { chat: Json; stream: boolean } {
-  if (!isObject(body)) invalid("the request body must be a JSON object");
-  for (const key of Object.keys(body)) {
-    if (!knownFields.has(key)) invalid(`'${key}' is not supported by this gateway's Responses API`);
-    const refusal = refusedFields[key];
-    if (refusal !== undefined && fieldOf(body, key) !== undefined) invalid(refusal);
-  }
-  const model = fieldOf(body, "model");
-  if (typeof model !== "string" || model.length === 0) {
-    invalid("'model' is required and must be a non-empty string");
-  }
-  const store = fieldOf(body, "store");
-  if (store !== undefined && typeof store !== "boolean") invalid("'store' must be a boolean");
-  if (store === true) {
-    invalid(`'store: true' is not supported: ${stateless}; leave 'store' out or set it to false`);
-  }
-  const background = fieldOf(body, "background");
-  if (background !== undefined && typeof background !== "boolean") {
-    invalid("'background' must be a boolean");
-  }
-  if (background === true) invalid("'background: true' is not supported: answers are not stored");
-  const truncation = fieldOf(body, "truncation");
-  if (truncation !== undefined && truncation !== "disabled") {
-    invalid("'truncation' must be \"disabled\" (the gateway does not truncate input)");
-  }
-  const stream = fieldOf(body, "stream");
-  if (stream !== undefined && typeof stream !== "boolean") invalid("'stream' must be a boolean");
-  for (const key of ["metadata", "stream_options"]) {
-    const value = fieldOf(body, key);
-    if (value !== undefined && !isObject(value)) invalid(`'${key}' must be an object`);
-  }
-  const include = fieldOf(body, "include");
-  if (include !== undefined && !(Array.isArray(include) && include.every(isString))) {
-    invalid("'include' must be an array of strings");
-  }
-  for (const key of [
-    "user",
-    "prompt_cache_key",
-    "prompt_cache_retention",
-    "safety_identifier",
-    "service_tier",
-  ]) {
-    const value = fieldOf(body, key);
-    if (value !== undefined && typeof value !== "string") invalid(`'${key}' must be a string`);
-  }
-
+  const request = checkRequest(body);
   const messages: Json[] = [];
-  const instructions = fieldOf(body, "instructions");
-  if (instructions !== undefined) {
-    if (typeof instructions !== "string") invalid("'instructions' must be a string");
-    messages.push({ role: "system", content: instructions });
+  if (request.instructions != null) {
+    messages.push({ role: "system", content: request.instructions });
   }
-  messages.push(...inputMessages(fieldOf(body, "input")));
+  messages.push(...inputMessages(request.input));
 
-  const chat: Json = { model, messages };
-  const tools = fieldOf(body, "tools");
-  if (tools !== undefined) {
-    if (!Array.isArray(tools)) invalid("'tools' must be an array");
-    chat["tools"] = tools.map(chatTool);
+  const chat: Json = { model: request.model, messages };
+  if (request.tools != null) chat["tools"] = request.tools.map(chatTool);
+  if (request.tool_choice != null) chat["tool_choice"] = chatToolChoice(request.tool_choice);
+  if (request.parallel_tool_calls != null) {
+    chat["parallel_tool_calls"] = request.parallel_tool_calls;
   }
-  const toolChoice = fieldOf(body, "tool_choice");
-  if (toolChoice !== undefined) chat["tool_choice"] = chatToolChoice(toolChoice);
-  const parallel = fieldOf(body, "parallel_tool_calls");
-  if (parallel !== undefined) {
-    if (typeof parallel !== "boolean") invalid("'parallel_tool_calls' must be a boolean");
-    chat["parallel_tool_calls"] = parallel;
+  if (request.max_output_tokens != null) {
+    chat["max_completion_tokens"] = request.max_output_tokens;
   }
-  const maxOutput = fieldOf(body, "max_output_tokens");
-  if (maxOutput !== undefined) {
-    if (typeof maxOutput !== "number" || !Number.isSafeInteger(maxOutput) || maxOutput < 1) {
-      invalid("'max_output_tokens' must be an integer of at least 1");
-    }
-    chat["max_completion_tokens"] = maxOutput;
-  }
-  for (const key of ["temperature", "top_p"]) {
-    const value = fieldOf(body, key);
-    if (value === undefined) continue;
-    if (typeof value !== "number" || !Number.isFinite(value)) invalid(`'${key}' must be a number`);
-    chat[key] = value;
-  }
-  const text = fieldOf(body, "text");
-  if (text !== undefined) Object.assign(chat, textConfig(text));
-  const reasoning = fieldOf(body, "reasoning");
-  if (reasoning !== undefined) {
-    if (!isObject(reasoning)) invalid("'reasoning' must be an object");
-    for (const key of Object.keys(reasoning)) {
-      if (key !== "effort" && key !== "summary" && key !== "generate_summary") {
-        invalid(`'reasoning.${key}' is not supported by this gateway's Responses API`);
-      }
-    }
-    const effort = fieldOf(reasoning, "effort");
-    if (effort !== undefined) {
-      if (typeof effort !== "string") invalid("'reasoning.effort' must be a string");
-      chat["reasoning_effort"] = effort;
-    }
-  }
-  const user = fieldOf(body, "user");
-  if (user !== undefined) chat["user"] = user;
-  for (const key of ["offer", "provider"]) {
-    if (Object.hasOwn(body, key)) chat[key] = body[key];
-  }
-  chat["stream"] = stream === true;
+  if (request.temperature != null) chat["temperature"] = request.temperature;
+  if (request.top_p != null) chat["top_p"] = request.top_p;
+  if (request.text != null) Object.assign(chat, textConfig(request.text));
+  if (request.reasoning?.effort != null) chat["reasoning_effort"] = request.reasoning.effort;
+  if (request.user != null) chat["user"] = request.user;
+  // The gateway's own, as they came (null included): the chat parser reads them.
+  if (request.offer !== undefined) chat["offer"] = request.offer;
+  if (request.provider !== undefined) chat["provider"] = request.provider;
+  const stream = request.stream === true;
+  chat["stream"] = stream;
   // The closing `response.completed` carries usage: the provider must report it on the stream.
-  if (stream === true) chat["stream_options"] = { include_usage: true };
-  return { chat, stream: stream === true };
-}
-
-function isString(value: unknown): value is string {
-  return typeof value === "string";
+  if (stream) chat["stream_options"] = { include_usage: true };
+  return { chat, stream };
 }
 
 /** `input` -> chat messages. Function calls join the assistant message they follow. */
-function inputMessages(input: unknown): Json[] {
+function inputMessages(input: Request["input"]): Json[] {
   if (typeof input === "string") return [{ role: "user", content: input }];
-  if (!Array.isArray(input) || input.length === 0) {
-    invalid("'input' is required and must be a string or a non-empty array of input items");
-  }
   const messages: Json[] = [];
   // The assistant message the next function_call item joins; any other item ends it.
   let assistant: Json | undefined;
-  input.forEach((item: unknown, index) => {
-    const at = `input[${index}]`;
-    if (!isObject(item)) invalid(`'${at}' must be an object`);
-    const type = fieldOf(item, "type") ?? "message";
-    if (type === "message") {
-      const message = inputMessage(item, at);
-      messages.push(message);
-      assistant = message["role"] === "assistant" ? message : undefined;
-    } else if (type === "function_call") {
-      const call = functionCall(item, at);
-      if (assistant === undefined) {
-        assistant = { role: "assistant", content: null };
-        messages.push(assistant);
+  for (const item of input) {
+    switch (item.type) {
+      case "function_call": {
+        if (assistant === undefined) {
+          assistant = { role: "assistant", content: null };
+          messages.push(assistant);
+        }
+        const calls = (assistant["tool_calls"] ??= []) as Json[];
+        calls.push({
+          id: item.call_id,
+          type: "function",
+          function: { name: item.name, arguments: item.arguments },
+        });
+        break;
       }
-      const calls = (assistant["tool_calls"] ??= []) as Json[];
-      calls.push(call);
-    } else if (type === "function_call_output") {
-      messages.push(functionCallOutput(item, at));
-      assistant = undefined;
-    } else if (type === "reasoning") {
-      // Another provider's opaque reasoning state: chat has no place for it (see the module doc).
-    } else if (type === "item_reference") {
-      invalid(`'${at}': an item_reference is not supported: ${stateless}`);
-    } else {
-      invalid(
-        `'${at}.type' ${JSON.stringify(type)} is not supported by this gateway's Responses API`,
-      );
+      case "function_call_output":
+        messages.push({
+          role: "tool",
+          tool_call_id: item.call_id,
+          content:
+            typeof item.output === "string"
+              ? item.output
+              : chatContent(item.output.map((part) => ({ type: "text", text: part.text }))),
+        });
+        assistant = undefined;
+        break;
+      case "reasoning":
+        // Another provider's opaque reasoning state: chat has no place for it (see the module doc).
+        break;
+      default: {
+        // A message: `type` "message", or left out.
+        const message = inputMessage(item);
+        messages.push(message);
+        assistant = message["role"] === "assistant" ? message : undefined;
+      }
     }
-  });
+  }
+  // Semantic, not structural: reasoning items alone make no conversation.
   if (messages.length === 0) invalid("'input' holds no message");
   return messages;
 }
 
-const messageRoles = new Set(["user", "assistant", "system", "developer"]);
-
-function inputMessage(item: Json, at: string): Json {
-  const role = fieldOf(item, "role");
-  if (typeof role !== "string" || !messageRoles.has(role)) {
-    invalid(`'${at}.role' must be one of user, assistant, system, developer`);
-  }
-  const chatRole = role === "developer" ? "system" : role;
-  const content = fieldOf(item, "content");
-  if (typeof content === "string") return { role: chatRole, content };
-  if (!Array.isArray(content)) {
-    invalid(`'${at}.content' must be a string or an array of content parts`);
-  }
+function inputMessage(item: InputMessage): Json {
+  const role = item.role === "developer" ? "system" : item.role;
+  if (typeof item.content === "string") return { role, content: item.content };
   const parts: Json[] = [];
   const refusals: string[] = [];
-  content.forEach((part: unknown, index) => {
-    const partAt = `${at}.content[${index}]`;
-    if (!isObject(part)) invalid(`'${partAt}' must be an object`);
-    const type = fieldOf(part, "type");
-    if (type === "input_text" || type === "output_text") {
-      const text = fieldOf(part, "text");
-      if (typeof text !== "string") invalid(`'${partAt}.text' must be a string`);
-      parts.push({ type: "text", text });
-    } else if (type === "refusal" && role === "assistant") {
-      const refusal = fieldOf(part, "refusal");
-      if (typeof refusal !== "string") invalid(`'${partAt}.refusal' must be a string`);
-      refusals.push(refusal);
-    } else if (type === "input_image" && role === "user") {
-      parts.push(imagePart(part, partAt));
-    } else {
-      invalid(
-        `'${partAt}.type' ${JSON.stringify(type)} is not supported in a ${role} message by this gateway's Responses API`,
-      );
-    }
-  });
-  const message: Json = { role: chatRole, content: chatContent(parts) };
+  for (const part of item.content) {
+    if (part.type === "refusal") refusals.push(part.refusal);
+    else if (part.type === "input_image") parts.push(imagePart(part));
+    else parts.push({ type: "text", text: part.text });
+  }
+  const message: Json = { role, content: chatContent(parts) };
   if (refusals.length > 0) message["refusal"] = refusals.join("");
   return message;
 }
@@ -310,134 +173,37 @@ function chatContent(parts: Json[]): unknown {
 
 const imageDetails = new Set(["low", "high", "auto"]);
 
-function imagePart(part: Json, at: string): Json {
-  if (fieldOf(part, "file_id") !== undefined) {
-    invalid(`'${at}.file_id' is not supported (no files are stored); send 'image_url'`);
-  }
-  const url = fieldOf(part, "image_url");
-  if (typeof url !== "string" || url.length === 0) {
-    invalid(`'${at}.image_url' must be a URL or a data URL`);
-  }
-  const detail = fieldOf(part, "detail");
+function imagePart(part: { image_url: string; detail?: string | null }): Json {
+  const { image_url: url, detail } = part;
   // "original" has no chat counterpart: the provider's default.
   return {
     type: "image_url",
-    image_url: typeof detail === "string" && imageDetails.has(detail) ? { url, detail } : { url },
+    image_url: detail != null && imageDetails.has(detail) ? { url, detail } : { url },
   };
 }
 
-function requiredString(item: Json, key: string, at: string): string {
-  const value = fieldOf(item, key);
-  if (typeof value !== "string" || value.length === 0) {
-    invalid(`'${at}.${key}' must be a non-empty string`);
-  }
-  return value;
-}
-
-function functionCall(item: Json, at: string): Json {
-  const callId = requiredString(item, "call_id", at);
-  const name = requiredString(item, "name", at);
-  const args = fieldOf(item, "arguments");
-  if (typeof args !== "string") invalid(`'${at}.arguments' must be a string`);
-  return { id: callId, type: "function", function: { name, arguments: args } };
-}
-
-function functionCallOutput(item: Json, at: string): Json {
-  const callId = requiredString(item, "call_id", at);
-  const output = fieldOf(item, "output");
-  if (typeof output === "string") return { role: "tool", tool_call_id: callId, content: output };
-  if (!Array.isArray(output))
-    invalid(`'${at}.output' must be a string or an array of content parts`);
-  const texts = output.map((part: unknown, index) => {
-    const partAt = `${at}.output[${index}]`;
-    if (!isObject(part) || fieldOf(part, "type") !== "input_text") {
-      invalid(`'${partAt}' must be an input_text part (other tool outputs are not supported)`);
-    }
-    const text = fieldOf(part, "text");
-    if (typeof text !== "string") invalid(`'${partAt}.text' must be a string`);
-    return { type: "text", text };
-  });
-  return { role: "tool", tool_call_id: callId, content: chatContent(texts) };
-}
-
-function chatTool(tool: unknown, index: number): Json {
-  const at = `tools[${index}]`;
-  if (!isObject(tool)) invalid(`'${at}' must be an object`);
-  const type = fieldOf(tool, "type");
-  if (type !== "function") {
-    invalid(
-      `'${at}.type' ${JSON.stringify(type)} is not supported: this gateway runs no built-in tools; declare a function tool`,
-    );
-  }
-  const fn: Json = { name: requiredString(tool, "name", at) };
-  const description = fieldOf(tool, "description");
-  if (description !== undefined) {
-    if (typeof description !== "string") invalid(`'${at}.description' must be a string`);
-    fn["description"] = description;
-  }
-  const parameters = fieldOf(tool, "parameters");
-  if (parameters !== undefined) {
-    if (!isObject(parameters)) invalid(`'${at}.parameters' must be a JSON schema object`);
-    fn["parameters"] = parameters;
-  }
-  const strict = fieldOf(tool, "strict");
-  if (strict !== undefined) {
-    if (typeof strict !== "boolean") invalid(`'${at}.strict' must be a boolean`);
-    fn["strict"] = strict;
-  }
+function chatTool(tool: NonNullable<Request["tools"]>[number]): Json {
+  const fn: Json = { name: tool.name };
+  if (tool.description != null) fn["description"] = tool.description;
+  if (tool.parameters != null) fn["parameters"] = tool.parameters;
+  if (tool.strict != null) fn["strict"] = tool.strict;
   return { type: "function", function: fn };
 }
 
-function chatToolChoice(choice: unknown): unknown {
-  if (choice === "auto" || choice === "none" || choice === "required") return choice;
-  if (isObject(choice) && fieldOf(choice, "type") === "function") {
-    return {
-      type: "function",
-      function: { name: requiredString(choice, "name", "tool_choice") },
-    };
-  }
-  invalid(
-    '\'tool_choice\' must be "auto", "none", "required" or {"type": "function", "name": ...}',
-  );
+function chatToolChoice(choice: NonNullable<Request["tool_choice"]>): unknown {
+  if (typeof choice === "string") return choice;
+  return { type: "function", function: { name: choice.name } };
 }
 
-function textConfig(text: unknown): Json {
-  if (!isObject(text)) invalid("'text' must be an object");
+function textConfig(text: NonNullable<Request["text"]>): Json {
   const out: Json = {};
-  for (const key of Object.keys(text)) {
-    if (key !== "format" && key !== "verbosity") {
-      invalid(`'text.${key}' is not supported by this gateway's Responses API`);
-    }
-  }
-  const verbosity = fieldOf(text, "verbosity");
-  if (verbosity !== undefined) {
-    if (verbosity !== "low" && verbosity !== "medium" && verbosity !== "high") {
-      invalid("'text.verbosity' must be low, medium or high");
-    }
-    out["verbosity"] = verbosity;
-  }
-  const format = fieldOf(text, "format");
-  if (format === undefined) return out;
-  if (!isObject(format)) invalid("'text.format' must be an object");
-  const type = fieldOf(format, "type");
-  if (type === "text") return out;
-  if (type === "json_object") return { ...out, response_format: { type: "json_object" } };
-  if (type !== "json_schema") {
-    invalid("'text.format.type' must be text, json_object or json_schema");
-  }
-  const schema = fieldOf(format, "schema");
-  if (!isObject(schema)) invalid("'text.format.schema' must be a JSON schema object");
-  const jsonSchema: Json = { name: requiredString(format, "name", "text.format"), schema };
-  const description = fieldOf(format, "description");
-  if (description !== undefined) {
-    if (typeof description !== "string") invalid("'text.format.description' must be a string");
-    jsonSchema["description"] = description;
-  }
-  const strict = fieldOf(format, "strict");
-  if (strict !== undefined) {
-    if (typeof strict !== "boolean") invalid("'text.format.strict' must be a boolean");
-    jsonSchema["strict"] = strict;
-  }
+  if (text.verbosity != null) out["verbosity"] = text.verbosity;
+  const format = text.format;
+  if (format == null || format.type === "text") return out;
+  if (format.type !== "json_schema") return { ...out, response_format: { type: "json_object" } };
+  const jsonSchema: Json = { name: format.name, schema: format.schema };
+  if (format.description != null) jsonSchema["description"] = format.description;
+  if (format.strict != null) jsonSchema["strict"] = format.strict;
   return { ...out, response_format: { type: "json_schema", json_schema: jsonSchema } };
 }
 
