@@ -3,6 +3,12 @@ import type { AddressInfo } from "node:net";
 import Anthropic from "@anthropic-ai/sdk";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { parseChatRequest } from "../chat-request.js";
+import {
+  recording,
+  testEmittedConforms,
+  type Emitted,
+} from "../../../test/helpers/dialect-conformance.js";
+import { MessagesAnswer, MessagesRequest, MessagesStreamEvent } from "../../schema/messages.js";
 import { GatewayError, type ErrorCode } from "../errors.js";
 import { messagesDialect } from "./messages.js";
 import type { DialectEvent, GatewayCharge } from "./types.js";
@@ -15,13 +21,29 @@ const charge: GatewayCharge = {
   tariff_version: "3",
   input_tokens: "21",
   output_tokens: "9",
+  cached_input_tokens: "0",
+  reasoning_tokens: "0",
   credits_charged: "123456789012345678901234567890",
-  billing: "metered",
+  billing: "billed",
 };
+
+/** Every answer and event the tests below make, checked against the schemas at the end. */
+const emitted: Emitted = { requests: [], answers: [], events: [] };
+const dialect = recording(messagesDialect, emitted);
 const msgId = `msg_${"ab".repeat(32)}`;
 
 function canonical(body: unknown) {
-  return messagesDialect.toCanonical(body);
+  return dialect.toCanonical(body);
+}
+
+function refusal(body: unknown): GatewayError {
+  try {
+    canonical(body);
+  } catch (error) {
+    if (error instanceof GatewayError) return error;
+    throw error;
+  }
+  throw new Error("accepted");
 }
 
 /** The canonical request must itself be a valid chat request. */
@@ -278,18 +300,19 @@ describe("toCanonical", () => {
     ],
   });
   const refusals: [string, unknown, RegExp][] = [
-    ["not an object", [], /must be a JSON object/],
-    ["model missing", { ...base, model: "" }, /'model' is required/],
+    ["not an object", [], /the request body must be an object/],
+    ["model missing", { messages: base.messages, max_tokens: 1 }, /'model' is required/],
+    ["model empty", { ...base, model: "" }, /'model' must be a non-empty string/],
     ["max_tokens missing", { model: "m", messages: base.messages }, /'max_tokens' is required/],
     ["max_tokens zero", { ...base, max_tokens: 0 }, /'max_tokens' must be an integer/],
     ["max_tokens fraction", { ...base, max_tokens: 1.5 }, /'max_tokens' must be an integer/],
-    ["messages empty", { ...base, messages: [] }, /'messages' is required/],
+    ["messages empty", { ...base, messages: [] }, /'messages' must be a non-empty array/],
     ["unknown field", { ...base, output_config: {} }, /'output_config' is not supported/],
     ["mcp_servers", { ...base, mcp_servers: [] }, /'mcp_servers' is not supported/],
     [
       "thinking enabled",
       { ...base, thinking: { type: "enabled", budget_tokens: 1024 } },
-      /'thinking' is not supported/,
+      /'thinking\.type' must be "disabled": this gateway's providers answer without thinking blocks/,
     ],
     ["thinking malformed", { ...base, thinking: true }, /'thinking' must be an object/],
     [
@@ -316,12 +339,12 @@ describe("toCanonical", () => {
     [
       "system block not text",
       { ...base, system: [{ type: "image" }] },
-      /'system\[0\]' must be a text block/,
+      /'system\[0\]\.type' must be "text"/,
     ],
     [
       "document block",
       { ...base, messages: [{ role: "user", content: [{ type: "document", source: {} }] }] },
-      /'messages\[0\]\.content\[0\]': content blocks of type 'document'/,
+      /'messages\[0\]\.content\[0\]\.type' must be one of text, image, tool_result/,
     ],
     [
       "thinking block",
@@ -342,7 +365,7 @@ describe("toCanonical", () => {
           { role: "user", content: [{ type: "image", source: { type: "file", file_id: "f" } }] },
         ],
       },
-      /'messages\[0\]\.content\[0\]\.source\.type' must be "base64" or "url"/,
+      /'messages\[0\]\.content\[0\]\.source\.type' must be one of base64, url/,
     ],
     [
       "image bad media type",
@@ -417,7 +440,7 @@ describe("toCanonical", () => {
           { type: "tool_result", tool_use_id: "a", content: [{ type: "image", source: {} }] },
         ],
       }),
-      /must be a text block/,
+      /'messages\[2\]\.content\[0\]\.content\[0\]\.type' must be "text"/,
     ],
     [
       "tool_result is_error string",
@@ -430,7 +453,7 @@ describe("toCanonical", () => {
     [
       "server tool",
       { ...base, tools: [{ type: "web_search_20250305", name: "web_search" }] },
-      /tools of type 'web_search_20250305' are not supported/,
+      /'tools\[0\]\.type' must be "custom" or left out: this gateway runs no server tools/,
     ],
     ["tool without schema", { ...base, tools: [{ name: "t" }] }, /'tools\[0\]\.input_schema'/],
     ["tool defined twice", { ...base, tools: [tool, tool] }, /defined twice/],
@@ -452,15 +475,163 @@ describe("toCanonical", () => {
     ],
   ];
   it.each(refusals)("refuses: %s", (_name, body, message) => {
-    let caught: unknown;
-    try {
-      canonical(body);
-    } catch (err) {
-      caught = err;
-    }
-    expect(caught).toBeInstanceOf(GatewayError);
-    expect((caught as GatewayError).code).toBe("invalid_request");
-    expect((caught as GatewayError).message).toMatch(message);
+    const error = refusal(body);
+    expect(error.code).toBe("invalid_request");
+    expect(error.message).toMatch(message);
+  });
+});
+
+describe("toCanonical: the schema's rules (MessagesRequest), each naming the field", () => {
+  const user = (content: unknown) => ({ ...base, messages: [{ role: "user", content }] });
+  const assistant = (content: unknown) => ({
+    ...base,
+    messages: [
+      { role: "user", content: "x" },
+      { role: "assistant", content },
+    ],
+  });
+  const image = (source: unknown) => user([{ type: "image", source }]);
+  const tool = { name: "t", input_schema: { type: "object" } };
+  const cases: [string, unknown, string, string?][] = [
+    ["a message not an object", { ...base, messages: [5] }, "'messages[0]' must be an object"],
+    [
+      "a message without role",
+      { ...base, messages: [{ content: "x" }] },
+      "'messages[0].role' is required",
+    ],
+    [
+      "user content empty",
+      user([]),
+      "'messages[0].content' must be a string or a non-empty array of content blocks",
+    ],
+    ["a block not an object", user(["x"]), "'messages[0].content[0]' must be an object"],
+    [
+      "a text block without text",
+      user([{ type: "text" }]),
+      "'messages[0].content[0].text' is required",
+    ],
+    [
+      "a tool_use block in a user message",
+      user([{ type: "tool_use", id: "a", name: "t", input: {} }]),
+      "'messages[0].content[0].type' must be one of text, image, tool_result",
+    ],
+    [
+      "a tool_result block in an assistant message",
+      assistant([{ type: "tool_result", tool_use_id: "a" }]),
+      "'messages[1].content[0].type' must be one of text, tool_use",
+    ],
+    [
+      "base64 data that is not base64",
+      image({ type: "base64", media_type: "image/png", data: "a b" }),
+      "'messages[0].content[0].source.data' must be a base64 string",
+    ],
+    [
+      "an image URL that is not http(s)",
+      image({ type: "url", url: "ftp://x.test/a.png" }),
+      "'messages[0].content[0].source.url' must be a string starting with http:// or https://",
+    ],
+    [
+      "a tool_use with an empty id",
+      assistant([{ type: "tool_use", id: "", name: "t", input: {} }]),
+      "'messages[1].content[0].id' must be a non-empty string",
+    ],
+    [
+      "a tool_use id used twice",
+      assistant([
+        { type: "tool_use", id: "a", name: "t", input: {} },
+        { type: "tool_use", id: "a", name: "t", input: {} },
+      ]),
+      "'messages[1].content[1].id': tool_use id 'a' is used twice",
+    ],
+    [
+      "a tool_result without tool_use_id",
+      user([{ type: "tool_result" }]),
+      "'messages[0].content[0].tool_use_id' is required",
+    ],
+    [
+      "a tool_result's content a number",
+      user([{ type: "tool_result", tool_use_id: "a", content: 5 }]),
+      "'messages[0].content[0].content' must be a string or an array of text blocks",
+    ],
+    [
+      "system a number",
+      { ...base, system: 5 },
+      "'system' must be a string or an array of text blocks",
+    ],
+    [
+      "a tool without name",
+      { ...base, tools: [{ input_schema: {} }] },
+      "'tools[0].name' is required",
+    ],
+    [
+      "a tool with an empty name",
+      { ...base, tools: [{ ...tool, name: "" }] },
+      "'tools[0].name' must be a non-empty string",
+    ],
+    [
+      "input_schema an array",
+      { ...base, tools: [{ ...tool, input_schema: [] }] },
+      "'tools[0].input_schema' must be a JSON schema object",
+    ],
+    ["a tool not an object", { ...base, tools: ["t"] }, "'tools[0]' must be an object (a tool)"],
+    [
+      "tool_choice tool without name",
+      { ...base, tools: [tool], tool_choice: { type: "tool" } },
+      "'tool_choice.name' is required",
+    ],
+    [
+      "disable_parallel_tool_use not a boolean",
+      { ...base, tools: [tool], tool_choice: { type: "auto", disable_parallel_tool_use: "yes" } },
+      "'tool_choice.disable_parallel_tool_use' must be a boolean",
+    ],
+    ["thinking without type", { ...base, thinking: {} }, "'thinking.type' is required"],
+    ["metadata not an object", { ...base, metadata: [] }, "'metadata' must be an object"],
+    ["service_tier not a string", { ...base, service_tier: 5 }, "'service_tier' must be a string"],
+    ["top_k a fraction", { ...base, top_k: 1.5 }, "'top_k' must be a non-negative integer"],
+    [
+      "max_tokens beyond exact integers",
+      { ...base, max_tokens: 2 ** 53 },
+      "'max_tokens' must be an integer from 1 to 9007199254740991",
+    ],
+    [
+      "an unknown member",
+      { ...base, container: "c" },
+      "'container' is not supported by this gateway's Messages API; leave it out",
+    ],
+    [
+      "an offer that is not Hex32",
+      { ...base, offer: "0x12" },
+      "'offer' must be a Hex32 string (0x followed by 64 hex digits)",
+      "invalid_hex",
+    ],
+  ];
+  it.each(cases)("%s", (_name, body, message, code = "invalid_request") => {
+    const error = refusal(body);
+    expect(error.code).toBe(code);
+    expect(error.message).toBe(message);
+  });
+
+  it("an unknown member that is null, a typeless or null-typed or custom tool, null members: accepted", () => {
+    const tools = [
+      tool,
+      { ...tool, name: "u", type: null },
+      { ...tool, name: "v", type: "custom" },
+    ];
+    const out = canonical({
+      ...base,
+      container: null,
+      tools,
+      system: null,
+      metadata: { user_id: null },
+      stream: null,
+    });
+    expect(out.chat).toEqual({
+      ...base,
+      tools: ["t", "u", "v"].map((name) => ({
+        type: "function",
+        function: { name, parameters: { type: "object" } },
+      })),
+    });
   });
 });
 
@@ -486,10 +657,9 @@ const toolCall = (id: string, name: string, args: string) => ({
 });
 
 it("usage details above their totals are the provider's error: shown as 0, as recorded", () => {
-  const answer = messagesDialect.fromCompletion(
-    completion({ content: "x" }, "stop", {}),
-    charge,
-  ) as { usage: unknown };
+  const answer = dialect.fromCompletion(completion({ content: "x" }, "stop", {}), charge) as {
+    usage: unknown;
+  };
   expect(answer.usage).toEqual({
     input_tokens: 21,
     output_tokens: 9,
@@ -505,7 +675,7 @@ it("usage details above their totals are the provider's error: shown as 0, as re
       completion_tokens_details: { reasoning_tokens: 10 },
     },
   };
-  expect((messagesDialect.fromCompletion(hostile, charge) as { usage: unknown }).usage).toEqual({
+  expect((dialect.fromCompletion(hostile, charge) as { usage: unknown }).usage).toEqual({
     input_tokens: 21,
     output_tokens: 9,
     cache_read_input_tokens: 0,
@@ -614,7 +784,7 @@ describe("fromCompletion", () => {
     },
   ];
   it.each(cases)("$name", ({ completion: c, expected }) => {
-    expect(messagesDialect.fromCompletion(c, charge)).toEqual({
+    expect(dialect.fromCompletion(c, charge)).toEqual({
       id: msgId,
       type: "message",
       role: "assistant",
@@ -648,7 +818,7 @@ const usageChunk = (usage: Record<string, unknown>) => ({
 });
 
 function translate(chunks: unknown[], finishWith: GatewayCharge = charge): DialectEvent[] {
-  const stream = messagesDialect.createStream({ requestId, model: "asked-model" });
+  const stream = dialect.createStream({ requestId, model: "asked-model" });
   return [...chunks.flatMap((c) => stream.chunk(c)), ...stream.finish(finishWith)];
 }
 
@@ -801,7 +971,7 @@ describe("stream", () => {
   });
 
   it("a name that comes after its arguments; an empty answer; nothing after finish", () => {
-    const stream = messagesDialect.createStream({ requestId, model: "asked-model" });
+    const stream = dialect.createStream({ requestId, model: "asked-model" });
     const events = [
       ...stream.chunk(chunk({ tool_calls: [{ index: 0, function: { arguments: '{"a":1}' } }] })),
       ...stream.chunk(chunk({ tool_calls: [{ index: 0, id: "c", function: { name: "t" } }] })),
@@ -823,13 +993,13 @@ describe("stream", () => {
     expect(stream.chunk(chunk({ content: "late" }))).toEqual([]);
     expect(stream.finish(charge)).toEqual([]);
 
-    const empty = messagesDialect.createStream({ requestId, model: "asked-model" }).finish(charge);
+    const empty = dialect.createStream({ requestId, model: "asked-model" }).finish(charge);
     expect(empty.map((e) => e.event)).toEqual(["message_start", "message_delta", "message_stop"]);
     expect(empty[0]?.data).toMatchObject({ message: { model: "asked-model" } });
   });
 
   it("fail: an Anthropic error event with the gateway's code", () => {
-    const stream = messagesDialect.createStream({ requestId, model: "m" });
+    const stream = dialect.createStream({ requestId, model: "m" });
     stream.chunk(chunk({ content: "Hi" }));
     expect(stream.fail(new GatewayError("upstream_error", "the provider failed"))).toEqual([
       {
@@ -920,7 +1090,7 @@ describe("with the official @anthropic-ai/sdk", () => {
   it("messages.create: the SDK's request translates; the JSON answer parses", async () => {
     answer = {
       status: 200,
-      json: messagesDialect.fromCompletion(
+      json: dialect.fromCompletion(
         completion(
           {
             content: "Checking.",
@@ -1087,7 +1257,7 @@ describe("with the official @anthropic-ai/sdk", () => {
   it("the SDK's tool_result turn translates back to tool messages", async () => {
     answer = {
       status: 200,
-      json: messagesDialect.fromCompletion(completion({ content: "Sunny." }, "stop"), charge),
+      json: dialect.fromCompletion(completion({ content: "Sunny." }, "stop"), charge),
     };
     const message = await client.messages.create({
       model: "m",
@@ -1143,7 +1313,7 @@ describe("with the official @anthropic-ai/sdk", () => {
   });
 
   it("a stream that fails after it began raises the SDK's error", async () => {
-    const stream = messagesDialect.createStream({ requestId, model: "m" });
+    const stream = dialect.createStream({ requestId, model: "m" });
     answer = {
       events: [
         ...stream.chunk(chunk({ content: "Hel" })),
@@ -1162,4 +1332,10 @@ describe("with the official @anthropic-ai/sdk", () => {
     expect(apiError.type).toBe("api_error");
     expect(apiError.errorCode).toBe("upstream_error");
   });
+});
+
+testEmittedConforms(emitted, {
+  request: MessagesRequest,
+  answer: MessagesAnswer,
+  event: MessagesStreamEvent,
 });

@@ -1,3 +1,6 @@
+import type { Static } from "@sinclair/typebox";
+import { MessagesRequest } from "../../schema/messages.js";
+import { compileBody } from "../../schema/validate.js";
 import { GatewayError } from "../errors.js";
 import type { Dialect, DialectEvent, GatewayCharge, StreamTranslator } from "./types.js";
 
@@ -47,164 +50,77 @@ function isObject(value: unknown): value is JsonObject {
   return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 
-/** A member of an object; `null` counts as absent (as on the chat request). */
-function field(object: JsonObject, key: string): unknown {
-  const value = Object.hasOwn(object, key) ? object[key] : undefined;
-  return value === null ? undefined : value;
-}
-
 // ---------------------------------------------------------------- request
 
-/** Top-level fields this dialect understands (everything else is refused). */
-const knownFields = new Set([
-  "model",
-  "max_tokens",
-  "messages",
-  "system",
-  "metadata",
-  "stop_sequences",
-  "stream",
-  "temperature",
-  "top_p",
-  "top_k",
-  "tools",
-  "tool_choice",
-  "thinking",
-  "service_tier",
-  "offer",
-  "provider",
-]);
+type Request = Static<typeof MessagesRequest>;
+type Message = Request["messages"][number];
+type ClientTool = NonNullable<Request["tools"]>[number];
+type ImageSource = Extract<
+  Extract<Message, { role: "user" }>["content"][number],
+  { type: "image" }
+>["source"];
+
+/**
+ * The request's shape, refusals included, is the schema's (src/schema/messages.ts): unknown
+ * members, server tools, thinking and a system role are refused by the schema, each with a message
+ * that says why (`x-error-message`), not by a check before it, so the document states every
+ * refusal and the one validator cannot disagree with it. What follows trusts the typed value and
+ * checks only what spans members: each tool_use answered by the next message, tool names and
+ * tool_use ids unique, `tool_choice` naming a declared tool.
+ */
+const checkRequest = compileBody(MessagesRequest);
 
 function toCanonical(body: unknown): { chat: JsonObject; stream: boolean } {
-  if (!isObject(body)) invalid("the request body must be a JSON object");
-  for (const key of Object.keys(body)) {
-    if (!knownFields.has(key) && body[key] !== null) {
-      invalid(`'${key}' is not supported by this gateway's Messages API; leave it out`);
-    }
-  }
-  const model = field(body, "model");
-  if (typeof model !== "string" || model.length === 0) {
-    invalid("'model' is required and must be a non-empty string");
-  }
-  const maxTokens = field(body, "max_tokens");
-  if (maxTokens === undefined) invalid("'max_tokens' is required");
-  if (typeof maxTokens !== "number" || !Number.isSafeInteger(maxTokens) || maxTokens < 1) {
-    invalid("'max_tokens' must be an integer of at least 1");
-  }
-
+  const request = checkRequest(body);
   const messages: JsonObject[] = [];
-  const system = field(body, "system");
-  if (system !== undefined) {
-    const text = textOf(system, "system");
+  if (request.system != null) {
+    const text = textOf(request.system);
     if (text.length > 0) messages.push({ role: "system", content: text });
   }
-  convertMessages(field(body, "messages"), messages);
+  convertMessages(request.messages, messages);
 
-  const chat: JsonObject = { model, messages, max_tokens: maxTokens };
+  const chat: JsonObject = { model: request.model, messages, max_tokens: request.max_tokens };
+  if (request.stop_sequences != null && request.stop_sequences.length > 0) {
+    chat["stop"] = request.stop_sequences;
+  }
+  if (request.temperature != null) chat["temperature"] = request.temperature;
+  if (request.top_p != null) chat["top_p"] = request.top_p;
 
-  const stop = field(body, "stop_sequences");
-  if (stop !== undefined) {
-    if (!Array.isArray(stop) || !stop.every((s) => typeof s === "string")) {
-      invalid("'stop_sequences' must be an array of strings");
-    }
-    if (stop.length > 0) chat["stop"] = stop;
-  }
-  for (const key of ["temperature", "top_p"]) {
-    const value = field(body, key);
-    if (value === undefined) continue;
-    if (typeof value !== "number" || !(value >= 0 && value <= 1)) {
-      invalid(`'${key}' must be a number from 0 to 1`);
-    }
-    chat[key] = value;
-  }
-  const topK = field(body, "top_k");
-  if (topK !== undefined && (typeof topK !== "number" || !Number.isInteger(topK) || topK < 0)) {
-    invalid("'top_k' must be a non-negative integer");
-  }
-
-  const tools = convertTools(field(body, "tools"));
+  const tools = request.tools == null ? undefined : convertTools(request.tools);
   if (tools !== undefined) chat["tools"] = tools;
-  convertToolChoice(field(body, "tool_choice"), tools, chat);
+  if (request.tool_choice != null) convertToolChoice(request.tool_choice, tools, chat);
 
-  const thinking = field(body, "thinking");
-  if (thinking !== undefined) {
-    if (!isObject(thinking) || typeof thinking["type"] !== "string") {
-      invalid("'thinking' must be an object with a 'type'");
-    }
-    if (thinking["type"] !== "disabled") {
-      invalid(
-        "'thinking' is not supported: this gateway's providers answer without thinking blocks; " +
-          'leave it out or set {"type": "disabled"}',
-      );
-    }
-  }
+  const user = request.metadata?.user_id;
+  if (user != null) chat["user"] = user;
 
-  const metadata = field(body, "metadata");
-  if (metadata !== undefined) {
-    if (!isObject(metadata)) invalid("'metadata' must be an object");
-    const user = field(metadata, "user_id");
-    if (user !== undefined) {
-      if (typeof user !== "string") invalid("'metadata.user_id' must be a string");
-      chat["user"] = user;
-    }
-  }
-  const tier = field(body, "service_tier");
-  if (tier !== undefined && typeof tier !== "string") invalid("'service_tier' must be a string");
-
-  const stream = field(body, "stream");
-  if (stream !== undefined && typeof stream !== "boolean") invalid("'stream' must be a boolean");
-  if (stream === true) {
+  const stream = request.stream === true;
+  if (stream) {
     chat["stream"] = true;
     chat["stream_options"] = { include_usage: true };
   }
-
-  for (const key of ["offer", "provider"]) {
-    const value = field(body, key);
-    if (value !== undefined) chat[key] = value;
-  }
-  return { chat, stream: stream === true };
+  if (request.offer != null) chat["offer"] = request.offer;
+  if (request.provider != null) chat["provider"] = request.provider;
+  return { chat, stream };
 }
 
-/** `system` or a tool result's `content`: a string, or an array of text blocks (joined by LF). */
-function textOf(value: unknown, path: string): string {
-  if (typeof value === "string") return value;
-  if (!Array.isArray(value)) invalid(`'${path}' must be a string or an array of text blocks`);
-  const texts: string[] = [];
-  value.forEach((block: unknown, i) => {
-    if (!isObject(block) || block["type"] !== "text" || typeof block["text"] !== "string") {
-      invalid(`'${path}[${i}]' must be a text block ({"type": "text", "text": "..."})`);
-    }
-    texts.push(block["text"]);
-  });
-  return texts.join("\n");
+/** `system` or a tool result's `content`: a string, or text blocks (joined by LF). */
+function textOf(value: string | readonly { text: string }[]): string {
+  return typeof value === "string" ? value : value.map((block) => block.text).join("\n");
 }
 
-function convertMessages(value: unknown, out: JsonObject[]): void {
-  if (!Array.isArray(value) || value.length === 0) {
-    invalid("'messages' is required and must be a non-empty array");
-  }
+function convertMessages(messages: readonly Message[], out: JsonObject[]): void {
   // The tool_use ids of the previous assistant message: the next message must answer each.
   let awaiting: Set<string> | undefined;
   let awaitingPath = "";
-  value.forEach((message: unknown, i) => {
+  messages.forEach((message, i) => {
     const path = `messages[${i}]`;
-    if (!isObject(message)) invalid(`'${path}' must be an object`);
-    const role = message["role"];
-    const content = field(message, "content");
-    if (typeof content !== "string" && !Array.isArray(content)) {
-      invalid(`'${path}.content' must be a string or an array of content blocks`);
-    }
-    if (role === "user") {
-      userMessage(content, path, awaiting, awaitingPath, out);
+    if (message.role === "user") {
+      userMessage(message.content, path, awaiting, awaitingPath, out);
       awaiting = undefined;
-    } else if (role === "assistant") {
-      if (awaiting !== undefined) unanswered(awaiting, awaitingPath);
-      awaiting = assistantMessage(content, path, out);
-      awaitingPath = path;
-    } else if (role === "system") {
-      invalid(`'${path}.role' must be "user" or "assistant"; put system text in 'system'`);
     } else {
-      invalid(`'${path}.role' must be "user" or "assistant"`);
+      if (awaiting !== undefined) unanswered(awaiting, awaitingPath);
+      awaiting = assistantMessage(message.content, path, out);
+      awaitingPath = path;
     }
   });
   if (awaiting !== undefined) unanswered(awaiting, awaitingPath);
@@ -218,16 +134,9 @@ function unanswered(ids: Set<string>, path: string): never {
   );
 }
 
-function blockType(block: unknown, path: string): string {
-  if (!isObject(block) || typeof block["type"] !== "string") {
-    invalid(`'${path}' must be a content block with a 'type'`);
-  }
-  return block["type"];
-}
-
 /** Tool results become `tool` messages (first, answering the assistant's calls), the rest one user message. */
 function userMessage(
-  content: string | unknown[],
+  content: Extract<Message, { role: "user" }>["content"],
   path: string,
   awaiting: Set<string> | undefined,
   awaitingPath: string,
@@ -240,45 +149,32 @@ function userMessage(
   }
   const parts: JsonObject[] = [];
   const answered = new Set<string>();
-  content.forEach((block: unknown, j) => {
-    const at = `${path}.content[${j}]`;
-    const type = blockType(block, at);
-    const b = block as JsonObject;
-    if (type === "text") {
-      if (typeof b["text"] !== "string") invalid(`'${at}.text' must be a string`);
-      parts.push({ type: "text", text: b["text"] });
-    } else if (type === "image") {
-      parts.push({ type: "image_url", image_url: { url: imageUrl(b["source"], `${at}.source`) } });
-    } else if (type === "tool_result") {
-      const id = b["tool_use_id"];
-      if (typeof id !== "string" || id.length === 0) {
-        invalid(`'${at}.tool_use_id' must be a non-empty string`);
-      }
+  content.forEach((block, j) => {
+    if (block.type === "text") {
+      parts.push({ type: "text", text: block.text });
+    } else if (block.type === "image") {
+      parts.push({ type: "image_url", image_url: { url: imageUrl(block.source) } });
+    } else {
+      const id = block.tool_use_id;
       if (awaiting === undefined || !awaiting.has(id) || answered.has(id)) {
         invalid(
-          `'${at}': tool_result '${id}' answers no tool_use of the previous assistant message`,
+          `'${path}.content[${j}]': tool_result '${id}' answers no tool_use of the previous assistant message`,
         );
       }
       answered.add(id);
-      const result = field(b, "content");
-      let text = result === undefined ? "" : textOf(result, `${at}.content`);
-      const isError = field(b, "is_error");
-      if (isError !== undefined && typeof isError !== "boolean") {
-        invalid(`'${at}.is_error' must be a boolean`);
-      }
-      if (isError === true) text = `Error: ${text}`;
-      out.push({ role: "tool", tool_call_id: id, content: text });
-    } else {
-      invalid(`'${at}': content blocks of type '${type}' are not supported in user messages`);
+      const text = block.content == null ? "" : textOf(block.content);
+      out.push({
+        role: "tool",
+        tool_call_id: id,
+        content: block.is_error === true ? `Error: ${text}` : text,
+      });
     }
   });
   if (awaiting !== undefined) {
     for (const id of awaiting) if (!answered.has(id)) unanswered(new Set([id]), awaitingPath);
   }
-  if (parts.length === 0) {
-    if (answered.size === 0) invalid(`'${path}.content' must not be empty`);
-    return;
-  }
+  // Tool results only: no user message (the schema refuses an empty content array).
+  if (parts.length === 0) return;
   const only = parts[0];
   out.push({
     role: "user",
@@ -287,31 +183,13 @@ function userMessage(
 }
 
 /** An image block's source as a URL: a `data:` URL for base64 data, or the URL itself. */
-function imageUrl(source: unknown, path: string): string {
-  if (!isObject(source)) invalid(`'${path}' must be an object`);
-  if (source["type"] === "base64") {
-    const mediaType = source["media_type"];
-    const data = source["data"];
-    if (typeof mediaType !== "string" || !/^image\/[a-z0-9.+-]+$/i.test(mediaType)) {
-      invalid(`'${path}.media_type' must be an image media type such as "image/png"`);
-    }
-    if (typeof data !== "string" || !/^[A-Za-z0-9+/]*={0,2}$/.test(data)) {
-      invalid(`'${path}.data' must be base64`);
-    }
-    return `data:${mediaType};base64,${data}`;
-  }
-  if (source["type"] === "url") {
-    if (typeof source["url"] !== "string" || !/^https?:\/\//i.test(source["url"])) {
-      invalid(`'${path}.url' must be an http(s) URL`);
-    }
-    return source["url"];
-  }
-  invalid(`'${path}.type' must be "base64" or "url"`);
+function imageUrl(source: ImageSource): string {
+  return source.type === "base64" ? `data:${source.media_type};base64,${source.data}` : source.url;
 }
 
 /** Text blocks become the content, tool_use blocks its tool calls; returns the tool_use ids. */
 function assistantMessage(
-  content: string | unknown[],
+  content: Extract<Message, { role: "assistant" }>["content"],
   path: string,
   out: JsonObject[],
 ): Set<string> | undefined {
@@ -322,29 +200,15 @@ function assistantMessage(
   const texts: string[] = [];
   const calls: JsonObject[] = [];
   const ids = new Set<string>();
-  content.forEach((block: unknown, j) => {
-    const at = `${path}.content[${j}]`;
-    const type = blockType(block, at);
-    const b = block as JsonObject;
-    if (type === "text") {
-      if (typeof b["text"] !== "string") invalid(`'${at}.text' must be a string`);
-      texts.push(b["text"]);
-    } else if (type === "tool_use") {
-      const { id, name, input } = b;
-      if (typeof id !== "string" || id.length === 0)
-        invalid(`'${at}.id' must be a non-empty string`);
-      if (ids.has(id)) invalid(`'${at}.id': tool_use id '${id}' is used twice`);
-      if (typeof name !== "string" || name.length === 0) {
-        invalid(`'${at}.name' must be a non-empty string`);
-      }
-      if (!isObject(input)) invalid(`'${at}.input' must be an object`);
-      ids.add(id);
-      calls.push({ id, type: "function", function: { name, arguments: JSON.stringify(input) } });
-    } else if (type === "thinking" || type === "redacted_thinking") {
-      invalid(`'${at}': thinking blocks are not supported (see 'thinking')`);
-    } else {
-      invalid(`'${at}': content blocks of type '${type}' are not supported in assistant messages`);
+  content.forEach((block, j) => {
+    if (block.type === "text") {
+      texts.push(block.text);
+      return;
     }
+    const { id, name, input } = block;
+    if (ids.has(id)) invalid(`'${path}.content[${j}].id': tool_use id '${id}' is used twice`);
+    ids.add(id);
+    calls.push({ id, type: "function", function: { name, arguments: JSON.stringify(input) } });
   });
   const message: JsonObject = {
     role: "assistant",
@@ -355,73 +219,42 @@ function assistantMessage(
   return ids.size > 0 ? ids : undefined;
 }
 
-function convertTools(value: unknown): JsonObject[] | undefined {
-  if (value === undefined) return undefined;
-  if (!Array.isArray(value)) invalid("'tools' must be an array");
+function convertTools(tools: readonly ClientTool[]): JsonObject[] {
   const names = new Set<string>();
-  return value.map((tool: unknown, i) => {
-    const at = `tools[${i}]`;
-    if (!isObject(tool)) invalid(`'${at}' must be an object`);
-    const type = field(tool, "type");
-    if (type !== undefined && type !== "custom") {
-      invalid(
-        `'${at}': tools of type '${String(type)}' are not supported; ` +
-          "only client tools ({name, description, input_schema})",
-      );
-    }
-    const name = tool["name"];
-    if (typeof name !== "string" || name.length === 0) {
-      invalid(`'${at}.name' must be a non-empty string`);
-    }
-    if (names.has(name)) invalid(`'${at}.name': tool '${name}' is defined twice`);
-    names.add(name);
-    const schema = tool["input_schema"];
-    if (!isObject(schema)) invalid(`'${at}.input_schema' must be a JSON schema object`);
-    const fn: JsonObject = { name };
-    const description = field(tool, "description");
-    if (description !== undefined) {
-      if (typeof description !== "string") invalid(`'${at}.description' must be a string`);
-      fn["description"] = description;
-    }
-    fn["parameters"] = schema;
-    const strict = field(tool, "strict");
-    if (strict !== undefined) {
-      if (typeof strict !== "boolean") invalid(`'${at}.strict' must be a boolean`);
-      fn["strict"] = strict;
-    }
+  return tools.map((tool, i) => {
+    if (names.has(tool.name)) invalid(`'tools[${i}].name': tool '${tool.name}' is defined twice`);
+    names.add(tool.name);
+    const fn: JsonObject = { name: tool.name };
+    if (tool.description != null) fn["description"] = tool.description;
+    fn["parameters"] = tool.input_schema;
+    if (tool.strict != null) fn["strict"] = tool.strict;
     return { type: "function", function: fn };
   });
 }
 
-function convertToolChoice(value: unknown, tools: JsonObject[] | undefined, chat: JsonObject) {
-  if (value === undefined) return;
-  if (!isObject(value)) invalid("'tool_choice' must be an object with a 'type'");
-  const type = value["type"];
-  const disable = field(value, "disable_parallel_tool_use");
-  if (disable !== undefined && typeof disable !== "boolean") {
-    invalid("'tool_choice.disable_parallel_tool_use' must be a boolean");
-  }
+function convertToolChoice(
+  choice: NonNullable<Request["tool_choice"]>,
+  tools: JsonObject[] | undefined,
+  chat: JsonObject,
+): void {
   const hasTools = tools !== undefined && tools.length > 0;
-  if (type === "auto" || type === "none") {
-    if (!hasTools) return;
-    chat["tool_choice"] = type;
-  } else if (type === "any" || type === "tool") {
-    if (!hasTools) invalid(`'tool_choice' of type '${type}' needs 'tools'`);
-    if (type === "any") chat["tool_choice"] = "required";
-    else {
-      const name = value["name"];
-      if (typeof name !== "string" || name.length === 0) {
-        invalid("'tool_choice.name' must be a non-empty string");
-      }
-      if (!tools.some((t) => (t["function"] as JsonObject)["name"] === name)) {
-        invalid(`'tool_choice.name': no tool named '${name}' in 'tools'`);
-      }
-      chat["tool_choice"] = { type: "function", function: { name } };
+  if (choice.type === "tool") {
+    if (!hasTools) invalid("'tool_choice' of type 'tool' needs 'tools'");
+    const name = choice.name;
+    if (!tools.some((t) => (t["function"] as JsonObject)["name"] === name)) {
+      invalid(`'tool_choice.name': no tool named '${name}' in 'tools'`);
     }
+    chat["tool_choice"] = { type: "function", function: { name } };
+  } else if (choice.type === "any") {
+    if (!hasTools) invalid("'tool_choice' of type 'any' needs 'tools'");
+    chat["tool_choice"] = "required";
   } else {
-    invalid("'tool_choice.type' must be one of 'auto', 'any', 'tool', 'none'");
+    if (!hasTools) return;
+    chat["tool_choice"] = choice.type;
   }
-  if (disable === true && type !== "none") chat["parallel_tool_calls"] = false;
+  if (choice.disable_parallel_tool_use === true && choice.type !== "none") {
+    chat["parallel_tool_calls"] = false;
+  }
 }
 
 // ---------------------------------------------------------------- answers
