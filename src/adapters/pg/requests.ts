@@ -1,14 +1,13 @@
 import type { Hex } from "viem";
-import type { Billing } from "../../domain/chat/index.js";
+import type { Billing, FinalStatus, UsageSource } from "../../domain/chat/types.js";
 import type { Queryable } from "./registrations.js";
 
-export type { Billing };
+export type { Billing, UsageSource };
 
-export type RequestStatus = "pending" | "streaming" | "completed" | "failed" | "cancelled";
-/** The final states; a request reaches exactly one of them, once. */
-export type FinalRequestStatus = Extract<RequestStatus, "completed" | "failed" | "cancelled">;
-/** Whose token count the charge was computed from. */
-export type UsageSource = "provider" | "gateway";
+/** A request's states: open (pending, streaming), then one final state, once. */
+export type RequestStatus = "pending" | "streaming" | FinalStatus;
+/** The final states (the chat pipeline's): a request reaches exactly one of them, once. */
+export type FinalRequestStatus = FinalStatus;
 export type SettlementStatus = "unsettled" | "settling" | "settled" | "none" | "unsettleable";
 
 /**
