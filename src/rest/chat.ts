@@ -6,7 +6,7 @@ import { GatewayError } from "../domain/errors.js";
 import type { NodeRequest } from "./body.js";
 import { toHttpError } from "./errors.js";
 import type { NodeResponse } from "./facade.js";
-import { billingWord } from "./views.js";
+import { xGatewayResource } from "../schema/chat.js";
 
 const eventStart = Buffer.from("data: ");
 const namedStart = Buffer.from("event: ");
@@ -295,17 +295,6 @@ function finalChunk(first: Uint8Array | undefined, done: ChatCompleted) {
     created: head.created ?? Math.floor(Date.now() / 1000),
     model: head.model ?? "",
     choices: [],
-    x_gateway: {
-      request_id: done.requestId,
-      quote_id: done.quoteId,
-      offer_id: done.offerId,
-      tariff_version: done.tariffVersion,
-      input_tokens: done.inputTokens.toString(),
-      output_tokens: done.outputTokens.toString(),
-      cached_input_tokens: done.cachedInputTokens.toString(),
-      reasoning_tokens: done.reasoningTokens.toString(),
-      credits_charged: done.creditsCharged,
-      billing: billingWord(done.billing),
-    },
+    x_gateway: xGatewayResource.view(done),
   };
 }

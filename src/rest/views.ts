@@ -1,6 +1,5 @@
 import type { DescEnum } from "@bufbuild/protobuf";
 import type { TypedData } from "../../gen/gateway/v1/provider_pb.js";
-import { Billing, BillingSchema } from "../../gen/gateway/v1/inference_pb.js";
 import type {
   AuthorizeKeyTypedData,
   RevokeKeyAuthorizationTypedData,
@@ -10,7 +9,7 @@ import { enumWord } from "../schema/proto-view.js";
 /**
  * What REST shows that is not the view of one protobuf message (those are derived:
  * src/schema/resources.ts): the EIP-712 challenges as wallets take them (camelCase, the types
- * as a map), a `?status=` filter, the billing word of a chat's charge.
+ * as a map), a `?status=` filter.
  */
 
 /** `?status=active` -> the enum value; undefined when absent; throws a 400 on an unknown word. */
@@ -85,8 +84,4 @@ export function revokeTypedDataView(typed: RevokeKeyAuthorizationTypedData) {
       authorizationId: typed.message?.authorizationId,
     },
   };
-}
-
-export function billingWord(billing: Billing): string | null {
-  return billing === Billing.UNSPECIFIED ? null : enumWord(BillingSchema, billing);
 }

@@ -1,5 +1,7 @@
 import { Type, type Static } from "@sinclair/typebox";
-import { component, Decimal, Hex32, Nullable, OptionalNullable } from "./common.js";
+import { ChatCompletedSchema } from "../../gen/gateway/v1/inference_pb.js";
+import { component, Decimal, Hex32, OptionalNullable } from "./common.js";
+import { protoView } from "./proto-view.js";
 
 /**
  * The chat completion bodies (spec: Chat request; OpenAI's chat.completion and its chunks),
@@ -73,21 +75,25 @@ export const ChatRequest = component(
 );
 export type ChatRequestBody = Static<typeof ChatRequest>;
 
-export const XGateway = component(
-  "XGateway",
-  Type.Object({
-    request_id: Hex32,
-    quote_id: Hex32,
-    offer_id: Hex32,
-    tariff_version: Type.String({ pattern: "^[0-9]+$" }),
-    input_tokens: Decimal,
-    output_tokens: Decimal,
-    cached_input_tokens: Decimal,
-    reasoning_tokens: Decimal,
-    credits_charged: Decimal,
-    billing: Nullable(Type.Unsafe<string>({ enum: ["billed", "partial", "void"] })),
-  }),
-);
+/**
+ * `x_gateway`, the charge of a completed answer (every dialect's last event and JSON answer): the
+ * view of the chat RPC's ChatCompleted message.
+ */
+export const xGatewayResource = protoView(ChatCompletedSchema, "XGateway", {
+  fields: {
+    usage_from_provider: { omit: true },
+    billing: { emptyIsNull: true },
+    cached_input_tokens: {
+      description:
+        "Of input_tokens, those the provider reported served from its prompt cache (0: none reported, or not credible); not priced (an Idempotency-Key replay of an answer stored before they were recorded: 0)",
+    },
+    reasoning_tokens: {
+      description:
+        "Of output_tokens, those the provider reported spent on reasoning (0: none reported, or not credible); not priced",
+    },
+  },
+});
+export const XGateway = xGatewayResource.schema;
 
 export const ChatCompletion = component(
   "ChatCompletion",

@@ -32,6 +32,8 @@ export interface FieldRule {
   /** A 64-bit count shown as a JSON integer rather than a decimal string. */
   readonly integer?: boolean;
   readonly description?: string;
+  /** Not shown in REST (a field only the gateway's own services read). */
+  readonly omit?: boolean;
 }
 
 export interface ViewOptions {
@@ -54,6 +56,7 @@ const digits = Type.String({ pattern: "^[0-9]+$" });
 
 /** What a field name means wherever it occurs. */
 const fieldShapes: Readonly<Record<string, TSchema>> = {
+  request_id: Hex32,
   offer_id: Hex32,
   model_id: Hex32,
   permit_id: Hex32,
@@ -121,6 +124,7 @@ export function protoView(
   const plans: Plan[] = [];
   for (const field of desc.fields) {
     const rule = options.fields?.[field.name] ?? {};
+    if (rule.omit === true) continue;
     const { schema, convert } = derive(field, rule, options.nested?.[field.name]);
     properties[field.name] =
       rule.description === undefined ? schema : { ...schema, description: rule.description };

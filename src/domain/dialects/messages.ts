@@ -338,23 +338,6 @@ function inputOf(args: unknown): JsonObject {
   }
 }
 
-function xGateway(charge: GatewayCharge): GatewayCharge {
-  return {
-    request_id: charge.request_id,
-    quote_id: charge.quote_id,
-    offer_id: charge.offer_id,
-    tariff_version: charge.tariff_version,
-    input_tokens: charge.input_tokens,
-    output_tokens: charge.output_tokens,
-    ...(charge.cached_input_tokens === undefined
-      ? {}
-      : { cached_input_tokens: charge.cached_input_tokens }),
-    ...(charge.reasoning_tokens === undefined ? {} : { reasoning_tokens: charge.reasoning_tokens }),
-    credits_charged: charge.credits_charged,
-    billing: charge.billing,
-  };
-}
-
 function firstChoice(value: unknown): JsonObject | undefined {
   if (!isObject(value) || !Array.isArray(value["choices"])) return undefined;
   const choices = value["choices"] as unknown[];
@@ -391,7 +374,7 @@ function fromCompletion(completion: unknown, charge: GatewayCharge): unknown {
     content,
     ...stopOf(choice?.["finish_reason"], calls.length > 0, choice?.["stop_reason"]),
     usage: usageOf(isObject(completion) ? completion["usage"] : undefined, charge),
-    x_gateway: xGateway(charge),
+    x_gateway: charge,
   };
 }
 
@@ -484,7 +467,7 @@ class MessagesStream implements StreamTranslator {
         delta: stopOf(this.finishReason, this.tools.size > 0, this.stopString),
         usage: usageOf(this.usage, charge),
       }),
-      named({ type: "message_stop", x_gateway: xGateway(charge) }),
+      named({ type: "message_stop", x_gateway: charge }),
     );
     return events;
   }
