@@ -206,31 +206,173 @@ describe("parseChatRequest", () => {
     }
   });
 
-  it("checks the types of the other known fields", () => {
-    const cases: [string, unknown][] = [
-      ["temperature", "0.5"],
-      ["top_p", true],
-      ["stop", 5],
-      ["stop", ["a", 1]],
-      ["stream", "true"],
-      ["tools", {}],
-      ["seed", 1.5],
-      ["seed", "1"],
-      ["user", 5],
-      ["stream_options", "x"],
-      ["stream_options", []],
+  it("refuses every body the schema refuses, with the code and the field named", () => {
+    const ids = (n: number) => Array.from({ length: n }, () => offer);
+    // [the body's extra members, or its whole text; the code; what the message names]
+    const cases: [Record<string, unknown> | string, ErrorCode, string][] = [
+      ["[]", "invalid_request", "the request body"],
+      ['"x"', "invalid_request", "the request body"],
+      [JSON.stringify({ messages: hello }), "invalid_request", "'model'"],
+      [{ model: "" }, "invalid_request", "'model'"],
+      [{ model: 7 }, "invalid_request", "'model'"],
+      [{ model: null }, "invalid_request", "'model'"],
+      [JSON.stringify({ model: "m" }), "invalid_request", "'messages'"],
+      [{ messages: [] }, "invalid_request", "'messages'"],
+      [{ messages: null }, "invalid_request", "'messages'"],
+      [{ messages: "hi" }, "invalid_request", "'messages'"],
+      [{ messages: [...hello, "hi"] }, "invalid_request", "'messages[1]'"],
+      [{ messages: [{ content: "x" }] }, "invalid_request", "'messages[0].role'"],
+      [{ messages: [{ role: "robot", content: "x" }] }, "invalid_request", "'messages[0].role'"],
+      [{ messages: [{ role: null, content: "x" }] }, "invalid_request", "'messages[0].role'"],
+      [{ messages: [...hello, { role: "user" }] }, "invalid_request", "'messages[1].content'"],
+      [{ offer: "0x1234" }, "invalid_hex", "'offer'"],
+      [{ offer: `0x${"g".repeat(64)}` }, "invalid_hex", "'offer'"],
+      [{ offer: `${offer}00` }, "invalid_hex", "'offer'"],
+      [{ offer: ["x"] }, "invalid_hex", "'offer'"],
+      [{ provider: "fast" }, "invalid_request", "'provider'"],
+      [{ provider: [] }, "invalid_request", "'provider'"],
+      [{ provider: { quantizations: ["int8"] } }, "invalid_request", "'provider.quantizations'"],
+      [{ provider: { data_collection: "deny" } }, "invalid_request", "'provider.data_collection'"],
+      [{ provider: { order: offer } }, "invalid_request", "'provider.order'"],
+      [{ provider: { order: ids(65) } }, "invalid_request", "'provider.order'"],
+      [{ provider: { order: ["chat-eu"] } }, "invalid_request", "'provider.order[0]'"],
+      [{ provider: { only: [offer, 5] } }, "invalid_request", "'provider.only[1]'"],
+      [{ provider: { only: ids(65) } }, "invalid_request", "'provider.only'"],
+      [{ provider: { ignore: [offer, null] } }, "invalid_request", "'provider.ignore[1]'"],
+      [{ provider: { ignore: ids(65) } }, "invalid_request", "'provider.ignore'"],
+      [{ provider: { allow_fallbacks: "no" } }, "invalid_request", "'provider.allow_fallbacks'"],
+      [{ provider: { require_parameters: 1 } }, "invalid_request", "'provider.require_parameters'"],
+      [{ provider: { sort: "cheapest" } }, "invalid_request", "'provider.sort'"],
+      [{ provider: { sort: ["price"] } }, "invalid_request", "'provider.sort'"],
+      [{ provider: { max_price: "1" } }, "invalid_request", "'provider.max_price'"],
+      [
+        { provider: { max_price: { request: "1" } } },
+        "invalid_request",
+        "'provider.max_price.request'",
+      ],
+      [
+        { provider: { max_price: { prompt: 1 } } },
+        "invalid_request",
+        "'provider.max_price.prompt'",
+      ],
+      [
+        { provider: { max_price: { prompt: "01" } } },
+        "invalid_request",
+        "'provider.max_price.prompt'",
+      ],
+      [
+        { provider: { max_price: { completion: "-1" } } },
+        "invalid_request",
+        "'provider.max_price.completion'",
+      ],
+      [
+        { provider: { max_price: { completion: "1.5" } } },
+        "invalid_request",
+        "'provider.max_price.completion'",
+      ],
+      [
+        { provider: { max_price: { prompt: "1".repeat(79) } } },
+        "invalid_request",
+        "'provider.max_price.prompt'",
+      ],
+      [{ max_tokens: 0 }, "invalid_request", "'max_tokens'"],
+      [{ max_tokens: "5" }, "invalid_request", "'max_tokens'"],
+      [{ max_completion_tokens: -1 }, "invalid_request", "'max_completion_tokens'"],
+      [{ max_completion_tokens: 1.5 }, "invalid_request", "'max_completion_tokens'"],
+      [{ n: 0 }, "invalid_request", "'n' must be an integer from 1 to 128"],
+      [{ n: 129 }, "invalid_request", "'n' must be an integer from 1 to 128"],
+      [{ n: "2" }, "invalid_request", "'n' must be an integer from 1 to 128"],
+      [{ best_of: 1.5 }, "invalid_request", "'best_of'"],
+      [{ best_of: "1" }, "invalid_request", "'best_of'"],
+      [{ temperature: "0.5" }, "invalid_request", "'temperature'"],
+      [withBody({}).replace(/}$/, `,"temperature":1e400}`), "invalid_request", "'temperature'"],
+      [{ top_p: true }, "invalid_request", "'top_p'"],
+      [{ stop: 5 }, "invalid_request", "'stop'"],
+      [{ stop: { x: "y" } }, "invalid_request", "'stop'"],
+      [{ stop: ["a", 1] }, "invalid_request", "'stop[1]'"],
+      [{ stream: "true" }, "invalid_request", "'stream'"],
+      [{ stream: 1 }, "invalid_request", "'stream'"],
+      [{ stream_options: "x" }, "invalid_request", "'stream_options'"],
+      [{ stream_options: [] }, "invalid_request", "'stream_options'"],
+      [
+        { stream_options: { include_usage: "yes" } },
+        "invalid_request",
+        "'stream_options.include_usage'",
+      ],
+      [{ tools: {} }, "invalid_request", "'tools'"],
+      [{ tools: "f" }, "invalid_request", "'tools'"],
+      [{ seed: 1.5 }, "invalid_request", "'seed'"],
+      [{ seed: "1" }, "invalid_request", "'seed'"],
+      [{ user: 5 }, "invalid_request", "'user'"],
+      [{ user: ["u"] }, "invalid_request", "'user'"],
     ];
-    for (const [key, value] of cases)
-      rejects(withBody({ [key]: value }), "invalid_request", `'${key}'`);
-    rejects(
-      withBody({ stream_options: { include_usage: "yes" } }),
-      "invalid_request",
-      "'stream_options.include_usage'",
-    );
+    for (const [body, code, field] of cases) {
+      rejects(typeof body === "string" ? body : withBody(body), code, field);
+    }
+  });
+
+  it("refuses integers whose literal is not the integer the parse saw", () => {
+    for (const key of ["max_tokens", "max_completion_tokens", "n", "seed"]) {
+      rejects(
+        withBody({}).replace(/}$/, `,"${key}":1.00000000000000001}`),
+        "invalid_request",
+        `'${key}'`,
+      );
+    }
     expect(parseText(withBody({}).replace(/}$/, `,"seed":12345678901234567890}`))).toBeDefined();
+    expect(parseText(withBody({}).replace(/}$/, `,"seed":-4.0e1}`))).toBeDefined();
+  });
+
+  it("accepts what the schema allows around the typed members", () => {
+    const req = parseBody({
+      ...minimal,
+      stop: "x",
+      tool_choice: 5,
+      response_format: "x",
+      temperature: -1e300,
+      stream: true,
+      stream_options: { include_usage: null, continuous_usage_stats: true },
+      provider: {},
+    });
+    expect(req).toMatchObject({ stream: true, includeUsage: false, toolChoice: 5 });
+    expect(req.provider).toEqual({ allowFallbacks: true, requireParameters: false });
+  });
+
+  it("reads the provider object in routing's terms: lower-case ids, bigint prices, defaults", () => {
+    const upper = offer.replace("ab", "AB");
+    const ids = Array.from({ length: 64 }, () => upper);
+    const top = "9".repeat(78);
     expect(
-      parseBody({ ...minimal, stop: "x", tool_choice: 5, response_format: "x" }),
-    ).toBeDefined();
+      parseBody({
+        ...minimal,
+        provider: {
+          order: ids,
+          only: [upper],
+          ignore: [],
+          allow_fallbacks: false,
+          sort: "latency",
+          max_price: { prompt: "0", completion: top },
+          require_parameters: true,
+        },
+      }).provider,
+    ).toEqual({
+      order: ids.map(() => offer),
+      only: [offer],
+      ignore: [],
+      allowFallbacks: false,
+      sort: "latency",
+      maxPrice: { prompt: 0n, completion: BigInt(top) },
+      requireParameters: true,
+    });
+    // Null members are absent, as everywhere in the chat body.
+    const nulls = { order: null, only: null, ignore: null, allow_fallbacks: null, sort: null };
+    expect(
+      parseBody({
+        ...minimal,
+        provider: { ...nulls, max_price: { prompt: null }, require_parameters: null },
+      }).provider,
+    ).toEqual({ allowFallbacks: true, requireParameters: false, maxPrice: {} });
+    expect(parseBody({ ...minimal, provider: null }).provider).toBeUndefined();
   });
 
   it("rejects a property given twice at the top level", () => {
@@ -243,6 +385,12 @@ describe("parseChatRequest", () => {
       `{"model":"m","mod\\u0065l":"n","messages":${JSON.stringify(hello)}}`,
       "invalid_request",
       "'model'",
+    );
+    // Before the schema, which sees only the value JSON.parse kept (the last).
+    rejects(
+      `{"model":"m","messages":${JSON.stringify(hello)},"messages":[]}`,
+      "invalid_request",
+      "'messages' occurs more than once",
     );
   });
 

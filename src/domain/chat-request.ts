@@ -1,14 +1,26 @@
 import { createHash } from "node:crypto";
 import type { Hex } from "viem";
+import {
+  ChatRequest as ChatRequestSchema,
+  maxChoiceCount,
+  type ChatRequestBody,
+  type chatRoles,
+} from "../schema/chat.js";
+import { compileBody } from "../schema/validate.js";
 import type { JsonValue } from "./catalog.js";
 import { GatewayError } from "./errors.js";
-import { isHex32, normalizeHex } from "./hex.js";
+import { normalizeHex } from "./hex.js";
 import { parseProviderPreferences, type ProviderPreferences } from "./provider-preferences.js";
 
 /**
  * The spec's Chat request (body of `POST /v1/chat/completions` and `POST /v1/quotes`): its
  * validation, the numbers a quote is made of (output limit, input-token bound, fingerprint),
  * and the exact bytes that go upstream.
+ *
+ * Its structure and bounds are declared once, by the `ChatRequest` schema (src/schema/chat.ts),
+ * which also gives the OpenAPI document. What a schema cannot say is checked here, beside it: the
+ * byte-level bounds (size, nesting, array items, BOM, UTF-8), a top-level member given twice,
+ * integers read exactly from the literal the client wrote, and `best_of` against `n`.
  *
  * The raw bytes are kept: unknown properties (and numbers JavaScript cannot represent, such as
  * a 64-bit `seed`) reach the provider as the client wrote them. The parsed value is used only to
@@ -23,7 +35,7 @@ import { parseProviderPreferences, type ProviderPreferences } from "./provider-p
  *   must not add one).
  */
 
-export const chatRoles = ["system", "developer", "user", "assistant", "tool", "function"] as const;
+export { chatRoles } from "../schema/chat.js";
 export type ChatRole = (typeof chatRoles)[number];
 
 export type JsonObject = { readonly [key: string]: JsonValue };
@@ -79,11 +91,8 @@ export interface JsonBounds {
   readonly maxArrayItems?: number | undefined;
 }
 
-/**
- * The largest `n` accepted: OpenAI documents 128 as the most choices one chat completion may
- * ask for. A bound keeps the output bound (and so the reservation) of one request finite.
- */
-export const maxChoices = 128n;
+/** The largest `n` accepted (the schema's bound, src/schema/chat.ts), as a bigint. */
+export const maxChoices = BigInt(maxChoiceCount);
 
 /** The output limit when neither the request nor the offer's capabilities give one. */
 export const defaultOutputLimit = 4096n;
@@ -93,6 +102,9 @@ export const defaultOutputLimit = 4096n;
 function invalid(message: string): never {
   throw new GatewayError("invalid_request", message);
 }
+
+/** The body's structure and bounds, compiled once (src/schema/chat.ts). */
+const checkBody: (value: unknown) => ChatRequestBody = compileBody(ChatRequestSchema);
 
 const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 const utf8Encoder = new TextEncoder();
@@ -134,116 +146,52 @@ export function parseChatRequest(
     const detail = err instanceof Error ? `: ${err.message.slice(0, 200)}` : "";
     throw new GatewayError("invalid_json", `the request body is not valid JSON${detail}`);
   }
-  if (!isObject(parsed)) invalid("the request body must be a JSON object");
-  const top = topLevelMembers(raw);
-  const body = parsed as JsonObject;
+  // A member given twice is refused first: the schema would only see the value JSON.parse kept.
+  const top = isObject(parsed) ? topLevelMembers(raw) : [];
+  const body = checkBody(parsed);
 
-  // Fields are read by module functions, not closures made here: under tsx every named closure
-  // made per request costs a defineProperty for its name.
-  const model = fieldOf(body, "model");
-  if (typeof model !== "string" || model.length === 0) {
-    invalid("'model' is required and must be a non-empty string");
-  }
-  const messages = parseMessages(fieldOf(body, "messages"));
-
-  const offerValue = fieldOf(body, "offer");
-  let offer: Hex | undefined;
-  if (offerValue !== undefined) {
-    if (typeof offerValue !== "string" || !isHex32(offerValue)) {
-      throw new GatewayError(
-        "invalid_hex",
-        "'offer' must be a Hex32 string (0x followed by 64 hex digits)",
-      );
-    }
-    offer = normalizeHex(offerValue);
-  }
-  const provider = parseProviderPreferences(fieldOf(body, "provider"));
-
-  const maxTokens = positiveInteger(raw, top, body, "max_tokens");
-  const maxCompletionTokens = positiveInteger(raw, top, body, "max_completion_tokens");
-  const choices = choiceCount(raw, top, body);
+  // The schema has checked every member's type and bounds on the parsed value; integers are
+  // read again from the literals the client wrote, which keep the digits a double loses.
+  const maxTokens = integerLiteral(raw, top, "max_tokens", body.max_tokens);
+  const maxCompletionTokens = integerLiteral(
+    raw,
+    top,
+    "max_completion_tokens",
+    body.max_completion_tokens,
+  );
+  const choices = integerLiteral(raw, top, "n", body.n) ?? 1n;
+  // The seed goes upstream as written (a 64-bit seed keeps its digits): only checked.
+  integerLiteral(raw, top, "seed", body.seed);
   // `best_of` is not a chat completions parameter (it was the legacy completions API's, and
   // vLLM accepts it on chat): the provider generates `best_of` sequences and returns and
   // reports `n` of them, so work no tariff prices would be done. It is refused rather than
   // forwarded, unless it asks for exactly the choices that are returned and paid for.
-  const bestOf = fieldOf(body, "best_of");
   if (
-    bestOf !== undefined &&
-    !(
-      typeof bestOf === "number" &&
-      Number.isInteger(bestOf) &&
-      exactInteger(literal(raw, top, "best_of")) === choices
-    )
+    body.best_of !== undefined &&
+    body.best_of !== null &&
+    exactInteger(literal(raw, top, "best_of")) !== choices
   ) {
     invalid("'best_of' is not a chat completions parameter; leave it out (or equal to 'n')");
   }
 
-  for (const key of ["temperature", "top_p"]) {
-    const value = fieldOf(body, key);
-    if (value !== undefined && (typeof value !== "number" || !Number.isFinite(value))) {
-      invalid(`'${key}' must be a number`);
-    }
-  }
-  const stop = fieldOf(body, "stop");
-  if (
-    stop !== undefined &&
-    typeof stop !== "string" &&
-    !(Array.isArray(stop) && stop.every((s) => typeof s === "string"))
-  ) {
-    invalid("'stop' must be a string or an array of strings");
-  }
-  const stream = fieldOf(body, "stream");
-  if (stream !== undefined && typeof stream !== "boolean") invalid("'stream' must be a boolean");
-  const tools = fieldOf(body, "tools");
-  if (tools !== undefined && !Array.isArray(tools)) invalid("'tools' must be an array");
-  const seed = fieldOf(body, "seed");
-  if (
-    seed !== undefined &&
-    !(
-      typeof seed === "number" &&
-      Number.isInteger(seed) &&
-      exactInteger(literal(raw, top, "seed")) !== undefined
-    )
-  ) {
-    invalid("'seed' must be an integer");
-  }
-  const user = fieldOf(body, "user");
-  if (user !== undefined && typeof user !== "string") invalid("'user' must be a string");
-  const streamOptions = fieldOf(body, "stream_options");
-  let includeUsage = false;
-  if (streamOptions !== undefined) {
-    if (!isObject(streamOptions)) invalid("'stream_options' must be an object");
-    const value = (streamOptions as JsonObject)["include_usage"];
-    if (value !== undefined && value !== null && typeof value !== "boolean") {
-      invalid("'stream_options.include_usage' must be a boolean");
-    }
-    includeUsage = value === true;
-  }
-
   const request: ChatRequest = {
     raw,
-    body,
-    model,
-    messages,
-    offer,
-    provider,
-    stream: stream === true,
-    includeUsage,
+    body: parsed as JsonObject,
+    model: body.model,
+    messages: body.messages as unknown as ChatMessage[],
+    offer: body.offer == null ? undefined : normalizeHex(body.offer),
+    provider: parseProviderPreferences(body.provider),
+    stream: body.stream === true,
+    includeUsage: body.stream_options?.include_usage === true,
     maxTokens,
     maxCompletionTokens,
     choices,
-    tools,
-    toolChoice: fieldOf(body, "tool_choice"),
-    responseFormat: fieldOf(body, "response_format"),
+    tools: (body.tools ?? undefined) as JsonValue[] | undefined,
+    toolChoice: (body.tool_choice ?? undefined) as JsonValue | undefined,
+    responseFormat: (body.response_format ?? undefined) as JsonValue | undefined,
   };
   spans.set(request, top);
   return request;
-}
-
-/** A top-level field of the body; null counts as absent. */
-function fieldOf(body: JsonObject, key: string): JsonValue | undefined {
-  const value = Object.hasOwn(body, key) ? body[key] : undefined;
-  return value === null ? undefined : value;
 }
 
 /** The text of a top-level member's value as the client wrote it. */
@@ -253,56 +201,25 @@ function literal(raw: Uint8Array, top: readonly Member[], key: string): string {
   return textOf(raw, member.valueStart, member.valueEnd);
 }
 
-function positiveInteger(
+/**
+ * The exact value of an integer member the schema has accepted as a parsed number, read from its
+ * literal (also beyond 2^53). A literal with a fractional part that the parse rounded to an
+ * integer (`1.0000000000000001`) is refused: it is not the integer the schema saw.
+ */
+function integerLiteral(
   raw: Uint8Array,
   top: readonly Member[],
-  body: JsonObject,
   key: string,
+  value: number | null | undefined,
 ): bigint | undefined {
-  const value = fieldOf(body, key);
-  if (value === undefined) return undefined;
-  // The parsed number screens out non-numbers and non-finite values; the literal gives the
-  // exact value, also beyond 2^53.
-  const exact =
-    typeof value === "number" && Number.isInteger(value)
-      ? exactInteger(literal(raw, top, key))
-      : undefined;
-  if (exact === undefined || exact < 1n) invalid(`'${key}' must be an integer of at least 1`);
-  return exact;
-}
-
-/** `n`: an integer from 1 to {@link maxChoices}; absent or null is 1. */
-function choiceCount(raw: Uint8Array, top: readonly Member[], body: JsonObject): bigint {
-  const value = fieldOf(body, "n");
-  if (value === undefined) return 1n;
-  const exact =
-    typeof value === "number" && Number.isInteger(value)
-      ? exactInteger(literal(raw, top, "n"))
-      : undefined;
-  if (exact === undefined || exact < 1n || exact > maxChoices) {
-    invalid(`'n' must be an integer from 1 to ${maxChoices}`);
-  }
+  if (value === undefined || value === null) return undefined;
+  const exact = exactInteger(literal(raw, top, key));
+  if (exact === undefined) invalid(`'${key}' must be an integer, without a fractional part`);
   return exact;
 }
 
 function isObject(value: unknown): value is { [key: string]: unknown } {
   return typeof value === "object" && value !== null && !Array.isArray(value);
-}
-
-function parseMessages(value: JsonValue | undefined): ChatMessage[] {
-  if (!Array.isArray(value) || value.length === 0) {
-    invalid("'messages' is required and must be an array of at least 1 message");
-  }
-  value.forEach((message, index) => {
-    const at = `messages[${index}]`;
-    if (!isObject(message)) invalid(`'${at}' must be an object`);
-    const role = message["role"];
-    if (typeof role !== "string" || !(chatRoles as readonly string[]).includes(role)) {
-      invalid(`'${at}.role' must be one of ${chatRoles.join(", ")}`);
-    }
-    if (!Object.hasOwn(message, "content")) invalid(`'${at}.content' is required`);
-  });
-  return value as unknown as ChatMessage[];
 }
 
 /**

@@ -1,7 +1,11 @@
 import type { Hex } from "viem";
-import type { JsonValue } from "./catalog.js";
-import { GatewayError } from "./errors.js";
-import { isHex32, normalizeHex } from "./hex.js";
+import {
+  ProviderPreferences as ProviderPreferencesSchema,
+  type ProviderPreferencesBody,
+  type providerSorts,
+} from "../schema/chat.js";
+import { compileBody } from "../schema/validate.js";
+import { normalizeHex } from "./hex.js";
 
 /**
  * Provider preferences (DESIGN.md section 9): OpenRouter's `provider` request object
@@ -24,9 +28,13 @@ import { isHex32, normalizeHex } from "./hex.js";
  *
  * OpenRouter's other members (data_collection, zdr, quantizations, ...) describe providers this
  * market does not state, so they are refused rather than silently ignored.
+ *
+ * The object's structure and bounds (the members above, at most 64 offer ids per list, prices
+ * of at most 78 digits) are the `ProviderPreferences` schema's (src/schema/chat.ts); this module
+ * turns a valid object into what routing reads.
  */
 
-export const providerSorts = ["price", "latency", "throughput"] as const;
+export { maxPreferenceOffers, providerSorts } from "../schema/chat.js";
 export type ProviderSort = (typeof providerSorts)[number];
 
 export interface ProviderPreferences {
@@ -40,106 +48,36 @@ export interface ProviderPreferences {
   readonly requireParameters: boolean;
 }
 
-/** Most offer ids one list may name (a bound on the work one request asks of routing). */
-export const maxPreferenceOffers = 64;
-
-const members = new Set([
-  "order",
-  "only",
-  "ignore",
-  "allow_fallbacks",
-  "sort",
-  "max_price",
-  "require_parameters",
-]);
-
-function invalid(message: string): never {
-  throw new GatewayError("invalid_request", message);
-}
-
-function isObject(value: unknown): value is { [key: string]: JsonValue } {
-  return typeof value === "object" && value !== null && !Array.isArray(value);
-}
-
-function offerList(value: JsonValue | undefined, key: string): Hex[] | undefined {
-  if (value === undefined || value === null) return undefined;
-  if (!Array.isArray(value) || value.length > maxPreferenceOffers) {
-    invalid(`'provider.${key}' must be an array of at most ${maxPreferenceOffers} offer ids`);
-  }
-  return value.map((id, index) => {
-    if (typeof id !== "string" || !isHex32(id)) {
-      invalid(`'provider.${key}[${index}]' must be an offer id (0x followed by 64 hex digits)`);
-    }
-    return normalizeHex(id);
-  });
-}
-
-function flag(value: JsonValue | undefined, key: string, fallback: boolean): boolean {
-  if (value === undefined || value === null) return fallback;
-  if (typeof value !== "boolean") invalid(`'provider.${key}' must be a boolean`);
-  return value;
-}
-
-/** A price per million tokens: a decimal integer string of credit base units (uint256). */
-function price(value: JsonValue | undefined, key: string): bigint | undefined {
-  if (value === undefined || value === null) return undefined;
-  if (typeof value !== "string" || !/^(0|[1-9][0-9]{0,77})$/.test(value)) {
-    invalid(
-      `'provider.max_price.${key}' must be a decimal string of credit base units per million tokens`,
-    );
-  }
-  return BigInt(value);
-}
+/** The object's structure and bounds, compiled once (src/schema/chat.ts). */
+const checkPreferences: (value: unknown, at?: string) => ProviderPreferencesBody =
+  compileBody(ProviderPreferencesSchema);
 
 /**
- * Validates the request's `provider` member (absent or null: undefined). Throws
- * `invalid_request` naming the offending field.
+ * Validates the request's `provider` member against the schema (absent or null: undefined) and
+ * returns it in the routing's terms: offer ids in lower case, prices as bigints, the flags'
+ * defaults applied. Throws `invalid_request` naming the offending field (`provider.order[2]`).
  */
-export function parseProviderPreferences(
-  value: JsonValue | undefined,
-): ProviderPreferences | undefined {
+export function parseProviderPreferences(value: unknown): ProviderPreferences | undefined {
   if (value === undefined || value === null) return undefined;
-  if (!isObject(value)) invalid("'provider' must be an object");
-  for (const key of Object.keys(value)) {
-    if (!members.has(key)) {
-      invalid(
-        `'provider.${key.slice(0, 100)}' is not supported (supported: ${[...members].join(", ")})`,
-      );
-    }
-  }
-  const sort = value["sort"];
-  if (
-    sort !== undefined &&
-    sort !== null &&
-    !(typeof sort === "string" && (providerSorts as readonly string[]).includes(sort))
-  ) {
-    invalid(`'provider.sort' must be one of ${providerSorts.join(", ")}`);
-  }
-  const maxPriceValue = value["max_price"];
-  let maxPrice: ProviderPreferences["maxPrice"];
-  if (maxPriceValue !== undefined && maxPriceValue !== null) {
-    if (!isObject(maxPriceValue)) invalid("'provider.max_price' must be an object");
-    for (const key of Object.keys(maxPriceValue)) {
-      if (key !== "prompt" && key !== "completion") {
-        invalid(
-          `'provider.max_price.${key.slice(0, 100)}' is not supported (supported: prompt, completion)`,
-        );
-      }
-    }
-    const prompt = price(maxPriceValue["prompt"], "prompt");
-    const completion = price(maxPriceValue["completion"], "completion");
-    maxPrice = {
-      ...(prompt === undefined ? {} : { prompt }),
-      ...(completion === undefined ? {} : { completion }),
-    };
-  }
+  const body = checkPreferences(value, "provider");
+  const maxPrice = body.max_price ?? undefined;
   return {
-    order: offerList(value["order"], "order"),
-    only: offerList(value["only"], "only"),
-    ignore: offerList(value["ignore"], "ignore"),
-    allowFallbacks: flag(value["allow_fallbacks"], "allow_fallbacks", true),
-    sort: (sort ?? undefined) as ProviderSort | undefined,
-    maxPrice,
-    requireParameters: flag(value["require_parameters"], "require_parameters", false),
+    order: offerIds(body.order),
+    only: offerIds(body.only),
+    ignore: offerIds(body.ignore),
+    allowFallbacks: body.allow_fallbacks ?? true,
+    sort: body.sort ?? undefined,
+    maxPrice:
+      maxPrice === undefined
+        ? undefined
+        : {
+            ...(maxPrice.prompt == null ? {} : { prompt: BigInt(maxPrice.prompt) }),
+            ...(maxPrice.completion == null ? {} : { completion: BigInt(maxPrice.completion) }),
+          },
+    requireParameters: body.require_parameters ?? false,
   };
+}
+
+function offerIds(ids: readonly string[] | null | undefined): Hex[] | undefined {
+  return ids == null ? undefined : ids.map(normalizeHex);
 }

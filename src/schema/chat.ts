@@ -8,69 +8,159 @@ import { protoView } from "./proto-view.js";
  * declared once: validation (src/domain/chat-request.ts), types and the OpenAPI document.
  */
 
+/** The roles a message may have (OpenAI's, and the legacy `function`). */
 export const chatRoles = ["system", "developer", "user", "assistant", "tool", "function"] as const;
+
+/**
+ * The largest `n`: OpenAI documents 128 as the most choices one chat completion may ask for. A
+ * bound keeps the output bound (and so the reservation) of one request finite.
+ */
+export const maxChoiceCount = 128;
+
+/** Most offer ids one provider preference list may name (a bound on the work routing does). */
+export const maxPreferenceOffers = 64;
+
+/** `provider.sort`'s orders (OpenRouter's names). */
+export const providerSorts = ["price", "latency", "throughput"] as const;
 
 export const ChatMessage = component(
   "ChatMessage",
   Type.Object(
     {
       role: Type.Unsafe<(typeof chatRoles)[number]>({ enum: [...chatRoles] }),
-      content: Type.Unknown(),
+      content: Type.Unknown({
+        description:
+          "Required, any JSON value (null included): a string, or content parts as the model's API takes them.",
+      }),
     },
-    { additionalProperties: true },
+    {
+      additionalProperties: true,
+      description:
+        "One message. Its other members (name, tool_calls, tool_call_id, ...) are kept as sent.",
+    },
   ),
 );
+
+/** Offer ids, at most {@link maxPreferenceOffers}. */
+const offerList = (description: string) =>
+  OptionalNullable(Type.Array(Hex32, { maxItems: maxPreferenceOffers }), { description });
+
+/** A price per million tokens: credit base units as a decimal string (uint256: 78 digits). */
+const PricePerMillion = Type.String({
+  pattern: "^(0|[1-9][0-9]{0,77})$",
+  title: "decimal string of credit base units per million tokens (at most 78 digits)",
+});
 
 export const ProviderPreferences = component(
   "ProviderPreferences",
   Type.Object(
     {
-      order: Type.Optional(Type.Array(Hex32, { maxItems: 64 })),
-      only: Type.Optional(Type.Array(Hex32, { maxItems: 64 })),
-      ignore: Type.Optional(Type.Array(Hex32, { maxItems: 64 })),
-      allow_fallbacks: Type.Optional(Type.Boolean({ default: true })),
-      sort: Type.Optional(Type.Unsafe<string>({ enum: ["price", "latency", "throughput"] })),
-      max_price: Type.Optional(
+      order: offerList(
+        "Offers tried first, in this order; the other eligible offers follow unless allow_fallbacks is false.",
+      ),
+      only: offerList("Route only to these offers."),
+      ignore: offerList("Never route to these offers."),
+      allow_fallbacks: OptionalNullable(Type.Boolean(), {
+        default: true,
+        description:
+          "false: only the order list is tried (failing over within it); without order, only the first offer routing ranks.",
+      }),
+      sort: OptionalNullable(
+        Type.Unsafe<(typeof providerSorts)[number]>({ enum: [...providerSorts] }),
+        {
+          description:
+            "Replaces the default ranking: price (lowest maximum credits first), latency (lowest measured time to first token first), throughput (highest measured output tokens per second first); offers not measured yet come last.",
+        },
+      ),
+      max_price: OptionalNullable(
         Type.Object(
-          { prompt: Type.Optional(Decimal), completion: Type.Optional(Decimal) },
+          {
+            prompt: OptionalNullable(PricePerMillion),
+            completion: OptionalNullable(PricePerMillion),
+          },
           { additionalProperties: false },
         ),
+        {
+          description:
+            "Offers whose tariff is above either price are excluded (credit base units per million tokens). OpenRouter's other members (request, image) are refused.",
+        },
       ),
-      require_parameters: Type.Optional(Type.Boolean({ default: false })),
+      require_parameters: OptionalNullable(Type.Boolean(), {
+        default: false,
+        description:
+          "Route only to offers whose verification proved every feature the request uses: tools, a response_format JSON schema, usage on a stream (see Offer.verified_features).",
+      }),
     },
     {
+      additionalProperties: false,
       description:
-        "OpenRouter's provider routing object, applied to this market's offers (offer ids).",
+        "OpenRouter's provider routing object, applied to this market's offers (offer ids); null members are absent. Ignored where the request's offer, its quote or its permit pins an offer: a pin wins. An invalid object, or an OpenRouter member this gateway does not support (data_collection, zdr, quantizations, ...), is refused 400 invalid_request naming the field; preferences that leave no eligible offer are refused 503 no_eligible_offer naming the preference.",
     },
   ),
 );
+export type ProviderPreferencesBody = Static<typeof ProviderPreferences>;
+
+const outputLimit = (description: string) =>
+  OptionalNullable(Type.Integer({ minimum: 1 }), { description });
 
 export const ChatRequest = component(
   "ChatRequest",
   Type.Object(
     {
-      model: Type.String({ minLength: 1 }),
+      model: Type.String({ minLength: 1, description: "The catalog's public model id." }),
       messages: Type.Array(ChatMessage, { minItems: 1 }),
-      offer: OptionalNullable(Hex32, { "x-error-code": "invalid_hex" }),
+      offer: OptionalNullable(Hex32, {
+        "x-error-code": "invalid_hex",
+        description:
+          "Pins the request to this offer (400 invalid_hex when not Hex32). A pin wins over provider preferences.",
+      }),
       provider: OptionalNullable(ProviderPreferences),
-      max_tokens: OptionalNullable(Type.Integer({ minimum: 1 })),
-      max_completion_tokens: OptionalNullable(Type.Integer({ minimum: 1 })),
-      n: OptionalNullable(Type.Integer({ minimum: 1, maximum: 128 })),
-      best_of: OptionalNullable(Type.Integer()),
+      max_tokens: outputLimit(
+        "The output limit of each choice, read exactly (also beyond 2^53); max_completion_tokens wins when both are given. Absent: the offer's max_output_tokens, else 4096.",
+      ),
+      max_completion_tokens: outputLimit(
+        "The output limit of each choice, read exactly (also beyond 2^53); wins over max_tokens.",
+      ),
+      n: OptionalNullable(Type.Integer({ minimum: 1, maximum: maxChoiceCount }), {
+        default: 1,
+        description:
+          "How many choices to generate (null or absent: 1). Each may use the whole output limit, so the quote's max_output_tokens and maximum_credits, and the reservation, count the output limit n times; the quote binds n (another n is quote_mismatch).",
+      }),
+      best_of: OptionalNullable(Type.Integer(), {
+        description:
+          "Not a chat completions parameter: refused (400 invalid_request) unless absent, null or equal to n, since the provider would generate sequences no one pays for.",
+      }),
       temperature: OptionalNullable(Type.Number()),
       top_p: OptionalNullable(Type.Number()),
       stop: OptionalNullable(Type.Union([Type.String(), Type.Array(Type.String())])),
-      stream: OptionalNullable(Type.Boolean()),
+      stream: OptionalNullable(Type.Boolean(), {
+        description:
+          "true: the answer is a stream of chat.completion.chunk events, the last one carrying x_gateway, then [DONE].",
+      }),
       stream_options: OptionalNullable(
-        Type.Object({ include_usage: OptionalNullable(Type.Boolean()) }),
+        Type.Object(
+          { include_usage: OptionalNullable(Type.Boolean()) },
+          { additionalProperties: true },
+        ),
+        {
+          description:
+            "include_usage: true relays the provider's usage chunk to the client. The gateway always asks the provider for usage on a stream (it meters from it).",
+        },
       ),
       tools: OptionalNullable(Type.Array(Type.Unknown())),
       tool_choice: Type.Optional(Type.Unknown()),
       response_format: Type.Optional(Type.Unknown()),
-      seed: OptionalNullable(Type.Integer()),
+      seed: OptionalNullable(Type.Integer(), {
+        description:
+          "An integer literal (a fraction such as 1.5, or 1.00000000000000001, is refused); relayed as written, so a 64-bit seed keeps every digit.",
+      }),
       user: OptionalNullable(Type.String()),
     },
-    { additionalProperties: true },
+    {
+      additionalProperties: true,
+      description:
+        "OpenAI's chat completion request, with the gateway's offer and provider. An optional member set to null is absent; a member given twice is refused (400 invalid_request); other members are relayed to the provider as the client wrote them. The quote binds model, messages, n, the output limit, tools, tool_choice and response_format.",
+    },
   ),
 );
 export type ChatRequestBody = Static<typeof ChatRequest>;
