@@ -239,6 +239,57 @@ describe("provider preferences (OpenRouter's provider object)", () => {
     expect(messagesRes.headers.get("x-gateway-offer-id")).toBe(quick);
   });
 
+  it("never shows the provider the client's offer or provider members (JSON, SSE, dialects)", async () => {
+    // What one client could leak to a provider through the body: its pin and the competitors
+    // it ranks, restricts or excludes. The provider gets the body without them.
+    const received = async (fake: FakeUpstream, send: () => Promise<Response>) => {
+      const chats = () => fake.requests.filter((r) => r.path === "/v1/chat/completions");
+      const before = chats().length;
+      const res = await send();
+      const text = await res.text();
+      expect(res.status, text).toBe(200);
+      const bodies = chats()
+        .slice(before)
+        .map((r) => r.body as Record<string, unknown>);
+      expect(bodies.length).toBeGreaterThan(0);
+      for (const body of bodies) {
+        expect(body).not.toHaveProperty("offer");
+        expect(body).not.toHaveProperty("provider");
+        expect(body).toHaveProperty("messages");
+      }
+      return bodies;
+    };
+    const json = await received(fakes.dear, () =>
+      chat({
+        offer: dear,
+        provider: { order: [dear, quick], ignore: [cheap], sort: "price" },
+        x_keep: { offer: "nested members stay" },
+      }),
+    );
+    expect(json[0]).toMatchObject({ model: "demo-chat", x_keep: { offer: "nested members stay" } });
+    const sse = await received(fakes.quick, () =>
+      chat({ stream: true, offer: null, provider: { only: [quick] } }),
+    );
+    expect(sse[0]).toMatchObject({ stream: true, stream_options: { include_usage: true } });
+    const post = (path: string, body: object) =>
+      authed(stack, path, {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-gateway-permit": stack.demo.permitId },
+        body: JSON.stringify(body),
+      });
+    await received(fakes.dear, () =>
+      post("/v1/responses", { model: "demo-chat", input: "hi", offer: dear, stream: true }),
+    );
+    await received(fakes.quick, () =>
+      post("/v1/messages", {
+        model: "demo-chat",
+        max_tokens: 16,
+        messages,
+        provider: { only: [quick] },
+      }),
+    );
+  });
+
   it("refuses an invalid provider object 400 invalid_request naming the field, calling no provider", async () => {
     const before = calls();
     for (const [provider, field] of [

@@ -17,6 +17,7 @@ import {
   upstreamBody,
   type ChatRequest,
 } from "./chat-request.js";
+import { ChatRequest as ChatRequestSchema } from "../schema/chat.js";
 import { GatewayError, type ErrorCode } from "./errors.js";
 
 const maxBytes = 1 << 20;
@@ -745,7 +746,7 @@ describe("upstreamBody", () => {
     const knownKeys = [
       ...["model", "messages", "offer", "max_tokens", "max_completion_tokens", "temperature"],
       ...["top_p", "stop", "stream", "tools", "tool_choice", "response_format", "seed", "user"],
-      ...["stream_options", "n", "best_of", "__proto__"],
+      ...["stream_options", "n", "best_of", "provider", "__proto__"],
     ];
     const extra = fc.dictionary(
       fc.string().filter((k) => !knownKeys.includes(k)),
@@ -781,6 +782,120 @@ describe("upstreamBody", () => {
         const { include_usage: _d, ...soInRest } = (soIn ?? {}) as Record<string, unknown>;
         expect(soRest).toEqual(soInRest);
       }),
+    );
+  });
+});
+
+describe("upstreamBody: the gateway's own members stay with the gateway", () => {
+  const msgs = JSON.stringify(hello);
+  const pin = `"offer":"${offer}"`;
+  const prefs = `"provider":{"order":["${offer}"],"sort":"price","max_price":{"prompt":"1"}}`;
+  const upstream = (text: string): string => dec.decode(upstreamBody(parseText(text)));
+
+  it("cuts offer and provider out, wherever they are, keeping every other byte", () => {
+    const cases: [string, string][] = [
+      // first, middle, last; alone and side by side; with white space around them
+      [`{${pin},"model":"m","messages":${msgs}}`, `{"model":"m","messages":${msgs}}`],
+      [`{"model":"m",${prefs},"messages":${msgs}}`, `{"model":"m","messages":${msgs}}`],
+      [`{"model":"m","messages":${msgs},${pin}}`, `{"model":"m","messages":${msgs}}`],
+      [`{${pin},${prefs},"model":"m","messages":${msgs}}`, `{"model":"m","messages":${msgs}}`],
+      [`{"model":"m","messages":${msgs},${prefs},${pin}}`, `{"model":"m","messages":${msgs}}`],
+      [`{${prefs},"model":"m","messages":${msgs},${pin}}`, `{"model":"m","messages":${msgs}}`],
+      [
+        `{\n  ${pin},\n  "model": "m",\n  ${prefs} ,\n  "messages": ${msgs}\n}`,
+        `{\n  "model": "m",\n  "messages": ${msgs}\n}`,
+      ],
+      [
+        `\t{ "model" : "m" , "messages" : ${msgs} , "offer" : null , "provider" : null }\n`,
+        `\t{ "model" : "m" , "messages" : ${msgs} }\n`,
+      ],
+      // an escaped key is the same key to the provider's parser
+      [
+        `{"model":"m","offe\\u0072":"${offer}","messages":${msgs}}`,
+        `{"model":"m","messages":${msgs}}`,
+      ],
+    ];
+    for (const [before, after] of cases) {
+      expect(upstream(before), before).toBe(after);
+    }
+  });
+
+  it("keeps members named offer or provider below the top level, and unknown members", () => {
+    const messages = [{ role: "user", content: "x", offer: 1, provider: { only: [] } }];
+    const text = `{"model":"m","messages":${JSON.stringify(messages)},"x":{"offer":"${offer}"},"seed":12345678901234567890,${pin}}`;
+    expect(upstream(text)).toBe(
+      `{"model":"m","messages":${JSON.stringify(messages)},"x":{"offer":"${offer}"},"seed":12345678901234567890}`,
+    );
+  });
+
+  it("also cuts them from a stream whose body gains stream_options", () => {
+    expect(upstream(`{${pin},"model":"m","stream":true,"messages":${msgs}}`)).toBe(
+      `{"stream_options":{"include_usage":true},"model":"m","stream":true,"messages":${msgs}}`,
+    );
+    expect(
+      upstream(`{"model":"m",${prefs},"stream":true,"stream_options":null,"messages":${msgs}}`),
+    ).toBe(
+      `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":${msgs}}`,
+    );
+    expect(
+      upstream(
+        `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":${msgs},${pin}}`,
+      ),
+    ).toBe(
+      `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":${msgs}}`,
+    );
+  });
+
+  it("returns the very bytes when there is nothing to cut or add", () => {
+    const req = parseText(`{"model":"m","messages":${msgs},"x_offer":"${offer}"}`);
+    expect(upstreamBody(req)).toBe(req.raw);
+  });
+
+  it("is the body without offer and provider, byte for byte, for any body and any placement", () => {
+    // Members the schema types are left out of the random ones (a random value would fail it).
+    const knownKeys = Object.keys(ChatRequestSchema.properties);
+    const extra = fc.dictionary(
+      fc.string().filter((k) => !knownKeys.includes(k) && k !== "__proto__"),
+      fc.jsonValue(),
+    );
+    const gateway = fc.record(
+      {
+        offer: fc.constantFrom(offer, null),
+        provider: fc.constantFrom(null, {}, { only: [offer], sort: "latency" }),
+      },
+      { requiredKeys: [] },
+    );
+    fc.assert(
+      fc.property(
+        extra,
+        gateway,
+        fc.tuple(fc.nat(), fc.nat()),
+        fc.boolean(),
+        fc.boolean(),
+        (rest, ours, places, stream, pretty) => {
+          const client: [string, unknown][] = [
+            ...Object.entries(rest),
+            ["model", "m"],
+            ["messages", hello],
+          ];
+          if (stream) client.push(["stream", true]);
+          const all = [...client];
+          Object.entries(ours).forEach((entry, i) =>
+            all.splice(places[i]! % (all.length + 1), 0, entry),
+          );
+          const indent = pretty ? 2 : undefined;
+          const text = JSON.stringify(Object.fromEntries(all), null, indent);
+          const out = dec.decode(upstreamBody(parseText(text)));
+          const expected = Object.fromEntries(client);
+          if (!stream) expect(out).toBe(JSON.stringify(expected, null, indent));
+          else {
+            expect(JSON.parse(out)).toEqual({
+              ...(JSON.parse(JSON.stringify(expected)) as object),
+              stream_options: { include_usage: true },
+            });
+          }
+        },
+      ),
     );
   });
 });

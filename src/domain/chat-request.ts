@@ -23,8 +23,9 @@ import { parseProviderPreferences, type ProviderPreferences } from "./provider-p
  * integers read exactly from the literal the client wrote, and `best_of` against `n`.
  *
  * The raw bytes are kept: unknown properties (and numbers JavaScript cannot represent, such as
- * a 64-bit `seed`) reach the provider as the client wrote them. The parsed value is used only to
- * validate and to compute what the gateway itself needs.
+ * a 64-bit `seed`) reach the provider as the client wrote them, less the gateway's own members
+ * (`offer`, `provider`; see {@link upstreamBody}). The parsed value is used only to validate and
+ * to compute what the gateway itself needs.
  *
  * Decisions beyond the spec, OpenAI-compatible where the spec is silent:
  * - an optional field set to `null` is treated as absent (OpenAI's API marks them nullable);
@@ -252,6 +253,8 @@ export function exactInteger(literal: string): bigint | undefined {
  */
 interface Member {
   readonly key: string;
+  /** The index of the key's opening quote. */
+  readonly keyStart: number;
   readonly valueStart: number;
   readonly valueEnd: number;
 }
@@ -359,7 +362,7 @@ function objectMembers(bytes: Uint8Array, open: number): { members: Member[]; en
     if (bytes[i] !== COLON) malformed();
     const valueStart = skipSpace(bytes, i + 1);
     const valueEnd = skipValue(bytes, valueStart);
-    members.push({ key, valueStart, valueEnd });
+    members.push({ key, keyStart, valueStart, valueEnd });
     i = skipSpace(bytes, valueEnd);
     if (bytes[i] === CLOSE_OBJECT) return { members, end: i + 1 };
     if (bytes[i] !== COMMA) malformed();
@@ -435,62 +438,105 @@ export function checkJsonBounds(raw: Uint8Array, bounds: JsonBounds = {}): void 
 // ---------------------------------------------------------------- what goes upstream
 
 const includeUsageMember = utf8Encoder.encode('"include_usage":true');
+const includeUsageMemberComma = utf8Encoder.encode('"include_usage":true,');
 const streamOptionsMember = utf8Encoder.encode('"stream_options":{"include_usage":true}');
+const streamOptionsMemberComma = utf8Encoder.encode('"stream_options":{"include_usage":true},');
 const streamOptionsValue = utf8Encoder.encode('{"include_usage":true}');
 const trueLiteral = utf8Encoder.encode("true");
-const comma = utf8Encoder.encode(",");
+const nothing = new Uint8Array();
 
 /**
- * The bytes to send to the provider. The gateway meters every stream from the provider's
- * usage, so a streaming request always asks for it: when `stream_options.include_usage` is not
- * already true, the body gains it. Everything else is the client's bytes, unchanged: the edit is
- * a splice into the raw text (never a re-serialisation), so unknown properties, key order,
- * whitespace and numbers beyond 2^53 reach the provider exactly as sent. Concretely:
- * - no `stream_options`: `"stream_options":{"include_usage":true},` goes right after the
- *   opening `{`;
- * - `stream_options: null`: the `null` becomes `{"include_usage":true}`;
- * - a `stream_options` object: its `include_usage` value becomes `true`, or
- *   `"include_usage":true` is added as its first member; its other members stay.
- * A request that does not stream, or already asks for usage, goes upstream byte for byte.
+ * Members of the chat body that are the gateway's alone: they choose the offer, so the provider
+ * has no use for them, and they would show it a client's pins and the competitors it ranks,
+ * restricts or excludes.
+ */
+const gatewayMembers: ReadonlySet<string> = new Set(["offer", "provider"]);
+
+/** `raw[start, end)` becomes `text`. */
+interface Edit {
+  readonly start: number;
+  readonly end: number;
+  readonly text: Uint8Array;
+}
+
+/**
+ * The bytes to send to the provider: the client's bytes, edited by splicing (never
+ * re-serialised), so unknown properties, key order, whitespace and numbers beyond 2^53 reach the
+ * provider exactly as sent. Two edits, each made only when needed:
+ *
+ * - The gateway's own members, `offer` and `provider`, are cut out with their separating comma
+ *   (and the white space between them and the next member); a body without them keeps every
+ *   byte. Escaped spellings (`"offe\u0072"`) are the same key to the provider's parser, and are
+ *   cut too.
+ * - The gateway meters every stream from the provider's usage, so a streaming request always asks
+ *   for it: when `stream_options.include_usage` is not already true, the body gains it.
+ *   - no `stream_options`: `"stream_options":{"include_usage":true},` goes right after the
+ *     opening `{`;
+ *   - `stream_options: null`: the `null` becomes `{"include_usage":true}`;
+ *   - a `stream_options` object: its `include_usage` value becomes `true`, or
+ *     `"include_usage":true` is added as its first member; its other members stay.
+ *
+ * A request with neither `offer` nor `provider` that does not stream, or already asks for usage,
+ * goes upstream byte for byte (the very array).
  */
 export function upstreamBody(req: ChatRequest): Uint8Array {
   const raw = req.raw;
-  if (!req.stream || req.includeUsage) return raw;
   const top = spans.get(req) ?? topLevelMembers(raw);
+  const edits: Edit[] = [];
+  let lastKept = -1;
+  for (let i = 0; i < top.length; i += 1) if (!gatewayMembers.has(top[i]!.key)) lastKept = i;
+  for (let i = 0; i < top.length; i += 1) {
+    if (gatewayMembers.has(top[i]!.key)) edits.push(cut(top, i, lastKept));
+  }
+  if (req.stream && !req.includeUsage) edits.push(...usageEdits(raw, top, lastKept >= 0));
+  if (edits.length === 0) return raw;
+  // Sorted by position (an insertion before a cut that starts at the same byte); none overlap.
+  edits.sort((a, b) => a.start - b.start || a.end - b.end);
+  const parts: Uint8Array[] = [];
+  let from = 0;
+  for (const edit of edits) {
+    parts.push(raw.subarray(from, edit.start), edit.text);
+    from = edit.end;
+  }
+  parts.push(raw.subarray(from));
+  return concatBytes(parts);
+}
+
+/**
+ * The cut that removes the top-level member `top[i]` and one comma next to it. Before the last
+ * kept member (`top[lastKept]`), the cut runs from its key to the next member's key (taking the
+ * comma after it); after it, from the end of the previous member's value (taking the comma
+ * before it) to the end of its own. Cuts of neighbouring members are adjacent, never overlapping.
+ */
+function cut(top: readonly Member[], i: number, lastKept: number): Edit {
+  const member = top[i]!;
+  if (i < lastKept) return { start: member.keyStart, end: top[i + 1]!.keyStart, text: nothing };
+  const start = i === 0 ? member.keyStart : top[i - 1]!.valueEnd;
+  return { start, end: member.valueEnd, text: nothing };
+}
+
+/** The edits that make the body ask for usage on its stream (see {@link upstreamBody}). */
+function usageEdits(raw: Uint8Array, top: readonly Member[], anyKept: boolean): Edit[] {
   const existing = top.find((m) => m.key === "stream_options");
   if (existing === undefined) {
-    const open = skipSpace(raw, 0);
-    return concatBytes([
-      raw.subarray(0, open + 1),
-      streamOptionsMember,
-      top.length > 0 ? comma : new Uint8Array(),
-      raw.subarray(open + 1),
-    ]);
+    const at = skipSpace(raw, 0) + 1;
+    const text = anyKept ? streamOptionsMemberComma : streamOptionsMember;
+    return [{ start: at, end: at, text }];
   }
   const { valueStart, valueEnd } = existing;
   if (raw[valueStart] !== OPEN_OBJECT) {
     // null (anything else failed validation)
-    return concatBytes([raw.subarray(0, valueStart), streamOptionsValue, raw.subarray(valueEnd)]);
+    return [{ start: valueStart, end: valueEnd, text: streamOptionsValue }];
   }
   const inner = objectMembers(raw, valueStart).members;
   const usage = inner.filter((m) => m.key === "include_usage");
   if (usage.length === 0) {
-    return concatBytes([
-      raw.subarray(0, valueStart + 1),
-      includeUsageMember,
-      inner.length > 0 ? comma : new Uint8Array(),
-      raw.subarray(valueStart + 1),
-    ]);
+    const at = valueStart + 1;
+    const text = inner.length > 0 ? includeUsageMemberComma : includeUsageMember;
+    return [{ start: at, end: at, text }];
   }
   // Every occurrence, so a provider that keeps the first of duplicate keys also sees true.
-  const parts: Uint8Array[] = [];
-  let from = 0;
-  for (const member of usage) {
-    parts.push(raw.subarray(from, member.valueStart), trueLiteral);
-    from = member.valueEnd;
-  }
-  parts.push(raw.subarray(from));
-  return concatBytes(parts);
+  return usage.map((m) => ({ start: m.valueStart, end: m.valueEnd, text: trueLiteral }));
 }
 
 // ---------------------------------------------------------------- quote numbers

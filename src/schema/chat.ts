@@ -94,7 +94,7 @@ export const ProviderPreferences = component(
     {
       additionalProperties: false,
       description:
-        "OpenRouter's provider routing object, applied to this market's offers (offer ids); null members are absent. Ignored where the request's offer, its quote or its permit pins an offer: a pin wins. An invalid object, or an OpenRouter member this gateway does not support (data_collection, zdr, quantizations, ...), is refused 400 invalid_request naming the field; preferences that leave no eligible offer are refused 503 no_eligible_offer naming the preference.",
+        "OpenRouter's provider routing object, applied to this market's offers (offer ids); null members are absent. The gateway's own member: it is not sent to the provider. Ignored where the request's offer, its quote or its permit pins an offer: a pin wins. An invalid object, or an OpenRouter member this gateway does not support (data_collection, zdr, quantizations, ...), is refused 400 invalid_request naming the field; preferences that leave no eligible offer are refused 503 no_eligible_offer naming the preference.",
     },
   ),
 );
@@ -112,7 +112,7 @@ export const ChatRequest = component(
       offer: OptionalNullable(Hex32, {
         "x-error-code": "invalid_hex",
         description:
-          "Pins the request to this offer (400 invalid_hex when not Hex32). A pin wins over provider preferences.",
+          "Pins the request to this offer (400 invalid_hex when not Hex32). A pin wins over provider preferences. The gateway's own member: it is not sent to the provider.",
       }),
       provider: OptionalNullable(ProviderPreferences),
       max_tokens: outputLimit(
@@ -159,7 +159,7 @@ export const ChatRequest = component(
     {
       additionalProperties: true,
       description:
-        "OpenAI's chat completion request, with the gateway's offer and provider. An optional member set to null is absent; a member given twice is refused (400 invalid_request); other members are relayed to the provider as the client wrote them. The quote binds model, messages, n, the output limit, tools, tool_choice and response_format.",
+        "OpenAI's chat completion request, with the gateway's offer and provider. An optional member set to null is absent; a member given twice is refused (400 invalid_request); the other members, unknown ones included, are relayed to the provider as the client wrote them, all but offer and provider. The quote binds model, messages, n, the output limit, tools, tool_choice and response_format.",
     },
   ),
 );
