@@ -29,7 +29,8 @@ import type { Dialect, DialectEvent, GatewayCharge, StreamTranslator } from "./t
  *
  * A `developer` message becomes a `system` one (and `instructions` a first system message):
  * most providers' chat templates know no developer role. The gateway's own request fields,
- * `offer` and `provider`, pass through unchanged, as on the chat route.
+ * `offer` and `provider`, are carried into the canonical request unchanged, where the gateway
+ * reads them as on the chat route (and cuts them out of what goes upstream).
  *
  * The answer echoes no request parameter (the translator sees only the provider's answer):
  * `instructions`, `tools`, `temperature`, `top_p` and `metadata` are neutral (`null` or `[]`).
