@@ -1,0 +1,140 @@
+import { createHash } from "node:crypto";
+import type { Logger } from "pino";
+import type { PublicClient } from "viem";
+import { createChainSignatureVerifier } from "../adapters/chain/signatures.js";
+import type { ChainPermitReader } from "../adapters/chain/permits.js";
+import type { Database } from "../adapters/pg/database.js";
+import * as ledger from "../adapters/pg/ledger.js";
+import {
+  createPgPermitAuthorizationStore,
+  findApiKeyWithAuthorizations,
+} from "../adapters/pg/permit-authorizations.js";
+import { getRequest } from "../adapters/pg/requests.js";
+import type { Config } from "../config.js";
+import { createCatalogService } from "../connect/catalog-service.js";
+import { createInferenceService } from "../connect/inference-service.js";
+import { createPermitService } from "../connect/permit-service.js";
+import { createProviderService } from "../connect/provider-service.js";
+import { createQuoteService } from "../connect/quote-service.js";
+import { createSettlementService } from "../connect/settlement-service.js";
+import type { Catalog } from "../domain/catalog.js";
+import type { Inference } from "../domain/chat/index.js";
+import type { HealthMonitor } from "../domain/health.js";
+import {
+  createKeyAuthorities,
+  createPermitAuthorizationService,
+  type KeyAuthorities,
+  type SpendingAuthority,
+} from "../domain/permit-authorization.js";
+import type { RegistrationService } from "../domain/registration.js";
+import { createTtlCache } from "../domain/ttl-cache.js";
+import type { createMetrics } from "../metrics.js";
+import type { RateLimiter } from "../rate-limit.js";
+import type { Readiness } from "../rest/facade.js";
+import { createGatewayHandler } from "../server.js";
+import type { Settlement } from "./settlement.js";
+
+/** The RPC services, and the one handler that serves them over Connect, gRPC and REST. */
+export function createApi(
+  config: Config,
+  deps: {
+    readonly db: Database;
+    readonly chain: PublicClient;
+    readonly catalog: Catalog;
+    readonly permits: ChainPermitReader;
+    readonly permitClock: () => number;
+    readonly inference: Inference;
+    readonly registration: RegistrationService;
+    readonly health: HealthMonitor;
+    readonly settlement: Settlement;
+    readonly invalidateRouting: () => void;
+    readonly rateLimiter: RateLimiter;
+    readonly readiness: () => Promise<Readiness>;
+    readonly clock: () => number;
+    readonly metrics: ReturnType<typeof createMetrics>;
+    readonly shutdown: AbortSignal;
+    readonly logger: Logger;
+  },
+) {
+  const { db, clock } = deps;
+  // Spending authority (DESIGN.md section 8): held per API key with the key itself.
+  const authorities = createKeyAuthorities({ ttlMs: config.apiKeyCacheMs });
+  const permitAuthorizations = createPermitAuthorizationService({
+    chainId: config.chainId,
+    market: config.marketAddress,
+    store: createPgPermitAuthorizationStore(db.pool),
+    verifier: createChainSignatureVerifier(deps.chain),
+    authorities,
+    clock,
+  });
+  return createGatewayHandler({
+    services: {
+      catalog: createCatalogService(deps.catalog),
+      quote: createQuoteService(deps.inference),
+      inference: createInferenceService({
+        inference: deps.inference,
+        findRequest: (id, apiKeyId) => getRequest(db.pool, id, apiKeyId),
+        permits: deps.permits,
+        permitLedger: (permitId) => ledger.permitLedger(db.pool, permitId),
+        clock,
+        permitClock: deps.permitClock,
+      }),
+      permit: createPermitService({ authorizations: permitAuthorizations, clock }),
+      settlement: createSettlementService({
+        flusher: deps.settlement.flusher,
+        reconcile: () => deps.settlement.reconcile(),
+      }),
+      provider: createProviderService({
+        catalog: deps.catalog,
+        registration: deps.registration,
+        health: deps.health,
+        verificationTtlSeconds: config.verificationTtlSeconds,
+        onEndpointChange: deps.invalidateRouting,
+      }),
+    },
+    logger: deps.logger,
+    bodyLimitBytes: config.bodyLimitBytes,
+    jsonBounds: { maxDepth: config.maxJsonDepth, maxArrayItems: config.maxJsonArrayItems },
+    readiness: deps.readiness,
+    findApiKey: cachedApiKeys(db, config.apiKeyCacheMs, authorities, clock),
+    settlementOperatorToken: config.settlementOperatorToken,
+    rateLimiter: deps.rateLimiter,
+    metrics: deps.metrics,
+    serveMetrics: config.metricsPort === undefined,
+    shutdown: deps.shutdown,
+  });
+}
+
+/**
+ * API key lookups, remembered for `ttlMs` once found (a chat request is the hot path; a
+ * revoked key stops within `ttlMs`). Unknown keys are never remembered. Keyed by the key's
+ * SHA-256, as the database is: no plaintext key is kept in memory longer than a request.
+ *
+ * The key's spending authority (its live permit authorizations) comes in the same query and is
+ * held by `authorities` for the same `ttlMs`: a chat's authority check is a read of memory, and
+ * a revocation made by another gateway on the database reaches this one within `ttlMs`
+ * (API_KEY_CACHE_MS; one made here applies at once, see domain/permit-authorization.ts).
+ */
+function cachedApiKeys(
+  db: Database,
+  ttlMs: number,
+  authorities: KeyAuthorities,
+  clock: () => number,
+): (key: string) => Promise<{ id: string; authority: SpendingAuthority } | null> {
+  const found = createTtlCache<string, string>({ ttlMs });
+  return async (key) => {
+    const digest = createHash("sha256").update(key).digest("base64");
+    const hit = found.get(digest);
+    const held = hit === undefined ? undefined : authorities.get(hit);
+    if (hit !== undefined && held !== undefined) return { id: hit, authority: held };
+    // Marked before the read: a change this process makes while it runs is applied on top.
+    const since = authorities.mark();
+    const row = await findApiKeyWithAuthorizations(db.pool, key, clock());
+    if (row === null) {
+      found.delete(digest);
+      return null;
+    }
+    found.set(digest, row.id);
+    return { id: row.id, authority: authorities.load(row.id, row.authorizations, since) };
+  };
+}

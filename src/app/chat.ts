@@ -1,0 +1,193 @@
+import type { Logger } from "pino";
+import type { Hex } from "viem";
+import type { Sealer } from "../adapters/crypto/sealer.js";
+import type { Database } from "../adapters/pg/database.js";
+import { getRegisteredEndpoint } from "../adapters/pg/endpoint-health.js";
+import { createPgIdempotencyStore } from "../adapters/pg/idempotency.js";
+import { createPgLeaseSignals, type PgLeaseSignals } from "../adapters/pg/lease-signals.js";
+import { createPgLeaseStore } from "../adapters/pg/leases.js";
+import * as ledger from "../adapters/pg/ledger.js";
+import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
+import { getQuote, insertQuote } from "../adapters/pg/quotes.js";
+import { readEventStream, type UpstreamClient } from "../adapters/upstream/http.js";
+import type { Config } from "../config.js";
+import type { Catalog } from "../domain/catalog.js";
+import {
+  createInference,
+  type Inference,
+  type Ledger,
+  type QuoteRecord,
+  type UpstreamChat,
+} from "../domain/chat/index.js";
+import { createLeasedLedger, type LeasedLedger } from "../domain/chat/leases.js";
+import { createMeasurementSync, createOfferMeasurements } from "../domain/chat/measurements.js";
+import type { EndpointSecret } from "../domain/health.js";
+import type { PermitReader } from "../domain/permits.js";
+import { openEndpoint } from "../domain/registration.js";
+import type { TtlCache } from "../domain/ttl-cache.js";
+import type { createMetrics } from "../metrics.js";
+
+/** How often each process shares its offer measurements through the database (migration 019). */
+const measurementSyncMs = 5_000;
+
+/** The metered chat pipeline of this process and what runs beside it. */
+export interface ChatWiring {
+  readonly inference: Inference;
+  /** The reservation leases (absent when RESERVATION_LEASES is off). */
+  readonly leased: LeasedLedger | undefined;
+  /** Stops sharing measurements (first, with the other background tasks). */
+  stopBackground(): Promise<void>;
+  /** Gives the leases back and stops listening for recalls (after the closes are written). */
+  stop(): Promise<void>;
+}
+
+export async function wireChat(
+  config: Config,
+  deps: {
+    readonly db: Database;
+    readonly sealer: Sealer;
+    readonly catalog: Catalog;
+    readonly permits: PermitReader;
+    readonly permitClock: () => number;
+    readonly endpointCache: TtlCache<Hex, EndpointSecret>;
+    readonly upstream: UpstreamClient;
+    readonly instanceId: string;
+    readonly clock: () => number;
+    readonly acquireStream: (apiKeyId: string) => () => void;
+    readonly metrics: ReturnType<typeof createMetrics>;
+    readonly logger: Logger;
+  },
+): Promise<ChatWiring> {
+  const { db, instanceId, logger } = deps;
+  const upstreamChat: UpstreamChat = async (endpoint, body, { signal }) => {
+    const reply = await deps.upstream.request(endpoint, "/v1/chat/completions", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body,
+      signal,
+      timeoutMs: config.upstreamTimeoutMs,
+      idleTimeoutMs: config.upstreamIdleTimeoutMs,
+    });
+    return {
+      status: reply.status,
+      text: () => reply.text(),
+      events: async function* () {
+        for await (const event of readEventStream(reply.body)) yield event.data;
+      },
+      discard: () => reply.dump(),
+    };
+  };
+  // Reservations and finalisations that arrive together share one transaction (group commit,
+  // migration 006); unloaded, each still goes at once.
+  // Bounded: behind a hung batch, a request fails closed in time (503, no upstream call).
+  const ledgerBatcher = ledger.createLedgerBatcher(db.pool, {
+    maxQueued: config.ledgerQueueMax,
+    maxWaitMs: config.ledgerQueueWaitMs,
+  });
+  const perRequest: Ledger = {
+    reserve: (input) => ledgerBatcher.reserve({ ...input, instanceId }),
+    markStreaming: (requestId) => ledger.markStreaming(db.pool, requestId),
+    finalize: (input) => ledgerBatcher.finalize(input),
+    voidReservation: (reservation, close) =>
+      ledger.voidReservation(db.pool, { ...reservation, instanceId }, close),
+    switchOffer: (input) => ledger.switchOffer(db.pool, input),
+    recordOfferFlag: (input) => ledger.recordOfferFlag(db.pool, input),
+  };
+  // Plain requests are admitted against reservation leases; their records and closes are
+  // written in batches (migration 010). Processes recall each other's idle leases over
+  // LISTEN/NOTIFY (PostgreSQL only: the embedded PGlite serves one connection, and one process
+  // has no one to recall from).
+  const leaseSignals: PgLeaseSignals | undefined =
+    config.reservationLeases && db.kind === "postgres"
+      ? createPgLeaseSignals(db.pool, {
+          instanceId,
+          logger: logger.child({ component: "leases" }),
+        })
+      : undefined;
+  try {
+    await leaseSignals?.ready();
+  } catch (error) {
+    await leaseSignals?.close();
+    throw error;
+  }
+  const leased = config.reservationLeases
+    ? createLeasedLedger({
+        signals: leaseSignals,
+        store: createPgLeaseStore(db.pool, {
+          maxQueued: config.ledgerQueueMax,
+          maxWaitMs: config.ledgerQueueWaitMs,
+        }),
+        fallback: perRequest,
+        instanceId,
+        clock: deps.clock,
+        permitClock: deps.permitClock,
+        staleAfterSeconds: config.orphanAfterSeconds,
+        maxQueued: config.ledgerQueueMax,
+        maxWaitMs: config.ledgerQueueWaitMs,
+      })
+    : undefined;
+  leased?.start();
+  // Measured latency and throughput of offers (`provider.sort`), shared through the database
+  // every few seconds (migration 019): routing reads memory only.
+  const measurements = createOfferMeasurements({ instanceId });
+  const measurementSync = createMeasurementSync({
+    measurements,
+    store: createPgMeasurementStore(db.pool),
+    instanceId,
+    intervalMs: measurementSyncMs,
+    onError: (error) =>
+      logger.warn(
+        { error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
+        "sharing offer measurements failed",
+      ),
+  });
+  measurementSync.start();
+  const lookupEndpoint = async (offerId: Hex): Promise<EndpointSecret | undefined> => {
+    const registered = await getRegisteredEndpoint(db.pool, offerId);
+    return registered === undefined
+      ? undefined
+      : openEndpoint(deps.sealer, offerId, registered.sealed);
+  };
+  const inference = createInference({
+    catalog: deps.catalog,
+    permits: deps.permits,
+    quotes: {
+      insert: (quote) => insertQuote(db.pool, quote),
+      get: async (quoteId) => (await getQuote(db.pool, quoteId)) as QuoteRecord | undefined,
+    },
+    ledger: leased ?? perRequest,
+    endpoints: async (offerId) => {
+      // `undefined` (no endpoint) is not remembered: a registration is picked up at once.
+      const hit = deps.endpointCache.get(offerId);
+      if (hit !== undefined) return hit;
+      const endpoint = await lookupEndpoint(offerId);
+      if (endpoint !== undefined) deps.endpointCache.set(offerId, endpoint);
+      return endpoint;
+    },
+    upstream: upstreamChat,
+    idempotency: createPgIdempotencyStore(db.pool, { instanceId }),
+    clock: deps.clock,
+    permitClock: deps.permitClock,
+    bodyLimitBytes: config.bodyLimitBytes,
+    jsonBounds: { maxDepth: config.maxJsonDepth, maxArrayItems: config.maxJsonArrayItems },
+    idempotencyMaxResultBytes: config.idempotencyMaxResultBytes,
+    // The error's first line only: never the key, the API key or the answer.
+    onIdempotencyResultLost: ({ requestId, error }) =>
+      logger.warn(
+        { requestId, error: (error as Error).message?.split("\n")[0] ?? "failed" },
+        "idempotency result not stored: the answer was delivered and charged, its replay is lost",
+      ),
+    acquireStream: deps.acquireStream,
+    observer: deps.metrics.chat,
+    measurements,
+  });
+  return {
+    inference,
+    leased,
+    stopBackground: () => measurementSync.stop(),
+    async stop() {
+      await leased?.stop();
+      await leaseSignals?.close();
+    },
+  };
+}

@@ -1,0 +1,91 @@
+import { hkdfSync } from "node:crypto";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { Logger } from "pino";
+import {
+  createSealer,
+  generateEncryptionKey,
+  parseEncryptionKey,
+  type Sealer,
+} from "../adapters/crypto/sealer.js";
+import { openDatabase, type Database } from "../adapters/pg/database.js";
+import { migrate } from "../adapters/pg/migrate.js";
+import type { Config } from "../config.js";
+
+/** What the gateway stores, and the key that seals provider endpoints in it. */
+export interface Storage {
+  readonly db: Database;
+  /** The database was opened here (closed at shutdown), not handed in by the caller. */
+  readonly ownsDatabase: boolean;
+  /** The endpoint encryption key (ENDPOINT_ENCRYPTION_KEY, else made on first start). */
+  readonly key: Buffer;
+  readonly sealer: Sealer;
+  /** The secret registration challenges are derived from (shared by gateways sharing `key`). */
+  readonly challengeSecret: Buffer;
+}
+
+/** Opens (or takes) the database and migrates it; then the endpoint key. */
+export async function openStorage(
+  config: Config,
+  options: { logger: Logger; database?: Database; inMemoryDatabase?: boolean },
+): Promise<Storage> {
+  const { logger } = options;
+  const ownsDatabase = options.database === undefined;
+  const db =
+    options.database ??
+    (await openDatabase({
+      url: config.databaseUrl,
+      dataDir: options.inMemoryDatabase ? undefined : join(config.stateDir, "pgdata"),
+      logger,
+      timeouts: {
+        statementMs: config.dbStatementTimeoutMs,
+        queryMs: config.dbQueryTimeoutMs,
+        connectMs: config.dbConnectTimeoutMs,
+      },
+    }));
+  try {
+    const { applied } = await migrate(db.pool);
+    if (applied.length > 0) logger.info({ applied }, "database migrated");
+    const key = await endpointEncryptionKey(config, options.inMemoryDatabase === true);
+    return {
+      db,
+      ownsDatabase,
+      key,
+      sealer: createSealer(key),
+      // Derived, so every gateway sharing the endpoint key also shares it.
+      challengeSecret: Buffer.from(
+        hkdfSync("sha256", key, "", "gateway.v1 registration challenge", 32),
+      ),
+    };
+  } catch (error) {
+    if (ownsDatabase) await db.close();
+    throw error;
+  }
+}
+
+/**
+ * The key that seals provider endpoints at rest: ENDPOINT_ENCRYPTION_KEY, else
+ * (embedded database only) one made on first start and kept beside the data,
+ * or a throwaway one for an in-memory database.
+ */
+async function endpointEncryptionKey(config: Config, inMemory: boolean): Promise<Buffer> {
+  if (config.endpointEncryptionKey !== undefined)
+    return parseEncryptionKey(config.endpointEncryptionKey);
+  if (inMemory) return generateEncryptionKey();
+  const path = join(config.stateDir, "endpoint-encryption.key");
+  try {
+    return parseEncryptionKey((await readFile(path, "utf8")).trim());
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
+  }
+  await mkdir(config.stateDir, { recursive: true });
+  const key = generateEncryptionKey();
+  try {
+    await writeFile(path, `${key.toString("hex")}\n`, { mode: 0o600, flag: "wx" });
+    return key;
+  } catch (error) {
+    // Another process made it first: use theirs.
+    if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
+    return parseEncryptionKey((await readFile(path, "utf8")).trim());
+  }
+}
