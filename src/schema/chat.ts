@@ -2,6 +2,7 @@ import { Type, type Static } from "@sinclair/typebox";
 import { ChatCompletedSchema } from "../../gen/gateway/v1/inference_pb.js";
 import { component, Decimal, Hex32, OptionalNullable } from "./common.js";
 import { protoView } from "./proto-view.js";
+import { usageDetails } from "./resources.js";
 
 /**
  * The chat completion bodies (spec: Chat request; OpenAI's chat.completion and its chunks),
@@ -173,14 +174,7 @@ export const xGatewayResource = protoView(ChatCompletedSchema, "XGateway", {
   fields: {
     usage_from_provider: { omit: true },
     billing: { emptyIsNull: true },
-    cached_input_tokens: {
-      description:
-        "Of input_tokens, those the provider reported served from its prompt cache (0: none reported, or not credible); not priced (an Idempotency-Key replay of an answer stored before they were recorded: 0)",
-    },
-    reasoning_tokens: {
-      description:
-        "Of output_tokens, those the provider reported spent on reasoning (0: none reported, or not credible); not priced",
-    },
+    ...usageDetails,
   },
 });
 export const XGateway = xGatewayResource.schema;

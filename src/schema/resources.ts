@@ -22,6 +22,18 @@ import { protoView } from "./proto-view.js";
  * null when empty). Lists and envelopes wrap them.
  */
 
+/** The usage details of a request, wherever they are shown (record, `x_gateway`). */
+export const usageDetails = {
+  cached_input_tokens: {
+    description:
+      "Of input_tokens, those the provider reported served from its prompt cache: a safe integer at most prompt_tokens, else 0; 0 when it reported none (or an Idempotency-Key replay of an answer stored before they were recorded). Shown, never priced",
+  },
+  reasoning_tokens: {
+    description:
+      "Of output_tokens, those the provider reported spent on reasoning: a safe integer at most completion_tokens, else 0; 0 when it reported none. Shown, never priced",
+  },
+} as const;
+
 export const modelResource = protoView(ModelSchema, "Model", {
   constants: { object: "model" },
   fields: { id: { description: "public model id (catalog id, else the ModelID)" } },
@@ -78,14 +90,7 @@ export const requestResource = protoView(InferenceRequestSchema, "InferenceReque
     id: { schema: Hex32 },
     billing: { emptyIsNull: true },
     error: { emptyIsNull: true },
-    cached_input_tokens: {
-      description:
-        "Of input_tokens, those the provider reported served from its prompt cache: a safe integer at most prompt_tokens, else 0; 0 when it reported none. Shown, never priced",
-    },
-    reasoning_tokens: {
-      description:
-        "Of output_tokens, those the provider reported spent on reasoning: a safe integer at most completion_tokens, else 0; 0 when it reported none. Shown, never priced",
-    },
+    ...usageDetails,
   },
 });
 
