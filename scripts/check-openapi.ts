@@ -6,7 +6,8 @@
 // Exit 1 with the errors.
 import { Validator } from "@seriousme/openapi-schema-validator";
 import { pathToFileURL } from "node:url";
-import { errorCodes } from "../src/domain/errors.js";
+import { wireOf } from "../src/connect/error-codes.js";
+import { isErrorCode } from "../src/domain/errors.js";
 import { openApiDocument } from "../src/rest/routes.js";
 
 /** The problems of `document` as an OpenAPI 3.1 description of this gateway ([] when none). */
@@ -51,7 +52,7 @@ export async function checkOpenApi(document: object): Promise<string[]> {
       const code = node.code as { const?: string; enum?: string[] } | undefined;
       const type = (node.type as { const?: string } | undefined)?.const;
       for (const c of code?.enum ?? (code?.const === undefined ? [] : [code.const])) {
-        const known = (errorCodes as Record<string, { status: number; type: string }>)[c];
+        const known = isErrorCode(c) ? wireOf(c) : undefined;
         if (known === undefined)
           problems.push(`${at}: error code '${c}' is not in src/domain/errors.ts`);
         // A dialect's error shape (DESIGN.md section 9) has its own types: the status must match.

@@ -1,4 +1,5 @@
 import { isAddress, isHex, type Address, type Hex } from "viem";
+import { BaseError } from "./errors.js";
 
 /**
  * The gateway's configuration, parsed once from the environment into one
@@ -139,7 +140,8 @@ export interface Config {
 export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
 export type LogLevel = (typeof logLevels)[number];
 
-export class ConfigError extends Error {
+export class ConfigError extends BaseError {
+  readonly reason = "config_invalid";
   override readonly name = "ConfigError";
   constructor(readonly problems: readonly string[]) {
     super(`invalid configuration:\n  - ${problems.join("\n  - ")}`);

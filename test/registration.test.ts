@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import { httpStatusOf } from "../src/connect/error-codes.js";
 import { Wallet } from "ethers";
 import pg from "pg";
 import { pino } from "pino";
@@ -488,7 +489,7 @@ describe("provider registration (anvil + database)", () => {
     it("answers 403 not_offer_operator to another key's valid signature over the issued fields", async () => {
       const { req } = await signedRequest(offerId, viemSigner(stranger));
       const err = await expectCode(service.register(req), "not_offer_operator");
-      expect(err.status).toBe(403);
+      expect(httpStatusOf(err.code)).toBe(403);
       expect(err.message).toContain(stranger.address);
       // The contract wallet refuses a key that is not its owner's.
       const wallet = await signedRequest(walletOfferId, viemSigner(stranger));
@@ -505,7 +506,7 @@ describe("provider registration (anvil + database)", () => {
         service.register({ ...url.req, endpointUrl: uniqueUrl("tampered") }),
         "invalid_signature",
       );
-      expect(e1.status).toBe(401);
+      expect(httpStatusOf(e1.code)).toBe(401);
 
       const nonce = await signedRequest(offerId, sign);
       const flipped = nonce.req.nonce.endsWith("0") ? "1" : "0";
@@ -571,7 +572,7 @@ describe("provider registration (anvil + database)", () => {
         [offerId.toLowerCase()],
       );
       const err = await expectCode(service.register(req), "nonce_used");
-      expect(err.status).toBe(409);
+      expect(httpStatusOf(err.code)).toBe(409);
       // The refused replay changed nothing.
       expect((await getProviderEndpoint(database.db.pool, offerId))?.verifiedAt).toBe(1);
 
@@ -632,7 +633,7 @@ describe("provider registration (anvil + database)", () => {
         service.register({ ...req, offerId: id32("offer:unknown") }),
         "offer_not_found",
       );
-      expect(err.status).toBe(404);
+      expect(httpStatusOf(err.code)).toBe(404);
 
       const fresh = id32("offer:not-indexed-yet");
       await createOffer(fresh, roles.operator.address, roles.operator);
@@ -671,7 +672,7 @@ describe("provider registration (anvil + database)", () => {
           service.register({ ...req, endpointUrl }),
           "endpoint_not_allowed",
         );
-        expect(err.status).toBe(400);
+        expect(httpStatusOf(err.code)).toBe(400);
         expect(err.cause).toBeUndefined();
       }
     });
@@ -727,7 +728,7 @@ describe("provider registration (anvil + database)", () => {
       const { req } = await signedRequest(offerId, viemSigner(roles.operator));
       await anvil.stop();
       const a = await expectCode(service.register(req), "chain_unavailable");
-      expect(a.status).toBe(503);
+      expect(httpStatusOf(a.code)).toBe(503);
       await expectCode(
         service.createChallenge({ offerId, endpointUrl: uniqueUrl("down") }),
         "chain_unavailable",

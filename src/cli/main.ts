@@ -1,4 +1,5 @@
 import { join } from "node:path";
+import { BaseError } from "../errors.js";
 import { parseArgs } from "node:util";
 import { createApiKey, listApiKeys, revokeApiKey } from "../adapters/pg/api-keys.js";
 import { openDatabase } from "../adapters/pg/database.js";
@@ -30,7 +31,10 @@ commands:
 
 Environment: see README.md ("Configuration").`;
 
-class UsageError extends Error {}
+class UsageError extends BaseError {
+  override readonly name = "UsageError";
+  readonly reason = "usage";
+}
 
 /**
  * SIGTERM/SIGINT stop what `started` resolves to (a signal that comes while it is still

@@ -1,4 +1,5 @@
 import { parseArgs } from "node:util";
+import { BaseError } from "../errors.js";
 import { isAddress, type Address, type Hex } from "viem";
 import { isHex32 } from "../domain/hex.js";
 import { authorizeApiKey, revokeAuthorizationAsPayer } from "../permit/client.js";
@@ -18,7 +19,10 @@ Gateway: GATEWAY_URL and GATEWAY_API_KEY (or --gateway / --api-key)
 Payer:   PAYER_PRIVATE_KEY, or --keystore FILE (an encrypted JSON keystore) with KEYSTORE_PASSWORD;
          for a contract wallet (ERC-1271), --payer ADDRESS and a key the wallet accepts`;
 
-class PermitUsageError extends Error {}
+class PermitUsageError extends BaseError {
+  override readonly name = "PermitUsageError";
+  readonly reason = "usage";
+}
 
 /**
  * `gateway permit …`: what a payer runs to authorize an API key (or revoke one). Writes results

@@ -1,4 +1,5 @@
 import { parseArgs } from "node:util";
+import { BaseError } from "../errors.js";
 import type { Hex, LocalAccount } from "viem";
 import { isHex32 } from "../domain/hex.js";
 import {
@@ -23,7 +24,10 @@ The endpoint URL is the server root (the gateway appends /v1/models and /v1/chat
 Gateway:  GATEWAY_URL and GATEWAY_API_KEY (or --gateway / --api-key)
 Operator: OPERATOR_PRIVATE_KEY, or --keystore FILE (an encrypted JSON keystore) with KEYSTORE_PASSWORD`;
 
-export class ProviderUsageError extends Error {}
+export class ProviderUsageError extends BaseError {
+  override readonly name = "ProviderUsageError";
+  readonly reason = "usage";
+}
 
 /** The offer operator's key, loaded as every signing command loads its key (cli/signer.ts). */
 async function operatorAccount(

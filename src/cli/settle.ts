@@ -1,4 +1,5 @@
 import { parseArgs } from "node:util";
+import { BaseError } from "../errors.js";
 import { toJson, type DescMessage, type MessageShape } from "@bufbuild/protobuf";
 import {
   FlushResponseSchema,
@@ -21,7 +22,10 @@ Answers are printed as protobuf JSON (camelCase fields, enum names, 64-bit integ
 Gateway:  GATEWAY_URL (default http://127.0.0.1:8080), SETTLEMENT_OPERATOR_TOKEN (required)
 Worker:   SETTLE_INTERVAL_MS (default 10000), SETTLE_MAX_REQUESTS (default: all pending), LOG_LEVEL`;
 
-export class SettleUsageError extends Error {}
+export class SettleUsageError extends BaseError {
+  override readonly name = "SettleUsageError";
+  readonly reason = "usage";
+}
 
 interface SettleEnv {
   readonly url: string;

@@ -1,10 +1,14 @@
 import { readFile } from "node:fs/promises";
+import { BaseError } from "../errors.js";
 import { Wallet } from "ethers";
 import type { Hex, LocalAccount } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 
 /** The signer could not be loaded as asked (a usage problem: exit 2). */
-export class SignerUsageError extends Error {}
+export class SignerUsageError extends BaseError {
+  override readonly name = "SignerUsageError";
+  readonly reason = "usage";
+}
 
 /**
  * The account a CLI command signs with, which never leaves this process: an encrypted JSON

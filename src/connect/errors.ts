@@ -1,29 +1,11 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "../../gen/google/rpc/error_details_pb.js";
-import { GatewayError, errorCodes, isErrorCode, type ErrorCode } from "../domain/errors.js";
+import { GatewayError, isErrorCode, type ErrorCode } from "../domain/errors.js";
+import { wireOf } from "./error-codes.js";
 import { isDatabaseUnavailable } from "../adapters/pg/unavailable.js";
 
 /** ErrorInfo.domain of every gateway error. */
 export const errorDomain = "gateway.v1";
-
-const connectCodeForStatus: Record<number, Code> = {
-  400: Code.InvalidArgument,
-  401: Code.Unauthenticated,
-  402: Code.FailedPrecondition,
-  403: Code.PermissionDenied,
-  404: Code.NotFound,
-  405: Code.Unimplemented,
-  408: Code.DeadlineExceeded,
-  409: Code.Aborted,
-  413: Code.ResourceExhausted,
-  415: Code.InvalidArgument,
-  422: Code.FailedPrecondition,
-  429: Code.ResourceExhausted,
-  500: Code.Internal,
-  501: Code.Unimplemented,
-  502: Code.Unavailable,
-  503: Code.Unavailable,
-};
 
 /** ErrorInfo.metadata key of the whole seconds to wait before a retry (429 `rate_limited`). */
 export const retryAfterKey = "retry_after_seconds";
@@ -46,11 +28,11 @@ export function toConnectError(error: unknown): ConnectError {
       : isDatabaseUnavailable(error)
         ? new GatewayError("database_unavailable", "the database is unavailable", { cause: error })
         : new GatewayError("internal_error", "internal error", { cause: error });
-  const { status, type } = errorCodes[gatewayError.code];
+  const { connect, type } = wireOf(gatewayError.code);
   const retryAfter = gatewayError.retryAfterSeconds;
   return new ConnectError(
     gatewayError.message,
-    connectCodeForStatus[status] ?? Code.Unknown,
+    connect,
     retryAfter === undefined ? undefined : { "retry-after": String(retryAfter) },
     [
       {

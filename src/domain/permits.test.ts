@@ -1,4 +1,5 @@
 import type { Hex } from "viem";
+import { httpStatusOf } from "../connect/error-codes.js";
 import { describe, expect, it } from "vitest";
 import { GatewayError, type ErrorCode } from "./errors.js";
 import {
@@ -58,7 +59,7 @@ async function expectCode(
 ): Promise<GatewayError> {
   const error = await rejection(checkPermit(header, readerOf(permits), { modelId, now, ...ctx }));
   expect(error.code).toBe(code);
-  expect(error.status).toBe(code === "invalid_hex" ? 400 : 402);
+  expect(httpStatusOf(error.code)).toBe(code === "invalid_hex" ? 400 : 402);
   return error;
 }
 
@@ -96,7 +97,7 @@ describe("checkPermit", () => {
     const cause = new Error("connection refused");
     const error = await rejection(checkPermit(permitId, readerOf([], cause), { modelId, now }));
     expect(error.code).toBe("chain_unavailable");
-    expect(error.status).toBe(503);
+    expect(httpStatusOf(error.code)).toBe(503);
     expect(error.cause).toBe(cause);
     const passed = new GatewayError("chain_unavailable", "down");
     await expect(checkPermit(permitId, readerOf([], passed), { modelId, now })).rejects.toBe(

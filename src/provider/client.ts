@@ -1,4 +1,5 @@
 import type { Hex, LocalAccount } from "viem";
+import { BaseError } from "../errors.js";
 import { withoutDomainType, type RegistrationTypedData } from "../domain/registration.js";
 
 /**
@@ -13,7 +14,8 @@ export interface GatewayConnection {
 }
 
 /** An error answer of the gateway, with the spec's code. */
-export class GatewayRequestError extends Error {
+export class GatewayRequestError extends BaseError {
+  readonly reason = "gateway_refused";
   override readonly name = "GatewayRequestError";
   constructor(
     readonly status: number,

@@ -1,5 +1,6 @@
 import type { TSchema } from "@sinclair/typebox";
-import { errorCodes, type ErrorCode } from "../domain/errors.js";
+import { wireOf } from "../connect/error-codes.js";
+import type { ErrorCode } from "../domain/errors.js";
 import { componentSchemas, Hex32 } from "../schema/common.js";
 import { ErrorBody } from "../schema/resources.js";
 
@@ -153,7 +154,7 @@ const ref = (kind: "responses" | "parameters" | "headers" | "schemas", name: str
 
 /** The `type` of an error body: a function of its code's status (src/domain/errors.ts). */
 function typeOf(status: number, codes: readonly ErrorCode[]): string {
-  const types = new Set(codes.map((c) => errorCodes[c].type));
+  const types = new Set(codes.map((c) => wireOf(c).type));
   if (types.size !== 1) throw new Error(`codes of status ${status} have several types`);
   return [...types][0] as string;
 }

@@ -1,7 +1,8 @@
 import { ConnectError } from "@connectrpc/connect";
 import { errorCodeOf, retryAfterOf, toConnectError } from "../connect/errors.js";
 import type { Static } from "@sinclair/typebox";
-import { errorCodes, type ErrorCode } from "../domain/errors.js";
+import { wireOf } from "../connect/error-codes.js";
+import type { ErrorCode } from "../domain/errors.js";
 import type { ErrorBody as ErrorBodySchema } from "../schema/resources.js";
 
 /** The spec's error body (its schema: src/schema/resources.ts), its code one of the gateway's. */
@@ -23,7 +24,7 @@ export function toHttpError(error: unknown): {
 } {
   const connectError = error instanceof ConnectError ? error : toConnectError(error);
   const code = errorCodeOf(connectError);
-  const { status, type } = errorCodes[code];
+  const { status, type } = wireOf(code);
   const message = code === "internal_error" ? "internal error" : connectError.rawMessage;
   const headers: Record<string, string> = {};
   if (status === 401) headers["www-authenticate"] = "Bearer";

@@ -1,6 +1,6 @@
 import { Type, type Static } from "@sinclair/typebox";
 import { ChatCompletedSchema } from "../../gen/gateway/v1/inference_pb.js";
-import { component, Decimal, Hex32, OptionalNullable } from "./common.js";
+import { component, Hex32, OptionalNullable } from "./common.js";
 import { protoView } from "./proto-view.js";
 import { usageDetails } from "./resources.js";
 

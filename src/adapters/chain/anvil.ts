@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
+import { BaseError } from "../../errors.js";
 import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
@@ -32,7 +33,8 @@ export interface AnvilInstance {
   stop(): Promise<void>;
 }
 
-export class AnvilError extends Error {
+export class AnvilError extends BaseError {
+  readonly reason = "anvil_failed";
   override readonly name = "AnvilError";
 }
 

@@ -1,4 +1,5 @@
 import type { Hex } from "viem";
+import { BaseError } from "../../errors.js";
 import { modelStatuses, offerStatuses, type JsonValue } from "../../domain/catalog.js";
 import { normalizeHex } from "../../domain/hex.js";
 import type { ModelState, OfferState } from "../pg/catalog.js";
@@ -58,7 +59,8 @@ export interface RawOffer {
 }
 
 /** Why a value cannot be stored; thrown inside this module only. */
-class Rejected extends Error {
+class Rejected extends BaseError {
+  override readonly name = "Rejected";
   constructor(readonly reason: string) {
     super(reason);
   }

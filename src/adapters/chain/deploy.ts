@@ -1,4 +1,5 @@
 import type { Account, Address, Chain, Hash, PublicClient, Transport, WalletClient } from "viem";
+import { BaseError } from "../../errors.js";
 import {
   creditTokenAbi,
   creditTokenBytecode,
@@ -11,7 +12,8 @@ import {
 /** A wallet client that can send transactions on its own: it has an account and a chain. */
 export type DeployerWallet = WalletClient<Transport, Chain, Account>;
 
-export class DeployError extends Error {
+export class DeployError extends BaseError {
+  readonly reason = "deploy_failed";
   override readonly name = "DeployError";
 }
 

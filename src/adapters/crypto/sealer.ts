@@ -1,4 +1,5 @@
 import { createCipheriv, createDecipheriv, randomBytes } from "node:crypto";
+import { BaseError } from "../../errors.js";
 
 /**
  * Authenticated encryption for secrets the gateway must store but never show: provider endpoint
@@ -18,7 +19,8 @@ export interface Sealer {
 }
 
 /** Sealing or opening failed. The message never contains key material or plaintext. */
-export class SealerError extends Error {
+export class SealerError extends BaseError {
+  readonly reason = "sealed_data_invalid";
   override readonly name = "SealerError";
 }
 

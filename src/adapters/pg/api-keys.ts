@@ -1,4 +1,5 @@
 import { createHash, randomBytes } from "node:crypto";
+import { BaseError } from "../../errors.js";
 import type pg from "pg";
 
 /** Anything that can run a query: the pool, or a client inside a transaction. */
@@ -27,7 +28,8 @@ export interface ApiKeyInfo {
 }
 
 /** `revokeApiKey` was given a prefix that several active keys share. */
-export class AmbiguousApiKeyPrefixError extends Error {
+export class AmbiguousApiKeyPrefixError extends BaseError {
+  readonly reason = "api_key_prefix_ambiguous";
   override readonly name = "AmbiguousApiKeyPrefixError";
 }
 

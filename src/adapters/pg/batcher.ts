@@ -1,3 +1,4 @@
+import { BaseError } from "../../errors.js";
 /**
  * Natural batching (group commit in the application): items submitted while a batch is in
  * flight wait and then go together as the next batch, so under load many items share one round
@@ -37,7 +38,7 @@ export interface BatcherOptions<I, R> {
  * The batcher refused an item before sending it: nothing of it reached the database, so its
  * outcome is known (nothing happened) and there is nothing to undo.
  */
-export class BatcherOverloadError extends Error {
+export class BatcherOverloadError extends BaseError {
   override readonly name = "BatcherOverloadError";
   /** Always false: the item was never sent (callers outside this module test this field). */
   readonly sent = false;

@@ -1,4 +1,5 @@
 import { mkdir } from "node:fs/promises";
+import { BaseError } from "../../errors.js";
 import { resolve as resolvePath } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { PGlite } from "@electric-sql/pglite";
@@ -43,7 +44,7 @@ export interface Database {
 }
 
 /** Opening the database failed; the message never contains a password. */
-export class DatabaseOpenError extends Error {
+export class DatabaseOpenError extends BaseError {
   override readonly name = "DatabaseOpenError";
   readonly reason = "database_unavailable";
 }

@@ -48,6 +48,7 @@
  * gw_reserve's upserts as plain conditional UPDATEs, which behave the same).
  */
 import type pg from "pg";
+import { BaseError } from "../../errors.js";
 import type { Hex } from "viem";
 import {
   availableCredits,
@@ -61,7 +62,8 @@ import type { CloseRecord } from "../../domain/chat/index.js";
 import type { Billing, FinalRequestStatus, UsageSource } from "./requests.js";
 
 /** The ledger found itself inconsistent (a bug, or a hand edit); the transaction was undone. */
-export class LedgerInconsistencyError extends Error {
+export class LedgerInconsistencyError extends BaseError {
+  readonly reason = "ledger_inconsistent";
   override readonly name = "LedgerInconsistencyError";
 }
 
@@ -304,7 +306,8 @@ function finalizeClosing(input: FinalizeInput): Closing {
 }
 
 /** One item of a batch failed in the database; only that item was rolled back. */
-export class LedgerItemError extends Error {
+export class LedgerItemError extends BaseError {
+  readonly reason = "ledger_item_failed";
   override readonly name = "LedgerItemError";
   /** The SQLSTATE, as on the errors of `pg` (e.g. `23505` for a duplicate key). */
   readonly code: string;

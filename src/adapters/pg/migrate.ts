@@ -1,4 +1,5 @@
 import { readdir, readFile } from "node:fs/promises";
+import { BaseError } from "../../errors.js";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type pg from "pg";
@@ -12,7 +13,8 @@ const MIGRATION_LOCK_KEY = "7201934488021365";
 const FILE_NAME = /^(\d+)_([A-Za-z0-9_-]+)\.sql$/;
 
 /** A migration could not be applied, or the database does not fit the code. */
-export class MigrationError extends Error {
+export class MigrationError extends BaseError {
+  readonly reason = "migration_failed";
   override readonly name = "MigrationError";
 }
 

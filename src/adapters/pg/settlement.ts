@@ -1,4 +1,5 @@
 import type pg from "pg";
+import { BaseError } from "../../errors.js";
 import type { Hex } from "viem";
 import type {
   BatchCharge,
@@ -22,7 +23,8 @@ import { inTransaction } from "./ledger.js";
  * account row, batch row, request rows, permit rows (ascending permit id). The requests this
  * module writes are final ones; the ledger's own transactions only ever lock open requests.
  */
-export class LeaseLostError extends Error {
+export class LeaseLostError extends BaseError {
+  readonly reason = "settlement_lease_lost";
   override readonly name = "LeaseLostError";
   constructor(account: string) {
     super(`the settlement lease of ${account} is no longer held by this flusher`);

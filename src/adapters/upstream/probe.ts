@@ -1,4 +1,5 @@
 import { GatewayError } from "../../domain/errors.js";
+import { BaseError } from "../../errors.js";
 import type {
   EndpointProber,
   EndpointSecret,
@@ -124,7 +125,8 @@ export async function verifyEndpoint(
   }
 }
 
-class CheckFailed extends Error {
+class CheckFailed extends BaseError {
+  readonly reason = "verification_check_failed";
   override readonly name = "CheckFailed";
   constructor(
     readonly check: VerificationCheck,

@@ -1,4 +1,5 @@
 import type { Hex } from "viem";
+import { BaseError } from "../../errors.js";
 
 /**
  * The in-memory side of one reservation lease (leases.ts): what this process holds of a
@@ -17,7 +18,8 @@ export interface Waiter {
 }
 
 /** A request refused before the database saw anything of it (backpressure). */
-export class LeaseWaitError extends Error {
+export class LeaseWaitError extends BaseError {
+  readonly reason = "lease_wait_timeout";
   override readonly name = "LeaseWaitError";
   readonly sent = false;
 }

@@ -1,4 +1,5 @@
 import type { Hex } from "viem";
+import { httpStatusOf } from "../../connect/error-codes.js";
 import { describe, expect, it } from "vitest";
 import type { OfferRecord } from "../catalog.js";
 import {
@@ -161,7 +162,7 @@ describe("inference pipeline", () => {
       const error = await chat().catch((e: unknown) => e);
       expect(error).toBeInstanceOf(GatewayError);
       expect((error as GatewayError).code).toBe("permit_not_authorized");
-      expect((error as GatewayError).status).toBe(403);
+      expect(httpStatusOf((error as GatewayError).code)).toBe(403);
       expect(called).toEqual([]);
       expect(finalized).toEqual([]);
     }

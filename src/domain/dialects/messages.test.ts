@@ -1,4 +1,5 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { httpStatusOf } from "../../connect/error-codes.js";
 import type { AddressInfo } from "node:net";
 import Anthropic from "@anthropic-ai/sdk";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -1300,7 +1301,7 @@ describe("with the official @anthropic-ai/sdk", () => {
 
   it("an error body becomes the SDK's typed error, with the gateway's code", async () => {
     const error = new GatewayError("insufficient_credits", "the permit has too few credits");
-    answer = { status: error.status, json: messagesDialect.errorBody(error) };
+    answer = { status: httpStatusOf(error.code), json: messagesDialect.errorBody(error) };
     const caught = await client.messages
       .create({ model: "m", max_tokens: 1, messages: [{ role: "user", content: "x" }] })
       .catch((err: unknown) => err);

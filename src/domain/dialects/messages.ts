@@ -1,7 +1,7 @@
 import type { Static } from "@sinclair/typebox";
 import { MessagesRequest } from "../../schema/messages.js";
 import { compileBody } from "../../schema/validate.js";
-import { GatewayError } from "../errors.js";
+import { GatewayError, type ErrorKind } from "../errors.js";
 import type { Dialect, DialectEvent, GatewayCharge, StreamTranslator } from "./types.js";
 
 /**
@@ -564,26 +564,30 @@ class MessagesStream implements StreamTranslator {
  * Anthropic's error type for a gateway error, by its HTTP status (Anthropic's own statuses and
  * types: 402 billing_error, 409 conflict_error, 413 request_too_large, 503 overloaded_error).
  */
-function anthropicErrorType(status: number): string {
-  switch (status) {
-    case 401:
+function anthropicErrorType(kind: ErrorKind): string {
+  switch (kind) {
+    case "unauthenticated":
       return "authentication_error";
-    case 402:
+    case "payment":
       return "billing_error";
-    case 403:
+    case "forbidden":
       return "permission_error";
-    case 404:
+    case "not_found":
       return "not_found_error";
-    case 409:
+    case "conflict":
       return "conflict_error";
-    case 413:
+    case "too_large":
       return "request_too_large";
-    case 429:
+    case "rate_limited":
       return "rate_limit_error";
-    case 503:
+    case "unavailable":
       return "overloaded_error";
+    case "internal":
+    case "not_implemented":
+    case "bad_gateway":
+      return "api_error";
     default:
-      return status >= 500 ? "api_error" : "invalid_request_error";
+      return "invalid_request_error";
   }
 }
 
@@ -596,7 +600,7 @@ function errorBody(error: GatewayError): unknown {
   return {
     type: "error",
     error: {
-      type: anthropicErrorType(error.status),
+      type: anthropicErrorType(error.kind),
       message: error.message,
       code: error.code,
       details: { error_code: error.code },

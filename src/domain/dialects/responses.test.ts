@@ -1,4 +1,5 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { httpStatusOf } from "../../connect/error-codes.js";
 import type { AddressInfo } from "node:net";
 import OpenAI, { APIError } from "openai";
 import type {
@@ -1030,7 +1031,7 @@ beforeAll(async () => {
       } catch (error) {
         const gatewayError =
           error instanceof GatewayError ? error : new GatewayError("internal_error", String(error));
-        res.writeHead(gatewayError.status, { "content-type": "application/json" });
+        res.writeHead(httpStatusOf(gatewayError.code), { "content-type": "application/json" });
         res.end(JSON.stringify(responsesDialect.errorBody(gatewayError)));
       }
     });
