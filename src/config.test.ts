@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { ConfigError, parseConfig } from "./config.js";
+import { ConfigError, parseConfig, parseLocalConfig, parseSettleConfig } from "./config.js";
 
 const base = {
   RPC_URL: "http://127.0.0.1:8545",
@@ -187,5 +187,41 @@ describe("rate limit and slow-client settings", () => {
         SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS: "101",
       }),
     ).toThrow(/SETTLEMENT_MAX_PRIORITY_FEE_PER_GAS must not exceed SETTLEMENT_MAX_FEE_PER_GAS/);
+  });
+});
+
+describe("the commands that run without the full configuration read it here too", () => {
+  it("gateway dev and the management commands: LOG_LEVEL, PORT, GATEWAY_STATE_DIR, DATABASE_URL", () => {
+    expect(parseLocalConfig({})).toEqual({
+      logLevel: "info",
+      port: 8080,
+      stateDir: ".gateway",
+      databaseUrl: undefined,
+    });
+    expect(parseLocalConfig({ PORT: "0", GATEWAY_STATE_DIR: "/tmp/x", LOG_LEVEL: "warn" })).toEqual(
+      { logLevel: "warn", port: 0, stateDir: "/tmp/x", databaseUrl: undefined },
+    );
+    expect(() => parseLocalConfig({ PORT: "70000", LOG_LEVEL: "loud" })).toThrow(
+      /LOG_LEVEL must be one of[\s\S]*PORT must be 0-65535/,
+    );
+  });
+
+  it("gateway settle: the gateway's origin, the operator token, the worker's pace", () => {
+    expect(
+      parseSettleConfig({
+        GATEWAY_URL: "https://gw.example/ignored/path",
+        SETTLEMENT_OPERATOR_TOKEN: "op",
+        SETTLE_MAX_REQUESTS: "50",
+      }),
+    ).toEqual({
+      url: "https://gw.example",
+      token: "op",
+      intervalMs: 10_000,
+      maxRequests: 50,
+      logLevel: "info",
+    });
+    expect(() => parseSettleConfig({ GATEWAY_URL: "ftp://x", SETTLE_INTERVAL_MS: "0" })).toThrow(
+      /GATEWAY_URL must be an http:\/\/ or https:\/\/ URL[\s\S]*SETTLEMENT_OPERATOR_TOKEN is required[\s\S]*SETTLE_INTERVAL_MS must be an integer from 1 to 86400000/,
+    );
   });
 });

@@ -334,3 +334,81 @@ export function parseConfig(env: Env): Config {
   if (problems.length > 0) throw new ConfigError(problems);
   return Object.freeze(config);
 }
+
+/**
+ * What `gateway dev` (the embedded sandbox) and the management commands (`migrate`, `keys`) read:
+ * they run without a chain or a market, so not through {@link parseConfig}.
+ */
+export interface LocalConfig {
+  readonly logLevel: LogLevel;
+  /** `gateway dev`'s port (PORT, default 8080; 0: any free port). */
+  readonly port: number;
+  readonly stateDir: string;
+  /** DATABASE_URL; absent: the embedded database under the state dir. */
+  readonly databaseUrl: string | undefined;
+}
+
+export function parseLocalConfig(env: Env): LocalConfig {
+  const problems: string[] = [];
+  const str = (key: string) => env[key]?.trim() || undefined;
+  const logLevel = (str("LOG_LEVEL") ?? "info") as LogLevel;
+  if (!logLevels.includes(logLevel))
+    problems.push(`LOG_LEVEL must be one of ${logLevels.join(", ")}`);
+  const rawPort = str("PORT");
+  const port = rawPort === undefined ? 8080 : Number(rawPort);
+  if (!/^\d+$/.test(rawPort ?? "0") || port > 65535) problems.push("PORT must be 0-65535");
+  if (problems.length > 0) throw new ConfigError(problems);
+  return {
+    logLevel,
+    port,
+    stateDir: str("GATEWAY_STATE_DIR") ?? ".gateway",
+    databaseUrl: str("DATABASE_URL"),
+  };
+}
+
+/** What `gateway settle` reads: the gateway to call, the operator token, the worker's pace. */
+export interface SettleConfig {
+  /** GATEWAY_URL's origin (default http://127.0.0.1:8080). */
+  readonly url: string;
+  readonly token: string;
+  /** The worker's pause between flushes (SETTLE_INTERVAL_MS, default 10 s). */
+  readonly intervalMs: number;
+  /** Requests per flush (SETTLE_MAX_REQUESTS; absent: the gateway's default). */
+  readonly maxRequests: number | undefined;
+  readonly logLevel: LogLevel;
+}
+
+const uint32Max = 0xffffffff;
+
+export function parseSettleConfig(env: Env): SettleConfig {
+  const problems: string[] = [];
+  const str = (key: string) => env[key]?.trim() || undefined;
+  const positive = (key: string, max: number): number | undefined => {
+    const raw = str(key);
+    if (raw === undefined) return undefined;
+    const n = Number(raw);
+    if (!/^\d+$/.test(raw) || !Number.isSafeInteger(n) || n < 1 || n > max) {
+      problems.push(`${key} must be an integer from 1 to ${max}`);
+      return undefined;
+    }
+    return n;
+  };
+  let url = "";
+  try {
+    const parsed = new URL(str("GATEWAY_URL") ?? "http://127.0.0.1:8080");
+    if (parsed.protocol !== "http:" && parsed.protocol !== "https:") throw new Error();
+    // The origin only: a URL's user info or path is no place for gRPC.
+    url = parsed.origin;
+  } catch {
+    problems.push("GATEWAY_URL must be an http:// or https:// URL");
+  }
+  const token = str("SETTLEMENT_OPERATOR_TOKEN");
+  if (token === undefined) problems.push("SETTLEMENT_OPERATOR_TOKEN is required");
+  const intervalMs = positive("SETTLE_INTERVAL_MS", 86_400_000) ?? 10_000;
+  const maxRequests = positive("SETTLE_MAX_REQUESTS", uint32Max);
+  const logLevel = (str("LOG_LEVEL") ?? "info") as LogLevel;
+  if (!logLevels.includes(logLevel))
+    problems.push(`LOG_LEVEL must be one of ${logLevels.join(", ")}`);
+  if (problems.length > 0) throw new ConfigError(problems);
+  return { url, token: token ?? "", intervalMs, maxRequests, logLevel };
+}

@@ -5,7 +5,7 @@ import { createApiKey, listApiKeys, revokeApiKey } from "../adapters/pg/api-keys
 import { openDatabase } from "../adapters/pg/database.js";
 import { migrate } from "../adapters/pg/migrate.js";
 import { startGateway } from "../app.js";
-import { ConfigError, parseConfig, type LogLevel } from "../config.js";
+import { ConfigError, parseConfig, parseLocalConfig } from "../config.js";
 import { sandboxShutdownGraceMs, startSandbox } from "../dev/sandbox.js";
 import { createLogger } from "../logger.js";
 import { runPermitCommand } from "./permit.js";
@@ -86,8 +86,7 @@ function stopSignal(): Promise<string> {
 
 /** The database a management command works on: DATABASE_URL, else the embedded one under the state dir. */
 async function managementDatabase() {
-  const url = process.env.DATABASE_URL?.trim() || undefined;
-  const stateDir = process.env.GATEWAY_STATE_DIR?.trim() || ".gateway";
+  const { databaseUrl: url, stateDir } = parseLocalConfig(process.env);
   const db = await openDatabase({
     url,
     dataDir: url === undefined ? join(stateDir, "pgdata") : undefined,
@@ -98,18 +97,11 @@ async function managementDatabase() {
 
 async function run(argv: string[]): Promise<void> {
   const [command, ...rest] = argv;
-  const logLevel = (process.env.LOG_LEVEL?.trim() || "info") as LogLevel;
   switch (command) {
     case "dev": {
+      const { logLevel, port, stateDir } = parseLocalConfig(process.env);
       const logger = createLogger(logLevel);
-      const port = process.env.PORT?.trim() ? Number(process.env.PORT) : 8080;
-      if (!Number.isInteger(port) || port < 0 || port > 65535)
-        throw new UsageError("PORT must be 0-65535");
-      const starting = startSandbox({
-        stateDir: process.env.GATEWAY_STATE_DIR?.trim() || ".gateway",
-        port,
-        logger,
-      });
+      const starting = startSandbox({ stateDir, port, logger });
       onShutdown(starting, logger, sandboxShutdownGraceMs);
       const sandbox = await starting;
       const { manifest } = sandbox;

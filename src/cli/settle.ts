@@ -5,7 +5,7 @@ import {
   FlushResponseSchema,
   ReconcileResponseSchema,
 } from "../../gen/gateway/v1/settlement_pb.js";
-import { logLevels, type LogLevel } from "../config.js";
+import { ConfigError, parseSettleConfig, type SettleConfig } from "../config.js";
 import { createLogger } from "../logger.js";
 import { connectSettlement, describeRpcFailure, operatorAuth } from "../settlement/client.js";
 import { createSettlementWorker } from "../settlement/worker.js";
@@ -25,28 +25,6 @@ Worker:   SETTLE_INTERVAL_MS (default 10000), SETTLE_MAX_REQUESTS (default: all 
 export class SettleUsageError extends BaseError {
   override readonly name = "SettleUsageError";
   readonly reason = "usage";
-}
-
-interface SettleEnv {
-  readonly url: string;
-  readonly token: string;
-}
-
-function gatewayEnv(env: NodeJS.ProcessEnv): SettleEnv {
-  const raw = env.GATEWAY_URL?.trim() || "http://127.0.0.1:8080";
-  let url: URL;
-  try {
-    url = new URL(raw);
-  } catch {
-    throw new SettleUsageError("GATEWAY_URL must be an http:// or https:// URL");
-  }
-  if (url.protocol !== "http:" && url.protocol !== "https:")
-    throw new SettleUsageError("GATEWAY_URL must be an http:// or https:// URL");
-  const token = env.SETTLEMENT_OPERATOR_TOKEN?.trim();
-  if (token === undefined || token === "")
-    throw new SettleUsageError("SETTLEMENT_OPERATOR_TOKEN is required");
-  // The origin only: a URL's user info or path is no place for gRPC.
-  return { url: url.origin, token };
 }
 
 function positiveInt(name: string, raw: string | undefined, max: number): number | undefined {
@@ -76,19 +54,13 @@ export interface SettleIo {
   stopSignal(): Promise<string>;
 }
 
-async function runWorker(env: NodeJS.ProcessEnv, gateway: SettleEnv, io: SettleIo) {
-  const intervalMs =
-    positiveInt("SETTLE_INTERVAL_MS", env.SETTLE_INTERVAL_MS, 86_400_000) ?? 10_000;
-  const maxRequests = positiveInt("SETTLE_MAX_REQUESTS", env.SETTLE_MAX_REQUESTS, uint32Max);
-  const level = (env.LOG_LEVEL?.trim() || "info") as LogLevel;
-  if (!logLevels.includes(level))
-    throw new SettleUsageError(`LOG_LEVEL must be one of ${logLevels.join(", ")}`);
-  const logger = createLogger(level);
+async function runWorker(gateway: SettleConfig, io: SettleIo) {
+  const logger = createLogger(gateway.logLevel);
   const worker = createSettlementWorker({
     ...connectSettlement(gateway.url),
     token: gateway.token,
-    intervalMs,
-    maxRequests,
+    intervalMs: gateway.intervalMs,
+    maxRequests: gateway.maxRequests,
     logger,
   });
   logger.info({ gateway: gateway.url }, "settlement worker connecting");
@@ -138,8 +110,8 @@ export async function runSettleCommand(
     }
     if (action !== undefined && action !== "reconcile" && action !== "flush")
       throw new SettleUsageError(`unknown settle command '${action}'`);
-    const gateway = gatewayEnv(env);
-    if (action === undefined) return await runWorker(env, gateway, io);
+    const gateway = parseSettleConfig(env);
+    if (action === undefined) return await runWorker(gateway, io);
     const maxRequests = positiveInt("--max-requests", values["max-requests"], uint32Max);
 
     const connection = connectSettlement(gateway.url);
@@ -177,6 +149,10 @@ export async function runSettleCommand(
     }
   } catch (error) {
     if (error instanceof SettleUsageError) {
+      io.error(`${error.message}\n\n${settleUsage}`);
+      return 2;
+    }
+    if (error instanceof ConfigError) {
       io.error(`${error.message}\n\n${settleUsage}`);
       return 2;
     }
