@@ -11,7 +11,7 @@ import {
 } from "viem";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { startAnvil, type AnvilAccount, type AnvilInstance } from "../src/adapters/chain/anvil.js";
-import { creditTokenAbi, marketAbi } from "../src/adapters/chain/artifacts.js";
+import { creditTokenAbi, marketAbi } from "../gen/contracts/artifacts.js";
 import { chainClients, type ChainClients } from "../src/adapters/chain/clients.js";
 import { deployCreditToken, deployMarket } from "../src/adapters/chain/deploy.js";
 import { createChainSettlement } from "../src/adapters/chain/settlement.js";

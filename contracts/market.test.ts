@@ -23,7 +23,7 @@ import {
 import { privateKeyToAccount, sign } from "viem/accounts";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { startAnvil, type AnvilInstance } from "../src/adapters/chain/anvil.js";
-import { creditTokenAbi, erc1271WalletAbi, marketAbi } from "../src/adapters/chain/artifacts.js";
+import { creditTokenAbi, erc1271WalletAbi, marketAbi } from "../gen/contracts/artifacts.js";
 import {
   deployCreditToken,
   deployErc1271Wallet,

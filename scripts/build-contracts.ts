@@ -1,6 +1,6 @@
 /**
  * Compiles the market contracts with solc-js (standard JSON, pinned compiler from npm) and
- * writes `contracts/artifacts/<Name>.json` plus `src/adapters/chain/artifacts.ts`.
+ * writes `gen/contracts/json/<Name>.json` plus `gen/contracts/artifacts.ts`.
  *
  * The build is reproducible: the same sources and compiler give byte-identical files (no
  * metadata hash in the bytecode, no absolute paths, deterministic ordering), so CI can run
@@ -17,8 +17,8 @@ import { format, resolveConfig } from "prettier";
 const require = createRequire(import.meta.url);
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const sourceDir = join(root, "contracts", "src");
-const artifactDir = join(root, "contracts", "artifacts");
-const tsArtifactPath = join(root, "src", "adapters", "chain", "artifacts.ts");
+const artifactDir = join(root, "gen", "contracts", "json");
+const tsArtifactPath = join(root, "gen", "contracts", "artifacts.ts");
 
 /** The contracts that get artifacts, by source unit and the TS export prefix. */
 const targets = [

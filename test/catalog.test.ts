@@ -4,7 +4,7 @@ import * as grpc from "@grpc/grpc-js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CatalogService } from "../gen/gateway/v1/catalog_pb.js";
 import { ModelStatus } from "../gen/gateway/v1/market_pb.js";
-import { marketAbi } from "../src/adapters/chain/artifacts.js";
+import { marketAbi } from "../gen/contracts/artifacts.js";
 import { demoMetadata, demoTariff, id32 } from "../src/dev/demo-market.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
 import { authed, eventually, json, startTestStack, type TestStack } from "./helpers/stack.js";

@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, expect, it } from "vitest";
-import { marketAbi } from "../src/adapters/chain/artifacts.js";
+import { marketAbi } from "../gen/contracts/artifacts.js";
 import { permitLedger } from "../src/adapters/pg/ledger.js";
 import { startGateway } from "../src/app.js";
 import { describeIfPostgres } from "./helpers/db.js";

@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { marketAbi } from "../src/adapters/chain/artifacts.js";
+import { marketAbi } from "../gen/contracts/artifacts.js";
 import { permitLedger } from "../src/adapters/pg/ledger.js";
 import { connectSettlement, operatorAuth } from "../src/settlement/client.js";
 import { describeIfPostgres } from "./helpers/db.js";

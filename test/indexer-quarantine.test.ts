@@ -7,7 +7,7 @@ import {
   type Hex,
 } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { marketAbi } from "../src/adapters/chain/artifacts.js";
+import { marketAbi } from "../gen/contracts/artifacts.js";
 import { modelFromChain, offerFromChain } from "../src/adapters/chain/catalog-values.js";
 import { createIndexer, writeCatalogRows } from "../src/adapters/chain/indexer.js";
 import {

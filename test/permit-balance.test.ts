@@ -2,7 +2,7 @@ import * as grpc from "@grpc/grpc-js";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { InferenceService, PermitState } from "../gen/gateway/v1/inference_pb.js";
-import { marketAbi } from "../src/adapters/chain/artifacts.js";
+import { marketAbi } from "../gen/contracts/artifacts.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import { authorizeKey } from "./helpers/authorize.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";

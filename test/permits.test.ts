@@ -1,7 +1,7 @@
 import { createPublicClient, custom, http, type Hex, type PublicClient } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startAnvil, type AnvilInstance } from "../src/adapters/chain/anvil.js";
-import { creditTokenAbi, marketAbi } from "../src/adapters/chain/artifacts.js";
+import { creditTokenAbi, marketAbi } from "../gen/contracts/artifacts.js";
 import { chainClients, type ChainClients } from "../src/adapters/chain/clients.js";
 import { createChainPermitReader } from "../src/adapters/chain/permits.js";
 import {

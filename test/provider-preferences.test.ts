@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { marketAbi } from "../src/adapters/chain/artifacts.js";
+import { marketAbi } from "../gen/contracts/artifacts.js";
 import { createPgMeasurementStore } from "../src/adapters/pg/offer-measurements.js";
 import { createMeasurementSync, createOfferMeasurements } from "../src/domain/chat/measurements.js";
 import { demoMetadata, demoTariff, id32 } from "../src/dev/demo-market.js";

@@ -15,7 +15,7 @@ import {
 import { privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startAnvil, type AnvilAccount, type AnvilInstance } from "../src/adapters/chain/anvil.js";
-import { marketAbi } from "../src/adapters/chain/artifacts.js";
+import { marketAbi } from "../gen/contracts/artifacts.js";
 import { chainClients, type ChainClients } from "../src/adapters/chain/clients.js";
 import { deployErc1271Wallet } from "../src/adapters/chain/deploy.js";
 import { createIndexer } from "../src/adapters/chain/indexer.js";

@@ -9,7 +9,7 @@ import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { InferenceService } from "../gen/gateway/v1/inference_pb.js";
-import { marketAbi } from "../src/adapters/chain/artifacts.js";
+import { marketAbi } from "../gen/contracts/artifacts.js";
 import { demoMetadata } from "../src/dev/demo-market.js";
 import type { DevManifest } from "../src/dev/sandbox.js";
 import { describeIfPostgres } from "./helpers/db.js";

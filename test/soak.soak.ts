@@ -6,7 +6,7 @@ import pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { prng } from "../bench/lib/prng.js";
-import { marketAbi } from "../src/adapters/chain/artifacts.js";
+import { marketAbi } from "../gen/contracts/artifacts.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { auditChildLogs } from "./helpers/log-audit.js";
 import { finalizeClose, openPermit, requestClose } from "./helpers/market.js";

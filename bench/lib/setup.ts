@@ -3,7 +3,7 @@ import pg from "pg";
 import { zeroHash, type Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import type { AnvilInstance } from "../../src/adapters/chain/anvil.js";
-import { creditTokenAbi, marketAbi } from "../../src/adapters/chain/artifacts.js";
+import { creditTokenAbi, marketAbi } from "../../gen/contracts/artifacts.js";
 import { chainClients, type ChainClients } from "../../src/adapters/chain/clients.js";
 import { createApiKey } from "../../src/adapters/pg/api-keys.js";
 import { authorizeApiKey } from "../../src/permit/client.js";

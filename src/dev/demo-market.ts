@@ -1,6 +1,6 @@
 import { keccak256, stringToHex, type Address, type Hex } from "viem";
 import type { AnvilAccount } from "../adapters/chain/anvil.js";
-import { creditTokenAbi, marketAbi } from "../adapters/chain/artifacts.js";
+import { creditTokenAbi, marketAbi } from "../../gen/contracts/artifacts.js";
 import type { ChainClients } from "../adapters/chain/clients.js";
 import { deployCreditToken, deployMarket } from "../adapters/chain/deploy.js";
 import type { CatalogEntry } from "../domain/catalog.js";

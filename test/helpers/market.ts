@@ -1,6 +1,6 @@
 import type { ContractFunctionArgs, ContractFunctionName, Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
-import { creditTokenAbi, marketAbi } from "../../src/adapters/chain/artifacts.js";
+import { creditTokenAbi, marketAbi } from "../../gen/contracts/artifacts.js";
 import { id32, type demoMetadata } from "../../src/dev/demo-market.js";
 import { registerEndpoint, verifyOffer } from "../../src/provider/client.js";
 import { auditSecret } from "./log-audit.js";

@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import type { Hex } from "viem";
-import { creditTokenAbi, marketAbi } from "../../src/adapters/chain/artifacts.js";
+import { creditTokenAbi, marketAbi } from "../../gen/contracts/artifacts.js";
 import { anvilAccounts } from "../../src/adapters/chain/anvil.js";
 import { createChainSettlement } from "../../src/adapters/chain/settlement.js";
 import { createPgSettlementStore } from "../../src/adapters/pg/settlement.js";

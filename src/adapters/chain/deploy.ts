@@ -7,7 +7,7 @@ import {
   erc1271WalletBytecode,
   marketAbi,
   marketBytecode,
-} from "./artifacts.js";
+} from "../../../gen/contracts/artifacts.js";
 
 /** A wallet client that can send transactions on its own: it has an account and a chain. */
 export type DeployerWallet = WalletClient<Transport, Chain, Account>;

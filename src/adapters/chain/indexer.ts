@@ -21,7 +21,7 @@ import {
   type UpsertResult,
 } from "../pg/catalog.js";
 import { recordPermitClosing } from "../pg/settlement.js";
-import { marketAbi } from "./artifacts.js";
+import { marketAbi } from "../../../gen/contracts/artifacts.js";
 import {
   modelFromChain,
   offerFromChain,

@@ -7,7 +7,7 @@ import {
   type OfferReader,
   type RegistrationTypedData,
 } from "../../domain/registration.js";
-import { marketAbi } from "./artifacts.js";
+import { marketAbi } from "../../../gen/contracts/artifacts.js";
 import { createChainSignatureVerifier } from "./signatures.js";
 
 /**

@@ -2,7 +2,7 @@ import { zeroAddress, zeroHash, type Address, type Hex, type PublicClient } from
 import { GatewayError } from "../../domain/errors.js";
 import { normalizeHex } from "../../domain/hex.js";
 import { permitStates, type Permit, type PermitReader } from "../../domain/permits.js";
-import { marketAbi } from "./artifacts.js";
+import { marketAbi } from "../../../gen/contracts/artifacts.js";
 
 export interface ChainPermitReaderOptions {
   readonly client: PublicClient;

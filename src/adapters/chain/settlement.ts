@@ -18,7 +18,7 @@ import type {
   SettleRevert,
   SettlementChain,
 } from "../../domain/settlement.js";
-import { marketAbi } from "./artifacts.js";
+import { marketAbi } from "../../../gen/contracts/artifacts.js";
 
 export interface ChainSettlementOptions {
   readonly client: PublicClient;
