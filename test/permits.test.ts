@@ -202,7 +202,7 @@ describe("chain permit reader (anvil)", () => {
     });
     await expect(
       checkPermit(permitId, permits, { modelId: demo.models[0]!.modelId, now: 0 }),
-    ).rejects.toMatchObject({ code: "permit_closing", status: 402 });
+    ).rejects.toMatchObject({ code: "permit_closing", kind: "payment" });
   });
 
   it("sees a closing permit once the cached read is older than maxStalenessMs", async () => {
@@ -283,7 +283,7 @@ describe("chain permit reader (anvil)", () => {
     const ctx = { modelId: demo.models[0]!.modelId, now: Math.floor(Date.now() / 1000) };
     await expect(checkPermit(demo.permitId, permits, ctx)).rejects.toMatchObject({
       code: "chain_unavailable",
-      status: 503,
+      kind: "unavailable",
     });
     expect(permits.size).toBe(0);
   });

@@ -172,12 +172,12 @@ describe("readPermitBalance", () => {
     );
   });
 
-  it("maps the statuses through the error table (402 for an unknown permit)", async () => {
+  it("maps the codes through the error table (an unknown permit is a payment error, 402)", async () => {
     const error = await readPermitBalance(permitId, {
       permits: reader(undefined),
       ledger: ledgerOf(emptyPermitLedger),
       now,
     }).catch((err: unknown) => err as GatewayError);
-    expect(error).toMatchObject({ code: "permit_not_found", status: 402 });
+    expect(error).toMatchObject({ code: "permit_not_found", kind: "payment" });
   });
 });
