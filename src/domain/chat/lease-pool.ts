@@ -39,6 +39,8 @@ export interface LeasePool {
   expiresAt: number | undefined;
   /** An extension's outcome is unknown: the database may hold more than `granted`. */
   dirty: boolean;
+  /** A give-back in flight: what it returns has left `granted` but is not in the database yet. */
+  returning?: Promise<void> | undefined;
   /** When a refusal last waited for other holders' idle leases (monotonic ms). */
   waitedAt: number;
   /**

@@ -405,7 +405,15 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
   };
 
   /** Gives back what a pool does not use: all of it (the database's figure) when idle. */
-  const giveBack = async (pool: LeasePool, all: boolean): Promise<void> => {
+  const giveBack = (pool: LeasePool, all: boolean): Promise<void> => {
+    const run = returnUnused(pool, all);
+    pool.returning = run;
+    void run.finally(() => {
+      if (pool.returning === run) pool.returning = undefined;
+    });
+    return run;
+  };
+  const returnUnused = async (pool: LeasePool, all: boolean): Promise<void> => {
     // What goes back leaves `granted` before the call: a request arriving meanwhile must not
     // be admitted against it (it waits for an extension instead).
     const free = all ? pool.granted : pool.granted - pool.used;
@@ -446,6 +454,10 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       markScarce(pool);
       // Our answered requests' charges about to commit free the rest of their maxima.
       await whenSettled(pool, 1_000);
+      // A give-back already under way (the idle one): answer once it has committed, or the
+      // recaller asks the database before what comes back is there, and its refusal stands
+      // (seen behind PgBouncer, whose extra hop widens that window).
+      while (pool.returning !== undefined) await pool.returning;
       // A lease extending (or waited on) right now needs what it has: its answer is "none".
       if (pool.busy || pool.queue.length > 0) continue;
       if (pool.granted > pool.used || pool.dirty) work.push(giveBack(pool, pool.used === 0n));
