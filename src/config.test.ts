@@ -64,6 +64,29 @@ describe("parseConfig", () => {
   });
 });
 
+describe("database behind a pooler", () => {
+  it("takes DATABASE_DIRECT_URL beside DATABASE_URL, and refuses it alone or not postgres", () => {
+    const key = { ENDPOINT_ENCRYPTION_KEY: "ab".repeat(32) };
+    const config = parseConfig({
+      ...base,
+      ...key,
+      DATABASE_URL: "postgres://gw@pgbouncer:6432/gw",
+      DATABASE_DIRECT_URL: "postgres://gw@db:5432/gw",
+    });
+    expect(config.databaseUrl).toBe("postgres://gw@pgbouncer:6432/gw");
+    expect(config.databaseDirectUrl).toBe("postgres://gw@db:5432/gw");
+    expect(
+      parseConfig({ ...base, ...key, DATABASE_URL: "postgres://db/gw" }).databaseDirectUrl,
+    ).toBe(undefined);
+    expect(() => parseConfig({ ...base, DATABASE_DIRECT_URL: "postgres://db/gw" })).toThrow(
+      /DATABASE_DIRECT_URL needs DATABASE_URL/,
+    );
+    expect(() =>
+      parseConfig({ ...base, ...key, DATABASE_URL: "postgres://a/gw", DATABASE_DIRECT_URL: "db" }),
+    ).toThrow(/DATABASE_DIRECT_URL must be a postgres:\/\/ or postgresql:\/\/ URL/);
+  });
+});
+
 describe("provider settings", () => {
   it("requires an endpoint encryption key with an external database", () => {
     expect(() => parseConfig({ ...base, DATABASE_URL: "postgres://db/gw" })).toThrow(
@@ -197,9 +220,16 @@ describe("the commands that run without the full configuration read it here too"
       port: 8080,
       stateDir: ".gateway",
       databaseUrl: undefined,
+      databaseDirectUrl: undefined,
     });
     expect(parseLocalConfig({ PORT: "0", GATEWAY_STATE_DIR: "/tmp/x", LOG_LEVEL: "warn" })).toEqual(
-      { logLevel: "warn", port: 0, stateDir: "/tmp/x", databaseUrl: undefined },
+      {
+        logLevel: "warn",
+        port: 0,
+        stateDir: "/tmp/x",
+        databaseUrl: undefined,
+        databaseDirectUrl: undefined,
+      },
     );
     expect(() => parseLocalConfig({ PORT: "70000", LOG_LEVEL: "loud" })).toThrow(
       /LOG_LEVEL must be one of[\s\S]*PORT must be 0-65535/,

@@ -8,6 +8,11 @@ import { BaseError } from "./errors.js";
 export interface Config {
   /** PostgreSQL URL; absent: embedded PGlite under `stateDir`. */
   readonly databaseUrl: string | undefined;
+  /**
+   * A direct PostgreSQL URL when DATABASE_URL goes through a transaction pooler (PgBouncer):
+   * migrations and the lease-recall LISTEN need a session; absent: DATABASE_URL is direct.
+   */
+  readonly databaseDirectUrl: string | undefined;
   /** Where embedded state (PGlite data, dev manifest) lives. */
   readonly stateDir: string;
   readonly rpcUrl: string;
@@ -180,6 +185,12 @@ export function parseConfig(env: Env): Config {
   if (databaseUrl !== undefined && !/^postgres(ql)?:\/\//.test(databaseUrl)) {
     problems.push("DATABASE_URL must be a postgres:// or postgresql:// URL");
   }
+  const databaseDirectUrl = str("DATABASE_DIRECT_URL");
+  if (databaseDirectUrl !== undefined && !/^postgres(ql)?:\/\//.test(databaseDirectUrl)) {
+    problems.push("DATABASE_DIRECT_URL must be a postgres:// or postgresql:// URL");
+  } else if (databaseDirectUrl !== undefined && databaseUrl === undefined) {
+    problems.push("DATABASE_DIRECT_URL needs DATABASE_URL (the pooler's URL)");
+  }
 
   const rpcUrl = required("RPC_URL", "the JSON-RPC URL of the chain the market contract lives on");
   if (rpcUrl !== "" && !/^(https?|wss?):\/\//.test(rpcUrl)) {
@@ -258,6 +269,7 @@ export function parseConfig(env: Env): Config {
 
   const config: Mutable<Config> = {
     databaseUrl,
+    databaseDirectUrl,
     stateDir: str("GATEWAY_STATE_DIR") ?? ".gateway",
     rpcUrl,
     chainTimeoutMs: int("CHAIN_TIMEOUT_MS", 10_000, 100, 600_000),
@@ -346,6 +358,8 @@ export interface LocalConfig {
   readonly stateDir: string;
   /** DATABASE_URL; absent: the embedded database under the state dir. */
   readonly databaseUrl: string | undefined;
+  /** DATABASE_DIRECT_URL: PostgreSQL itself when DATABASE_URL is a pooler (PgBouncer). */
+  readonly databaseDirectUrl: string | undefined;
 }
 
 export function parseLocalConfig(env: Env): LocalConfig {
@@ -363,6 +377,7 @@ export function parseLocalConfig(env: Env): LocalConfig {
     port,
     stateDir: str("GATEWAY_STATE_DIR") ?? ".gateway",
     databaseUrl: str("DATABASE_URL"),
+    databaseDirectUrl: str("DATABASE_DIRECT_URL"),
   };
 }
 

@@ -27,6 +27,8 @@ export const redactPaths = [
   "*.password",
   "databaseUrl",
   "*.databaseUrl",
+  "databaseDirectUrl",
+  "*.databaseDirectUrl",
 ];
 
 export function createLogger(level: LogLevel, destination?: DestinationStream): Logger {

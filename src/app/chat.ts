@@ -99,7 +99,7 @@ export async function wireChat(
   // has no one to recall from).
   const leaseSignals: PgLeaseSignals | undefined =
     config.reservationLeases && db.kind === "postgres"
-      ? createPgLeaseSignals(db.pool, {
+      ? createPgLeaseSignals(db, {
           instanceId,
           logger: logger.child({ component: "leases" }),
         })

@@ -35,6 +35,7 @@ export async function openStorage(
     options.database ??
     (await openDatabase({
       url: config.databaseUrl,
+      directUrl: config.databaseDirectUrl,
       dataDir: options.inMemoryDatabase ? undefined : join(config.stateDir, "pgdata"),
       logger,
       timeouts: {
@@ -44,7 +45,8 @@ export async function openStorage(
       },
     }));
   try {
-    const { applied } = await migrate(db.pool);
+    // The advisory lock that serializes migrations is a session's: not through a pooler.
+    const { applied } = await migrate(db.session);
     if (applied.length > 0) logger.info({ applied }, "database migrated");
     const key = await endpointEncryptionKey(config, options.inMemoryDatabase === true);
     return {

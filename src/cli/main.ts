@@ -86,12 +86,17 @@ function stopSignal(): Promise<string> {
 
 /** The database a management command works on: DATABASE_URL, else the embedded one under the state dir. */
 async function managementDatabase() {
-  const { databaseUrl: url, stateDir } = parseLocalConfig(process.env);
+  const {
+    databaseUrl: url,
+    databaseDirectUrl: directUrl,
+    stateDir,
+  } = parseLocalConfig(process.env);
   const db = await openDatabase({
     url,
+    directUrl,
     dataDir: url === undefined ? join(stateDir, "pgdata") : undefined,
   });
-  await migrate(db.pool);
+  await migrate(db.session);
   return db;
 }
 

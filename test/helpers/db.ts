@@ -14,10 +14,16 @@ import {
   type OpenDatabaseOptions,
 } from "../../src/adapters/pg/database.js";
 import { migrate } from "../../src/adapters/pg/migrate.js";
+import { startPgBouncer, type PgBouncer } from "./pgbouncer.js";
 
 export interface TestDatabase {
-  /** The URL of the fresh PostgreSQL database; undefined for PGlite. */
+  /**
+   * The URL of the fresh PostgreSQL database (through PgBouncer with TEST_PGBOUNCER=1);
+   * undefined for PGlite.
+   */
   url?: string;
+  /** With TEST_PGBOUNCER=1: the database's direct URL, the gateway's DATABASE_DIRECT_URL. */
+  directUrl?: string;
   db: Database;
   /** Closes the database and, on PostgreSQL, drops it. Idempotent. */
   drop(): Promise<void>;
@@ -26,6 +32,23 @@ export interface TestDatabase {
 /** The PostgreSQL server tests may create databases on, when there is one. */
 export function testDatabaseUrl(): string | undefined {
   return process.env.TEST_DATABASE_URL || undefined;
+}
+
+/**
+ * TEST_PGBOUNCER=1 (with TEST_DATABASE_URL): every test database is reached through one
+ * PgBouncer per test process, in transaction pooling mode (`npm run test:pgbouncer`).
+ */
+export function testThroughPgBouncer(): boolean {
+  return process.env.TEST_PGBOUNCER === "1" && testDatabaseUrl() !== undefined;
+}
+
+let bouncer: Promise<PgBouncer> | undefined;
+
+function sharedPgBouncer(serverUrl: string): Promise<PgBouncer> {
+  return (bouncer ??= startPgBouncer(serverUrl).then((started) => {
+    process.once("exit", () => started.kill());
+    return started;
+  }));
 }
 
 /** `describe` that runs only against a real PostgreSQL (TEST_DATABASE_URL set). */
@@ -44,7 +67,7 @@ export async function createTestDatabase(
     serverUrl === undefined ? await createPglite() : await createPostgres(serverUrl, opts.timeouts);
   if (opts.migrate !== false) {
     try {
-      await migrate(test.db.pool);
+      await migrate(test.db.session);
     } catch (err) {
       await test.drop().catch(() => {});
       throw err;
@@ -59,20 +82,36 @@ async function createPostgres(
 ): Promise<TestDatabase> {
   const name = `gw_test_${randomBytes(6).toString("hex")}`;
   await withAdminClient(serverUrl, (c) => c.query(`CREATE DATABASE ${name}`));
-  const url = new URL(serverUrl);
-  url.pathname = `/${name}`;
+  const direct = new URL(serverUrl);
+  direct.pathname = `/${name}`;
+  const directUrl = direct.toString();
+  let url = directUrl;
   let db: Database;
   try {
+    if (testThroughPgBouncer()) {
+      url = (await sharedPgBouncer(serverUrl)).url(name);
+      // The gateway cannot send statement_timeout through the pooler: an operator sets it as
+      // the role's or database's default (docs/operations.md); the helper does the latter.
+      if (timeouts !== undefined) {
+        await withAdminClient(serverUrl, (c) =>
+          c.query(`ALTER DATABASE ${name} SET statement_timeout = ${timeouts.statementMs}`),
+        );
+      }
+    }
     db = await openDatabase({
-      url: url.toString(),
+      url,
+      ...(url === directUrl ? {} : { directUrl }),
       ...(timeouts === undefined ? {} : { timeouts }),
     });
   } catch (err) {
-    await withAdminClient(serverUrl, (c) => c.query(`DROP DATABASE IF EXISTS ${name}`));
+    await withAdminClient(serverUrl, (c) =>
+      c.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`),
+    );
     throw err;
   }
   return {
-    url: url.toString(),
+    url,
+    ...(url === directUrl ? {} : { directUrl }),
     db,
     drop: once(async () => {
       await db.close();

@@ -30,6 +30,9 @@ export async function serveProcess(
     env: {
       PATH: process.env.PATH,
       DATABASE_URL: stack.database.url!,
+      ...(stack.database.directUrl === undefined
+        ? {}
+        : { DATABASE_DIRECT_URL: stack.database.directUrl }),
       ENDPOINT_ENCRYPTION_KEY: endpointKey(stack),
       RPC_URL: stack.config.rpcUrl,
       CHAIN_ID: String(stack.config.chainId),

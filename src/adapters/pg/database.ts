@@ -19,11 +19,19 @@ export interface DatabaseLogger {
 export interface OpenDatabaseOptions {
   /** A PostgreSQL connection string. Without it an embedded PGlite is used. */
   url?: string;
+  /**
+   * PostgreSQL only: a connection string that reaches the server directly, when `url` goes
+   * through a pooler in transaction mode (PgBouncer). What needs a session of its own uses it
+   * ({@link Database.session}: migrations' advisory lock, LISTEN), and the pool then sends no
+   * startup parameter the pooler refuses (`statement_timeout`). Same as `url` when absent.
+   */
+  directUrl?: string;
   /** Where the embedded PGlite keeps its files; in memory when absent. Ignored with `url`. */
   dataDir?: string;
   logger?: DatabaseLogger;
   /**
-   * PostgreSQL only: the server's `statement_timeout` (set per connection at startup), the
+   * PostgreSQL only: the server's `statement_timeout` (set per connection at startup; behind a
+   * pooler, the role's or database's default, which is checked, see `directUrl`), the
    * client's `query_timeout`, and the wait for a pooled connection (`connectionTimeoutMillis`;
    * 10 s without this). Keep `queryMs` above `statementMs`, so that the server cancels a slow
    * statement and the connection survives; the client's timeout is for a server that cannot
@@ -38,6 +46,12 @@ export interface OpenDatabaseOptions {
  */
 export interface Database {
   pool: pg.Pool;
+  /**
+   * For what holds a session across transactions (a session advisory lock, LISTEN): a pool on
+   * the direct URL when `pool` goes through a transaction pooler, else `pool` itself. Ordinary
+   * queries and transactions use `pool`.
+   */
+  session: pg.Pool;
   kind: "postgres" | "pglite";
   /** Ends the pool and, for PGlite, the socket server and the database. Idempotent. */
   close(): Promise<void>;
@@ -55,7 +69,10 @@ export class DatabaseOpenError extends BaseError {
  * local socket so that the same `pg` code talks to it.
  */
 export async function openDatabase(opts: OpenDatabaseOptions = {}): Promise<Database> {
-  if (opts.url !== undefined) return openPostgres(opts.url, opts.logger, opts.timeouts);
+  if (opts.url !== undefined) {
+    const direct = opts.directUrl === opts.url ? undefined : opts.directUrl;
+    return openPostgres(opts.url, direct, opts.logger, opts.timeouts);
+  }
   let dataDir: string | undefined;
   if (opts.dataDir !== undefined) {
     dataDir = resolvePath(opts.dataDir);
@@ -67,22 +84,73 @@ export async function openDatabase(opts: OpenDatabaseOptions = {}): Promise<Data
 
 async function openPostgres(
   url: string,
+  directUrl: string | undefined,
   logger: DatabaseLogger | undefined,
   timeouts: OpenDatabaseOptions["timeouts"],
 ): Promise<Database> {
+  const pooled = directUrl !== undefined;
+  const pool = await openPool(url, logger, {
+    max: 10,
+    // Also bounds the wait for a free client when all ten are busy: fail rather than hang.
+    connectionTimeoutMillis: timeouts?.connectMs ?? 10_000,
+    // A transaction pooler refuses unknown startup parameters ("unsupported startup parameter:
+    // statement_timeout"), and a session SET would leak to whoever gets the server connection
+    // next: behind it the timeout is the role's (or database's) default, checked below.
+    ...(timeouts === undefined ? {} : { query_timeout: timeouts.queryMs }),
+    ...(timeouts === undefined || pooled ? {} : { statement_timeout: timeouts.statementMs }),
+    idleTimeoutMillis: 30_000,
+  });
+  if (!pooled) {
+    logger?.info({ kind: "postgres", url: redactDatabaseUrl(url) }, "database connected");
+    return { pool, session: pool, kind: "postgres", close: once(() => pool.end()) };
+  }
+  let session: pg.Pool;
+  try {
+    // Migrations (one client, for the run) and the lease-recall listener (one, for the life of
+    // the process): two is enough, and an idle one is let go soon.
+    session = await openPool(directUrl, logger, {
+      max: 2,
+      connectionTimeoutMillis: timeouts?.connectMs ?? 10_000,
+      idleTimeoutMillis: 10_000,
+    });
+  } catch (err) {
+    await pool.end().catch(() => {});
+    throw err;
+  }
+  const close = once(async () => {
+    await Promise.all([pool.end(), session.end()]);
+  });
+  if (timeouts !== undefined) {
+    try {
+      await checkStatementTimeout(pool, timeouts.statementMs, logger);
+    } catch (err) {
+      await close().catch(() => {});
+      throw new DatabaseOpenError(
+        `cannot read statement_timeout through ${redactDatabaseUrl(url)}: ${scrub(err, passwordOf(url))}`,
+        { cause: sanitizeCause(err, passwordOf(url)) },
+      );
+    }
+  }
+  logger?.info(
+    { kind: "postgres", url: redactDatabaseUrl(url), directUrl: redactDatabaseUrl(directUrl) },
+    "database connected through a transaction pooler",
+  );
+  return { pool, session, kind: "postgres", close };
+}
+
+/** A pg.Pool on `url`, checked with `SELECT 1`; errors name the URL without its password. */
+async function openPool(
+  url: string,
+  logger: DatabaseLogger | undefined,
+  config: pg.PoolConfig,
+): Promise<pg.Pool> {
   const safeUrl = redactDatabaseUrl(url);
   const password = passwordOf(url);
   let pool: pg.Pool;
   try {
     pool = new pg.Pool({
       connectionString: url,
-      max: 10,
-      // Also bounds the wait for a free client when all ten are busy: fail rather than hang.
-      connectionTimeoutMillis: timeouts?.connectMs ?? 10_000,
-      ...(timeouts === undefined
-        ? {}
-        : { statement_timeout: timeouts.statementMs, query_timeout: timeouts.queryMs }),
-      idleTimeoutMillis: 30_000,
+      ...config,
       application_name: "model-market-gateway",
     });
   } catch (err) {
@@ -99,8 +167,30 @@ async function openPostgres(
       cause: sanitizeCause(err, password),
     });
   }
-  logger?.info({ kind: "postgres", url: safeUrl }, "database connected");
-  return { pool, kind: "postgres", close: once(() => pool.end()) };
+  return pool;
+}
+
+/**
+ * Behind a transaction pooler the gateway cannot set `statement_timeout` itself: it warns when
+ * the server's default for its role and database is not the configured one, so that an
+ * operator who forgot `ALTER ROLE ... SET statement_timeout` learns of it at start.
+ */
+async function checkStatementTimeout(
+  pool: pg.Pool,
+  statementMs: number,
+  logger: DatabaseLogger | undefined,
+): Promise<void> {
+  const { rows } = await pool.query<{ ms: string }>(
+    "SELECT setting AS ms FROM pg_settings WHERE name = 'statement_timeout'",
+  );
+  const actualMs = Number(rows[0]?.ms);
+  if (actualMs === statementMs) return;
+  const entry = { statementTimeoutMs: actualMs, expectedMs: statementMs };
+  const msg =
+    "statement_timeout through the pooler is not DB_STATEMENT_TIMEOUT_MS: set it as the " +
+    `role's default (ALTER ROLE <user> SET statement_timeout = ${statementMs})`;
+  if (logger?.warn) logger.warn(entry, msg);
+  else logger?.info(entry, msg);
 }
 
 /**
@@ -162,7 +252,7 @@ export async function servePglite(
     guardClients(pool, opts.logger, undefined);
     await pool.query("SELECT 1");
     opts.logger?.info({ kind: "pglite", dataDir: opts.label ?? "memory" }, "database started");
-    return { pool, kind: "pglite", close };
+    return { pool, session: pool, kind: "pglite", close };
   } catch (err) {
     await close().catch(() => {});
     throw new DatabaseOpenError(`cannot start embedded PGlite: ${scrub(err, undefined)}`, {

@@ -4,8 +4,14 @@
  * this one's leases hold idle) and `gw_lease_returned` (a holder answered a recall). Notifies
  * go out on the pool. The listening connection reconnects after a loss; while it is down a
  * recall waits its bound and the database is asked again (what the old behaviour did).
+ *
+ * LISTEN belongs to a session: through a pooler in transaction mode (PgBouncer) the server
+ * connection goes back to the pool after the statement, and the notifications with it. The
+ * listening connection therefore uses the direct connection's settings (`Database.session`);
+ * NOTIFY is an ordinary statement and goes through the pool.
  */
 import pg from "pg";
+import type { Database } from "./database.js";
 import type { LeaseSignals } from "../../domain/chat/lease-store.js";
 
 export interface PgLeaseSignalsOptions {
@@ -26,9 +32,10 @@ const recallChannel = "gw_lease_recall";
 const returnedChannel = "gw_lease_returned";
 
 export function createPgLeaseSignals(
-  pool: pg.Pool,
+  db: Pick<Database, "pool" | "session">,
   options: PgLeaseSignalsOptions,
 ): PgLeaseSignals {
+  const { pool, session } = db;
   const waitMs = options.waitMs ?? 1_000;
   const waiting = new Map<string, Set<() => void>>();
   const handlers: ((key: string) => void)[] = [];
@@ -57,8 +64,8 @@ export function createPgLeaseSignals(
 
   const connect = async (): Promise<void> => {
     if (closed) return;
-    // Its own connection, outside the pool: LISTEN holds it for the life of the process.
-    const next = new pg.Client(pool.options);
+    // Its own connection, outside the pools: LISTEN holds it for the life of the process.
+    const next = new pg.Client(session.options);
     next.on("error", () => undefined); // 'end' follows; reconnection is scheduled there
     next.on("notification", deliver);
     next.on("end", () => {
