@@ -23,6 +23,7 @@ import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
 import { listen } from "./listen.js";
 import { createMetrics, metricsOnlyHandler } from "./metrics.js";
 import { createRateLimiter } from "./rate-limit.js";
+import { createTracing } from "./tracing.js";
 
 export { connectChain };
 
@@ -66,6 +67,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
   const directory = new ModelDirectory(entries);
   // This gateway's own registry (several gateways may share a process: tests).
   const metrics = createMetrics({ modelName: (modelId) => directory.publicId(modelId) });
+  const tracing = createTracing(config);
   const clock = options.clock ?? (() => Math.floor(Date.now() / 1000));
   const storage = await openStorage(config, options);
   const { db } = storage;
@@ -92,6 +94,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       instanceId,
       clock,
       metrics,
+      tracing,
       logger,
     });
     const indexer = await startIndexer(config, {
@@ -142,6 +145,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       clock,
       acquireStream: (apiKeyId) => rateLimiter.acquireStream(apiKeyId),
       metrics,
+      tracer: tracing?.chat,
       logger,
     });
     const { inference } = chat;
@@ -244,12 +248,14 @@ export async function startGateway(config: Config, options: StartOptions): Promi
             ["leases given back", () => wired.stop()],
             ["request closes and leases written", async () => settlementStopped],
             ["upstream connections closed", () => upstream.close()],
+            ["spans exported", async () => tracing?.shutdown()],
             ["closed", async () => (storage.ownsDatabase ? db.close() : undefined)],
           ],
         });
       },
     };
   } catch (error) {
+    await tracing?.shutdown();
     await chat?.stop();
     if (storage.ownsDatabase) await db.close();
     throw error;

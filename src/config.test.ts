@@ -255,3 +255,48 @@ describe("the commands that run without the full configuration read it here too"
     );
   });
 });
+
+describe("tracing settings", () => {
+  it("is off by default and takes the standard OpenTelemetry variables", () => {
+    expect(parseConfig(base)).toMatchObject({
+      otlpTracesEndpoint: undefined,
+      otelServiceName: "model-market-gateway",
+    });
+    expect(
+      parseConfig({ ...base, OTEL_EXPORTER_OTLP_ENDPOINT: "http://collector:4318/" }),
+    ).toMatchObject({ otlpTracesEndpoint: "http://collector:4318/v1/traces" });
+    // The signal's own endpoint is used as given, and wins.
+    expect(
+      parseConfig({
+        ...base,
+        OTEL_EXPORTER_OTLP_ENDPOINT: "http://collector:4318",
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: "https://traces.example/otlp",
+        OTEL_SERVICE_NAME: "gw-eu-1",
+      }),
+    ).toMatchObject({
+      otlpTracesEndpoint: "https://traces.example/otlp",
+      otelServiceName: "gw-eu-1",
+    });
+    expect(
+      parseConfig({
+        ...base,
+        OTEL_EXPORTER_OTLP_ENDPOINT: "http://collector:4318",
+        OTEL_SDK_DISABLED: "true",
+      }).otlpTracesEndpoint,
+    ).toBeUndefined();
+  });
+
+  it("refuses a URL that is not http(s) without echoing it (it may carry credentials)", () => {
+    let error: unknown;
+    try {
+      parseConfig({ ...base, OTEL_EXPORTER_OTLP_ENDPOINT: "grpc://user:s3cret@collector" });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    expect((error as ConfigError).problems).toEqual([
+      "OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// URL",
+    ]);
+    expect(String((error as Error).message)).not.toContain("s3cret");
+  });
+});

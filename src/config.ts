@@ -140,6 +140,13 @@ export interface Config {
    * completes and is charged once, and its replay is 409 `idempotency_result_too_large`.
    */
   readonly idempotencyMaxResultBytes: number;
+  /**
+   * Where spans go (OTLP/HTTP, JSON): OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as given, or
+   * OTEL_EXPORTER_OTLP_ENDPOINT + `/v1/traces`; absent (or OTEL_SDK_DISABLED): tracing is off.
+   */
+  readonly otlpTracesEndpoint: string | undefined;
+  /** The `service.name` of the spans (OTEL_SERVICE_NAME). */
+  readonly otelServiceName: string;
 }
 
 export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -267,6 +274,22 @@ export function parseConfig(env: Env): Config {
     problems.push(`LOG_LEVEL must be one of ${logLevels.join(", ")}`);
   }
 
+  // Tracing: the standard OpenTelemetry variables. The URL may carry credentials: never echoed.
+  const otlpUrl = (key: string): string | undefined => {
+    const raw = str(key);
+    if (raw !== undefined && !/^https?:\/\/[^\s]+$/.test(raw)) {
+      problems.push(`${key} must be an http:// or https:// URL`);
+      return undefined;
+    }
+    return raw;
+  };
+  const tracesEndpoint = otlpUrl("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+  const otlpEndpoint = otlpUrl("OTEL_EXPORTER_OTLP_ENDPOINT");
+  const otlpTracesEndpoint = bool("OTEL_SDK_DISABLED", false)
+    ? undefined
+    : (tracesEndpoint ??
+      (otlpEndpoint === undefined ? undefined : `${otlpEndpoint.replace(/\/+$/, "")}/v1/traces`));
+
   const config: Mutable<Config> = {
     databaseUrl,
     databaseDirectUrl,
@@ -335,6 +358,8 @@ export function parseConfig(env: Env): Config {
       1024,
       256 * 1024 * 1024,
     ),
+    otlpTracesEndpoint,
+    otelServiceName: str("OTEL_SERVICE_NAME") ?? "model-market-gateway",
   };
   if (
     config.metricsPort !== undefined &&

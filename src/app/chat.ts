@@ -14,6 +14,7 @@ import type { Config } from "../config.js";
 import type { Catalog } from "../domain/catalog.js";
 import {
   createInference,
+  type ChatTracer,
   type Inference,
   type Ledger,
   type QuoteRecord,
@@ -55,6 +56,7 @@ export async function wireChat(
     readonly clock: () => number;
     readonly acquireStream: (apiKeyId: string) => () => void;
     readonly metrics: ReturnType<typeof createMetrics>;
+    readonly tracer: ChatTracer | undefined;
     readonly logger: Logger;
   },
 ): Promise<ChatWiring> {
@@ -179,6 +181,7 @@ export async function wireChat(
       ),
     acquireStream: deps.acquireStream,
     observer: deps.metrics.chat,
+    tracer: deps.tracer,
     measurements,
   });
   return {

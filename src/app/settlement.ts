@@ -12,6 +12,7 @@ import {
   type SettlementFlusher,
 } from "../domain/settlement.js";
 import type { createMetrics } from "../metrics.js";
+import type { Tracing } from "../tracing.js";
 
 /**
  * Settlement in this process: the flusher behind SettlementService.Flush (absent without
@@ -42,11 +43,12 @@ export function createSettlement(
     readonly instanceId: string;
     readonly clock: () => number;
     readonly metrics: ReturnType<typeof createMetrics>;
+    readonly tracing: Tracing | undefined;
     readonly logger: Logger;
   },
 ): Settlement {
   const { db, chain, permits, logger } = deps;
-  const flusher: SettlementFlusher | undefined =
+  const untraced: SettlementFlusher | undefined =
     config.settlementPrivateKey === undefined
       ? undefined
       : createSettlementFlusher({
@@ -79,6 +81,8 @@ export function createSettlement(
             for (const permitId of permitIds) permits.invalidate(permitId);
           },
         });
+  const flusher =
+    untraced === undefined ? undefined : (deps.tracing?.traceFlusher(untraced) ?? untraced);
   // Shutdown stops the task's waiting at once.
   const stopping = new AbortController();
   let task: Promise<void> | undefined;

@@ -195,6 +195,7 @@ export function createInferenceService(
         idempotencyKey: req.idempotencyKey === "" ? undefined : req.idempotencyKey,
         signal: ctx.signal,
         dialect: dialectName(req.dialect),
+        headers: ctx.requestHeader,
       });
       for await (const event of stream) {
         if (event.type !== "failed") yield eventToMessage(event);

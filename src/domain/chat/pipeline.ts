@@ -17,6 +17,7 @@ import {
   quoteLifetimeSeconds,
   type ChatEvent,
   type ChatInput,
+  type ChatTrace,
   type Inference,
   type InferenceDeps,
   type Ledger,
@@ -138,15 +139,21 @@ export function createInference(deps: InferenceDeps): Inference {
   async function* chat(input: ChatInput): AsyncGenerator<ChatEvent, void, undefined> {
     running++;
     const stream: { release?: () => void } = {};
+    // One span per call when tracing is on; undefined (and nothing allocated) when off.
+    const trace = deps.tracer?.start(input);
     try {
-      if (input.dialect === undefined) yield* answer(input, stream);
+      if (input.dialect === undefined) yield* answer(input, stream, trace);
       else {
         // The translator stage: the dialect's body in as a chat completion, its events out.
         const dialect = dialects[input.dialect];
         const { body, model } = canonicalBody(dialect, input.body, bounds);
-        yield* translateEvents(dialect, model, answer({ ...input, body }, stream));
+        yield* translateEvents(dialect, model, answer({ ...input, body }, stream, trace));
       }
+    } catch (error) {
+      trace?.end(error);
+      throw error;
     } finally {
+      trace?.end();
       stream.release?.();
       settled();
     }
@@ -155,9 +162,11 @@ export function createInference(deps: InferenceDeps): Inference {
   async function* answer(
     input: ChatInput,
     stream: { release?: () => void },
+    trace: ChatTrace | undefined,
   ): AsyncGenerator<ChatEvent, void, undefined> {
     const arrivedAt = performance.now();
     const req = parseChatRequest(input.body, bounds);
+    trace?.request(req.model, req.stream);
     // A stream counts against its key's limit from here (nothing claimed or reserved yet).
     if (req.stream && deps.acquireStream !== undefined)
       stream.release = deps.acquireStream(input.apiKeyId);
@@ -193,6 +202,7 @@ export function createInference(deps: InferenceDeps): Inference {
         );
       }
       if (claim.state === "completed") {
+        trace?.step("replayed");
         yield* replay(claim.events);
         return;
       }
@@ -248,7 +258,7 @@ export function createInference(deps: InferenceDeps): Inference {
       ]);
     };
     try {
-      for await (const event of run(req, input, now, arrivedAt)) {
+      for await (const event of run(req, input, now, arrivedAt, trace)) {
         if (event.type === "started") started = true;
         // The client has its whole answer: its stream no longer counts (the charge's record may
         // still be in flight).
@@ -324,12 +334,14 @@ export function createInference(deps: InferenceDeps): Inference {
     input: ChatInput,
     now: number,
     arrivedAt: number,
+    trace: ChatTrace | undefined,
   ): AsyncGenerator<ChatEvent, void, undefined> {
     // 1. Quote first: a stale or foreign quote is refused before anything else happens.
     const quote =
       input.quoteId === undefined
         ? undefined
         : await boundQuote(input.quoteId, input.apiKeyId, req, now);
+    if (quote !== undefined) trace?.step("quote");
     const { model, offers } = await resolve(req);
     if (quote !== undefined) {
       const offer = offers.find((o) => o.offerId === quote.offerId);
@@ -352,12 +364,14 @@ export function createInference(deps: InferenceDeps): Inference {
     });
     // Only a key its payer authorized may spend it; refused from memory, before any reservation.
     requireAuthority(input.authority, permit, now);
+    trace?.step("permit");
 
     // 3. Route.
     const pins = [req.offer, quote?.offerId, permit.offerId];
     const candidates = rankCandidates(offers, model, req, pins, now, routing);
     if (candidates.length === 0) throw noEligibleOffer(req);
     const failover = pins.every((p) => p === undefined);
+    trace?.step("route");
 
     // 4. Reserve the maximum, durably, before any upstream call.
     const requestId = newId();
@@ -415,6 +429,13 @@ export function createInference(deps: InferenceDeps): Inference {
         "every eligible offer is at its max_concurrency; retry shortly",
       );
     }
+    trace?.admitted({
+      requestId,
+      quoteId,
+      offerId: chosen.offer.offerId,
+      permitId: permit.permitId,
+      maximumCredits,
+    });
 
     yield* serve(
       { deps, closes },
@@ -429,6 +450,7 @@ export function createInference(deps: InferenceDeps): Inference {
         candidates,
         failover,
         arrivedAt,
+        trace,
       },
     );
   }

@@ -21,6 +21,7 @@ import type {
   ChatCompleted,
   ChatEvent,
   ChatInput,
+  ChatTrace,
   InferenceDeps,
   UpstreamReply,
 } from "./types.js";
@@ -98,6 +99,8 @@ export interface Served {
   failover: boolean;
   /** `performance.now()` when the pipeline took the request (for the overhead metric). */
   arrivedAt: number;
+  /** The call's trace; undefined when tracing is off. */
+  trace: ChatTrace | undefined;
 }
 
 export async function* serve(
@@ -133,6 +136,7 @@ export async function* serve(
       maximum: maximumCredits,
       offerId: current.offer.offerId,
     });
+    s.trace?.closed(closing);
     // Decided once per request (every path closes through here exactly once).
     if (observer !== undefined && dispatched) {
       observer.charged(
@@ -185,6 +189,7 @@ export async function* serve(
       calledAt = performance.now();
       if (!dispatched) observer?.overhead((calledAt - s.arrivedAt) / 1000);
       dispatched = true;
+      s.trace?.step("upstream");
       const attempt = await callProvider(deps, current.offer.offerId, req, abort.signal);
       if (input.signal.aborted) throw input.signal.reason;
       if ("reply" in attempt) {
@@ -302,6 +307,7 @@ export async function* serve(
           const first = delivered === 0n;
           delivered += pieces;
           if (first) {
+            s.trace?.step("first_token");
             firstTokenAt = performance.now();
             const at = (firstTokenAt - calledAt) / 1000;
             observer?.firstToken(current.offer.modelId, current.offer.offerId, at);

@@ -6,7 +6,7 @@
  * that the RPC layer turns into stream messages.
  */
 import type { OfferMeasurements } from "./measurements.js";
-import type { Usage } from "./metering.js";
+import type { Closing, Usage } from "./metering.js";
 import type { Hex } from "viem";
 import type { Catalog } from "../catalog.js";
 import type { JsonBounds } from "../chat-request.js";
@@ -313,6 +313,38 @@ export interface InferenceDeps {
    * once the call ends however it ends. Absent: no limit.
    */
   readonly acquireStream?: (apiKeyId: string) => () => void;
+  /** Tracing (OpenTelemetry, src/tracing.ts); absent: tracing is off and nothing is allocated. */
+  readonly tracer?: ChatTracer | undefined;
+}
+
+/** Starts the trace of one chat call (the domain never imports a tracing library). */
+export interface ChatTracer {
+  start(input: ChatInput): ChatTrace;
+}
+
+/** The steps of a chat request a trace marks as they happen (pipeline.ts, relay.ts). */
+export type ChatStep = "replayed" | "quote" | "permit" | "route" | "upstream" | "first_token";
+
+/**
+ * The trace of one chat call, told what the pipeline learns when it learns it. Called only
+ * through `trace?.`, so with tracing off no argument is even built. It must not throw.
+ */
+export interface ChatTrace {
+  /** The body parsed: the model asked for and whether it streams. */
+  request(model: string, stream: boolean): void;
+  step(step: ChatStep): void;
+  /** Reserved: what the request is admitted as. */
+  admitted(admission: {
+    readonly requestId: Hex;
+    readonly quoteId: Hex;
+    readonly offerId: Hex;
+    readonly permitId: Hex;
+    readonly maximumCredits: bigint;
+  }): void;
+  /** The request's one close, decided (the charge, the usage it was priced on, the billing). */
+  closed(closing: Closing): void;
+  /** The call ended; `error` when it failed (its code only is traced, never its message). */
+  end(error?: unknown): void;
 }
 
 export interface ChatInput {
@@ -329,6 +361,11 @@ export interface ChatInput {
   readonly signal: AbortSignal;
   /** The dialect `body` is written in (DESIGN.md section 9); absent: a chat completion. */
   readonly dialect?: "responses" | "messages" | undefined;
+  /**
+   * The caller's request headers, read only by a tracer (W3C `traceparent`): a reference, so
+   * tracing off costs nothing.
+   */
+  readonly headers?: { get(name: string): string | null } | undefined;
 }
 
 export interface Inference {
