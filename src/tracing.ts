@@ -47,11 +47,15 @@ export interface Tracing {
   /** Exports the spans ended so far. */
   flush(): Promise<void>;
   /**
-   * Exports what is left and stops (shutdown). Never rejects: a collector that is away loses
-   * those spans, never the shutdown's other steps.
+   * Exports what is left and stops (shutdown), for at most {@link shutdownExportMs}. Never
+   * rejects: a collector that is away loses those spans, never delays or fails the shutdown's
+   * other steps beyond that.
    */
   shutdown(): Promise<void>;
 }
+
+/** The longest a shutdown waits for the last spans' export (the exporter retries a collector that is away). */
+export const shutdownExportMs = 2_000;
 
 const headerGetter: TextMapGetter<{ get(name: string): string | null }> = {
   get: (carrier, key) => carrier.get(key) ?? undefined,
@@ -89,7 +93,14 @@ export function createTracing(
     chat,
     traceFlusher: (flusher) => tracedFlusher(tracer, flusher),
     flush: () => provider.forceFlush(),
-    shutdown: () => provider.shutdown().catch(() => undefined),
+    shutdown: async () => {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        provider.shutdown().catch(() => undefined),
+        new Promise<void>((resolve) => (timer = setTimeout(resolve, shutdownExportMs))),
+      ]);
+      clearTimeout(timer);
+    },
   };
 }
 

@@ -1,0 +1,74 @@
+import { createServer } from "node:net";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startOtlpReceiver } from "../test/helpers/otlp-receiver.js";
+import { GatewayError } from "./domain/errors.js";
+import { createTracing, shutdownExportMs } from "./tracing.js";
+
+const input = (headers?: Record<string, string>) => ({
+  apiKeyId: "k",
+  authority: { permits: new Map(), expiresAt: 0 } as never,
+  body: new Uint8Array(),
+  permitId: undefined,
+  quoteId: undefined,
+  idempotencyKey: undefined,
+  signal: new AbortController().signal,
+  ...(headers === undefined ? {} : { headers: new Headers(headers) }),
+});
+
+/** A port nothing listens on (taken, then given back). */
+async function deadPort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as { port: number };
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
+describe("createTracing", () => {
+  let receiver: Awaited<ReturnType<typeof startOtlpReceiver>>;
+  beforeAll(async () => {
+    receiver = await startOtlpReceiver();
+  });
+  afterAll(() => receiver.stop());
+
+  it("ends a span once, keeps an invalid traceparent out, and sends the error code only", async () => {
+    const tracing = createTracing({
+      otlpTracesEndpoint: `${receiver.url}/v1/traces`,
+      otelServiceName: "unit",
+    })!;
+    const trace = tracing.chat.start(input({ traceparent: "00-not-a-trace-01" }));
+    trace.request("m".repeat(300), false);
+    const error = new GatewayError("insufficient_credits", "permit 0xabc cannot cover 99 credits");
+    trace.end(error);
+    trace.end(); // the finally after the catch: no second span, no change
+    await tracing.flush();
+    expect(receiver.spans).toHaveLength(1);
+    const [span] = receiver.spans;
+    expect(span).toMatchObject({
+      serviceName: "unit",
+      name: `chat ${"m".repeat(200)}`,
+      parentSpanId: undefined,
+      status: { code: 2, message: "insufficient_credits" },
+      attributes: {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "m".repeat(200),
+        "error.type": "insufficient_credits",
+        "gateway.stream": false,
+      },
+    });
+    expect(JSON.stringify(span)).not.toContain("0xabc");
+    await tracing.shutdown();
+  });
+
+  it("a collector that is away loses spans, never fails the shutdown", async () => {
+    const tracing = createTracing({
+      otlpTracesEndpoint: `http://127.0.0.1:${await deadPort()}/v1/traces`,
+      otelServiceName: "unit",
+    })!;
+    tracing.chat.start(input()).end();
+    const began = performance.now();
+    await expect(tracing.shutdown()).resolves.toBeUndefined();
+    // Bounded: the exporter's retries would hold a shutdown for about 7 s.
+    expect(performance.now() - began).toBeLessThan(shutdownExportMs + 500);
+  });
+});
