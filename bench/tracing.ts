@@ -6,6 +6,9 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 import { startAnvil } from "../src/adapters/chain/anvil.js";
+import type { ChatInput } from "../src/domain/chat/types.js";
+import type { Closing } from "../src/domain/chat/metering.js";
+import { createTracing } from "../src/tracing.js";
 import { load, preflight, requestBody, type Target } from "./lib/measure.js";
 import { killAllChildrenSync, startChild, type ChildHandle } from "./lib/processes.js";
 import { baseEnv, intSetting, readCommonSettings } from "./lib/settings.js";
@@ -31,13 +34,22 @@ function log(message: string): void {
   process.stderr.write(`[bench:tracing] ${message}\n`);
 }
 
-/** A collector that takes OTLP/HTTP JSON exports and counts their spans. */
-async function startCollector(): Promise<{ url: string; spans: () => number; close(): void }> {
+/**
+ * A collector that takes OTLP/HTTP JSON exports and counts their spans; `decode: false` only
+ * drains them (when it shares its process's CPU with what is measured).
+ */
+async function startCollector(
+  decode = true,
+): Promise<{ url: string; spans: () => number; close(): void }> {
   let spans = 0;
   const server = createServer((req, res) => {
     const parts: Buffer[] = [];
-    req.on("data", (part: Buffer) => parts.push(part));
+    req.on("data", (part: Buffer) => decode && parts.push(part));
     req.on("end", () => {
+      if (!decode) {
+        res.writeHead(200, { "content-type": "application/json" }).end("{}");
+        return;
+      }
       const body = JSON.parse(Buffer.concat(parts).toString("utf8")) as {
         resourceSpans?: { scopeSpans?: { spans?: unknown[] }[] }[];
       };
@@ -49,6 +61,67 @@ async function startCollector(): Promise<{ url: string; spans: () => number; clo
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   const { port } = server.address() as { port: number };
   return { url: `http://127.0.0.1:${port}`, spans: () => spans, close: () => server.close() };
+}
+
+/**
+ * CPU of one chat span in this process, recorded as the pipeline records it (start, model,
+ * three step events, admission, close, end) and exported to `collector` by the batch processor,
+ * without a gateway around it: the cost the load figures' noise can hide.
+ */
+async function spanCost(collectorUrl: string, spans: number): Promise<number> {
+  const tracing = createTracing({
+    otlpTracesEndpoint: `${collectorUrl}/v1/traces`,
+    otelServiceName: "bench-span-cost",
+  })!;
+  const id = `0x${"ab".repeat(32)}` as const;
+  const input: ChatInput = {
+    apiKeyId: "bench",
+    authority: { permits: new Map(), expiresAt: 0 } as unknown as ChatInput["authority"],
+    body: new Uint8Array(),
+    permitId: undefined,
+    quoteId: undefined,
+    idempotencyKey: undefined,
+    signal: new AbortController().signal,
+    headers: new Headers(),
+  };
+  const closing: Closing = {
+    status: "completed",
+    billing: "billed",
+    usageSource: "provider",
+    usage: { inputTokens: 20n, outputTokens: 8n, cachedInputTokens: 0n, reasoningTokens: 0n },
+    error: undefined,
+    charge: 123_456_789n,
+    aboveQuote: false,
+    offerId: id,
+  };
+  const run = async (n: number): Promise<number> => {
+    const before = process.cpuUsage();
+    for (let i = 0; i < n; i++) {
+      const trace = tracing.chat.start(input);
+      trace.request("demo-chat", false);
+      trace.step("permit");
+      trace.step("route");
+      trace.admitted({
+        requestId: id,
+        quoteId: id,
+        offerId: id,
+        permitId: id,
+        maximumCredits: 99_999_999n,
+      });
+      trace.step("upstream");
+      trace.closed(closing);
+      trace.end();
+      // Let the exporter's timers and sockets run, as between requests.
+      if (i % 256 === 255) await new Promise((resolve) => setImmediate(resolve));
+    }
+    await tracing.flush();
+    const used = process.cpuUsage(before);
+    return (used.user + used.system) / n;
+  };
+  await run(Math.min(spans, 5_000)); // warm-up
+  const micros = await run(spans);
+  await tracing.shutdown();
+  return micros;
 }
 
 interface Round {
@@ -63,13 +136,21 @@ interface Round {
 
 async function main(): Promise<number> {
   const common = readCommonSettings();
-  const rounds = intSetting("BENCH_TRACING_ROUNDS", 3, 1, 20);
+  const rounds = intSetting("BENCH_TRACING_ROUNDS", 3, 0, 20);
+  const spans = intSetting("BENCH_TRACING_SPANS", 20_000, 1_000, 1_000_000);
   const output =
     process.env.BENCH_OUTPUT ||
     fileURLToPath(new URL("./results/tracing-latest.json", import.meta.url));
   const cleanups: (() => Promise<void> | void)[] = [];
   process.on("exit", killAllChildrenSync);
   try {
+    const costCollector = await startCollector(false);
+    const spanMicros = await spanCost(costCollector.url, spans);
+    costCollector.close();
+    process.stdout.write(
+      `\nOne chat span, recorded and exported in-process: ${spanMicros.toFixed(1)} µs CPU (${spans} spans)\n`,
+    );
+    if (rounds === 0) return 0;
     const db = await createBenchDatabase(common.serverUrl);
     cleanups.push(() => db.drop());
     const anvil = await startAnvil({ chainId: 31337 });
@@ -216,6 +297,7 @@ async function main(): Promise<number> {
       /** Requests the traced gateway answered (preflight and warm-up included) and spans received. */
       tracedRequests,
       spansReceived: collector.spans(),
+      spanCpuMicros: spanMicros,
       results,
     };
     const ratio = summary.on.requestsPerSecond / summary.off.requestsPerSecond;
