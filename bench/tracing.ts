@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
+import { pino } from "pino";
 import { startAnvil } from "../src/adapters/chain/anvil.js";
 import type { ChatInput } from "../src/domain/chat/types.js";
 import type { Closing } from "../src/domain/chat/metering.js";
@@ -69,10 +70,13 @@ async function startCollector(
  * without a gateway around it: the cost the load figures' noise can hide.
  */
 async function spanCost(collectorUrl: string, spans: number): Promise<number> {
-  const tracing = createTracing({
-    otlpTracesEndpoint: `${collectorUrl}/v1/traces`,
-    otelServiceName: "bench-span-cost",
-  })!;
+  const tracing = createTracing(
+    {
+      otlpTracesEndpoint: `${collectorUrl}/v1/traces`,
+      otelServiceName: "bench-span-cost",
+    },
+    pino({ enabled: false }),
+  )!;
   const id = `0x${"ab".repeat(32)}` as const;
   const input: ChatInput = {
     apiKeyId: "bench",

@@ -67,7 +67,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
   const directory = new ModelDirectory(entries);
   // This gateway's own registry (several gateways may share a process: tests).
   const metrics = createMetrics({ modelName: (modelId) => directory.publicId(modelId) });
-  const tracing = createTracing(config);
+  const tracing = createTracing(config, logger.child({ component: "tracing" }));
   const clock = options.clock ?? (() => Math.floor(Date.now() / 1000));
   const storage = await openStorage(config, options);
   const { db } = storage;

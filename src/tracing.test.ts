@@ -1,4 +1,6 @@
+import { createServer as createHttpServer } from "node:http";
 import { createServer } from "node:net";
+import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startOtlpReceiver } from "../test/helpers/otlp-receiver.js";
 import { GatewayError } from "./domain/errors.js";
@@ -24,6 +26,8 @@ async function deadPort(): Promise<number> {
   return port;
 }
 
+const silent = pino({ enabled: false });
+
 describe("createTracing", () => {
   let receiver: Awaited<ReturnType<typeof startOtlpReceiver>>;
   beforeAll(async () => {
@@ -32,10 +36,13 @@ describe("createTracing", () => {
   afterAll(() => receiver.stop());
 
   it("ends a span once, keeps an invalid traceparent out, and sends the error code only", async () => {
-    const tracing = createTracing({
-      otlpTracesEndpoint: `${receiver.url}/v1/traces`,
-      otelServiceName: "unit",
-    })!;
+    const tracing = createTracing(
+      {
+        otlpTracesEndpoint: `${receiver.url}/v1/traces`,
+        otelServiceName: "unit",
+      },
+      silent,
+    )!;
     const trace = tracing.chat.start(input({ traceparent: "00-not-a-trace-01" }));
     trace.request("m".repeat(300), false);
     const error = new GatewayError("insufficient_credits", "permit 0xabc cannot cover 99 credits");
@@ -61,14 +68,53 @@ describe("createTracing", () => {
   });
 
   it("a collector that is away loses spans, never fails the shutdown", async () => {
-    const tracing = createTracing({
-      otlpTracesEndpoint: `http://127.0.0.1:${await deadPort()}/v1/traces`,
-      otelServiceName: "unit",
-    })!;
+    const tracing = createTracing(
+      {
+        otlpTracesEndpoint: `http://127.0.0.1:${await deadPort()}/v1/traces`,
+        otelServiceName: "unit",
+      },
+      silent,
+    )!;
     tracing.chat.start(input()).end();
     const began = performance.now();
     await expect(tracing.shutdown()).resolves.toBeUndefined();
     // Bounded: the exporter's retries would hold a shutdown for about 7 s.
     expect(performance.now() - began).toBeLessThan(shutdownExportMs + 500);
+  });
+
+  it("logs once when exports start failing and once when they recover, the reason only", async () => {
+    let status = 400;
+    const collector = createHttpServer((req, res) => {
+      req.resume();
+      req.on("end", () => res.writeHead(status).end(status === 200 ? "{}" : "secret-body"));
+    });
+    await new Promise<void>((resolve) => collector.listen(0, "127.0.0.1", resolve));
+    const { port } = collector.address() as { port: number };
+    const lines: string[] = [];
+    const logger = pino({ level: "info" }, { write: (line: string) => lines.push(line) });
+    const tracing = createTracing(
+      { otlpTracesEndpoint: `http://127.0.0.1:${port}/v1/traces`, otelServiceName: "unit" },
+      logger,
+    )!;
+    try {
+      for (let i = 0; i < 2; i++) {
+        tracing.chat.start(input()).end();
+        await tracing.flush().catch(() => undefined);
+      }
+      status = 200;
+      tracing.chat.start(input()).end();
+      await tracing.flush();
+      const logged = lines.map((l) => JSON.parse(l) as Record<string, unknown>);
+      expect(logged.map((l) => [l["level"], l["msg"]])).toEqual([
+        [40, "span export failed: spans are dropped until the collector answers"],
+        [30, "span export recovered"],
+      ]);
+      expect(logged[0]).toMatchObject({ spans: 1 });
+      expect(lines.join("\n")).not.toContain("secret-body");
+      expect(lines.join("\n")).not.toContain(String(port));
+    } finally {
+      await tracing.shutdown();
+      await new Promise<void>((resolve) => collector.close(() => resolve()));
+    }
   });
 });

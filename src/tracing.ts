@@ -7,11 +7,12 @@ import {
   type TextMapGetter,
   type Tracer,
 } from "@opentelemetry/api";
-import { W3CTraceContextPropagator } from "@opentelemetry/core";
+import { ExportResultCode, W3CTraceContextPropagator } from "@opentelemetry/core";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
 import { resourceFromAttributes } from "@opentelemetry/resources";
-import { BatchSpanProcessor, TracerProvider } from "@opentelemetry/sdk-trace";
+import { BatchSpanProcessor, TracerProvider, type SpanExporter } from "@opentelemetry/sdk-trace";
 import { ATTR_ERROR_TYPE, ATTR_SERVICE_NAME } from "@opentelemetry/semantic-conventions";
+import type { Logger } from "pino";
 import type { Config } from "./config.js";
 import type { ChatInput, ChatStep, ChatTrace, ChatTracer } from "./domain/chat/types.js";
 import type { Closing } from "./domain/chat/metering.js";
@@ -65,12 +66,15 @@ const headerGetter: TextMapGetter<{ get(name: string): string | null }> = {
 /** Tracing from the configuration; undefined (off) without an OTLP endpoint. */
 export function createTracing(
   config: Pick<Config, "otlpTracesEndpoint" | "otelServiceName">,
+  logger: Logger,
 ): Tracing | undefined {
   const url = config.otlpTracesEndpoint;
   if (url === undefined) return undefined;
   const provider = new TracerProvider({
     resource: resourceFromAttributes({ [ATTR_SERVICE_NAME]: config.otelServiceName }),
-    spanProcessors: [new BatchSpanProcessor({ exporter: new OTLPTraceExporter({ url }) })],
+    spanProcessors: [
+      new BatchSpanProcessor({ exporter: reported(new OTLPTraceExporter({ url }), logger) }),
+    ],
   });
   const tracer = provider.getTracer("model-market-gateway");
   const propagator = new W3CTraceContextPropagator();
@@ -101,6 +105,35 @@ export function createTracing(
       ]);
       clearTimeout(timer);
     },
+  };
+}
+
+/**
+ * The exporter, its failures logged: once when exports start failing (spans are dropped until
+ * the collector answers), once when they recover. The reason is the error's code or name only:
+ * a collector's answer or URL may carry what the log must not.
+ */
+function reported(exporter: SpanExporter, logger: Logger): SpanExporter {
+  let failing = false;
+  return {
+    export(spans, done) {
+      exporter.export(spans, (result) => {
+        if (result.code !== ExportResultCode.SUCCESS && !failing) {
+          failing = true;
+          const error = result.error as (Error & { code?: unknown }) | undefined;
+          logger.warn(
+            { spans: spans.length, reason: String(error?.code ?? error?.name ?? "failed") },
+            "span export failed: spans are dropped until the collector answers",
+          );
+        } else if (result.code === ExportResultCode.SUCCESS && failing) {
+          failing = false;
+          logger.info("span export recovered");
+        }
+        done(result);
+      });
+    },
+    shutdown: () => exporter.shutdown(),
+    forceFlush: () => exporter.forceFlush?.() ?? Promise.resolve(),
   };
 }
 

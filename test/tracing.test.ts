@@ -69,7 +69,7 @@ describe("tracing", () => {
       MARKET_ADDRESS: "0x5FbDB2315678afecb367f032d93F642f64180aa3",
       SETTLEMENT_OPERATOR_TOKEN: "s3cret-operator-token-123",
     };
-    expect(createTracing(parseConfig(base))).toBeUndefined();
+    expect(createTracing(parseConfig(base), stack.logger)).toBeUndefined();
   });
 
   it("exports a span per chat (REST, SSE, dialect, RPC, refused) and per settlement batch", async () => {
