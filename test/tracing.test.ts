@@ -251,4 +251,56 @@ describe("tracing", () => {
       expect(everything).not.toContain(secret);
     }
   }, 60_000);
+
+  it("marks a quoted chat's quote step, and a replay of an Idempotency-Key as replayed", async () => {
+    const quoted = await authed(stack, "/v1/quotes", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: chatBody(false),
+    });
+    expect(quoted.status).toBe(200);
+    const quoteId = ((await quoted.json()) as { quote_id: string }).quote_id;
+    const key = `trace-${Date.now()}`;
+    const send = () =>
+      authed(stack, "/v1/chat/completions", {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          "x-gateway-permit": permitId,
+          "x-gateway-quote": quoteId,
+          "idempotency-key": key,
+        },
+        body: chatBody(false),
+      });
+    const first = await send();
+    expect(first.status).toBe(200);
+    await first.text();
+    const requestId = first.headers.get("x-gateway-request-id")!;
+    const again = await send();
+    expect(again.status).toBe(200);
+    await again.text();
+    expect(again.headers.get("x-gateway-request-id")).toBe(requestId);
+
+    const replayed = () =>
+      receiver.spans.filter((s) => s.name === "chat demo-chat" && s.events.includes("replayed"));
+    await eventually(async () => replayed().length === 1, 15_000, 100);
+    const served = receiver.spans.filter((s) => s.attributes["gateway.request.id"] === requestId);
+    expect(served).toHaveLength(1);
+    expect(served[0]!.events).toEqual([
+      "quote",
+      "permit",
+      "route",
+      "reserved",
+      "upstream",
+      "closed",
+    ]);
+    expect(served[0]!.attributes).toMatchObject({
+      "gateway.quote.id": quoteId,
+      "gateway.charge.credits": price,
+      "gen_ai.usage.input_tokens": 20,
+    });
+    // The replay answers from the stored result: nothing reserved, routed or charged again.
+    expect(replayed()[0]!.events).toEqual(["replayed"]);
+    expect(replayed()[0]!.attributes["gateway.charge.credits"]).toBeUndefined();
+  }, 30_000);
 });
