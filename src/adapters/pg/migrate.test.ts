@@ -1,6 +1,8 @@
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { execFileSync } from "node:child_process";
+import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import {
   createTestDatabase,
@@ -127,6 +129,162 @@ describe("migrate", () => {
     const test = await freshDatabase();
     const results = await Promise.all([migrate(test.db.pool, dir), migrate(test.db.pool, dir)]);
     expect(results.flatMap((r) => r.applied)).toEqual(["1_a"]);
+  });
+});
+
+// The commit before the SQL functions moved out of the migrations: its migrations, applied in
+// order, are the old layout (each function as its last migration defined it).
+const OLD_LAYOUT = "4dd06d1";
+const REPO = fileURLToPath(new URL("../../../", import.meta.url));
+const PG_DIR = fileURLToPath(new URL("./", import.meta.url));
+
+function oldLayoutAvailable(): boolean {
+  try {
+    execFileSync("git", ["cat-file", "-e", `${OLD_LAYOUT}^{commit}`], {
+      cwd: REPO,
+      stdio: "ignore",
+    });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The old layout's migrations 1..`upTo`, extracted from git into a temp dir. */
+async function oldMigrations(upTo: number): Promise<string> {
+  const prefix = "src/adapters/pg/migrations/";
+  const names = execFileSync("git", ["ls-tree", "--name-only", `${OLD_LAYOUT}:${prefix}`], {
+    cwd: REPO,
+    encoding: "utf8",
+  })
+    .split("\n")
+    .filter((n) => n.endsWith(".sql") && Number(n.slice(0, 3)) <= upTo);
+  const files: Record<string, string> = {};
+  for (const name of names) {
+    files[name] = execFileSync("git", ["show", `${OLD_LAYOUT}:${prefix}${name}`], {
+      cwd: REPO,
+      encoding: "utf8",
+    });
+  }
+  return migrationsDir(files);
+}
+
+/** Every gw_* function of the database: its signature and pg_get_functiondef. */
+async function functionDefs(test: TestDatabase): Promise<Record<string, string>> {
+  const { rows } = await test.db.pool.query<{ sig: string; def: string }>(
+    `SELECT p.oid::regprocedure::text AS sig, pg_get_functiondef(p.oid) AS def
+     FROM pg_proc p
+     WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'gw\\_%'
+     ORDER BY 1`,
+  );
+  return Object.fromEntries(rows.map((r) => [r.sig, r.def]));
+}
+
+const CURRENT_FUNCTIONS = [
+  "gw_close_batch(jsonb)",
+  "gw_close_leased_batch(jsonb)",
+  "gw_close_request(text,text,numeric,numeric,numeric,text,text,text,bigint,bigint,numeric,numeric)",
+  "gw_lease_offer(text,text,integer,integer,integer)",
+  "gw_lease_permit(text,text,numeric,numeric,numeric,numeric)",
+  "gw_release_holder(text,bigint)",
+  "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb)",
+  "gw_reserve_batch(jsonb)",
+  "gw_return_offer_lease(text,text,integer)",
+  "gw_return_permit_lease(text,text,numeric)",
+  "gw_void_reservation(text,text,text,text,text,text,text,text,boolean,numeric,numeric,text,bigint)",
+];
+
+/**
+ * The old layout's definitions as the current files should reproduce them: equal, but for the
+ * rewrites listed here (none yet).
+ */
+function expectedFromOldLayout(old: Record<string, string>): Record<string, string> {
+  return old;
+}
+
+describe("SQL functions", () => {
+  it("defines each function in exactly one file under src/adapters/pg, none in a migration", async () => {
+    const definedIn = new Map<string, string[]>();
+    for (const sub of ["functions", "migrations"]) {
+      for (const name of await readdir(join(PG_DIR, sub))) {
+        if (!name.endsWith(".sql")) continue;
+        const sql = await readFile(join(PG_DIR, sub, name), "utf8");
+        for (const m of sql.matchAll(/CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(\w+)/gi)) {
+          const fn = m[1]!.toLowerCase();
+          definedIn.set(fn, [...(definedIn.get(fn) ?? []), `${sub}/${name}`]);
+        }
+      }
+    }
+    const names = CURRENT_FUNCTIONS.map((sig) => sig.slice(0, sig.indexOf("(")));
+    expect([...definedIn.keys()].filter((n) => n.startsWith("gw_")).sort()).toEqual(names);
+    for (const [fn, files] of definedIn) {
+      expect({ fn, files }).toEqual({ fn, files: [files[0]] });
+      expect(files[0]).toMatch(/^functions\//);
+    }
+  });
+
+  it("re-applies the current definitions on every start", async () => {
+    const test = await freshDatabase();
+    await migrate(test.db.pool);
+    const fresh = await functionDefs(test);
+    expect(Object.keys(fresh)).toEqual(CURRENT_FUNCTIONS);
+    // A definition changed behind the gateway's back (or left by an older release) is replaced.
+    await test.db.pool.query(
+      "CREATE OR REPLACE FUNCTION gw_release_holder(p_holder text, p_orphaned_before bigint) " +
+        "RETURNS integer LANGUAGE sql AS 'SELECT 42'",
+    );
+    expect(await migrate(test.db.pool)).toEqual({ applied: [] });
+    expect(await functionDefs(test)).toEqual(fresh);
+  });
+
+  it("rolls a failing functions file back whole, after the migrations committed", async () => {
+    const functions = await migrationsDir({
+      "a.sql": "CREATE OR REPLACE FUNCTION gw_a() RETURNS int LANGUAGE sql AS 'SELECT 1';",
+      "b.sql":
+        "CREATE OR REPLACE FUNCTION gw_b() RETURNS int LANGUAGE sql AS 'SELECT * FROM nope';",
+    });
+    const dir = await migrationsDir({ "1_a.sql": "CREATE TABLE a (x int);" });
+    const test = await freshDatabase();
+    const err = await migrate(test.db.pool, dir, functions).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(MigrationError);
+    expect((err as Error).message).toMatch(/SQL functions b\.sql failed: .*nope/);
+    expect(await recorded(test)).toEqual([{ version: 1, name: "a" }]);
+    expect(await functionDefs(test)).toEqual({});
+    // The lock was released and the session is usable: the fixed file goes through.
+    await writeFile(
+      join(functions, "b.sql"),
+      "CREATE FUNCTION gw_b() RETURNS int LANGUAGE sql AS 'SELECT 2';",
+    );
+    expect(await migrate(test.db.pool, dir, functions)).toEqual({ applied: [] });
+    expect(Object.keys(await functionDefs(test))).toEqual(["gw_a()", "gw_b()"]);
+  });
+
+  describe.skipIf(!oldLayoutAvailable())(`against the old layout (commit ${OLD_LAYOUT})`, () => {
+    it("a fresh database ends with the old layout's functions, as listed rewritten", async () => {
+      const old = await freshDatabase();
+      await migrate(old.db.pool, await oldMigrations(999), undefined);
+      const oldDefs = await functionDefs(old);
+      expect(Object.keys(oldDefs)).toEqual(CURRENT_FUNCTIONS);
+
+      const fresh = await freshDatabase();
+      await migrate(fresh.db.pool);
+      expect(await functionDefs(fresh)).toEqual(expectedFromOldLayout(oldDefs));
+    });
+
+    it("a database of any past version, migrated by this code, ends with the fresh functions", async () => {
+      const fresh = await freshDatabase();
+      await migrate(fresh.db.pool);
+      const freshDefs = await functionDefs(fresh);
+      // Before any function, with each generation of them, before and after 018's signature change.
+      for (const version of [4, 5, 7, 10, 16, 17, 18, 19]) {
+        const test = await freshDatabase();
+        await migrate(test.db.pool, await oldMigrations(version), undefined);
+        const { applied } = await migrate(test.db.pool);
+        expect(applied.length).toBe(19 - version);
+        expect({ version, defs: await functionDefs(test) }).toEqual({ version, defs: freshDefs });
+        await test.drop();
+      }
+    });
   });
 });
 

@@ -5,6 +5,7 @@ import { fileURLToPath } from "node:url";
 import type pg from "pg";
 
 const MIGRATIONS_DIR = fileURLToPath(new URL("./migrations/", import.meta.url));
+const FUNCTIONS_DIR = fileURLToPath(new URL("./functions/", import.meta.url));
 
 // Any constant will do as long as nothing else in the database uses it: every gateway process
 // that starts takes this lock, so migrations run one process at a time.
@@ -33,13 +34,22 @@ interface MigrationFile {
  * starts safe: the second process waits, then finds nothing left to do. Migrations must
  * therefore be transactional (no `CREATE INDEX CONCURRENTLY`, no BEGIN/COMMIT of their own).
  *
+ * Then, in the same locked run, every `.sql` file of `functionsDir` (by default the project's
+ * `functions/` when `dir` is the project's migrations) is applied, in name order, in one
+ * transaction: the one live definition of each SQL function, re-applied on every start
+ * (idempotent: CREATE OR REPLACE, and DROP ... IF EXISTS for a signature that changed), so a
+ * database migrated from any past version ends with exactly the current functions. Migrations
+ * hold tables, indexes and data changes only.
+ *
  * @returns the ids (file names without `.sql`) of the migrations applied by this call.
  */
 export async function migrate(
   pool: pg.Pool,
   dir: string = MIGRATIONS_DIR,
+  functionsDir: string | undefined = dir === MIGRATIONS_DIR ? FUNCTIONS_DIR : undefined,
 ): Promise<{ applied: string[] }> {
   const files = await readMigrationFiles(dir);
+  const functions = functionsDir === undefined ? [] : await readFunctionFiles(functionsDir);
   // Everything runs on this one client: the advisory lock belongs to its session, and the
   // embedded PGlite pool has only one connection anyway.
   const client = await pool.connect();
@@ -81,6 +91,23 @@ export async function migrate(
         }
         applied.push(file.id);
       }
+      if (functions.length > 0) {
+        let failed = "";
+        try {
+          await client.query("BEGIN");
+          for (const file of functions) {
+            failed = file.name;
+            await client.query(file.sql);
+          }
+          await client.query("COMMIT");
+        } catch (err) {
+          await client.query("ROLLBACK").catch((rollbackErr: unknown) => {
+            broken = rollbackErr instanceof Error ? rollbackErr : new Error(String(rollbackErr));
+          });
+          const reason = err instanceof Error ? err.message : String(err);
+          throw new MigrationError(`SQL functions ${failed} failed: ${reason}`, { cause: err });
+        }
+      }
       return { applied };
     } finally {
       if (broken === undefined) {
@@ -119,6 +146,14 @@ async function readMigrationFiles(dir: string): Promise<MigrationFile[]> {
     }
   }
   return files;
+}
+
+/** The `.sql` files of `dir`, in name order (byte order, as `ls` in the C locale). */
+async function readFunctionFiles(dir: string): Promise<{ name: string; sql: string }[]> {
+  const names = (await readdir(dir)).filter((n) => n.endsWith(".sql")).sort();
+  return Promise.all(
+    names.map(async (name) => ({ name, sql: await readFile(join(dir, name), "utf8") })),
+  );
 }
 
 /** Refuses a database that records migrations this code does not have. */

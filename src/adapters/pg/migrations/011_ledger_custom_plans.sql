@@ -16,21 +16,7 @@
 -- read at planning time), so a point lookup is an index scan once a table is more than a few
 -- pages, whatever VACUUM or ANALYZE recorded. Measured on the bench machine: no throughput
 -- loss (planning these statements costs less than the generic plans did).
+
 --
--- Applied to every plpgsql function named gw_* that exists (the per-request ledger of 005-007
--- and, when present, the lease functions). A function redefined later with CREATE OR REPLACE
--- loses this setting: repeat it there (the test checks every gw_* function).
-DO $$
-DECLARE
-  f regprocedure;
-BEGIN
-  FOR f IN
-    SELECT p.oid::regprocedure
-    FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
-    WHERE p.pronamespace = current_schema()::regnamespace
-      AND l.lanname = 'plpgsql' AND p.proname LIKE 'gw\_%'
-  LOOP
-    EXECUTE format('ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f);
-  END LOOP;
-END
-$$;
+-- The setting was applied here to the functions that existed then; it is now part of every
+-- plpgsql function's definition in ../functions/, which migrate() re-applies on every start.
