@@ -507,7 +507,7 @@ export async function switchOffer(pool: pg.Pool, input: SwitchOfferInput): Promi
       const grown = await client.query(
         `UPDATE permit_ledgers SET reserved = reserved + $2::numeric, updated_at = now()
          WHERE permit_id = $1
-           AND $3::numeric - (charged + GREATEST(0, $4::numeric - settled)) - reserved
+           AND gw_permit_available($3::numeric, $4::numeric, charged, settled, reserved)
              >= $2::numeric`,
         [
           request.permit_id,

@@ -10,6 +10,7 @@ import {
   testDatabaseUrl,
   type TestDatabase,
 } from "../../../test/helpers/db.js";
+import { availableCredits } from "../../domain/permit-balance.js";
 import { openDatabase } from "./database.js";
 import { migrate, MigrationError } from "./migrate.js";
 
@@ -186,6 +187,7 @@ const CURRENT_FUNCTIONS = [
   "gw_close_request(text,text,numeric,numeric,numeric,text,text,text,bigint,bigint,numeric,numeric)",
   "gw_lease_offer(text,text,integer,integer,integer)",
   "gw_lease_permit(text,text,numeric,numeric,numeric,numeric)",
+  "gw_permit_available(numeric,numeric,numeric,numeric,numeric)",
   "gw_release_holder(text,bigint)",
   "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb)",
   "gw_reserve_batch(jsonb)",
@@ -194,12 +196,44 @@ const CURRENT_FUNCTIONS = [
   "gw_void_reservation(text,text,text,text,text,text,text,text,boolean,numeric,numeric,text,bigint)",
 ];
 
+/** The availability rule (functions/ledger.sql), which the old layout wrote out where used. */
+const HELPER = "gw_permit_available(numeric,numeric,numeric,numeric,numeric)";
+
 /**
- * The old layout's definitions as the current files should reproduce them: equal, but for the
- * rewrites listed here (none yet).
+ * The old layout's definitions as the current files reproduce them: equal, but for the
+ * availability rule written out, which now calls the helper (each rewrite must match exactly
+ * as often as listed, or the test fails).
  */
+const REWRITES: { fn: string; from: string; to: string; times: number }[] = [
+  {
+    fn: "gw_reserve(",
+    from: "WHERE p_deposit - GREATEST(0, p_chain_settled) >= p_maximum",
+    to: "WHERE gw_permit_available(p_deposit, p_chain_settled, 0, 0, 0) >= p_maximum",
+    times: 1,
+  },
+  {
+    fn: "gw_reserve_batch(",
+    from: "AND (e->>'deposit')::numeric - GREATEST(0, (e->>'chain_settled')::numeric)\n",
+    to: "AND gw_permit_available((e->>'deposit')::numeric, (e->>'chain_settled')::numeric, 0, 0, 0)\n",
+    times: 1,
+  },
+  {
+    fn: "gw_lease_permit(",
+    from: "IF p_deposit - GREATEST(0, p_chain_settled) < p_need THEN",
+    to: "IF gw_permit_available(p_deposit, p_chain_settled, 0, 0, 0) < p_need THEN",
+    times: 1,
+  },
+];
+
 function expectedFromOldLayout(old: Record<string, string>): Record<string, string> {
-  return old;
+  const expected = { ...old };
+  for (const { fn, from, to, times } of REWRITES) {
+    const sig = Object.keys(expected).find((s) => s.startsWith(fn));
+    const def = expected[sig ?? ""] ?? "";
+    expect({ fn, from, times: def.split(from).length - 1 }).toEqual({ fn, from, times });
+    expected[sig!] = def.split(from).join(to);
+  }
+  return expected;
 }
 
 describe("SQL functions", () => {
@@ -259,16 +293,77 @@ describe("SQL functions", () => {
     expect(Object.keys(await functionDefs(test))).toEqual(["gw_a()", "gw_b()"]);
   });
 
+  it("gw_permit_available is the availability rule, and the planner inlines it", async () => {
+    const test = await freshDatabase();
+    await migrate(test.db.pool);
+    // deposit, chain settled, charged, settled, reserved -> available, as availableCredits.
+    const cases: [bigint, bigint, bigint, bigint, bigint][] = [
+      [100n, 30n, 20n, 10n, 5n], // settled on chain beyond ours: 100 - (20 + 20) - 5 = 55
+      [100n, 5n, 20n, 10n, 5n], // chain behind our record: 100 - 20 - 5 = 75
+      [100n, 0n, 0n, 0n, 0n], // a fresh permit: its deposit
+      [10n ** 30n, 3n, 2n * 10n ** 29n, 10n, 7n], // beyond 64 bits
+      [50n, 80n, 0n, 0n, 0n], // the chain settled more than the deposit: negative, not clamped
+    ];
+    for (const [deposit, chainSettled, charged, settled, reserved] of cases) {
+      const { rows } = await test.db.pool.query<{ available: string }>(
+        "SELECT gw_permit_available($1, $2, $3, $4, $5)::text AS available",
+        [deposit, chainSettled, charged, settled, reserved].map(String),
+      );
+      const expected = availableCredits({ charged, settled, reserved }, deposit, chainSettled);
+      expect(rows[0]?.available).toBe(expected.toString());
+    }
+    expect(
+      (await test.db.pool.query("SELECT gw_permit_available(100, 30, 20, 10, 5) AS a")).rows,
+    ).toEqual([{ a: "55" }]);
+    // Inlined: the plan holds the expression, not a call (a call would cost a function
+    // invocation per row and hide the expression from the planner).
+    const plan = await test.db.pool.query<{ "QUERY PLAN": string }>(
+      `EXPLAIN (VERBOSE, COSTS OFF) UPDATE permit_ledgers SET reserved = reserved + 1
+       WHERE permit_id = 'p' AND gw_permit_available(100, 30, charged, settled, reserved) >= 1`,
+    );
+    const text = plan.rows.map((r) => r["QUERY PLAN"]).join("\n");
+    expect(text).toMatch(/GREATEST/);
+    expect(text).not.toMatch(/gw_permit_available/);
+  });
+
+  it("gw_reserve's admission UPDATEs and gw_lease_permit's v_available write out exactly the helper's body", async () => {
+    const sql = await readFile(join(PG_DIR, "functions", "ledger.sql"), "utf8");
+    const body = /FUNCTION gw_permit_available\([^)]*\)[^$]*\$\$\s*SELECT (.*?)\s*\$\$/s.exec(
+      sql,
+    )?.[1];
+    expect(body).toBe(
+      "p_deposit - (p_charged + GREATEST(0, p_chain_settled - p_settled)) - p_reserved",
+    );
+    const writtenOut = body!
+      .replace("p_charged", "p.charged")
+      .replace("p_settled", "p.settled")
+      .replace("p_reserved", "p.reserved");
+    const reserve = sql.slice(
+      sql.indexOf("CREATE OR REPLACE FUNCTION gw_reserve("),
+      sql.indexOf("CREATE OR REPLACE FUNCTION gw_close_request("),
+    );
+    expect(reserve.split(`AND ${writtenOut}\n`).length - 1).toBe(2);
+    expect(reserve.split("GREATEST").length - 1).toBe(2);
+    const leases = await readFile(join(PG_DIR, "functions", "leases.sql"), "utf8");
+    const inLease = body!
+      .replace("p_charged", "l.charged")
+      .replace("p_settled", "l.settled")
+      .replace("p_reserved", "l.reserved");
+    expect(leases.split(`v_available := ${inLease};\n`).length - 1).toBe(1);
+    expect(leases.split("GREATEST").length - 1).toBe(1);
+  });
+
   describe.skipIf(!oldLayoutAvailable())(`against the old layout (commit ${OLD_LAYOUT})`, () => {
     it("a fresh database ends with the old layout's functions, as listed rewritten", async () => {
       const old = await freshDatabase();
       await migrate(old.db.pool, await oldMigrations(999), undefined);
       const oldDefs = await functionDefs(old);
-      expect(Object.keys(oldDefs)).toEqual(CURRENT_FUNCTIONS);
+      expect(Object.keys(oldDefs)).toEqual(CURRENT_FUNCTIONS.filter((f) => f !== HELPER));
 
       const fresh = await freshDatabase();
       await migrate(fresh.db.pool);
-      expect(await functionDefs(fresh)).toEqual(expectedFromOldLayout(oldDefs));
+      const freshDefs = await functionDefs(fresh);
+      expect(freshDefs).toEqual({ ...expectedFromOldLayout(oldDefs), [HELPER]: freshDefs[HELPER] });
     });
 
     it("a database of any past version, migrated by this code, ends with the fresh functions", async () => {

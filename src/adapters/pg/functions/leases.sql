@@ -14,6 +14,10 @@
 -- credits granted; 0 when refused; -1 when refused now but other holders' leases hold enough
 -- that it would fit once they give back what they do not use (they do within about a second
 -- of idleness): the caller may ask once more after that. The availability rule is gw_reserve's.
+-- `v_available` writes gw_permit_available's body out (migrate.test.ts checks the text): called
+-- with the fields of the record `l`, the helper made src/adapters/pg/leases.test.ts ("refuses
+-- only when the database refuses to extend") refuse a lease the written-out rule grants, on
+-- PostgreSQL 15, for a cause not found yet (issue 21, item 6 report).
 CREATE OR REPLACE FUNCTION gw_lease_permit(
   p_holder text, p_permit_id text, p_need numeric, p_want numeric, p_deposit numeric,
   p_chain_settled numeric
@@ -33,7 +37,7 @@ BEGIN
   SELECT reserved, charged, settled INTO l FROM permit_ledgers WHERE permit_id = p_permit_id FOR UPDATE;
   IF NOT FOUND THEN
     -- A missing row is created only where a fresh permit could cover the need (as gw_reserve).
-    IF p_deposit - GREATEST(0, p_chain_settled) < p_need THEN
+    IF gw_permit_available(p_deposit, p_chain_settled, 0, 0, 0) < p_need THEN
       RETURN 0;
     END IF;
     INSERT INTO permit_ledgers (permit_id) VALUES (p_permit_id) ON CONFLICT (permit_id) DO NOTHING;
