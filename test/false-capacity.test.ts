@@ -44,7 +44,7 @@ describeIfPostgres("offer capacity after a plain VACUUM of a small ledger", () =
   const request = (): ReserveInput =>
     reservation({ offerId, permitId, deposit: 10n ** 30n, maxConcurrency });
 
-  /** `n` requests admitted together (one gw_reserve, then a gw_reserve_batch), then closed. */
+  /** `n` requests admitted together (one gw_reserve, then a gw_batch_reserve), then closed. */
   async function serve(n: number) {
     const inputs = Array.from({ length: n }, request);
     const reserved = await Promise.all(inputs.map((r) => ledger.reserve(r)));

@@ -401,7 +401,7 @@ describe("the batch functions", () => {
   it("refuse to run under another isolation level than READ COMMITTED", async () => {
     const client = await test.db.pool.connect();
     try {
-      for (const fn of ["gw_reserve_batch", "gw_close_batch"]) {
+      for (const fn of ["gw_batch_reserve", "gw_close_batch"]) {
         await client.query("BEGIN ISOLATION LEVEL REPEATABLE READ");
         await expect(client.query(`SELECT * FROM ${fn}('[]'::jsonb)`)).rejects.toThrow(
           "needs READ COMMITTED",

@@ -40,7 +40,7 @@
  * Even so, one transaction per request admits at most one request of a permit per commit. The
  * gateway therefore goes through {@link createLedgerBatcher}: reservations (and, separately,
  * finalisations) that arrive while the previous batch is in flight go together as the next
- * batch, one call of `gw_reserve_batch` (`gw_close_batch`, migration 006), one transaction and
+ * batch, one call of `gw_batch_reserve` (`gw_close_batch`, migration 006), one transaction and
  * one COMMIT. Each item runs in its own subtransaction, so it is refused, fails or succeeds as
  * it would alone, and it is committed before its promise resolves. The batch functions take
  * every row lock their items need up front, in the order above, so batches cannot deadlock with
@@ -143,7 +143,7 @@ async function reserveOne(pool: pg.Pool, args: ReserveArgs): Promise<ReserveResu
 /**
  * gw_reserve's arguments, in its parameter order and named as it names them without the `p_`,
  * as JSON values (amounts as decimal strings): the positional parameters of {@link reserve}
- * and an item of `gw_reserve_batch`.
+ * and an item of `gw_batch_reserve`.
  */
 interface ReserveArgs {
   readonly request_id: string;
@@ -318,7 +318,7 @@ export class LedgerItemError extends BaseError {
   }
 }
 
-/** Batches go to `gw_reserve_batch`/`gw_close_batch` with at most this many items (migration 006). */
+/** Batches go to `gw_batch_reserve`/`gw_close_batch` with at most this many items (migration 006). */
 export const MAX_LEDGER_BATCH = 64;
 
 export interface LedgerBatcherOptions {
@@ -343,7 +343,7 @@ export interface LedgerBatcher {
  * {@link reserve} and {@link finalize} with the same inputs, checks, results and guarantees
  * (a reservation is committed before `ok` is returned; a finalisation happens once), sent in
  * natural batches (see batcher.ts): while a batch of reservations is in flight, the next ones
- * queue and then go together in one transaction (`gw_reserve_batch`), and likewise for
+ * queue and then go together in one transaction (`gw_batch_reserve`), and likewise for
  * finalisations (`gw_close_batch`). An item's refusal or database error is its own; when a
  * whole batch fails (the connection was lost, say), each of its items rejects with that error
  * and its outcome is unknown, as when a single call throws. A batch of one (every request,
@@ -384,10 +384,10 @@ async function reserveBatch(
 ): Promise<ItemOutcome<ReserveResult>[]> {
   if (items.length === 1) return [{ ok: true, value: await reserveOne(pool, items[0]!) }];
   const { rows } = await pool.query<{ idx: number; outcome: string }>(
-    "SELECT idx, outcome FROM gw_reserve_batch($1::jsonb)",
+    "SELECT idx, outcome FROM gw_batch_reserve($1::jsonb)",
     [JSON.stringify(items)],
   );
-  return inItemOrder(rows, items.length, "gw_reserve_batch").map(
+  return inItemOrder(rows, items.length, "gw_batch_reserve").map(
     ({ outcome }): ItemOutcome<ReserveResult> => {
       if (outcome === "ok") return { ok: true, value: { ok: true } };
       const reason = refusal(outcome, "");

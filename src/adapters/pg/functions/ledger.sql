@@ -231,7 +231,11 @@ $$;
 -- (amounts as decimal strings; quote as the JSON text of a `quotes` row, or null). One row per
 -- item: idx (1-based position in p_items) and outcome: 'ok', the refusal
 -- ('quote_used' | 'offer_at_capacity' | 'insufficient_credits'), or 'error:<sqlstate>: <message>'.
-CREATE OR REPLACE FUNCTION gw_reserve_batch(p_items jsonb)
+-- Named gw_reserve_batch before (migration 006 to issue 21): the old name goes, so that exactly
+-- one definition starts with "gw_reserve".
+DROP FUNCTION IF EXISTS gw_reserve_batch(jsonb);
+
+CREATE OR REPLACE FUNCTION gw_batch_reserve(p_items jsonb)
 RETURNS TABLE (idx integer, outcome text) LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
@@ -242,10 +246,10 @@ DECLARE
   v_message text;
 BEGIN
   IF current_setting('transaction_isolation') <> 'read committed' THEN
-    RAISE EXCEPTION 'gw_reserve_batch needs READ COMMITTED, not %', current_setting('transaction_isolation');
+    RAISE EXCEPTION 'gw_batch_reserve needs READ COMMITTED, not %', current_setting('transaction_isolation');
   END IF;
   IF jsonb_typeof(p_items) IS DISTINCT FROM 'array' THEN
-    RAISE EXCEPTION 'gw_reserve_batch: p_items must be a JSON array';
+    RAISE EXCEPTION 'gw_batch_reserve: p_items must be a JSON array';
   END IF;
 
   -- 1. The stored quotes the items consume (an internal quote is a fresh row of its item's).
