@@ -1,9 +1,16 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
-import { id, NOW, reservation } from "../../../test/helpers/ledger.js";
+import { completion, id, NOW, reservation } from "../../../test/helpers/ledger.js";
 import type { ChatEvent } from "../../domain/chat/index.js";
 import { createPgIdempotencyStore, releaseOrphanedClaims } from "./idempotency.js";
-import { databaseNow, heartbeat, markStreaming, reconcileOrphans, reserve } from "./ledger.js";
+import {
+  databaseNow,
+  finalize,
+  heartbeat,
+  markStreaming,
+  reconcileOrphans,
+  reserve,
+} from "./ledger.js";
 import { getRequest } from "./requests.js";
 
 // Idempotency claims are leases of the claiming process (issue 10, defect 7).
@@ -168,6 +175,7 @@ describe("idempotency claims held by a process that died", () => {
     await deadStore.claim(claimInput(key, t));
     const input = reservation({ instanceId: dead, createdAt: t });
     await reserve(test.db.pool, input);
+    await deadStore.begin({ apiKeyId: "key_a", key, requestId: input.requestId as `0x${string}` });
     expect(await markStreaming(test.db.pool, input.requestId)).toBe(true);
     // The process dies mid-stream; the survivors' housekeeping runs the orphan rule.
     await heartbeat(test.db.pool, live, t + 120);
@@ -252,5 +260,64 @@ describe("only the holder writes its claim, and a stored result is final", () =>
     if (replay.state === "completed") {
       expect(replay.events.map((e) => e.type)).toEqual(["started", "completed"]);
     }
+  });
+});
+
+describe("the key of a charged request whose result was never stored", () => {
+  it("is kept when its holder dies: a retry is refused 409, never served and charged again", async () => {
+    const t = await databaseNow(test.db.pool);
+    const dead = id("gw_dead");
+    const live = id("gw_live");
+    const deadStore = createPgIdempotencyStore(test.db.pool, { instanceId: dead });
+    const liveStore = createPgIdempotencyStore(test.db.pool, { instanceId: live });
+    await heartbeat(test.db.pool, dead, t);
+    // Charged and answered; storing its result failed (so `complete` never ran).
+    const charged = id("idem_charged");
+    await deadStore.claim(claimInput(charged, t));
+    const paid = reservation({ instanceId: dead, createdAt: t });
+    await reserve(test.db.pool, paid);
+    await deadStore.begin({
+      apiKeyId: "key_a",
+      key: charged,
+      requestId: paid.requestId as `0x${string}`,
+    });
+    expect(await finalize(test.db.pool, completion(paid.requestId, 420n))).toMatchObject({
+      finalized: true,
+    });
+    // Claimed and begun, but the request it names closed with nothing charged: released.
+    const voided = id("idem_void");
+    await deadStore.claim(claimInput(voided, t));
+    const free = reservation({ instanceId: dead, createdAt: t });
+    await reserve(test.db.pool, free);
+    await deadStore.begin({
+      apiKeyId: "key_a",
+      key: voided,
+      requestId: free.requestId as `0x${string}`,
+    });
+    expect(
+      await finalize(test.db.pool, {
+        ...completion(free.requestId, 0n),
+        status: "failed",
+        billing: "void",
+      }),
+    ).toMatchObject({ finalized: true });
+    // Claimed, never begun: released.
+    const unbegun = id("idem_unbegun");
+    await deadStore.claim(claimInput(unbegun, t));
+
+    // The holder dies; the survivors' housekeeping runs the orphan rule.
+    await heartbeat(test.db.pool, live, t + 120);
+    expect(
+      await releaseOrphanedClaims(test.db.pool, { now: t + 120, staleAfterSeconds: stale }),
+    ).toBe(2);
+    expect(await keyRow(charged)).toEqual({ state: "in_progress", instance_id: dead });
+    expect(await liveStore.claim(claimInput(charged, t + 121))).toEqual({ state: "in_progress" });
+    expect(await liveStore.claim(claimInput(voided, t + 121))).toEqual({ state: "claimed" });
+    expect(await liveStore.claim(claimInput(unbegun, t + 121))).toEqual({ state: "claimed" });
+    // The one charge stands alone.
+    expect(await getRequest(test.db.pool, paid.requestId, "key_a")).toMatchObject({
+      status: "completed",
+      creditsCharged: 420n,
+    });
   });
 });

@@ -74,6 +74,13 @@ export function createPgIdempotencyStore(
       if (row.state !== "completed" || row.messages === null) return { state: "in_progress" };
       return { state: "completed", events: row.messages.map(decodeEvent) };
     },
+    async begin({ apiKeyId, key, requestId }) {
+      await db.query(
+        `UPDATE idempotency_keys SET request_id = $3
+         WHERE api_key_id = $1 AND key = $2 AND state = 'in_progress' AND instance_id = $4`,
+        [apiKeyId, key, requestId, instanceId],
+      );
+    },
     async complete({ apiKeyId, key, requestId, events }) {
       // Never over a stored result, nor over another process's claim (ours was released).
       await db.query(
@@ -123,6 +130,10 @@ export async function releaseOrphanedClaims(
   const cutoff = now - input.staleAfterSeconds;
   // The claim is matched on its holder and creation as well: one taken anew meanwhile is
   // another claim (the DELETE re-checks the row it waited for against them) and survives.
+  // A claim whose request was closed with a charge (its result could not be stored, then its
+  // holder died) is kept until it expires: a retry is refused 409 idempotency_in_progress,
+  // never served and charged again. One whose request never began, or was voided (the orphan
+  // rule voids the open requests of dead processes), is released: the client may retry.
   const released = await db.query(
     `DELETE FROM idempotency_keys k
      WHERE k.state = 'in_progress' AND (k.api_key_id, k.key, k.instance_id, k.created_at) IN (
@@ -130,6 +141,10 @@ export async function releaseOrphanedClaims(
        LEFT JOIN gateway_instances g ON g.instance_id = o.instance_id
        WHERE o.state = 'in_progress' AND o.instance_id IS NOT NULL
          AND GREATEST(g.heartbeat_at, o.created_at) < $1
+         AND NOT EXISTS (
+           SELECT 1 FROM inference_requests r
+           WHERE r.id = o.request_id AND r.status IN ('completed', 'failed', 'cancelled')
+             AND r.billing IS DISTINCT FROM 'void')
        ORDER BY o.created_at
        LIMIT $2)`,
     [cutoff, input.limit ?? 1000],

@@ -33,6 +33,7 @@ function memoryStore() {
   const rows = new Map<string, { fingerprint: string; events?: readonly ChatEvent[] }>();
   const completes: (readonly ChatEvent[])[] = [];
   const releases: string[] = [];
+  const begun: { key: string; requestId: string }[] = [];
   const store: IdempotencyStore = {
     async claim({ key, fingerprint }): Promise<IdempotencyClaim> {
       const row = rows.get(key);
@@ -45,6 +46,9 @@ function memoryStore() {
         ? { state: "in_progress" }
         : { state: "completed", events: row.events };
     },
+    async begin({ key, requestId }) {
+      begun.push({ key, requestId });
+    },
     async complete({ key, events }) {
       completes.push([...events]);
       const row = rows.get(key);
@@ -55,7 +59,7 @@ function memoryStore() {
       rows.delete(key);
     },
   };
-  return { store, rows, completes, releases };
+  return { store, rows, completes, releases, begun };
 }
 
 function setup(options: { stream: boolean }) {
@@ -148,6 +152,30 @@ const types = (events: readonly ChatEvent[]) => events.map((e) => e.type);
 describe("idempotency keys through the chat pipeline", () => {
   for (const stream of [false, true]) {
     const kind = stream ? "a stream" : "a JSON answer";
+
+    it(`names ${kind}'s request on its claim before the answer begins; a claim that cannot be named releases the key, nothing begun`, async () => {
+      const t = setup({ stream });
+      const chat = t.inference.chat(t.input("named"));
+      const first = await chat.next();
+      expect(first.value).toMatchObject({ type: "started" });
+      const requestId = (first.value as { requestId: string }).requestId;
+      expect(t.idempotency.begun).toEqual([{ key: "named", requestId }]);
+      await chat.return(undefined);
+
+      // The database refuses the write: the key is released and no event reaches the client.
+      const failing = setup({ stream });
+      failing.idempotency.store.begin = async () => {
+        throw new Error("the database refused");
+      };
+      const outcome = await failing.readAll("refused");
+      expect(outcome.events).toEqual([]);
+      expect(outcome.error).toBeInstanceOf(Error);
+      expect(failing.idempotency.releases).toEqual(["refused"]);
+      expect(failing.idempotency.rows.has("refused")).toBe(false);
+      // Its reservation is closed without a charge.
+      expect(failing.finalized).toHaveLength(1);
+      expect(failing.finalized[0]).toMatchObject({ creditsCharged: 0n });
+    });
 
     it(`keeps ${kind}'s stored completed result when the consumer stops right after it and the close's record throws`, async () => {
       const t = setup({ stream });

@@ -209,6 +209,7 @@ async function runScenarios(scenarios: readonly Scenario[]): Promise<void> {
     },
     idempotency: {
       claim: async () => ({ state: "claimed" }),
+      begin: async () => undefined,
       complete: async () => undefined,
       release: async () => undefined,
     },

@@ -106,6 +106,7 @@ function setup(
       }),
     idempotency: {
       claim: async () => ({ state: "claimed" }),
+      begin: async () => undefined,
       complete: async () => undefined,
       release: async () => undefined,
     },

@@ -259,7 +259,19 @@ export function createInference(deps: InferenceDeps): Inference {
     };
     try {
       for await (const event of run(req, input, now, arrivedAt, trace)) {
-        if (event.type === "started") started = true;
+        if (event.type === "started") {
+          // The claim names its request before the answer begins: should this process die
+          // after the charge, with the result unstored, the key is not released (the orphan
+          // rule keeps the claims of charged requests). Failing here, nothing began: the key
+          // is released and the reservation voided.
+          if (key !== undefined)
+            await deps.idempotency.begin({
+              apiKeyId: input.apiKeyId,
+              key,
+              requestId: event.requestId,
+            });
+          started = true;
+        }
         // The client has its whole answer: its stream no longer counts (the charge's record may
         // still be in flight).
         else if (event.type === "completed") stream.release?.();

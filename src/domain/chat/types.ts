@@ -234,6 +234,12 @@ export interface IdempotencyStore {
     now: number;
     expiresAt: number;
   }): Promise<IdempotencyClaim>;
+  /**
+   * The claim's request began (its reservation is committed): the claim names it, so that the
+   * orphan rule never releases the key of a request that was charged (a retry would be served
+   * and charged again) even when its result was never stored.
+   */
+  begin(input: { apiKeyId: string; key: string; requestId: Hex }): Promise<void>;
   complete(input: {
     apiKeyId: string;
     key: string;
