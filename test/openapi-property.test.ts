@@ -1,4 +1,5 @@
 import { Ajv2020 } from "ajv/dist/2020.js";
+import addFormatsModule from "ajv-formats";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { openApiDocument } from "../src/rest/routes.js";
@@ -21,6 +22,10 @@ import { startChatStack, type TestStack } from "./helpers/stack.js";
 
 const doc = openApiDocument() as Schema;
 const ajv = new Ajv2020({ strict: false, allErrors: false });
+// ajv-formats is CommonJS: its default export arrives wrapped under some loaders.
+const addFormats = ((addFormatsModule as unknown as { default?: unknown }).default ??
+  addFormatsModule) as (ajv: Ajv2020) => void;
+addFormats(ajv);
 ajv.addSchema(doc, "openapi.json");
 
 interface BodyRoute {
