@@ -29,9 +29,11 @@ describe("provider preferences (OpenRouter's provider object)", () => {
   let quick: Hex;
   let dear: Hex;
   const optionsOf = {
-    cheap: { stallBeforeHeadersMs: 300, delayMs: 30 },
-    quick: { delayMs: 40 },
-    dear: { stallBeforeHeadersMs: 150, delayMs: 5 },
+    // Far apart, so that a loaded machine's scheduling delays cannot swap the order: time to
+    // first token quick << dear << cheap, output tokens per second dear >> cheap > quick.
+    cheap: { stallBeforeHeadersMs: 300, delayMs: 90 },
+    quick: { delayMs: 120 },
+    dear: { stallBeforeHeadersMs: 150, delayMs: 3 },
   };
 
   const chat = (body: object, headers: Record<string, string> = {}) =>
@@ -95,7 +97,7 @@ describe("provider preferences (OpenRouter's provider object)", () => {
       ["dear", dear],
     ] as const) {
       fakes[name].setOptions(optionsOf[name]);
-      for (let i = 0; i < 2; i++) expect(await servedBy({ offer, stream: true })).toBe(offer);
+      for (let i = 0; i < 3; i++) expect(await servedBy({ offer, stream: true })).toBe(offer);
     }
   }, 120_000);
   afterAll(async () => {
