@@ -7,7 +7,7 @@ export default defineConfig({
     hookTimeout: 120_000,
     pool: "forks",
     // Every test file's captured log lines are checked for the secrets it handed out.
-    globalSetup: ["test/setup/global-log-audit.ts"],
+    globalSetup: ["test/setup/build.ts", "test/setup/global-log-audit.ts"],
     // And every JSON answer a test gets from a gateway is checked against the OpenAPI document.
     setupFiles: ["test/setup/log-audit.ts", "test/setup/openapi-conformance.ts"],
   },

@@ -7,7 +7,7 @@ export default defineConfig({
     testTimeout: 60_000,
     hookTimeout: 180_000,
     pool: "forks",
-    globalSetup: ["test/setup/global-log-audit.ts"],
+    globalSetup: ["test/setup/build.ts", "test/setup/global-log-audit.ts"],
     setupFiles: ["test/setup/log-audit.ts"],
   },
 });

@@ -6,6 +6,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 import { startAnvil } from "../src/adapters/chain/anvil.js";
 import { execFileSync } from "node:child_process";
+import { buildIfStale } from "../scripts/build.mjs";
 import { killAllChildrenSync, startChild, type ChildHandle } from "./lib/processes.js";
 import {
   dialectRequest,
@@ -230,6 +231,8 @@ async function main(): Promise<number> {
   try {
     // ---------------------------------------------------------------- setup
     const setupStarted = Date.now();
+    // The gateway child runs dist/bench/gateway.js: the bench measures the production build.
+    if (buildIfStale()) log("built dist/ (the gateway's production build)");
     log(`creating a database on ${new URL(settings.serverUrl).host}`);
     const db = await createBenchDatabase(settings.serverUrl);
     cleanups.push({ what: `dropping database ${db.name}`, run: () => db.drop() });
@@ -334,7 +337,8 @@ async function main(): Promise<number> {
             30_000,
           );
         }),
-      startChild("gateway", "gateway.ts", gatewayEnv, 90_000, profileArgs).then(
+      // The production build, as `npm run serve` runs it: no loader.
+      startChild("gateway", "../dist/bench/gateway.js", gatewayEnv, 90_000, profileArgs).then(
         (c) => (children.gateway = c),
       ),
     ]);

@@ -1,6 +1,11 @@
 #!/usr/bin/env node
-// Runs the TypeScript CLI through tsx's loader, in this process (no npx process chain).
-import { register } from "tsx/esm/api";
+// The `gateway` command: the production build's CLI, in this process (no loader, no npx chain).
+import { existsSync } from "node:fs";
+import { fileURLToPath, URL } from "node:url";
 
-register();
-await import("../src/cli/main.ts");
+const main = new URL("../dist/src/cli/main.js", import.meta.url);
+if (!existsSync(fileURLToPath(main))) {
+  process.stderr.write("gateway: dist/ is missing; run `npm run build` first\n");
+  process.exit(1);
+}
+await import(main.href);

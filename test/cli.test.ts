@@ -13,10 +13,11 @@ import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { startSettlementFixture, type SettlementFixture } from "./helpers/settlement-fixture.js";
 import { auditChildLogs, auditSecret } from "./helpers/log-audit.js";
+import { gatewayCli } from "./helpers/processes.js";
 import { eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
-const cli = ["--import", "tsx", "src/cli/main.ts"];
+const cli = gatewayCli;
 
 function exited(child: ChildProcess): Promise<number | null> {
   return new Promise((resolve) => {

@@ -9,6 +9,7 @@ import { GatewayRequestError, registerEndpoint } from "../src/provider/client.js
 import { ProviderService } from "../gen/gateway/v1/provider_pb.js";
 import { describeIfPostgres } from "./helpers/db.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
+import { gatewayCli } from "./helpers/processes.js";
 import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
 import {
   authed,
@@ -91,13 +92,9 @@ describe("provider onboarding", () => {
     expect(listed.verification_expires_at).toBe(health.body.verification_expires_at);
 
     // The real CLI binary answers the same health.
-    const { stdout } = await run(
-      process.execPath,
-      ["--import", "tsx", "src/cli/main.ts", "provider", "health", offerId],
-      {
-        env: { ...process.env, ...env() },
-      },
-    );
+    const { stdout } = await run(process.execPath, [...gatewayCli, "provider", "health", offerId], {
+      env: { ...process.env, ...env() },
+    });
     expect(JSON.parse(stdout)).toMatchObject({ offer_id: offerId, running: true });
   });
 

@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SettlementService } from "../gen/gateway/v1/settlement_pb.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
 import { auditChildLogs } from "./helpers/log-audit.js";
+import { gatewayCli } from "./helpers/processes.js";
 import { closePermit, openPermit, requestClose } from "./helpers/market.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import {
@@ -273,7 +274,7 @@ describe("settlement", () => {
     expect((await chainPermit(stack, permitId)).settled).toBe(chat.charged);
   });
 
-  const cli = ["--import", "tsx", "src/cli/main.ts"];
+  const cli = gatewayCli;
   const cliEnv = () => ({
     PATH: process.env.PATH ?? "",
     GATEWAY_URL: stack.gateway.url,

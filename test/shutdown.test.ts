@@ -16,7 +16,7 @@ import { describeIfPostgres } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { auditChildLogs } from "./helpers/log-audit.js";
 import { openPermit } from "./helpers/market.js";
-import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
+import { gatewayCli, serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 import { sseData } from "./helpers/sse.js";
 
@@ -370,7 +370,7 @@ describe("graceful shutdown of npm start (gateway dev)", () => {
   /** `npm start` as it runs it, on a free port and a fresh state dir. */
   const startDev = () => {
     const stateDir = mkdtempSync(join(tmpdir(), "gateway-dev-shutdown-"));
-    const dev = spawn(process.execPath, ["--import", "tsx", "src/cli/main.ts", "dev"], {
+    const dev = spawn(process.execPath, [...gatewayCli, "dev"], {
       env: { PATH: process.env.PATH, PORT: "0", GATEWAY_STATE_DIR: stateDir, LOG_LEVEL: "info" },
       stdio: ["ignore", "pipe", "pipe"],
     });
@@ -379,7 +379,7 @@ describe("graceful shutdown of npm start (gateway dev)", () => {
     return { dev, stateDir, exit: exited(dev) };
   };
 
-  /** The child processes of `pid`: anvil, and tsx's esbuild service. */
+  /** The child processes of `pid`: anvil. */
   const childrenOf = (pid: number) =>
     execFileSync("ps", ["-o", "pid=,args=", "--ppid", String(pid)], { encoding: "utf8" })
       .trim()
@@ -468,11 +468,16 @@ describe("graceful shutdown of npm start (gateway dev)", () => {
       const below = descendantsOf(npm.pid!);
       strays.push(...below.map((p) => p.pid));
       expect(below.some((p) => p.args.includes("anvil"))).toBe(true);
-      expect(below.some((p) => p.args.includes("src/cli/main.ts dev"))).toBe(true);
+      // npm's script runs the build, through `exec`: no shell and no loader (tsx and its esbuild
+      // service) between npm and the gateway.
+      const commands = below.map((p) => p.args);
+      expect(commands).toHaveLength(2);
+      expect(commands).toContain("node dist/src/cli/main.js dev");
+      expect(commands.filter((c) => c.includes("anvil"))).toHaveLength(1);
 
       npm.kill(signal);
       await exit;
-      // Nothing npm started is left: not the gateway, not anvil, not tsx's esbuild service.
+      // Nothing npm started is left: not the gateway, not anvil.
       await eventually(async () => below.every((p) => !alive(p.pid)), 20_000, 100);
       await expect(fetch(manifest.rpcUrl, { method: "POST" })).rejects.toThrow();
       await expect(fetch(`${manifest.baseUrl}/health`)).rejects.toThrow();

@@ -10,7 +10,7 @@ import { marketAbi } from "../gen/contracts/artifacts.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { auditChildLogs } from "./helpers/log-audit.js";
 import { finalizeClose, openPermit, requestClose } from "./helpers/market.js";
-import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
+import { gatewayCli, serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
 import { reportedCharge, sseData } from "./helpers/sse.js";
 import { chainPermit, settlementKey, tokenBalance } from "./helpers/settlement.js";
 import { eventually, startChatStack, type TestStack } from "./helpers/stack.js";
@@ -110,7 +110,7 @@ describe("soak across replicas", () => {
   }
 
   function startWorker(i: number): ChildProcess {
-    const worker = spawn(process.execPath, ["--import", "tsx", "src/cli/main.ts", "settle"], {
+    const worker = spawn(process.execPath, [...gatewayCli, "settle"], {
       env: {
         PATH: process.env.PATH ?? "",
         GATEWAY_URL: `http://127.0.0.1:${ports[i]}`,
@@ -599,7 +599,7 @@ describe("soak across replicas", () => {
         violations.push(`batched ${batchTotal} != settled ${settledTotal}`);
       const reconcile = await promisify(execFile)(
         process.execPath,
-        ["--import", "tsx", "src/cli/main.ts", "settle", "reconcile"],
+        [...gatewayCli, "settle", "reconcile"],
         {
           env: {
             PATH: process.env.PATH ?? "",

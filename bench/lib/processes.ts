@@ -3,8 +3,9 @@ import { fileURLToPath } from "node:url";
 import type { ReadyLine, StatsReply, StatsRequest } from "../child.js";
 
 /**
- * Starting and stopping the benchmark's child processes. Each one is `node --import tsx FILE`
- * with an IPC channel; it prints one ready line (JSON) on stdout. Every child is killed by its
+ * Starting and stopping the benchmark's child processes. Each one is `node FILE` with an IPC
+ * channel: a `.js` file (the gateway's production build, dist/bench/gateway.js) as it is, a `.ts`
+ * file (the harness's fake upstream and proxy) through `--import tsx`; it prints one ready line (JSON) on stdout. Every child is killed by its
  * PID: SIGTERM, then SIGKILL after a grace period; and synchronously with SIGKILL if the runner
  * exits without stopping it.
  */
@@ -49,7 +50,8 @@ export async function startChild(
   nodeArgs: readonly string[] = [],
 ): Promise<ChildHandle> {
   const path = fileURLToPath(new URL(`../${file}`, import.meta.url));
-  const child = spawn(process.execPath, [...nodeArgs, "--import", "tsx", path], {
+  const loader = file.endsWith(".ts") ? ["--import", "tsx"] : [];
+  const child = spawn(process.execPath, [...nodeArgs, ...loader, path], {
     env,
     stdio: ["ignore", "pipe", "pipe", "ipc"],
   });

@@ -24,6 +24,9 @@ import {
 } from "../../src/dev/demo-market.js";
 import { registerEndpoint, verifyOffer } from "../../src/provider/client.js";
 
+/** Outside harnesses start the bench's chain with the product's own anvil launcher. */
+export { startAnvil, type AnvilInstance } from "../../src/adapters/chain/anvil.js";
+
 /** A fresh `gw_bench_<hex>` database on the server of `serverUrl`. */
 export interface BenchDatabase {
   readonly name: string;

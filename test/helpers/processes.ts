@@ -14,6 +14,12 @@ function endpointKey(stack: TestStack): string {
   return existsSync(file) ? readFileSync(file, "utf8").trim() : randomBytes(32).toString("hex");
 }
 
+/**
+ * The `gateway` CLI as production runs it: the build (test/setup/build.ts makes it fresh before
+ * the run), no loader. Relative to the repository root, the cwd of every test process.
+ */
+export const gatewayCli: readonly string[] = ["dist/src/cli/main.js"];
+
 export interface GatewayProcess {
   readonly child: ChildProcess;
   readonly url: string;
@@ -26,7 +32,7 @@ export async function serveProcess(
   stack: TestStack,
   env: Record<string, string> = {},
 ): Promise<GatewayProcess> {
-  const child = spawn(process.execPath, ["--import", "tsx", "src/cli/main.ts", "serve"], {
+  const child = spawn(process.execPath, [...gatewayCli, "serve"], {
     env: {
       PATH: process.env.PATH,
       DATABASE_URL: stack.database.url!,
@@ -107,7 +113,7 @@ export async function settleWorkerProcess(
   gateway: GatewayProcess,
   env: Record<string, string> = {},
 ): Promise<{ readonly child: ChildProcess }> {
-  const child = spawn(process.execPath, ["--import", "tsx", "src/cli/main.ts", "settle"], {
+  const child = spawn(process.execPath, [...gatewayCli, "settle"], {
     env: {
       PATH: process.env.PATH,
       GATEWAY_URL: gateway.url,
