@@ -168,14 +168,20 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
     process.stderr.write("usage: node scripts/build.mjs [--if-stale]\n");
     process.exit(2);
   }
-  if (args[0] === "--if-stale") {
-    buildIfStale();
-  } else {
-    acquireLock();
-    try {
-      build();
-    } finally {
-      rmSync(lock, { force: true });
+  try {
+    if (args[0] === "--if-stale") {
+      buildIfStale();
+    } else {
+      acquireLock();
+      try {
+        build();
+      } finally {
+        rmSync(lock, { force: true });
+      }
     }
+  } catch (error) {
+    // tsc has printed what it found; dist/ is as it was.
+    process.stderr.write(`build: failed (${error.message.split("\n")[0]}); dist/ unchanged\n`);
+    process.exit(1);
   }
 }
