@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 /**
  * The production build: TypeScript -> JavaScript in dist/ (tsconfig.build.json), with source maps
- * as files and the non-TypeScript files the runtime reads by path (the SQL migrations) copied
+ * as files and the non-TypeScript files the runtime reads by path (the SQL migrations and functions) copied
  * beside the modules that read them. Plain JavaScript so that building needs no loader.
  *
  *   node scripts/build.mjs             build now (`npm run build`)
@@ -48,7 +48,7 @@ const inputFiles = [
 ];
 const inputDirs = ["src", "gen", "bench"];
 /** Copied from src/ to dist/src/ as they are: read at run time relative to their module. */
-const assets = ["src/adapters/pg/migrations"];
+const assets = ["src/adapters/pg/migrations", "src/adapters/pg/functions"];
 
 /** The newest mtime (ms) among the inputs; folders count too, so a deleted file makes it stale. */
 function newestInput() {

@@ -118,6 +118,9 @@ describe.skipIf(!hasProc)("the production build (needs Linux /proc)", () => {
       sources: string[];
     };
     expect(map.sources).toEqual(["../../../src/cli/main.ts"]);
+    expect(readdirSync("dist/src/adapters/pg/functions")).toEqual(
+      readdirSync("src/adapters/pg/functions"),
+    );
     expect(readdirSync("dist/src/adapters/pg/migrations")).toEqual(
       readdirSync("src/adapters/pg/migrations"),
     );
