@@ -7,7 +7,7 @@ import type { Database } from "./adapters/pg/database.js";
 import { createPgCatalogStore } from "./adapters/pg/catalog.js";
 import * as ledger from "./adapters/pg/ledger.js";
 import { createUpstreamClient, type UpstreamClient } from "./adapters/upstream/http.js";
-import { createApi } from "./app/api.js";
+import { createApi, wireRateLimiter } from "./app/api.js";
 import { connectChain, marketReads, startIndexer } from "./app/chain.js";
 import { wireChat, type ChatWiring } from "./app/chat.js";
 import { wireProviders } from "./app/provider.js";
@@ -22,7 +22,6 @@ import { createTtlCache } from "./domain/ttl-cache.js";
 import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
 import { listen } from "./listen.js";
 import { createMetrics, metricsOnlyHandler } from "./metrics.js";
-import { createRateLimiter } from "./rate-limit.js";
 import { createTracing } from "./tracing.js";
 
 export { connectChain };
@@ -126,13 +125,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     const readiness = createReadiness({ db, chain, draining: shutdown.draining });
 
     await ledger.heartbeat(db.pool, instanceId);
-    // Per API key, per replica (docs/decisions.md, "Rate limits").
-    const rateLimiter = createRateLimiter({
-      rps: config.rateLimitRps,
-      burst: config.rateLimitBurst,
-      maxStreams: config.maxStreamsPerKey,
-      replicas: config.gatewayReplicas,
-    });
+    const rateLimiter = wireRateLimiter(config, { db, instanceId, logger });
     chat = await wireChat(config, {
       db,
       sealer: storage.sealer,
@@ -246,6 +239,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
           drainRequests: () => inference.drain(),
           release: [
             ["leases given back", () => wired.stop()],
+            ["rate limit leases given back", () => rateLimiter.close()],
             ["request closes and leases written", async () => settlementStopped],
             ["upstream connections closed", () => upstream.close()],
             ["spans exported", async () => tracing?.shutdown()],

@@ -127,7 +127,8 @@ describe("rate limit and slow-client settings", () => {
       rateLimitRps: 0,
       rateLimitBurst: 0,
       maxStreamsPerKey: 1000,
-      gatewayReplicas: 1,
+      rateLimitStreamTtlMs: 10_000,
+      gatewayReplicasIgnored: false,
       headersTimeoutMs: 10_000,
       bodyTimeoutMs: 30_000,
       idleTimeoutMs: 65_000,
@@ -151,7 +152,7 @@ describe("rate limit and slow-client settings", () => {
       rateLimitRps: 20,
       rateLimitBurst: 40,
       maxStreamsPerKey: 0,
-      gatewayReplicas: 3,
+      gatewayReplicasIgnored: true,
       maxJsonDepth: 32,
     });
     let error: unknown;
@@ -159,7 +160,7 @@ describe("rate limit and slow-client settings", () => {
       parseConfig({
         ...base,
         RATE_LIMIT_RPS: "-1",
-        GATEWAY_REPLICAS: "0",
+        RATE_LIMIT_STREAM_TTL_MS: "10",
         HEADERS_TIMEOUT_MS: "soon",
         MAX_HEADER_BYTES: "10",
         MAX_JSON_DEPTH: "1",
@@ -171,7 +172,7 @@ describe("rate limit and slow-client settings", () => {
     const problems = (error as ConfigError).problems.join("\n");
     for (const key of [
       "RATE_LIMIT_RPS",
-      "GATEWAY_REPLICAS",
+      "RATE_LIMIT_STREAM_TTL_MS",
       "HEADERS_TIMEOUT_MS",
       "MAX_HEADER_BYTES",
       "MAX_JSON_DEPTH",

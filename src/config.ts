@@ -115,8 +115,10 @@ export interface Config {
   readonly rateLimitBurst: number;
   /** Fleet-wide concurrent chat streams per API key (0: off); each replica its share. */
   readonly maxStreamsPerKey: number;
-  /** Gateway processes sharing the rate limits: each enforces limit / replicas. */
-  readonly gatewayReplicas: number;
+  /** Milliseconds a dead replica's stream slots still count (docs/decisions.md "Rate limits"). */
+  readonly rateLimitStreamTtlMs: number;
+  /** GATEWAY_REPLICAS was set: ignored (the limits are fleet-wide), warned about at start. */
+  readonly gatewayReplicasIgnored: boolean;
   /** A client must send its request headers within this (slowloris); also the HTTP/2 preface. */
   readonly headersTimeoutMs: number;
   /** A request body must arrive within this after its headers (408 `request_timeout`). */
@@ -344,7 +346,8 @@ export function parseConfig(env: Env): Config {
     rateLimitRps: int("RATE_LIMIT_RPS", 0, 0, 1_000_000),
     rateLimitBurst: int("RATE_LIMIT_BURST", 0, 0, 10_000_000),
     maxStreamsPerKey: int("MAX_STREAMS_PER_KEY", 1000, 0, 1_000_000),
-    gatewayReplicas: int("GATEWAY_REPLICAS", 1, 1, 10_000),
+    rateLimitStreamTtlMs: int("RATE_LIMIT_STREAM_TTL_MS", 10_000, 1000, 600_000),
+    gatewayReplicasIgnored: env.GATEWAY_REPLICAS !== undefined,
     headersTimeoutMs: int("HEADERS_TIMEOUT_MS", 10_000, 100, 600_000),
     bodyTimeoutMs: int("BODY_TIMEOUT_MS", 30_000, 100, 3_600_000),
     idleTimeoutMs: int("IDLE_TIMEOUT_MS", 65_000, 100, 3_600_000),

@@ -32,22 +32,16 @@ describe("rate limiter", () => {
     const limiter = createRateLimiter({ rps: 1, burst: 1, maxStreams: 0, now: () => t });
     limiter.take("k");
     expect(refusal(() => limiter.take("k")).retryAfterSeconds).toBe(1);
-    const slow = createRateLimiter({ rps: 1, burst: 1, maxStreams: 0, replicas: 4, now: () => t });
+    const slow = createRateLimiter({ rps: 0.25, burst: 1, maxStreams: 0, now: () => t });
     slow.take("k");
-    // A quarter of the fleet-wide rate per replica: a token every 4 s.
+    // A token every 4 s.
     expect(refusal(() => slow.take("k")).retryAfterSeconds).toBe(4);
   });
 
-  it("divides the fleet-wide limit by the replicas", () => {
+  it("admits the burst at once, then refuses", () => {
     const t = 0;
-    const limiter = createRateLimiter({
-      rps: 10,
-      burst: 20,
-      maxStreams: 0,
-      replicas: 2,
-      now: () => t,
-    });
-    for (let i = 0; i < 10; i++) limiter.take("k");
+    const limiter = createRateLimiter({ rps: 10, burst: 20, maxStreams: 0, now: () => t });
+    for (let i = 0; i < 20; i++) limiter.take("k");
     expect(refusal(() => limiter.take("k")).code).toBe("rate_limited");
   });
 
@@ -76,7 +70,7 @@ describe("rate limiter", () => {
   });
 
   it("counts streams per key, releases each once, and refuses at the limit with retry 1", () => {
-    const limiter = createRateLimiter({ rps: 0, burst: 0, maxStreams: 4, replicas: 2 });
+    const limiter = createRateLimiter({ rps: 0, burst: 0, maxStreams: 2 });
     const a = limiter.acquireStream("k");
     const b = limiter.acquireStream("k");
     const error = refusal(() => limiter.acquireStream("k"));

@@ -1,10 +1,11 @@
 import { GatewayError } from "./domain/errors.js";
 
 /**
- * Per-API-key limits of one gateway process (docs/decisions.md, "Rate limits"): a token bucket
- * on requests, and a count of the key's chat streams in flight. Both are in memory and per
- * replica, with the fleet-wide limits divided by the number of replicas: a bucket shared through
- * PostgreSQL would write one row per request, which this project never does.
+ * Per-API-key limits (docs/decisions.md, "Rate limits"): a token bucket on requests, and a
+ * count of the key's chat streams in flight. `createRateLimiter` keeps both in memory for one
+ * process (and is the fallback of a fleet limiter while its database is unreachable);
+ * `createFleetRateLimiter` enforces them across every replica through the database, leasing
+ * tokens and stream slots in chunks so that no row is written per request.
  */
 
 export interface RateLimitOptions {
@@ -14,8 +15,6 @@ export interface RateLimitOptions {
   readonly burst: number;
   /** Fleet-wide concurrent chat streams per API key; 0 turns the stream limit off. */
   readonly maxStreams: number;
-  /** Gateway processes sharing the limits (each enforces its share). Default 1. */
-  readonly replicas?: number;
   /** Milliseconds, monotonic (tests). Default `performance.now`. */
   readonly now?: () => number;
   /** Buckets kept at most; beyond it the ones idle longest go first. Default 100 000. */
@@ -24,14 +23,20 @@ export interface RateLimitOptions {
 
 export interface RateLimiter {
   /** Takes one request's token for `key`; throws 429 `rate_limited` (with its retry delay) when none is left. */
-  take(key: string): void;
+  take(key: string): void | Promise<void>;
   /**
    * Admits one stream of `key`: returns its release (idempotent), or throws 429 `rate_limited`
-   * (retry after 1 s) when the key has its limit of streams in flight here.
+   * (retry after 1 s) when the key has its limit of streams in flight.
    */
-  acquireStream(key: string): () => void;
+  acquireStream(key: string): (() => void) | Promise<() => void>;
   /** Buckets held now (tests: they must not grow without bound). */
   readonly size: number;
+}
+
+/** The in-memory limiter of one process: answers at once. */
+export interface LocalRateLimiter extends RateLimiter {
+  take(key: string): void;
+  acquireStream(key: string): () => void;
 }
 
 interface Bucket {
@@ -47,15 +52,13 @@ export function rateLimited(message: string, retryAfterSeconds: number): Gateway
   });
 }
 
-export function createRateLimiter(options: RateLimitOptions): RateLimiter {
-  const replicas = Math.max(1, options.replicas ?? 1);
+export function createRateLimiter(options: RateLimitOptions): LocalRateLimiter {
   const now = options.now ?? (() => performance.now());
   const maxKeys = options.maxKeys ?? 100_000;
-  // This replica's share, in tokens per millisecond, and its bucket size.
-  const rate = options.rps / replicas / 1000;
-  const capacity = Math.max(1, (options.burst > 0 ? options.burst : options.rps) / replicas);
-  const maxStreams =
-    options.maxStreams > 0 ? Math.max(1, Math.ceil(options.maxStreams / replicas)) : 0;
+  // Tokens per millisecond, and the bucket size.
+  const rate = options.rps / 1000;
+  const capacity = Math.max(1, options.burst > 0 ? options.burst : options.rps);
+  const maxStreams = options.maxStreams > 0 ? options.maxStreams : 0;
   // Insertion order is kept fresh (a used key moves to the end), so the first entries are the
   // ones idle longest. A full bucket is the same as no bucket, so dropping one loses nothing.
   const buckets = new Map<string, Bucket>();
@@ -119,6 +122,284 @@ export function createRateLimiter(options: RateLimitOptions): RateLimiter {
     },
     get size() {
       return buckets.size;
+    },
+  };
+}
+
+/** The database side of a fleet limiter (src/adapters/pg/rate-limits.ts). */
+export interface RateLimitStore {
+  /**
+   * Gives back `giveBack` unused tokens of `key`'s fleet bucket and takes up to `want`:
+   * returns the tokens granted and the (fractional) tokens left in the bucket.
+   */
+  leaseTokens(
+    key: string,
+    want: number,
+    giveBack: number,
+    rps: number,
+    burst: number,
+  ): Promise<{ granted: number; tokensLeft: number }>;
+  /**
+   * Sets the stream slots this process holds of `key` to `slots` for `ttlSeconds` if every live
+   * holder's then fit within `max` (a decrease always does): returns the slots held after it.
+   */
+  setStreams(key: string, slots: number, max: number, ttlSeconds: number): Promise<number>;
+}
+
+export interface FleetRateLimitOptions extends RateLimitOptions {
+  readonly store: RateLimitStore;
+  /** Seconds of the fleet rate one token lease asks for (at least 1 token). Default 0.05. */
+  readonly chunkSeconds?: number;
+  /** Milliseconds a token lease is used before its unused tokens go back. Default 500. */
+  readonly tokenLeaseMs?: number;
+  /** Milliseconds a process's stream slots count after its last renewal. Default 10 000. */
+  readonly streamTtlMs?: number;
+  /** Milliseconds an unused stream slot is kept before it goes back. Default 250. */
+  readonly idleMs?: number;
+  /** Milliseconds a database call may take before the local fallback answers. Default 1000. */
+  readonly storeTimeoutMs?: number;
+  /** Called (at most once per 10 s) when the database failed and the local fallback answered. */
+  readonly onFallback?: (error: unknown) => void;
+}
+
+export interface FleetRateLimiter extends RateLimiter {
+  take(key: string): Promise<void>;
+  acquireStream(key: string): Promise<() => void>;
+  /** Stops the timer and gives back every lease (best effort). */
+  close(): Promise<void>;
+}
+
+interface TokenLease {
+  tokens: number;
+  /** performance.now() after which the unused tokens go back. */
+  expiresAt: number;
+  /** After a refusal: no new lease is asked before this (a whole chunk has refilled by then). */
+  quietUntil: number;
+  /** After a refusal: when the fleet bucket has a token again (the Retry-After). */
+  nextTokenAt: number;
+  refill: Promise<boolean> | undefined;
+}
+
+interface StreamLease {
+  held: number;
+  inUse: number;
+  changedAt: number;
+  renewedAt: number;
+  busy: Promise<void> | undefined;
+}
+
+/**
+ * Per-API-key limits across every replica, the database the arbiter (docs/decisions.md, "Rate
+ * limits"). Requests: a replica leases a chunk of the key's fleet bucket (about `chunkSeconds`
+ * of its rate), admits requests against it in memory, leases again when it is spent, and gives
+ * back what is unused after `tokenLeaseMs`. Streams: a replica holds slots of the key's fleet
+ * count, grown when a stream finds none free and shrunk to those in use after `idleMs`; its
+ * slots are renewed while it lives and stop counting `streamTtlMs` after it dies.
+ * A database that fails or takes longer than `storeTimeoutMs` fails open to the local limiter
+ * (the whole configured limit in this process) for that request.
+ */
+export function createFleetRateLimiter(options: FleetRateLimitOptions): FleetRateLimiter {
+  const { store, rps, maxStreams } = options;
+  const now = options.now ?? (() => performance.now());
+  const burst = Math.max(1, options.burst > 0 ? options.burst : rps);
+  const chunk = Math.max(
+    1,
+    Math.min(Math.floor(burst), Math.ceil(rps * (options.chunkSeconds ?? 0.05))),
+  );
+  const tokenLeaseMs = options.tokenLeaseMs ?? 500;
+  const streamTtlMs = options.streamTtlMs ?? 10_000;
+  const idleMs = options.idleMs ?? 250;
+  const timeoutMs = options.storeTimeoutMs ?? 1000;
+  const fallback = createRateLimiter(options);
+  const tokens = new Map<string, TokenLease>();
+  const streams = new Map<string, StreamLease>();
+  let warnedAt = -Infinity;
+
+  const bounded = <T>(work: Promise<T>): Promise<T> => {
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new Error(`rate limit store took over ${timeoutMs} ms`)),
+        timeoutMs,
+      );
+    });
+    return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
+  };
+  const failedOpen = (error: unknown): void => {
+    const t = now();
+    if (t - warnedAt < 10_000) return;
+    warnedAt = t;
+    options.onFallback?.(error);
+  };
+
+  /** One lease call of `key`: whether it granted anything. */
+  const refill = async (key: string, lease: TokenLease): Promise<boolean> => {
+    const t = now();
+    let giveBack = 0;
+    if (lease.expiresAt <= t) {
+      giveBack = Math.floor(lease.tokens);
+      lease.tokens = 0;
+    }
+    const { granted, tokensLeft } = await bounded(
+      store.leaseTokens(key, chunk, giveBack, rps, burst),
+    );
+    const after = now();
+    lease.tokens += granted;
+    lease.expiresAt = after + tokenLeaseMs;
+    if (granted === 0) {
+      // Asking again before a whole chunk refilled would write per request at the limit.
+      lease.nextTokenAt = after + (Math.max(0, 1 - tokensLeft) / rps) * 1000;
+      lease.quietUntil = after + (Math.max(0, chunk - tokensLeft) / rps) * 1000;
+    }
+    return granted > 0;
+  };
+  const refuse = (lease: TokenLease): GatewayError =>
+    rateLimited(
+      "too many requests for this API key; retry after the Retry-After delay",
+      Math.max(0.001, (lease.nextTokenAt - now()) / 1000),
+    );
+
+  const take = async (key: string): Promise<void> => {
+    if (rps <= 0) return;
+    let lease = tokens.get(key);
+    if (lease === undefined) {
+      lease = { tokens: 0, expiresAt: 0, quietUntil: 0, nextTokenAt: 0, refill: undefined };
+      tokens.set(key, lease);
+    }
+    for (;;) {
+      if (lease.tokens >= 1 && lease.expiresAt > now()) {
+        lease.tokens -= 1;
+        return;
+      }
+      if (lease.quietUntil > now()) throw refuse(lease);
+      const current = lease;
+      const pending = (current.refill ??= refill(key, current).finally(
+        () => (current.refill = undefined),
+      ));
+      let granted: boolean;
+      try {
+        granted = await pending;
+      } catch (error) {
+        failedOpen(error);
+        fallback.take(key);
+        return;
+      }
+      if (!granted && lease.tokens < 1) throw refuse(lease);
+    }
+  };
+
+  /** Runs `work` on `key`'s stream lease once the one running before it is done. */
+  const exclusive = async (lease: StreamLease, work: () => Promise<void>): Promise<void> => {
+    while (lease.busy !== undefined) await lease.busy.catch(() => {});
+    const run = work();
+    lease.busy = run.finally(() => (lease.busy = undefined));
+    return run;
+  };
+
+  const acquireStream = async (key: string): Promise<() => void> => {
+    if (maxStreams <= 0) return () => {};
+    let lease = streams.get(key);
+    if (lease === undefined) {
+      lease = { held: 0, inUse: 0, changedAt: now(), renewedAt: now(), busy: undefined };
+      streams.set(key, lease);
+    }
+    const current = lease;
+    for (let round = 0; current.inUse >= current.held; round++) {
+      if (round > 0 || current.held >= maxStreams) {
+        throw rateLimited(
+          `this API key has ${maxStreams} streams open across the gateway, its limit; retry shortly`,
+          1,
+        );
+      }
+      try {
+        await exclusive(current, async () => {
+          if (current.inUse < current.held) return;
+          // What this stream lacks, and a quarter of those in use here as headroom.
+          const want = Math.min(maxStreams, current.inUse + 1 + Math.floor(current.inUse / 4));
+          let held = await bounded(store.setStreams(key, want, maxStreams, streamTtlMs / 1000));
+          if (held < current.inUse + 1 && want > current.inUse + 1) {
+            held = await bounded(
+              store.setStreams(key, current.inUse + 1, maxStreams, streamTtlMs / 1000),
+            );
+          }
+          current.held = held;
+          current.renewedAt = now();
+        });
+      } catch (error) {
+        failedOpen(error);
+        return fallback.acquireStream(key);
+      }
+    }
+    current.inUse += 1;
+    current.changedAt = now();
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      current.inUse -= 1;
+      current.changedAt = now();
+    };
+  };
+
+  /** Gives back unused tokens and idle stream slots, renews held slots. */
+  const tick = async (): Promise<void> => {
+    const t = now();
+    const calls: Promise<unknown>[] = [];
+    for (const [key, lease] of tokens) {
+      if (lease.refill !== undefined || lease.expiresAt > t) continue;
+      tokens.delete(key);
+      const giveBack = Math.floor(lease.tokens);
+      if (giveBack > 0) calls.push(store.leaseTokens(key, 0, giveBack, rps, burst));
+    }
+    for (const [key, lease] of streams) {
+      if (lease.busy !== undefined) continue;
+      const idle = lease.held > lease.inUse && t - lease.changedAt >= idleMs;
+      const renew = lease.held > 0 && t - lease.renewedAt >= streamTtlMs / 3;
+      if (!idle && !renew) {
+        if (lease.held === 0 && lease.inUse === 0) streams.delete(key);
+        continue;
+      }
+      const target = idle ? lease.inUse : lease.held;
+      // Fewer slots count here before the database hears of it: never more in use than held.
+      lease.held = target;
+      lease.renewedAt = t;
+      calls.push(
+        exclusive(lease, async () => {
+          const held = await store.setStreams(key, target, maxStreams, streamTtlMs / 1000);
+          lease.held = Math.min(lease.held, held);
+        }),
+      );
+    }
+    const results = await Promise.allSettled(calls);
+    const failed = results.find((r) => r.status === "rejected");
+    if (failed !== undefined) failedOpen(failed.reason);
+  };
+
+  let ticking: Promise<void> | undefined;
+  const timer = setInterval(
+    () => {
+      if (ticking !== undefined) return;
+      ticking = tick().finally(() => (ticking = undefined));
+    },
+    Math.min(idleMs, tokenLeaseMs),
+  );
+  timer.unref();
+
+  return {
+    take,
+    acquireStream,
+    async close() {
+      clearInterval(timer);
+      await ticking;
+      for (const lease of tokens.values()) lease.expiresAt = 0;
+      for (const lease of streams.values()) {
+        lease.changedAt = -Infinity;
+        lease.inUse = 0;
+      }
+      await tick();
+    },
+    get size() {
+      return tokens.size;
     },
   };
 }

@@ -29,10 +29,38 @@ import {
 import type { RegistrationService } from "../domain/registration.js";
 import { createTtlCache } from "../domain/ttl-cache.js";
 import type { createMetrics } from "../metrics.js";
-import type { RateLimiter } from "../rate-limit.js";
+import { createPgRateLimitStore } from "../adapters/pg/rate-limits.js";
+import { createFleetRateLimiter, type RateLimiter } from "../rate-limit.js";
 import type { Readiness } from "../rest/facade.js";
 import { createGatewayHandler } from "../server.js";
 import type { Settlement } from "./settlement.js";
+
+/**
+ * Per-API-key limits across the whole fleet, the database the arbiter (docs/decisions.md,
+ * "Rate limits"); while it fails, each process enforces the whole limit alone.
+ */
+export function wireRateLimiter(
+  config: Config,
+  deps: { readonly db: Database; readonly instanceId: string; readonly logger: Logger },
+) {
+  if (config.gatewayReplicasIgnored) {
+    deps.logger.warn(
+      "GATEWAY_REPLICAS is deprecated and ignored: the rate limits are fleet-wide through the database",
+    );
+  }
+  return createFleetRateLimiter({
+    rps: config.rateLimitRps,
+    burst: config.rateLimitBurst,
+    maxStreams: config.maxStreamsPerKey,
+    streamTtlMs: config.rateLimitStreamTtlMs,
+    store: createPgRateLimitStore(deps.db.pool, deps.instanceId),
+    onFallback: (error) =>
+      deps.logger.warn(
+        { err: error instanceof Error ? error.message : String(error) },
+        "rate limit store unavailable: this process enforces the whole limits alone",
+      ),
+  });
+}
 
 /** The RPC services, and the one handler that serves them over Connect, gRPC and REST. */
 export function createApi(

@@ -54,7 +54,7 @@ export async function wireChat(
     readonly upstream: UpstreamClient;
     readonly instanceId: string;
     readonly clock: () => number;
-    readonly acquireStream: (apiKeyId: string) => () => void;
+    readonly acquireStream: (apiKeyId: string) => (() => void) | Promise<() => void>;
     readonly metrics: ReturnType<typeof createMetrics>;
     readonly tracer: ChatTracer | undefined;
     readonly logger: Logger;

@@ -270,7 +270,7 @@ export function authInterceptor(options: AuthOptions): Interceptor {
       });
     }
     if (found === null) throw new GatewayError("invalid_api_key", "invalid API key");
-    options.rateLimiter?.take(found.id);
+    await options.rateLimiter?.take(found.id);
     req.contextValues.set(callerKey, { apiKeyId: found.id, authority: found.authority });
     return next(req);
   };

@@ -169,7 +169,7 @@ export function createInference(deps: InferenceDeps): Inference {
     trace?.request(req.model, req.stream);
     // A stream counts against its key's limit from here (nothing claimed or reserved yet).
     if (req.stream && deps.acquireStream !== undefined)
-      stream.release = deps.acquireStream(input.apiKeyId);
+      stream.release = await deps.acquireStream(input.apiKeyId);
     const key = input.idempotencyKey;
     if (
       key !== undefined &&

@@ -318,7 +318,7 @@ export interface InferenceDeps {
    * `rate_limited` at the key's limit of streams in flight) and returns its release, called
    * once the call ends however it ends. Absent: no limit.
    */
-  readonly acquireStream?: (apiKeyId: string) => () => void;
+  readonly acquireStream?: (apiKeyId: string) => (() => void) | Promise<() => void>;
   /** Tracing (OpenTelemetry, src/tracing.ts); absent: tracing is off and nothing is allocated. */
   readonly tracer?: ChatTracer | undefined;
 }
