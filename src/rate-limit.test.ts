@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { GatewayError } from "./domain/errors.js";
-import { createRateLimiter } from "./rate-limit.js";
+import { createFleetRateLimiter, createRateLimiter, type RateLimitStore } from "./rate-limit.js";
 
 function refusal(run: () => void): GatewayError {
   try {
@@ -83,5 +83,61 @@ describe("rate limiter", () => {
     expect(refusal(() => limiter.acquireStream("k")).code).toBe("rate_limited");
     b();
     c();
+  });
+});
+
+describe("fleet rate limiter while its database fails (fail open, docs/decisions.md)", () => {
+  const hanging: RateLimitStore = {
+    leaseTokens: () => new Promise(() => {}),
+    setStreams: () => new Promise(() => {}),
+  };
+  const failing: RateLimitStore = {
+    leaseTokens: () => Promise.reject(new Error("connection refused")),
+    setStreams: () => Promise.reject(new Error("connection refused")),
+  };
+
+  it("a hung database delays a request by the store timeout, then the local limiter answers with the whole limit", async () => {
+    const warnings: unknown[] = [];
+    const limiter = createFleetRateLimiter({
+      rps: 1,
+      burst: 2,
+      maxStreams: 1,
+      store: hanging,
+      storeTimeoutMs: 100,
+      onFallback: (error) => warnings.push(error),
+    });
+    try {
+      const started = performance.now();
+      await limiter.take("k");
+      const waited = performance.now() - started;
+      expect(waited).toBeGreaterThanOrEqual(90);
+      expect(waited).toBeLessThan(1000);
+      await limiter.take("k");
+      // The local limiter holds the whole burst of 2, no more.
+      const refused = await limiter.take("k").catch((e: unknown) => e);
+      expect((refused as GatewayError).code).toBe("rate_limited");
+      const release = await limiter.acquireStream("k");
+      const second = await limiter.acquireStream("k").catch((e: unknown) => e);
+      expect((second as GatewayError).code).toBe("rate_limited");
+      release();
+      // Warned once (at most every 10 s), with what failed and no secret.
+      expect(warnings).toHaveLength(1);
+      expect(String(warnings[0])).toContain("rate limit store took over 100 ms");
+    } finally {
+      // Bounded too: a hung database does not hold the shutdown.
+      const closing = performance.now();
+      await limiter.close();
+      expect(performance.now() - closing).toBeLessThan(1000);
+    }
+  });
+
+  it("a refusing database: answered at once by the local limiter", async () => {
+    const limiter = createFleetRateLimiter({ rps: 5, burst: 3, maxStreams: 0, store: failing });
+    const started = performance.now();
+    for (let i = 0; i < 3; i++) await limiter.take("k");
+    expect(performance.now() - started).toBeLessThan(500);
+    const refused = await limiter.take("k").catch((e: unknown) => e);
+    expect((refused as GatewayError).code).toBe("rate_limited");
+    expect((refused as GatewayError).retryAfterSeconds).toBe(1);
   });
 });

@@ -292,7 +292,10 @@ export function createFleetRateLimiter(options: FleetRateLimitOptions): FleetRat
   const exclusive = async (lease: StreamLease, work: () => Promise<void>): Promise<void> => {
     while (lease.busy !== undefined) await lease.busy.catch(() => {});
     const run = work();
-    lease.busy = run.finally(() => (lease.busy = undefined));
+    lease.busy = run.then(
+      () => (lease.busy = undefined),
+      () => (lease.busy = undefined),
+    );
     return run;
   };
 
@@ -349,7 +352,7 @@ export function createFleetRateLimiter(options: FleetRateLimitOptions): FleetRat
       if (lease.refill !== undefined || lease.expiresAt > t) continue;
       tokens.delete(key);
       const giveBack = Math.floor(lease.tokens);
-      if (giveBack > 0) calls.push(store.leaseTokens(key, 0, giveBack, rps, burst));
+      if (giveBack > 0) calls.push(bounded(store.leaseTokens(key, 0, giveBack, rps, burst)));
     }
     for (const [key, lease] of streams) {
       if (lease.busy !== undefined) continue;
@@ -365,7 +368,7 @@ export function createFleetRateLimiter(options: FleetRateLimitOptions): FleetRat
       lease.renewedAt = t;
       calls.push(
         exclusive(lease, async () => {
-          const held = await store.setStreams(key, target, maxStreams, streamTtlMs / 1000);
+          const held = await bounded(store.setStreams(key, target, maxStreams, streamTtlMs / 1000));
           lease.held = Math.min(lease.held, held);
         }),
       );
