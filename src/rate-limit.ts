@@ -183,6 +183,8 @@ interface TokenLease {
 interface StreamLease {
   held: number;
   inUse: number;
+  /** Streams waiting for a slot here (one growth covers them all). */
+  waiting: number;
   changedAt: number;
   renewedAt: number;
   busy: Promise<void> | undefined;
@@ -303,35 +305,50 @@ export function createFleetRateLimiter(options: FleetRateLimitOptions): FleetRat
     if (maxStreams <= 0) return () => {};
     let lease = streams.get(key);
     if (lease === undefined) {
-      lease = { held: 0, inUse: 0, changedAt: now(), renewedAt: now(), busy: undefined };
+      lease = {
+        held: 0,
+        inUse: 0,
+        waiting: 0,
+        changedAt: now(),
+        renewedAt: now(),
+        busy: undefined,
+      };
       streams.set(key, lease);
     }
     const current = lease;
-    for (let round = 0; current.inUse >= current.held; round++) {
-      if (round > 0 || current.held >= maxStreams) {
-        throw rateLimited(
-          `this API key has ${maxStreams} streams open across the gateway, its limit; retry shortly`,
-          1,
-        );
-      }
+    const refusal = () =>
+      rateLimited(
+        `this API key has ${maxStreams} streams open across the gateway, its limit; retry shortly`,
+        1,
+      );
+    // Each round either admits, or grows the holding in the database, or is refused by it.
+    while (current.inUse >= current.held) {
+      if (current.held >= maxStreams) throw refusal();
+      let refused = false;
+      current.waiting += 1;
       try {
         await exclusive(current, async () => {
           if (current.inUse < current.held) return;
-          // What this stream lacks, and a quarter of those in use here as headroom.
-          const want = Math.min(maxStreams, current.inUse + 1 + Math.floor(current.inUse / 4));
+          // What the waiting streams lack, and a quarter of those in use as headroom.
+          const need = current.inUse + current.waiting;
+          const want = Math.min(maxStreams, need + Math.floor(need / 4));
           let held = await bounded(store.setStreams(key, want, maxStreams, streamTtlMs / 1000));
           if (held < current.inUse + 1 && want > current.inUse + 1) {
             held = await bounded(
               store.setStreams(key, current.inUse + 1, maxStreams, streamTtlMs / 1000),
             );
           }
+          refused = held < current.inUse + 1;
           current.held = held;
           current.renewedAt = now();
         });
       } catch (error) {
         failedOpen(error);
         return fallback.acquireStream(key);
+      } finally {
+        current.waiting -= 1;
       }
+      if (refused && current.inUse >= current.held) throw refusal();
     }
     current.inUse += 1;
     current.changedAt = now();

@@ -125,7 +125,8 @@ describeIfPostgres("rate limits across processes (fleet-wide through PostgreSQL)
       console.log(
         `rate_budgets updates: ${updates} for ${admitted + refused} requests (${after.hot - before.hot} HOT)`,
       );
-      expect(updates).toBeLessThan((admitted + refused) / 2);
+      // At most one per lease (a refusal writes nothing; each lease grants at least a token).
+      expect(updates).toBeLessThan(admitted);
     }, 30_000);
   }
 
