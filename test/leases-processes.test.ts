@@ -98,12 +98,24 @@ describeIfPostgres("reservation leases across processes", () => {
       const killedAt = Date.now();
       child.child.kill("SIGKILL");
       await Promise.all(requests);
-      // The survivor's housekeeping (every 300 ms, orphans after 3 s of silence) releases them.
+      const openRecords = async () =>
+        (
+          await stack.database.db.pool.query<{ open: number }>(
+            `SELECT count(*)::int AS open FROM inference_requests
+             WHERE permit_id = $1 AND status IN ('pending', 'streaming')`,
+            [permitId.toLowerCase()],
+          )
+        ).rows[0]!.open;
+      // The survivor's housekeeping (every 300 ms, orphans after 3 s of silence) releases them,
+      // and closes the dead process's records: also one its last transaction committed after a
+      // round had run (through a pooler, a transaction the killed client had sent can still
+      // commit), which the next round closes.
       await eventually(
         async () =>
           (await leaseRows(permitId)) === 0 &&
           (await permitLedger(stack.database.db.pool, permitId)).reserved === 0n &&
-          (await offerInFlight(stack.database.db.pool, chatOffer)) === 0,
+          (await offerInFlight(stack.database.db.pool, chatOffer)) === 0 &&
+          (await openRecords()) === 0,
         15_000,
       );
       expect(Date.now() - killedAt).toBeLessThan(3_000 + 5_000);
