@@ -59,6 +59,8 @@ const sustainedWindowSeconds = 20;
 interface Settings extends CommonSettings {
   readonly output: string;
   readonly profileDir: string | undefined;
+  /** A heap snapshot of the gateway, taken once the slow streams have all started, goes here. */
+  readonly heapSnapshotDir: string | undefined;
   /** Connections of the second SSE load phase; 0 skips it. */
   readonly wideConnections: number;
   /** Seconds of the sustained JSON phase; 0 skips it. */
@@ -85,6 +87,7 @@ function readSettings(): Settings {
     output:
       process.env.BENCH_OUTPUT || fileURLToPath(new URL("./results/latest.json", import.meta.url)),
     profileDir: process.env.BENCH_PROFILE_DIR || undefined,
+    heapSnapshotDir: process.env.BENCH_HEAP_SNAPSHOT_DIR || undefined,
     wideConnections: intSetting("BENCH_WIDE_CONNECTIONS", 128, 0, 1024),
     sustainedSeconds,
     slowStreams: intSetting("BENCH_SLOW_STREAMS", 1000, 0, 5000),
@@ -313,9 +316,13 @@ async function main(): Promise<number> {
       ...gatewayOverrides(),
     };
     // BENCH_PROFILE_DIR: a V8 CPU profile of the gateway, written there when it stops.
-    const profileArgs = settings.profileDir
-      ? ["--cpu-prof", `--cpu-prof-dir=${settings.profileDir}`]
-      : [];
+    // BENCH_HEAP_SNAPSHOT_DIR: SIGUSR2 makes the gateway write a heap snapshot there.
+    const profileArgs = [
+      ...(settings.profileDir ? ["--cpu-prof", `--cpu-prof-dir=${settings.profileDir}`] : []),
+      ...(settings.heapSnapshotDir
+        ? ["--heapsnapshot-signal=SIGUSR2", `--diagnostic-dir=${settings.heapSnapshotDir}`]
+        : []),
+    ];
     const started = await Promise.allSettled([
       startChild(
         "upstream",
@@ -552,6 +559,9 @@ async function main(): Promise<number> {
           streams: settings.slowStreams,
           spreadMs: settings.slowStartMs,
           timeoutMs: slowStreamTimeoutMs,
+          ...(name === "gateway" && settings.heapSnapshotDir
+            ? { snapshotAfterMs: settings.slowStartMs + 2_000 }
+            : {}),
         });
         slowStreams[name] = burst;
         log(

@@ -72,7 +72,14 @@ export function memoryOf(stats: Awaited<ReturnType<ChildHandle["stats"]>>): Memo
 export async function slowStreamBurst(
   target: Target,
   child: ChildHandle,
-  opts: { streams: number; spreadMs: number; timeoutMs: number; sampleMs?: number },
+  opts: {
+    streams: number;
+    spreadMs: number;
+    timeoutMs: number;
+    sampleMs?: number;
+    /** Send the target SIGUSR2 (a heap snapshot, when it runs with --heapsnapshot-signal) then. */
+    snapshotAfterMs?: number;
+  },
 ): Promise<BurstResult> {
   const sampleMs = opts.sampleMs ?? 100;
   const body = slowStreamBody();
@@ -91,6 +98,10 @@ export async function slowStreamBurst(
     if (errorSamples.length < 5) errorSamples.push(sample);
   };
 
+  const snapshot =
+    opts.snapshotAfterMs === undefined
+      ? undefined
+      : setTimeout(() => process.kill(child.pid, "SIGUSR2"), opts.snapshotAfterMs);
   const first = await child.stats();
   const before = memoryOf(first);
   let peak = before;
@@ -180,6 +191,7 @@ export async function slowStreamBurst(
   await Promise.all(running);
   const wallSeconds = Number(process.hrtime.bigint() - startedAt) / 1e9;
   sampling = false;
+  clearTimeout(snapshot);
   await sampler;
   agent.destroy();
   let after: MemorySample | undefined;

@@ -9,7 +9,7 @@ import { createPgLeaseStore } from "../adapters/pg/leases.js";
 import * as ledger from "../adapters/pg/ledger.js";
 import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
 import { getQuote, insertQuote } from "../adapters/pg/quotes.js";
-import { readEventStream, type UpstreamClient } from "../adapters/upstream/http.js";
+import { readEventData, type UpstreamClient } from "../adapters/upstream/http.js";
 import type { Config } from "../config.js";
 import type { Catalog } from "../domain/catalog.js";
 import {
@@ -73,9 +73,7 @@ export async function wireChat(
     return {
       status: reply.status,
       text: () => reply.text(),
-      events: async function* () {
-        for await (const event of readEventStream(reply.body)) yield event.data;
-      },
+      events: () => readEventData(reply.body),
       discard: () => reply.dump(),
     };
   };

@@ -1,4 +1,4 @@
-import { createHash } from "node:crypto";
+import { hash } from "node:crypto";
 import type { Hex } from "viem";
 import {
   ChatRequest as ChatRequestSchema,
@@ -741,7 +741,7 @@ export function quoteFingerprint(req: ChatRequest): string {
     `,"output_limit":${(req.maxCompletionTokens ?? req.maxTokens)?.toString() ?? "null"}` +
     `,"response_format":${parts.responseFormat ?? "null"}` +
     `,"tool_choice":${parts.toolChoice ?? "null"},"tools":${parts.tools ?? "null"}}`;
-  fingerprint = createHash("sha256").update(canonical, "utf8").digest("hex");
+  fingerprint = hash("sha256", canonical, "hex");
   fingerprints.set(req, fingerprint);
   return fingerprint;
 }

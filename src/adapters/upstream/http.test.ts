@@ -5,13 +5,14 @@ import { createServer as createHttpsServer } from "node:https";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { AddressInfo } from "node:net";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { startFakeUpstream, type FakeUpstream } from "../../../test/helpers/fake-upstream.js";
 import { GatewayError } from "../../domain/errors.js";
 import type { LookupAll } from "./endpoint-guard.js";
 import {
   createUpstreamClient,
   endpointTarget,
+  readEventData,
   readEventStream,
   type UpstreamClient,
 } from "./http.js";
@@ -114,6 +115,69 @@ describe("upstream client", () => {
     } finally {
       await reuse.close();
       await local.stop();
+    }
+  });
+
+  it("keeps the connection of a stream whose reader stops at [DONE] before the body ends", async () => {
+    // The body's end comes a moment after `[DONE]`, as a provider that flushes each event
+    // would send it: a reader that stops at `[DONE]` must not cost the connection.
+    let connections = 0;
+    const url = await listen((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        res.writeHead(200, { "content-type": "text/event-stream" });
+        res.write('data: {"n":1}\n\ndata: [DONE]\n\n');
+        setTimeout(() => res.end(), 20);
+      });
+    });
+    servers.at(-1)?.on("connection", () => connections++);
+    const reuse = createUpstreamClient({ allowPrivate: true });
+    try {
+      for (let i = 0; i < 3; i++) {
+        const response = await reuse.request({ url }, "/v1/chat/completions", { method: "POST" });
+        const seen: string[] = [];
+        for await (const data of readEventData(response.body)) {
+          if (data === "[DONE]") break;
+          seen.push(data);
+        }
+        expect(seen).toEqual(['{"n":1}']);
+        await new Promise((r) => setTimeout(r, 60));
+      }
+      expect(connections).toBe(1);
+    } finally {
+      await reuse.close();
+    }
+  });
+
+  it("cuts the connection of a body that goes on long after its reader stopped", async () => {
+    const ends: string[] = [];
+    const url = await listen((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        res.writeHead(200, { "content-type": "text/event-stream" });
+        res.write("data: [DONE]\n\n");
+        // 4 MiB more after [DONE], far more than the gateway reads to keep a connection.
+        const filler = Buffer.alloc(16 * 1024, 0x20);
+        let sent = 0;
+        const more = (): void => {
+          if (res.destroyed) return;
+          if (sent++ === 256) return void res.end();
+          res.write(filler, () => setImmediate(more));
+        };
+        res.on("close", () => ends.push(res.writableFinished ? "finished" : `cut after ${sent}`));
+        more();
+      });
+    });
+    const reuse = createUpstreamClient({ allowPrivate: true });
+    try {
+      const response = await reuse.request({ url }, "/v1/chat/completions", { method: "POST" });
+      for await (const data of readEventData(response.body)) if (data === "[DONE]") break;
+      await vi.waitFor(() => expect(ends).toHaveLength(1), { timeout: 5_000 });
+      // Read on for 64 KiB (4 of the 16 KiB writes, give or take what the sockets buffer).
+      expect(ends[0]).toMatch(/^cut after \d+$/);
+      expect(Number(ends[0]?.slice("cut after ".length))).toBeLessThan(64);
+    } finally {
+      await reuse.close();
     }
   });
 

@@ -62,7 +62,9 @@ export interface UpstreamResponse {
   readonly headers: Readonly<Record<string, string | string[] | undefined>>;
   /**
    * The body as it arrives. Iterate it once, or call `text`/`json`/`dump`: a body left
-   * unread holds its connection. Breaking out of the iteration closes the connection. Errors
+   * unread holds its connection. Breaking out of the iteration stops reading: up to 64 KiB
+   * of the rest is then read and dropped in the background so the connection can be reused, and
+   * a longer rest closes it (an abort through `signal` closes it at once). Errors
    * while reading are `upstream_error` (or the caller's abort reason).
    */
   readonly body: AsyncIterable<Uint8Array>;
@@ -165,9 +167,10 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
     },
   });
 
+  const targets = new Map<string, { origin: string; path: string }>();
   return {
     async request(endpoint, path, init) {
-      const target = endpointTarget(endpoint.url, path);
+      const target = targetOf(endpoint.url, path);
       const headers = allowedHeaders(init.headers ?? {}, upstreamRequestHeaders);
       if (endpoint.token !== undefined && endpoint.token !== "") {
         headers.authorization = `Bearer ${endpoint.token}`;
@@ -198,7 +201,7 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
       try {
         data = await agent.request({
           origin: target.origin,
-          path: target.pathname + target.search,
+          path: target.path,
           method: init.method,
           headers,
           body: init.body,
@@ -215,10 +218,24 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
 
       const raw = data.body;
       const body = (async function* () {
+        let read = 0;
+        let ended = false;
         try {
-          for await (const chunk of raw) yield chunk as Uint8Array;
+          // Not destroyed when the reader stops early: a stream's reader stops at `[DONE]`,
+          // usually with only the body's end still to come, and destroying the body then costs
+          // an AbortError (a stack trace) per request and may cost the connection.
+          for await (const chunk of raw.iterator({ destroyOnReturn: false })) {
+            read += (chunk as Uint8Array).byteLength;
+            yield chunk as Uint8Array;
+          }
+          ended = true;
         } catch (err) {
+          ended = true;
           throw upstreamFailure(err, signal, "upstream_error", "upstream response failed");
+        } finally {
+          // What is left is read in the background and dropped, so the connection can be
+          // reused; a body with more than `drainBytes` left is cut (and its connection closed).
+          if (!ended) raw.dump({ limit: read + drainBytes }).catch(() => {});
         }
       })();
       const text = async (maxBytes = defaultMaxBytes): Promise<string> => {
@@ -254,7 +271,32 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
     },
     close: () => agent.close(),
   };
+
+  /**
+   * {@link endpointTarget}, remembered per endpoint URL and path: two URL parses a request
+   * otherwise. Bounded (emptied when full); the endpoint guard still checks every connection.
+   */
+  function targetOf(endpointUrl: string, path: string): { origin: string; path: string } {
+    const key = `${endpointUrl}\n${path}`;
+    let target = targets.get(key);
+    if (target === undefined) {
+      const url = endpointTarget(endpointUrl, path);
+      target = { origin: url.origin, path: url.pathname + url.search };
+      if (targets.size >= maxTargets) targets.clear();
+      targets.set(key, target);
+    }
+    return target;
+  }
 }
+
+/** Endpoint URL and path -> the origin and path a request goes to (see `targetOf`). */
+const maxTargets = 4096;
+
+/**
+ * How much of a body's rest is read (and dropped) after its reader stopped early, so that its
+ * connection can be reused: a stream's `[DONE]` usually leaves only the chunked encoding's end.
+ */
+const drainBytes = 64 * 1024;
 
 /**
  * The URL of `path` under an endpoint: the endpoint's path, then `path`, then the endpoint's
@@ -278,15 +320,37 @@ export function endpointTarget(endpointUrl: string, path: string): URL {
  * providers sometimes omit the final blank line. Field errors are ignored as the SSE standard
  * says; an event larger than `maxEventBytes` (default 1 MiB) fails with `upstream_error`.
  */
-export async function* readEventStream(
+export function readEventStream(
   body: AsyncIterable<Uint8Array>,
   opts: { maxEventBytes?: number } = {},
 ): AsyncGenerator<EventSourceMessage, void, undefined> {
-  const pending: EventSourceMessage[] = [];
+  return readEvents(body, opts.maxEventBytes, (event) => event);
+}
+
+/**
+ * The `data` of each server-sent event of a body, as {@link readEventStream} reads them: what
+ * the chat relay needs of a stream, without an object per event on its way.
+ */
+export function readEventData(
+  body: AsyncIterable<Uint8Array>,
+  opts: { maxEventBytes?: number } = {},
+): AsyncGenerator<string, void, undefined> {
+  return readEvents(body, opts.maxEventBytes, (event) => event.data);
+}
+
+const decodeStreaming = { stream: true } as const;
+
+async function* readEvents<T>(
+  body: AsyncIterable<Uint8Array>,
+  maxEventBytes: number | undefined,
+  pick: (event: EventSourceMessage) => T,
+): AsyncGenerator<T, void, undefined> {
+  // Events parsed from one chunk, yielded before the next is read (one array, reused).
+  const pending: T[] = [];
   let failure: GatewayError | undefined;
   const parser = createParser({
-    maxBufferSize: opts.maxEventBytes ?? 1024 * 1024,
-    onEvent: (event) => pending.push(event),
+    maxBufferSize: maxEventBytes ?? 1024 * 1024,
+    onEvent: (event) => pending.push(pick(event)),
     onError: (err) => {
       if (err.type === "max-buffer-size-exceeded") {
         failure = new GatewayError("upstream_error", "upstream stream event is too large");
@@ -295,15 +359,17 @@ export async function* readEventStream(
   });
   const decoder = new TextDecoder();
   for await (const chunk of body) {
-    parser.feed(decoder.decode(chunk, { stream: true }));
+    parser.feed(decoder.decode(chunk, decodeStreaming));
     if (failure !== undefined) throw failure;
-    yield* pending.splice(0);
+    for (let i = 0; i < pending.length; i++) yield pending[i] as T;
+    pending.length = 0;
   }
   // Terminating whatever is left dispatches an unfinished last event (and is a no-op after a
   // complete one).
   parser.feed(`${decoder.decode()}\n\n`);
   if (failure !== undefined) throw failure;
-  yield* pending.splice(0);
+  for (let i = 0; i < pending.length; i++) yield pending[i] as T;
+  pending.length = 0;
 }
 
 function upstreamFailure(

@@ -366,10 +366,16 @@ export async function* serve(
               reason: failedWith instanceof GatewayError ? failedWith.message : undefined,
             },
       ).catch(() => undefined);
-      abort.abort();
+      abort.abort(consumerStopped);
     }
   }
 }
+
+/**
+ * Why a provider call is aborted when its answer's consumer stopped early: one object, built
+ * once (`abort()` alone builds an AbortError with a stack trace per call). Never mutated.
+ */
+const consumerStopped = new DOMException("the answer's consumer stopped", "AbortError");
 
 /**
  * A provider chunk with a top-level `x_gateway` member: where the gateway writes its own charge
