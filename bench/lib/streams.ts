@@ -77,7 +77,10 @@ export async function slowStreamBurst(
     spreadMs: number;
     timeoutMs: number;
     sampleMs?: number;
-    /** Send the target SIGUSR2 (a heap snapshot, when it runs with --heapsnapshot-signal) then. */
+    /**
+     * Send the target SIGUSR2 (a heap snapshot, when it runs with --heapsnapshot-signal) just
+     * before the burst and this many ms into it.
+     */
     snapshotAfterMs?: number;
   },
 ): Promise<BurstResult> {
@@ -98,11 +101,14 @@ export async function slowStreamBurst(
     if (errorSamples.length < 5) errorSamples.push(sample);
   };
 
+  // One snapshot before the burst (the stats call below answers once it is written), one
+  // during it: their difference over the streams is what a stream holds.
+  if (opts.snapshotAfterMs !== undefined) process.kill(child.pid, "SIGUSR2");
+  const first = await child.stats();
   const snapshot =
     opts.snapshotAfterMs === undefined
       ? undefined
       : setTimeout(() => process.kill(child.pid, "SIGUSR2"), opts.snapshotAfterMs);
-  const first = await child.stats();
   const before = memoryOf(first);
   let peak = before;
   let samples = 1;
