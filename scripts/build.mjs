@@ -2,7 +2,9 @@
 /**
  * The production build: TypeScript -> JavaScript in dist/ (tsconfig.build.json), with source maps
  * as files and the non-TypeScript files the runtime reads by path (the SQL migrations and functions) copied
- * beside the modules that read them. Plain JavaScript so that building needs no loader.
+ * beside the modules that read them; then the production entry points (the CLI, the bench's
+ * gateway) bundled into single files (scripts/bundle.mjs). Plain JavaScript so that building
+ * needs no loader.
  *
  *   node scripts/build.mjs             build now (`npm run build`)
  *   node scripts/build.mjs --if-stale  build only when dist/ is missing or older than its inputs
@@ -45,6 +47,7 @@ const inputFiles = [
   "tsconfig.json",
   "tsconfig.build.json",
   "scripts/build.mjs",
+  "scripts/bundle.mjs",
 ];
 const inputDirs = ["src", "gen", "bench"];
 /** Copied from src/ to dist/src/ as they are: read at run time relative to their module. */
@@ -137,6 +140,10 @@ export function build() {
       { stdio: ["ignore", "inherit", "inherit"] },
     );
     for (const asset of assets) cpSync(join(root, asset), join(out, asset), { recursive: true });
+    // The production entry points as single files (scripts/bundle.mjs says why).
+    execFileSync(process.execPath, [join(root, "scripts", "bundle.mjs"), out], {
+      stdio: ["ignore", "inherit", "inherit"],
+    });
     writeFileSync(join(out, ".build-stamp"), `${new Date().toISOString()}\n`);
     const old = join(root, `dist.old-${process.pid}`);
     if (existsSync(dist)) renameSync(dist, old);

@@ -22,7 +22,6 @@ import { createTtlCache } from "./domain/ttl-cache.js";
 import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
 import { listen } from "./listen.js";
 import { createMetrics, metricsOnlyHandler } from "./metrics.js";
-import { createTracing } from "./tracing.js";
 
 export { connectChain };
 
@@ -66,7 +65,15 @@ export async function startGateway(config: Config, options: StartOptions): Promi
   const directory = new ModelDirectory(entries);
   // This gateway's own registry (several gateways may share a process: tests).
   const metrics = createMetrics({ modelName: (modelId) => directory.publicId(modelId) });
-  const tracing = createTracing(config, logger.child({ component: "tracing" }));
+  // The OpenTelemetry SDK is loaded only when tracing is on (it is a sixth of the process's
+  // memory at rest otherwise).
+  const tracing =
+    config.otlpTracesEndpoint === undefined
+      ? undefined
+      : (await import("./tracing.js")).createTracing(
+          config,
+          logger.child({ component: "tracing" }),
+        );
   const clock = options.clock ?? (() => Math.floor(Date.now() / 1000));
   const storage = await openStorage(config, options);
   const { db } = storage;

@@ -2,8 +2,8 @@ import { mkdir } from "node:fs/promises";
 import { BaseError } from "../../errors.js";
 import { resolve as resolvePath } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { PGlite } from "@electric-sql/pglite";
-import { PGLiteSocketServer } from "@electric-sql/pglite-socket";
+import type { PGlite } from "@electric-sql/pglite";
+import type { PGLiteSocketServer } from "@electric-sql/pglite-socket";
 import pg from "pg";
 
 // No global type parsers are installed on purpose: `pg` already returns int8 (count(*), sums)
@@ -78,6 +78,8 @@ export async function openDatabase(opts: OpenDatabaseOptions = {}): Promise<Data
     dataDir = resolvePath(opts.dataDir);
     await mkdir(dataDir, { recursive: true });
   }
+  // Loaded only for the embedded database: a gateway on PostgreSQL never needs it.
+  const { PGlite } = await import("@electric-sql/pglite");
   const pglite = await PGlite.create(dataDir === undefined ? {} : { dataDir });
   return servePglite(pglite, { logger: opts.logger, label: dataDir ?? "memory" });
 }
@@ -204,6 +206,7 @@ export async function servePglite(
   pglite: PGlite,
   opts: { logger?: DatabaseLogger | undefined; label?: string } = {},
 ): Promise<Database> {
+  const { PGLiteSocketServer } = await import("@electric-sql/pglite-socket");
   const server = new PGLiteSocketServer({
     db: pglite,
     host: "127.0.0.1",

@@ -1,0 +1,86 @@
+#!/usr/bin/env node
+/**
+ * The production processes' entry points as single files: `node scripts/bundle.mjs <built dir>`
+ * replaces `<dir>/src/cli/main.js` (what `npm start`, `npm run serve` and `bin/gateway.js`
+ * run) and `<dir>/bench/gateway.js` (the benchmark's gateway) with esbuild bundles of
+ * themselves, tree-shaken, with source maps as files that lead back to the TypeScript. Run by
+ * scripts/build.mjs after tsc; every other module of the build stays as tsc wrote it (tests and
+ * outside harnesses import them).
+ *
+ * Why: a process that loads some 1,500 modules (viem's and OpenTelemetry's index files load
+ * everything they export) holds each one's source, module record and namespace; one tree-shaken
+ * file holds what the gateway calls. Measured (bench/README.md, issue 21 item 3): the RSS of a
+ * process that has loaded the app, 143 MB as modules, 111 MB as one file.
+ *
+ * What a bundle must keep working:
+ * - `import.meta.url` means the file it was written in (the migrations and SQL functions are
+ *   read beside `migrate.js`, anvil is found from `anvil.js`): each occurrence becomes the URL
+ *   of that original file, relative to the bundle, so dist/ can still move as a whole.
+ * - CommonJS dependencies `require` Node's modules: the bundle defines `require`.
+ * - PGlite loads its WebAssembly and data files by path: it stays an import from node_modules
+ *   (as do `pg-native`, which `pg` only tries, and esbuild itself).
+ */
+import { readFileSync } from "node:fs";
+import { dirname, join, relative, sep } from "node:path";
+import { fileURLToPath } from "node:url";
+import { build } from "esbuild";
+
+const external = ["@electric-sql/pglite", "@electric-sql/pglite-socket", "pg-native", "esbuild"];
+
+/** The bundles: entry files of the built tree, each replaced by its bundle. */
+export const bundledEntries = ["src/cli/main.js", "bench/gateway.js"];
+
+/** `import.meta.url` of each bundled file, pointed at the file it came from. */
+function originalMetaUrl(bundleDir) {
+  return {
+    name: "original-import-meta-url",
+    setup(b) {
+      b.onLoad({ filter: /\.(m?js)$/ }, (args) => {
+        const contents = readFileSync(args.path, "utf8");
+        if (!contents.includes("import.meta.url")) return undefined;
+        const path = relative(bundleDir, args.path).split(sep).join("/");
+        const url = `new URL(${JSON.stringify(path.startsWith(".") ? path : `./${path}`)}, import.meta.url).href`;
+        return {
+          contents: contents.replaceAll("import.meta.url", url),
+          loader: "js",
+          resolveDir: dirname(args.path),
+        };
+      });
+    },
+  };
+}
+
+export async function bundle(dir) {
+  for (const entry of bundledEntries) {
+    const file = join(dir, entry);
+    await build({
+      entryPoints: [file],
+      outfile: file,
+      allowOverwrite: true,
+      bundle: true,
+      platform: "node",
+      format: "esm",
+      target: "node20",
+      sourcemap: "linked",
+      // The file's own name stays (stack traces, `ps`); identifiers are kept for profiles.
+      minifyWhitespace: true,
+      minifySyntax: true,
+      legalComments: "linked",
+      external,
+      banner: {
+        js: 'import { createRequire as __gatewayCreateRequire } from "node:module"; const require = __gatewayCreateRequire(import.meta.url);',
+      },
+      plugins: [originalMetaUrl(dirname(file))],
+      logLevel: "warning",
+    });
+  }
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  const [dir] = process.argv.slice(2);
+  if (dir === undefined) {
+    process.stderr.write("usage: node scripts/bundle.mjs <built dir>\n");
+    process.exit(2);
+  }
+  await bundle(dir);
+}
