@@ -54,8 +54,11 @@ describe("offer reputation", () => {
     expect(reputationOf(measured({ failed: 3 }), undefined, 900).score).toBe(0);
     // Served without timing, no runs: S alone.
     expect(reputationOf(measured({ served: 3, failed: 1 }), undefined, 900).score).toBe(7500);
-    // Runs only (no traffic): V alone.
-    expect(reputationOf(undefined, counts(1, 1, 0), 900).score).toBe(5000);
+    // Runs only (no traffic): no score, the pass rate shown.
+    expect(reputationOf(undefined, counts(1, 1, 0), 900)).toMatchObject({
+      score: undefined,
+      verificationPassRateBps: 5000,
+    });
   });
 
   it("takes ten times the flagged share of requests off the score", () => {

@@ -16,7 +16,9 @@ import type { OfferMeasurement, OfferRecordCounts } from "./chat/measurements.js
  * (each term rounded down, the mean rounded down), times the share of requests not flagged,
  * tenfold: `(10000 - min(10000, 10 * flag rate)) / 10000`, so 1 % of requests flagged costs 10 %
  * of the score and 10 % costs all of it. A term without data is left out of the mean (its
- * weight too); an offer with no data at all has no score (null), as a new offer shows.
+ * weight too). Without a request counted in the window there is no score (null), as a new
+ * offer shows: a verification says the endpoint conforms, not how it serves, and a score of
+ * the verification alone would put a newcomer above every offer with a record.
  */
 
 export const reputationWeights = { success: 4, latency: 2, throughput: 2, verification: 2 };
@@ -36,7 +38,7 @@ export const failingBelowBps = 8000;
 export const failingMinRequests = 10;
 
 export interface Reputation {
-  /** 0 to 10000; undefined: no data in the window. */
+  /** 0 to 10000; undefined: no request counted in the window. */
   readonly score: number | undefined;
   /** Served / (served + failed), basis points; undefined: no request counted. */
   readonly successRateBps: number | undefined;
@@ -87,10 +89,9 @@ export function reputationOf(
     weight += w;
   }
   let score: number | undefined;
-  if (weight > 0) {
-    // Flags with no request counted here (counted by a process that stopped): all flagged.
-    const flagRateBps =
-      requests === 0 ? (flags > 0 ? 10000 : 0) : Math.min(10000, bps(flags, requests));
+  // With a request counted the success rate is a term: `weight` is not 0.
+  if (requests > 0) {
+    const flagRateBps = Math.min(10000, bps(flags, requests));
     const factor = Math.max(0, 10000 - flagPenalty * flagRateBps);
     score = Math.floor((Math.floor(sum / weight) * factor) / 10000);
   }

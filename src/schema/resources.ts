@@ -50,12 +50,12 @@ const basisPoints = Type.Integer({ minimum: 0, maximum: 10000 });
 
 const reputationResource = protoView(OfferReputationSchema, "OfferReputation", {
   description:
-    "What the gateway measured of the offer over the last window_seconds (docs/decisions.md, Offer reputation). Rates and the score in basis points (10000 = 100 %); a measure without data in the window is null (a new offer: every measure null, requests 0).",
+    "What the gateway measured of the offer over the last window_seconds (docs/decisions.md, Offer reputation). Rates and the score in basis points (10000 = 100 %); a measure without data in the window is null (a new offer: every measure but its verification pass rate null, score null, requests 0).",
   fields: {
     score: {
       schema: basisPoints,
       description:
-        "floor(weighted mean of the terms with data: success_rate_bps x4, 10000*1000/(1000+time_to_first_token_ms) x2, 10000*tps/(tps+50) x2, verification_pass_rate_bps x2) * (10000 - min(10000, 10 * flagged basis points of requests)) / 10000",
+        "floor(weighted mean of the terms with data: success_rate_bps x4, 10000*1000/(1000+time_to_first_token_ms) x2, 10000*tps/(tps+50) x2, verification_pass_rate_bps x2) * (10000 - min(10000, 10 * flagged basis points of requests)) / 10000; null until a request is counted in the window",
     },
     success_rate_bps: {
       schema: basisPoints,

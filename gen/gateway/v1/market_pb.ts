@@ -259,7 +259,8 @@ export const OfferSchema: GenMessage<Offer> = /*@__PURE__*/
 /**
  * An offer's reputation over the last `window_seconds` (docs/decisions.md "Offer reputation").
  * Rates and the score are integers in basis points (10000 = 100 %); a measure without data in
- * the window is unset (a new offer: everything unset, `requests` 0).
+ * the window is unset (a new offer: everything unset but its verification pass rate,
+ * `requests` 0).
  *
  * @generated from message gateway.v1.OfferReputation
  */
@@ -267,7 +268,7 @@ export type OfferReputation = Message<"gateway.v1.OfferReputation"> & {
   /**
    * 0 to 10000: the weighted mean of the success rate (weight 4), the time to first token and
    * throughput terms (2 each) and the verification pass rate (2), of those with data, reduced
-   * by the share of requests flagged (tenfold).
+   * by the share of requests flagged (tenfold). Unset until a request is counted.
    *
    * @generated from field: optional uint32 score = 1;
    */
