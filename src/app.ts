@@ -17,6 +17,7 @@ import { createShutdown } from "./app/shutdown.js";
 import { openStorage } from "./app/storage.js";
 import type { Config } from "./config.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
+import type { MeasurementSync } from "./domain/chat/measurements.js";
 import type { EndpointSecret, HealthMonitor } from "./domain/health.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
 import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
@@ -38,6 +39,11 @@ export interface Gateway {
   readonly instanceId: string;
   /** Heartbeat and the orphan rule (runs on its own; `runOnce` for operators and tests). */
   readonly housekeeping: Housekeeping;
+  /**
+   * Shares offer measurements and reads the reputation's record counts (runs on its own every
+   * 5 s; `runOnce` for operators and tests).
+   */
+  readonly measurementSync: MeasurementSync;
   /** Where `GET /metrics` is served: `url` unless METRICS_PORT gave it its own listener. */
   readonly metricsUrl: string;
   close(): Promise<void>;
@@ -164,6 +170,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       db,
       chain,
       catalog,
+      reputation: chat.reputation,
       permits,
       permitClock: permitClock.now,
       inference,
@@ -227,6 +234,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       upstream,
       instanceId,
       housekeeping,
+      measurementSync: wired.measurementSync,
       metricsUrl,
       close() {
         // Stopped at once when the shutdown begins; awaited after the closes are written.

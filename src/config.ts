@@ -51,6 +51,11 @@ export interface Config {
    * database; a verify inside it answers the last run's outcome (0: runs are only shared).
    */
   readonly verifyMinIntervalSeconds: number;
+  /**
+   * The window of the offers' reputation (the catalog's) and of what `provider.sort` latency
+   * and throughput order by: requests, timings, verification runs and flags of its last seconds.
+   */
+  readonly reputationWindowSeconds: number;
   /** Longest a permit read from the chain is reused (events invalidate it sooner). */
   readonly permitCacheMs: number;
   /** Deadline for a provider's response headers. */
@@ -317,6 +322,7 @@ export function parseConfig(env: Env): Config {
     probeStaleMs: 0,
     verificationTtlSeconds: int("VERIFICATION_TTL_SECONDS", 86_400, 1, 365 * 86_400),
     verifyMinIntervalSeconds: int("VERIFY_MIN_INTERVAL_SECONDS", 60, 0, 86_400),
+    reputationWindowSeconds: int("REPUTATION_WINDOW_SECONDS", 900, 60, 86_400),
     permitCacheMs: int("PERMIT_CACHE_MS", 2000, 0, 60_000),
     upstreamTimeoutMs: int("UPSTREAM_TIMEOUT_MS", 30_000, 100, 600_000),
     upstreamIdleTimeoutMs: int("UPSTREAM_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),

@@ -313,25 +313,49 @@ describe("provider preferences (OpenRouter's provider object)", () => {
 
   it("shares measurements between processes through the database", async () => {
     const store = createPgMeasurementStore(stack.gateway.db.pool);
-    // An offer the running gateway never served (its own averages are shared the same way).
+    // An offer the running gateway never served (its own windows are shared the same way).
     const unserved = id32("offer:measured-elsewhere");
+    const clock = () => Math.floor(Date.now() / 1000);
     const other = createOfferMeasurements({ instanceId: "gw_other" });
-    other.record(unserved, { latencyMs: 5000, outputTokens: 10n, generationMs: 10_000 });
-    await createMeasurementSync({
+    other.served(unserved, { latencyMs: 5000, outputTokens: 10n, generationMs: 10_000 });
+    other.failed(unserved);
+    const otherSync = createMeasurementSync({
       measurements: other,
       store,
       instanceId: "gw_other",
       intervalMs: 1000,
-    }).runOnce();
+      clock,
+    });
+    await otherSync.runOnce();
     const mine = createOfferMeasurements({ instanceId: "gw_mine" });
-    await createMeasurementSync({
+    const mineSync = createMeasurementSync({
       measurements: mine,
       store,
       instanceId: "gw_mine",
       intervalMs: 1000,
+      clock,
+    });
+    await mineSync.runOnce();
+    expect(mine.get(unserved)).toEqual({
+      latencyMs: 5000,
+      throughput: 1,
+      served: 1,
+      failed: 1,
+      samples: 1,
+    });
+    mine.served(unserved, { latencyMs: 1000, outputTokens: 10n, generationMs: 1000 });
+    mine.served(unserved, { latencyMs: 1000, outputTokens: 10n, generationMs: 1000 });
+    // Latencies 1000, 1000, 5000: the median is this process's.
+    expect(mine.get(unserved)).toMatchObject({ latencyMs: 1000, served: 3, failed: 1 });
+    // A process whose window no longer holds the offer deletes its row: it stops counting.
+    await createMeasurementSync({
+      measurements: createOfferMeasurements({ instanceId: "gw_other" }),
+      store,
+      instanceId: "gw_other",
+      intervalMs: 1000,
+      clock,
     }).runOnce();
-    expect(mine.get(unserved)).toMatchObject({ latencyMs: 5000, throughput: 1, samples: 1 });
-    mine.record(unserved, { latencyMs: 1000, outputTokens: 10n, generationMs: 1000 });
-    expect(mine.get(unserved)).toMatchObject({ latencyMs: 3000, samples: 2 });
+    await mineSync.runOnce();
+    expect(mine.get(unserved)).toMatchObject({ latencyMs: 1000, served: 2, failed: 0 });
   });
 });

@@ -1,6 +1,6 @@
 import { hash } from "node:crypto";
 import type { Logger } from "pino";
-import type { PublicClient } from "viem";
+import type { Hex, PublicClient } from "viem";
 import { createChainSignatureVerifier } from "../adapters/chain/signatures.js";
 import type { ChainPermitReader } from "../adapters/chain/permits.js";
 import type { Database } from "../adapters/pg/database.js";
@@ -27,6 +27,7 @@ import {
   type SpendingAuthority,
 } from "../domain/permit-authorization.js";
 import type { RegistrationService } from "../domain/registration.js";
+import type { Reputation } from "../domain/reputation.js";
 import { createTtlCache } from "../domain/ttl-cache.js";
 import type { createMetrics } from "../metrics.js";
 import { createPgRateLimitStore } from "../adapters/pg/rate-limits.js";
@@ -69,6 +70,7 @@ export function createApi(
     readonly db: Database;
     readonly chain: PublicClient;
     readonly catalog: Catalog;
+    readonly reputation: (offerId: Hex) => Reputation;
     readonly permits: ChainPermitReader;
     readonly permitClock: () => number;
     readonly inference: Inference;
@@ -97,7 +99,7 @@ export function createApi(
   });
   return createGatewayHandler({
     services: {
-      catalog: createCatalogService(deps.catalog),
+      catalog: createCatalogService(deps.catalog, deps.reputation),
       quote: createQuoteService(deps.inference),
       inference: createInferenceService({
         inference: deps.inference,

@@ -21,14 +21,22 @@ import {
   type UpstreamChat,
 } from "../domain/chat/index.js";
 import { createLeasedLedger, type LeasedLedger } from "../domain/chat/leases.js";
-import { createMeasurementSync, createOfferMeasurements } from "../domain/chat/measurements.js";
+import {
+  createMeasurementSync,
+  createOfferMeasurements,
+  type MeasurementSync,
+} from "../domain/chat/measurements.js";
 import type { EndpointSecret } from "../domain/health.js";
 import type { PermitReader } from "../domain/permits.js";
 import { openEndpoint } from "../domain/registration.js";
+import { reputationOf, type Reputation } from "../domain/reputation.js";
 import type { TtlCache } from "../domain/ttl-cache.js";
 import type { createMetrics } from "../metrics.js";
 
-/** How often each process shares its offer measurements through the database (migration 019). */
+/**
+ * How often each process shares its offer measurements through the database and reads the
+ * reputation's record counts (migrations 019, 023).
+ */
 const measurementSyncMs = 5_000;
 
 /** The metered chat pipeline of this process and what runs beside it. */
@@ -36,6 +44,10 @@ export interface ChatWiring {
   readonly inference: Inference;
   /** The reservation leases (absent when RESERVATION_LEASES is off). */
   readonly leased: LeasedLedger | undefined;
+  /** Each offer's reputation, from memory (the catalog's; docs/decisions.md). */
+  reputation(offerId: Hex): Reputation;
+  /** The sharing round (runs on its own; `runOnce` for operators and tests). */
+  readonly measurementSync: MeasurementSync;
   /** Stops sharing measurements (first, with the other background tasks). */
   stopBackground(): Promise<void>;
   /** Gives the leases back and stops listening for recalls (after the closes are written). */
@@ -127,14 +139,19 @@ export async function wireChat(
       })
     : undefined;
   leased?.start();
-  // Measured latency and throughput of offers (`provider.sort`), shared through the database
-  // every few seconds (migration 019): routing reads memory only.
-  const measurements = createOfferMeasurements({ instanceId });
+  // What is measured of offers over the reputation's window (`provider.sort`, the catalog),
+  // shared through the database every few seconds (migrations 019, 023): routing and the
+  // catalog read memory only.
+  const measurements = createOfferMeasurements({
+    instanceId,
+    windowSeconds: config.reputationWindowSeconds,
+  });
   const measurementSync = createMeasurementSync({
     measurements,
     store: createPgMeasurementStore(db.pool),
     instanceId,
     intervalMs: measurementSyncMs,
+    clock: deps.clock,
     onError: (error) =>
       logger.warn(
         { error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
@@ -185,6 +202,13 @@ export async function wireChat(
   return {
     inference,
     leased,
+    reputation: (offerId) =>
+      reputationOf(
+        measurements.get(offerId),
+        measurementSync.counts(offerId),
+        measurements.windowSeconds,
+      ),
+    measurementSync,
     stopBackground: () => measurementSync.stop(),
     async stop() {
       await leased?.stop();

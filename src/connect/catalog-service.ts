@@ -6,7 +6,9 @@ import {
   ListModelsResponseSchema,
   ListOffersResponseSchema,
 } from "../../gen/gateway/v1/catalog_pb.js";
-import type { Catalog } from "../domain/catalog.js";
+import type { Hex } from "viem";
+import type { Catalog, OfferRecord } from "../domain/catalog.js";
+import type { Reputation } from "../domain/reputation.js";
 import {
   modelStatusFromProto,
   modelToMessage,
@@ -14,7 +16,15 @@ import {
   offerToMessage,
 } from "./convert.js";
 
-export function createCatalogService(catalog: Catalog): ServiceImpl<typeof CatalogService> {
+/**
+ * The catalog: models and offers, each offer with its reputation (`reputation`: from memory,
+ * so listing offers costs no query beyond the catalog's own).
+ */
+export function createCatalogService(
+  catalog: Catalog,
+  reputation?: (offerId: Hex) => Reputation,
+): ServiceImpl<typeof CatalogService> {
+  const shown = (offer: OfferRecord) => offerToMessage(offer, reputation?.(offer.offerId));
   return {
     async listModels(req) {
       const models = await catalog.listModels(modelStatusFromProto(req.status));
@@ -27,12 +37,12 @@ export function createCatalogService(catalog: Catalog): ServiceImpl<typeof Catal
       const offers = await catalog.listOffers(model.modelId);
       return create(GetModelResponseSchema, {
         model: modelToMessage(model, catalog.directory),
-        offers: offers.map(offerToMessage),
+        offers: offers.map(shown),
       });
     },
     async listOffers(req) {
       const offers = await catalog.listOffers(req.model, offerStatusFromProto(req.status));
-      return create(ListOffersResponseSchema, { offers: offers.map(offerToMessage) });
+      return create(ListOffersResponseSchema, { offers: offers.map(shown) });
     },
   };
 }

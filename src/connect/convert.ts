@@ -9,6 +9,7 @@ import {
 } from "../../gen/gateway/v1/market_pb.js";
 import type { ModelDirectory, ModelRecord, OfferRecord } from "../domain/catalog.js";
 import * as domain from "../domain/catalog.js";
+import type { Reputation } from "../domain/reputation.js";
 
 /** Domain records -> protobuf messages (and the status enums both ways). */
 
@@ -54,7 +55,8 @@ export function modelToMessage(model: ModelRecord, directory: ModelDirectory): M
   });
 }
 
-export function offerToMessage(offer: OfferRecord): Offer {
+/** An offer as the catalog shows it; `reputation` where the answer is the catalog's. */
+export function offerToMessage(offer: OfferRecord, reputation?: Reputation): Offer {
   return create(OfferSchema, {
     offerId: offer.offerId,
     modelId: offer.modelId,
@@ -76,5 +78,18 @@ export function offerToMessage(offer: OfferRecord): Offer {
       outputPricePerMtok: offer.tariff.outputPricePerMTok.toString(),
       wakeFee: offer.tariff.wakeFee.toString(),
     },
+    reputation:
+      reputation === undefined
+        ? undefined
+        : {
+            score: reputation.score,
+            successRateBps: reputation.successRateBps,
+            timeToFirstTokenMs: reputation.timeToFirstTokenMs,
+            outputTokensPerSecond: reputation.outputTokensPerSecond,
+            verificationPassRateBps: reputation.verificationPassRateBps,
+            flags: reputation.flags,
+            requests: reputation.requests,
+            windowSeconds: reputation.windowSeconds,
+          },
   });
 }

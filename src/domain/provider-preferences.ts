@@ -16,9 +16,10 @@ import { normalizeHex } from "./hex.js";
  * - `only` / `ignore`: offer ids routing is restricted to / never routes to.
  * - `allow_fallbacks` (default true): false keeps routing to the `order` list (failing over only
  *   within it); without `order`, to the first offer routing ranks.
- * - `sort`: `price` (lowest quoted maximum first), `latency` (lowest measured time to first
- *   token first) or `throughput` (highest measured output tokens per second first); offers not
- *   measured yet come after the measured ones. As on OpenRouter, an explicit order replaces the
+ * - `sort`: `price` (lowest quoted maximum first), `latency` (lowest median time to first
+ *   token first) or `throughput` (highest median output tokens per second first), the medians
+ *   of the offer reputation's window (reputation.ts); offers not measured yet come after the
+ *   measured ones, and failing offers (`isFailing`) last. As on OpenRouter, an explicit order replaces the
  *   default ranking.
  * - `max_price`: `{prompt, completion}` in credit base units per million tokens (decimal
  *   strings); offers whose tariff is above either are excluded, and when none remain the request

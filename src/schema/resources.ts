@@ -1,5 +1,10 @@
 import { Type, type TSchema } from "@sinclair/typebox";
-import { ModelSchema, OfferSchema, TariffSchema } from "../../gen/gateway/v1/market_pb.js";
+import {
+  ModelSchema,
+  OfferReputationSchema,
+  OfferSchema,
+  TariffSchema,
+} from "../../gen/gateway/v1/market_pb.js";
 import {
   InferenceRequestSchema,
   PermitBalanceSchema,
@@ -41,9 +46,48 @@ export const modelResource = protoView(ModelSchema, "Model", {
 
 const tariffResource = protoView(TariffSchema, "Tariff");
 
-export const offerResource = protoView(OfferSchema, "Offer", {
-  nested: { tariff: tariffResource },
+const basisPoints = Type.Integer({ minimum: 0, maximum: 10000 });
+
+const reputationResource = protoView(OfferReputationSchema, "OfferReputation", {
+  description:
+    "What the gateway measured of the offer over the last window_seconds (docs/decisions.md, Offer reputation). Rates and the score in basis points (10000 = 100 %); a measure without data in the window is null (a new offer: every measure but its verification pass rate null, score null, requests 0).",
   fields: {
+    score: {
+      schema: basisPoints,
+      description:
+        "floor(weighted mean of the terms with data: success_rate_bps x4, 10000*1000/(1000+time_to_first_token_ms) x2, 10000*tps/(tps+50) x2, verification_pass_rate_bps x2) * (10000 - min(10000, 10 * flagged basis points of requests)) / 10000; null until a request is counted in the window",
+    },
+    success_rate_bps: {
+      schema: basisPoints,
+      description:
+        "Requests the provider served / requests it served or failed (no answer or a 5xx, also when the request failed over; an invalid answer; a stream it broke off). A client's cancel, a 4xx or 429 answer and the gateway's own failures are not counted.",
+    },
+    time_to_first_token_ms: {
+      description:
+        "Median time from the provider call to the first token of served answers (a JSON answer: to its whole body); provider.sort latency orders by it.",
+    },
+    output_tokens_per_second: {
+      description:
+        "Median output tokens per second after the first token of served answers; provider.sort throughput orders by it.",
+    },
+    verification_pass_rate_bps: {
+      schema: basisPoints,
+      description:
+        "Verification runs that passed / runs that passed or answered wrongly (runs that got no answer are not counted).",
+    },
+    flags: { description: "Requests whose provider reported more usage than it could have." },
+    requests: { description: "Requests counted: served plus failed by the provider." },
+  },
+});
+
+export const offerResource = protoView(OfferSchema, "Offer", {
+  nested: { tariff: tariffResource, reputation: reputationResource },
+  fields: {
+    reputation: {
+      emptyIsNull: true,
+      description:
+        "The offer's reputation: shown by the catalog (GET /v1/models/{id}, /v1/models/{id}/offers); null in other answers.",
+    },
     verified_features: {
       schema: Type.Unsafe<string>({ enum: ["tools", "json_schema", "stream_usage"] }),
       description:

@@ -11,7 +11,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/market.proto.
  */
 export const file_gateway_v1_market: GenFile = /*@__PURE__*/
-  fileDesc("ChdnYXRld2F5L3YxL21hcmtldC5wcm90bxIKZ2F0ZXdheS52MSL+AQoFTW9kZWwSCgoCaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIQCghyZXZpc2lvbhgEIAEoCRIMCgR0YXNrGAUgASgJEg8KB2NyZWF0b3IYBiABKAkSFAoMY3JlZGl0X3Rva2VuGAcgASgJEg8KB3Bvb2xfaWQYCCABKAkSGQoRcG9zaXRpb25fdG9rZW5faWQYCSABKAkSFgoOcHJvdmlkZXJfY291bnQYCiABKA0SJwoGc3RhdHVzGAsgASgOMhcuZ2F0ZXdheS52MS5Nb2RlbFN0YXR1cxIPCgdhbGlhc2VzGAwgAygJImgKBlRhcmlmZhIPCgd2ZXJzaW9uGAEgASgJEhwKFGlucHV0X3ByaWNlX3Blcl9tdG9rGAIgASgJEh0KFW91dHB1dF9wcmljZV9wZXJfbXRvaxgDIAEoCRIQCgh3YWtlX2ZlZRgEIAEoCSKjAwoFT2ZmZXISEAoIb2ZmZXJfaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEAoIb3BlcmF0b3IYAyABKAkSDgoGcGF5b3V0GAQgASgJEicKBnN0YXR1cxgFIAEoDjIXLmdhdGV3YXkudjEuT2ZmZXJTdGF0dXMSFgoOdGFyaWZmX3ZlcnNpb24YBiABKAkSLQoMY2FwYWJpbGl0aWVzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIYCgt2ZXJpZmllZF9hdBgIIAEoA0gAiAEBEiQKF3ZlcmlmaWNhdGlvbl9leHBpcmVzX2F0GAkgASgDSAGIAQESDgoGcmVnaW9uGAogASgJEhAKCGhhcmR3YXJlGAsgASgJEhcKD21heF9jb25jdXJyZW5jeRgMIAEoDRIiCgZ0YXJpZmYYDSABKAsyEi5nYXRld2F5LnYxLlRhcmlmZhIZChF2ZXJpZmllZF9mZWF0dXJlcxgOIAMoCUIOCgxfdmVyaWZpZWRfYXRCGgoYX3ZlcmlmaWNhdGlvbl9leHBpcmVzX2F0KpEBCgtNb2RlbFN0YXR1cxIcChhNT0RFTF9TVEFUVVNfVU5TUEVDSUZJRUQQABIYChRNT0RFTF9TVEFUVVNfUEVORElORxABEhcKE01PREVMX1NUQVRVU19BQ1RJVkUQAhIXChNNT0RFTF9TVEFUVVNfUEFVU0VEEAMSGAoUTU9ERUxfU1RBVFVTX1JFVElSRUQQBCp3CgtPZmZlclN0YXR1cxIcChhPRkZFUl9TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNPRkZFUl9TVEFUVVNfQUNUSVZFEAESFwoTT0ZGRVJfU1RBVFVTX1BBVVNFRBACEhgKFE9GRkVSX1NUQVRVU19SRVRJUkVEEANiBnByb3RvMw", [file_google_protobuf_struct]);
+  fileDesc("ChdnYXRld2F5L3YxL21hcmtldC5wcm90bxIKZ2F0ZXdheS52MSL+AQoFTW9kZWwSCgoCaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIQCghyZXZpc2lvbhgEIAEoCRIMCgR0YXNrGAUgASgJEg8KB2NyZWF0b3IYBiABKAkSFAoMY3JlZGl0X3Rva2VuGAcgASgJEg8KB3Bvb2xfaWQYCCABKAkSGQoRcG9zaXRpb25fdG9rZW5faWQYCSABKAkSFgoOcHJvdmlkZXJfY291bnQYCiABKA0SJwoGc3RhdHVzGAsgASgOMhcuZ2F0ZXdheS52MS5Nb2RlbFN0YXR1cxIPCgdhbGlhc2VzGAwgAygJImgKBlRhcmlmZhIPCgd2ZXJzaW9uGAEgASgJEhwKFGlucHV0X3ByaWNlX3Blcl9tdG9rGAIgASgJEh0KFW91dHB1dF9wcmljZV9wZXJfbXRvaxgDIAEoCRIQCgh3YWtlX2ZlZRgEIAEoCSLUAwoFT2ZmZXISEAoIb2ZmZXJfaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEAoIb3BlcmF0b3IYAyABKAkSDgoGcGF5b3V0GAQgASgJEicKBnN0YXR1cxgFIAEoDjIXLmdhdGV3YXkudjEuT2ZmZXJTdGF0dXMSFgoOdGFyaWZmX3ZlcnNpb24YBiABKAkSLQoMY2FwYWJpbGl0aWVzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIYCgt2ZXJpZmllZF9hdBgIIAEoA0gAiAEBEiQKF3ZlcmlmaWNhdGlvbl9leHBpcmVzX2F0GAkgASgDSAGIAQESDgoGcmVnaW9uGAogASgJEhAKCGhhcmR3YXJlGAsgASgJEhcKD21heF9jb25jdXJyZW5jeRgMIAEoDRIiCgZ0YXJpZmYYDSABKAsyEi5nYXRld2F5LnYxLlRhcmlmZhIZChF2ZXJpZmllZF9mZWF0dXJlcxgOIAMoCRIvCgpyZXB1dGF0aW9uGA8gASgLMhsuZ2F0ZXdheS52MS5PZmZlclJlcHV0YXRpb25CDgoMX3ZlcmlmaWVkX2F0QhoKGF92ZXJpZmljYXRpb25fZXhwaXJlc19hdCLoAgoPT2ZmZXJSZXB1dGF0aW9uEhIKBXNjb3JlGAEgASgNSACIAQESHQoQc3VjY2Vzc19yYXRlX2JwcxgCIAEoDUgBiAEBEiMKFnRpbWVfdG9fZmlyc3RfdG9rZW5fbXMYAyABKA1IAogBARIlChhvdXRwdXRfdG9rZW5zX3Blcl9zZWNvbmQYBCABKA1IA4gBARInChp2ZXJpZmljYXRpb25fcGFzc19yYXRlX2JwcxgFIAEoDUgEiAEBEg0KBWZsYWdzGAYgASgNEhAKCHJlcXVlc3RzGAcgASgNEhYKDndpbmRvd19zZWNvbmRzGAggASgNQggKBl9zY29yZUITChFfc3VjY2Vzc19yYXRlX2Jwc0IZChdfdGltZV90b19maXJzdF90b2tlbl9tc0IbChlfb3V0cHV0X3Rva2Vuc19wZXJfc2Vjb25kQh0KG192ZXJpZmljYXRpb25fcGFzc19yYXRlX2JwcyqRAQoLTW9kZWxTdGF0dXMSHAoYTU9ERUxfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUTU9ERUxfU1RBVFVTX1BFTkRJTkcQARIXChNNT0RFTF9TVEFUVVNfQUNUSVZFEAISFwoTTU9ERUxfU1RBVFVTX1BBVVNFRBADEhgKFE1PREVMX1NUQVRVU19SRVRJUkVEEAQqdwoLT2ZmZXJTdGF0dXMSHAoYT0ZGRVJfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFwoTT0ZGRVJfU1RBVFVTX0FDVElWRRABEhcKE09GRkVSX1NUQVRVU19QQVVTRUQQAhIYChRPRkZFUl9TVEFUVVNfUkVUSVJFRBADYgZwcm90bzM", [file_google_protobuf_struct]);
 
 /**
  * A canonical model published on chain.
@@ -239,6 +239,14 @@ export type Offer = Message<"gateway.v1.Offer"> & {
    * @generated from field: repeated string verified_features = 14;
    */
   verifiedFeatures: string[];
+
+  /**
+   * What the gateway measured of the offer over the reputation's window (the catalog's
+   * ListOffers and GetModel fill it; other answers leave it unset).
+   *
+   * @generated from field: gateway.v1.OfferReputation reputation = 15;
+   */
+  reputation?: OfferReputation | undefined;
 };
 
 /**
@@ -247,6 +255,83 @@ export type Offer = Message<"gateway.v1.Offer"> & {
  */
 export const OfferSchema: GenMessage<Offer> = /*@__PURE__*/
   messageDesc(file_gateway_v1_market, 2);
+
+/**
+ * An offer's reputation over the last `window_seconds` (docs/decisions.md "Offer reputation").
+ * Rates and the score are integers in basis points (10000 = 100 %); a measure without data in
+ * the window is unset (a new offer: everything unset but its verification pass rate,
+ * `requests` 0).
+ *
+ * @generated from message gateway.v1.OfferReputation
+ */
+export type OfferReputation = Message<"gateway.v1.OfferReputation"> & {
+  /**
+   * 0 to 10000: the weighted mean of the success rate (weight 4), the time to first token and
+   * throughput terms (2 each) and the verification pass rate (2), of those with data, reduced
+   * by the share of requests flagged (tenfold). Unset until a request is counted.
+   *
+   * @generated from field: optional uint32 score = 1;
+   */
+  score?: number | undefined;
+
+  /**
+   * Requests the provider served / requests it served or failed (upstream errors, failovers
+   * away from it, failures after the first byte). Client cancels, 4xx and 429 answers are not
+   * counted.
+   *
+   * @generated from field: optional uint32 success_rate_bps = 2;
+   */
+  successRateBps?: number | undefined;
+
+  /**
+   * Median time from the provider call to the first token of the served answers (a JSON
+   * answer: to its whole body), milliseconds.
+   *
+   * @generated from field: optional uint32 time_to_first_token_ms = 3;
+   */
+  timeToFirstTokenMs?: number | undefined;
+
+  /**
+   * Median output tokens per second after the first token of the served answers.
+   *
+   * @generated from field: optional uint32 output_tokens_per_second = 4;
+   */
+  outputTokensPerSecond?: number | undefined;
+
+  /**
+   * Verification runs that passed / runs that passed or answered wrongly (runs that got no
+   * answer are not counted).
+   *
+   * @generated from field: optional uint32 verification_pass_rate_bps = 5;
+   */
+  verificationPassRateBps?: number | undefined;
+
+  /**
+   * Requests flagged in the window (the provider reported more usage than it could have).
+   *
+   * @generated from field: uint32 flags = 6;
+   */
+  flags: number;
+
+  /**
+   * Requests counted: served plus failed by the provider.
+   *
+   * @generated from field: uint32 requests = 7;
+   */
+  requests: number;
+
+  /**
+   * @generated from field: uint32 window_seconds = 8;
+   */
+  windowSeconds: number;
+};
+
+/**
+ * Describes the message gateway.v1.OfferReputation.
+ * Use `create(OfferReputationSchema)` to create a new message.
+ */
+export const OfferReputationSchema: GenMessage<OfferReputation> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_market, 3);
 
 /**
  * Lifecycle of a model on chain.

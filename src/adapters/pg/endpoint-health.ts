@@ -108,8 +108,11 @@ export async function recordVerification(
   const params = result.ok
     ? [result.verifiedAt, result.expiresAt, null, result.verifiedAt, null]
     : [null, null, result.check, result.ranAt, result.message];
+  // The run is also kept in `offer_verification_runs` (the catalog's pass rate), in the same
+  // statement and only when the endpoint row was updated: a run that raced a re-registration
+  // is no run of the new endpoint.
   const { rowCount } = await db.query(
-    `UPDATE provider_endpoints
+    `WITH updated AS (UPDATE provider_endpoints
      SET verified_at = CASE WHEN $6 = 'unreachable' THEN verified_at ELSE $2::bigint END,
        verification_expires_at =
          CASE WHEN $6 = 'unreachable' THEN verification_expires_at ELSE $3::bigint END,
@@ -125,7 +128,10 @@ export async function recordVerification(
              SELECT unnest($9::text[]) AS f
              UNION SELECT f FROM unnest(verified_features) AS f WHERE f = ANY($10::text[])) AS u
            ORDER BY f) END
-     WHERE offer_id = $1 AND ($8::bytea IS NULL OR endpoint_sealed = $8::bytea)`,
+     WHERE offer_id = $1 AND ($8::bytea IS NULL OR endpoint_sealed = $8::bytea)
+     RETURNING offer_id)
+     INSERT INTO offer_verification_runs (offer_id, ran_at, outcome)
+     SELECT offer_id, $5, $6 FROM updated`,
     [
       normalizeHex(offerId),
       params[0],

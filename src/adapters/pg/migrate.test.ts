@@ -396,12 +396,16 @@ describe("SQL functions", () => {
       const fresh = await freshDatabase();
       await migrate(fresh.db.pool);
       const freshDefs = await functionDefs(fresh);
+      const current = (await readdir(join(PG_DIR, "migrations")))
+        .filter((f) => f.endsWith(".sql"))
+        .map((f) => Number.parseInt(f, 10));
       // Before any function, with each generation of them, before and after 018's signature change.
       for (const version of [4, 5, 7, 10, 16, 17, 18, 19]) {
         const test = await freshDatabase();
         await migrate(test.db.pool, await oldMigrations(version), undefined);
         const { applied } = await migrate(test.db.pool);
-        expect(applied.length).toBe(20 - version);
+        // Every migration numbered after `version`, counted from the directory.
+        expect(applied.length).toBe(current.filter((n) => n > version).length);
         expect({ version, defs: await functionDefs(test) }).toEqual({ version, defs: freshDefs });
         await test.drop();
       }

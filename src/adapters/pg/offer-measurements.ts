@@ -1,46 +1,83 @@
 import type { Hex } from "viem";
-import type {
-  MeasurementStore,
-  OfferMeasurement,
-  SharedMeasurement,
+import {
+  median,
+  type Histogram,
+  type MeasurementStore,
+  type OfferRecordCounts,
+  type SharedMeasurement,
+  type WindowSummary,
 } from "../../domain/chat/measurements.js";
 import type { Queryable } from "./catalog.js";
 
-// `offer_measurements` (migration 019): each process's moving averages of the offers it served.
+// `offer_measurements` (migrations 019, 023): each process's window of the offers it served;
+// `offer_verification_runs` (023) and `offer_flags` (004) counted for the catalog's reputation.
 
 interface Row {
   offer_id: string;
   instance_id: string;
-  latency_ms: number | null;
-  throughput: number | null;
-  samples: string;
+  served: string;
+  failed: string;
+  latency_histogram: unknown;
+  throughput_histogram: unknown;
 }
 
-/** Upserts one process's averages, one statement for all its offers. */
+/** Verification runs older than this are pruned (the longest window is a day). */
+const verificationRetentionSeconds = 7 * 86_400;
+
+/**
+ * Upserts one process's windows, one statement for all its offers, and deletes its rows of
+ * offers no longer in its window (a stale row would go on counting).
+ */
 export async function writeMeasurements(
   db: Queryable,
   instanceId: string,
-  rows: ReadonlyMap<Hex, OfferMeasurement>,
+  rows: ReadonlyMap<Hex, WindowSummary>,
 ): Promise<void> {
-  const entries = [...rows];
+  const entries = [...rows].map(([offerId, m]) => ({
+    offer_id: offerId,
+    served: m.served,
+    failed: m.failed,
+    latency_ms: median(m.latency) ?? null,
+    throughput: median(m.throughput) ?? null,
+    samples: m.latency.reduce((n, [, count]) => n + count, 0),
+    latency_histogram: m.latency,
+    throughput_histogram: m.throughput,
+  }));
   await db.query(
-    `INSERT INTO offer_measurements (offer_id, instance_id, latency_ms, throughput, samples, updated_at)
-     SELECT o, $1, l, t, s, now()
-     FROM unnest($2::text[], $3::float8[], $4::float8[], $5::bigint[]) AS m(o, l, t, s)
+    `WITH m AS (
+       SELECT * FROM jsonb_to_recordset($2::jsonb) AS m(offer_id text, served bigint,
+         failed bigint, latency_ms float8, throughput float8, samples bigint,
+         latency_histogram jsonb, throughput_histogram jsonb)
+     ), gone AS (
+       DELETE FROM offer_measurements o WHERE o.instance_id = $1
+         AND NOT EXISTS (SELECT 1 FROM m WHERE m.offer_id = o.offer_id)
+     )
+     INSERT INTO offer_measurements (offer_id, instance_id, latency_ms, throughput, samples,
+       served, failed, latency_histogram, throughput_histogram, updated_at)
+     SELECT offer_id, $1, latency_ms, throughput, samples, served, failed, latency_histogram,
+       throughput_histogram, now() FROM m
      ON CONFLICT (offer_id, instance_id) DO UPDATE SET latency_ms = EXCLUDED.latency_ms,
-       throughput = EXCLUDED.throughput, samples = EXCLUDED.samples, updated_at = now()`,
-    [
-      instanceId,
-      entries.map(([id]) => id),
-      entries.map(([, m]) => m.latencyMs ?? null),
-      entries.map(([, m]) => m.throughput ?? null),
-      entries.map(([, m]) => String(m.samples)),
-    ],
+       throughput = EXCLUDED.throughput, samples = EXCLUDED.samples, served = EXCLUDED.served,
+       failed = EXCLUDED.failed, latency_histogram = EXCLUDED.latency_histogram,
+       throughput_histogram = EXCLUDED.throughput_histogram, updated_at = now()`,
+    [instanceId, JSON.stringify(entries)],
+  );
+}
+
+/** A histogram as stored, or an empty one where a row holds something else. */
+function histogram(value: unknown): Histogram {
+  const parsed: unknown = typeof value === "string" ? JSON.parse(value) : value;
+  if (!Array.isArray(parsed)) return [];
+  return parsed.filter(
+    (cell): cell is [number, number, number] =>
+      Array.isArray(cell) &&
+      cell.length === 3 &&
+      cell.every((n) => typeof n === "number" && Number.isFinite(n)),
   );
 }
 
 /**
- * Every process's averages written in the last `maxAgeSeconds` (the database's clock); older
+ * Every process's windows written in the last `maxAgeSeconds` (the database's clock); older
  * rows (processes that stopped) are deleted on the way.
  */
 export async function readMeasurements(
@@ -52,22 +89,62 @@ export async function readMeasurements(
     [maxAgeSeconds],
   );
   const { rows } = await db.query<Row>(
-    `SELECT offer_id, instance_id, latency_ms, throughput, samples FROM offer_measurements
-     WHERE updated_at >= now() - make_interval(secs => $1)`,
+    `SELECT offer_id, instance_id, served, failed, latency_histogram, throughput_histogram
+     FROM offer_measurements WHERE updated_at >= now() - make_interval(secs => $1)`,
     [maxAgeSeconds],
   );
   return rows.map((r) => ({
     offerId: r.offer_id as Hex,
     instanceId: r.instance_id,
-    latencyMs: r.latency_ms ?? undefined,
-    throughput: r.throughput ?? undefined,
-    samples: Number(r.samples),
+    served: Number(r.served),
+    failed: Number(r.failed),
+    latency: histogram(r.latency_histogram),
+    throughput: histogram(r.throughput_histogram),
   }));
+}
+
+/**
+ * Verification runs (passed, rejected) and flags per offer since `since` (Unix seconds, the
+ * gateway's clock, as both are written); runs older than the retention are pruned on the way.
+ */
+export async function readRecordCounts(
+  db: Queryable,
+  since: number,
+): Promise<Map<Hex, OfferRecordCounts>> {
+  await db.query("DELETE FROM offer_verification_runs WHERE ran_at < $1", [
+    since - verificationRetentionSeconds,
+  ]);
+  const { rows } = await db.query<{
+    offer_id: string;
+    passed: string;
+    rejected: string;
+    flags: string;
+  }>(
+    `SELECT offer_id, sum(passed) AS passed, sum(rejected) AS rejected, sum(flags) AS flags FROM (
+       SELECT offer_id, count(*) FILTER (WHERE outcome = 'verified') AS passed,
+         count(*) FILTER (WHERE outcome = 'rejected') AS rejected, 0 AS flags
+       FROM offer_verification_runs WHERE ran_at >= $1 GROUP BY offer_id
+       UNION ALL
+       SELECT offer_id, 0, 0, count(*) FROM offer_flags WHERE created_at >= $1 GROUP BY offer_id
+     ) AS c GROUP BY offer_id`,
+    [since],
+  );
+  return new Map(
+    rows.map((r) => [
+      r.offer_id as Hex,
+      {
+        verificationsPassed: Number(r.passed),
+        verificationsRejected: Number(r.rejected),
+        flags: Number(r.flags),
+      },
+    ]),
+  );
 }
 
 export function createPgMeasurementStore(db: Queryable): MeasurementStore {
   return {
     write: (instanceId, rows) => writeMeasurements(db, instanceId, rows),
     read: (maxAgeSeconds) => readMeasurements(db, maxAgeSeconds),
+    readCounts: (since) => readRecordCounts(db, since),
   };
 }

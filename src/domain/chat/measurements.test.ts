@@ -1,58 +1,162 @@
 import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
 import {
+  binOf,
   createMeasurementSync,
   createOfferMeasurements,
+  median,
   type SharedMeasurement,
 } from "./measurements.js";
 
 const offer = `0x${"01".repeat(32)}` as Hex;
 
 describe("offer measurements", () => {
-  it("keeps moving averages of latency and throughput per offer", () => {
-    const m = createOfferMeasurements({ alpha: 0.5 });
+  it("counts served and failed requests, and the medians of latency and throughput", () => {
+    const m = createOfferMeasurements();
     expect(m.get(offer)).toBeUndefined();
-    m.record(offer, { latencyMs: 100, outputTokens: 10n, generationMs: 1000 });
-    m.record(offer, { latencyMs: 300, outputTokens: 30n, generationMs: 1000 });
-    expect(m.get(offer)).toEqual({ latencyMs: 200, throughput: 20, samples: 2 });
-    // An answer with no measurable generation time leaves throughput as it was.
-    m.record(offer, { latencyMs: 200, outputTokens: 1n, generationMs: 0 });
-    expect(m.get(offer)).toEqual({ latencyMs: 200, throughput: 20, samples: 3 });
+    m.served(offer, { latencyMs: 100, outputTokens: 10n, generationMs: 1000 });
+    m.served(offer, { latencyMs: 300, outputTokens: 30n, generationMs: 1000 });
+    m.served(offer, { latencyMs: 5000, outputTokens: 100n, generationMs: 1000 });
+    // The lower median of three: 300 ms, 30 tokens/s; one outlier does not move it.
+    expect(m.get(offer)).toEqual({
+      latencyMs: 300,
+      throughput: 30,
+      served: 3,
+      failed: 0,
+      samples: 3,
+    });
+    // No measurable generation time: no throughput sample; no timing at all: counted only.
+    m.served(offer, { latencyMs: 200, outputTokens: 1n, generationMs: 0 });
+    m.served(offer);
+    m.failed(offer);
+    expect(m.get(offer)).toEqual({
+      latencyMs: 200,
+      throughput: 30,
+      served: 5,
+      failed: 1,
+      samples: 4,
+    });
   });
 
-  it("blends the other processes' averages by sample count, ignoring its own rows", () => {
+  it("forgets what left the window, bucket by bucket", () => {
+    let now = 1_000_000;
+    // A window of 150 s: 15 buckets of 10 s.
+    const m = createOfferMeasurements({ windowSeconds: 150, now: () => now });
+    m.served(offer, { latencyMs: 900, outputTokens: 10n, generationMs: 1000 });
+    m.failed(offer);
+    now += 100_000;
+    m.served(offer, { latencyMs: 100, outputTokens: 10n, generationMs: 1000 });
+    m.served(offer, { latencyMs: 100, outputTokens: 10n, generationMs: 1000 });
+    expect(m.get(offer)).toMatchObject({ latencyMs: 100, served: 3, failed: 1 });
+    now += 50_000;
+    // The first bucket is now 150 s old: out.
+    expect(m.get(offer)).toMatchObject({ latencyMs: 100, served: 2, failed: 0 });
+    now += 100_000;
+    expect(m.get(offer)).toBeUndefined();
+    expect(m.local().size).toBe(0);
+  });
+
+  it("merges the other processes' windows with its own, ignoring its own rows", () => {
     const m = createOfferMeasurements({ instanceId: "me" });
-    m.record(offer, { latencyMs: 100, outputTokens: 10n, generationMs: 1000 });
+    m.served(offer, { latencyMs: 100, outputTokens: 10n, generationMs: 1000 });
     const rows: SharedMeasurement[] = [
-      { offerId: offer, instanceId: "me", latencyMs: 9999, throughput: 9999, samples: 50 },
-      { offerId: offer, instanceId: "other", latencyMs: 400, throughput: undefined, samples: 3 },
+      {
+        offerId: offer,
+        instanceId: "me",
+        served: 50,
+        failed: 50,
+        latency: [[binOf(9999), 50, 9999 * 50]],
+        throughput: [],
+      },
+      {
+        offerId: offer,
+        instanceId: "other",
+        served: 2,
+        failed: 3,
+        latency: [[binOf(400), 2, 800]],
+        throughput: [],
+      },
     ];
     m.absorb(rows);
-    expect(m.get(offer)).toEqual({ latencyMs: 325, throughput: 10, samples: 4 });
+    // Latencies 100, 400, 400: median 400; served 1 + 2, failed 3.
+    expect(m.get(offer)).toEqual({
+      latencyMs: 400,
+      throughput: 10,
+      served: 3,
+      failed: 3,
+      samples: 3,
+    });
   });
 
-  it("shares by writing its own averages and reading the others' each round", async () => {
+  it("takes the median as the mean of its bin's values", () => {
+    expect(median([])).toBeUndefined();
+    // 101 and 103 share a bin (bins span ~9 %); 1000 is its own.
+    expect(binOf(101)).toBe(binOf(103));
+    expect(
+      median([
+        [binOf(101), 2, 204],
+        [binOf(1000), 1, 1000],
+      ]),
+    ).toBe(102);
+    expect(
+      median([
+        [binOf(101), 1, 101],
+        [binOf(1000), 1, 1000],
+      ]),
+    ).toBe(101);
+  });
+
+  it("shares by writing its own windows and reading the others' and the counts each round", async () => {
     const written: [string, number][] = [];
-    const m = createOfferMeasurements({ instanceId: "me" });
+    const m = createOfferMeasurements({ instanceId: "me", windowSeconds: 600 });
+    const since: number[] = [];
     const sync = createMeasurementSync({
       measurements: m,
       instanceId: "me",
       intervalMs: 1000,
+      clock: () => 5000,
       store: {
         write: async (instanceId, rows) => {
           written.push([instanceId, rows.size]);
         },
         read: async () => [
-          { offerId: offer, instanceId: "other", latencyMs: 50, throughput: 5, samples: 1 },
+          {
+            offerId: offer,
+            instanceId: "other",
+            served: 1,
+            failed: 0,
+            latency: [[binOf(50), 1, 50]],
+            throughput: [[binOf(5), 1, 5]],
+          },
         ],
+        readCounts: async (from) => {
+          since.push(from);
+          return new Map([[offer, { verificationsPassed: 1, verificationsRejected: 0, flags: 2 }]]);
+        },
       },
     });
     await sync.runOnce();
-    // Nothing measured here yet: nothing written, the others' averages read.
-    expect(written).toEqual([]);
-    expect(m.get(offer)).toEqual({ latencyMs: 50, throughput: 5, samples: 1 });
-    m.record(offer, { latencyMs: 150, outputTokens: 15n, generationMs: 1000 });
+    // Nothing measured here yet: an empty write (it deletes this process's rows), the others'
+    // windows read, the counts of the window read.
+    expect(written).toEqual([["me", 0]]);
+    expect(since).toEqual([4400]);
+    expect(m.get(offer)).toEqual({
+      latencyMs: 50,
+      throughput: 5,
+      served: 1,
+      failed: 0,
+      samples: 1,
+    });
+    expect(sync.counts(offer)).toEqual({
+      verificationsPassed: 1,
+      verificationsRejected: 0,
+      flags: 2,
+    });
+    m.served(offer, { latencyMs: 150, outputTokens: 15n, generationMs: 1000 });
     await sync.runOnce();
-    expect(written).toEqual([["me", 1]]);
+    expect(written).toEqual([
+      ["me", 0],
+      ["me", 1],
+    ]);
   });
 });

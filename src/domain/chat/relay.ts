@@ -42,14 +42,18 @@ export interface RelayContext {
 /**
  * One call to an offer's provider, up to its response headers. A connection failure or a
  * 5xx is `retryable` (another offer may serve); a 4xx is the provider refusing this request,
- * which no other offer would answer differently.
+ * which no other offer would answer differently. `providerFault`: the provider failed (no
+ * answer, or a 5xx), which counts against its reputation; a 4xx (the client's own input, or a
+ * 429 any client can provoke by flooding) and a failure before the provider was called do not.
  */
 export async function callProvider(
   deps: Pick<InferenceDeps, "endpoints" | "upstream">,
   offerId: Hex,
   req: ChatRequest,
   signal: AbortSignal,
-): Promise<{ reply: UpstreamReply } | { failure: GatewayError; retryable: boolean }> {
+): Promise<
+  { reply: UpstreamReply } | { failure: GatewayError; retryable: boolean; providerFault: boolean }
+> {
   let endpoint: Awaited<ReturnType<typeof deps.endpoints>>;
   try {
     endpoint = await deps.endpoints(offerId);
@@ -61,12 +65,13 @@ export async function callProvider(
         : new GatewayError("database_unavailable", "the offer's endpoint could not be read", {
             cause: error,
           });
-    return { failure, retryable: false };
+    return { failure, retryable: false, providerFault: false };
   }
   if (endpoint === undefined) {
     return {
       failure: new GatewayError("upstream_unavailable", "the offer has no registered endpoint"),
       retryable: true,
+      providerFault: false,
     };
   }
   let reply: UpstreamReply;
@@ -77,13 +82,15 @@ export async function callProvider(
       error instanceof GatewayError
         ? error
         : new GatewayError("upstream_unavailable", "the provider could not be reached");
-    return { failure, retryable: true };
+    // A call the client's cancel aborted is the client's doing: the caller checks that first.
+    return { failure, retryable: true, providerFault: true };
   }
   if (reply.status >= 200 && reply.status < 300) return { reply };
   await reply.discard();
   return {
     failure: new GatewayError("upstream_error", `the provider answered HTTP ${reply.status}`),
     retryable: reply.status >= 500,
+    providerFault: reply.status >= 500,
   };
 }
 
@@ -125,9 +132,14 @@ export async function* serve(
   let endedAt: number | undefined;
   /** When the first token of a stream arrived (routing's latency and throughput). */
   let firstTokenAt: number | undefined;
-  /** A completed answer's timing, for `provider.sort` (measurements.ts). */
-  const measure = (outputTokens: bigint, latencyMs: number, generationMs: number) =>
-    deps.measurements?.record(current.offer.offerId, { latencyMs, outputTokens, generationMs });
+  /**
+   * What the offer's reputation and `provider.sort` count (measurements.ts): an answer the
+   * provider completed, with its timing when its first token was seen, or a failure of the
+   * provider's. Neither is counted when the client cancelled or the gateway failed.
+   */
+  const served = (timing?: { outputTokens: bigint; latencyMs: number; generationMs: number }) =>
+    deps.measurements?.served(current.offer.offerId, timing);
+  const providerFailed = () => deps.measurements?.failed(current.offer.offerId);
   /** What a closing charges, in memory: the answer can go out before the ledger write. */
   const close = (outcome: Outcome): Closing => {
     const closing = decideClose(outcome, {
@@ -197,6 +209,8 @@ export async function* serve(
         repliedAt = calledAt;
         break;
       }
+      // Counted also when the request then fails over: the failure was this offer's.
+      if (attempt.providerFault) providerFailed();
       if (!attempt.retryable) throw attempt.failure;
       const { failure } = attempt;
       const next = s.failover ? s.candidates.find((c) => !tried.has(c.offer.offerId)) : undefined;
@@ -241,6 +255,7 @@ export async function* serve(
         );
       } catch (error) {
         if (input.signal.aborted) throw error;
+        providerFailed();
         await closeAs({ kind: "unreadable" });
         throw error;
       }
@@ -248,6 +263,7 @@ export async function* serve(
       try {
         body = JSON.parse(text);
       } catch {
+        providerFailed();
         await closeAs({ kind: "invalid_json" });
         throw new GatewayError("upstream_error", "the provider answered invalid JSON");
       }
@@ -260,8 +276,9 @@ export async function* serve(
         counted: provided === undefined ? countTextTokens(completionText(body)) : 0n,
       });
       const { usage } = final;
-      // A JSON answer has no first token before its end: the whole answer is both.
-      measure(usage.outputTokens, endedAt - calledAt, endedAt - calledAt);
+      // Counted, not timed: a JSON answer shows no first token, and its whole time (which a
+      // client sets with its output limit) is neither a time to first token nor a stream's pace.
+      served();
       lifecycle.answered(final);
       yield {
         type: "chunk",
@@ -282,11 +299,13 @@ export async function* serve(
       },
       () => undefined,
     );
+    // The gateway closed the request while it was served: not the provider's failure.
+    let lostError: GatewayError | undefined;
     const lostRequest = () =>
-      new GatewayError(
+      (lostError = new GatewayError(
         "internal_error",
         "the gateway closed this request while it was being served (its process looked stopped)",
-      );
+      ));
     try {
       for await (const data of reply.events()) {
         if (data === "[DONE]") break;
@@ -322,6 +341,8 @@ export async function* serve(
       endedAt = performance.now();
     } catch (error) {
       endedAt = performance.now();
+      // A stream the provider broke off; not one the client left or the gateway lost.
+      if (!input.signal.aborted && error !== lostError) providerFailed();
       await closeAs(input.signal.aborted ? cancelled() : { kind: "provider_failed", delivered });
       throw error instanceof GatewayError
         ? error
@@ -335,8 +356,15 @@ export async function* serve(
     }
     const final = close({ kind: "completed", provided, inputBound, counted: delivered });
     const { usage } = final;
-    if (firstTokenAt !== undefined && endedAt !== undefined)
-      measure(usage.outputTokens, firstTokenAt - calledAt, endedAt - firstTokenAt);
+    served(
+      firstTokenAt === undefined || endedAt === undefined
+        ? undefined
+        : {
+            outputTokens: usage.outputTokens,
+            latencyMs: firstTokenAt - calledAt,
+            generationMs: endedAt - firstTokenAt,
+          },
+    );
     lifecycle.answered(final);
     yield completed(s, current, usage, final, provided !== undefined);
     await lifecycle.record(final, completionRetries);

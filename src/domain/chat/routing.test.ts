@@ -42,9 +42,9 @@ const request = (extra: object) =>
 const rank = (provider: object | undefined, pins: (Hex | undefined)[] = [], extra: object = {}) => {
   const measurements = createOfferMeasurements();
   // latency: middle < dear < cheap; throughput: dear > cheap > middle
-  measurements.record(cheap, { latencyMs: 300, outputTokens: 100n, generationMs: 2000 });
-  measurements.record(middle, { latencyMs: 50, outputTokens: 100n, generationMs: 5000 });
-  measurements.record(dear, { latencyMs: 150, outputTokens: 100n, generationMs: 500 });
+  measurements.served(cheap, { latencyMs: 300, outputTokens: 100n, generationMs: 2000 });
+  measurements.served(middle, { latencyMs: 50, outputTokens: 100n, generationMs: 5000 });
+  measurements.served(dear, { latencyMs: 150, outputTokens: 100n, generationMs: 500 });
   return rankCandidates(offers, model, request({ provider, ...extra }), pins, 5, {
     measured: (o) => measurements.get(o),
   }).map((c) => c.offer.offerId);
@@ -92,10 +92,35 @@ describe("provider preferences in routing (OpenRouter's provider object)", () =>
       5,
       {
         measured: (o) =>
-          o === dear ? { latencyMs: 10, throughput: undefined, samples: 1 } : undefined,
+          o === dear
+            ? { latencyMs: 10, throughput: undefined, served: 1, failed: 0, samples: 1 }
+            : undefined,
       },
     ).map((c) => c.offer.offerId);
     expect(unmeasured).toEqual([dear, cheap, middle]);
+  });
+
+  it("sorts failing offers last by latency (below 80 % over 10 requests), not by price", () => {
+    const sorted = (by: string, failedOfMiddle: number, servedOfMiddle = 0) => {
+      const measurements = createOfferMeasurements();
+      measurements.served(cheap, { latencyMs: 300, outputTokens: 100n, generationMs: 2000 });
+      measurements.served(dear, { latencyMs: 150, outputTokens: 100n, generationMs: 500 });
+      // middle: the quickest to its first token and the slowest stream, when it answers.
+      measurements.served(middle, { latencyMs: 50, outputTokens: 100n, generationMs: 5000 });
+      for (let i = 0; i < servedOfMiddle; i++) measurements.served(middle);
+      for (let i = 0; i < failedOfMiddle; i++) measurements.failed(middle);
+      return rankCandidates(offers, model, request({ provider: { sort: by } }), [], 5, {
+        measured: (o) => measurements.get(o),
+      }).map((c) => c.offer.offerId);
+    };
+    // 1 served, 9 failed: 10 % over 10 requests.
+    expect(sorted("latency", 9)).toEqual([dear, cheap, middle]);
+    expect(sorted("price", 9)).toEqual([cheap, middle, dear]);
+    // 8 served of 10 is not failing (80 %); 7 of 10 is.
+    expect(sorted("latency", 2, 7)).toEqual([middle, dear, cheap]);
+    expect(sorted("latency", 3, 6)).toEqual([dear, cheap, middle]);
+    // Under 10 requests nothing is failing: 1 served, 8 failed.
+    expect(sorted("latency", 8)).toEqual([middle, dear, cheap]);
   });
 
   it("order with sort: the order list first, the rest sorted", () => {

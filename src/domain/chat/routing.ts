@@ -5,6 +5,7 @@ import { GatewayError } from "../errors.js";
 import { maximumCredits } from "../pricing.js";
 import type { OfferFeature } from "../offer-features.js";
 import type { ProviderPreferences } from "../provider-preferences.js";
+import { isFailing } from "../reputation.js";
 import type { OfferMeasurement } from "./measurements.js";
 
 /** A candidate offer with what a request would cost on it. */
@@ -39,7 +40,10 @@ function candidateFor(offer: OfferRecord, req: ChatRequest): Candidate {
   };
 }
 
-/** What routing reads besides the catalog: the measured latency and throughput of offers. */
+/**
+ * What routing reads besides the catalog: what was measured of offers over the reputation's
+ * window (their median latency and throughput, and how many requests they failed).
+ */
 export interface RoutingContext {
   readonly measured?: ((offerId: Hex) => OfferMeasurement | undefined) | undefined;
 }
@@ -132,16 +136,23 @@ function applyPreferences(
     );
   }
   if (prefs.sort !== undefined) {
-    const measured = (c: Candidate) => ctx.measured?.(c.offer.offerId);
     const by = prefs.sort;
-    // Array.prototype.sort is stable: ties keep the default ranking.
-    list = [...list].sort((a, b) =>
-      by === "price"
-        ? compareBig(a.maximumCredits, b.maximumCredits)
-        : by === "latency"
-          ? compareMeasured(measured(a)?.latencyMs, measured(b)?.latencyMs, false)
-          : compareMeasured(measured(a)?.throughput, measured(b)?.throughput, true),
-    );
+    if (by === "price") {
+      // Array.prototype.sort is stable: ties keep the default ranking.
+      list = [...list].sort((a, b) => compareBig(a.maximumCredits, b.maximumCredits));
+    } else {
+      // Read once per candidate: the comparator runs O(n log n) times.
+      const measured = new Map(list.map((c) => [c, ctx.measured?.(c.offer.offerId)]));
+      const key = (c: Candidate) => {
+        const m = measured.get(c);
+        return by === "latency" ? m?.latencyMs : m?.throughput;
+      };
+      // Failing offers (reputation.ts) last, whatever their speed: a quick failure is no answer.
+      const failing = (c: Candidate) => Number(isFailing(measured.get(c)));
+      list = [...list].sort(
+        (a, b) => failing(a) - failing(b) || compareMeasured(key(a), key(b), by === "throughput"),
+      );
+    }
   }
   if (prefs.order !== undefined) {
     const order = prefs.order;

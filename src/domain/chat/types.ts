@@ -308,9 +308,10 @@ export interface InferenceDeps {
   /** Metrics hooks; absent: nothing is observed. */
   readonly observer?: ChatObserver;
   /**
-   * The measured latency and throughput of offers (`provider.sort`): completed answers are
-   * recorded into it, routing reads it. Absent: nothing is measured, and sorting by latency or
-   * throughput keeps the default order.
+   * What is measured of offers over a window (`provider.sort`, the catalog's reputation): the
+   * relay records each request the provider served (with its timing) or failed, routing reads
+   * it. Absent: nothing is measured, and sorting by latency or throughput keeps the default
+   * order.
    */
   readonly measurements?: OfferMeasurements | undefined;
   /**
