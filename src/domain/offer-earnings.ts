@@ -86,7 +86,9 @@ export function earningsWindow(
       throw new GatewayError("invalid_request", `'${name}' must be Unix seconds (an integer ≥ 0)`);
     return n;
   };
-  const to = req.to === undefined ? now : read(req.to, "to");
+  // `to` is exclusive: by default the window ends after the current second, so a charge made
+  // this second is in it.
+  const to = req.to === undefined ? now + 1 : read(req.to, "to");
   const from =
     req.from === undefined
       ? Math.max(0, to - defaultEarningsWindowSeconds)

@@ -771,7 +771,7 @@ export type GetOfferEarningsRequest = Message<"gateway.v1.GetOfferEarningsReques
   from?: bigint | undefined;
 
   /**
-   * Unix seconds, exclusive (default: now). At most 366 days after `from`.
+   * Unix seconds, exclusive (default: the end of the current second). At most 366 days after `from`.
    *
    * @generated from field: optional int64 to = 3;
    */
