@@ -401,7 +401,11 @@ describe("SQL functions", () => {
         const test = await freshDatabase();
         await migrate(test.db.pool, await oldMigrations(version), undefined);
         const { applied } = await migrate(test.db.pool);
-        expect(applied.length).toBe(20 - version);
+        // Every migration after `version` (numbers may be left out: they are assigned ahead).
+        const later = (await readdir(join(PG_DIR, "migrations"))).filter(
+          (name) => name.endsWith(".sql") && Number(name.slice(0, 3)) > version,
+        );
+        expect(applied.length).toBe(later.length);
         expect({ version, defs: await functionDefs(test) }).toEqual({ version, defs: freshDefs });
         await test.drop();
       }
