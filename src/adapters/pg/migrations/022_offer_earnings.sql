@@ -24,9 +24,11 @@ CREATE UNIQUE INDEX offer_key_bindings_operator_nonce ON offer_key_bindings (ope
 CREATE INDEX offer_key_bindings_key_offer ON offer_key_bindings (api_key_id, offer_id);
 
 -- An offer's charges over a window of completion times (the earnings read), without walking
--- every request of every offer.
-CREATE INDEX inference_requests_offer_charges ON inference_requests (offer_id, completed_at)
+-- every request of every offer. IF NOT EXISTS: on a large table an operator may build it first
+-- with CREATE INDEX CONCURRENTLY (same name and definition; docs/operations.md), since this
+-- build, inside the migration's transaction, holds writes to the table until it ends.
+CREATE INDEX IF NOT EXISTS inference_requests_offer_charges ON inference_requests (offer_id, completed_at)
   WHERE credits_charged > 0;
 
 -- The recent settlement batches (GET /settlements/batches), newest first.
-CREATE INDEX settlement_batches_recent ON settlement_batches (created_at, batch_id);
+CREATE INDEX IF NOT EXISTS settlement_batches_recent ON settlement_batches (created_at, batch_id);
