@@ -3,6 +3,7 @@ import { promisify } from "node:util";
 import type { Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { marketAbi } from "../gen/contracts/artifacts.js";
 import { ProviderService } from "../gen/gateway/v1/provider_pb.js";
 import { BatchStatus, SettlementService } from "../gen/gateway/v1/settlement_pb.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
@@ -412,5 +413,47 @@ describe("provider earnings", () => {
     expect(text.stdout).toContain(`payout ${viaRest.payout}`);
     expect(text.stdout).toContain(`unsettleable: permit_closed`);
     expect(text.stdout).not.toContain(key);
+  });
+
+  it("a binding lapses when the offer's operator changes: the former operator's keys are refused", async () => {
+    const key = await newKey("former operator's dashboard");
+    await bindKey(
+      { baseUrl: stack.gateway.url, apiKey: key },
+      { offerId: otherOffer, signer: operator() },
+    );
+    expect((await earnings(otherOffer, key)).status).toBe(200);
+    const setOperator = async (address: Hex) => {
+      const owner = stack.clients.wallet(stack.roles.operator.privateKey); // it created the offer
+      const hash = await owner.writeContract({
+        address: stack.demo.market,
+        abi: marketAbi,
+        functionName: "setOfferOperator",
+        args: [otherOffer, address],
+      });
+      await stack.clients.publicClient.waitForTransactionReceipt({ hash });
+      await stack.gateway.indexer.syncOnce();
+    };
+    const successor = privateKeyToAccount(stack.roles.payer.privateKey);
+    await setOperator(successor.address);
+    try {
+      const refused = await earnings(otherOffer, key);
+      expect(refused.status).toBe(403);
+      expect((await json(refused)).error.code).toBe("not_offer_operator");
+      // The former operator can no longer bind a key either; the new one can.
+      const other = await newKey("successor's dashboard");
+      await expect(
+        bindKey(
+          { baseUrl: stack.gateway.url, apiKey: other },
+          { offerId: otherOffer, signer: operator() },
+        ),
+      ).rejects.toMatchObject({ status: 401, code: "invalid_signature" });
+      await bindKey(
+        { baseUrl: stack.gateway.url, apiKey: other },
+        { offerId: otherOffer, signer: successor },
+      );
+      expect((await earnings(otherOffer, other)).status).toBe(200);
+    } finally {
+      await setOperator(stack.roles.operator.address);
+    }
   });
 });
