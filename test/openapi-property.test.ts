@@ -86,7 +86,11 @@ describe("the generated OpenAPI document and the gateway agree on request bodies
   });
 
   async function send(route: BodyRoute, body: unknown) {
-    const url = `${stack.gateway.url}${route.path.replace("{id}", "pauth_000000000000000000000000")}`;
+    // A path's id is one the route could name: an offer of the demo market, an authorization.
+    const id = route.path.startsWith("/v1/provider-offers/{id}")
+      ? stack.demo.offers[0]!.offerId
+      : "pauth_000000000000000000000000";
+    const url = `${stack.gateway.url}${route.path.replace("{id}", id)}`;
     const headers: Record<string, string> = {
       "content-type": "application/json",
       authorization: `Bearer ${route.path.startsWith("/settlements") ? stack.operatorToken : stack.apiKey}`,
@@ -115,6 +119,8 @@ describe("the generated OpenAPI document and the gateway agree on request bodies
       "POST /v1/permit-authorizations/{id}/revoke",
       "POST /v1/provider-offers/challenge",
       "POST /v1/provider-offers/register",
+      "POST /v1/provider-offers/{id}/key-bindings",
+      "POST /v1/provider-offers/{id}/key-bindings/challenge",
       "POST /v1/quotes",
       "POST /v1/responses",
     ]);

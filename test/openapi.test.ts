@@ -291,7 +291,38 @@ function everyRequest(
     ],
     ["GET", "/v1/provider-offers/{id}/health", `/v1/provider-offers/${offer}/health`, credentials],
     ["POST", "/v1/provider-offers/{id}/verify", `/v1/provider-offers/${offer}/verify`, credentials],
+    [
+      "POST",
+      "/v1/provider-offers/{id}/key-bindings/challenge",
+      `/v1/provider-offers/${offer}/key-bindings/challenge`,
+      withJson,
+      "{}",
+    ],
+    [
+      "POST",
+      "/v1/provider-offers/{id}/key-bindings",
+      `/v1/provider-offers/${offer}/key-bindings`,
+      withJson,
+      JSON.stringify({
+        expiresAt: Math.floor(Date.now() / 1000) + 60,
+        nonce: "n",
+        signature: `0x${"11".repeat(65)}`,
+      }),
+    ],
+    [
+      "DELETE",
+      "/v1/provider-offers/{id}/key-bindings/{bindingId}",
+      `/v1/provider-offers/${offer}/key-bindings/okb_${"0".repeat(24)}`,
+      credentials,
+    ],
+    [
+      "GET",
+      "/v1/provider-offers/{id}/earnings",
+      `/v1/provider-offers/${offer}/earnings`,
+      credentials,
+    ],
     ["POST", "/settlements/flush", "/settlements/flush", op, "{}"],
+    ["GET", "/settlements/batches", "/settlements/batches", op],
   ];
 }
 
@@ -1354,6 +1385,124 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     });
   });
 
+  it("provider earnings: key bindings, earnings, the settlement batch list", async () => {
+    const operator = privateKeyToAccount(stack.roles.operator.privateKey);
+    const unknown = `0x${"66".repeat(32)}`;
+    const bindings = (offerId: string) => `/v1/provider-offers/${offerId}/key-bindings`;
+    const challenge = (
+      expected: { status: number; code?: string },
+      offerId: string,
+      body: unknown,
+      headers = jsonHeaders(),
+    ) =>
+      call(
+        "POST",
+        "/v1/provider-offers/{id}/key-bindings/challenge",
+        `${bindings(offerId)}/challenge`,
+        expected,
+        { headers, body },
+      );
+    const bind = (
+      expected: { status: number; code?: string },
+      offerId: string,
+      body: unknown,
+      headers = jsonHeaders(),
+    ) =>
+      call("POST", "/v1/provider-offers/{id}/key-bindings", bindings(offerId), expected, {
+        headers,
+        body,
+      });
+    const signed = async (signer = operator) => {
+      const typed = (await challenge({ status: 200 }, chatOffer, {})).body as unknown as Parameters<
+        typeof signable
+      >[0] & { message: { expiresAt: number; nonce: string } };
+      return {
+        expiresAt: typed.message.expiresAt,
+        nonce: typed.message.nonce,
+        signature: await signer.signTypedData(signable(typed)),
+      };
+    };
+
+    await challenge({ status: 200 }, chatOffer, { expiresAt: clock() + 3600 });
+    await challenge({ status: 200 }, chatOffer, undefined, key());
+    await challenge({ status: 400, code: "invalid_request" }, chatOffer, { expiresAt: "soon" });
+    await challenge({ status: 400, code: "invalid_json" }, chatOffer, "{");
+    await challenge({ status: 400, code: "invalid_hex" }, "0x1", {});
+    await challenge({ status: 400, code: "invalid_request" }, "%zz", {});
+    await challenge({ status: 404, code: "offer_not_found" }, unknown, {});
+    await challenge({ status: 413, code: "request_too_large" }, chatOffer, {
+      pad: "p".repeat(bodyLimit),
+    });
+    await challenge({ status: 415, code: "unsupported_media_type" }, chatOffer, "{}", {
+      ...key(),
+      "content-type": "text/plain",
+    });
+
+    const body = await signed();
+    await bind({ status: 401, code: "invalid_signature" }, chatOffer, {
+      ...body,
+      signature: await privateKeyToAccount(stack.roles.payer.privateKey).signTypedData(
+        signable((await challenge({ status: 200 }, chatOffer, {})).body as never),
+      ),
+    });
+    await bind({ status: 400, code: "invalid_request" }, chatOffer, { nonce: body.nonce });
+    await bind({ status: 400, code: "invalid_json" }, chatOffer, "[");
+    await bind({ status: 400, code: "invalid_hex" }, "0x1", body);
+    await bind({ status: 400, code: "invalid_request" }, "%zz", body);
+    await bind({ status: 404, code: "offer_not_found" }, unknown, body);
+    await bind({ status: 413, code: "request_too_large" }, chatOffer, {
+      ...body,
+      pad: "p".repeat(bodyLimit),
+    });
+    await bind({ status: 415, code: "unsupported_media_type" }, chatOffer, JSON.stringify(body), {
+      ...key(),
+      "content-type": "text/plain",
+    });
+    const earnings = (
+      expected: { status: number; code?: string },
+      path: string,
+      headers: Record<string, string> = key(),
+    ) => call("GET", "/v1/provider-offers/{id}/earnings", path, expected, { headers });
+    await earnings(
+      { status: 403, code: "not_offer_operator" },
+      `/v1/provider-offers/${chatOffer}/earnings`,
+    );
+    const bound = await bind({ status: 200 }, chatOffer, body);
+    await bind({ status: 409, code: "nonce_used" }, chatOffer, body);
+
+    await earnings({ status: 200 }, `/v1/provider-offers/${chatOffer}/earnings`);
+    await earnings({ status: 200 }, `/v1/provider-offers/${chatOffer}/earnings?from=0&to=100`);
+    await earnings({ status: 200 }, `/v1/provider-offers/${chatOffer}/earnings`, {
+      authorization: `Bearer ${stack.operatorToken}`,
+    });
+    await earnings(
+      { status: 400, code: "invalid_request" },
+      `/v1/provider-offers/${chatOffer}/earnings?to=0`,
+    );
+    await earnings({ status: 400, code: "invalid_hex" }, "/v1/provider-offers/0x1/earnings");
+    await earnings(
+      { status: 404, code: "offer_not_found" },
+      `/v1/provider-offers/${unknown}/earnings`,
+    );
+
+    const id = (bound.body!.binding as { id: string }).id;
+    const revoke = (expected: { status: number; code?: string }, path: string) =>
+      call("DELETE", "/v1/provider-offers/{id}/key-bindings/{bindingId}", path, expected);
+    await revoke({ status: 200 }, `${bindings(chatOffer)}/${id}`);
+    await revoke({ status: 404, code: "binding_not_found" }, `${bindings(unknown)}/${id}`);
+    await revoke({ status: 400, code: "invalid_hex" }, `${bindings("0x1")}/${id}`);
+    await revoke({ status: 400, code: "invalid_request" }, `${bindings(chatOffer)}/%zz`);
+
+    const op: Record<string, string> = { authorization: `Bearer ${stack.operatorToken}` };
+    const batches = (expected: { status: number; code?: string }, query: string, headers = op) =>
+      call("GET", "/settlements/batches", `/settlements/batches${query}`, expected, { headers });
+    await batches({ status: 200 }, "");
+    await batches({ status: 200 }, "?limit=3&status=settled");
+    await batches({ status: 400, code: "invalid_request" }, "?limit=501");
+    await batches({ status: 400, code: "invalid_request" }, "?status=dry_run");
+    await batches({ status: 401, code: "invalid_operator_token" }, "", key());
+  });
+
   it("shutdown: every route answers 503 shutting_down, /ready says so, a stream still open ends with the shutting_down event", async () => {
     // (/ready is the one route still served: it says why, on its own connection below.)
     const requests = everyOperation().filter(([, route]) => route !== "/ready");
@@ -1436,7 +1585,7 @@ describe.runIf(rateLimits || bodyTimeout)("the limits of issue 12 conform too", 
     "a body that does not arrive in time is 408 request_timeout",
     async () => {
       const withBodies = everyRequest(stack).filter(([, , , , body]) => body !== undefined);
-      expect(withBodies.length).toBe(10);
+      expect(withBodies.length).toBe(12);
       for (const [method, route, path, headers] of withBodies) {
         const answer = await new Promise<Answer>((resolve, reject) => {
           const req = http.request(

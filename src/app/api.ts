@@ -10,6 +10,11 @@ import {
   findApiKeyWithAuthorizations,
 } from "../adapters/pg/permit-authorizations.js";
 import { getRequest } from "../adapters/pg/requests.js";
+import { createChainOfferReader } from "../adapters/chain/offers.js";
+import { createPgEarningsStore, listBatches } from "../adapters/pg/earnings.js";
+import { createPgOfferKeyBindingStore } from "../adapters/pg/offer-key-bindings.js";
+import { createOfferEarningsService } from "../domain/offer-earnings.js";
+import { createOfferKeyBindingService } from "../domain/offer-key-binding.js";
 import type { Config } from "../config.js";
 import { createCatalogService } from "../connect/catalog-service.js";
 import { createInferenceService } from "../connect/inference-service.js";
@@ -97,6 +102,23 @@ export function createApi(
     authorities,
     clock,
   });
+  // Provider earnings: who may read them is bound by the offer's operator (docs/decisions.md).
+  const keyBindingStore = createPgOfferKeyBindingStore(db.pool);
+  const offers = createChainOfferReader({ client: deps.chain, market: config.marketAddress });
+  const keyBindings = createOfferKeyBindingService({
+    chainId: config.chainId,
+    market: config.marketAddress,
+    operatorOf: async (offerId) => (await offers.getOffer(offerId))?.operator,
+    store: keyBindingStore,
+    verifier: createChainSignatureVerifier(deps.chain),
+    clock,
+  });
+  const earnings = createOfferEarningsService({
+    catalog: deps.catalog,
+    bindings: keyBindingStore,
+    store: createPgEarningsStore(db.pool),
+    clock,
+  });
   return createGatewayHandler({
     services: {
       catalog: createCatalogService(deps.catalog, deps.reputation),
@@ -113,6 +135,7 @@ export function createApi(
       settlement: createSettlementService({
         flusher: deps.settlement.flusher,
         reconcile: () => deps.settlement.reconcile(),
+        listBatches: (args) => listBatches(db.pool, args),
       }),
       provider: createProviderService({
         catalog: deps.catalog,
@@ -120,6 +143,9 @@ export function createApi(
         health: deps.health,
         verificationTtlSeconds: config.verificationTtlSeconds,
         onEndpointChange: deps.invalidateRouting,
+        keyBindings,
+        earnings,
+        clock,
       }),
     },
     logger: deps.logger,

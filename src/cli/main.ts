@@ -23,7 +23,7 @@ commands:
   keys revoke <id|prefix>   revoke an API key
   permit authorize ...      let an API key spend a payer's permits, signed as the payer
   permit revoke ID          revoke an authorization with the payer's signature (see 'gateway permit')
-  provider ...              onboard an offer's endpoint (see 'gateway provider')
+  provider ...              onboard an offer's endpoint, read its earnings (see 'gateway provider')
   settle                    run the settlement worker (Flush over gRPC on an interval)
   settle reconcile          compare settled sums with the chain; exit 1 on drift
   settle flush [--dry-run] [--max-requests N]

@@ -3,10 +3,13 @@ import { BaseError } from "../errors.js";
 import type { Hex, LocalAccount } from "viem";
 import { isHex32 } from "../domain/hex.js";
 import {
+  bindKey,
   GatewayRequestError,
+  offerEarnings,
   offerHealth,
   registerEndpoint,
   verifyOffer,
+  type EarningsJson,
   type GatewayConnection,
 } from "../provider/client.js";
 import { loadSigner, SignerUsageError } from "./signer.js";
@@ -19,6 +22,13 @@ export const providerUsage = `usage: gateway provider <command>
                           exactly that token, or none)
   health ID               the offer's chain status, liveness and verification
   verify ID               probe the registered endpoint now and refresh its verification
+  bind-key ID [--expires-at SECONDS] [--keystore FILE]
+                          let the gateway API key read the offer's earnings: signs BindOfferKey with
+                          the offer operator's key (default expiry: 30 days)
+  earnings ID [--from SECONDS] [--to SECONDS] [--json]
+                          the offer's requests, tokens and credits by settlement state, and the
+                          batches that settled them (default: the last 30 days; the API key must be
+                          bound to the offer, see bind-key)
 
 The endpoint URL is the server root (the gateway appends /v1/models and /v1/chat/completions).
 Gateway:  GATEWAY_URL and GATEWAY_API_KEY (or --gateway / --api-key)
@@ -48,6 +58,38 @@ function offerId(raw: string | undefined): Hex {
   return raw;
 }
 
+/** An optional Unix-seconds option; a usage error when it is not a non-negative integer. */
+function seconds(raw: string | undefined, name: string): number | undefined {
+  if (raw === undefined) return undefined;
+  if (!/^[0-9]{1,15}$/.test(raw)) throw new ProviderUsageError(`${name} takes Unix seconds`);
+  return Number(raw);
+}
+
+/** The earnings as lines a person reads (the amounts exactly as the gateway states them). */
+function earningsText(e: EarningsJson): string[] {
+  const lines = [
+    `offer ${e.offer_id}, payout ${e.payout}, charges completed in [${e.from}, ${e.to})`,
+    "state          requests  input tokens  output tokens  credits",
+  ];
+  for (const state of ["unsettled", "settling", "settled", "unsettleable"] as const) {
+    const t = e[state];
+    lines.push(
+      `${state.padEnd(14)} ${String(t.requests).padStart(8)}  ${t.input_tokens.padStart(12)}  ` +
+        `${t.output_tokens.padStart(13)}  ${t.credits}`,
+    );
+  }
+  for (const r of e.unsettleable_reasons)
+    lines.push(`  unsettleable: ${r.reason}: ${r.requests} requests, ${r.credits} credits`);
+  for (const b of e.batches) {
+    lines.push(
+      `batch ${b.batch_id} ${b.status} tx ${b.tx_hash ?? "-"} settled_at ${b.settled_at ?? "-"}: ` +
+        `${b.requests} requests, ${b.credits} credits`,
+    );
+  }
+  if (e.batches_truncated) lines.push("(more batches than listed: narrow the window)");
+  return lines;
+}
+
 /**
  * `gateway provider …`: what an offer operator runs to onboard and check an
  * endpoint. Writes results to `out`; returns the exit code (0 done, 1 the
@@ -68,6 +110,10 @@ export async function runProviderCommand(
       keystore: { type: "string" },
       gateway: { type: "string" },
       "api-key": { type: "string" },
+      "expires-at": { type: "string" },
+      from: { type: "string" },
+      to: { type: "string" },
+      json: { type: "boolean" },
     },
   });
   const [action, target] = positionals;
@@ -111,6 +157,35 @@ export async function runProviderCommand(
             `(the last run's outcome, from ${verification.ran_at}; the checks run again from ${verification.next_run_at})`,
           );
         }
+        return 0;
+      }
+      case "bind-key": {
+        const signer = await operatorAccount(values.keystore, env);
+        const expiresAt = seconds(values["expires-at"], "--expires-at");
+        const binding = await bindKey(gateway, {
+          offerId: offerId(target),
+          signer,
+          ...(expiresAt === undefined ? {} : { expiresAt }),
+        });
+        out.log(
+          `bound API key ${binding.api_key_id} to offer ${binding.offer_id} until ${binding.expires_at} ` +
+            `(signed by ${signer.address}); binding ${binding.id}`,
+        );
+        out.log(`next: gateway provider earnings ${binding.offer_id}`);
+        return 0;
+      }
+      case "earnings": {
+        const from = seconds(values.from, "--from");
+        const to = seconds(values.to, "--to");
+        const earnings = await offerEarnings(gateway, offerId(target), {
+          ...(from === undefined ? {} : { from }),
+          ...(to === undefined ? {} : { to }),
+        });
+        if (values.json === true) {
+          out.log(JSON.stringify(earnings, null, 2));
+          return 0;
+        }
+        for (const line of earningsText(earnings)) out.log(line);
         return 0;
       }
       default:

@@ -12,4 +12,12 @@ export const callerKey = createContextKey<Caller | undefined>(undefined, {
   description: "authenticated API key",
 });
 
+/**
+ * True when a call that also takes an API key was made with the settlement operator token
+ * instead (GetOfferEarnings: the operator reads every offer's earnings).
+ */
+export const settlementOperatorKey = createContextKey<boolean>(false, {
+  description: "called with the settlement operator token",
+});
+
 export const requestIdKey = createContextKey<string>("", { description: "request id for logs" });

@@ -9,12 +9,13 @@ import {
   type UnaryResponse,
 } from "@connectrpc/connect";
 import type { Logger } from "pino";
+import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import type { SpendingAuthority } from "../domain/permit-authorization.js";
 import { randomHex } from "../domain/random-id.js";
 import type { RateLimiter } from "../rate-limit.js";
-import { callerKey, requestIdKey } from "./context.js";
+import { callerKey, requestIdKey, settlementOperatorKey } from "./context.js";
 import { errorCodeOf, toConnectError } from "./errors.js";
 
 const requestIdPattern = /^[A-Za-z0-9._-]{1,128}$/;
@@ -237,22 +238,34 @@ function digest(value: string): Buffer {
   return createHash("sha256").update(value).digest();
 }
 
+/** RPCs that take the settlement operator token as well as an API key. */
+const operatorOrApiKey = new Set([
+  `${ProviderService.typeName}/${ProviderService.method.getOfferEarnings.name}`,
+]);
+
 /**
  * Every RPC needs credentials: the settlement service the operator token,
  * everything else an API key, whose request rate is then checked (429 `rate_limited` with
- * Retry-After). The settlement operator is not rate limited.
+ * Retry-After); a few ({@link operatorOrApiKey}) take either. The settlement operator is not
+ * rate limited.
  */
 export function authInterceptor(options: AuthOptions): Interceptor {
   const operatorDigest = digest(options.settlementOperatorToken);
+  const isOperator = (token: string | undefined): boolean =>
+    token !== undefined && timingSafeEqual(digest(token), operatorDigest);
   return (next) => async (req) => {
     const token = bearer(req.header.get("authorization"));
     if (req.service.typeName === SettlementService.typeName) {
-      if (token === undefined || !timingSafeEqual(digest(token), operatorDigest)) {
+      if (!isOperator(token)) {
         throw new GatewayError(
           "invalid_operator_token",
           "settlement operations need the settlement operator token",
         );
       }
+      return next(req);
+    }
+    if (operatorOrApiKey.has(`${req.service.typeName}/${req.method.name}`) && isOperator(token)) {
+      req.contextValues.set(settlementOperatorKey, true);
       return next(req);
     }
     if (token === undefined) {

@@ -1,18 +1,39 @@
 import { create } from "@bufbuild/protobuf";
-import type { ServiceImpl } from "@connectrpc/connect";
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { Hex } from "viem";
 import {
+  BindKeyResponseSchema,
+  CreateKeyBindingChallengeResponseSchema,
   CreateRegistrationChallengeResponseSchema,
+  GetOfferEarningsResponseSchema,
   GetOfferHealthResponseSchema,
+  OfferKeyBindingSchema,
+  OfferKeyBindingStatus,
   ProviderService,
   RegisterEndpointResponseSchema,
+  RevokeKeyBindingResponseSchema,
   VerifyOfferResponseSchema,
+  type OfferKeyBinding as OfferKeyBindingMessage,
 } from "../../gen/gateway/v1/provider_pb.js";
+import { BatchStatus } from "../../gen/gateway/v1/settlement_pb.js";
 import type { Catalog, OfferRecord } from "../domain/catalog.js";
 import { GatewayError } from "../domain/errors.js";
 import type { HealthMonitor, VerificationOutcome } from "../domain/health.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
+import type {
+  EarningsBatch,
+  EarningsTotals,
+  OfferEarningsService,
+} from "../domain/offer-earnings.js";
+import {
+  keyBindingStatus,
+  type EarningsReader,
+  type KeyBindingStatus,
+  type OfferKeyBinding,
+  type OfferKeyBindingService,
+} from "../domain/offer-key-binding.js";
 import type { RegistrationService } from "../domain/registration.js";
+import { callerKey, settlementOperatorKey } from "./context.js";
 import { offerStatusToMessage, offerToMessage } from "./convert.js";
 
 export interface ProviderServiceDeps {
@@ -22,6 +43,48 @@ export interface ProviderServiceDeps {
   readonly verificationTtlSeconds: number;
   /** Told when an endpoint or its verification changed (routing caches drop their copies). */
   readonly onEndpointChange?: () => void;
+  /** Key bindings and earnings (absent: those RPCs answer `unimplemented`). */
+  readonly keyBindings?: OfferKeyBindingService;
+  readonly earnings?: OfferEarningsService;
+  /** Unix seconds (a binding's status depends on it). */
+  readonly clock?: () => number;
+}
+
+const bindingStatus: Record<KeyBindingStatus, OfferKeyBindingStatus> = {
+  active: OfferKeyBindingStatus.ACTIVE,
+  expired: OfferKeyBindingStatus.EXPIRED,
+  revoked: OfferKeyBindingStatus.REVOKED,
+};
+
+const batchStatus: Record<EarningsBatch["status"], BatchStatus> = {
+  pending: BatchStatus.PENDING,
+  submitted: BatchStatus.SUBMITTED,
+  settled: BatchStatus.SETTLED,
+  failed: BatchStatus.FAILED,
+};
+
+function apiKeyOf(ctx: HandlerContext): string {
+  const caller = ctx.values.get(callerKey);
+  if (caller === undefined) throw new GatewayError("missing_api_key", "missing API key");
+  return caller.apiKeyId;
+}
+
+/** Who reads earnings: the settlement operator's token, or the calling API key. */
+function earningsReaderOf(ctx: HandlerContext): EarningsReader {
+  if (ctx.values.get(settlementOperatorKey)) return { kind: "settlement_operator" };
+  return { kind: "api_key", apiKeyId: apiKeyOf(ctx) };
+}
+
+const totalsMessage = (t: EarningsTotals) => ({
+  requests: BigInt(t.requests),
+  inputTokens: t.inputTokens.toString(),
+  outputTokens: t.outputTokens.toString(),
+  credits: t.credits.toString(),
+});
+
+function need<T>(value: T | undefined, what: string): T {
+  if (value === undefined) throw new GatewayError("not_implemented", `${what} is not served here`);
+  return value;
 }
 
 function offerIdOf(raw: string): Hex {
@@ -60,6 +123,18 @@ export function createProviderService(
   deps: ProviderServiceDeps,
 ): ServiceImpl<typeof ProviderService> {
   const { catalog, registration, health } = deps;
+  const clock = deps.clock ?? (() => Math.floor(Date.now() / 1000));
+  const bindingMessage = (b: OfferKeyBinding): OfferKeyBindingMessage =>
+    create(OfferKeyBindingSchema, {
+      id: b.id,
+      offerId: b.offerId,
+      apiKeyId: b.apiKeyId,
+      operator: b.operator,
+      expiresAt: BigInt(b.expiresAt),
+      createdAt: BigInt(b.createdAt),
+      revokedAt: b.revokedAt === null ? undefined : BigInt(b.revokedAt),
+      status: bindingStatus[keyBindingStatus(b, clock())],
+    });
   return {
     async createRegistrationChallenge(req) {
       const typed = await registration.createChallenge({
@@ -146,6 +221,89 @@ export function createProviderService(
           ranAt: BigInt(outcome.ranAt),
           replayed: outcome.replayed,
           nextRunAt: BigInt(outcome.nextRunAt),
+        },
+      });
+    },
+
+    async createKeyBindingChallenge(req, ctx) {
+      const typed = await need(deps.keyBindings, "key binding").createChallenge({
+        apiKeyId: apiKeyOf(ctx),
+        offerId: req.offerId,
+        ...(req.expiresAt === undefined ? {} : { expiresAt: req.expiresAt }),
+      });
+      return create(CreateKeyBindingChallengeResponseSchema, {
+        typedData: {
+          domain: {
+            name: typed.domain.name,
+            version: typed.domain.version,
+            chainId: BigInt(typed.domain.chainId),
+            verifyingContract: typed.domain.verifyingContract,
+          },
+          types: Object.entries(typed.types).map(([name, fields]) => ({ name, fields })),
+          primaryType: typed.primaryType,
+          message: {
+            offerId: typed.message.offerId,
+            operator: typed.message.operator,
+            keyId: typed.message.keyId,
+            expiresAt: BigInt(typed.message.expiresAt),
+            nonce: typed.message.nonce,
+          },
+        },
+      });
+    },
+
+    async bindKey(req, ctx) {
+      const binding = await need(deps.keyBindings, "key binding").bind({
+        apiKeyId: apiKeyOf(ctx),
+        offerId: req.offerId,
+        expiresAt: req.expiresAt,
+        nonce: req.nonce,
+        signature: req.signature,
+      });
+      return create(BindKeyResponseSchema, { binding: bindingMessage(binding) });
+    },
+
+    async revokeKeyBinding(req, ctx) {
+      const binding = await need(deps.keyBindings, "key binding").revoke({
+        apiKeyId: apiKeyOf(ctx),
+        offerId: req.offerId,
+        id: req.id,
+      });
+      return create(RevokeKeyBindingResponseSchema, { binding: bindingMessage(binding) });
+    },
+
+    async getOfferEarnings(req, ctx) {
+      const e = await need(deps.earnings, "earnings").get({
+        reader: earningsReaderOf(ctx),
+        offerId: req.offerId,
+        from: req.from,
+        to: req.to,
+      });
+      return create(GetOfferEarningsResponseSchema, {
+        earnings: {
+          offerId: e.offerId,
+          payout: e.payout,
+          from: BigInt(e.from),
+          to: BigInt(e.to),
+          unsettled: totalsMessage(e.totals.unsettled),
+          settling: totalsMessage(e.totals.settling),
+          settled: totalsMessage(e.totals.settled),
+          unsettleable: totalsMessage(e.totals.unsettleable),
+          unsettleableReasons: e.unsettleableReasons.map((r) => ({
+            reason: r.reason,
+            requests: BigInt(r.requests),
+            credits: r.credits.toString(),
+          })),
+          batches: e.batches.map((b) => ({
+            batchId: b.batchId,
+            status: batchStatus[b.status],
+            txHash: b.txHash ?? "",
+            createdAt: BigInt(b.createdAt),
+            settledAt: b.settledAt === null ? undefined : BigInt(b.settledAt),
+            requests: BigInt(b.requests),
+            credits: b.credits.toString(),
+          })),
+          batchesTruncated: e.batchesTruncated,
         },
       });
     },

@@ -3,17 +3,35 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import {
   BatchStatus,
   FlushResponseSchema,
+  ListBatchesResponseSchema,
   ReconcileResponseSchema,
   SettlementService,
 } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError } from "../domain/errors.js";
 import type { BatchState, Reconciliation, SettlementFlusher } from "../domain/settlement.js";
+import type { BatchRecord } from "../adapters/pg/earnings.js";
 
 export interface SettlementServiceDeps {
   /** Absent when this gateway has no settlement account (SETTLEMENT_PRIVATE_KEY). */
   readonly flusher: SettlementFlusher | undefined;
   readonly reconcile: () => Promise<Reconciliation>;
+  /** The most recent batches, newest first (adapters/pg/earnings.ts). */
+  readonly listBatches?: (args: {
+    limit: number;
+    status?: Exclude<BatchState, "dry_run">;
+  }) => Promise<BatchRecord[]>;
 }
+
+/** Batches a list answers when the request names no limit, and the most it may name. */
+export const defaultBatchListLimit = 50;
+export const maxBatchListLimit = 500;
+
+const statusOfBatch = new Map<BatchStatus, Exclude<BatchState, "dry_run">>([
+  [BatchStatus.PENDING, "pending"],
+  [BatchStatus.SUBMITTED, "submitted"],
+  [BatchStatus.SETTLED, "settled"],
+  [BatchStatus.FAILED, "failed"],
+]);
 
 const batchStatus: Record<BatchState, BatchStatus> = {
   pending: BatchStatus.PENDING,
@@ -83,6 +101,40 @@ export function createSettlementService(
           gatewayPaid: o.gatewayPaid.toString(),
           chainPaid: o.chainPaid.toString(),
           drift: o.drift,
+        })),
+      });
+    },
+    async listBatches(req) {
+      if (deps.listBatches === undefined)
+        throw new GatewayError("not_implemented", "the batch list is not served here");
+      const limit = req.limit ?? defaultBatchListLimit;
+      if (limit < 1 || limit > maxBatchListLimit) {
+        throw new GatewayError(
+          "invalid_request",
+          `limit must be between 1 and ${maxBatchListLimit}`,
+        );
+      }
+      const wanted = statusOfBatch.get(req.status);
+      if (req.status !== BatchStatus.UNSPECIFIED && wanted === undefined) {
+        throw new GatewayError("invalid_request", "no stored batch has that status");
+      }
+      const batches = await deps
+        .listBatches({ limit, ...(wanted === undefined ? {} : { status: wanted }) })
+        .catch((error: unknown) => {
+          throw new GatewayError("database_unavailable", "the batches could not be read", {
+            cause: error,
+          });
+        });
+      return create(ListBatchesResponseSchema, {
+        batches: batches.map((b) => ({
+          batchId: b.batchId,
+          status: batchStatus[b.status],
+          requests: BigInt(b.requests),
+          credits: b.credits.toString(),
+          txHash: b.txHash ?? "",
+          createdAt: BigInt(b.createdAt),
+          settledAt: b.settledAt === null ? undefined : BigInt(b.settledAt),
+          error: b.error ?? "",
         })),
       });
     },

@@ -76,6 +76,8 @@ export const errorCodes = {
   quote_not_found: "not_found",
   // No permit authorization with this id (held by the calling key, for a revocation by the key).
   authorization_not_found: "not_found",
+  // No key binding with this id held by the calling key on the offer (a revocation).
+  binding_not_found: "not_found",
   route_not_found: "not_found",
   method_not_allowed: "method",
   quote_expired: "conflict",

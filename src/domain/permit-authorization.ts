@@ -93,7 +93,14 @@ export interface RevokeKeyAuthorizationTypedData {
  * The typed data without `EIP712Domain`: what viem's and ethers' `signTypedData` take (ethers
  * refuses an extra `EIP712Domain`), and what the verifier hashes.
  */
-export function signable<T extends AuthorizeKeyTypedData | RevokeKeyAuthorizationTypedData>(
+export function signable<
+  T extends {
+    types: { EIP712Domain: TypedDataField[] };
+    primaryType: string;
+    domain: AuthorizationDomain;
+    message: object;
+  },
+>(
   typedData: T,
 ): {
   types: Omit<T["types"], "EIP712Domain">;
@@ -110,7 +117,11 @@ export function signable<T extends AuthorizeKeyTypedData | RevokeKeyAuthorizatio
   };
 }
 
-function domainOf(chainId: number, market: Address): AuthorizationDomain {
+/**
+ * The one EIP-712 domain of every signature the gateway asks for (registration, permit
+ * authorizations, offer key bindings): always its own chain and market, never a request's.
+ */
+export function gatewaySigningDomain(chainId: number, market: Address): AuthorizationDomain {
   return {
     name: registrationDomainName,
     version: authorizationDomainVersion,
@@ -131,7 +142,7 @@ export function buildAuthorizeKeyTypedData(args: {
       AuthorizeKey: authorizeKeyFields.map((f) => ({ ...f })),
     },
     primaryType: "AuthorizeKey",
-    domain: domainOf(args.chainId, args.market),
+    domain: gatewaySigningDomain(args.chainId, args.market),
     message: { ...args.message },
   };
 }
@@ -147,7 +158,7 @@ export function buildRevokeTypedData(args: {
       RevokeKeyAuthorization: revokeKeyAuthorizationFields.map((f) => ({ ...f })),
     },
     primaryType: "RevokeKeyAuthorization",
-    domain: domainOf(args.chainId, args.market),
+    domain: gatewaySigningDomain(args.chainId, args.market),
     message: { ...args.message },
   };
 }

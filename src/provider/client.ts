@@ -1,5 +1,7 @@
 import type { Hex, LocalAccount } from "viem";
 import { BaseError } from "../errors.js";
+import type { BindOfferKeyTypedData } from "../domain/offer-key-binding.js";
+import { signable as signableTypedData } from "../domain/permit-authorization.js";
 import { withoutDomainType, type RegistrationTypedData } from "../domain/registration.js";
 
 /**
@@ -148,4 +150,92 @@ export function verifyOffer(
 
 export function offerHealth(gateway: GatewayConnection, offerId: Hex): Promise<HealthJson> {
   return call<HealthJson>(gateway, "GET", `/v1/provider-offers/${offerId}/health`);
+}
+
+/** A key binding as the gateway answers it. */
+export interface KeyBindingJson {
+  id: string;
+  object: "offer_key_binding";
+  offer_id: string;
+  api_key_id: string;
+  operator: string;
+  status: "active" | "expired" | "revoked";
+  expires_at: number;
+  created_at: number;
+  revoked_at: number | null;
+}
+
+/**
+ * Binds the connection's API key to an offer so it may read the offer's earnings: the key asks
+ * for the `BindOfferKey` typed data, the operator's key signs it here (it never leaves this
+ * process), and the key submits the signature.
+ */
+export async function bindKey(
+  gateway: GatewayConnection,
+  options: { readonly offerId: Hex; readonly signer: LocalAccount; readonly expiresAt?: number },
+): Promise<KeyBindingJson> {
+  const typedData = await call<BindOfferKeyTypedData>(
+    gateway,
+    "POST",
+    `/v1/provider-offers/${options.offerId}/key-bindings/challenge`,
+    options.expiresAt === undefined ? {} : { expiresAt: options.expiresAt },
+  );
+  const signable = signableTypedData(typedData);
+  const signature = await options.signer.signTypedData({
+    domain: signable.domain,
+    types: signable.types,
+    primaryType: signable.primaryType,
+    message: signable.message,
+  });
+  const { binding } = await call<{ binding: KeyBindingJson }>(
+    gateway,
+    "POST",
+    `/v1/provider-offers/${options.offerId}/key-bindings`,
+    { expiresAt: typedData.message.expiresAt, nonce: typedData.message.nonce, signature },
+  );
+  return binding;
+}
+
+/** Totals of one settlement state, as the gateway answers them (amounts as decimal strings). */
+export interface EarningsTotalsJson {
+  requests: number;
+  input_tokens: string;
+  output_tokens: string;
+  credits: string;
+}
+
+export interface EarningsJson {
+  object: "offer_earnings";
+  offer_id: string;
+  payout: string;
+  from: number;
+  to: number;
+  unsettled: EarningsTotalsJson;
+  settling: EarningsTotalsJson;
+  settled: EarningsTotalsJson;
+  unsettleable: EarningsTotalsJson;
+  unsettleable_reasons: { reason: string; requests: number; credits: string }[];
+  batches: {
+    batch_id: string;
+    status: string;
+    tx_hash: string | null;
+    created_at: number;
+    settled_at: number | null;
+    requests: number;
+    credits: string;
+  }[];
+  batches_truncated: boolean;
+}
+
+/** An offer's earnings over [from, to) (Unix seconds; the gateway's defaults when absent). */
+export function offerEarnings(
+  gateway: GatewayConnection,
+  offerId: Hex,
+  window: { from?: number; to?: number } = {},
+): Promise<EarningsJson> {
+  const query = new URLSearchParams();
+  if (window.from !== undefined) query.set("from", String(window.from));
+  if (window.to !== undefined) query.set("to", String(window.to));
+  const suffix = query.size === 0 ? "" : `?${query.toString()}`;
+  return call<EarningsJson>(gateway, "GET", `/v1/provider-offers/${offerId}/earnings${suffix}`);
 }

@@ -57,10 +57,15 @@ export interface RouteSpec {
   readonly summary: string;
   readonly description?: string;
   readonly tag: "operations" | "catalog" | "inference" | "permits" | "provider" | "settlement";
-  /** Who may call: an API key (default), the settlement operator's token, or anyone. */
-  readonly auth?: "apiKey" | "operator" | "none";
+  /**
+   * Who may call: an API key (default), the settlement operator's token, either of them
+   * (`apiKeyOrOperator`), or anyone.
+   */
+  readonly auth?: "apiKey" | "operator" | "apiKeyOrOperator" | "none";
   /** `{id}`'s description and shape, for a path with one. */
   readonly pathId?: { readonly description: string; readonly schema?: TSchema };
+  /** Path parameters after `{id}` (`/v1/provider-offers/{id}/key-bindings/{bindingId}`). */
+  readonly pathParams?: readonly Parameter[];
   /** Query and header parameters besides X-Request-Id (which every route takes). */
   readonly parameters?: readonly (Parameter | Ref)[];
   /** The JSON request body: its schema, and whether it may be left out. */
@@ -120,7 +125,7 @@ export function routeCodes(route: RouteSpec): Record<number, ErrorCode[]> {
   const auth = route.auth ?? "apiKey";
   return mergeCodes(
     anyRoute,
-    auth === "apiKey" ? apiKeyed : {},
+    auth === "apiKey" || auth === "apiKeyOrOperator" ? apiKeyed : {},
     auth === "operator" ? operatorKeyed : {},
     route.body === undefined ? {} : withBody,
     route.pathId === undefined ? {} : withPathId,
@@ -349,6 +354,12 @@ const tags = [
   { name: "settlement", description: "settlement on chain (operator token)" },
 ];
 
+const securityOf = {
+  none: [],
+  operator: [{ operatorToken: [] }],
+  apiKeyOrOperator: [{ apiKey: [] }, { operatorToken: [] }],
+} as const;
+
 function operation(route: RouteSpec): Record<string, unknown> {
   const auth = route.auth ?? "apiKey";
   const params: (Parameter | Ref)[] = [];
@@ -360,7 +371,7 @@ function operation(route: RouteSpec): Record<string, unknown> {
       description: route.pathId.description,
       schema: route.pathId.schema ?? { type: "string" },
     });
-  params.push(...(route.parameters ?? []), parameter("X-Request-Id"));
+  params.push(...(route.pathParams ?? []), ...(route.parameters ?? []), parameter("X-Request-Id"));
   const answer: Response =
     "schema" in route.answer
       ? {
@@ -384,7 +395,7 @@ function operation(route: RouteSpec): Record<string, unknown> {
     summary: route.summary,
     ...(route.description === undefined ? {} : { description: route.description }),
     tags: [route.tag],
-    ...(auth === "apiKey" ? {} : { security: auth === "none" ? [] : [{ operatorToken: [] }] }),
+    ...(auth === "apiKey" ? {} : { security: securityOf[auth] }),
     parameters: params,
     ...(route.body === undefined
       ? {}

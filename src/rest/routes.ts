@@ -5,7 +5,7 @@ import { ModelStatusSchema, OfferStatusSchema } from "../../gen/gateway/v1/marke
 import { PermitAuthorizationStatusSchema, PermitService } from "../../gen/gateway/v1/permit_pb.js";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
-import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
+import { BatchStatusSchema, SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
 import { dialects } from "../domain/dialects/index.js";
 import type { Dialect as DialectTranslator } from "../domain/dialects/types.js";
@@ -31,6 +31,11 @@ import {
   ModelList,
   ModelWithOffers,
   OfferEnvelope,
+  OfferKeyBindingEnvelope,
+  SettlementBatchList,
+  batchRecordResource,
+  offerEarningsResource,
+  offerKeyBindingResource,
   OfferList,
   PermitAuthorizationEnvelope,
   PermitAuthorizationList,
@@ -55,7 +60,10 @@ import {
   AuthorizationChallengeRequest,
   AuthorizeKeyRequest,
   AuthorizeKeyTypedData,
+  BindKeyRequest,
+  BindOfferKeyTypedData,
   ChallengeRequest,
+  KeyBindingChallengeRequest,
   RegisterRequest,
   RegistrationTypedData,
   RevokeBySignatureRequest,
@@ -69,6 +77,7 @@ import {
   header,
   parameter,
   statusFilter,
+  type Parameter,
   type Response,
   type RouteSpec,
 } from "./document.js";
@@ -76,6 +85,7 @@ import type { ErrorBody as ErrorBodyValue } from "./errors.js";
 import type { FacadeDeps, NodeResponse } from "./facade.js";
 import {
   authorizeKeyTypedDataView,
+  bindOfferKeyTypedDataView,
   parseStatusFilter,
   revokeTypedDataView,
   typedDataView,
@@ -291,6 +301,28 @@ const FlushRequest = Type.Object(
   },
   { description: "camelCase; snake_case (`max_requests`, `dry_run`) is accepted too" },
 );
+
+/** A query parameter that is a non-negative integer (Unix seconds, a count); else 400. */
+function integerQuery(query: string, name: string): number | undefined {
+  const word = query === "" ? null : new URLSearchParams(query).get(name);
+  if (word === null || word === "") return undefined;
+  if (!/^[0-9]{1,15}$/.test(word))
+    throw new GatewayError("invalid_request", `'${name}' must be a non-negative integer`);
+  return Number(word);
+}
+
+const secondsParameter = (name: string, description: string): Parameter => ({
+  name,
+  in: "query",
+  required: false,
+  description,
+  schema: { type: "integer", minimum: 0, maximum: 999_999_999_999_999 },
+});
+
+/** The batch states a stored batch can be in (a dry run is never stored). */
+const storedBatchStates = enumWords(BatchStatusSchema).filter((w) => w !== "dry_run");
+
+const offerIdParameter = { description: "offer id", schema: Hex32 };
 
 const typedDataAnswer = (schema: TSchema) => ({
   description: "Wallet-ready typed data (eth_signTypedData_v4)",
@@ -849,6 +881,164 @@ export const routes: readonly Route[] = [
             : { verification: verificationRunResource.view(verification) }),
         },
       };
+    },
+  },
+  withBody(KeyBindingChallengeRequest, {
+    method: "POST",
+    path: "/v1/provider-offers/{id}/key-bindings/challenge",
+    operationId: "createKeyBindingChallenge",
+    summary:
+      "EIP-712 BindOfferKey typed data for the offer's operator to sign for the calling API key",
+    description:
+      "The offer's operator as the chain names it now, the calling key's public id and a random single-use nonce are filled in. An empty body is `{}`.",
+    tag: "provider",
+    optional: true,
+    pathId: offerIdParameter,
+    answer: typedDataAnswer(BindOfferKeyTypedData),
+    errors: { 400: ["invalid_hex"], 404: ["offer_not_found"], 503: ["chain_unavailable"] },
+    handle: async ({ rpc, options, params, body }) => {
+      const { typedData } = await rpc.unary(
+        ProviderService.method.createKeyBindingChallenge,
+        { offerId: params[0], expiresAt: seconds(body.expiresAt) },
+        options,
+      );
+      if (typedData === undefined) throw new Error("challenge answered without typed data");
+      return { body: bindOfferKeyTypedDataView(typedData) };
+    },
+  }),
+  withBody(BindKeyRequest, {
+    method: "POST",
+    path: "/v1/provider-offers/{id}/key-bindings",
+    operationId: "bindKey",
+    summary: "Store the operator's signed BindOfferKey for the calling API key",
+    description:
+      "Verified against the offer's operator as the chain names it now (ECDSA, or ERC-1271 for a contract operator); the nonce is consumed atomically. The key may then read the offer's earnings.",
+    tag: "provider",
+    pathId: offerIdParameter,
+    answer: { description: "The binding", schema: OfferKeyBindingEnvelope },
+    errors: {
+      400: ["invalid_hex"],
+      401: ["invalid_signature"],
+      404: ["offer_not_found"],
+      409: ["nonce_used"],
+      503: ["chain_unavailable"],
+    },
+    handle: async ({ rpc, options, params, body }) => {
+      const { binding } = await rpc.unary(
+        ProviderService.method.bindKey,
+        {
+          offerId: params[0],
+          expiresAt: BigInt(body.expiresAt),
+          nonce: body.nonce,
+          signature: body.signature,
+        },
+        options,
+      );
+      if (binding === undefined) throw new Error("BindKey answered without a binding");
+      return { body: { binding: offerKeyBindingResource.view(binding) } };
+    },
+  }),
+  {
+    method: "DELETE",
+    path: "/v1/provider-offers/{id}/key-bindings/{bindingId}",
+    operationId: "revokeKeyBinding",
+    summary: "Revoke a key binding the calling API key holds on the offer",
+    description:
+      "Effective at once on every gateway sharing the database. Revoking again answers it unchanged.",
+    tag: "provider",
+    pathId: offerIdParameter,
+    pathParams: [
+      {
+        name: "bindingId",
+        in: "path",
+        required: true,
+        description: "binding id (`okb_...`)",
+        schema: { type: "string" },
+      },
+    ],
+    answer: { description: "The binding, revoked", schema: OfferKeyBindingEnvelope },
+    errors: { 400: ["invalid_hex"], 404: ["binding_not_found"] },
+    handle: async ({ rpc, options, params, req }) => {
+      req.resume(); // a DELETE takes no body
+      const { binding } = await rpc.unary(
+        ProviderService.method.revokeKeyBinding,
+        { offerId: params[0], id: params[1] },
+        options,
+      );
+      if (binding === undefined) throw new Error("revocation answered without a binding");
+      return { body: { binding: offerKeyBindingResource.view(binding) } };
+    },
+  },
+  {
+    method: "GET",
+    path: "/v1/provider-offers/{id}/earnings",
+    operationId: "getOfferEarnings",
+    summary:
+      "An offer's earnings by settlement state (its operator's bound keys, or the settlement operator)",
+    description:
+      "Charges completed in [from, to) by settlement state (unsettled, settling, settled, unsettleable with the reasons), and the batches carrying them (newest first, at most 100). Only an API key the offer's current operator bound to the offer (POST .../key-bindings), or the settlement operator token; any other key is 403 `not_offer_operator`.",
+    tag: "provider",
+    auth: "apiKeyOrOperator",
+    pathId: offerIdParameter,
+    parameters: [
+      secondsParameter("from", "Unix seconds, inclusive (default `to` less 30 days)"),
+      secondsParameter(
+        "to",
+        "Unix seconds, exclusive (default now); the window spans at most 366 days (else 400 `invalid_request`)",
+      ),
+    ],
+    answer: { description: "The earnings", schema: offerEarningsResource.schema },
+    errors: {
+      400: ["invalid_hex", "invalid_request"],
+      403: ["not_offer_operator"],
+      404: ["offer_not_found"],
+    },
+    handle: async ({ rpc, options, params, query }) => {
+      const from = integerQuery(query, "from");
+      const to = integerQuery(query, "to");
+      const { earnings } = await rpc.unary(
+        ProviderService.method.getOfferEarnings,
+        {
+          offerId: params[0],
+          ...(from === undefined ? {} : { from: BigInt(from) }),
+          ...(to === undefined ? {} : { to: BigInt(to) }),
+        },
+        options,
+      );
+      if (earnings === undefined) throw new Error("GetOfferEarnings answered without earnings");
+      return { body: offerEarningsResource.view(earnings) };
+    },
+  },
+  {
+    method: "GET",
+    path: "/settlements/batches",
+    operationId: "listSettlementBatches",
+    summary: "The most recent settlement batches, newest first (settlement operator)",
+    tag: "settlement",
+    auth: "operator",
+    parameters: [
+      {
+        name: "limit",
+        in: "query",
+        required: false,
+        description: "At most this many (default 50, at most 500; else 400 `invalid_request`).",
+        schema: { type: "integer", minimum: 1, maximum: 500 },
+      },
+      statusFilter(storedBatchStates),
+    ],
+    answer: { description: "The batches", schema: SettlementBatchList },
+    errors: { 400: ["invalid_request"], 503: ["database_unavailable"] },
+    handle: async ({ rpc, options, query }) => {
+      const limit = integerQuery(query, "limit");
+      const { batches } = await rpc.unary(
+        SettlementService.method.listBatches,
+        {
+          ...(limit === undefined ? {} : { limit: Math.min(limit, 4294967295) }),
+          status: statusOf(BatchStatusSchema, query),
+        },
+        options,
+      );
+      return { body: { object: "list", data: batches.map(batchRecordResource.view) } };
     },
   },
   withBody(FlushRequest, {

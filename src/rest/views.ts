@@ -1,5 +1,5 @@
 import type { DescEnum } from "@bufbuild/protobuf";
-import type { TypedData } from "../../gen/gateway/v1/provider_pb.js";
+import type { BindOfferKeyTypedData, TypedData } from "../../gen/gateway/v1/provider_pb.js";
 import type {
   AuthorizeKeyTypedData,
   RevokeKeyAuthorizationTypedData,
@@ -47,7 +47,9 @@ export function typedDataView(typed: TypedData) {
 }
 
 /** The typed data's domain and types as eth_signTypedData_v4 takes them. */
-function typedDataFrame(typed: AuthorizeKeyTypedData | RevokeKeyAuthorizationTypedData) {
+function typedDataFrame(
+  typed: AuthorizeKeyTypedData | RevokeKeyAuthorizationTypedData | BindOfferKeyTypedData,
+) {
   return {
     types: Object.fromEntries(
       typed.types.map((t) => [t.name, t.fields.map((f) => ({ name: f.name, type: f.type }))]),
@@ -82,6 +84,20 @@ export function revokeTypedDataView(typed: RevokeKeyAuthorizationTypedData) {
     message: {
       payer: typed.message?.payer,
       authorizationId: typed.message?.authorizationId,
+    },
+  };
+}
+
+/** `BindOfferKey` typed data, wallet-ready (camelCase, as the operator's wallet signs it). */
+export function bindOfferKeyTypedDataView(typed: BindOfferKeyTypedData) {
+  return {
+    ...typedDataFrame(typed),
+    message: {
+      offerId: typed.message?.offerId,
+      operator: typed.message?.operator,
+      keyId: typed.message?.keyId,
+      expiresAt: Number(typed.message?.expiresAt ?? 0n),
+      nonce: typed.message?.nonce,
     },
   };
 }

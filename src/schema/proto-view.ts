@@ -86,6 +86,7 @@ const fieldShapes: Readonly<Record<string, TSchema>> = {
   available: Decimal,
   gas: Decimal,
   input_tokens: Decimal,
+  output_tokens: Decimal,
   max_output_tokens: Decimal,
 };
 

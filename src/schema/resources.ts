@@ -11,9 +11,18 @@ import {
   RequestSettlementSchema,
 } from "../../gen/gateway/v1/inference_pb.js";
 import { PermitAuthorizationSchema } from "../../gen/gateway/v1/permit_pb.js";
-import { OfferHealthSchema, VerificationRunSchema } from "../../gen/gateway/v1/provider_pb.js";
+import {
+  EarningsBatchSchema,
+  EarningsTotalsSchema,
+  OfferEarningsSchema,
+  OfferHealthSchema,
+  OfferKeyBindingSchema,
+  UnsettleableEarningsSchema,
+  VerificationRunSchema,
+} from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteSchema } from "../../gen/gateway/v1/quote_pb.js";
 import {
+  BatchRecordSchema,
   FlushResponseSchema,
   SettlementBatchSchema,
   UnsettleableChargeSchema,
@@ -177,6 +186,55 @@ export const flushResource = protoView(FlushResponseSchema, "FlushResponse", {
   fields: { settled_requests: { integer: true } },
 });
 
+export const offerKeyBindingResource = protoView(OfferKeyBindingSchema, "OfferKeyBinding", {
+  constants: { object: "offer_key_binding" },
+  fields: {
+    id: { schema: Type.String({ pattern: "^okb_[0-9a-f]{24}$" }) },
+    api_key_id: { description: "the public id of the key that may read the offer's earnings" },
+    operator: { description: "the operator who signed the binding" },
+  },
+});
+
+const earningsTotals = protoView(EarningsTotalsSchema, "EarningsTotals", {
+  fields: { requests: { integer: true } },
+});
+
+export const offerEarningsResource = protoView(OfferEarningsSchema, "OfferEarnings", {
+  constants: { object: "offer_earnings" },
+  nested: {
+    unsettled: earningsTotals,
+    settling: earningsTotals,
+    settled: earningsTotals,
+    unsettleable: earningsTotals,
+    unsettleable_reasons: protoView(UnsettleableEarningsSchema, undefined, {
+      fields: { requests: { integer: true } },
+    }),
+    batches: protoView(EarningsBatchSchema, undefined, {
+      fields: {
+        requests: {
+          integer: true,
+          description: "the offer's requests of the window in the batch",
+        },
+        credits: { description: "the offer's credits of the window in the batch" },
+        tx_hash: { emptyIsNull: true },
+      },
+    }),
+  },
+  fields: {
+    from: { integer: true, description: "Unix seconds: charges completed at or after this" },
+    to: { integer: true, description: "Unix seconds: charges completed before this" },
+    payout: { description: "the offer's payout address, where settled credits go" },
+  },
+});
+
+export const batchRecordResource = protoView(BatchRecordSchema, "SettlementBatchRecord", {
+  fields: {
+    requests: { integer: true },
+    tx_hash: { emptyIsNull: true },
+    error: { emptyIsNull: true },
+  },
+});
+
 // ---------------------------------------------------------------- lists and envelopes
 
 /** `{object: "list", data: [...]}` of a resource. */
@@ -189,6 +247,13 @@ export const OfferList = listOf("OfferList", offerResource.schema);
 export const PermitAuthorizationList = listOf(
   "PermitAuthorizationList",
   permitAuthorizationResource.schema,
+);
+
+export const SettlementBatchList = listOf("SettlementBatchList", batchRecordResource.schema);
+
+export const OfferKeyBindingEnvelope = component(
+  "OfferKeyBindingEnvelope",
+  Type.Object({ binding: offerKeyBindingResource.schema }),
 );
 
 export const ModelWithOffers = component(

@@ -113,7 +113,39 @@ export const RevokeKeyAuthorizationTypedData = typedData(
   { payer: Address, authorizationId: Type.String() },
 );
 
+export const BindOfferKeyTypedData = typedData("BindOfferKeyTypedData", "BindOfferKey", {
+  offerId: Hex32,
+  operator: {
+    ...Address,
+    description: "the offer's operator as the chain names it now",
+  } as TSchema,
+  keyId: Type.String({ description: "the calling API key's public id" }),
+  expiresAt: UnixSeconds,
+  nonce: Type.String(),
+});
+
 // ---------------------------------------------------------------- requests
+
+export const KeyBindingChallengeRequest = component(
+  "KeyBindingChallengeRequest",
+  Type.Object({
+    expiresAt: OptionalNullable(SafeInteger, {
+      description: "Unix seconds, in the future (default now + 30 days)",
+    }),
+  }),
+);
+
+export const BindKeyRequest = component(
+  "BindKeyRequest",
+  Type.Object(
+    {
+      expiresAt: SafeInteger,
+      nonce: Nonce,
+      signature: Signature("the offer operator's 65-byte or EIP-2098 compact signature"),
+    },
+    { description: "The challenge's expiresAt and nonce as signed, and the operator's signature" },
+  ),
+);
 
 export const AuthorizationChallengeRequest = component(
   "AuthorizationChallengeRequest",

@@ -2,17 +2,19 @@
 // @generated from file gateway/v1/provider.proto (package gateway.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Offer, OfferStatus } from "./market_pb.js";
 import { file_gateway_v1_market } from "./market_pb.js";
+import type { BatchStatus } from "./settlement_pb.js";
+import { file_gateway_v1_settlement } from "./settlement_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file gateway/v1/provider.proto.
  */
 export const file_gateway_v1_provider: GenFile = /*@__PURE__*/
-  fileDesc("ChlnYXRld2F5L3YxL3Byb3ZpZGVyLnByb3RvEgpnYXRld2F5LnYxIpsBCiJDcmVhdGVSZWdpc3RyYXRpb25DaGFsbGVuZ2VSZXF1ZXN0EhAKCG9mZmVyX2lkGAEgASgJEhQKDGVuZHBvaW50X3VybBgCIAEoCRINCgVub25jZRgDIAEoCRIXCgpleHBpcmVzX2F0GAQgASgDSACIAQESFgoOZW5kcG9pbnRfdG9rZW4YBSABKAlCDQoLX2V4cGlyZXNfYXQiUAojQ3JlYXRlUmVnaXN0cmF0aW9uQ2hhbGxlbmdlUmVzcG9uc2USKQoKdHlwZWRfZGF0YRgBIAEoCzIVLmdhdGV3YXkudjEuVHlwZWREYXRhIq4BCglUeXBlZERhdGESKwoGZG9tYWluGAEgASgLMhsuZ2F0ZXdheS52MS5UeXBlZERhdGFEb21haW4SKAoFdHlwZXMYAiADKAsyGS5nYXRld2F5LnYxLlR5cGVkRGF0YVR5cGUSFAoMcHJpbWFyeV90eXBlGAMgASgJEjQKB21lc3NhZ2UYBCABKAsyIy5nYXRld2F5LnYxLlJlZ2lzdGVyRW5kcG9pbnRNZXNzYWdlIl4KD1R5cGVkRGF0YURvbWFpbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSEAoIY2hhaW5faWQYAyABKAQSGgoSdmVyaWZ5aW5nX2NvbnRyYWN0GAQgASgJIkkKDVR5cGVkRGF0YVR5cGUSDAoEbmFtZRgBIAEoCRIqCgZmaWVsZHMYAiADKAsyGi5nYXRld2F5LnYxLlR5cGVkRGF0YUZpZWxkIiwKDlR5cGVkRGF0YUZpZWxkEgwKBG5hbWUYASABKAkSDAoEdHlwZRgCIAEoCSKYAQoXUmVnaXN0ZXJFbmRwb2ludE1lc3NhZ2USEAoIb2ZmZXJfaWQYASABKAkSEAoIb3BlcmF0b3IYAiABKAkSGQoRZW5kcG9pbnRfdXJsX2hhc2gYAyABKAkSDQoFbm9uY2UYBCABKAkSEgoKZXhwaXJlc19hdBgFIAEoAxIbChNlbmRwb2ludF90b2tlbl9oYXNoGAYgASgJIo8BChdSZWdpc3RlckVuZHBvaW50UmVxdWVzdBIQCghvZmZlcl9pZBgBIAEoCRIUCgxlbmRwb2ludF91cmwYAiABKAkSDQoFbm9uY2UYAyABKAkSEgoKZXhwaXJlc19hdBgEIAEoAxIRCglzaWduYXR1cmUYBSABKAkSFgoOZW5kcG9pbnRfdG9rZW4YBiABKAkiPAoYUmVnaXN0ZXJFbmRwb2ludFJlc3BvbnNlEiAKBW9mZmVyGAEgASgLMhEuZ2F0ZXdheS52MS5PZmZlciIpChVHZXRPZmZlckhlYWx0aFJlcXVlc3QSEAoIb2ZmZXJfaWQYASABKAkiQQoWR2V0T2ZmZXJIZWFsdGhSZXNwb25zZRInCgZoZWFsdGgYASABKAsyFy5nYXRld2F5LnYxLk9mZmVySGVhbHRoIqMCCgtPZmZlckhlYWx0aBIQCghvZmZlcl9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy5nYXRld2F5LnYxLk9mZmVyU3RhdHVzEg8KB3J1bm5pbmcYAyABKAgSGAoLdmVyaWZpZWRfYXQYBCABKANIAIgBARIkChd2ZXJpZmljYXRpb25fZXhwaXJlc19hdBgFIAEoA0gBiAEBEhcKCmNoZWNrZWRfYXQYBiABKANIAogBARIeChFxdWFyYW50aW5lX3JlYXNvbhgHIAEoCUgDiAEBQg4KDF92ZXJpZmllZF9hdEIaChhfdmVyaWZpY2F0aW9uX2V4cGlyZXNfYXRCDQoLX2NoZWNrZWRfYXRCFAoSX3F1YXJhbnRpbmVfcmVhc29uIiYKElZlcmlmeU9mZmVyUmVxdWVzdBIQCghvZmZlcl9pZBgBIAEoCSJqChNWZXJpZnlPZmZlclJlc3BvbnNlEiAKBW9mZmVyGAEgASgLMhEuZ2F0ZXdheS52MS5PZmZlchIxCgx2ZXJpZmljYXRpb24YAiABKAsyGy5nYXRld2F5LnYxLlZlcmlmaWNhdGlvblJ1biJICg9WZXJpZmljYXRpb25SdW4SDgoGcmFuX2F0GAEgASgDEhAKCHJlcGxheWVkGAIgASgIEhMKC25leHRfcnVuX2F0GAMgASgDMpkDCg9Qcm92aWRlclNlcnZpY2USfgobQ3JlYXRlUmVnaXN0cmF0aW9uQ2hhbGxlbmdlEi4uZ2F0ZXdheS52MS5DcmVhdGVSZWdpc3RyYXRpb25DaGFsbGVuZ2VSZXF1ZXN0Gi8uZ2F0ZXdheS52MS5DcmVhdGVSZWdpc3RyYXRpb25DaGFsbGVuZ2VSZXNwb25zZRJdChBSZWdpc3RlckVuZHBvaW50EiMuZ2F0ZXdheS52MS5SZWdpc3RlckVuZHBvaW50UmVxdWVzdBokLmdhdGV3YXkudjEuUmVnaXN0ZXJFbmRwb2ludFJlc3BvbnNlElcKDkdldE9mZmVySGVhbHRoEiEuZ2F0ZXdheS52MS5HZXRPZmZlckhlYWx0aFJlcXVlc3QaIi5nYXRld2F5LnYxLkdldE9mZmVySGVhbHRoUmVzcG9uc2USTgoLVmVyaWZ5T2ZmZXISHi5nYXRld2F5LnYxLlZlcmlmeU9mZmVyUmVxdWVzdBofLmdhdGV3YXkudjEuVmVyaWZ5T2ZmZXJSZXNwb25zZWIGcHJvdG8z", [file_gateway_v1_market]);
+  fileDesc("ChlnYXRld2F5L3YxL3Byb3ZpZGVyLnByb3RvEgpnYXRld2F5LnYxIpsBCiJDcmVhdGVSZWdpc3RyYXRpb25DaGFsbGVuZ2VSZXF1ZXN0EhAKCG9mZmVyX2lkGAEgASgJEhQKDGVuZHBvaW50X3VybBgCIAEoCRINCgVub25jZRgDIAEoCRIXCgpleHBpcmVzX2F0GAQgASgDSACIAQESFgoOZW5kcG9pbnRfdG9rZW4YBSABKAlCDQoLX2V4cGlyZXNfYXQiUAojQ3JlYXRlUmVnaXN0cmF0aW9uQ2hhbGxlbmdlUmVzcG9uc2USKQoKdHlwZWRfZGF0YRgBIAEoCzIVLmdhdGV3YXkudjEuVHlwZWREYXRhIq4BCglUeXBlZERhdGESKwoGZG9tYWluGAEgASgLMhsuZ2F0ZXdheS52MS5UeXBlZERhdGFEb21haW4SKAoFdHlwZXMYAiADKAsyGS5nYXRld2F5LnYxLlR5cGVkRGF0YVR5cGUSFAoMcHJpbWFyeV90eXBlGAMgASgJEjQKB21lc3NhZ2UYBCABKAsyIy5nYXRld2F5LnYxLlJlZ2lzdGVyRW5kcG9pbnRNZXNzYWdlIl4KD1R5cGVkRGF0YURvbWFpbhIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSEAoIY2hhaW5faWQYAyABKAQSGgoSdmVyaWZ5aW5nX2NvbnRyYWN0GAQgASgJIkkKDVR5cGVkRGF0YVR5cGUSDAoEbmFtZRgBIAEoCRIqCgZmaWVsZHMYAiADKAsyGi5nYXRld2F5LnYxLlR5cGVkRGF0YUZpZWxkIiwKDlR5cGVkRGF0YUZpZWxkEgwKBG5hbWUYASABKAkSDAoEdHlwZRgCIAEoCSKYAQoXUmVnaXN0ZXJFbmRwb2ludE1lc3NhZ2USEAoIb2ZmZXJfaWQYASABKAkSEAoIb3BlcmF0b3IYAiABKAkSGQoRZW5kcG9pbnRfdXJsX2hhc2gYAyABKAkSDQoFbm9uY2UYBCABKAkSEgoKZXhwaXJlc19hdBgFIAEoAxIbChNlbmRwb2ludF90b2tlbl9oYXNoGAYgASgJIo8BChdSZWdpc3RlckVuZHBvaW50UmVxdWVzdBIQCghvZmZlcl9pZBgBIAEoCRIUCgxlbmRwb2ludF91cmwYAiABKAkSDQoFbm9uY2UYAyABKAkSEgoKZXhwaXJlc19hdBgEIAEoAxIRCglzaWduYXR1cmUYBSABKAkSFgoOZW5kcG9pbnRfdG9rZW4YBiABKAkiPAoYUmVnaXN0ZXJFbmRwb2ludFJlc3BvbnNlEiAKBW9mZmVyGAEgASgLMhEuZ2F0ZXdheS52MS5PZmZlciIpChVHZXRPZmZlckhlYWx0aFJlcXVlc3QSEAoIb2ZmZXJfaWQYASABKAkiQQoWR2V0T2ZmZXJIZWFsdGhSZXNwb25zZRInCgZoZWFsdGgYASABKAsyFy5nYXRld2F5LnYxLk9mZmVySGVhbHRoIqMCCgtPZmZlckhlYWx0aBIQCghvZmZlcl9pZBgBIAEoCRInCgZzdGF0dXMYAiABKA4yFy5nYXRld2F5LnYxLk9mZmVyU3RhdHVzEg8KB3J1bm5pbmcYAyABKAgSGAoLdmVyaWZpZWRfYXQYBCABKANIAIgBARIkChd2ZXJpZmljYXRpb25fZXhwaXJlc19hdBgFIAEoA0gBiAEBEhcKCmNoZWNrZWRfYXQYBiABKANIAogBARIeChFxdWFyYW50aW5lX3JlYXNvbhgHIAEoCUgDiAEBQg4KDF92ZXJpZmllZF9hdEIaChhfdmVyaWZpY2F0aW9uX2V4cGlyZXNfYXRCDQoLX2NoZWNrZWRfYXRCFAoSX3F1YXJhbnRpbmVfcmVhc29uIiYKElZlcmlmeU9mZmVyUmVxdWVzdBIQCghvZmZlcl9pZBgBIAEoCSJqChNWZXJpZnlPZmZlclJlc3BvbnNlEiAKBW9mZmVyGAEgASgLMhEuZ2F0ZXdheS52MS5PZmZlchIxCgx2ZXJpZmljYXRpb24YAiABKAsyGy5nYXRld2F5LnYxLlZlcmlmaWNhdGlvblJ1biJICg9WZXJpZmljYXRpb25SdW4SDgoGcmFuX2F0GAEgASgDEhAKCHJlcGxheWVkGAIgASgIEhMKC25leHRfcnVuX2F0GAMgASgDItgBCg9PZmZlcktleUJpbmRpbmcSCgoCaWQYASABKAkSEAoIb2ZmZXJfaWQYAiABKAkSEgoKYXBpX2tleV9pZBgDIAEoCRIQCghvcGVyYXRvchgEIAEoCRISCgpleHBpcmVzX2F0GAUgASgDEhIKCmNyZWF0ZWRfYXQYBiABKAMSFwoKcmV2b2tlZF9hdBgHIAEoA0gAiAEBEjEKBnN0YXR1cxgIIAEoDjIhLmdhdGV3YXkudjEuT2ZmZXJLZXlCaW5kaW5nU3RhdHVzQg0KC19yZXZva2VkX2F0ImwKE0JpbmRPZmZlcktleU1lc3NhZ2USEAoIb2ZmZXJfaWQYASABKAkSEAoIb3BlcmF0b3IYAiABKAkSDgoGa2V5X2lkGAMgASgJEhIKCmV4cGlyZXNfYXQYBCABKAMSDQoFbm9uY2UYBSABKAkitgEKFUJpbmRPZmZlcktleVR5cGVkRGF0YRIrCgZkb21haW4YASABKAsyGy5nYXRld2F5LnYxLlR5cGVkRGF0YURvbWFpbhIoCgV0eXBlcxgCIAMoCzIZLmdhdGV3YXkudjEuVHlwZWREYXRhVHlwZRIUCgxwcmltYXJ5X3R5cGUYAyABKAkSMAoHbWVzc2FnZRgEIAEoCzIfLmdhdGV3YXkudjEuQmluZE9mZmVyS2V5TWVzc2FnZSJcCiBDcmVhdGVLZXlCaW5kaW5nQ2hhbGxlbmdlUmVxdWVzdBIQCghvZmZlcl9pZBgBIAEoCRIXCgpleHBpcmVzX2F0GAIgASgDSACIAQFCDQoLX2V4cGlyZXNfYXQiWgohQ3JlYXRlS2V5QmluZGluZ0NoYWxsZW5nZVJlc3BvbnNlEjUKCnR5cGVkX2RhdGEYASABKAsyIS5nYXRld2F5LnYxLkJpbmRPZmZlcktleVR5cGVkRGF0YSJYCg5CaW5kS2V5UmVxdWVzdBIQCghvZmZlcl9pZBgBIAEoCRISCgpleHBpcmVzX2F0GAIgASgDEg0KBW5vbmNlGAMgASgJEhEKCXNpZ25hdHVyZRgEIAEoCSI/Cg9CaW5kS2V5UmVzcG9uc2USLAoHYmluZGluZxgBIAEoCzIbLmdhdGV3YXkudjEuT2ZmZXJLZXlCaW5kaW5nIjcKF1Jldm9rZUtleUJpbmRpbmdSZXF1ZXN0EhAKCG9mZmVyX2lkGAEgASgJEgoKAmlkGAIgASgJIkgKGFJldm9rZUtleUJpbmRpbmdSZXNwb25zZRIsCgdiaW5kaW5nGAEgASgLMhsuZ2F0ZXdheS52MS5PZmZlcktleUJpbmRpbmciXwoXR2V0T2ZmZXJFYXJuaW5nc1JlcXVlc3QSEAoIb2ZmZXJfaWQYASABKAkSEQoEZnJvbRgCIAEoA0gAiAEBEg8KAnRvGAMgASgDSAGIAQFCBwoFX2Zyb21CBQoDX3RvImAKDkVhcm5pbmdzVG90YWxzEhAKCHJlcXVlc3RzGAEgASgEEhQKDGlucHV0X3Rva2VucxgCIAEoCRIVCg1vdXRwdXRfdG9rZW5zGAMgASgJEg8KB2NyZWRpdHMYBCABKAkiSQoUVW5zZXR0bGVhYmxlRWFybmluZ3MSDgoGcmVhc29uGAEgASgJEhAKCHJlcXVlc3RzGAIgASgEEg8KB2NyZWRpdHMYAyABKAkiugEKDUVhcm5pbmdzQmF0Y2gSEAoIYmF0Y2hfaWQYASABKAkSJwoGc3RhdHVzGAIgASgOMhcuZ2F0ZXdheS52MS5CYXRjaFN0YXR1cxIPCgd0eF9oYXNoGAMgASgJEhIKCmNyZWF0ZWRfYXQYBCABKAMSFwoKc2V0dGxlZF9hdBgFIAEoA0gAiAEBEhAKCHJlcXVlc3RzGAYgASgEEg8KB2NyZWRpdHMYByABKAlCDQoLX3NldHRsZWRfYXQijgMKDU9mZmVyRWFybmluZ3MSEAoIb2ZmZXJfaWQYASABKAkSDgoGcGF5b3V0GAIgASgJEgwKBGZyb20YAyABKAMSCgoCdG8YBCABKAMSLQoJdW5zZXR0bGVkGAUgASgLMhouZ2F0ZXdheS52MS5FYXJuaW5nc1RvdGFscxIsCghzZXR0bGluZxgGIAEoCzIaLmdhdGV3YXkudjEuRWFybmluZ3NUb3RhbHMSKwoHc2V0dGxlZBgHIAEoCzIaLmdhdGV3YXkudjEuRWFybmluZ3NUb3RhbHMSMAoMdW5zZXR0bGVhYmxlGAggASgLMhouZ2F0ZXdheS52MS5FYXJuaW5nc1RvdGFscxI+ChR1bnNldHRsZWFibGVfcmVhc29ucxgJIAMoCzIgLmdhdGV3YXkudjEuVW5zZXR0bGVhYmxlRWFybmluZ3MSKgoHYmF0Y2hlcxgKIAMoCzIZLmdhdGV3YXkudjEuRWFybmluZ3NCYXRjaBIZChFiYXRjaGVzX3RydW5jYXRlZBgLIAEoCCJHChhHZXRPZmZlckVhcm5pbmdzUmVzcG9uc2USKwoIZWFybmluZ3MYASABKAsyGS5nYXRld2F5LnYxLk9mZmVyRWFybmluZ3MqsgEKFU9mZmVyS2V5QmluZGluZ1N0YXR1cxIoCiRPRkZFUl9LRVlfQklORElOR19TVEFUVVNfVU5TUEVDSUZJRUQQABIjCh9PRkZFUl9LRVlfQklORElOR19TVEFUVVNfQUNUSVZFEAESJAogT0ZGRVJfS0VZX0JJTkRJTkdfU1RBVFVTX0VYUElSRUQQAhIkCiBPRkZFUl9LRVlfQklORElOR19TVEFUVVNfUkVWT0tFRBADMpUGCg9Qcm92aWRlclNlcnZpY2USfgobQ3JlYXRlUmVnaXN0cmF0aW9uQ2hhbGxlbmdlEi4uZ2F0ZXdheS52MS5DcmVhdGVSZWdpc3RyYXRpb25DaGFsbGVuZ2VSZXF1ZXN0Gi8uZ2F0ZXdheS52MS5DcmVhdGVSZWdpc3RyYXRpb25DaGFsbGVuZ2VSZXNwb25zZRJdChBSZWdpc3RlckVuZHBvaW50EiMuZ2F0ZXdheS52MS5SZWdpc3RlckVuZHBvaW50UmVxdWVzdBokLmdhdGV3YXkudjEuUmVnaXN0ZXJFbmRwb2ludFJlc3BvbnNlElcKDkdldE9mZmVySGVhbHRoEiEuZ2F0ZXdheS52MS5HZXRPZmZlckhlYWx0aFJlcXVlc3QaIi5nYXRld2F5LnYxLkdldE9mZmVySGVhbHRoUmVzcG9uc2USTgoLVmVyaWZ5T2ZmZXISHi5nYXRld2F5LnYxLlZlcmlmeU9mZmVyUmVxdWVzdBofLmdhdGV3YXkudjEuVmVyaWZ5T2ZmZXJSZXNwb25zZRJ4ChlDcmVhdGVLZXlCaW5kaW5nQ2hhbGxlbmdlEiwuZ2F0ZXdheS52MS5DcmVhdGVLZXlCaW5kaW5nQ2hhbGxlbmdlUmVxdWVzdBotLmdhdGV3YXkudjEuQ3JlYXRlS2V5QmluZGluZ0NoYWxsZW5nZVJlc3BvbnNlEkIKB0JpbmRLZXkSGi5nYXRld2F5LnYxLkJpbmRLZXlSZXF1ZXN0GhsuZ2F0ZXdheS52MS5CaW5kS2V5UmVzcG9uc2USXQoQUmV2b2tlS2V5QmluZGluZxIjLmdhdGV3YXkudjEuUmV2b2tlS2V5QmluZGluZ1JlcXVlc3QaJC5nYXRld2F5LnYxLlJldm9rZUtleUJpbmRpbmdSZXNwb25zZRJdChBHZXRPZmZlckVhcm5pbmdzEiMuZ2F0ZXdheS52MS5HZXRPZmZlckVhcm5pbmdzUmVxdWVzdBokLmdhdGV3YXkudjEuR2V0T2ZmZXJFYXJuaW5nc1Jlc3BvbnNlYgZwcm90bzM", [file_gateway_v1_market, file_gateway_v1_settlement]);
 
 /**
  * @generated from message gateway.v1.CreateRegistrationChallengeRequest
@@ -470,6 +472,591 @@ export const VerificationRunSchema: GenMessage<VerificationRun> = /*@__PURE__*/
   messageDesc(file_gateway_v1_provider, 14);
 
 /**
+ * An API key the offer's operator bound to the offer: it may read the offer's earnings while
+ * the binding is active and the signer is still the offer's operator.
+ *
+ * @generated from message gateway.v1.OfferKeyBinding
+ */
+export type OfferKeyBinding = Message<"gateway.v1.OfferKeyBinding"> & {
+  /**
+   * `okb_` followed by 24 hex digits.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * Hex32.
+   *
+   * @generated from field: string offer_id = 2;
+   */
+  offerId: string;
+
+  /**
+   * The public id of the bound API key (never the key itself).
+   *
+   * @generated from field: string api_key_id = 3;
+   */
+  apiKeyId: string;
+
+  /**
+   * Lower-case address of the operator who signed.
+   *
+   * @generated from field: string operator = 4;
+   */
+  operator: string;
+
+  /**
+   * Unix seconds.
+   *
+   * @generated from field: int64 expires_at = 5;
+   */
+  expiresAt: bigint;
+
+  /**
+   * Unix seconds.
+   *
+   * @generated from field: int64 created_at = 6;
+   */
+  createdAt: bigint;
+
+  /**
+   * Unix seconds; absent while not revoked.
+   *
+   * @generated from field: optional int64 revoked_at = 7;
+   */
+  revokedAt?: bigint | undefined;
+
+  /**
+   * @generated from field: gateway.v1.OfferKeyBindingStatus status = 8;
+   */
+  status: OfferKeyBindingStatus;
+};
+
+/**
+ * Describes the message gateway.v1.OfferKeyBinding.
+ * Use `create(OfferKeyBindingSchema)` to create a new message.
+ */
+export const OfferKeyBindingSchema: GenMessage<OfferKeyBinding> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 15);
+
+/**
+ * BindOfferKey(bytes32 offerId, address operator, string keyId, uint64 expiresAt, string nonce)
+ *
+ * @generated from message gateway.v1.BindOfferKeyMessage
+ */
+export type BindOfferKeyMessage = Message<"gateway.v1.BindOfferKeyMessage"> & {
+  /**
+   * @generated from field: string offer_id = 1;
+   */
+  offerId: string;
+
+  /**
+   * @generated from field: string operator = 2;
+   */
+  operator: string;
+
+  /**
+   * @generated from field: string key_id = 3;
+   */
+  keyId: string;
+
+  /**
+   * @generated from field: int64 expires_at = 4;
+   */
+  expiresAt: bigint;
+
+  /**
+   * @generated from field: string nonce = 5;
+   */
+  nonce: string;
+};
+
+/**
+ * Describes the message gateway.v1.BindOfferKeyMessage.
+ * Use `create(BindOfferKeyMessageSchema)` to create a new message.
+ */
+export const BindOfferKeyMessageSchema: GenMessage<BindOfferKeyMessage> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 16);
+
+/**
+ * EIP-712 typed data of a key binding, as eth_signTypedData_v4 takes it.
+ *
+ * @generated from message gateway.v1.BindOfferKeyTypedData
+ */
+export type BindOfferKeyTypedData = Message<"gateway.v1.BindOfferKeyTypedData"> & {
+  /**
+   * @generated from field: gateway.v1.TypedDataDomain domain = 1;
+   */
+  domain?: TypedDataDomain | undefined;
+
+  /**
+   * Every struct type, EIP712Domain included.
+   *
+   * @generated from field: repeated gateway.v1.TypedDataType types = 2;
+   */
+  types: TypedDataType[];
+
+  /**
+   * @generated from field: string primary_type = 3;
+   */
+  primaryType: string;
+
+  /**
+   * @generated from field: gateway.v1.BindOfferKeyMessage message = 4;
+   */
+  message?: BindOfferKeyMessage | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.BindOfferKeyTypedData.
+ * Use `create(BindOfferKeyTypedDataSchema)` to create a new message.
+ */
+export const BindOfferKeyTypedDataSchema: GenMessage<BindOfferKeyTypedData> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 17);
+
+/**
+ * @generated from message gateway.v1.CreateKeyBindingChallengeRequest
+ */
+export type CreateKeyBindingChallengeRequest = Message<"gateway.v1.CreateKeyBindingChallengeRequest"> & {
+  /**
+   * Hex32, required.
+   *
+   * @generated from field: string offer_id = 1;
+   */
+  offerId: string;
+
+  /**
+   * Unix seconds, in the future (default: now + 30 days).
+   *
+   * @generated from field: optional int64 expires_at = 2;
+   */
+  expiresAt?: bigint | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.CreateKeyBindingChallengeRequest.
+ * Use `create(CreateKeyBindingChallengeRequestSchema)` to create a new message.
+ */
+export const CreateKeyBindingChallengeRequestSchema: GenMessage<CreateKeyBindingChallengeRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 18);
+
+/**
+ * @generated from message gateway.v1.CreateKeyBindingChallengeResponse
+ */
+export type CreateKeyBindingChallengeResponse = Message<"gateway.v1.CreateKeyBindingChallengeResponse"> & {
+  /**
+   * @generated from field: gateway.v1.BindOfferKeyTypedData typed_data = 1;
+   */
+  typedData?: BindOfferKeyTypedData | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.CreateKeyBindingChallengeResponse.
+ * Use `create(CreateKeyBindingChallengeResponseSchema)` to create a new message.
+ */
+export const CreateKeyBindingChallengeResponseSchema: GenMessage<CreateKeyBindingChallengeResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 19);
+
+/**
+ * @generated from message gateway.v1.BindKeyRequest
+ */
+export type BindKeyRequest = Message<"gateway.v1.BindKeyRequest"> & {
+  /**
+   * Hex32, as signed.
+   *
+   * @generated from field: string offer_id = 1;
+   */
+  offerId: string;
+
+  /**
+   * @generated from field: int64 expires_at = 2;
+   */
+  expiresAt: bigint;
+
+  /**
+   * @generated from field: string nonce = 3;
+   */
+  nonce: string;
+
+  /**
+   * The operator's 65-byte or EIP-2098 compact signature, 0x-hex.
+   *
+   * @generated from field: string signature = 4;
+   */
+  signature: string;
+};
+
+/**
+ * Describes the message gateway.v1.BindKeyRequest.
+ * Use `create(BindKeyRequestSchema)` to create a new message.
+ */
+export const BindKeyRequestSchema: GenMessage<BindKeyRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 20);
+
+/**
+ * @generated from message gateway.v1.BindKeyResponse
+ */
+export type BindKeyResponse = Message<"gateway.v1.BindKeyResponse"> & {
+  /**
+   * @generated from field: gateway.v1.OfferKeyBinding binding = 1;
+   */
+  binding?: OfferKeyBinding | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.BindKeyResponse.
+ * Use `create(BindKeyResponseSchema)` to create a new message.
+ */
+export const BindKeyResponseSchema: GenMessage<BindKeyResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 21);
+
+/**
+ * @generated from message gateway.v1.RevokeKeyBindingRequest
+ */
+export type RevokeKeyBindingRequest = Message<"gateway.v1.RevokeKeyBindingRequest"> & {
+  /**
+   * Hex32.
+   *
+   * @generated from field: string offer_id = 1;
+   */
+  offerId: string;
+
+  /**
+   * @generated from field: string id = 2;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message gateway.v1.RevokeKeyBindingRequest.
+ * Use `create(RevokeKeyBindingRequestSchema)` to create a new message.
+ */
+export const RevokeKeyBindingRequestSchema: GenMessage<RevokeKeyBindingRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 22);
+
+/**
+ * @generated from message gateway.v1.RevokeKeyBindingResponse
+ */
+export type RevokeKeyBindingResponse = Message<"gateway.v1.RevokeKeyBindingResponse"> & {
+  /**
+   * @generated from field: gateway.v1.OfferKeyBinding binding = 1;
+   */
+  binding?: OfferKeyBinding | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.RevokeKeyBindingResponse.
+ * Use `create(RevokeKeyBindingResponseSchema)` to create a new message.
+ */
+export const RevokeKeyBindingResponseSchema: GenMessage<RevokeKeyBindingResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 23);
+
+/**
+ * @generated from message gateway.v1.GetOfferEarningsRequest
+ */
+export type GetOfferEarningsRequest = Message<"gateway.v1.GetOfferEarningsRequest"> & {
+  /**
+   * Hex32.
+   *
+   * @generated from field: string offer_id = 1;
+   */
+  offerId: string;
+
+  /**
+   * Unix seconds, inclusive (default: `to` less 30 days).
+   *
+   * @generated from field: optional int64 from = 2;
+   */
+  from?: bigint | undefined;
+
+  /**
+   * Unix seconds, exclusive (default: the end of the current second). At most 366 days after `from`.
+   *
+   * @generated from field: optional int64 to = 3;
+   */
+  to?: bigint | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.GetOfferEarningsRequest.
+ * Use `create(GetOfferEarningsRequestSchema)` to create a new message.
+ */
+export const GetOfferEarningsRequestSchema: GenMessage<GetOfferEarningsRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 24);
+
+/**
+ * What the offer's charges in one settlement state add up to.
+ *
+ * @generated from message gateway.v1.EarningsTotals
+ */
+export type EarningsTotals = Message<"gateway.v1.EarningsTotals"> & {
+  /**
+   * Charged requests.
+   *
+   * @generated from field: uint64 requests = 1;
+   */
+  requests: bigint;
+
+  /**
+   * Decimal string.
+   *
+   * @generated from field: string input_tokens = 2;
+   */
+  inputTokens: string;
+
+  /**
+   * Decimal string.
+   *
+   * @generated from field: string output_tokens = 3;
+   */
+  outputTokens: string;
+
+  /**
+   * Credits charged, in the credit token's base units (decimal string).
+   *
+   * @generated from field: string credits = 4;
+   */
+  credits: string;
+};
+
+/**
+ * Describes the message gateway.v1.EarningsTotals.
+ * Use `create(EarningsTotalsSchema)` to create a new message.
+ */
+export const EarningsTotalsSchema: GenMessage<EarningsTotals> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 25);
+
+/**
+ * Unsettleable charges of the offer with one reason.
+ *
+ * @generated from message gateway.v1.UnsettleableEarnings
+ */
+export type UnsettleableEarnings = Message<"gateway.v1.UnsettleableEarnings"> & {
+  /**
+   * permit_closed, permit_not_found, offer_mismatch, exceeds_deposit, or the chain's revert reason.
+   *
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+
+  /**
+   * @generated from field: uint64 requests = 2;
+   */
+  requests: bigint;
+
+  /**
+   * Decimal string.
+   *
+   * @generated from field: string credits = 3;
+   */
+  credits: string;
+};
+
+/**
+ * Describes the message gateway.v1.UnsettleableEarnings.
+ * Use `create(UnsettleableEarningsSchema)` to create a new message.
+ */
+export const UnsettleableEarningsSchema: GenMessage<UnsettleableEarnings> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 26);
+
+/**
+ * A settlement batch that carries charges of the offer (of the window).
+ *
+ * @generated from message gateway.v1.EarningsBatch
+ */
+export type EarningsBatch = Message<"gateway.v1.EarningsBatch"> & {
+  /**
+   * Hex32.
+   *
+   * @generated from field: string batch_id = 1;
+   */
+  batchId: string;
+
+  /**
+   * @generated from field: gateway.v1.BatchStatus status = 2;
+   */
+  status: BatchStatus;
+
+  /**
+   * The mined transaction (settled), else empty.
+   *
+   * @generated from field: string tx_hash = 3;
+   */
+  txHash: string;
+
+  /**
+   * Unix seconds.
+   *
+   * @generated from field: int64 created_at = 4;
+   */
+  createdAt: bigint;
+
+  /**
+   * Unix seconds; absent until settled.
+   *
+   * @generated from field: optional int64 settled_at = 5;
+   */
+  settledAt?: bigint | undefined;
+
+  /**
+   * The offer's requests in the batch.
+   *
+   * @generated from field: uint64 requests = 6;
+   */
+  requests: bigint;
+
+  /**
+   * The offer's credits in the batch (decimal string).
+   *
+   * @generated from field: string credits = 7;
+   */
+  credits: string;
+};
+
+/**
+ * Describes the message gateway.v1.EarningsBatch.
+ * Use `create(EarningsBatchSchema)` to create a new message.
+ */
+export const EarningsBatchSchema: GenMessage<EarningsBatch> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 27);
+
+/**
+ * @generated from message gateway.v1.OfferEarnings
+ */
+export type OfferEarnings = Message<"gateway.v1.OfferEarnings"> & {
+  /**
+   * Hex32.
+   *
+   * @generated from field: string offer_id = 1;
+   */
+  offerId: string;
+
+  /**
+   * The offer's payout address (as indexed): where settled credits go.
+   *
+   * @generated from field: string payout = 2;
+   */
+  payout: string;
+
+  /**
+   * The window, Unix seconds: charges completed at or after `from` and before `to`.
+   *
+   * @generated from field: int64 from = 3;
+   */
+  from: bigint;
+
+  /**
+   * @generated from field: int64 to = 4;
+   */
+  to: bigint;
+
+  /**
+   * Charged, not yet in a batch.
+   *
+   * @generated from field: gateway.v1.EarningsTotals unsettled = 5;
+   */
+  unsettled?: EarningsTotals | undefined;
+
+  /**
+   * In a batch whose transaction is not settled yet.
+   *
+   * @generated from field: gateway.v1.EarningsTotals settling = 6;
+   */
+  settling?: EarningsTotals | undefined;
+
+  /**
+   * Settled on chain: paid to the payout address.
+   *
+   * @generated from field: gateway.v1.EarningsTotals settled = 7;
+   */
+  settled?: EarningsTotals | undefined;
+
+  /**
+   * Never settling (the chain will not take them).
+   *
+   * @generated from field: gateway.v1.EarningsTotals unsettleable = 8;
+   */
+  unsettleable?: EarningsTotals | undefined;
+
+  /**
+   * The unsettleable charges by reason, largest credits first.
+   *
+   * @generated from field: repeated gateway.v1.UnsettleableEarnings unsettleable_reasons = 9;
+   */
+  unsettleableReasons: UnsettleableEarnings[];
+
+  /**
+   * The batches carrying the window's charges, newest first (at most 100).
+   *
+   * @generated from field: repeated gateway.v1.EarningsBatch batches = 10;
+   */
+  batches: EarningsBatch[];
+
+  /**
+   * True when more batches carry the window's charges than are listed.
+   *
+   * @generated from field: bool batches_truncated = 11;
+   */
+  batchesTruncated: boolean;
+};
+
+/**
+ * Describes the message gateway.v1.OfferEarnings.
+ * Use `create(OfferEarningsSchema)` to create a new message.
+ */
+export const OfferEarningsSchema: GenMessage<OfferEarnings> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 28);
+
+/**
+ * @generated from message gateway.v1.GetOfferEarningsResponse
+ */
+export type GetOfferEarningsResponse = Message<"gateway.v1.GetOfferEarningsResponse"> & {
+  /**
+   * @generated from field: gateway.v1.OfferEarnings earnings = 1;
+   */
+  earnings?: OfferEarnings | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.GetOfferEarningsResponse.
+ * Use `create(GetOfferEarningsResponseSchema)` to create a new message.
+ */
+export const GetOfferEarningsResponseSchema: GenMessage<GetOfferEarningsResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_provider, 29);
+
+/**
+ * @generated from enum gateway.v1.OfferKeyBindingStatus
+ */
+export enum OfferKeyBindingStatus {
+  /**
+   * @generated from enum value: OFFER_KEY_BINDING_STATUS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: OFFER_KEY_BINDING_STATUS_ACTIVE = 1;
+   */
+  ACTIVE = 1,
+
+  /**
+   * @generated from enum value: OFFER_KEY_BINDING_STATUS_EXPIRED = 2;
+   */
+  EXPIRED = 2,
+
+  /**
+   * @generated from enum value: OFFER_KEY_BINDING_STATUS_REVOKED = 3;
+   */
+  REVOKED = 3,
+}
+
+/**
+ * Describes the enum gateway.v1.OfferKeyBindingStatus.
+ */
+export const OfferKeyBindingStatusSchema: GenEnum<OfferKeyBindingStatus> = /*@__PURE__*/
+  enumDesc(file_gateway_v1_provider, 0);
+
+/**
  * Provider onboarding: offer operators attach a private endpoint to their
  * offer by signing an EIP-712 challenge; the gateway watches its health.
  *
@@ -519,6 +1106,54 @@ export const ProviderService: GenService<{
     methodKind: "unary";
     input: typeof VerifyOfferRequestSchema;
     output: typeof VerifyOfferResponseSchema;
+  },
+  /**
+   * Builds the BindOfferKey typed data the offer's operator (as the chain names it now) signs to
+   * let the calling API key read the offer's earnings (its public id is filled in; a random
+   * nonce is made). Domain: {name: "Model Market Gateway", version: "3", chainId,
+   * verifyingContract: market}.
+   *
+   * @generated from rpc gateway.v1.ProviderService.CreateKeyBindingChallenge
+   */
+  createKeyBindingChallenge: {
+    methodKind: "unary";
+    input: typeof CreateKeyBindingChallengeRequestSchema;
+    output: typeof CreateKeyBindingChallengeResponseSchema;
+  },
+  /**
+   * Verifies the operator's signature over BindOfferKey for the calling API key (ECDSA, or
+   * ERC-1271 for a contract operator) and stores the binding. A signature that is not the
+   * operator's is UNAUTHENTICATED `invalid_signature`; a replayed nonce ABORTED `nonce_used`.
+   *
+   * @generated from rpc gateway.v1.ProviderService.BindKey
+   */
+  bindKey: {
+    methodKind: "unary";
+    input: typeof BindKeyRequestSchema;
+    output: typeof BindKeyResponseSchema;
+  },
+  /**
+   * Revokes a binding the calling API key holds on the offer (NOT_FOUND `binding_not_found` for
+   * any other). Effective at once, fleet-wide (every earnings read asks the database).
+   *
+   * @generated from rpc gateway.v1.ProviderService.RevokeKeyBinding
+   */
+  revokeKeyBinding: {
+    methodKind: "unary";
+    input: typeof RevokeKeyBindingRequestSchema;
+    output: typeof RevokeKeyBindingResponseSchema;
+  },
+  /**
+   * An offer's earnings over a window, by settlement state. Only for an API key the offer's
+   * current operator bound to it, or the settlement operator token; anyone else is
+   * PERMISSION_DENIED `not_offer_operator`.
+   *
+   * @generated from rpc gateway.v1.ProviderService.GetOfferEarnings
+   */
+  getOfferEarnings: {
+    methodKind: "unary";
+    input: typeof GetOfferEarningsRequestSchema;
+    output: typeof GetOfferEarningsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_gateway_v1_provider, 0);

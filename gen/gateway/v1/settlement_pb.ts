@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/settlement.proto.
  */
 export const file_gateway_v1_settlement: GenFile = /*@__PURE__*/
-  fileDesc("ChtnYXRld2F5L3YxL3NldHRsZW1lbnQucHJvdG8SCmdhdGV3YXkudjEiSwoMRmx1c2hSZXF1ZXN0EhkKDG1heF9yZXF1ZXN0cxgBIAEoDUgAiAEBEg8KB2RyeV9ydW4YAiABKAhCDwoNX21heF9yZXF1ZXN0cyKtAQoPU2V0dGxlbWVudEJhdGNoEhAKCGJhdGNoX2lkGAEgASgJEhAKCHJlcXVlc3RzGAIgASgEEg8KB2NyZWRpdHMYAyABKAkSDwoHdHhfaGFzaBgEIAEoCRInCgZzdGF0dXMYBSABKA4yFy5nYXRld2F5LnYxLkJhdGNoU3RhdHVzEg8KB2NoYXJnZXMYBiABKAQSCwoDZ2FzGAcgASgJEg0KBWVycm9yGAggASgJImwKElVuc2V0dGxlYWJsZUNoYXJnZRIRCglwZXJtaXRfaWQYASABKAkSEAoIb2ZmZXJfaWQYAiABKAkSEAoIcmVxdWVzdHMYAyABKAQSDwoHY3JlZGl0cxgEIAEoCRIOCgZyZWFzb24YBSABKAkitAEKDUZsdXNoUmVzcG9uc2USLAoHYmF0Y2hlcxgBIAMoCzIbLmdhdGV3YXkudjEuU2V0dGxlbWVudEJhdGNoEhgKEHNldHRsZWRfcmVxdWVzdHMYAiABKAQSFwoPc2V0dGxlZF9jcmVkaXRzGAMgASgJEjQKDHVuc2V0dGxlYWJsZRgEIAMoCzIeLmdhdGV3YXkudjEuVW5zZXR0bGVhYmxlQ2hhcmdlEgwKBGJ1c3kYBSABKAgiEgoQUmVjb25jaWxlUmVxdWVzdCKWAQoUUGVybWl0UmVjb25jaWxpYXRpb24SEQoJcGVybWl0X2lkGAEgASgJEhcKD2dhdGV3YXlfc2V0dGxlZBgCIAEoCRIWCg5sZWRnZXJfc2V0dGxlZBgDIAEoCRIVCg1jaGFpbl9zZXR0bGVkGAQgASgJEhQKDHVuc2V0dGxlYWJsZRgFIAEoCRINCgVkcmlmdBgGIAEoCCJgChNPZmZlclJlY29uY2lsaWF0aW9uEhAKCG9mZmVyX2lkGAEgASgJEhQKDGdhdGV3YXlfcGFpZBgCIAEoCRISCgpjaGFpbl9wYWlkGAMgASgJEg0KBWRyaWZ0GAQgASgIIpcBChFSZWNvbmNpbGVSZXNwb25zZRIxCgdwZXJtaXRzGAEgAygLMiAuZ2F0ZXdheS52MS5QZXJtaXRSZWNvbmNpbGlhdGlvbhIvCgZvZmZlcnMYAiADKAsyHy5nYXRld2F5LnYxLk9mZmVyUmVjb25jaWxpYXRpb24SDQoFZHJpZnQYAyABKAgSDwoHYWNjb3VudBgEIAEoCSquAQoLQmF0Y2hTdGF0dXMSHAoYQkFUQ0hfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUQkFUQ0hfU1RBVFVTX1BFTkRJTkcQARIaChZCQVRDSF9TVEFUVVNfU1VCTUlUVEVEEAISGAoUQkFUQ0hfU1RBVFVTX1NFVFRMRUQQAxIXChNCQVRDSF9TVEFUVVNfRkFJTEVEEAQSGAoUQkFUQ0hfU1RBVFVTX0RSWV9SVU4QBTKbAQoRU2V0dGxlbWVudFNlcnZpY2USPAoFRmx1c2gSGC5nYXRld2F5LnYxLkZsdXNoUmVxdWVzdBoZLmdhdGV3YXkudjEuRmx1c2hSZXNwb25zZRJICglSZWNvbmNpbGUSHC5nYXRld2F5LnYxLlJlY29uY2lsZVJlcXVlc3QaHS5nYXRld2F5LnYxLlJlY29uY2lsZVJlc3BvbnNlYgZwcm90bzM");
+  fileDesc("ChtnYXRld2F5L3YxL3NldHRsZW1lbnQucHJvdG8SCmdhdGV3YXkudjEiSwoMRmx1c2hSZXF1ZXN0EhkKDG1heF9yZXF1ZXN0cxgBIAEoDUgAiAEBEg8KB2RyeV9ydW4YAiABKAhCDwoNX21heF9yZXF1ZXN0cyKtAQoPU2V0dGxlbWVudEJhdGNoEhAKCGJhdGNoX2lkGAEgASgJEhAKCHJlcXVlc3RzGAIgASgEEg8KB2NyZWRpdHMYAyABKAkSDwoHdHhfaGFzaBgEIAEoCRInCgZzdGF0dXMYBSABKA4yFy5nYXRld2F5LnYxLkJhdGNoU3RhdHVzEg8KB2NoYXJnZXMYBiABKAQSCwoDZ2FzGAcgASgJEg0KBWVycm9yGAggASgJImwKElVuc2V0dGxlYWJsZUNoYXJnZRIRCglwZXJtaXRfaWQYASABKAkSEAoIb2ZmZXJfaWQYAiABKAkSEAoIcmVxdWVzdHMYAyABKAQSDwoHY3JlZGl0cxgEIAEoCRIOCgZyZWFzb24YBSABKAkitAEKDUZsdXNoUmVzcG9uc2USLAoHYmF0Y2hlcxgBIAMoCzIbLmdhdGV3YXkudjEuU2V0dGxlbWVudEJhdGNoEhgKEHNldHRsZWRfcmVxdWVzdHMYAiABKAQSFwoPc2V0dGxlZF9jcmVkaXRzGAMgASgJEjQKDHVuc2V0dGxlYWJsZRgEIAMoCzIeLmdhdGV3YXkudjEuVW5zZXR0bGVhYmxlQ2hhcmdlEgwKBGJ1c3kYBSABKAgiEgoQUmVjb25jaWxlUmVxdWVzdCKWAQoUUGVybWl0UmVjb25jaWxpYXRpb24SEQoJcGVybWl0X2lkGAEgASgJEhcKD2dhdGV3YXlfc2V0dGxlZBgCIAEoCRIWCg5sZWRnZXJfc2V0dGxlZBgDIAEoCRIVCg1jaGFpbl9zZXR0bGVkGAQgASgJEhQKDHVuc2V0dGxlYWJsZRgFIAEoCRINCgVkcmlmdBgGIAEoCCJgChNPZmZlclJlY29uY2lsaWF0aW9uEhAKCG9mZmVyX2lkGAEgASgJEhQKDGdhdGV3YXlfcGFpZBgCIAEoCRISCgpjaGFpbl9wYWlkGAMgASgJEg0KBWRyaWZ0GAQgASgIIpcBChFSZWNvbmNpbGVSZXNwb25zZRIxCgdwZXJtaXRzGAEgAygLMiAuZ2F0ZXdheS52MS5QZXJtaXRSZWNvbmNpbGlhdGlvbhIvCgZvZmZlcnMYAiADKAsyHy5nYXRld2F5LnYxLk9mZmVyUmVjb25jaWxpYXRpb24SDQoFZHJpZnQYAyABKAgSDwoHYWNjb3VudBgEIAEoCSJbChJMaXN0QmF0Y2hlc1JlcXVlc3QSEgoFbGltaXQYASABKA1IAIgBARInCgZzdGF0dXMYAiABKA4yFy5nYXRld2F5LnYxLkJhdGNoU3RhdHVzQggKBl9saW1pdCLHAQoLQmF0Y2hSZWNvcmQSEAoIYmF0Y2hfaWQYASABKAkSJwoGc3RhdHVzGAIgASgOMhcuZ2F0ZXdheS52MS5CYXRjaFN0YXR1cxIQCghyZXF1ZXN0cxgDIAEoBBIPCgdjcmVkaXRzGAQgASgJEg8KB3R4X2hhc2gYBSABKAkSEgoKY3JlYXRlZF9hdBgGIAEoAxIXCgpzZXR0bGVkX2F0GAcgASgDSACIAQESDQoFZXJyb3IYCCABKAlCDQoLX3NldHRsZWRfYXQiPwoTTGlzdEJhdGNoZXNSZXNwb25zZRIoCgdiYXRjaGVzGAEgAygLMhcuZ2F0ZXdheS52MS5CYXRjaFJlY29yZCquAQoLQmF0Y2hTdGF0dXMSHAoYQkFUQ0hfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUQkFUQ0hfU1RBVFVTX1BFTkRJTkcQARIaChZCQVRDSF9TVEFUVVNfU1VCTUlUVEVEEAISGAoUQkFUQ0hfU1RBVFVTX1NFVFRMRUQQAxIXChNCQVRDSF9TVEFUVVNfRkFJTEVEEAQSGAoUQkFUQ0hfU1RBVFVTX0RSWV9SVU4QBTLrAQoRU2V0dGxlbWVudFNlcnZpY2USPAoFRmx1c2gSGC5nYXRld2F5LnYxLkZsdXNoUmVxdWVzdBoZLmdhdGV3YXkudjEuRmx1c2hSZXNwb25zZRJICglSZWNvbmNpbGUSHC5nYXRld2F5LnYxLlJlY29uY2lsZVJlcXVlc3QaHS5nYXRld2F5LnYxLlJlY29uY2lsZVJlc3BvbnNlEk4KC0xpc3RCYXRjaGVzEh4uZ2F0ZXdheS52MS5MaXN0QmF0Y2hlc1JlcXVlc3QaHy5nYXRld2F5LnYxLkxpc3RCYXRjaGVzUmVzcG9uc2ViBnByb3RvMw");
 
 /**
  * @generated from message gateway.v1.FlushRequest
@@ -330,6 +330,115 @@ export const ReconcileResponseSchema: GenMessage<ReconcileResponse> = /*@__PURE_
   messageDesc(file_gateway_v1_settlement, 7);
 
 /**
+ * @generated from message gateway.v1.ListBatchesRequest
+ */
+export type ListBatchesRequest = Message<"gateway.v1.ListBatchesRequest"> & {
+  /**
+   * At most this many (default 50, at most 500).
+   *
+   * @generated from field: optional uint32 limit = 1;
+   */
+  limit?: number | undefined;
+
+  /**
+   * Only batches in this status (unspecified: all).
+   *
+   * @generated from field: gateway.v1.BatchStatus status = 2;
+   */
+  status: BatchStatus;
+};
+
+/**
+ * Describes the message gateway.v1.ListBatchesRequest.
+ * Use `create(ListBatchesRequestSchema)` to create a new message.
+ */
+export const ListBatchesRequestSchema: GenMessage<ListBatchesRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_settlement, 8);
+
+/**
+ * A stored settlement batch.
+ *
+ * @generated from message gateway.v1.BatchRecord
+ */
+export type BatchRecord = Message<"gateway.v1.BatchRecord"> & {
+  /**
+   * Hex32.
+   *
+   * @generated from field: string batch_id = 1;
+   */
+  batchId: string;
+
+  /**
+   * @generated from field: gateway.v1.BatchStatus status = 2;
+   */
+  status: BatchStatus;
+
+  /**
+   * @generated from field: uint64 requests = 3;
+   */
+  requests: bigint;
+
+  /**
+   * Decimal string.
+   *
+   * @generated from field: string credits = 4;
+   */
+  credits: string;
+
+  /**
+   * The mined transaction (settled or reverted), else empty.
+   *
+   * @generated from field: string tx_hash = 5;
+   */
+  txHash: string;
+
+  /**
+   * Unix seconds.
+   *
+   * @generated from field: int64 created_at = 6;
+   */
+  createdAt: bigint;
+
+  /**
+   * Unix seconds; absent until settled.
+   *
+   * @generated from field: optional int64 settled_at = 7;
+   */
+  settledAt?: bigint | undefined;
+
+  /**
+   * Why the batch failed (empty otherwise).
+   *
+   * @generated from field: string error = 8;
+   */
+  error: string;
+};
+
+/**
+ * Describes the message gateway.v1.BatchRecord.
+ * Use `create(BatchRecordSchema)` to create a new message.
+ */
+export const BatchRecordSchema: GenMessage<BatchRecord> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_settlement, 9);
+
+/**
+ * @generated from message gateway.v1.ListBatchesResponse
+ */
+export type ListBatchesResponse = Message<"gateway.v1.ListBatchesResponse"> & {
+  /**
+   * @generated from field: repeated gateway.v1.BatchRecord batches = 1;
+   */
+  batches: BatchRecord[];
+};
+
+/**
+ * Describes the message gateway.v1.ListBatchesResponse.
+ * Use `create(ListBatchesResponseSchema)` to create a new message.
+ */
+export const ListBatchesResponseSchema: GenMessage<ListBatchesResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_settlement, 10);
+
+/**
  * @generated from enum gateway.v1.BatchStatus
  */
 export enum BatchStatus {
@@ -404,6 +513,16 @@ export const SettlementService: GenService<{
     methodKind: "unary";
     input: typeof ReconcileRequestSchema;
     output: typeof ReconcileResponseSchema;
+  },
+  /**
+   * The most recent batches, newest first.
+   *
+   * @generated from rpc gateway.v1.SettlementService.ListBatches
+   */
+  listBatches: {
+    methodKind: "unary";
+    input: typeof ListBatchesRequestSchema;
+    output: typeof ListBatchesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_gateway_v1_settlement, 0);
