@@ -1,6 +1,8 @@
 import { createHash } from "node:crypto";
 import type { Logger } from "pino";
 import type { PublicClient } from "viem";
+import { privateKeyToAccount } from "viem/accounts";
+import { createReceiptSigner } from "../adapters/crypto/receipt-signer.js";
 import { createChainSignatureVerifier } from "../adapters/chain/signatures.js";
 import type { ChainPermitReader } from "../adapters/chain/permits.js";
 import type { Database } from "../adapters/pg/database.js";
@@ -9,9 +11,10 @@ import {
   createPgPermitAuthorizationStore,
   findApiKeyWithAuthorizations,
 } from "../adapters/pg/permit-authorizations.js";
-import { getRequest } from "../adapters/pg/requests.js";
+import { getRequest, listChargedRequests } from "../adapters/pg/requests.js";
 import type { Config } from "../config.js";
 import { createCatalogService } from "../connect/catalog-service.js";
+import { createGatewayService } from "../connect/gateway-service.js";
 import { createInferenceService } from "../connect/inference-service.js";
 import { createPermitService } from "../connect/permit-service.js";
 import { createProviderService } from "../connect/provider-service.js";
@@ -95,9 +98,23 @@ export function createApi(
     authorities,
     clock,
   });
+  // Usage receipts (docs/decisions.md, "Usage receipts"): signed on request, off the chat path.
+  const receiptSigner =
+    config.receiptPrivateKey === undefined
+      ? undefined
+      : createReceiptSigner(config.receiptPrivateKey);
   return createGatewayHandler({
     services: {
       catalog: createCatalogService(deps.catalog),
+      gateway: createGatewayService({
+        chainId: config.chainId,
+        market: config.marketAddress,
+        settlementAccount:
+          config.settlementPrivateKey === undefined
+            ? undefined
+            : privateKeyToAccount(config.settlementPrivateKey).address,
+        receiptSigner: receiptSigner?.address,
+      }),
       quote: createQuoteService(deps.inference),
       inference: createInferenceService({
         inference: deps.inference,
@@ -106,6 +123,13 @@ export function createApi(
         permitLedger: (permitId) => ledger.permitLedger(db.pool, permitId),
         clock,
         permitClock: deps.permitClock,
+        receipts: {
+          signer: receiptSigner,
+          chainId: config.chainId,
+          market: config.marketAddress,
+          listCharged: (permitId, limit, startingAfter) =>
+            listChargedRequests(db.pool, permitId, limit, startingAfter),
+        },
       }),
       permit: createPermitService({ authorizations: permitAuthorizations, clock }),
       settlement: createSettlementService({

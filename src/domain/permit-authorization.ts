@@ -110,7 +110,12 @@ export function signable<T extends AuthorizeKeyTypedData | RevokeKeyAuthorizatio
   };
 }
 
-function domainOf(chainId: number, market: Address): AuthorizationDomain {
+/**
+ * The domain of every typed data the gateway asks for or signs (DESIGN.md section 8): its own
+ * chain and market, never taken from a request, so a signature made for another chain or market
+ * is worthless here. Authorizations, revocations and usage receipts share it.
+ */
+export function gatewayDomain(chainId: number, market: Address): AuthorizationDomain {
   return {
     name: registrationDomainName,
     version: authorizationDomainVersion,
@@ -131,7 +136,7 @@ export function buildAuthorizeKeyTypedData(args: {
       AuthorizeKey: authorizeKeyFields.map((f) => ({ ...f })),
     },
     primaryType: "AuthorizeKey",
-    domain: domainOf(args.chainId, args.market),
+    domain: gatewayDomain(args.chainId, args.market),
     message: { ...args.message },
   };
 }
@@ -147,7 +152,7 @@ export function buildRevokeTypedData(args: {
       RevokeKeyAuthorization: revokeKeyAuthorizationFields.map((f) => ({ ...f })),
     },
     primaryType: "RevokeKeyAuthorization",
-    domain: domainOf(args.chainId, args.market),
+    domain: gatewayDomain(args.chainId, args.market),
     message: { ...args.message },
   };
 }

@@ -1,5 +1,6 @@
 import type { DescEnum } from "@bufbuild/protobuf";
 import type { TypedData } from "../../gen/gateway/v1/provider_pb.js";
+import type { UsageReceiptTypedData } from "../../gen/gateway/v1/inference_pb.js";
 import type {
   AuthorizeKeyTypedData,
   RevokeKeyAuthorizationTypedData,
@@ -47,7 +48,9 @@ export function typedDataView(typed: TypedData) {
 }
 
 /** The typed data's domain and types as eth_signTypedData_v4 takes them. */
-function typedDataFrame(typed: AuthorizeKeyTypedData | RevokeKeyAuthorizationTypedData) {
+function typedDataFrame(
+  typed: AuthorizeKeyTypedData | RevokeKeyAuthorizationTypedData | UsageReceiptTypedData,
+) {
   return {
     types: Object.fromEntries(
       typed.types.map((t) => [t.name, t.fields.map((f) => ({ name: f.name, type: f.type }))]),
@@ -82,6 +85,32 @@ export function revokeTypedDataView(typed: RevokeKeyAuthorizationTypedData) {
     message: {
       payer: typed.message?.payer,
       authorizationId: typed.message?.authorizationId,
+    },
+  };
+}
+
+/**
+ * A usage receipt as `eth_signTypedData_v4` (and ethers' `verifyTypedData`) verifies it: every
+ * uint64 and the uint256 charge as decimal strings (JSON numbers lose precision past 2^53),
+ * `closedAt` Unix seconds.
+ */
+export function usageReceiptView(typed: UsageReceiptTypedData) {
+  const m = typed.message;
+  return {
+    ...typedDataFrame(typed),
+    message: {
+      requestId: m?.requestId,
+      permitId: m?.permitId,
+      offerId: m?.offerId,
+      modelId: m?.modelId,
+      tariffVersion: (m?.tariffVersion ?? 0n).toString(),
+      inputTokens: (m?.inputTokens ?? 0n).toString(),
+      outputTokens: (m?.outputTokens ?? 0n).toString(),
+      cachedTokens: (m?.cachedTokens ?? 0n).toString(),
+      reasoningTokens: (m?.reasoningTokens ?? 0n).toString(),
+      charge: m?.charge,
+      billing: m?.billing,
+      closedAt: Number(m?.closedAt ?? 0n),
     },
   };
 }
