@@ -1,4 +1,7 @@
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
 import { verifyTypedData } from "ethers";
+import { getAddress } from "viem";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { GatewayService } from "../gen/gateway/v1/gateway_pb.js";
@@ -9,9 +12,11 @@ import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
 import { auditSecret } from "./helpers/log-audit.js";
 import { openPermit } from "./helpers/market.js";
-import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
+import { gatewayCli, serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
 import { chatOn, flush, settlingEnv } from "./helpers/settlement.js";
 import { authed, json, startChatStack, startTestStack, type TestStack } from "./helpers/stack.js";
+
+const run = promisify(execFile);
 
 /** The gateway's receipt key in this suite (a secret: it must never show in a log or answer). */
 const receiptKey = generatePrivateKey();
@@ -331,6 +336,74 @@ describe("signed usage receipts", () => {
     }
     expect((await list("?limit=0")).body.error.code).toBe("invalid_request");
     expect((await list("?limit=101")).body.error.code).toBe("invalid_request");
+  });
+
+  it("gateway permit audit: passes after settlement, fails naming the difference once a charge is altered in the database", async () => {
+    const permitId = await openPermit(stack, { deposit: 10n ** 18n });
+    const chats: { id: string; charged: bigint }[] = [];
+    for (let i = 0; i < 3; i++) chats.push(await chatOn(stack, permitId, { stream: i === 1 }));
+    expect((await flush(stack)).status).toBe(200);
+    const total = chats.reduce((sum, c) => sum + c.charged, 0n);
+    const env = {
+      PATH: process.env.PATH ?? "",
+      GATEWAY_URL: stack.gateway.url,
+      GATEWAY_API_KEY: stack.apiKey,
+      RPC_URL: stack.anvil.rpcUrl,
+      MARKET_ADDRESS: stack.demo.market,
+    };
+    const audit = async (args: string[]) => {
+      try {
+        const ran = await run(process.execPath, [...gatewayCli, "permit", "audit", ...args], {
+          env,
+        });
+        return { code: 0, ...ran };
+      } catch (error) {
+        const e = error as { code: number; stdout: string; stderr: string };
+        return { code: e.code, stdout: e.stdout, stderr: e.stderr };
+      }
+    };
+
+    const passed = await audit([permitId]);
+    expect(passed.stderr).toBe("");
+    expect(passed.code).toBe(0);
+    expect(passed.stdout).toContain(`settled receipts ${total} = settled on chain ${total}`);
+    const report = await audit([permitId, "--json"]);
+    expect(report.code).toBe(0);
+    expect(JSON.parse(report.stdout)).toEqual({
+      permit_id: permitId,
+      chain_id: stack.anvil.chainId,
+      market: getAddress(stack.demo.market),
+      receipt_signer: receiptSigner,
+      receipts: 3,
+      settled_receipts: 3,
+      settled_charges: total.toString(),
+      chain_settled: total.toString(),
+      difference: "0",
+      invalid: [],
+      ok: true,
+    });
+
+    // The gateway's database now claims one credit less for one request than it settled.
+    await stack.database.db.pool.query(
+      "UPDATE inference_requests SET credits_charged = credits_charged - 1 WHERE id = $1",
+      [chats[1]!.id],
+    );
+    const failed = await audit([permitId]);
+    expect(failed.code).toBe(1);
+    expect(failed.stderr).toContain(
+      `permit ${permitId}: audit FAILED: settled receipts sum to ${total - 1n}, the chain settled ${total}: difference 1 (the chain settled 1 more than the receipts)`,
+    );
+    const failedJson = await audit([permitId, "--json"]);
+    expect(failedJson.code).toBe(1);
+    expect(JSON.parse(failedJson.stdout)).toMatchObject({ difference: "1", ok: false });
+
+    // A key the payer did not authorize cannot audit: the gateway refuses the list.
+    const outsider = await createApiKey(stack.database.db.pool, "auditor");
+    auditSecret("api key", outsider.key);
+    env.GATEWAY_API_KEY = outsider.key;
+    const refused = await audit([permitId]);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain("permit_not_authorized");
   });
 
   // `gateway serve` processes share the stack's database only on a real PostgreSQL.
