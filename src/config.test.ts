@@ -59,6 +59,28 @@ describe("parseConfig", () => {
     expect((error as Error).message).not.toContain("short-secret");
   });
 
+  it("takes RECEIPT_PRIVATE_KEY (lower-cased; absent by default) and refuses a bad one without echoing it", () => {
+    expect(parseConfig(base).receiptPrivateKey).toBeUndefined();
+    const key = `0x${"Ab".repeat(32)}`;
+    expect(parseConfig({ ...base, RECEIPT_PRIVATE_KEY: key }).receiptPrivateKey).toBe(
+      key.toLowerCase(),
+    );
+    const n = "0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141";
+    for (const bad of [`0x${"00".repeat(32)}`, n, `0x${"ab".repeat(31)}`, `${"ab".repeat(32)}`]) {
+      let error: unknown;
+      try {
+        parseConfig({ ...base, RECEIPT_PRIVATE_KEY: bad });
+      } catch (e) {
+        error = e;
+      }
+      expect(error).toBeInstanceOf(ConfigError);
+      expect((error as ConfigError).problems).toEqual([
+        "RECEIPT_PRIVATE_KEY must be a 0x-prefixed 32-byte hex secp256k1 private key (0 < key < n)",
+      ]);
+      expect((error as Error).message).not.toContain(bad.slice(4, 40));
+    }
+  });
+
   it("requires the chain settings", () => {
     expect(() => parseConfig({})).toThrow(/RPC_URL is required[\s\S]*CHAIN_ID is required/);
   });

@@ -72,6 +72,11 @@ export interface Config {
   readonly apiKeyCacheMs: number;
   /** Settlement: the settlement operator account's key; absent, Flush answers 503 `settlement_unavailable`. */
   readonly settlementPrivateKey: Hex | undefined;
+  /**
+   * The key that signs usage receipts (RECEIPT_PRIVATE_KEY); absent: no receipts (their routes
+   * answer 503 `receipts_unavailable`, `GET /v1/gateway` shows `receipt_signer: null`).
+   */
+  readonly receiptPrivateKey: Hex | undefined;
   /** Gas bound of one settlement batch (below the block gas limit). */
   readonly settlementMaxBatchGas: bigint;
   /** Blocks an attempt may wait unmined before it is replaced with higher fees. */
@@ -154,6 +159,15 @@ export interface Config {
   readonly otlpTracesEndpoint: string | undefined;
   /** The `service.name` of the spans (OTEL_SERVICE_NAME). */
   readonly otelServiceName: string;
+}
+
+/** secp256k1's group order: a private key is an integer from 1 to n - 1. */
+const secp256k1N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n;
+
+function isPrivateKey(value: string): boolean {
+  if (!(isHex(value, { strict: true }) && value.length === 66)) return false;
+  const key = BigInt(value);
+  return key > 0n && key < secp256k1N;
 }
 
 export const logLevels = ["fatal", "error", "warn", "info", "debug", "trace", "silent"] as const;
@@ -257,6 +271,13 @@ export function parseConfig(env: Env): Config {
     problems.push("SETTLEMENT_PRIVATE_KEY must be a 0x-prefixed 32-byte hex private key");
   }
 
+  const receiptPrivateKey = str("RECEIPT_PRIVATE_KEY");
+  if (receiptPrivateKey !== undefined && !isPrivateKey(receiptPrivateKey)) {
+    problems.push(
+      "RECEIPT_PRIVATE_KEY must be a 0x-prefixed 32-byte hex secp256k1 private key (0 < key < n)",
+    );
+  }
+
   // Fee caps in wei, as decimal strings (amounts of money are never JS numbers).
   const wei = (key: string, fallback: bigint): bigint => {
     const raw = str(key);
@@ -329,6 +350,7 @@ export function parseConfig(env: Env): Config {
     routingCacheMs: int("ROUTING_CACHE_MS", 1000, 0, 60_000),
     apiKeyCacheMs: int("API_KEY_CACHE_MS", 5000, 0, 300_000),
     settlementPrivateKey: settlementPrivateKey?.toLowerCase() as Hex | undefined,
+    receiptPrivateKey: receiptPrivateKey?.toLowerCase() as Hex | undefined,
     settlementMaxBatchGas: BigInt(
       int("SETTLEMENT_MAX_BATCH_GAS", 12_000_000, 200_000, 1_000_000_000),
     ),

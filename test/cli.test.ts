@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import type { DevManifest } from "../src/dev/sandbox.js";
-import { encryptKeystoreJsonSync } from "ethers";
+import { encryptKeystoreJsonSync, verifyTypedData } from "ethers";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { startSettlementFixture, type SettlementFixture } from "./helpers/settlement-fixture.js";
@@ -85,6 +85,7 @@ describe("npm start (gateway dev)", () => {
         "operator",
         "permitId",
         "settlement",
+        "receiptSigner",
       ]) {
         expect(m).toHaveProperty(key);
       }
@@ -153,6 +154,29 @@ describe("npm start (gateway dev)", () => {
         250,
       );
       expect(settlement?.tx_hash).toMatch(/^0x[0-9a-f]{64}$/);
+      // The sandbox signs usage receipts with a key of its run; /v1/gateway publishes its
+      // address, the manifest names it, and the chat's receipt verifies to it.
+      const facts = (await json(await fetch(`${m.baseUrl}/v1/gateway`))) as {
+        receipt_signer: string;
+      };
+      expect(facts.receipt_signer).toBe(m.receiptSigner);
+      expect(output).toContain(`${m.baseUrl}/v1/requests/$REQUEST_ID/receipt`);
+      const signed = (await json(
+        await fetch(`${m.baseUrl}/v1/requests/${requestId}/receipt`, {
+          headers: { authorization: `Bearer ${m.apiKey}` },
+        }),
+      )) as {
+        receipt: {
+          domain: Record<string, unknown>;
+          types: Record<string, { name: string; type: string }[]>;
+          message: Record<string, unknown>;
+        };
+        signature: string;
+      };
+      const { EIP712Domain: _domain, ...types } = signed.receipt.types;
+      expect(
+        verifyTypedData(signed.receipt.domain, types, signed.receipt.message, signed.signature),
+      ).toBe(m.receiptSigner);
 
       child.kill("SIGTERM");
       expect(await exited(child)).toBe(0);

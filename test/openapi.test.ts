@@ -1,6 +1,6 @@
 import http from "node:http";
 import type { Hex } from "viem";
-import { privateKeyToAccount } from "viem/accounts";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { checkOpenApi } from "../scripts/check-openapi.js";
 import { withoutDomainType, type RegistrationTypedData } from "../src/domain/registration.js";
@@ -198,6 +198,7 @@ function everyRequest(
     ["GET", "/ready", "/ready", {}],
     ["GET", "/metrics", "/metrics", {}],
     ["GET", "/openapi.json", "/openapi.json", {}],
+    ["GET", "/v1/gateway", "/v1/gateway", {}],
     ["GET", "/v1/models", "/v1/models", credentials],
     ["GET", "/v1/models/{id}", "/v1/models/demo-chat", credentials],
     ["GET", "/v1/models/{id}/offers", "/v1/models/demo-chat/offers", credentials],
@@ -229,6 +230,13 @@ function everyRequest(
     ],
     ["GET", "/v1/requests/{id}", `/v1/requests/0x${"77".repeat(32)}`, credentials],
     ["GET", "/v1/permits/{id}", `/v1/permits/${stack.demo.permitId}`, credentials],
+    ["GET", "/v1/requests/{id}/receipt", `/v1/requests/0x${"77".repeat(32)}/receipt`, credentials],
+    [
+      "GET",
+      "/v1/permits/{id}/receipts",
+      `/v1/permits/${stack.demo.permitId}/receipts`,
+      credentials,
+    ],
     [
       "POST",
       "/v1/permit-authorizations/challenge",
@@ -326,6 +334,13 @@ function everyRequest(
   ];
 }
 
+/** The openapi stack's receipt key (a secret: registered with the log audit). */
+const receiptKey = generatePrivateKey();
+auditSecret("private key", receiptKey);
+
+/** `/v1/*` routes anyone may call: no key is checked, no rate limit applies. */
+const publicRoutes = new Set(["/v1/gateway"]);
+
 /** Documented error codes no request here provokes, with the reason (the status is still checked). */
 const notProvoked: Record<string, string> = {
   internal_error: "a bug",
@@ -336,6 +351,8 @@ const notProvoked: Record<string, string> = {
   upstream_unavailable: "an unresolvable or refusing provider host; answered in test/chat.test.ts",
   settlement_unavailable:
     "needs a gateway without SETTLEMENT_PRIVATE_KEY (test/settlement.test.ts)",
+  receipts_unavailable:
+    "needs a gateway without RECEIPT_PRIVATE_KEY (test/receipts.test.ts, the 503 checked there)",
   endpoint_not_allowed: "needs ALLOW_PRIVATE_ENDPOINTS off, and the fake provider is on loopback",
   model_not_found: "verify: needs a quarantined model (test/indexer-quarantine.test.ts)",
   offer_at_capacity: "needs max_concurrency requests in flight (test/ledger-concurrency.test.ts)",
@@ -387,6 +404,7 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       {
         BODY_LIMIT_BYTES: String(bodyLimit),
         SETTLEMENT_PRIVATE_KEY: settlementKey,
+        RECEIPT_PRIVATE_KEY: receiptKey,
         PERMIT_CACHE_MS: "0",
         SHUTDOWN_GRACE_MS: "1000",
         // Each verify below is meant to run; the bound is test/provider.test.ts's.
@@ -479,7 +497,7 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       [{ authorization: "Basic abc" }, "missing_api_key"],
     ] as const) {
       for (const [method, route, path, headers, body] of everyRequest(stack, credentials).filter(
-        ([, r]) => r.startsWith("/v1/"),
+        ([, r]) => r.startsWith("/v1/") && !publicRoutes.has(r),
       )) {
         const { answer } = await call(
           method,
@@ -1352,6 +1370,83 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     await verify({ status: 200 }, coderOffer);
   });
 
+  it("usage receipts: the gateway's facts, a request's receipt, a permit's receipts", async () => {
+    const facts = await call("GET", "/v1/gateway", "/v1/gateway", { status: 200 }, { headers: {} });
+    expect(facts.body!.receipt_signer).toBe(privateKeyToAccount(receiptKey).address);
+    const chatted = await chat({ status: 200 }, { model: "demo-chat", messages, max_tokens: 8 });
+    const id = chatted.answer.headers["x-gateway-request-id"] as string;
+    const receipt = `/v1/requests/${id}/receipt`;
+    const signed = await call("GET", "/v1/requests/{id}/receipt", receipt, { status: 200 });
+    expect(signed.body!.signer).toBe(facts.body!.receipt_signer);
+    await call("GET", "/v1/requests/{id}/receipt", `/v1/requests/0x${"78".repeat(32)}/receipt`, {
+      status: 404,
+      code: "request_not_found",
+    });
+    await call("GET", "/v1/requests/{id}/receipt", "/v1/requests/0x12/receipt", {
+      status: 400,
+      code: "invalid_hex",
+    });
+    await call("GET", "/v1/requests/{id}/receipt", "/v1/requests/%zz/receipt", {
+      status: 400,
+      code: "invalid_request",
+    });
+    // A request still open has none yet; one closed without a charge (void) none ever.
+    fake.setOptions({ stallAfterChunks: 1 });
+    const abort = new AbortController();
+    try {
+      const open = await fetch(`${base}/v1/chat/completions`, {
+        method: "POST",
+        headers: { ...jsonHeaders(), "x-gateway-permit": stack.demo.permitId },
+        body: JSON.stringify({ model: "demo-chat", messages, stream: true }),
+        signal: abort.signal,
+      });
+      const openId = open.headers.get("x-gateway-request-id")!;
+      await call("GET", "/v1/requests/{id}/receipt", `/v1/requests/${openId}/receipt`, {
+        status: 409,
+        code: "request_not_closed",
+      });
+    } finally {
+      abort.abort();
+      fake.setOptions({ stallAfterChunks: undefined });
+    }
+    fake.setOptions({ failStatus: 500 });
+    try {
+      await chat({ status: 502, code: "upstream_error" }, { model: "demo-chat", messages });
+    } finally {
+      fake.setOptions({ failStatus: undefined });
+    }
+    const { rows } = await stack.database.db.pool.query<{ id: string }>(
+      "SELECT id FROM inference_requests WHERE billing = 'void' ORDER BY created_at DESC LIMIT 1",
+    );
+    await call("GET", "/v1/requests/{id}/receipt", `/v1/requests/${rows[0]!.id}/receipt`, {
+      status: 404,
+      code: "receipt_not_found",
+    });
+
+    const list = (path: string, expected: { status: number; code?: string }, headers = key()) =>
+      call("GET", "/v1/permits/{id}/receipts", path, expected, { headers });
+    const page = await list(`/v1/permits/${stack.demo.permitId}/receipts?limit=1`, {
+      status: 200,
+    });
+    expect((page.body!.data as unknown[]).length).toBe(1);
+    await list(`/v1/permits/0x${"42".repeat(32)}/receipts`, {
+      status: 402,
+      code: "permit_not_found",
+    });
+    await list("/v1/permits/0x12/receipts", { status: 400, code: "invalid_hex" });
+    await list(`/v1/permits/${stack.demo.permitId}/receipts?limit=0`, {
+      status: 400,
+      code: "invalid_request",
+    });
+    const outsider = await createApiKey(stack.database.db.pool, "receipts outsider");
+    auditSecret("api key", outsider.key);
+    await list(
+      `/v1/permits/${stack.demo.permitId}/receipts`,
+      { status: 403, code: "permit_not_authorized" },
+      { authorization: `Bearer ${outsider.key}` },
+    );
+  });
+
   it("settlement flush (operator token)", async () => {
     const op = {
       authorization: `Bearer ${stack.operatorToken}`,
@@ -1617,8 +1712,8 @@ describe.runIf(rateLimits || bodyTimeout)("the limits of issue 12 conform too", 
   it.runIf(rateLimits)(
     "over its rate, an API key gets 429 rate_limited with Retry-After on every route",
     async () => {
-      for (const [method, route, path, headers, body] of everyRequest(stack).filter(([, r]) =>
-        r.startsWith("/v1/"),
+      for (const [method, route, path, headers, body] of everyRequest(stack).filter(
+        ([, r]) => r.startsWith("/v1/") && !publicRoutes.has(r),
       )) {
         // The bucket holds one request: the second within a second is refused.
         let answer: Answer;

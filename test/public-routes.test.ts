@@ -32,7 +32,8 @@ function countQueries(pool: pg.Pool): { readonly count: number } {
 }
 
 // DESIGN.md section 8, "Unauthenticated routes cost nothing": /health, /ready and /metrics answer
-// from state at most a second old; no request to them reaches the database or the chain.
+// from state at most a second old; no request to them reaches the database or the chain;
+// /v1/gateway answers from memory alone.
 describe("unauthenticated routes", () => {
   let stack: TestStack;
   let proxy: RpcProxy;
@@ -70,6 +71,29 @@ describe("unauthenticated routes", () => {
       if (queries.count === before[0] && proxy.calls() === before[1]) return;
     }
   }
+
+  it("500 requests to /v1/gateway (no key) reach neither the database nor the chain", async () => {
+    await quiet();
+    const before = { queries: queries.count, rpc: proxy.calls() };
+    const answers = await Promise.all(
+      Array.from({ length: 500 }, async () => {
+        const res = await fetch(`${stack.gateway.url}/v1/gateway`);
+        return `${res.status} ${await res.text()}`;
+      }),
+    );
+    expect(new Set(answers)).toEqual(
+      new Set([
+        `200 ${JSON.stringify({
+          object: "gateway",
+          chain_id: stack.anvil.chainId,
+          market: stack.demo.market,
+          settlement_account: null,
+          receipt_signer: null,
+        })}`,
+      ]),
+    );
+    expect({ queries: queries.count, rpc: proxy.calls() }).toEqual(before);
+  });
 
   it("1,000 requests to /health, /ready and /metrics read each source at most once a second", async () => {
     await quiet();

@@ -1,6 +1,8 @@
 import { hash } from "node:crypto";
 import type { Logger } from "pino";
 import type { Hex, PublicClient } from "viem";
+import { privateKeyToAccount } from "viem/accounts";
+import { createReceiptSigner } from "../adapters/crypto/receipt-signer.js";
 import { createChainSignatureVerifier } from "../adapters/chain/signatures.js";
 import type { ChainPermitReader } from "../adapters/chain/permits.js";
 import type { Database } from "../adapters/pg/database.js";
@@ -9,7 +11,7 @@ import {
   createPgPermitAuthorizationStore,
   findApiKeyWithAuthorizations,
 } from "../adapters/pg/permit-authorizations.js";
-import { getRequest } from "../adapters/pg/requests.js";
+import { getRequest, listChargedRequests } from "../adapters/pg/requests.js";
 import { createChainOfferReader } from "../adapters/chain/offers.js";
 import { createPgEarningsStore, listBatches } from "../adapters/pg/earnings.js";
 import { createPgOfferKeyBindingStore } from "../adapters/pg/offer-key-bindings.js";
@@ -17,6 +19,7 @@ import { createOfferEarningsService } from "../domain/offer-earnings.js";
 import { createOfferKeyBindingService } from "../domain/offer-key-binding.js";
 import type { Config } from "../config.js";
 import { createCatalogService } from "../connect/catalog-service.js";
+import { createGatewayService } from "../connect/gateway-service.js";
 import { createInferenceService } from "../connect/inference-service.js";
 import { createPermitService } from "../connect/permit-service.js";
 import { createProviderService } from "../connect/provider-service.js";
@@ -119,9 +122,23 @@ export function createApi(
     store: createPgEarningsStore(db.pool),
     clock,
   });
+  // Usage receipts (docs/decisions.md, "Usage receipts"): signed on request, off the chat path.
+  const receiptSigner =
+    config.receiptPrivateKey === undefined
+      ? undefined
+      : createReceiptSigner(config.receiptPrivateKey);
   return createGatewayHandler({
     services: {
       catalog: createCatalogService(deps.catalog, deps.reputation),
+      gateway: createGatewayService({
+        chainId: config.chainId,
+        market: config.marketAddress,
+        settlementAccount:
+          config.settlementPrivateKey === undefined
+            ? undefined
+            : privateKeyToAccount(config.settlementPrivateKey).address,
+        receiptSigner: receiptSigner?.address,
+      }),
       quote: createQuoteService(deps.inference),
       inference: createInferenceService({
         inference: deps.inference,
@@ -130,6 +147,13 @@ export function createApi(
         permitLedger: (permitId) => ledger.permitLedger(db.pool, permitId),
         clock,
         permitClock: deps.permitClock,
+        receipts: {
+          signer: receiptSigner,
+          chainId: config.chainId,
+          market: config.marketAddress,
+          listCharged: (permitId, limit, startingAfter) =>
+            listChargedRequests(db.pool, permitId, limit, startingAfter),
+        },
       }),
       permit: createPermitService({ authorizations: permitAuthorizations, clock }),
       settlement: createSettlementService({

@@ -121,6 +121,8 @@ async function run(argv: string[]): Promise<void> {
           `  curl -si ${manifest.baseUrl}/v1/chat/completions -H 'Authorization: Bearer ${manifest.apiKey}' -H 'X-Gateway-Permit: ${manifest.permitId}' -H 'Content-Type: application/json' -d '{"model": "${model}", "messages": [{"role": "user", "content": "hi"}]}'\n` +
           `Its record, settlement status included (set REQUEST_ID to that header):\n` +
           `  curl -s ${manifest.baseUrl}/v1/requests/$REQUEST_ID -H 'Authorization: Bearer ${manifest.apiKey}'\n` +
+          `Its usage receipt, signed by ${manifest.receiptSigner} (GET /v1/gateway publishes it):\n` +
+          `  curl -s ${manifest.baseUrl}/v1/requests/$REQUEST_ID/receipt -H 'Authorization: Bearer ${manifest.apiKey}'\n` +
           `Flush now instead of waiting (settlement operator token):\n` +
           `  curl -s -X POST ${manifest.settlement.flushUrl} -H 'Authorization: Bearer ${manifest.settlementOperatorToken}'\n\n` +
           `The demo key may spend the demo payer's permits because the payer signed for it. To let another\n` +

@@ -4,6 +4,7 @@ import { isAddress, type Address, type Hex } from "viem";
 import { isHex32 } from "../domain/hex.js";
 import { authorizeApiKey, revokeAuthorizationAsPayer } from "../permit/client.js";
 import { GatewayRequestError, type GatewayConnection } from "../provider/client.js";
+import { isAuditUsageError, runPermitAudit } from "./permit-audit.js";
 import { loadSigner, SignerUsageError } from "./signer.js";
 
 export const permitUsage = `usage: gateway permit <command>
@@ -14,6 +15,9 @@ export const permitUsage = `usage: gateway permit <command>
                           (no --permit: every permit of the payer; default expiry 30 days)
   revoke ID [--keystore FILE] [--json]
                           revoke authorization ID with the payer's signature (any API key)
+  audit PERMIT_ID [--json]
+                          check the permit's signed usage receipts against the chain (RPC_URL,
+                          MARKET_ADDRESS): exit 0 when the settled receipts add up to what settled
 
 Gateway: GATEWAY_URL and GATEWAY_API_KEY (or --gateway / --api-key)
 Payer:   PAYER_PRIVATE_KEY, or --keystore FILE (an encrypted JSON keystore) with KEYSTORE_PASSWORD;
@@ -96,6 +100,17 @@ export async function runPermitCommand(
           );
         return 0;
       }
+      case "audit": {
+        if (target === undefined || !isHex32(target))
+          throw new PermitUsageError("a permit id (0x + 64 hex digits) is required");
+        return await runPermitAudit(
+          target as Hex,
+          { json: values.json === true },
+          gateway,
+          env,
+          out,
+        );
+      }
       default:
         throw new PermitUsageError(
           action === undefined ? "missing permit command" : `unknown permit command '${action}'`,
@@ -105,6 +120,7 @@ export async function runPermitCommand(
     if (
       error instanceof PermitUsageError ||
       error instanceof SignerUsageError ||
+      isAuditUsageError(error) ||
       (error as { code?: string }).code?.startsWith("ERR_PARSE_ARGS") === true
     ) {
       out.error(`${(error as Error).message}\n\n${permitUsage}`);

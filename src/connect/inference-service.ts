@@ -8,23 +8,32 @@ import {
   ChatStartedSchema,
   Dialect,
   GetPermitResponseSchema,
+  GetRequestReceiptResponseSchema,
   GetRequestResponseSchema,
   InferenceService,
+  ListPermitReceiptsResponseSchema,
   MeteringSchema,
   PermitState,
   RequestStatus,
   SettlementStatus,
   StreamChatCompletionResponseSchema,
   type Metering as MeteringMessageShape,
+  type RequestSettlement,
   type StreamChatCompletionResponse,
+  type UsageReceiptTypedData as UsageReceiptTypedDataMessage,
 } from "../../gen/gateway/v1/inference_pb.js";
 import type { RequestRecord } from "../adapters/pg/requests.js";
 import { GatewayError } from "../domain/errors.js";
 import type { ChatEvent, Inference, Metering } from "../domain/chat/index.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
 import { readPermitBalance, type PermitLedger } from "../domain/permit-balance.js";
-import type { PermitReader } from "../domain/permits.js";
+import type { Permit, PermitReader } from "../domain/permits.js";
 import { requireAuthority } from "../domain/permit-authorization.js";
+import {
+  buildUsageReceipt,
+  type ReceiptSigner,
+  type UsageReceiptTypedData,
+} from "../domain/receipts.js";
 import { callerKey, type Caller } from "./context.js";
 
 export interface InferenceServiceDeps {
@@ -42,7 +51,28 @@ export interface InferenceServiceDeps {
    * chain's latest block time the gateway has seen); default `clock`.
    */
   readonly permitClock?: () => number;
+  /** Usage receipts; absent: the receipt RPCs answer `receipts_unavailable`. */
+  readonly receipts?: InferenceReceiptDeps;
 }
+
+export interface InferenceReceiptDeps {
+  /** Absent when this gateway has no receipt key (RECEIPT_PRIVATE_KEY). */
+  readonly signer: ReceiptSigner | undefined;
+  /** The typed-data domain's chain and market. */
+  readonly chainId: number;
+  readonly market: Hex;
+  /** A permit's charged records in the order they closed (adapters/pg/requests.ts). */
+  readonly listCharged: (
+    permitId: Hex,
+    limit: number,
+    startingAfter: string | undefined,
+  ) => Promise<RequestRecord[]>;
+}
+
+/** Receipts per page of ListPermitReceipts: the default and the most. */
+export const receiptPage = { default: 50, max: 100 } as const;
+/** Signatures made in a row before the list yields to the event loop (a signature is ~1 ms). */
+const signaturesPerSlice = 8;
 
 /** The chat RPC's dialect -> the translator stage's name (undefined: a chat completion). */
 export function dialectName(dialect: Dialect): "responses" | "messages" | undefined {
@@ -180,6 +210,67 @@ const settlementToProto: Record<string, SettlementStatus> = {
   unsettleable: SettlementStatus.UNSETTLEABLE,
 };
 
+function settlementMessage(record: RequestRecord): Omit<RequestSettlement, "$typeName"> {
+  return {
+    status: settlementToProto[record.settlementStatus] ?? SettlementStatus.UNSPECIFIED,
+    batchId: record.batchId ?? "",
+    txHash: record.txHash ?? "",
+    settledAt: record.settledAt === null ? undefined : BigInt(record.settledAt),
+    reason: record.settlementReason ?? "",
+  };
+}
+
+function receiptMessage(
+  receipt: UsageReceiptTypedData,
+): Omit<UsageReceiptTypedDataMessage, "$typeName"> {
+  const m = receipt.message;
+  return {
+    domain: {
+      $typeName: "gateway.v1.TypedDataDomain",
+      name: receipt.domain.name,
+      version: receipt.domain.version,
+      chainId: BigInt(receipt.domain.chainId),
+      verifyingContract: receipt.domain.verifyingContract,
+    },
+    types: Object.entries(receipt.types).map(([name, fields]) => ({
+      $typeName: "gateway.v1.TypedDataType",
+      name,
+      fields: fields.map((f) => ({ $typeName: "gateway.v1.TypedDataField", ...f })),
+    })),
+    primaryType: receipt.primaryType,
+    message: {
+      $typeName: "gateway.v1.UsageReceiptMessage",
+      requestId: m.requestId,
+      permitId: m.permitId,
+      offerId: m.offerId,
+      modelId: m.modelId,
+      tariffVersion: BigInt(m.tariffVersion),
+      inputTokens: BigInt(m.inputTokens),
+      outputTokens: BigInt(m.outputTokens),
+      cachedTokens: BigInt(m.cachedTokens),
+      reasoningTokens: BigInt(m.reasoningTokens),
+      charge: m.charge,
+      billing: m.billing,
+      closedAt: BigInt(m.closedAt),
+    },
+  };
+}
+
+function receiptSigner(receipts: InferenceReceiptDeps | undefined): {
+  deps: InferenceReceiptDeps;
+  signer: ReceiptSigner;
+} {
+  if (receipts?.signer === undefined) {
+    throw new GatewayError(
+      "receipts_unavailable",
+      "this gateway has no receipt key configured (RECEIPT_PRIVATE_KEY): it signs no receipts",
+    );
+  }
+  return { deps: receipts, signer: receipts.signer };
+}
+
+const yieldToEventLoop = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
+
 export function createInferenceService(
   deps: InferenceServiceDeps,
 ): ServiceImpl<typeof InferenceService> {
@@ -231,14 +322,87 @@ export function createInferenceService(
           error: record.error ?? "",
           createdAt: BigInt(record.createdAt),
           completedAt: record.completedAt === null ? undefined : BigInt(record.completedAt),
-          settlement: {
-            status: settlementToProto[record.settlementStatus] ?? SettlementStatus.UNSPECIFIED,
-            batchId: record.batchId ?? "",
-            txHash: record.txHash ?? "",
-            settledAt: record.settledAt === null ? undefined : BigInt(record.settledAt),
-            reason: record.settlementReason ?? "",
-          },
+          settlement: settlementMessage(record),
         },
+      });
+    },
+
+    async getRequestReceipt(req, ctx) {
+      const { deps: receipts, signer } = receiptSigner(deps.receipts);
+      if (!isHex32(req.id)) throw new GatewayError("invalid_hex", "request id must be a Hex32");
+      const id = normalizeHex(req.id);
+      await deps.inference.whenRecorded(id);
+      // The record's rule: only the key that made the request, and another key's looks absent.
+      const record = await deps.findRequest(id, apiKeyOf(ctx));
+      if (record === undefined)
+        throw new GatewayError("request_not_found", `request ${req.id} does not exist`);
+      const signed = await signer.sign(
+        buildUsageReceipt(record, { chainId: receipts.chainId, market: receipts.market }),
+      );
+      return create(GetRequestReceiptResponseSchema, {
+        receipt: receiptMessage(signed.receipt),
+        signature: signed.signature,
+        signer: signed.signer,
+      });
+    },
+
+    async listPermitReceipts(req, ctx) {
+      const { deps: receipts, signer } = receiptSigner(deps.receipts);
+      const { authority } = callerOf(ctx);
+      if (!isHex32(req.permitId))
+        throw new GatewayError("invalid_hex", "the permit id must be a Hex32");
+      if (req.startingAfter !== "" && !isHex32(req.startingAfter))
+        throw new GatewayError("invalid_hex", "starting_after must be a request id (Hex32)");
+      if (req.limit > receiptPage.max)
+        throw new GatewayError("invalid_request", `limit must be 1 to ${receiptPage.max}`);
+      const permitId = normalizeHex(req.permitId);
+      // Who may list is who may see the balance (GetPermit): keys the payer authorized, judged
+      // from memory on the permit read from the chain, before the database is asked.
+      let permit: Permit | undefined;
+      try {
+        permit = await deps.permits.get(permitId);
+      } catch (err) {
+        if (err instanceof GatewayError) throw err;
+        throw new GatewayError("chain_unavailable", "the permit could not be read from the chain", {
+          cause: err,
+        });
+      }
+      if (permit === undefined)
+        throw new GatewayError("permit_not_found", `permit ${permitId} does not exist`);
+      requireAuthority(authority, permit, deps.clock());
+      const limit = req.limit === 0 ? receiptPage.default : req.limit;
+      let records: RequestRecord[];
+      try {
+        records = await receipts.listCharged(
+          permitId,
+          limit + 1,
+          req.startingAfter === "" ? undefined : normalizeHex(req.startingAfter),
+        );
+      } catch (err) {
+        throw new GatewayError("database_unavailable", "the receipts could not be read", {
+          cause: err,
+        });
+      }
+      const page = records.slice(0, limit);
+      const out = [];
+      for (let i = 0; i < page.length; i++) {
+        // A page signs up to `max` receipts: in slices, so chats on this process are not held
+        // up behind it.
+        if (i > 0 && i % signaturesPerSlice === 0) await yieldToEventLoop();
+        const record = page[i]!;
+        const signed = await signer.sign(
+          buildUsageReceipt(record, { chainId: receipts.chainId, market: receipts.market }),
+        );
+        out.push({
+          receipt: receiptMessage(signed.receipt),
+          signature: signed.signature,
+          signer: signed.signer,
+          settlement: settlementMessage(record),
+        });
+      }
+      return create(ListPermitReceiptsResponseSchema, {
+        receipts: out,
+        hasMore: records.length > limit,
       });
     },
 

@@ -10,6 +10,7 @@ import {
 } from "@connectrpc/connect";
 import type { Logger } from "pino";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
+import { GatewayService } from "../../gen/gateway/v1/gateway_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import type { SpendingAuthority } from "../domain/permit-authorization.js";
@@ -244,16 +245,18 @@ const operatorOrApiKey = new Set([
 ]);
 
 /**
- * Every RPC needs credentials: the settlement service the operator token,
- * everything else an API key, whose request rate is then checked (429 `rate_limited` with
- * Retry-After); a few ({@link operatorOrApiKey}) take either. The settlement operator is not
- * rate limited.
+ * Every RPC needs credentials but GatewayService's (public facts answered from memory): the
+ * settlement service the operator token, everything else an API key, whose request rate is then
+ * checked (429 `rate_limited` with Retry-After); a few ({@link operatorOrApiKey}) take either.
+ * The settlement operator is not rate limited.
  */
 export function authInterceptor(options: AuthOptions): Interceptor {
   const operatorDigest = digest(options.settlementOperatorToken);
   const isOperator = (token: string | undefined): boolean =>
     token !== undefined && timingSafeEqual(digest(token), operatorDigest);
   return (next) => async (req) => {
+    // Whatever credentials come with it: a public answer needs none, and checks none.
+    if (req.service.typeName === GatewayService.typeName) return next(req);
     const token = bearer(req.header.get("authorization"));
     if (req.service.typeName === SettlementService.typeName) {
       if (!isOperator(token)) {

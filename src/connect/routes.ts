@@ -1,5 +1,6 @@
 import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
 import { CatalogService } from "../../gen/gateway/v1/catalog_pb.js";
+import { GatewayService } from "../../gen/gateway/v1/gateway_pb.js";
 import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
 import { PermitService } from "../../gen/gateway/v1/permit_pb.js";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
@@ -18,6 +19,8 @@ export interface Services {
   readonly permit?: Partial<ServiceImpl<typeof PermitService>>;
   readonly provider?: Partial<ServiceImpl<typeof ProviderService>>;
   readonly settlement?: Partial<ServiceImpl<typeof SettlementService>>;
+  /** Public facts (no credentials). */
+  readonly gateway?: Partial<ServiceImpl<typeof GatewayService>>;
 }
 
 /** The services with their implementations, in one list for the router and the in-process transport. */
@@ -29,6 +32,7 @@ export function serviceBindings(services: Services): ServiceBinding[] {
     { service: PermitService, impl: services.permit ?? {} },
     { service: ProviderService, impl: services.provider ?? {} },
     { service: SettlementService, impl: services.settlement ?? {} },
+    { service: GatewayService, impl: services.gateway ?? {} },
   ];
 }
 
@@ -40,5 +44,6 @@ export function createRoutes(services: Services): (router: ConnectRouter) => voi
     router.service(PermitService, services.permit ?? {});
     router.service(ProviderService, services.provider ?? {});
     router.service(SettlementService, services.settlement ?? {});
+    router.service(GatewayService, services.gateway ?? {});
   };
 }

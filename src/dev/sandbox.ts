@@ -9,7 +9,7 @@ import { createApiKey } from "../adapters/pg/api-keys.js";
 import { authorizeApiKey } from "../permit/client.js";
 import { startGateway, type Gateway } from "../app.js";
 import { parseConfig } from "../config.js";
-import { privateKeyToAccount } from "viem/accounts";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { registerEndpoint, verifyOffer } from "../provider/client.js";
 import { connectSettlement } from "../settlement/client.js";
 import { createSettlementWorker, type SettlementWorker } from "../settlement/worker.js";
@@ -38,6 +38,11 @@ export interface DevManifest {
   permitId: Hex;
   /** What to watch settlement with: the account that settles, the worker's pace, the flush route. */
   settlement: { account: Address; workerIntervalMs: number; flushUrl: string };
+  /**
+   * The address that signs usage receipts (`GET /v1/gateway`'s `receipt_signer`). Its key is
+   * made for this run and written nowhere.
+   */
+  receiptSigner: Address;
 }
 
 export interface Sandbox {
@@ -79,6 +84,8 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
     const catalogFile = join(stateDir, "catalog.json");
     await writeFile(catalogFile, `${JSON.stringify({ models: demo.catalog }, null, 2)}\n`);
     const settlementOperatorToken = `op_${randomBytes(24).toString("hex")}`;
+    // A receipt key of this run's own: it lives only in this process (config), never on disk.
+    const receiptKey = generatePrivateKey();
     const config = parseConfig({
       RPC_URL: anvil.rpcUrl,
       CHAIN_ID: String(anvil.chainId),
@@ -89,6 +96,7 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
       CATALOG_FILE: catalogFile,
       SETTLEMENT_OPERATOR_TOKEN: settlementOperatorToken,
       SETTLEMENT_PRIVATE_KEY: roles.settlement.privateKey,
+      RECEIPT_PRIVATE_KEY: receiptKey,
       HOST: options.host ?? "127.0.0.1",
       PORT: String(options.port ?? 8080),
       GATEWAY_STATE_DIR: stateDir,
@@ -139,6 +147,7 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
           workerIntervalMs,
           flushUrl: `${gateway.url}/settlements/flush`,
         },
+        receiptSigner: privateKeyToAccount(receiptKey).address,
       };
       const manifestPath = join(stateDir, "dev.json");
       // Write-then-rename, so a script polling for the file never reads half of it.

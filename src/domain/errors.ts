@@ -79,12 +79,16 @@ export const errorCodes = {
   // No key binding with this id held by the calling key on the offer (a revocation).
   binding_not_found: "not_found",
   route_not_found: "not_found",
+  // The request closed without a charge (void): it has no usage receipt, and never will.
+  receipt_not_found: "not_found",
   method_not_allowed: "method",
   quote_expired: "conflict",
   quote_mismatch: "conflict",
   quote_used: "conflict",
   tariff_changed: "conflict",
   nonce_used: "conflict",
+  // The request is still open: its usage receipt exists once it closes with a charge.
+  request_not_closed: "conflict",
   idempotency_in_progress: "conflict",
   // The answer to this Idempotency-Key was larger than IDEMPOTENCY_MAX_RESULT_BYTES: not kept.
   idempotency_result_too_large: "conflict",
@@ -111,6 +115,8 @@ export const errorCodes = {
   database_unavailable: "unavailable",
   // This gateway has no settlement account configured (SETTLEMENT_PRIVATE_KEY).
   settlement_unavailable: "unavailable",
+  // This gateway has no receipt key configured (RECEIPT_PRIVATE_KEY): it signs no receipts.
+  receipts_unavailable: "unavailable",
   // The process is stopping (SIGTERM): a request arriving now, or one cut at the end of the grace.
   shutting_down: "unavailable",
 } as const satisfies Record<string, ErrorKind>;

@@ -118,8 +118,10 @@ export function signable<
 }
 
 /**
- * The one EIP-712 domain of every signature the gateway asks for (registration, permit
- * authorizations, offer key bindings): always its own chain and market, never a request's.
+ * The one EIP-712 domain of every typed data the gateway asks for or signs (DESIGN.md section 8:
+ * registration, permit authorizations, offer key bindings, usage receipts): always its own chain
+ * and market, never taken from a request, so a signature made for another chain or market is
+ * worthless here.
  */
 export function gatewaySigningDomain(chainId: number, market: Address): AuthorizationDomain {
   return {

@@ -1,5 +1,6 @@
 import { Type, type Static, type TSchema } from "@sinclair/typebox";
 import { CatalogService } from "../../gen/gateway/v1/catalog_pb.js";
+import { GatewayService } from "../../gen/gateway/v1/gateway_pb.js";
 import { Dialect, InferenceService } from "../../gen/gateway/v1/inference_pb.js";
 import { ModelStatusSchema, OfferStatusSchema } from "../../gen/gateway/v1/market_pb.js";
 import { PermitAuthorizationStatusSchema, PermitService } from "../../gen/gateway/v1/permit_pb.js";
@@ -49,6 +50,7 @@ import {
   permitBalanceResource,
   quoteResource,
   requestResource,
+  settlementOfRequest,
 } from "../schema/resources.js";
 import {
   OpenAIError,
@@ -69,6 +71,7 @@ import {
   RevokeBySignatureRequest,
   RevokeKeyAuthorizationTypedData,
 } from "../schema/signing.js";
+import { gatewayResource, PermitReceiptList, SignedUsageReceipt } from "../schema/receipts.js";
 import { compileBody, type BodyCheck } from "../schema/validate.js";
 import { readJsonBytes, type NodeRequest } from "./body.js";
 import { relayChat } from "./chat.js";
@@ -89,6 +92,7 @@ import {
   parseStatusFilter,
   revokeTypedDataView,
   typedDataView,
+  usageReceiptView,
 } from "./views.js";
 
 /**
@@ -418,6 +422,22 @@ export const routes: readonly Route[] = [
   },
   {
     method: "GET",
+    path: "/v1/gateway",
+    operationId: "getGateway",
+    summary: "This gateway's public facts (no credentials)",
+    description:
+      "The chain and market it serves, its settlement account and the address that signs its usage receipts (null when it has no receipt key). Answered from memory.",
+    tag: "operations",
+    auth: "none",
+    answer: { description: "The gateway", schema: gatewayResource.schema },
+    handle: async ({ rpc, options }) => {
+      const { gateway } = await rpc.unary(GatewayService.method.getGateway, {}, options);
+      if (gateway === undefined) throw new Error("GetGateway answered without the facts");
+      return { body: gatewayResource.view(gateway) };
+    },
+  },
+  {
+    method: "GET",
     path: "/v1/models",
     operationId: "listModels",
     summary: "List canonical models",
@@ -602,6 +622,45 @@ export const routes: readonly Route[] = [
   },
   {
     method: "GET",
+    path: "/v1/requests/{id}/receipt",
+    operationId: "getRequestReceipt",
+    summary: "The signed usage receipt of a request (only the API key that made it)",
+    description: [
+      "EIP-712 `UsageReceipt` typed data over the request's closed record, wallet-ready",
+      "(`eth_signTypedData_v4`; ethers' `verifyTypedData` without the `EIP712Domain` entry), and",
+      "the gateway's receipt key's signature over it; `signer` is the address `GET /v1/gateway`",
+      "publishes. Signed from the durable record when asked (deterministic: the same record,",
+      "the same signature). Another key's request is 404 `request_not_found`, as the record;",
+      "an open request 409 `request_not_closed`; one closed without a charge (void) 404",
+      "`receipt_not_found`; a gateway without a receipt key 503 `receipts_unavailable`.",
+    ].join("\n"),
+    tag: "inference",
+    pathId: { description: "request id (X-Gateway-Request-Id)", schema: Hex32 },
+    answer: { description: "The signed receipt", schema: SignedUsageReceipt },
+    errors: {
+      400: ["invalid_hex"],
+      404: ["request_not_found", "receipt_not_found"],
+      409: ["request_not_closed"],
+      503: ["receipts_unavailable"],
+    },
+    handle: async ({ rpc, options, params }) => {
+      const answer = await rpc.unary(
+        InferenceService.method.getRequestReceipt,
+        { id: params[0] },
+        options,
+      );
+      if (answer.receipt === undefined) throw new Error("GetRequestReceipt answered no receipt");
+      return {
+        body: {
+          receipt: usageReceiptView(answer.receipt),
+          signature: answer.signature,
+          signer: answer.signer,
+        },
+      };
+    },
+  },
+  {
+    method: "GET",
     path: "/v1/permits/{id}",
     operationId: "getPermit",
     summary: "A permit's balance (API keys the permit's payer authorized)",
@@ -622,6 +681,66 @@ export const routes: readonly Route[] = [
       );
       if (permit === undefined) throw new Error("GetPermit answered without a permit");
       return { body: permitBalanceResource.view(permit) };
+    },
+  },
+  {
+    method: "GET",
+    path: "/v1/permits/{id}/receipts",
+    operationId: "listPermitReceipts",
+    summary: "The signed usage receipts of a permit (API keys the permit's payer authorized)",
+    description: [
+      "Every charged request of the permit, whichever API key made it, in the order they closed,",
+      "each as `GET /v1/requests/{id}/receipt` signs it, with its settlement: `status` and",
+      "`batch_id`, the settlement batch that settled the charge (or is settling it). What settled",
+      "on chain for the permit is the sum of the `charge` of its `settled` receipts",
+      "(`gateway permit audit`). Pages: `limit` (1 to 100, default 50) and `starting_after` (the",
+      "last `requestId` of the previous page); `has_more` says whether another page follows.",
+    ].join("\n"),
+    tag: "inference",
+    pathId: { description: "permit id", schema: Hex32 },
+    parameters: [
+      {
+        name: "limit",
+        in: "query",
+        required: false,
+        description: "receipts per page, 1 to 100 (default 50)",
+        schema: { type: "integer", minimum: 1, maximum: 100 },
+      },
+      {
+        name: "starting_after",
+        in: "query",
+        required: false,
+        description: "the last requestId of the previous page",
+        schema: Hex32,
+      },
+    ],
+    answer: { description: "The receipts", schema: PermitReceiptList },
+    errors: {
+      400: ["invalid_hex", "invalid_request"],
+      402: ["permit_not_found"],
+      403: ["permit_not_authorized"],
+      503: ["chain_unavailable", "receipts_unavailable"],
+    },
+    handle: async ({ rpc, options, params, query }) => {
+      const page = receiptsPage(query);
+      const { receipts, hasMore } = await rpc.unary(
+        InferenceService.method.listPermitReceipts,
+        { permitId: params[0], ...page },
+        options,
+      );
+      return {
+        body: {
+          object: "list",
+          data: receipts.map((r) => ({
+            object: "usage_receipt",
+            receipt: usageReceiptView(r.receipt!),
+            signature: r.signature,
+            signer: r.signer,
+            settlement: settlementOfRequest.view(r.settlement ?? {}),
+          })),
+          has_more: hasMore,
+        },
+      };
     },
   },
   withBody(AuthorizationChallengeRequest, {
@@ -1065,6 +1184,18 @@ export const routes: readonly Route[] = [
     },
   }),
 ];
+
+/** `?limit=&starting_after=` of the receipts list (400 `invalid_request` on a bad limit). */
+function receiptsPage(query: string): { limit: number; startingAfter: string } {
+  const params = new URLSearchParams(query);
+  const limit = params.get("limit");
+  if (limit !== null && !/^[1-9]\d{0,2}$/.test(limit))
+    throw new GatewayError("invalid_request", "'limit' must be an integer from 1 to 100");
+  return {
+    limit: limit === null ? 0 : Number(limit),
+    startingAfter: params.get("starting_after") ?? "",
+  };
+}
 
 /** Unix seconds of an optional request member, for an RPC's optional int64. */
 function seconds(value: number | null | undefined): bigint | undefined {

@@ -1,5 +1,6 @@
 import type { DescEnum } from "@bufbuild/protobuf";
 import type { BindOfferKeyTypedData, TypedData } from "../../gen/gateway/v1/provider_pb.js";
+import type { UsageReceiptTypedData } from "../../gen/gateway/v1/inference_pb.js";
 import type {
   AuthorizeKeyTypedData,
   RevokeKeyAuthorizationTypedData,
@@ -48,7 +49,11 @@ export function typedDataView(typed: TypedData) {
 
 /** The typed data's domain and types as eth_signTypedData_v4 takes them. */
 function typedDataFrame(
-  typed: AuthorizeKeyTypedData | RevokeKeyAuthorizationTypedData | BindOfferKeyTypedData,
+  typed:
+    | AuthorizeKeyTypedData
+    | RevokeKeyAuthorizationTypedData
+    | BindOfferKeyTypedData
+    | UsageReceiptTypedData,
 ) {
   return {
     types: Object.fromEntries(
@@ -98,6 +103,32 @@ export function bindOfferKeyTypedDataView(typed: BindOfferKeyTypedData) {
       keyId: typed.message?.keyId,
       expiresAt: Number(typed.message?.expiresAt ?? 0n),
       nonce: typed.message?.nonce,
+    },
+  };
+}
+
+/**
+ * A usage receipt as `eth_signTypedData_v4` (and ethers' `verifyTypedData`) verifies it: every
+ * uint64 and the uint256 charge as decimal strings (JSON numbers lose precision past 2^53),
+ * `closedAt` Unix seconds.
+ */
+export function usageReceiptView(typed: UsageReceiptTypedData) {
+  const m = typed.message;
+  return {
+    ...typedDataFrame(typed),
+    message: {
+      requestId: m?.requestId,
+      permitId: m?.permitId,
+      offerId: m?.offerId,
+      modelId: m?.modelId,
+      tariffVersion: (m?.tariffVersion ?? 0n).toString(),
+      inputTokens: (m?.inputTokens ?? 0n).toString(),
+      outputTokens: (m?.outputTokens ?? 0n).toString(),
+      cachedTokens: (m?.cachedTokens ?? 0n).toString(),
+      reasoningTokens: (m?.reasoningTokens ?? 0n).toString(),
+      charge: m?.charge,
+      billing: m?.billing,
+      closedAt: Number(m?.closedAt ?? 0n),
     },
   };
 }

@@ -128,7 +128,7 @@ export const quoteResource = protoView(QuoteSchema, "Quote", {
   },
 });
 
-const settlementOfRequest = protoView(RequestSettlementSchema, undefined, {
+export const settlementOfRequest = protoView(RequestSettlementSchema, undefined, {
   fields: {
     batch_id: { emptyIsNull: true },
     tx_hash: { emptyIsNull: true },

@@ -74,7 +74,7 @@ export const Eip712Domain = component(
 );
 
 /** Wallet-ready typed data (eth_signTypedData_v4) whose primary type is `primary`. */
-function typedData<M extends TProperties>(name: string, primary: string, message: M) {
+export function typedData<M extends TProperties>(name: string, primary: string, message: M) {
   return component(
     name,
     Type.Object({

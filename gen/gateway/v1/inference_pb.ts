@@ -4,13 +4,15 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { TypedDataDomain, TypedDataType } from "./provider_pb.js";
+import { file_gateway_v1_provider } from "./provider_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file gateway/v1/inference.proto.
  */
 export const file_gateway_v1_inference: GenFile = /*@__PURE__*/
-  fileDesc("ChpnYXRld2F5L3YxL2luZmVyZW5jZS5wcm90bxIKZ2F0ZXdheS52MSKPAQobU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0EgwKBGJvZHkYASABKAwSEQoJcGVybWl0X2lkGAIgASgJEhAKCHF1b3RlX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIkCgdkaWFsZWN0GAUgASgOMhMuZ2F0ZXdheS52MS5EaWFsZWN0IqsBChxTdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlEioKB3N0YXJ0ZWQYASABKAsyFy5nYXRld2F5LnYxLkNoYXRTdGFydGVkSAASJgoFY2h1bmsYAiABKAsyFS5nYXRld2F5LnYxLkNoYXRDaHVua0gAEi4KCWNvbXBsZXRlZBgDIAEoCzIZLmdhdGV3YXkudjEuQ2hhdENvbXBsZXRlZEgAQgcKBWV2ZW50IpgBCgtDaGF0U3RhcnRlZBISCgpyZXF1ZXN0X2lkGAEgASgJEhAKCHF1b3RlX2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAQgASgJEhcKD21heGltdW1fY3JlZGl0cxgFIAEoCRIOCgZzdHJlYW0YBiABKAgSEAoIcmVwbGF5ZWQYByABKAgiUAoJQ2hhdENodW5rEgwKBGRhdGEYASABKAwSJgoIbWV0ZXJpbmcYAiABKAsyFC5nYXRld2F5LnYxLk1ldGVyaW5nEg0KBWV2ZW50GAMgASgJIkgKCE1ldGVyaW5nEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEg8KB2NyZWRpdHMYAyABKAkinwIKDUNoYXRDb21wbGV0ZWQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghxdW90ZV9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgEIAEoCRIUCgxpbnB1dF90b2tlbnMYBSABKAQSFQoNb3V0cHV0X3Rva2VucxgGIAEoBBIXCg9jcmVkaXRzX2NoYXJnZWQYByABKAkSJAoHYmlsbGluZxgIIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxIbChN1c2FnZV9mcm9tX3Byb3ZpZGVyGAkgASgIEhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYCiABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgLIAEoBCIfChFHZXRSZXF1ZXN0UmVxdWVzdBIKCgJpZBgBIAEoCSJDChJHZXRSZXF1ZXN0UmVzcG9uc2USLQoHcmVxdWVzdBgBIAEoCzIcLmdhdGV3YXkudjEuSW5mZXJlbmNlUmVxdWVzdCKcAQoRUmVxdWVzdFNldHRsZW1lbnQSLAoGc3RhdHVzGAEgASgOMhwuZ2F0ZXdheS52MS5TZXR0bGVtZW50U3RhdHVzEhAKCGJhdGNoX2lkGAIgASgJEg8KB3R4X2hhc2gYAyABKAkSFwoKc2V0dGxlZF9hdBgEIAEoA0gAiAEBEg4KBnJlYXNvbhgFIAEoCUINCgtfc2V0dGxlZF9hdCKHBAoQSW5mZXJlbmNlUmVxdWVzdBIKCgJpZBgBIAEoCRINCgVtb2RlbBgCIAEoCRIQCghtb2RlbF9pZBgDIAEoCRIQCghvZmZlcl9pZBgEIAEoCRIRCglwZXJtaXRfaWQYBSABKAkSEAoIcXVvdGVfaWQYBiABKAkSDgoGc3RyZWFtGAcgASgIEikKBnN0YXR1cxgIIAEoDjIZLmdhdGV3YXkudjEuUmVxdWVzdFN0YXR1cxIUCgxpbnB1dF90b2tlbnMYCSABKAQSFQoNb3V0cHV0X3Rva2VucxgKIAEoBBIXCg9tYXhpbXVtX2NyZWRpdHMYCyABKAkSFwoPY3JlZGl0c19jaGFyZ2VkGAwgASgJEhYKDnRhcmlmZl92ZXJzaW9uGA0gASgJEiQKB2JpbGxpbmcYDiABKA4yEy5nYXRld2F5LnYxLkJpbGxpbmcSDQoFZXJyb3IYDyABKAkSEgoKY3JlYXRlZF9hdBgQIAEoAxIZCgxjb21wbGV0ZWRfYXQYESABKANIAIgBARIxCgpzZXR0bGVtZW50GBIgASgLMh0uZ2F0ZXdheS52MS5SZXF1ZXN0U2V0dGxlbWVudBIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGBMgASgEEhgKEHJlYXNvbmluZ190b2tlbnMYFCABKARCDwoNX2NvbXBsZXRlZF9hdCIlChBHZXRQZXJtaXRSZXF1ZXN0EhEKCXBlcm1pdF9pZBgBIAEoCSKdAgoNUGVybWl0QmFsYW5jZRIRCglwZXJtaXRfaWQYASABKAkSJgoFc3RhdGUYAiABKA4yFy5nYXRld2F5LnYxLlBlcm1pdFN0YXRlEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEg0KBXBheWVyGAUgASgJEhIKCmV4cGlyZXNfYXQYBiABKAMSGAoLY2xvc2FibGVfYXQYByABKANIAIgBARIPCgdkZXBvc2l0GAggASgJEg8KB3NldHRsZWQYCSABKAkSGQoRY2hhcmdlZF91bnNldHRsZWQYCiABKAkSEAoIcmVzZXJ2ZWQYCyABKAkSEQoJYXZhaWxhYmxlGAwgASgJQg4KDF9jbG9zYWJsZV9hdCI+ChFHZXRQZXJtaXRSZXNwb25zZRIpCgZwZXJtaXQYASABKAsyGS5nYXRld2F5LnYxLlBlcm1pdEJhbGFuY2UqTwoHRGlhbGVjdBIXChNESUFMRUNUX1VOU1BFQ0lGSUVEEAASFQoRRElBTEVDVF9SRVNQT05TRVMQARIUChBESUFMRUNUX01FU1NBR0VTEAIqXQoHQmlsbGluZxIXChNCSUxMSU5HX1VOU1BFQ0lGSUVEEAASEgoOQklMTElOR19CSUxMRUQQARITCg9CSUxMSU5HX1BBUlRJQUwQAhIQCgxCSUxMSU5HX1ZPSUQQAyrAAQoNUmVxdWVzdFN0YXR1cxIeChpSRVFVRVNUX1NUQVRVU19VTlNQRUNJRklFRBAAEhoKFlJFUVVFU1RfU1RBVFVTX1BFTkRJTkcQARIcChhSRVFVRVNUX1NUQVRVU19TVFJFQU1JTkcQAhIcChhSRVFVRVNUX1NUQVRVU19DT01QTEVURUQQAxIZChVSRVFVRVNUX1NUQVRVU19GQUlMRUQQBBIcChhSRVFVRVNUX1NUQVRVU19DQU5DRUxMRUQQBSrVAQoQU2V0dGxlbWVudFN0YXR1cxIhCh1TRVRUTEVNRU5UX1NUQVRVU19VTlNQRUNJRklFRBAAEh8KG1NFVFRMRU1FTlRfU1RBVFVTX1VOU0VUVExFRBABEh4KGlNFVFRMRU1FTlRfU1RBVFVTX1NFVFRMSU5HEAISHQoZU0VUVExFTUVOVF9TVEFUVVNfU0VUVExFRBADEhoKFlNFVFRMRU1FTlRfU1RBVFVTX05PTkUQBBIiCh5TRVRUTEVNRU5UX1NUQVRVU19VTlNFVFRMRUFCTEUQBSp1CgtQZXJtaXRTdGF0ZRIcChhQRVJNSVRfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFQRVJNSVRfU1RBVEVfT1BFThABEhgKFFBFUk1JVF9TVEFURV9DTE9TSU5HEAISFwoTUEVSTUlUX1NUQVRFX0NMT1NFRBADMpYCChBJbmZlcmVuY2VTZXJ2aWNlEmsKFFN0cmVhbUNoYXRDb21wbGV0aW9uEicuZ2F0ZXdheS52MS5TdHJlYW1DaGF0Q29tcGxldGlvblJlcXVlc3QaKC5nYXRld2F5LnYxLlN0cmVhbUNoYXRDb21wbGV0aW9uUmVzcG9uc2UwARJLCgpHZXRSZXF1ZXN0Eh0uZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVxdWVzdBoeLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlc3BvbnNlEkgKCUdldFBlcm1pdBIcLmdhdGV3YXkudjEuR2V0UGVybWl0UmVxdWVzdBodLmdhdGV3YXkudjEuR2V0UGVybWl0UmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("ChpnYXRld2F5L3YxL2luZmVyZW5jZS5wcm90bxIKZ2F0ZXdheS52MSKPAQobU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0EgwKBGJvZHkYASABKAwSEQoJcGVybWl0X2lkGAIgASgJEhAKCHF1b3RlX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIkCgdkaWFsZWN0GAUgASgOMhMuZ2F0ZXdheS52MS5EaWFsZWN0IqsBChxTdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlEioKB3N0YXJ0ZWQYASABKAsyFy5nYXRld2F5LnYxLkNoYXRTdGFydGVkSAASJgoFY2h1bmsYAiABKAsyFS5nYXRld2F5LnYxLkNoYXRDaHVua0gAEi4KCWNvbXBsZXRlZBgDIAEoCzIZLmdhdGV3YXkudjEuQ2hhdENvbXBsZXRlZEgAQgcKBWV2ZW50IpgBCgtDaGF0U3RhcnRlZBISCgpyZXF1ZXN0X2lkGAEgASgJEhAKCHF1b3RlX2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAQgASgJEhcKD21heGltdW1fY3JlZGl0cxgFIAEoCRIOCgZzdHJlYW0YBiABKAgSEAoIcmVwbGF5ZWQYByABKAgiUAoJQ2hhdENodW5rEgwKBGRhdGEYASABKAwSJgoIbWV0ZXJpbmcYAiABKAsyFC5nYXRld2F5LnYxLk1ldGVyaW5nEg0KBWV2ZW50GAMgASgJIkgKCE1ldGVyaW5nEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEg8KB2NyZWRpdHMYAyABKAkinwIKDUNoYXRDb21wbGV0ZWQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghxdW90ZV9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgEIAEoCRIUCgxpbnB1dF90b2tlbnMYBSABKAQSFQoNb3V0cHV0X3Rva2VucxgGIAEoBBIXCg9jcmVkaXRzX2NoYXJnZWQYByABKAkSJAoHYmlsbGluZxgIIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxIbChN1c2FnZV9mcm9tX3Byb3ZpZGVyGAkgASgIEhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYCiABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgLIAEoBCIfChFHZXRSZXF1ZXN0UmVxdWVzdBIKCgJpZBgBIAEoCSJDChJHZXRSZXF1ZXN0UmVzcG9uc2USLQoHcmVxdWVzdBgBIAEoCzIcLmdhdGV3YXkudjEuSW5mZXJlbmNlUmVxdWVzdCKcAQoRUmVxdWVzdFNldHRsZW1lbnQSLAoGc3RhdHVzGAEgASgOMhwuZ2F0ZXdheS52MS5TZXR0bGVtZW50U3RhdHVzEhAKCGJhdGNoX2lkGAIgASgJEg8KB3R4X2hhc2gYAyABKAkSFwoKc2V0dGxlZF9hdBgEIAEoA0gAiAEBEg4KBnJlYXNvbhgFIAEoCUINCgtfc2V0dGxlZF9hdCKHBAoQSW5mZXJlbmNlUmVxdWVzdBIKCgJpZBgBIAEoCRINCgVtb2RlbBgCIAEoCRIQCghtb2RlbF9pZBgDIAEoCRIQCghvZmZlcl9pZBgEIAEoCRIRCglwZXJtaXRfaWQYBSABKAkSEAoIcXVvdGVfaWQYBiABKAkSDgoGc3RyZWFtGAcgASgIEikKBnN0YXR1cxgIIAEoDjIZLmdhdGV3YXkudjEuUmVxdWVzdFN0YXR1cxIUCgxpbnB1dF90b2tlbnMYCSABKAQSFQoNb3V0cHV0X3Rva2VucxgKIAEoBBIXCg9tYXhpbXVtX2NyZWRpdHMYCyABKAkSFwoPY3JlZGl0c19jaGFyZ2VkGAwgASgJEhYKDnRhcmlmZl92ZXJzaW9uGA0gASgJEiQKB2JpbGxpbmcYDiABKA4yEy5nYXRld2F5LnYxLkJpbGxpbmcSDQoFZXJyb3IYDyABKAkSEgoKY3JlYXRlZF9hdBgQIAEoAxIZCgxjb21wbGV0ZWRfYXQYESABKANIAIgBARIxCgpzZXR0bGVtZW50GBIgASgLMh0uZ2F0ZXdheS52MS5SZXF1ZXN0U2V0dGxlbWVudBIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGBMgASgEEhgKEHJlYXNvbmluZ190b2tlbnMYFCABKARCDwoNX2NvbXBsZXRlZF9hdCIlChBHZXRQZXJtaXRSZXF1ZXN0EhEKCXBlcm1pdF9pZBgBIAEoCSKdAgoNUGVybWl0QmFsYW5jZRIRCglwZXJtaXRfaWQYASABKAkSJgoFc3RhdGUYAiABKA4yFy5nYXRld2F5LnYxLlBlcm1pdFN0YXRlEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEg0KBXBheWVyGAUgASgJEhIKCmV4cGlyZXNfYXQYBiABKAMSGAoLY2xvc2FibGVfYXQYByABKANIAIgBARIPCgdkZXBvc2l0GAggASgJEg8KB3NldHRsZWQYCSABKAkSGQoRY2hhcmdlZF91bnNldHRsZWQYCiABKAkSEAoIcmVzZXJ2ZWQYCyABKAkSEQoJYXZhaWxhYmxlGAwgASgJQg4KDF9jbG9zYWJsZV9hdCI+ChFHZXRQZXJtaXRSZXNwb25zZRIpCgZwZXJtaXQYASABKAsyGS5nYXRld2F5LnYxLlBlcm1pdEJhbGFuY2UiJgoYR2V0UmVxdWVzdFJlY2VpcHRSZXF1ZXN0EgoKAmlkGAEgASgJIooCChNVc2FnZVJlY2VpcHRNZXNzYWdlEhIKCnJlcXVlc3RfaWQYASABKAkSEQoJcGVybWl0X2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhAKCG1vZGVsX2lkGAQgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAUgASgEEhQKDGlucHV0X3Rva2VucxgGIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAcgASgEEhUKDWNhY2hlZF90b2tlbnMYCCABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgJIAEoBBIOCgZjaGFyZ2UYCiABKAkSDwoHYmlsbGluZxgLIAEoCRIRCgljbG9zZWRfYXQYDCABKAQitgEKFVVzYWdlUmVjZWlwdFR5cGVkRGF0YRIrCgZkb21haW4YASABKAsyGy5nYXRld2F5LnYxLlR5cGVkRGF0YURvbWFpbhIoCgV0eXBlcxgCIAMoCzIZLmdhdGV3YXkudjEuVHlwZWREYXRhVHlwZRIUCgxwcmltYXJ5X3R5cGUYAyABKAkSMAoHbWVzc2FnZRgEIAEoCzIfLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0TWVzc2FnZSJyChlHZXRSZXF1ZXN0UmVjZWlwdFJlc3BvbnNlEjIKB3JlY2VpcHQYASABKAsyIS5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdFR5cGVkRGF0YRIRCglzaWduYXR1cmUYAiABKAkSDgoGc2lnbmVyGAMgASgJIlUKGUxpc3RQZXJtaXRSZWNlaXB0c1JlcXVlc3QSEQoJcGVybWl0X2lkGAEgASgJEg0KBWxpbWl0GAIgASgNEhYKDnN0YXJ0aW5nX2FmdGVyGAMgASgJIpkBCg1QZXJtaXRSZWNlaXB0EjIKB3JlY2VpcHQYASABKAsyIS5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdFR5cGVkRGF0YRIRCglzaWduYXR1cmUYAiABKAkSDgoGc2lnbmVyGAMgASgJEjEKCnNldHRsZW1lbnQYBCABKAsyHS5nYXRld2F5LnYxLlJlcXVlc3RTZXR0bGVtZW50IlsKGkxpc3RQZXJtaXRSZWNlaXB0c1Jlc3BvbnNlEisKCHJlY2VpcHRzGAEgAygLMhkuZ2F0ZXdheS52MS5QZXJtaXRSZWNlaXB0EhAKCGhhc19tb3JlGAIgASgIKk8KB0RpYWxlY3QSFwoTRElBTEVDVF9VTlNQRUNJRklFRBAAEhUKEURJQUxFQ1RfUkVTUE9OU0VTEAESFAoQRElBTEVDVF9NRVNTQUdFUxACKl0KB0JpbGxpbmcSFwoTQklMTElOR19VTlNQRUNJRklFRBAAEhIKDkJJTExJTkdfQklMTEVEEAESEwoPQklMTElOR19QQVJUSUFMEAISEAoMQklMTElOR19WT0lEEAMqwAEKDVJlcXVlc3RTdGF0dXMSHgoaUkVRVUVTVF9TVEFUVVNfVU5TUEVDSUZJRUQQABIaChZSRVFVRVNUX1NUQVRVU19QRU5ESU5HEAESHAoYUkVRVUVTVF9TVEFUVVNfU1RSRUFNSU5HEAISHAoYUkVRVUVTVF9TVEFUVVNfQ09NUExFVEVEEAMSGQoVUkVRVUVTVF9TVEFUVVNfRkFJTEVEEAQSHAoYUkVRVUVTVF9TVEFUVVNfQ0FOQ0VMTEVEEAUq1QEKEFNldHRsZW1lbnRTdGF0dXMSIQodU0VUVExFTUVOVF9TVEFUVVNfVU5TUEVDSUZJRUQQABIfChtTRVRUTEVNRU5UX1NUQVRVU19VTlNFVFRMRUQQARIeChpTRVRUTEVNRU5UX1NUQVRVU19TRVRUTElORxACEh0KGVNFVFRMRU1FTlRfU1RBVFVTX1NFVFRMRUQQAxIaChZTRVRUTEVNRU5UX1NUQVRVU19OT05FEAQSIgoeU0VUVExFTUVOVF9TVEFUVVNfVU5TRVRUTEVBQkxFEAUqdQoLUGVybWl0U3RhdGUSHAoYUEVSTUlUX1NUQVRFX1VOU1BFQ0lGSUVEEAASFQoRUEVSTUlUX1NUQVRFX09QRU4QARIYChRQRVJNSVRfU1RBVEVfQ0xPU0lORxACEhcKE1BFUk1JVF9TVEFURV9DTE9TRUQQAzLdAwoQSW5mZXJlbmNlU2VydmljZRJrChRTdHJlYW1DaGF0Q29tcGxldGlvbhInLmdhdGV3YXkudjEuU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0GiguZ2F0ZXdheS52MS5TdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlMAESSwoKR2V0UmVxdWVzdBIdLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlcXVlc3QaHi5nYXRld2F5LnYxLkdldFJlcXVlc3RSZXNwb25zZRJICglHZXRQZXJtaXQSHC5nYXRld2F5LnYxLkdldFBlcm1pdFJlcXVlc3QaHS5nYXRld2F5LnYxLkdldFBlcm1pdFJlc3BvbnNlEmAKEUdldFJlcXVlc3RSZWNlaXB0EiQuZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVjZWlwdFJlcXVlc3QaJS5nYXRld2F5LnYxLkdldFJlcXVlc3RSZWNlaXB0UmVzcG9uc2USYwoSTGlzdFBlcm1pdFJlY2VpcHRzEiUuZ2F0ZXdheS52MS5MaXN0UGVybWl0UmVjZWlwdHNSZXF1ZXN0GiYuZ2F0ZXdheS52MS5MaXN0UGVybWl0UmVjZWlwdHNSZXNwb25zZWIGcHJvdG8z", [file_gateway_v1_provider]);
 
 /**
  * @generated from message gateway.v1.StreamChatCompletionRequest
@@ -619,6 +621,273 @@ export const GetPermitResponseSchema: GenMessage<GetPermitResponse> = /*@__PURE_
   messageDesc(file_gateway_v1_inference, 12);
 
 /**
+ * @generated from message gateway.v1.GetRequestReceiptRequest
+ */
+export type GetRequestReceiptRequest = Message<"gateway.v1.GetRequestReceiptRequest"> & {
+  /**
+   * Hex32 request id.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message gateway.v1.GetRequestReceiptRequest.
+ * Use `create(GetRequestReceiptRequestSchema)` to create a new message.
+ */
+export const GetRequestReceiptRequestSchema: GenMessage<GetRequestReceiptRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 13);
+
+/**
+ * UsageReceipt(string requestId, bytes32 permitId, bytes32 offerId, bytes32 modelId,
+ * uint64 tariffVersion, uint64 inputTokens, uint64 outputTokens, uint64 cachedTokens,
+ * uint64 reasoningTokens, uint256 charge, string billing, uint64 closedAt)
+ *
+ * @generated from message gateway.v1.UsageReceiptMessage
+ */
+export type UsageReceiptMessage = Message<"gateway.v1.UsageReceiptMessage"> & {
+  /**
+   * @generated from field: string request_id = 1;
+   */
+  requestId: string;
+
+  /**
+   * @generated from field: string permit_id = 2;
+   */
+  permitId: string;
+
+  /**
+   * @generated from field: string offer_id = 3;
+   */
+  offerId: string;
+
+  /**
+   * @generated from field: string model_id = 4;
+   */
+  modelId: string;
+
+  /**
+   * @generated from field: uint64 tariff_version = 5;
+   */
+  tariffVersion: bigint;
+
+  /**
+   * @generated from field: uint64 input_tokens = 6;
+   */
+  inputTokens: bigint;
+
+  /**
+   * @generated from field: uint64 output_tokens = 7;
+   */
+  outputTokens: bigint;
+
+  /**
+   * Of input_tokens, served from the provider's prompt cache.
+   *
+   * @generated from field: uint64 cached_tokens = 8;
+   */
+  cachedTokens: bigint;
+
+  /**
+   * Of output_tokens, spent on reasoning.
+   *
+   * @generated from field: uint64 reasoning_tokens = 9;
+   */
+  reasoningTokens: bigint;
+
+  /**
+   * Decimal string: the credits charged, in the credit token's base units.
+   *
+   * @generated from field: string charge = 10;
+   */
+  charge: string;
+
+  /**
+   * `billed` or `partial`.
+   *
+   * @generated from field: string billing = 11;
+   */
+  billing: string;
+
+  /**
+   * Unix seconds: when the request closed.
+   *
+   * @generated from field: uint64 closed_at = 12;
+   */
+  closedAt: bigint;
+};
+
+/**
+ * Describes the message gateway.v1.UsageReceiptMessage.
+ * Use `create(UsageReceiptMessageSchema)` to create a new message.
+ */
+export const UsageReceiptMessageSchema: GenMessage<UsageReceiptMessage> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 14);
+
+/**
+ * EIP-712 typed data of a usage receipt, as eth_signTypedData_v4 verifies it.
+ * Domain: {name: "Model Market Gateway", version: "3", chainId, verifyingContract: market}.
+ *
+ * @generated from message gateway.v1.UsageReceiptTypedData
+ */
+export type UsageReceiptTypedData = Message<"gateway.v1.UsageReceiptTypedData"> & {
+  /**
+   * @generated from field: gateway.v1.TypedDataDomain domain = 1;
+   */
+  domain?: TypedDataDomain | undefined;
+
+  /**
+   * Every struct type, EIP712Domain included.
+   *
+   * @generated from field: repeated gateway.v1.TypedDataType types = 2;
+   */
+  types: TypedDataType[];
+
+  /**
+   * @generated from field: string primary_type = 3;
+   */
+  primaryType: string;
+
+  /**
+   * @generated from field: gateway.v1.UsageReceiptMessage message = 4;
+   */
+  message?: UsageReceiptMessage | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.UsageReceiptTypedData.
+ * Use `create(UsageReceiptTypedDataSchema)` to create a new message.
+ */
+export const UsageReceiptTypedDataSchema: GenMessage<UsageReceiptTypedData> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 15);
+
+/**
+ * @generated from message gateway.v1.GetRequestReceiptResponse
+ */
+export type GetRequestReceiptResponse = Message<"gateway.v1.GetRequestReceiptResponse"> & {
+  /**
+   * @generated from field: gateway.v1.UsageReceiptTypedData receipt = 1;
+   */
+  receipt?: UsageReceiptTypedData | undefined;
+
+  /**
+   * The receipt key's 65-byte signature over `receipt`.
+   *
+   * @generated from field: string signature = 2;
+   */
+  signature: string;
+
+  /**
+   * Address of the receipt key (GatewayService.GetGateway's receipt_signer).
+   *
+   * @generated from field: string signer = 3;
+   */
+  signer: string;
+};
+
+/**
+ * Describes the message gateway.v1.GetRequestReceiptResponse.
+ * Use `create(GetRequestReceiptResponseSchema)` to create a new message.
+ */
+export const GetRequestReceiptResponseSchema: GenMessage<GetRequestReceiptResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 16);
+
+/**
+ * @generated from message gateway.v1.ListPermitReceiptsRequest
+ */
+export type ListPermitReceiptsRequest = Message<"gateway.v1.ListPermitReceiptsRequest"> & {
+  /**
+   * Hex32 permit id.
+   *
+   * @generated from field: string permit_id = 1;
+   */
+  permitId: string;
+
+  /**
+   * At most this many receipts (1 to 100; 0: 50).
+   *
+   * @generated from field: uint32 limit = 2;
+   */
+  limit: number;
+
+  /**
+   * The request id of the last receipt of the previous page (empty: from the first).
+   *
+   * @generated from field: string starting_after = 3;
+   */
+  startingAfter: string;
+};
+
+/**
+ * Describes the message gateway.v1.ListPermitReceiptsRequest.
+ * Use `create(ListPermitReceiptsRequestSchema)` to create a new message.
+ */
+export const ListPermitReceiptsRequestSchema: GenMessage<ListPermitReceiptsRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 17);
+
+/**
+ * A permit's receipt with what became of its charge.
+ *
+ * @generated from message gateway.v1.PermitReceipt
+ */
+export type PermitReceipt = Message<"gateway.v1.PermitReceipt"> & {
+  /**
+   * @generated from field: gateway.v1.UsageReceiptTypedData receipt = 1;
+   */
+  receipt?: UsageReceiptTypedData | undefined;
+
+  /**
+   * @generated from field: string signature = 2;
+   */
+  signature: string;
+
+  /**
+   * @generated from field: string signer = 3;
+   */
+  signer: string;
+
+  /**
+   * The settlement of the charge: `batch_id` is the batch that settled it (or
+   * is settling it).
+   *
+   * @generated from field: gateway.v1.RequestSettlement settlement = 4;
+   */
+  settlement?: RequestSettlement | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.PermitReceipt.
+ * Use `create(PermitReceiptSchema)` to create a new message.
+ */
+export const PermitReceiptSchema: GenMessage<PermitReceipt> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 18);
+
+/**
+ * @generated from message gateway.v1.ListPermitReceiptsResponse
+ */
+export type ListPermitReceiptsResponse = Message<"gateway.v1.ListPermitReceiptsResponse"> & {
+  /**
+   * @generated from field: repeated gateway.v1.PermitReceipt receipts = 1;
+   */
+  receipts: PermitReceipt[];
+
+  /**
+   * More receipts follow the last one (ask again with starting_after).
+   *
+   * @generated from field: bool has_more = 2;
+   */
+  hasMore: boolean;
+};
+
+/**
+ * Describes the message gateway.v1.ListPermitReceiptsResponse.
+ * Use `create(ListPermitReceiptsResponseSchema)` to create a new message.
+ */
+export const ListPermitReceiptsResponseSchema: GenMessage<ListPermitReceiptsResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 19);
+
+/**
  * A client dialect of the chat RPC.
  *
  * @generated from enum gateway.v1.Dialect
@@ -848,6 +1117,34 @@ export const InferenceService: GenService<{
     methodKind: "unary";
     input: typeof GetPermitRequestSchema;
     output: typeof GetPermitResponseSchema;
+  },
+  /**
+   * The signed usage receipt of a request made with the calling API key
+   * (NOT_FOUND `request_not_found` for any other key's, as GetRequest):
+   * EIP-712 `UsageReceipt` typed data over the request's closed record, signed
+   * with the gateway's receipt key (GatewayService.GetGateway publishes its
+   * address). ABORTED `request_not_closed` while the request is open;
+   * NOT_FOUND `receipt_not_found` when it closed without a charge (void);
+   * UNAVAILABLE `receipts_unavailable` on a gateway without a receipt key.
+   *
+   * @generated from rpc gateway.v1.InferenceService.GetRequestReceipt
+   */
+  getRequestReceipt: {
+    methodKind: "unary";
+    input: typeof GetRequestReceiptRequestSchema;
+    output: typeof GetRequestReceiptResponseSchema;
+  },
+  /**
+   * The signed receipts of a permit's charged requests, whichever API key made
+   * them, oldest close first, each with its settlement (the batch that settled
+   * it). Only for API keys the permit's payer authorized, as GetPermit.
+   *
+   * @generated from rpc gateway.v1.InferenceService.ListPermitReceipts
+   */
+  listPermitReceipts: {
+    methodKind: "unary";
+    input: typeof ListPermitReceiptsRequestSchema;
+    output: typeof ListPermitReceiptsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_gateway_v1_inference, 0);

@@ -90,15 +90,50 @@ export async function getRequest(
   apiKeyId: string,
 ): Promise<RequestRecord | undefined> {
   const { rows } = await db.query<RequestDbRow>(
-    `SELECT id, api_key_id, instance_id, model, model_id, offer_id, permit_id, quote_id, stream,
-       status, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens, maximum_credits, credits_charged, billing,
-       usage_source, tariff_version, error, created_at, completed_at, settlement_status,
-       batch_id, tx_hash, settled_at, settlement_reason
-     FROM inference_requests WHERE id = $1 AND api_key_id = $2`,
+    `SELECT ${recordColumns} FROM inference_requests WHERE id = $1 AND api_key_id = $2`,
     [id, apiKeyId],
   );
   const row = rows[0];
   return row ? toRequestRecord(row) : undefined;
+}
+
+const recordColumns = `id, api_key_id, instance_id, model, model_id, offer_id, permit_id, quote_id,
+  stream, status, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens,
+  maximum_credits, credits_charged, billing, usage_source, tariff_version, error, created_at,
+  completed_at, settlement_status, batch_id, tx_hash, settled_at, settlement_reason`;
+
+/**
+ * The charged records of a permit, whichever API key made them, in the order they closed
+ * (`completed_at`, then id), at most `limit`, from after the record `startingAfter` (a request
+ * id of the permit; one that is not gives an empty page). What receipts are listed from
+ * (`GET /v1/permits/{id}/receipts`); the caller decides who may see them. Each record's
+ * `batchId` is the settlement batch that settled it or is settling it: a batch's requests are
+ * the records that name it (migration 008; a failed batch's records are released and name none).
+ * Served by migration 021's index.
+ */
+export async function listChargedRequests(
+  db: Queryable,
+  permitId: Hex,
+  limit: number,
+  startingAfter: string | undefined,
+): Promise<RequestRecord[]> {
+  const { rows } =
+    startingAfter === undefined
+      ? await db.query<RequestDbRow>(
+          `SELECT ${recordColumns} FROM inference_requests
+           WHERE permit_id = $1 AND credits_charged > 0
+           ORDER BY completed_at, id LIMIT $2`,
+          [permitId, limit],
+        )
+      : await db.query<RequestDbRow>(
+          `SELECT ${recordColumns} FROM inference_requests
+           WHERE permit_id = $1 AND credits_charged > 0
+             AND (completed_at, id) > (SELECT completed_at, id FROM inference_requests
+                                       WHERE id = $3 AND permit_id = $1 AND credits_charged > 0)
+           ORDER BY completed_at, id LIMIT $2`,
+          [permitId, limit, startingAfter],
+        );
+  return rows.map(toRequestRecord);
 }
 
 function toRequestRecord(row: RequestDbRow): RequestRecord {
