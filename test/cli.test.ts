@@ -13,7 +13,7 @@ import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { startSettlementFixture, type SettlementFixture } from "./helpers/settlement-fixture.js";
 import { auditChildLogs, auditSecret } from "./helpers/log-audit.js";
-import { gatewayCli } from "./helpers/processes.js";
+import { gatewayCli, runGatewayCli } from "./helpers/processes.js";
 import { eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
@@ -205,22 +205,7 @@ describe("npm start (gateway dev)", () => {
   });
 });
 
-/** What a finished CLI run left behind; `code` 0 when it succeeded. */
-interface Ran {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-async function runCli(args: string[], env: NodeJS.ProcessEnv): Promise<Ran> {
-  try {
-    const { stdout, stderr } = await run(process.execPath, [...cli, ...args], { env });
-    return { code: 0, stdout, stderr };
-  } catch (error) {
-    const e = error as { code: number; stdout: string; stderr: string };
-    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
-  }
-}
+const runCli = runGatewayCli;
 
 /** A port nothing listens on (bound, then released). */
 async function closedPort(): Promise<number> {
