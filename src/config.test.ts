@@ -298,7 +298,7 @@ describe("the commands that run without the full configuration read it here too"
       "GATEWAY_API_KEY is required with GATEWAY_URL",
     ]);
     expect(() => parseGatewayClientConfig({ GATEWAY_API_KEY: "gw_secret" })).toThrow(
-      /^invalid configuration:\n  - GATEWAY_URL is required with GATEWAY_API_KEY$/,
+      /^invalid configuration:\n {2}- GATEWAY_URL is required with GATEWAY_API_KEY$/,
     );
   });
 });

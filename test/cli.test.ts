@@ -154,6 +154,39 @@ describe("npm start (gateway dev)", () => {
       );
       expect(settlement?.tx_hash).toMatch(/^0x[0-9a-f]{64}$/);
 
+      // The printed command opens a second permit as the demo payer (its key read from the
+      // manifest, never printed), and the demo key spends it at once.
+      const openLine = output.split("\n").find((line) => line.includes(" permit open "));
+      expect(openLine).toBeDefined();
+      expect(output).not.toContain(m.payer.privateKey.slice(2));
+      const opened = await run("bash", ["-c", `${openLine!.trim()} --json`], {
+        env: { ...process.env, npm_config_loglevel: "silent" },
+      });
+      const second = JSON.parse(opened.stdout.slice(opened.stdout.indexOf("{"))) as {
+        permit_id: string;
+        payer: string;
+        deposit: string;
+      };
+      expect(second).toMatchObject({
+        payer: m.payer.address.toLowerCase(),
+        model_id: m.models[0]!.modelId,
+        deposit: (10n * 10n ** 18n).toString(),
+      });
+      const onSecond = await fetch(`${m.baseUrl}/v1/chat/completions`, {
+        method: "POST",
+        headers: {
+          authorization: `Bearer ${m.apiKey}`,
+          "x-gateway-permit": second.permit_id,
+          "content-type": "application/json",
+        },
+        body: JSON.stringify({
+          model: m.models[0]!.id,
+          messages: [{ role: "user", content: "hi" }],
+        }),
+      });
+      expect(onSecond.status).toBe(200);
+      await onSecond.arrayBuffer();
+
       child.kill("SIGTERM");
       expect(await exited(child)).toBe(0);
       // anvil went with it: its RPC port no longer answers.

@@ -1,3 +1,8 @@
+import { randomBytes } from "node:crypto";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { encryptKeystoreJsonSync } from "ethers";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Hex } from "viem";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
@@ -217,7 +222,7 @@ describe("gateway permit: a payer's permit from open to refund", () => {
     const afterClose = await chat(app.key, permitId);
     expect(afterClose.status).toBe(402);
     await afterClose.arrayBuffer();
-  });
+  }, 180_000);
 
   it("a stranger cannot close someone's permit, and finalizing it for them refunds the payer, never the stranger", async () => {
     const env = { ...chainEnv(), PAYER_PRIVATE_KEY: payer.privateKey };
@@ -266,9 +271,9 @@ describe("gateway permit: a payer's permit from open to refund", () => {
     const twice = await cli(["finalize", permitId], env);
     expect(twice.code).toBe(1);
     expect(twice.stderr).toBe(`the chain refused: permit ${permitId} is already closed\n`);
-  });
+  }, 180_000);
 
-  it("converts whole tokens exactly by the token's decimals and refuses a finer fraction before sending anything", async () => {
+  it("converts whole tokens exactly by the token's decimals (a key or a keystore signs) and refuses a finer fraction before sending anything", async () => {
     const env = { ...chainEnv(), PAYER_PRIVATE_KEY: payer.privateKey };
     const modelId = stack.demo.models[0]!.modelId;
     const deposits: [string[], bigint][] = [
@@ -289,6 +294,28 @@ describe("gateway permit: a payer's permit from open to refund", () => {
       expect((await chainPermit(stack, permit_id)).deposit).toBe(expected);
     }
 
+    // The payer's key from an encrypted keystore, as `authorize` takes it.
+    const dir = await mkdtemp(join(tmpdir(), "gw-permit-open-"));
+    try {
+      const password = randomBytes(8).toString("hex");
+      const keystore = join(dir, "payer.json");
+      await writeFile(
+        keystore,
+        encryptKeystoreJsonSync(payer, password, { scrypt: { N: 1 << 10 } }),
+      );
+      const fromKeystore = await cli(
+        ["open", modelId, "--deposit", "2tokens", "--keystore", keystore, "--json"],
+        { ...chainEnv(), KEYSTORE_PASSWORD: password },
+      );
+      expect(fromKeystore.stderr).toBe("");
+      expect(JSON.parse(fromKeystore.stdout)).toMatchObject({
+        payer: payer.address.toLowerCase(),
+        deposit: (2n * token).toString(),
+      });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+
     const nonce = await stack.clients.publicClient.getTransactionCount({ address: payer.address });
     const finer = await cli(["open", modelId, "--deposit", "1.0000000000000000001tokens"], env);
     expect(finer.code).toBe(2);
@@ -301,7 +328,7 @@ describe("gateway permit: a payer's permit from open to refund", () => {
     expect(await stack.clients.publicClient.getTransactionCount({ address: payer.address })).toBe(
       nonce,
     );
-  });
+  }, 180_000);
 
   it("refuses what the chain refuses, and what cannot be right, in one line with the exit code", async () => {
     const env = { ...chainEnv(), PAYER_PRIVATE_KEY: payer.privateKey };
@@ -382,7 +409,7 @@ describe("gateway permit: a payer's permit from open to refund", () => {
       source: "chain",
       permit_id: stack.demo.permitId,
     });
-  });
+  }, 180_000);
 
   it("balance: the gateway's view for an authorized key, refused for another key, the chain's without one", async () => {
     const permitId = stack.demo.permitId;
@@ -426,5 +453,5 @@ describe("gateway permit: a payer's permit from open to refund", () => {
     expect(text.stdout).toMatch(
       /read from the chain: no GATEWAY_API_KEY, so charges not yet settled/,
     );
-  });
+  }, 180_000);
 });
