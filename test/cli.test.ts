@@ -2,7 +2,6 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
-import { createServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -13,7 +12,7 @@ import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { startSettlementFixture, type SettlementFixture } from "./helpers/settlement-fixture.js";
 import { auditChildLogs, auditSecret } from "./helpers/log-audit.js";
-import { gatewayCli, runGatewayCli } from "./helpers/processes.js";
+import { closedPort, gatewayCli, runGatewayCli } from "./helpers/processes.js";
 import { eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
@@ -239,15 +238,6 @@ describe("npm start (gateway dev)", () => {
 });
 
 const runCli = runGatewayCli;
-
-/** A port nothing listens on (bound, then released). */
-async function closedPort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const { port } = server.address() as AddressInfo;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
-}
 
 describe("gateway settle (gRPC client of SettlementService)", () => {
   const token = `op_${randomBytes(16).toString("hex")}`;

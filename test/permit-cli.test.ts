@@ -9,7 +9,7 @@ import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { auditSecret } from "./helpers/log-audit.js";
 import { advanceChainTime, mintCredits } from "./helpers/market.js";
-import { runGatewayCli, type CliRun } from "./helpers/processes.js";
+import { closedPort, runGatewayCli, type CliRun } from "./helpers/processes.js";
 import { chainPermit, flush, settlingEnv, tokenBalance } from "./helpers/settlement.js";
 import { eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
@@ -333,6 +333,8 @@ describe("gateway permit: a payer's permit from open to refund", () => {
   it("refuses what the chain refuses, and what cannot be right, in one line with the exit code", async () => {
     const env = { ...chainEnv(), PAYER_PRIVATE_KEY: payer.privateKey };
     const modelId = stack.demo.models[0]!.modelId;
+    const nonce = () => stack.clients.publicClient.getTransactionCount({ address: payer.address });
+    const sent = await nonce();
     const taken = await cli(
       ["open", modelId, "--deposit", "1000", "--id", stack.demo.permitId],
       env,
@@ -359,11 +361,19 @@ describe("gateway permit: a payer's permit from open to refund", () => {
     const past = await cli(["open", modelId, "--deposit", "1000", "--expires-at", "1000"], env);
     expect(past.code).toBe(1);
     expect(past.stderr).toMatch(/^the chain refused: the market refused the permit: .*expiry/);
+    // A permit the market would refuse costs the payer no approval first.
+    expect(await nonce()).toBe(sent);
     const unknown = await cli(["close", `0x${"ab".repeat(32)}`], env);
     expect(unknown.code).toBe(1);
     expect(unknown.stderr).toBe(
       `the chain refused: no permit 0x${"ab".repeat(32)} on the market\n`,
     );
+
+    // A chain that does not answer: one line, without the RPC URL (it may carry a provider's key).
+    const silent = `http://127.0.0.1:${await closedPort()}/secret-rpc-key`;
+    const down = await cli(["balance", stack.demo.permitId], { ...chainEnv(), RPC_URL: silent });
+    expect(down.code).toBe(1);
+    expect(down.stderr).toBe("the chain call failed: HTTP request failed.\n");
 
     // Usage: exit 2, the problem first, the usage after it.
     const usage: [string[], NodeJS.ProcessEnv, RegExp][] = [

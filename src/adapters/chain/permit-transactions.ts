@@ -236,6 +236,43 @@ export async function openPermit(
   const payer = chain.wallet.account.address;
   const offerId = options.offerId ?? zeroHash;
   const { creditToken } = await readModelToken(publicClient, market, options.modelId);
+  // The market's own checks, read before the approval: a permit it would refuse must not cost
+  // the payer an approval transaction first. The simulation below still has the last word.
+  const explainOpen = (errorName: string): string | undefined => {
+    switch (errorName) {
+      case "AlreadyExists":
+        return `a permit with id ${options.permitId} already exists`;
+      case "InvalidArgument":
+        return "the market refused the permit: the id must not be zero, the deposit must be above 0 and the expiry after the chain's current time";
+      case "NotFound":
+        return `no offer ${offerId} on the market`;
+      case "OfferMismatch":
+        return `offer ${offerId} does not serve model ${options.modelId}`;
+      default:
+        return explainToken(errorName, []);
+    }
+  };
+  const refuse = (errorName: string): never => {
+    throw new MarketRefusedError(errorName, explainOpen(errorName)!);
+  };
+  const [existing, head, offer] = await Promise.all([
+    readChainPermit(publicClient, market, options.permitId),
+    publicClient.getBlock(),
+    offerId === zeroHash
+      ? undefined
+      : publicClient.readContract({
+          address: market,
+          abi: marketAbi,
+          functionName: "getOffer",
+          args: [offerId],
+        }),
+  ]);
+  if (options.permitId === zeroHash || options.deposit <= 0n || options.expiresAt <= head.timestamp)
+    refuse("InvalidArgument");
+  if (offer !== undefined && offer.owner === zeroAddress) refuse("NotFound");
+  if (offer !== undefined && offer.modelId.toLowerCase() !== options.modelId.toLowerCase())
+    refuse("OfferMismatch");
+  if (existing !== undefined) refuse("AlreadyExists");
   const [balance, allowance] = await Promise.all([
     publicClient.readContract({
       address: creditToken,
@@ -278,20 +315,7 @@ export async function openPermit(
       functionName: "openPermit",
       args: [options.permitId, options.modelId, offerId, options.deposit, options.expiresAt],
     },
-    (errorName) => {
-      switch (errorName) {
-        case "AlreadyExists":
-          return `a permit with id ${options.permitId} already exists`;
-        case "InvalidArgument":
-          return "the market refused the permit: the id must not be zero, the deposit must be above 0 and the expiry after the chain's current time";
-        case "NotFound":
-          return `no offer ${offerId} on the market`;
-        case "OfferMismatch":
-          return `offer ${offerId} does not serve model ${options.modelId}`;
-        default:
-          return explainToken(errorName, []);
-      }
-    },
+    explainOpen,
   );
   const [opened] = parseEventLogs({
     abi: marketAbi,
