@@ -1,5 +1,12 @@
 import { describe, expect, it } from "vitest";
-import { ConfigError, parseConfig, parseLocalConfig, parseSettleConfig } from "./config.js";
+import {
+  ConfigError,
+  parseConfig,
+  parseGatewayClientConfig,
+  parseLocalConfig,
+  parsePayerChainConfig,
+  parseSettleConfig,
+} from "./config.js";
 
 const base = {
   RPC_URL: "http://127.0.0.1:8545",
@@ -275,6 +282,45 @@ describe("the commands that run without the full configuration read it here too"
     });
     expect(() => parseSettleConfig({ GATEWAY_URL: "ftp://x", SETTLE_INTERVAL_MS: "0" })).toThrow(
       /GATEWAY_URL must be an http:\/\/ or https:\/\/ URL[\s\S]*SETTLEMENT_OPERATOR_TOKEN is required[\s\S]*SETTLE_INTERVAL_MS must be an integer from 1 to 86400000/,
+    );
+  });
+
+  it("gateway permit: the chain a payer signs on (CHAIN_ID optional, checked against the RPC)", () => {
+    const market = `0x${"Ab".repeat(20)}`;
+    expect(
+      parsePayerChainConfig({ RPC_URL: "http://127.0.0.1:8545", MARKET_ADDRESS: market }),
+    ).toEqual({
+      rpcUrl: "http://127.0.0.1:8545",
+      chainId: undefined,
+      marketAddress: market.toLowerCase(),
+    });
+    expect(
+      parsePayerChainConfig({ RPC_URL: "https://rpc", MARKET_ADDRESS: market, CHAIN_ID: "8453" })
+        .chainId,
+    ).toBe(8453);
+    expect(() => parsePayerChainConfig({ RPC_URL: "ws://x", CHAIN_ID: "1.5" })).toThrow(
+      /RPC_URL must be an http\(s\):\/\/ URL[\s\S]*CHAIN_ID must be a positive integer[\s\S]*MARKET_ADDRESS is required/,
+    );
+  });
+
+  it("the gateway a CLI command calls: URL and API key both or neither, the key never echoed", () => {
+    expect(parseGatewayClientConfig({})).toBeUndefined();
+    expect(parseGatewayClientConfig({ GATEWAY_URL: "http://gw", GATEWAY_API_KEY: "gw_k" })).toEqual(
+      { baseUrl: "http://gw", apiKey: "gw_k" },
+    );
+    const refused = (() => {
+      try {
+        parseGatewayClientConfig({ GATEWAY_URL: "ftp://gw" });
+      } catch (error) {
+        return error as ConfigError;
+      }
+    })();
+    expect(refused?.problems).toEqual([
+      "GATEWAY_URL must be an http(s):// URL",
+      "GATEWAY_API_KEY is required with GATEWAY_URL",
+    ]);
+    expect(() => parseGatewayClientConfig({ GATEWAY_API_KEY: "gw_secret" })).toThrow(
+      /^invalid configuration:\n {2}- GATEWAY_URL is required with GATEWAY_API_KEY$/,
     );
   });
 });

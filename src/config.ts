@@ -483,3 +483,65 @@ export function parseSettleConfig(env: Env): SettleConfig {
   if (problems.length > 0) throw new ConfigError(problems);
   return { url, token: token ?? "", intervalMs, maxRequests, logLevel };
 }
+
+/**
+ * What a payer's `gateway permit open|close|finalize|balance` reads to reach the market itself
+ * (the gateway is not needed to move the payer's money): RPC_URL, MARKET_ADDRESS, and CHAIN_ID,
+ * which, when set, the RPC must report (a payer signing for the wrong chain is refused before
+ * anything is sent).
+ */
+export interface PayerChainConfig {
+  readonly rpcUrl: string;
+  /** CHAIN_ID; absent: the chain id RPC_URL reports. */
+  readonly chainId: number | undefined;
+  readonly marketAddress: Address;
+}
+
+export function parsePayerChainConfig(env: Env): PayerChainConfig {
+  const problems: string[] = [];
+  const str = (key: string) => env[key]?.trim() || undefined;
+  const rpcUrl = str("RPC_URL");
+  if (rpcUrl === undefined)
+    problems.push("RPC_URL is required (the JSON-RPC URL of the chain the market lives on)");
+  else if (!/^https?:\/\//.test(rpcUrl)) problems.push("RPC_URL must be an http(s):// URL");
+  const rawChainId = str("CHAIN_ID");
+  const chainId = rawChainId === undefined ? undefined : Number(rawChainId);
+  if (
+    rawChainId !== undefined &&
+    (!/^\d+$/.test(rawChainId) || !Number.isSafeInteger(chainId) || chainId! < 1)
+  )
+    problems.push(`CHAIN_ID must be a positive integer, got "${rawChainId}"`);
+  const market = str("MARKET_ADDRESS");
+  if (market === undefined) problems.push("MARKET_ADDRESS is required (the market's address)");
+  else if (!isAddress(market, { strict: false }))
+    problems.push(`MARKET_ADDRESS must be a 0x-prefixed 20-byte address, got "${market}"`);
+  if (problems.length > 0) throw new ConfigError(problems);
+  return {
+    rpcUrl: rpcUrl!,
+    chainId,
+    marketAddress: market!.toLowerCase() as Address,
+  };
+}
+
+/** The gateway a CLI command calls with an API key (GATEWAY_URL and GATEWAY_API_KEY). */
+export interface GatewayClientConfig {
+  readonly baseUrl: string;
+  readonly apiKey: string;
+}
+
+/**
+ * GATEWAY_URL and GATEWAY_API_KEY, both or neither: undefined when neither is set (commands
+ * that can do without the gateway then read the chain). The key is never echoed.
+ */
+export function parseGatewayClientConfig(env: Env): GatewayClientConfig | undefined {
+  const str = (key: string) => env[key]?.trim() || undefined;
+  const baseUrl = str("GATEWAY_URL");
+  const apiKey = str("GATEWAY_API_KEY");
+  if (baseUrl === undefined && apiKey === undefined) return undefined;
+  const problems: string[] = [];
+  if (baseUrl === undefined) problems.push("GATEWAY_URL is required with GATEWAY_API_KEY");
+  else if (!/^https?:\/\//.test(baseUrl)) problems.push("GATEWAY_URL must be an http(s):// URL");
+  if (apiKey === undefined) problems.push("GATEWAY_API_KEY is required with GATEWAY_URL");
+  if (problems.length > 0) throw new ConfigError(problems);
+  return { baseUrl: baseUrl!, apiKey: apiKey! };
+}

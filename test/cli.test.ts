@@ -2,7 +2,6 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
-import { createServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -13,7 +12,7 @@ import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { startSettlementFixture, type SettlementFixture } from "./helpers/settlement-fixture.js";
 import { auditChildLogs, auditSecret } from "./helpers/log-audit.js";
-import { gatewayCli } from "./helpers/processes.js";
+import { closedPort, gatewayCli, runGatewayCli } from "./helpers/processes.js";
 import { eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 const run = promisify(execFile);
@@ -178,6 +177,39 @@ describe("npm start (gateway dev)", () => {
         verifyTypedData(signed.receipt.domain, types, signed.receipt.message, signed.signature),
       ).toBe(m.receiptSigner);
 
+      // The printed command opens a second permit as the demo payer (its key read from the
+      // manifest, never printed), and the demo key spends it at once.
+      const openLine = output.split("\n").find((line) => line.includes(" permit open "));
+      expect(openLine).toBeDefined();
+      expect(output).not.toContain(m.payer.privateKey.slice(2));
+      const opened = await run("bash", ["-c", `${openLine!.trim()} --json`], {
+        env: { ...process.env, npm_config_loglevel: "silent" },
+      });
+      const second = JSON.parse(opened.stdout.slice(opened.stdout.indexOf("{"))) as {
+        permit_id: string;
+        payer: string;
+        deposit: string;
+      };
+      expect(second).toMatchObject({
+        payer: m.payer.address.toLowerCase(),
+        model_id: m.models[0]!.modelId,
+        deposit: (10n * 10n ** 18n).toString(),
+      });
+      const onSecond = await fetch(`${m.baseUrl}/v1/chat/completions`, {
+        method: "POST",
+        headers: {
+          authorization: `Bearer ${m.apiKey}`,
+          "x-gateway-permit": second.permit_id,
+          "content-type": "application/json",
+        },
+        body: JSON.stringify({
+          model: m.models[0]!.id,
+          messages: [{ role: "user", content: "hi" }],
+        }),
+      });
+      expect(onSecond.status).toBe(200);
+      await onSecond.arrayBuffer();
+
       child.kill("SIGTERM");
       expect(await exited(child)).toBe(0);
       // anvil went with it: its RPC port no longer answers.
@@ -229,31 +261,7 @@ describe("npm start (gateway dev)", () => {
   });
 });
 
-/** What a finished CLI run left behind; `code` 0 when it succeeded. */
-interface Ran {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-async function runCli(args: string[], env: NodeJS.ProcessEnv): Promise<Ran> {
-  try {
-    const { stdout, stderr } = await run(process.execPath, [...cli, ...args], { env });
-    return { code: 0, stdout, stderr };
-  } catch (error) {
-    const e = error as { code: number; stdout: string; stderr: string };
-    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
-  }
-}
-
-/** A port nothing listens on (bound, then released). */
-async function closedPort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const { port } = server.address() as AddressInfo;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
-}
+const runCli = runGatewayCli;
 
 describe("gateway settle (gRPC client of SettlementService)", () => {
   const token = `op_${randomBytes(16).toString("hex")}`;

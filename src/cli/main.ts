@@ -6,7 +6,7 @@ import { openDatabase } from "../adapters/pg/database.js";
 import { migrate } from "../adapters/pg/migrate.js";
 import { startGateway } from "../app.js";
 import { ConfigError, parseConfig, parseLocalConfig } from "../config.js";
-import { sandboxShutdownGraceMs, startSandbox } from "../dev/sandbox.js";
+import { sandboxPermitOpenCommand, sandboxShutdownGraceMs, startSandbox } from "../dev/sandbox.js";
 import { createLogger } from "../logger.js";
 import { runPermitCommand } from "./permit.js";
 import { runProviderCommand } from "./provider.js";
@@ -21,8 +21,14 @@ commands:
   keys create [--name N]    create an API key (printed once)
   keys list                 list API keys (never the keys themselves)
   keys revoke <id|prefix>   revoke an API key
+  permit open MODEL --deposit AMOUNT
+                            open a permit as the payer (approve the credit token, escrow a deposit)
   permit authorize ...      let an API key spend a payer's permits, signed as the payer
-  permit revoke ID          revoke an authorization with the payer's signature (see 'gateway permit')
+  permit revoke ID          revoke an authorization with the payer's signature
+  permit balance ID         a permit's balance (the gateway's view, or the chain's without an API key)
+  permit close ID           request a permit's close (payer only); permit finalize ID after the grace
+                            period refunds what was not settled (see 'gateway permit')
+  permit audit ID           check a permit's signed usage receipts against the chain
   provider ...              onboard an offer's endpoint, read its earnings (see 'gateway provider')
   settle                    run the settlement worker (Flush over gRPC on an interval)
   settle reconcile          compare settled sums with the chain; exit 1 on drift
@@ -127,7 +133,12 @@ async function run(argv: string[]): Promise<void> {
           `  curl -s -X POST ${manifest.settlement.flushUrl} -H 'Authorization: Bearer ${manifest.settlementOperatorToken}'\n\n` +
           `The demo key may spend the demo payer's permits because the payer signed for it. To let another\n` +
           `API key spend them (the payer signs; the key asks and submits):\n` +
-          `  GATEWAY_URL=${manifest.baseUrl} GATEWAY_API_KEY=<the other key> PAYER_PRIVATE_KEY=<the payer's key, in ${sandbox.manifestPath}> npm run gateway -- permit authorize\n\n`,
+          `  GATEWAY_URL=${manifest.baseUrl} GATEWAY_API_KEY=<the other key> PAYER_PRIVATE_KEY=<the payer's key, in ${sandbox.manifestPath}> npm run gateway -- permit authorize\n\n` +
+          `Open a second permit as the demo payer (10 ${model} tokens, 30 days; the demo key may spend it at once),\n` +
+          `the payer's key read from the manifest:\n` +
+          `  ${sandboxPermitOpenCommand(manifest, sandbox.manifestPath)}\n` +
+          `then chat with X-Gateway-Permit set to the permit id it prints; 'permit balance', 'permit close'\n` +
+          `and 'permit finalize' take the same environment (see 'npm run gateway -- permit').\n\n`,
       );
       return;
     }

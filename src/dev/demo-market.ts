@@ -3,6 +3,7 @@ import type { AnvilAccount } from "../adapters/chain/anvil.js";
 import { creditTokenAbi, marketAbi } from "../../gen/contracts/artifacts.js";
 import type { ChainClients } from "../adapters/chain/clients.js";
 import { deployCreditToken, deployMarket } from "../adapters/chain/deploy.js";
+import { openPermit } from "../adapters/chain/permit-transactions.js";
 import type { CatalogEntry } from "../domain/catalog.js";
 
 /** Roles of the demo market, each a distinct funded account. */
@@ -202,22 +203,15 @@ export async function seedDemoMarket(
       args: [roles.payer.address, permitDeposit * 10n],
     }),
   );
-  await confirm(
-    await payer.writeContract({
-      address: chat.creditToken,
-      abi: creditTokenAbi,
-      functionName: "approve",
-      args: [market, permitDeposit],
-    }),
-  );
-  const expiresAt = BigInt(Math.floor(Date.now() / 1000) + 30 * 24 * 3600);
-  await confirm(
-    await payer.writeContract({
-      address: market,
-      abi: marketAbi,
-      functionName: "openPermit",
-      args: [permitId, chat.modelId, `0x${"00".repeat(32)}`, permitDeposit, expiresAt],
-    }),
+  // The demo payer opens its permit as any payer does (the `gateway permit open` path).
+  await openPermit(
+    { publicClient, wallet: payer, market },
+    {
+      permitId,
+      modelId: chat.modelId,
+      deposit: permitDeposit,
+      expiresAt: BigInt(Math.floor(Date.now() / 1000) + 30 * 24 * 3600),
+    },
   );
 
   return {

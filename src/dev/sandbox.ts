@@ -45,6 +45,29 @@ export interface DevManifest {
   receiptSigner: Address;
 }
 
+/** A word for a POSIX shell, as is. */
+function shellQuote(word: string): string {
+  return /^[\w@%+=:,./-]+$/.test(word) ? word : `'${word.replaceAll("'", "'\\''")}'`;
+}
+
+/**
+ * The `gateway permit open` command line that opens another permit as the demo payer, with the
+ * environment it needs. The payer's key is read from the manifest when the command runs, so it
+ * is not printed (the sandbox prints no private key).
+ */
+export function sandboxPermitOpenCommand(manifest: DevManifest, manifestPath: string): string {
+  const env = [
+    `RPC_URL=${manifest.rpcUrl}`,
+    `CHAIN_ID=${manifest.chainId}`,
+    `MARKET_ADDRESS=${manifest.marketAddress}`,
+    `GATEWAY_URL=${manifest.baseUrl}`,
+    `GATEWAY_API_KEY=${manifest.apiKey}`,
+    `PAYER_PRIVATE_KEY=$(node -p 'require(process.argv[1]).payer.privateKey' ${shellQuote(manifestPath)})`,
+  ];
+  const model = manifest.models[0]?.id ?? manifest.models[0]?.modelId ?? "MODEL";
+  return `${env.join(" ")} npm run gateway -- permit open ${shellQuote(model)} --deposit 10tokens`;
+}
+
 export interface Sandbox {
   readonly manifest: DevManifest;
   readonly manifestPath: string;

@@ -81,14 +81,35 @@ export async function closePermit(stack: TestStack, permitId: Hex): Promise<void
   await finalizeClose(stack, permitId);
 }
 
-/** Lets the close grace period of a permit whose close was requested pass, and finalizes it. */
-export async function finalizeClose(stack: TestStack, permitId: Hex): Promise<void> {
+/** Moves anvil's clock `seconds` ahead and mines a block at the new time. */
+export async function advanceChainTime(stack: TestStack, seconds: number): Promise<void> {
   await stack.clients.publicClient.request({
     method: "evm_increaseTime" as never,
-    params: [7200] as never,
+    params: [seconds] as never,
   });
   await stack.clients.publicClient.request({ method: "evm_mine" as never, params: [] as never });
+}
+
+/** Lets the close grace period of a permit whose close was requested pass, and finalizes it. */
+export async function finalizeClose(stack: TestStack, permitId: Hex): Promise<void> {
+  await advanceChainTime(stack, 7200);
   await market(stack, stack.roles.payer.privateKey, "finalizeClose", [permitId]);
+}
+
+/** Mints `amount` of a demo model's credit token to `to` (as the model's creator, its owner). */
+export async function mintCredits(
+  stack: TestStack,
+  to: Hex,
+  amount: bigint,
+  model = 0,
+): Promise<void> {
+  await token(
+    stack,
+    stack.roles.creator.privateKey,
+    stack.demo.models[model]!.creditToken,
+    "mint",
+    [to, amount],
+  );
 }
 
 export async function setOffer(

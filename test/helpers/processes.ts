@@ -1,8 +1,10 @@
-import { spawn, type ChildProcess } from "node:child_process";
+import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
+import { createServer, type AddressInfo } from "node:net";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
+import { promisify } from "node:util";
 import { auditChildLogs } from "./log-audit.js";
 import { settlementKey } from "./settlement.js";
 import type { TestStack } from "./stack.js";
@@ -19,6 +21,42 @@ function endpointKey(stack: TestStack): string {
  * the run), no loader. Relative to the repository root, the cwd of every test process.
  */
 export const gatewayCli: readonly string[] = ["dist/src/cli/main.js"];
+
+/** What a finished CLI run left behind; `code` 0 when it succeeded. */
+export interface CliRun {
+  readonly code: number;
+  readonly stdout: string;
+  readonly stderr: string;
+}
+
+/** Runs `gateway ARGS` to its end with exactly `env` (nothing inherited). */
+export async function runGatewayCli(
+  args: readonly string[],
+  env: NodeJS.ProcessEnv,
+): Promise<CliRun> {
+  try {
+    const { stdout, stderr } = await promisify(execFile)(
+      process.execPath,
+      [...gatewayCli, ...args],
+      {
+        env,
+      },
+    );
+    return { code: 0, stdout, stderr };
+  } catch (error) {
+    const e = error as { code: number; stdout: string; stderr: string };
+    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
+  }
+}
+
+/** A port nothing listens on (bound, then released). */
+export async function closedPort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
 
 export interface GatewayProcess {
   readonly child: ChildProcess;

@@ -1,0 +1,52 @@
+import { BaseError } from "../errors.js";
+
+/** An amount or a duration a person typed that does not say one exact thing (a usage error). */
+export class AmountError extends BaseError {
+  override readonly name = "AmountError";
+  readonly reason = "usage";
+}
+
+/**
+ * A deposit as typed, either base units (`1000000`, whole numbers only) or whole tokens
+ * (`12.5tokens`, or `12.5` with `tokens` true), converted with the token's `decimals` by exact
+ * decimal arithmetic: a fraction finer than the token's smallest unit is refused, never rounded.
+ * Zero is refused (the market refuses an empty permit).
+ */
+export function parseDeposit(text: string, decimals: number, tokens = false): bigint {
+  const match = /^(\d+)(?:\.(\d+))?\s*(tokens?)?$/.exec(text.trim());
+  if (match === null)
+    throw new AmountError(
+      `--deposit must be base units (1000000) or tokens (12.5tokens), got "${text}"`,
+    );
+  const [, whole, fraction, suffix] = match as unknown as [string, string, string?, string?];
+  const inTokens = tokens || suffix !== undefined;
+  let amount: bigint;
+  if (!inTokens) {
+    if (fraction !== undefined)
+      throw new AmountError(
+        `--deposit in base units is a whole number; for tokens write "${text}tokens" or add --tokens`,
+      );
+    amount = BigInt(whole);
+  } else {
+    const digits = fraction ?? "";
+    if (digits.length > decimals)
+      throw new AmountError(
+        `--deposit ${text}: the token has ${decimals} decimals, so at most ${decimals} fractional digits`,
+      );
+    amount = BigInt(whole) * 10n ** BigInt(decimals) + BigInt(digits.padEnd(decimals, "0") || "0");
+  }
+  if (amount === 0n) throw new AmountError("--deposit must be more than 0");
+  return amount;
+}
+
+const unitSeconds: Record<string, bigint> = { s: 1n, m: 60n, h: 3600n, d: 86_400n, w: 604_800n };
+
+/** A duration as typed: seconds (`3600`), or a number with a unit, `s|m|h|d|w` (`30d`). */
+export function parseDuration(text: string): bigint {
+  const match = /^(\d{1,12})\s*([smhdw])?$/.exec(text.trim());
+  if (match === null)
+    throw new AmountError(`--expires-in must be seconds or e.g. 30d, 12h, 90m, got "${text}"`);
+  const seconds = BigInt(match[1]!) * unitSeconds[match[2] ?? "s"]!;
+  if (seconds === 0n) throw new AmountError("--expires-in must be more than 0");
+  return seconds;
+}
