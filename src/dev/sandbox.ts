@@ -38,6 +38,8 @@ export interface DevManifest {
   permitId: Hex;
   /** What to watch settlement with: the account that settles, the worker's pace, the flush route. */
   settlement: { account: Address; workerIntervalMs: number; flushUrl: string };
+  /** The demo provider's endpoint, which the demo offers are registered with, and its token. */
+  demoProvider: { url: string; endpointToken: string };
 }
 
 export interface Sandbox {
@@ -139,6 +141,7 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
           workerIntervalMs,
           flushUrl: `${gateway.url}/settlements/flush`,
         },
+        demoProvider: { url: provider.url, endpointToken: provider.token },
       };
       const manifestPath = join(stateDir, "dev.json");
       // Write-then-rename, so a script polling for the file never reads half of it.
