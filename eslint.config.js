@@ -25,4 +25,26 @@ export default tseslint.config(
       "@typescript-eslint/no-explicit-any": "error",
     },
   },
+  {
+    // The market console's browser modules (src/console): served as they are, no bundler.
+    files: ["src/console/**/*.js"],
+    languageOptions: {
+      globals: Object.fromEntries(
+        [
+          "document",
+          "sessionStorage",
+          "fetch",
+          "setTimeout",
+          "clearTimeout",
+          "Event",
+          "CustomEvent",
+          "EventTarget",
+          "AbortSignal",
+          "Node",
+          "HTMLElement",
+          "Storage",
+        ].map((name) => [name, "readonly"]),
+      ),
+    },
+  },
 );

@@ -1,10 +1,10 @@
 #!/usr/bin/env node
 /**
  * The production build: TypeScript -> JavaScript in dist/ (tsconfig.build.json), with source maps
- * as files and the non-TypeScript files the runtime reads by path (the SQL migrations and functions) copied
- * beside the modules that read them; then the production entry points (the CLI, the bench's
- * gateway) bundled into single files (scripts/bundle.mjs). Plain JavaScript so that building
- * needs no loader.
+ * as files and the non-TypeScript files the runtime reads by path (the SQL migrations and functions,
+ * the market console's static files) copied beside the modules that read them; then the
+ * production entry points (the CLI, the bench's gateway) bundled into single files
+ * (scripts/bundle.mjs). Plain JavaScript so that building needs no loader.
  *
  *   node scripts/build.mjs             build now (`npm run build`)
  *   node scripts/build.mjs --if-stale  build only when dist/ is missing or older than its inputs
@@ -40,7 +40,7 @@ const dist = join(root, "dist");
 const stamp = join(dist, ".build-stamp");
 const lock = join(root, ".build.lock");
 
-/** Files whose change makes dist/ stale, besides every .ts/.sql file under the input folders. */
+/** Files whose change makes dist/ stale, besides every source file under the input folders. */
 const inputFiles = [
   "package.json",
   "package-lock.json",
@@ -51,7 +51,9 @@ const inputFiles = [
 ];
 const inputDirs = ["src", "gen", "bench"];
 /** Copied from src/ to dist/src/ as they are: read at run time relative to their module. */
-const assets = ["src/adapters/pg/migrations", "src/adapters/pg/functions"];
+const assets = ["src/adapters/pg/migrations", "src/adapters/pg/functions", "src/console"];
+/** The source files among the input folders' files (the console's are served as they are). */
+const sourceFile = /\.(ts|sql|js|css|html|svg)$/;
 
 /** The newest mtime (ms) among the inputs; folders count too, so a deleted file makes it stale. */
 function newestInput() {
@@ -66,7 +68,7 @@ function newestInput() {
       const path = join(dir, entry.name);
       if (entry.isDirectory()) {
         if (path !== join(root, "bench", "results")) walk(path);
-      } else if (/\.(ts|sql)$/.test(entry.name)) {
+      } else if (sourceFile.test(entry.name)) {
         see(path);
       }
     }

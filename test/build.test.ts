@@ -132,6 +132,10 @@ describe.skipIf(!hasProc)("the production build (needs Linux /proc)", () => {
     expect(readdirSync("dist/src/adapters/pg/migrations")).toEqual(
       readdirSync("src/adapters/pg/migrations"),
     );
+    // The market console's files are served as they are, from beside the facade's module.
+    expect(readdirSync("dist/src/console", { recursive: true }).sort()).toEqual(
+      readdirSync("src/console", { recursive: true }).sort(),
+    );
     for (const entry of ["gateway.js", "child.js", "lib/setup.js", "lib/settings.js"]) {
       expect(existsSync(join("dist/bench", entry)), entry).toBe(true);
     }
@@ -316,7 +320,13 @@ describe.skipIf(!hasProc || !existsSync(join(root, ".git")))("npm start on a fre
     const later = new Date(built.getTime() + 5_000);
     const earlier = new Date(built.getTime() - 60_000);
 
-    for (const file of ["src/config.ts", "package-lock.json", "gen/gateway/v1/catalog_pb.ts"]) {
+    for (const file of [
+      "src/config.ts",
+      "package-lock.json",
+      "gen/gateway/v1/catalog_pb.ts",
+      "src/console/app.js",
+      "src/console/console.css",
+    ]) {
       utimesSync(join(clone, file), later, later);
       expect(builder.isStale(), file).toBe(true);
       utimesSync(join(clone, file), earlier, earlier);

@@ -102,6 +102,7 @@ describe("npm start (gateway dev)", () => {
       expect(body.data.map((x) => x.id).sort()).toEqual(m.models.map((x) => x.id).sort());
       await eventually(async () => output.includes("curl"), 5000);
       expect(output).toContain(`${m.baseUrl}/v1/models`);
+      expect(output).toContain(`Console: ${m.baseUrl}/console`);
       expect(m.settlement).toEqual({
         account: expect.stringMatching(/^0x[0-9a-fA-F]{40}$/),
         workerIntervalMs: 2000,

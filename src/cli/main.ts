@@ -119,7 +119,8 @@ async function run(argv: string[]): Promise<void> {
       const model = manifest.models[0]?.id ?? "";
       process.stdout.write(
         `\nGateway ready at ${manifest.baseUrl} (REST, Connect, gRPC and gRPC-Web on one port).\n` +
-          `Manifest: ${sandbox.manifestPath}\n\nTry:\n` +
+          `Manifest: ${sandbox.manifestPath}\n` +
+          `Console: ${manifest.baseUrl}/console (paste the API key below)\n\nTry:\n` +
           `  curl -s ${manifest.baseUrl}/v1/models -H 'Authorization: Bearer ${manifest.apiKey}'\n` +
           `  curl -s ${manifest.baseUrl}/v1/models/${model} -H 'Authorization: Bearer ${manifest.apiKey}'\n\n` +
           `Settlement: a worker flushes every ${manifest.settlement.workerIntervalMs / 1000} s from ${manifest.settlement.account}.\n` +

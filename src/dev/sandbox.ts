@@ -43,6 +43,8 @@ export interface DevManifest {
    * made for this run and written nowhere.
    */
   receiptSigner: Address;
+  /** The demo provider's endpoint, which the demo offers are registered with, and its token. */
+  demoProvider: { url: string; endpointToken: string };
 }
 
 /** A word for a POSIX shell, as is. */
@@ -171,6 +173,7 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
           flushUrl: `${gateway.url}/settlements/flush`,
         },
         receiptSigner: privateKeyToAccount(receiptKey).address,
+        demoProvider: { url: provider.url, endpointToken: provider.token },
       };
       const manifestPath = join(stateDir, "dev.json");
       // Write-then-rename, so a script polling for the file never reads half of it.

@@ -5,6 +5,7 @@ import type { InProcessCallOptions, InProcessCaller } from "../connect/in-proces
 import type { JsonBounds } from "../domain/chat-request.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { readJson, type NodeRequest } from "./body.js";
+import { consolePath, createConsoleAssets, type ConsoleAssets } from "./console.js";
 import { toHttpError, type ErrorBody } from "./errors.js";
 import { routes, type Route } from "./routes.js";
 
@@ -33,6 +34,8 @@ export interface FacadeDeps {
    * signal's reason (`shutting_down`) as their answer or a stream's last event.
    */
   readonly shutdown?: AbortSignal;
+  /** The market console's files (GET /console); absent: read from src/console beside the build. */
+  readonly console?: ConsoleAssets;
 }
 
 /** Hooks for metrics (the facade never imports a metrics library); they must not throw. */
@@ -153,6 +156,7 @@ const clientLeft = new DOMException("the client closed the connection", "AbortEr
 
 export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: NodeResponse) => void {
   const { rpc, logger } = deps;
+  const consoleAssets = deps.console ?? createConsoleAssets();
 
   return (req, res) => {
     const { pathname, query } = targetOf(req.url ?? "/");
@@ -179,6 +183,12 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
 
     let matched: Route | undefined;
     const handled = (async (): Promise<void> => {
+      if (pathname.startsWith(consolePath)) {
+        // One metrics label for every console file: the paths are the console's, not the caller's.
+        route = consolePath;
+        if (consoleAssets.serve(req, res, pathname)) return;
+        route = "unmatched";
+      }
       const match = findRoute(req.method, pathname);
       if (match === undefined || match === "method_not_allowed") {
         req.resume();

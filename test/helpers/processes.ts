@@ -1,11 +1,13 @@
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer, type AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { promisify } from "node:util";
-import { auditChildLogs } from "./log-audit.js";
+import type { DevManifest } from "../../src/dev/sandbox.js";
+import { auditChildLogs, auditSecret } from "./log-audit.js";
 import { settlementKey } from "./settlement.js";
 import type { TestStack } from "./stack.js";
 
@@ -116,7 +118,7 @@ export async function serveProcess(
   return { child, url, env };
 }
 
-export async function stopProcess(p: GatewayProcess | undefined): Promise<void> {
+export async function stopProcess(p: { readonly child: ChildProcess } | undefined): Promise<void> {
   if (p === undefined || p.child.exitCode !== null || p.child.signalCode !== null) return;
   const exited = new Promise((r) => p.child.once("exit", r));
   p.child.kill("SIGTERM");
@@ -178,4 +180,58 @@ export async function settleWorkerProcess(
     });
   });
   return { child };
+}
+
+/** `npm start` (`gateway dev`, the sandbox) as its own process, once its manifest is written. */
+export interface DevProcess {
+  readonly child: ChildProcess;
+  readonly stateDir: string;
+  readonly manifest: DevManifest;
+}
+
+/**
+ * Starts `gateway dev` as `npm start` runs it (the build, no loader) on a free port and a fresh
+ * state dir, and resolves with its manifest (dev.json); the manifest's secrets join the log audit.
+ * Stop it with {@link stopDevProcess}.
+ */
+export async function startDevProcess(): Promise<DevProcess> {
+  const stateDir = mkdtempSync(join(tmpdir(), "gateway-dev-"));
+  const env: NodeJS.ProcessEnv = {
+    PATH: process.env.PATH,
+    PORT: "0",
+    GATEWAY_STATE_DIR: stateDir,
+    LOG_LEVEL: "info",
+  };
+  const child = spawn(process.execPath, [...gatewayCli, "dev"], {
+    env,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  auditChildLogs(child, "gateway dev");
+  const manifestPath = join(stateDir, "dev.json");
+  const deadline = Date.now() + 90_000;
+  while (!existsSync(manifestPath)) {
+    if (child.exitCode !== null || child.signalCode !== null)
+      throw new Error(
+        `gateway dev exited (${child.exitCode ?? child.signalCode}) before its manifest`,
+      );
+    if (Date.now() > deadline) {
+      child.kill("SIGKILL");
+      throw new Error("gateway dev wrote no manifest within 90 s");
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  const manifest = JSON.parse(readFileSync(manifestPath, "utf8")) as DevManifest;
+  auditSecret("api key", manifest.apiKey);
+  auditSecret("operator token", manifest.settlementOperatorToken);
+  auditSecret("private key", manifest.payer.privateKey);
+  auditSecret("private key", manifest.operator.privateKey);
+  auditSecret("endpoint token", manifest.demoProvider.endpointToken);
+  return { child, stateDir, manifest };
+}
+
+/** SIGTERM (SIGKILL after 10 s), then the state dir removed. */
+export async function stopDevProcess(dev: DevProcess | undefined): Promise<void> {
+  if (dev === undefined) return;
+  await stopProcess(dev);
+  rmSync(dev.stateDir, { recursive: true, force: true });
 }

@@ -1,0 +1,78 @@
+/**
+ * The console's entry: the API key form and the panels. Each panel is one module exporting
+ * `{ id, title, mount(section, context) }`; adding one is a module and a line in `panels`.
+ *
+ * Panels talk through `context.events`:
+ *   "key"         the key was set or forgotten (reload what you show, or clear it)
+ *   "ledger"      a request's settlement moved (balances may have changed)
+ *   "show-permit" `detail` is a permit id to show
+ */
+import { createApi } from "./api.js";
+import { h } from "./dom.js";
+import { catalogPanel } from "./panels/catalog.js";
+import { permitPanel } from "./panels/permit.js";
+import { requestPanel } from "./panels/request.js";
+
+/**
+ * @typedef {object} PanelContext
+ * @property {import("./api.js").Api} api
+ * @property {EventTarget} events
+ */
+/**
+ * @typedef {object} Panel
+ * @property {string} id
+ * @property {string} title
+ * @property {(section: HTMLElement, context: PanelContext) => void} mount
+ */
+
+/** The panels, in page (and focus) order. @type {Panel[]} */
+const panels = [catalogPanel, permitPanel, requestPanel];
+
+const api = createApi(sessionStorage);
+const events = new EventTarget();
+
+const host = /** @type {HTMLElement} */ (document.getElementById("panels"));
+for (const panel of panels) {
+  const titleId = `${panel.id}-title`;
+  const section = h(
+    "section",
+    { class: "panel", id: `${panel.id}-panel`, "aria-labelledby": titleId },
+    h("h2", { id: titleId }, panel.title),
+  );
+  host.append(section);
+  panel.mount(section, { api, events });
+}
+
+const form = /** @type {HTMLFormElement} */ (document.getElementById("key-form"));
+const input = /** @type {HTMLInputElement} */ (document.getElementById("api-key"));
+const status = /** @type {HTMLElement} */ (document.getElementById("key-status"));
+const forget = /** @type {HTMLButtonElement} */ (document.getElementById("forget-key"));
+
+function showKeyState() {
+  const has = api.hasKey();
+  status.textContent = has
+    ? "A key is in use for this tab."
+    : "No key yet: paste one to read the market.";
+  forget.disabled = !has;
+}
+
+form.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const key = input.value.trim();
+  if (key === "") return;
+  api.setKey(key);
+  // The field is emptied: the key lives in session storage, not in the page.
+  input.value = "";
+  showKeyState();
+  events.dispatchEvent(new Event("key"));
+});
+
+forget.addEventListener("click", () => {
+  api.forgetKey();
+  showKeyState();
+  events.dispatchEvent(new Event("key"));
+  input.focus();
+});
+
+showKeyState();
+if (api.hasKey()) events.dispatchEvent(new Event("key"));

@@ -1,0 +1,95 @@
+/**
+ * Building the DOM from data. Everything shown comes from the gateway, and much of it from
+ * parties the reader does not control (an offer's region, hardware and capabilities are what its
+ * provider wrote on chain): text is only ever set as text, never parsed as markup.
+ */
+
+/**
+ * An element with attributes and children (strings become text nodes).
+ * @param {string} tag
+ * @param {Record<string, string | boolean | undefined>} [attributes]
+ * @param {...(Node | string | null | undefined | false)} children
+ * @returns {HTMLElement}
+ */
+export function h(tag, attributes = {}, ...children) {
+  const element = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) {
+    if (value === undefined || value === false) continue;
+    element.setAttribute(name, value === true ? "" : value);
+  }
+  for (const child of children) {
+    if (child === null || child === undefined || child === false) continue;
+    element.append(typeof child === "string" ? document.createTextNode(child) : child);
+  }
+  return element;
+}
+
+/**
+ * A description list from `[term, value, field?]` rows; rows whose value is undefined are left
+ * out. `field` names the row (`data-field`) for styling and scripts.
+ * @param {[string, Node | string | undefined, string?][]} rows
+ * @param {string} [className]
+ */
+export function facts(rows, className = "facts") {
+  const list = h("dl", { class: className });
+  for (const [term, value, field] of rows) {
+    if (value === undefined) continue;
+    list.append(h("div", { "data-field": field }, h("dt", {}, term), h("dd", {}, value)));
+  }
+  return list;
+}
+
+/**
+ * An amount in the credit token's base units: exact (a decimal string, never a float), digits
+ * grouped for reading; the machine-readable value in `data[value]`.
+ * @param {string | null | undefined} value
+ */
+export function credits(value) {
+  if (value === null || value === undefined) return h("span", { class: "muted" }, "—");
+  const text = /^\d+$/.test(value) ? value.replace(/\B(?=(\d{3})+(?!\d))/g, "\u202f") : value;
+  return h("data", { value, class: "amount" }, text);
+}
+
+/** A Unix time (seconds) as a `<time>`; null as a dash. @param {number | null | undefined} seconds */
+export function time(seconds) {
+  if (seconds === null || seconds === undefined) return h("span", { class: "muted" }, "—");
+  const date = new Date(seconds * 1000);
+  const iso = date.toISOString();
+  return h("time", { datetime: iso }, iso.replace("T", " ").replace(/\.\d+Z$/, " UTC"));
+}
+
+/** A hash, address or id in full (wrapping on narrow screens). @param {string | null | undefined} value */
+export function code(value) {
+  if (value === null || value === undefined || value === "")
+    return h("span", { class: "muted" }, "—");
+  return h("code", { class: "hex" }, value);
+}
+
+/** A status word as a badge; `data-status` carries the word for styling and scripts. @param {string} status */
+export function badge(status) {
+  return h("span", { class: "badge", "data-status": status }, status);
+}
+
+/** The message line of a panel: shown for errors and progress, announced to screen readers. */
+export function messageLine() {
+  const line = h("p", { class: "status", role: "status" });
+  return {
+    element: line,
+    /** @param {string} text */
+    info(text) {
+      line.dataset.kind = "info";
+      line.textContent = text;
+    },
+    /** @param {unknown} error */
+    error(error) {
+      line.dataset.kind = "error";
+      const e = /** @type {{ code?: string, message?: string }} */ (error);
+      line.textContent =
+        e.code === undefined ? String(e.message ?? error) : `${e.code}: ${e.message}`;
+    },
+    clear() {
+      delete line.dataset.kind;
+      line.textContent = "";
+    },
+  };
+}

@@ -1,0 +1,155 @@
+/**
+ * The catalog: models (GET /v1/models) and, on demand, each model's offers
+ * (GET /v1/models/{id}/offers) with their tariff, status, verification, health
+ * (GET /v1/provider-offers/{id}/health) and reputation when the gateway publishes it.
+ */
+import { segment } from "../api.js";
+import { badge, code, credits, facts, h, messageLine, time } from "../dom.js";
+import { reputationView } from "./reputation.js";
+
+/** @type {import("../app.js").Panel} */
+export const catalogPanel = {
+  id: "catalog",
+  title: "Catalog",
+  mount(section, { api, events }) {
+    const message = messageLine();
+    const reload = h("button", { type: "button" }, "Reload catalog");
+    const list = h("div", { class: "models" });
+    section.append(h("div", { class: "buttons" }, reload), message.element, list);
+
+    async function load() {
+      list.replaceChildren();
+      if (!api.hasKey()) {
+        message.info("Enter an API key to see the catalog.");
+        return;
+      }
+      message.info("Loading models…");
+      try {
+        const models = await api.get("/v1/models");
+        message.info(`${models.data.length} model${models.data.length === 1 ? "" : "s"}.`);
+        models.data.forEach((model, index) => list.append(modelView(model, index, api)));
+      } catch (error) {
+        message.error(error);
+      }
+    }
+
+    reload.addEventListener("click", load);
+    events.addEventListener("key", load);
+    message.info("Enter an API key to see the catalog.");
+  },
+};
+
+/**
+ * @param {Record<string, any>} model
+ * @param {number} index
+ * @param {import("../api.js").Api} api
+ */
+function modelView(model, index, api) {
+  const offersId = `offers-${index}`;
+  const toggle = h(
+    "button",
+    { type: "button", "aria-expanded": "false", "aria-controls": offersId },
+    `Offers of ${model.id}`,
+  );
+  const offers = h("div", { id: offersId, class: "offers", hidden: true });
+  const message = messageLine();
+  let loaded = false;
+
+  toggle.addEventListener("click", async () => {
+    const open = toggle.getAttribute("aria-expanded") !== "true";
+    toggle.setAttribute("aria-expanded", String(open));
+    offers.hidden = !open;
+    if (!open || loaded) return;
+    loaded = true;
+    message.info("Loading offers…");
+    try {
+      const answer = await api.get(`/v1/models/${segment(model.id)}/offers`);
+      message.info(`${answer.data.length} offer${answer.data.length === 1 ? "" : "s"}.`);
+      for (const offer of answer.data) offers.append(offerView(offer, api));
+    } catch (error) {
+      loaded = false;
+      message.error(error);
+    }
+  });
+
+  return h(
+    "article",
+    { class: "model card", "data-model": model.id },
+    h("h3", {}, model.id),
+    facts([
+      ["Status", badge(model.status)],
+      ["Repository", `${model.repository}@${model.revision}`],
+      ["Task", model.task],
+      ["Aliases", model.aliases.length === 0 ? "none" : model.aliases.join(", ")],
+      ["Providers", String(model.provider_count)],
+      ["Model id", code(model.model_id)],
+      ["Credit token", code(model.credit_token)],
+    ]),
+    h("div", { class: "buttons" }, toggle),
+    message.element,
+    offers,
+  );
+}
+
+/**
+ * @param {Record<string, any>} offer
+ * @param {import("../api.js").Api} api
+ */
+function offerView(offer, api) {
+  const health = h("div", { class: "health" }, h("h5", {}, "Health"));
+  const healthMessage = messageLine();
+  health.append(healthMessage.element);
+  healthMessage.info("Checking…");
+  api
+    .get(`/v1/provider-offers/${segment(offer.offer_id)}/health`)
+    .then((answer) => {
+      healthMessage.clear();
+      health.append(
+        facts([
+          ["Endpoint", answer.running ? "answering" : "not answering"],
+          ["Checked", time(answer.checked_at)],
+          ["Quarantine", answer.quarantine_reason ?? "none"],
+        ]),
+      );
+    })
+    .catch((error) => healthMessage.error(error));
+
+  const capabilities = Object.entries(offer.capabilities ?? {}).map(
+    ([name, value]) => `${name}: ${typeof value === "string" ? value : JSON.stringify(value)}`,
+  );
+  const tariff = offer.tariff;
+  return h(
+    "article",
+    { class: "offer card", "data-offer-id": offer.offer_id },
+    h("h4", {}, "Offer ", code(offer.offer_id)),
+    facts([
+      ["Status", badge(offer.status)],
+      ["Region", offer.region],
+      ["Hardware", offer.hardware],
+      ["Max concurrency", String(offer.max_concurrency)],
+      ["Operator", code(offer.operator)],
+      ["Capabilities", capabilities.length === 0 ? "none" : capabilities.join("; ")],
+    ]),
+    h("h5", {}, "Tariff (credit base units)"),
+    tariff === undefined || tariff === null
+      ? h("p", { class: "muted" }, "No tariff.")
+      : facts([
+          ["Input, per million tokens", credits(tariff.input_price_per_mtok)],
+          ["Output, per million tokens", credits(tariff.output_price_per_mtok)],
+          ["Wake fee", credits(tariff.wake_fee)],
+          ["Version", tariff.version],
+        ]),
+    h("h5", {}, "Verification"),
+    facts([
+      ["Verified", time(offer.verified_at)],
+      ["Expires", time(offer.verification_expires_at)],
+      [
+        "Proven features",
+        offer.verified_features.length === 0 ? "none" : offer.verified_features.join(", "),
+      ],
+    ]),
+    health,
+    // Reputation renders here once the gateway publishes `offer.reputation` (issue 22).
+    reputationView(offer.reputation),
+  );
+}

@@ -1,0 +1,109 @@
+/**
+ * A permit's balance (GET /v1/permits/{id}): deposit, settled, charged but unsettled, reserved
+ * and available, in the credit token's base units. Refreshed while shown, and at once when a
+ * request's settlement moves.
+ */
+import { segment } from "../api.js";
+import { badge, code, credits, facts, h, messageLine, time } from "../dom.js";
+
+/** How often a shown balance is read again (ms). */
+const refreshMs = 3000;
+
+/** @type {import("../app.js").Panel} */
+export const permitPanel = {
+  id: "permit",
+  title: "Permit balance",
+  mount(section, { api, events }) {
+    const input = h("input", {
+      id: "permit-id",
+      type: "text",
+      inputmode: "text",
+      autocomplete: "off",
+      spellcheck: "false",
+      placeholder: "0x…",
+      pattern: "^\\s*0x[0-9a-fA-F]{64}\\s*$",
+      required: true,
+      "aria-describedby": "permit-id-hint",
+    });
+    const form = h(
+      "form",
+      { class: "inline-form" },
+      h("label", { for: "permit-id" }, "Permit id"),
+      input,
+      h("p", { id: "permit-id-hint", class: "hint" }, "0x and 64 hex digits."),
+      h("div", { class: "buttons" }, h("button", { type: "submit" }, "Show balance")),
+    );
+    const message = messageLine();
+    const view = h("div", { class: "permit", "aria-live": "polite" });
+    section.append(form, message.element, view);
+
+    /** @type {string | undefined} */
+    let shown;
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    let timer;
+
+    async function load() {
+      clearTimeout(timer);
+      if (shown === undefined) return;
+      if (!api.hasKey()) {
+        view.replaceChildren();
+        message.info("Enter an API key first.");
+        return;
+      }
+      const id = shown;
+      try {
+        const permit = await api.get(`/v1/permits/${segment(id)}`);
+        if (id !== shown) return;
+        message.clear();
+        view.replaceChildren(balanceView(permit));
+      } catch (error) {
+        if (id !== shown) return;
+        view.replaceChildren();
+        message.error(error);
+      }
+      if (id === shown) timer = setTimeout(load, refreshMs);
+    }
+
+    /** @param {string} id */
+    function show(id) {
+      shown = id.trim();
+      input.value = shown;
+      view.replaceChildren();
+      message.info("Loading…");
+      void load();
+    }
+
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      show(input.value);
+    });
+    events.addEventListener("show-permit", (event) => {
+      show(/** @type {CustomEvent<string>} */ (event).detail);
+      input.focus();
+    });
+    events.addEventListener("ledger", () => void load());
+    events.addEventListener("key", () => void load());
+  },
+};
+
+/** @param {Record<string, any>} permit */
+function balanceView(permit) {
+  return h(
+    "article",
+    { class: "card", "data-permit-id": permit.permit_id },
+    facts([
+      ["State", badge(permit.state), "state"],
+      ["Available", credits(permit.available), "available"],
+      ["Deposit", credits(permit.deposit), "deposit"],
+      ["Settled", credits(permit.settled), "settled"],
+      ["Charged, not yet settled", credits(permit.charged_unsettled), "charged_unsettled"],
+      ["Reserved for requests in flight", credits(permit.reserved), "reserved"],
+      ["Permit id", code(permit.permit_id)],
+      ["Model id", code(permit.model_id)],
+      ["Offer", permit.offer_id === null ? "any offer of the model" : code(permit.offer_id)],
+      ["Payer", code(permit.payer)],
+      ["Expires", time(permit.expires_at)],
+      ["Closable", time(permit.closable_at)],
+    ]),
+  );
+}

@@ -1,0 +1,130 @@
+/**
+ * A request's record (GET /v1/requests/{id}, only the key that made it may read it): what was
+ * asked, what was charged, and its settlement, followed until the settlement is final.
+ */
+import { segment } from "../api.js";
+import { badge, code, credits, facts, h, messageLine, time } from "../dom.js";
+
+/** How often an unfinished request is read again (ms): about the sandbox worker's pace. */
+const pollMs = 2000;
+/** Settlement states after which nothing changes any more. */
+const finalSettlements = new Set(["settled", "none", "unsettleable"]);
+const openStatuses = new Set(["pending", "streaming"]);
+
+/** @type {import("../app.js").Panel} */
+export const requestPanel = {
+  id: "request",
+  title: "Request",
+  mount(section, { api, events }) {
+    const input = h("input", {
+      id: "request-id",
+      type: "text",
+      autocomplete: "off",
+      spellcheck: "false",
+      placeholder: "0x…",
+      pattern: "^\\s*0x[0-9a-fA-F]{64}\\s*$",
+      required: true,
+      "aria-describedby": "request-id-hint",
+    });
+    const form = h(
+      "form",
+      { class: "inline-form" },
+      h("label", { for: "request-id" }, "Request id"),
+      input,
+      h(
+        "p",
+        { id: "request-id-hint", class: "hint" },
+        "The X-Gateway-Request-Id header of a chat answer.",
+      ),
+      h("div", { class: "buttons" }, h("button", { type: "submit" }, "Show request")),
+    );
+    const message = messageLine();
+    const view = h("div", { class: "request" });
+    section.append(form, message.element, view);
+
+    /** @type {string | undefined} */
+    let shown;
+    /** @type {string | undefined} */
+    let lastSettlement;
+    /** @type {ReturnType<typeof setTimeout> | undefined} */
+    let timer;
+
+    async function load() {
+      clearTimeout(timer);
+      if (shown === undefined) return;
+      if (!api.hasKey()) {
+        view.replaceChildren();
+        message.info("Enter an API key first.");
+        return;
+      }
+      const id = shown;
+      try {
+        const record = await api.get(`/v1/requests/${segment(id)}`);
+        if (id !== shown) return;
+        const settlement = record.settlement.status;
+        if (lastSettlement !== undefined && settlement !== lastSettlement)
+          events.dispatchEvent(new Event("ledger"));
+        lastSettlement = settlement;
+        view.replaceChildren(recordView(record, events));
+        const final = finalSettlements.has(settlement) && !openStatuses.has(record.status);
+        message.info(
+          final ? `Settlement: ${settlement}.` : `Settlement: ${settlement}; following it…`,
+        );
+        if (!final) timer = setTimeout(load, pollMs);
+      } catch (error) {
+        if (id !== shown) return;
+        view.replaceChildren();
+        message.error(error);
+      }
+    }
+
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      shown = input.value.trim();
+      lastSettlement = undefined;
+      view.replaceChildren();
+      message.info("Loading…");
+      void load();
+    });
+    events.addEventListener("key", () => void load());
+  },
+};
+
+/**
+ * @param {Record<string, any>} record
+ * @param {EventTarget} events
+ */
+function recordView(record, events) {
+  const showPermit = h("button", { type: "button" }, "Show its permit");
+  showPermit.addEventListener("click", () =>
+    events.dispatchEvent(new CustomEvent("show-permit", { detail: record.permit_id })),
+  );
+  const s = record.settlement;
+  return h(
+    "article",
+    { class: "card", "data-request-id": record.id },
+    facts([
+      ["Status", badge(record.status), "status"],
+      ["Model", record.model],
+      ["Offer", code(record.offer_id)],
+      ["Permit", code(record.permit_id)],
+      ["Input tokens", record.input_tokens],
+      ["Output tokens", record.output_tokens],
+      ["Most it could cost", credits(record.maximum_credits), "maximum_credits"],
+      ["Charged", credits(record.credits_charged), "credits_charged"],
+      ["Billing", record.billing ?? "—"],
+      ["Error", record.error ?? undefined],
+      ["Created", time(record.created_at)],
+      ["Completed", time(record.completed_at)],
+    ]),
+    h("h3", {}, "Settlement"),
+    facts([
+      ["Status", badge(s.status), "settlement_status"],
+      ["Transaction", code(s.tx_hash), "tx_hash"],
+      ["Batch", code(s.batch_id)],
+      ["Settled", time(s.settled_at)],
+      ["Reason", s.reason ?? undefined],
+    ]),
+    h("div", { class: "buttons" }, showPermit),
+  );
+}

@@ -1,0 +1,504 @@
+import { existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { join, relative, resolve } from "node:path";
+import type { Browser, BrowserContext, Page } from "playwright-core";
+import { chromium } from "playwright-core";
+import type { Hex } from "viem";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { marketAbi } from "../gen/contracts/artifacts.js";
+import { anvilAccounts } from "../src/adapters/chain/anvil.js";
+import { chainClients } from "../src/adapters/chain/clients.js";
+import { demoMetadata, demoTariff, id32 } from "../src/dev/demo-market.js";
+import type { DevManifest } from "../src/dev/sandbox.js";
+import { consoleSecurityHeaders, createConsoleAssets } from "../src/rest/console.js";
+import { startDevProcess, stopDevProcess, type DevProcess } from "./helpers/processes.js";
+import { eventually, json } from "./helpers/stack.js";
+
+/**
+ * The market console (GET /console) against `npm start`'s sandbox as a real process, and in a
+ * real browser: Debian's Chromium (`apt-get install chromium`, or CHROMIUM_PATH) driven by
+ * playwright-core, which never downloads one. Without a browser the browser tests are skipped
+ * (and say so); the HTTP checks of the served files still run.
+ */
+
+const chromiumPath = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
+const haveBrowser = existsSync(chromiumPath);
+if (!haveBrowser)
+  console.warn(
+    `test/console.test.ts: browser tests skipped: no Chromium at ${chromiumPath} (apt-get install chromium, or set CHROMIUM_PATH)`,
+  );
+
+/** Where screenshots go (gitignored). */
+const artifacts = resolve("test-artifacts/console");
+/** The files the sandbox serves: the build's copy of src/console (the process runs dist/). */
+const served = createConsoleAssets(resolve("dist/src/console"));
+
+interface Offer {
+  offer_id: string;
+  status: string;
+  tariff: { input_price_per_mtok: string; output_price_per_mtok: string; wake_fee: string };
+}
+interface RequestRecord {
+  id: string;
+  offer_id: string;
+  input_tokens: string;
+  output_tokens: string;
+  credits_charged: string;
+  settlement: { status: string; tx_hash: string | null };
+}
+interface PermitBalance {
+  deposit: string;
+  settled: string;
+  charged_unsettled: string;
+  reserved: string;
+  available: string;
+}
+
+/** Every secret of the running sandbox, in each form it could be written (hex with and without 0x). */
+function secretsOf(dev: DevProcess): Map<string, string> {
+  const m = dev.manifest;
+  const named: [string, string][] = [
+    ["API key", m.apiKey],
+    ["operator token", m.settlementOperatorToken],
+    ["endpoint token", m.demoProvider.endpointToken],
+    // The sandbox's chain roles (deployer, settlement, creator, operator, payer) are anvil's
+    // default accounts; the manifest names two of them.
+    ["payer private key", m.payer.privateKey],
+    ["operator private key", m.operator.privateKey],
+    ...anvilAccounts().map((a, i): [string, string] => [`anvil account ${i} key`, a.privateKey]),
+  ];
+  const key = join(dev.stateDir, "endpoint-encryption.key");
+  if (existsSync(key)) named.push(["endpoint encryption key", readFileSync(key, "utf8").trim()]);
+  const forms = new Map<string, string>();
+  for (const [name, value] of named) {
+    forms.set(value, name);
+    if (value.startsWith("0x")) {
+      forms.set(value.slice(2).toLowerCase(), name);
+      forms.set(value.slice(2).toUpperCase(), name);
+    }
+  }
+  return forms;
+}
+
+function leaksIn(bytes: Buffer, secrets: Map<string, string>): string[] {
+  const text = bytes.toString("latin1");
+  return [...secrets].filter(([form]) => text.includes(form)).map(([, name]) => name);
+}
+
+describe("market console (GET /console) on npm start's sandbox", () => {
+  let dev: DevProcess;
+  let m: DevManifest;
+  const api = (path: string, init: RequestInit = {}) =>
+    fetch(`${m.baseUrl}${path}`, {
+      ...init,
+      headers: { authorization: `Bearer ${m.apiKey}`, ...init.headers },
+    });
+
+  beforeAll(async () => {
+    dev = await startDevProcess();
+    m = dev.manifest;
+  }, 120_000);
+  afterAll(async () => {
+    await stopDevProcess(dev);
+  });
+
+  it("serves each of its files with its content type, a strict CSP, nosniff and revalidation", async () => {
+    const types: Record<string, string> = {
+      html: "text/html; charset=utf-8",
+      js: "text/javascript; charset=utf-8",
+      css: "text/css; charset=utf-8",
+      svg: "image/svg+xml",
+    };
+    // Every file of src/console, as the build copied it, and the page at /console and /console/.
+    const sources = readdirSync("src/console", { recursive: true, withFileTypes: true })
+      .filter((entry) => entry.isFile())
+      .map((entry) => `/console/${relative("src/console", join(entry.parentPath, entry.name))}`);
+    expect([...served.paths].sort()).toEqual(["/console", "/console/", ...sources].sort());
+    for (const path of served.paths) {
+      const res = await fetch(`${m.baseUrl}${path}`);
+      const body = Buffer.from(await res.arrayBuffer());
+      expect(res.status, path).toBe(200);
+      const extension =
+        path === "/console" || path === "/console/" ? "html" : path.split(".").pop()!;
+      expect(res.headers.get("content-type"), path).toBe(types[extension]);
+      expect(res.headers.get("content-security-policy"), path).toBe(
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+      );
+      expect(res.headers.get("x-content-type-options"), path).toBe("nosniff");
+      expect(res.headers.get("referrer-policy"), path).toBe("no-referrer");
+      expect(res.headers.get("x-frame-options"), path).toBe("DENY");
+      expect(res.headers.get("cache-control"), path).toBe("no-cache");
+      expect(Number(res.headers.get("content-length")), path).toBe(body.length);
+      // Revalidation: the same ETag answers 304 with no body, the security headers kept.
+      const etag = res.headers.get("etag")!;
+      expect(etag, path).toMatch(/^"[A-Za-z0-9_-]{22}"$/);
+      const again = await fetch(`${m.baseUrl}${path}`, { headers: { "if-none-match": etag } });
+      expect(again.status, path).toBe(304);
+      expect((await again.arrayBuffer()).byteLength).toBe(0);
+      expect(again.headers.get("content-security-policy")).toBe(
+        consoleSecurityHeaders["content-security-policy"],
+      );
+    }
+    // The page is the source's index.html, as built.
+    const page = await (await fetch(`${m.baseUrl}/console`)).text();
+    expect(page).toBe(readFileSync("src/console/index.html", "utf8"));
+    // Nothing outside the console's files: no path from the request reaches the file system.
+    for (const path of [
+      "/console/../package.json",
+      "/console/%2e%2e/%2e%2e/package.json",
+      "/console/panels",
+      "/console/missing.js",
+      "/console/..%2fapp.js",
+    ]) {
+      const res = await fetch(`${m.baseUrl}${path}`);
+      expect(res.status, path).toBe(404);
+      expect(res.headers.get("content-type"), path).toBe("application/json");
+      await res.arrayBuffer();
+    }
+  });
+
+  it("serves no secret of the running sandbox in any of its files", async () => {
+    const secrets = secretsOf(dev);
+    for (const path of served.paths) {
+      const bytes = Buffer.from(await (await fetch(`${m.baseUrl}${path}`)).arrayBuffer());
+      expect(leaksIn(bytes, secrets), path).toEqual([]);
+    }
+    // The check can see a secret: the manifest itself, where they are, fails it.
+    expect(leaksIn(readFileSync(join(dev.stateDir, "dev.json")), secrets)).toContain("API key");
+  });
+
+  describe.skipIf(!haveBrowser)("in Chromium", () => {
+    let browser: Browser;
+    let context: BrowserContext;
+    let page: Page;
+    /** Every URL the page requested, and the bodies of the console files it loaded. */
+    const requested: string[] = [];
+    const loaded = new Map<string, Buffer>();
+
+    beforeAll(async () => {
+      mkdirSync(artifacts, { recursive: true });
+      console.log(`console screenshots: ${artifacts}`);
+      browser = await chromium.launch({ executablePath: chromiumPath });
+      context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+      // Recorded from the first script on: a CSP violation means the page needs what the policy refuses.
+      await context.addInitScript(() => {
+        const w = globalThis as unknown as Win;
+        w.cspViolations = [];
+        w.document.addEventListener("securitypolicyviolation", (e) =>
+          w.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`),
+        );
+      });
+      page = await context.newPage();
+      page.on("request", (r) => requested.push(r.url()));
+      page.on("response", (r) => {
+        const url = new URL(r.url());
+        if (url.pathname.startsWith("/console") && r.status() === 200)
+          void r.body().then((b) => loaded.set(url.pathname, b));
+      });
+    }, 60_000);
+    afterAll(async () => {
+      await browser?.close();
+    });
+
+    const field = (scope: string, name: string) =>
+      page.locator(`${scope} [data-field="${name}"] dd > :first-child`);
+    const amount = async (scope: string, name: string) =>
+      (await field(scope, name).getAttribute("value")) ?? "";
+
+    it("shows the catalog, a permit's balance falling by a request's charge, and the request settling", async () => {
+      await page.goto(`${m.baseUrl}/console`);
+      // Keyboard only: tab to the key field (skip link, then the field), type, Enter.
+      for (let i = 0; i < 4; i++) {
+        if (
+          await page.evaluate(
+            () => (globalThis as unknown as Win).document.activeElement?.id === "api-key",
+          )
+        )
+          break;
+        await page.keyboard.press("Tab");
+      }
+      expect(
+        await page.evaluate(() => (globalThis as unknown as Win).document.activeElement?.id),
+      ).toBe("api-key");
+      await page.keyboard.type(m.apiKey);
+      await page.keyboard.press("Enter");
+      await expect
+        .poll(() => page.locator("#key-status").textContent())
+        .toBe("A key is in use for this tab.");
+      expect(await page.inputValue("#api-key")).toBe("");
+
+      // The catalog, as the API answers it.
+      const models = (await json(await api("/v1/models"))) as { data: { id: string }[] };
+      await expect
+        .poll(() =>
+          page
+            .locator("[data-model]")
+            .evaluateAll((els) => els.map((e) => e.getAttribute("data-model"))),
+        )
+        .toEqual(models.data.map((x) => x.id));
+      const toggle = page.getByRole("button", { name: "Offers of demo-chat" });
+      await toggle.focus();
+      await page.keyboard.press("Enter");
+      expect(await toggle.getAttribute("aria-expanded")).toBe("true");
+      const offers = ((await json(await api("/v1/models/demo-chat/offers"))) as { data: Offer[] })
+        .data;
+      expect(offers.map((o) => o.status).sort()).toEqual(["active", "paused"]);
+      for (const offer of offers) {
+        const card = `[data-offer-id="${offer.offer_id}"]`;
+        await page.locator(card).waitFor();
+        expect(await page.locator(`${card} .badge`).first().textContent()).toBe(offer.status);
+        for (const [term, value] of [
+          ["Input, per million tokens", offer.tariff.input_price_per_mtok],
+          ["Output, per million tokens", offer.tariff.output_price_per_mtok],
+          ["Wake fee", offer.tariff.wake_fee],
+        ]) {
+          const dd = page.locator(`${card} dt:text-is("${term}") + dd data`);
+          expect(await dd.getAttribute("value")).toBe(value);
+        }
+        const health = (await json(await api(`/v1/provider-offers/${offer.offer_id}/health`))) as {
+          running: boolean;
+        };
+        await expect
+          .poll(() => page.locator(`${card} dt:text-is("Endpoint") + dd`).textContent())
+          .toBe(health.running ? "answering" : "not answering");
+        // No reputation in today's API: its place is there, marked empty.
+        expect(
+          await page.locator(`${card} [data-reputation]`).getAttribute("data-reputation"),
+        ).toBe("absent");
+      }
+      await page.screenshot({ path: join(artifacts, "catalog.png"), fullPage: true });
+
+      // The permit's balance before the request.
+      await page.fill("#permit-id", m.permitId);
+      await page.press("#permit-id", "Enter");
+      const permit = `[data-permit-id="${m.permitId}"]`;
+      await page.locator(permit).waitFor();
+      const before = (await json(await api(`/v1/permits/${m.permitId}`))) as PermitBalance;
+      expect(await amount(permit, "deposit")).toBe(before.deposit);
+      expect(await amount(permit, "available")).toBe(before.available);
+      expect(await amount(permit, "settled")).toBe(before.settled);
+      // What a reader sees is the same number, digits grouped.
+      expect((await field(permit, "deposit").textContent())!.replaceAll("\u202f", "")).toBe(
+        before.deposit,
+      );
+
+      // A chat through the API, as any client makes one.
+      const chat = await api("/v1/chat/completions", {
+        method: "POST",
+        headers: { "x-gateway-permit": m.permitId, "content-type": "application/json" },
+        body: JSON.stringify({
+          model: "demo-chat",
+          messages: [{ role: "user", content: "hello console" }],
+        }),
+      });
+      expect(chat.status).toBe(200);
+      await chat.arrayBuffer();
+      const requestId = chat.headers.get("x-gateway-request-id")!;
+      const record = (await json(await api(`/v1/requests/${requestId}`))) as RequestRecord;
+      // The demo tariff's price of the tokens used (prices per million tokens).
+      const tariff = offers.find((o) => o.offer_id === record.offer_id)!.tariff;
+      const charged = BigInt(record.credits_charged);
+      expect(charged).toBe(
+        (BigInt(record.input_tokens) * BigInt(tariff.input_price_per_mtok) +
+          BigInt(record.output_tokens) * BigInt(tariff.output_price_per_mtok)) /
+          1_000_000n,
+      );
+
+      await page.fill("#request-id", requestId);
+      await page.press("#request-id", "Enter");
+      const request = `[data-request-id="${requestId}"]`;
+      await page.locator(request).waitFor();
+      expect(await amount(request, "credits_charged")).toBe(record.credits_charged);
+      // The page follows the settlement until the sandbox's worker has settled it.
+      await expect
+        .poll(() => field(request, "settlement_status").textContent(), { timeout: 30_000 })
+        .toBe("settled");
+      const settled = (await json(await api(`/v1/requests/${requestId}`))) as RequestRecord;
+      expect(settled.settlement.tx_hash).toMatch(/^0x[0-9a-f]{64}$/);
+      expect(await field(request, "tx_hash").textContent()).toBe(settled.settlement.tx_hash);
+
+      // The balance fell by exactly the charge, now settled; nothing left reserved or unsettled.
+      await expect
+        .poll(
+          async () => ({
+            available: await amount(permit, "available"),
+            settled: await amount(permit, "settled"),
+            charged_unsettled: await amount(permit, "charged_unsettled"),
+            reserved: await amount(permit, "reserved"),
+          }),
+          { timeout: 20_000 },
+        )
+        .toEqual({
+          available: (BigInt(before.available) - charged).toString(),
+          settled: (BigInt(before.settled) + charged).toString(),
+          charged_unsettled: "0",
+          reserved: "0",
+        });
+      await page.screenshot({ path: join(artifacts, "settled.png"), fullPage: true });
+
+      expect(await page.evaluate(() => (globalThis as unknown as Win).cspViolations)).toEqual([]);
+      // Only this gateway was asked for anything.
+      expect(requested.filter((url) => !url.startsWith(`${m.baseUrl}/`))).toEqual([]);
+    }, 120_000);
+
+    it("has no serious or critical accessibility violations (axe-core), and fits a phone's width", async () => {
+      // Run over the page as the flow left it: catalog open, a permit and a request shown.
+      await page.locator("[data-request-id]").waitFor();
+      const axeSource = readFileSync(
+        createRequire(import.meta.url).resolve("axe-core/axe.min.js"),
+        "utf8",
+      );
+      // Evaluated through the DevTools protocol, which the page's CSP does not govern.
+      await page.evaluate(axeSource);
+      const results = await page.evaluate(async () => {
+        const axe = (globalThis as unknown as Win).axe;
+        const r = await axe.run();
+        return { violations: r.violations, passes: r.passes.map((p) => p.id) };
+      });
+      const grave = results.violations
+        .filter((v) => v.impact === "serious" || v.impact === "critical")
+        .map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(" ")).join(", ")})`);
+      expect(grave).toEqual([]);
+      // axe ran over the real page: its labels, buttons and contrast were checked and passed.
+      expect(results.passes).toEqual(
+        expect.arrayContaining(["label", "button-name", "color-contrast", "html-has-lang"]),
+      );
+
+      await page.setViewportSize({ width: 375, height: 812 });
+      expect(
+        await page.evaluate(() => {
+          const w = globalThis as unknown as Win;
+          return w.document.documentElement.scrollWidth <= w.innerWidth;
+        }),
+      ).toBe(true);
+      await page.screenshot({ path: join(artifacts, "phone.png"), fullPage: true });
+      await page.setViewportSize({ width: 1280, height: 900 });
+    });
+
+    it("keeps the API key in session storage only: not in local storage, a URL, or after Forget key", async () => {
+      expect(await page.evaluate(() => (globalThis as unknown as Win).localStorage.length)).toBe(0);
+      expect(
+        await page.evaluate(() =>
+          JSON.stringify({ ...(globalThis as unknown as Win).sessionStorage }),
+        ),
+      ).toContain(m.apiKey);
+      expect(page.url()).toBe(`${m.baseUrl}/console`);
+      expect(requested.filter((url) => url.includes(m.apiKey))).toEqual([]);
+      // The page's code does not hold it either.
+      const secrets = secretsOf(dev);
+      for (const [path, body] of loaded) expect(leaksIn(body, secrets), path).toEqual([]);
+      expect([...loaded.keys()].every((path) => served.paths.includes(path))).toBe(true);
+      expect(loaded.size).toBeGreaterThanOrEqual(served.paths.length - 2); // all but the aliases
+
+      await page.getByRole("button", { name: "Forget key" }).click();
+      expect(await page.evaluate(() => (globalThis as unknown as Win).sessionStorage.length)).toBe(
+        0,
+      );
+      expect(
+        await page.evaluate(
+          (key) => (globalThis as unknown as Win).document.body.innerHTML.includes(key),
+          m.apiKey,
+        ),
+      ).toBe(false);
+      // A reload without the key reads nothing.
+      const before = requested.length;
+      await page.reload();
+      await page.locator("#key-status").waitFor();
+      expect(await page.locator("#key-status").textContent()).toBe(
+        "No key yet: paste one to read the market.",
+      );
+      expect(requested.slice(before).filter((url) => url.includes("/v1/"))).toEqual([]);
+    });
+
+    it("renders a provider's hostile offer metadata as text, never as markup or script", async () => {
+      // Anyone may create an offer; its region, hardware and capabilities are what they wrote.
+      const hostile = `<img src=x onerror="window.pwned=1">`;
+      const clients = chainClients(m.chainId, m.rpcUrl, 100);
+      const operator = clients.wallet(m.operator.privateKey);
+      const offerId: Hex = id32("offer:hostile");
+      const coder = m.models.find((x) => x.id === "demo-coder")!;
+      const metadata = demoMetadata(hostile, `<script>window.pwned=2</script>`);
+      const hash = await operator.writeContract({
+        address: m.marketAddress,
+        abi: marketAbi,
+        functionName: "createOffer",
+        args: [
+          offerId,
+          coder.modelId,
+          m.operator.address,
+          m.operator.address,
+          demoTariff,
+          { ...metadata, capabilities: JSON.stringify({ [hostile]: hostile, streaming: true }) },
+        ],
+      });
+      await clients.publicClient.waitForTransactionReceipt({ hash });
+      await eventually(
+        async () => {
+          const listed = (await json(await api("/v1/models/demo-coder/offers"))) as {
+            data: Offer[];
+          };
+          return listed.data.some((o) => o.offer_id === offerId);
+        },
+        20_000,
+        250,
+      );
+
+      await page.fill("#api-key", m.apiKey);
+      await page.press("#api-key", "Enter");
+      await page.getByRole("button", { name: "Offers of demo-coder" }).click();
+      const card = page.locator(`[data-offer-id="${offerId}"]`);
+      await card.waitFor();
+      await expect
+        .poll(() => card.locator(`dt:text-is("Region") + dd`).textContent())
+        .toBe(hostile);
+      expect(await card.locator(`dt:text-is("Hardware") + dd`).textContent()).toBe(
+        "<script>window.pwned=2</script>",
+      );
+      expect(await card.locator(`dt:text-is("Capabilities") + dd`).textContent()).toContain(
+        `${hostile}: ${hostile}`,
+      );
+      expect(await page.locator("img, [data-offer-id] script").count()).toBe(0);
+      expect(await page.evaluate(() => (globalThis as unknown as Win).pwned)).toBe(undefined);
+      await page.screenshot({ path: join(artifacts, "hostile-offer.png"), fullPage: true });
+    });
+
+    it("the policy is enforced: a script injected into the page does not run, and is reported", async () => {
+      const ran = await page.evaluate(async () => {
+        const w = globalThis as unknown as Win;
+        const script = w.document.createElement("script");
+        script.textContent = "window.injected = 1";
+        w.document.body.append(script);
+        await new Promise((r) => setTimeout(r, 100));
+        return { injected: w.injected, violations: w.cspViolations };
+      });
+      expect(ran.injected).toBeUndefined();
+      expect(ran.violations).toEqual(["script-src-elem inline"]);
+    });
+  });
+});
+
+/** The browser globals the page functions use (the project's TypeScript knows only Node's). */
+interface Win {
+  document: {
+    activeElement: { id: string } | null;
+    addEventListener(
+      type: "securitypolicyviolation",
+      listener: (e: { violatedDirective: string; blockedURI: string }) => void,
+    ): void;
+    documentElement: { scrollWidth: number };
+    body: { innerHTML: string; append(node: unknown): void };
+    createElement(tag: string): { textContent: string };
+  };
+  innerWidth: number;
+  localStorage: { length: number };
+  sessionStorage: { length: number };
+  cspViolations: string[];
+  axe: { run(): Promise<AxeResults> };
+  pwned?: number;
+  injected?: number;
+}
+
+interface AxeResults {
+  violations: { id: string; impact: string | null; help: string; nodes: { target: string[] }[] }[];
+  passes: { id: string }[];
+}
