@@ -69,6 +69,11 @@ export function receiptsView(receipts, complete) {
   );
 }
 
+/** Digits grouped by thousands, exact (a bigint, never a float). @param {bigint} value */
+function grouped(value) {
+  return value.toString().replace(/\B(?=(\d{3})+(?!\d))/g, "\u202f");
+}
+
 const width = 600;
 const height = 220;
 const pad = { left: 16, right: 16, top: 28, bottom: 36 };
@@ -135,7 +140,7 @@ function spendChart(receipts, complete) {
     }),
     svg("polyline", { points: points.join(" "), class: "series" }),
     ...marks,
-    svg("text", { x: pad.left, y: 18, class: "label" }, `${total} credits`),
+    svg("text", { x: pad.left, y: 18, class: "label" }, `${grouped(total)} credits in all`),
     svg("text", { x: pad.left, y: height - 10, class: "label" }, date(t0)),
     svg("text", { x: width - pad.right, y: height - 10, class: "label end" }, date(t1)),
   );

@@ -131,5 +131,5 @@ function bars(title, name, values) {
       ];
     }),
   );
-  return h("figure", { class: "chart-figure" }, chart, h("figcaption", {}, title));
+  return h("figure", { class: "chart-figure" }, h("figcaption", {}, title), chart);
 }
