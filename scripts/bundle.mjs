@@ -27,7 +27,7 @@
  */
 import { readFileSync } from "node:fs";
 import { dirname, join, relative, sep } from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, URL } from "node:url";
 import { build } from "esbuild";
 
 const external = ["@electric-sql/pglite", "@electric-sql/pglite-socket", "pg-native", "esbuild"];
