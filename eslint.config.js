@@ -7,6 +7,7 @@ export default tseslint.config(
       "gen/**",
       "node_modules/**",
       "dist/**",
+      "src/console/vendor/**",
       ".gateway/**",
       "scratch/**",
       "contracts/artifacts/**",

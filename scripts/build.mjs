@@ -4,7 +4,11 @@
  * as files and the non-TypeScript files the runtime reads by path (the SQL migrations and functions,
  * the market console's static files) copied beside the modules that read them; then the
  * production entry points (the CLI, the bench's gateway) bundled into single files
- * (scripts/bundle.mjs). Plain JavaScript so that building needs no loader.
+ * (scripts/bundle.mjs), and the market console's vendor modules (src/console-vendor/, e.g. viem's
+ * EIP-712 recovery) bundled into dist/src/console/vendor/. Those are also copied to
+ * src/console/vendor/ (gitignored, a build output): a gateway run from the sources (the test
+ * suite's in-process stacks) serves the console from src/console/ and needs them too. Plain
+ * JavaScript so that building needs no loader.
  *
  *   node scripts/build.mjs             build now (`npm run build`)
  *   node scripts/build.mjs --if-stale  build only when dist/ is missing or older than its inputs
@@ -49,7 +53,10 @@ const inputFiles = [
   "scripts/build.mjs",
   "scripts/bundle.mjs",
 ];
+/** src/console-vendor/ (the console's vendor entries) is among src/'s sources. */
 const inputDirs = ["src", "gen", "bench"];
+/** Build outputs written into the sources (see above): missing, the build is stale. */
+const sourceOutputs = ["src/console/vendor/eip712.js"];
 /** Copied from src/ to dist/src/ as they are: read at run time relative to their module. */
 const assets = ["src/adapters/pg/migrations", "src/adapters/pg/functions", "src/console"];
 /** The source files among the input folders' files (the console's are served as they are). */
@@ -80,6 +87,7 @@ function newestInput() {
 
 export function isStale() {
   if (!existsSync(stamp)) return true;
+  if (sourceOutputs.some((file) => !existsSync(join(root, file)))) return true;
   return newestInput() > statSync(stamp).mtimeMs;
 }
 
@@ -146,6 +154,10 @@ export function build() {
     execFileSync(process.execPath, [join(root, "scripts", "bundle.mjs"), out], {
       stdio: ["ignore", "inherit", "inherit"],
     });
+    // The console's vendor modules for a gateway run from the sources (see the top).
+    const vendor = join("src", "console", "vendor");
+    rmSync(join(root, vendor), { recursive: true, force: true });
+    cpSync(join(out, vendor), join(root, vendor), { recursive: true });
     writeFileSync(join(out, ".build-stamp"), `${new Date().toISOString()}\n`);
     const old = join(root, `dist.old-${process.pid}`);
     if (existsSync(dist)) renameSync(dist, old);

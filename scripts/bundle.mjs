@@ -19,10 +19,15 @@
  * - CommonJS dependencies `require` Node's modules: the bundle defines `require`.
  * - PGlite loads its WebAssembly and data files by path: it stays an import from node_modules
  *   (as do `pg-native`, which `pg` only tries, and esbuild itself).
+ *
+ * It also bundles the market console's vendor modules (`consoleVendor`): TypeScript entries in
+ * src/console-vendor/ that import libraries (viem's EIP-712 recovery), each made one browser ES
+ * module in `<dir>/src/console/vendor/`, served same-origin like the console's own files (its
+ * CSP loads no script from elsewhere).
  */
 import { readFileSync } from "node:fs";
 import { dirname, join, relative, sep } from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, URL } from "node:url";
 import { build } from "esbuild";
 
 const external = ["@electric-sql/pglite", "@electric-sql/pglite-socket", "pg-native", "esbuild"];
@@ -50,7 +55,31 @@ function originalMetaUrl(bundleDir) {
   };
 }
 
+/** The console's vendor modules: entry (from the repository root) -> file under src/console/. */
+export const consoleVendor = { "src/console-vendor/eip712.ts": "vendor/eip712.js" };
+
+const root = fileURLToPath(new URL("..", import.meta.url));
+
+/** The console's vendor modules into `<consoleDir>/vendor/` (minified, no source map: served). */
+export async function bundleConsoleVendor(consoleDir) {
+  for (const [entry, out] of Object.entries(consoleVendor)) {
+    await build({
+      entryPoints: [join(root, entry)],
+      outfile: join(consoleDir, out),
+      bundle: true,
+      platform: "browser",
+      format: "esm",
+      target: "es2022",
+      minify: true,
+      // The libraries' licence comments stay in the file the browser loads.
+      legalComments: "inline",
+      logLevel: "warning",
+    });
+  }
+}
+
 export async function bundle(dir) {
+  await bundleConsoleVendor(join(dir, "src", "console"));
   for (const entry of bundledEntries) {
     const file = join(dir, entry);
     await build({

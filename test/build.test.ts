@@ -13,6 +13,7 @@ import {
   symlinkSync,
   unlinkSync,
   utimesSync,
+  writeFileSync,
 } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -136,6 +137,17 @@ describe.skipIf(!hasProc)("the production build (needs Linux /proc)", () => {
     expect(readdirSync("dist/src/console", { recursive: true }).sort()).toEqual(
       readdirSync("src/console", { recursive: true }).sort(),
     );
+    // Its vendor module (viem's EIP-712 recovery) is one browser module, made by the build for
+    // dist/ and for the sources alike, importing nothing (the page's CSP loads only its files).
+    const vendor = readFileSync("dist/src/console/vendor/eip712.js", "utf8");
+    expect(readFileSync("src/console/vendor/eip712.js", "utf8")).toBe(vendor);
+    expect(vendor).not.toMatch(/\bimport\s*[{*"'(]|\brequire\(/);
+    expect(vendor).toMatch(/export\s*\{[^}]*recoverTypedDataSigner/);
+    // Not tracked: a build output.
+    expect(
+      execFileSync("git", ["ls-files", "src/console/vendor"], { encoding: "utf8" }).trim(),
+    ).toBe("");
+    expect(existsSync("dist/src/console-vendor")).toBe(false);
     for (const entry of ["gateway.js", "child.js", "lib/setup.js", "lib/settings.js"]) {
       expect(existsSync(join("dist/bench", entry)), entry).toBe(true);
     }
@@ -303,6 +315,9 @@ describe.skipIf(!hasProc || !existsSync(join(root, ".git")))("npm start on a fre
       expect(stderr).toContain("build: dist/ is missing or older than the sources; building");
       expect(existsSync(join(clone, "dist/.build-stamp"))).toBe(true);
       expect(existsSync(join(clone, ".build.lock"))).toBe(false);
+      // The console's vendor module, made for the sources too (in-process gateways serve it).
+      expect(existsSync(join(clone, "src/console/vendor/eip712.js"))).toBe(true);
+      expect(existsSync(join(clone, "dist/src/console/vendor/eip712.js"))).toBe(true);
       // npm's child is the build's CLI (the shell exec'd it), not a loader.
       expect(childrenOf(npm.pid!).map(argvOf)).toEqual([["node", "dist/src/cli/main.js", "dev"]]);
     } finally {
@@ -326,6 +341,7 @@ describe.skipIf(!hasProc || !existsSync(join(root, ".git")))("npm start on a fre
       "gen/gateway/v1/catalog_pb.ts",
       "src/console/app.js",
       "src/console/console.css",
+      "src/console-vendor/eip712.ts",
     ]) {
       utimesSync(join(clone, file), later, later);
       expect(builder.isStale(), file).toBe(true);
@@ -334,6 +350,17 @@ describe.skipIf(!hasProc || !existsSync(join(root, ".git")))("npm start on a fre
     }
     // bench/results is the bench's output, not an input.
     utimesSync(join(clone, "bench/results"), later, later);
+    expect(builder.isStale()).toBe(false);
+    // The console's vendor module missing from the sources: built again.
+    const vendor = join(clone, "src/console/vendor/eip712.js");
+    const kept = readFileSync(vendor);
+    unlinkSync(vendor);
+    // Even with its folder's time put back: a missing output is stale by itself.
+    utimesSync(dirname(vendor), earlier, earlier);
+    expect(builder.isStale()).toBe(true);
+    writeFileSync(vendor, kept);
+    utimesSync(vendor, earlier, earlier);
+    utimesSync(dirname(vendor), earlier, earlier);
     expect(builder.isStale()).toBe(false);
     // A deleted module changes its folder.
     unlinkSync(join(clone, "src/rest/facade.ts"));

@@ -4,12 +4,16 @@ import { join, relative, resolve } from "node:path";
 import type { Browser, BrowserContext, Page } from "playwright-core";
 import { chromium } from "playwright-core";
 import type { Hex } from "viem";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { marketAbi } from "../gen/contracts/artifacts.js";
 import { anvilAccounts } from "../src/adapters/chain/anvil.js";
 import { chainClients } from "../src/adapters/chain/clients.js";
 import { demoMetadata, demoTariff, id32 } from "../src/dev/demo-market.js";
 import type { DevManifest } from "../src/dev/sandbox.js";
+import { signableReceipt } from "../src/domain/receipts.js";
+import type { EarningsJson } from "../src/provider/client.js";
+import { bindKey } from "../src/provider/client.js";
 import { consoleSecurityHeaders, createConsoleAssets } from "../src/rest/console.js";
 import { startDevProcess, stopDevProcess, type DevProcess } from "./helpers/processes.js";
 import { eventually, json } from "./helpers/stack.js";
@@ -33,10 +37,17 @@ const artifacts = resolve("test-artifacts/console");
 /** The files the sandbox serves: the build's copy of src/console (the process runs dist/). */
 const served = createConsoleAssets(resolve("dist/src/console"));
 
+interface Reputation {
+  score: number | null;
+  time_to_first_token_ms: number | null;
+  output_tokens_per_second: number | null;
+  requests: number;
+}
 interface Offer {
   offer_id: string;
   status: string;
   tariff: { input_price_per_mtok: string; output_price_per_mtok: string; wake_fee: string };
+  reputation: Reputation;
 }
 interface RequestRecord {
   id: string;
@@ -44,7 +55,21 @@ interface RequestRecord {
   input_tokens: string;
   output_tokens: string;
   credits_charged: string;
-  settlement: { status: string; tx_hash: string | null };
+  settlement: { status: string; tx_hash: string | null; batch_id: string | null };
+}
+interface SignedReceipt {
+  receipt: {
+    types: Record<string, { name: string; type: string }[]>;
+    primaryType: "UsageReceipt";
+    domain: { name: string; version: string; chainId: number; verifyingContract: Hex };
+    message: Record<string, unknown> & { charge: string; requestId: string; closedAt: number };
+  };
+  signature: Hex;
+  signer: Hex;
+}
+interface ReceiptList {
+  data: (SignedReceipt & { settlement: { status: string; tx_hash: string | null } })[];
+  has_more: boolean;
 }
 interface PermitBalance {
   deposit: string;
@@ -200,6 +225,12 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       await browser?.close();
     });
 
+    /** The flow's chat, once made: its id and its record once settled. */
+    let requestId: string;
+    let settledRecord: RequestRecord;
+    /** Each demo-chat offer's reputation before the chat. */
+    const reputationBefore = new Map<string, Reputation>();
+
     const field = (scope: string, name: string) =>
       page.locator(`${scope} [data-field="${name}"] dd > :first-child`);
     const amount = async (scope: string, name: string) =>
@@ -261,10 +292,14 @@ describe("market console (GET /console) on npm start's sandbox", () => {
         await expect
           .poll(() => page.locator(`${card} dt:text-is("Endpoint") + dd`).textContent())
           .toBe(health.running ? "answering" : "not answering");
-        // No reputation in today's API: its place is there, marked empty.
+        // The reputation the catalog publishes, as it says it.
+        reputationBefore.set(offer.offer_id, offer.reputation);
         expect(
           await page.locator(`${card} [data-reputation]`).getAttribute("data-reputation"),
-        ).toBe("absent");
+        ).toBe("present");
+        expect(await page.locator(`${card} [data-field="requests"] dd`).textContent()).toBe(
+          String(offer.reputation.requests),
+        );
       }
       await page.screenshot({ path: join(artifacts, "catalog.png"), fullPage: true });
 
@@ -282,18 +317,20 @@ describe("market console (GET /console) on npm start's sandbox", () => {
         before.deposit,
       );
 
-      // A chat through the API, as any client makes one.
+      // A chat through the API, as any client makes one (streamed: the reputation's time to
+      // first token and output speed are measured over streamed answers).
       const chat = await api("/v1/chat/completions", {
         method: "POST",
         headers: { "x-gateway-permit": m.permitId, "content-type": "application/json" },
         body: JSON.stringify({
           model: "demo-chat",
           messages: [{ role: "user", content: "hello console" }],
+          stream: true,
         }),
       });
       expect(chat.status).toBe(200);
-      await chat.arrayBuffer();
-      const requestId = chat.headers.get("x-gateway-request-id")!;
+      expect(await chat.text()).toContain("data: [DONE]");
+      requestId = chat.headers.get("x-gateway-request-id")!;
       const record = (await json(await api(`/v1/requests/${requestId}`))) as RequestRecord;
       // The demo tariff's price of the tokens used (prices per million tokens).
       const tariff = offers.find((o) => o.offer_id === record.offer_id)!.tariff;
@@ -314,6 +351,7 @@ describe("market console (GET /console) on npm start's sandbox", () => {
         .poll(() => field(request, "settlement_status").textContent(), { timeout: 30_000 })
         .toBe("settled");
       const settled = (await json(await api(`/v1/requests/${requestId}`))) as RequestRecord;
+      settledRecord = settled;
       expect(settled.settlement.tx_hash).toMatch(/^0x[0-9a-f]{64}$/);
       expect(await field(request, "tx_hash").textContent()).toBe(settled.settlement.tx_hash);
 
@@ -340,6 +378,280 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       // Only this gateway was asked for anything.
       expect(requested.filter((url) => !url.startsWith(`${m.baseUrl}/`))).toEqual([]);
     }, 120_000);
+
+    it("verifies the request's receipt in the page: the signer recovered, the domain and the charge checked", async () => {
+      const signed = (await json(await api(`/v1/requests/${requestId}/receipt`))) as SignedReceipt;
+      const gateway = (await json(await fetch(`${m.baseUrl}/v1/gateway`))) as {
+        receipt_signer: string;
+      };
+      expect(gateway.receipt_signer).toBe(m.receiptSigner);
+      expect(signed.receipt.message.charge).toBe(settledRecord.credits_charged);
+
+      // Keyboard only: from the request's record to its receipt.
+      const button = page.getByRole("button", { name: "Verify its receipt" });
+      await button.focus();
+      await page.keyboard.press("Enter");
+      const card = page.locator(`[data-receipt-of="${requestId}"]`);
+      await card.waitFor();
+      expect(await card.getAttribute("data-verdict")).toBe("verified");
+      expect(await card.locator(".verdict").textContent()).toBe(
+        "✔ Verified: signed by this gateway's receipt key, for this request and charge.",
+      );
+      expect(
+        await card
+          .locator(".checks li")
+          .evaluateAll((els) => els.map((e) => e.getAttribute("data-check-ok"))),
+      ).toEqual(["true", "true", "true", "true", "true", "true"]);
+      // The recovered address is the one the gateway publishes, found by the page itself.
+      expect(await card.locator(".checks li").first().textContent()).toContain(
+        `recovered ${m.receiptSigner}`,
+      );
+      expect(await card.locator(`[data-field="charge"] data`).getAttribute("value")).toBe(
+        settledRecord.credits_charged,
+      );
+      expect(await page.inputValue("#receipt-request-id")).toBe(requestId);
+      await page
+        .locator("#receipt-panel")
+        .screenshot({ path: join(artifacts, "receipt-verified.png") });
+      expect(requested).toContain(`${m.baseUrl}/console/vendor/eip712.js`);
+    });
+
+    it("shows a tampered receipt as not verified: a changed charge, or a valid signature by another key", async () => {
+      const receiptUrl = `${m.baseUrl}/v1/requests/${requestId}/receipt`;
+      const signed = (await json(await api(`/v1/requests/${requestId}/receipt`))) as SignedReceipt;
+      const verify = async () => {
+        await page.locator("#receipt-request-id").focus();
+        await page.keyboard.press("Enter");
+        const card = page.locator(`[data-receipt-of="${requestId}"]`);
+        await card.waitFor();
+        return {
+          verdict: await card.getAttribute("data-verdict"),
+          text: await card.locator(".verdict").textContent(),
+          failed: await card
+            .locator('.checks li[data-check-ok="false"]')
+            .evaluateAll((els) => els.map((e) => e.textContent!.split(" (")[0])),
+        };
+      };
+
+      // One more credit in the message, the gateway's signature kept.
+      const more = (BigInt(signed.receipt.message.charge) + 1n).toString();
+      await page.route(receiptUrl, (route) =>
+        route.fulfill({
+          status: 200,
+          contentType: "application/json",
+          body: JSON.stringify({
+            ...signed,
+            receipt: { ...signed.receipt, message: { ...signed.receipt.message, charge: more } },
+          }),
+        }),
+      );
+      expect(await verify()).toEqual({
+        verdict: "not-verified",
+        text: "✘ Not verified: signed by the gateway's receipt signer; charge equals the request's — failed.",
+        failed: [
+          "Fails: Signed by the gateway's receipt signer",
+          "Fails: Charge equals the request's",
+        ],
+      });
+      await page
+        .locator("#receipt-panel")
+        .screenshot({ path: join(artifacts, "receipt-tampered.png") });
+      await page.unroute(receiptUrl);
+
+      // The same receipt signed by another key that names itself as the signer: the page holds
+      // it to the signer the gateway publishes, not to what the receipt claims.
+      const forger = privateKeyToAccount(generatePrivateKey());
+      const forged = await forger.signTypedData(signableReceipt(signed.receipt));
+      await page.route(receiptUrl, (route) =>
+        route.fulfill({
+          status: 200,
+          contentType: "application/json",
+          body: JSON.stringify({ ...signed, signature: forged, signer: forger.address }),
+        }),
+      );
+      const result = await verify();
+      expect(result.verdict).toBe("not-verified");
+      expect(result.failed).toEqual(["Fails: Signed by the gateway's receipt signer"]);
+      expect(
+        await page.locator(`[data-receipt-of="${requestId}"] .checks li`).first().textContent(),
+      ).toContain(`recovered ${forger.address}`);
+      await page.unroute(receiptUrl);
+
+      // Untouched again, verified again.
+      expect((await verify()).verdict).toBe("verified");
+    });
+
+    it("lists the permit's receipts with their settlement, and charts its spend over time", async () => {
+      const list = (await json(
+        await api(`/v1/permits/${m.permitId}/receipts?limit=100`),
+      )) as ReceiptList;
+      expect(list.has_more).toBe(false);
+      const ours = list.data.find((r) => r.receipt.message.requestId === requestId)!;
+      expect(ours.settlement).toMatchObject({
+        status: "settled",
+        tx_hash: settledRecord.settlement.tx_hash,
+      });
+      const row = page.locator(`#permit-panel [data-receipt-request="${requestId}"]`);
+      await expect
+        .poll(() => row.getAttribute("data-settlement"), { timeout: 10_000 })
+        .toBe("settled");
+      const cells = await row.locator("td").allTextContents();
+      expect(cells[1]).toBe(requestId);
+      expect(cells[2]!.replaceAll("\u202f", "")).toBe(settledRecord.credits_charged);
+      expect(cells[3]).toBe(`${settledRecord.input_tokens} / ${settledRecord.output_tokens}`);
+      expect(cells[4]).toBe("settled");
+      expect(cells[5]).toBe(settledRecord.settlement.batch_id);
+      expect(cells[6]).toBe(settledRecord.settlement.tx_hash);
+      expect(await page.locator("#permit-panel [data-receipt-request]").count()).toBe(
+        list.data.length,
+      );
+
+      // The chart: one step per receipt, and in words the count and the totals.
+      const total = list.data.reduce((sum, r) => sum + BigInt(r.receipt.message.charge), 0n);
+      const settledSum = list.data
+        .filter((r) => r.settlement.status === "settled")
+        .reduce((sum, r) => sum + BigInt(r.receipt.message.charge), 0n);
+      const chart = page.locator('#permit-panel svg[data-chart="spend"]');
+      expect(await chart.getAttribute("role")).toBe("img");
+      expect((await chart.locator("polyline").getAttribute("points"))!.split(" ").length).toBe(
+        1 + 2 * list.data.length,
+      );
+      expect(await chart.locator("circle.mark.settled").count()).toBe(
+        list.data.filter((r) => r.settlement.status === "settled").length,
+      );
+      const caption = await page
+        .locator('#permit-panel [data-field="spend-summary"]')
+        .textContent();
+      expect(caption).toContain(
+        `${list.data.length} charged request${list.data.length === 1 ? "" : "s"}`,
+      );
+      expect(caption).toContain(`${total} credits in all, ${settledSum} of them settled on chain.`);
+      // The chart is named by that text for screen readers.
+      expect(
+        await page.evaluate(
+          (id) => (globalThis as unknown as Win).document.getElementById(id)?.textContent,
+          (await chart.getAttribute("aria-labelledby"))!,
+        ),
+      ).toBe(caption);
+      await page.locator("#permit-panel").screenshot({ path: join(artifacts, "permit.png") });
+    });
+
+    it("shows the demo offer's reputation after the chat, and charts latency and throughput across offers", async () => {
+      const before = reputationBefore.get(settledRecord.offer_id)!;
+      const offerOf = async () =>
+        ((await json(await api("/v1/models/demo-chat/offers"))) as { data: Offer[] }).data;
+      await eventually(
+        async () =>
+          (await offerOf()).find((o) => o.offer_id === settledRecord.offer_id)!.reputation
+            .requests ===
+          before.requests + 1,
+        20_000,
+        250,
+      );
+      const offers = await offerOf();
+      const after = offers.find((o) => o.offer_id === settledRecord.offer_id)!.reputation;
+      // A streamed answer always gives a time to first token; its output speed needs at least
+      // a millisecond of generation, which the demo provider may beat (then "no data").
+      expect(after.time_to_first_token_ms).not.toBeNull();
+
+      await page.getByRole("button", { name: "Reload catalog" }).click();
+      const toggle = page.getByRole("button", { name: "Offers of demo-chat" });
+      await toggle.focus();
+      await page.keyboard.press("Enter");
+      const card = `[data-offer-id="${settledRecord.offer_id}"]`;
+      await page.locator(card).waitFor();
+      const dd = (name: string) => page.locator(`${card} [data-field="${name}"] dd`).textContent();
+      expect(await dd("requests")).toBe(String(after.requests));
+      expect(await dd("score")).toBe(
+        after.score === null ? "no score yet" : `${after.score} of 10000`,
+      );
+      expect(await dd("ttft")).toBe(`${after.time_to_first_token_ms} ms`);
+      expect(await dd("tps")).toBe(
+        after.output_tokens_per_second === null
+          ? "no data"
+          : `${after.output_tokens_per_second} tokens/s`,
+      );
+
+      // The chart's table: each offer's two medians as the API gives them.
+      const chart = page.locator('#catalog-panel [data-model="demo-chat"] [data-chart="offers"]');
+      for (const offer of offers) {
+        const cells = await chart
+          .locator(`[data-offer-row="${offer.offer_id}"] td`)
+          .allTextContents();
+        const show = (v: number | null) => (v === null ? "no data" : String(v));
+        expect(cells).toEqual([
+          offer.offer_id,
+          show(offer.reputation.time_to_first_token_ms),
+          show(offer.reputation.output_tokens_per_second),
+        ]);
+      }
+      // One bar per offer in each chart, its value written beside it and in its label.
+      for (const bars of ["ttft", "tps"]) {
+        const svg = chart.locator(`svg[data-bars="${bars}"]`);
+        expect(await svg.locator("rect.bar").count()).toBe(offers.length);
+        const value =
+          bars === "ttft" ? after.time_to_first_token_ms : after.output_tokens_per_second;
+        expect(await svg.getAttribute("aria-label")).toContain(
+          `offer ${settledRecord.offer_id.slice(0, 10)}…: ${value ?? "no data"}`,
+        );
+      }
+      await page.locator(card).screenshot({ path: join(artifacts, "offer-reputation.png") });
+      await chart.screenshot({ path: join(artifacts, "offer-chart.png") });
+    });
+
+    it("shows the demo offer's earnings to a key its operator bound: the settled credits and the batch's transaction", async () => {
+      const offerId = settledRecord.offer_id as Hex;
+      // Unbound, the key is refused, and the page says so.
+      await page.locator("#earnings-offer-id").focus();
+      await page.keyboard.type(offerId);
+      await page.keyboard.press("Enter");
+      await expect
+        .poll(() => page.locator("#earnings-panel .status").textContent())
+        .toMatch(/^not_offer_operator: /);
+
+      // The demo offer's operator binds the demo key (as `gateway provider bind-key` does).
+      await bindKey(
+        { baseUrl: m.baseUrl, apiKey: m.apiKey },
+        { offerId, signer: privateKeyToAccount(m.operator.privateKey) },
+      );
+      const earnings = (await json(
+        await api(`/v1/provider-offers/${offerId}/earnings`),
+      )) as EarningsJson;
+      // This sandbox's one chat, settled.
+      expect(earnings.settled).toMatchObject({
+        requests: 1,
+        credits: settledRecord.credits_charged,
+      });
+      await page.locator("#earnings-offer-id").focus();
+      await page.keyboard.press("Enter");
+      const card = page.locator(`[data-earnings-of="${offerId}"]`);
+      await card.waitFor();
+      for (const state of ["unsettled", "settling", "settled", "unsettleable"] as const) {
+        const cells = await card.locator(`[data-state="${state}"] td`).allTextContents();
+        expect(
+          cells.map((c) => c.replaceAll("\u202f", "")),
+          state,
+        ).toEqual([
+          state,
+          String(earnings[state].requests),
+          earnings[state].input_tokens,
+          earnings[state].output_tokens,
+          earnings[state].credits,
+        ]);
+      }
+      const batch = card.locator(`[data-batch-id="${settledRecord.settlement.batch_id}"] td`);
+      const cells = await batch.allTextContents();
+      expect(cells[0]).toBe(settledRecord.settlement.batch_id);
+      expect(cells[1]).toBe("settled");
+      expect(cells[3]!.replaceAll("\u202f", "")).toBe(settledRecord.credits_charged);
+      expect(cells[4]).toBe(settledRecord.settlement.tx_hash);
+      await page.locator("#earnings-panel").screenshot({ path: join(artifacts, "earnings.png") });
+      await page.locator("#request-panel").screenshot({ path: join(artifacts, "request.png") });
+      await page
+        .locator("#catalog-panel")
+        .screenshot({ path: join(artifacts, "catalog-panel.png") });
+      expect(await page.evaluate(() => (globalThis as unknown as Win).cspViolations)).toEqual([]);
+    });
 
     it("has no serious or critical accessibility violations (axe-core), and fits a phone's width", async () => {
       // Run over the page as the flow left it: catalog open, a permit and a request shown.
@@ -488,6 +800,7 @@ interface Win {
     documentElement: { scrollWidth: number };
     body: { innerHTML: string; append(node: unknown): void };
     createElement(tag: string): { textContent: string };
+    getElementById(id: string): { textContent: string | null } | null;
   };
   innerWidth: number;
   localStorage: { length: number };

@@ -6,11 +6,14 @@
  *   "key"         the key was set or forgotten (reload what you show, or clear it)
  *   "ledger"      a request's settlement moved (balances may have changed)
  *   "show-permit" `detail` is a permit id to show
+ *   "show-receipt" `detail` is a request id whose receipt to verify
  */
 import { createApi } from "./api.js";
 import { h } from "./dom.js";
 import { catalogPanel } from "./panels/catalog.js";
+import { earningsPanel } from "./panels/earnings.js";
 import { permitPanel } from "./panels/permit.js";
+import { receiptPanel } from "./panels/receipt.js";
 import { requestPanel } from "./panels/request.js";
 
 /**
@@ -26,7 +29,7 @@ import { requestPanel } from "./panels/request.js";
  */
 
 /** The panels, in page (and focus) order. @type {Panel[]} */
-const panels = [catalogPanel, permitPanel, requestPanel];
+const panels = [catalogPanel, permitPanel, requestPanel, receiptPanel, earningsPanel];
 
 const api = createApi(sessionStorage);
 const events = new EventTarget();

@@ -93,3 +93,50 @@ export function messageLine() {
     },
   };
 }
+
+const svgNs = "http://www.w3.org/2000/svg";
+
+/**
+ * An SVG element, built as the DOM's (no markup parsed). Presentation goes through attributes and
+ * the stylesheet's classes: the console's CSP refuses inline style.
+ * @param {string} tag
+ * @param {Record<string, string | number>} [attributes]
+ * @param {...(Node | string)} children
+ * @returns {SVGElement}
+ */
+export function svg(tag, attributes = {}, ...children) {
+  const element = /** @type {SVGElement} */ (document.createElementNS(svgNs, tag));
+  for (const [name, value] of Object.entries(attributes)) element.setAttribute(name, String(value));
+  for (const child of children)
+    element.append(typeof child === "string" ? document.createTextNode(child) : child);
+  return element;
+}
+
+/**
+ * A table with a caption and column headers; each row's cells are nodes or text. Wrapped in a
+ * box that scrolls sideways on a narrow screen rather than widening the page.
+ * @param {string} caption
+ * @param {string[]} columns
+ * @param {(Node | string)[][]} rows
+ * @param {Record<string, string>[]} [rowAttributes] attributes of each row (e.g. `data-request-id`)
+ */
+export function table(caption, columns, rows, rowAttributes = []) {
+  // Focusable and named: a box that scrolls must be reachable by keyboard.
+  return h(
+    "div",
+    { class: "table-box", role: "region", "aria-label": caption, tabindex: "0" },
+    h(
+      "table",
+      {},
+      h("caption", {}, caption),
+      h("thead", {}, h("tr", {}, ...columns.map((c) => h("th", { scope: "col" }, c)))),
+      h(
+        "tbody",
+        {},
+        ...rows.map((cells, i) =>
+          h("tr", rowAttributes[i] ?? {}, ...cells.map((c) => h("td", {}, c))),
+        ),
+      ),
+    ),
+  );
+}

@@ -1,11 +1,12 @@
 /**
  * The catalog: models (GET /v1/models) and, on demand, each model's offers
  * (GET /v1/models/{id}/offers) with their tariff, status, verification, health
- * (GET /v1/provider-offers/{id}/health) and reputation when the gateway publishes it.
+ * (GET /v1/provider-offers/{id}/health) and reputation, with a chart comparing the offers'
+ * latency and throughput.
  */
 import { segment } from "../api.js";
 import { badge, code, credits, facts, h, messageLine, time } from "../dom.js";
-import { reputationView } from "./reputation.js";
+import { reputationChart, reputationView } from "./reputation.js";
 
 /** @type {import("../app.js").Panel} */
 export const catalogPanel = {
@@ -65,6 +66,7 @@ function modelView(model, index, api) {
     try {
       const answer = await api.get(`/v1/models/${segment(model.id)}/offers`);
       message.info(`${answer.data.length} offer${answer.data.length === 1 ? "" : "s"}.`);
+      if (answer.data.length > 0) offers.append(reputationChart(answer.data));
       for (const offer of answer.data) offers.append(offerView(offer, api));
     } catch (error) {
       loaded = false;
@@ -149,7 +151,6 @@ function offerView(offer, api) {
       ],
     ]),
     health,
-    // Reputation renders here once the gateway publishes `offer.reputation` (issue 22).
     reputationView(offer.reputation),
   );
 }

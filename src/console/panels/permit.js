@@ -1,10 +1,12 @@
 /**
  * A permit's balance (GET /v1/permits/{id}): deposit, settled, charged but unsettled, reserved
- * and available, in the credit token's base units. Refreshed while shown, and at once when a
- * request's settlement moves.
+ * and available, in the credit token's base units; below it, its receipts (recent requests and
+ * spend over time, ./receipts.js). Refreshed while shown, and at once when a request's
+ * settlement moves.
  */
 import { segment } from "../api.js";
 import { badge, code, credits, facts, h, messageLine, time } from "../dom.js";
+import { fetchReceipts, receiptsView } from "./receipts.js";
 
 /** How often a shown balance is read again (ms). */
 const refreshMs = 3000;
@@ -35,18 +37,28 @@ export const permitPanel = {
     );
     const message = messageLine();
     const view = h("div", { class: "permit", "aria-live": "polite" });
-    section.append(form, message.element, view);
+    const receiptsMessage = messageLine();
+    const receipts = h("div", { class: "permit-receipts" });
+    section.append(form, message.element, view, receiptsMessage.element, receipts);
+    /** What the receipts shown say (redrawn only when it changes: focus stays put). */
+    let receiptsShown = "";
 
     /** @type {string | undefined} */
     let shown;
     /** @type {ReturnType<typeof setTimeout> | undefined} */
     let timer;
+    /** The latest load: only it schedules the next (a load the "ledger" event starts mid-way
+     * would otherwise leave two refresh loops running). */
+    let generation = 0;
 
     async function load() {
       clearTimeout(timer);
+      const mine = ++generation;
       if (shown === undefined) return;
       if (!api.hasKey()) {
         view.replaceChildren();
+        receipts.replaceChildren();
+        receiptsShown = "";
         message.info("Enter an API key first.");
         return;
       }
@@ -61,7 +73,22 @@ export const permitPanel = {
         view.replaceChildren();
         message.error(error);
       }
-      if (id === shown) timer = setTimeout(load, refreshMs);
+      try {
+        const { receipts: list, complete } = await fetchReceipts(api, id);
+        if (id !== shown) return;
+        const state = JSON.stringify(list.map((r) => [r.receipt.message, r.settlement]));
+        if (state !== receiptsShown) {
+          receiptsShown = state;
+          receipts.replaceChildren(h("h3", {}, "Receipts"), receiptsView(list, complete));
+        }
+        receiptsMessage.clear();
+      } catch (error) {
+        if (id !== shown) return;
+        receiptsShown = "";
+        receipts.replaceChildren();
+        receiptsMessage.error(error);
+      }
+      if (id === shown && mine === generation) timer = setTimeout(load, refreshMs);
     }
 
     /** @param {string} id */
@@ -69,6 +96,8 @@ export const permitPanel = {
       shown = id.trim();
       input.value = shown;
       view.replaceChildren();
+      receipts.replaceChildren();
+      receiptsShown = "";
       message.info("Loading…");
       void load();
     }

@@ -1,6 +1,7 @@
 /**
  * A request's record (GET /v1/requests/{id}, only the key that made it may read it): what was
- * asked, what was charged, and its settlement, followed until the settlement is final.
+ * asked, what was charged, and its settlement, followed until the settlement is final; from it,
+ * its permit and its receipt (the receipt panel verifies it).
  */
 import { segment } from "../api.js";
 import { badge, code, credits, facts, h, messageLine, time } from "../dom.js";
@@ -99,6 +100,10 @@ function recordView(record, events) {
   showPermit.addEventListener("click", () =>
     events.dispatchEvent(new CustomEvent("show-permit", { detail: record.permit_id })),
   );
+  const showReceipt = h("button", { type: "button" }, "Verify its receipt");
+  showReceipt.addEventListener("click", () =>
+    events.dispatchEvent(new CustomEvent("show-receipt", { detail: record.id })),
+  );
   const s = record.settlement;
   return h(
     "article",
@@ -125,6 +130,6 @@ function recordView(record, events) {
       ["Settled", time(s.settled_at)],
       ["Reason", s.reason ?? undefined],
     ]),
-    h("div", { class: "buttons" }, showPermit),
+    h("div", { class: "buttons" }, showPermit, showReceipt),
   );
 }

@@ -1,0 +1,131 @@
+/**
+ * An offer's earnings (GET /v1/provider-offers/{id}/earnings): its charged requests, tokens and
+ * credits by settlement state, why any are unsettleable, and the settlement batches that carry
+ * them with their transactions. Only an API key the offer's operator bound to the offer
+ * (`gateway provider bind-key`) may read them; the page uses the key pasted above.
+ *
+ * The settlement operator token, which also reads them (and every batch of the market), is not
+ * asked for: it is the settlement's administrative credential, and a web page is no place for
+ * it (README, "The market console").
+ */
+import { segment } from "../api.js";
+import { badge, code, credits, facts, h, messageLine, table, time } from "../dom.js";
+
+/** The states an offer's charges are counted in, in the order they move. */
+const states = ["unsettled", "settling", "settled", "unsettleable"];
+
+/** @type {import("../app.js").Panel} */
+export const earningsPanel = {
+  id: "earnings",
+  title: "Offer earnings",
+  mount(section, { api, events }) {
+    const input = h("input", {
+      id: "earnings-offer-id",
+      type: "text",
+      autocomplete: "off",
+      spellcheck: "false",
+      placeholder: "0x…",
+      pattern: "^\\s*0x[0-9a-fA-F]{64}\\s*$",
+      required: true,
+      "aria-describedby": "earnings-offer-id-hint",
+    });
+    const form = h(
+      "form",
+      { class: "inline-form" },
+      h("label", { for: "earnings-offer-id" }, "Offer id"),
+      input,
+      h(
+        "p",
+        { id: "earnings-offer-id-hint", class: "hint" },
+        "The last 30 days. The API key must be bound to the offer by its operator (gateway provider bind-key).",
+      ),
+      h("div", { class: "buttons" }, h("button", { type: "submit" }, "Show earnings")),
+    );
+    const message = messageLine();
+    const view = h("div", { class: "earnings" });
+    section.append(form, message.element, view);
+
+    /** @type {string | undefined} */
+    let shown;
+
+    async function load() {
+      if (shown === undefined) return;
+      if (!api.hasKey()) {
+        view.replaceChildren();
+        message.info("Enter an API key first.");
+        return;
+      }
+      const id = shown;
+      message.info("Loading…");
+      try {
+        const earnings = await api.get(`/v1/provider-offers/${segment(id)}/earnings`);
+        if (id !== shown) return;
+        message.clear();
+        view.replaceChildren(earningsView(earnings));
+      } catch (error) {
+        if (id !== shown) return;
+        view.replaceChildren();
+        message.error(error);
+      }
+    }
+
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      shown = input.value.trim();
+      view.replaceChildren();
+      void load();
+    });
+    events.addEventListener("key", () => void load());
+    events.addEventListener("ledger", () => void load());
+  },
+};
+
+/** @param {Record<string, any>} e */
+function earningsView(e) {
+  return h(
+    "article",
+    { class: "card", "data-earnings-of": e.offer_id },
+    facts([
+      ["Offer", code(e.offer_id)],
+      ["Payout address", code(e.payout)],
+      ["From", time(e.from)],
+      ["To", time(e.to)],
+    ]),
+    table(
+      "Earnings by settlement state",
+      ["State", "Requests", "Input tokens", "Output tokens", "Credits"],
+      states.map((state) => [
+        badge(state),
+        String(e[state].requests),
+        e[state].input_tokens,
+        e[state].output_tokens,
+        credits(e[state].credits),
+      ]),
+      states.map((state) => ({ "data-state": state })),
+    ),
+    e.unsettleable_reasons.length === 0
+      ? h("p", { class: "muted" }, "No unsettleable charges.")
+      : table(
+          "Why charges are unsettleable",
+          ["Reason", "Requests", "Credits"],
+          e.unsettleable_reasons.map((r) => [r.reason, String(r.requests), credits(r.credits)]),
+        ),
+    e.batches.length === 0
+      ? h("p", { class: "muted" }, "No settlement batch carries the offer's charges yet.")
+      : table(
+          `Settlement batches (newest first${e.batches_truncated ? ", the most recent 100" : ""})`,
+          ["Batch", "Status", "Requests", "Credits", "Transaction", "Created", "Settled"],
+          e.batches.map((b) => [
+            code(b.batch_id),
+            badge(b.status),
+            String(b.requests),
+            credits(b.credits),
+            // As text: the gateway knows no block explorer to link to.
+            code(b.tx_hash),
+            time(b.created_at),
+            time(b.settled_at),
+          ]),
+          e.batches.map((b) => ({ "data-batch-id": b.batch_id })),
+        ),
+  );
+}

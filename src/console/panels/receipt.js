@@ -1,0 +1,215 @@
+/**
+ * A request's signed usage receipt (GET /v1/requests/{id}/receipt), verified here in the browser
+ * rather than taken on the gateway's word: the signer is recovered from the EIP-712 typed data
+ * and signature (viem, bundled into /console/vendor/eip712.js), and must be the receipt signer
+ * the gateway publishes (GET /v1/gateway); the domain must name that gateway's chain and market;
+ * and what the receipt says was charged must be what the request's record says
+ * (GET /v1/requests/{id}).
+ */
+import { segment } from "../api.js";
+import { code, credits, facts, h, messageLine, time } from "../dom.js";
+import { recoverTypedDataSigner, sameAddress } from "../vendor/eip712.js";
+
+/** @type {import("../app.js").Panel} */
+export const receiptPanel = {
+  id: "receipt",
+  title: "Usage receipt",
+  mount(section, { api, events }) {
+    const input = h("input", {
+      id: "receipt-request-id",
+      type: "text",
+      autocomplete: "off",
+      spellcheck: "false",
+      placeholder: "0x…",
+      pattern: "^\\s*0x[0-9a-fA-F]{64}\\s*$",
+      required: true,
+      "aria-describedby": "receipt-request-id-hint",
+    });
+    const form = h(
+      "form",
+      { class: "inline-form" },
+      h("label", { for: "receipt-request-id" }, "Request id"),
+      input,
+      h(
+        "p",
+        { id: "receipt-request-id-hint", class: "hint" },
+        "A closed request that was charged has a receipt signed by the gateway.",
+      ),
+      h("div", { class: "buttons" }, h("button", { type: "submit" }, "Verify receipt")),
+    );
+    const message = messageLine();
+    const view = h("div", { class: "receipt" });
+    section.append(form, message.element, view);
+
+    /** @type {string | undefined} */
+    let shown;
+
+    async function load() {
+      if (shown === undefined) return;
+      if (!api.hasKey()) {
+        view.replaceChildren();
+        message.info("Enter an API key first.");
+        return;
+      }
+      const id = shown;
+      message.info("Fetching and verifying…");
+      try {
+        const [signed, gateway, record] = await Promise.all([
+          api.get(`/v1/requests/${segment(id)}/receipt`),
+          api.get("/v1/gateway"),
+          api.get(`/v1/requests/${segment(id)}`),
+        ]);
+        const checks = await verifyReceipt(signed, gateway, record);
+        if (id !== shown) return;
+        message.clear();
+        view.replaceChildren(receiptView(id, signed, checks));
+      } catch (error) {
+        if (id !== shown) return;
+        view.replaceChildren();
+        message.error(error);
+      }
+    }
+
+    /** @param {string} id */
+    function show(id) {
+      shown = id.trim();
+      input.value = shown;
+      view.replaceChildren();
+      void load();
+    }
+
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      show(input.value);
+    });
+    events.addEventListener("show-receipt", (event) => {
+      show(/** @type {CustomEvent<string>} */ (event).detail);
+      input.focus();
+    });
+    events.addEventListener("key", () => void load());
+  },
+};
+
+/**
+ * @typedef {object} Check
+ * @property {string} name what is checked, as a reader says it
+ * @property {boolean} ok
+ * @property {string} detail what was found
+ */
+
+/**
+ * Every check of a receipt against the gateway's published facts and the request's record.
+ * @param {Record<string, any>} signed `{receipt, signature, signer}`
+ * @param {Record<string, any>} gateway `GET /v1/gateway`
+ * @param {Record<string, any>} record `GET /v1/requests/{id}`
+ * @returns {Promise<Check[]>}
+ */
+export async function verifyReceipt(signed, gateway, record) {
+  const { receipt } = signed;
+  const m = receipt.message ?? {};
+  const d = receipt.domain ?? {};
+  /** @type {string | undefined} */
+  let recovered;
+  let failure = "";
+  try {
+    recovered = await recoverTypedDataSigner(receipt, signed.signature);
+  } catch (error) {
+    failure = String(/** @type {Error} */ (error).message ?? error).split("\n")[0];
+  }
+  const same = (a, b) => String(a) === String(b);
+  const signer = gateway.receipt_signer;
+  return [
+    {
+      name: "Signed by the gateway's receipt signer",
+      ok: recovered !== undefined && signer !== null && sameAddress(recovered, signer),
+      detail:
+        recovered === undefined
+          ? `the signature does not recover (${failure})`
+          : `recovered ${recovered}; the gateway publishes ${signer ?? "no receipt signer"}`,
+    },
+    {
+      name: "Domain chain id is the gateway's",
+      ok: same(d.chainId, gateway.chain_id),
+      detail: `receipt ${String(d.chainId)}, gateway ${String(gateway.chain_id)}`,
+    },
+    {
+      name: "Domain market is the gateway's",
+      ok: sameAddress(d.verifyingContract, gateway.market),
+      detail: `receipt ${String(d.verifyingContract)}, gateway ${String(gateway.market)}`,
+    },
+    {
+      name: "The receipt is this request's",
+      ok:
+        same(m.requestId, record.id) &&
+        same(String(m.permitId).toLowerCase(), String(record.permit_id).toLowerCase()) &&
+        same(String(m.offerId).toLowerCase(), String(record.offer_id).toLowerCase()),
+      detail: `request ${String(m.requestId)}, permit ${String(m.permitId)}, offer ${String(m.offerId)}`,
+    },
+    {
+      name: "Charge equals the request's",
+      ok: same(m.charge, record.credits_charged),
+      detail: `receipt ${String(m.charge)}, request ${String(record.credits_charged)}`,
+    },
+    {
+      name: "Tokens equal the request's",
+      ok: same(m.inputTokens, record.input_tokens) && same(m.outputTokens, record.output_tokens),
+      detail: `receipt ${String(m.inputTokens)} in, ${String(m.outputTokens)} out; request ${String(record.input_tokens)} in, ${String(record.output_tokens)} out`,
+    },
+  ];
+}
+
+/**
+ * @param {string} id
+ * @param {Record<string, any>} signed
+ * @param {Check[]} checks
+ */
+function receiptView(id, signed, checks) {
+  const verified = checks.every((c) => c.ok);
+  const m = signed.receipt.message ?? {};
+  return h(
+    "article",
+    {
+      class: "card",
+      "data-receipt-of": id,
+      "data-verdict": verified ? "verified" : "not-verified",
+    },
+    // The verdict in words (and a mark), not only in colour.
+    h(
+      "p",
+      { class: "verdict", "data-field": "verdict" },
+      verified ? "✔ Verified" : "✘ Not verified",
+      h(
+        "span",
+        { class: "muted" },
+        verified
+          ? ": signed by this gateway's receipt key, for this request and charge."
+          : `: ${checks
+              .filter((c) => !c.ok)
+              .map((c) => c.name.toLowerCase())
+              .join("; ")} — failed.`,
+      ),
+    ),
+    h(
+      "ul",
+      { class: "checks" },
+      ...checks.map((c) =>
+        h(
+          "li",
+          { "data-check-ok": String(c.ok) },
+          h("strong", {}, c.ok ? "Passes: " : "Fails: "),
+          c.name,
+          h("span", { class: "muted hex" }, ` (${c.detail})`),
+        ),
+      ),
+    ),
+    facts([
+      ["Charge", credits(m.charge), "charge"],
+      ["Input tokens", String(m.inputTokens)],
+      ["Output tokens", String(m.outputTokens)],
+      ["Billing", String(m.billing)],
+      ["Closed", time(typeof m.closedAt === "number" ? m.closedAt : undefined)],
+      ["Signer", code(signed.signer)],
+      ["Signature", code(signed.signature)],
+    ]),
+  );
+}
