@@ -407,7 +407,7 @@ describe("signed usage receipts", () => {
   });
 
   // `gateway serve` processes share the stack's database only on a real PostgreSQL.
-  it.skipIf(process.env.TEST_DATABASE_URL === undefined)(
+  it.skipIf(!process.env.TEST_DATABASE_URL)(
     "gateway serve: without RECEIPT_PRIVATE_KEY no receipts; with it, another process signs the same receipt",
     async () => {
       const permitId = await openPermit(stack, { deposit: 10n ** 18n });
