@@ -70,6 +70,39 @@ export function badge(status) {
   return h("span", { class: "badge", "data-status": status }, status);
 }
 
+/**
+ * A panel's one-field form for a Hex32 id (a permit, a request, an offer): the labelled input
+ * with its hint, and the submit button. The input's pattern accepts surrounding spaces, as a
+ * pasted id often has them.
+ * @param {{ id: string, label: string, hint: string, button: string }} spec
+ * @returns {{ form: HTMLFormElement, input: HTMLInputElement }}
+ */
+export function hexIdForm({ id, label, hint, button }) {
+  const input = /** @type {HTMLInputElement} */ (
+    h("input", {
+      id,
+      type: "text",
+      autocomplete: "off",
+      spellcheck: "false",
+      placeholder: "0x…",
+      pattern: "^\\s*0x[0-9a-fA-F]{64}\\s*$",
+      required: true,
+      "aria-describedby": `${id}-hint`,
+    })
+  );
+  const form = /** @type {HTMLFormElement} */ (
+    h(
+      "form",
+      { class: "inline-form" },
+      h("label", { for: id }, label),
+      input,
+      h("p", { id: `${id}-hint`, class: "hint" }, hint),
+      h("div", { class: "buttons" }, h("button", { type: "submit" }, button)),
+    )
+  );
+  return { form, input };
+}
+
 /** The message line of a panel: shown for errors and progress, announced to screen readers. */
 export function messageLine() {
   const line = h("p", { class: "status", role: "status" });

@@ -4,15 +4,11 @@ import { GatewayError } from "./errors.js";
 import { isHex32, normalizeHex } from "./hex.js";
 import {
   defaultAuthorizationLifetimeSeconds,
-  gatewaySigningDomain,
+  gatewayTypedData,
   signable,
   type AuthorizationDomain,
 } from "./permit-authorization.js";
-import {
-  eip712DomainFields,
-  parseRegistrationSignature,
-  type TypedDataField,
-} from "./registration.js";
+import { parseRegistrationSignature, type TypedDataField } from "./registration.js";
 import { verifyParsedSignature, type SignatureVerifier } from "./signatures.js";
 import { noncePattern } from "../schema/signing.js";
 
@@ -58,15 +54,7 @@ export function buildBindOfferKeyTypedData(args: {
   market: Address;
   message: BindOfferKeyMessage;
 }): BindOfferKeyTypedData {
-  return {
-    types: {
-      EIP712Domain: eip712DomainFields.map((f) => ({ ...f })),
-      BindOfferKey: bindOfferKeyFields.map((f) => ({ ...f })),
-    },
-    primaryType: "BindOfferKey",
-    domain: gatewaySigningDomain(args.chainId, args.market),
-    message: { ...args.message },
-  };
+  return gatewayTypedData("BindOfferKey", bindOfferKeyFields, args, args.message);
 }
 
 // ------------------------------------------------------------------------------ bindings

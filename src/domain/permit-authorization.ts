@@ -132,21 +132,42 @@ export function gatewaySigningDomain(chainId: number, market: Address): Authoriz
   };
 }
 
+/**
+ * Typed data in the gateway's one domain ({@link gatewaySigningDomain}): the primary type's
+ * fields and the message copied, so that no caller can change another's. Every typed data the
+ * gateway asks for or signs is built here (registration keeps its own builder, whose domain
+ * predates this one).
+ */
+export function gatewayTypedData<P extends string, M extends object>(
+  primaryType: P,
+  fields: readonly TypedDataField[],
+  at: { readonly chainId: number; readonly market: Address },
+  message: M,
+): {
+  types: { EIP712Domain: TypedDataField[] } & { [K in P]: TypedDataField[] };
+  primaryType: P;
+  domain: AuthorizationDomain;
+  message: M;
+} {
+  const types = {
+    EIP712Domain: eip712DomainFields.map((f) => ({ ...f })),
+    [primaryType]: fields.map((f) => ({ ...f })),
+  } as { EIP712Domain: TypedDataField[] } & { [K in P]: TypedDataField[] };
+  return {
+    types,
+    primaryType,
+    domain: gatewaySigningDomain(at.chainId, at.market),
+    message: { ...message },
+  };
+}
+
 /** The `AuthorizeKey` typed data; the domain is always the gateway's own chain and market. */
 export function buildAuthorizeKeyTypedData(args: {
   chainId: number;
   market: Address;
   message: AuthorizeKeyMessage;
 }): AuthorizeKeyTypedData {
-  return {
-    types: {
-      EIP712Domain: eip712DomainFields.map((f) => ({ ...f })),
-      AuthorizeKey: authorizeKeyFields.map((f) => ({ ...f })),
-    },
-    primaryType: "AuthorizeKey",
-    domain: gatewaySigningDomain(args.chainId, args.market),
-    message: { ...args.message },
-  };
+  return gatewayTypedData("AuthorizeKey", authorizeKeyFields, args, args.message);
 }
 
 export function buildRevokeTypedData(args: {
@@ -154,15 +175,12 @@ export function buildRevokeTypedData(args: {
   market: Address;
   message: RevokeKeyAuthorizationMessage;
 }): RevokeKeyAuthorizationTypedData {
-  return {
-    types: {
-      EIP712Domain: eip712DomainFields.map((f) => ({ ...f })),
-      RevokeKeyAuthorization: revokeKeyAuthorizationFields.map((f) => ({ ...f })),
-    },
-    primaryType: "RevokeKeyAuthorization",
-    domain: gatewaySigningDomain(args.chainId, args.market),
-    message: { ...args.message },
-  };
+  return gatewayTypedData(
+    "RevokeKeyAuthorization",
+    revokeKeyAuthorizationFields,
+    args,
+    args.message,
+  );
 }
 
 // ------------------------------------------------------------------------------ authorizations

@@ -1,7 +1,7 @@
 import { hashTypedData, type Address, type Hex } from "viem";
 import { GatewayError } from "./errors.js";
-import { gatewaySigningDomain, type AuthorizationDomain } from "./permit-authorization.js";
-import { eip712DomainFields, type TypedDataField } from "./registration.js";
+import { gatewayTypedData, type AuthorizationDomain } from "./permit-authorization.js";
+import type { TypedDataField } from "./registration.js";
 
 /**
  * Signed usage receipts: for every closed request with a charge, the gateway signs EIP-712 typed
@@ -103,28 +103,20 @@ export function buildUsageReceipt(
       `request ${record.id} closed without a charge (billing void): it has no receipt`,
     );
   }
-  return {
-    types: {
-      EIP712Domain: eip712DomainFields.map((f) => ({ ...f })),
-      UsageReceipt: usageReceiptFields.map((f) => ({ ...f })),
-    },
-    primaryType: "UsageReceipt",
-    domain: gatewaySigningDomain(domain.chainId, domain.market),
-    message: {
-      requestId: record.id,
-      permitId: record.permitId,
-      offerId: record.offerId,
-      modelId: record.modelId,
-      tariffVersion: record.tariffVersion.toString(),
-      inputTokens: record.inputTokens.toString(),
-      outputTokens: record.outputTokens.toString(),
-      cachedTokens: record.cachedInputTokens.toString(),
-      reasoningTokens: record.reasoningTokens.toString(),
-      charge: record.creditsCharged.toString(),
-      billing: record.billing,
-      closedAt: record.completedAt,
-    },
-  };
+  return gatewayTypedData("UsageReceipt", usageReceiptFields, domain, {
+    requestId: record.id,
+    permitId: record.permitId,
+    offerId: record.offerId,
+    modelId: record.modelId,
+    tariffVersion: record.tariffVersion.toString(),
+    inputTokens: record.inputTokens.toString(),
+    outputTokens: record.outputTokens.toString(),
+    cachedTokens: record.cachedInputTokens.toString(),
+    reasoningTokens: record.reasoningTokens.toString(),
+    charge: record.creditsCharged.toString(),
+    billing: record.billing,
+    closedAt: record.completedAt,
+  });
 }
 
 /** A receipt's message with its integers as bigint: what viem hashes, signs and verifies. */

@@ -9,7 +9,7 @@
  * it (README, "The market console").
  */
 import { segment } from "../api.js";
-import { badge, code, credits, facts, h, messageLine, table, time } from "../dom.js";
+import { badge, code, credits, facts, h, hexIdForm, messageLine, table, time } from "../dom.js";
 
 /** The states an offer's charges are counted in, in the order they move. */
 const states = ["unsettled", "settling", "settled", "unsettleable"];
@@ -19,28 +19,12 @@ export const earningsPanel = {
   id: "earnings",
   title: "Offer earnings",
   mount(section, { api, events }) {
-    const input = h("input", {
+    const { form, input } = hexIdForm({
       id: "earnings-offer-id",
-      type: "text",
-      autocomplete: "off",
-      spellcheck: "false",
-      placeholder: "0x…",
-      pattern: "^\\s*0x[0-9a-fA-F]{64}\\s*$",
-      required: true,
-      "aria-describedby": "earnings-offer-id-hint",
+      label: "Offer id",
+      hint: "The last 30 days. The API key must be bound to the offer by its operator (gateway provider bind-key).",
+      button: "Show earnings",
     });
-    const form = h(
-      "form",
-      { class: "inline-form" },
-      h("label", { for: "earnings-offer-id" }, "Offer id"),
-      input,
-      h(
-        "p",
-        { id: "earnings-offer-id-hint", class: "hint" },
-        "The last 30 days. The API key must be bound to the offer by its operator (gateway provider bind-key).",
-      ),
-      h("div", { class: "buttons" }, h("button", { type: "submit" }, "Show earnings")),
-    );
     const message = messageLine();
     const view = h("div", { class: "earnings" });
     section.append(form, message.element, view);

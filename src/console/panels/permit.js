@@ -5,7 +5,7 @@
  * settlement moves.
  */
 import { segment } from "../api.js";
-import { badge, code, credits, facts, h, messageLine, time } from "../dom.js";
+import { badge, code, credits, facts, h, hexIdForm, messageLine, time } from "../dom.js";
 import { fetchReceipts, receiptsView } from "./receipts.js";
 
 /** How often a shown balance is read again (ms). */
@@ -16,25 +16,12 @@ export const permitPanel = {
   id: "permit",
   title: "Permit balance",
   mount(section, { api, events }) {
-    const input = h("input", {
+    const { form, input } = hexIdForm({
       id: "permit-id",
-      type: "text",
-      inputmode: "text",
-      autocomplete: "off",
-      spellcheck: "false",
-      placeholder: "0x…",
-      pattern: "^\\s*0x[0-9a-fA-F]{64}\\s*$",
-      required: true,
-      "aria-describedby": "permit-id-hint",
+      label: "Permit id",
+      hint: "0x and 64 hex digits.",
+      button: "Show balance",
     });
-    const form = h(
-      "form",
-      { class: "inline-form" },
-      h("label", { for: "permit-id" }, "Permit id"),
-      input,
-      h("p", { id: "permit-id-hint", class: "hint" }, "0x and 64 hex digits."),
-      h("div", { class: "buttons" }, h("button", { type: "submit" }, "Show balance")),
-    );
     const message = messageLine();
     const view = h("div", { class: "permit", "aria-live": "polite" });
     const receiptsMessage = messageLine();

@@ -7,7 +7,7 @@
  * (GET /v1/requests/{id}).
  */
 import { segment } from "../api.js";
-import { code, credits, facts, h, messageLine, time } from "../dom.js";
+import { code, credits, facts, h, hexIdForm, messageLine, time } from "../dom.js";
 import { recoverTypedDataSigner, sameAddress } from "../vendor/eip712.js";
 
 /** @type {import("../app.js").Panel} */
@@ -15,28 +15,12 @@ export const receiptPanel = {
   id: "receipt",
   title: "Usage receipt",
   mount(section, { api, events }) {
-    const input = h("input", {
+    const { form, input } = hexIdForm({
       id: "receipt-request-id",
-      type: "text",
-      autocomplete: "off",
-      spellcheck: "false",
-      placeholder: "0x…",
-      pattern: "^\\s*0x[0-9a-fA-F]{64}\\s*$",
-      required: true,
-      "aria-describedby": "receipt-request-id-hint",
+      label: "Request id",
+      hint: "A closed request that was charged has a receipt signed by the gateway.",
+      button: "Verify receipt",
     });
-    const form = h(
-      "form",
-      { class: "inline-form" },
-      h("label", { for: "receipt-request-id" }, "Request id"),
-      input,
-      h(
-        "p",
-        { id: "receipt-request-id-hint", class: "hint" },
-        "A closed request that was charged has a receipt signed by the gateway.",
-      ),
-      h("div", { class: "buttons" }, h("button", { type: "submit" }, "Verify receipt")),
-    );
     const message = messageLine();
     const view = h("div", { class: "receipt" });
     section.append(form, message.element, view);

@@ -4,7 +4,7 @@
  * its permit and its receipt (the receipt panel verifies it).
  */
 import { segment } from "../api.js";
-import { badge, code, credits, facts, h, messageLine, time } from "../dom.js";
+import { badge, code, credits, facts, h, hexIdForm, messageLine, time } from "../dom.js";
 
 /** How often an unfinished request is read again (ms): about the sandbox worker's pace. */
 const pollMs = 2000;
@@ -17,28 +17,12 @@ export const requestPanel = {
   id: "request",
   title: "Request",
   mount(section, { api, events }) {
-    const input = h("input", {
+    const { form, input } = hexIdForm({
       id: "request-id",
-      type: "text",
-      autocomplete: "off",
-      spellcheck: "false",
-      placeholder: "0x…",
-      pattern: "^\\s*0x[0-9a-fA-F]{64}\\s*$",
-      required: true,
-      "aria-describedby": "request-id-hint",
+      label: "Request id",
+      hint: "The X-Gateway-Request-Id header of a chat answer.",
+      button: "Show request",
     });
-    const form = h(
-      "form",
-      { class: "inline-form" },
-      h("label", { for: "request-id" }, "Request id"),
-      input,
-      h(
-        "p",
-        { id: "request-id-hint", class: "hint" },
-        "The X-Gateway-Request-Id header of a chat answer.",
-      ),
-      h("div", { class: "buttons" }, h("button", { type: "submit" }, "Show request")),
-    );
     const message = messageLine();
     const view = h("div", { class: "request" });
     section.append(form, message.element, view);
