@@ -15,6 +15,7 @@ import { createReadiness } from "./app/readiness.js";
 import { createSettlement } from "./app/settlement.js";
 import { createShutdown } from "./app/shutdown.js";
 import { openStorage } from "./app/storage.js";
+import { startTracing } from "./app/tracing.js";
 import type { Config } from "./config.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import type { MeasurementSync } from "./domain/chat/measurements.js";
@@ -71,15 +72,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
   const directory = new ModelDirectory(entries);
   // This gateway's own registry (several gateways may share a process: tests).
   const metrics = createMetrics({ modelName: (modelId) => directory.publicId(modelId) });
-  // The OpenTelemetry SDK is loaded only when tracing is on (it is a sixth of the process's
-  // memory at rest otherwise).
-  const tracing =
-    config.otlpTracesEndpoint === undefined
-      ? undefined
-      : (await import("./tracing.js")).createTracing(
-          config,
-          logger.child({ component: "tracing" }),
-        );
+  const tracing = await startTracing(config, logger);
   const clock = options.clock ?? (() => Math.floor(Date.now() / 1000));
   const storage = await openStorage(config, options);
   const { db } = storage;
