@@ -10,6 +10,7 @@ import {
 import type { ModelDirectory, ModelRecord, OfferRecord } from "../domain/catalog.js";
 import * as domain from "../domain/catalog.js";
 import type { Reputation } from "../domain/reputation.js";
+import type { TypedDataField } from "../domain/registration.js";
 
 /** Domain records -> protobuf messages (and the status enums both ways). */
 
@@ -92,4 +93,33 @@ export function offerToMessage(offer: OfferRecord, reputation?: Reputation): Off
             windowSeconds: reputation.windowSeconds,
           },
   });
+}
+
+/**
+ * The frame every typed data the gateway hands out shares (domain, types, primary type), in the
+ * protos' init shape; each RPC adds its own message.
+ */
+export function typedDataFrame(typed: {
+  readonly domain: {
+    readonly name: string;
+    readonly version: string;
+    readonly chainId: number;
+    readonly verifyingContract: string;
+  };
+  readonly types: Readonly<Record<string, readonly TypedDataField[]>>;
+  readonly primaryType: string;
+}) {
+  return {
+    domain: {
+      name: typed.domain.name,
+      version: typed.domain.version,
+      chainId: BigInt(typed.domain.chainId),
+      verifyingContract: typed.domain.verifyingContract,
+    },
+    types: Object.entries(typed.types).map(([name, fields]) => ({
+      name,
+      fields: fields.map((f) => ({ name: f.name, type: f.type })),
+    })),
+    primaryType: typed.primaryType,
+  };
 }

@@ -15,13 +15,12 @@ import {
 import { GatewayError } from "../domain/errors.js";
 import {
   authorizationStatus,
-  type AuthorizationDomain,
   type AuthorizationStatus,
   type PermitAuthorization,
   type PermitAuthorizationService,
 } from "../domain/permit-authorization.js";
-import type { TypedDataField } from "../domain/registration.js";
 import { callerKey } from "./context.js";
+import { typedDataFrame } from "./convert.js";
 
 export interface PermitServiceDeps {
   readonly authorizations: PermitAuthorizationService;
@@ -39,22 +38,6 @@ function apiKeyOf(ctx: HandlerContext): string {
   const caller = ctx.values.get(callerKey);
   if (caller === undefined) throw new GatewayError("missing_api_key", "missing API key");
   return caller.apiKeyId;
-}
-
-function domainMessage(domain: AuthorizationDomain) {
-  return {
-    name: domain.name,
-    version: domain.version,
-    chainId: BigInt(domain.chainId),
-    verifyingContract: domain.verifyingContract,
-  };
-}
-
-function typesMessage(types: Record<string, TypedDataField[]>) {
-  return Object.entries(types).map(([name, fields]) => ({
-    name,
-    fields: fields.map((f) => ({ name: f.name, type: f.type })),
-  }));
 }
 
 /** PermitService: the transport of domain/permit-authorization.ts, nothing more. */
@@ -83,9 +66,7 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
       });
       return create(CreateAuthorizationChallengeResponseSchema, {
         typedData: {
-          domain: domainMessage(typed.domain),
-          types: typesMessage(typed.types),
-          primaryType: typed.primaryType,
+          ...typedDataFrame(typed),
           message: {
             payer: typed.message.payer,
             keyId: typed.message.keyId,
@@ -128,9 +109,7 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
       const typed = await authorizations.revocationChallenge(req.id);
       return create(CreateRevocationChallengeResponseSchema, {
         typedData: {
-          domain: domainMessage(typed.domain),
-          types: typesMessage(typed.types),
-          primaryType: typed.primaryType,
+          ...typedDataFrame(typed),
           message: {
             payer: typed.message.payer,
             authorizationId: typed.message.authorizationId,

@@ -34,7 +34,7 @@ import {
 } from "../domain/offer-key-binding.js";
 import type { RegistrationService } from "../domain/registration.js";
 import { callerKey, settlementOperatorKey } from "./context.js";
-import { offerStatusToMessage, offerToMessage } from "./convert.js";
+import { offerStatusToMessage, offerToMessage, typedDataFrame } from "./convert.js";
 
 export interface ProviderServiceDeps {
   readonly catalog: Catalog;
@@ -146,14 +146,7 @@ export function createProviderService(
       });
       return create(CreateRegistrationChallengeResponseSchema, {
         typedData: {
-          domain: {
-            name: typed.domain.name,
-            version: typed.domain.version,
-            chainId: BigInt(typed.domain.chainId),
-            verifyingContract: typed.domain.verifyingContract,
-          },
-          types: Object.entries(typed.types).map(([name, fields]) => ({ name, fields })),
-          primaryType: typed.primaryType,
+          ...typedDataFrame(typed),
           message: {
             offerId: typed.message.offerId,
             operator: typed.message.operator,
@@ -233,14 +226,7 @@ export function createProviderService(
       });
       return create(CreateKeyBindingChallengeResponseSchema, {
         typedData: {
-          domain: {
-            name: typed.domain.name,
-            version: typed.domain.version,
-            chainId: BigInt(typed.domain.chainId),
-            verifyingContract: typed.domain.verifyingContract,
-          },
-          types: Object.entries(typed.types).map(([name, fields]) => ({ name, fields })),
-          primaryType: typed.primaryType,
+          ...typedDataFrame(typed),
           message: {
             offerId: typed.message.offerId,
             operator: typed.message.operator,

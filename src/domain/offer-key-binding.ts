@@ -5,6 +5,7 @@ import { isHex32, normalizeHex } from "./hex.js";
 import {
   defaultAuthorizationLifetimeSeconds,
   gatewayTypedData,
+  readExpiresAt,
   signable,
   type AuthorizationDomain,
 } from "./permit-authorization.js";
@@ -288,15 +289,4 @@ export function readOfferId(value: unknown): Hex {
     throw new GatewayError("invalid_hex", "offer id must be a Hex32 (0x + 64 hex digits)");
   }
   return normalizeHex(value);
-}
-
-function readExpiresAt(value: unknown, now: number): number {
-  let n = Number.NaN;
-  if (typeof value === "number") n = value;
-  else if (typeof value === "bigint") n = Number(value);
-  if (!Number.isSafeInteger(n)) {
-    throw new GatewayError("invalid_request", "expiresAt must be an integer (Unix seconds)");
-  }
-  if (n <= now) throw new GatewayError("invalid_request", "expiresAt is in the past");
-  return n;
 }

@@ -621,7 +621,11 @@ function readPermitId(value: unknown, required: boolean): Hex {
   return normalizeHex(value);
 }
 
-function readExpiresAt(value: unknown, now: number): number {
+/**
+ * A signed request's `expiresAt`: Unix seconds, a safe integer, in the future; 400
+ * `invalid_request` otherwise. Permit authorizations and offer key bindings read it alike.
+ */
+export function readExpiresAt(value: unknown, now: number): number {
   let n = Number.NaN;
   if (typeof value === "number") n = value;
   else if (typeof value === "bigint") n = Number(value);
