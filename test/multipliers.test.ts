@@ -4,11 +4,12 @@ import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { QuoteService } from "../gen/gateway/v1/quote_pb.js";
 import { permitLedger } from "../src/adapters/pg/ledger.js";
-import { countTextTokens } from "../src/domain/chat/metering.js";
 import { priceCredits } from "../src/domain/pricing.js";
 import { demoTariff } from "../src/dev/demo-market.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { reportedCharge, sseData } from "./helpers/sse.js";
+import type { TokenCounter } from "../src/domain/tokens.js";
+import { demoChatCounter } from "./helpers/token-counts.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
@@ -22,6 +23,15 @@ const messages = [{ role: "user" as const, content: "hello multiplied gateway" }
 // Pieces the fake answers per choice ("word0 word1 ... word99"), under the output limit of
 // `limit`: eight choices of them cost several times what one output limit's maximum holds, so
 // a gateway that priced one choice would cap (and flag) what an honest provider produced.
+/**
+ * The gateway's count of one choice's text, held to the output limit: the relay cuts the text
+ * there, and no charge passes it (the byte bound cuts later, so its count is capped).
+ */
+function heldTo(counter: TokenCounter, text: string, limit: bigint): bigint {
+  const counted = counter.countOutput(counter.truncate(text, limit));
+  return counted < limit ? counted : limit;
+}
+
 const chunks = 100;
 const limit = 200;
 const choiceText = Array.from({ length: chunks }, (_, i) => (i === 0 ? "word0" : ` word${i}`)).join(
@@ -221,8 +231,9 @@ describe("output multipliers (n)", () => {
     expect(json.res.status).toBe(200);
     // One token per four UTF-8 bytes of all eight answers' text together: "word0" (5 bytes),
     // " word1" to " word9" (6 each) and " word10" to " word99" (7 each) is 689 bytes a choice.
-    const jsonTokens = countTextTokens(choiceText.repeat(8));
-    expect(jsonTokens).toBe((689n * 8n) / 4n);
+    // The gateway's count of each choice's text (the model's tokenizer), each held to the limit.
+    const counter = await demoChatCounter();
+    const jsonTokens = 8n * heldTo(counter, choiceText, BigInt(limit));
     expect(json.record).toMatchObject({
       status: "completed",
       billing: "billed",
@@ -236,17 +247,17 @@ describe("output multipliers (n)", () => {
     });
     expect(await flags(json.record.id)).toBe(0);
 
-    // The fake sends each piece of all eight choices in one chunk: 8 pieces per chunk.
+    // The fake sends each piece of all eight choices in one chunk: the same text per choice.
     const sse = await settled(() => chat({ max_tokens: limit, n: 8, stream: true }));
     expect(sse.res.status).toBe(200);
     expect(sse.record).toMatchObject({
       status: "completed",
       billing: "billed",
       usage_source: "gateway",
-      output_tokens: String(8 * chunks),
+      output_tokens: jsonTokens.toString(),
       credits_charged: priceCredits(
         demoTariff,
-        { inputTokens: BigInt(sse.record.input_tokens), outputTokens: BigInt(8 * chunks) },
+        { inputTokens: BigInt(sse.record.input_tokens), outputTokens: jsonTokens },
         false,
       ).toString(),
     });
@@ -254,15 +265,24 @@ describe("output multipliers (n)", () => {
     expect(await flags(sse.record.id)).toBe(0);
   });
 
-  it("still caps at n output limits, and flags a provider reporting more than n choices can hold", async () => {
-    // Ten times what eight choices of 32 tokens can be: priced above the maximum whatever the
-    // prompt's real size below its bound.
+  it("charges a provider claiming more than n choices can hold what the gateway counted, at most n limits", async () => {
+    // Ten times what eight choices of 32 tokens can be.
     fake.setOptions({ usage: { prompt_tokens: 5, completion_tokens: 8 * 32 * 10 } });
     const { res, record, ledgerCharged } = await settled(() => chat({ max_tokens: 32, n: 8 }));
     expect(res.status).toBe(200);
-    expect(record.credits_charged).toBe(record.maximum_credits);
-    expect(ledgerCharged).toBe(BigInt(record.maximum_credits));
-    await eventually(async () => (await flags(record.id)) === 1, 10_000);
+    const counter = await demoChatCounter();
+    // The fake answers 32 words a choice; the gateway counts them and cuts each at 32 tokens.
+    const sent = choiceText.split(/(?= )/).slice(0, 32).join("");
+    const counted = 8n * heldTo(counter, sent, 32n);
+    expect(counted <= 8n * 32n).toBe(true);
+    expect(record).toMatchObject({ usage_source: "gateway", output_tokens: counted.toString() });
+    const charged = priceCredits(
+      demoTariff,
+      { inputTokens: BigInt(record.input_tokens), outputTokens: counted },
+      false,
+    );
+    expect(record.credits_charged).toBe(charged.toString());
+    expect(ledgerCharged).toBe(charged);
   });
 
   it("refuses n of 0, above 128 or not an integer with 400 invalid_request, storing nothing, calling no one", async () => {

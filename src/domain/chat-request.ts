@@ -587,7 +587,8 @@ function utf8Length(text: string): bigint {
   return BigInt(Buffer.byteLength(text, "utf8"));
 }
 
-function mediaParts(messages: readonly ChatMessage[]): bigint {
+/** Non-text content parts (images, audio, files) of the messages. */
+export function mediaParts(messages: readonly ChatMessage[]): bigint {
   let count = 0n;
   for (const message of messages) {
     if (!Array.isArray(message.content)) continue;

@@ -87,6 +87,13 @@ export interface FakeUpstreamOptions {
    * last message is a tool result is answered "tool said <its content>". Default false.
    */
   toolCalls?: boolean | undefined;
+  /**
+   * Ignore the request's output limit (`max_tokens` / `max_completion_tokens`): always send
+   * `chunks` content chunks (a provider that generates past what was priced). Default false.
+   */
+  ignoreLimit?: boolean | undefined;
+  /** Members added to the top level of a JSON answer (a provider's own `x_gateway`...). */
+  extraMembers?: Record<string, unknown> | undefined;
   /** The arguments of a tool call (`toolCalls`). Default `{"city":"Paris"}`. */
   toolArguments?: string | undefined;
   /**
@@ -151,6 +158,8 @@ const defaults: Required<
     | "toolCalls"
     | "toolArguments"
     | "jsonSchema"
+    | "ignoreLimit"
+    | "extraMembers"
   >
 > = {
   models: ["fake-model"],
@@ -286,7 +295,8 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
       if (res.destroyed) return;
     }
     const limit = positiveInt(request.max_completion_tokens) ?? positiveInt(request.max_tokens);
-    const count = limit === undefined ? opts.chunks : Math.min(opts.chunks, limit);
+    const count =
+      limit === undefined || opts.ignoreLimit === true ? opts.chunks : Math.min(opts.chunks, limit);
     let pieces = Array.from({ length: count }, (_, i) => (i === 0 ? "word0" : ` word${i}`));
     const messages = request.messages as { role?: unknown; content?: unknown }[];
     const lastMessage = messages[messages.length - 1];
@@ -311,7 +321,7 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
     const finishReason =
       toolCall !== undefined
         ? "tool_calls"
-        : limit !== undefined && limit < opts.chunks
+        : limit !== undefined && limit < opts.chunks && opts.ignoreLimit !== true
           ? "length"
           : "stop";
     const choices = opts.honourN === true ? (positiveInt(request.n) ?? 1) : 1;
@@ -368,6 +378,7 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
           finish_reason: finishReason,
         })),
         ...(opts.omitUsage ? {} : { usage: usageObject }),
+        ...opts.extraMembers,
       });
     }
 

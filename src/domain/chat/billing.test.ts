@@ -2,6 +2,7 @@ import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
 import { decideClose, type Outcome } from "./billing.js";
 import type { Usage } from "./metering.js";
+import { judgeUsage } from "./usage.js";
 
 // 1.5 credits per input token, 7 per output token, a wake fee of 9. The expected charges
 // below are worked out by hand from these numbers (DESIGN.md section 3), not by pricing.ts.
@@ -42,6 +43,37 @@ const tokens = (inputTokens: bigint, outputTokens: bigint): Usage => ({
   outputTokens,
 });
 const none = tokens(0n, 0n);
+/** A judged usage: every detail present (0 when none). */
+const full = (inputTokens: bigint, outputTokens: bigint): Usage => ({
+  inputTokens,
+  outputTokens,
+  cachedInputTokens: 0n,
+  reasoningTokens: 0n,
+});
+/**
+ * A completed answer: the provider's claim (or none) against the gateway's count of `input`
+ * and `output` tokens (the byte bound unless `exact`; its visible reasoning as claimed).
+ */
+const completed = (
+  provided: Usage | undefined,
+  input: bigint,
+  output: bigint,
+  exact = false,
+): Outcome => ({
+  kind: "completed",
+  judgment: judgeUsage(
+    provided,
+    {
+      inputTokens: input,
+      outputTokens: output,
+      reasoningTokens: provided?.reasoningTokens ?? 0n,
+      choices: 1n,
+      toolCalls: 0n,
+      exact,
+    },
+    { hiddenReasoningRatio: 0n },
+  ),
+});
 // A cancellation's error texts.
 const left = "client disconnected";
 const cut = "cut by the gateway's shutdown";
@@ -50,57 +82,57 @@ const notSent = "before the provider got the request";
 const rows: Row[] = [
   {
     name: "completed, provider usage: billed at its price (15 + 28)",
-    outcome: { kind: "completed", provided: reported, inputBound: 50n, counted: 9n },
+    outcome: completed(reported, 50n, 9n),
     closes: ["completed", "billed", reported, "provider", 43n],
   },
   {
     name: "completed on a woken endpoint: the wake fee is added (15 + 28 + 9)",
-    outcome: { kind: "completed", provided: reported, inputBound: 50n, counted: 9n },
+    outcome: completed(reported, 50n, 9n),
     wakes: true,
     closes: ["completed", "billed", reported, "provider", 52n],
   },
   {
     name: "completed without provider usage: the gateway's count, each side rounded up (ceil 4.5 + 28)",
-    outcome: { kind: "completed", provided: undefined, inputBound: 3n, counted: 4n },
-    closes: ["completed", "billed", tokens(3n, 4n), "gateway", 33n],
+    outcome: completed(undefined, 3n, 4n),
+    closes: ["completed", "billed", full(3n, 4n), "gateway", 33n],
   },
   {
     name: "completed, provider usage above the quote (150 + 1400): capped, flagged",
-    outcome: {
-      kind: "completed",
-      provided: { inputTokens: 100n, outputTokens: 200n },
-      inputBound: 100n,
-      counted: 0n,
-    },
+    outcome: completed(tokens(100n, 200n), 100n, 200n),
     aboveQuote: true,
-    closes: ["completed", "billed", tokens(100n, 200n), "provider", maximum],
+    closes: ["completed", "billed", full(100n, 200n), "provider", maximum],
   },
   {
     name: "completed, the gateway's count above the quote: capped, not flagged",
-    outcome: { kind: "completed", provided: undefined, inputBound: 100n, counted: 200n },
-    closes: ["completed", "billed", tokens(100n, 200n), "gateway", maximum],
+    outcome: completed(undefined, 100n, 200n),
+    closes: ["completed", "billed", full(100n, 200n), "gateway", maximum],
   },
   {
     name: "completed with zero output tokens: void, no wake fee either",
-    outcome: {
-      kind: "completed",
-      provided: { inputTokens: 10n, outputTokens: 0n },
-      inputBound: 50n,
-      counted: 0n,
-    },
+    outcome: completed(tokens(10n, 0n), 50n, 0n),
     wakes: true,
-    closes: ["completed", "void", tokens(10n, 0n), "provider", 0n],
+    closes: ["completed", "void", full(10n, 0n), "provider", 0n],
   },
   {
     name: "completed with zero output by the gateway's count: void",
-    outcome: { kind: "completed", provided: undefined, inputBound: 50n, counted: 0n },
-    closes: ["completed", "void", tokens(50n, 0n), "gateway", 0n],
+    outcome: completed(undefined, 50n, 0n),
+    closes: ["completed", "void", full(50n, 0n), "gateway", 0n],
   },
   {
     name: "completed on a free tariff: a charge of 0 is void",
-    outcome: { kind: "completed", provided: reported, inputBound: 50n, counted: 9n },
+    outcome: completed(reported, 50n, 9n),
     free: true,
     closes: ["completed", "void", reported, "provider", 0n],
+  },
+  {
+    name: "completed, a claim above the exact count plus tolerance: the count (12 in, 5 out: 18 + 35)",
+    outcome: completed(tokens(3_550n, 2_000n), 12n, 5n, true),
+    closes: ["completed", "billed", full(12n, 5n), "gateway", 53n],
+  },
+  {
+    name: "completed, an honest claim within the exact count's tolerance: charged as claimed (ceil 21 + 42)",
+    outcome: completed(tokens(14n, 6n), 12n, 5n, true),
+    closes: ["completed", "billed", full(14n, 6n), "provider", 63n],
   },
   {
     name: "the answer's body could not be read: void",
@@ -187,7 +219,9 @@ describe("decideClose", () => {
       offerId,
     });
     const [status, billing, usage, usageSource, charge, error] = row.closes;
-    expect(closing).toEqual({
+    // Claim and count are the judgment's (usage.test.ts); here, what the close decides.
+    const { claimed: _claimed, counted: _counted, ...decided } = closing;
+    expect(decided).toEqual({
       status,
       usage,
       billing,

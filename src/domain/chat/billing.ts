@@ -1,6 +1,8 @@
 import type { Hex } from "viem";
 import type { Tariff } from "../catalog.js";
 import { closingOf, type Closing, type Usage } from "./metering.js";
+import type { UsageFigures } from "./types.js";
+import type { UsageJudgment } from "./usage.js";
 
 /**
  * The billing decision (DESIGN.md section 3, docs/decisions.md): how a request closes (status,
@@ -14,20 +16,19 @@ export type CancelledBy = "client" | "shutdown";
 /** What happened to a request, as the relay saw it. */
 export type Outcome =
   /**
-   * The answer ended complete. `provided` is the usage the provider reported (none: the
-   * gateway's own count, `inputBound` and `counted` output tokens, is used).
+   * The answer ended complete: what the provider claimed, what the gateway counted, and what
+   * is charged of them (usage.ts `judgeUsage`: per kind, the lower of the claim and the count
+   * plus tolerance).
    */
-  | {
-      readonly kind: "completed";
-      readonly provided: Usage | undefined;
-      readonly inputBound: bigint;
-      readonly counted: bigint;
-    }
+  | { readonly kind: "completed"; readonly judgment: UsageJudgment }
   /** The body of a JSON answer could not be read: the provider failed while answering. */
   | { readonly kind: "unreadable" }
   /** A JSON answer that is not JSON. */
   | { readonly kind: "invalid_json" }
-  /** The provider failed after its first byte; `delivered` output tokens reached the client. */
+  /**
+   * The provider failed after its first byte; `delivered` output tokens (the gateway's count)
+   * reached the client.
+   */
   | { readonly kind: "provider_failed"; readonly delivered: bigint }
   /**
    * The orphan rule closed the request while this process served it (its process looked
@@ -37,7 +38,8 @@ export type Outcome =
   /**
    * The client left (or stopped reading after output began), or shutdown cut the call.
    * `dispatched`: the upstream call had started (the provider may have the request); `input`:
-   * the provider's input count if it reported one, else the gateway's input bound.
+   * the input charged (the lower of the provider's claim, if it made one, and the gateway's
+   * count plus tolerance); `delivered`: the gateway's count of the output the client was sent.
    */
   | {
       readonly kind: "cancelled";
@@ -64,7 +66,7 @@ export interface ClosePricing {
 const nothing: Usage = { inputTokens: 0n, outputTokens: 0n };
 
 /**
- * How a request closes. Completed: the usage (the provider's, else the gateway's count) priced
+ * How a request closes. Completed: the judged usage (the lower of claim and count) priced
  * with the wake fee, at most `maximum`, billed, and void without output tokens. The client left
  * or shutdown cut the call: its input plus the output delivered, partial; nothing, void, if the
  * provider never got the request. The provider failed after the first byte (or the orphan rule
@@ -74,14 +76,20 @@ const nothing: Usage = { inputTokens: 0n, outputTokens: 0n };
 export function decideClose(outcome: Outcome, pricing: ClosePricing): Closing {
   switch (outcome.kind) {
     case "completed": {
-      const { provided } = outcome;
-      const usage = provided ?? { inputTokens: outcome.inputBound, outputTokens: outcome.counted };
+      const { charged: usage, claimed, counted, chargedClaim } = outcome.judgment;
       return closingOf({
         ...pricing,
         status: "completed",
         usage,
         billing: usage.outputTokens === 0n ? "void" : "billed",
-        usageSource: provided === undefined ? "gateway" : "provider",
+        usageSource: chargedClaim ? "provider" : "gateway",
+        claimed: claimed === undefined ? undefined : figuresOf(claimed),
+        counted: {
+          inputTokens: counted.inputTokens,
+          outputTokens: counted.outputTokens,
+          cachedInputTokens: 0n,
+          reasoningTokens: counted.reasoningTokens,
+        },
         error: undefined,
       });
     }
@@ -97,6 +105,8 @@ export function decideClose(outcome: Outcome, pricing: ClosePricing): Closing {
         usage: { inputTokens: 0n, outputTokens: outcome.delivered },
         billing: "partial",
         usageSource: "gateway",
+        claimed: undefined,
+        counted: undefined,
         error:
           outcome.kind === "orphaned"
             ? "closed by the orphan rule while served"
@@ -116,6 +126,8 @@ export function decideClose(outcome: Outcome, pricing: ClosePricing): Closing {
         },
         billing: charged ? "partial" : "void",
         usageSource: "gateway",
+        claimed: undefined,
+        counted: undefined,
         error: charged ? by : `${by} before the provider got the request`,
       });
     }
@@ -131,6 +143,17 @@ function failedVoid(pricing: ClosePricing, error: string): Closing {
     usage: nothing,
     billing: "void",
     usageSource: "gateway",
+    claimed: undefined,
+    counted: undefined,
     error,
   });
+}
+
+function figuresOf(usage: Usage): UsageFigures {
+  return {
+    inputTokens: usage.inputTokens,
+    outputTokens: usage.outputTokens,
+    cachedInputTokens: usage.cachedInputTokens ?? 0n,
+    reasoningTokens: usage.reasoningTokens ?? 0n,
+  };
 }

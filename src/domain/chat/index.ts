@@ -1,4 +1,3 @@
 export * from "./types.js";
 export { createInference } from "./pipeline.js";
 export { rankCandidates } from "./routing.js";
-export { countTextTokens } from "./metering.js";

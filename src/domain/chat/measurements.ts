@@ -71,6 +71,11 @@ export interface OfferMeasurements {
    * 429, nor anything the gateway itself failed (the caller decides; relay.ts).
    */
   failed(offerId: Hex): void;
+  /**
+   * A completed answer of the offer carried a usage claim; `diverged`: above the gateway's
+   * count plus tolerance (usage.ts `judgeUsage`).
+   */
+  claimed?(offerId: Hex, diverged: boolean): void;
   /** The offer's measurement: this process's window merged with the other processes'. */
   get(offerId: Hex): OfferMeasurement | undefined;
   /** This process's own windows, for the database. */

@@ -66,33 +66,6 @@ function detailOf(details: unknown, name: string, total: number): bigint {
 }
 
 /**
- * The gateway's own count of output tokens when the provider reports none:
- * one token per four UTF-8 bytes of generated text (at least one for any text).
- * It is a fallback, documented in docs/decisions.md, not a tokenizer.
- */
-export function countTextTokens(text: string): bigint {
-  const bytes = Buffer.byteLength(text, "utf8");
-  return bytes === 0 ? 0n : BigInt(Math.ceil(bytes / 4));
-}
-
-/** The generated text of a JSON answer, every choice's (a request with `n` has `n` of them). */
-export function completionText(body: unknown): string {
-  const choices = (body as { choices?: { message?: { content?: unknown } }[] } | null)?.choices;
-  if (!Array.isArray(choices)) return "";
-  return choices
-    .map((c) => (typeof c?.message?.content === "string" ? c.message.content : ""))
-    .join("");
-}
-
-export function deltaText(chunk: unknown): string {
-  const choices = (chunk as { choices?: { delta?: { content?: unknown } }[] } | null)?.choices;
-  if (!Array.isArray(choices)) return "";
-  return choices
-    .map((c) => (typeof c?.delta?.content === "string" ? c.delta.content : ""))
-    .join("");
-}
-
-/**
  * How many choices of a stream chunk carry generated text: the gateway's own count of a
  * stream's output is one token per such piece, so a chunk of a request with `n` choices that
  * carries text for several of them counts each (OpenAI streams one choice per chunk, vLLM may
@@ -161,7 +134,10 @@ export class StreamMetering implements Metering {
  * How a request ends, decided in memory before the ledger records it (as a
  * {@link CloseRecord}: the usage's tokens, `charge` as `creditsCharged`, and the time).
  */
-export interface Closing extends Pick<CloseRecord, "status" | "billing" | "usageSource"> {
+export interface Closing extends Pick<
+  CloseRecord,
+  "status" | "billing" | "usageSource" | "claimed" | "counted"
+> {
   readonly usage: Usage;
   readonly error: string | undefined;
   readonly charge: bigint;
@@ -196,6 +172,8 @@ export function closingOf(
     usage: input.usage,
     billing: charge === 0n ? "void" : input.billing,
     usageSource: input.usageSource,
+    claimed: input.claimed,
+    counted: input.counted,
     error: input.error,
     charge,
     aboveQuote: capped && input.usageSource === "provider",

@@ -1,13 +1,19 @@
 import { createHash } from "node:crypto";
 import type { Hex } from "viem";
 import type { ModelRecord } from "../catalog.js";
-import { parseChatRequest, quoteFingerprint, type ChatRequest } from "../chat-request.js";
+import {
+  mediaParts,
+  parseChatRequest,
+  quoteFingerprint,
+  type ChatRequest,
+} from "../chat-request.js";
 import { canonicalBody, dialects, translateEvents, type DialectName } from "../dialects/index.js";
 import { GatewayError } from "../errors.js";
 import { isHex32, normalizeHex } from "../hex.js";
 import { requireAuthority } from "../permit-authorization.js";
 import { checkPermit } from "../permits.js";
 import { randomHex } from "../random-id.js";
+import { boundCounters } from "../tokens.js";
 import { createCloses, type PendingClose } from "./lifecycle.js";
 import { serve } from "./relay.js";
 import { rankCandidates, type Candidate } from "./routing.js";
@@ -57,6 +63,7 @@ export function createInference(deps: InferenceDeps): Inference {
   };
 
   const bounds = { ...deps.jsonBounds, maxBytes: deps.bodyLimitBytes };
+  const tokens = deps.tokens ?? boundCounters;
 
   const createQuote = async (input: {
     apiKeyId: string;
@@ -365,6 +372,12 @@ export function createInference(deps: InferenceDeps): Inference {
       }
     }
 
+    // The model's token counter (its tokenizer loads the first time the model is served). What
+    // it cannot count (an image for a model with no documented image cost) is refused now,
+    // before anything is reserved; text is counted while the provider works (relay.ts).
+    const counter = await tokens.forModel(model);
+    if (mediaParts(req.messages) > 0n) counter.countInput(req);
+
     // 2. Permit, read live from the chain.
     const pinnedOffer = req.offer ?? quote?.offerId;
     // Expiry by the chain's time as well as ours (PermitClock): a permit the chain holds expired
@@ -463,6 +476,7 @@ export function createInference(deps: InferenceDeps): Inference {
         failover,
         arrivedAt,
         trace,
+        counter,
       },
     );
   }

@@ -1,12 +1,11 @@
 import type { Hex } from "viem";
-import { upstreamBody, type ChatRequest } from "../chat-request.js";
+import { outputLimit, upstreamBody, type ChatRequest } from "../chat-request.js";
 import { GatewayError } from "../errors.js";
 import type { Permit } from "../permits.js";
+import { boundCounter, type TokenCounter } from "../tokens.js";
 import { decideClose, type CancelledBy, type Outcome } from "./billing.js";
 import { completionRetries, createRequestClose, type Closes } from "./lifecycle.js";
 import {
-  completionText,
-  countTextTokens,
   deltaTextChoices,
   isUsageOnly,
   StreamMetering,
@@ -15,15 +14,17 @@ import {
   type Closing,
   type Usage,
 } from "./metering.js";
+import { OutputTally } from "./output-tally.js";
 import type { Candidate } from "./routing.js";
+import { judgeUsage, reasoningPolicyOf, type UsageJudgment } from "./usage.js";
 import type {
-  Billing,
   ChatCompleted,
   ChatEvent,
   ChatInput,
   ChatTrace,
   InferenceDeps,
   UpstreamReply,
+  UsageFigures,
 } from "./types.js";
 
 /**
@@ -108,6 +109,8 @@ export interface Served {
   arrivedAt: number;
   /** The call's trace; undefined when tracing is off. */
   trace: ChatTrace | undefined;
+  /** The model's token counter: the gateway's own count of what is billed. */
+  counter: TokenCounter;
 }
 
 export async function* serve(
@@ -119,10 +122,27 @@ export async function* serve(
   let current = s.chosen;
   let maximumCredits = s.maximumCredits;
   const inputBound = current.inputTokens;
+  // The gateway's own count of the prompt: made while the provider works (scheduled once the
+  // call is sent), read at the close.
+  let inputCount: bigint | undefined;
+  const countInput = (): bigint => (inputCount ??= countPrompt(s.counter, req));
+  // The answer's output, counted, and cut at the priced limit (made once an offer answers).
+  let tally: OutputTally | undefined;
+  /** What is charged of the provider's claim and the gateway's count (usage.ts). */
+  const judge = (claim: Usage | undefined): UsageJudgment => {
+    const limit = outputLimit(req, current.offer.capabilities);
+    const output = tally?.count() ?? noOutput;
+    return judgeUsage(
+      claim,
+      { inputTokens: countInput(), ...output, exact: s.counter.exact },
+      { ...reasoningPolicyOf(current.offer.capabilities), outputLimit: limit * req.choices },
+    );
+  };
   // Whether the request went to a provider: a client that leaves before that is charged
   // nothing (DESIGN.md: input is charged only once the provider has the request).
   let dispatched = false;
-  // Metered so far (streams): the finally block below needs them when the consumer stops early.
+  // Choices' text pieces relayed so far (streams): the running metering of each chunk (the
+  // close counts tokens), and whether output reached the client.
   let delivered = 0n;
   let provided: Usage | undefined;
   // Metrics: when the provider that answered was called, and when its answer ended.
@@ -173,14 +193,34 @@ export async function* serve(
     clock: deps.clock,
     beforeWrite: () => marking,
   });
+  /** The gateway's count of the output the client was sent (a close without a complete answer). */
+  const deliveredTokens = (): bigint => tally?.count().outputTokens ?? 0n;
   /** The client left or shutdown cut the call: its input (if dispatched) and the output sent. */
   const cancelled = (): Outcome => ({
     kind: "cancelled",
     by: cancelledBy(input.signal),
     dispatched,
-    input: provided?.inputTokens ?? inputBound,
-    delivered,
+    input: dispatched || delivered > 0n ? judge(provided).charged.inputTokens : 0n,
+    delivered: deliveredTokens(),
   });
+  /**
+   * A completed answer's claim against the count: the offer's divergence record (only the
+   * offer that answered) and the claim/count metrics.
+   */
+  const compared = ({ claimed, counted, diverged }: UsageJudgment) => {
+    if (claimed === undefined) return;
+    deps.measurements?.claimed?.(current.offer.offerId, diverged);
+    if (observer?.usageCompared === undefined) return;
+    observer.usageCompared(current.offer.modelId, current.offer.offerId, figuresOf(claimed), {
+      inputTokens: counted.inputTokens,
+      outputTokens: counted.outputTokens,
+      cachedInputTokens: 0n,
+      reasoningTokens: counted.reasoningTokens,
+    });
+  };
+  const countInputQuietly = () => {
+    countInput();
+  };
   /** Decides and records a close now (the paths that end without a complete answer). */
   const closeAs = async (outcome: Outcome) => lifecycle.record(close(outcome));
 
@@ -202,7 +242,10 @@ export async function* serve(
       if (!dispatched) observer?.overhead((calledAt - s.arrivedAt) / 1000);
       dispatched = true;
       s.trace?.step("upstream");
-      const attempt = await callProvider(deps, current.offer.offerId, req, abort.signal);
+      const called = callProvider(deps, current.offer.offerId, req, abort.signal);
+      // Counted while the provider works, not before the call (DESIGN.md 10: no added latency).
+      if (inputCount === undefined) setImmediate(countInputQuietly);
+      const attempt = await called;
       if (input.signal.aborted) throw input.signal.reason;
       if ("reply" in attempt) {
         reply = attempt.reply;
@@ -231,6 +274,7 @@ export async function* serve(
       maximumCredits = next.maximumCredits;
     }
 
+    tally = new OutputTally(s.counter, outputLimit(req, current.offer.capabilities), req.choices);
     yield {
       type: "started",
       requestId,
@@ -268,13 +312,12 @@ export async function* serve(
         throw new GatewayError("upstream_error", "the provider answered invalid JSON");
       }
       const provided = usageOf(body);
-      const final = close({
-        kind: "completed",
-        provided,
-        inputBound,
-        // The gateway's own count, needed only when the provider reported no usage.
-        counted: provided === undefined ? countTextTokens(completionText(body)) : 0n,
-      });
+      // Output past the priced limit is cut; gateway members are the gateway's to write.
+      const cut = tally.addAnswer(body);
+      const spoke = dropGatewayMembers(body);
+      const judgment = judge(provided);
+      const final = close({ kind: "completed", judgment });
+      compared(judgment);
       const { usage } = final;
       // Counted, not timed: a JSON answer shows no first token, and its whole time (which a
       // client sets with its output limit) is neither a time to first token nor a stream's pace.
@@ -282,10 +325,10 @@ export async function* serve(
       lifecycle.answered(final);
       yield {
         type: "chunk",
-        data: encoder.encode(text),
+        data: encoder.encode(cut || spoke ? JSON.stringify(body) : text),
         metering: { ...usage, credits: final.charge },
       };
-      yield completed(s, current, usage, final, provided !== undefined);
+      yield completed(s, current, usage, final, judgment);
       await lifecycle.record(final, completionRetries);
       return;
     }
@@ -321,7 +364,10 @@ export async function* serve(
         if (usage !== undefined) provided = usage;
         if (lost) throw lostRequest();
         if (isUsageOnly(chunk) && !req.includeUsage) continue;
-        const pieces = deltaTextChoices(chunk);
+        // Counted as it passes, and cut at the priced limit (then relayed as rewritten).
+        const relayed = chunk === undefined ? undefined : tally.addChunk(chunk);
+        if (chunk !== undefined && relayed === undefined) continue;
+        const pieces = deltaTextChoices(relayed);
         if (pieces > 0n) {
           const first = delivered === 0n;
           delivered += pieces;
@@ -334,16 +380,23 @@ export async function* serve(
         }
         yield {
           type: "chunk",
-          data: utf8Bytes(data),
+          data: utf8Bytes(relayed === chunk ? data : JSON.stringify(relayed)),
           metering: new StreamMetering(current.offer.tariff, maximumCredits, inputBound, delivered),
         };
+        // Every choice reached the priced limit: the answer ends here, whatever the provider
+        // would send on (its usage claim included; the count stands).
+        if (tally.done) break;
       }
       endedAt = performance.now();
     } catch (error) {
       endedAt = performance.now();
       // A stream the provider broke off; not one the client left or the gateway lost.
       if (!input.signal.aborted && error !== lostError) providerFailed();
-      await closeAs(input.signal.aborted ? cancelled() : { kind: "provider_failed", delivered });
+      await closeAs(
+        input.signal.aborted
+          ? cancelled()
+          : { kind: "provider_failed", delivered: deliveredTokens() },
+      );
       throw error instanceof GatewayError
         ? error
         : new GatewayError("upstream_error", "the provider failed mid-stream");
@@ -351,10 +404,12 @@ export async function* serve(
     await marking;
     if (lost) {
       // Never report a charge the record does not hold: the orphan rule closed it void.
-      await closeAs({ kind: "orphaned", delivered });
+      await closeAs({ kind: "orphaned", delivered: deliveredTokens() });
       throw lostRequest();
     }
-    const final = close({ kind: "completed", provided, inputBound, counted: delivered });
+    const judgment = judge(provided);
+    const final = close({ kind: "completed", judgment });
+    compared(judgment);
     const { usage } = final;
     served(
       firstTokenAt === undefined || endedAt === undefined
@@ -366,7 +421,7 @@ export async function* serve(
           },
     );
     lifecycle.answered(final);
-    yield completed(s, current, usage, final, provided !== undefined);
+    yield completed(s, current, usage, final, judgment);
     await lifecycle.record(final, completionRetries);
   } catch (error) {
     failedWith = error;
@@ -431,8 +486,8 @@ function completed(
   s: Served,
   offer: Candidate,
   usage: Usage,
-  final: { charge: bigint; billing: Billing },
-  usageFromProvider: boolean,
+  final: Pick<Closing, "charge" | "billing" | "claimed" | "counted">,
+  judgment: UsageJudgment,
 ): ChatCompleted {
   return {
     type: "completed",
@@ -444,10 +499,46 @@ function completed(
     outputTokens: usage.outputTokens,
     creditsCharged: final.charge,
     billing: final.billing,
-    usageFromProvider,
+    usageFromProvider: judgment.chargedClaim,
+    cachedInputTokens: usage.cachedInputTokens ?? 0n,
+    reasoningTokens: usage.reasoningTokens ?? 0n,
+    claimed: final.claimed,
+    counted: final.counted,
+  };
+}
+
+const noOutput = { outputTokens: 0n, reasoningTokens: 0n, choices: 0n, toolCalls: 0n };
+
+/**
+ * The prompt's tokens by the model's counter. The pipeline refused what the counter cannot
+ * count (countInput throws for media it cannot price) before anything was reserved; should it
+ * still throw here, the byte bound stands in (a close must not fail on its count).
+ */
+function countPrompt(counter: TokenCounter, req: ChatRequest): bigint {
+  try {
+    return counter.countInput(req);
+  } catch {
+    return boundCounter.countInput(req);
+  }
+}
+
+function figuresOf(usage: Usage): UsageFigures {
+  return {
+    inputTokens: usage.inputTokens,
+    outputTokens: usage.outputTokens,
     cachedInputTokens: usage.cachedInputTokens ?? 0n,
     reasoningTokens: usage.reasoningTokens ?? 0n,
   };
+}
+
+/**
+ * Removes the members only the gateway writes (`x_gateway`) from a provider's JSON answer
+ * (DESIGN.md 10: only the gateway speaks for the gateway). Whether any was there.
+ */
+function dropGatewayMembers(body: unknown): boolean {
+  if (typeof body !== "object" || body === null || !Object.hasOwn(body, "x_gateway")) return false;
+  delete (body as Record<string, unknown>)["x_gateway"];
+  return true;
 }
 
 /** Why a cancelled request ended: the client left, or shutdown cut it. */

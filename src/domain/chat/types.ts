@@ -13,6 +13,7 @@ import type { JsonBounds } from "../chat-request.js";
 import type { EndpointSecret } from "../health.js";
 import type { SpendingAuthority } from "../permit-authorization.js";
 import type { PermitReader } from "../permits.js";
+import type { TokenCounters } from "../tokens.js";
 
 export const quoteLifetimeSeconds = 60;
 export const idempotencyLifetimeSeconds = 24 * 3600;
@@ -23,6 +24,14 @@ export type Billing = "billed" | "partial" | "void";
 export type FinalStatus = "completed" | "failed" | "cancelled";
 /** Whose token count a close's charge was computed from. */
 export type UsageSource = "provider" | "gateway";
+
+/** Token figures of one answer: a provider's usage claim or the gateway's own count (DESIGN.md 10). */
+export interface UsageFigures {
+  readonly inputTokens: bigint;
+  readonly outputTokens: bigint;
+  readonly cachedInputTokens: bigint;
+  readonly reasoningTokens: bigint;
+}
 
 /**
  * A request's close as it is recorded: the one shape the lifecycle hands the ledger, the lease
@@ -35,6 +44,10 @@ export interface CloseRecord extends Usage {
   readonly creditsCharged: bigint;
   readonly billing: Billing;
   readonly usageSource: UsageSource;
+  /** The provider's usage claim; absent when it reported none. */
+  readonly claimed?: UsageFigures | undefined;
+  /** The gateway's own count; absent when no answer was counted (nothing reached the client). */
+  readonly counted?: UsageFigures | undefined;
   readonly error?: string | undefined;
   /** Unix seconds. */
   readonly now: number;
@@ -88,6 +101,10 @@ export interface ChatCompleted {
    */
   readonly cachedInputTokens?: bigint;
   readonly reasoningTokens?: bigint;
+  /** The provider's usage claim; absent when it reported none. */
+  readonly claimed?: UsageFigures | undefined;
+  /** The gateway's own count; absent when no answer was counted (nothing reached the client). */
+  readonly counted?: UsageFigures | undefined;
 }
 
 /**
@@ -272,6 +289,8 @@ export interface ChatObserver {
     credits: bigint,
     details: { readonly cachedInputTokens: bigint; readonly reasoningTokens: bigint },
   ): void;
+  /** A completed answer's claim and count (the claim/count histogram per offer). */
+  usageCompared?(modelId: Hex, offerId: Hex, claimed: UsageFigures, counted: UsageFigures): void;
 }
 
 export interface InferenceDeps {
@@ -280,6 +299,8 @@ export interface InferenceDeps {
   readonly quotes: QuoteStore;
   readonly ledger: Ledger;
   readonly endpoints: EndpointLookup;
+  /** The gateway's own token counts per model (absent: the byte bound for every model). */
+  readonly tokens?: TokenCounters | undefined;
   readonly upstream: UpstreamChat;
   readonly idempotency: IdempotencyStore;
   /** Unix seconds. */

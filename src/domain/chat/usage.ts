@@ -30,6 +30,11 @@ export interface ReasoningPolicy {
    * and reasoning the client never saw is not charged.
    */
   readonly hiddenReasoningRatio: bigint;
+  /**
+   * The most output the request was priced for (the limit times its choices): no charge
+   * passes it, whatever the tolerance allows.
+   */
+  readonly outputLimit?: bigint | undefined;
 }
 
 /** The tolerances the claim is held to, documented in docs/decisions.md. */
@@ -79,11 +84,13 @@ export interface UsageJudgment {
 }
 
 /**
- * The usage charged for an answer. Per kind:
- * - input: `min(claim, count + tolerance)`;
- * - output: `min(claim, count + tolerance + hidden)`, where `hidden` is the offer's declared
- *   ratio times the visible output (0 without a declaration);
- * - reasoning: at most the visible reasoning plus tolerance plus `hidden`, and the output;
+ * The usage charged for an answer: per kind, the claim when it is within the count plus
+ * tolerance, else the count (a claim above what the count allows earns no tolerance):
+ * - input: the claim if at most `count + tolerance`, else the count;
+ * - output: the claim if at most `count + tolerance + hidden`, else `count + hidden`, where
+ *   `hidden` is the offer's declared ratio times the visible output (0 without a declaration);
+ *   never above the priced output (`outputLimit`);
+ * - reasoning: likewise against the visible reasoning, and at most the output;
  * - cached: at most the charged input.
  * Without a claim, the count (an exact count, or the bound). An honest claim within tolerance is
  * charged exactly as claimed. `diverged`: input or output claimed beyond what it allows.
@@ -97,9 +104,12 @@ export function judgeUsage(
     return {
       charged: {
         inputTokens: counted.inputTokens,
-        outputTokens: counted.outputTokens,
+        outputTokens: min(counted.outputTokens, policy.outputLimit ?? counted.outputTokens),
         cachedInputTokens: 0n,
-        reasoningTokens: counted.reasoningTokens,
+        reasoningTokens: min(
+          counted.reasoningTokens,
+          policy.outputLimit ?? counted.reasoningTokens,
+        ),
       },
       claimed,
       counted,
@@ -112,12 +122,18 @@ export function judgeUsage(
   const inputAllowed = counted.inputTokens + tolerance.inputTokens;
   const outputAllowed = counted.outputTokens + tolerance.outputTokens + hidden;
   const reasoningAllowed = counted.reasoningTokens + tolerance.outputTokens + hidden;
-  const inputTokens = min(claimed.inputTokens, inputAllowed);
-  const outputTokens = min(claimed.outputTokens, outputAllowed);
+  const inputTokens = within(claimed.inputTokens, inputAllowed, counted.inputTokens);
+  const outputTokens = min(
+    within(claimed.outputTokens, outputAllowed, counted.outputTokens + hidden),
+    policy.outputLimit ?? claimed.outputTokens,
+  );
   const claimedCached = claimed.cachedInputTokens ?? 0n;
   const claimedReasoning = claimed.reasoningTokens ?? 0n;
   const cachedInputTokens = min(claimedCached, inputTokens);
-  const reasoningTokens = min(min(claimedReasoning, reasoningAllowed), outputTokens);
+  const reasoningTokens = min(
+    within(claimedReasoning, reasoningAllowed, counted.reasoningTokens + hidden),
+    outputTokens,
+  );
   return {
     charged: { inputTokens, outputTokens, cachedInputTokens, reasoningTokens },
     claimed,
@@ -131,12 +147,22 @@ export function judgeUsage(
   };
 }
 
+/**
+ * A claim within what the count allows is charged as claimed; one above it, the count itself:
+ * the tolerance is for honest differences, and a claim past it earns none of it.
+ */
+function within(claim: bigint, allowed: bigint, count: bigint): bigint {
+  return claim <= allowed ? claim : min(count, claim);
+}
+
 function min(a: bigint, b: bigint): bigint {
   return a < b ? a : b;
 }
 
 /** The offer's reasoning declaration, from its capabilities (anything else: none). */
-export function reasoningPolicyOf(capabilities: Readonly<Record<string, unknown>>): ReasoningPolicy {
+export function reasoningPolicyOf(
+  capabilities: Readonly<Record<string, unknown>>,
+): Pick<ReasoningPolicy, "hiddenReasoningRatio"> {
   const ratio = capabilities["hidden_reasoning_ratio"];
   return {
     hiddenReasoningRatio:

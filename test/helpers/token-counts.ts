@@ -1,0 +1,25 @@
+import { parseChatRequest } from "../../src/domain/chat-request.js";
+import { canonicalBody, dialects, type DialectName } from "../../src/domain/dialects/index.js";
+import { boundCounter, type TokenCounter } from "../../src/domain/tokens.js";
+
+/**
+ * The token counter the gateway under test uses for the demo market's `demo-chat`, so a test
+ * works out what the gateway must count from the same tokenizer files (DESIGN.md 10: anyone
+ * with the files can reproduce the count).
+ */
+export function demoChatCounter(): Promise<TokenCounter> {
+  return Promise.resolve(boundCounter);
+}
+
+const bounds = { maxBytes: 4 * 1024 * 1024 };
+
+/**
+ * The prompt tokens of a request body by `counter`: a chat completion's, or a dialect's as the
+ * gateway translates it to one.
+ */
+export function promptTokens(counter: TokenCounter, body: unknown, dialect?: DialectName): bigint {
+  let raw: Uint8Array = new TextEncoder().encode(JSON.stringify(body));
+  if (dialect !== undefined)
+    raw = canonicalBody(dialects[dialect], raw as Uint8Array<ArrayBuffer>, bounds).body;
+  return counter.countInput(parseChatRequest(raw, bounds));
+}
