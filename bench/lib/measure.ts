@@ -19,11 +19,19 @@ export interface Target {
 
 export const chatPath = "/v1/chat/completions";
 
+/**
+ * The output limit of every bench request: room for the fake upstream's 20 stream chunks
+ * (" tok19" is three tokens for the demo model's tokenizer), which the gateway would otherwise
+ * cut at the limit (issue 27: the relay ends an answer at its priced limit). It was 16 before
+ * the gateway counted tokens itself.
+ */
+export const benchMaxTokens = 64;
+
 export function requestBody(scenario: Scenario): string {
   return JSON.stringify({
     model: "demo-chat",
     messages: [{ role: "user", content: "hi" }],
-    max_tokens: 16,
+    max_tokens: benchMaxTokens,
     ...(scenario === "sse" ? { stream: true } : {}),
   });
 }
@@ -41,13 +49,18 @@ export function dialectRequest(
   return dialect === "responses"
     ? {
         path: "/v1/responses",
-        body: JSON.stringify({ model: "demo-chat", input: "hi", max_output_tokens: 16, ...stream }),
+        body: JSON.stringify({
+          model: "demo-chat",
+          input: "hi",
+          max_output_tokens: benchMaxTokens,
+          ...stream,
+        }),
       }
     : {
         path: "/v1/messages",
         body: JSON.stringify({
           model: "demo-chat",
-          max_tokens: 16,
+          max_tokens: benchMaxTokens,
           messages: [{ role: "user", content: "hi" }],
           ...stream,
         }),
@@ -63,7 +76,7 @@ export function slowStreamBody(): string {
   return JSON.stringify({
     model: "demo-chat",
     messages: [{ role: "user", content: "hi" }],
-    max_tokens: 16,
+    max_tokens: benchMaxTokens,
     stream: true,
     user: SLOW_STREAM_USER,
   });
