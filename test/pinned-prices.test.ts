@@ -24,7 +24,11 @@ describe("prices the client set hold, whatever pins the request; wake fees the g
   const clock = () => Math.floor(Date.now() / 1000) + offset;
 
   beforeAll(async () => {
-    ({ stack, fake, chatOffer: offer } = await startChatStack(
+    ({
+      stack,
+      fake,
+      chatOffer: offer,
+    } = await startChatStack(
       {
         PERMIT_CACHE_MS: "0",
         ROUTING_CACHE_MS: "0",
