@@ -56,6 +56,11 @@ export interface Config {
    * and throughput order by: requests, timings, verification runs and flags of its last seconds.
    */
   readonly reputationWindowSeconds: number;
+  /**
+   * At most one request per offer is charged the wake fee in this many seconds, and only when
+   * the gateway's probe saw the endpoint asleep (docs/decisions.md "Wake fees").
+   */
+  readonly wakeFeeWindowSeconds: number;
   /** Longest a permit read from the chain is reused (events invalidate it sooner). */
   readonly permitCacheMs: number;
   /** Deadline for a provider's response headers. */
@@ -344,6 +349,7 @@ export function parseConfig(env: Env): Config {
     verificationTtlSeconds: int("VERIFICATION_TTL_SECONDS", 86_400, 1, 365 * 86_400),
     verifyMinIntervalSeconds: int("VERIFY_MIN_INTERVAL_SECONDS", 60, 0, 86_400),
     reputationWindowSeconds: int("REPUTATION_WINDOW_SECONDS", 900, 60, 86_400),
+    wakeFeeWindowSeconds: int("WAKE_FEE_WINDOW_SECONDS", 300, 1, 86_400),
     permitCacheMs: int("PERMIT_CACHE_MS", 2000, 0, 60_000),
     upstreamTimeoutMs: int("UPSTREAM_TIMEOUT_MS", 30_000, 100, 600_000),
     upstreamIdleTimeoutMs: int("UPSTREAM_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),

@@ -186,7 +186,7 @@ describe("provider preferences (OpenRouter's provider object)", () => {
     expect((await json(res)).error.message).toContain("require_parameters");
   });
 
-  it("a quote's or a permit's offer pin still wins over the preferences", async () => {
+  it("a quote's or a permit's offer pin still wins over the preferences, but not over max_price", async () => {
     const quoted = await authed(stack, "/v1/quotes", {
       method: "POST",
       headers: { "content-type": "application/json" },
@@ -204,10 +204,21 @@ describe("provider preferences (OpenRouter's provider object)", () => {
     const pinned = await openPermit(stack, { offerId: quick, deposit: 10n ** 18n });
     expect(
       await servedBy(
-        { provider: { order: [dear], allow_fallbacks: false, max_price: { prompt: "1" } } },
+        { provider: { order: [dear], allow_fallbacks: false } },
         { "x-gateway-permit": pinned },
       ),
     ).toBe(quick);
+    // The prices the client set hold whatever pins the request (test/pinned-prices.test.ts).
+    const before = calls();
+    const refused = await chat(
+      { provider: { order: [dear], max_price: { prompt: "1" } } },
+      { "x-gateway-permit": pinned },
+    );
+    expect(refused.status).toBe(503);
+    const { error } = await json(refused);
+    expect(error.code).toBe("no_eligible_offer");
+    expect(error.message).toContain(`offer ${quick} costs up to`);
+    expect(calls()).toBe(before);
   });
 
   it("a quote respects the preferences it is made with", async () => {

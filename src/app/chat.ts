@@ -2,7 +2,7 @@ import type { Logger } from "pino";
 import type { Hex } from "viem";
 import type { Sealer } from "../adapters/crypto/sealer.js";
 import type { Database } from "../adapters/pg/database.js";
-import { getRegisteredEndpoint } from "../adapters/pg/endpoint-health.js";
+import { claimWakeFee, getRegisteredEndpoint } from "../adapters/pg/endpoint-health.js";
 import { createPgIdempotencyStore } from "../adapters/pg/idempotency.js";
 import { createPgLeaseSignals, type PgLeaseSignals } from "../adapters/pg/lease-signals.js";
 import { createPgLeaseStore } from "../adapters/pg/leases.js";
@@ -26,6 +26,7 @@ import {
   createOfferMeasurements,
   type MeasurementSync,
 } from "../domain/chat/measurements.js";
+import { createWakeFees } from "../domain/chat/wake-fees.js";
 import type { EndpointSecret } from "../domain/health.js";
 import type { PermitReader } from "../domain/permits.js";
 import { openEndpoint } from "../domain/registration.js";
@@ -198,6 +199,17 @@ export async function wireChat(
     observer: deps.metrics.chat,
     tracer: deps.tracer,
     measurements,
+    // Claimed on the endpoint's row: one request per offer per window, fleet-wide (migration 025).
+    wakeFees: createWakeFees({
+      claim: (offerId, now, windowSeconds) => claimWakeFee(db.pool, offerId, now, windowSeconds),
+      windowSeconds: config.wakeFeeWindowSeconds,
+      clock: deps.clock,
+      onError: (offerId, error) =>
+        logger.warn(
+          { offerId, error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
+          "claiming a wake fee failed: the request is charged none",
+        ),
+    }),
   });
   return {
     inference,

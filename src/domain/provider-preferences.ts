@@ -22,8 +22,10 @@ import { normalizeHex } from "./hex.js";
  *   measured ones, and failing offers (`isFailing`) last. As on OpenRouter, an explicit order replaces the
  *   default ranking.
  * - `max_price`: `{prompt, completion}` in credit base units per million tokens (decimal
- *   strings); offers whose tariff is above either are excluded, and when none remain the request
- *   is refused.
+ *   strings); offers whose tariff is above either, or whose maximum for the request (wake fee
+ *   included) is above the request's maximum at these prices, are excluded, and when none
+ *   remain the request is refused (routing.ts `fitsMaxPrice`). Unlike the other members, it also
+ *   holds for a pinned request.
  * - `require_parameters`: only offers whose verification proved every feature the request uses
  *   (tools, a `response_format` JSON schema, usage on a stream).
  *

@@ -83,7 +83,7 @@ export const ProviderPreferences = component(
         ),
         {
           description:
-            "Offers whose tariff is above either price are excluded (credit base units per million tokens). OpenRouter's other members (request, image) are refused.",
+            "Offers whose tariff is above either price are excluded (credit base units per million tokens), and offers whose maximum credits for the request, wake fee included, exceed the same request's maximum at these prices (a price left open counts at the offer's own). Holds also where the request's offer, its quote or its permit pins an offer. OpenRouter's other members (request, image) are refused.",
         },
       ),
       require_parameters: OptionalNullable(Type.Boolean(), {
@@ -95,7 +95,7 @@ export const ProviderPreferences = component(
     {
       additionalProperties: false,
       description:
-        "OpenRouter's provider routing object, applied to this market's offers (offer ids); null members are absent. The gateway's own member: it is not sent to the provider. Ignored where the request's offer, its quote or its permit pins an offer: a pin wins. An invalid object, or an OpenRouter member this gateway does not support (data_collection, zdr, quantizations, ...), is refused 400 invalid_request naming the field; preferences that leave no eligible offer are refused 503 no_eligible_offer naming the preference.",
+        "OpenRouter's provider routing object, applied to this market's offers (offer ids); null members are absent. The gateway's own member: it is not sent to the provider. Where the request's offer, its quote or its permit pins an offer, only max_price applies: a pin wins over the rest. An invalid object, or an OpenRouter member this gateway does not support (data_collection, zdr, quantizations, ...), is refused 400 invalid_request naming the field; preferences that leave no eligible offer are refused 503 no_eligible_offer naming the preference.",
     },
   ),
 );

@@ -13,8 +13,9 @@ import {
 import { normalizeHex } from "../../domain/hex.js";
 import type { Queryable } from "./catalog.js";
 
-// Liveness and verification columns of `provider_endpoints` (migrations 003, 013 and 019). The sealed
-// endpoint is read here only to hand it to whoever holds the key; it is never opened here.
+// Liveness, verification and wake fee columns of `provider_endpoints` (migrations 003, 013, 019
+// and 025). The sealed endpoint is read here only to hand it to whoever holds the key; it is
+// never opened here.
 
 interface RegisteredRow {
   offer_id: string;
@@ -208,6 +209,45 @@ export async function claimVerification(
     verifiedAt: optionalNumber(row.verified_at),
     verificationExpiresAt: optionalNumber(row.verification_expires_at),
   };
+}
+
+/** What a wake fee claim found (Unix seconds). */
+export interface WakeFeeClaim {
+  /** This request is charged the wake fee. */
+  readonly claimed: boolean;
+  /** When the fee was last charged: now when claimed, else the earlier claim (none: never). */
+  readonly chargedAt: number | undefined;
+}
+
+/**
+ * Claims the wake fee of an offer's endpoint for one request at `now` (Unix seconds): one
+ * conditional UPDATE of the endpoint's row (migration 025), which holds only when the gateway's
+ * last probe saw the endpoint down (`running` false) and either no fee was ever charged, or the
+ * last one is at least `windowSeconds` old and a probe after it saw the endpoint down again. Of
+ * every gateway sharing the database, one request per window claims it: a racing UPDATE waits
+ * for the other's row lock and then sees its claim. Answers, either way, when the fee was last
+ * charged (the statement's snapshot predates its own UPDATE).
+ */
+export async function claimWakeFee(
+  db: Queryable,
+  offerId: Hex,
+  now: number,
+  windowSeconds: number,
+): Promise<WakeFeeClaim> {
+  const { rows } = await db.query<{ claimed: boolean; charged_at: string | null }>(
+    `WITH claim AS (
+       UPDATE provider_endpoints SET wake_charged_at = $2
+       WHERE offer_id = $1 AND running = false
+         AND (wake_charged_at IS NULL
+           OR (wake_charged_at <= $2::bigint - $3::bigint AND checked_at > wake_charged_at))
+       RETURNING offer_id)
+     SELECT EXISTS (SELECT 1 FROM claim) AS claimed,
+       (SELECT wake_charged_at FROM provider_endpoints WHERE offer_id = $1) AS charged_at`,
+    [normalizeHex(offerId), now, windowSeconds],
+  );
+  const row = rows[0];
+  if (row?.claimed === true) return { claimed: true, chargedAt: now };
+  return { claimed: false, chargedAt: optionalNumber(row?.charged_at ?? null) };
 }
 
 /** The health columns of one registered endpoint; undefined when none is registered. */

@@ -34,6 +34,7 @@ import {
   type UpstreamReply,
 } from "./index.js";
 import { parseChatRequest, quoteFingerprint } from "../chat-request.js";
+import type { WakeFees } from "./wake-fees.js";
 
 // The pipeline against in-memory ports: what the integration suites cannot provoke on demand.
 
@@ -70,6 +71,7 @@ function setup(
     quotes?: QuoteStore;
     offers?: OfferRecord[];
     authority?: SpendingAuthority;
+    wakeFees?: WakeFees;
   } = {},
 ) {
   const finalized: Parameters<Ledger["finalize"]>[0][] = [];
@@ -112,6 +114,7 @@ function setup(
     },
     clock: () => now,
     bodyLimitBytes: 1 << 20,
+    wakeFees: overrides.wakeFees,
   });
   const chat = async (stopAfterChunks = Infinity): Promise<ChatEvent[]> => {
     const events: ChatEvent[] = [];
@@ -438,6 +441,110 @@ describe("request lifecycle defects (issue 10)", () => {
     // 3 input tokens and 1 output token at 1 per MTok: 1 + 1, no wake fee.
     expect(done.creditsCharged).toBe(2n);
     expect(finalized[0]?.creditsCharged).toBe(2n);
+  });
+
+  it("charges the wake fee only when the request claims it (the gateway saw the endpoint asleep)", async () => {
+    const sleeping = { ...offer(offerA, 1n), endpointRunning: false };
+    sleeping.tariff = { ...sleeping.tariff, wakeFee: 5_000n };
+    const claims = [true, false];
+    const claimed: Hex[] = [];
+    const { finalized, inference } = setup({
+      offers: [sleeping],
+      wakeFees: {
+        claim: async (offerId) => {
+          claimed.push(offerId);
+          return claims.shift() ?? false;
+        },
+      },
+    });
+    const charged = async () =>
+      ((await drain(inference.chat(chatInput()))).at(-1) as ChatCompleted).creditsCharged;
+    // 3 input tokens and 1 output token at 1 per MTok: 1 + 1, and the fee when claimed.
+    expect([await charged(), await charged()]).toEqual([5_002n, 2n]);
+    expect(finalized.map((f) => f.creditsCharged)).toEqual([5_002n, 2n]);
+    expect(claimed).toEqual([offerA, offerA]);
+  });
+
+  it("claims no wake fee for an endpoint the prober saw running, nor charges one without wakeFees", async () => {
+    const sleeping = { ...offer(offerA, 1n), endpointRunning: false };
+    sleeping.tariff = { ...sleeping.tariff, wakeFee: 5_000n };
+    const claimed: Hex[] = [];
+    const wakeFees = { claim: async (offerId: Hex) => (claimed.push(offerId), true) };
+    const running = setup({ offers: [{ ...sleeping, endpointRunning: true }], wakeFees });
+    expect(((await running.chat()).at(-1) as ChatCompleted).creditsCharged).toBe(2n);
+    expect(claimed).toEqual([]);
+    const without = setup({ offers: [sleeping] });
+    expect(((await without.chat()).at(-1) as ChatCompleted).creditsCharged).toBe(2n);
+  });
+
+  it("charges no wake fee on the offer a request failed over to: none was claimed for it", async () => {
+    const sleeping = { ...offer(offerB, 2n), endpointRunning: false };
+    sleeping.tariff = { ...sleeping.tariff, wakeFee: 5_000n };
+    const claimed: Hex[] = [];
+    const { chat } = setup({
+      offers: [offer(offerA, 1n), sleeping],
+      wakeFees: { claim: async (offerId) => (claimed.push(offerId), true) },
+      upstream: async (endpoint) =>
+        endpoint.url.includes("0a0a")
+          ? reply(503, {})
+          : reply(200, {
+              choices: [{ message: { content: "ok" } }],
+              usage: { prompt_tokens: 3, completion_tokens: 1 },
+            }),
+    });
+    const done = (await chat()).at(-1) as ChatCompleted;
+    expect(done).toMatchObject({ offerId: offerB, creditsCharged: 2n });
+    expect(claimed).toEqual([]);
+  });
+
+  it("refuses a quote whose maximum, wake fee included, is above max_price, before reserving or calling a provider", async () => {
+    // The quote priced the wake fee; the prober has seen the endpoint running since.
+    const base = offer(offerA, 1n);
+    const awake = { ...base, tariff: { ...base.tariff, wakeFee: 5_000n } };
+    const body = { model: "m", messages: [{ role: "user", content: "hi" }], max_tokens: 16 };
+    const req = parseChatRequest(new TextEncoder().encode(JSON.stringify(body)), {
+      maxBytes: 1 << 20,
+    });
+    const quote: QuoteRecord = {
+      quoteId: `0x${"99".repeat(32)}`,
+      apiKeyId: "key",
+      model: "m",
+      modelId,
+      offerId: offerA,
+      tariffVersion: 1n,
+      inputTokens: 100n,
+      maxOutputTokens: 16n,
+      wakesEndpoint: true,
+      maximumCredits: 5_002n,
+      fingerprint: quoteFingerprint(req),
+      createdAt: now - 5,
+      expiresAt: now + 55,
+      internal: false,
+      usedBy: null,
+    };
+    const reserved: unknown[] = [];
+    const { called, inference } = setup({
+      offers: [awake],
+      quotes: { insert: async () => undefined, get: async () => quote },
+      ledger: { reserve: async (input) => (reserved.push(input), { ok: true }) },
+    });
+    const input = (maxPrice: object): ChatInput => ({
+      ...withQuote(chatInput()),
+      body: new TextEncoder().encode(
+        JSON.stringify({ ...body, provider: { max_price: maxPrice } }),
+      ),
+    });
+    const error = await drain(inference.chat(input({ prompt: "1", completion: "1" }))).catch(
+      (e: unknown) => e,
+    );
+    expect((error as GatewayError).code).toBe("no_eligible_offer");
+    expect((error as GatewayError).message).toContain("costs up to 5002 credits");
+    expect(reserved).toEqual([]);
+    expect(called).toEqual([]);
+    // Room for the fee: 16 output tokens at 10^9 per million is 16,000.
+    const events = await drain(inference.chat(input({ prompt: "1", completion: "1000000000" })));
+    expect(events.at(-1)).toMatchObject({ type: "completed" });
+    expect(called).toHaveLength(1);
   });
 
   it("refuses a quote past its stored expiry, whatever its creation time says", async () => {

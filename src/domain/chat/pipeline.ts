@@ -16,7 +16,7 @@ import { randomHex } from "../random-id.js";
 import { boundCounters } from "../tokens.js";
 import { createCloses, type PendingClose } from "./lifecycle.js";
 import { serve } from "./relay.js";
-import { rankCandidates, type Candidate } from "./routing.js";
+import { fitsMaxPrice, maxPriceRefusal, rankCandidates, type Candidate } from "./routing.js";
 import {
   defaultIdempotencyMaxResultBytes,
   idempotencyLifetimeSeconds,
@@ -395,6 +395,13 @@ export function createInference(deps: InferenceDeps): Inference {
     const pins = [req.offer, quote?.offerId, permit.offerId];
     const candidates = rankCandidates(offers, model, req, pins, now, routing);
     if (candidates.length === 0) throw noEligibleOffer(req);
+    // A supplied quote's maximum is what is reserved, its wake fee included when it said so.
+    const maxPrice = req.provider?.maxPrice;
+    if (quote !== undefined && maxPrice !== undefined) {
+      const { inputTokens, maxOutputTokens, maximumCredits } = quote;
+      const priced = { offer: candidates[0]!.offer, inputTokens, maxOutputTokens, maximumCredits };
+      if (!fitsMaxPrice(priced, maxPrice)) throw maxPriceRefusal([priced], maxPrice);
+    }
     const failover = pins.every((p) => p === undefined);
     trace?.step("route");
 
@@ -430,9 +437,10 @@ export function createInference(deps: InferenceDeps): Inference {
         ...(internal === undefined ? {} : { quote: internal }),
       });
       if (result.ok) {
-        // What the request pays is what was quoted: the wake fee only if the quote said so,
-        // whatever the prober has seen since.
-        chosen = { ...c, wakes: q.wakesEndpoint };
+        // The wake fee only if the quote priced it (whatever the prober has seen since), and
+        // only if this request claims it: the gateway saw the endpoint asleep, and no request
+        // was charged it this wake window (wake-fees.ts).
+        chosen = { ...c, wakes: q.wakesEndpoint && (await claimWakeFee(c.offer.offerId)) };
         quoteId = q.quoteId;
         maximumCredits = q.maximumCredits;
         break;
@@ -472,13 +480,19 @@ export function createInference(deps: InferenceDeps): Inference {
         quoteId,
         maximumCredits,
         chosen,
-        candidates,
+        // A failover's offer is charged no wake fee: none was claimed for it.
+        candidates: candidates.map((c) => (c.wakes ? { ...c, wakes: false } : c)),
         failover,
         arrivedAt,
         trace,
         counter,
       },
     );
+  }
+
+  /** Whether this request is charged its offer's wake fee (absent `wakeFees`: never). */
+  async function claimWakeFee(offerId: Hex): Promise<boolean> {
+    return deps.wakeFees === undefined ? false : deps.wakeFees.claim(offerId);
   }
 
   /**

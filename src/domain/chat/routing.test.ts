@@ -4,7 +4,7 @@ import type { ModelRecord, OfferRecord } from "../catalog.js";
 import { parseChatRequest } from "../chat-request.js";
 import { GatewayError } from "../errors.js";
 import { createOfferMeasurements } from "./measurements.js";
-import { rankCandidates, requiredFeatures } from "./routing.js";
+import { fitsMaxPrice, rankCandidates, requiredFeatures } from "./routing.js";
 
 const modelId = `0x${"ab".repeat(32)}` as Hex;
 const model = { modelId, status: "active" } as ModelRecord;
@@ -144,8 +144,64 @@ describe("provider preferences in routing (OpenRouter's provider object)", () =>
     expect(error.message).toContain("provider.require_parameters");
   });
 
-  it("a pin wins over every preference", () => {
-    expect(rank({ ignore: [middle], max_price: { prompt: "1" } }, [middle])).toEqual([middle]);
+  it("a pin wins over every preference but max_price", () => {
+    expect(rank({ ignore: [middle], order: [dear], allow_fallbacks: false }, [middle])).toEqual([
+      middle,
+    ]);
+    const error = refusal(() => rank({ ignore: [middle], max_price: { prompt: "1" } }, [middle]));
+    expect(error.code).toBe("no_eligible_offer");
+    expect(error.message).toContain(`offer ${middle} costs up to`);
+    expect(rank({ max_price: { prompt: "200" } }, [middle])).toEqual([middle]);
+  });
+
+  it("max_price counts the wake fee against the request's maximum at the client's prices", () => {
+    // A million tokens in and out: the maximum is the two prices plus the fee, 100 + 100 + 50.
+    const priced = {
+      offer: {
+        ...offer(cheap, 100n),
+        tariff: { version: 1n, inputPricePerMTok: 100n, outputPricePerMTok: 100n, wakeFee: 50n },
+      },
+      inputTokens: 1_000_000n,
+      maxOutputTokens: 1_000_000n,
+      maximumCredits: 250n,
+    };
+    const fits = (max: { prompt?: bigint; completion?: bigint }) => fitsMaxPrice(priced, max);
+    expect(fits({ prompt: 100n, completion: 150n })).toBe(true);
+    expect(fits({ prompt: 100n, completion: 149n })).toBe(false);
+    // A price left open counts at the offer's own: the fee must fit in the other's headroom.
+    expect(fits({ prompt: 150n })).toBe(true);
+    expect(fits({ prompt: 149n })).toBe(false);
+    expect(fits({ completion: 100n })).toBe(false);
+    // A per-token price above the client's is excluded whatever the headroom.
+    expect(fits({ prompt: 99n, completion: 10_000n })).toBe(false);
+    // Without either price, no limit.
+    expect(fits({})).toBe(true);
+    // Not waking (no fee in the maximum): the tariff's own prices fit.
+    expect(
+      fitsMaxPrice({ ...priced, maximumCredits: 200n }, { prompt: 100n, completion: 100n }),
+    ).toBe(true);
+  });
+
+  it("a sleeping offer's wake fee counts in routing's max_price, pinned or not", () => {
+    const sleeping = {
+      ...offer(cheap, 100n),
+      endpointRunning: false,
+      tariff: {
+        version: 1n,
+        inputPricePerMTok: 100n,
+        outputPricePerMTok: 100n,
+        wakeFee: 10n ** 6n,
+      },
+    };
+    const req = request({ provider: { max_price: { prompt: "100", completion: "100" } } });
+    for (const pins of [[], [cheap]]) {
+      const error = refusal(() => rankCandidates([sleeping], model, req, pins, 5));
+      expect(error.message).toContain("max_price");
+    }
+    const awake = { ...sleeping, endpointRunning: true };
+    expect(rankCandidates([awake], model, req, [cheap], 5).map((c) => c.offer.offerId)).toEqual([
+      cheap,
+    ]);
   });
 
   it("names the features a request uses", () => {

@@ -126,15 +126,7 @@ function applyPreferences(
       `provider.require_parameters (features used: ${needed.join(", ") || "none"})`,
     );
   }
-  const max = prefs.maxPrice;
-  if (max !== undefined) {
-    narrow(
-      (c) =>
-        (max.prompt === undefined || c.offer.tariff.inputPricePerMTok <= max.prompt) &&
-        (max.completion === undefined || c.offer.tariff.outputPricePerMTok <= max.completion),
-      `provider.max_price (prompt ${max.prompt ?? "any"}, completion ${max.completion ?? "any"} credits per million tokens)`,
-    );
-  }
+  list = withinMaxPrice(list, prefs.maxPrice);
   if (prefs.sort !== undefined) {
     const by = prefs.sort;
     if (by === "price") {
@@ -172,7 +164,8 @@ function applyPreferences(
  * DESIGN section 6: eligible offers matching every pin, ranked by quoted
  * maximum credits, then running over sleeping, then in-flight load; then the request's
  * provider preferences (DESIGN.md section 9), except where a pin (the request's `offer`, its
- * quote's or its permit's offer) decides: a pin wins over every preference.
+ * quote's or its permit's offer) decides: a pin wins over every preference but `max_price`
+ * (the prices the client set hold whatever pins the request).
  * Capacity is enforced atomically at reservation, not here. Throws `no_eligible_offer` when the
  * preferences exclude every eligible offer.
  */
@@ -194,6 +187,84 @@ export function rankCandidates(
         Number(a.wakes) - Number(b.wakes) ||
         a.offer.inFlight - b.offer.inFlight,
     );
-  if (req.provider === undefined || pinned.length > 0) return ranked;
+  if (req.provider === undefined) return ranked;
+  // A pin wins over every preference but the prices the client set.
+  if (pinned.length > 0) return withinMaxPrice(ranked, req.provider.maxPrice);
   return applyPreferences(ranked, req.provider, req, ctx);
+}
+
+type MaxPrice = NonNullable<ProviderPreferences["maxPrice"]>;
+
+/** What `provider.max_price` judges of a candidate (a supplied quote's figures fit too). */
+export type PricedOffer = Pick<
+  Candidate,
+  "offer" | "inputTokens" | "maxOutputTokens" | "maximumCredits"
+>;
+
+/**
+ * Whether an offer's price for this request is within `provider.max_price` (docs/decisions.md,
+ * "Provider preferences"): its input and output prices at most `prompt` and `completion`, and
+ * its maximum credits for the request, the wake fee included when it may be charged, at most
+ * the same request's maximum at the client's prices (a price the client left open counts at the
+ * offer's own). A per-request fee has no per-token price to compare; this way it must fit in the
+ * headroom the client's prices leave for this request. A `max_price` without either price sets
+ * no limit.
+ */
+export function fitsMaxPrice(c: PricedOffer, max: MaxPrice): boolean {
+  if (max.prompt === undefined && max.completion === undefined) return true;
+  const { tariff } = c.offer;
+  if (max.prompt !== undefined && tariff.inputPricePerMTok > max.prompt) return false;
+  if (max.completion !== undefined && tariff.outputPricePerMTok > max.completion) return false;
+  return c.maximumCredits <= maxPriceBudget(c, max);
+}
+
+/** The request's maximum at the client's prices (no wake fee): what `fitsMaxPrice` allows. */
+function maxPriceBudget(c: PricedOffer, max: MaxPrice): bigint {
+  const { tariff } = c.offer;
+  return maximumCredits(
+    {
+      inputPricePerMTok: max.prompt ?? tariff.inputPricePerMTok,
+      outputPricePerMTok: max.completion ?? tariff.outputPricePerMTok,
+      wakeFee: 0n,
+    },
+    { inputTokenBound: c.inputTokens, outputLimit: c.maxOutputTokens },
+    false,
+  );
+}
+
+/**
+ * The candidates within `max_price` (all of them without one); throws `no_eligible_offer`
+ * naming it when it excludes every one.
+ */
+function withinMaxPrice(list: Candidate[], max: MaxPrice | undefined): Candidate[] {
+  if (max === undefined || list.length === 0) return list;
+  const kept = list.filter((c) => fitsMaxPrice(c, max));
+  if (kept.length === 0) throw maxPriceRefusal(list, max);
+  return kept;
+}
+
+/**
+ * The refusal of a request whose every offer is above `max_price`; with one offer (a pin), its
+ * id and figures, so that the client sees what to raise.
+ */
+export function maxPriceRefusal(list: readonly PricedOffer[], max: MaxPrice): GatewayError {
+  const limit = `provider.max_price (prompt ${max.prompt ?? "any"}, completion ${max.completion ?? "any"} credits per million tokens, wake fee included)`;
+  const [only] = list;
+  if (list.length !== 1 || only === undefined) return refused(limit);
+  const { tariff } = only.offer;
+  return new GatewayError(
+    "no_eligible_offer",
+    `offer ${only.offer.offerId} costs up to ${only.maximumCredits} credits for this request ` +
+      `(prompt ${tariff.inputPricePerMTok}, completion ${tariff.outputPricePerMTok} credits per ` +
+      `million tokens${only.maximumCredits > priceWithoutFee(only) ? `, wake fee ${tariff.wakeFee}` : ""}), ` +
+      `above ${limit}, which allows up to ${maxPriceBudget(only, max)}; raise max_price or choose another offer`,
+  );
+}
+
+function priceWithoutFee(c: PricedOffer): bigint {
+  return maximumCredits(
+    c.offer.tariff,
+    { inputTokenBound: c.inputTokens, outputLimit: c.maxOutputTokens },
+    false,
+  );
 }

@@ -7,6 +7,7 @@
  */
 import type { OfferMeasurements } from "./measurements.js";
 import type { Closing, Usage } from "./metering.js";
+import type { WakeFees } from "./wake-fees.js";
 import type { Hex } from "viem";
 import type { Catalog } from "../catalog.js";
 import type { JsonBounds } from "../chat-request.js";
@@ -343,6 +344,12 @@ export interface InferenceDeps {
   readonly acquireStream?: (apiKeyId: string) => (() => void) | Promise<() => void>;
   /** Tracing (OpenTelemetry, src/tracing.ts); absent: tracing is off and nothing is allocated. */
   readonly tracer?: ChatTracer | undefined;
+  /**
+   * Whether a request whose quote priced the wake fee is charged it: only when the gateway saw
+   * the endpoint asleep, once per offer per wake window (wake-fees.ts). Absent: no wake fee is
+   * ever charged.
+   */
+  readonly wakeFees?: WakeFees | undefined;
 }
 
 /** Starts the trace of one chat call (the domain never imports a tracing library). */
