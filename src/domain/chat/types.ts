@@ -13,6 +13,7 @@ import type { JsonBounds } from "../chat-request.js";
 import type { EndpointSecret } from "../health.js";
 import type { SpendingAuthority } from "../permit-authorization.js";
 import type { PermitReader } from "../permits.js";
+import type { TokenCounters } from "../tokens.js";
 
 export const quoteLifetimeSeconds = 60;
 export const idempotencyLifetimeSeconds = 24 * 3600;
@@ -322,6 +323,8 @@ export interface InferenceDeps {
   readonly acquireStream?: (apiKeyId: string) => (() => void) | Promise<() => void>;
   /** Tracing (OpenTelemetry, src/tracing.ts); absent: tracing is off and nothing is allocated. */
   readonly tracer?: ChatTracer | undefined;
+  /** The gateway's own token counts (src/adapters/tokenizers); absent: the byte bound. */
+  readonly tokens?: TokenCounters;
 }
 
 /** Starts the trace of one chat call (the domain never imports a tracing library). */
