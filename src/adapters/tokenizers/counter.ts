@@ -53,11 +53,15 @@ function tokenText(value: unknown): string | undefined {
  * 8 to 33 MB: 0.4 to 1.5 s, bench/README.md), hence done once per tokenizer, when its first
  * model is served.
  */
-export async function loadTokenizer(entry: TokenizerEntry): Promise<LoadedTokenizer> {
-  const [tokenizerBytes, templateBytes] = await Promise.all([
-    readPinned(entry, entry.tokenizer, entry.sha256),
-    readPinned(entry, entry.chatTemplate, entry.templateSha256),
-  ]);
+export async function loadTokenizer(
+  entry: TokenizerEntry,
+  /**
+   * Parsed tokenizer files by path and SHA-256, shared by the entries that name the same file
+   * (Llama 3 and 3.1): each is parsed once and held once.
+   */
+  shared: Map<string, Promise<Tokenizer>> = new Map(),
+): Promise<LoadedTokenizer> {
+  const templateBytes = await readPinned(entry, entry.chatTemplate, entry.templateSha256);
   let config: Record<string, unknown> = {};
   let source = templateBytes.toString("utf8");
   if (entry.chatTemplate.endsWith(".json")) {
@@ -82,12 +86,17 @@ export async function loadTokenizer(entry: TokenizerEntry): Promise<LoadedTokeni
     const text = tokenText(config[key]);
     if (text !== undefined) variables[key] = text;
   }
-  return {
-    entry,
-    tokenizer: new Tokenizer(JSON.parse(tokenizerBytes.toString("utf8")) as object, config),
-    template: new Template(source),
-    variables,
-  };
+  const template = new Template(source);
+  const key = `${entry.sha256}:${entry.tokenizer}`;
+  let tokenizer = shared.get(key);
+  if (tokenizer === undefined) {
+    tokenizer = readPinned(entry, entry.tokenizer, entry.sha256).then(
+      (bytes) => new Tokenizer(JSON.parse(bytes.toString("utf8")) as object, config),
+    );
+    shared.set(key, tokenizer);
+    tokenizer.catch(() => shared.delete(key));
+  }
+  return { entry, tokenizer: await tokenizer, template, variables };
 }
 
 type Message = Record<string, JsonValue>;

@@ -1,3 +1,4 @@
+import type { Tokenizer } from "@huggingface/tokenizers";
 import { boundCounter, type TokenCounter, type TokenCounters } from "../../domain/tokens.js";
 import { createTokenizerCounter, loadTokenizer } from "./counter.js";
 import {
@@ -42,6 +43,7 @@ export function createLazyCounters(
   onLoad?: (name: string, ms: number) => void,
 ): TokenizerCounters {
   const counters = new Map<string, Promise<TokenCounter>>();
+  const parsed = new Map<string, Promise<Tokenizer>>();
   const done = new Set<string>();
   return {
     registry,
@@ -52,7 +54,7 @@ export function createLazyCounters(
       let counter = counters.get(entry.name);
       if (counter === undefined) {
         const started = performance.now();
-        counter = loadTokenizer(entry).then(
+        counter = loadTokenizer(entry, parsed).then(
           (loaded) => {
             done.add(entry.name);
             onLoad?.(entry.name, performance.now() - started);
