@@ -58,9 +58,14 @@ const inputDirs = ["src", "gen", "bench"];
 /** Build outputs written into the sources (see above): missing, the build is stale. */
 const sourceOutputs = ["src/console/vendor/eip712.js"];
 /** Copied from src/ to dist/src/ as they are: read at run time relative to their module. */
-const assets = ["src/adapters/pg/migrations", "src/adapters/pg/functions", "src/console"];
+const assets = [
+  "src/adapters/pg/migrations",
+  "src/adapters/pg/functions",
+  "src/adapters/tokenizers/default",
+  "src/console",
+];
 /** The source files among the input folders' files (the console's are served as they are). */
-const sourceFile = /\.(ts|sql|js|css|html|svg)$/;
+const sourceFile = /\.(ts|sql|js|css|html|svg|json|jinja)$/;
 
 /** The newest mtime (ms) among the inputs; folders count too, so a deleted file makes it stale. */
 function newestInput() {

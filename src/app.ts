@@ -15,11 +15,13 @@ import { createReadiness } from "./app/readiness.js";
 import { createSettlement } from "./app/settlement.js";
 import { createShutdown } from "./app/shutdown.js";
 import { openStorage } from "./app/storage.js";
+import { wireTokens } from "./app/tokens.js";
 import { startTracing } from "./app/tracing.js";
 import type { Config } from "./config.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import type { MeasurementSync } from "./domain/chat/measurements.js";
 import type { EndpointSecret, HealthMonitor } from "./domain/health.js";
+import type { TokenCounters } from "./domain/tokens.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
 import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
 import { listen } from "./listen.js";
@@ -47,6 +49,8 @@ export interface Gateway {
   readonly measurementSync: MeasurementSync;
   /** Where `GET /metrics` is served: `url` unless METRICS_PORT gave it its own listener. */
   readonly metricsUrl: string;
+  /** The gateway's token counters (the tokenizer registry, checked at start-up). */
+  readonly tokens: TokenCounters;
   close(): Promise<void>;
 }
 
@@ -67,6 +71,7 @@ export interface StartOptions {
  */
 export async function startGateway(config: Config, options: StartOptions): Promise<Gateway> {
   const { logger } = options;
+  const tokens = await wireTokens(config, logger);
   const chain = await connectChain(config);
   const entries = config.catalogFile === undefined ? [] : await loadCatalogFile(config.catalogFile);
   const directory = new ModelDirectory(entries);
@@ -145,6 +150,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       acquireStream: (apiKeyId) => rateLimiter.acquireStream(apiKeyId),
       metrics,
       tracer: tracing?.chat,
+      tokens,
       logger,
     });
     const { inference } = chat;
@@ -229,6 +235,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       housekeeping,
       measurementSync: wired.measurementSync,
       metricsUrl,
+      tokens,
       close() {
         // Stopped at once when the shutdown begins; awaited after the closes are written.
         let settlementStopped: Promise<void> | undefined;

@@ -29,8 +29,16 @@ describe("parseConfig", () => {
       port: 8080,
       logLevel: "info",
       bodyLimitBytes: 4194304,
+      tokenizerRegistry: undefined,
     });
     expect(Object.isFrozen(config)).toBe(true);
+  });
+
+  it("takes TOKENIZER_REGISTRY, the operator's registry file over the embedded one", () => {
+    expect(
+      parseConfig({ ...base, TOKENIZER_REGISTRY: "/etc/gateway/tokenizers.json" })
+        .tokenizerRegistry,
+    ).toBe("/etc/gateway/tokenizers.json");
   });
 
   it("reports every problem at once and never echoes the operator token", () => {

@@ -29,6 +29,12 @@ export interface Config {
   readonly confirmations: number;
   readonly pollIntervalMs: number;
   readonly catalogFile: string | undefined;
+  /**
+   * The operator's tokenizer registry (TOKENIZER_REGISTRY): a JSON file of tokenizers and the
+   * models they count, merged over the embedded one (src/adapters/tokenizers/registry.ts);
+   * absent: the embedded registry only. Its files are checked at start-up.
+   */
+  readonly tokenizerRegistry: string | undefined;
   readonly settlementOperatorToken: string;
   readonly host: string;
   readonly port: number;
@@ -335,6 +341,7 @@ export function parseConfig(env: Env): Config {
     confirmations: int("CONFIRMATIONS", 2, 0, 1000),
     pollIntervalMs: int("POLL_INTERVAL_MS", 2000, 50, 3_600_000),
     catalogFile: str("CATALOG_FILE"),
+    tokenizerRegistry: str("TOKENIZER_REGISTRY"),
     settlementOperatorToken: token,
     host: str("HOST") ?? "0.0.0.0",
     port: int("PORT", 8080, 0, 65535),

@@ -1,3 +1,6 @@
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startAnvil, type AnvilInstance } from "../src/adapters/chain/anvil.js";
 import { startGateway } from "../src/app.js";
@@ -41,5 +44,39 @@ describe("startup checks", () => {
     await expect(
       startGateway(config({}), { logger: createLogger("silent"), database: database.db }),
     ).rejects.toThrow(/no contract at MARKET_ADDRESS/);
+  });
+
+  it("refuses a tokenizer registry (TOKENIZER_REGISTRY) whose file does not match its SHA-256", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "startup-tokenizers-"));
+    try {
+      writeFileSync(join(dir, "chat.jinja"), "{{ messages[0].content }}");
+      writeFileSync(join(dir, "tokenizer.json"), "{}");
+      const registry = join(dir, "registry.json");
+      const pinned = "0".repeat(64);
+      writeFileSync(
+        registry,
+        JSON.stringify({
+          tokenizers: {
+            mine: {
+              tokenizer: "./tokenizer.json",
+              sha256: pinned,
+              chatTemplate: "./chat.jinja",
+              templateSha256: pinned,
+            },
+          },
+          models: [{ repository: "acme/*", tokenizer: "mine" }],
+        }),
+      );
+      await expect(
+        startGateway(config({ TOKENIZER_REGISTRY: registry }), {
+          logger: createLogger("silent"),
+          database: database.db,
+        }),
+      ).rejects.toThrow(
+        `tokenizer file ${join(dir, "tokenizer.json")} for "mine" has sha256 44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a, the registry ${registry} pins ${pinned}`,
+      );
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

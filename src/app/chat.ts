@@ -31,6 +31,7 @@ import type { EndpointSecret } from "../domain/health.js";
 import type { PermitReader } from "../domain/permits.js";
 import { openEndpoint } from "../domain/registration.js";
 import { reputationOf, type Reputation } from "../domain/reputation.js";
+import type { TokenCounters } from "../domain/tokens.js";
 import type { TtlCache } from "../domain/ttl-cache.js";
 import type { createMetrics } from "../metrics.js";
 
@@ -70,6 +71,8 @@ export async function wireChat(
     readonly acquireStream: (apiKeyId: string) => (() => void) | Promise<() => void>;
     readonly metrics: ReturnType<typeof createMetrics>;
     readonly tracer: ChatTracer | undefined;
+    /** The gateway's token counters (createTokenCounters, checked at start-up). */
+    readonly tokens: TokenCounters;
     readonly logger: Logger;
   },
 ): Promise<ChatWiring> {
@@ -196,6 +199,7 @@ export async function wireChat(
         "idempotency result not stored: the answer was delivered and charged, its replay is lost",
       ),
     acquireStream: deps.acquireStream,
+    tokens: deps.tokens,
     observer: deps.metrics.chat,
     tracer: deps.tracer,
     measurements,
