@@ -33,7 +33,9 @@ function heldTo(counter: TokenCounter, text: string, limit: bigint): bigint {
 }
 
 const chunks = 100;
-const limit = 200;
+// Room for the fake's 100 words a choice (about 290 tokens for the demo model's tokenizer): an
+// honest answer within its limit is never cut.
+const limit = 400;
 const choiceText = Array.from({ length: chunks }, (_, i) => (i === 0 ? "word0" : ` word${i}`)).join(
   "",
 );

@@ -1,14 +1,16 @@
 import { parseChatRequest } from "../../src/domain/chat-request.js";
 import { canonicalBody, dialects, type DialectName } from "../../src/domain/dialects/index.js";
-import { boundCounter, type TokenCounter } from "../../src/domain/tokens.js";
+import { createTokenCounters } from "../../src/adapters/tokenizers/token-counters.js";
+import type { TokenCounter } from "../../src/domain/tokens.js";
 
 /**
  * The token counter the gateway under test uses for the demo market's `demo-chat`, so a test
  * works out what the gateway must count from the same tokenizer files (DESIGN.md 10: anyone
  * with the files can reproduce the count).
  */
-export function demoChatCounter(): Promise<TokenCounter> {
-  return Promise.resolve(boundCounter);
+export async function demoChatCounter(): Promise<TokenCounter> {
+  const counters = await createTokenCounters();
+  return counters.forModel({ repository: "demo/chat-small", revision: "v1" });
 }
 
 const bounds = { maxBytes: 4 * 1024 * 1024 };
