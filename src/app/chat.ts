@@ -9,7 +9,7 @@ import { createPgLeaseStore } from "../adapters/pg/leases.js";
 import * as ledger from "../adapters/pg/ledger.js";
 import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
 import { getQuote, insertQuote } from "../adapters/pg/quotes.js";
-import { readEventData, type UpstreamClient } from "../adapters/upstream/http.js";
+import { answerDeadlineMs, readEventData, type UpstreamClient } from "../adapters/upstream/http.js";
 import type { Config } from "../config.js";
 import type { Catalog } from "../domain/catalog.js";
 import {
@@ -73,14 +73,24 @@ export async function wireChat(
   },
 ): Promise<ChatWiring> {
   const { db, instanceId, logger } = deps;
-  const upstreamChat: UpstreamChat = async (endpoint, body, { signal }) => {
+  const upstreamChat: UpstreamChat = async (endpoint, body, { signal, answerOutputTokens }) => {
+    // A JSON answer's headers come when it is generated: it gets the time its priced output
+    // takes at UPSTREAM_MIN_TOKENS_PER_SECOND, for its headers and for any silence in its body.
+    const deadlineMs =
+      answerOutputTokens === undefined
+        ? undefined
+        : answerDeadlineMs({
+            headersTimeoutMs: config.upstreamTimeoutMs,
+            outputTokens: answerOutputTokens,
+            minTokensPerSecond: config.upstreamMinTokensPerSecond,
+          });
     const reply = await deps.upstream.request(endpoint, "/v1/chat/completions", {
       method: "POST",
       headers: { "content-type": "application/json" },
       body,
       signal,
-      timeoutMs: config.upstreamTimeoutMs,
-      idleTimeoutMs: config.upstreamIdleTimeoutMs,
+      timeoutMs: deadlineMs ?? config.upstreamTimeoutMs,
+      idleTimeoutMs: Math.max(config.upstreamIdleTimeoutMs, deadlineMs ?? 0),
     });
     return {
       status: reply.status,

@@ -137,6 +137,37 @@ export function allowedHeaders<T>(
   return out;
 }
 
+/**
+ * The longest a timer can run (Node's setTimeout holds a signed 32-bit millisecond count, and
+ * fires at once for anything longer): ~24.8 days.
+ */
+export const maxTimerMs = 2_147_483_647;
+
+/**
+ * The deadline of a non-streamed chat call, headers included: the headers deadline, or the time
+ * its output takes at the least speed a provider is held to, whichever is longer.
+ *
+ *     max(headersTimeoutMs, ceil(outputTokens × 1000 / minTokensPerSecond))   (at most maxTimerMs)
+ *
+ * An OpenAI-compatible server sends a JSON answer's headers only when generation ends, so the
+ * headers deadline of a stream (its first byte comes at once) would cut a long JSON answer short,
+ * count it as the provider's failure and fail it over to a competitor that would meet the same
+ * end. `outputTokens` is what the call may produce: the priced limit of each choice times the
+ * choices (bigint: a limit may exceed 2^53).
+ */
+export function answerDeadlineMs(opts: {
+  readonly headersTimeoutMs: number;
+  readonly outputTokens: bigint;
+  readonly minTokensPerSecond: number;
+}): number {
+  const speed = BigInt(opts.minTokensPerSecond);
+  if (speed <= 0n) throw new RangeError("minTokensPerSecond must be a positive integer");
+  const tokens = opts.outputTokens > 0n ? opts.outputTokens : 0n;
+  const generation = (tokens * 1000n + speed - 1n) / speed;
+  const capped = generation > BigInt(maxTimerMs) ? maxTimerMs : Number(generation);
+  return Math.min(maxTimerMs, Math.max(opts.headersTimeoutMs, capped));
+}
+
 const defaultTimeoutMs = 30_000;
 const defaultIdleTimeoutMs = 300_000;
 const defaultMaxBytes = 8 * 1024 * 1024;
