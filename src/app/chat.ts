@@ -9,7 +9,7 @@ import { createPgLeaseStore } from "../adapters/pg/leases.js";
 import * as ledger from "../adapters/pg/ledger.js";
 import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
 import { getQuote, insertQuote } from "../adapters/pg/quotes.js";
-import { answerDeadlineMs, readEventData, type UpstreamClient } from "../adapters/upstream/http.js";
+import { createUpstreamChat, type UpstreamClient } from "../adapters/upstream/http.js";
 import type { Config } from "../config.js";
 import type { Catalog } from "../domain/catalog.js";
 import {
@@ -18,7 +18,6 @@ import {
   type Inference,
   type Ledger,
   type QuoteRecord,
-  type UpstreamChat,
 } from "../domain/chat/index.js";
 import { createLeasedLedger, type LeasedLedger } from "../domain/chat/leases.js";
 import {
@@ -73,32 +72,11 @@ export async function wireChat(
   },
 ): Promise<ChatWiring> {
   const { db, instanceId, logger } = deps;
-  const upstreamChat: UpstreamChat = async (endpoint, body, { signal, answerOutputTokens }) => {
-    // A JSON answer's headers come when it is generated: it gets the time its priced output
-    // takes at UPSTREAM_MIN_TOKENS_PER_SECOND, for its headers and for any silence in its body.
-    const deadlineMs =
-      answerOutputTokens === undefined
-        ? undefined
-        : answerDeadlineMs({
-            headersTimeoutMs: config.upstreamTimeoutMs,
-            outputTokens: answerOutputTokens,
-            minTokensPerSecond: config.upstreamMinTokensPerSecond,
-          });
-    const reply = await deps.upstream.request(endpoint, "/v1/chat/completions", {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body,
-      signal,
-      timeoutMs: deadlineMs ?? config.upstreamTimeoutMs,
-      idleTimeoutMs: Math.max(config.upstreamIdleTimeoutMs, deadlineMs ?? 0),
-    });
-    return {
-      status: reply.status,
-      text: () => reply.text(),
-      events: () => readEventData(reply.body),
-      discard: () => reply.dump(),
-    };
-  };
+  const upstreamChat = createUpstreamChat(deps.upstream, {
+    timeoutMs: config.upstreamTimeoutMs,
+    idleTimeoutMs: config.upstreamIdleTimeoutMs,
+    minTokensPerSecond: config.upstreamMinTokensPerSecond,
+  });
   // Reservations and finalisations that arrive together share one transaction (group commit,
   // migration 006); unloaded, each still goes at once.
   // Bounded: behind a hung batch, a request fails closed in time (503, no upstream call).

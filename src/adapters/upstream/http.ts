@@ -1,6 +1,7 @@
 import { isIP } from "node:net";
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { Agent, buildConnector } from "undici";
+import type { UpstreamChat } from "../../domain/chat/types.js";
 import { GatewayError } from "../../domain/errors.js";
 import {
   canonicalEndpointUrl,
@@ -166,6 +167,52 @@ export function answerDeadlineMs(opts: {
   const generation = (tokens * 1000n + speed - 1n) / speed;
   const capped = generation > BigInt(maxTimerMs) ? maxTimerMs : Number(generation);
   return Math.min(maxTimerMs, Math.max(opts.headersTimeoutMs, capped));
+}
+
+/** The deadlines of the chat calls {@link createUpstreamChat} makes. */
+export interface UpstreamChatTimeouts {
+  /** A stream's deadline for the response headers (UPSTREAM_TIMEOUT_MS). */
+  readonly timeoutMs: number;
+  /** Longest silence between two body chunks (UPSTREAM_IDLE_TIMEOUT_MS). */
+  readonly idleTimeoutMs: number;
+  /** The least speed a non-streamed answer is held to (UPSTREAM_MIN_TOKENS_PER_SECOND). */
+  readonly minTokensPerSecond: number;
+}
+
+/**
+ * The domain's {@link UpstreamChat} port over this client: `POST /v1/chat/completions` with
+ * the body as given. A stream must send its headers within `timeoutMs`; a non-streamed call
+ * (`answerOutputTokens` given) has {@link answerDeadlineMs} for its headers, and as long for any
+ * silence in its body, since a server may also send headers first and the JSON when it is done.
+ */
+export function createUpstreamChat(
+  client: UpstreamClient,
+  timeouts: UpstreamChatTimeouts,
+): UpstreamChat {
+  return async (endpoint, body, { signal, answerOutputTokens }) => {
+    const deadlineMs =
+      answerOutputTokens === undefined
+        ? undefined
+        : answerDeadlineMs({
+            headersTimeoutMs: timeouts.timeoutMs,
+            outputTokens: answerOutputTokens,
+            minTokensPerSecond: timeouts.minTokensPerSecond,
+          });
+    const reply = await client.request(endpoint, "/v1/chat/completions", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body,
+      signal,
+      timeoutMs: deadlineMs ?? timeouts.timeoutMs,
+      idleTimeoutMs: Math.max(timeouts.idleTimeoutMs, deadlineMs ?? 0),
+    });
+    return {
+      status: reply.status,
+      text: () => reply.text(),
+      events: () => readEventData(reply.body),
+      discard: () => reply.dump(),
+    };
+  };
 }
 
 const defaultTimeoutMs = 30_000;
