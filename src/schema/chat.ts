@@ -148,7 +148,7 @@ export const ChatRequest = component(
       }),
       provider: OptionalNullable(ProviderPreferences),
       max_tokens: outputLimit(
-        "The output limit of each choice, read exactly (also beyond 2^53); max_completion_tokens wins when both are given. Absent: the offer's max_output_tokens, else 4096.",
+        "The output limit of each choice, read exactly (also beyond 2^53); max_completion_tokens wins when both are given. Absent: the offer's max_output_tokens, else 4096. The provider receives the priced limit: max_tokens is added when neither is given, and one above the limit (or null) is set to it.",
       ),
       max_completion_tokens: outputLimit(
         "The output limit of each choice, read exactly (also beyond 2^53); wins over max_tokens.",
@@ -192,7 +192,7 @@ export const ChatRequest = component(
     {
       additionalProperties: true,
       description:
-        "OpenAI's chat completion request, with the gateway's offer and provider. An optional member set to null is absent; a member given twice is refused (400 invalid_request); the other members, unknown ones included, are relayed to the provider as the client wrote them, all but offer and provider. The quote binds model, messages, n, the output limit, tools, tool_choice and response_format.",
+        "OpenAI's chat completion request, with the gateway's offer and provider. An optional member set to null is absent; a member given twice is refused (400 invalid_request); the other members, unknown ones included, are relayed to the provider as the client wrote them, all but offer and provider; a server's own output length control (n_predict, min_tokens, ignore_eos...) is refused. The quote binds model, messages, n, the output limit, tools, tool_choice and response_format.",
     },
   ),
 );
