@@ -156,6 +156,21 @@ describe("provider settings", () => {
       /ALLOW_PRIVATE_ENDPOINTS must be true or false/,
     );
   });
+
+  it("holds a JSON answer to 10 output tokens a second by default (UPSTREAM_MIN_TOKENS_PER_SECOND)", () => {
+    expect(parseConfig(base)).toMatchObject({
+      upstreamTimeoutMs: 30_000,
+      upstreamMinTokensPerSecond: 10,
+    });
+    expect(
+      parseConfig({ ...base, UPSTREAM_MIN_TOKENS_PER_SECOND: "25" }).upstreamMinTokensPerSecond,
+    ).toBe(25);
+    for (const bad of ["0", "-3", "2.5", "fast"]) {
+      expect(() => parseConfig({ ...base, UPSTREAM_MIN_TOKENS_PER_SECOND: bad })).toThrow(
+        /UPSTREAM_MIN_TOKENS_PER_SECOND/,
+      );
+    }
+  });
 });
 
 describe("rate limit and slow-client settings", () => {

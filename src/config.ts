@@ -69,8 +69,15 @@ export interface Config {
   readonly wakeFeeWindowSeconds: number;
   /** Longest a permit read from the chain is reused (events invalidate it sooner). */
   readonly permitCacheMs: number;
-  /** Deadline for a provider's response headers. */
+  /** Deadline for a provider's response headers (a stream's; see upstreamMinTokensPerSecond). */
   readonly upstreamTimeoutMs: number;
+  /**
+   * The least speed a provider is held to for a non-streamed answer, in output tokens per second
+   * (UPSTREAM_MIN_TOKENS_PER_SECOND, default 10): such a call may take, headers included,
+   * max(upstreamTimeoutMs, priced output tokens × choices / this) before it is the provider's
+   * failure (an OpenAI-compatible server sends its headers when generation ends).
+   */
+  readonly upstreamMinTokensPerSecond: number;
   /** Longest silence allowed between two chunks of a provider's answer. */
   readonly upstreamIdleTimeoutMs: number;
   /** How long routing reuses a model's offers and endpoints (changes seen by this process drop it at once). */
@@ -359,6 +366,7 @@ export function parseConfig(env: Env): Config {
     wakeFeeWindowSeconds: int("WAKE_FEE_WINDOW_SECONDS", 300, 1, 86_400),
     permitCacheMs: int("PERMIT_CACHE_MS", 2000, 0, 60_000),
     upstreamTimeoutMs: int("UPSTREAM_TIMEOUT_MS", 30_000, 100, 600_000),
+    upstreamMinTokensPerSecond: int("UPSTREAM_MIN_TOKENS_PER_SECOND", 10, 1, 1_000_000),
     upstreamIdleTimeoutMs: int("UPSTREAM_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
     routingCacheMs: int("ROUTING_CACHE_MS", 1000, 0, 60_000),
     apiKeyCacheMs: int("API_KEY_CACHE_MS", 5000, 0, 300_000),

@@ -9,7 +9,7 @@ import { createPgLeaseStore } from "../adapters/pg/leases.js";
 import * as ledger from "../adapters/pg/ledger.js";
 import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
 import { getQuote, insertQuote } from "../adapters/pg/quotes.js";
-import { readEventData, type UpstreamClient } from "../adapters/upstream/http.js";
+import { createUpstreamChat, type UpstreamClient } from "../adapters/upstream/http.js";
 import type { Config } from "../config.js";
 import type { Catalog } from "../domain/catalog.js";
 import {
@@ -18,7 +18,6 @@ import {
   type Inference,
   type Ledger,
   type QuoteRecord,
-  type UpstreamChat,
 } from "../domain/chat/index.js";
 import { createLeasedLedger, type LeasedLedger } from "../domain/chat/leases.js";
 import {
@@ -77,22 +76,11 @@ export async function wireChat(
   },
 ): Promise<ChatWiring> {
   const { db, instanceId, logger } = deps;
-  const upstreamChat: UpstreamChat = async (endpoint, body, { signal }) => {
-    const reply = await deps.upstream.request(endpoint, "/v1/chat/completions", {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body,
-      signal,
-      timeoutMs: config.upstreamTimeoutMs,
-      idleTimeoutMs: config.upstreamIdleTimeoutMs,
-    });
-    return {
-      status: reply.status,
-      text: () => reply.text(),
-      events: () => readEventData(reply.body),
-      discard: () => reply.dump(),
-    };
-  };
+  const upstreamChat = createUpstreamChat(deps.upstream, {
+    timeoutMs: config.upstreamTimeoutMs,
+    idleTimeoutMs: config.upstreamIdleTimeoutMs,
+    minTokensPerSecond: config.upstreamMinTokensPerSecond,
+  });
   // Reservations and finalisations that arrive together share one transaction (group commit,
   // migration 006); unloaded, each still goes at once.
   // Bounded: behind a hung batch, a request fails closed in time (503, no upstream call).

@@ -679,22 +679,26 @@ describe("canonicalJson", () => {
   });
 });
 
+/** The body sent for a request, with the limit priced for an offer without capabilities. */
+const upstreamBytes = (req: ChatRequest): Uint8Array => upstreamBody(req, outputLimit(req, {}));
+
 describe("upstreamBody", () => {
-  const bigSeed = `{"model":"m","seed":12345678901234567890,"messages":${JSON.stringify(hello)},"x_unknown":{"k":[1,2.50,1e2]}`;
+  // Carries its limit: these tests are about the other edits.
+  const bigSeed = `{"model":"m","seed":12345678901234567890,"messages":${JSON.stringify(hello)},"max_tokens":7,"x_unknown":{"k":[1,2.50,1e2]}`;
 
   it("returns the raw bytes unchanged when not streaming", () => {
     const req = parseText(`${bigSeed}}`);
-    expect(upstreamBody(req)).toBe(req.raw);
+    expect(upstreamBytes(req)).toBe(req.raw);
   });
 
   it("returns the raw bytes unchanged when the client already asks for usage", () => {
     const req = parseText(`${bigSeed},"stream":true,"stream_options":{"include_usage":true}}`);
-    expect(upstreamBody(req)).toBe(req.raw);
+    expect(upstreamBytes(req)).toBe(req.raw);
   });
 
   it("inserts stream_options after the opening brace, keeping every other byte", () => {
     const text = `  \n${bigSeed},"stream":true}`;
-    const out = dec.decode(upstreamBody(parseText(text)));
+    const out = dec.decode(upstreamBytes(parseText(text)));
     expect(out).toBe(
       `  \n{"stream_options":{"include_usage":true},${bigSeed.slice(1)},"stream":true}`,
     );
@@ -704,7 +708,7 @@ describe("upstreamBody", () => {
 
   it("replaces stream_options: null", () => {
     const text = `${bigSeed},"stream":true,"stream_options" : null }`;
-    expect(dec.decode(upstreamBody(parseText(text)))).toBe(
+    expect(dec.decode(upstreamBytes(parseText(text)))).toBe(
       `${bigSeed},"stream":true,"stream_options" : {"include_usage":true} }`,
     );
   });
@@ -722,7 +726,7 @@ describe("upstreamBody", () => {
     ];
     for (const [before, after] of cases) {
       const text = `${bigSeed},"stream":true,"stream_options":${before}}`;
-      expect(dec.decode(upstreamBody(parseText(text)))).toBe(
+      expect(dec.decode(upstreamBytes(parseText(text)))).toBe(
         `${bigSeed},"stream":true,"stream_options":${after}}`,
       );
     }
@@ -733,8 +737,9 @@ describe("upstreamBody", () => {
       { role: "user", content: 'say "stream_options":{"include_usage":false} \\" {' },
     ];
     const text = `{"messages":${JSON.stringify(messages)},"model":"m","stream":true,"stre\\u0061m_options":{"x":"}\\\\"}}`;
-    const out = JSON.parse(dec.decode(upstreamBody(parseText(text)))) as Record<string, unknown>;
+    const out = JSON.parse(dec.decode(upstreamBytes(parseText(text)))) as Record<string, unknown>;
     expect(out).toEqual({
+      max_tokens: 4096,
       messages,
       model: "m",
       stream: true,
@@ -764,11 +769,12 @@ describe("upstreamBody", () => {
           ...rest,
           model: "m",
           messages: hello,
+          max_tokens: 3,
           stream: true,
         };
         if (so !== null) body["stream_options"] = so;
         const text = JSON.stringify(body, null, pretty ? 2 : undefined);
-        const out = JSON.parse(dec.decode(upstreamBody(parseText(text)))) as Record<
+        const out = JSON.parse(dec.decode(upstreamBytes(parseText(text)))) as Record<
           string,
           unknown
         >;
@@ -787,10 +793,11 @@ describe("upstreamBody", () => {
 });
 
 describe("upstreamBody: the gateway's own members stay with the gateway", () => {
-  const msgs = JSON.stringify(hello);
+  // The messages, then the limit: these tests are about the cuts.
+  const msgs = `${JSON.stringify(hello)},"max_tokens":7`;
   const pin = `"offer":"${offer}"`;
   const prefs = `"provider":{"order":["${offer}"],"sort":"price","max_price":{"prompt":"1"}}`;
-  const upstream = (text: string): string => dec.decode(upstreamBody(parseText(text)));
+  const upstream = (text: string): string => dec.decode(upstreamBytes(parseText(text)));
 
   it("cuts offer and provider out, wherever they are, keeping every other byte", () => {
     const cases: [string, string][] = [
@@ -822,9 +829,9 @@ describe("upstreamBody: the gateway's own members stay with the gateway", () => 
 
   it("keeps members named offer or provider below the top level, and unknown members", () => {
     const messages = [{ role: "user", content: "x", offer: 1, provider: { only: [] } }];
-    const text = `{"model":"m","messages":${JSON.stringify(messages)},"x":{"offer":"${offer}"},"seed":12345678901234567890,${pin}}`;
+    const text = `{"model":"m","messages":${JSON.stringify(messages)},"x":{"offer":"${offer}"},"seed":12345678901234567890,"max_tokens":9,${pin}}`;
     expect(upstream(text)).toBe(
-      `{"model":"m","messages":${JSON.stringify(messages)},"x":{"offer":"${offer}"},"seed":12345678901234567890}`,
+      `{"model":"m","messages":${JSON.stringify(messages)},"x":{"offer":"${offer}"},"seed":12345678901234567890,"max_tokens":9}`,
     );
   });
 
@@ -848,7 +855,7 @@ describe("upstreamBody: the gateway's own members stay with the gateway", () => 
 
   it("returns the very bytes when there is nothing to cut or add", () => {
     const req = parseText(`{"model":"m","messages":${msgs},"x_offer":"${offer}"}`);
-    expect(upstreamBody(req)).toBe(req.raw);
+    expect(upstreamBytes(req)).toBe(req.raw);
   });
 
   it("is the body without offer and provider, byte for byte, for any body and any placement", () => {
@@ -877,6 +884,7 @@ describe("upstreamBody: the gateway's own members stay with the gateway", () => 
             ...Object.entries(rest),
             ["model", "m"],
             ["messages", hello],
+            ["max_tokens", 3],
           ];
           if (stream) client.push(["stream", true]);
           const all = [...client];
@@ -885,7 +893,7 @@ describe("upstreamBody: the gateway's own members stay with the gateway", () => 
           );
           const indent = pretty ? 2 : undefined;
           const text = JSON.stringify(Object.fromEntries(all), null, indent);
-          const out = dec.decode(upstreamBody(parseText(text)));
+          const out = dec.decode(upstreamBytes(parseText(text)));
           const expected = Object.fromEntries(client);
           if (!stream) expect(out).toBe(JSON.stringify(expected, null, indent));
           else {
@@ -897,6 +905,132 @@ describe("upstreamBody: the gateway's own members stay with the gateway", () => 
         },
       ),
     );
+  });
+});
+
+describe("upstreamBody: the provider's limit is the priced limit", () => {
+  const msgs = `"messages":${JSON.stringify(hello)}`;
+  const send = (text: string, limit: bigint): string =>
+    dec.decode(upstreamBody(parseText(text), limit));
+
+  it("adds max_tokens right after the opening brace when the body sets no limit", () => {
+    expect(send(` {"model":"m",${msgs}}`, 4096n)).toBe(` {"max_tokens":4096,"model":"m",${msgs}}`);
+    // with the stream's usage, in one insertion
+    expect(send(`{"model":"m",${msgs},"stream":true}`, 300n)).toBe(
+      `{"max_tokens":300,"stream_options":{"include_usage":true},"model":"m",${msgs},"stream":true}`,
+    );
+    // beyond 2^53, exactly
+    expect(send(`{"model":"m",${msgs}}`, 2n ** 70n)).toBe(
+      `{"max_tokens":1180591620717411303424,"model":"m",${msgs}}`,
+    );
+  });
+
+  it("keeps a limit at or below the priced one byte for byte, and lowers one above it", () => {
+    for (const key of ["max_tokens", "max_completion_tokens"]) {
+      const at = parseText(`{"model":"m",${msgs},"${key}" : 1e1 }`);
+      expect(upstreamBody(at, 10n)).toBe(at.raw);
+      expect(upstreamBody(at, 11n)).toBe(at.raw);
+      expect(send(`{"model":"m",${msgs},"${key}" : 1e1 }`, 9n)).toBe(
+        `{"model":"m",${msgs},"${key}" : 9 }`,
+      );
+      expect(send(`{"model":"m","${key}":null,${msgs}}`, 64n)).toBe(
+        `{"model":"m","${key}":64,${msgs}}`,
+      );
+    }
+    // both given: each is held to the limit (max_completion_tokens is the priced one)
+    expect(send(`{"model":"m",${msgs},"max_tokens":900,"max_completion_tokens":20}`, 20n)).toBe(
+      `{"model":"m",${msgs},"max_tokens":20,"max_completion_tokens":20}`,
+    );
+    expect(send(`{"model":"m",${msgs},"max_tokens":5,"max_completion_tokens":20}`, 20n)).toBe(
+      `{"model":"m",${msgs},"max_tokens":5,"max_completion_tokens":20}`,
+    );
+    // an escaped key is the same key to the provider's parser
+    expect(send(`{"model":"m",${msgs},"max_toke\\u006es":500}`, 50n)).toBe(
+      `{"model":"m",${msgs},"max_toke\\u006es":50}`,
+    );
+  });
+
+  it("sends the priced limit for any body: the limits it has, else max_tokens", () => {
+    const knownKeys = Object.keys(ChatRequestSchema.properties);
+    const extra = fc.dictionary(
+      fc.string().filter((k) => !knownKeys.includes(k) && k !== "__proto__"),
+      fc.jsonValue(),
+    );
+    const limits = fc.record(
+      {
+        max_tokens: fc.option(fc.integer({ min: 1, max: 1000 })),
+        max_completion_tokens: fc.option(fc.integer({ min: 1, max: 1000 })),
+      },
+      { requiredKeys: [] },
+    );
+    fc.assert(
+      fc.property(extra, limits, fc.boolean(), fc.boolean(), (rest, given, stream, pretty) => {
+        const body = { ...rest, model: "m", messages: hello, ...given, stream };
+        const req = parseText(JSON.stringify(body, null, pretty ? 2 : undefined));
+        const limit = outputLimit(req, { max_output_tokens: 77 });
+        const out = JSON.parse(dec.decode(upstreamBody(req, limit))) as Record<string, unknown>;
+        const expected: Record<string, unknown> = JSON.parse(JSON.stringify(body)) as Record<
+          string,
+          unknown
+        >;
+        const keys = Object.keys(given);
+        if (keys.length === 0) expected["max_tokens"] = 77;
+        for (const key of keys) {
+          const value = given[key as keyof typeof given];
+          expected[key] = value === null || value! > limit ? Number(limit) : value;
+        }
+        if (stream) expected["stream_options"] = { include_usage: true };
+        expect(out).toEqual(expected);
+        const sent = (out["max_completion_tokens"] ?? out["max_tokens"]) as number;
+        expect(BigInt(sent)).toBe(limit);
+      }),
+    );
+  });
+});
+
+describe("servers' own length controls", () => {
+  const controls = [
+    "n_predict",
+    "num_predict",
+    "min_tokens",
+    "ignore_eos",
+    "min_new_tokens",
+    "max_new_tokens",
+    "max_length",
+    "min_length",
+  ];
+
+  it("are refused, naming the field, whatever their value", () => {
+    for (const key of controls) {
+      for (const value of [1, 100000, -1, 0, true, "5", { n: 1 }]) {
+        rejects(withBody({ max_tokens: 8, [key]: value }), "invalid_request", `'${key}'`);
+      }
+    }
+    let error: unknown;
+    try {
+      parseBody({ ...minimal, n_predict: 5000 });
+    } catch (err) {
+      error = err;
+    }
+    expect((error as GatewayError).message).toBe(
+      "'n_predict' is llama.cpp's output length control, which would let the provider generate beyond the priced output limit: leave it out and set max_tokens or max_completion_tokens",
+    );
+  });
+
+  it("are accepted as null or false, and never reach the provider", () => {
+    const msgs = `"messages":${JSON.stringify(hello)}`;
+    for (const key of controls) {
+      for (const value of ["null", "false"]) {
+        const req = parseText(`{"${key}":${value},"model":"m",${msgs},"max_tokens":3}`);
+        expect(dec.decode(upstreamBody(req, 3n))).toBe(`{"model":"m",${msgs},"max_tokens":3}`);
+      }
+    }
+    const all = controls
+      .filter((key) => key !== "ignore_eos")
+      .map((key) => `"${key}" : null`)
+      .join(" , ");
+    const req = parseText(`{"model":"m", ${all} ,${msgs}, "ignore_eos": false}`);
+    expect(dec.decode(upstreamBody(req, 4n))).toBe(`{"max_tokens":4,"model":"m", ${msgs}}`);
   });
 });
 

@@ -104,6 +104,37 @@ export type ProviderPreferencesBody = Static<typeof ProviderPreferences>;
 const outputLimit = (description: string) =>
   OptionalNullable(Type.Integer({ minimum: 1 }), { description });
 
+/**
+ * Servers' own output length controls, with the servers that read them: each can make a
+ * provider generate other than what the quote priced (past its output limit, or on to it after
+ * the model's end of text). A request
+ * that sets one is refused (400 `invalid_request`, naming it): the gateway sends the priced limit
+ * as `max_tokens` / `max_completion_tokens` instead (see `upstreamBody`). `null` (and `false`)
+ * ask for nothing and are accepted, and cut from the body the provider receives.
+ */
+export const lengthControls = {
+  n_predict: "llama.cpp",
+  num_predict: "Ollama",
+  min_tokens: "vLLM",
+  ignore_eos: "vLLM, llama.cpp and SGLang",
+  min_new_tokens: "SGLang and Hugging Face",
+  max_new_tokens: "TGI, SGLang and Hugging Face",
+  max_length: "Hugging Face and KoboldCpp",
+  min_length: "Hugging Face",
+} as const;
+
+const lengthControl = (server: string) =>
+  Type.Optional(
+    Type.Union([Type.Null(), Type.Literal(false)], {
+      "x-error-message": `is ${server}'s output length control, which would let the provider generate beyond the priced output limit: leave it out and set max_tokens or max_completion_tokens`,
+      description: `${server}'s output length control: refused (400 invalid_request) unless absent, null or false; the priced limit goes to the provider as max_tokens or max_completion_tokens instead.`,
+    }),
+  );
+
+const lengthControlMembers = Object.fromEntries(
+  Object.entries(lengthControls).map(([name, server]) => [name, lengthControl(server)]),
+) as { [K in keyof typeof lengthControls]: ReturnType<typeof lengthControl> };
+
 export const ChatRequest = component(
   "ChatRequest",
   Type.Object(
@@ -117,7 +148,7 @@ export const ChatRequest = component(
       }),
       provider: OptionalNullable(ProviderPreferences),
       max_tokens: outputLimit(
-        "The output limit of each choice, read exactly (also beyond 2^53); max_completion_tokens wins when both are given. Absent: the offer's max_output_tokens, else 4096.",
+        "The output limit of each choice, read exactly (also beyond 2^53); max_completion_tokens wins when both are given. Absent: the offer's max_output_tokens, else 4096. The provider receives the priced limit: max_tokens is added when neither is given, and one above the limit (or null) is set to it.",
       ),
       max_completion_tokens: outputLimit(
         "The output limit of each choice, read exactly (also beyond 2^53); wins over max_tokens.",
@@ -156,11 +187,12 @@ export const ChatRequest = component(
           "An integer literal (a fraction such as 1.5, or 1.00000000000000001, is refused); relayed as written, so a 64-bit seed keeps every digit.",
       }),
       user: OptionalNullable(Type.String()),
+      ...lengthControlMembers,
     },
     {
       additionalProperties: true,
       description:
-        "OpenAI's chat completion request, with the gateway's offer and provider. An optional member set to null is absent; a member given twice is refused (400 invalid_request); the other members, unknown ones included, are relayed to the provider as the client wrote them, all but offer and provider. The quote binds model, messages, n, the output limit, tools, tool_choice and response_format.",
+        "OpenAI's chat completion request, with the gateway's offer and provider. An optional member set to null is absent; a member given twice is refused (400 invalid_request); the other members, unknown ones included, are relayed to the provider as the client wrote them, all but offer and provider; a server's own output length control (n_predict, min_tokens, ignore_eos...) is refused. The quote binds model, messages, n, the output limit, tools, tool_choice and response_format.",
     },
   ),
 );

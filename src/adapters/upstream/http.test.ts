@@ -10,8 +10,11 @@ import { startFakeUpstream, type FakeUpstream } from "../../../test/helpers/fake
 import { GatewayError } from "../../domain/errors.js";
 import type { LookupAll } from "./endpoint-guard.js";
 import {
+  answerDeadlineMs,
+  createUpstreamChat,
   createUpstreamClient,
   endpointTarget,
+  maxTimerMs,
   readEventData,
   readEventStream,
   type UpstreamClient,
@@ -411,6 +414,95 @@ describe("upstream client", () => {
     } finally {
       await failing.stop();
     }
+  });
+});
+
+describe("answerDeadlineMs", () => {
+  it.each([
+    // the default limit at the default speed: 4096 tokens at 10/s
+    [30_000, 4096n, 10, 409_600],
+    // four choices of it
+    [30_000, 4096n * 4n, 10, 1_638_400],
+    // a short answer keeps the headers deadline
+    [30_000, 10n, 10, 30_000],
+    [30_000, 300n, 10, 30_000],
+    [30_000, 301n, 10, 30_100],
+    // rounded up to the millisecond
+    [100, 1n, 3, 334],
+    [100, 0n, 3, 100],
+    // beyond what a timer holds (and beyond 2^53): the longest timer
+    [30_000, 10n ** 30n, 10, maxTimerMs],
+    [30_000, 2_147_483_648n, 1, maxTimerMs],
+  ])("headers %i ms, %s tokens at %i/s: %i ms", (headersTimeoutMs, tokens, speed, expected) => {
+    expect(
+      answerDeadlineMs({ headersTimeoutMs, outputTokens: tokens, minTokensPerSecond: speed }),
+    ).toBe(expected);
+  });
+
+  it("refuses a speed that is not positive", () => {
+    expect(() =>
+      answerDeadlineMs({ headersTimeoutMs: 1, outputTokens: 1n, minTokensPerSecond: 0 }),
+    ).toThrow(RangeError);
+  });
+});
+
+describe("createUpstreamChat", () => {
+  const timeouts = { timeoutMs: 150, idleTimeoutMs: 150, minTokensPerSecond: 10 };
+  const chat = () => createUpstreamChat(client, timeouts);
+  const body = new TextEncoder().encode('{"model":"m","messages":[]}');
+  const answer = '{"choices":[{"message":{"content":"late"}}]}';
+
+  /** A server that sends its headers (and the whole answer) only after `ms`, as vLLM does. */
+  const headersAfter = (ms: number) =>
+    listen((_req, res) => {
+      setTimeout(() => {
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(answer);
+      }, ms);
+    });
+
+  it("gives a JSON answer the time its output takes at the least speed, headers included", async () => {
+    const url = await headersAfter(500);
+    // 50 tokens at 10/s: 5 s
+    const reply = await chat()({ url }, body, {
+      signal: new AbortController().signal,
+      answerOutputTokens: 50n,
+    });
+    expect(reply.status).toBe(200);
+    expect(await reply.text()).toBe(answer);
+  });
+
+  it("holds a stream, and a JSON answer past its output's time, to the headers deadline", async () => {
+    const url = await headersAfter(500);
+    const stream = await rejection(chat()({ url }, body, { signal: new AbortController().signal }));
+    expect(stream).toBeInstanceOf(GatewayError);
+    expect((stream as GatewayError).message).toBe("upstream did not answer within 150 ms");
+    // 2 tokens at 10/s: 200 ms, longer than the headers deadline and shorter than the answer
+    const json = await rejection(
+      chat()({ url }, body, { signal: new AbortController().signal, answerOutputTokens: 2n }),
+    );
+    expect((json as GatewayError).code).toBe("upstream_unavailable");
+    expect((json as GatewayError).message).toBe("upstream did not answer within 200 ms");
+  });
+
+  it("lets a JSON body that follows early headers be as silent as its output's time", async () => {
+    const url = await listen((_req, res) => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.flushHeaders();
+      // Beyond the idle timeout even at undici's body timer resolution (about a second).
+      setTimeout(() => res.end(answer), 2000);
+    });
+    const reply = await chat()({ url }, body, {
+      signal: new AbortController().signal,
+      answerOutputTokens: 50n,
+    });
+    expect(await reply.text()).toBe(answer);
+    // A stream's body is held to the idle timeout.
+    const streamed = await chat()({ url }, body, { signal: new AbortController().signal });
+    const events = (async () => {
+      for await (const _ of streamed.events()) void _;
+    })();
+    expect(((await rejection(events)) as GatewayError).code).toBe("upstream_error");
   });
 });
 

@@ -23,6 +23,7 @@ import type {
   ChatInput,
   ChatTrace,
   InferenceDeps,
+  UpstreamChatOptions,
   UpstreamReply,
   UsageFigures,
 } from "./types.js";
@@ -46,10 +47,14 @@ export interface RelayContext {
  * which no other offer would answer differently. `providerFault`: the provider failed (no
  * answer, or a 5xx), which counts against its reputation; a 4xx (the client's own input, or a
  * 429 any client can provoke by flooding) and a failure before the provider was called do not.
+ *
+ * The body carries the output limit priced for this offer ({@link outputLimit} with its
+ * capabilities; see {@link upstreamBody}), and a non-streamed call is given the time that
+ * output takes ({@link UpstreamChatOptions.answerOutputTokens}).
  */
 export async function callProvider(
   deps: Pick<InferenceDeps, "endpoints" | "upstream">,
-  offerId: Hex,
+  offer: { readonly offerId: Hex; readonly capabilities: Record<string, unknown> },
   req: ChatRequest,
   signal: AbortSignal,
 ): Promise<
@@ -57,7 +62,7 @@ export async function callProvider(
 > {
   let endpoint: Awaited<ReturnType<typeof deps.endpoints>>;
   try {
-    endpoint = await deps.endpoints(offerId);
+    endpoint = await deps.endpoints(offer.offerId);
   } catch (error) {
     // The endpoint could not be read (the database): no provider is called; 503, not 500.
     const failure =
@@ -75,9 +80,13 @@ export async function callProvider(
       providerFault: false,
     };
   }
+  const limit = outputLimit(req, offer.capabilities);
+  const options: UpstreamChatOptions = req.stream
+    ? { signal }
+    : { signal, answerOutputTokens: limit * req.choices };
   let reply: UpstreamReply;
   try {
-    reply = await deps.upstream(endpoint, upstreamBody(req), { signal });
+    reply = await deps.upstream(endpoint, upstreamBody(req, limit), options);
   } catch (error) {
     const failure =
       error instanceof GatewayError
@@ -242,7 +251,7 @@ export async function* serve(
       if (!dispatched) observer?.overhead((calledAt - s.arrivedAt) / 1000);
       dispatched = true;
       s.trace?.step("upstream");
-      const called = callProvider(deps, current.offer.offerId, req, abort.signal);
+      const called = callProvider(deps, current.offer, req, abort.signal);
       // Counted while the provider works, not before the call (DESIGN.md 10: no added latency).
       if (inputCount === undefined) setImmediate(countInputQuietly);
       const attempt = await called;

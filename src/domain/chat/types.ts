@@ -235,8 +235,20 @@ export interface UpstreamReply {
 export type UpstreamChat = (
   endpoint: EndpointSecret,
   body: Uint8Array,
-  options: { signal: AbortSignal },
+  options: UpstreamChatOptions,
 ) => Promise<UpstreamReply>;
+
+export interface UpstreamChatOptions {
+  readonly signal: AbortSignal;
+  /**
+   * A non-streamed call: the most output tokens its answer may hold (the priced limit of each
+   * choice times the choices). An OpenAI-compatible server sends a JSON answer's headers only
+   * once it is generated, so the adapter waits for them (and for the body) as long as these
+   * tokens take at UPSTREAM_MIN_TOKENS_PER_SECOND, if that is longer than UPSTREAM_TIMEOUT_MS.
+   * Absent (streams): the headers deadline alone.
+   */
+  readonly answerOutputTokens?: bigint | undefined;
+}
 
 export type IdempotencyClaim =
   | { readonly state: "claimed" }
