@@ -7,6 +7,9 @@ const measured = (m: Partial<Parameters<typeof reputationOf>[0] & object> = {}) 
   served: 0,
   failed: 0,
   samples: 0,
+  claimed: 0,
+  diverged: 0,
+  excluded: false,
   ...m,
 });
 const counts = (passed: number, rejected: number, flags: number) => ({
@@ -14,6 +17,14 @@ const counts = (passed: number, rejected: number, flags: number) => ({
   verificationsRejected: rejected,
   flags,
 });
+
+const noDivergence = {
+  claimed: 0,
+  diverged: 0,
+  shareBps: undefined,
+  flagged: false,
+  excluded: false,
+};
 
 describe("offer reputation", () => {
   it("shows nothing measured and no score for a new offer", () => {
@@ -26,6 +37,7 @@ describe("offer reputation", () => {
       flags: 0,
       requests: 0,
       windowSeconds: 900,
+      usageDivergence: noDivergence,
     });
   });
 
@@ -45,6 +57,7 @@ describe("offer reputation", () => {
       flags: 0,
       requests: 10,
       windowSeconds: 900,
+      usageDivergence: noDivergence,
     });
     expect(r.score).toBe(7700);
   });

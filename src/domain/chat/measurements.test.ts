@@ -24,6 +24,9 @@ describe("offer measurements", () => {
       served: 3,
       failed: 0,
       samples: 3,
+      claimed: 0,
+      diverged: 0,
+      excluded: false,
     });
     // No measurable generation time: no throughput sample; no timing at all: counted only.
     m.served(offer, { latencyMs: 200, outputTokens: 1n, generationMs: 0 });
@@ -35,6 +38,9 @@ describe("offer measurements", () => {
       served: 5,
       failed: 1,
       samples: 4,
+      claimed: 0,
+      diverged: 0,
+      excluded: false,
     });
   });
 
@@ -67,6 +73,9 @@ describe("offer measurements", () => {
         failed: 50,
         latency: [[binOf(9999), 50, 9999 * 50]],
         throughput: [],
+        claimed: 0,
+        diverged: 0,
+        divergenceSince: 0,
       },
       {
         offerId: offer,
@@ -75,6 +84,9 @@ describe("offer measurements", () => {
         failed: 3,
         latency: [[binOf(400), 2, 800]],
         throughput: [],
+        claimed: 0,
+        diverged: 0,
+        divergenceSince: 0,
       },
     ];
     m.absorb(rows);
@@ -85,6 +97,9 @@ describe("offer measurements", () => {
       served: 3,
       failed: 3,
       samples: 3,
+      claimed: 0,
+      diverged: 0,
+      excluded: false,
     });
   });
 
@@ -127,12 +142,17 @@ describe("offer measurements", () => {
             failed: 0,
             latency: [[binOf(50), 1, 50]],
             throughput: [[binOf(5), 1, 5]],
+            claimed: 0,
+            diverged: 0,
+            divergenceSince: 0,
           },
         ],
         readCounts: async (from) => {
           since.push(from);
           return new Map([[offer, { verificationsPassed: 1, verificationsRejected: 0, flags: 2 }]]);
         },
+        readExclusions: async () => [],
+        exclude: async () => false,
       },
     });
     await sync.runOnce();
@@ -146,6 +166,9 @@ describe("offer measurements", () => {
       served: 1,
       failed: 0,
       samples: 1,
+      claimed: 0,
+      diverged: 0,
+      excluded: false,
     });
     expect(sync.counts(offer)).toEqual({
       verificationsPassed: 1,

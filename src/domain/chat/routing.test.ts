@@ -93,7 +93,16 @@ describe("provider preferences in routing (OpenRouter's provider object)", () =>
       {
         measured: (o) =>
           o === dear
-            ? { latencyMs: 10, throughput: undefined, served: 1, failed: 0, samples: 1 }
+            ? {
+                latencyMs: 10,
+                throughput: undefined,
+                served: 1,
+                failed: 0,
+                samples: 1,
+                claimed: 0,
+                diverged: 0,
+                excluded: false,
+              }
             : undefined,
       },
     ).map((c) => c.offer.offerId);
