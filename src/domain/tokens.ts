@@ -37,10 +37,7 @@ export interface TokenCounters {
    * model's tokenizer the first time it is asked for (from local files, never the network);
    * the byte bound for a model the registry does not know.
    */
-  forModel(model: {
-    readonly repository: string;
-    readonly revision: string;
-  }): Promise<TokenCounter>;
+  forModel(model: { readonly repository: string; readonly revision: string }): Promise<TokenCounter>;
 }
 
 /**

@@ -136,9 +136,7 @@ function min(a: bigint, b: bigint): bigint {
 }
 
 /** The offer's reasoning declaration, from its capabilities (anything else: none). */
-export function reasoningPolicyOf(
-  capabilities: Readonly<Record<string, unknown>>,
-): ReasoningPolicy {
+export function reasoningPolicyOf(capabilities: Readonly<Record<string, unknown>>): ReasoningPolicy {
   const ratio = capabilities["hidden_reasoning_ratio"];
   return {
     hiddenReasoningRatio:
