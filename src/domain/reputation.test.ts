@@ -88,3 +88,29 @@ describe("offer reputation", () => {
     expect(isFailing(undefined)).toBe(false);
   });
 });
+
+describe("offer reputation: usage divergence", () => {
+  it("shows the divergence and takes ten times its share off the score, from 20 claims", () => {
+    // Served 20, no timing, no runs: S = 10000 alone.
+    const of = (diverged: number, claimed = 20, excluded = false) =>
+      reputationOf(measured({ served: 20, claimed, diverged, excluded }), undefined, 900);
+    expect(of(0)).toMatchObject({
+      score: 10000,
+      usageDivergence: { claimed: 20, diverged: 0, shareBps: 0, flagged: false, excluded: false },
+    });
+    // 1 of 20: 500 bps, 5000 off the factor.
+    expect(of(1).score).toBe(5000);
+    expect(of(2).score).toBe(0);
+    expect(of(3)).toMatchObject({
+      score: 0,
+      usageDivergence: { shareBps: 1500, flagged: true, excluded: false },
+    });
+    // Fewer than 20 claims: no penalty yet (one unlucky answer costs nothing).
+    expect(of(1, 19).score).toBe(10000);
+    // Excluded: 0 whatever the window holds.
+    expect(of(0, 20, true)).toMatchObject({
+      score: 0,
+      usageDivergence: { flagged: true, excluded: true },
+    });
+  });
+});
