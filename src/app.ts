@@ -20,6 +20,7 @@ import type { Config } from "./config.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import type { MeasurementSync } from "./domain/chat/measurements.js";
 import type { EndpointSecret, HealthMonitor } from "./domain/health.js";
+import { boundCounters } from "./domain/tokens.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
 import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
 import { listen } from "./listen.js";
@@ -124,6 +125,8 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       storage,
       chain,
       upstream,
+      // The byte bound until the tokenizer registry's counters are wired here (issue 27).
+      counters: boundCounters,
       clock,
       logger,
     });
