@@ -431,6 +431,8 @@ export interface MeasurementSync {
   runOnce(): Promise<void>;
   start(): void;
   stop(): Promise<void>;
+  /** Reads the usage exclusions now (before serving: a round only comes after `intervalMs`). */
+  readExclusions(): Promise<void>;
   /** The record counts of an offer as last read (undefined: none in the window). */
   counts(offerId: Hex): OfferRecordCounts | undefined;
 }
@@ -445,7 +447,8 @@ export interface MeasurementSync {
  * Usage exclusions (src/domain/divergence.ts) go through the same round: read first (a
  * clearing restarts the counts before they are written), then, once the others' windows are
  * merged, the offers whose share calls for it are excluded in the database, for every process.
- * `start` reads them at once, so a restarted process routes nothing to an excluded offer.
+ * A process reads them before it serves (`readExclusions`), so a restart routes nothing to an
+ * excluded offer.
  */
 export function createMeasurementSync(deps: {
   measurements: OfferMeasurements;
@@ -490,11 +493,9 @@ export function createMeasurementSync(deps: {
       if (timer !== undefined) return;
       timer = setTimeout(loop, deps.intervalMs);
       timer.unref();
-      // Standing exclusions at once (a round only comes after `intervalMs`).
-      round = deps.store
-        .readExclusions()
-        .then((rows) => deps.measurements.setExclusions(rows))
-        .catch((error: unknown) => deps.onError?.(error));
+    },
+    async readExclusions() {
+      deps.measurements.setExclusions(await deps.store.readExclusions());
     },
     async stop() {
       const t = timer;
