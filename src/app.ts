@@ -129,6 +129,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       storage,
       chain,
       upstream,
+      counters: tokens,
       clock,
       logger,
     });

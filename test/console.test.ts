@@ -48,6 +48,7 @@ interface Offer {
   status: string;
   tariff: { input_price_per_mtok: string; output_price_per_mtok: string; wake_fee: string };
   reputation: Reputation;
+  usage_divergence: { claimed: number; flagged: boolean; excluded: boolean };
 }
 interface RequestRecord {
   id: string;
@@ -299,6 +300,14 @@ describe("market console (GET /console) on npm start's sandbox", () => {
         ).toBe("present");
         expect(await page.locator(`${card} [data-field="requests"] dd`).textContent()).toBe(
           String(offer.reputation.requests),
+        );
+        // Its usage claims against the gateway's count: the demo provider is honest.
+        expect(offer.usage_divergence).toMatchObject({ flagged: false, excluded: false });
+        expect(
+          await page.locator(`${card} [data-divergence]`).getAttribute("data-divergence"),
+        ).toBe("none");
+        expect(await page.locator(`${card} [data-field="claimed"] dd`).textContent()).toBe(
+          String(offer.usage_divergence.claimed),
         );
       }
       await page.screenshot({ path: join(artifacts, "catalog.png"), fullPage: true });

@@ -1333,6 +1333,9 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     await verify({ status: 422, code: "completion_failed" }, coderOffer);
     coderFake.setOptions({ garbage: undefined, omitDone: true });
     await verify({ status: 422, code: "stream_failed" }, coderOffer);
+    coderFake.setOptions({ omitDone: undefined, inflateUsage: { outputLimit: true } });
+    await verify({ status: 422, code: "usage_diverged" }, coderOffer);
+    coderFake.setOptions({ inflateUsage: undefined });
     // No answer is not a wrong answer: 502, the verification (if any) left standing.
     coderFake.setOptions({ omitDone: undefined, failStatus: 500 });
     await verify({ status: 502, code: "endpoint_unreachable" }, coderOffer);

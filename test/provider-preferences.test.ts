@@ -353,6 +353,9 @@ describe("provider preferences (OpenRouter's provider object)", () => {
       served: 1,
       failed: 1,
       samples: 1,
+      claimed: 0,
+      diverged: 0,
+      excluded: false,
     });
     mine.served(unserved, { latencyMs: 1000, outputTokens: 10n, generationMs: 1000 });
     mine.served(unserved, { latencyMs: 1000, outputTokens: 10n, generationMs: 1000 });

@@ -150,6 +150,16 @@ export async function wireChat(
         "sharing offer measurements failed",
       ),
   });
+  // Offers excluded for diverging usage claims are out of routing from the first request (a
+  // failed read is logged; the first round, 5 s later, reads them again).
+  await measurementSync
+    .readExclusions()
+    .catch((error: unknown) =>
+      logger.warn(
+        { error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
+        "reading usage exclusions failed",
+      ),
+    );
   measurementSync.start();
   const lookupEndpoint = async (offerId: Hex): Promise<EndpointSecret | undefined> => {
     const registered = await getRegisteredEndpoint(db.pool, offerId);

@@ -9,6 +9,7 @@ import type { UpstreamClient } from "../adapters/upstream/http.js";
 import { createEndpointProber } from "../adapters/upstream/probe.js";
 import type { Config } from "../config.js";
 import { createHealthMonitor } from "../domain/health.js";
+import type { TokenCounters } from "../domain/tokens.js";
 import { createRegistrationService, openEndpoint } from "../domain/registration.js";
 import type { Storage } from "./storage.js";
 
@@ -20,6 +21,8 @@ export function wireProviders(
     readonly storage: Storage;
     readonly chain: PublicClient;
     readonly upstream: UpstreamClient;
+    /** The models' token counters verification counts its probes' usage with. */
+    readonly counters: TokenCounters;
     readonly clock: () => number;
     readonly logger: Logger;
   },
@@ -41,7 +44,7 @@ export function wireProviders(
   const health = createHealthMonitor({
     store: createPgEndpointHealthStore(db.pool),
     open: (offerId, sealed) => openEndpoint(storage.sealer, offerId, sealed),
-    prober: createEndpointProber(deps.upstream),
+    prober: createEndpointProber(deps.upstream, { counters: deps.counters }),
     intervalMs: config.probeIntervalMs,
     concurrency: config.probeConcurrency,
     staleMs: config.probeStaleMs,

@@ -56,7 +56,10 @@ export function modelToMessage(model: ModelRecord, directory: ModelDirectory): M
   });
 }
 
-/** An offer as the catalog shows it; `reputation` where the answer is the catalog's. */
+/**
+ * An offer as the catalog shows it; `reputation` (and the usage divergence it carries) where the
+ * answer is the catalog's.
+ */
 export function offerToMessage(offer: OfferRecord, reputation?: Reputation): Offer {
   return create(OfferSchema, {
     offerId: offer.offerId,
@@ -91,6 +94,16 @@ export function offerToMessage(offer: OfferRecord, reputation?: Reputation): Off
             flags: reputation.flags,
             requests: reputation.requests,
             windowSeconds: reputation.windowSeconds,
+          },
+    usageDivergence:
+      reputation === undefined
+        ? undefined
+        : {
+            claimed: reputation.usageDivergence.claimed,
+            diverged: reputation.usageDivergence.diverged,
+            shareBps: reputation.usageDivergence.shareBps,
+            flagged: reputation.usageDivergence.flagged,
+            excluded: reputation.usageDivergence.excluded,
           },
   });
 }

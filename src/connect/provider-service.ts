@@ -17,6 +17,7 @@ import {
 } from "../../gen/gateway/v1/provider_pb.js";
 import { BatchStatus } from "../../gen/gateway/v1/settlement_pb.js";
 import type { Catalog, OfferRecord } from "../domain/catalog.js";
+import { reasoningPolicyOf } from "../domain/chat/usage.js";
 import { GatewayError } from "../domain/errors.js";
 import type { HealthMonitor, VerificationOutcome } from "../domain/health.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
@@ -200,10 +201,16 @@ export function createProviderService(
         model.modelId,
         ...catalog.directory.aliases(model.modelId),
       ];
+      // The probes' usage is counted with the model's tokenizer, the offer's declared hidden
+      // reasoning allowed (DESIGN.md section 10).
       const outcome = await health.verify(
         offerId,
         [...new Set(names)],
         deps.verificationTtlSeconds,
+        {
+          model: { repository: model.repository, revision: model.revision },
+          reasoning: reasoningPolicyOf(offer.capabilities),
+        },
       );
       // A run that changed the verification drops this process's routing copies at once.
       if (!outcome.replayed && outcome.outcome !== "unreachable") deps.onEndpointChange?.();

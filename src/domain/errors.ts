@@ -102,6 +102,8 @@ export const errorCodes = {
   completion_failed: "unprocessable",
   stream_failed: "unprocessable",
   usage_missing: "unprocessable",
+  // The provider's usage claim for a verification prompt ran above the gateway's own count.
+  usage_diverged: "unprocessable",
   // Over the API key's request rate or its concurrent streams (per replica); carries Retry-After.
   rate_limited: "rate_limited",
   offer_at_capacity: "rate_limited",

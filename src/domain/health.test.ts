@@ -10,9 +10,10 @@ import {
   recordVerification,
 } from "../adapters/pg/endpoint-health.js";
 import type { Queryable } from "../adapters/pg/catalog.js";
+import { excludeOffer, readUsageExclusions } from "../adapters/pg/offer-measurements.js";
 import { upsertProviderEndpoint } from "../adapters/pg/registrations.js";
 import { createUpstreamClient, type UpstreamClient } from "../adapters/upstream/http.js";
-import { createEndpointProber } from "../adapters/upstream/probe.js";
+import { countingMaxTokens, createEndpointProber } from "../adapters/upstream/probe.js";
 import { GatewayError } from "./errors.js";
 import {
   createHealthMonitor,
@@ -470,6 +471,74 @@ describe("health monitor", () => {
     });
   });
 
+  // Issue 27, item 9: a usage claim above the gateway's count is a wrong answer.
+  it("fails a provider whose usage claims diverge, clearing its standing verification", async () => {
+    const f = await fake();
+    const offerId = await registeredOffer({ url: f.url, token });
+    const m = monitor();
+    expect(await m.verify(offerId, names, 3600)).toMatchObject({ ok: true });
+    f.setOptions({ inflateUsage: { outputLimit: true } });
+    now += 100;
+    const result = await m.verify(offerId, names, 3600, {
+      model: { repository: "acme/llama", revision: "main" },
+      reasoning: { hiddenReasoningRatio: 0n },
+    });
+    expect(result).toMatchObject({
+      ok: false,
+      outcome: "rejected",
+      check: "usage_diverged",
+      message: `a chat completion whose usage the gateway counts: usage claim ${countingMaxTokens} output tokens for an answer the gateway counts 17 with the byte bound (tolerance 0)`,
+      verifiedAt: undefined,
+      expiresAt: undefined,
+    });
+    expect(await getEndpointHealth(db, offerId)).toMatchObject({
+      verifiedAt: undefined,
+      verificationExpiresAt: undefined,
+      verificationError: "usage_diverged",
+    });
+  });
+
+  // Issue 27, item 5: "until its operator verifies again".
+  it("clears a usage exclusion only by a verification that passes", async () => {
+    const f = await fake({ inflateUsage: { outputLimit: true } });
+    const offerId = await registeredOffer({ url: f.url, token });
+    const excluded = await excludeOffer(
+      db,
+      { offerId, claimed: 20, diverged: 20, since: 0 },
+      now - 50,
+    );
+    expect(excluded).toBe(true);
+    const standing = async () => (await readUsageExclusions(db)).find((e) => e.offerId === offerId);
+    expect(await standing()).toEqual({ offerId, excludedAt: now - 50, clearedAt: undefined });
+    const m = monitor();
+    // Still lying: rejected, and the exclusion stands.
+    expect(await m.verify(offerId, names, 3600)).toMatchObject({ check: "usage_diverged" });
+    // No answer at all: nothing said about the endpoint, the exclusion stands.
+    f.setOptions({ inflateUsage: undefined, failStatus: 503 });
+    now += 10;
+    expect(await m.verify(offerId, names, 3600)).toMatchObject({ outcome: "unreachable" });
+    expect(await standing()).toEqual({ offerId, excludedAt: now - 60, clearedAt: undefined });
+    // Honest again: verified, and the exclusion cleared then.
+    f.setOptions({ failStatus: undefined });
+    now += 10;
+    expect(await m.verify(offerId, names, 3600)).toMatchObject({ ok: true });
+    expect(await standing()).toEqual({ offerId, excludedAt: now - 70, clearedAt: now });
+    // A process that saw the clearing cannot exclude it again with its counts from before.
+    expect(
+      await excludeOffer(db, { offerId, claimed: 20, diverged: 20, since: now - 1 }, now),
+    ).toBe(false);
+    // With counts that follow the clearing it can.
+    now += 10;
+    expect(
+      await excludeOffer(db, { offerId, claimed: 20, diverged: 20, since: now - 10 }, now),
+    ).toBe(true);
+    expect(await standing()).toEqual({ offerId, excludedAt: now, clearedAt: undefined });
+    // Standing: a second exclusion writes nothing.
+    expect(await excludeOffer(db, { offerId, claimed: 30, diverged: 30, since: 0 }, now)).toBe(
+      false,
+    );
+  });
+
   it("shares one run among concurrent callers", async () => {
     const f = await fake({ delayMs: 50 });
     const offerId = await registeredOffer({ url: f.url, token });
@@ -478,8 +547,9 @@ describe("health monitor", () => {
       Array.from({ length: 20 }, () => m.verify(offerId, names, 60)),
     );
     expect(f.calls("/v1/models")).toBe(1);
-    // One-token completion, stream, then the tools and JSON-schema feature checks.
-    expect(f.calls("/v1/chat/completions")).toBe(4);
+    // One-token completion, stream, the counting completion (JSON and streamed), then the
+    // tools and JSON-schema feature checks.
+    expect(f.calls("/v1/chat/completions")).toBe(6);
     expect(new Set(results).size).toBe(1);
     expect(results[0]).toMatchObject({ ok: true, replayed: false });
   });

@@ -1,4 +1,5 @@
 import type { Hex } from "viem";
+import type { ReasoningPolicy } from "./chat/usage.js";
 import { GatewayError } from "./errors.js";
 import { normalizeHex } from "./hex.js";
 import type { OfferFeature } from "./offer-features.js";
@@ -8,7 +9,8 @@ import type { OfferFeature } from "./offer-features.js";
  *
  * A background loop probes every registered endpoint (`running`), on-demand probes refresh a
  * stale verdict when someone asks for an offer's health, and `verify` runs the full
- * conformance check (model listed, one-token completion, stream with usage) whose success
+ * conformance check (model listed, one-token completion, stream with usage, usage claims the
+ * gateway's own count does not contradict) whose success
  * makes an offer eligible for chat until `verification_expires_at`.
  *
  * Verification is open to any API key, so it must not be a lever against the offer (DESIGN.md
@@ -16,7 +18,7 @@ import type { OfferFeature } from "./offer-features.js";
  * result) and bounded (one run per `verifyMinIntervalSeconds` across every gateway sharing the
  * database, claimed on the endpoint's row; callers inside the bound get the last run's outcome
  * and when it ran). Only a wrong answer (`rejected`: model not listed, invalid completion, stream
- * without usage) clears `verified_at`; a run that failed in transport (`unreachable`: timeout,
+ * without usage, a usage claim above the gateway's count) clears `verified_at`; a run that failed in transport (`unreachable`: timeout,
  * refused connection, 429, 5xx) leaves a standing verification in place, so neither a flood of
  * verifications nor a provider's passing overload knocks the offer out of routing.
  *
@@ -37,6 +39,7 @@ export const verificationChecks = [
   "completion_failed",
   "stream_failed",
   "usage_missing",
+  "usage_diverged",
 ] as const;
 export type VerificationCheck = (typeof verificationChecks)[number];
 
@@ -63,6 +66,15 @@ export type EndpointVerification =
 /** How a verification run ended: passed, answered wrongly, or could not get an answer. */
 export type VerificationRunOutcome = "verified" | "rejected" | "unreachable";
 
+/**
+ * What a verification counts the probes' usage with: the offer's model (its token counter, by
+ * repository and revision as the chain names them) and the offer's declared hidden reasoning.
+ */
+export interface VerificationSubject {
+  readonly model: { readonly repository: string; readonly revision: string };
+  readonly reasoning: ReasoningPolicy;
+}
+
 /** Talks to provider endpoints (the upstream adapter). Neither method throws. */
 export interface EndpointProber {
   /**
@@ -70,10 +82,14 @@ export interface EndpointProber {
    * false at once when `signal` aborts (the monitor stops: shutdown does not wait for a probe).
    */
   probeLiveness(endpoint: EndpointSecret, signal?: AbortSignal): Promise<boolean>;
-  /** Runs the conformance checks in order and reports the first that fails. */
+  /**
+   * Runs the conformance checks in order and reports the first that fails; the probes' usage
+   * claims are counted with `subject`'s token counter (without one, the byte bound).
+   */
   verifyEndpoint(
     endpoint: EndpointSecret,
     modelNames: readonly string[],
+    subject?: VerificationSubject,
   ): Promise<EndpointVerification>;
 }
 
@@ -232,13 +248,16 @@ export interface HealthMonitor {
    * `verifyMinIntervalSeconds` after the last run was claimed (by any gateway sharing the
    * store) gets that run's outcome (`replayed`), or `rate_limited` while the first run of the
    * endpoint is still under way elsewhere. `modelNames` are the names the provider may know
-   * the offer's model by (public id, ModelID, aliases). Throws `offer_not_found` when no
-   * endpoint is registered.
+   * the offer's model by (public id, ModelID, aliases); `subject` what its usage claims are
+   * counted with. A run that passes also clears a standing usage exclusion (the store's
+   * `recordVerification`; docs/decisions.md "Usage divergence"). Throws `offer_not_found` when
+   * no endpoint is registered.
    */
   verify(
     offerId: Hex,
     modelNames: readonly string[],
     ttlSeconds: number,
+    subject?: VerificationSubject,
   ): Promise<VerificationOutcome>;
 }
 
@@ -332,6 +351,7 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
     id: Hex,
     modelNames: readonly string[],
     ttlSeconds: number,
+    subject: VerificationSubject | undefined,
   ): Promise<VerificationOutcome> => {
     const endpoint = await store.getRegisteredEndpoint(id);
     if (endpoint === undefined) {
@@ -350,7 +370,7 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
         cause: err instanceof Error ? new Error(err.name) : undefined,
       });
     }
-    const result = await prober.verifyEndpoint(secret, modelNames);
+    const result = await prober.verifyEndpoint(secret, modelNames, subject);
     const now = clock();
     const record: VerificationRecord = result.ok
       ? {
@@ -448,12 +468,14 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
       refreshing.set(id, task);
       return task;
     },
-    verify(offerId, modelNames, ttlSeconds) {
+    verify(offerId, modelNames, ttlSeconds, subject) {
       const id = normalizeHex(offerId);
       // Keyed by offer alone: the names and TTL of one offer are the same for every caller.
       const shared = verifying.get(id);
       if (shared !== undefined) return shared;
-      const task = runVerification(id, modelNames, ttlSeconds).finally(() => verifying.delete(id));
+      const task = runVerification(id, modelNames, ttlSeconds, subject).finally(() =>
+        verifying.delete(id),
+      );
       verifying.set(id, task);
       return task;
     },

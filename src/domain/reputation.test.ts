@@ -7,6 +7,9 @@ const measured = (m: Partial<Parameters<typeof reputationOf>[0] & object> = {}) 
   served: 0,
   failed: 0,
   samples: 0,
+  claimed: 0,
+  diverged: 0,
+  excluded: false,
   ...m,
 });
 const counts = (passed: number, rejected: number, flags: number) => ({
@@ -14,6 +17,14 @@ const counts = (passed: number, rejected: number, flags: number) => ({
   verificationsRejected: rejected,
   flags,
 });
+
+const noDivergence = {
+  claimed: 0,
+  diverged: 0,
+  shareBps: undefined,
+  flagged: false,
+  excluded: false,
+};
 
 describe("offer reputation", () => {
   it("shows nothing measured and no score for a new offer", () => {
@@ -26,6 +37,7 @@ describe("offer reputation", () => {
       flags: 0,
       requests: 0,
       windowSeconds: 900,
+      usageDivergence: noDivergence,
     });
   });
 
@@ -45,6 +57,7 @@ describe("offer reputation", () => {
       flags: 0,
       requests: 10,
       windowSeconds: 900,
+      usageDivergence: noDivergence,
     });
     expect(r.score).toBe(7700);
   });
@@ -73,5 +86,31 @@ describe("offer reputation", () => {
     expect(isFailing(measured({ served: 8, failed: 2 }))).toBe(false);
     expect(isFailing(measured({ served: 0, failed: 9 }))).toBe(false);
     expect(isFailing(undefined)).toBe(false);
+  });
+});
+
+describe("offer reputation: usage divergence", () => {
+  it("shows the divergence and takes ten times its share off the score, from 20 claims", () => {
+    // Served 20, no timing, no runs: S = 10000 alone.
+    const of = (diverged: number, claimed = 20, excluded = false) =>
+      reputationOf(measured({ served: 20, claimed, diverged, excluded }), undefined, 900);
+    expect(of(0)).toMatchObject({
+      score: 10000,
+      usageDivergence: { claimed: 20, diverged: 0, shareBps: 0, flagged: false, excluded: false },
+    });
+    // 1 of 20: 500 bps, 5000 off the factor.
+    expect(of(1).score).toBe(5000);
+    expect(of(2).score).toBe(0);
+    expect(of(3)).toMatchObject({
+      score: 0,
+      usageDivergence: { shareBps: 1500, flagged: true, excluded: false },
+    });
+    // Fewer than 20 claims: no penalty yet (one unlucky answer costs nothing).
+    expect(of(1, 19).score).toBe(10000);
+    // Excluded: 0 whatever the window holds.
+    expect(of(0, 20, true)).toMatchObject({
+      score: 0,
+      usageDivergence: { flagged: true, excluded: true },
+    });
   });
 });

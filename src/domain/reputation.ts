@@ -1,4 +1,5 @@
 import type { OfferMeasurement, OfferRecordCounts } from "./chat/measurements.js";
+import { divergenceMinClaims, usageDivergenceOf, type UsageDivergence } from "./divergence.js";
 
 /**
  * An offer's reputation (issue 22; docs/decisions.md "Offer reputation"): what the gateway
@@ -15,7 +16,11 @@ import type { OfferMeasurement, OfferRecordCounts } from "./chat/measurements.js
  *
  * (each term rounded down, the mean rounded down), times the share of requests not flagged,
  * tenfold: `(10000 - min(10000, 10 * flag rate)) / 10000`, so 1 % of requests flagged costs 10 %
- * of the score and 10 % costs all of it. A term without data is left out of the mean (its
+ * of the score and 10 % costs all of it; and times the share of usage claims that did not
+ * diverge from the gateway's count, tenfold, the same way (`(10000 - min(10000, 10 * share))
+ * / 10000`, once the window holds `divergenceMinClaims` claimed answers; 0 for an offer
+ * excluded for its claims): an offer flagged for divergence (more than 10 %) scores 0. A term
+ * without data is left out of the mean (its
  * weight too). Without a request counted in the window there is no score (null), as a new
  * offer shows: a verification says the endpoint conforms, not how it serves, and a score of
  * the verification alone would put a newcomer above every offer with a record.
@@ -53,6 +58,8 @@ export interface Reputation {
   /** Requests counted: served plus failed by the provider. */
   readonly requests: number;
   readonly windowSeconds: number;
+  /** Its usage claims against the gateway's count (src/domain/divergence.ts). */
+  readonly usageDivergence: UsageDivergence;
 }
 
 const bps = (part: number, whole: number): number => Math.floor((part * 10000) / whole);
@@ -71,6 +78,7 @@ export function reputationOf(
   const verificationPassRateBps =
     runs === 0 ? undefined : bps(counts?.verificationsPassed ?? 0, runs);
   const flags = counts?.flags ?? 0;
+  const usageDivergence = usageDivergenceOf(measured);
 
   const terms: [value: number | undefined, weight: number][] = [
     [successRateBps, reputationWeights.success],
@@ -94,6 +102,7 @@ export function reputationOf(
     const flagRateBps = Math.min(10000, bps(flags, requests));
     const factor = Math.max(0, 10000 - flagPenalty * flagRateBps);
     score = Math.floor((Math.floor(sum / weight) * factor) / 10000);
+    score = Math.floor((score * divergenceFactor(usageDivergence)) / 10000);
   }
   return {
     score,
@@ -104,7 +113,15 @@ export function reputationOf(
     flags,
     requests,
     windowSeconds,
+    usageDivergence,
   };
+}
+
+/** The score's factor for diverging claims, basis points (see the module's comment). */
+function divergenceFactor(d: UsageDivergence): number {
+  if (d.excluded) return 0;
+  if (d.claimed < divergenceMinClaims || d.shareBps === undefined) return 10000;
+  return Math.max(0, 10000 - flagPenalty * d.shareBps);
 }
 
 /** Whether `provider.sort` sorts the offer last for failing (see `failingBelowBps`). */

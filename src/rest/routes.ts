@@ -973,14 +973,20 @@ export const routes: readonly Route[] = [
     operationId: "verifyOffer",
     summary: "Refresh the offer's verification (no body)",
     description:
-      "Checks the endpoint: model listed, one-token completion, stream with usage. Runs are shared per offer and at most one per `VERIFY_MIN_INTERVAL_SECONDS` across the fleet: inside that bound the last run's outcome is answered (`verification.replayed`; a failure's message says when it ran), and while the endpoint's first run is under way on another gateway, 429 `rate_limited`. A wrong answer names the check (422) and clears the verification; a run that gets no answer (timeout, refused connection, 429, 5xx) is 502 `endpoint_unreachable` and leaves a standing verification in place.",
+      "Checks the endpoint: model listed, one-token completion, stream with usage, usage claims the gateway's own count of known prompts does not contradict (JSON and streamed; else 422 usage_diverged). Runs are shared per offer and at most one per `VERIFY_MIN_INTERVAL_SECONDS` across the fleet: inside that bound the last run's outcome is answered (`verification.replayed`; a failure's message says when it ran), and while the endpoint's first run is under way on another gateway, 429 `rate_limited`. A wrong answer names the check (422) and clears the verification; a run that gets no answer (timeout, refused connection, 429, 5xx) is 502 `endpoint_unreachable` and leaves a standing verification in place.",
     tag: "provider",
     pathId: { description: "offer id", schema: Hex32 },
     answer: { description: "The offer, verified", schema: VerifiedOffer },
     errors: {
       400: ["invalid_hex", "endpoint_not_allowed"],
       404: ["offer_not_found", "model_not_found"],
-      422: ["model_not_listed", "completion_failed", "stream_failed", "usage_missing"],
+      422: [
+        "model_not_listed",
+        "completion_failed",
+        "stream_failed",
+        "usage_missing",
+        "usage_diverged",
+      ],
       502: ["endpoint_unreachable"],
       503: ["chain_unavailable"],
     },

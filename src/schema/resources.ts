@@ -3,6 +3,7 @@ import {
   ModelSchema,
   OfferReputationSchema,
   OfferSchema,
+  OfferUsageDivergenceSchema,
   TariffSchema,
 } from "../../gen/gateway/v1/market_pb.js";
 import {
@@ -64,7 +65,7 @@ const reputationResource = protoView(OfferReputationSchema, "OfferReputation", {
     score: {
       schema: basisPoints,
       description:
-        "floor(weighted mean of the terms with data: success_rate_bps x4, 10000*1000/(1000+time_to_first_token_ms) x2, 10000*tps/(tps+50) x2, verification_pass_rate_bps x2) * (10000 - min(10000, 10 * flagged basis points of requests)) / 10000; null until a request is counted in the window",
+        "floor(weighted mean of the terms with data: success_rate_bps x4, 10000*1000/(1000+time_to_first_token_ms) x2, 10000*tps/(tps+50) x2, verification_pass_rate_bps x2) * (10000 - min(10000, 10 * flagged basis points of requests)) / 10000, then * (10000 - min(10000, 10 * usage_divergence.share_bps)) / 10000 once usage_divergence.claimed is at least 20 (0 while excluded), each product rounded down; null until a request is counted in the window",
     },
     success_rate_bps: {
       schema: basisPoints,
@@ -89,9 +90,42 @@ const reputationResource = protoView(OfferReputationSchema, "OfferReputation", {
   },
 });
 
-export const offerResource = protoView(OfferSchema, "Offer", {
-  nested: { tariff: tariffResource, reputation: reputationResource },
+const usageDivergenceResource = protoView(OfferUsageDivergenceSchema, "OfferUsageDivergence", {
+  description:
+    "The offer's usage claims against the gateway's own count over the reputation's window, since its last exclusion was cleared (docs/decisions.md, Usage divergence).",
   fields: {
+    claimed: { description: "Answers that carried a provider usage claim." },
+    diverged: {
+      description:
+        "Of those, claims of input or output tokens above the gateway's count plus tolerance.",
+    },
+    share_bps: {
+      schema: basisPoints,
+      description: "diverged / claimed in basis points, rounded down; null without a claim.",
+    },
+    flagged: {
+      description:
+        "More than 10 % of at least 20 claimed answers diverged (or the offer is excluded): routed after every unflagged offer, whatever provider.sort says.",
+    },
+    excluded: {
+      description:
+        "More than 50 % of at least 20 claimed answers diverged: out of routing (a request or quote pinned to it gets 503 no_eligible_offer) until a verification of the offer passes (POST /v1/provider-offers/{id}/verify).",
+    },
+  },
+});
+
+export const offerResource = protoView(OfferSchema, "Offer", {
+  nested: {
+    tariff: tariffResource,
+    reputation: reputationResource,
+    usage_divergence: usageDivergenceResource,
+  },
+  fields: {
+    usage_divergence: {
+      emptyIsNull: true,
+      description:
+        "How often the offer's usage claims diverged from the gateway's count: shown by the catalog (GET /v1/models/{id}, /v1/models/{id}/offers); null in other answers.",
+    },
     reputation: {
       emptyIsNull: true,
       description:

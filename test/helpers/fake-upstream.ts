@@ -42,6 +42,13 @@ export interface FakeUpstreamOptions {
         completion_tokens_details?: Record<string, unknown>;
       }
     | undefined;
+  /**
+   * A provider that inflates its usage claims (issue 27): `outputLimit` claims the request's
+   * output limit (`max_completion_tokens`, else `max_tokens`) as `completion_tokens` whatever it
+   * answered; `promptTimesCharacters` claims that many times the characters of the messages'
+   * text as `prompt_tokens`. Applied after `usage`.
+   */
+  inflateUsage?: { outputLimit?: boolean; promptTimesCharacters?: number } | undefined;
   /** Answer chat completions with this error status before any body byte (e.g. 500, 503). */
   failStatus?: number | undefined;
   /** Serve the API under this path prefix (e.g. `/base`); `url` includes it. Default "". */
@@ -144,6 +151,7 @@ const defaults: Required<
     FakeUpstreamOptions,
     | "token"
     | "usage"
+    | "inflateUsage"
     | "failStatus"
     | "responseHeaders"
     | "resetBeforeHeaders"
@@ -326,9 +334,16 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
           : "stop";
     const choices = opts.honourN === true ? (positiveInt(request.n) ?? 1) : 1;
     const indexes = Array.from({ length: choices }, (_, index) => index);
+    const inflate = opts.inflateUsage;
     const usage = {
-      prompt_tokens: opts.usage?.prompt_tokens ?? promptTokens(request.messages),
-      completion_tokens: opts.usage?.completion_tokens ?? count * choices,
+      prompt_tokens:
+        inflate?.promptTimesCharacters === undefined
+          ? (opts.usage?.prompt_tokens ?? promptTokens(request.messages))
+          : inflate.promptTimesCharacters * promptCharacters(request.messages),
+      completion_tokens:
+        inflate?.outputLimit === true && limit !== undefined
+          ? limit
+          : (opts.usage?.completion_tokens ?? count * choices),
     };
     const usageObject = {
       ...usage,
@@ -563,6 +578,16 @@ function positiveInt(value: unknown): number | undefined {
 }
 
 /** A stand-in for a tokenizer: one token per whitespace-separated word, at least one. */
+/** Characters of the messages' string contents. */
+function promptCharacters(messages: unknown[]): number {
+  let characters = 0;
+  for (const message of messages) {
+    const content = (message as { content?: unknown } | null)?.content;
+    if (typeof content === "string") characters += [...content].length;
+  }
+  return characters;
+}
+
 function promptTokens(messages: unknown[]): number {
   let words = 0;
   for (const message of messages) {

@@ -11,7 +11,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/market.proto.
  */
 export const file_gateway_v1_market: GenFile = /*@__PURE__*/
-  fileDesc("ChdnYXRld2F5L3YxL21hcmtldC5wcm90bxIKZ2F0ZXdheS52MSL+AQoFTW9kZWwSCgoCaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIQCghyZXZpc2lvbhgEIAEoCRIMCgR0YXNrGAUgASgJEg8KB2NyZWF0b3IYBiABKAkSFAoMY3JlZGl0X3Rva2VuGAcgASgJEg8KB3Bvb2xfaWQYCCABKAkSGQoRcG9zaXRpb25fdG9rZW5faWQYCSABKAkSFgoOcHJvdmlkZXJfY291bnQYCiABKA0SJwoGc3RhdHVzGAsgASgOMhcuZ2F0ZXdheS52MS5Nb2RlbFN0YXR1cxIPCgdhbGlhc2VzGAwgAygJImgKBlRhcmlmZhIPCgd2ZXJzaW9uGAEgASgJEhwKFGlucHV0X3ByaWNlX3Blcl9tdG9rGAIgASgJEh0KFW91dHB1dF9wcmljZV9wZXJfbXRvaxgDIAEoCRIQCgh3YWtlX2ZlZRgEIAEoCSLUAwoFT2ZmZXISEAoIb2ZmZXJfaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEAoIb3BlcmF0b3IYAyABKAkSDgoGcGF5b3V0GAQgASgJEicKBnN0YXR1cxgFIAEoDjIXLmdhdGV3YXkudjEuT2ZmZXJTdGF0dXMSFgoOdGFyaWZmX3ZlcnNpb24YBiABKAkSLQoMY2FwYWJpbGl0aWVzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIYCgt2ZXJpZmllZF9hdBgIIAEoA0gAiAEBEiQKF3ZlcmlmaWNhdGlvbl9leHBpcmVzX2F0GAkgASgDSAGIAQESDgoGcmVnaW9uGAogASgJEhAKCGhhcmR3YXJlGAsgASgJEhcKD21heF9jb25jdXJyZW5jeRgMIAEoDRIiCgZ0YXJpZmYYDSABKAsyEi5nYXRld2F5LnYxLlRhcmlmZhIZChF2ZXJpZmllZF9mZWF0dXJlcxgOIAMoCRIvCgpyZXB1dGF0aW9uGA8gASgLMhsuZ2F0ZXdheS52MS5PZmZlclJlcHV0YXRpb25CDgoMX3ZlcmlmaWVkX2F0QhoKGF92ZXJpZmljYXRpb25fZXhwaXJlc19hdCLoAgoPT2ZmZXJSZXB1dGF0aW9uEhIKBXNjb3JlGAEgASgNSACIAQESHQoQc3VjY2Vzc19yYXRlX2JwcxgCIAEoDUgBiAEBEiMKFnRpbWVfdG9fZmlyc3RfdG9rZW5fbXMYAyABKA1IAogBARIlChhvdXRwdXRfdG9rZW5zX3Blcl9zZWNvbmQYBCABKA1IA4gBARInChp2ZXJpZmljYXRpb25fcGFzc19yYXRlX2JwcxgFIAEoDUgEiAEBEg0KBWZsYWdzGAYgASgNEhAKCHJlcXVlc3RzGAcgASgNEhYKDndpbmRvd19zZWNvbmRzGAggASgNQggKBl9zY29yZUITChFfc3VjY2Vzc19yYXRlX2Jwc0IZChdfdGltZV90b19maXJzdF90b2tlbl9tc0IbChlfb3V0cHV0X3Rva2Vuc19wZXJfc2Vjb25kQh0KG192ZXJpZmljYXRpb25fcGFzc19yYXRlX2JwcyqRAQoLTW9kZWxTdGF0dXMSHAoYTU9ERUxfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUTU9ERUxfU1RBVFVTX1BFTkRJTkcQARIXChNNT0RFTF9TVEFUVVNfQUNUSVZFEAISFwoTTU9ERUxfU1RBVFVTX1BBVVNFRBADEhgKFE1PREVMX1NUQVRVU19SRVRJUkVEEAQqdwoLT2ZmZXJTdGF0dXMSHAoYT0ZGRVJfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFwoTT0ZGRVJfU1RBVFVTX0FDVElWRRABEhcKE09GRkVSX1NUQVRVU19QQVVTRUQQAhIYChRPRkZFUl9TVEFUVVNfUkVUSVJFRBADYgZwcm90bzM", [file_google_protobuf_struct]);
+  fileDesc("ChdnYXRld2F5L3YxL21hcmtldC5wcm90bxIKZ2F0ZXdheS52MSL+AQoFTW9kZWwSCgoCaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIQCghyZXZpc2lvbhgEIAEoCRIMCgR0YXNrGAUgASgJEg8KB2NyZWF0b3IYBiABKAkSFAoMY3JlZGl0X3Rva2VuGAcgASgJEg8KB3Bvb2xfaWQYCCABKAkSGQoRcG9zaXRpb25fdG9rZW5faWQYCSABKAkSFgoOcHJvdmlkZXJfY291bnQYCiABKA0SJwoGc3RhdHVzGAsgASgOMhcuZ2F0ZXdheS52MS5Nb2RlbFN0YXR1cxIPCgdhbGlhc2VzGAwgAygJImgKBlRhcmlmZhIPCgd2ZXJzaW9uGAEgASgJEhwKFGlucHV0X3ByaWNlX3Blcl9tdG9rGAIgASgJEh0KFW91dHB1dF9wcmljZV9wZXJfbXRvaxgDIAEoCRIQCgh3YWtlX2ZlZRgEIAEoCSKQBAoFT2ZmZXISEAoIb2ZmZXJfaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEAoIb3BlcmF0b3IYAyABKAkSDgoGcGF5b3V0GAQgASgJEicKBnN0YXR1cxgFIAEoDjIXLmdhdGV3YXkudjEuT2ZmZXJTdGF0dXMSFgoOdGFyaWZmX3ZlcnNpb24YBiABKAkSLQoMY2FwYWJpbGl0aWVzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIYCgt2ZXJpZmllZF9hdBgIIAEoA0gAiAEBEiQKF3ZlcmlmaWNhdGlvbl9leHBpcmVzX2F0GAkgASgDSAGIAQESDgoGcmVnaW9uGAogASgJEhAKCGhhcmR3YXJlGAsgASgJEhcKD21heF9jb25jdXJyZW5jeRgMIAEoDRIiCgZ0YXJpZmYYDSABKAsyEi5nYXRld2F5LnYxLlRhcmlmZhIZChF2ZXJpZmllZF9mZWF0dXJlcxgOIAMoCRIvCgpyZXB1dGF0aW9uGA8gASgLMhsuZ2F0ZXdheS52MS5PZmZlclJlcHV0YXRpb24SOgoQdXNhZ2VfZGl2ZXJnZW5jZRgQIAEoCzIgLmdhdGV3YXkudjEuT2ZmZXJVc2FnZURpdmVyZ2VuY2VCDgoMX3ZlcmlmaWVkX2F0QhoKGF92ZXJpZmljYXRpb25fZXhwaXJlc19hdCKCAQoUT2ZmZXJVc2FnZURpdmVyZ2VuY2USDwoHY2xhaW1lZBgBIAEoDRIQCghkaXZlcmdlZBgCIAEoDRIWCglzaGFyZV9icHMYAyABKA1IAIgBARIPCgdmbGFnZ2VkGAQgASgIEhAKCGV4Y2x1ZGVkGAUgASgIQgwKCl9zaGFyZV9icHMi6AIKD09mZmVyUmVwdXRhdGlvbhISCgVzY29yZRgBIAEoDUgAiAEBEh0KEHN1Y2Nlc3NfcmF0ZV9icHMYAiABKA1IAYgBARIjChZ0aW1lX3RvX2ZpcnN0X3Rva2VuX21zGAMgASgNSAKIAQESJQoYb3V0cHV0X3Rva2Vuc19wZXJfc2Vjb25kGAQgASgNSAOIAQESJwoadmVyaWZpY2F0aW9uX3Bhc3NfcmF0ZV9icHMYBSABKA1IBIgBARINCgVmbGFncxgGIAEoDRIQCghyZXF1ZXN0cxgHIAEoDRIWCg53aW5kb3dfc2Vjb25kcxgIIAEoDUIICgZfc2NvcmVCEwoRX3N1Y2Nlc3NfcmF0ZV9icHNCGQoXX3RpbWVfdG9fZmlyc3RfdG9rZW5fbXNCGwoZX291dHB1dF90b2tlbnNfcGVyX3NlY29uZEIdChtfdmVyaWZpY2F0aW9uX3Bhc3NfcmF0ZV9icHMqkQEKC01vZGVsU3RhdHVzEhwKGE1PREVMX1NUQVRVU19VTlNQRUNJRklFRBAAEhgKFE1PREVMX1NUQVRVU19QRU5ESU5HEAESFwoTTU9ERUxfU1RBVFVTX0FDVElWRRACEhcKE01PREVMX1NUQVRVU19QQVVTRUQQAxIYChRNT0RFTF9TVEFUVVNfUkVUSVJFRBAEKncKC09mZmVyU3RhdHVzEhwKGE9GRkVSX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE09GRkVSX1NUQVRVU19BQ1RJVkUQARIXChNPRkZFUl9TVEFUVVNfUEFVU0VEEAISGAoUT0ZGRVJfU1RBVFVTX1JFVElSRUQQA2IGcHJvdG8z", [file_google_protobuf_struct]);
 
 /**
  * A canonical model published on chain.
@@ -247,6 +247,15 @@ export type Offer = Message<"gateway.v1.Offer"> & {
    * @generated from field: gateway.v1.OfferReputation reputation = 15;
    */
   reputation?: OfferReputation | undefined;
+
+  /**
+   * The offer's usage claims against the gateway's own count (docs/decisions.md "Usage
+   * divergence"): flagged offers are sorted after every other, excluded ones are out of routing
+   * until a verification of them passes. Filled where `reputation` is.
+   *
+   * @generated from field: gateway.v1.OfferUsageDivergence usage_divergence = 16;
+   */
+  usageDivergence?: OfferUsageDivergence | undefined;
 };
 
 /**
@@ -255,6 +264,58 @@ export type Offer = Message<"gateway.v1.Offer"> & {
  */
 export const OfferSchema: GenMessage<Offer> = /*@__PURE__*/
   messageDesc(file_gateway_v1_market, 2);
+
+/**
+ * How often an offer's usage claims ran above the gateway's count plus tolerance, over the
+ * reputation's window (since its last exclusion was cleared).
+ *
+ * @generated from message gateway.v1.OfferUsageDivergence
+ */
+export type OfferUsageDivergence = Message<"gateway.v1.OfferUsageDivergence"> & {
+  /**
+   * Answers that carried a provider usage claim.
+   *
+   * @generated from field: uint32 claimed = 1;
+   */
+  claimed: number;
+
+  /**
+   * Of those, claims of input or output tokens above the gateway's count plus tolerance.
+   *
+   * @generated from field: uint32 diverged = 2;
+   */
+  diverged: number;
+
+  /**
+   * diverged / claimed in basis points, rounded down; unset without a claim.
+   *
+   * @generated from field: optional uint32 share_bps = 3;
+   */
+  shareBps?: number | undefined;
+
+  /**
+   * More than 10 % of at least 20 claimed answers diverged (or the offer is excluded): sorted
+   * after every unflagged offer, whatever `provider.sort` says.
+   *
+   * @generated from field: bool flagged = 4;
+   */
+  flagged: boolean;
+
+  /**
+   * More than 50 % of at least 20 diverged: out of routing (pins included: 503
+   * no_eligible_offer) until a verification of the offer passes.
+   *
+   * @generated from field: bool excluded = 5;
+   */
+  excluded: boolean;
+};
+
+/**
+ * Describes the message gateway.v1.OfferUsageDivergence.
+ * Use `create(OfferUsageDivergenceSchema)` to create a new message.
+ */
+export const OfferUsageDivergenceSchema: GenMessage<OfferUsageDivergence> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_market, 3);
 
 /**
  * An offer's reputation over the last `window_seconds` (docs/decisions.md "Offer reputation").
@@ -268,7 +329,9 @@ export type OfferReputation = Message<"gateway.v1.OfferReputation"> & {
   /**
    * 0 to 10000: the weighted mean of the success rate (weight 4), the time to first token and
    * throughput terms (2 each) and the verification pass rate (2), of those with data, reduced
-   * by the share of requests flagged (tenfold). Unset until a request is counted.
+   * by the share of requests flagged (tenfold) and by the share of usage claims that diverged
+   * (tenfold, once 20 claims are counted; 0 while excluded, `usage_divergence`). Unset until a
+   * request is counted.
    *
    * @generated from field: optional uint32 score = 1;
    */
@@ -331,7 +394,7 @@ export type OfferReputation = Message<"gateway.v1.OfferReputation"> & {
  * Use `create(OfferReputationSchema)` to create a new message.
  */
 export const OfferReputationSchema: GenMessage<OfferReputation> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_market, 3);
+  messageDesc(file_gateway_v1_market, 4);
 
 /**
  * Lifecycle of a model on chain.

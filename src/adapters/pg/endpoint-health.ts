@@ -88,7 +88,8 @@ export async function recordProbe(
  * (the offer becomes ineligible, also when it was verified before); a transport failure leaves
  * both as they are (DESIGN.md section 8: a verification that stands is not knocked out by a
  * timeout, a refused connection, a 429 or a 5xx). Either failure keeps the failed check in
- * `verification_error`.
+ * `verification_error`. Success clears the offer's standing usage exclusion, if any (migration
+ * 024, docs/decisions.md "Usage divergence"): only a verification that passed brings it back.
  *
  * With `sealed`, the row is updated only while it still holds that sealed endpoint: a
  * verification that raced a re-registration must not vouch for the new endpoint. Returns
@@ -111,7 +112,8 @@ export async function recordVerification(
     : [null, null, result.check, result.ranAt, result.message];
   // The run is also kept in `offer_verification_runs` (the catalog's pass rate), in the same
   // statement and only when the endpoint row was updated: a run that raced a re-registration
-  // is no run of the new endpoint.
+  // is no run of the new endpoint. A run that passed clears a standing usage exclusion
+  // (migration 024): the operator verified again.
   const { rowCount } = await db.query(
     `WITH updated AS (UPDATE provider_endpoints
      SET verified_at = CASE WHEN $6 = 'unreachable' THEN verified_at ELSE $2::bigint END,
@@ -130,7 +132,10 @@ export async function recordVerification(
              UNION SELECT f FROM unnest(verified_features) AS f WHERE f = ANY($10::text[])) AS u
            ORDER BY f) END
      WHERE offer_id = $1 AND ($8::bytea IS NULL OR endpoint_sealed = $8::bytea)
-     RETURNING offer_id)
+     RETURNING offer_id),
+     cleared AS (UPDATE offer_usage_exclusions SET cleared_at = $5
+       WHERE $6 = 'verified' AND cleared_at IS NULL
+         AND offer_id IN (SELECT offer_id FROM updated))
      INSERT INTO offer_verification_runs (offer_id, ran_at, outcome)
      SELECT offer_id, $5, $6 FROM updated`,
     [

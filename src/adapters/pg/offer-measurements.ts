@@ -1,16 +1,20 @@
 import type { Hex } from "viem";
 import {
   median,
+  type DueExclusion,
   type Histogram,
   type MeasurementStore,
   type OfferRecordCounts,
   type SharedMeasurement,
+  type UsageExclusion,
   type WindowSummary,
 } from "../../domain/chat/measurements.js";
+import { normalizeHex } from "../../domain/hex.js";
 import type { Queryable } from "./catalog.js";
 
 // `offer_measurements` (migrations 019, 023): each process's window of the offers it served;
-// `offer_verification_runs` (023) and `offer_flags` (004) counted for the catalog's reputation.
+// `offer_verification_runs` (023) and `offer_flags` (004) counted for the catalog's reputation;
+// `offer_usage_exclusions` (024): offers out of routing for diverging usage claims.
 
 interface Row {
   offer_id: string;
@@ -19,6 +23,9 @@ interface Row {
   failed: string;
   latency_histogram: unknown;
   throughput_histogram: unknown;
+  claimed: string;
+  diverged: string;
+  divergence_since: string;
 }
 
 /** Verification runs older than this are pruned (the longest window is a day). */
@@ -42,24 +49,31 @@ export async function writeMeasurements(
     samples: m.latency.reduce((n, [, count]) => n + count, 0),
     latency_histogram: m.latency,
     throughput_histogram: m.throughput,
+    claimed: m.claimed,
+    diverged: m.diverged,
+    divergence_since: m.divergenceSince,
   }));
   await db.query(
     `WITH m AS (
        SELECT * FROM jsonb_to_recordset($2::jsonb) AS m(offer_id text, served bigint,
          failed bigint, latency_ms float8, throughput float8, samples bigint,
-         latency_histogram jsonb, throughput_histogram jsonb)
+         latency_histogram jsonb, throughput_histogram jsonb, claimed bigint, diverged bigint,
+         divergence_since bigint)
      ), gone AS (
        DELETE FROM offer_measurements o WHERE o.instance_id = $1
          AND NOT EXISTS (SELECT 1 FROM m WHERE m.offer_id = o.offer_id)
      )
      INSERT INTO offer_measurements (offer_id, instance_id, latency_ms, throughput, samples,
-       served, failed, latency_histogram, throughput_histogram, updated_at)
+       served, failed, latency_histogram, throughput_histogram, claimed, diverged,
+       divergence_since, updated_at)
      SELECT offer_id, $1, latency_ms, throughput, samples, served, failed, latency_histogram,
-       throughput_histogram, now() FROM m
+       throughput_histogram, claimed, diverged, divergence_since, now() FROM m
      ON CONFLICT (offer_id, instance_id) DO UPDATE SET latency_ms = EXCLUDED.latency_ms,
        throughput = EXCLUDED.throughput, samples = EXCLUDED.samples, served = EXCLUDED.served,
        failed = EXCLUDED.failed, latency_histogram = EXCLUDED.latency_histogram,
-       throughput_histogram = EXCLUDED.throughput_histogram, updated_at = now()`,
+       throughput_histogram = EXCLUDED.throughput_histogram, claimed = EXCLUDED.claimed,
+       diverged = EXCLUDED.diverged, divergence_since = EXCLUDED.divergence_since,
+       updated_at = now()`,
     [instanceId, JSON.stringify(entries)],
   );
 }
@@ -89,7 +103,8 @@ export async function readMeasurements(
     [maxAgeSeconds],
   );
   const { rows } = await db.query<Row>(
-    `SELECT offer_id, instance_id, served, failed, latency_histogram, throughput_histogram
+    `SELECT offer_id, instance_id, served, failed, latency_histogram, throughput_histogram,
+       claimed, diverged, divergence_since
      FROM offer_measurements WHERE updated_at >= now() - make_interval(secs => $1)`,
     [maxAgeSeconds],
   );
@@ -100,6 +115,9 @@ export async function readMeasurements(
     failed: Number(r.failed),
     latency: histogram(r.latency_histogram),
     throughput: histogram(r.throughput_histogram),
+    claimed: Number(r.claimed),
+    diverged: Number(r.diverged),
+    divergenceSince: Number(r.divergence_since),
   }));
 }
 
@@ -141,10 +159,44 @@ export async function readRecordCounts(
   );
 }
 
+/** Every offer's usage exclusion, standing (`cleared_at` NULL) or cleared. */
+export async function readUsageExclusions(db: Queryable): Promise<UsageExclusion[]> {
+  const { rows } = await db.query<{
+    offer_id: string;
+    excluded_at: string;
+    cleared_at: string | null;
+  }>("SELECT offer_id, excluded_at, cleared_at FROM offer_usage_exclusions");
+  return rows.map((r) => ({
+    offerId: r.offer_id as Hex,
+    excludedAt: Number(r.excluded_at),
+    clearedAt: r.cleared_at === null ? undefined : Number(r.cleared_at),
+  }));
+}
+
+/**
+ * Excludes an offer at `at` unless an exclusion of it stands, or was cleared after the
+ * clearing its counts follow (`due.since`): a process that has not yet seen a verification
+ * pass cannot exclude the offer again with counts from before it. Whether it was written.
+ */
+export async function excludeOffer(db: Queryable, due: DueExclusion, at: number): Promise<boolean> {
+  const { rowCount } = await db.query(
+    `INSERT INTO offer_usage_exclusions (offer_id, excluded_at, claimed, diverged, cleared_at)
+     VALUES ($1, $2, $3, $4, NULL)
+     ON CONFLICT (offer_id) DO UPDATE SET excluded_at = EXCLUDED.excluded_at,
+       claimed = EXCLUDED.claimed, diverged = EXCLUDED.diverged, cleared_at = NULL
+     WHERE offer_usage_exclusions.cleared_at IS NOT NULL
+       AND offer_usage_exclusions.cleared_at <= $5`,
+    [normalizeHex(due.offerId), at, due.claimed, due.diverged, due.since],
+  );
+  return (rowCount ?? 0) > 0;
+}
+
 export function createPgMeasurementStore(db: Queryable): MeasurementStore {
   return {
     write: (instanceId, rows) => writeMeasurements(db, instanceId, rows),
     read: (maxAgeSeconds) => readMeasurements(db, maxAgeSeconds),
     readCounts: (since) => readRecordCounts(db, since),
+    readExclusions: () => readUsageExclusions(db),
+    exclude: (due, at) => excludeOffer(db, due, at),
   };
 }

@@ -2,9 +2,11 @@ import { createServer, type RequestListener, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { startFakeUpstream, type FakeUpstream } from "../../../test/helpers/fake-upstream.js";
+import { inputTokenUpperBound, parseChatRequest } from "../../domain/chat-request.js";
 import type { EndpointVerification } from "../../domain/health.js";
+import type { TokenCounter, TokenCounters } from "../../domain/tokens.js";
 import { createUpstreamClient, type UpstreamClient } from "./http.js";
-import { createEndpointProber, probeLiveness, verifyEndpoint } from "./probe.js";
+import { countingMaxTokens, createEndpointProber, probeLiveness, verifyEndpoint } from "./probe.js";
 
 const modelId = `0x${"ab".repeat(32)}`;
 const names = ["acme/llama", modelId];
@@ -95,6 +97,13 @@ describe("verifyEndpoint", () => {
     expect(chats.map((r) => r.body)).toMatchObject([
       { model: "acme/llama", max_tokens: 1, stream: false },
       { model: "acme/llama", max_tokens: 1, stream: true, stream_options: { include_usage: true } },
+      { model: "acme/llama", max_tokens: countingMaxTokens, stream: false },
+      {
+        model: "acme/llama",
+        max_tokens: countingMaxTokens,
+        stream: true,
+        stream_options: { include_usage: true },
+      },
       { model: "acme/llama", tool_choice: { type: "function", function: { name: "get_weather" } } },
       { model: "acme/llama", response_format: { type: "json_schema" } },
     ]);
@@ -316,3 +325,135 @@ function openAiLike(
     });
   };
 }
+
+describe("verifyEndpoint: honest counting (issue 27, item 9)", () => {
+  const counted = "a chat completion whose usage the gateway counts";
+  /** The byte bound's count of a probe's prompt, as the gateway makes it. */
+  const inputBound = (body: object) =>
+    inputTokenUpperBound(
+      parseChatRequest(new TextEncoder().encode(JSON.stringify(body)), { maxBytes: 1 << 20 }),
+    );
+  /**
+   * An exact counter of the fake's own tokens (a word is a token: what the fake claims when
+   * honest), as a model's tokenizer would be; it records the models it was asked for.
+   */
+  const wordCounters = () => {
+    const asked: { repository: string; revision: string }[] = [];
+    const words = (text: string) => BigInt(text.split(/\s+/).filter(Boolean).length);
+    const counter: TokenCounter = {
+      exact: true,
+      name: "words",
+      countInput: (req) =>
+        req.messages.reduce(
+          (n, m) => n + (typeof m.content === "string" ? words(m.content) : 0n),
+          0n,
+        ),
+      countOutput: words,
+      truncate: (text) => text,
+    };
+    const counters: TokenCounters = {
+      forModel: (model) => {
+        asked.push({ repository: model.repository, revision: model.revision });
+        return Promise.resolve(counter);
+      },
+    };
+    return { asked, counters };
+  };
+  const subject = {
+    model: { repository: "acme/llama", revision: "main" },
+    reasoning: { hiddenReasoningRatio: 0n },
+  };
+
+  it("fails a provider that claims its output limit, naming the figures", async () => {
+    const f = await fake({ inflateUsage: { outputLimit: true } });
+    const result = await verifyEndpoint(upstream, { url: f.url, token }, names);
+    // The one-token steps claim 1 for one token (true); the counting step claims its limit for
+    // "word0 word1 word2", 17 bytes by the byte bound (no tolerance on a bound).
+    expect(result).toEqual({
+      ok: false,
+      check: "usage_diverged",
+      message: `${counted}: usage claim ${countingMaxTokens} output tokens for an answer the gateway counts 17 with the byte bound (tolerance 0)`,
+      transport: false,
+    });
+    expectSafe(result, f.url);
+    // It stopped there: the optional feature checks were not asked.
+    expect(f.calls("/v1/chat/completions")).toBe(3);
+  });
+
+  it("fails a provider that claims fifty times the characters of its prompt", async () => {
+    const f = await fake({ inflateUsage: { promptTimesCharacters: 50 } });
+    const result = await verifyEndpoint(upstream, { url: f.url, token }, names);
+    const body = f.requests.find((r) => r.path === "/v1/chat/completions")!.body as object;
+    // "Reply with OK.": 14 characters, claimed 700.
+    expect(result).toEqual({
+      ok: false,
+      check: "usage_diverged",
+      message: `a one-token chat completion: usage claim 700 input tokens for a prompt the gateway counts ${inputBound(body)} with the byte bound (tolerance 0)`,
+      transport: false,
+    });
+    expect(inputBound(body)).toBeLessThan(700n);
+  });
+
+  it("counts with the model's own counter, its tolerance shown; an honest provider passes", async () => {
+    const { asked, counters } = wordCounters();
+    const prober = createEndpointProber(upstream, { counters });
+    const honest = await fake();
+    expect(await prober.verifyEndpoint({ url: honest.url, token }, names, subject)).toMatchObject({
+      ok: true,
+    });
+    expect(asked).toEqual([{ repository: "acme/llama", revision: "main" }]);
+
+    // 3 words counted: tolerance 8 per choice + 2 % of 3 (rounded up, 1) = 9; 200 is beyond.
+    const liar = await fake({ inflateUsage: { outputLimit: true } });
+    expect(await prober.verifyEndpoint({ url: liar.url, token }, names, subject)).toEqual({
+      ok: false,
+      check: "usage_diverged",
+      message: `${counted}: usage claim ${countingMaxTokens} output tokens for an answer the gateway counts 3 with the model's tokenizer (words) (tolerance 9)`,
+      transport: false,
+    });
+    // Within tolerance is honest: a claim of 10 for every probe is within the one-token
+    // answer's 1 + 9 (and the counting answer's 3 + 9); 11 is not.
+    const close = await fake({ usage: { prompt_tokens: 1, completion_tokens: 10 } });
+    expect(await prober.verifyEndpoint({ url: close.url, token }, names, subject)).toMatchObject({
+      ok: true,
+    });
+    const over = await fake({ usage: { prompt_tokens: 1, completion_tokens: 11 } });
+    expect(await prober.verifyEndpoint({ url: over.url, token }, names, subject)).toEqual({
+      ok: false,
+      check: "usage_diverged",
+      message:
+        "a one-token chat completion: usage claim 11 output tokens for an answer the gateway counts 1 with the model's tokenizer (words) (tolerance 9)",
+      transport: false,
+    });
+  });
+
+  it("allows the hidden reasoning the offer declares, and no more", async () => {
+    const { counters } = wordCounters();
+    const prober = createEndpointProber(upstream, { counters });
+    const reasoner = await fake({ usage: { prompt_tokens: 1, completion_tokens: 100 } });
+    const declared = (ratio: bigint) => ({
+      ...subject,
+      reasoning: { hiddenReasoningRatio: ratio },
+    });
+    // "word0" (1 token, the one-token steps): 100 claimed; allowed 1 + 9 + 1 * ratio.
+    expect(
+      await prober.verifyEndpoint({ url: reasoner.url, token }, names, declared(0n)),
+    ).toMatchObject({ ok: false, check: "usage_diverged" });
+    expect(
+      await prober.verifyEndpoint({ url: reasoner.url, token }, names, declared(64n)),
+    ).toMatchObject({ ok: false, check: "usage_diverged" });
+    const modest = await fake({ usage: { prompt_tokens: 1, completion_tokens: 40 } });
+    expect(
+      await prober.verifyEndpoint({ url: modest.url, token }, names, declared(30n)),
+    ).toMatchObject({ ok: true });
+  });
+
+  it("passes an honest provider answering varied text in every shape, streamed or not", async () => {
+    // Unicode and a tool call: counted by the byte bound, never below an honest word count.
+    const f = await fake({ toolCalls: true, toolArguments: '{"city":"Zürich 🌧"}' });
+    expect(await verifyEndpoint(upstream, { url: f.url, token }, names)).toMatchObject({
+      ok: true,
+      features: ["stream_usage", "tools", "json_schema"],
+    });
+  });
+});

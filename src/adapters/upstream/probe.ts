@@ -1,3 +1,6 @@
+import { parseChatRequest } from "../../domain/chat-request.js";
+import type { Usage } from "../../domain/chat/metering.js";
+import { judgeUsage, toleranceOf, type ReasoningPolicy } from "../../domain/chat/usage.js";
 import { GatewayError } from "../../domain/errors.js";
 import { BaseError } from "../../errors.js";
 import type {
@@ -5,8 +8,15 @@ import type {
   EndpointSecret,
   EndpointVerification,
   VerificationCheck,
+  VerificationSubject,
 } from "../../domain/health.js";
 import type { OfferFeature } from "../../domain/offer-features.js";
+import {
+  boundCounter,
+  boundCounters,
+  type TokenCounter,
+  type TokenCounters,
+} from "../../domain/tokens.js";
 import { readEventStream, type UpstreamClient, type UpstreamResponse } from "./http.js";
 
 /**
@@ -22,6 +32,11 @@ import { readEventStream, type UpstreamClient, type UpstreamResponse } from "./h
  * passing overload, produces, and says nothing about whether the endpoint conforms. Transport
  * failures always carry the check `endpoint_unreachable`, so its code tells the caller the
  * verification was left as it stood.
+ *
+ * Every completion the checks ask for is a prompt the gateway knows, and its answer is read
+ * whole: the provider's usage claim is judged against the gateway's own count of both
+ * (`judgeUsage`, DESIGN.md section 10), and a claim above the count plus tolerance fails the
+ * run (`usage_diverged`, a wrong answer: it clears a standing verification).
  */
 
 export interface ProberOptions {
@@ -29,6 +44,8 @@ export interface ProberOptions {
   readonly livenessTimeoutMs?: number | undefined;
   /** Deadline of each verification step, body included. Default 30 s. */
   readonly verifyTimeoutMs?: number | undefined;
+  /** The models' token counters the probes' usage is counted with. Default: the byte bound. */
+  readonly counters?: TokenCounters | undefined;
 }
 
 /** Largest answer read during verification (model lists can be long, completions are one token). */
@@ -41,7 +58,8 @@ export function createEndpointProber(
 ): EndpointProber {
   return {
     probeLiveness: (endpoint, signal) => probeLiveness(upstream, endpoint, opts, signal),
-    verifyEndpoint: (endpoint, modelNames) => verifyEndpoint(upstream, endpoint, modelNames, opts),
+    verifyEndpoint: (endpoint, modelNames, subject) =>
+      verifyEndpoint(upstream, endpoint, modelNames, opts, subject),
   };
 }
 
@@ -79,12 +97,19 @@ export async function probeLiveness(
  * 3. the same completion with `stream: true, stream_options: {include_usage: true}` answers
  *    200 `text/event-stream` whose events are JSON and end with `[DONE]` (else
  *    `stream_failed`) and carry a usage object (else `usage_missing`): `stream_usage` proven;
- * 4. optional features, which never fail the run (a feature not proven only keeps offers out
+ * 4. honest counting: a completion asking for a short answer with room for many more tokens
+ *    (`countingMaxTokens`), JSON then streamed, whose usage claim must not run above the
+ *    gateway's count (else `usage_diverged`; the claims of steps 2 and 3 are judged too): a
+ *    provider that claims the output limit, or a multiple of the prompt, fails here;
+ * 5. optional features, which never fail the run (a feature not proven only keeps offers out
  *    of requests that use it with `provider.require_parameters`): `tools` when a completion
  *    offered one function with `tool_choice` naming it answers a call of it with JSON
  *    arguments; `json_schema` when a completion with a `response_format` JSON schema answers
  *    content that parses as a JSON object. A check that got no answer (transport) is reported
  *    `unanswered`, so the feature's standing value is kept.
+ *
+ * `subject` names the model whose token counter counts (and the offer's declared hidden
+ * reasoning); without it, the byte bound counts and no hidden reasoning is allowed.
  *
  * Never throws.
  */
@@ -93,12 +118,23 @@ export async function verifyEndpoint(
   endpoint: EndpointSecret,
   modelNames: readonly string[],
   opts: ProberOptions = {},
+  subject?: VerificationSubject,
 ): Promise<EndpointVerification> {
   const timeoutMs = opts.verifyTimeoutMs ?? 30_000;
   try {
+    const counting: Counting = {
+      counter:
+        subject === undefined
+          ? boundCounter
+          : await (opts.counters ?? boundCounters).forModel(subject.model),
+      reasoning: subject?.reasoning ?? { hiddenReasoningRatio: 0n },
+    };
     const model = await checkModelListed(upstream, endpoint, modelNames, timeoutMs);
-    await checkCompletion(upstream, endpoint, model, timeoutMs);
-    await checkStream(upstream, endpoint, model, timeoutMs);
+    await checkCompletion(upstream, endpoint, model, timeoutMs, counting);
+    await checkStream(upstream, endpoint, model, timeoutMs, counting);
+    for (const stream of [false, true]) {
+      await checkCounting(upstream, endpoint, model, timeoutMs, counting, stream);
+    }
     // The optional features (`provider.require_parameters`): their checks never fail the run.
     const features: OfferFeature[] = ["stream_usage"];
     const unanswered: OfferFeature[] = [];
@@ -246,13 +282,37 @@ async function checkCompletion(
   endpoint: EndpointSecret,
   model: string,
   timeoutMs: number,
+  counting: Counting,
 ): Promise<void> {
-  const what = "a one-token chat completion";
+  const body = { model, messages: probeMessages, max_tokens: 1, stream: false };
+  await jsonCompletion(
+    upstream,
+    endpoint,
+    body,
+    timeoutMs,
+    counting,
+    "a one-token chat completion",
+  );
+}
+
+/**
+ * A JSON completion of `body` that must answer 200 with a `choices` array (else
+ * `completion_failed`) and a usage (else `usage_missing`) that the gateway's count of the
+ * prompt and the answer does not contradict (else `usage_diverged`).
+ */
+async function jsonCompletion(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  body: Record<string, unknown>,
+  timeoutMs: number,
+  counting: Counting,
+  what: string,
+): Promise<void> {
   const { response, signal } = await send(
     upstream,
     endpoint,
     "/v1/chat/completions",
-    { model, messages: probeMessages, max_tokens: 1, stream: false },
+    body,
     timeoutMs,
     what,
   );
@@ -267,6 +327,11 @@ async function checkCompletion(
       `${what} answered without usage (integer prompt_tokens and completion_tokens)`,
     );
   }
+  const answer = new AnswerText();
+  for (const choice of completion.choices) {
+    if (isObject(choice) && isObject(choice.message)) answer.add(choice.message);
+  }
+  judgeClaim(what, body, completion.usage as Record<string, unknown>, answer, counting);
 }
 
 async function checkStream(
@@ -274,19 +339,44 @@ async function checkStream(
   endpoint: EndpointSecret,
   model: string,
   timeoutMs: number,
+  counting: Counting,
 ): Promise<void> {
-  const what = "a streamed one-token chat completion";
+  const body = {
+    model,
+    messages: probeMessages,
+    max_tokens: 1,
+    stream: true,
+    stream_options: { include_usage: true },
+  };
+  await streamedCompletion(
+    upstream,
+    endpoint,
+    body,
+    timeoutMs,
+    counting,
+    "a streamed one-token chat completion",
+  );
+}
+
+/**
+ * A streamed completion of `body` that must answer 200 `text/event-stream` whose events are
+ * JSON and end with `[DONE]` (else `stream_failed`), with a usage (else `usage_missing`) that
+ * the gateway's count of the prompt and the streamed answer does not contradict (else
+ * `usage_diverged`).
+ */
+async function streamedCompletion(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  body: Record<string, unknown>,
+  timeoutMs: number,
+  counting: Counting,
+  what: string,
+): Promise<void> {
   const { response, signal } = await send(
     upstream,
     endpoint,
     "/v1/chat/completions",
-    {
-      model,
-      messages: probeMessages,
-      max_tokens: 1,
-      stream: true,
-      stream_options: { include_usage: true },
-    },
+    body,
     timeoutMs,
     what,
   );
@@ -297,7 +387,8 @@ async function checkStream(
     throw new CheckFailed("stream_failed", `${what} did not answer text/event-stream`);
   }
   let done = false;
-  let usage = false;
+  let usage: Record<string, unknown> | undefined;
+  const answer = new AnswerText();
   const events = readEventStream(response.body);
   try {
     for await (const event of events) {
@@ -318,7 +409,12 @@ async function checkStream(
       if (chunk.error !== undefined) {
         throw transportFailed(`${what} reported an error in the stream`);
       }
-      if (isUsage(chunk.usage)) usage = true;
+      if (isUsage(chunk.usage) && isObject(chunk.usage)) usage = chunk.usage;
+      if (Array.isArray(chunk.choices)) {
+        for (const choice of chunk.choices) {
+          if (isObject(choice) && isObject(choice.delta)) answer.add(choice.delta);
+        }
+      }
     }
   } catch (err) {
     if (err instanceof CheckFailed) throw err;
@@ -328,12 +424,141 @@ async function checkStream(
     await events.return();
   }
   if (!done) throw new CheckFailed("stream_failed", `${what} ended without data: [DONE]`);
-  if (!usage) {
+  if (usage === undefined) {
     throw new CheckFailed(
       "usage_missing",
       `${what} carried no usage although stream_options.include_usage was set`,
     );
   }
+  judgeClaim(what, body, usage, answer, counting);
+}
+
+/**
+ * The output limit of the counting check: far more than the short answer asked for, so a
+ * provider that claims the limit it was given (or any large share of it) claims more than it
+ * answered, by more than any tolerance; small enough that an honest model that does not stop
+ * early still answers within the step's deadline.
+ */
+export const countingMaxTokens = 200;
+
+const countingMessages = [
+  { role: "system", content: "You answer in as few words as possible." },
+  { role: "user", content: "Name the three primary colours, separated by commas." },
+];
+
+/** Step 4: a short answer with room for many tokens, JSON or streamed; its claim judged. */
+async function checkCounting(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  model: string,
+  timeoutMs: number,
+  counting: Counting,
+  stream: boolean,
+): Promise<void> {
+  const body = { model, messages: countingMessages, max_tokens: countingMaxTokens };
+  if (!stream) {
+    await jsonCompletion(
+      upstream,
+      endpoint,
+      { ...body, stream: false },
+      timeoutMs,
+      counting,
+      "a chat completion whose usage the gateway counts",
+    );
+    return;
+  }
+  await streamedCompletion(
+    upstream,
+    endpoint,
+    { ...body, stream: true, stream_options: { include_usage: true } },
+    timeoutMs,
+    counting,
+    "a streamed chat completion whose usage the gateway counts",
+  );
+}
+
+/** What the probes' usage is counted with. */
+interface Counting {
+  readonly counter: TokenCounter;
+  readonly reasoning: ReasoningPolicy;
+}
+
+/**
+ * The generated text of an answer, as the gateway counts it: content, refusals, visible
+ * reasoning (`reasoning_content`, `reasoning`), tool-call names and arguments, of every choice
+ * (a JSON message or stream deltas).
+ */
+class AnswerText {
+  text = "";
+  reasoning = "";
+  toolCalls = 0n;
+
+  add(message: Record<string, unknown>): void {
+    for (const key of ["content", "refusal"]) {
+      const value = message[key];
+      if (typeof value === "string") this.text += value;
+    }
+    for (const key of ["reasoning_content", "reasoning"]) {
+      const value = message[key];
+      if (typeof value === "string") this.reasoning += value;
+    }
+    const calls = message.tool_calls;
+    if (!Array.isArray(calls)) return;
+    for (const call of calls) {
+      const fn = isObject(call) ? call.function : undefined;
+      if (!isObject(fn)) continue;
+      if (typeof fn.name === "string" && fn.name !== "") this.toolCalls += 1n;
+      for (const part of [fn.name, fn.arguments]) {
+        if (typeof part === "string") this.text += part;
+      }
+    }
+  }
+}
+
+/**
+ * Judges the provider's usage claim for `body` and its answer against the gateway's count
+ * (`judgeUsage`): a claim of input or output above the count plus tolerance (and the offer's
+ * declared hidden reasoning) is a wrong answer, `usage_diverged`, whose message gives the
+ * figures (numbers only: nothing the endpoint wrote is repeated).
+ */
+function judgeClaim(
+  what: string,
+  body: Record<string, unknown>,
+  usage: Record<string, unknown>,
+  answer: AnswerText,
+  { counter, reasoning }: Counting,
+): void {
+  const claimed: Usage = {
+    inputTokens: BigInt(usage.prompt_tokens as number),
+    outputTokens: BigInt(usage.completion_tokens as number),
+  };
+  const request = parseChatRequest(new TextEncoder().encode(JSON.stringify(body)), {
+    maxBytes: maxVerificationBytes,
+  });
+  const reasoningTokens = counter.countOutput(answer.reasoning);
+  const counted = {
+    inputTokens: counter.countInput(request),
+    outputTokens: counter.countOutput(answer.text) + reasoningTokens,
+    reasoningTokens,
+    choices: 1n,
+    toolCalls: answer.toolCalls,
+    exact: counter.exact,
+  };
+  const judged = judgeUsage(claimed, counted, reasoning);
+  if (!judged.diverged) return;
+  const tolerance = toleranceOf(counted);
+  const hidden = reasoning.hiddenReasoningRatio * counted.outputTokens;
+  const counter_ = counter.exact ? `the model's tokenizer (${counter.name})` : "the byte bound";
+  if (claimed.inputTokens > counted.inputTokens + tolerance.inputTokens) {
+    throw new CheckFailed(
+      "usage_diverged",
+      `${what}: usage claim ${claimed.inputTokens} input tokens for a prompt the gateway counts ${counted.inputTokens} with ${counter_} (tolerance ${tolerance.inputTokens})`,
+    );
+  }
+  throw new CheckFailed(
+    "usage_diverged",
+    `${what}: usage claim ${claimed.outputTokens} output tokens for an answer the gateway counts ${counted.outputTokens} with ${counter_} (tolerance ${tolerance.outputTokens}${hidden > 0n ? `, declared hidden reasoning ${hidden}` : ""})`,
+  );
 }
 
 const probeMessages = [{ role: "user", content: "Reply with OK." }];

@@ -6,7 +6,7 @@
  */
 import { segment } from "../api.js";
 import { badge, code, credits, facts, h, messageLine, time } from "../dom.js";
-import { reputationChart, reputationView } from "./reputation.js";
+import { divergenceView, reputationChart, reputationView } from "./reputation.js";
 
 /** @type {import("../app.js").Panel} */
 export const catalogPanel = {
@@ -152,5 +152,6 @@ function offerView(offer, api) {
     ]),
     health,
     reputationView(offer.reputation),
+    divergenceView(offer.usage_divergence),
   );
 }

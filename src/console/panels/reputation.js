@@ -50,6 +50,36 @@ export function reputationView(reputation) {
 }
 
 /**
+ * The offer's usage claims against the gateway's count (`offer.usage_divergence`,
+ * docs/decisions.md "Usage divergence"): flagged offers are routed last, excluded ones not at
+ * all until their operator verifies again. `data-divergence` is `none`, `flagged` or `excluded`.
+ * @param {Record<string, unknown> | null | undefined} divergence
+ */
+export function divergenceView(divergence) {
+  if (divergence === undefined || divergence === null) return null;
+  const d = divergence;
+  const state = d.excluded === true ? "excluded" : d.flagged === true ? "flagged" : "none";
+  const verdict = {
+    excluded:
+      "Excluded: more than half of its usage claims ran above the gateway's count. Out of routing until its operator verifies the offer again.",
+    flagged:
+      "Flagged: more than 10 % of its usage claims ran above the gateway's count. Routed after every unflagged offer.",
+    none: "Not flagged.",
+  }[state];
+  return h(
+    "div",
+    { class: "divergence", "data-divergence": state },
+    h("h5", {}, "Usage claims"),
+    h("p", { class: state === "none" ? "muted" : "warning", role: "status" }, verdict),
+    facts([
+      ["Answers with a usage claim", measure(d.claimed, ""), "claimed"],
+      ["Claims above the gateway's count", measure(d.diverged, ""), "diverged"],
+      ["Share", percent(d.share_bps), "share"],
+    ]),
+  );
+}
+
+/**
  * Bars of each offer's median time to first token and output speed, with a table of the same
  * numbers; offers without data in the window say so.
  * @param {Record<string, any>[]} offers

@@ -24,6 +24,9 @@ describe("offer measurements", () => {
       served: 3,
       failed: 0,
       samples: 3,
+      claimed: 0,
+      diverged: 0,
+      excluded: false,
     });
     // No measurable generation time: no throughput sample; no timing at all: counted only.
     m.served(offer, { latencyMs: 200, outputTokens: 1n, generationMs: 0 });
@@ -35,6 +38,9 @@ describe("offer measurements", () => {
       served: 5,
       failed: 1,
       samples: 4,
+      claimed: 0,
+      diverged: 0,
+      excluded: false,
     });
   });
 
@@ -67,6 +73,9 @@ describe("offer measurements", () => {
         failed: 50,
         latency: [[binOf(9999), 50, 9999 * 50]],
         throughput: [],
+        claimed: 0,
+        diverged: 0,
+        divergenceSince: 0,
       },
       {
         offerId: offer,
@@ -75,6 +84,9 @@ describe("offer measurements", () => {
         failed: 3,
         latency: [[binOf(400), 2, 800]],
         throughput: [],
+        claimed: 0,
+        diverged: 0,
+        divergenceSince: 0,
       },
     ];
     m.absorb(rows);
@@ -85,6 +97,9 @@ describe("offer measurements", () => {
       served: 3,
       failed: 3,
       samples: 3,
+      claimed: 0,
+      diverged: 0,
+      excluded: false,
     });
   });
 
@@ -127,12 +142,17 @@ describe("offer measurements", () => {
             failed: 0,
             latency: [[binOf(50), 1, 50]],
             throughput: [[binOf(5), 1, 5]],
+            claimed: 0,
+            diverged: 0,
+            divergenceSince: 0,
           },
         ],
         readCounts: async (from) => {
           since.push(from);
           return new Map([[offer, { verificationsPassed: 1, verificationsRejected: 0, flags: 2 }]]);
         },
+        readExclusions: async () => [],
+        exclude: async () => false,
       },
     });
     await sync.runOnce();
@@ -146,6 +166,9 @@ describe("offer measurements", () => {
       served: 1,
       failed: 0,
       samples: 1,
+      claimed: 0,
+      diverged: 0,
+      excluded: false,
     });
     expect(sync.counts(offer)).toEqual({
       verificationsPassed: 1,
@@ -158,5 +181,145 @@ describe("offer measurements", () => {
       ["me", 0],
       ["me", 1],
     ]);
+  });
+});
+
+describe("usage claims in the measurements (docs/decisions.md, Usage divergence)", () => {
+  const other = `0x${"02".repeat(32)}` as Hex;
+  const row = (
+    instanceId: string,
+    claimed: number,
+    diverged: number,
+    divergenceSince = 0,
+  ): SharedMeasurement => ({
+    offerId: offer,
+    instanceId,
+    served: claimed,
+    failed: 0,
+    latency: [],
+    throughput: [],
+    claimed,
+    diverged,
+    divergenceSince,
+  });
+
+  it("counts each offer's claimed answers and diverged claims, its own only", () => {
+    const m = createOfferMeasurements({ instanceId: "me" });
+    for (let i = 0; i < 7; i++) m.claimed(offer, i < 3);
+    m.claimed(other, false);
+    expect(m.get(offer)).toMatchObject({ claimed: 7, diverged: 3, excluded: false });
+    expect(m.get(other)).toMatchObject({ claimed: 1, diverged: 0 });
+    // A claim is not a served answer (the relay reports that on its own).
+    expect(m.get(offer)).toMatchObject({ served: 0, failed: 0 });
+    expect(m.local().get(offer)).toMatchObject({ claimed: 7, diverged: 3, divergenceSince: 0 });
+    // Other processes' claims are merged.
+    m.absorb([row("other", 13, 9)]);
+    expect(m.get(offer)).toMatchObject({ claimed: 20, diverged: 12 });
+  });
+
+  it("calls for an exclusion above half of at least 20 claims, once", () => {
+    const m = createOfferMeasurements({ instanceId: "me" });
+    for (let i = 0; i < 19; i++) m.claimed(offer, true);
+    // 19 of 19: too few claims to judge.
+    expect(m.exclusionsDue()).toEqual([]);
+    m.claimed(offer, false);
+    // 19 of 20: 95 %.
+    expect(m.exclusionsDue()).toEqual([{ offerId: offer, claimed: 20, diverged: 19, since: 0 }]);
+    const half = createOfferMeasurements();
+    for (let i = 0; i < 20; i++) half.claimed(offer, i < 10);
+    // 10 of 20 is half, not more.
+    expect(half.exclusionsDue()).toEqual([]);
+    half.claimed(offer, true);
+    expect(half.exclusionsDue()).toEqual([{ offerId: offer, claimed: 21, diverged: 11, since: 0 }]);
+    // Standing already: nothing more to write.
+    half.setExclusions([{ offerId: offer, excludedAt: 100, clearedAt: undefined }]);
+    expect(half.exclusionsDue()).toEqual([]);
+    expect(half.get(offer)).toMatchObject({ excluded: true });
+  });
+
+  it("holds an exclusion without a measurement; a clearing restarts the counts", () => {
+    const m = createOfferMeasurements({ instanceId: "me" });
+    // A restarted process: nothing measured, the exclusion read from the database.
+    m.setExclusions([{ offerId: offer, excludedAt: 100, clearedAt: undefined }]);
+    expect(m.get(offer)).toEqual({
+      latencyMs: undefined,
+      throughput: undefined,
+      served: 0,
+      failed: 0,
+      samples: 0,
+      claimed: 0,
+      diverged: 0,
+      excluded: true,
+    });
+    for (let i = 0; i < 20; i++) m.claimed(offer, true);
+    m.absorb([row("other", 10, 10), row("late", 4, 4)]);
+    expect(m.get(offer)).toMatchObject({ claimed: 34, diverged: 34, excluded: true });
+
+    // Verified again at 200: its own counts are dropped, the other processes' count once they
+    // follow the same clearing.
+    m.setExclusions([{ offerId: offer, excludedAt: 100, clearedAt: 200 }]);
+    expect(m.get(offer)).toMatchObject({ claimed: 0, diverged: 0, excluded: false });
+    expect(m.exclusionsDue()).toEqual([]);
+    m.absorb([row("other", 2, 1, 200), row("late", 30, 30, 0)]);
+    m.claimed(offer, false);
+    expect(m.get(offer)).toMatchObject({ claimed: 3, diverged: 1, excluded: false });
+    expect(m.local().get(offer)).toMatchObject({ claimed: 1, diverged: 0, divergenceSince: 200 });
+    // The same clearing read again changes nothing.
+    m.setExclusions([{ offerId: offer, excludedAt: 100, clearedAt: 200 }]);
+    expect(m.get(offer)).toMatchObject({ claimed: 3, diverged: 1 });
+    // What it measured since counts toward a new exclusion, with the clearing it follows.
+    for (let i = 0; i < 19; i++) m.claimed(offer, true);
+    expect(m.exclusionsDue()).toEqual([{ offerId: offer, claimed: 22, diverged: 20, since: 200 }]);
+  });
+
+  it("excludes through the store in the sharing round, and reads exclusions at start", async () => {
+    const m = createOfferMeasurements({ instanceId: "me", windowSeconds: 600 });
+    const excluded: [Hex, number, number, number][] = [];
+    let stored: { offerId: Hex; excludedAt: number; clearedAt: number | undefined }[] = [];
+    const sync = createMeasurementSync({
+      measurements: m,
+      instanceId: "me",
+      intervalMs: 60_000,
+      clock: () => 5000,
+      store: {
+        write: async () => {},
+        read: async () => [],
+        readCounts: async () => new Map(),
+        readExclusions: async () => stored,
+        exclude: async (due, at) => {
+          excluded.push([due.offerId, due.claimed, due.diverged, at]);
+          stored = [{ offerId: due.offerId, excludedAt: at, clearedAt: undefined }];
+          return true;
+        },
+      },
+    });
+    for (let i = 0; i < 20; i++) m.claimed(offer, i < 10);
+    await sync.runOnce();
+    expect(excluded).toEqual([]);
+    m.claimed(offer, true);
+    await sync.runOnce();
+    expect(excluded).toEqual([[offer, 21, 11, 5000]]);
+    expect(m.get(offer)?.excluded).toBe(true);
+    // Standing: not written again.
+    await sync.runOnce();
+    expect(excluded).toHaveLength(1);
+
+    // Another process (restarted) knows of it before it serves.
+    const restarted = createOfferMeasurements({ instanceId: "me" });
+    const again = createMeasurementSync({
+      measurements: restarted,
+      instanceId: "me",
+      intervalMs: 60_000,
+      clock: () => 5000,
+      store: {
+        write: async () => {},
+        read: async () => [],
+        readCounts: async () => new Map(),
+        readExclusions: async () => stored,
+        exclude: async () => false,
+      },
+    });
+    await again.readExclusions();
+    expect(restarted.get(offer)?.excluded).toBe(true);
   });
 });

@@ -117,7 +117,7 @@ export function createInference(deps: InferenceDeps): Inference {
       "no_eligible_offer",
       req.offer === undefined
         ? `no verified, active offer of '${req.model.slice(0, 200)}' can serve this request now`
-        : `offer ${req.offer} cannot serve this request now (not active, verified and registered for this model)`,
+        : `offer ${req.offer} cannot serve this request now (not active, verified and registered for this model, or out of routing for usage claims above the gateway's count until it is verified again)`,
     );
   }
 

@@ -93,7 +93,16 @@ describe("provider preferences in routing (OpenRouter's provider object)", () =>
       {
         measured: (o) =>
           o === dear
-            ? { latencyMs: 10, throughput: undefined, served: 1, failed: 0, samples: 1 }
+            ? {
+                latencyMs: 10,
+                throughput: undefined,
+                served: 1,
+                failed: 0,
+                samples: 1,
+                claimed: 0,
+                diverged: 0,
+                excluded: false,
+              }
             : undefined,
       },
     ).map((c) => c.offer.offerId);
@@ -255,5 +264,62 @@ describe("provider object validation", () => {
       maxPrice: { prompt: 5n, completion: 0n },
       requireParameters: true,
     });
+  });
+});
+
+describe("usage divergence in routing (docs/decisions.md, Usage divergence)", () => {
+  /** cheap's claims: `diverged` of 20 diverged; the others' 20 are honest. */
+  const measuredWith = (diverged: number, excluded: string[] = []) => {
+    const measurements = createOfferMeasurements();
+    measurements.served(cheap, { latencyMs: 30, outputTokens: 100n, generationMs: 500 });
+    measurements.served(middle, { latencyMs: 50, outputTokens: 100n, generationMs: 5000 });
+    measurements.served(dear, { latencyMs: 150, outputTokens: 100n, generationMs: 2000 });
+    for (let i = 0; i < 20; i++) {
+      measurements.claimed(cheap, i < diverged);
+      measurements.claimed(middle, false);
+      measurements.claimed(dear, false);
+    }
+    measurements.setExclusions(
+      excluded.map((offerId) => ({ offerId: offerId as Hex, excludedAt: 1, clearedAt: undefined })),
+    );
+    return measurements;
+  };
+  const ranked = (
+    measurements: ReturnType<typeof createOfferMeasurements>,
+    provider: object | undefined,
+    pins: (Hex | undefined)[] = [],
+  ) =>
+    rankCandidates(offers, model, request({ provider }), pins, 5, {
+      measured: (o) => measurements.get(o),
+    }).map((c) => c.offer.offerId);
+
+  it("sorts an offer flagged for diverging claims after every other, whatever provider.sort", () => {
+    // 2 of 20 diverged (10 %): not flagged; cheap leads by price and by latency.
+    const honestEnough = measuredWith(2);
+    expect(ranked(honestEnough, undefined)).toEqual([cheap, middle, dear]);
+    expect(ranked(honestEnough, { sort: "latency" })).toEqual([cheap, middle, dear]);
+    // 3 of 20 (15 %): flagged, last by every key.
+    const flagged = measuredWith(3);
+    expect(ranked(flagged, undefined)).toEqual([middle, dear, cheap]);
+    expect(ranked(flagged, { sort: "price" })).toEqual([middle, dear, cheap]);
+    expect(ranked(flagged, { sort: "latency" })).toEqual([middle, dear, cheap]);
+    // By throughput cheap (200 tokens/s) would lead dear (50) and middle (20).
+    expect(ranked(honestEnough, { sort: "throughput" })).toEqual([cheap, dear, middle]);
+    expect(ranked(flagged, { sort: "throughput" })).toEqual([dear, middle, cheap]);
+    // An explicit order is the client's: it stands (the rest still puts the flagged last).
+    expect(ranked(flagged, { order: [cheap] })).toEqual([cheap, middle, dear]);
+    // Still routed to when it is the only one a request allows.
+    expect(ranked(flagged, { only: [cheap] })).toEqual([cheap]);
+  });
+
+  it("leaves an excluded offer out of routing, also when a pin names it", () => {
+    const excluded = measuredWith(0, [cheap]);
+    expect(ranked(excluded, undefined)).toEqual([middle, dear]);
+    expect(ranked(excluded, undefined, [cheap])).toEqual([]);
+    expect(refusal(() => ranked(excluded, { only: [cheap] })).code).toBe("no_eligible_offer");
+    // Cleared (a verification passed): routed again, first by price.
+    excluded.setExclusions([{ offerId: cheap, excludedAt: 1, clearedAt: 2 }]);
+    expect(ranked(excluded, undefined, [cheap])).toEqual([cheap]);
+    expect(ranked(excluded, undefined)).toEqual([cheap, middle, dear]);
   });
 });

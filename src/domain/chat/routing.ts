@@ -5,6 +5,7 @@ import { GatewayError } from "../errors.js";
 import { maximumCredits } from "../pricing.js";
 import type { OfferFeature } from "../offer-features.js";
 import type { ProviderPreferences } from "../provider-preferences.js";
+import { isDivergenceFlagged } from "../divergence.js";
 import { isFailing } from "../reputation.js";
 import type { OfferMeasurement } from "./measurements.js";
 
@@ -42,7 +43,8 @@ function candidateFor(offer: OfferRecord, req: ChatRequest): Candidate {
 
 /**
  * What routing reads besides the catalog: what was measured of offers over the reputation's
- * window (their median latency and throughput, and how many requests they failed).
+ * window (their median latency and throughput, how many requests they failed, how many of
+ * their usage claims diverged, and whether they stand excluded for it).
  */
 export interface RoutingContext {
   readonly measured?: ((offerId: Hex) => OfferMeasurement | undefined) | undefined;
@@ -145,6 +147,7 @@ function applyPreferences(
         (a, b) => failing(a) - failing(b) || compareMeasured(key(a), key(b), by === "throughput"),
       );
     }
+    list = flaggedLast(list, ctx);
   }
   if (prefs.order !== undefined) {
     const order = prefs.order;
@@ -161,13 +164,27 @@ function applyPreferences(
 }
 
 /**
+ * Offers flagged for diverging usage claims (src/domain/divergence.ts) after every offer that is
+ * not, each part in its order (a stable partition): whatever `provider.sort` says, a cheap or
+ * quick offer that overstates its usage is not preferred to an honest one.
+ */
+function flaggedLast(list: readonly Candidate[], ctx: RoutingContext): Candidate[] {
+  const flagged = (c: Candidate) => isDivergenceFlagged(ctx.measured?.(c.offer.offerId));
+  return [...list.filter((c) => !flagged(c)), ...list.filter(flagged)];
+}
+
+/**
  * DESIGN section 6: eligible offers matching every pin, ranked by quoted
- * maximum credits, then running over sleeping, then in-flight load; then the request's
+ * maximum credits, then running over sleeping, then in-flight load, offers flagged for
+ * diverging usage claims last; then the request's
  * provider preferences (DESIGN.md section 9), except where a pin (the request's `offer`, its
  * quote's or its permit's offer) decides: a pin wins over every preference but `max_price`
  * (the prices the client set hold whatever pins the request).
  * Capacity is enforced atomically at reservation, not here. Throws `no_eligible_offer` when the
  * preferences exclude every eligible offer.
+ *
+ * An offer excluded for diverging usage claims is not eligible, pinned or not: a request or quote
+ * pinned to it finds no offer (503 `no_eligible_offer`) until its operator verifies it again.
  */
 export function rankCandidates(
   offers: readonly OfferRecord[],
@@ -178,8 +195,13 @@ export function rankCandidates(
   ctx: RoutingContext = {},
 ): Candidate[] {
   const pinned = pins.filter((p): p is Hex => p !== undefined);
-  const ranked = offers
-    .filter((o) => isEligible(o, model, now) && pinned.every((p) => p === o.offerId))
+  let ranked = offers
+    .filter(
+      (o) =>
+        isEligible(o, model, now) &&
+        pinned.every((p) => p === o.offerId) &&
+        ctx.measured?.(o.offerId)?.excluded !== true,
+    )
     .map((o) => candidateFor(o, req))
     .sort(
       (a, b) =>
@@ -187,6 +209,7 @@ export function rankCandidates(
         Number(a.wakes) - Number(b.wakes) ||
         a.offer.inFlight - b.offer.inFlight,
     );
+  ranked = flaggedLast(ranked, ctx);
   if (req.provider === undefined) return ranked;
   // A pin wins over every preference but the prices the client set.
   if (pinned.length > 0) return withinMaxPrice(ranked, req.provider.maxPrice);
