@@ -218,7 +218,7 @@ export async function* serve(
    */
   const compared = ({ claimed, counted, diverged }: UsageJudgment) => {
     if (claimed === undefined) return;
-    deps.measurements?.claimed?.(current.offer.offerId, diverged);
+    deps.measurements?.claimed(current.offer.offerId, diverged);
     if (observer?.usageCompared === undefined) return;
     observer.usageCompared(current.offer.modelId, current.offer.offerId, figuresOf(claimed), {
       inputTokens: counted.inputTokens,
