@@ -24,6 +24,14 @@ export type FinalStatus = "completed" | "failed" | "cancelled";
 /** Whose token count a close's charge was computed from. */
 export type UsageSource = "provider" | "gateway";
 
+/** Token figures of one answer: a provider's usage claim or the gateway's own count (DESIGN.md 10). */
+export interface UsageFigures {
+  readonly inputTokens: bigint;
+  readonly outputTokens: bigint;
+  readonly cachedInputTokens: bigint;
+  readonly reasoningTokens: bigint;
+}
+
 /**
  * A request's close as it is recorded: the one shape the lifecycle hands the ledger, the lease
  * ledger writes and PostgreSQL stores. Its usage details (absent: 0) are recorded by the same
@@ -35,6 +43,10 @@ export interface CloseRecord extends Usage {
   readonly creditsCharged: bigint;
   readonly billing: Billing;
   readonly usageSource: UsageSource;
+  /** The provider's usage claim; absent when it reported none. */
+  readonly claimed?: UsageFigures | undefined;
+  /** The gateway's own count; absent when no answer was counted (nothing reached the client). */
+  readonly counted?: UsageFigures | undefined;
   readonly error?: string | undefined;
   /** Unix seconds. */
   readonly now: number;
@@ -88,6 +100,10 @@ export interface ChatCompleted {
    */
   readonly cachedInputTokens?: bigint;
   readonly reasoningTokens?: bigint;
+  /** The provider's usage claim; absent when it reported none. */
+  readonly claimed?: UsageFigures | undefined;
+  /** The gateway's own count; absent when no answer was counted (nothing reached the client). */
+  readonly counted?: UsageFigures | undefined;
 }
 
 /**
@@ -272,6 +288,8 @@ export interface ChatObserver {
     credits: bigint,
     details: { readonly cachedInputTokens: bigint; readonly reasoningTokens: bigint },
   ): void;
+  /** A completed answer's claim and count (the claim/count histogram per offer). */
+  usageCompared?(modelId: Hex, offerId: Hex, claimed: UsageFigures, counted: UsageFigures): void;
 }
 
 export interface InferenceDeps {
