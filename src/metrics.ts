@@ -57,6 +57,17 @@ export interface GatewayMetrics {
   handle(req: NodeRequest, res: NodeResponse): void;
 }
 
+/**
+ * Claim / count: dense around 1 (an exact tokenizer's tolerance is a few tokens; the byte bound
+ * stands well above the count), then the multiples a lying provider claims.
+ */
+const claimRatioBuckets = [0.5, 0.9, 0.99, 1, 1.01, 1.05, 1.1, 1.25, 1.5, 2, 5, 10, 100];
+
+/** Claim / count as a metric's number (not money: a float is fine); a count of 0 reads as 1. */
+export function claimRatioOf(claimed: bigint, counted: bigint): number {
+  return Number(claimed) / Number(counted > 0n ? counted : 1n);
+}
+
 // Seconds. Gateway overhead is milliseconds; a provider's answer may take minutes.
 const overheadBuckets = [
   0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
@@ -115,6 +126,8 @@ interface PairChildren {
   readonly credits: ReturnType<Counter<"model" | "offer">["labels"]>;
   readonly cached: ReturnType<Counter<"model" | "offer">["labels"]>;
   readonly reasoning: ReturnType<Counter<"model" | "offer">["labels"]>;
+  readonly claimInput: ReturnType<Histogram<"model" | "offer" | "kind">["labels"]>;
+  readonly claimOutput: ReturnType<Histogram<"model" | "offer" | "kind">["labels"]>;
 }
 
 /**
@@ -184,6 +197,13 @@ export function createMetrics(
     name: "gateway_reasoning_tokens_total",
     help: "Of the output tokens of closed chat requests, those the provider reported spent on reasoning (not priced).",
     labelNames: ["model", "offer"] as const,
+    registers,
+  });
+  const claimRatio = new Histogram({
+    name: "gateway_usage_claim_ratio",
+    help: "A completed answer's usage claimed by its provider divided by the gateway's own count, by kind (input or output; a count of 0 is read as 1): about 1 for an honest provider, above 1 for one that claims more than it served.",
+    labelNames: ["model", "offer", "kind"] as const,
+    buckets: claimRatioBuckets,
     registers,
   });
   const credits = new Counter({
@@ -265,6 +285,8 @@ export function createMetrics(
         credits: credits.labels(labels),
         cached: cachedTokens.labels(labels),
         reasoning: reasoningTokens.labels(labels),
+        claimInput: claimRatio.labels({ ...labels, kind: "input" }),
+        claimOutput: claimRatio.labels({ ...labels, kind: "output" }),
       };
       pairs.set(key, children);
     }
@@ -288,6 +310,11 @@ export function createMetrics(
       if (charge > 0n) children.credits.inc(Number(charge));
       if (details.cachedInputTokens > 0n) children.cached.inc(Number(details.cachedInputTokens));
       if (details.reasoningTokens > 0n) children.reasoning.inc(Number(details.reasoningTokens));
+    },
+    usageCompared(modelId, offerId, claimed, counted) {
+      const children = pair(modelId, offerId);
+      children.claimInput.observe(claimRatioOf(claimed.inputTokens, counted.inputTokens));
+      children.claimOutput.observe(claimRatioOf(claimed.outputTokens, counted.outputTokens));
     },
   };
 

@@ -67,6 +67,58 @@ describe("createTracing", () => {
     await tracing.shutdown();
   });
 
+  it("traces the usage charged as gen_ai.usage.*, and beside it the provider's claim and the gateway's count", async () => {
+    const tracing = createTracing(
+      { otlpTracesEndpoint: `${receiver.url}/v1/traces`, otelServiceName: "unit" },
+      silent,
+    )!;
+    const closing = {
+      status: "completed",
+      billing: "billed",
+      usageSource: "gateway",
+      usage: { inputTokens: 12n, outputTokens: 5n, cachedInputTokens: 0n, reasoningTokens: 0n },
+      claimed: {
+        inputTokens: 3_550n,
+        outputTokens: 2_000n,
+        cachedInputTokens: 3n,
+        reasoningTokens: 4n,
+      },
+      counted: { inputTokens: 12n, outputTokens: 5n, cachedInputTokens: 0n, reasoningTokens: 0n },
+      error: undefined,
+      charge: 42n,
+      aboveQuote: false,
+      offerId: `0x${"bb".repeat(32)}`,
+    } as const;
+    const before = receiver.spans.length;
+    const trace = tracing.chat.start(input());
+    trace.closed(closing);
+    trace.end();
+    // No claim (the provider reported no usage): no claimed attributes at all.
+    const silentProvider = tracing.chat.start(input());
+    silentProvider.closed({ ...closing, claimed: undefined });
+    silentProvider.end();
+    await tracing.flush();
+    const [lied, unclaimed] = receiver.spans.slice(before);
+    expect(lied?.attributes).toMatchObject({
+      "gen_ai.usage.input_tokens": 12,
+      "gen_ai.usage.output_tokens": 5,
+      "gateway.usage.source": "gateway",
+      "gateway.usage.claimed.input_tokens": 3550,
+      "gateway.usage.claimed.output_tokens": 2000,
+      "gateway.usage.claimed.cache_read.input_tokens": 3,
+      "gateway.usage.claimed.reasoning.output_tokens": 4,
+      "gateway.usage.counted.input_tokens": 12,
+      "gateway.usage.counted.output_tokens": 5,
+      "gateway.usage.counted.cache_read.input_tokens": 0,
+      "gateway.usage.counted.reasoning.output_tokens": 0,
+    });
+    expect(unclaimed?.attributes).toMatchObject({ "gateway.usage.counted.output_tokens": 5 });
+    expect(Object.keys(unclaimed?.attributes ?? {}).filter((k) => k.includes(".claimed."))).toEqual(
+      [],
+    );
+    await tracing.shutdown();
+  });
+
   it("a collector that is away loses spans, never fails the shutdown", async () => {
     const tracing = createTracing(
       {

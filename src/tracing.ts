@@ -14,7 +14,13 @@ import { BatchSpanProcessor, TracerProvider, type SpanExporter } from "@opentele
 import { ATTR_ERROR_TYPE, ATTR_SERVICE_NAME } from "@opentelemetry/semantic-conventions";
 import type { Logger } from "pino";
 import type { Config } from "./config.js";
-import type { ChatInput, ChatStep, ChatTrace, ChatTracer } from "./domain/chat/types.js";
+import type {
+  ChatInput,
+  ChatStep,
+  ChatTrace,
+  ChatTracer,
+  UsageFigures,
+} from "./domain/chat/types.js";
 import type { Closing } from "./domain/chat/metering.js";
 import { GatewayError } from "./domain/errors.js";
 import type { FlushResult, SettlementFlusher } from "./domain/settlement.js";
@@ -175,6 +181,9 @@ function chatTrace(span: Span): ChatTrace {
         "gateway.billing": closing.billing,
         "gateway.status": closing.status,
         "gateway.usage.source": closing.usageSource,
+        // Both numbers (DESIGN.md section 10): gen_ai.usage.* above are what was charged.
+        ...figureAttributes("claimed", closing.claimed),
+        ...figureAttributes("counted", closing.counted),
       });
     },
     end(error?: unknown) {
@@ -195,6 +204,23 @@ function chatTrace(span: Span): ChatTrace {
  * A span per settlement batch a flush reports, spanning that flush (the batches of one flush
  * follow each other within it); a flush that throws is one error span.
  */
+/**
+ * `gateway.usage.<which>.{input,output,cache_read.input,reasoning.output}_tokens` of a claim or a
+ * count, named as the GenAI conventions name the charged usage; none when there is none.
+ */
+function figureAttributes(
+  which: "claimed" | "counted",
+  figures: UsageFigures | undefined,
+): Record<string, number> {
+  if (figures === undefined) return {};
+  return {
+    [`gateway.usage.${which}.input_tokens`]: Number(figures.inputTokens),
+    [`gateway.usage.${which}.output_tokens`]: Number(figures.outputTokens),
+    [`gateway.usage.${which}.cache_read.input_tokens`]: Number(figures.cachedInputTokens),
+    [`gateway.usage.${which}.reasoning.output_tokens`]: Number(figures.reasoningTokens),
+  };
+}
+
 function tracedFlusher(tracer: Tracer, flusher: SettlementFlusher): SettlementFlusher {
   const traced = async (
     run: () => Promise<FlushResult | undefined>,

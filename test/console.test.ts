@@ -56,6 +56,7 @@ interface RequestRecord {
   input_tokens: string;
   output_tokens: string;
   credits_charged: string;
+  usage_source: string | null;
   settlement: { status: string; tx_hash: string | null; batch_id: string | null };
 }
 interface SignedReceipt {
@@ -410,7 +411,11 @@ describe("market console (GET /console) on npm start's sandbox", () => {
         await card
           .locator(".checks li")
           .evaluateAll((els) => els.map((e) => e.getAttribute("data-check-ok"))),
-      ).toEqual(["true", "true", "true", "true", "true", "true"]);
+      ).toEqual(["true", "true", "true", "true", "true", "true", "true"]);
+      // Both numbers are shown beside the usage charged, as the record has them.
+      expect(await card.locator(`[data-field="usage-source"] dd`).textContent()).toBe(
+        settledRecord.usage_source === "provider" ? "the provider's claim" : "the gateway's count",
+      );
       // The recovered address is the one the gateway publishes, found by the page itself.
       expect(await card.locator(".checks li").first().textContent()).toContain(
         `recovered ${m.receiptSigner}`,
@@ -465,6 +470,30 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       await page
         .locator("#receipt-panel")
         .screenshot({ path: join(artifacts, "receipt-tampered.png") });
+      await page.unroute(receiptUrl);
+
+      // A receipt whose signed count was changed: neither the signature nor the record agrees.
+      const counted = signed.receipt.message.counted as Record<string, unknown>;
+      await page.route(receiptUrl, (route) =>
+        route.fulfill({
+          status: 200,
+          contentType: "application/json",
+          body: JSON.stringify({
+            ...signed,
+            receipt: {
+              ...signed.receipt,
+              message: {
+                ...signed.receipt.message,
+                counted: { ...counted, present: true, outputTokens: "999999" },
+              },
+            },
+          }),
+        }),
+      );
+      expect((await verify()).failed).toEqual([
+        "Fails: Signed by the gateway's receipt signer",
+        "Fails: Claim and count equal the request's",
+      ]);
       await page.unroute(receiptUrl);
 
       // The same receipt signed by another key that names itself as the signer: the page holds

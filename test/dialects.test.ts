@@ -20,6 +20,9 @@ interface XGateway {
   billing: string;
   input_tokens: string;
   output_tokens: string;
+  usage_claimed: Record<string, string> | null;
+  usage_counted: Record<string, string> | null;
+  usage_source: string;
 }
 
 describe("POST /v1/responses (OpenAI Responses API, stateless)", () => {
@@ -50,6 +53,10 @@ describe("POST /v1/responses (OpenAI Responses API, stateless)", () => {
     expect(record.credits_charged).toBe(x.credits_charged);
     expect(record.input_tokens).toBe(x.input_tokens);
     expect(record.output_tokens).toBe(x.output_tokens);
+    // Both numbers, and whose was charged, alike in the answer and the record.
+    expect(record.usage_source).toBe(x.usage_source);
+    expect(record.usage_claimed).toEqual(x.usage_claimed);
+    expect(record.usage_counted).toEqual(x.usage_counted);
     return record;
   }
 

@@ -26,8 +26,27 @@ type Receipt = {
   types: Record<string, { name: string; type: string }[]>;
   primaryType: string;
   domain: { name: string; version: string; chainId: number; verifyingContract: string };
-  message: Record<string, string | number>;
+  message: Record<string, unknown>;
 };
+
+/** A record's claim or count (null: none) as the receipt's `UsageFigures` signs it. */
+function receiptFigures(figures: Record<string, string> | null) {
+  if (figures === null)
+    return {
+      present: false,
+      inputTokens: "0",
+      outputTokens: "0",
+      cachedTokens: "0",
+      reasoningTokens: "0",
+    };
+  return {
+    present: true,
+    inputTokens: figures.input_tokens,
+    outputTokens: figures.output_tokens,
+    cachedTokens: figures.cached_input_tokens,
+    reasoningTokens: figures.reasoning_tokens,
+  };
+}
 
 /** ethers' verification, as a payer's tooling would do it (it derives EIP712Domain itself). */
 function recover(receipt: Receipt, signature: string): string {
@@ -107,7 +126,7 @@ describe("signed usage receipts", () => {
     expect(body.receipt.primaryType).toBe("UsageReceipt");
     expect(body.receipt.domain).toEqual({
       name: "Model Market Gateway",
-      version: "3",
+      version: "4",
       chainId: stack.anvil.chainId,
       verifyingContract: stack.demo.market,
     });
@@ -124,6 +143,9 @@ describe("signed usage receipts", () => {
       charge: chat.charged.toString(),
       billing: record.billing,
       closedAt: record.completed_at,
+      usageSource: record.usage_source,
+      claimed: receiptFigures(record.usage_claimed),
+      counted: receiptFigures(record.usage_counted),
     });
     expect(recover(body.receipt, body.signature)).toBe(receiptSigner);
 
@@ -150,7 +172,8 @@ describe("signed usage receipts", () => {
     const { body } = await fetchReceipt(chat.id);
     const receipt = body.receipt as Receipt;
     expect(recover(receipt, body.signature)).toBe(receiptSigner);
-    const other: Record<string, string | number> = {
+    const m = receipt.message as Record<string, Record<string, unknown>>;
+    const other: Record<string, unknown> = {
       requestId: `0x${"ab".repeat(32)}`,
       permitId: `0x${"cd".repeat(32)}`,
       offerId: `0x${"ef".repeat(32)}`,
@@ -163,6 +186,9 @@ describe("signed usage receipts", () => {
       charge: (chat.charged + 1n).toString(),
       billing: "partial",
       closedAt: Number(receipt.message.closedAt) + 1,
+      usageSource: receipt.message.usageSource === "provider" ? "gateway" : "provider",
+      claimed: { ...m.claimed, present: !m.claimed!.present },
+      counted: { ...m.counted, outputTokens: "123456" },
     };
     expect(Object.keys(other).sort()).toEqual(Object.keys(receipt.message).sort());
     for (const [field, value] of Object.entries(other)) {
@@ -173,7 +199,7 @@ describe("signed usage receipts", () => {
     for (const domain of [
       { ...receipt.domain, chainId: receipt.domain.chainId + 1 },
       { ...receipt.domain, verifyingContract: `0x${"11".repeat(20)}` },
-      { ...receipt.domain, version: "2" },
+      { ...receipt.domain, version: "3" },
     ]) {
       expect(recover({ ...receipt, domain }, body.signature)).not.toBe(receiptSigner);
     }
@@ -369,7 +395,11 @@ describe("signed usage receipts", () => {
     expect(passed.stdout).toContain(`settled receipts ${total} = settled on chain ${total}`);
     const report = await audit([permitId, "--json"]);
     expect(report.code).toBe(0);
-    expect(JSON.parse(report.stdout)).toEqual({
+    // Compared by id (the gateway lists them by close, and by id within one second).
+    const byId = (a: { request_id: string }, b: { request_id: string }) =>
+      a.request_id < b.request_id ? -1 : 1;
+    const parsed = JSON.parse(report.stdout) as { requests: { request_id: string }[] };
+    expect({ ...parsed, requests: [...parsed.requests].sort(byId) }).toEqual({
       permit_id: permitId,
       chain_id: stack.anvil.chainId,
       market: getAddress(stack.demo.market),
@@ -380,8 +410,35 @@ describe("signed usage receipts", () => {
       chain_settled: total.toString(),
       difference: "0",
       invalid: [],
+      requests: await Promise.all(
+        chats.map(async (chat) => {
+          const r = await json(await authed(stack, `/v1/requests/${chat.id}`));
+          const figures = (f: Record<string, string> | null) =>
+            f === null
+              ? null
+              : {
+                  input_tokens: f.input_tokens,
+                  output_tokens: f.output_tokens,
+                  cached_tokens: f.cached_input_tokens,
+                  reasoning_tokens: f.reasoning_tokens,
+                };
+          return {
+            request_id: chat.id,
+            settled: true,
+            charge: chat.charged.toString(),
+            charged: figures(r),
+            usage_source: r.usage_source,
+            claimed: figures(r.usage_claimed),
+            counted: figures(r.usage_counted),
+            receipt_version: "4",
+          };
+        }),
+      ).then((all) => all.sort(byId)),
       ok: true,
     });
+    // The text report shows each receipt's charge and both numbers.
+    for (const chat of chats)
+      expect(passed.stdout).toContain(`receipt ${chat.id}: charged ${chat.charged} for `);
 
     // The gateway's database now claims one credit less for one request than it settled.
     await stack.database.db.pool.query(

@@ -1,15 +1,29 @@
 import { getAddress, type Hex } from "viem";
-import { generatePrivateKey } from "viem/accounts";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { describe, expect, it } from "vitest";
 import { createReceiptSigner } from "../adapters/crypto/receipt-signer.js";
-import { buildUsageReceipt, type ReceiptRecord } from "../domain/receipts.js";
-import { judgeReceipts, verdict, type ListedReceipt } from "./permit-audit.js";
+import {
+  buildUsageReceipt,
+  signableReceipt,
+  usageReceiptFieldsV3,
+  type ReceiptRecord,
+} from "../domain/receipts.js";
+import { eip712DomainFields } from "../domain/registration.js";
+import { judgeReceipts, reportJson, verdict, type ListedReceipt } from "./permit-audit.js";
 
 const market = getAddress(`0x${"5f".repeat(20)}`);
 const chainId = 31337;
 const permitId: Hex = `0x${"aa".repeat(32)}`;
 
-function record(n: number, charge: bigint): ReceiptRecord {
+const lie = {
+  inputTokens: 3_550n,
+  outputTokens: 2_000n,
+  cachedInputTokens: 0n,
+  reasoningTokens: 0n,
+};
+const count = { inputTokens: 12n, outputTokens: 5n, cachedInputTokens: 0n, reasoningTokens: 0n };
+
+function record(n: number, charge: bigint, figures: Partial<ReceiptRecord> = {}): ReceiptRecord {
   return {
     id: `0x${n.toString(16).padStart(64, "0")}`,
     permitId,
@@ -24,6 +38,10 @@ function record(n: number, charge: bigint): ReceiptRecord {
     billing: "billed",
     status: "completed",
     completedAt: 1_700_000_000 + n,
+    usageSource: "provider",
+    claimed: { inputTokens: 10n, outputTokens: 5n, cachedInputTokens: 0n, reasoningTokens: 0n },
+    counted: { inputTokens: 10n, outputTokens: 6n, cachedInputTokens: 0n, reasoningTokens: 0n },
+    ...figures,
   };
 }
 
@@ -35,8 +53,9 @@ async function listed(
   charge: bigint,
   status = "settled",
   by = signer,
+  figures: Partial<ReceiptRecord> = {},
 ): Promise<ListedReceipt> {
-  const signed = await by.sign(buildUsageReceipt(record(n, charge), { chainId, market }));
+  const signed = await by.sign(buildUsageReceipt(record(n, charge, figures), { chainId, market }));
   return {
     receipt: signed.receipt,
     signature: signed.signature,
@@ -110,5 +129,147 @@ describe("permit audit's judgement", () => {
     expect(verdict(report)).toContain(
       `receipt ${tampered.receipt.message.requestId}: signature does not verify against the receipt signer ${signer.address}`,
     );
+  });
+
+  it("shows, per receipt, the usage charged, whose figures it was, the provider's claim and the gateway's count", async () => {
+    const liar = await listed(1, 60n, "settled", signer, {
+      inputTokens: 12n,
+      outputTokens: 5n,
+      usageSource: "gateway",
+      claimed: lie,
+      counted: count,
+    });
+    const silent = await listed(2, 40n, "unsettled", signer, {
+      usageSource: "gateway",
+      claimed: null,
+    });
+    const report = await judge([liar, silent], 60n);
+    expect(report.ok).toBe(true);
+    const id = (n: number) => `0x${n.toString(16).padStart(64, "0")}`;
+    expect(reportJson(report).requests).toEqual([
+      {
+        request_id: id(1),
+        settled: true,
+        charge: "60",
+        charged: {
+          input_tokens: "12",
+          output_tokens: "5",
+          cached_tokens: "0",
+          reasoning_tokens: "0",
+        },
+        usage_source: "gateway",
+        claimed: {
+          input_tokens: "3550",
+          output_tokens: "2000",
+          cached_tokens: "0",
+          reasoning_tokens: "0",
+        },
+        counted: {
+          input_tokens: "12",
+          output_tokens: "5",
+          cached_tokens: "0",
+          reasoning_tokens: "0",
+        },
+        receipt_version: "4",
+      },
+      {
+        request_id: id(2),
+        settled: false,
+        charge: "40",
+        charged: {
+          input_tokens: "10",
+          output_tokens: "5",
+          cached_tokens: "0",
+          reasoning_tokens: "0",
+        },
+        usage_source: "gateway",
+        claimed: null,
+        counted: {
+          input_tokens: "10",
+          output_tokens: "6",
+          cached_tokens: "0",
+          reasoning_tokens: "0",
+        },
+        receipt_version: "4",
+      },
+    ]);
+    expect(verdict(report).slice(1)).toEqual([
+      `receipt ${id(1)}: charged 60 for 12 in, 5 out (the gateway's count); claimed 3550 in, 2000 out; counted 12 in, 5 out`,
+      `receipt ${id(2)}: charged 40 for 10 in, 5 out (the gateway's count); no claim; counted 10 in, 6 out`,
+    ]);
+  });
+
+  it("a receipt whose claim, count or source was changed does not verify", async () => {
+    const tampered: ListedReceipt[] = [];
+    for (const [n, change] of [
+      [
+        1,
+        (m: Record<string, unknown>) =>
+          (m.claimed = { ...(m.claimed as object), outputTokens: "5" }),
+      ],
+      [
+        2,
+        (m: Record<string, unknown>) => (m.counted = { ...(m.counted as object), present: false }),
+      ],
+      [3, (m: Record<string, unknown>) => (m.usageSource = "provider")],
+    ] as const) {
+      const one = await listed(n, 10n, "settled", signer, {
+        usageSource: "gateway",
+        claimed: lie,
+        counted: count,
+      });
+      change(one.receipt.message);
+      tampered.push(one);
+    }
+    const report = await judge(tampered, 0n);
+    expect(report.invalid.map((f) => f.reason)).toEqual(
+      Array(3).fill(`signature does not verify against the receipt signer ${signer.address}`),
+    );
+    expect(report.requests).toEqual([]);
+  });
+
+  it("still verifies a version 3 receipt (signed before claim and count were kept)", async () => {
+    const account = privateKeyToAccount(generatePrivateKey());
+    const current = buildUsageReceipt(record(7, 25n), { chainId, market });
+    const { usageSource: _s, claimed: _c, counted: _n, ...message } = current.message;
+    const v3 = {
+      types: { EIP712Domain: eip712DomainFields, UsageReceipt: usageReceiptFieldsV3 },
+      primaryType: "UsageReceipt",
+      domain: { ...current.domain, version: "3" },
+      message,
+    };
+    const signature = await account.signTypedData(signableReceipt(v3));
+    const old: ListedReceipt = {
+      receipt: v3,
+      signature,
+      signer: account.address,
+      settlement: { status: "settled", batch_id: null },
+    };
+    const report = await judgeReceipts({
+      permitId,
+      chainId,
+      market,
+      signer: account.address,
+      receipts: [old],
+      chainSettled: 25n,
+    });
+    expect(report).toMatchObject({ ok: true, invalid: [], settledCharges: 25n });
+    expect(report.requests[0]).toMatchObject({ usageSource: null, claimed: null, version: "3" });
+    expect(verdict(report)[1]).toBe(
+      `receipt ${message.requestId}: charged 25 for 10 in, 5 out (a version 3 receipt: claim and count not signed)`,
+    );
+    // The same message under the current version (no claim, no count) does not verify.
+    const relabelled = { ...old, receipt: { ...v3, domain: { ...v3.domain, version: "4" } } };
+    const again = await judgeReceipts({
+      permitId,
+      chainId,
+      market,
+      signer: account.address,
+      receipts: [relabelled],
+      chainSettled: 0n,
+    });
+    expect(again.invalid).toEqual([
+      { requestId: message.requestId, reason: "signature or message malformed" },
+    ]);
   });
 });

@@ -9,8 +9,12 @@ import {
   type Hex,
 } from "viem";
 import { marketAbi } from "../../gen/contracts/artifacts.js";
-import { registrationDomainName, registrationDomainVersion } from "../domain/registration.js";
-import { signableReceipt } from "../domain/receipts.js";
+import { registrationDomainName } from "../domain/registration.js";
+import {
+  receiptDomainVersion,
+  signableReceipt,
+  type SignableUsageFigures,
+} from "../domain/receipts.js";
 import { BaseError } from "../errors.js";
 import { call, type GatewayConnection } from "../provider/client.js";
 
@@ -20,8 +24,13 @@ import { call, type GatewayConnection } from "../provider/client.js";
  * checks each signature against the receipt signer the gateway publishes (GET /v1/gateway), sums
  * the charges of the settled ones and compares the sum with what the chain says was settled from
  * the permit. Equal, and every receipt sound: exit 0. Otherwise a line names the difference and
- * every receipt that failed, exit 1.
+ * every receipt that failed, exit 1. Either way it shows, per receipt, the usage charged and the
+ * two figures it was judged from: the provider's claim and the gateway's count (DESIGN.md
+ * section 10).
  */
+
+/** The domain versions of receipts the audit verifies: the current one and issue 22's "3". */
+const auditedVersions: readonly string[] = [receiptDomainVersion, "3"];
 
 /** A receipt as the receipts list answers it (what the audit reads of it). */
 export interface ListedReceipt {
@@ -46,6 +55,30 @@ export interface AuditFinding {
   readonly reason: string;
 }
 
+/** Token figures as a receipt signs them. */
+export interface AuditFigures {
+  readonly inputTokens: bigint;
+  readonly outputTokens: bigint;
+  readonly cachedTokens: bigint;
+  readonly reasoningTokens: bigint;
+}
+
+/** A receipt that verified: what it charged, and the claim and count it says it was judged from. */
+export interface AuditedRequest {
+  readonly requestId: string;
+  readonly settled: boolean;
+  readonly charge: bigint;
+  readonly charged: AuditFigures;
+  /** Whose figures were charged (`provider` or `gateway`); null on a version "3" receipt. */
+  readonly usageSource: string | null;
+  /** The provider's claim; null when it reported none, or on a version "3" receipt. */
+  readonly claimed: AuditFigures | null;
+  /** The gateway's count; null when nothing was counted, or on a version "3" receipt. */
+  readonly counted: AuditFigures | null;
+  /** The receipt's domain version ("3": signed before claim and count were kept). */
+  readonly version: string;
+}
+
 export interface AuditReport {
   readonly permitId: Hex;
   readonly chainId: number;
@@ -62,6 +95,8 @@ export interface AuditReport {
   readonly difference: bigint;
   /** Receipts that prove nothing: a signature that fails, another permit, chain or market. */
   readonly invalid: readonly AuditFinding[];
+  /** Every receipt that verified, in the gateway's order (oldest close first). */
+  readonly requests: readonly AuditedRequest[];
   readonly ok: boolean;
 }
 
@@ -79,21 +114,24 @@ export async function judgeReceipts(args: {
   readonly chainSettled: bigint;
 }): Promise<AuditReport> {
   const invalid: AuditFinding[] = [];
+  const requests: AuditedRequest[] = [];
   const seen = new Set<string>();
   let settledReceipts = 0;
   let settledCharges = 0n;
   for (const listed of args.receipts) {
     const { receipt } = listed;
     const requestId = String(receipt.message.requestId ?? "?");
-    const problem = await receiptProblem(listed, args, seen);
-    if (problem !== undefined) {
-      invalid.push({ requestId, reason: problem });
+    const checked = await checkReceipt(listed, args, seen);
+    if (typeof checked === "string") {
+      invalid.push({ requestId, reason: checked });
       continue;
     }
     seen.add(requestId);
-    if (listed.settlement.status !== "settled") continue;
+    const settled = listed.settlement.status === "settled";
+    requests.push(auditedRequest(requestId, settled, receipt.domain.version, checked));
+    if (!settled) continue;
     settledReceipts += 1;
-    settledCharges += BigInt(receipt.message.charge as string);
+    settledCharges += checked.charge;
   }
   const difference = args.chainSettled - settledCharges;
   return {
@@ -107,21 +145,57 @@ export async function judgeReceipts(args: {
     chainSettled: args.chainSettled,
     difference,
     invalid,
+    requests,
     ok: difference === 0n && invalid.length === 0,
   };
 }
 
-async function receiptProblem(
+type VerifiedMessage = ReturnType<typeof signableReceipt>["message"];
+
+function auditedRequest(
+  requestId: string,
+  settled: boolean,
+  version: string,
+  m: VerifiedMessage,
+): AuditedRequest {
+  const figures = (f: SignableUsageFigures | undefined): AuditFigures | null =>
+    f === undefined || !f.present
+      ? null
+      : {
+          inputTokens: f.inputTokens,
+          outputTokens: f.outputTokens,
+          cachedTokens: f.cachedTokens,
+          reasoningTokens: f.reasoningTokens,
+        };
+  return {
+    requestId,
+    settled,
+    charge: m.charge,
+    charged: {
+      inputTokens: m.inputTokens,
+      outputTokens: m.outputTokens,
+      cachedTokens: m.cachedTokens,
+      reasoningTokens: m.reasoningTokens,
+    },
+    usageSource: m.usageSource ?? null,
+    claimed: figures(m.claimed),
+    counted: figures(m.counted),
+    version,
+  };
+}
+
+/** The receipt's verified message, or what is wrong with it. */
+async function checkReceipt(
   listed: ListedReceipt,
   args: { permitId: Hex; chainId: number; market: Address; signer: Address },
   seen: ReadonlySet<string>,
-): Promise<string | undefined> {
+): Promise<VerifiedMessage | string> {
   const { receipt } = listed;
   const { domain, message } = receipt;
   if (receipt.primaryType !== "UsageReceipt") return "not a UsageReceipt";
   if (
     domain.name !== registrationDomainName ||
-    domain.version !== registrationDomainVersion ||
+    !auditedVersions.includes(domain.version) ||
     domain.chainId !== args.chainId ||
     !isAddress(domain.verifyingContract, { strict: false }) ||
     getAddress(domain.verifyingContract) !== getAddress(args.market)
@@ -132,9 +206,11 @@ async function receiptProblem(
     return `a receipt of permit ${String(message.permitId)}`;
   if (seen.has(String(message.requestId))) return "listed twice";
   let recovered: Address;
+  let signable: ReturnType<typeof signableReceipt>;
   try {
+    signable = signableReceipt({ domain: { ...domain, verifyingContract: args.market }, message });
     recovered = await recoverTypedDataAddress({
-      ...signableReceipt({ domain: { ...domain, verifyingContract: args.market }, message }),
+      ...signable,
       signature: listed.signature as Hex,
     });
   } catch {
@@ -142,7 +218,7 @@ async function receiptProblem(
   }
   if (recovered !== getAddress(args.signer))
     return `signature does not verify against the receipt signer ${args.signer}`;
-  return undefined;
+  return signable.message;
 }
 
 class AuditUsageError extends BaseError {
@@ -256,8 +332,44 @@ export function reportJson(report: AuditReport) {
     chain_settled: report.chainSettled.toString(),
     difference: report.difference.toString(),
     invalid: report.invalid.map((f) => ({ request_id: f.requestId, reason: f.reason })),
+    requests: report.requests.map((r) => ({
+      request_id: r.requestId,
+      settled: r.settled,
+      charge: r.charge.toString(),
+      charged: figuresJson(r.charged),
+      usage_source: r.usageSource,
+      claimed: r.claimed === null ? null : figuresJson(r.claimed),
+      counted: r.counted === null ? null : figuresJson(r.counted),
+      receipt_version: r.version,
+    })),
     ok: report.ok,
   };
+}
+
+function figuresJson(f: AuditFigures) {
+  return {
+    input_tokens: f.inputTokens.toString(),
+    output_tokens: f.outputTokens.toString(),
+    cached_tokens: f.cachedTokens.toString(),
+    reasoning_tokens: f.reasoningTokens.toString(),
+  };
+}
+
+const inOut = (f: AuditFigures): string => `${f.inputTokens} in, ${f.outputTokens} out`;
+
+/**
+ * One line per verified receipt: what it charged and from whose figures, the provider's claim
+ * and the gateway's count.
+ */
+export function requestLines(report: AuditReport): string[] {
+  return report.requests.map((r) => {
+    if (r.usageSource === null)
+      return `receipt ${r.requestId}: charged ${r.charge} for ${inOut(r.charged)} (a version ${r.version} receipt: claim and count not signed)`;
+    const source = r.usageSource === "provider" ? "the provider's claim" : "the gateway's count";
+    const claimed = r.claimed === null ? "no claim" : `claimed ${inOut(r.claimed)}`;
+    const counted = r.counted === null ? "nothing counted" : `counted ${inOut(r.counted)}`;
+    return `receipt ${r.requestId}: charged ${r.charge} for ${inOut(r.charged)} (${source}); ${claimed}; ${counted}`;
+  });
 }
 
 /** The verdict in lines a payer reads. */
@@ -266,6 +378,7 @@ export function verdict(report: AuditReport): string[] {
   if (report.ok) {
     return [
       `permit ${report.permitId}: audit passed: ${counts}; settled receipts ${report.settledCharges} = settled on chain ${report.chainSettled}`,
+      ...requestLines(report),
     ];
   }
   const lines: string[] = [];
@@ -284,6 +397,6 @@ export function verdict(report: AuditReport): string[] {
   }
   for (const finding of report.invalid)
     lines.push(`receipt ${finding.requestId}: ${finding.reason}`);
-  lines.push(counts);
+  lines.push(counts, ...requestLines(report));
   return lines;
 }

@@ -20,11 +20,22 @@ import {
   type Metering as MeteringMessageShape,
   type RequestSettlement,
   type StreamChatCompletionResponse,
+  InferenceRequestSchema,
+  type InferenceRequest,
+  type UsageFigures as UsageFiguresMessage,
+  type UsageReceiptFigures,
   type UsageReceiptTypedData as UsageReceiptTypedDataMessage,
+  UsageSource as UsageSourceMessage,
 } from "../../gen/gateway/v1/inference_pb.js";
 import type { RequestRecord } from "../adapters/pg/requests.js";
 import { GatewayError } from "../domain/errors.js";
-import type { ChatEvent, Inference, Metering } from "../domain/chat/index.js";
+import type {
+  ChatEvent,
+  Inference,
+  Metering,
+  UsageFigures,
+  UsageSource,
+} from "../domain/chat/index.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
 import { readPermitBalance, type PermitLedger } from "../domain/permit-balance.js";
 import type { Permit, PermitReader } from "../domain/permits.js";
@@ -91,6 +102,25 @@ export const billingToProto = {
   partial: Billing.PARTIAL,
   void: Billing.VOID,
 } as const;
+
+export const usageSourceToProto: Record<UsageSource, UsageSourceMessage> = {
+  provider: UsageSourceMessage.PROVIDER,
+  gateway: UsageSourceMessage.GATEWAY,
+};
+
+/** A claim or a count as the RPC carries it; absent stays absent (unset message field). */
+export function figuresMessage(
+  figures: UsageFigures | null | undefined,
+): UsageFiguresMessage | undefined {
+  if (figures === null || figures === undefined) return undefined;
+  return {
+    $typeName: "gateway.v1.UsageFigures",
+    inputTokens: figures.inputTokens,
+    outputTokens: figures.outputTokens,
+    cachedInputTokens: figures.cachedInputTokens,
+    reasoningTokens: figures.reasoningTokens,
+  };
+}
 
 function callerOf(ctx: HandlerContext): Caller {
   const caller = ctx.values.get(callerKey);
@@ -182,6 +212,9 @@ export function eventToMessage(
             usageFromProvider: event.usageFromProvider,
             cachedInputTokens: event.cachedInputTokens ?? 0n,
             reasoningTokens: event.reasoningTokens ?? 0n,
+            usageClaimed: figuresMessage(event.claimed),
+            usageCounted: figuresMessage(event.counted),
+            usageSource: usageSourceToProto[event.usageFromProvider ? "provider" : "gateway"],
           },
         },
       };
@@ -220,6 +253,38 @@ function settlementMessage(record: RequestRecord): Omit<RequestSettlement, "$typ
   };
 }
 
+/** A request's record as the RPC (and, through its view, REST) shows it. */
+export function requestMessage(record: RequestRecord): InferenceRequest {
+  return create(InferenceRequestSchema, {
+    id: record.id,
+    model: record.model,
+    modelId: record.modelId,
+    offerId: record.offerId,
+    permitId: record.permitId,
+    quoteId: record.quoteId,
+    stream: record.stream,
+    status: statusToProto[record.status] ?? RequestStatus.UNSPECIFIED,
+    inputTokens: record.inputTokens,
+    outputTokens: record.outputTokens,
+    cachedInputTokens: record.cachedInputTokens,
+    reasoningTokens: record.reasoningTokens,
+    usageClaimed: figuresMessage(record.claimed),
+    usageCounted: figuresMessage(record.counted),
+    usageSource:
+      record.usageSource === null
+        ? UsageSourceMessage.UNSPECIFIED
+        : usageSourceToProto[record.usageSource],
+    maximumCredits: record.maximumCredits.toString(),
+    creditsCharged: (record.creditsCharged ?? 0n).toString(),
+    tariffVersion: record.tariffVersion.toString(),
+    billing: record.billing === null ? Billing.UNSPECIFIED : billingToProto[record.billing],
+    error: record.error ?? "",
+    createdAt: BigInt(record.createdAt),
+    completedAt: record.completedAt === null ? undefined : BigInt(record.completedAt),
+    settlement: settlementMessage(record),
+  });
+}
+
 function receiptMessage(
   receipt: UsageReceiptTypedData,
 ): Omit<UsageReceiptTypedDataMessage, "$typeName"> {
@@ -252,7 +317,21 @@ function receiptMessage(
       charge: m.charge,
       billing: m.billing,
       closedAt: BigInt(m.closedAt),
+      usageSource: m.usageSource,
+      claimed: receiptFigures(m.claimed),
+      counted: receiptFigures(m.counted),
     },
+  };
+}
+
+function receiptFigures(f: UsageReceiptTypedData["message"]["claimed"]): UsageReceiptFigures {
+  return {
+    $typeName: "gateway.v1.UsageReceiptFigures",
+    present: f.present,
+    inputTokens: BigInt(f.inputTokens),
+    outputTokens: BigInt(f.outputTokens),
+    cachedTokens: BigInt(f.cachedTokens),
+    reasoningTokens: BigInt(f.reasoningTokens),
   };
 }
 
@@ -301,30 +380,7 @@ export function createInferenceService(
       const record = await deps.findRequest(id, apiKeyOf(ctx));
       if (record === undefined)
         throw new GatewayError("request_not_found", `request ${req.id} does not exist`);
-      return create(GetRequestResponseSchema, {
-        request: {
-          id: record.id,
-          model: record.model,
-          modelId: record.modelId,
-          offerId: record.offerId,
-          permitId: record.permitId,
-          quoteId: record.quoteId,
-          stream: record.stream,
-          status: statusToProto[record.status] ?? RequestStatus.UNSPECIFIED,
-          inputTokens: record.inputTokens,
-          outputTokens: record.outputTokens,
-          cachedInputTokens: record.cachedInputTokens,
-          reasoningTokens: record.reasoningTokens,
-          maximumCredits: record.maximumCredits.toString(),
-          creditsCharged: (record.creditsCharged ?? 0n).toString(),
-          tariffVersion: record.tariffVersion.toString(),
-          billing: record.billing === null ? Billing.UNSPECIFIED : billingToProto[record.billing],
-          error: record.error ?? "",
-          createdAt: BigInt(record.createdAt),
-          completedAt: record.completedAt === null ? undefined : BigInt(record.completedAt),
-          settlement: settlementMessage(record),
-        },
-      });
+      return create(GetRequestResponseSchema, { request: requestMessage(record) });
     },
 
     async getRequestReceipt(req, ctx) {

@@ -119,7 +119,8 @@ export function signable<
 
 /**
  * The one EIP-712 domain of every typed data the gateway asks for or signs (DESIGN.md section 8:
- * registration, permit authorizations, offer key bindings, usage receipts): always its own chain
+ * registration, permit authorizations, offer key bindings, usage receipts; receipts at their own
+ * version, receipts.ts `receiptDomainVersion`): always its own chain
  * and market, never taken from a request, so a signature made for another chain or market is
  * worthless here.
  */

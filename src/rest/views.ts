@@ -1,6 +1,9 @@
 import type { DescEnum } from "@bufbuild/protobuf";
 import type { BindOfferKeyTypedData, TypedData } from "../../gen/gateway/v1/provider_pb.js";
-import type { UsageReceiptTypedData } from "../../gen/gateway/v1/inference_pb.js";
+import type {
+  UsageReceiptFigures,
+  UsageReceiptTypedData,
+} from "../../gen/gateway/v1/inference_pb.js";
 import type {
   AuthorizeKeyTypedData,
   RevokeKeyAuthorizationTypedData,
@@ -129,6 +132,20 @@ export function usageReceiptView(typed: UsageReceiptTypedData) {
       charge: m?.charge,
       billing: m?.billing,
       closedAt: Number(m?.closedAt ?? 0n),
+      usageSource: m?.usageSource,
+      claimed: receiptFiguresView(m?.claimed),
+      counted: receiptFiguresView(m?.counted),
     },
+  };
+}
+
+/** A receipt's `UsageFigures` (its integers as decimal strings). */
+function receiptFiguresView(f: UsageReceiptFigures | undefined) {
+  return {
+    present: f?.present ?? false,
+    inputTokens: (f?.inputTokens ?? 0n).toString(),
+    outputTokens: (f?.outputTokens ?? 0n).toString(),
+    cachedTokens: (f?.cachedTokens ?? 0n).toString(),
+    reasoningTokens: (f?.reasoningTokens ?? 0n).toString(),
   };
 }

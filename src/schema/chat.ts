@@ -2,7 +2,7 @@ import { Type, type Static } from "@sinclair/typebox";
 import { ChatCompletedSchema } from "../../gen/gateway/v1/inference_pb.js";
 import { component, Hex32, OptionalNullable } from "./common.js";
 import { protoView } from "./proto-view.js";
-import { usageDetails } from "./resources.js";
+import { usageDetails, usageFigureFields, usageFigureViews } from "./resources.js";
 
 /**
  * The chat completion bodies (spec: Chat request; OpenAI's chat.completion and its chunks),
@@ -203,10 +203,13 @@ export type ChatRequestBody = Static<typeof ChatRequest>;
  * view of the chat RPC's ChatCompleted message.
  */
 export const xGatewayResource = protoView(ChatCompletedSchema, "XGateway", {
+  nested: usageFigureViews,
   fields: {
+    // usage_source says the same, in words.
     usage_from_provider: { omit: true },
     billing: { emptyIsNull: true },
     ...usageDetails,
+    ...usageFigureFields,
   },
 });
 export const XGateway = xGatewayResource.schema;

@@ -1,6 +1,7 @@
 import { Type } from "@sinclair/typebox";
 import { GatewayInfoSchema } from "../../gen/gateway/v1/gateway_pb.js";
 import { Address, component, Decimal, Hex32, UnixSeconds } from "./common.js";
+import { receiptDomainVersion } from "../domain/receipts.js";
 import { protoView } from "./proto-view.js";
 import { settlementOfRequest } from "./resources.js";
 import { typedData } from "./signing.js";
@@ -32,20 +33,57 @@ export const gatewayResource = protoView(GatewayInfoSchema, "Gateway", {
 
 const count = (description: string) => ({ ...Decimal, description });
 
-export const UsageReceiptTypedData = typedData("UsageReceiptTypedData", "UsageReceipt", {
-  requestId: Hex32,
-  permitId: Hex32,
-  offerId: Hex32,
-  modelId: Hex32,
-  tariffVersion: count("uint64"),
-  inputTokens: count("uint64"),
-  outputTokens: count("uint64"),
-  cachedTokens: count("uint64: of inputTokens, served from the provider's prompt cache"),
-  reasoningTokens: count("uint64: of outputTokens, spent on reasoning"),
-  charge: count("uint256: the credits charged, in the credit token's base units"),
-  billing: Type.Unsafe<string>({ enum: ["billed", "partial"] }),
-  closedAt: UnixSeconds,
-});
+/** The gateway's domain at the receipts' version (src/domain/receipts.ts `receiptDomainVersion`). */
+const ReceiptDomain = component(
+  "UsageReceiptDomain",
+  Type.Object({
+    name: Type.Literal("Model Market Gateway"),
+    version: Type.Literal(receiptDomainVersion),
+    chainId: Type.Integer({ minimum: 1 }),
+    verifyingContract: Address,
+  }),
+);
+
+/** The receipt's struct `UsageFigures`: a claim or a count, or (`present` false) none. */
+const UsageFigures = component(
+  "UsageReceiptFigures",
+  Type.Object({
+    present: Type.Boolean({
+      description: "false: none (the provider reported no usage; nothing was counted), figures 0",
+    }),
+    inputTokens: count("uint64"),
+    outputTokens: count("uint64"),
+    cachedTokens: count("uint64: of inputTokens, served from the provider's prompt cache"),
+    reasoningTokens: count("uint64: of outputTokens, spent on reasoning"),
+  }),
+);
+
+export const UsageReceiptTypedData = typedData(
+  "UsageReceiptTypedData",
+  "UsageReceipt",
+  {
+    requestId: Hex32,
+    permitId: Hex32,
+    offerId: Hex32,
+    modelId: Hex32,
+    tariffVersion: count("uint64"),
+    inputTokens: count("uint64"),
+    outputTokens: count("uint64"),
+    cachedTokens: count("uint64: of inputTokens, served from the provider's prompt cache"),
+    reasoningTokens: count("uint64: of outputTokens, spent on reasoning"),
+    charge: count("uint256: the credits charged, in the credit token's base units"),
+    billing: Type.Unsafe<string>({ enum: ["billed", "partial"] }),
+    closedAt: UnixSeconds,
+    usageSource: Type.Unsafe<string>({
+      enum: ["provider", "gateway"],
+      description:
+        "whose figures were charged: provider (its claim, as reported) or gateway (its own count plus tolerance)",
+    }),
+    claimed: { ...UsageFigures, description: "the provider's usage claim" },
+    counted: { ...UsageFigures, description: "the gateway's own count of the answer" },
+  },
+  { structs: ["UsageFigures"], domain: ReceiptDomain },
+);
 
 const Signature = Type.String({
   pattern: "^0x[0-9a-f]{130}$",

@@ -10,6 +10,7 @@ import {
   InferenceRequestSchema,
   PermitBalanceSchema,
   RequestSettlementSchema,
+  UsageFiguresSchema,
 } from "../../gen/gateway/v1/inference_pb.js";
 import { PermitAuthorizationSchema } from "../../gen/gateway/v1/permit_pb.js";
 import {
@@ -47,6 +48,40 @@ export const usageDetails = {
     description:
       "Of output_tokens, those the provider reported spent on reasoning: a safe integer at most completion_tokens, else 0; 0 when it reported none. Shown, never priced",
   },
+} as const;
+
+/** A provider's usage claim or the gateway's count (DESIGN.md section 10), as REST shows it. */
+export const usageFiguresResource = protoView(UsageFiguresSchema, "UsageFigures", {
+  description:
+    "Token figures of one answer (decimal strings): a provider's usage claim, or the gateway's own count",
+});
+
+/**
+ * Both numbers of a request (record, `x_gateway`): the provider's claim, the gateway's count and
+ * which of them the usage charged (input_tokens ... reasoning_tokens) comes from.
+ */
+export const usageFigureFields = {
+  usage_claimed: {
+    emptyIsNull: true,
+    description:
+      "The provider's usage claim as it reported it; null when it reported none (or the request closed before the gateway kept it)",
+  },
+  usage_counted: {
+    emptyIsNull: true,
+    description:
+      "The gateway's own count of the answer (its tokenizer, or a documented upper bound); null when nothing was counted (nothing reached the client)",
+  },
+  usage_source: {
+    emptyIsNull: true,
+    description:
+      "Whose figures were charged: provider (its claim, every kind within the gateway's count plus tolerance) or gateway (its count plus tolerance: lower than the claim in at least one kind, or no claim); null while open",
+  },
+} as const;
+
+/** The nested views of {@link usageFigureFields}. */
+export const usageFigureViews = {
+  usage_claimed: usageFiguresResource,
+  usage_counted: usageFiguresResource,
 } as const;
 
 export const modelResource = protoView(ModelSchema, "Model", {
@@ -172,12 +207,13 @@ export const settlementOfRequest = protoView(RequestSettlementSchema, undefined,
 
 export const requestResource = protoView(InferenceRequestSchema, "InferenceRequest", {
   constants: { object: "inference.request" },
-  nested: { settlement: settlementOfRequest },
+  nested: { settlement: settlementOfRequest, ...usageFigureViews },
   fields: {
     id: { schema: Hex32 },
     billing: { emptyIsNull: true },
     error: { emptyIsNull: true },
     ...usageDetails,
+    ...usageFigureFields,
   },
 });
 

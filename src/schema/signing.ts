@@ -73,14 +73,23 @@ export const Eip712Domain = component(
   }),
 );
 
-/** Wallet-ready typed data (eth_signTypedData_v4) whose primary type is `primary`. */
-export function typedData<M extends TProperties>(name: string, primary: string, message: M) {
+/**
+ * Wallet-ready typed data (eth_signTypedData_v4) whose primary type is `primary`; `structs` names
+ * the further struct types its message uses, `domain` a domain other than {@link Eip712Domain}.
+ */
+export function typedData<M extends TProperties>(
+  name: string,
+  primary: string,
+  message: M,
+  options: { readonly structs?: readonly string[]; readonly domain?: TSchema } = {},
+) {
+  const structs = Object.fromEntries((options.structs ?? []).map((s) => [s, TypedDataFields]));
   return component(
     name,
     Type.Object({
-      types: Type.Object({ EIP712Domain: TypedDataFields, [primary]: TypedDataFields }),
+      types: Type.Object({ EIP712Domain: TypedDataFields, [primary]: TypedDataFields, ...structs }),
       primaryType: Type.Literal(primary),
-      domain: Eip712Domain,
+      domain: options.domain ?? Eip712Domain,
       message: Type.Object(message),
     }),
   );

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/inference.proto.
  */
 export const file_gateway_v1_inference: GenFile = /*@__PURE__*/
-  fileDesc("ChpnYXRld2F5L3YxL2luZmVyZW5jZS5wcm90bxIKZ2F0ZXdheS52MSKPAQobU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0EgwKBGJvZHkYASABKAwSEQoJcGVybWl0X2lkGAIgASgJEhAKCHF1b3RlX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIkCgdkaWFsZWN0GAUgASgOMhMuZ2F0ZXdheS52MS5EaWFsZWN0IqsBChxTdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlEioKB3N0YXJ0ZWQYASABKAsyFy5nYXRld2F5LnYxLkNoYXRTdGFydGVkSAASJgoFY2h1bmsYAiABKAsyFS5nYXRld2F5LnYxLkNoYXRDaHVua0gAEi4KCWNvbXBsZXRlZBgDIAEoCzIZLmdhdGV3YXkudjEuQ2hhdENvbXBsZXRlZEgAQgcKBWV2ZW50IpgBCgtDaGF0U3RhcnRlZBISCgpyZXF1ZXN0X2lkGAEgASgJEhAKCHF1b3RlX2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAQgASgJEhcKD21heGltdW1fY3JlZGl0cxgFIAEoCRIOCgZzdHJlYW0YBiABKAgSEAoIcmVwbGF5ZWQYByABKAgiUAoJQ2hhdENodW5rEgwKBGRhdGEYASABKAwSJgoIbWV0ZXJpbmcYAiABKAsyFC5nYXRld2F5LnYxLk1ldGVyaW5nEg0KBWV2ZW50GAMgASgJIkgKCE1ldGVyaW5nEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEg8KB2NyZWRpdHMYAyABKAkinwIKDUNoYXRDb21wbGV0ZWQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghxdW90ZV9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgEIAEoCRIUCgxpbnB1dF90b2tlbnMYBSABKAQSFQoNb3V0cHV0X3Rva2VucxgGIAEoBBIXCg9jcmVkaXRzX2NoYXJnZWQYByABKAkSJAoHYmlsbGluZxgIIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxIbChN1c2FnZV9mcm9tX3Byb3ZpZGVyGAkgASgIEhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYCiABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgLIAEoBCIfChFHZXRSZXF1ZXN0UmVxdWVzdBIKCgJpZBgBIAEoCSJDChJHZXRSZXF1ZXN0UmVzcG9uc2USLQoHcmVxdWVzdBgBIAEoCzIcLmdhdGV3YXkudjEuSW5mZXJlbmNlUmVxdWVzdCKcAQoRUmVxdWVzdFNldHRsZW1lbnQSLAoGc3RhdHVzGAEgASgOMhwuZ2F0ZXdheS52MS5TZXR0bGVtZW50U3RhdHVzEhAKCGJhdGNoX2lkGAIgASgJEg8KB3R4X2hhc2gYAyABKAkSFwoKc2V0dGxlZF9hdBgEIAEoA0gAiAEBEg4KBnJlYXNvbhgFIAEoCUINCgtfc2V0dGxlZF9hdCKHBAoQSW5mZXJlbmNlUmVxdWVzdBIKCgJpZBgBIAEoCRINCgVtb2RlbBgCIAEoCRIQCghtb2RlbF9pZBgDIAEoCRIQCghvZmZlcl9pZBgEIAEoCRIRCglwZXJtaXRfaWQYBSABKAkSEAoIcXVvdGVfaWQYBiABKAkSDgoGc3RyZWFtGAcgASgIEikKBnN0YXR1cxgIIAEoDjIZLmdhdGV3YXkudjEuUmVxdWVzdFN0YXR1cxIUCgxpbnB1dF90b2tlbnMYCSABKAQSFQoNb3V0cHV0X3Rva2VucxgKIAEoBBIXCg9tYXhpbXVtX2NyZWRpdHMYCyABKAkSFwoPY3JlZGl0c19jaGFyZ2VkGAwgASgJEhYKDnRhcmlmZl92ZXJzaW9uGA0gASgJEiQKB2JpbGxpbmcYDiABKA4yEy5nYXRld2F5LnYxLkJpbGxpbmcSDQoFZXJyb3IYDyABKAkSEgoKY3JlYXRlZF9hdBgQIAEoAxIZCgxjb21wbGV0ZWRfYXQYESABKANIAIgBARIxCgpzZXR0bGVtZW50GBIgASgLMh0uZ2F0ZXdheS52MS5SZXF1ZXN0U2V0dGxlbWVudBIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGBMgASgEEhgKEHJlYXNvbmluZ190b2tlbnMYFCABKARCDwoNX2NvbXBsZXRlZF9hdCIlChBHZXRQZXJtaXRSZXF1ZXN0EhEKCXBlcm1pdF9pZBgBIAEoCSKdAgoNUGVybWl0QmFsYW5jZRIRCglwZXJtaXRfaWQYASABKAkSJgoFc3RhdGUYAiABKA4yFy5nYXRld2F5LnYxLlBlcm1pdFN0YXRlEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEg0KBXBheWVyGAUgASgJEhIKCmV4cGlyZXNfYXQYBiABKAMSGAoLY2xvc2FibGVfYXQYByABKANIAIgBARIPCgdkZXBvc2l0GAggASgJEg8KB3NldHRsZWQYCSABKAkSGQoRY2hhcmdlZF91bnNldHRsZWQYCiABKAkSEAoIcmVzZXJ2ZWQYCyABKAkSEQoJYXZhaWxhYmxlGAwgASgJQg4KDF9jbG9zYWJsZV9hdCI+ChFHZXRQZXJtaXRSZXNwb25zZRIpCgZwZXJtaXQYASABKAsyGS5nYXRld2F5LnYxLlBlcm1pdEJhbGFuY2UiJgoYR2V0UmVxdWVzdFJlY2VpcHRSZXF1ZXN0EgoKAmlkGAEgASgJIooCChNVc2FnZVJlY2VpcHRNZXNzYWdlEhIKCnJlcXVlc3RfaWQYASABKAkSEQoJcGVybWl0X2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhAKCG1vZGVsX2lkGAQgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAUgASgEEhQKDGlucHV0X3Rva2VucxgGIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAcgASgEEhUKDWNhY2hlZF90b2tlbnMYCCABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgJIAEoBBIOCgZjaGFyZ2UYCiABKAkSDwoHYmlsbGluZxgLIAEoCRIRCgljbG9zZWRfYXQYDCABKAQitgEKFVVzYWdlUmVjZWlwdFR5cGVkRGF0YRIrCgZkb21haW4YASABKAsyGy5nYXRld2F5LnYxLlR5cGVkRGF0YURvbWFpbhIoCgV0eXBlcxgCIAMoCzIZLmdhdGV3YXkudjEuVHlwZWREYXRhVHlwZRIUCgxwcmltYXJ5X3R5cGUYAyABKAkSMAoHbWVzc2FnZRgEIAEoCzIfLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0TWVzc2FnZSJyChlHZXRSZXF1ZXN0UmVjZWlwdFJlc3BvbnNlEjIKB3JlY2VpcHQYASABKAsyIS5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdFR5cGVkRGF0YRIRCglzaWduYXR1cmUYAiABKAkSDgoGc2lnbmVyGAMgASgJIlUKGUxpc3RQZXJtaXRSZWNlaXB0c1JlcXVlc3QSEQoJcGVybWl0X2lkGAEgASgJEg0KBWxpbWl0GAIgASgNEhYKDnN0YXJ0aW5nX2FmdGVyGAMgASgJIpkBCg1QZXJtaXRSZWNlaXB0EjIKB3JlY2VpcHQYASABKAsyIS5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdFR5cGVkRGF0YRIRCglzaWduYXR1cmUYAiABKAkSDgoGc2lnbmVyGAMgASgJEjEKCnNldHRsZW1lbnQYBCABKAsyHS5nYXRld2F5LnYxLlJlcXVlc3RTZXR0bGVtZW50IlsKGkxpc3RQZXJtaXRSZWNlaXB0c1Jlc3BvbnNlEisKCHJlY2VpcHRzGAEgAygLMhkuZ2F0ZXdheS52MS5QZXJtaXRSZWNlaXB0EhAKCGhhc19tb3JlGAIgASgIKk8KB0RpYWxlY3QSFwoTRElBTEVDVF9VTlNQRUNJRklFRBAAEhUKEURJQUxFQ1RfUkVTUE9OU0VTEAESFAoQRElBTEVDVF9NRVNTQUdFUxACKl0KB0JpbGxpbmcSFwoTQklMTElOR19VTlNQRUNJRklFRBAAEhIKDkJJTExJTkdfQklMTEVEEAESEwoPQklMTElOR19QQVJUSUFMEAISEAoMQklMTElOR19WT0lEEAMqwAEKDVJlcXVlc3RTdGF0dXMSHgoaUkVRVUVTVF9TVEFUVVNfVU5TUEVDSUZJRUQQABIaChZSRVFVRVNUX1NUQVRVU19QRU5ESU5HEAESHAoYUkVRVUVTVF9TVEFUVVNfU1RSRUFNSU5HEAISHAoYUkVRVUVTVF9TVEFUVVNfQ09NUExFVEVEEAMSGQoVUkVRVUVTVF9TVEFUVVNfRkFJTEVEEAQSHAoYUkVRVUVTVF9TVEFUVVNfQ0FOQ0VMTEVEEAUq1QEKEFNldHRsZW1lbnRTdGF0dXMSIQodU0VUVExFTUVOVF9TVEFUVVNfVU5TUEVDSUZJRUQQABIfChtTRVRUTEVNRU5UX1NUQVRVU19VTlNFVFRMRUQQARIeChpTRVRUTEVNRU5UX1NUQVRVU19TRVRUTElORxACEh0KGVNFVFRMRU1FTlRfU1RBVFVTX1NFVFRMRUQQAxIaChZTRVRUTEVNRU5UX1NUQVRVU19OT05FEAQSIgoeU0VUVExFTUVOVF9TVEFUVVNfVU5TRVRUTEVBQkxFEAUqdQoLUGVybWl0U3RhdGUSHAoYUEVSTUlUX1NUQVRFX1VOU1BFQ0lGSUVEEAASFQoRUEVSTUlUX1NUQVRFX09QRU4QARIYChRQRVJNSVRfU1RBVEVfQ0xPU0lORxACEhcKE1BFUk1JVF9TVEFURV9DTE9TRUQQAzLdAwoQSW5mZXJlbmNlU2VydmljZRJrChRTdHJlYW1DaGF0Q29tcGxldGlvbhInLmdhdGV3YXkudjEuU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0GiguZ2F0ZXdheS52MS5TdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlMAESSwoKR2V0UmVxdWVzdBIdLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlcXVlc3QaHi5nYXRld2F5LnYxLkdldFJlcXVlc3RSZXNwb25zZRJICglHZXRQZXJtaXQSHC5nYXRld2F5LnYxLkdldFBlcm1pdFJlcXVlc3QaHS5nYXRld2F5LnYxLkdldFBlcm1pdFJlc3BvbnNlEmAKEUdldFJlcXVlc3RSZWNlaXB0EiQuZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVjZWlwdFJlcXVlc3QaJS5nYXRld2F5LnYxLkdldFJlcXVlc3RSZWNlaXB0UmVzcG9uc2USYwoSTGlzdFBlcm1pdFJlY2VpcHRzEiUuZ2F0ZXdheS52MS5MaXN0UGVybWl0UmVjZWlwdHNSZXF1ZXN0GiYuZ2F0ZXdheS52MS5MaXN0UGVybWl0UmVjZWlwdHNSZXNwb25zZWIGcHJvdG8z", [file_gateway_v1_provider]);
+  fileDesc("ChpnYXRld2F5L3YxL2luZmVyZW5jZS5wcm90bxIKZ2F0ZXdheS52MSKPAQobU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0EgwKBGJvZHkYASABKAwSEQoJcGVybWl0X2lkGAIgASgJEhAKCHF1b3RlX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIkCgdkaWFsZWN0GAUgASgOMhMuZ2F0ZXdheS52MS5EaWFsZWN0IqsBChxTdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlEioKB3N0YXJ0ZWQYASABKAsyFy5nYXRld2F5LnYxLkNoYXRTdGFydGVkSAASJgoFY2h1bmsYAiABKAsyFS5nYXRld2F5LnYxLkNoYXRDaHVua0gAEi4KCWNvbXBsZXRlZBgDIAEoCzIZLmdhdGV3YXkudjEuQ2hhdENvbXBsZXRlZEgAQgcKBWV2ZW50IpgBCgtDaGF0U3RhcnRlZBISCgpyZXF1ZXN0X2lkGAEgASgJEhAKCHF1b3RlX2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAQgASgJEhcKD21heGltdW1fY3JlZGl0cxgFIAEoCRIOCgZzdHJlYW0YBiABKAgSEAoIcmVwbGF5ZWQYByABKAgiUAoJQ2hhdENodW5rEgwKBGRhdGEYASABKAwSJgoIbWV0ZXJpbmcYAiABKAsyFC5nYXRld2F5LnYxLk1ldGVyaW5nEg0KBWV2ZW50GAMgASgJIkgKCE1ldGVyaW5nEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEg8KB2NyZWRpdHMYAyABKAkisAMKDUNoYXRDb21wbGV0ZWQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghxdW90ZV9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgEIAEoCRIUCgxpbnB1dF90b2tlbnMYBSABKAQSFQoNb3V0cHV0X3Rva2VucxgGIAEoBBIXCg9jcmVkaXRzX2NoYXJnZWQYByABKAkSJAoHYmlsbGluZxgIIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxIbChN1c2FnZV9mcm9tX3Byb3ZpZGVyGAkgASgIEhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYCiABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgLIAEoBBIvCg11c2FnZV9jbGFpbWVkGAwgASgLMhguZ2F0ZXdheS52MS5Vc2FnZUZpZ3VyZXMSLwoNdXNhZ2VfY291bnRlZBgNIAEoCzIYLmdhdGV3YXkudjEuVXNhZ2VGaWd1cmVzEi0KDHVzYWdlX3NvdXJjZRgOIAEoDjIXLmdhdGV3YXkudjEuVXNhZ2VTb3VyY2UicgoMVXNhZ2VGaWd1cmVzEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYAyABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgEIAEoBCIfChFHZXRSZXF1ZXN0UmVxdWVzdBIKCgJpZBgBIAEoCSJDChJHZXRSZXF1ZXN0UmVzcG9uc2USLQoHcmVxdWVzdBgBIAEoCzIcLmdhdGV3YXkudjEuSW5mZXJlbmNlUmVxdWVzdCKcAQoRUmVxdWVzdFNldHRsZW1lbnQSLAoGc3RhdHVzGAEgASgOMhwuZ2F0ZXdheS52MS5TZXR0bGVtZW50U3RhdHVzEhAKCGJhdGNoX2lkGAIgASgJEg8KB3R4X2hhc2gYAyABKAkSFwoKc2V0dGxlZF9hdBgEIAEoA0gAiAEBEg4KBnJlYXNvbhgFIAEoCUINCgtfc2V0dGxlZF9hdCKYBQoQSW5mZXJlbmNlUmVxdWVzdBIKCgJpZBgBIAEoCRINCgVtb2RlbBgCIAEoCRIQCghtb2RlbF9pZBgDIAEoCRIQCghvZmZlcl9pZBgEIAEoCRIRCglwZXJtaXRfaWQYBSABKAkSEAoIcXVvdGVfaWQYBiABKAkSDgoGc3RyZWFtGAcgASgIEikKBnN0YXR1cxgIIAEoDjIZLmdhdGV3YXkudjEuUmVxdWVzdFN0YXR1cxIUCgxpbnB1dF90b2tlbnMYCSABKAQSFQoNb3V0cHV0X3Rva2VucxgKIAEoBBIXCg9tYXhpbXVtX2NyZWRpdHMYCyABKAkSFwoPY3JlZGl0c19jaGFyZ2VkGAwgASgJEhYKDnRhcmlmZl92ZXJzaW9uGA0gASgJEiQKB2JpbGxpbmcYDiABKA4yEy5nYXRld2F5LnYxLkJpbGxpbmcSDQoFZXJyb3IYDyABKAkSEgoKY3JlYXRlZF9hdBgQIAEoAxIZCgxjb21wbGV0ZWRfYXQYESABKANIAIgBARIxCgpzZXR0bGVtZW50GBIgASgLMh0uZ2F0ZXdheS52MS5SZXF1ZXN0U2V0dGxlbWVudBIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGBMgASgEEhgKEHJlYXNvbmluZ190b2tlbnMYFCABKAQSLwoNdXNhZ2VfY2xhaW1lZBgVIAEoCzIYLmdhdGV3YXkudjEuVXNhZ2VGaWd1cmVzEi8KDXVzYWdlX2NvdW50ZWQYFiABKAsyGC5nYXRld2F5LnYxLlVzYWdlRmlndXJlcxItCgx1c2FnZV9zb3VyY2UYFyABKA4yFy5nYXRld2F5LnYxLlVzYWdlU291cmNlQg8KDV9jb21wbGV0ZWRfYXQiJQoQR2V0UGVybWl0UmVxdWVzdBIRCglwZXJtaXRfaWQYASABKAkinQIKDVBlcm1pdEJhbGFuY2USEQoJcGVybWl0X2lkGAEgASgJEiYKBXN0YXRlGAIgASgOMhcuZ2F0ZXdheS52MS5QZXJtaXRTdGF0ZRIQCghtb2RlbF9pZBgDIAEoCRIQCghvZmZlcl9pZBgEIAEoCRINCgVwYXllchgFIAEoCRISCgpleHBpcmVzX2F0GAYgASgDEhgKC2Nsb3NhYmxlX2F0GAcgASgDSACIAQESDwoHZGVwb3NpdBgIIAEoCRIPCgdzZXR0bGVkGAkgASgJEhkKEWNoYXJnZWRfdW5zZXR0bGVkGAogASgJEhAKCHJlc2VydmVkGAsgASgJEhEKCWF2YWlsYWJsZRgMIAEoCUIOCgxfY2xvc2FibGVfYXQiPgoRR2V0UGVybWl0UmVzcG9uc2USKQoGcGVybWl0GAEgASgLMhkuZ2F0ZXdheS52MS5QZXJtaXRCYWxhbmNlIiYKGEdldFJlcXVlc3RSZWNlaXB0UmVxdWVzdBIKCgJpZBgBIAEoCSKEAwoTVXNhZ2VSZWNlaXB0TWVzc2FnZRISCgpyZXF1ZXN0X2lkGAEgASgJEhEKCXBlcm1pdF9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIQCghtb2RlbF9pZBgEIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgFIAEoBBIUCgxpbnB1dF90b2tlbnMYBiABKAQSFQoNb3V0cHV0X3Rva2VucxgHIAEoBBIVCg1jYWNoZWRfdG9rZW5zGAggASgEEhgKEHJlYXNvbmluZ190b2tlbnMYCSABKAQSDgoGY2hhcmdlGAogASgJEg8KB2JpbGxpbmcYCyABKAkSEQoJY2xvc2VkX2F0GAwgASgEEhQKDHVzYWdlX3NvdXJjZRgNIAEoCRIwCgdjbGFpbWVkGA4gASgLMh8uZ2F0ZXdheS52MS5Vc2FnZVJlY2VpcHRGaWd1cmVzEjAKB2NvdW50ZWQYDyABKAsyHy5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdEZpZ3VyZXMihAEKE1VzYWdlUmVjZWlwdEZpZ3VyZXMSDwoHcHJlc2VudBgBIAEoCBIUCgxpbnB1dF90b2tlbnMYAiABKAQSFQoNb3V0cHV0X3Rva2VucxgDIAEoBBIVCg1jYWNoZWRfdG9rZW5zGAQgASgEEhgKEHJlYXNvbmluZ190b2tlbnMYBSABKAQitgEKFVVzYWdlUmVjZWlwdFR5cGVkRGF0YRIrCgZkb21haW4YASABKAsyGy5nYXRld2F5LnYxLlR5cGVkRGF0YURvbWFpbhIoCgV0eXBlcxgCIAMoCzIZLmdhdGV3YXkudjEuVHlwZWREYXRhVHlwZRIUCgxwcmltYXJ5X3R5cGUYAyABKAkSMAoHbWVzc2FnZRgEIAEoCzIfLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0TWVzc2FnZSJyChlHZXRSZXF1ZXN0UmVjZWlwdFJlc3BvbnNlEjIKB3JlY2VpcHQYASABKAsyIS5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdFR5cGVkRGF0YRIRCglzaWduYXR1cmUYAiABKAkSDgoGc2lnbmVyGAMgASgJIlUKGUxpc3RQZXJtaXRSZWNlaXB0c1JlcXVlc3QSEQoJcGVybWl0X2lkGAEgASgJEg0KBWxpbWl0GAIgASgNEhYKDnN0YXJ0aW5nX2FmdGVyGAMgASgJIpkBCg1QZXJtaXRSZWNlaXB0EjIKB3JlY2VpcHQYASABKAsyIS5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdFR5cGVkRGF0YRIRCglzaWduYXR1cmUYAiABKAkSDgoGc2lnbmVyGAMgASgJEjEKCnNldHRsZW1lbnQYBCABKAsyHS5nYXRld2F5LnYxLlJlcXVlc3RTZXR0bGVtZW50IlsKGkxpc3RQZXJtaXRSZWNlaXB0c1Jlc3BvbnNlEisKCHJlY2VpcHRzGAEgAygLMhkuZ2F0ZXdheS52MS5QZXJtaXRSZWNlaXB0EhAKCGhhc19tb3JlGAIgASgIKk8KB0RpYWxlY3QSFwoTRElBTEVDVF9VTlNQRUNJRklFRBAAEhUKEURJQUxFQ1RfUkVTUE9OU0VTEAESFAoQRElBTEVDVF9NRVNTQUdFUxACKl0KB0JpbGxpbmcSFwoTQklMTElOR19VTlNQRUNJRklFRBAAEhIKDkJJTExJTkdfQklMTEVEEAESEwoPQklMTElOR19QQVJUSUFMEAISEAoMQklMTElOR19WT0lEEAMqYAoLVXNhZ2VTb3VyY2USHAoYVVNBR0VfU09VUkNFX1VOU1BFQ0lGSUVEEAASGQoVVVNBR0VfU09VUkNFX1BST1ZJREVSEAESGAoUVVNBR0VfU09VUkNFX0dBVEVXQVkQAirAAQoNUmVxdWVzdFN0YXR1cxIeChpSRVFVRVNUX1NUQVRVU19VTlNQRUNJRklFRBAAEhoKFlJFUVVFU1RfU1RBVFVTX1BFTkRJTkcQARIcChhSRVFVRVNUX1NUQVRVU19TVFJFQU1JTkcQAhIcChhSRVFVRVNUX1NUQVRVU19DT01QTEVURUQQAxIZChVSRVFVRVNUX1NUQVRVU19GQUlMRUQQBBIcChhSRVFVRVNUX1NUQVRVU19DQU5DRUxMRUQQBSrVAQoQU2V0dGxlbWVudFN0YXR1cxIhCh1TRVRUTEVNRU5UX1NUQVRVU19VTlNQRUNJRklFRBAAEh8KG1NFVFRMRU1FTlRfU1RBVFVTX1VOU0VUVExFRBABEh4KGlNFVFRMRU1FTlRfU1RBVFVTX1NFVFRMSU5HEAISHQoZU0VUVExFTUVOVF9TVEFUVVNfU0VUVExFRBADEhoKFlNFVFRMRU1FTlRfU1RBVFVTX05PTkUQBBIiCh5TRVRUTEVNRU5UX1NUQVRVU19VTlNFVFRMRUFCTEUQBSp1CgtQZXJtaXRTdGF0ZRIcChhQRVJNSVRfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFQRVJNSVRfU1RBVEVfT1BFThABEhgKFFBFUk1JVF9TVEFURV9DTE9TSU5HEAISFwoTUEVSTUlUX1NUQVRFX0NMT1NFRBADMt0DChBJbmZlcmVuY2VTZXJ2aWNlEmsKFFN0cmVhbUNoYXRDb21wbGV0aW9uEicuZ2F0ZXdheS52MS5TdHJlYW1DaGF0Q29tcGxldGlvblJlcXVlc3QaKC5nYXRld2F5LnYxLlN0cmVhbUNoYXRDb21wbGV0aW9uUmVzcG9uc2UwARJLCgpHZXRSZXF1ZXN0Eh0uZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVxdWVzdBoeLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlc3BvbnNlEkgKCUdldFBlcm1pdBIcLmdhdGV3YXkudjEuR2V0UGVybWl0UmVxdWVzdBodLmdhdGV3YXkudjEuR2V0UGVybWl0UmVzcG9uc2USYAoRR2V0UmVxdWVzdFJlY2VpcHQSJC5nYXRld2F5LnYxLkdldFJlcXVlc3RSZWNlaXB0UmVxdWVzdBolLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlY2VpcHRSZXNwb25zZRJjChJMaXN0UGVybWl0UmVjZWlwdHMSJS5nYXRld2F5LnYxLkxpc3RQZXJtaXRSZWNlaXB0c1JlcXVlc3QaJi5nYXRld2F5LnYxLkxpc3RQZXJtaXRSZWNlaXB0c1Jlc3BvbnNlYgZwcm90bzM", [file_gateway_v1_provider]);
 
 /**
  * @generated from message gateway.v1.StreamChatCompletionRequest
@@ -293,6 +293,27 @@ export type ChatCompleted = Message<"gateway.v1.ChatCompleted"> & {
    * @generated from field: uint64 reasoning_tokens = 11;
    */
   reasoningTokens: bigint;
+
+  /**
+   * The provider's usage claim; unset when it reported none (DESIGN.md section 10).
+   *
+   * @generated from field: gateway.v1.UsageFigures usage_claimed = 12;
+   */
+  usageClaimed?: UsageFigures | undefined;
+
+  /**
+   * The gateway's own count of the answer; unset when nothing was counted.
+   *
+   * @generated from field: gateway.v1.UsageFigures usage_counted = 13;
+   */
+  usageCounted?: UsageFigures | undefined;
+
+  /**
+   * Whose figures the charge was computed from (the same fact as usage_from_provider).
+   *
+   * @generated from field: gateway.v1.UsageSource usage_source = 14;
+   */
+  usageSource: UsageSource;
 };
 
 /**
@@ -301,6 +322,46 @@ export type ChatCompleted = Message<"gateway.v1.ChatCompleted"> & {
  */
 export const ChatCompletedSchema: GenMessage<ChatCompleted> = /*@__PURE__*/
   messageDesc(file_gateway_v1_inference, 5);
+
+/**
+ * Token figures of one answer: a provider's usage claim, or the gateway's own
+ * count (DESIGN.md section 10). The usage charged is the lower of the claim and
+ * the count plus a tolerance, per kind.
+ *
+ * @generated from message gateway.v1.UsageFigures
+ */
+export type UsageFigures = Message<"gateway.v1.UsageFigures"> & {
+  /**
+   * @generated from field: uint64 input_tokens = 1;
+   */
+  inputTokens: bigint;
+
+  /**
+   * @generated from field: uint64 output_tokens = 2;
+   */
+  outputTokens: bigint;
+
+  /**
+   * Of input_tokens, served from the provider's prompt cache.
+   *
+   * @generated from field: uint64 cached_input_tokens = 3;
+   */
+  cachedInputTokens: bigint;
+
+  /**
+   * Of output_tokens, spent on reasoning.
+   *
+   * @generated from field: uint64 reasoning_tokens = 4;
+   */
+  reasoningTokens: bigint;
+};
+
+/**
+ * Describes the message gateway.v1.UsageFigures.
+ * Use `create(UsageFiguresSchema)` to create a new message.
+ */
+export const UsageFiguresSchema: GenMessage<UsageFigures> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 6);
 
 /**
  * @generated from message gateway.v1.GetRequestRequest
@@ -319,7 +380,7 @@ export type GetRequestRequest = Message<"gateway.v1.GetRequestRequest"> & {
  * Use `create(GetRequestRequestSchema)` to create a new message.
  */
 export const GetRequestRequestSchema: GenMessage<GetRequestRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 6);
+  messageDesc(file_gateway_v1_inference, 7);
 
 /**
  * @generated from message gateway.v1.GetRequestResponse
@@ -336,7 +397,7 @@ export type GetRequestResponse = Message<"gateway.v1.GetRequestResponse"> & {
  * Use `create(GetRequestResponseSchema)` to create a new message.
  */
 export const GetRequestResponseSchema: GenMessage<GetRequestResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 7);
+  messageDesc(file_gateway_v1_inference, 8);
 
 /**
  * @generated from message gateway.v1.RequestSettlement
@@ -375,7 +436,7 @@ export type RequestSettlement = Message<"gateway.v1.RequestSettlement"> & {
  * Use `create(RequestSettlementSchema)` to create a new message.
  */
 export const RequestSettlementSchema: GenMessage<RequestSettlement> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 8);
+  messageDesc(file_gateway_v1_inference, 9);
 
 /**
  * The record of one chat completion request.
@@ -484,6 +545,26 @@ export type InferenceRequest = Message<"gateway.v1.InferenceRequest"> & {
    * @generated from field: uint64 reasoning_tokens = 20;
    */
   reasoningTokens: bigint;
+
+  /**
+   * The provider's usage claim and the gateway's own count, as in ChatCompleted;
+   * unset when none (a request closed before the gateway kept them, too).
+   *
+   * @generated from field: gateway.v1.UsageFigures usage_claimed = 21;
+   */
+  usageClaimed?: UsageFigures | undefined;
+
+  /**
+   * @generated from field: gateway.v1.UsageFigures usage_counted = 22;
+   */
+  usageCounted?: UsageFigures | undefined;
+
+  /**
+   * Whose figures the charge was computed from; unspecified while open.
+   *
+   * @generated from field: gateway.v1.UsageSource usage_source = 23;
+   */
+  usageSource: UsageSource;
 };
 
 /**
@@ -491,7 +572,7 @@ export type InferenceRequest = Message<"gateway.v1.InferenceRequest"> & {
  * Use `create(InferenceRequestSchema)` to create a new message.
  */
 export const InferenceRequestSchema: GenMessage<InferenceRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 9);
+  messageDesc(file_gateway_v1_inference, 10);
 
 /**
  * @generated from message gateway.v1.GetPermitRequest
@@ -510,7 +591,7 @@ export type GetPermitRequest = Message<"gateway.v1.GetPermitRequest"> & {
  * Use `create(GetPermitRequestSchema)` to create a new message.
  */
 export const GetPermitRequestSchema: GenMessage<GetPermitRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 10);
+  messageDesc(file_gateway_v1_inference, 11);
 
 /**
  * A permit's balance. Amounts are decimal strings in the model's credit
@@ -601,7 +682,7 @@ export type PermitBalance = Message<"gateway.v1.PermitBalance"> & {
  * Use `create(PermitBalanceSchema)` to create a new message.
  */
 export const PermitBalanceSchema: GenMessage<PermitBalance> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 11);
+  messageDesc(file_gateway_v1_inference, 12);
 
 /**
  * @generated from message gateway.v1.GetPermitResponse
@@ -618,7 +699,7 @@ export type GetPermitResponse = Message<"gateway.v1.GetPermitResponse"> & {
  * Use `create(GetPermitResponseSchema)` to create a new message.
  */
 export const GetPermitResponseSchema: GenMessage<GetPermitResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 12);
+  messageDesc(file_gateway_v1_inference, 13);
 
 /**
  * @generated from message gateway.v1.GetRequestReceiptRequest
@@ -637,12 +718,16 @@ export type GetRequestReceiptRequest = Message<"gateway.v1.GetRequestReceiptRequ
  * Use `create(GetRequestReceiptRequestSchema)` to create a new message.
  */
 export const GetRequestReceiptRequestSchema: GenMessage<GetRequestReceiptRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 13);
+  messageDesc(file_gateway_v1_inference, 14);
 
 /**
  * UsageReceipt(string requestId, bytes32 permitId, bytes32 offerId, bytes32 modelId,
  * uint64 tariffVersion, uint64 inputTokens, uint64 outputTokens, uint64 cachedTokens,
- * uint64 reasoningTokens, uint256 charge, string billing, uint64 closedAt)
+ * uint64 reasoningTokens, uint256 charge, string billing, uint64 closedAt,
+ * string usageSource, UsageFigures claimed, UsageFigures counted)
+ * UsageFigures(bool present, uint64 inputTokens, uint64 outputTokens,
+ * uint64 cachedTokens, uint64 reasoningTokens)
+ * The domain's version is "4" (version "3" had no usageSource, claimed, counted).
  *
  * @generated from message gateway.v1.UsageReceiptMessage
  */
@@ -716,6 +801,27 @@ export type UsageReceiptMessage = Message<"gateway.v1.UsageReceiptMessage"> & {
    * @generated from field: uint64 closed_at = 12;
    */
   closedAt: bigint;
+
+  /**
+   * Whose figures were charged: `provider` (its claim) or `gateway` (its count).
+   *
+   * @generated from field: string usage_source = 13;
+   */
+  usageSource: string;
+
+  /**
+   * The provider's usage claim (present false: it reported none; figures 0).
+   *
+   * @generated from field: gateway.v1.UsageReceiptFigures claimed = 14;
+   */
+  claimed?: UsageReceiptFigures | undefined;
+
+  /**
+   * The gateway's own count (present false: nothing was counted; figures 0).
+   *
+   * @generated from field: gateway.v1.UsageReceiptFigures counted = 15;
+   */
+  counted?: UsageReceiptFigures | undefined;
 };
 
 /**
@@ -723,11 +829,50 @@ export type UsageReceiptMessage = Message<"gateway.v1.UsageReceiptMessage"> & {
  * Use `create(UsageReceiptMessageSchema)` to create a new message.
  */
 export const UsageReceiptMessageSchema: GenMessage<UsageReceiptMessage> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 14);
+  messageDesc(file_gateway_v1_inference, 15);
+
+/**
+ * The EIP-712 struct UsageFigures of a receipt.
+ *
+ * @generated from message gateway.v1.UsageReceiptFigures
+ */
+export type UsageReceiptFigures = Message<"gateway.v1.UsageReceiptFigures"> & {
+  /**
+   * @generated from field: bool present = 1;
+   */
+  present: boolean;
+
+  /**
+   * @generated from field: uint64 input_tokens = 2;
+   */
+  inputTokens: bigint;
+
+  /**
+   * @generated from field: uint64 output_tokens = 3;
+   */
+  outputTokens: bigint;
+
+  /**
+   * @generated from field: uint64 cached_tokens = 4;
+   */
+  cachedTokens: bigint;
+
+  /**
+   * @generated from field: uint64 reasoning_tokens = 5;
+   */
+  reasoningTokens: bigint;
+};
+
+/**
+ * Describes the message gateway.v1.UsageReceiptFigures.
+ * Use `create(UsageReceiptFiguresSchema)` to create a new message.
+ */
+export const UsageReceiptFiguresSchema: GenMessage<UsageReceiptFigures> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 16);
 
 /**
  * EIP-712 typed data of a usage receipt, as eth_signTypedData_v4 verifies it.
- * Domain: {name: "Model Market Gateway", version: "3", chainId, verifyingContract: market}.
+ * Domain: {name: "Model Market Gateway", version: "4", chainId, verifyingContract: market}.
  *
  * @generated from message gateway.v1.UsageReceiptTypedData
  */
@@ -760,7 +905,7 @@ export type UsageReceiptTypedData = Message<"gateway.v1.UsageReceiptTypedData"> 
  * Use `create(UsageReceiptTypedDataSchema)` to create a new message.
  */
 export const UsageReceiptTypedDataSchema: GenMessage<UsageReceiptTypedData> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 15);
+  messageDesc(file_gateway_v1_inference, 17);
 
 /**
  * @generated from message gateway.v1.GetRequestReceiptResponse
@@ -791,7 +936,7 @@ export type GetRequestReceiptResponse = Message<"gateway.v1.GetRequestReceiptRes
  * Use `create(GetRequestReceiptResponseSchema)` to create a new message.
  */
 export const GetRequestReceiptResponseSchema: GenMessage<GetRequestReceiptResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 16);
+  messageDesc(file_gateway_v1_inference, 18);
 
 /**
  * @generated from message gateway.v1.ListPermitReceiptsRequest
@@ -824,7 +969,7 @@ export type ListPermitReceiptsRequest = Message<"gateway.v1.ListPermitReceiptsRe
  * Use `create(ListPermitReceiptsRequestSchema)` to create a new message.
  */
 export const ListPermitReceiptsRequestSchema: GenMessage<ListPermitReceiptsRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 17);
+  messageDesc(file_gateway_v1_inference, 19);
 
 /**
  * A permit's receipt with what became of its charge.
@@ -861,7 +1006,7 @@ export type PermitReceipt = Message<"gateway.v1.PermitReceipt"> & {
  * Use `create(PermitReceiptSchema)` to create a new message.
  */
 export const PermitReceiptSchema: GenMessage<PermitReceipt> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 18);
+  messageDesc(file_gateway_v1_inference, 20);
 
 /**
  * @generated from message gateway.v1.ListPermitReceiptsResponse
@@ -885,7 +1030,7 @@ export type ListPermitReceiptsResponse = Message<"gateway.v1.ListPermitReceiptsR
  * Use `create(ListPermitReceiptsResponseSchema)` to create a new message.
  */
 export const ListPermitReceiptsResponseSchema: GenMessage<ListPermitReceiptsResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 19);
+  messageDesc(file_gateway_v1_inference, 21);
 
 /**
  * A client dialect of the chat RPC.
@@ -955,6 +1100,38 @@ export const BillingSchema: GenEnum<Billing> = /*@__PURE__*/
   enumDesc(file_gateway_v1_inference, 1);
 
 /**
+ * Whose figures a request's charge was computed from.
+ *
+ * @generated from enum gateway.v1.UsageSource
+ */
+export enum UsageSource {
+  /**
+   * @generated from enum value: USAGE_SOURCE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The provider's claim, as reported: every kind within the gateway's count plus tolerance.
+   *
+   * @generated from enum value: USAGE_SOURCE_PROVIDER = 1;
+   */
+  PROVIDER = 1,
+
+  /**
+   * The gateway's count (plus tolerance): below the claim in at least one kind, or no claim.
+   *
+   * @generated from enum value: USAGE_SOURCE_GATEWAY = 2;
+   */
+  GATEWAY = 2,
+}
+
+/**
+ * Describes the enum gateway.v1.UsageSource.
+ */
+export const UsageSourceSchema: GenEnum<UsageSource> = /*@__PURE__*/
+  enumDesc(file_gateway_v1_inference, 2);
+
+/**
  * @generated from enum gateway.v1.RequestStatus
  */
 export enum RequestStatus {
@@ -993,7 +1170,7 @@ export enum RequestStatus {
  * Describes the enum gateway.v1.RequestStatus.
  */
 export const RequestStatusSchema: GenEnum<RequestStatus> = /*@__PURE__*/
-  enumDesc(file_gateway_v1_inference, 2);
+  enumDesc(file_gateway_v1_inference, 3);
 
 /**
  * @generated from enum gateway.v1.SettlementStatus
@@ -1039,7 +1216,7 @@ export enum SettlementStatus {
  * Describes the enum gateway.v1.SettlementStatus.
  */
 export const SettlementStatusSchema: GenEnum<SettlementStatus> = /*@__PURE__*/
-  enumDesc(file_gateway_v1_inference, 3);
+  enumDesc(file_gateway_v1_inference, 4);
 
 /**
  * The state of a permit as the chain holds it.
@@ -1072,7 +1249,7 @@ export enum PermitState {
  * Describes the enum gateway.v1.PermitState.
  */
 export const PermitStateSchema: GenEnum<PermitState> = /*@__PURE__*/
-  enumDesc(file_gateway_v1_inference, 4);
+  enumDesc(file_gateway_v1_inference, 5);
 
 /**
  * Metered chat completions and their records.

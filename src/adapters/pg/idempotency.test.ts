@@ -263,6 +263,31 @@ describe("only the holder writes its claim, and a stored result is final", () =>
   });
 });
 
+describe("a stored result keeps both numbers", () => {
+  it("replays the completed event's claim and count exactly, bigints past 2^53 included", async () => {
+    const t = NOW + 7_000;
+    const store = createPgIdempotencyStore(test.db.pool, { instanceId: id("gw") });
+    const key = id("idem");
+    const requestId = `0x${"0d".repeat(32)}` as const;
+    await store.claim(claimInput(key, t));
+    const completed: ChatEvent = {
+      ...(completedEvent(requestId, 9n) as Extract<ChatEvent, { type: "completed" }>),
+      usageFromProvider: false,
+      claimed: {
+        inputTokens: 2n ** 60n,
+        outputTokens: 2_000n,
+        cachedInputTokens: 3n,
+        reasoningTokens: 4n,
+      },
+      counted: { inputTokens: 12n, outputTokens: 5n, cachedInputTokens: 0n, reasoningTokens: 0n },
+    };
+    const result = [started(requestId), completed];
+    await store.complete({ apiKeyId: "key_a", key, requestId, events: result });
+    const replay = await store.claim(claimInput(key, t + 1));
+    expect(replay).toEqual({ state: "completed", events: result });
+  });
+});
+
 describe("the key of a charged request whose result was never stored", () => {
   it("is kept when its holder dies: a retry is refused 409, never served and charged again", async () => {
     const t = await databaseNow(test.db.pool);

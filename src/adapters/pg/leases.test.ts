@@ -8,6 +8,7 @@ import type { Ledger } from "../../domain/chat/types.js";
 import { GatewayError } from "../../domain/errors.js";
 import { createPgLeaseStore, releaseOrphanedLeases } from "./leases.js";
 import * as ledger from "./ledger.js";
+import { getRequest } from "./requests.js";
 
 const MAX = 1_000n;
 
@@ -294,6 +295,43 @@ describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
       expect(await record(r.requestId)).toMatchObject({ status: "completed", leased: true });
       expect(await details(r.requestId)).toEqual({ c: "4", r: "9" });
       expect(await details(plain.requestId)).toEqual({ c: "0", r: "0" });
+    }
+  });
+
+  it("records a leased close's claim and count, whether its record was written first or not", async () => {
+    const figures = (input: bigint, output: bigint) => ({
+      inputTokens: input,
+      outputTokens: output,
+      cachedInputTokens: 3n,
+      reasoningTokens: 4n,
+    });
+    for (const lost of [false, true]) {
+      const { leases } = processLedger(
+        lost ? "gw_claims_lost" : "gw_claims",
+        lost ? (store) => ({ ...store, open: () => Promise.reject(new Error("lost")) }) : undefined,
+      );
+      const [permitId, offerId] = [hex32(), hex32()];
+      const r = request(permitId, offerId, 10n * MAX);
+      const plain = request(permitId, offerId, 10n * MAX);
+      for (const x of [r, plain]) expect(await leases.reserve(x)).toEqual({ ok: true });
+      for (const x of [r, plain]) await leases.whenWritten(x.requestId);
+      // The UPDATE of a written record, or the INSERT of one whose write was lost.
+      if (lost) expect(await record(r.requestId)).toBeUndefined();
+      else expect(await record(r.requestId)).toMatchObject({ status: "pending" });
+      await Promise.all([
+        leases.finalize({
+          ...close(r.requestId, 300n),
+          claimed: figures(3_550n, 2_000n),
+          counted: figures(12n, 5n),
+        }),
+        leases.finalize(close(plain.requestId, 300n)),
+      ]);
+      const read = async (id: Hex) => {
+        const got = await getRequest(test.db.pool, id, "key_a");
+        return [got?.claimed, got?.counted];
+      };
+      expect(await read(r.requestId)).toEqual([figures(3_550n, 2_000n), figures(12n, 5n)]);
+      expect(await read(plain.requestId)).toEqual([null, null]);
     }
   });
 

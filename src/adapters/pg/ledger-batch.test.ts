@@ -315,6 +315,38 @@ describe("batched finalisations", () => {
     expect(await details(r2)).toEqual([0n, 0n]);
   });
 
+  it("records each item's claim and count with its close (migration 026)", async () => {
+    const batcher = createLedgerBatcher(test.db.pool);
+    const inputs = [0, 1, 2].map(() => reservation());
+    for (const x of inputs) expect(await reserve(test.db.pool, x)).toEqual({ ok: true });
+    const [r0, r1, r2] = inputs.map((x) => x.requestId) as [string, string, string];
+    const figures = (input: bigint, output: bigint) => ({
+      inputTokens: input,
+      outputTokens: output,
+      cachedInputTokens: 1n,
+      reasoningTokens: 2n,
+    });
+    await inOneBatch(
+      batcher,
+      "finalize",
+      (x: FinalizeInput) => batcher.finalize(x),
+      { ...completion(r0, 100n), claimed: figures(90n, 150n), counted: figures(88n, 151n) },
+      [
+        { ...completion(r1, 200n), counted: figures(5n, 6n) },
+        completion(r2, 300n),
+        // A second close of r1 changes nothing, its figures neither.
+        { ...completion(r1, 1n), claimed: figures(9n, 9n), counted: figures(9n, 9n) },
+      ],
+    );
+    const both = async (id: string) => {
+      const r = await getRequest(test.db.pool, id, "key_a");
+      return [r?.claimed, r?.counted];
+    };
+    expect(await both(r0)).toEqual([figures(90n, 150n), figures(88n, 151n)]);
+    expect(await both(r1)).toEqual([null, figures(5n, 6n)]);
+    expect(await both(r2)).toEqual([null, null]);
+  });
+
   it("rolls back only the item that fails", async () => {
     const batcher = createLedgerBatcher(test.db.pool);
     const healthy = reservation();

@@ -264,6 +264,70 @@ describe("reserve and finalize", () => {
     ).rejects.toThrow(RangeError);
   });
 
+  it("records the provider's claim and the gateway's count with the close (migration 026)", async () => {
+    const claimed = {
+      inputTokens: 3_550n,
+      outputTokens: 2_000n,
+      cachedInputTokens: 0n,
+      reasoningTokens: 0n,
+    };
+    const counted = {
+      inputTokens: 12n,
+      outputTokens: 5n,
+      cachedInputTokens: 0n,
+      reasoningTokens: 0n,
+    };
+    const input = reservation();
+    await reserve(test.db.pool, input);
+    expect(await getRequest(test.db.pool, input.requestId, "key_a")).toMatchObject({
+      claimed: null,
+      counted: null,
+    });
+    await finalize(test.db.pool, {
+      ...completion(input.requestId, 300n),
+      inputTokens: 12n,
+      outputTokens: 5n,
+      usageSource: "gateway",
+      claimed,
+      counted,
+    });
+    expect(await getRequest(test.db.pool, input.requestId, "key_a")).toMatchObject({
+      inputTokens: 12n,
+      outputTokens: 5n,
+      usageSource: "gateway",
+      claimed,
+      counted,
+    });
+    // Figures past 2^64 survive (numeric(78, 0)); a count without a claim reads back so.
+    const big = reservation();
+    await reserve(test.db.pool, big);
+    const huge = { ...counted, outputTokens: 2n ** 70n, reasoningTokens: 7n };
+    await finalize(test.db.pool, { ...completion(big.requestId, 300n), counted: huge });
+    expect(await getRequest(test.db.pool, big.requestId, "key_a")).toMatchObject({
+      claimed: null,
+      counted: huge,
+    });
+    // Neither: a void close (nothing counted) keeps none.
+    const none = reservation();
+    await reserve(test.db.pool, none);
+    await finalize(test.db.pool, {
+      ...completion(none.requestId, 0n),
+      status: "failed",
+      billing: "void",
+      usageSource: "gateway",
+    });
+    expect(await getRequest(test.db.pool, none.requestId, "key_a")).toMatchObject({
+      claimed: null,
+      counted: null,
+    });
+    await expect(
+      finalize(test.db.pool, {
+        ...completion("req_x", 1n),
+        claimed: { ...claimed, cachedInputTokens: -1n },
+      }),
+    ).rejects.toThrow(RangeError);
+  });
+
   it("clamps a charge above the maximum", async () => {
     const input = reservation({ maximumCredits: 500n });
     await reserve(test.db.pool, input);

@@ -58,7 +58,7 @@ import {
 import { createBatcher, type BatcherStats, type ItemOutcome } from "./batcher.js";
 import { quoteColumns, type NewQuote } from "./quotes.js";
 import type { Queryable } from "./registrations.js";
-import type { CloseRecord } from "../../domain/chat/index.js";
+import type { CloseRecord, UsageFigures } from "../../domain/chat/index.js";
 import type { Billing, FinalRequestStatus, UsageSource } from "./requests.js";
 
 /** The ledger found itself inconsistent (a bug, or a hand edit); the transaction was undone. */
@@ -298,6 +298,8 @@ function finalizeClosing(input: FinalizeInput): Closing {
   requireAmount("outputTokens", input.outputTokens);
   requireAmount("cachedInputTokens", input.cachedInputTokens ?? 0n);
   requireAmount("reasoningTokens", input.reasoningTokens ?? 0n);
+  requireFigures("claimed", input.claimed);
+  requireFigures("counted", input.counted);
   requireAmount("creditsCharged", input.creditsCharged);
   if (input.billing === "void" && input.creditsCharged !== 0n) {
     throw new RangeError("finalize: a void request is charged nothing");
@@ -696,7 +698,8 @@ async function closeOne(
   // once: a concurrent close of the same request waits for our row lock, then finds it final.
   const { rows } = await pool.query<CloseRow>(
     `SELECT finalized, credits_charged::text FROM gw_close_request($1, $2, $3::numeric, $4::numeric,
-       $5::numeric, $6, $7, $8, $9::bigint, $10::bigint, $11::numeric, $12::numeric)`,
+       $5::numeric, $6, $7, $8, $9::bigint, $10::bigint, $11::numeric, $12::numeric, $13::jsonb,
+       $14::jsonb)`,
     [
       args.request_id,
       args.status,
@@ -710,6 +713,8 @@ async function closeOne(
       orphanedBefore ?? null,
       args.cached_input_tokens,
       args.reasoning_tokens,
+      args.claimed === null ? null : JSON.stringify(args.claimed),
+      args.counted === null ? null : JSON.stringify(args.counted),
     ],
   );
   const row = rows[0];
@@ -737,6 +742,27 @@ export interface CloseColumns {
   readonly now: number;
   readonly cached_input_tokens: string;
   readonly reasoning_tokens: string;
+  /** The provider's claim and the gateway's count (migration 026); null: none. */
+  readonly claimed: FiguresColumns | null;
+  readonly counted: FiguresColumns | null;
+}
+
+/** {@link UsageFigures} as the close statements take them (decimal strings). */
+export interface FiguresColumns {
+  readonly input_tokens: string;
+  readonly output_tokens: string;
+  readonly cached_input_tokens: string;
+  readonly reasoning_tokens: string;
+}
+
+function figuresColumns(figures: UsageFigures | undefined): FiguresColumns | null {
+  if (figures === undefined) return null;
+  return {
+    input_tokens: figures.inputTokens.toString(),
+    output_tokens: figures.outputTokens.toString(),
+    cached_input_tokens: figures.cachedInputTokens.toString(),
+    reasoning_tokens: figures.reasoningTokens.toString(),
+  };
 }
 
 function closeArgs(requestId: string, closing: Closing): CloseArgs {
@@ -755,6 +781,8 @@ export function closeColumns(closing: Closing): CloseColumns {
     now: closing.now,
     cached_input_tokens: (closing.cachedInputTokens ?? 0n).toString(),
     reasoning_tokens: (closing.reasoningTokens ?? 0n).toString(),
+    claimed: figuresColumns(closing.claimed),
+    counted: figuresColumns(closing.counted),
   };
 }
 
@@ -801,6 +829,14 @@ function expectOneRow(rowCount: number | null, what: string): void {
 
 function requireAmount(name: string, value: bigint): void {
   if (value < 0n) throw new RangeError(`${name} must not be negative (got ${value})`);
+}
+
+function requireFigures(name: string, figures: UsageFigures | undefined): void {
+  if (figures === undefined) return;
+  requireAmount(`${name}.inputTokens`, figures.inputTokens);
+  requireAmount(`${name}.outputTokens`, figures.outputTokens);
+  requireAmount(`${name}.cachedInputTokens`, figures.cachedInputTokens);
+  requireAmount(`${name}.reasoningTokens`, figures.reasoningTokens);
 }
 
 /** A transaction's result that must not be committed: everything it wrote is rolled back. */

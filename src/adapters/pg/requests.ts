@@ -1,5 +1,5 @@
 import type { Hex } from "viem";
-import type { Billing, FinalStatus, UsageSource } from "../../domain/chat/types.js";
+import type { Billing, FinalStatus, UsageFigures, UsageSource } from "../../domain/chat/types.js";
 import type { Queryable } from "./registrations.js";
 
 export type { Billing, UsageSource };
@@ -37,6 +37,13 @@ export interface RequestRecord {
   readonly creditsCharged: bigint | null;
   readonly billing: Billing | null;
   readonly usageSource: UsageSource | null;
+  /**
+   * The provider's usage claim (migration 026); null when it reported none, and for a request
+   * closed before the gateway kept it.
+   */
+  readonly claimed: UsageFigures | null;
+  /** The gateway's own count of the answer; null when nothing was counted. */
+  readonly counted: UsageFigures | null;
   readonly tariffVersion: bigint;
   readonly error: string | null;
   readonly createdAt: number;
@@ -68,6 +75,14 @@ interface RequestDbRow {
   credits_charged: string | null;
   billing: Billing | null;
   usage_source: UsageSource | null;
+  claimed_input_tokens: string | null;
+  claimed_output_tokens: string | null;
+  claimed_cached_input_tokens: string | null;
+  claimed_reasoning_tokens: string | null;
+  counted_input_tokens: string | null;
+  counted_output_tokens: string | null;
+  counted_cached_input_tokens: string | null;
+  counted_reasoning_tokens: string | null;
   tariff_version: string;
   error: string | null;
   created_at: string;
@@ -100,7 +115,10 @@ export async function getRequest(
 const recordColumns = `id, api_key_id, instance_id, model, model_id, offer_id, permit_id, quote_id,
   stream, status, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens,
   maximum_credits, credits_charged, billing, usage_source, tariff_version, error, created_at,
-  completed_at, settlement_status, batch_id, tx_hash, settled_at, settlement_reason`;
+  completed_at, settlement_status, batch_id, tx_hash, settled_at, settlement_reason,
+  claimed_input_tokens, claimed_output_tokens, claimed_cached_input_tokens,
+  claimed_reasoning_tokens, counted_input_tokens, counted_output_tokens,
+  counted_cached_input_tokens, counted_reasoning_tokens`;
 
 /**
  * The charged records of a permit, whichever API key made them, in the order they closed
@@ -156,6 +174,18 @@ function toRequestRecord(row: RequestDbRow): RequestRecord {
     creditsCharged: row.credits_charged === null ? null : BigInt(row.credits_charged),
     billing: row.billing,
     usageSource: row.usage_source,
+    claimed: figures(
+      row.claimed_input_tokens,
+      row.claimed_output_tokens,
+      row.claimed_cached_input_tokens,
+      row.claimed_reasoning_tokens,
+    ),
+    counted: figures(
+      row.counted_input_tokens,
+      row.counted_output_tokens,
+      row.counted_cached_input_tokens,
+      row.counted_reasoning_tokens,
+    ),
     tariffVersion: BigInt(row.tariff_version),
     error: row.error,
     createdAt: Number(row.created_at),
@@ -165,5 +195,21 @@ function toRequestRecord(row: RequestDbRow): RequestRecord {
     txHash: row.tx_hash as Hex | null,
     settledAt: row.settled_at === null ? null : Number(row.settled_at),
     settlementReason: row.settlement_reason,
+  };
+}
+
+/** One group of figure columns (written whole or not at all); null when none was written. */
+function figures(
+  input: string | null,
+  output: string | null,
+  cached: string | null,
+  reasoning: string | null,
+): UsageFigures | null {
+  if (input === null || output === null) return null;
+  return {
+    inputTokens: BigInt(input),
+    outputTokens: BigInt(output),
+    cachedInputTokens: BigInt(cached ?? "0"),
+    reasoningTokens: BigInt(reasoning ?? "0"),
   };
 }

@@ -139,7 +139,42 @@ export async function verifyReceipt(signed, gateway, record) {
       ok: same(m.inputTokens, record.input_tokens) && same(m.outputTokens, record.output_tokens),
       detail: `receipt ${String(m.inputTokens)} in, ${String(m.outputTokens)} out; request ${String(record.input_tokens)} in, ${String(record.output_tokens)} out`,
     },
+    {
+      name: "Claim and count equal the request's",
+      ok:
+        same(m.usageSource, record.usage_source) &&
+        sameFigures(m.claimed, record.usage_claimed) &&
+        sameFigures(m.counted, record.usage_counted),
+      detail: `receipt: charged from ${String(m.usageSource)}, claimed ${figures(m.claimed)}, counted ${figures(m.counted)}; request: charged from ${String(record.usage_source)}, claimed ${figures(record.usage_claimed)}, counted ${figures(record.usage_counted)}`,
+    },
   ];
+}
+
+/**
+ * A receipt's `UsageFigures` ({present, inputTokens, ...}) against the record's figures
+ * ({input_tokens, ...} or null): both absent, or both present and equal in every kind.
+ * @param {Record<string, any> | undefined} signed
+ * @param {Record<string, any> | null | undefined} recorded
+ */
+function sameFigures(signed, recorded) {
+  if (signed === undefined || signed === null) return false;
+  if (recorded === null || recorded === undefined) return signed.present === false;
+  return (
+    signed.present === true &&
+    String(signed.inputTokens) === String(recorded.input_tokens) &&
+    String(signed.outputTokens) === String(recorded.output_tokens) &&
+    String(signed.cachedTokens) === String(recorded.cached_input_tokens) &&
+    String(signed.reasoningTokens) === String(recorded.reasoning_tokens)
+  );
+}
+
+/**
+ * Figures as a reader says them: "12 in, 5 out", or "none".
+ * @param {Record<string, any> | null | undefined} f a receipt's or a record's figures
+ */
+function figures(f) {
+  if (f === null || f === undefined || f.present === false) return "none";
+  return `${String(f.inputTokens ?? f.input_tokens)} in, ${String(f.outputTokens ?? f.output_tokens)} out`;
 }
 
 /**
@@ -191,6 +226,17 @@ function receiptView(id, signed, checks) {
       ["Input tokens", String(m.inputTokens)],
       ["Output tokens", String(m.outputTokens)],
       ["Billing", String(m.billing)],
+      [
+        "Charged from",
+        m.usageSource === "provider"
+          ? "the provider's claim"
+          : m.usageSource === "gateway"
+            ? "the gateway's count"
+            : String(m.usageSource),
+        "usage-source",
+      ],
+      ["Claimed by the provider", figures(m.claimed), "claimed"],
+      ["Counted by the gateway", figures(m.counted), "counted"],
       ["Closed", time(typeof m.closedAt === "number" ? m.closedAt : undefined)],
       ["Signer", code(signed.signer)],
       ["Signature", code(signed.signature)],

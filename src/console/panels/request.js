@@ -99,6 +99,17 @@ function recordView(record, events) {
       ["Permit", code(record.permit_id)],
       ["Input tokens", record.input_tokens],
       ["Output tokens", record.output_tokens],
+      [
+        "Charged from",
+        record.usage_source === null || record.usage_source === undefined
+          ? undefined
+          : record.usage_source === "provider"
+            ? "the provider's claim"
+            : "the gateway's count",
+        "usage_source",
+      ],
+      ["Claimed by the provider", inOut(record.usage_claimed), "usage_claimed"],
+      ["Counted by the gateway", inOut(record.usage_counted), "usage_counted"],
       ["Most it could cost", credits(record.maximum_credits), "maximum_credits"],
       ["Charged", credits(record.credits_charged), "credits_charged"],
       ["Billing", record.billing ?? "—"],
@@ -116,4 +127,13 @@ function recordView(record, events) {
     ]),
     h("div", { class: "buttons" }, showPermit, showReceipt),
   );
+}
+
+/**
+ * A claim or a count as a reader says it ("12 in, 5 out"); absent (null) is not shown.
+ * @param {Record<string, string> | null | undefined} figures
+ */
+function inOut(figures) {
+  if (figures === null || figures === undefined) return undefined;
+  return `${figures.input_tokens} in, ${figures.output_tokens} out`;
 }

@@ -150,6 +150,8 @@ export function createRequestClose(options: {
           creditsCharged: c.charge,
           billing: c.billing,
           usageSource: c.usageSource,
+          ...(c.claimed === undefined ? {} : { claimed: c.claimed }),
+          ...(c.counted === undefined ? {} : { counted: c.counted }),
           ...(c.error === undefined ? {} : { error: c.error }),
           now: options.clock(),
         },

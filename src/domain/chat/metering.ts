@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import type { Tariff } from "../catalog.js";
 import { chargeFor, type PriceSchedule } from "../pricing.js";
-import type { CloseRecord, Metering } from "./types.js";
+import type { CloseRecord, Metering, UsageFigures } from "./types.js";
 
 /**
  * Metering: the usage a provider reported (or the gateway's own count) and the charge it makes,
@@ -139,6 +139,10 @@ export interface Closing extends Pick<
   "status" | "billing" | "usageSource" | "claimed" | "counted"
 > {
   readonly usage: Usage;
+  /** The provider's usage claim; absent when it reported none. */
+  readonly claimed?: UsageFigures | undefined;
+  /** The gateway's own count; absent when no answer was counted. */
+  readonly counted?: UsageFigures | undefined;
   readonly error: string | undefined;
   readonly charge: bigint;
   /** The provider reported usage priced above the quote's maximum (the offer gets flagged). */

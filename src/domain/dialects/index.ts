@@ -1,9 +1,9 @@
 import { checkJsonBounds, type JsonBounds } from "../chat-request.js";
-import type { ChatEvent, ChatChunk, ChatCompleted } from "../chat/types.js";
+import type { ChatEvent, ChatChunk, ChatCompleted, UsageFigures } from "../chat/types.js";
 import { GatewayError } from "../errors.js";
 import { messagesDialect } from "./messages.js";
 import { responsesDialect } from "./responses.js";
-import type { Dialect, GatewayCharge, StreamTranslator } from "./types.js";
+import type { Dialect, GatewayCharge, GatewayFigures, StreamTranslator } from "./types.js";
 
 /**
  * The translator stage (DESIGN.md section 9): a client's dialect in, the canonical chat
@@ -68,6 +68,19 @@ export function chargeOf(done: ChatCompleted): GatewayCharge {
     reasoning_tokens: (done.reasoningTokens ?? 0n).toString(),
     credits_charged: done.creditsCharged.toString(),
     billing: done.billing,
+    usage_claimed: figuresOf(done.claimed),
+    usage_counted: figuresOf(done.counted),
+    usage_source: done.usageFromProvider ? "provider" : "gateway",
+  };
+}
+
+function figuresOf(figures: UsageFigures | undefined): GatewayFigures | null {
+  if (figures === undefined) return null;
+  return {
+    input_tokens: figures.inputTokens.toString(),
+    output_tokens: figures.outputTokens.toString(),
+    cached_input_tokens: figures.cachedInputTokens.toString(),
+    reasoning_tokens: figures.reasoningTokens.toString(),
   };
 }
 

@@ -26,6 +26,15 @@ const charge: GatewayCharge = {
   reasoning_tokens: "0",
   credits_charged: "123456789012345678901234567890",
   billing: "billed",
+  // The provider reported no usage: the gateway's count was charged.
+  usage_claimed: null,
+  usage_counted: {
+    input_tokens: "21",
+    output_tokens: "9",
+    cached_input_tokens: "0",
+    reasoning_tokens: "0",
+  },
+  usage_source: "gateway",
 };
 
 /** Every answer and event the tests below make, checked against the schemas at the end. */

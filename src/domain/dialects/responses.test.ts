@@ -32,6 +32,19 @@ const charge: GatewayCharge = {
   reasoning_tokens: "0",
   credits_charged: "1234",
   billing: "billed",
+  usage_claimed: {
+    input_tokens: "12",
+    output_tokens: "3",
+    cached_input_tokens: "0",
+    reasoning_tokens: "0",
+  },
+  usage_counted: {
+    input_tokens: "12",
+    output_tokens: "4",
+    cached_input_tokens: "0",
+    reasoning_tokens: "0",
+  },
+  usage_source: "provider",
 };
 
 /** Every answer and event the tests below make, checked against the schemas at the end. */

@@ -25,6 +25,21 @@ export interface GatewayCharge {
   readonly reasoning_tokens?: string;
   readonly credits_charged: string;
   readonly billing: string;
+  /**
+   * The provider's usage claim and the gateway's count (DESIGN.md section 10), null when none,
+   * and whose figures were charged (added later, so optional for a translator's callers).
+   */
+  readonly usage_claimed?: GatewayFigures | null;
+  readonly usage_counted?: GatewayFigures | null;
+  readonly usage_source?: "provider" | "gateway";
+}
+
+/** Token figures in `x_gateway` (decimal strings, as its other token counts). */
+export interface GatewayFigures {
+  readonly input_tokens: string;
+  readonly output_tokens: string;
+  readonly cached_input_tokens: string;
+  readonly reasoning_tokens: string;
 }
 
 export interface StreamTranslator {

@@ -194,7 +194,8 @@ $$;
 -- input_tokens, output_tokens, credits_charged, billing, usage_source, error, now (the close).
 -- One row per item: idx (1-based), finalized, credits_charged.
 -- created_at of a record its close writes first is the database's clock (migration 016); an
--- item may also carry cached_input_tokens and reasoning_tokens (migration 018).
+-- item may also carry cached_input_tokens and reasoning_tokens (migration 018), claimed and
+-- counted (migration 026; JSON objects as gw_close_request's p_claimed and p_counted).
 CREATE OR REPLACE FUNCTION gw_close_leased_batch(p_items jsonb)
 RETURNS TABLE (idx integer, finalized boolean, credits_charged numeric) LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan AS $$
@@ -222,7 +223,7 @@ BEGIN
       permit_id text, quote_id text, stream boolean, maximum numeric, tariff_version numeric,
       created_at bigint, status text, input_tokens numeric, output_tokens numeric,
       credits_charged numeric, billing text, usage_source text, error text, now bigint,
-      cached_input_tokens numeric, reasoning_tokens numeric)
+      cached_input_tokens numeric, reasoning_tokens numeric, claimed jsonb, counted jsonb)
     ORDER BY a.ord
   LOOP
     v_charge := LEAST(item.credits_charged, item.maximum);
@@ -232,6 +233,14 @@ BEGIN
       output_tokens = item.output_tokens,
       cached_input_tokens = COALESCE(item.cached_input_tokens, 0),
       reasoning_tokens = COALESCE(item.reasoning_tokens, 0),
+      claimed_input_tokens = (item.claimed->>'input_tokens')::numeric,
+      claimed_output_tokens = (item.claimed->>'output_tokens')::numeric,
+      claimed_cached_input_tokens = (item.claimed->>'cached_input_tokens')::numeric,
+      claimed_reasoning_tokens = (item.claimed->>'reasoning_tokens')::numeric,
+      counted_input_tokens = (item.counted->>'input_tokens')::numeric,
+      counted_output_tokens = (item.counted->>'output_tokens')::numeric,
+      counted_cached_input_tokens = (item.counted->>'cached_input_tokens')::numeric,
+      counted_reasoning_tokens = (item.counted->>'reasoning_tokens')::numeric,
       credits_charged = v_charge, billing = item.billing,
       usage_source = item.usage_source, error = item.error, completed_at = item.now,
       settlement_status = CASE WHEN v_charge > 0 THEN 'unsettled' ELSE 'none' END
@@ -240,12 +249,22 @@ BEGIN
     IF NOT v_done THEN
       INSERT INTO inference_requests (id, api_key_id, instance_id, model, model_id, offer_id,
         permit_id, quote_id, stream, status, input_tokens, output_tokens, cached_input_tokens,
-        reasoning_tokens, maximum_credits, credits_charged, billing, usage_source,
+        reasoning_tokens, claimed_input_tokens, claimed_output_tokens,
+        claimed_cached_input_tokens, claimed_reasoning_tokens, counted_input_tokens,
+        counted_output_tokens, counted_cached_input_tokens, counted_reasoning_tokens,
+        maximum_credits, credits_charged, billing, usage_source,
         tariff_version, error, created_at, completed_at, settlement_status, leased)
       VALUES (item.id, item.api_key_id, item.holder, item.model, item.model_id, item.offer_id,
         item.permit_id, item.quote_id, item.stream, item.status, item.input_tokens,
         item.output_tokens, COALESCE(item.cached_input_tokens, 0),
-        COALESCE(item.reasoning_tokens, 0), item.maximum, v_charge, item.billing, item.usage_source,
+        COALESCE(item.reasoning_tokens, 0), (item.claimed->>'input_tokens')::numeric,
+        (item.claimed->>'output_tokens')::numeric,
+        (item.claimed->>'cached_input_tokens')::numeric,
+        (item.claimed->>'reasoning_tokens')::numeric, (item.counted->>'input_tokens')::numeric,
+        (item.counted->>'output_tokens')::numeric,
+        (item.counted->>'cached_input_tokens')::numeric,
+        (item.counted->>'reasoning_tokens')::numeric, item.maximum, v_charge, item.billing,
+        item.usage_source,
         item.tariff_version, item.error, extract(epoch from clock_timestamp())::bigint, item.now,
         CASE WHEN v_charge > 0 THEN 'unsettled' ELSE 'none' END, true)
       ON CONFLICT (id) DO NOTHING;

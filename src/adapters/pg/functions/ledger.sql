@@ -104,22 +104,26 @@ BEGIN
 END
 $$;
 
--- 018 changed gw_close_request's parameter list (a new function): the old one goes, so one
+-- 018 and 026 changed gw_close_request's parameter list (a new function): the old ones go, so one
 -- definition stays live.
 DROP FUNCTION IF EXISTS gw_close_request(text, text, numeric, numeric, numeric, text, text, text,
   bigint, bigint);
+DROP FUNCTION IF EXISTS gw_close_request(text, text, numeric, numeric, numeric, text, text, text,
+  bigint, bigint, numeric, numeric);
 
 -- gw_close_request: finalises a request exactly once (the status condition), moving its
 -- reservation to a charge clamped to its maximum and releasing its offer slot. With
 -- p_orphaned_before set, only a request whose process stopped heartbeating before then (the
 -- orphan rule) is closed. A leased request holds no slot and no reservation of its own, so
 -- closing it touches no ledger row; only a void close may end one here (its owner's charged
--- close is gw_close_leased_batch). The two usage details default to 0 (migration 018).
+-- close is gw_close_leased_batch). The two usage details default to 0 (migration 018); the
+-- provider's claim and the gateway's count (migration 026: `{input_tokens, output_tokens,
+-- cached_input_tokens, reasoning_tokens}`, decimal strings) default to NULL: none.
 CREATE OR REPLACE FUNCTION gw_close_request(
   p_request_id text, p_status text, p_input_tokens numeric, p_output_tokens numeric,
   p_credits_charged numeric, p_billing text, p_usage_source text, p_error text, p_now bigint,
   p_orphaned_before bigint, p_cached_input_tokens numeric DEFAULT 0,
-  p_reasoning_tokens numeric DEFAULT 0
+  p_reasoning_tokens numeric DEFAULT 0, p_claimed jsonb DEFAULT NULL, p_counted jsonb DEFAULT NULL
 ) RETURNS TABLE (finalized boolean, credits_charged numeric) LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
@@ -134,6 +138,14 @@ BEGIN
     output_tokens = COALESCE(p_output_tokens, r.output_tokens),
     cached_input_tokens = COALESCE(p_cached_input_tokens, 0),
     reasoning_tokens = COALESCE(p_reasoning_tokens, 0),
+    claimed_input_tokens = (p_claimed->>'input_tokens')::numeric,
+    claimed_output_tokens = (p_claimed->>'output_tokens')::numeric,
+    claimed_cached_input_tokens = (p_claimed->>'cached_input_tokens')::numeric,
+    claimed_reasoning_tokens = (p_claimed->>'reasoning_tokens')::numeric,
+    counted_input_tokens = (p_counted->>'input_tokens')::numeric,
+    counted_output_tokens = (p_counted->>'output_tokens')::numeric,
+    counted_cached_input_tokens = (p_counted->>'cached_input_tokens')::numeric,
+    counted_reasoning_tokens = (p_counted->>'reasoning_tokens')::numeric,
     credits_charged = LEAST(p_credits_charged, r.maximum_credits),
     billing = p_billing,
     usage_source = p_usage_source,
@@ -329,7 +341,8 @@ $$;
 -- usage_source, error, now. One row per item: idx (1-based), and either finalized and
 -- credits_charged as gw_close_request returns them with error null, or error
 -- '<sqlstate>: <message>' with the other two null.
--- An item may also carry cached_input_tokens and reasoning_tokens (migration 018).
+-- An item may also carry cached_input_tokens and reasoning_tokens (migration 018), claimed and
+-- counted (migration 026; JSON objects as gw_close_request's p_claimed and p_counted).
 CREATE OR REPLACE FUNCTION gw_close_batch(p_items jsonb)
 RETURNS TABLE (idx integer, finalized boolean, credits_charged numeric, error text)
 LANGUAGE plpgsql
@@ -384,7 +397,7 @@ BEGIN
     CROSS JOIN LATERAL jsonb_to_record(a.e) AS r(
       request_id text, status text, input_tokens numeric, output_tokens numeric,
       credits_charged numeric, billing text, usage_source text, error text, now bigint,
-      cached_input_tokens numeric, reasoning_tokens numeric)
+      cached_input_tokens numeric, reasoning_tokens numeric, claimed jsonb, counted jsonb)
     ORDER BY a.ord
   LOOP
     idx := item.i;
@@ -400,7 +413,8 @@ BEGIN
         SELECT c.finalized, c.credits_charged INTO closed
         FROM gw_close_request(item.request_id, item.status, item.input_tokens,
           item.output_tokens, item.credits_charged, item.billing, item.usage_source, item.error,
-          item.now, NULL, item.cached_input_tokens, item.reasoning_tokens) c;
+          item.now, NULL, item.cached_input_tokens, item.reasoning_tokens, item.claimed,
+          item.counted) c;
         finalized := closed.finalized;
         credits_charged := closed.credits_charged;
       EXCEPTION WHEN OTHERS THEN
