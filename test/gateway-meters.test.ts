@@ -1,4 +1,5 @@
 import type { Hex } from "viem";
+import { generatePrivateKey } from "viem/accounts";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { InferenceService } from "../gen/gateway/v1/inference_pb.js";
 import { demoTariff } from "../src/dev/demo-market.js";
@@ -48,7 +49,10 @@ describe("the gateway meters, providers claim", () => {
   let counter: TokenCounter;
 
   beforeAll(async () => {
-    ({ stack, fake, chatOffer } = await startChatStack({}, { chunks: 5 }));
+    ({ stack, fake, chatOffer } = await startChatStack(
+      { RECEIPT_PRIVATE_KEY: generatePrivateKey() },
+      { chunks: 5 },
+    ));
     permitId = await openPermit(stack, { deposit: 10n ** 24n });
     counter = await demoChatCounter();
   }, 90_000);
@@ -104,6 +108,38 @@ describe("the gateway meters, providers claim", () => {
           input_tokens: input.toString(),
           output_tokens: output.toString(),
           credits_charged: charge(input, output),
+          usage_source: "gateway",
+          usage_claimed: {
+            input_tokens: String(lie.prompt_tokens),
+            output_tokens: String(lie.completion_tokens),
+            cached_input_tokens: "0",
+            reasoning_tokens: "0",
+          },
+          usage_counted: {
+            input_tokens: input.toString(),
+            output_tokens: output.toString(),
+            cached_input_tokens: "0",
+            reasoning_tokens: "0",
+          },
+        });
+        // The receipt signs both numbers and whose was charged.
+        const receipt = await authed(stack, `/v1/requests/${requestId}/receipt`);
+        expect(receipt.status).toBe(200);
+        const { receipt: signed } = (await receipt.json()) as {
+          receipt: { message: Record<string, unknown> };
+        };
+        expect(signed.message).toMatchObject({
+          usageSource: "gateway",
+          claimed: {
+            present: true,
+            inputTokens: String(lie.prompt_tokens),
+            outputTokens: String(lie.completion_tokens),
+          },
+          counted: {
+            present: true,
+            inputTokens: input.toString(),
+            outputTokens: output.toString(),
+          },
         });
         if (stream) {
           const events = sse(text);
@@ -208,14 +244,12 @@ describe("the gateway meters, providers claim", () => {
       expect(res.status).toBe(200);
       const events = sse(await res.text());
       expect(events.at(-1)!.data).toBe("[DONE]");
-      const chunks = events
-        .slice(0, -2)
-        .map(
-          (e) =>
-            JSON.parse(e.data) as {
-              choices: { delta: { content?: string }; finish_reason: string | null }[];
-            },
-        );
+      const chunks = events.slice(0, -2).map(
+        (e) =>
+          JSON.parse(e.data) as {
+            choices: { delta: { content?: string }; finish_reason: string | null }[];
+          },
+      );
       const content = chunks.map((c) => c.choices[0]?.delta.content ?? "").join("");
       expect(counter.countOutput(content)).toBe(10n);
       expect(content).toBe(
