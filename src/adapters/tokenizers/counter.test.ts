@@ -3,6 +3,8 @@ import { Tokenizer as Reference } from "tokenizers";
 import { beforeAll, describe, expect, it } from "vitest";
 import { parseChatRequest, type ChatRequest } from "../../domain/chat-request.js";
 import { GatewayError } from "../../domain/errors.js";
+import { OutputTally } from "../../domain/chat/output-tally.js";
+import { judgeUsage } from "../../domain/chat/usage.js";
 import type { TokenCounter } from "../../domain/tokens.js";
 import {
   createTokenizerCounter,
@@ -85,6 +87,33 @@ describe.each(names)("tokenizer %s", (name) => {
       }
       expect(counter.truncate(text, BigInt(total))).toBe(text);
       expect(counter.truncate(text, 0n)).toBe("");
+    }
+  });
+
+  it("charges an honest provider exactly its report: the reference's counts of every answer, streamed", async () => {
+    const body = corpus.requests.find((r) => r.id !== "tools")!.request;
+    const req = request(body);
+    const input = BigInt(await referenceCount(reference, renderPrompt(loaded, req).prompt));
+    for (const { id, text } of corpus.texts) {
+      // The answer as a provider streams it, a few characters a chunk, metered as the relay does.
+      const tally = new OutputTally(counter, 1_000_000n, 1n);
+      const pieces = text.match(/[\s\S]{1,7}/gu) ?? [];
+      for (const content of pieces) tally.addChunk({ choices: [{ index: 0, delta: { content } }] });
+      const output = tally.count();
+      const claim = {
+        inputTokens: input,
+        outputTokens: BigInt(await referenceCount(reference, text)),
+      };
+      const judged = judgeUsage(
+        claim,
+        { inputTokens: counter.countInput(req), ...output, exact: counter.exact },
+        { hiddenReasoningRatio: 0n },
+      );
+      expect([id, judged.charged, judged.diverged]).toEqual([
+        id,
+        { ...claim, cachedInputTokens: 0n, reasoningTokens: 0n },
+        false,
+      ]);
     }
   });
 
