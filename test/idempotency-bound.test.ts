@@ -76,7 +76,8 @@ describe("Idempotency-Key result bound", () => {
   }
 
   it("a streamed answer above the bound completes and is charged once; its replay is 409 idempotency_result_too_large without a provider call", async () => {
-    const body = { stream: true, max_tokens: 500 };
+    // Room for the 200 words (about 700 tokens): the gateway cuts an answer at its priced limit.
+    const body = { stream: true, max_tokens: 2000 };
     const res = await chat("bound-stream-1", body);
     expect(res.status).toBe(200);
     const events = sseData(await res.text());
@@ -105,7 +106,7 @@ describe("Idempotency-Key result bound", () => {
                 model: "demo-chat",
                 messages: [{ role: "user", content: "a long answer" }],
                 stream: true,
-                max_tokens: 500,
+                max_tokens: 2000,
               }),
             ),
             permitId: stack.demo.permitId,
@@ -129,7 +130,8 @@ describe("Idempotency-Key result bound", () => {
   it("a JSON answer above the bound: the same", async () => {
     fake.setOptions({ chunks: 1000 });
     try {
-      const body = { max_tokens: 1000 };
+      // Room for the 1000 words (about 3,700 tokens), which the gateway would otherwise cut.
+      const body = { max_tokens: 5000 };
       const res = await chat("bound-json-1", body);
       expect(res.status).toBe(200);
       const answer = await json(res);

@@ -224,30 +224,37 @@ describe("offer reputation", () => {
     expect(after).toEqual(before);
   });
 
-  it("over-reported usage flags the offer and takes ten times its share off the score", async () => {
+  it("over-reported usage is charged the count, and counts as a diverged claim, not an above-quote flag", async () => {
+    const divergence = async () => {
+      const { data } = await json(await authed(stack, "/v1/models/demo-chat/offers"));
+      const shown = (
+        data as { offer_id: string; usage_divergence: { claimed: number; diverged: number } }[]
+      ).find((o) => o.offer_id === a);
+      return shown!.usage_divergence;
+    };
+    await stack.gateway.measurementSync.runOnce();
+    const before = { reputation: await reputation(a), divergence: await divergence() };
     fakes.a.setOptions({
       stallBeforeHeadersMs: undefined,
       usage: { prompt_tokens: 5_000_000, completion_tokens: 5_000_000 },
     });
     const res = await chat({ offer: a, max_tokens: 8 });
     expect(res.status).toBe(200);
-    const requestId = res.headers.get("x-gateway-request-id")!;
+    await res.text();
     fakes.a.setOptions({ usage: undefined });
-    await eventually(async () => {
-      const { rows } = await stack.database.db.pool.query(
-        "SELECT 1 FROM offer_flags WHERE request_id = $1",
-        [requestId],
-      );
-      return rows.length === 1;
-    }, 10_000);
-    const before = await reputation(a);
-    expect(before.flags).toBe(0);
+    const requestId = res.headers.get("x-gateway-request-id")!;
+    expect((await json(await authed(stack, `/v1/requests/${requestId}`))).usage_source).toBe(
+      "gateway",
+    );
     await stack.gateway.measurementSync.runOnce();
-    const flagged = await reputation(a);
-    // The flagged answer was served: counted as a request, and flagged once.
-    expect(flagged).toMatchObject({ flags: 1, requests: before.requests });
-    expect(flagged.score).toBe(documentedScore(flagged));
-    expect(flagged.score!).toBeLessThan(before.score!);
+    expect(await divergence()).toMatchObject({
+      claimed: before.divergence.claimed + 1,
+      diverged: before.divergence.diverged + 1,
+    });
+    const after = await reputation(a);
+    // Charged the count: nothing priced above the quote, so no above-quote flag.
+    expect(after.flags).toBe(before.reputation.flags);
+    expect(after.score).toBe(documentedScore(after));
   });
 
   it("verification pass rate: runs that passed of those that passed or answered wrongly", async () => {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { boundCounter, type TokenCounter } from "../tokens.js";
-import { OutputTally } from "./output-tally.js";
+import { exactSegmentMaxBytes, OutputTally } from "./output-tally.js";
 
 /**
  * A counter whose tokens are the text's non-space runs and each space before them (" w1" is
@@ -136,6 +136,21 @@ describe("OutputTally on a stream", () => {
     expect(out.choices[0]!.delta.content).toBe("");
     expect(out.choices[0]!.finish_reason).toBe("length");
     expect(tally.count().outputTokens).toBe(32n);
+  });
+
+  it("counts a text longer than 1 MiB by its bytes, without the tokenizer, and cuts it by bytes", () => {
+    const huge = " w".repeat(exactSegmentMaxBytes / 2 + 1);
+    const counting = new OutputTally(words, 10_000_000n, 1n);
+    counting.addChunk(chunk(0, { content: huge }));
+    counted = 0;
+    expect(counting.count().outputTokens).toBe(BigInt(huge.length));
+    expect(counted).toBe(0);
+    const cutting = new OutputTally(words, 1_000n, 1n);
+    const out = cutting.addChunk(chunk(0, { content: huge })) as {
+      choices: { delta: { content: string } }[];
+    };
+    expect(out.choices[0]!.delta.content).toBe(huge.slice(0, 1_000));
+    expect(cutting.count().outputTokens).toBe(500n);
   });
 
   it("leaves chunks without choices alone", () => {

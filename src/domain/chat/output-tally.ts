@@ -20,12 +20,24 @@ const reasoningFields = new Set<string>(["reasoning_content", "reasoning"]);
 
 type Json = Record<string, unknown>;
 
+/**
+ * The largest text tokenized as one segment (1 MiB, some 250,000 tokens, far above any model's
+ * output limit): a longer one is counted by its bytes, the sound bound, so that a huge answer
+ * cannot hold the event loop for seconds in the tokenizer (docs/decisions.md).
+ */
+export const exactSegmentMaxBytes = 1 << 20;
+
 interface ChoiceOutput {
   /** Every piece of visible output, in arrival order, and its reasoning part alone. */
   readonly parts: string[];
   readonly reasoning: string[];
-  /** UTF-8 bytes of `parts`, and the bytes and tokens at the last count. */
+  /** UTF-8 bytes of `parts`. */
   bytes: number;
+  /**
+   * What is counted so far: the tokens of `parts` before `countedParts` (the sum of the counts
+   * of the segments counted one after the other), and their bytes.
+   */
+  countedParts: number;
   countedBytes: number;
   countedTokens: bigint;
   /** The field of the last piece: a piece of another field is counted after a line break. */
@@ -144,6 +156,7 @@ export class OutputTally {
         parts: [],
         reasoning: [],
         bytes: 0,
+        countedParts: 0,
         countedBytes: 0,
         countedTokens: 0n,
         field: "",
@@ -155,9 +168,20 @@ export class OutputTally {
     return state;
   }
 
+  /**
+   * The choice's tokens: what was counted, plus the text since, counted now as one segment.
+   * Each text is tokenized once (a long stream is not re-tokenized from its start at every
+   * check); an answer that never neared its limit is one segment, counted whole at the close.
+   * A word split between two segments may count a token more than whole: within tolerance.
+   */
   private tokensOf(state: ChoiceOutput): bigint {
-    if (state.countedBytes !== state.bytes) {
-      state.countedTokens = this.counter.countOutput(state.parts.join(""));
+    if (state.countedParts < state.parts.length) {
+      const segment = state.parts.slice(state.countedParts).join("");
+      state.countedTokens +=
+        state.bytes - state.countedBytes > exactSegmentMaxBytes
+          ? BigInt(state.bytes - state.countedBytes)
+          : this.counter.countOutput(segment);
+      state.countedParts = state.parts.length;
       state.countedBytes = state.bytes;
     }
     return state.countedTokens;
@@ -183,15 +207,31 @@ export class OutputTally {
       added += Buffer.byteLength(text, "utf8");
     }
     state.bytes += added;
+    const start = {
+      parts: state.countedParts,
+      tokens: state.countedTokens,
+      bytes: state.countedBytes,
+    };
     if (!this.passes(state)) return undefined;
-    // Past the limit: keep the prefix within it; this delta keeps what the earlier ones left.
-    const sentBefore = state.parts.slice(0, before).join("");
-    const kept = this.counter.truncate(state.parts.join(""), this.limit);
+    // Past the limit: the last segment counted (from `start`) is cut to the tokens left; this
+    // delta keeps what the earlier, already relayed parts of the segment left of it. The byte
+    // bound cuts its whole text (by bytes, no tokenizer).
+    const from = this.counter.exact ? start.parts : 0;
+    const left = this.counter.exact ? this.limit - start.tokens : this.limit;
+    const sentBefore = state.parts.slice(from, before).join("");
+    const segment = state.parts.slice(from).join("");
+    const kept =
+      this.counter.exact && state.bytes - start.bytes > exactSegmentMaxBytes
+        ? utf8Prefix(segment, left > 0n ? left : 0n)
+        : this.counter.truncate(segment, left > 0n ? left : 0n);
     let room = Math.max(0, kept.length - sentBefore.length);
     state.parts.length = before;
     state.reasoning.length = reasoningBefore;
     state.field = fieldBefore;
-    state.bytes = Buffer.byteLength(sentBefore, "utf8");
+    // Counted again at the close from the segment's start (the cut text).
+    state.countedParts = start.parts;
+    state.countedTokens = start.tokens;
+    state.countedBytes = start.bytes;
     const cutDelta = cutPieces(delta, (text, field) => {
       const separator = field === state.field || state.parts.length === 0 ? "" : "\n";
       if (room <= separator.length) {
@@ -203,12 +243,11 @@ export class OutputTally {
       room -= keep.length;
       state.parts.push(separator + keep);
       state.field = field;
-      state.bytes += Buffer.byteLength(separator + keep, "utf8");
       return keep;
     });
-    // The reasoning this delta kept, for its own count.
+    // The reasoning this delta kept, for its own count; the bytes of what was kept.
     state.reasoning.push(...reasoningOf(cutDelta));
-    state.countedBytes = -1;
+    state.bytes = start.bytes + Buffer.byteLength(state.parts.slice(start.parts).join(""), "utf8");
     state.cut = true;
     this.cutChoices += 1;
     return cutDelta;
@@ -223,6 +262,15 @@ export class OutputTally {
     if (BigInt(state.bytes - state.countedBytes) <= limit - state.countedTokens) return false;
     return this.tokensOf(state) > limit;
   }
+}
+
+/** The longest prefix of `text` of at most `bytes` UTF-8 bytes, never splitting a character. */
+function utf8Prefix(text: string, bytes: bigint): string {
+  const encoded = Buffer.from(text, "utf8");
+  if (BigInt(encoded.length) <= bytes) return text;
+  let end = Number(bytes);
+  while (end > 0 && (encoded[end]! & 0xc0) === 0x80) end -= 1;
+  return encoded.subarray(0, end).toString("utf8");
 }
 
 /** The line break that parts a piece of another field from the output before it. */
