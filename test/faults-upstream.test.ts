@@ -239,6 +239,7 @@ describe("provider faults", () => {
     expect(res.status).toBe(200);
     expect(record).toMatchObject({
       status: "completed",
+      offer_id: chatOffer.toLowerCase(),
       usage_source: "gateway",
       claimed_input_tokens: "5000000",
       claimed_output_tokens: "5000000",
