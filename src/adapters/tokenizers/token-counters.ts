@@ -5,6 +5,7 @@ import {
   checkTokenizerRegistry,
   findTokenizer,
   loadTokenizerRegistry,
+  type TokenizerEntry,
   type TokenizerRegistry,
 } from "./registry.js";
 
@@ -37,6 +38,9 @@ export async function createTokenCounters(
   return createLazyCounters(registry, options.onLoad);
 }
 
+/** Models whose route {@link createLazyCounters} remembers before it starts afresh. */
+const maxRoutedModels = 4096;
+
 /** {@link createTokenCounters} over a registry already checked (tests, the bench). */
 export function createLazyCounters(
   registry: TokenizerRegistry,
@@ -45,11 +49,22 @@ export function createLazyCounters(
   const counters = new Map<string, Promise<TokenCounter>>();
   const parsed = new Map<string, Promise<Tokenizer>>();
   const done = new Set<string>();
+  // The entry of each model asked for: routes are matched once per model, not per request
+  // (a glob route compiles a regular expression). Models are few; the map is bounded anyway.
+  const routed = new Map<string, TokenizerEntry | undefined>();
+  const entryOf = (model: { readonly repository: string; readonly revision: string }) => {
+    const key = `${model.repository}\0${model.revision}`;
+    if (routed.has(key)) return routed.get(key);
+    if (routed.size >= maxRoutedModels) routed.clear();
+    const entry = findTokenizer(registry, model);
+    routed.set(key, entry);
+    return entry;
+  };
   return {
     registry,
     loaded: () => [...done],
     forModel(model) {
-      const entry = findTokenizer(registry, model);
+      const entry = entryOf(model);
       if (entry === undefined) return Promise.resolve(boundCounter);
       let counter = counters.get(entry.name);
       if (counter === undefined) {
