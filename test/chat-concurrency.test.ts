@@ -23,10 +23,10 @@ describeIfPostgres("two gateway processes sharing one PostgreSQL and one permit"
       logger: stack.logger,
       database: stack.database.db,
     });
-    // Slow answers, so that requests are in flight together; and usage priced above any quote, so
-    // every admitted request is charged exactly its maximum and K admissions use the whole deposit
-    // however the requests interleave.
-    fake = await startFakeUpstream({ models: ["demo-chat"], delayMs: 300 });
+    // Slow answers, so that every request of the burst is admitted or refused while the admitted
+    // ones still hold their maxima (the gateway charges its own count, below the maximum, so an
+    // answer that ended would free credit for a later request).
+    fake = await startFakeUpstream({ models: ["demo-chat"], delayMs: 3_000 });
     const chatOffer = stack.demo.offers.find(
       (o) => o.status === "active" && o.modelId === stack.demo.models[0]!.modelId,
     )!.offerId;
@@ -97,7 +97,7 @@ describeIfPostgres("two gateway processes sharing one PostgreSQL and one permit"
       ledger = await permitLedger(stack.database.db.pool, permitId);
     }
     expect(ledger.reserved).toBe(0n);
-    expect(ledger.charged).toBe(maximum * BigInt(admitted.length));
+    expect(ledger.charged).toBeLessThanOrEqual(maximum * BigInt(admitted.length));
     expect(ledger.charged).toBeLessThanOrEqual(maximum * BigInt(K));
     expect(peak).toBeLessThanOrEqual(maximum * BigInt(K));
     const { rows } = await stack.database.db.pool.query<{ total: string }>(
@@ -111,8 +111,9 @@ describeIfPostgres("two gateway processes sharing one PostgreSQL and one permit"
     await eventually(
       async () => (await permitLedger(stack.database.db.pool, permitId)).reserved === 0n,
     );
+    fake.setOptions({ delayMs: 0 });
     let last: { status: number; body: unknown } | undefined;
-    for (let i = 0; i < 2 * K; i++) {
+    for (let i = 0; i < 100 * K; i++) {
       const res = await fetch(`${bases[i % 2]}/v1/chat/completions`, {
         method: "POST",
         headers: {

@@ -15,6 +15,7 @@ import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { openPermit } from "./helpers/market.js";
 import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { demoChatCounter, promptTokens } from "./helpers/token-counts.js";
 
 /**
  * Slow readers cost bounded memory (DESIGN.md 8, issue 18): an endless provider and a client
@@ -58,19 +59,17 @@ describeIfPostgres("slow readers against an endless provider (gateway serve)", (
       model: "demo-chat",
       messages: [{ role: "user", content: "never read" }],
       stream,
-      max_tokens: 1_000_000,
+      // Far above what the endless provider writes here: its text is runs of one letter, which
+      // the gateway counts by their bytes (output-tally.ts, countText), and it must not be cut.
+      max_tokens: 100_000_000,
     });
 
-  /** The input bound the gateway charges a cancelled stream without provider usage. */
-  async function inputBound(): Promise<bigint> {
-    const quote = await json(
-      await authed(stack, "/v1/quotes", {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: body(true),
-      }),
-    );
-    return BigInt(quote.input_tokens);
+  /**
+   * The input the gateway charges a cancelled stream without provider usage: its own count of the
+   * prompt (the demo model's tokenizer through its chat template).
+   */
+  async function promptCount(): Promise<bigint> {
+    return promptTokens(await demoChatCounter(), JSON.parse(body(true)));
   }
 
   /** The gateway's RSS now, after one ordinary streamed chat (JIT, pools and buffers warm). */
@@ -147,7 +146,7 @@ describeIfPostgres("slow readers against an endless provider (gateway serve)", (
   it("REST SSE: a client paused at the TCP level pauses the provider, RSS stays bounded, and the client is cut after CLIENT_WRITE_TIMEOUT_MS as cancelled/partial, charged input + delivered output", async () => {
     const base = await baseline();
     const before = await requestsSoFar();
-    const bound = await inputBound();
+    const bound = await promptCount();
     fake.setOptions({ endless: true });
     const bytesBefore = fake.streamedBytes;
     const { port } = new URL(child!.url);
@@ -198,7 +197,8 @@ describeIfPostgres("slow readers against an endless provider (gateway serve)", (
     // Charged input plus the output delivered: at least what reached the client, at most what the
     // provider wrote.
     expect(output).toBeGreaterThanOrEqual(chunksReceived);
-    expect(output).toBeLessThanOrEqual(BigInt(fake.streamedChunks));
+    // The gateway's count: at most the bytes the provider wrote (no token is shorter).
+    expect(output).toBeLessThanOrEqual(BigInt(fake.streamedBytes));
     expect(record.credits_charged).toBe(
       priceCredits(demoTariff, { inputTokens: bound, outputTokens: output }, false).toString(),
     );
@@ -209,7 +209,7 @@ describeIfPostgres("slow readers against an endless provider (gateway serve)", (
   it("gRPC: an HTTP/2 client that stops reading pauses the provider through flow control, RSS stays bounded, and the stream is cut after CLIENT_WRITE_TIMEOUT_MS as cancelled/partial", async () => {
     const base = await baseline();
     const before = await requestsSoFar();
-    const bound = await inputBound();
+    const bound = await promptCount();
     fake.setOptions({ endless: true });
     const bytesBefore = fake.streamedBytes;
     const session = http2.connect(child!.url);
@@ -262,7 +262,8 @@ describeIfPostgres("slow readers against an endless provider (gateway serve)", (
       input_tokens: bound.toString(),
     });
     expect(output).toBeGreaterThan(0n);
-    expect(output).toBeLessThanOrEqual(BigInt(fake.streamedChunks));
+    // The gateway's count: at most the bytes the provider wrote (no token is shorter).
+    expect(output).toBeLessThanOrEqual(BigInt(fake.streamedBytes));
     expect(record.credits_charged).toBe(
       priceCredits(demoTariff, { inputTokens: bound, outputTokens: output }, false).toString(),
     );

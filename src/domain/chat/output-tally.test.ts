@@ -1,6 +1,12 @@
 import { describe, expect, it } from "vitest";
 import { boundCounter, type TokenCounter } from "../tokens.js";
-import { exactSegmentMaxBytes, OutputTally } from "./output-tally.js";
+import {
+  countText,
+  exactSegmentMaxBytes,
+  longRunChars,
+  OutputTally,
+  streamSegmentBytes,
+} from "./output-tally.js";
 
 /**
  * A counter whose tokens are the text's non-space runs and each space before them (" w1" is
@@ -138,6 +144,17 @@ describe("OutputTally on a stream", () => {
     expect(tally.count().outputTokens).toBe(32n);
   });
 
+  it("counts a long stream in segments of 64 KiB as it passes, each text once", () => {
+    const tally = new OutputTally(words, 10_000_000n, 1n);
+    counted = 0;
+    const piece = " w".repeat(1024);
+    for (let i = 0; i < 100; i += 1) tally.addChunk(chunk(0, { content: piece }));
+    // 200 KiB of text: three segments counted on the way, the rest at the close.
+    expect(counted).toBe(Math.floor((100 * piece.length) / streamSegmentBytes));
+    expect(tally.count().outputTokens).toBe(100n * 1024n);
+    expect(counted).toBe(Math.floor((100 * piece.length) / streamSegmentBytes) + 1);
+  });
+
   it("counts a text longer than 1 MiB by its bytes, without the tokenizer, and cuts it by bytes", () => {
     const huge = " w".repeat(exactSegmentMaxBytes / 2 + 1);
     const counting = new OutputTally(words, 10_000_000n, 1n);
@@ -191,5 +208,15 @@ describe("OutputTally on a JSON answer", () => {
       choices: 2n,
       toolCalls: 0n,
     });
+  });
+});
+
+describe("countText", () => {
+  it("counts runs without a space of 256 characters or more by their bytes, the rest by the counter", () => {
+    const run = "é".repeat(longRunChars);
+    counted = 0;
+    expect(countText(words, ` a b ${run} c`)).toBe(3n + BigInt(2 * longRunChars));
+    expect(countText(words, " a b c")).toBe(3n);
+    expect(countText(words, ` ${"x".repeat(longRunChars - 1)}`)).toBe(1n);
   });
 });

@@ -27,19 +27,29 @@ type Json = Record<string, unknown>;
  */
 export const exactSegmentMaxBytes = 1 << 20;
 
+/**
+ * A stream's text is counted as it passes in segments of about this many bytes (64 KiB, some
+ * 16,000 tokens: tens of milliseconds in the tokenizer), so that a long stream costs the event
+ * loop short, spread steps rather than one long count at its limit or its close.
+ */
+export const streamSegmentBytes = 64 * 1024;
+
 interface ChoiceOutput {
-  /** Every piece of visible output, in arrival order, and its reasoning part alone. */
+  /**
+   * The visible output not yet committed to `committedTokens`, in arrival order, and its
+   * reasoning part alone: at most about {@link streamSegmentBytes} of a stream (a long answer is
+   * not held whole; DESIGN.md 8, bounded memory).
+   */
   readonly parts: string[];
   readonly reasoning: string[];
-  /** UTF-8 bytes of `parts`. */
+  /** UTF-8 bytes of everything taken, committed or not. */
   bytes: number;
-  /**
-   * What is counted so far: the tokens of `parts` before `countedParts` (the sum of the counts
-   * of the segments counted one after the other), and their bytes.
-   */
-  countedParts: number;
-  countedBytes: number;
-  countedTokens: bigint;
+  /** Tokens and bytes of the segments counted and let go, and their reasoning tokens. */
+  committedTokens: bigint;
+  committedBytes: number;
+  committedReasoning: bigint;
+  /** The count of `parts` as they were when last counted (its length and bytes then). */
+  pending: { readonly parts: number; readonly bytes: number; readonly tokens: bigint } | undefined;
   /** The field of the last piece: a piece of another field is counted after a line break. */
   field: string;
   /** Distinct tool calls (by their stream index, or position in a message). */
@@ -143,8 +153,9 @@ export class OutputTally {
       choices += 1n;
       toolCalls += BigInt(state.toolCalls.size);
       outputTokens += this.tokensOf(state);
+      reasoningTokens += state.committedReasoning;
       if (state.reasoning.length > 0)
-        reasoningTokens += this.counter.countOutput(state.reasoning.join(""));
+        reasoningTokens += countText(this.counter, state.reasoning.join(""));
     }
     return { outputTokens, reasoningTokens, choices, toolCalls };
   }
@@ -156,9 +167,10 @@ export class OutputTally {
         parts: [],
         reasoning: [],
         bytes: 0,
-        countedParts: 0,
-        countedBytes: 0,
-        countedTokens: 0n,
+        committedTokens: 0n,
+        committedBytes: 0,
+        committedReasoning: 0n,
+        pending: undefined,
         field: "",
         toolCalls: new Set(),
         cut: false,
@@ -169,22 +181,33 @@ export class OutputTally {
   }
 
   /**
-   * The choice's tokens: what was counted, plus the text since, counted now as one segment.
-   * Each text is tokenized once (a long stream is not re-tokenized from its start at every
-   * check); an answer that never neared its limit is one segment, counted whole at the close.
-   * A word split between two segments may count a token more than whole: within tolerance.
+   * The choice's tokens: the segments committed, plus the text since, counted as one segment
+   * (remembered until more text comes). A text over {@link exactSegmentMaxBytes} is counted by
+   * its bytes. A word split between two segments may count a token more: within tolerance.
    */
   private tokensOf(state: ChoiceOutput): bigint {
-    if (state.countedParts < state.parts.length) {
-      const segment = state.parts.slice(state.countedParts).join("");
-      state.countedTokens +=
-        state.bytes - state.countedBytes > exactSegmentMaxBytes
-          ? BigInt(state.bytes - state.countedBytes)
-          : this.counter.countOutput(segment);
-      state.countedParts = state.parts.length;
-      state.countedBytes = state.bytes;
+    if (state.pending?.parts !== state.parts.length) {
+      const bytes = state.bytes - state.committedBytes;
+      const tokens =
+        bytes > exactSegmentMaxBytes
+          ? BigInt(bytes)
+          : state.parts.length === 0
+            ? 0n
+            : countText(this.counter, state.parts.join(""));
+      state.pending = { parts: state.parts.length, bytes: state.bytes, tokens };
     }
-    return state.countedTokens;
+    return state.committedTokens + state.pending.tokens;
+  }
+
+  /** Counts the text held and lets it go: a long stream is held a segment at a time. */
+  private commit(state: ChoiceOutput): void {
+    state.committedTokens = this.tokensOf(state);
+    state.committedBytes = state.bytes;
+    if (state.reasoning.length > 0)
+      state.committedReasoning += countText(this.counter, state.reasoning.join(""));
+    state.parts.length = 0;
+    state.reasoning.length = 0;
+    state.pending = undefined;
   }
 
   /**
@@ -207,31 +230,26 @@ export class OutputTally {
       added += Buffer.byteLength(text, "utf8");
     }
     state.bytes += added;
-    const start = {
-      parts: state.countedParts,
-      tokens: state.countedTokens,
-      bytes: state.countedBytes,
-    };
-    if (!this.passes(state)) return undefined;
-    // Past the limit: the last segment counted (from `start`) is cut to the tokens left; this
-    // delta keeps what the earlier, already relayed parts of the segment left of it. The byte
-    // bound cuts its whole text (by bytes, no tokenizer).
-    const from = this.counter.exact ? start.parts : 0;
-    const left = this.counter.exact ? this.limit - start.tokens : this.limit;
-    const sentBefore = state.parts.slice(from, before).join("");
-    const segment = state.parts.slice(from).join("");
+    if (!this.passes(state)) {
+      if (this.counter.exact && state.bytes - state.committedBytes >= streamSegmentBytes)
+        this.commit(state);
+      return undefined;
+    }
+    // Past the limit: the text held (since the last commit) is cut to the tokens left; this
+    // delta keeps what the earlier, already relayed parts of it left. The byte bound holds its
+    // whole text (it never commits) and cuts it by bytes.
+    const left = this.limit - state.committedTokens;
+    const sentBefore = state.parts.slice(0, before).join("");
+    const segment = state.parts.join("");
     const kept =
-      this.counter.exact && state.bytes - start.bytes > exactSegmentMaxBytes
+      this.counter.exact && state.bytes - state.committedBytes > exactSegmentMaxBytes
         ? utf8Prefix(segment, left > 0n ? left : 0n)
         : this.counter.truncate(segment, left > 0n ? left : 0n);
     let room = Math.max(0, kept.length - sentBefore.length);
     state.parts.length = before;
     state.reasoning.length = reasoningBefore;
     state.field = fieldBefore;
-    // Counted again at the close from the segment's start (the cut text).
-    state.countedParts = start.parts;
-    state.countedTokens = start.tokens;
-    state.countedBytes = start.bytes;
+    state.pending = undefined;
     const cutDelta = cutPieces(delta, (text, field) => {
       const separator = field === state.field || state.parts.length === 0 ? "" : "\n";
       if (room <= separator.length) {
@@ -247,7 +265,7 @@ export class OutputTally {
     });
     // The reasoning this delta kept, for its own count; the bytes of what was kept.
     state.reasoning.push(...reasoningOf(cutDelta));
-    state.bytes = start.bytes + Buffer.byteLength(state.parts.slice(start.parts).join(""), "utf8");
+    state.bytes = state.committedBytes + Buffer.byteLength(state.parts.join(""), "utf8");
     state.cut = true;
     this.cutChoices += 1;
     return cutDelta;
@@ -259,9 +277,35 @@ export class OutputTally {
     if (!counter.exact) return BigInt(state.bytes) > limit * boundBytesPerToken;
     // No token is shorter than a byte: until the bytes since the last count exceed the tokens
     // left, the limit cannot have been passed.
-    if (BigInt(state.bytes - state.countedBytes) <= limit - state.countedTokens) return false;
+    const counted = state.pending ?? { bytes: state.committedBytes, tokens: 0n };
+    const left = limit - state.committedTokens - counted.tokens;
+    if (BigInt(state.bytes - counted.bytes) <= left) return false;
     return this.tokensOf(state) > limit;
   }
+}
+
+/** A run of this many characters without a space is counted by its bytes (see countText). */
+export const longRunChars = 256;
+const longRuns = new RegExp(`\\S{${longRunChars},}`, "g");
+
+/**
+ * The tokens of `text` by `counter`, except that each run of {@link longRunChars} or more
+ * characters without a space counts its UTF-8 bytes, an upper bound: byte-pair merging is slow
+ * on such runs (a 64 KiB run of one letter takes some 200 ms), which a provider could send to
+ * spend the gateway's CPU; a higher count never charges an honest claim less.
+ */
+export function countText(counter: TokenCounter, text: string): bigint {
+  if (text.length < longRunChars) return counter.countOutput(text);
+  let tokens = 0n;
+  let rest = "";
+  let from = 0;
+  for (const run of text.matchAll(longRuns)) {
+    rest += text.slice(from, run.index);
+    tokens += BigInt(Buffer.byteLength(run[0], "utf8"));
+    from = run.index + run[0].length;
+  }
+  if (from === 0) return counter.countOutput(text);
+  return tokens + counter.countOutput(rest + text.slice(from));
 }
 
 /** The longest prefix of `text` of at most `bytes` UTF-8 bytes, never splitting a character. */
