@@ -25,7 +25,6 @@ import type {
   InferenceDeps,
   UpstreamChatOptions,
   UpstreamReply,
-  UsageFigures,
 } from "./types.js";
 
 /**
@@ -216,16 +215,10 @@ export async function* serve(
    * A completed answer's claim against the count: the offer's divergence record (only the
    * offer that answered) and the claim/count metrics.
    */
-  const compared = ({ claimed, counted, diverged }: UsageJudgment) => {
-    if (claimed === undefined) return;
+  const compared = ({ claimed, counted }: Closing, diverged: boolean) => {
+    if (claimed === undefined || counted === undefined) return;
     deps.measurements?.claimed(current.offer.offerId, diverged);
-    if (observer?.usageCompared === undefined) return;
-    observer.usageCompared(current.offer.modelId, current.offer.offerId, figuresOf(claimed), {
-      inputTokens: counted.inputTokens,
-      outputTokens: counted.outputTokens,
-      cachedInputTokens: 0n,
-      reasoningTokens: counted.reasoningTokens,
-    });
+    observer?.usageCompared?.(current.offer.modelId, current.offer.offerId, claimed, counted);
   };
   const countInputQuietly = () => {
     countInput();
@@ -326,7 +319,7 @@ export async function* serve(
       const spoke = dropGatewayMembers(body);
       const judgment = judge(provided);
       const final = close({ kind: "completed", judgment });
-      compared(judgment);
+      compared(final, judgment.diverged);
       const { usage } = final;
       // Counted, not timed: a JSON answer shows no first token, and its whole time (which a
       // client sets with its output limit) is neither a time to first token nor a stream's pace.
@@ -418,7 +411,7 @@ export async function* serve(
     }
     const judgment = judge(provided);
     const final = close({ kind: "completed", judgment });
-    compared(judgment);
+    compared(final, judgment.diverged);
     const { usage } = final;
     served(
       firstTokenAt === undefined || endedAt === undefined
@@ -529,15 +522,6 @@ function countPrompt(counter: TokenCounter, req: ChatRequest): bigint {
   } catch {
     return boundCounter.countInput(req);
   }
-}
-
-function figuresOf(usage: Usage): UsageFigures {
-  return {
-    inputTokens: usage.inputTokens,
-    outputTokens: usage.outputTokens,
-    cachedInputTokens: usage.cachedInputTokens ?? 0n,
-    reasoningTokens: usage.reasoningTokens ?? 0n,
-  };
 }
 
 /**
