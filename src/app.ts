@@ -168,6 +168,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
 
     const handler = createApi(config, {
       db,
+      deploymentId: storage.deploymentId,
       chain,
       catalog,
       reputation: chat.reputation,

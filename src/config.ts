@@ -88,6 +88,11 @@ export interface Config {
    * take effect within this (this process applies its own authorization changes at once).
    */
   readonly apiKeyCacheMs: number;
+  /**
+   * The longest a payer's authorization may last after its challenge (AUTHORIZATION_MAX_EXPIRY_SECONDS,
+   * default 90 days): a longer expiry is refused before anything is signed or stored.
+   */
+  readonly authorizationMaxExpirySeconds: number;
   /** Settlement: the settlement operator account's key; absent, Flush answers 503 `settlement_unavailable`. */
   readonly settlementPrivateKey: Hex | undefined;
   /**
@@ -370,6 +375,12 @@ export function parseConfig(env: Env): Config {
     upstreamIdleTimeoutMs: int("UPSTREAM_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
     routingCacheMs: int("ROUTING_CACHE_MS", 1000, 0, 60_000),
     apiKeyCacheMs: int("API_KEY_CACHE_MS", 5000, 0, 300_000),
+    authorizationMaxExpirySeconds: int(
+      "AUTHORIZATION_MAX_EXPIRY_SECONDS",
+      90 * 24 * 3600,
+      60,
+      10 * 365 * 24 * 3600,
+    ),
     settlementPrivateKey: settlementPrivateKey?.toLowerCase() as Hex | undefined,
     receiptPrivateKey: receiptPrivateKey?.toLowerCase() as Hex | undefined,
     settlementMaxBatchGas: BigInt(

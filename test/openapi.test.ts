@@ -253,6 +253,7 @@ function everyRequest(
         payer: stack.roles.payer.address,
         permitId: `0x${"00".repeat(32)}`,
         expiresAt: Math.floor(Date.now() / 1000) + 60,
+        issuedAt: Math.floor(Date.now() / 1000),
         nonce: "n",
         signature: `0x${"11".repeat(65)}`,
       }),
@@ -1050,6 +1051,10 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
         payer: message.payer,
         permitId: message.permitId,
         expiresAt: message.expiresAt,
+        issuedAt: message.issuedAt,
+        deployment: message.deployment,
+        totalCap: message.totalCap,
+        perRequestCap: message.perRequestCap,
         nonce: message.nonce,
         signature: await signer.signTypedData(signable(typed as never)),
       };
@@ -1075,6 +1080,30 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     const id = (made.body!.authorization as { id: string }).id;
     await authorize({ status: 409, code: "nonce_used" }, body);
     await authorize({ status: 401, code: "invalid_signature" }, await signed(stranger));
+    await authorize(
+      { status: 403, code: "wrong_deployment" },
+      { ...(await signed(payer)), deployment: `dep_${"ab".repeat(16)}` },
+    );
+    await authorize(
+      { status: 409, code: "challenge_expired" },
+      { ...(await signed(payer)), issuedAt: Math.floor(Date.now() / 1000) - 2 * 86400 },
+    );
+    await authorize(
+      { status: 400, code: "authorization_expiry_too_far" },
+      { ...(await signed(payer)), expiresAt: 2 ** 40 },
+    );
+    await authorize(
+      { status: 400, code: "authorization_cap_invalid" },
+      { ...(await signed(payer)), totalCap: "5" },
+    );
+    await challenge(
+      { status: 400, code: "authorization_expiry_too_far" },
+      { payer: payer.address, expiresAt: 2 ** 40 },
+    );
+    await challenge(
+      { status: 400, code: "authorization_cap_invalid" },
+      { payer: payer.address, totalCap: "5" },
+    );
     await authorize({ status: 400, code: "invalid_hex" }, { ...body, permitId: "0x12" });
     await authorize({ status: 400, code: "invalid_request" }, { ...body, nonce: undefined });
     await authorize({ status: 400, code: "invalid_json" }, "{");

@@ -133,6 +133,10 @@ describe("spending authority (PostgreSQL or PGlite, anvil)", () => {
         payer: typed.message.payer,
         permitId: typed.message.permitId,
         expiresAt: typed.message.expiresAt,
+        issuedAt: typed.message.issuedAt,
+        deployment: typed.message.deployment,
+        totalCap: typed.message.totalCap,
+        perRequestCap: typed.message.perRequestCap,
         nonce: typed.message.nonce,
         signature,
       }),
@@ -312,6 +316,108 @@ describe("spending authority (PostgreSQL or PGlite, anvil)", () => {
     expect(replay.status).toBe(409);
     expect((await json(replay)).error.code).toBe("nonce_used");
     expect((await json(await call(app.key, "/v1/permit-authorizations"))).data).toHaveLength(1);
+  });
+
+  it("names this deployment, when it was issued and its caps in what the payer signs; a signature for another deployment is refused 403 wrong_deployment", async () => {
+    const permitId = await freshPermit();
+    const app = await newKey();
+    const gateway = await json(await fetch(`${stack.gateway.url}/v1/gateway`));
+    expect(gateway.deployment).toMatch(/^dep_[0-9a-f]{32}$/);
+    const t0 = Math.floor(Date.now() / 1000);
+    const typed = await challenge(app.key, { payer: payerAddress, permitId, totalCap: "5000" });
+    expect(typed.types.AuthorizeKey.map((f: { name: string }) => f.name)).toEqual([
+      "payer",
+      "keyId",
+      "permitId",
+      "expiresAt",
+      "issuedAt",
+      "deployment",
+      "totalCap",
+      "perRequestCap",
+      "nonce",
+    ]);
+    expect(typed.message).toMatchObject({
+      deployment: gateway.deployment,
+      totalCap: "5000",
+      perRequestCap: "0",
+    });
+    expect(typed.message.issuedAt).toBeGreaterThanOrEqual(t0);
+    expect(typed.message.issuedAt).toBeLessThanOrEqual(Math.floor(Date.now() / 1000));
+    const payer = privateKeyToAccount(payerKey);
+
+    // Signed for another deployment (another database serving this market): refused, named.
+    const elsewhere = {
+      ...typed,
+      message: { ...typed.message, deployment: "dep_" + "ab".repeat(16) },
+    };
+    const forElsewhere = await payer.signTypedData(signable(elsewhere));
+    const wrong = await submit(app.key, elsewhere, forElsewhere);
+    expect(wrong.status).toBe(403);
+    expect((await json(wrong)).error).toMatchObject({
+      code: "wrong_deployment",
+      type: "permission_error",
+    });
+    // The same signature with the deployment left out is not the payer's for this one.
+    const { deployment: _left, ...withoutDeployment } = elsewhere.message;
+    expect((await submit(app.key, { message: withoutDeployment }, forElsewhere)).status).toBe(401);
+    // The caps and the issue time are signed: raising a cap breaks the signature.
+    const signature = await payer.signTypedData(signable(typed));
+    const raised = await submit(
+      app.key,
+      { message: { ...typed.message, totalCap: "5001" } },
+      signature,
+    );
+    expect(raised.status).toBe(401);
+    const stored = await submit(app.key, typed, signature);
+    expect(stored.status).toBe(200);
+    expect((await json(stored)).authorization).toMatchObject({
+      issued_at: typed.message.issuedAt,
+      total_cap: "5000",
+      per_request_cap: "0",
+    });
+    expect((await json(await call(app.key, "/v1/permit-authorizations"))).data[0]).toMatchObject({
+      issued_at: typed.message.issuedAt,
+      total_cap: "5000",
+      per_request_cap: "0",
+    });
+  });
+
+  it("caps an authorization's lifetime (AUTHORIZATION_MAX_EXPIRY_SECONDS, 90 days) and a challenge's age (a day), and a cap names one permit", async () => {
+    const app = await newKey();
+    const now = Math.floor(Date.now() / 1000);
+    const maxLifetime = 90 * 24 * 3600;
+    const tooFar = await call(app.key, "/v1/permit-authorizations/challenge", {
+      method: "POST",
+      body: JSON.stringify({ payer: payerAddress, expiresAt: now + maxLifetime + 120 }),
+    });
+    expect(tooFar.status).toBe(400);
+    expect((await json(tooFar)).error.code).toBe("authorization_expiry_too_far");
+    const payerWideCap = await call(app.key, "/v1/permit-authorizations/challenge", {
+      method: "POST",
+      body: JSON.stringify({ payer: payerAddress, totalCap: "10" }),
+    });
+    expect(payerWideCap.status).toBe(400);
+    expect((await json(payerWideCap)).error).toMatchObject({
+      code: "authorization_cap_invalid",
+      message: "a credit cap needs one permit (permitId): its token is the cap's unit",
+    });
+
+    // A payer signs what a hostile app built itself: an expiry far beyond the cap.
+    const payer = privateKeyToAccount(payerKey);
+    const typed = await challenge(app.key, { payer: payerAddress });
+    const far = { ...typed, message: { ...typed.message, expiresAt: 2 ** 40 } };
+    const farRes = await submit(app.key, far, await payer.signTypedData(signable(far)));
+    expect(farRes.status).toBe(400);
+    expect((await json(farRes)).error.code).toBe("authorization_expiry_too_far");
+    // ... or a challenge issued two days ago (an old signature the payer forgot about).
+    const old = {
+      ...typed,
+      message: { ...typed.message, issuedAt: now - 2 * 86400, expiresAt: now + 3600 },
+    };
+    const oldRes = await submit(app.key, old, await payer.signTypedData(signable(old)));
+    expect(oldRes.status).toBe(409);
+    expect((await json(oldRes)).error.code).toBe("challenge_expired");
+    expect((await json(await call(app.key, "/v1/permit-authorizations"))).data).toEqual([]);
   });
 
   it("refuses an authorization once it expired", async () => {

@@ -73,6 +73,9 @@ describe("unauthenticated routes", () => {
   }
 
   it("500 requests to /v1/gateway (no key) reach neither the database nor the chain", async () => {
+    const { rows } = await stack.database.db.pool.query<{ id: string }>(
+      "SELECT id FROM gateway_deployment",
+    );
     await quiet();
     const before = { queries: queries.count, rpc: proxy.calls() };
     const answers = await Promise.all(
@@ -89,6 +92,7 @@ describe("unauthenticated routes", () => {
           market: stack.demo.market,
           settlement_account: null,
           receipt_signer: null,
+          deployment: rows[0]!.id,
         })}`,
       ]),
     );

@@ -76,6 +76,7 @@ export function createApi(
   config: Config,
   deps: {
     readonly db: Database;
+    readonly deploymentId: string;
     readonly chain: PublicClient;
     readonly catalog: Catalog;
     readonly reputation: (offerId: Hex) => Reputation;
@@ -100,6 +101,8 @@ export function createApi(
   const permitAuthorizations = createPermitAuthorizationService({
     chainId: config.chainId,
     market: config.marketAddress,
+    deployment: deps.deploymentId,
+    maxLifetimeSeconds: config.authorizationMaxExpirySeconds,
     store: createPgPermitAuthorizationStore(db.pool),
     verifier: createChainSignatureVerifier(deps.chain),
     authorities,
@@ -131,6 +134,7 @@ export function createApi(
     services: {
       catalog: createCatalogService(deps.catalog, deps.reputation),
       gateway: createGatewayService({
+        deployment: deps.deploymentId,
         chainId: config.chainId,
         market: config.marketAddress,
         settlementAccount:

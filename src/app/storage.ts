@@ -10,6 +10,7 @@ import {
 } from "../adapters/crypto/sealer.js";
 import { openDatabase, type Database } from "../adapters/pg/database.js";
 import { migrate } from "../adapters/pg/migrate.js";
+import { deploymentId } from "../adapters/pg/permit-authorizations.js";
 import type { Config } from "../config.js";
 
 /** What the gateway stores, and the key that seals provider endpoints in it. */
@@ -22,6 +23,8 @@ export interface Storage {
   readonly sealer: Sealer;
   /** The secret registration challenges are derived from (shared by gateways sharing `key`). */
   readonly challengeSecret: Buffer;
+  /** This database's gateway deployment id (GET /v1/gateway), named in payers' signatures. */
+  readonly deploymentId: string;
 }
 
 /** Opens (or takes) the database and migrates it; then the endpoint key. */
@@ -49,7 +52,9 @@ export async function openStorage(
     const { applied } = await migrate(db.session);
     if (applied.length > 0) logger.info({ applied }, "database migrated");
     const key = await endpointEncryptionKey(config, options.inMemoryDatabase === true);
+    const deployment = await deploymentId(db.pool);
     return {
+      deploymentId: deployment,
       db,
       ownsDatabase,
       key,

@@ -4,6 +4,8 @@ import type { Address } from "viem";
 import { GatewayService, GetGatewayResponseSchema } from "../../gen/gateway/v1/gateway_pb.js";
 
 export interface GatewayFacts {
+  /** This database's deployment id: named in every payer's AuthorizeKey signature. */
+  readonly deployment: string;
   readonly chainId: number;
   readonly market: Address;
   /** The settlement operator account (SETTLEMENT_PRIVATE_KEY's address); absent: none. */
@@ -24,6 +26,7 @@ export function createGatewayService(facts: GatewayFacts): ServiceImpl<typeof Ga
       market: facts.market,
       settlementAccount: facts.settlementAccount ?? "",
       receiptSigner: facts.receiptSigner ?? "",
+      deployment: facts.deployment,
     },
   });
   return {

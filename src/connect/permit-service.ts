@@ -50,6 +50,9 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
       payer: a.payer,
       permitId: a.permitId,
       expiresAt: BigInt(a.expiresAt),
+      issuedAt: BigInt(a.issuedAt),
+      totalCap: a.totalCap.toString(),
+      perRequestCap: a.perRequestCap.toString(),
       createdAt: BigInt(a.createdAt),
       revokedAt: a.revokedAt === null ? undefined : BigInt(a.revokedAt),
       status: statusToProto[authorizationStatus(a, deps.clock())],
@@ -63,6 +66,8 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
         payer: req.payer,
         permitId: req.permitId,
         ...(req.expiresAt === undefined ? {} : { expiresAt: req.expiresAt }),
+        totalCap: req.totalCap,
+        perRequestCap: req.perRequestCap,
       });
       return create(CreateAuthorizationChallengeResponseSchema, {
         typedData: {
@@ -72,6 +77,10 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
             keyId: typed.message.keyId,
             permitId: typed.message.permitId,
             expiresAt: BigInt(typed.message.expiresAt),
+            issuedAt: BigInt(typed.message.issuedAt),
+            deployment: typed.message.deployment,
+            totalCap: typed.message.totalCap,
+            perRequestCap: typed.message.perRequestCap,
             nonce: typed.message.nonce,
           },
         },
@@ -84,6 +93,10 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
         payer: req.payer,
         permitId: req.permitId,
         expiresAt: req.expiresAt,
+        issuedAt: req.issuedAt,
+        ...(req.deployment === "" ? {} : { deployment: req.deployment }),
+        totalCap: req.totalCap,
+        perRequestCap: req.perRequestCap,
         nonce: req.nonce,
         signature: req.signature,
       });

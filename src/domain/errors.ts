@@ -53,6 +53,10 @@ export const errorCodes = {
   invalid_json: "invalid",
   invalid_hex: "invalid",
   challenge_expiry_invalid: "invalid",
+  // An authorization's expiresAt beyond AUTHORIZATION_MAX_EXPIRY_SECONDS after its challenge.
+  authorization_expiry_too_far: "invalid",
+  // A credit cap on an authorization of every permit, or a per-request cap above the total.
+  authorization_cap_invalid: "invalid",
   endpoint_not_allowed: "invalid",
   missing_api_key: "unauthenticated",
   invalid_api_key: "unauthenticated",
@@ -70,6 +74,8 @@ export const errorCodes = {
   // The permit's payer has not authorized the calling API key (DESIGN.md section 8), or the
   // authorization expired or was revoked.
   permit_not_authorized: "forbidden",
+  // A payer's signature made for another gateway deployment (GET /v1/gateway `deployment`).
+  wrong_deployment: "forbidden",
   model_not_found: "not_found",
   offer_not_found: "not_found",
   request_not_found: "not_found",
@@ -87,6 +93,8 @@ export const errorCodes = {
   quote_used: "conflict",
   tariff_changed: "conflict",
   nonce_used: "conflict",
+  // An authorization challenge older than a day: ask for a new one.
+  challenge_expired: "conflict",
   // The request is still open: its usage receipt exists once it closes with a charge.
   request_not_closed: "conflict",
   idempotency_in_progress: "conflict",

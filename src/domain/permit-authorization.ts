@@ -35,11 +35,28 @@ export const anyPermit = `0x${"00".repeat(32)}` as Hex;
 /** An authorization whose challenge names no `expiresAt` lasts this long (DESIGN.md: 30 days). */
 export const defaultAuthorizationLifetimeSeconds = 30 * 24 * 3600;
 
+/**
+ * The longest an authorization may last unless the operator says otherwise
+ * (AUTHORIZATION_MAX_EXPIRY_SECONDS): 90 days.
+ */
+export const defaultMaxAuthorizationLifetimeSeconds = 90 * 24 * 3600;
+
+/**
+ * What a payer signs to let one API key spend (issue 28). Every field is something the payer's
+ * own tool can build or check before signing: the key id (derived from the key), the permit, the
+ * expiry and the caps (the command's arguments), the deployment (published at GET /v1/gateway,
+ * shown before signing); only `nonce` and `issuedAt` come from the gateway's challenge.
+ * `totalCap` and `perRequestCap` are credits in the permit's smallest unit, 0 for none.
+ */
 export const authorizeKeyFields: TypedDataField[] = [
   { name: "payer", type: "address" },
   { name: "keyId", type: "string" },
   { name: "permitId", type: "bytes32" },
   { name: "expiresAt", type: "uint64" },
+  { name: "issuedAt", type: "uint64" },
+  { name: "deployment", type: "string" },
+  { name: "totalCap", type: "uint256" },
+  { name: "perRequestCap", type: "uint256" },
   { name: "nonce", type: "string" },
 ];
 
@@ -66,6 +83,14 @@ export type AuthorizeKeyMessage = {
   permitId: Hex;
   /** Unix seconds (a JSON number: wallets read uint64 from numbers, and it is far below 2^53). */
   expiresAt: number;
+  /** Unix seconds: when the gateway issued the challenge. */
+  issuedAt: number;
+  /** The gateway deployment (GET /v1/gateway `deployment`). */
+  deployment: string;
+  /** Credits, a decimal string (uint256); "0": no cap. */
+  totalCap: string;
+  /** Credits, a decimal string (uint256); "0": no cap. */
+  perRequestCap: string;
   nonce: string;
 };
 
@@ -197,6 +222,12 @@ export interface PermitAuthorization {
   readonly permitId: Hex;
   /** Unix seconds. */
   readonly expiresAt: number;
+  /** Unix seconds: when the gateway issued the challenge the payer signed. */
+  readonly issuedAt: number;
+  /** Credits the key may spend through it in all; 0n: no cap. */
+  readonly totalCap: bigint;
+  /** Credits one request may reserve through it; 0n: no cap. */
+  readonly perRequestCap: bigint;
   /** Unix seconds. */
   readonly createdAt: number;
   /** Unix seconds; null while not revoked. */
@@ -403,6 +434,10 @@ export interface PermitAuthorizationStore {
 export interface PermitAuthorizationServiceDeps {
   chainId: number;
   market: Address;
+  /** This gateway deployment's id (GET /v1/gateway), named in every AuthorizeKey. */
+  deployment: string;
+  /** The longest an authorization may last, in seconds (AUTHORIZATION_MAX_EXPIRY_SECONDS). */
+  maxLifetimeSeconds: number;
   store: PermitAuthorizationStore;
   verifier: SignatureVerifier;
   authorities: KeyAuthorities;
@@ -416,12 +451,20 @@ export interface PermitAuthorizationService {
     payer: string;
     permitId?: string;
     expiresAt?: number | bigint;
+    /** Credits, a decimal string; absent or "0": no cap. */
+    totalCap?: string;
+    perRequestCap?: string;
   }): AuthorizeKeyTypedData;
   authorize(req: {
     apiKeyId: string;
     payer: string;
     permitId: string;
     expiresAt: number | bigint;
+    issuedAt: number | bigint;
+    /** As signed; absent: this deployment (a signature for another then fails to verify). */
+    deployment?: string;
+    totalCap?: string;
+    perRequestCap?: string;
     nonce: string;
     signature: string;
   }): Promise<PermitAuthorization>;
@@ -486,8 +529,9 @@ export function createPermitAuthorizationService(
       const t = now();
       const expiresAt =
         req.expiresAt === undefined
-          ? t + defaultAuthorizationLifetimeSeconds
-          : readExpiresAt(req.expiresAt, t);
+          ? t + Math.min(defaultAuthorizationLifetimeSeconds, deps.maxLifetimeSeconds)
+          : readAuthorizationExpiry(req.expiresAt, t, t, deps.maxLifetimeSeconds);
+      const caps = readCaps(req.totalCap, req.perRequestCap, permitId);
       return buildAuthorizeKeyTypedData({
         chainId: deps.chainId,
         market: deps.market,
@@ -496,6 +540,10 @@ export function createPermitAuthorizationService(
           keyId: req.apiKeyId,
           permitId,
           expiresAt,
+          issuedAt: t,
+          deployment: deps.deployment,
+          totalCap: caps.totalCap.toString(),
+          perRequestCap: caps.perRequestCap.toString(),
           nonce: `0x${randomBytes(32).toString("hex")}`,
         },
       });
@@ -505,7 +553,21 @@ export function createPermitAuthorizationService(
       const payer = readPayer(req.payer);
       const permitId = readPermitId(req.permitId, true);
       const t = now();
-      const expiresAt = readExpiresAt(req.expiresAt, t);
+      if (req.deployment !== undefined && req.deployment !== deps.deployment) {
+        throw new GatewayError(
+          "wrong_deployment",
+          `this authorization was signed for gateway deployment ${String(req.deployment).slice(0, 80)}; ` +
+            `this is ${deps.deployment} (GET /v1/gateway)`,
+        );
+      }
+      const issuedAt = readIssuedAt(req.issuedAt, t);
+      const expiresAt = readAuthorizationExpiry(
+        req.expiresAt,
+        t,
+        issuedAt,
+        deps.maxLifetimeSeconds,
+      );
+      const caps = readCaps(req.totalCap, req.perRequestCap, permitId);
       if (typeof req.nonce !== "string" || !noncePattern.test(req.nonce)) {
         throw new GatewayError(
           "invalid_request",
@@ -520,7 +582,17 @@ export function createPermitAuthorizationService(
       const typedData = buildAuthorizeKeyTypedData({
         chainId: deps.chainId,
         market: deps.market,
-        message: { payer, keyId: req.apiKeyId, permitId, expiresAt, nonce: req.nonce },
+        message: {
+          payer,
+          keyId: req.apiKeyId,
+          permitId,
+          expiresAt,
+          issuedAt,
+          deployment: deps.deployment,
+          totalCap: caps.totalCap.toString(),
+          perRequestCap: caps.perRequestCap.toString(),
+          nonce: req.nonce,
+        },
       });
       const signature = await verify(payer, typedData, req.signature);
       const authorization: PermitAuthorization = {
@@ -529,6 +601,9 @@ export function createPermitAuthorizationService(
         payer: normalizeHex(payer),
         permitId,
         expiresAt,
+        issuedAt,
+        totalCap: caps.totalCap,
+        perRequestCap: caps.perRequestCap,
         createdAt: t,
         revokedAt: null,
         revokedBy: null,
@@ -635,4 +710,93 @@ export function readExpiresAt(value: unknown, now: number): number {
   }
   if (n <= now) throw new GatewayError("invalid_request", "expiresAt is in the past");
   return n;
+}
+
+/**
+ * How far in the future a challenge's `issuedAt` may be (clocks of gateway processes differ by
+ * a little), and how old it may be when submitted: a challenge is answered in minutes, and an
+ * old unsubmitted signature is a liability to its payer.
+ */
+export const issuedAtSkewSeconds = 60;
+export const challengeMaxAgeSeconds = 24 * 3600;
+
+function readIssuedAt(value: unknown, now: number): number {
+  let n = Number.NaN;
+  if (typeof value === "number") n = value;
+  else if (typeof value === "bigint") n = Number(value);
+  if (!Number.isSafeInteger(n) || n <= 0) {
+    throw new GatewayError(
+      "invalid_request",
+      "issuedAt must be the challenge's issuedAt (Unix seconds)",
+    );
+  }
+  if (n > now + issuedAtSkewSeconds) {
+    throw new GatewayError("invalid_request", "issuedAt is in the future");
+  }
+  if (n < now - challengeMaxAgeSeconds) {
+    throw new GatewayError(
+      "challenge_expired",
+      `this challenge was issued more than ${challengeMaxAgeSeconds / 3600} hours ago: ask for a new one`,
+    );
+  }
+  return n;
+}
+
+/**
+ * An authorization's expiry: in the future, and at most `maxLifetime` seconds after it was
+ * issued (400 `authorization_expiry_too_far` otherwise, naming the cap).
+ */
+export function readAuthorizationExpiry(
+  value: unknown,
+  now: number,
+  issuedAt: number,
+  maxLifetime: number,
+): number {
+  const expiresAt = readExpiresAt(value, now);
+  if (expiresAt > issuedAt + maxLifetime) {
+    throw new GatewayError(
+      "authorization_expiry_too_far",
+      `expiresAt may be at most ${maxLifetime} seconds after the challenge (${issuedAt + maxLifetime}); ` +
+        "this gateway's AUTHORIZATION_MAX_EXPIRY_SECONDS",
+    );
+  }
+  return expiresAt;
+}
+
+const uint256Max = (1n << 256n) - 1n;
+
+function readCredits(value: unknown, name: string): bigint {
+  if (value === undefined || value === null || value === "") return 0n;
+  if (typeof value !== "string" || !/^(0|[1-9][0-9]{0,77})$/.test(value)) {
+    throw new GatewayError(
+      "invalid_request",
+      `${name} must be a decimal string of credits (the permit's smallest unit; "0": no cap)`,
+    );
+  }
+  const n = BigInt(value);
+  if (n > uint256Max) throw new GatewayError("invalid_request", `${name} is above 2^256 - 1`);
+  return n;
+}
+
+/**
+ * An authorization's caps (issue 28, item 7): credits in the permit's smallest unit, 0 for none.
+ * A cap names one permit, whose token is its unit; a per-request cap above the total is the total.
+ */
+export function readCaps(
+  totalValue: unknown,
+  perRequestValue: unknown,
+  permitId: Hex,
+): { totalCap: bigint; perRequestCap: bigint } {
+  const totalCap = readCredits(totalValue, "totalCap");
+  const perRequestCap = readCredits(perRequestValue, "perRequestCap");
+  if ((totalCap !== 0n || perRequestCap !== 0n) && permitId === anyPermit) {
+    throw new GatewayError(
+      "authorization_cap_invalid",
+      "a credit cap needs one permit (permitId): its token is the cap's unit",
+    );
+  }
+  if (totalCap !== 0n && perRequestCap > totalCap) {
+    throw new GatewayError("authorization_cap_invalid", "perRequestCap is above totalCap");
+  }
+  return { totalCap, perRequestCap };
 }

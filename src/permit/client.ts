@@ -21,6 +21,9 @@ export interface AuthorizationJson {
   permit_id: string;
   status: "active" | "expired" | "revoked";
   expires_at: number;
+  issued_at: number;
+  total_cap: string;
+  per_request_cap: string;
   created_at: number;
   revoked_at: number | null;
   revoked_by: "key" | "payer" | null;
@@ -65,6 +68,10 @@ export async function authorizeApiKey(
       payer: message.payer,
       permitId: message.permitId,
       expiresAt: message.expiresAt,
+      issuedAt: message.issuedAt,
+      deployment: message.deployment,
+      totalCap: message.totalCap,
+      perRequestCap: message.perRequestCap,
       nonce: message.nonce,
       signature,
     },

@@ -752,7 +752,7 @@ export const routes: readonly Route[] = [
       "The calling key's public id is filled in as `keyId`, with a random single-use nonce. `permitId` absent or all zeros: every permit of the payer.",
     tag: "permits",
     answer: typedDataAnswer(AuthorizeKeyTypedData),
-    errors: { 400: ["invalid_hex"] },
+    errors: { 400: ["invalid_hex", "authorization_expiry_too_far", "authorization_cap_invalid"] },
     handle: async ({ rpc, options, body }) => {
       const { typedData } = await rpc.unary(
         PermitService.method.createAuthorizationChallenge,
@@ -760,6 +760,8 @@ export const routes: readonly Route[] = [
           payer: body.payer,
           permitId: body.permitId ?? "",
           expiresAt: seconds(body.expiresAt),
+          totalCap: body.totalCap ?? "",
+          perRequestCap: body.perRequestCap ?? "",
         },
         options,
       );
@@ -777,9 +779,10 @@ export const routes: readonly Route[] = [
     tag: "permits",
     answer: { description: "The authorization", schema: PermitAuthorizationEnvelope },
     errors: {
-      400: ["invalid_hex"],
+      400: ["invalid_hex", "authorization_expiry_too_far", "authorization_cap_invalid"],
       401: ["invalid_signature"],
-      409: ["nonce_used"],
+      403: ["wrong_deployment"],
+      409: ["nonce_used", "challenge_expired"],
       503: ["chain_unavailable"],
     },
     handle: async ({ rpc, options, body }) => {
@@ -789,6 +792,10 @@ export const routes: readonly Route[] = [
           payer: body.payer,
           permitId: body.permitId,
           expiresAt: BigInt(body.expiresAt),
+          issuedAt: BigInt(body.issuedAt),
+          deployment: body.deployment ?? "",
+          totalCap: body.totalCap ?? "",
+          perRequestCap: body.perRequestCap ?? "",
           nonce: body.nonce,
           signature: body.signature,
         },

@@ -81,6 +81,10 @@ export function authorizeKeyTypedDataView(typed: AuthorizeKeyTypedData) {
       keyId: typed.message?.keyId,
       permitId: typed.message?.permitId,
       expiresAt: Number(typed.message?.expiresAt ?? 0n),
+      issuedAt: Number(typed.message?.issuedAt ?? 0n),
+      deployment: typed.message?.deployment,
+      totalCap: typed.message?.totalCap,
+      perRequestCap: typed.message?.perRequestCap,
       nonce: typed.message?.nonce,
     },
   };

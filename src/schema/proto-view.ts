@@ -88,6 +88,10 @@ const fieldShapes: Readonly<Record<string, TSchema>> = {
   input_tokens: Decimal,
   output_tokens: Decimal,
   max_output_tokens: Decimal,
+  total_cap: Decimal,
+  per_request_cap: Decimal,
+  issued_at: UnixSeconds,
+  expires_at: UnixSeconds,
 };
 
 /** `OFFER_STATUS_ACTIVE` -> `active` (the value's name without the enum's prefix). */

@@ -1,5 +1,5 @@
 import { Type, type TProperties, type TSchema } from "@sinclair/typebox";
-import { Address, component, Hex32, OptionalNullable, UnixSeconds } from "./common.js";
+import { Address, component, Decimal, Hex32, OptionalNullable, UnixSeconds } from "./common.js";
 
 /**
  * The EIP-712 request and answer bodies: the challenges a payer or an operator signs and the
@@ -113,6 +113,16 @@ export const AuthorizeKeyTypedData = typedData("AuthorizeKeyTypedData", "Authori
   keyId: Type.String({ description: "the calling API key's public id" }),
   permitId: Hex32,
   expiresAt: UnixSeconds,
+  issuedAt: { ...UnixSeconds, description: "when the gateway issued this challenge" } as TSchema,
+  deployment: Type.String({ description: "the gateway deployment (GET /v1/gateway)" }),
+  totalCap: {
+    ...Decimal,
+    description: "credits the key may spend through this authorization in all; 0: no cap",
+  } as TSchema,
+  perRequestCap: {
+    ...Decimal,
+    description: "credits one request may reserve through it; 0: no cap",
+  } as TSchema,
   nonce: Type.String(),
 });
 
@@ -164,8 +174,23 @@ export const AuthorizationChallengeRequest = component(
       hexMember(Hex32, "one permit of the payer; absent or all zeros: every permit of the payer"),
     ),
     expiresAt: OptionalNullable(SafeInteger, {
-      description: "Unix seconds, in the future (default now + 30 days)",
+      description:
+        "Unix seconds, in the future (default now + 30 days), at most AUTHORIZATION_MAX_EXPIRY_SECONDS (default 90 days) away",
     }),
+    totalCap: OptionalNullable(
+      Type.String({
+        pattern: "^(0|[1-9][0-9]{0,77})$",
+        description:
+          "total credits (the permit's smallest unit), a decimal string; absent or 0: no cap",
+      }),
+    ),
+    perRequestCap: OptionalNullable(
+      Type.String({
+        pattern: "^(0|[1-9][0-9]{0,77})$",
+        description:
+          "credits per request (the permit's smallest unit), a decimal string; absent or 0: no cap",
+      }),
+    ),
   }),
 );
 
@@ -176,6 +201,27 @@ export const AuthorizeKeyRequest = component(
       payer: hexMember(Address),
       permitId: hexMember(Hex32),
       expiresAt: SafeInteger,
+      issuedAt: SafeInteger,
+      deployment: OptionalNullable(
+        Type.String({
+          maxLength: 128,
+          description: "as signed; absent: this gateway's (another's: 403 wrong_deployment)",
+        }),
+      ),
+      totalCap: OptionalNullable(
+        Type.String({
+          pattern: "^(0|[1-9][0-9]{0,77})$",
+          description:
+            "credits (the permit's smallest unit), a decimal string; absent or 0: no cap",
+        }),
+      ),
+      perRequestCap: OptionalNullable(
+        Type.String({
+          pattern: "^(0|[1-9][0-9]{0,77})$",
+          description:
+            "credits (the permit's smallest unit), a decimal string; absent or 0: no cap",
+        }),
+      ),
       nonce: Nonce,
       signature: Signature("the payer's 65-byte or EIP-2098 compact signature"),
     },

@@ -10,6 +10,9 @@ export interface AuthorizationView {
   permit_id: Hex;
   status: "active" | "expired" | "revoked";
   expires_at: number;
+  issued_at: number;
+  total_cap: string;
+  per_request_cap: string;
   created_at: number;
   revoked_at: number | null;
   revoked_by: "key" | "payer" | null;
@@ -51,7 +54,7 @@ export async function authorizeKey(
   baseUrl: string,
   apiKey: string,
   payerPrivateKey: Hex,
-  options: { permitId?: Hex; expiresAt?: number } = {},
+  options: { permitId?: Hex; expiresAt?: number; totalCap?: string; perRequestCap?: string } = {},
 ): Promise<AuthorizationView> {
   const payer = privateKeyToAccount(payerPrivateKey);
   const headers = { authorization: `Bearer ${apiKey}`, "content-type": "application/json" };
@@ -62,6 +65,8 @@ export async function authorizeKey(
       payer: payer.address,
       ...(options.permitId === undefined ? {} : { permitId: options.permitId }),
       ...(options.expiresAt === undefined ? {} : { expiresAt: options.expiresAt }),
+      ...(options.totalCap === undefined ? {} : { totalCap: options.totalCap }),
+      ...(options.perRequestCap === undefined ? {} : { perRequestCap: options.perRequestCap }),
     }),
   });
   if (challenge.status !== 200) {
@@ -70,7 +75,16 @@ export async function authorizeKey(
     );
   }
   const typedData = (await challenge.json()) as Parameters<typeof signable>[0] & {
-    message: { payer: Hex; permitId: Hex; expiresAt: number; nonce: string };
+    message: {
+      payer: Hex;
+      permitId: Hex;
+      expiresAt: number;
+      issuedAt: number;
+      deployment: string;
+      totalCap: string;
+      perRequestCap: string;
+      nonce: string;
+    };
   };
   const signature = await payer.signTypedData(signable(typedData));
   const posted = await patientFetch(`${baseUrl}/v1/permit-authorizations`, {
@@ -80,6 +94,10 @@ export async function authorizeKey(
       payer: typedData.message.payer,
       permitId: typedData.message.permitId,
       expiresAt: typedData.message.expiresAt,
+      issuedAt: typedData.message.issuedAt,
+      deployment: typedData.message.deployment,
+      totalCap: typedData.message.totalCap,
+      perRequestCap: typedData.message.perRequestCap,
       nonce: typedData.message.nonce,
       signature,
     }),

@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/gateway.proto.
  */
 export const file_gateway_v1_gateway: GenFile = /*@__PURE__*/
-  fileDesc("ChhnYXRld2F5L3YxL2dhdGV3YXkucHJvdG8SCmdhdGV3YXkudjEiEwoRR2V0R2F0ZXdheVJlcXVlc3QiYwoLR2F0ZXdheUluZm8SEAoIY2hhaW5faWQYASABKAQSDgoGbWFya2V0GAIgASgJEhoKEnNldHRsZW1lbnRfYWNjb3VudBgDIAEoCRIWCg5yZWNlaXB0X3NpZ25lchgEIAEoCSI+ChJHZXRHYXRld2F5UmVzcG9uc2USKAoHZ2F0ZXdheRgBIAEoCzIXLmdhdGV3YXkudjEuR2F0ZXdheUluZm8yXQoOR2F0ZXdheVNlcnZpY2USSwoKR2V0R2F0ZXdheRIdLmdhdGV3YXkudjEuR2V0R2F0ZXdheVJlcXVlc3QaHi5nYXRld2F5LnYxLkdldEdhdGV3YXlSZXNwb25zZWIGcHJvdG8z");
+  fileDesc("ChhnYXRld2F5L3YxL2dhdGV3YXkucHJvdG8SCmdhdGV3YXkudjEiEwoRR2V0R2F0ZXdheVJlcXVlc3QidwoLR2F0ZXdheUluZm8SEAoIY2hhaW5faWQYASABKAQSDgoGbWFya2V0GAIgASgJEhoKEnNldHRsZW1lbnRfYWNjb3VudBgDIAEoCRIWCg5yZWNlaXB0X3NpZ25lchgEIAEoCRISCgpkZXBsb3ltZW50GAUgASgJIj4KEkdldEdhdGV3YXlSZXNwb25zZRIoCgdnYXRld2F5GAEgASgLMhcuZ2F0ZXdheS52MS5HYXRld2F5SW5mbzJdCg5HYXRld2F5U2VydmljZRJLCgpHZXRHYXRld2F5Eh0uZ2F0ZXdheS52MS5HZXRHYXRld2F5UmVxdWVzdBoeLmdhdGV3YXkudjEuR2V0R2F0ZXdheVJlc3BvbnNlYgZwcm90bzM");
 
 /**
  * @generated from message gateway.v1.GetGatewayRequest
@@ -57,6 +57,15 @@ export type GatewayInfo = Message<"gateway.v1.GatewayInfo"> & {
    * @generated from field: string receipt_signer = 4;
    */
   receiptSigner: string;
+
+  /**
+   * This gateway deployment's id (one per database): every AuthorizeKey a payer
+   * signs names it, and a signature made for another deployment is refused
+   * (`wrong_deployment`). Wallet tools show it before signing.
+   *
+   * @generated from field: string deployment = 5;
+   */
+  deployment: string;
 };
 
 /**

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/permit.proto.
  */
 export const file_gateway_v1_permit: GenFile = /*@__PURE__*/
-  fileDesc("ChdnYXRld2F5L3YxL3Blcm1pdC5wcm90bxIKZ2F0ZXdheS52MSLyAQoTUGVybWl0QXV0aG9yaXphdGlvbhIKCgJpZBgBIAEoCRISCgphcGlfa2V5X2lkGAIgASgJEg0KBXBheWVyGAMgASgJEhEKCXBlcm1pdF9pZBgEIAEoCRISCgpleHBpcmVzX2F0GAUgASgDEhIKCmNyZWF0ZWRfYXQYBiABKAMSFwoKcmV2b2tlZF9hdBgHIAEoA0gAiAEBEjUKBnN0YXR1cxgIIAEoDjIlLmdhdGV3YXkudjEuUGVybWl0QXV0aG9yaXphdGlvblN0YXR1cxISCgpyZXZva2VkX2J5GAkgASgJQg0KC19yZXZva2VkX2F0ImoKE0F1dGhvcml6ZUtleU1lc3NhZ2USDQoFcGF5ZXIYASABKAkSDgoGa2V5X2lkGAIgASgJEhEKCXBlcm1pdF9pZBgDIAEoCRISCgpleHBpcmVzX2F0GAQgASgDEg0KBW5vbmNlGAUgASgJIrYBChVBdXRob3JpemVLZXlUeXBlZERhdGESKwoGZG9tYWluGAEgASgLMhsuZ2F0ZXdheS52MS5UeXBlZERhdGFEb21haW4SKAoFdHlwZXMYAiADKAsyGS5nYXRld2F5LnYxLlR5cGVkRGF0YVR5cGUSFAoMcHJpbWFyeV90eXBlGAMgASgJEjAKB21lc3NhZ2UYBCABKAsyHy5nYXRld2F5LnYxLkF1dGhvcml6ZUtleU1lc3NhZ2UiSAodUmV2b2tlS2V5QXV0aG9yaXphdGlvbk1lc3NhZ2USDQoFcGF5ZXIYASABKAkSGAoQYXV0aG9yaXphdGlvbl9pZBgCIAEoCSLKAQofUmV2b2tlS2V5QXV0aG9yaXphdGlvblR5cGVkRGF0YRIrCgZkb21haW4YASABKAsyGy5nYXRld2F5LnYxLlR5cGVkRGF0YURvbWFpbhIoCgV0eXBlcxgCIAMoCzIZLmdhdGV3YXkudjEuVHlwZWREYXRhVHlwZRIUCgxwcmltYXJ5X3R5cGUYAyABKAkSOgoHbWVzc2FnZRgEIAEoCzIpLmdhdGV3YXkudjEuUmV2b2tlS2V5QXV0aG9yaXphdGlvbk1lc3NhZ2UibwojQ3JlYXRlQXV0aG9yaXphdGlvbkNoYWxsZW5nZVJlcXVlc3QSDQoFcGF5ZXIYASABKAkSEQoJcGVybWl0X2lkGAIgASgJEhcKCmV4cGlyZXNfYXQYAyABKANIAIgBAUINCgtfZXhwaXJlc19hdCJdCiRDcmVhdGVBdXRob3JpemF0aW9uQ2hhbGxlbmdlUmVzcG9uc2USNQoKdHlwZWRfZGF0YRgBIAEoCzIhLmdhdGV3YXkudjEuQXV0aG9yaXplS2V5VHlwZWREYXRhIm0KE0F1dGhvcml6ZUtleVJlcXVlc3QSDQoFcGF5ZXIYASABKAkSEQoJcGVybWl0X2lkGAIgASgJEhIKCmV4cGlyZXNfYXQYAyABKAMSDQoFbm9uY2UYBCABKAkSEQoJc2lnbmF0dXJlGAUgASgJIk4KFEF1dGhvcml6ZUtleVJlc3BvbnNlEjYKDWF1dGhvcml6YXRpb24YASABKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iUgoZTGlzdEF1dGhvcml6YXRpb25zUmVxdWVzdBI1CgZzdGF0dXMYASABKA4yJS5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb25TdGF0dXMiVQoaTGlzdEF1dGhvcml6YXRpb25zUmVzcG9uc2USNwoOYXV0aG9yaXphdGlvbnMYASADKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iKAoaUmV2b2tlQXV0aG9yaXphdGlvblJlcXVlc3QSCgoCaWQYASABKAkiVQobUmV2b2tlQXV0aG9yaXphdGlvblJlc3BvbnNlEjYKDWF1dGhvcml6YXRpb24YASABKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iLgogQ3JlYXRlUmV2b2NhdGlvbkNoYWxsZW5nZVJlcXVlc3QSCgoCaWQYASABKAkiZAohQ3JlYXRlUmV2b2NhdGlvbkNoYWxsZW5nZVJlc3BvbnNlEj8KCnR5cGVkX2RhdGEYASABKAsyKy5nYXRld2F5LnYxLlJldm9rZUtleUF1dGhvcml6YXRpb25UeXBlZERhdGEiRgolUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVxdWVzdBIKCgJpZBgBIAEoCRIRCglzaWduYXR1cmUYAiABKAkiYAomUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVzcG9uc2USNgoNYXV0aG9yaXphdGlvbhgBIAEoCzIfLmdhdGV3YXkudjEuUGVybWl0QXV0aG9yaXphdGlvbirCAQoZUGVybWl0QXV0aG9yaXphdGlvblN0YXR1cxIrCidQRVJNSVRfQVVUSE9SSVpBVElPTl9TVEFUVVNfVU5TUEVDSUZJRUQQABImCiJQRVJNSVRfQVVUSE9SSVpBVElPTl9TVEFUVVNfQUNUSVZFEAESJwojUEVSTUlUX0FVVEhPUklaQVRJT05fU1RBVFVTX0VYUElSRUQQAhInCiNQRVJNSVRfQVVUSE9SSVpBVElPTl9TVEFUVVNfUkVWT0tFRBADMrcFCg1QZXJtaXRTZXJ2aWNlEoEBChxDcmVhdGVBdXRob3JpemF0aW9uQ2hhbGxlbmdlEi8uZ2F0ZXdheS52MS5DcmVhdGVBdXRob3JpemF0aW9uQ2hhbGxlbmdlUmVxdWVzdBowLmdhdGV3YXkudjEuQ3JlYXRlQXV0aG9yaXphdGlvbkNoYWxsZW5nZVJlc3BvbnNlElEKDEF1dGhvcml6ZUtleRIfLmdhdGV3YXkudjEuQXV0aG9yaXplS2V5UmVxdWVzdBogLmdhdGV3YXkudjEuQXV0aG9yaXplS2V5UmVzcG9uc2USYwoSTGlzdEF1dGhvcml6YXRpb25zEiUuZ2F0ZXdheS52MS5MaXN0QXV0aG9yaXphdGlvbnNSZXF1ZXN0GiYuZ2F0ZXdheS52MS5MaXN0QXV0aG9yaXphdGlvbnNSZXNwb25zZRJmChNSZXZva2VBdXRob3JpemF0aW9uEiYuZ2F0ZXdheS52MS5SZXZva2VBdXRob3JpemF0aW9uUmVxdWVzdBonLmdhdGV3YXkudjEuUmV2b2tlQXV0aG9yaXphdGlvblJlc3BvbnNlEngKGUNyZWF0ZVJldm9jYXRpb25DaGFsbGVuZ2USLC5nYXRld2F5LnYxLkNyZWF0ZVJldm9jYXRpb25DaGFsbGVuZ2VSZXF1ZXN0Gi0uZ2F0ZXdheS52MS5DcmVhdGVSZXZvY2F0aW9uQ2hhbGxlbmdlUmVzcG9uc2UShwEKHlJldm9rZUF1dGhvcml6YXRpb25CeVNpZ25hdHVyZRIxLmdhdGV3YXkudjEuUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVxdWVzdBoyLmdhdGV3YXkudjEuUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVzcG9uc2ViBnByb3RvMw", [file_gateway_v1_provider]);
+  fileDesc("ChdnYXRld2F5L3YxL3Blcm1pdC5wcm90bxIKZ2F0ZXdheS52MSKxAgoTUGVybWl0QXV0aG9yaXphdGlvbhIKCgJpZBgBIAEoCRISCgphcGlfa2V5X2lkGAIgASgJEg0KBXBheWVyGAMgASgJEhEKCXBlcm1pdF9pZBgEIAEoCRISCgpleHBpcmVzX2F0GAUgASgDEhIKCmNyZWF0ZWRfYXQYBiABKAMSFwoKcmV2b2tlZF9hdBgHIAEoA0gAiAEBEjUKBnN0YXR1cxgIIAEoDjIlLmdhdGV3YXkudjEuUGVybWl0QXV0aG9yaXphdGlvblN0YXR1cxISCgpyZXZva2VkX2J5GAkgASgJEhEKCWlzc3VlZF9hdBgKIAEoAxIRCgl0b3RhbF9jYXAYCyABKAkSFwoPcGVyX3JlcXVlc3RfY2FwGAwgASgJQg0KC19yZXZva2VkX2F0Ir0BChNBdXRob3JpemVLZXlNZXNzYWdlEg0KBXBheWVyGAEgASgJEg4KBmtleV9pZBgCIAEoCRIRCglwZXJtaXRfaWQYAyABKAkSEgoKZXhwaXJlc19hdBgEIAEoAxINCgVub25jZRgFIAEoCRIRCglpc3N1ZWRfYXQYBiABKAMSEgoKZGVwbG95bWVudBgHIAEoCRIRCgl0b3RhbF9jYXAYCCABKAkSFwoPcGVyX3JlcXVlc3RfY2FwGAkgASgJIrYBChVBdXRob3JpemVLZXlUeXBlZERhdGESKwoGZG9tYWluGAEgASgLMhsuZ2F0ZXdheS52MS5UeXBlZERhdGFEb21haW4SKAoFdHlwZXMYAiADKAsyGS5nYXRld2F5LnYxLlR5cGVkRGF0YVR5cGUSFAoMcHJpbWFyeV90eXBlGAMgASgJEjAKB21lc3NhZ2UYBCABKAsyHy5nYXRld2F5LnYxLkF1dGhvcml6ZUtleU1lc3NhZ2UiSAodUmV2b2tlS2V5QXV0aG9yaXphdGlvbk1lc3NhZ2USDQoFcGF5ZXIYASABKAkSGAoQYXV0aG9yaXphdGlvbl9pZBgCIAEoCSLKAQofUmV2b2tlS2V5QXV0aG9yaXphdGlvblR5cGVkRGF0YRIrCgZkb21haW4YASABKAsyGy5nYXRld2F5LnYxLlR5cGVkRGF0YURvbWFpbhIoCgV0eXBlcxgCIAMoCzIZLmdhdGV3YXkudjEuVHlwZWREYXRhVHlwZRIUCgxwcmltYXJ5X3R5cGUYAyABKAkSOgoHbWVzc2FnZRgEIAEoCzIpLmdhdGV3YXkudjEuUmV2b2tlS2V5QXV0aG9yaXphdGlvbk1lc3NhZ2UimwEKI0NyZWF0ZUF1dGhvcml6YXRpb25DaGFsbGVuZ2VSZXF1ZXN0Eg0KBXBheWVyGAEgASgJEhEKCXBlcm1pdF9pZBgCIAEoCRIXCgpleHBpcmVzX2F0GAMgASgDSACIAQESEQoJdG90YWxfY2FwGAQgASgJEhcKD3Blcl9yZXF1ZXN0X2NhcBgFIAEoCUINCgtfZXhwaXJlc19hdCJdCiRDcmVhdGVBdXRob3JpemF0aW9uQ2hhbGxlbmdlUmVzcG9uc2USNQoKdHlwZWRfZGF0YRgBIAEoCzIhLmdhdGV3YXkudjEuQXV0aG9yaXplS2V5VHlwZWREYXRhIsABChNBdXRob3JpemVLZXlSZXF1ZXN0Eg0KBXBheWVyGAEgASgJEhEKCXBlcm1pdF9pZBgCIAEoCRISCgpleHBpcmVzX2F0GAMgASgDEg0KBW5vbmNlGAQgASgJEhEKCXNpZ25hdHVyZRgFIAEoCRIRCglpc3N1ZWRfYXQYBiABKAMSEgoKZGVwbG95bWVudBgHIAEoCRIRCgl0b3RhbF9jYXAYCCABKAkSFwoPcGVyX3JlcXVlc3RfY2FwGAkgASgJIk4KFEF1dGhvcml6ZUtleVJlc3BvbnNlEjYKDWF1dGhvcml6YXRpb24YASABKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iUgoZTGlzdEF1dGhvcml6YXRpb25zUmVxdWVzdBI1CgZzdGF0dXMYASABKA4yJS5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb25TdGF0dXMiVQoaTGlzdEF1dGhvcml6YXRpb25zUmVzcG9uc2USNwoOYXV0aG9yaXphdGlvbnMYASADKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iKAoaUmV2b2tlQXV0aG9yaXphdGlvblJlcXVlc3QSCgoCaWQYASABKAkiVQobUmV2b2tlQXV0aG9yaXphdGlvblJlc3BvbnNlEjYKDWF1dGhvcml6YXRpb24YASABKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iLgogQ3JlYXRlUmV2b2NhdGlvbkNoYWxsZW5nZVJlcXVlc3QSCgoCaWQYASABKAkiZAohQ3JlYXRlUmV2b2NhdGlvbkNoYWxsZW5nZVJlc3BvbnNlEj8KCnR5cGVkX2RhdGEYASABKAsyKy5nYXRld2F5LnYxLlJldm9rZUtleUF1dGhvcml6YXRpb25UeXBlZERhdGEiRgolUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVxdWVzdBIKCgJpZBgBIAEoCRIRCglzaWduYXR1cmUYAiABKAkiYAomUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVzcG9uc2USNgoNYXV0aG9yaXphdGlvbhgBIAEoCzIfLmdhdGV3YXkudjEuUGVybWl0QXV0aG9yaXphdGlvbirCAQoZUGVybWl0QXV0aG9yaXphdGlvblN0YXR1cxIrCidQRVJNSVRfQVVUSE9SSVpBVElPTl9TVEFUVVNfVU5TUEVDSUZJRUQQABImCiJQRVJNSVRfQVVUSE9SSVpBVElPTl9TVEFUVVNfQUNUSVZFEAESJwojUEVSTUlUX0FVVEhPUklaQVRJT05fU1RBVFVTX0VYUElSRUQQAhInCiNQRVJNSVRfQVVUSE9SSVpBVElPTl9TVEFUVVNfUkVWT0tFRBADMrcFCg1QZXJtaXRTZXJ2aWNlEoEBChxDcmVhdGVBdXRob3JpemF0aW9uQ2hhbGxlbmdlEi8uZ2F0ZXdheS52MS5DcmVhdGVBdXRob3JpemF0aW9uQ2hhbGxlbmdlUmVxdWVzdBowLmdhdGV3YXkudjEuQ3JlYXRlQXV0aG9yaXphdGlvbkNoYWxsZW5nZVJlc3BvbnNlElEKDEF1dGhvcml6ZUtleRIfLmdhdGV3YXkudjEuQXV0aG9yaXplS2V5UmVxdWVzdBogLmdhdGV3YXkudjEuQXV0aG9yaXplS2V5UmVzcG9uc2USYwoSTGlzdEF1dGhvcml6YXRpb25zEiUuZ2F0ZXdheS52MS5MaXN0QXV0aG9yaXphdGlvbnNSZXF1ZXN0GiYuZ2F0ZXdheS52MS5MaXN0QXV0aG9yaXphdGlvbnNSZXNwb25zZRJmChNSZXZva2VBdXRob3JpemF0aW9uEiYuZ2F0ZXdheS52MS5SZXZva2VBdXRob3JpemF0aW9uUmVxdWVzdBonLmdhdGV3YXkudjEuUmV2b2tlQXV0aG9yaXphdGlvblJlc3BvbnNlEngKGUNyZWF0ZVJldm9jYXRpb25DaGFsbGVuZ2USLC5nYXRld2F5LnYxLkNyZWF0ZVJldm9jYXRpb25DaGFsbGVuZ2VSZXF1ZXN0Gi0uZ2F0ZXdheS52MS5DcmVhdGVSZXZvY2F0aW9uQ2hhbGxlbmdlUmVzcG9uc2UShwEKHlJldm9rZUF1dGhvcml6YXRpb25CeVNpZ25hdHVyZRIxLmdhdGV3YXkudjEuUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVxdWVzdBoyLmdhdGV3YXkudjEuUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVzcG9uc2ViBnByb3RvMw", [file_gateway_v1_provider]);
 
 /**
  * One API key's authority over a payer's permits.
@@ -80,6 +80,28 @@ export type PermitAuthorization = Message<"gateway.v1.PermitAuthorization"> & {
    * @generated from field: string revoked_by = 9;
    */
   revokedBy: string;
+
+  /**
+   * Unix seconds: when the challenge the payer signed was issued.
+   *
+   * @generated from field: int64 issued_at = 10;
+   */
+  issuedAt: bigint;
+
+  /**
+   * Credits (decimal string, the permit's smallest unit) the key may spend
+   * through it in all; "0": no cap.
+   *
+   * @generated from field: string total_cap = 11;
+   */
+  totalCap: string;
+
+  /**
+   * Credits one request may reserve through it; "0": no cap.
+   *
+   * @generated from field: string per_request_cap = 12;
+   */
+  perRequestCap: string;
 };
 
 /**
@@ -90,7 +112,9 @@ export const PermitAuthorizationSchema: GenMessage<PermitAuthorization> = /*@__P
   messageDesc(file_gateway_v1_permit, 0);
 
 /**
- * AuthorizeKey(address payer, string keyId, bytes32 permitId, uint64 expiresAt, string nonce)
+ * AuthorizeKey(address payer, string keyId, bytes32 permitId, uint64 expiresAt,
+ * uint64 issuedAt, string deployment, uint256 totalCap, uint256 perRequestCap,
+ * string nonce)
  *
  * @generated from message gateway.v1.AuthorizeKeyMessage
  */
@@ -119,6 +143,30 @@ export type AuthorizeKeyMessage = Message<"gateway.v1.AuthorizeKeyMessage"> & {
    * @generated from field: string nonce = 5;
    */
   nonce: string;
+
+  /**
+   * @generated from field: int64 issued_at = 6;
+   */
+  issuedAt: bigint;
+
+  /**
+   * GetGateway's `deployment`.
+   *
+   * @generated from field: string deployment = 7;
+   */
+  deployment: string;
+
+  /**
+   * Decimal strings (uint256); "0": no cap.
+   *
+   * @generated from field: string total_cap = 8;
+   */
+  totalCap: string;
+
+  /**
+   * @generated from field: string per_request_cap = 9;
+   */
+  perRequestCap: string;
 };
 
 /**
@@ -243,11 +291,27 @@ export type CreateAuthorizationChallengeRequest = Message<"gateway.v1.CreateAuth
   permitId: string;
 
   /**
-   * Unix seconds, in the future (default: now + 30 days).
+   * Unix seconds, in the future (default: now + 30 days), at most
+   * AUTHORIZATION_MAX_EXPIRY_SECONDS (default 90 days) away.
    *
    * @generated from field: optional int64 expires_at = 3;
    */
   expiresAt?: bigint | undefined;
+
+  /**
+   * Credits (decimal string) the key may spend in all; empty or "0": no cap.
+   * A cap needs one permit.
+   *
+   * @generated from field: string total_cap = 4;
+   */
+  totalCap: string;
+
+  /**
+   * Credits one request may reserve; empty or "0": no cap.
+   *
+   * @generated from field: string per_request_cap = 5;
+   */
+  perRequestCap: string;
 };
 
 /**
@@ -306,6 +370,33 @@ export type AuthorizeKeyRequest = Message<"gateway.v1.AuthorizeKeyRequest"> & {
    * @generated from field: string signature = 5;
    */
   signature: string;
+
+  /**
+   * As signed (the challenge's).
+   *
+   * @generated from field: int64 issued_at = 6;
+   */
+  issuedAt: bigint;
+
+  /**
+   * As signed; empty: this deployment. Another deployment's: PERMISSION_DENIED
+   * `wrong_deployment`.
+   *
+   * @generated from field: string deployment = 7;
+   */
+  deployment: string;
+
+  /**
+   * As signed; empty or "0": no cap.
+   *
+   * @generated from field: string total_cap = 8;
+   */
+  totalCap: string;
+
+  /**
+   * @generated from field: string per_request_cap = 9;
+   */
+  perRequestCap: string;
 };
 
 /**
@@ -515,6 +606,9 @@ export const PermitAuthorizationStatusSchema: GenEnum<PermitAuthorizationStatus>
  * holds it revokes it, or when the payer signs its revocation
  * (RevokeKeyAuthorization). The gateway operator cannot authorize a key: every
  * authorization carries the payer's signature.
+ *
+ * AuthorizeKey names the gateway deployment (GetGateway `deployment`), when
+ * its challenge was issued, and optional credit caps.
  *
  * Domain of both typed data: {name: "Model Market Gateway", version: "3",
  * chainId, verifyingContract: market}. EOA signatures (65 bytes or EIP-2098

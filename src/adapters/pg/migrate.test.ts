@@ -13,6 +13,7 @@ import {
 import { availableCredits } from "../../domain/permit-balance.js";
 import { openDatabase } from "./database.js";
 import { migrate, MigrationError } from "./migrate.js";
+import { deploymentId } from "./permit-authorizations.js";
 
 const tempDirs: string[] = [];
 const databases: TestDatabase[] = [];
@@ -62,6 +63,18 @@ describe("migrate", () => {
     expect(await recorded(test)).toContainEqual({ version: 1, name: "api_keys" });
 
     expect(await migrate(test.db.pool)).toEqual({ applied: [] });
+  });
+
+  it("gives each database its own deployment id, kept across migrations (issue 28: a payer's signature names it)", async () => {
+    const a = await freshDatabase();
+    const b = await freshDatabase();
+    await migrate(a.db.pool);
+    await migrate(b.db.pool);
+    const idA = await deploymentId(a.db.pool);
+    expect(idA).toMatch(/^dep_[0-9a-f]{32}$/);
+    expect(await deploymentId(b.db.pool)).not.toBe(idA);
+    await migrate(a.db.pool);
+    expect(await deploymentId(a.db.pool)).toBe(idA);
   });
 
   it("applies files in numeric, not lexical, order", async () => {

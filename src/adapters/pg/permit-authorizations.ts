@@ -12,12 +12,17 @@ interface Row {
   payer: string;
   permit_id: string;
   expires_at: string;
+  issued_at: string;
+  total_cap: string;
+  per_request_cap: string;
   created_at: string;
   revoked_at: string | null;
   revoked_by: "key" | "payer" | null;
 }
 
-const columns = "id, api_key_id, payer, permit_id, expires_at, created_at, revoked_at, revoked_by";
+const columns =
+  "id, api_key_id, payer, permit_id, expires_at, issued_at, total_cap, per_request_cap, " +
+  "created_at, revoked_at, revoked_by";
 
 function fromRow(r: Row): PermitAuthorization {
   return {
@@ -26,6 +31,9 @@ function fromRow(r: Row): PermitAuthorization {
     payer: r.payer as Hex,
     permitId: r.permit_id as Hex,
     expiresAt: Number(r.expires_at),
+    issuedAt: Number(r.issued_at),
+    totalCap: BigInt(r.total_cap),
+    perRequestCap: BigInt(r.per_request_cap),
     createdAt: Number(r.created_at),
     revokedAt: r.revoked_at === null ? null : Number(r.revoked_at),
     revokedBy: r.revoked_by,
@@ -44,10 +52,23 @@ export async function insertPermitAuthorization(
 ): Promise<InsertOutcome> {
   const { rowCount } = await db.query(
     `INSERT INTO permit_authorizations
-       (id, api_key_id, payer, permit_id, expires_at, nonce, signature, created_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+       (id, api_key_id, payer, permit_id, expires_at, nonce, signature, created_at,
+        issued_at, total_cap, per_request_cap)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
      ON CONFLICT (payer, nonce) DO NOTHING`,
-    [a.id, a.apiKeyId, a.payer, a.permitId, a.expiresAt, proof.nonce, proof.signature, a.createdAt],
+    [
+      a.id,
+      a.apiKeyId,
+      a.payer,
+      a.permitId,
+      a.expiresAt,
+      proof.nonce,
+      proof.signature,
+      a.createdAt,
+      a.issuedAt,
+      a.totalCap.toString(),
+      a.perRequestCap.toString(),
+    ],
   );
   return rowCount === 1 ? "inserted" : "nonce_used";
 }
@@ -131,6 +152,8 @@ export async function findApiKeyWithAuthorizations(
        (SELECT json_agg(json_build_object(
                  'id', a.id, 'api_key_id', a.api_key_id, 'payer', a.payer,
                  'permit_id', a.permit_id, 'expires_at', a.expires_at::text,
+                 'issued_at', a.issued_at::text, 'total_cap', a.total_cap::text,
+                 'per_request_cap', a.per_request_cap::text,
                  'created_at', a.created_at::text, 'revoked_at', NULL, 'revoked_by', NULL))
           FROM permit_authorizations a
          WHERE a.api_key_id = k.id AND a.revoked_at IS NULL AND a.expires_at > $2) AS authorizations
@@ -140,4 +163,12 @@ export async function findApiKeyWithAuthorizations(
   const row = rows[0];
   if (row === undefined) return null;
   return { id: row.id, authorizations: (row.authorizations ?? []).map(fromRow) };
+}
+
+/** This database's gateway deployment id (migration 027), the same for every process on it. */
+export async function deploymentId(db: Queryable): Promise<string> {
+  const { rows } = await db.query<{ id: string }>("SELECT id FROM gateway_deployment");
+  const row = rows[0];
+  if (row === undefined) throw new Error("gateway_deployment has no row (migration 027)");
+  return row.id;
 }
