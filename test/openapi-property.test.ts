@@ -90,7 +90,7 @@ describe("the generated OpenAPI document and the gateway agree on request bodies
     const id = route.path.startsWith("/v1/provider-offers/{id}")
       ? stack.demo.offers[0]!.offerId
       : "pauth_000000000000000000000000";
-    const url = `${stack.gateway.url}${route.path.replace("{id}", id)}`;
+    const url = `${stack.gateway.url}${route.path.replace("{id}", id).replace("{payer}", stack.roles.payer.address)}`;
     const headers: Record<string, string> = {
       "content-type": "application/json",
       authorization: `Bearer ${route.path.startsWith("/settlements") ? stack.operatorToken : stack.apiKey}`,
@@ -114,6 +114,8 @@ describe("the generated OpenAPI document and the gateway agree on request bodies
       "POST /settlements/flush",
       "POST /v1/chat/completions",
       "POST /v1/messages",
+      "POST /v1/payers/{payer}/authorizations",
+      "POST /v1/payers/{payer}/authorizations/revoke",
       "POST /v1/permit-authorizations",
       "POST /v1/permit-authorizations/challenge",
       "POST /v1/permit-authorizations/{id}/revoke",
@@ -157,12 +159,13 @@ describe("the generated OpenAPI document and the gateway agree on request bodies
   const now = Math.floor(Date.now() / 1000);
   const soon = fc.integer({ min: now + 120, max: now + 600 });
   const justIssued = fc.integer({ min: now - 60, max: now });
+  const past = fc.integer({ min: 1, max: now });
   for (const route of routes.filter((r) => !/chat|quotes|responses|messages/.test(r.path))) {
     it(`${route.method} ${route.path}: a body the document accepts is not refused as malformed`, async () => {
       const schema = { $ref: `#${route.schemaPointer}` };
       await fc.assert(
         fc.asyncProperty(
-          validValue(doc, schema, { expiresAt: soon, issuedAt: justIssued }),
+          validValue(doc, schema, { expiresAt: soon, issuedAt: justIssued, before: past }),
           async (body) => {
             const answer = await send(route, body);
             const label = `${JSON.stringify(body).slice(0, 300)} -> ${answer.status} ${answer.text.slice(0, 300)}`;

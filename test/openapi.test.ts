@@ -7,7 +7,11 @@ import { withoutDomainType, type RegistrationTypedData } from "../src/domain/reg
 import { restRoutes } from "../src/rest/facade.js";
 import { ajv, deref, doc, escape, validatorAt } from "./helpers/openapi-doc.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
-import { signable } from "./helpers/authorize.js";
+import {
+  buildListAuthorizationsTypedData,
+  buildRevokeAuthorizationsTypedData,
+} from "../src/domain/permit-authorization.js";
+import { authorizeKey, signable } from "./helpers/authorize.js";
 import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
 import { auditSecret } from "./helpers/log-audit.js";
 import { closePermit, openPermit, requestClose, setOffer } from "./helpers/market.js";
@@ -280,6 +284,28 @@ function everyRequest(
     ],
     [
       "POST",
+      "/v1/payers/{payer}/authorizations",
+      `/v1/payers/${stack.roles.payer.address}/authorizations`,
+      withJson,
+      JSON.stringify({
+        deployment: `dep_${"ab".repeat(16)}`,
+        expiresAt: Math.floor(Date.now() / 1000) + 60,
+        signature: `0x${"11".repeat(65)}`,
+      }),
+    ],
+    [
+      "POST",
+      "/v1/payers/{payer}/authorizations/revoke",
+      `/v1/payers/${stack.roles.payer.address}/authorizations/revoke`,
+      withJson,
+      JSON.stringify({
+        deployment: `dep_${"ab".repeat(16)}`,
+        before: Math.floor(Date.now() / 1000),
+        signature: `0x${"11".repeat(65)}`,
+      }),
+    ],
+    [
+      "POST",
       "/v1/provider-offers/challenge",
       "/v1/provider-offers/challenge",
       withJson,
@@ -340,7 +366,12 @@ const receiptKey = generatePrivateKey();
 auditSecret("private key", receiptKey);
 
 /** `/v1/*` routes anyone may call: no key is checked, no rate limit applies. */
-const publicRoutes = new Set(["/v1/gateway"]);
+const publicRoutes = new Set([
+  "/v1/gateway",
+  // A payer's own calls: its signature is the credential (docs/decisions.md "Spending authority").
+  "/v1/payers/{payer}/authorizations",
+  "/v1/payers/{payer}/authorizations/revoke",
+]);
 
 /** Documented error codes no request here provokes, with the reason (the status is still checked). */
 const notProvoked: Record<string, string> = {
@@ -1225,6 +1256,144 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     expect(byPayer.body!.authorization).toMatchObject({ status: "revoked", revoked_by: "payer" });
   });
 
+  it("a payer's own calls (no API key): list and revoke on its signature; an AuthorizeKey issued before a revoke all is refused", async () => {
+    // A payer of its own: a revoke all here leaves the demo payer's authorizations alone.
+    const payerAccount = stack.anvil.accounts[8]!;
+    const owner = privateKeyToAccount(payerAccount.privateKey);
+    const stranger = privateKeyToAccount(stack.anvil.accounts[7]!.privateKey);
+    const deployment = (await call("GET", "/v1/gateway", "/v1/gateway", { status: 200 })).body!
+      .deployment as string;
+    const at = { chainId: stack.config.chainId, market: stack.demo.market };
+    const nowS = () => Math.floor(Date.now() / 1000);
+    const anonymous = { "content-type": "application/json" };
+    const listRoute = "/v1/payers/{payer}/authorizations";
+    const revokeRoute = "/v1/payers/{payer}/authorizations/revoke";
+    const listPath = `/v1/payers/${owner.address}/authorizations`;
+    const revokePath = `${listPath}/revoke`;
+    const listBody = async (
+      signer = owner,
+      message: { deployment?: string; expiresAt?: number } = {},
+    ) => {
+      const signed = {
+        payer: owner.address,
+        deployment: message.deployment ?? deployment,
+        expiresAt: message.expiresAt ?? nowS() + 300,
+      };
+      return {
+        deployment: signed.deployment,
+        expiresAt: signed.expiresAt,
+        signature: await signer.signTypedData(
+          signable(buildListAuthorizationsTypedData({ ...at, message: signed }) as never),
+        ),
+      };
+    };
+    const revokeBody = async (
+      signer = owner,
+      message: { deployment?: string; before?: number; keyId?: string } = {},
+    ) => {
+      const signed = {
+        payer: owner.address,
+        deployment: message.deployment ?? deployment,
+        keyId: message.keyId ?? "",
+        permitId: `0x${"00".repeat(32)}` as Hex,
+        before: message.before ?? nowS(),
+      };
+      return {
+        deployment: signed.deployment,
+        ...(signed.keyId === "" ? {} : { keyId: signed.keyId }),
+        before: signed.before,
+        signature: await signer.signTypedData(
+          signable(buildRevokeAuthorizationsTypedData({ ...at, message: signed }) as never),
+        ),
+      };
+    };
+    const list = (expected: { status: number; code?: string }, body: unknown, path = listPath) =>
+      call("POST", listRoute, path, expected, { headers: anonymous, body });
+    const revoke = (expected: { status: number; code?: string }, body: unknown) =>
+      call("POST", revokeRoute, revokePath, expected, { headers: anonymous, body });
+
+    const app = await createApiKey(stack.database.db.pool, "openapi payer app");
+    auditSecret("api key", app.key);
+    const made = await authorizeKey(base, app.key, payerAccount.privateKey);
+    const listed = await list({ status: 200 }, await listBody());
+    expect(listed.body).toEqual({ object: "list", data: [made], has_more: false });
+    await list(
+      { status: 400, code: "invalid_hex" },
+      await listBody(),
+      "/v1/payers/0x12/authorizations",
+    );
+    await list(
+      { status: 400, code: "invalid_request" },
+      { ...(await listBody()), deployment: undefined },
+    );
+    await list({ status: 400, code: "invalid_json" }, "{");
+    await list({ status: 401, code: "invalid_signature" }, await listBody(stranger));
+    await list(
+      { status: 401, code: "signature_expired" },
+      await listBody(owner, { expiresAt: nowS() - 5 }),
+    );
+    await list(
+      { status: 403, code: "wrong_deployment" },
+      await listBody(owner, { deployment: `dep_${"ab".repeat(16)}` }),
+    );
+    await list({ status: 413, code: "request_too_large" }, { pad: "p".repeat(5000) });
+    await call(
+      "POST",
+      listRoute,
+      listPath,
+      { status: 415, code: "unsupported_media_type" },
+      { headers: { "content-type": "text/plain" }, body: "{}" },
+    );
+
+    // An AuthorizeKey the payer signed and the app has not submitted yet.
+    const appJson = { authorization: `Bearer ${app.key}`, "content-type": "application/json" };
+    const typed = (
+      await call(
+        "POST",
+        "/v1/permit-authorizations/challenge",
+        "/v1/permit-authorizations/challenge",
+        { status: 200 },
+        { headers: appJson, body: { payer: owner.address } },
+      )
+    ).body!;
+    const pending = {
+      ...(typed.message as Record<string, unknown>),
+      signature: await owner.signTypedData(signable(typed as never)),
+    };
+
+    await revoke(
+      { status: 400, code: "invalid_hex" },
+      { ...(await revokeBody()), permitId: "0x1" },
+    );
+    await revoke(
+      { status: 400, code: "invalid_request" },
+      { ...(await revokeBody()), before: undefined },
+    );
+    await revoke({ status: 400, code: "invalid_json" }, "{");
+    await revoke({ status: 401, code: "invalid_signature" }, await revokeBody(stranger));
+    await revoke(
+      { status: 403, code: "wrong_deployment" },
+      await revokeBody(owner, { deployment: `dep_${"ab".repeat(16)}` }),
+    );
+    await revoke({ status: 413, code: "request_too_large" }, { pad: "p".repeat(5000) });
+    await call(
+      "POST",
+      revokeRoute,
+      revokePath,
+      { status: 415, code: "unsupported_media_type" },
+      { headers: { "content-type": "text/plain" }, body: "{}" },
+    );
+    const all = await revoke({ status: 200 }, await revokeBody());
+    expect(all.body).toMatchObject({ object: "payer_revocation", revoked: 1 });
+    await call(
+      "POST",
+      "/v1/permit-authorizations",
+      "/v1/permit-authorizations",
+      { status: 403, code: "authorization_revoked" },
+      { headers: appJson, body: pending },
+    );
+  });
+
   it("provider onboarding: challenge, register, health, verify", async () => {
     const coderOffer = stack.demo.offers.find(
       (o) => o.modelId === stack.demo.models[1]!.modelId,
@@ -1712,7 +1881,7 @@ describe.runIf(rateLimits || bodyTimeout)("the limits of issue 12 conform too", 
     "a body that does not arrive in time is 408 request_timeout",
     async () => {
       const withBodies = everyRequest(stack).filter(([, , , , body]) => body !== undefined);
-      expect(withBodies.length).toBe(12);
+      expect(withBodies.length).toBe(14);
       for (const [method, route, path, headers] of withBodies) {
         const answer = await new Promise<Answer>((resolve, reject) => {
           const req = http.request(

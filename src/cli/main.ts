@@ -25,6 +25,9 @@ commands:
                             open a permit as the payer (approve the credit token, escrow a deposit)
   permit authorize ...      let an API key spend a payer's permits, signed as the payer
   permit revoke ID          revoke an authorization with the payer's signature
+  permit authorizations     list every authorization of the payer (signed as the payer, no API key)
+  permit revoke --key KEY_ID [--permit ID] | --permit ID | --all
+                            revoke the payer's authorizations by key, permit or all (no API key)
   permit balance ID         a permit's balance (the gateway's view, or the chain's without an API key)
   permit close ID           request a permit's close (payer only); permit finalize ID after the grace
                             period refunds what was not settled (see 'gateway permit')

@@ -35,6 +35,13 @@ import { BaseError } from "../errors.js";
 import { authorizeApiKey, revokeAuthorizationAsPayer } from "../permit/client.js";
 import { call, GatewayRequestError, type GatewayConnection } from "../provider/client.js";
 import { AmountError, parseDeposit, parseDuration } from "./amounts.js";
+import {
+  GatewayMismatchError,
+  listAuthorizationsAsPayer,
+  PayerControlUsageError,
+  revokeAuthorizationsAsPayer,
+  type PayerChainFacts,
+} from "./payer-control.js";
 import { isAuditUsageError, runPermitAudit } from "./permit-audit.js";
 import { loadSigner, SignerUsageError } from "./signer.js";
 
@@ -54,6 +61,14 @@ export const permitUsage = `usage: gateway permit <command>
                           (no --permit: every permit of the payer; default expiry 30 days)
   revoke ID [--keystore FILE] [--json]
                           revoke authorization ID with the payer's signature (any API key)
+  authorizations [--payer ADDRESS] [--keystore FILE] [--json]
+                          every authorization made for the payer's address, whichever key holds
+                          it, newest first (signed as the payer; no API key)
+  revoke --key KEY_ID [--permit ID] | --permit ID | --all [--payer ADDRESS] [--keystore FILE] [--json]
+                          revoke, signed as the payer and without any API key, the payer's
+                          authorizations of one API key (of one permit with --permit), those naming
+                          one permit, or all of them; --all also voids every AuthorizeKey signed up
+                          to now and not yet submitted
   balance ID [--json]     the permit's balance as the gateway sees it (GET /v1/permits/ID, an API key
                           the payer authorized); without GATEWAY_API_KEY, the permit as the chain
                           holds it (settled amounts only)
@@ -66,7 +81,9 @@ export const permitUsage = `usage: gateway permit <command>
                           check the permit's signed usage receipts against the chain (RPC_URL,
                           MARKET_ADDRESS): exit 0 when the settled receipts add up to what settled
 
-Gateway: GATEWAY_URL and GATEWAY_API_KEY (or --gateway / --api-key)
+Gateway: GATEWAY_URL and GATEWAY_API_KEY (or --gateway / --api-key); authorizations and revoke
+         --key/--permit/--all need GATEWAY_URL only (https://, or http:// on loopback), and sign
+         for the deployment GET /v1/gateway names (shown before signing)
 Chain:   RPC_URL, MARKET_ADDRESS, and optionally CHAIN_ID, which the RPC must report
          (or --rpc-url / --market / --chain-id)
 Payer:   PAYER_PRIVATE_KEY, or --keystore FILE (an encrypted JSON keystore) with KEYSTORE_PASSWORD;
@@ -337,6 +354,8 @@ export async function runPermitCommand(
         tokens: { type: "boolean" },
         id: { type: "string" },
         json: { type: "boolean" },
+        key: { type: "string" },
+        all: { type: "boolean" },
       },
     });
     const [action, target, extra] = positionals;
@@ -350,8 +369,30 @@ export async function runPermitCommand(
       ...(values.market === undefined ? {} : { MARKET_ADDRESS: values.market }),
       ...(values["chain-id"] === undefined ? {} : { CHAIN_ID: values["chain-id"] }),
     };
-    const gateway = parseGatewayClientConfig(settings);
+    // The payer's own calls need GATEWAY_URL only: a key alone is not asked for.
+    const payerCall = action === "authorizations" || (action === "revoke" && target === undefined);
+    const gateway = payerCall ? undefined : parseGatewayClientConfig(settings);
+    /** The chain id and market the payer configured (the RPC's chain id, checked). */
+    const payerChain = async (): Promise<PayerChainFacts> => {
+      const { publicClient, market } = await connectChain(settings);
+      return { chainId: await publicClient.getChainId(), market };
+    };
     switch (action) {
+      case "authorizations": {
+        if (target !== undefined) throw new PermitUsageError(`unexpected argument '${target}'`);
+        const signer = await loadSigner(values.keystore, settings, "PAYER_PRIVATE_KEY");
+        await listAuthorizationsAsPayer(
+          {
+            signer,
+            ...(values.payer === undefined ? {} : { payer: values.payer }),
+            json: values.json === true,
+            env: settings,
+            chain: payerChain,
+          },
+          out,
+        );
+        return 0;
+      }
       case "open":
         await open(target, values, settings, gateway, out);
         return 0;
@@ -385,7 +426,27 @@ export async function runPermitCommand(
         return 0;
       }
       case "revoke": {
-        if (target === undefined) throw new PermitUsageError("an authorization id is required");
+        if (target === undefined) {
+          const signer = await loadSigner(values.keystore, settings, "PAYER_PRIVATE_KEY");
+          await revokeAuthorizationsAsPayer(
+            {
+              signer,
+              ...(values.payer === undefined ? {} : { payer: values.payer }),
+              ...(values.key === undefined ? {} : { keyId: values.key }),
+              ...(values.permit === undefined ? {} : { permitId: values.permit }),
+              all: values.all === true,
+              json: values.json === true,
+              env: settings,
+              chain: payerChain,
+            },
+            out,
+          );
+          return 0;
+        }
+        if (values.key !== undefined || values.all === true || values.permit !== undefined)
+          throw new PermitUsageError(
+            "revoke ID revokes one authorization: give it without --key, --permit or --all",
+          );
         const connection = gatewayOf(gateway);
         const signer = await loadSigner(values.keystore, settings, "PAYER_PRIVATE_KEY");
         const authorization = await revokeAuthorizationAsPayer(connection, {
@@ -491,6 +552,14 @@ function report(error: unknown, out: Output): number {
   if (error instanceof ConfigError) {
     out.error(`${error.problems.join("; ")}\n\n${permitUsage}`);
     return 2;
+  }
+  if (error instanceof PayerControlUsageError) {
+    out.error(`${error.message}\n\n${permitUsage}`);
+    return 2;
+  }
+  if (error instanceof GatewayMismatchError) {
+    out.error(error.message);
+    return 1;
   }
   if (error instanceof WrongChainError) {
     out.error(error.message);

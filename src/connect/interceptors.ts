@@ -11,6 +11,7 @@ import {
 import type { Logger } from "pino";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { GatewayService } from "../../gen/gateway/v1/gateway_pb.js";
+import { PermitService } from "../../gen/gateway/v1/permit_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import type { SpendingAuthority } from "../domain/permit-authorization.js";
@@ -239,13 +240,25 @@ function digest(value: string): Buffer {
   return createHash("sha256").update(value).digest();
 }
 
+/**
+ * RPCs anyone may call besides GatewayService's: a payer's own calls on its authorizations,
+ * whose credential is the payer's EIP-712 signature in the request (a payer may hold no API
+ * key). No rate limit per key applies; their requests are small and bounded
+ * (connect/routes.ts `payerRequestMaxBytes`), every shape is checked before a signature.
+ */
+export const publicRpcs: ReadonlySet<string> = new Set([
+  `${PermitService.typeName}/${PermitService.method.listPayerAuthorizations.name}`,
+  `${PermitService.typeName}/${PermitService.method.revokePayerAuthorizations.name}`,
+]);
+
 /** RPCs that take the settlement operator token as well as an API key. */
 const operatorOrApiKey = new Set([
   `${ProviderService.typeName}/${ProviderService.method.getOfferEarnings.name}`,
 ]);
 
 /**
- * Every RPC needs credentials but GatewayService's (public facts answered from memory): the
+ * Every RPC needs credentials but GatewayService's (public facts answered from memory) and
+ * {@link publicRpcs} (a payer's signed calls): the
  * settlement service the operator token, everything else an API key, whose request rate is then
  * checked (429 `rate_limited` with Retry-After); a few ({@link operatorOrApiKey}) take either.
  * The settlement operator is not rate limited.
@@ -256,7 +269,11 @@ export function authInterceptor(options: AuthOptions): Interceptor {
     token !== undefined && timingSafeEqual(digest(token), operatorDigest);
   return (next) => async (req) => {
     // Whatever credentials come with it: a public answer needs none, and checks none.
-    if (req.service.typeName === GatewayService.typeName) return next(req);
+    if (
+      req.service.typeName === GatewayService.typeName ||
+      publicRpcs.has(`${req.service.typeName}/${req.method.name}`)
+    )
+      return next(req);
     const token = bearer(req.header.get("authorization"));
     if (req.service.typeName === SettlementService.typeName) {
       if (!isOperator(token)) {

@@ -5,11 +5,13 @@ import {
   CreateAuthorizationChallengeResponseSchema,
   CreateRevocationChallengeResponseSchema,
   ListAuthorizationsResponseSchema,
+  ListPayerAuthorizationsResponseSchema,
   PermitAuthorizationSchema,
   PermitAuthorizationStatus,
   PermitService,
   RevokeAuthorizationBySignatureResponseSchema,
   RevokeAuthorizationResponseSchema,
+  RevokePayerAuthorizationsResponseSchema,
   type PermitAuthorization as PermitAuthorizationMessage,
 } from "../../gen/gateway/v1/permit_pb.js";
 import { GatewayError } from "../domain/errors.js";
@@ -128,6 +130,39 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
             authorizationId: typed.message.authorizationId,
           },
         },
+      });
+    },
+
+    // A payer's own calls: no API key (the auth interceptor lets them through), the signature is
+    // the credential.
+    async listPayerAuthorizations(req) {
+      const { authorizations: page, hasMore } = await authorizations.listForPayer({
+        payer: req.payer,
+        deployment: req.deployment,
+        expiresAt: req.expiresAt,
+        signature: req.signature,
+        limit: req.limit,
+        startingAfter: req.startingAfter,
+      });
+      return create(ListPayerAuthorizationsResponseSchema, {
+        authorizations: page.map(toMessage),
+        hasMore,
+      });
+    },
+
+    async revokePayerAuthorizations(req) {
+      const outcome = await authorizations.revokeForPayer({
+        payer: req.payer,
+        deployment: req.deployment,
+        keyId: req.keyId,
+        permitId: req.permitId,
+        before: req.before,
+        signature: req.signature,
+      });
+      return create(RevokePayerAuthorizationsResponseSchema, {
+        revoked: BigInt(outcome.revoked),
+        authorizations: outcome.authorizations.map(toMessage),
+        ...(outcome.epoch === null ? {} : { epoch: BigInt(outcome.epoch) }),
       });
     },
 

@@ -36,12 +36,34 @@ export function serviceBindings(services: Services): ServiceBinding[] {
   ];
 }
 
+/**
+ * The largest request a payer's signed call (ListPayerAuthorizations, RevokePayerAuthorizations)
+ * may send, over RPC and REST alike: they need no API key, so what an anonymous caller can make
+ * the gateway read stays small. Their fields take a few hundred bytes.
+ */
+export const payerRequestMaxBytes = 4096;
+
 export function createRoutes(services: Services): (router: ConnectRouter) => void {
   return (router) => {
     router.service(CatalogService, services.catalog);
     router.service(QuoteService, services.quote ?? {});
     router.service(InferenceService, services.inference ?? {});
-    router.service(PermitService, services.permit ?? {});
+    const permit = services.permit ?? {};
+    router.service(PermitService, permit);
+    // Registered again with their own body bound: the adapter keeps the last handler of a path.
+    const bound = { readMaxBytes: payerRequestMaxBytes };
+    if (permit.listPayerAuthorizations !== undefined)
+      router.rpc(
+        PermitService.method.listPayerAuthorizations,
+        permit.listPayerAuthorizations.bind(permit),
+        bound,
+      );
+    if (permit.revokePayerAuthorizations !== undefined)
+      router.rpc(
+        PermitService.method.revokePayerAuthorizations,
+        permit.revokePayerAuthorizations.bind(permit),
+        bound,
+      );
     router.service(ProviderService, services.provider ?? {});
     router.service(SettlementService, services.settlement ?? {});
     router.service(GatewayService, services.gateway ?? {});

@@ -62,6 +62,8 @@ export const errorCodes = {
   invalid_api_key: "unauthenticated",
   invalid_operator_token: "unauthenticated",
   invalid_signature: "unauthenticated",
+  // A payer's read token (ListAuthorizations) past its expiresAt: sign a new one.
+  signature_expired: "unauthenticated",
   permit_missing: "payment",
   permit_not_found: "payment",
   permit_expired: "payment",
@@ -76,6 +78,9 @@ export const errorCodes = {
   permit_not_authorized: "forbidden",
   // A payer's signature made for another gateway deployment (GET /v1/gateway `deployment`).
   wrong_deployment: "forbidden",
+  // An AuthorizeKey issued at or before the time up to which its payer revoked everything it
+  // signed (revoke all: the payer's epoch).
+  authorization_revoked: "forbidden",
   model_not_found: "not_found",
   offer_not_found: "not_found",
   request_not_found: "not_found",

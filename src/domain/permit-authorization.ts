@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { getAddress, isAddress, type Address, type Hex } from "viem";
+import { getAddress, isAddress, recoverTypedDataAddress, type Address, type Hex } from "viem";
 import { GatewayError } from "./errors.js";
 import { isHex32, normalizeHex } from "./hex.js";
 import {
@@ -69,6 +69,38 @@ export const revokeKeyAuthorizationFields: TypedDataField[] = [
   { name: "authorizationId", type: "string" },
 ];
 
+/**
+ * A payer's read token (issue 28): whoever holds this signature may list every authorization
+ * made for the payer's address until `expiresAt`, at most {@link listSignatureMaxLifetimeSeconds}
+ * ahead of the gateway's clock. No nonce: it grants a read, and only for a short while.
+ */
+export const listAuthorizationsFields: TypedDataField[] = [
+  { name: "payer", type: "address" },
+  { name: "deployment", type: "string" },
+  { name: "expiresAt", type: "uint64" },
+];
+
+/**
+ * A payer's revocation without the key (issue 28): every authorization of the payer issued at or
+ * before `before` whose key is `keyId` ("" any key) and whose permit is `permitId` (zero: any
+ * permit, including the authorizations of every permit). With neither (revoke all) it also
+ * raises the payer's epoch to `before`: AuthorizeKey signatures issued at or before it are
+ * refused when submitted later. No nonce: replaying it revokes nothing issued after `before`.
+ */
+export const revokeAuthorizationsFields: TypedDataField[] = [
+  { name: "payer", type: "address" },
+  { name: "deployment", type: "string" },
+  { name: "keyId", type: "string" },
+  { name: "permitId", type: "bytes32" },
+  { name: "before", type: "uint64" },
+];
+
+/** How far ahead of the gateway's clock a ListAuthorizations signature may expire: 10 minutes. */
+export const listSignatureMaxLifetimeSeconds = 600;
+
+/** How far ahead of the gateway's clock a RevokeAuthorizations `before` may be: a minute. */
+export const revokeBeforeSkewSeconds = 60;
+
 export interface AuthorizationDomain {
   name: string;
   version: string;
@@ -99,6 +131,26 @@ export type RevokeKeyAuthorizationMessage = {
   authorizationId: string;
 };
 
+export type ListAuthorizationsMessage = {
+  payer: Address;
+  /** The gateway deployment (GET /v1/gateway `deployment`). */
+  deployment: string;
+  /** Unix seconds. */
+  expiresAt: number;
+};
+
+export type RevokeAuthorizationsMessage = {
+  payer: Address;
+  /** The gateway deployment (GET /v1/gateway `deployment`). */
+  deployment: string;
+  /** An API key's public id (`key_...`); "": every key. */
+  keyId: string;
+  /** {@link anyPermit}: every permit (and every authorization, whatever permit it names). */
+  permitId: Hex;
+  /** Unix seconds: what was issued at or before it is revoked. */
+  before: number;
+};
+
 /** Wallet-ready JSON (`eth_signTypedData_v4` wants `EIP712Domain` listed). */
 export interface AuthorizeKeyTypedData {
   types: { EIP712Domain: TypedDataField[]; AuthorizeKey: TypedDataField[] };
@@ -112,6 +164,20 @@ export interface RevokeKeyAuthorizationTypedData {
   primaryType: "RevokeKeyAuthorization";
   domain: AuthorizationDomain;
   message: RevokeKeyAuthorizationMessage;
+}
+
+export interface ListAuthorizationsTypedData {
+  types: { EIP712Domain: TypedDataField[]; ListAuthorizations: TypedDataField[] };
+  primaryType: "ListAuthorizations";
+  domain: AuthorizationDomain;
+  message: ListAuthorizationsMessage;
+}
+
+export interface RevokeAuthorizationsTypedData {
+  types: { EIP712Domain: TypedDataField[]; RevokeAuthorizations: TypedDataField[] };
+  primaryType: "RevokeAuthorizations";
+  domain: AuthorizationDomain;
+  message: RevokeAuthorizationsMessage;
 }
 
 /**
@@ -207,6 +273,28 @@ export function buildRevokeTypedData(args: {
     args,
     args.message,
   );
+}
+
+/**
+ * The `ListAuthorizations` typed data. The payer's tool builds it from its own arguments (the
+ * chain and market it is configured with, the deployment it was shown), and so does the gateway
+ * to verify it: there is no challenge.
+ */
+export function buildListAuthorizationsTypedData(args: {
+  chainId: number;
+  market: Address;
+  message: ListAuthorizationsMessage;
+}): ListAuthorizationsTypedData {
+  return gatewayTypedData("ListAuthorizations", listAuthorizationsFields, args, args.message);
+}
+
+/** The `RevokeAuthorizations` typed data; built alike by the payer's tool and the gateway. */
+export function buildRevokeAuthorizationsTypedData(args: {
+  chainId: number;
+  market: Address;
+  message: RevokeAuthorizationsMessage;
+}): RevokeAuthorizationsTypedData {
+  return gatewayTypedData("RevokeAuthorizations", revokeAuthorizationsFields, args, args.message);
 }
 
 // ------------------------------------------------------------------------------ authorizations
@@ -405,18 +493,56 @@ export function createKeyAuthorities(options: {
 
 // ------------------------------------------------------------------------------ storage port
 
-export type InsertOutcome = "inserted" | "nonce_used";
+/**
+ * `revoked`: the payer revoked everything issued at or before a time (its epoch) that is at or
+ * after the authorization's `issuedAt`; nothing was stored.
+ */
+export type InsertOutcome = "inserted" | "nonce_used" | "revoked";
+
+/** What a payer's RevokeAuthorizations revokes, as the store applies it. */
+export interface PayerRevocationFilter {
+  /** Lower-case. */
+  readonly payer: Hex;
+  /** Only this key's; absent: every key's. */
+  readonly apiKeyId?: string;
+  /** Only the authorizations naming exactly this permit; absent: every authorization. */
+  readonly permitId?: Hex;
+  /** Unix seconds: authorizations issued at or before it. */
+  readonly before: number;
+  /** Unix seconds: the revocation's time. */
+  readonly now: number;
+  /** Also raise the payer's epoch to `before` (never lowers it): revoke all. */
+  readonly raiseEpoch: boolean;
+}
 
 /** The table of authorizations (adapters/pg/permit-authorizations.ts). */
 export interface PermitAuthorizationStore {
   /**
    * Stores a new authorization with the nonce and signature it was made with. A nonce is
-   * single-use per payer: a second insert with the same (payer, nonce) stores nothing.
+   * single-use per payer: a second insert with the same (payer, nonce) stores nothing. Nothing is
+   * stored either when the payer's epoch is at or after `issuedAt` (`revoked`), read in the
+   * statement that stores it so that a concurrent "revoke all" either sees the row or is seen.
    */
   insert(a: PermitAuthorization, proof: { nonce: string; signature: Hex }): Promise<InsertOutcome>;
   get(id: string): Promise<PermitAuthorization | undefined>;
   /** The key's authorizations, newest first. */
   listByKey(apiKeyId: string): Promise<PermitAuthorization[]>;
+  /**
+   * The payer's authorizations (every key's), newest first: at most `limit`, those made before
+   * `startingAfter` (an authorization id of the payer; another: none).
+   */
+  listByPayer(
+    payer: Hex,
+    page: { limit: number; startingAfter?: string },
+  ): Promise<PermitAuthorization[]>;
+  /**
+   * Marks revoked by the payer every authorization matching `filter` that is not revoked yet,
+   * and answers them newest first; with `raiseEpoch` the payer's epoch is raised first, in the
+   * same transaction, and answered (null without).
+   */
+  revokeByPayer(
+    filter: PayerRevocationFilter,
+  ): Promise<{ revoked: PermitAuthorization[]; epoch: number | null }>;
   /**
    * Marks it revoked at `now` unless it already is; answers it as it is afterwards, or
    * undefined when there is none (with `apiKeyId`: none held by that key).
@@ -474,7 +600,48 @@ export interface PermitAuthorizationService {
   revocationChallenge(id: string): Promise<RevokeKeyAuthorizationTypedData>;
   /** Revocation on the payer's signature, whoever submits it. */
   revokeBySignature(req: { id: string; signature: string }): Promise<PermitAuthorization>;
+  /**
+   * Every authorization made for the payer's address (every key's), newest first, on the
+   * payer's ListAuthorizations signature: no API key needed. `limit` 1 to
+   * {@link payerListMaxLimit} (absent or 0: {@link payerListDefaultLimit}).
+   */
+  listForPayer(req: {
+    payer: string;
+    deployment: string;
+    expiresAt: number | bigint;
+    signature: string;
+    limit?: number;
+    startingAfter?: string;
+  }): Promise<{ authorizations: PermitAuthorization[]; hasMore: boolean }>;
+  /** Revocation by key, permit or all on the payer's RevokeAuthorizations signature. */
+  revokeForPayer(req: {
+    payer: string;
+    deployment: string;
+    /** "": every key. */
+    keyId: string;
+    /** "" or all zeros: every authorization. */
+    permitId: string;
+    before: number | bigint;
+    signature: string;
+  }): Promise<PayerRevocation>;
 }
+
+/** What a payer's RevokeAuthorizations did. */
+export interface PayerRevocation {
+  /** How many authorizations it revoked (none already revoked are counted). */
+  readonly revoked: number;
+  /** The revoked authorizations, newest first: the first {@link payerListMaxLimit}. */
+  readonly authorizations: readonly PermitAuthorization[];
+  /** The payer's epoch after a revoke all (Unix seconds); null for one by key or permit. */
+  readonly epoch: number | null;
+}
+
+/** A payer's listing: authorizations per page by default, and at most. */
+export const payerListDefaultLimit = 50;
+export const payerListMaxLimit = 100;
+
+/** An API key's public id (adapters/pg/api-keys.ts makes them). */
+const apiKeyIdShape = /^key_[0-9a-f]{24}$/;
 
 const authorizationIdShape = /^pauth_[0-9a-f]{24}$/;
 
@@ -485,11 +652,20 @@ export function createPermitAuthorizationService(
 
   const verify = async (
     payer: Address,
-    typedData: AuthorizeKeyTypedData | RevokeKeyAuthorizationTypedData,
+    typedData:
+      | AuthorizeKeyTypedData
+      | RevokeKeyAuthorizationTypedData
+      | ListAuthorizationsTypedData
+      | RevokeAuthorizationsTypedData,
     signatureText: string,
   ): Promise<Hex> => {
     const signature = parseRegistrationSignature(signatureText);
-    const valid = await verifyParsedSignature(deps.verifier, payer, signable(typedData), signature);
+    const data = signable(typedData);
+    // The payer's own key (an account) is answered here, without asking the chain; anything
+    // else may be a contract wallet's (ERC-1271), which only the chain can answer.
+    const valid =
+      (await signedByAccount(payer, data, signature.full)) ||
+      (await verifyParsedSignature(deps.verifier, payer, data, signature));
     if (!valid) {
       // Altered fields and a wrong signer look the same to recovery; either way the payer did
       // not sign this.
@@ -614,6 +790,13 @@ export function createPermitAuthorizationService(
       if (outcome === "nonce_used") {
         throw new GatewayError("nonce_used", "this authorization nonce has already been used");
       }
+      if (outcome === "revoked") {
+        throw new GatewayError(
+          "authorization_revoked",
+          `the payer revoked every authorization it signed up to a time at or after this one's issuedAt (${issuedAt}): ` +
+            "ask for a new challenge and sign it again",
+        );
+      }
       deps.authorities.added(authorization);
       return authorization;
     },
@@ -667,7 +850,175 @@ export function createPermitAuthorizationService(
       deps.authorities.revoked(revoked.apiKeyId, revoked.id);
       return revoked;
     },
+
+    async listForPayer(req) {
+      // Every check that costs nothing comes before the signature's.
+      const payer = readPayer(req.payer);
+      const t = now();
+      readDeployment(req.deployment, deps.deployment);
+      const expiresAt = readSignatureExpiry(req.expiresAt, t);
+      const limit = readLimit(req.limit);
+      const startingAfter = req.startingAfter ?? "";
+      if (startingAfter !== "" && !authorizationIdShape.test(startingAfter)) {
+        throw new GatewayError(
+          "invalid_request",
+          "startingAfter must be an authorization id (pauth_ followed by 24 hex digits)",
+        );
+      }
+      requireSignature(req.signature);
+      await verify(
+        payer,
+        buildListAuthorizationsTypedData({
+          chainId: deps.chainId,
+          market: deps.market,
+          message: { payer, deployment: deps.deployment, expiresAt },
+        }),
+        req.signature,
+      );
+      const page = await stored("the authorization store", () =>
+        deps.store.listByPayer(normalizeHex(payer), {
+          limit: limit + 1,
+          ...(startingAfter === "" ? {} : { startingAfter }),
+        }),
+      );
+      return { authorizations: page.slice(0, limit), hasMore: page.length > limit };
+    },
+
+    async revokeForPayer(req) {
+      const payer = readPayer(req.payer);
+      const t = now();
+      readDeployment(req.deployment, deps.deployment);
+      if (typeof req.keyId !== "string" || (req.keyId !== "" && !apiKeyIdShape.test(req.keyId))) {
+        throw new GatewayError(
+          "invalid_request",
+          'keyId must be an API key id (key_ followed by 24 hex digits), or "" for every key',
+        );
+      }
+      const permitId = readPermitId(req.permitId, false);
+      const before = readBefore(req.before, t);
+      requireSignature(req.signature);
+      await verify(
+        payer,
+        buildRevokeAuthorizationsTypedData({
+          chainId: deps.chainId,
+          market: deps.market,
+          message: { payer, deployment: deps.deployment, keyId: req.keyId, permitId, before },
+        }),
+        req.signature,
+      );
+      const all = req.keyId === "" && permitId === anyPermit;
+      const { revoked, epoch } = await stored("the authorization store", () =>
+        deps.store.revokeByPayer({
+          payer: normalizeHex(payer),
+          ...(req.keyId === "" ? {} : { apiKeyId: req.keyId }),
+          ...(permitId === anyPermit ? {} : { permitId }),
+          before,
+          now: t,
+          raiseEpoch: all,
+        }),
+      );
+      // Refused at once here; other processes learn it from the rows' signals (or their cache
+      // time). Every authorization the epoch voids is among `revoked`: the store marks them all.
+      for (const a of revoked) deps.authorities.revoked(a.apiKeyId, a.id);
+      return {
+        revoked: revoked.length,
+        authorizations: revoked.slice(0, payerListMaxLimit),
+        epoch,
+      };
+    },
   };
+}
+
+/** Whether `address`'s own key (an account's, ECDSA) made `signature` over `typedData`. */
+async function signedByAccount(
+  address: Address,
+  typedData: ReturnType<typeof signable>,
+  signature: Hex,
+): Promise<boolean> {
+  try {
+    const signer = await recoverTypedDataAddress({
+      ...(typedData as unknown as Parameters<typeof recoverTypedDataAddress>[0]),
+      signature,
+    });
+    return signer.toLowerCase() === address.toLowerCase();
+  } catch {
+    return false;
+  }
+}
+
+function requireSignature(value: unknown): void {
+  if (typeof value !== "string" || value === "") {
+    throw new GatewayError("invalid_request", "signature is required");
+  }
+}
+
+/** The deployment a payer signed for: this one, else 403 `wrong_deployment`. */
+function readDeployment(value: unknown, deployment: string): void {
+  if (typeof value !== "string" || value === "") {
+    throw new GatewayError(
+      "invalid_request",
+      "deployment is required: the gateway deployment signed for (GET /v1/gateway)",
+    );
+  }
+  if (value !== deployment) {
+    throw new GatewayError(
+      "wrong_deployment",
+      `this signature was made for gateway deployment ${value.slice(0, 80)}; ` +
+        `this is ${deployment} (GET /v1/gateway)`,
+    );
+  }
+}
+
+/** A ListAuthorizations `expiresAt`: in the future, at most 10 minutes ahead. */
+function readSignatureExpiry(value: unknown, now: number): number {
+  const n = readUnixSeconds(value, "expiresAt");
+  if (n <= now) {
+    throw new GatewayError(
+      "signature_expired",
+      `this signature expired at ${n} (the gateway's clock says ${now}): sign a new one`,
+    );
+  }
+  if (n > now + listSignatureMaxLifetimeSeconds) {
+    throw new GatewayError(
+      "invalid_request",
+      `expiresAt may be at most ${listSignatureMaxLifetimeSeconds} seconds ahead (${now + listSignatureMaxLifetimeSeconds})`,
+    );
+  }
+  return n;
+}
+
+/** A RevokeAuthorizations `before`: at most a minute ahead of the gateway's clock. */
+function readBefore(value: unknown, now: number): number {
+  const n = readUnixSeconds(value, "before");
+  if (n <= 0) throw new GatewayError("invalid_request", "before must be positive (Unix seconds)");
+  if (n > now + revokeBeforeSkewSeconds) {
+    throw new GatewayError(
+      "invalid_request",
+      `before may be at most ${revokeBeforeSkewSeconds} seconds ahead of the gateway's clock (${now})`,
+    );
+  }
+  return n;
+}
+
+function readUnixSeconds(value: unknown, name: string): number {
+  let n = Number.NaN;
+  if (typeof value === "number") n = value;
+  else if (typeof value === "bigint") n = Number(value);
+  if (!Number.isSafeInteger(n)) {
+    throw new GatewayError("invalid_request", `${name} must be an integer (Unix seconds)`);
+  }
+  return n;
+}
+
+function readLimit(value: number | undefined): number {
+  if (value === undefined || value === 0) return payerListDefaultLimit;
+  if (!Number.isInteger(value) || value < 1 || value > payerListMaxLimit) {
+    throw new GatewayError(
+      "invalid_request",
+      `limit must be an integer from 1 to ${payerListMaxLimit}`,
+    );
+  }
+  return value;
 }
 
 function readPayer(value: unknown): Address {

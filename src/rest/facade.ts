@@ -56,7 +56,8 @@ export interface RestObserver {
  */
 async function bodyOf(route: Route, req: NodeRequest, deps: FacadeDeps): Promise<unknown> {
   if (route.checkBody === undefined) return undefined;
-  const { value } = await readJson(req, deps.bodyLimitBytes, deps.jsonBounds);
+  const limit = Math.min(route.bodyLimitBytes ?? deps.bodyLimitBytes, deps.bodyLimitBytes);
+  const { value } = await readJson(req, limit, deps.jsonBounds);
   if (value === undefined && route.body?.optional === true) return route.checkBody({});
   return route.checkBody(value);
 }

@@ -8,6 +8,7 @@ import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { BatchStatusSchema, SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
+import { payerRequestMaxBytes } from "../connect/routes.js";
 import { dialects } from "../domain/dialects/index.js";
 import type { Dialect as DialectTranslator } from "../domain/dialects/types.js";
 import { GatewayError } from "../domain/errors.js";
@@ -38,6 +39,8 @@ import {
   offerEarningsResource,
   offerKeyBindingResource,
   OfferList,
+  PayerAuthorizationList,
+  PayerRevocation,
   PermitAuthorizationEnvelope,
   PermitAuthorizationList,
   Readiness,
@@ -66,10 +69,12 @@ import {
   BindOfferKeyTypedData,
   ChallengeRequest,
   KeyBindingChallengeRequest,
+  ListPayerAuthorizationsRequest,
   RegisterRequest,
   RegistrationTypedData,
   RevokeBySignatureRequest,
   RevokeKeyAuthorizationTypedData,
+  RevokePayerAuthorizationsRequest,
 } from "../schema/signing.js";
 import { gatewayResource, PermitReceiptList, SignedUsageReceipt } from "../schema/receipts.js";
 import { compileBody, type BodyCheck } from "../schema/validate.js";
@@ -131,6 +136,8 @@ export interface Route extends RouteSpec {
   readonly checkBody?: BodyCheck<TSchema>;
   /** The route's own error body (a dialect's shape); default the spec's `{error: {...}}`. */
   readonly errorBody?: (error: ErrorBodyValue["error"]) => unknown;
+  /** A smaller bound than BODY_LIMIT_BYTES on the JSON body the facade reads (413 above it). */
+  readonly bodyLimitBytes?: number;
 }
 
 /** A route whose JSON body the facade validates: the handler gets it typed. */
@@ -334,6 +341,14 @@ const typedDataAnswer = (schema: TSchema) => ({
 });
 
 const authorizationId = { description: "authorization id (`pauth_...`)" };
+
+const payerParameter: Parameter = {
+  name: "payer",
+  in: "path",
+  required: true,
+  description: "the payer's address (0x + 40 hex digits)",
+  schema: { type: "string" },
+};
 
 /**
  * `/metrics` is served before the facade (src/server.ts: on the main port, or only on
@@ -775,13 +790,13 @@ export const routes: readonly Route[] = [
     operationId: "authorizeKey",
     summary: "Store a payer's signed AuthorizeKey for the calling API key",
     description:
-      "Verified against the payer (ECDSA, or ERC-1271 for a contract wallet); the nonce is consumed atomically. Effective at once on this gateway; on others sharing its database within API_KEY_CACHE_MS.",
+      "Verified against the payer (ECDSA, or ERC-1271 for a contract wallet); the nonce is consumed atomically. Refused 403 authorization_revoked when the payer has since revoked everything it signed up to a time at or after its issuedAt (POST /v1/payers/{payer}/authorizations/revoke). Effective at once on this gateway; on others sharing its database within API_KEY_CACHE_MS.",
     tag: "permits",
     answer: { description: "The authorization", schema: PermitAuthorizationEnvelope },
     errors: {
       400: ["invalid_hex", "authorization_expiry_too_far", "authorization_cap_invalid"],
       401: ["invalid_signature"],
-      403: ["wrong_deployment"],
+      403: ["wrong_deployment", "authorization_revoked"],
       409: ["nonce_used", "challenge_expired"],
       503: ["chain_unavailable"],
     },
@@ -888,6 +903,103 @@ export const routes: readonly Route[] = [
       );
       if (authorization === undefined) throw new Error("revocation answered without one");
       return { body: { authorization: permitAuthorizationResource.view(authorization) } };
+    },
+  }),
+  withBody(ListPayerAuthorizationsRequest, {
+    method: "POST",
+    path: "/v1/payers/{payer}/authorizations",
+    operationId: "listPayerAuthorizations",
+    summary:
+      "Every authorization made for a payer's address, on the payer's signature (no API key)",
+    description: [
+      "Whichever key holds them, newest first, revoked and expired ones included. The credential is",
+      "the payer's EIP-712 signature over `ListAuthorizations(address payer, string deployment,",
+      "uint64 expiresAt)` in the gateway's domain, which the payer's tool builds itself (there is no",
+      "challenge): a read token usable by whoever holds it until `expiresAt`, at most 10 minutes",
+      "ahead. Pages: `limit` (1 to 100, default 50) and `startingAfter` (the last id of the previous",
+      "page); `has_more` says whether another page follows. Bodies above 4096 bytes are refused.",
+    ].join("\n"),
+    tag: "permits",
+    auth: "none",
+    pathParams: [payerParameter],
+    bodyLimitBytes: payerRequestMaxBytes,
+    answer: { description: "The payer's authorizations", schema: PayerAuthorizationList },
+    errors: {
+      400: ["invalid_hex"],
+      401: ["invalid_signature", "signature_expired"],
+      403: ["wrong_deployment"],
+      503: ["chain_unavailable", "database_unavailable"],
+    },
+    handle: async ({ rpc, options, params, body }) => {
+      const { authorizations, hasMore } = await rpc.unary(
+        PermitService.method.listPayerAuthorizations,
+        {
+          payer: params[0],
+          deployment: body.deployment,
+          expiresAt: BigInt(body.expiresAt),
+          signature: body.signature,
+          limit: body.limit ?? 0,
+          startingAfter: body.startingAfter ?? "",
+        },
+        options,
+      );
+      return {
+        body: {
+          object: "list",
+          data: authorizations.map(permitAuthorizationResource.view),
+          has_more: hasMore,
+        },
+      };
+    },
+  }),
+  withBody(RevokePayerAuthorizationsRequest, {
+    method: "POST",
+    path: "/v1/payers/{payer}/authorizations/revoke",
+    operationId: "revokePayerAuthorizations",
+    summary:
+      "Revoke a payer's authorizations by key, by permit or all, on its signature (no API key)",
+    description: [
+      "The payer's EIP-712 signature over `RevokeAuthorizations(address payer, string deployment,",
+      "string keyId, bytes32 permitId, uint64 before)` in the gateway's domain, built by the payer's",
+      "tool (no challenge): revokes every authorization of the payer issued at or before `before`",
+      "(at most a minute ahead of the gateway's clock) of the key `keyId` (empty: any) naming the",
+      "permit `permitId` (zero: any). With neither (revoke all) the payer's epoch is raised to",
+      "`before`: an `AuthorizeKey` issued at or before it, signed but not yet submitted, is refused",
+      "403 `authorization_revoked` when submitted. Replaying the signature revokes nothing issued",
+      "after `before`. Refused at once on this gateway. Bodies above 4096 bytes are refused.",
+    ].join("\n"),
+    tag: "permits",
+    auth: "none",
+    pathParams: [payerParameter],
+    bodyLimitBytes: payerRequestMaxBytes,
+    answer: { description: "What was revoked", schema: PayerRevocation },
+    errors: {
+      400: ["invalid_hex"],
+      401: ["invalid_signature"],
+      403: ["wrong_deployment"],
+      503: ["chain_unavailable", "database_unavailable"],
+    },
+    handle: async ({ rpc, options, params, body }) => {
+      const outcome = await rpc.unary(
+        PermitService.method.revokePayerAuthorizations,
+        {
+          payer: params[0],
+          deployment: body.deployment,
+          keyId: body.keyId ?? "",
+          permitId: body.permitId ?? "",
+          before: BigInt(body.before),
+          signature: body.signature,
+        },
+        options,
+      );
+      return {
+        body: {
+          object: "payer_revocation",
+          revoked: Number(outcome.revoked),
+          authorizations: outcome.authorizations.map(permitAuthorizationResource.view),
+          epoch: outcome.epoch === undefined ? null : Number(outcome.epoch),
+        },
+      };
     },
   }),
   withBody(ChallengeRequest, {

@@ -341,6 +341,37 @@ export const VerifiedOffer = component(
   Type.Object({ offer: offerResource.schema, verification: verificationRunResource.schema }),
 );
 
+export const PayerAuthorizationList = component(
+  "PayerAuthorizationList",
+  Type.Object({
+    object: Type.Literal("list"),
+    data: Type.Array(permitAuthorizationResource.schema, {
+      description: "every key's authorizations of the payer, newest first",
+    }),
+    has_more: Type.Boolean({
+      description: "more follow: ask again with `startingAfter` = the last id",
+    }),
+  }),
+);
+
+export const PayerRevocation = component(
+  "PayerRevocation",
+  Type.Object({
+    object: Type.Literal("payer_revocation"),
+    revoked: Type.Integer({
+      minimum: 0,
+      description: "how many authorizations this revoked (those revoked before are not counted)",
+    }),
+    authorizations: Type.Array(permitAuthorizationResource.schema, {
+      description: "the authorizations it revoked, newest first (at most 100)",
+    }),
+    epoch: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()], {
+      description:
+        "revoke all: the payer's epoch now (Unix seconds; every AuthorizeKey issued at or before it is refused); null otherwise",
+    }),
+  }),
+);
+
 export const PermitAuthorizationEnvelope = component(
   "PermitAuthorizationEnvelope",
   Type.Object({ authorization: permitAuthorizationResource.schema }),

@@ -236,6 +236,77 @@ export const RevokeBySignatureRequest = component(
   }),
 );
 
+/** The deployment a payer signed for; another's is 403 `wrong_deployment`. */
+const SignedDeployment = Type.String({
+  minLength: 1,
+  maxLength: 128,
+  description:
+    "as signed: the gateway deployment (GET /v1/gateway `deployment`); another's: 403 wrong_deployment",
+});
+
+export const ListPayerAuthorizationsRequest = component(
+  "ListPayerAuthorizationsRequest",
+  Type.Object(
+    {
+      deployment: SignedDeployment,
+      expiresAt: {
+        ...SafeInteger,
+        description:
+          "as signed: Unix seconds, in the future (past: 401 signature_expired), at most 10 minutes ahead",
+      } as typeof SafeInteger,
+      signature: Signature(
+        "the payer's signature over ListAuthorizations(address payer, string deployment, uint64 expiresAt)",
+      ),
+      limit: OptionalNullable(Type.Integer({ minimum: 1, maximum: 100 }), {
+        description: "authorizations per page, 1 to 100 (default 50)",
+      }),
+      startingAfter: OptionalNullable(
+        Type.String({
+          pattern: "^pauth_[0-9a-f]{24}$",
+          description: "the last id of the previous page",
+        }),
+      ),
+    },
+    {
+      description:
+        "The payer's read token (no API key): its ListAuthorizations signature, in the gateway's EIP-712 domain, usable until expiresAt",
+    },
+  ),
+);
+
+export const RevokePayerAuthorizationsRequest = component(
+  "RevokePayerAuthorizationsRequest",
+  Type.Object(
+    {
+      deployment: SignedDeployment,
+      keyId: OptionalNullable(
+        Type.String({
+          pattern: "^$|^key_[0-9a-f]{24}$",
+          description: "as signed: an API key's public id; absent or empty: every key",
+        }),
+      ),
+      permitId: OptionalNullable(
+        hexMember(
+          Hex32,
+          "as signed; absent or all zeros: every authorization, whatever its permit",
+        ),
+      ),
+      before: {
+        ...SafeInteger,
+        description:
+          "as signed: Unix seconds; what was issued at or before it is revoked (at most a minute ahead of the gateway's clock)",
+      } as typeof SafeInteger,
+      signature: Signature(
+        "the payer's signature over RevokeAuthorizations(address payer, string deployment, string keyId, bytes32 permitId, uint64 before)",
+      ),
+    },
+    {
+      description:
+        "The payer's RevokeAuthorizations, signed in the gateway's EIP-712 domain (no API key). Neither keyId nor permitId: revoke all, which also voids every AuthorizeKey issued at or before `before` not yet submitted",
+    },
+  ),
+);
+
 export const ChallengeRequest = component(
   "ChallengeRequest",
   Type.Object({

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/permit.proto.
  */
 export const file_gateway_v1_permit: GenFile = /*@__PURE__*/
-  fileDesc("ChdnYXRld2F5L3YxL3Blcm1pdC5wcm90bxIKZ2F0ZXdheS52MSKxAgoTUGVybWl0QXV0aG9yaXphdGlvbhIKCgJpZBgBIAEoCRISCgphcGlfa2V5X2lkGAIgASgJEg0KBXBheWVyGAMgASgJEhEKCXBlcm1pdF9pZBgEIAEoCRISCgpleHBpcmVzX2F0GAUgASgDEhIKCmNyZWF0ZWRfYXQYBiABKAMSFwoKcmV2b2tlZF9hdBgHIAEoA0gAiAEBEjUKBnN0YXR1cxgIIAEoDjIlLmdhdGV3YXkudjEuUGVybWl0QXV0aG9yaXphdGlvblN0YXR1cxISCgpyZXZva2VkX2J5GAkgASgJEhEKCWlzc3VlZF9hdBgKIAEoAxIRCgl0b3RhbF9jYXAYCyABKAkSFwoPcGVyX3JlcXVlc3RfY2FwGAwgASgJQg0KC19yZXZva2VkX2F0Ir0BChNBdXRob3JpemVLZXlNZXNzYWdlEg0KBXBheWVyGAEgASgJEg4KBmtleV9pZBgCIAEoCRIRCglwZXJtaXRfaWQYAyABKAkSEgoKZXhwaXJlc19hdBgEIAEoAxINCgVub25jZRgFIAEoCRIRCglpc3N1ZWRfYXQYBiABKAMSEgoKZGVwbG95bWVudBgHIAEoCRIRCgl0b3RhbF9jYXAYCCABKAkSFwoPcGVyX3JlcXVlc3RfY2FwGAkgASgJIrYBChVBdXRob3JpemVLZXlUeXBlZERhdGESKwoGZG9tYWluGAEgASgLMhsuZ2F0ZXdheS52MS5UeXBlZERhdGFEb21haW4SKAoFdHlwZXMYAiADKAsyGS5nYXRld2F5LnYxLlR5cGVkRGF0YVR5cGUSFAoMcHJpbWFyeV90eXBlGAMgASgJEjAKB21lc3NhZ2UYBCABKAsyHy5nYXRld2F5LnYxLkF1dGhvcml6ZUtleU1lc3NhZ2UiSAodUmV2b2tlS2V5QXV0aG9yaXphdGlvbk1lc3NhZ2USDQoFcGF5ZXIYASABKAkSGAoQYXV0aG9yaXphdGlvbl9pZBgCIAEoCSLKAQofUmV2b2tlS2V5QXV0aG9yaXphdGlvblR5cGVkRGF0YRIrCgZkb21haW4YASABKAsyGy5nYXRld2F5LnYxLlR5cGVkRGF0YURvbWFpbhIoCgV0eXBlcxgCIAMoCzIZLmdhdGV3YXkudjEuVHlwZWREYXRhVHlwZRIUCgxwcmltYXJ5X3R5cGUYAyABKAkSOgoHbWVzc2FnZRgEIAEoCzIpLmdhdGV3YXkudjEuUmV2b2tlS2V5QXV0aG9yaXphdGlvbk1lc3NhZ2UimwEKI0NyZWF0ZUF1dGhvcml6YXRpb25DaGFsbGVuZ2VSZXF1ZXN0Eg0KBXBheWVyGAEgASgJEhEKCXBlcm1pdF9pZBgCIAEoCRIXCgpleHBpcmVzX2F0GAMgASgDSACIAQESEQoJdG90YWxfY2FwGAQgASgJEhcKD3Blcl9yZXF1ZXN0X2NhcBgFIAEoCUINCgtfZXhwaXJlc19hdCJdCiRDcmVhdGVBdXRob3JpemF0aW9uQ2hhbGxlbmdlUmVzcG9uc2USNQoKdHlwZWRfZGF0YRgBIAEoCzIhLmdhdGV3YXkudjEuQXV0aG9yaXplS2V5VHlwZWREYXRhIsABChNBdXRob3JpemVLZXlSZXF1ZXN0Eg0KBXBheWVyGAEgASgJEhEKCXBlcm1pdF9pZBgCIAEoCRISCgpleHBpcmVzX2F0GAMgASgDEg0KBW5vbmNlGAQgASgJEhEKCXNpZ25hdHVyZRgFIAEoCRIRCglpc3N1ZWRfYXQYBiABKAMSEgoKZGVwbG95bWVudBgHIAEoCRIRCgl0b3RhbF9jYXAYCCABKAkSFwoPcGVyX3JlcXVlc3RfY2FwGAkgASgJIk4KFEF1dGhvcml6ZUtleVJlc3BvbnNlEjYKDWF1dGhvcml6YXRpb24YASABKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iUgoZTGlzdEF1dGhvcml6YXRpb25zUmVxdWVzdBI1CgZzdGF0dXMYASABKA4yJS5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb25TdGF0dXMiVQoaTGlzdEF1dGhvcml6YXRpb25zUmVzcG9uc2USNwoOYXV0aG9yaXphdGlvbnMYASADKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iKAoaUmV2b2tlQXV0aG9yaXphdGlvblJlcXVlc3QSCgoCaWQYASABKAkiVQobUmV2b2tlQXV0aG9yaXphdGlvblJlc3BvbnNlEjYKDWF1dGhvcml6YXRpb24YASABKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iLgogQ3JlYXRlUmV2b2NhdGlvbkNoYWxsZW5nZVJlcXVlc3QSCgoCaWQYASABKAkiZAohQ3JlYXRlUmV2b2NhdGlvbkNoYWxsZW5nZVJlc3BvbnNlEj8KCnR5cGVkX2RhdGEYASABKAsyKy5nYXRld2F5LnYxLlJldm9rZUtleUF1dGhvcml6YXRpb25UeXBlZERhdGEiRgolUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVxdWVzdBIKCgJpZBgBIAEoCRIRCglzaWduYXR1cmUYAiABKAkiYAomUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVzcG9uc2USNgoNYXV0aG9yaXphdGlvbhgBIAEoCzIfLmdhdGV3YXkudjEuUGVybWl0QXV0aG9yaXphdGlvbirCAQoZUGVybWl0QXV0aG9yaXphdGlvblN0YXR1cxIrCidQRVJNSVRfQVVUSE9SSVpBVElPTl9TVEFUVVNfVU5TUEVDSUZJRUQQABImCiJQRVJNSVRfQVVUSE9SSVpBVElPTl9TVEFUVVNfQUNUSVZFEAESJwojUEVSTUlUX0FVVEhPUklaQVRJT05fU1RBVFVTX0VYUElSRUQQAhInCiNQRVJNSVRfQVVUSE9SSVpBVElPTl9TVEFUVVNfUkVWT0tFRBADMrcFCg1QZXJtaXRTZXJ2aWNlEoEBChxDcmVhdGVBdXRob3JpemF0aW9uQ2hhbGxlbmdlEi8uZ2F0ZXdheS52MS5DcmVhdGVBdXRob3JpemF0aW9uQ2hhbGxlbmdlUmVxdWVzdBowLmdhdGV3YXkudjEuQ3JlYXRlQXV0aG9yaXphdGlvbkNoYWxsZW5nZVJlc3BvbnNlElEKDEF1dGhvcml6ZUtleRIfLmdhdGV3YXkudjEuQXV0aG9yaXplS2V5UmVxdWVzdBogLmdhdGV3YXkudjEuQXV0aG9yaXplS2V5UmVzcG9uc2USYwoSTGlzdEF1dGhvcml6YXRpb25zEiUuZ2F0ZXdheS52MS5MaXN0QXV0aG9yaXphdGlvbnNSZXF1ZXN0GiYuZ2F0ZXdheS52MS5MaXN0QXV0aG9yaXphdGlvbnNSZXNwb25zZRJmChNSZXZva2VBdXRob3JpemF0aW9uEiYuZ2F0ZXdheS52MS5SZXZva2VBdXRob3JpemF0aW9uUmVxdWVzdBonLmdhdGV3YXkudjEuUmV2b2tlQXV0aG9yaXphdGlvblJlc3BvbnNlEngKGUNyZWF0ZVJldm9jYXRpb25DaGFsbGVuZ2USLC5nYXRld2F5LnYxLkNyZWF0ZVJldm9jYXRpb25DaGFsbGVuZ2VSZXF1ZXN0Gi0uZ2F0ZXdheS52MS5DcmVhdGVSZXZvY2F0aW9uQ2hhbGxlbmdlUmVzcG9uc2UShwEKHlJldm9rZUF1dGhvcml6YXRpb25CeVNpZ25hdHVyZRIxLmdhdGV3YXkudjEuUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVxdWVzdBoyLmdhdGV3YXkudjEuUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVzcG9uc2ViBnByb3RvMw", [file_gateway_v1_provider]);
+  fileDesc("ChdnYXRld2F5L3YxL3Blcm1pdC5wcm90bxIKZ2F0ZXdheS52MSKxAgoTUGVybWl0QXV0aG9yaXphdGlvbhIKCgJpZBgBIAEoCRISCgphcGlfa2V5X2lkGAIgASgJEg0KBXBheWVyGAMgASgJEhEKCXBlcm1pdF9pZBgEIAEoCRISCgpleHBpcmVzX2F0GAUgASgDEhIKCmNyZWF0ZWRfYXQYBiABKAMSFwoKcmV2b2tlZF9hdBgHIAEoA0gAiAEBEjUKBnN0YXR1cxgIIAEoDjIlLmdhdGV3YXkudjEuUGVybWl0QXV0aG9yaXphdGlvblN0YXR1cxISCgpyZXZva2VkX2J5GAkgASgJEhEKCWlzc3VlZF9hdBgKIAEoAxIRCgl0b3RhbF9jYXAYCyABKAkSFwoPcGVyX3JlcXVlc3RfY2FwGAwgASgJQg0KC19yZXZva2VkX2F0Ir0BChNBdXRob3JpemVLZXlNZXNzYWdlEg0KBXBheWVyGAEgASgJEg4KBmtleV9pZBgCIAEoCRIRCglwZXJtaXRfaWQYAyABKAkSEgoKZXhwaXJlc19hdBgEIAEoAxINCgVub25jZRgFIAEoCRIRCglpc3N1ZWRfYXQYBiABKAMSEgoKZGVwbG95bWVudBgHIAEoCRIRCgl0b3RhbF9jYXAYCCABKAkSFwoPcGVyX3JlcXVlc3RfY2FwGAkgASgJIrYBChVBdXRob3JpemVLZXlUeXBlZERhdGESKwoGZG9tYWluGAEgASgLMhsuZ2F0ZXdheS52MS5UeXBlZERhdGFEb21haW4SKAoFdHlwZXMYAiADKAsyGS5nYXRld2F5LnYxLlR5cGVkRGF0YVR5cGUSFAoMcHJpbWFyeV90eXBlGAMgASgJEjAKB21lc3NhZ2UYBCABKAsyHy5nYXRld2F5LnYxLkF1dGhvcml6ZUtleU1lc3NhZ2UiSAodUmV2b2tlS2V5QXV0aG9yaXphdGlvbk1lc3NhZ2USDQoFcGF5ZXIYASABKAkSGAoQYXV0aG9yaXphdGlvbl9pZBgCIAEoCSLKAQofUmV2b2tlS2V5QXV0aG9yaXphdGlvblR5cGVkRGF0YRIrCgZkb21haW4YASABKAsyGy5nYXRld2F5LnYxLlR5cGVkRGF0YURvbWFpbhIoCgV0eXBlcxgCIAMoCzIZLmdhdGV3YXkudjEuVHlwZWREYXRhVHlwZRIUCgxwcmltYXJ5X3R5cGUYAyABKAkSOgoHbWVzc2FnZRgEIAEoCzIpLmdhdGV3YXkudjEuUmV2b2tlS2V5QXV0aG9yaXphdGlvbk1lc3NhZ2UimwEKI0NyZWF0ZUF1dGhvcml6YXRpb25DaGFsbGVuZ2VSZXF1ZXN0Eg0KBXBheWVyGAEgASgJEhEKCXBlcm1pdF9pZBgCIAEoCRIXCgpleHBpcmVzX2F0GAMgASgDSACIAQESEQoJdG90YWxfY2FwGAQgASgJEhcKD3Blcl9yZXF1ZXN0X2NhcBgFIAEoCUINCgtfZXhwaXJlc19hdCJdCiRDcmVhdGVBdXRob3JpemF0aW9uQ2hhbGxlbmdlUmVzcG9uc2USNQoKdHlwZWRfZGF0YRgBIAEoCzIhLmdhdGV3YXkudjEuQXV0aG9yaXplS2V5VHlwZWREYXRhIsABChNBdXRob3JpemVLZXlSZXF1ZXN0Eg0KBXBheWVyGAEgASgJEhEKCXBlcm1pdF9pZBgCIAEoCRISCgpleHBpcmVzX2F0GAMgASgDEg0KBW5vbmNlGAQgASgJEhEKCXNpZ25hdHVyZRgFIAEoCRIRCglpc3N1ZWRfYXQYBiABKAMSEgoKZGVwbG95bWVudBgHIAEoCRIRCgl0b3RhbF9jYXAYCCABKAkSFwoPcGVyX3JlcXVlc3RfY2FwGAkgASgJIk4KFEF1dGhvcml6ZUtleVJlc3BvbnNlEjYKDWF1dGhvcml6YXRpb24YASABKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iUgoZTGlzdEF1dGhvcml6YXRpb25zUmVxdWVzdBI1CgZzdGF0dXMYASABKA4yJS5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb25TdGF0dXMiVQoaTGlzdEF1dGhvcml6YXRpb25zUmVzcG9uc2USNwoOYXV0aG9yaXphdGlvbnMYASADKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iKAoaUmV2b2tlQXV0aG9yaXphdGlvblJlcXVlc3QSCgoCaWQYASABKAkiVQobUmV2b2tlQXV0aG9yaXphdGlvblJlc3BvbnNlEjYKDWF1dGhvcml6YXRpb24YASABKAsyHy5nYXRld2F5LnYxLlBlcm1pdEF1dGhvcml6YXRpb24iLgogQ3JlYXRlUmV2b2NhdGlvbkNoYWxsZW5nZVJlcXVlc3QSCgoCaWQYASABKAkiZAohQ3JlYXRlUmV2b2NhdGlvbkNoYWxsZW5nZVJlc3BvbnNlEj8KCnR5cGVkX2RhdGEYASABKAsyKy5nYXRld2F5LnYxLlJldm9rZUtleUF1dGhvcml6YXRpb25UeXBlZERhdGEiRgolUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVxdWVzdBIKCgJpZBgBIAEoCRIRCglzaWduYXR1cmUYAiABKAkiYAomUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlUmVzcG9uc2USNgoNYXV0aG9yaXphdGlvbhgBIAEoCzIfLmdhdGV3YXkudjEuUGVybWl0QXV0aG9yaXphdGlvbiKRAQoeTGlzdFBheWVyQXV0aG9yaXphdGlvbnNSZXF1ZXN0Eg0KBXBheWVyGAEgASgJEhIKCmRlcGxveW1lbnQYAiABKAkSEgoKZXhwaXJlc19hdBgDIAEoAxIRCglzaWduYXR1cmUYBCABKAkSDQoFbGltaXQYBSABKAUSFgoOc3RhcnRpbmdfYWZ0ZXIYBiABKAkibAofTGlzdFBheWVyQXV0aG9yaXphdGlvbnNSZXNwb25zZRI3Cg5hdXRob3JpemF0aW9ucxgBIAMoCzIfLmdhdGV3YXkudjEuUGVybWl0QXV0aG9yaXphdGlvbhIQCghoYXNfbW9yZRgCIAEoCCKLAQogUmV2b2tlUGF5ZXJBdXRob3JpemF0aW9uc1JlcXVlc3QSDQoFcGF5ZXIYASABKAkSEgoKZGVwbG95bWVudBgCIAEoCRIOCgZrZXlfaWQYAyABKAkSEQoJcGVybWl0X2lkGAQgASgJEg4KBmJlZm9yZRgFIAEoAxIRCglzaWduYXR1cmUYBiABKAkiiwEKIVJldm9rZVBheWVyQXV0aG9yaXphdGlvbnNSZXNwb25zZRIPCgdyZXZva2VkGAEgASgDEjcKDmF1dGhvcml6YXRpb25zGAIgAygLMh8uZ2F0ZXdheS52MS5QZXJtaXRBdXRob3JpemF0aW9uEhIKBWVwb2NoGAMgASgDSACIAQFCCAoGX2Vwb2NoKsIBChlQZXJtaXRBdXRob3JpemF0aW9uU3RhdHVzEisKJ1BFUk1JVF9BVVRIT1JJWkFUSU9OX1NUQVRVU19VTlNQRUNJRklFRBAAEiYKIlBFUk1JVF9BVVRIT1JJWkFUSU9OX1NUQVRVU19BQ1RJVkUQARInCiNQRVJNSVRfQVVUSE9SSVpBVElPTl9TVEFUVVNfRVhQSVJFRBACEicKI1BFUk1JVF9BVVRIT1JJWkFUSU9OX1NUQVRVU19SRVZPS0VEEAMypQcKDVBlcm1pdFNlcnZpY2USgQEKHENyZWF0ZUF1dGhvcml6YXRpb25DaGFsbGVuZ2USLy5nYXRld2F5LnYxLkNyZWF0ZUF1dGhvcml6YXRpb25DaGFsbGVuZ2VSZXF1ZXN0GjAuZ2F0ZXdheS52MS5DcmVhdGVBdXRob3JpemF0aW9uQ2hhbGxlbmdlUmVzcG9uc2USUQoMQXV0aG9yaXplS2V5Eh8uZ2F0ZXdheS52MS5BdXRob3JpemVLZXlSZXF1ZXN0GiAuZ2F0ZXdheS52MS5BdXRob3JpemVLZXlSZXNwb25zZRJjChJMaXN0QXV0aG9yaXphdGlvbnMSJS5nYXRld2F5LnYxLkxpc3RBdXRob3JpemF0aW9uc1JlcXVlc3QaJi5nYXRld2F5LnYxLkxpc3RBdXRob3JpemF0aW9uc1Jlc3BvbnNlEmYKE1Jldm9rZUF1dGhvcml6YXRpb24SJi5nYXRld2F5LnYxLlJldm9rZUF1dGhvcml6YXRpb25SZXF1ZXN0GicuZ2F0ZXdheS52MS5SZXZva2VBdXRob3JpemF0aW9uUmVzcG9uc2USeAoZQ3JlYXRlUmV2b2NhdGlvbkNoYWxsZW5nZRIsLmdhdGV3YXkudjEuQ3JlYXRlUmV2b2NhdGlvbkNoYWxsZW5nZVJlcXVlc3QaLS5nYXRld2F5LnYxLkNyZWF0ZVJldm9jYXRpb25DaGFsbGVuZ2VSZXNwb25zZRKHAQoeUmV2b2tlQXV0aG9yaXphdGlvbkJ5U2lnbmF0dXJlEjEuZ2F0ZXdheS52MS5SZXZva2VBdXRob3JpemF0aW9uQnlTaWduYXR1cmVSZXF1ZXN0GjIuZ2F0ZXdheS52MS5SZXZva2VBdXRob3JpemF0aW9uQnlTaWduYXR1cmVSZXNwb25zZRJyChdMaXN0UGF5ZXJBdXRob3JpemF0aW9ucxIqLmdhdGV3YXkudjEuTGlzdFBheWVyQXV0aG9yaXphdGlvbnNSZXF1ZXN0GisuZ2F0ZXdheS52MS5MaXN0UGF5ZXJBdXRob3JpemF0aW9uc1Jlc3BvbnNlEngKGVJldm9rZVBheWVyQXV0aG9yaXphdGlvbnMSLC5nYXRld2F5LnYxLlJldm9rZVBheWVyQXV0aG9yaXphdGlvbnNSZXF1ZXN0Gi0uZ2F0ZXdheS52MS5SZXZva2VQYXllckF1dGhvcml6YXRpb25zUmVzcG9uc2ViBnByb3RvMw", [file_gateway_v1_provider]);
 
 /**
  * One API key's authority over a payer's permits.
@@ -569,6 +569,173 @@ export const RevokeAuthorizationBySignatureResponseSchema: GenMessage<RevokeAuth
   messageDesc(file_gateway_v1_permit, 16);
 
 /**
+ * @generated from message gateway.v1.ListPayerAuthorizationsRequest
+ */
+export type ListPayerAuthorizationsRequest = Message<"gateway.v1.ListPayerAuthorizationsRequest"> & {
+  /**
+   * Address of the payer.
+   *
+   * @generated from field: string payer = 1;
+   */
+  payer: string;
+
+  /**
+   * As signed: the gateway deployment (GetGateway `deployment`).
+   *
+   * @generated from field: string deployment = 2;
+   */
+  deployment: string;
+
+  /**
+   * As signed: Unix seconds, in the future, at most 10 minutes ahead.
+   *
+   * @generated from field: int64 expires_at = 3;
+   */
+  expiresAt: bigint;
+
+  /**
+   * The payer's signature over ListAuthorizations, 0x-hex (65 or 64 bytes).
+   *
+   * @generated from field: string signature = 4;
+   */
+  signature: string;
+
+  /**
+   * Authorizations per page, 1 to 100; 0: 50.
+   *
+   * @generated from field: int32 limit = 5;
+   */
+  limit: number;
+
+  /**
+   * The last id of the previous page; empty: the first page.
+   *
+   * @generated from field: string starting_after = 6;
+   */
+  startingAfter: string;
+};
+
+/**
+ * Describes the message gateway.v1.ListPayerAuthorizationsRequest.
+ * Use `create(ListPayerAuthorizationsRequestSchema)` to create a new message.
+ */
+export const ListPayerAuthorizationsRequestSchema: GenMessage<ListPayerAuthorizationsRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_permit, 17);
+
+/**
+ * @generated from message gateway.v1.ListPayerAuthorizationsResponse
+ */
+export type ListPayerAuthorizationsResponse = Message<"gateway.v1.ListPayerAuthorizationsResponse"> & {
+  /**
+   * Newest first.
+   *
+   * @generated from field: repeated gateway.v1.PermitAuthorization authorizations = 1;
+   */
+  authorizations: PermitAuthorization[];
+
+  /**
+   * Whether another page follows.
+   *
+   * @generated from field: bool has_more = 2;
+   */
+  hasMore: boolean;
+};
+
+/**
+ * Describes the message gateway.v1.ListPayerAuthorizationsResponse.
+ * Use `create(ListPayerAuthorizationsResponseSchema)` to create a new message.
+ */
+export const ListPayerAuthorizationsResponseSchema: GenMessage<ListPayerAuthorizationsResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_permit, 18);
+
+/**
+ * @generated from message gateway.v1.RevokePayerAuthorizationsRequest
+ */
+export type RevokePayerAuthorizationsRequest = Message<"gateway.v1.RevokePayerAuthorizationsRequest"> & {
+  /**
+   * Address of the payer.
+   *
+   * @generated from field: string payer = 1;
+   */
+  payer: string;
+
+  /**
+   * As signed: the gateway deployment (GetGateway `deployment`).
+   *
+   * @generated from field: string deployment = 2;
+   */
+  deployment: string;
+
+  /**
+   * As signed: an API key's public id; empty: every key.
+   *
+   * @generated from field: string key_id = 3;
+   */
+  keyId: string;
+
+  /**
+   * As signed: Hex32; empty or all zeros: every authorization.
+   *
+   * @generated from field: string permit_id = 4;
+   */
+  permitId: string;
+
+  /**
+   * As signed: Unix seconds, at most a minute ahead of the gateway's clock.
+   *
+   * @generated from field: int64 before = 5;
+   */
+  before: bigint;
+
+  /**
+   * The payer's signature over RevokeAuthorizations, 0x-hex (65 or 64 bytes).
+   *
+   * @generated from field: string signature = 6;
+   */
+  signature: string;
+};
+
+/**
+ * Describes the message gateway.v1.RevokePayerAuthorizationsRequest.
+ * Use `create(RevokePayerAuthorizationsRequestSchema)` to create a new message.
+ */
+export const RevokePayerAuthorizationsRequestSchema: GenMessage<RevokePayerAuthorizationsRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_permit, 19);
+
+/**
+ * @generated from message gateway.v1.RevokePayerAuthorizationsResponse
+ */
+export type RevokePayerAuthorizationsResponse = Message<"gateway.v1.RevokePayerAuthorizationsResponse"> & {
+  /**
+   * How many authorizations this revoked (those revoked before are not counted).
+   *
+   * @generated from field: int64 revoked = 1;
+   */
+  revoked: bigint;
+
+  /**
+   * The authorizations it revoked, newest first (at most 100).
+   *
+   * @generated from field: repeated gateway.v1.PermitAuthorization authorizations = 2;
+   */
+  authorizations: PermitAuthorization[];
+
+  /**
+   * Revoke all: the payer's epoch now (Unix seconds); absent otherwise.
+   *
+   * @generated from field: optional int64 epoch = 3;
+   */
+  epoch?: bigint | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.RevokePayerAuthorizationsResponse.
+ * Use `create(RevokePayerAuthorizationsResponseSchema)` to create a new message.
+ */
+export const RevokePayerAuthorizationsResponseSchema: GenMessage<RevokePayerAuthorizationsResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_permit, 20);
+
+/**
  * @generated from enum gateway.v1.PermitAuthorizationStatus
  */
 export enum PermitAuthorizationStatus {
@@ -684,6 +851,39 @@ export const PermitService: GenService<{
     methodKind: "unary";
     input: typeof RevokeAuthorizationBySignatureRequestSchema;
     output: typeof RevokeAuthorizationBySignatureResponseSchema;
+  },
+  /**
+   * Every authorization made for a payer's address, whichever key holds it,
+   * newest first, on the payer's signature over
+   * ListAuthorizations(address payer, string deployment, uint64 expiresAt):
+   * no API key (the signature is the credential). expiresAt must be in the
+   * future (UNAUTHENTICATED `signature_expired` once past) and at most 10
+   * minutes ahead. Another deployment's signature: PERMISSION_DENIED
+   * `wrong_deployment`.
+   *
+   * @generated from rpc gateway.v1.PermitService.ListPayerAuthorizations
+   */
+  listPayerAuthorizations: {
+    methodKind: "unary";
+    input: typeof ListPayerAuthorizationsRequestSchema;
+    output: typeof ListPayerAuthorizationsResponseSchema;
+  },
+  /**
+   * Revokes, on the payer's signature over RevokeAuthorizations(address payer,
+   * string deployment, string keyId, bytes32 permitId, uint64 before), every
+   * authorization of the payer issued at or before `before` of the key
+   * `keyId` ("" any) naming the permit `permitId` (zero: any). Neither key
+   * nor permit (revoke all) also raises the payer's epoch to `before`: an
+   * AuthorizeKey issued at or before it is refused when submitted
+   * (PERMISSION_DENIED `authorization_revoked`). No API key needed. Effective
+   * at once on this gateway.
+   *
+   * @generated from rpc gateway.v1.PermitService.RevokePayerAuthorizations
+   */
+  revokePayerAuthorizations: {
+    methodKind: "unary";
+    input: typeof RevokePayerAuthorizationsRequestSchema;
+    output: typeof RevokePayerAuthorizationsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_gateway_v1_permit, 0);

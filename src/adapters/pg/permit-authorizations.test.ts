@@ -6,7 +6,9 @@ import { createApiKey } from "./api-keys.js";
 import {
   findApiKeyWithAuthorizations,
   insertPermitAuthorization,
+  listPayerAuthorizations,
   listPermitAuthorizations,
+  revokePayerAuthorizations,
   revokePermitAuthorization,
 } from "./permit-authorizations.js";
 
@@ -98,5 +100,159 @@ describe("permit authorizations (the table)", () => {
     expect(
       await revokePermitAuthorization(test.db.pool, { id: first.id, now: now + 5, by: "payer" }),
     ).toEqual(revoked);
+  });
+
+  describe("a payer's control without the key (issue 28, migration 028)", () => {
+    const other = `0x${"cc".repeat(20)}` as Hex;
+    const permitA = `0x${"0a".repeat(32)}` as Hex;
+    let n = 100;
+    const make = async (
+      apiKeyId: string,
+      overrides: Partial<PermitAuthorization> = {},
+    ): Promise<PermitAuthorization> => {
+      const a = row(apiKeyId, ++n, { payer: other, ...overrides });
+      expect(await insertPermitAuthorization(test.db.pool, a, proof(`p${n}`))).toBe("inserted");
+      return a;
+    };
+
+    it("lists the payer's authorizations of every key, newest first, by pages", async () => {
+      const k1 = await createApiKey(test.db.pool, "payer list 1");
+      const k2 = await createApiKey(test.db.pool, "payer list 2");
+      const a1 = await make(k1.id);
+      const a2 = await make(k2.id, { permitId: permitA });
+      const a3 = await make(k1.id);
+      // Another payer's, on the same key: not listed.
+      await make(k1.id, { payer: payer });
+      const ids = async (page: { limit: number; startingAfter?: string }) =>
+        (await listPayerAuthorizations(test.db.pool, other, page)).map((a) => a.id);
+      expect(await ids({ limit: 10 })).toEqual([a3.id, a2.id, a1.id]);
+      expect(await ids({ limit: 2 })).toEqual([a3.id, a2.id]);
+      expect(await ids({ limit: 2, startingAfter: a2.id })).toEqual([a1.id]);
+      // An id of another payer's names no place in this payer's list.
+      expect(await ids({ limit: 2, startingAfter: `pauth_${"f".repeat(24)}` })).toEqual([]);
+    });
+
+    it("revokes by key, by permit and all (issued at or before `before`); all raises the epoch, never lowers it, and refuses what was issued at or before it", async () => {
+      const payerC = `0x${"dd".repeat(20)}` as Hex;
+      const k1 = await createApiKey(test.db.pool, "payer revoke 1");
+      const k2 = await createApiKey(test.db.pool, "payer revoke 2");
+      const a = await make(k1.id, { payer: payerC, issuedAt: now - 10 });
+      const b = await make(k2.id, { payer: payerC, issuedAt: now - 10, permitId: permitA });
+      const c = await make(k2.id, { payer: payerC, issuedAt: now - 10 });
+      const later = await make(k1.id, { payer: payerC, issuedAt: now + 5 });
+
+      const byKey = await revokePayerAuthorizations(test.db.pool, {
+        payer: payerC,
+        apiKeyId: k1.id,
+        before: now,
+        now,
+        raiseEpoch: false,
+      });
+      // `later` was issued after `before`: kept.
+      expect(byKey).toEqual({
+        revoked: [{ ...a, revokedAt: now, revokedBy: "payer" }],
+        epoch: null,
+      });
+      const byPermit = await revokePayerAuthorizations(test.db.pool, {
+        payer: payerC,
+        permitId: permitA,
+        before: now,
+        now,
+        raiseEpoch: false,
+      });
+      expect(byPermit.revoked.map((x) => x.id)).toEqual([b.id]);
+
+      const all = await revokePayerAuthorizations(test.db.pool, {
+        payer: payerC,
+        before: now,
+        now: now + 1,
+        raiseEpoch: true,
+      });
+      expect(all).toEqual({
+        revoked: [{ ...c, revokedAt: now + 1, revokedBy: "payer" }],
+        epoch: now,
+      });
+      // An older "all" replayed: the epoch stays, nothing more is revoked.
+      expect(
+        await revokePayerAuthorizations(test.db.pool, {
+          payer: payerC,
+          before: now - 100,
+          now: now + 2,
+          raiseEpoch: true,
+        }),
+      ).toEqual({ revoked: [], epoch: now });
+      // Issued at or before the epoch: refused; after it: stored.
+      expect(
+        await insertPermitAuthorization(
+          test.db.pool,
+          row(k1.id, ++n, { payer: payerC, issuedAt: now }),
+          proof("after-all-1"),
+        ),
+      ).toBe("revoked");
+      expect(
+        await insertPermitAuthorization(
+          test.db.pool,
+          row(k1.id, ++n, { payer: payerC, issuedAt: now + 1 }),
+          proof("after-all-2"),
+        ),
+      ).toBe("inserted");
+      const live = await findApiKeyWithAuthorizations(test.db.pool, k1.key, now);
+      expect(live!.authorizations.map((x) => x.id).sort()).toEqual(
+        [later.id, row(k1.id, n).id].sort(),
+      );
+    });
+
+    it("the key lookup leaves out an authorization issued at or before its payer's epoch, however it was stored", async () => {
+      const payerE = `0x${"ee".repeat(20)}` as Hex;
+      const key = await createApiKey(test.db.pool, "epoch lookup");
+      await revokePayerAuthorizations(test.db.pool, {
+        payer: payerE,
+        before: now,
+        now,
+        raiseEpoch: true,
+      });
+      // Written as an older gateway would have, without reading the epoch.
+      await test.db.pool.query(
+        `INSERT INTO permit_authorizations
+           (id, api_key_id, payer, permit_id, expires_at, nonce, signature, created_at, issued_at)
+         VALUES ($1, $2, $3, $4, $5, 'raw', '0x', $6, $6)`,
+        [`pauth_${"e".repeat(24)}`, key.id, payerE, anyPermit, now + 60, now],
+      );
+      const fresh = row(key.id, ++n, { payer: payerE, issuedAt: now + 1 });
+      expect(await insertPermitAuthorization(test.db.pool, fresh, proof("fresh"))).toBe("inserted");
+      expect(await findApiKeyWithAuthorizations(test.db.pool, key.key, now)).toEqual({
+        id: key.id,
+        authorizations: [fresh],
+      });
+    });
+
+    it("a revoke all racing inserts: every authorization issued at or before the epoch ends refused or marked revoked", async () => {
+      const payerR = `0x${"ab".repeat(20)}` as Hex;
+      const key = await createApiKey(test.db.pool, "race");
+      const inserts = Array.from({ length: 40 }, (_, i) =>
+        insertPermitAuthorization(
+          test.db.pool,
+          row(key.id, 1000 + i, { payer: payerR, issuedAt: now }),
+          proof(`race-${i}`),
+        ),
+      );
+      const revocation = revokePayerAuthorizations(test.db.pool, {
+        payer: payerR,
+        before: now,
+        now,
+        raiseEpoch: true,
+      });
+      const outcomes = await Promise.all(inserts);
+      const { revoked } = await revocation;
+      const inserted = outcomes.filter((o) => o === "inserted").length;
+      expect(inserted + outcomes.filter((o) => o === "revoked").length).toBe(40);
+      // Every stored one was marked by the revocation.
+      expect(revoked.length).toBe(inserted);
+      const { rows } = await test.db.pool.query<{ n: string }>(
+        "SELECT count(*) AS n FROM permit_authorizations WHERE payer = $1 AND revoked_at IS NULL",
+        [payerR],
+      );
+      expect(rows[0]!.n).toBe("0");
+    });
   });
 });

@@ -1,6 +1,8 @@
+import type pg from "pg";
 import type { Hex } from "viem";
 import type {
   InsertOutcome,
+  PayerRevocationFilter,
   PermitAuthorization,
   PermitAuthorizationStore,
 } from "../../domain/permit-authorization.js";
@@ -44,18 +46,37 @@ function fromRow(r: Row): PermitAuthorization {
  * Stores an authorization with the nonce and signature that made it. `ON CONFLICT DO NOTHING`
  * on (payer, nonce) makes claiming the nonce and storing one step: of two submissions of one
  * signed payload, exactly one is stored.
+ *
+ * Nothing is stored when the payer's epoch (migration 028) is at or after `issuedAt`. The
+ * payer's epoch row is made first (epoch 0) when it has none, then read FOR SHARE by the
+ * statement that inserts: a "revoke all" ({@link revokePayerAuthorizations}) locks that row
+ * before it marks the rows, so either it waits for this insert and then marks it, or this
+ * insert waits for it and reads the raised epoch.
  */
 export async function insertPermitAuthorization(
   db: Queryable,
   a: PermitAuthorization,
   proof: { nonce: string; signature: Hex },
 ): Promise<InsertOutcome> {
-  const { rowCount } = await db.query(
-    `INSERT INTO permit_authorizations
-       (id, api_key_id, payer, permit_id, expires_at, nonce, signature, created_at,
-        issued_at, total_cap, per_request_cap)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-     ON CONFLICT (payer, nonce) DO NOTHING`,
+  await db.query(
+    `INSERT INTO payer_epochs (payer, epoch, updated_at) VALUES ($1, 0, 0)
+     ON CONFLICT (payer) DO NOTHING`,
+    [a.payer],
+  );
+  const { rows } = await db.query<{ epoch: string | null; inserted: boolean }>(
+    `WITH e AS (
+       SELECT epoch FROM payer_epochs WHERE payer = $3 FOR SHARE
+     ), ins AS (
+       INSERT INTO permit_authorizations
+         (id, api_key_id, payer, permit_id, expires_at, nonce, signature, created_at,
+          issued_at, total_cap, per_request_cap)
+       SELECT $1, $2, $3, $4, $5::bigint, $6, $7, $8::bigint, $9::bigint, $10::numeric,
+              $11::numeric
+       WHERE NOT EXISTS (SELECT 1 FROM e WHERE e.epoch >= $9::bigint)
+       ON CONFLICT (payer, nonce) DO NOTHING
+       RETURNING id
+     )
+     SELECT (SELECT epoch::text FROM e) AS epoch, EXISTS (SELECT 1 FROM ins) AS inserted`,
     [
       a.id,
       a.apiKeyId,
@@ -70,7 +91,9 @@ export async function insertPermitAuthorization(
       a.perRequestCap.toString(),
     ],
   );
-  return rowCount === 1 ? "inserted" : "nonce_used";
+  const row = rows[0]!;
+  if (row.inserted) return "inserted";
+  return row.epoch !== null && Number(row.epoch) >= a.issuedAt ? "revoked" : "nonce_used";
 }
 
 export async function getPermitAuthorization(
@@ -124,18 +147,102 @@ export async function revokePermitAuthorization(
   return row.changed ? { ...fromRow(row), revokedAt: args.now, revokedBy: args.by } : fromRow(row);
 }
 
-export function createPgPermitAuthorizationStore(db: Queryable): PermitAuthorizationStore {
+/**
+ * Every authorization of the payer (every key's), newest first: at most `limit`, those made
+ * before `startingAfter` (an authorization id of the payer; one of another payer's: none).
+ */
+export async function listPayerAuthorizations(
+  db: Queryable,
+  payer: Hex,
+  page: { limit: number; startingAfter?: string },
+): Promise<PermitAuthorization[]> {
+  const { rows } =
+    page.startingAfter === undefined
+      ? await db.query<Row>(
+          `SELECT ${columns} FROM permit_authorizations WHERE payer = $1
+           ORDER BY seq DESC LIMIT $2`,
+          [payer, page.limit],
+        )
+      : await db.query<Row>(
+          `SELECT ${columns} FROM permit_authorizations
+           WHERE payer = $1
+             AND seq < (SELECT seq FROM permit_authorizations WHERE id = $3 AND payer = $1)
+           ORDER BY seq DESC LIMIT $2`,
+          [payer, page.limit, page.startingAfter],
+        );
+  return rows.map(fromRow);
+}
+
+/**
+ * A payer's revocation without the key: marks revoked (by the payer, at `now`) every
+ * authorization of the payer issued at or before `before`, of one key and of one permit when
+ * named, not revoked yet, and answers them newest first. With `raiseEpoch` (revoke all), the
+ * payer's epoch is raised to `before` first (never lowered), in the same transaction: the row
+ * lock it takes orders it with every insert of the payer's ({@link insertPermitAuthorization}),
+ * and the marking runs in a later statement, so it sees every insert that read the old epoch.
+ */
+export async function revokePayerAuthorizations(
+  pool: pg.Pool,
+  filter: PayerRevocationFilter,
+): Promise<{ revoked: PermitAuthorization[]; epoch: number | null }> {
+  const mark = async (db: Queryable): Promise<PermitAuthorization[]> => {
+    const { rows } = await db.query<Row>(
+      `UPDATE permit_authorizations SET revoked_at = $3, revoked_by = 'payer'
+       WHERE payer = $1 AND revoked_at IS NULL AND issued_at <= $2
+         AND ($4::text IS NULL OR api_key_id = $4)
+         AND ($5::text IS NULL OR permit_id = $5)
+       RETURNING ${columns}, seq`,
+      [filter.payer, filter.before, filter.now, filter.apiKeyId ?? null, filter.permitId ?? null],
+    );
+    return (rows as (Row & { seq: string })[])
+      .sort((x, y) => Number(BigInt(y.seq) - BigInt(x.seq)))
+      .map(fromRow);
+  };
+  if (!filter.raiseEpoch) return { revoked: await mark(pool), epoch: null };
+  const client = await pool.connect();
+  // Set when the connection's transaction state is unknown: it must not go back to the pool.
+  let discard: Error | boolean = false;
+  try {
+    await client.query("BEGIN");
+    const { rows } = await client.query<{ epoch: string }>(
+      `INSERT INTO payer_epochs (payer, epoch, updated_at) VALUES ($1, $2, $3)
+       ON CONFLICT (payer) DO UPDATE
+         SET epoch = GREATEST(payer_epochs.epoch, EXCLUDED.epoch),
+             updated_at = CASE WHEN payer_epochs.epoch < EXCLUDED.epoch
+                               THEN EXCLUDED.updated_at ELSE payer_epochs.updated_at END
+       RETURNING epoch::text`,
+      [filter.payer, filter.before, filter.now],
+    );
+    const revoked = await mark(client);
+    await client.query("COMMIT");
+    return { revoked, epoch: Number(rows[0]!.epoch) };
+  } catch (err) {
+    try {
+      await client.query("ROLLBACK");
+    } catch (rollbackError) {
+      discard = rollbackError instanceof Error ? rollbackError : true;
+    }
+    throw err;
+  } finally {
+    client.release(discard);
+  }
+}
+
+export function createPgPermitAuthorizationStore(pool: pg.Pool): PermitAuthorizationStore {
   return {
-    insert: (a, proof) => insertPermitAuthorization(db, a, proof),
-    get: (id) => getPermitAuthorization(db, id),
-    listByKey: (apiKeyId) => listPermitAuthorizations(db, apiKeyId),
-    revoke: (args) => revokePermitAuthorization(db, args),
+    insert: (a, proof) => insertPermitAuthorization(pool, a, proof),
+    get: (id) => getPermitAuthorization(pool, id),
+    listByKey: (apiKeyId) => listPermitAuthorizations(pool, apiKeyId),
+    revoke: (args) => revokePermitAuthorization(pool, args),
+    listByPayer: (payer, page) => listPayerAuthorizations(pool, payer, page),
+    revokeByPayer: (filter) => revokePayerAuthorizations(pool, filter),
   };
 }
 
 /**
  * The active API key matching `key` (null when it is unknown or revoked) with its
- * authorizations that are still live at `now`, in one round trip. The lookup is by hash, so
+ * authorizations that are still live at `now` (not revoked, not expired, issued after their
+ * payer's epoch: migration 028), in one round trip. The lookup is by hash, so
  * response timing reveals nothing useful about the stored keys: an attacker cannot steer the
  * hash of a guess towards a stored one, which is what a constant-time compare would guard.
  * It is the lookup every authenticated request makes (cached for API_KEY_CACHE_MS), so a
@@ -156,7 +263,9 @@ export async function findApiKeyWithAuthorizations(
                  'per_request_cap', a.per_request_cap::text,
                  'created_at', a.created_at::text, 'revoked_at', NULL, 'revoked_by', NULL))
           FROM permit_authorizations a
-         WHERE a.api_key_id = k.id AND a.revoked_at IS NULL AND a.expires_at > $2) AS authorizations
+         WHERE a.api_key_id = k.id AND a.revoked_at IS NULL AND a.expires_at > $2
+           AND NOT EXISTS (SELECT 1 FROM payer_epochs e
+                           WHERE e.payer = a.payer AND e.epoch >= a.issued_at)) AS authorizations
      FROM api_keys k WHERE k.key_hash = $1 AND k.revoked_at IS NULL`,
     [hashApiKey(key), now],
   );

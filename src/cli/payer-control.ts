@@ -1,0 +1,295 @@
+import { getAddress, isAddress, zeroHash, type Address, type Hex, type LocalAccount } from "viem";
+import { isHex32 } from "../domain/hex.js";
+import {
+  anyPermit,
+  buildListAuthorizationsTypedData,
+  buildRevokeAuthorizationsTypedData,
+  signable,
+} from "../domain/permit-authorization.js";
+import { BaseError } from "../errors.js";
+import type { AuthorizationJson } from "../permit/client.js";
+import { GatewayRequestError } from "../provider/client.js";
+
+/**
+ * `gateway permit authorizations` and `gateway permit revoke --key|--permit|--all`: a payer
+ * sees and cuts what it signed, without any API key (issue 28, item 2; docs/decisions.md
+ * "Spending authority"). The typed data is built here from the command's arguments and the
+ * payer's own configuration (chain id from RPC_URL, checked against CHAIN_ID; market from
+ * MARKET_ADDRESS); the gateway gives only its deployment id (GET /v1/gateway), shown before
+ * anything is signed, and a gateway that says it serves another chain or market gets nothing.
+ * The signature is the only credential these calls carry.
+ */
+
+/** A usage problem (exit 2). */
+export class PayerControlUsageError extends BaseError {
+  override readonly name = "PayerControlUsageError";
+  readonly reason = "usage";
+}
+
+/** The gateway is not the one the payer configured, or answered nonsense: nothing was signed. */
+export class GatewayMismatchError extends BaseError {
+  override readonly name = "GatewayMismatchError";
+  readonly reason = "gateway_mismatch";
+}
+
+type Output = { log(line: string): void; error(line: string): void };
+
+/** The payer's chain as its own configuration says (never as the gateway says). */
+export interface PayerChainFacts {
+  readonly chainId: number;
+  readonly market: Address;
+}
+
+/** GATEWAY_URL: https, or http on loopback only (a signature is not sent in the clear). */
+export function payerGatewayUrl(env: NodeJS.ProcessEnv): URL {
+  const raw = env.GATEWAY_URL?.trim();
+  if (raw === undefined || raw === "")
+    throw new PayerControlUsageError("set GATEWAY_URL (or --gateway)");
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new PayerControlUsageError("GATEWAY_URL must be an https:// URL");
+  }
+  const loopback =
+    url.hostname === "localhost" || /^127\./.test(url.hostname) || url.hostname === "[::1]";
+  if (url.protocol !== "https:" && !(url.protocol === "http:" && loopback))
+    throw new PayerControlUsageError("GATEWAY_URL must be https:// (http:// only on loopback)");
+  return url;
+}
+
+/** One JSON request without credentials; redirects are not followed. */
+async function request<T>(
+  base: URL,
+  method: "GET" | "POST",
+  path: string,
+  body?: unknown,
+): Promise<{ value: T; date: string | null }> {
+  const res = await fetch(new URL(path, base), {
+    method,
+    redirect: "manual",
+    headers: body === undefined ? {} : { "content-type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  let parsed: unknown;
+  try {
+    parsed = text === "" ? undefined : JSON.parse(text);
+  } catch {
+    parsed = undefined;
+  }
+  if (res.status >= 300 && res.status < 400)
+    throw new GatewayMismatchError(
+      `the gateway answered ${path} with a redirect (${res.status}); redirects are not followed`,
+    );
+  if (!res.ok) {
+    const error = (parsed as { error?: { code?: string; message?: string } } | undefined)?.error;
+    throw new GatewayRequestError(
+      res.status,
+      error?.code ?? "http_error",
+      error?.message ?? `HTTP ${res.status}`,
+    );
+  }
+  return { value: parsed as T, date: res.headers.get("date") };
+}
+
+interface GatewayFacts {
+  deployment: string;
+  chain_id: number;
+  market: string;
+}
+
+const deploymentShape = /^dep_[0-9a-f]{32}$/;
+
+/**
+ * The gateway's deployment id, after checking that the gateway serves the chain and market the
+ * payer configured (a signature for another would not verify there anyway: better to sign
+ * nothing and say so).
+ */
+async function deploymentOf(base: URL, chain: PayerChainFacts): Promise<string> {
+  const { value: facts } = await request<GatewayFacts>(base, "GET", "/v1/gateway");
+  if (typeof facts?.deployment !== "string" || !deploymentShape.test(facts.deployment))
+    throw new GatewayMismatchError(
+      "GET /v1/gateway did not name a deployment (dep_ + 32 hex digits): nothing signed",
+    );
+  if (facts.chain_id !== chain.chainId)
+    throw new GatewayMismatchError(
+      `the gateway serves chain ${String(facts.chain_id)}, the configured RPC chain ${chain.chainId}: nothing signed`,
+    );
+  if (typeof facts.market !== "string" || facts.market.toLowerCase() !== chain.market.toLowerCase())
+    throw new GatewayMismatchError(
+      `the gateway serves market ${String(facts.market)}, MARKET_ADDRESS is ${chain.market}: nothing signed`,
+    );
+  return facts.deployment;
+}
+
+function payerOf(signer: LocalAccount, payer: string | undefined): Address {
+  if (payer === undefined) return signer.address;
+  if (!isAddress(payer, { strict: false }))
+    throw new PayerControlUsageError("--payer must be an address (0x + 40 hex digits)");
+  return getAddress(payer);
+}
+
+function when(seconds: number): string {
+  return new Date(seconds * 1000).toISOString().replace(".000Z", "Z");
+}
+
+/** One authorization, one line. */
+function describe(a: AuthorizationJson & { credits_used?: string; last_used_at?: number | null }) {
+  const permit = a.permit_id === zeroHash ? "every permit" : `permit ${a.permit_id}`;
+  const caps =
+    a.total_cap === "0" && a.per_request_cap === "0"
+      ? "no cap"
+      : `cap ${a.total_cap === "0" ? "none" : a.total_cap} total, ${a.per_request_cap === "0" ? "none" : a.per_request_cap} per request`;
+  const used =
+    a.credits_used === undefined
+      ? ""
+      : `  used ${a.credits_used}${a.last_used_at ? ` (last ${when(a.last_used_at)})` : ""}`;
+  const revoked =
+    a.revoked_at === null ? "" : `  revoked ${when(a.revoked_at)} by the ${a.revoked_by ?? "?"}`;
+  return (
+    `${a.id}  ${a.status.padEnd(7)}  key ${a.api_key_id}  ${permit}  ` +
+    `issued ${when(a.issued_at)}  expires ${when(a.expires_at)}  ${caps}${used}${revoked}`
+  );
+}
+
+/** How long the read token this command signs lasts (the gateway takes at most 10 minutes). */
+const listTokenSeconds = 300;
+/** Pages asked at most (100 authorizations each). */
+const maxPages = 100;
+
+/** `gateway permit authorizations [--payer ADDRESS] [--json]`. */
+export async function listAuthorizationsAsPayer(
+  args: {
+    readonly signer: LocalAccount;
+    readonly payer?: string;
+    readonly json: boolean;
+    readonly env: NodeJS.ProcessEnv;
+    readonly chain: () => Promise<PayerChainFacts>;
+    readonly now?: () => number;
+  },
+  out: Output,
+): Promise<void> {
+  const base = payerGatewayUrl(args.env);
+  const payer = payerOf(args.signer, args.payer);
+  const chain = await args.chain();
+  const deployment = await deploymentOf(base, chain);
+  const now = Math.floor((args.now ?? Date.now)() / 1000);
+  const expiresAt = now + listTokenSeconds;
+  if (!args.json)
+    out.log(
+      `signing ListAuthorizations as payer ${payer}: gateway deployment ${deployment}, chain ${chain.chainId}, market ${chain.market}, valid until ${when(expiresAt)}`,
+    );
+  const typed = buildListAuthorizationsTypedData({
+    chainId: chain.chainId,
+    market: chain.market,
+    message: { payer, deployment, expiresAt },
+  });
+  const signature = await args.signer.signTypedData(signable(typed));
+  const all: AuthorizationJson[] = [];
+  let startingAfter: string | undefined;
+  for (let page = 0; page < maxPages; page++) {
+    const { value } = await request<{ data: AuthorizationJson[]; has_more: boolean }>(
+      base,
+      "POST",
+      `/v1/payers/${payer}/authorizations`,
+      {
+        deployment,
+        expiresAt,
+        signature,
+        limit: 100,
+        ...(startingAfter === undefined ? {} : { startingAfter }),
+      },
+    );
+    all.push(...value.data);
+    if (!value.has_more || value.data.length === 0) break;
+    startingAfter = value.data[value.data.length - 1]!.id;
+  }
+  if (args.json) {
+    out.log(JSON.stringify({ payer, deployment, authorizations: all }, null, 2));
+    return;
+  }
+  if (all.length === 0) {
+    out.log("no authorizations");
+    return;
+  }
+  const active = all.filter((a) => a.status === "active").length;
+  out.log(`${all.length} authorizations (${active} active), newest first:`);
+  for (const a of all) out.log(describe(a));
+}
+
+/** `gateway permit revoke --key KEY_ID [--permit ID]`, `--permit ID`, `--all`. */
+export async function revokeAuthorizationsAsPayer(
+  args: {
+    readonly signer: LocalAccount;
+    readonly payer?: string;
+    readonly keyId?: string;
+    readonly permitId?: string;
+    readonly all: boolean;
+    readonly json: boolean;
+    readonly env: NodeJS.ProcessEnv;
+    readonly chain: () => Promise<PayerChainFacts>;
+    readonly now?: () => number;
+  },
+  out: Output,
+): Promise<void> {
+  if (args.all && (args.keyId !== undefined || args.permitId !== undefined))
+    throw new PayerControlUsageError("--all revokes everything: give it without --key or --permit");
+  if (!args.all && args.keyId === undefined && args.permitId === undefined)
+    throw new PayerControlUsageError(
+      "revoke needs an authorization id, or --key KEY_ID, --permit ID or --all",
+    );
+  if (args.keyId !== undefined && !/^key_[0-9a-f]{24}$/.test(args.keyId))
+    throw new PayerControlUsageError("--key must be an API key id (key_ + 24 hex digits)");
+  if (args.permitId !== undefined && (!isHex32(args.permitId) || /^0x0{64}$/.test(args.permitId)))
+    throw new PayerControlUsageError("--permit must be a permit id (0x + 64 hex digits, not zero)");
+  const base = payerGatewayUrl(args.env);
+  const payer = payerOf(args.signer, args.payer);
+  const chain = await args.chain();
+  const deployment = await deploymentOf(base, chain);
+  // The payer's clock: what it revokes is what was issued up to now as it sees it.
+  const before = Math.floor((args.now ?? Date.now)() / 1000);
+  const keyId = args.keyId ?? "";
+  const permitId = (args.permitId?.toLowerCase() as Hex | undefined) ?? anyPermit;
+  const scope = args.all
+    ? "every authorization, and every AuthorizeKey signed but not yet submitted"
+    : [
+        keyId === "" ? "" : `of API key ${keyId}`,
+        permitId === anyPermit ? "" : `naming permit ${permitId}`,
+      ]
+        .filter((s) => s !== "")
+        .join(" ");
+  if (!args.json)
+    out.log(
+      `signing RevokeAuthorizations as payer ${payer}: ${scope} issued at or before ${when(before)}; gateway deployment ${deployment}, chain ${chain.chainId}, market ${chain.market}`,
+    );
+  const typed = buildRevokeAuthorizationsTypedData({
+    chainId: chain.chainId,
+    market: chain.market,
+    message: { payer, deployment, keyId, permitId, before },
+  });
+  const signature = await args.signer.signTypedData(signable(typed));
+  const { value } = await request<{
+    revoked: number;
+    authorizations: AuthorizationJson[];
+    epoch: number | null;
+  }>(base, "POST", `/v1/payers/${payer}/authorizations/revoke`, {
+    deployment,
+    ...(keyId === "" ? {} : { keyId }),
+    ...(permitId === anyPermit ? {} : { permitId }),
+    before,
+    signature,
+  });
+  if (args.json) {
+    out.log(JSON.stringify({ payer, deployment, before, ...value }, null, 2));
+    return;
+  }
+  out.log(`revoked ${value.revoked} authorization${value.revoked === 1 ? "" : "s"}`);
+  for (const a of value.authorizations) out.log(describe(a));
+  if (value.revoked > value.authorizations.length)
+    out.log(`(and ${value.revoked - value.authorizations.length} more)`);
+  if (value.epoch !== null)
+    out.log(
+      `every AuthorizeKey of ${payer} issued at or before ${when(value.epoch)} is refused from now on`,
+    );
+}
