@@ -3,6 +3,7 @@ import { setTimeout } from "node:timers/promises";
 import pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
+import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import { openDatabase, type Database } from "../src/adapters/pg/database.js";
 import {
   createLedgerBatcher,
@@ -17,6 +18,7 @@ import {
   type ReserveInput,
   type ReserveResult,
 } from "../src/adapters/pg/ledger.js";
+import { insertPermitAuthorization } from "../src/adapters/pg/permit-authorizations.js";
 import { createTestDatabase, describeIfPostgres, type TestDatabase } from "./helpers/db.js";
 import {
   completion,
@@ -80,6 +82,11 @@ async function watchingPermit<T>(
     expect(violations).toEqual([]);
     expect(observations).toBeGreaterThan(0);
   }
+}
+
+/** The pool of process `i % 2` of a suite's two. */
+function poolOf(p: { readonly a: Database; readonly b: Database }, i: number): pg.Pool {
+  return i % 2 === 0 ? p.a.pool : p.b.pool;
 }
 
 /** One fresh database with two handles on it, as two gateway processes have, for a suite. */
@@ -564,3 +571,108 @@ describeIfPostgres("batched reservations and finalisations from two gateway proc
     expect(loads.map((l) => l.in_flight)).toEqual([0, 0]);
   });
 });
+
+describeIfPostgres(
+  "an authorization's total cap shared by two gateway processes (issue 28, item 7)",
+  () => {
+    const p = twoProcesses();
+
+    /** The cap's ledger row, read from its own connection. */
+    async function capLedger(client: pg.Client | pg.Pool, authorizationId: string) {
+      const { rows } = await client.query<{ reserved: string; used: string }>(
+        "SELECT reserved, used FROM authorization_ledgers WHERE authorization_id = $1",
+        [authorizationId],
+      );
+      const row = rows[0];
+      return row === undefined
+        ? { reserved: 0n, used: 0n }
+        : { reserved: BigInt(row.reserved), used: BigInt(row.used) };
+    }
+
+    it("admits exactly K of 8·K concurrent capped requests when the cap covers K, single and batched, and its use ends as the sum of the charges", async () => {
+      const K = 12;
+      const maximum = 1_000n;
+      const cap = maximum * BigInt(K);
+      const key = await createApiKey(p.a.pool, "caps");
+      const authorizationId = `pauth_${randomBytes(12).toString("hex")}`;
+      await insertPermitAuthorization(
+        p.a.pool,
+        {
+          id: authorizationId,
+          apiKeyId: key.id,
+          payer: `0x${"aa".repeat(20)}`,
+          permitId: hex32().toLowerCase() as Hex,
+          expiresAt: NOW + 3600,
+          issuedAt: NOW,
+          totalCap: cap,
+          perRequestCap: maximum,
+          createdAt: NOW,
+          revokedAt: null,
+          revokedBy: null,
+        },
+        { nonce: randomBytes(8).toString("hex"), signature: `0x${"11".repeat(65)}` },
+      );
+      const batchers = [createLedgerBatcher(p.a.pool), createLedgerBatcher(p.b.pool)];
+      // One permit and one offer per request, each with ample credit: their row locks would
+      // serialize the transactions and hide a race on the cap's row, the one thing they share.
+      const inputs = Array.from({ length: 8 * K }, () =>
+        reservation({
+          permitId: hex32(),
+          offerId: hex32(),
+          maximumCredits: maximum,
+          deposit: 10n * maximum,
+          authorizationId,
+          capped: true,
+        }),
+      );
+      const watcher = new pg.Client({ connectionString: p.url });
+      await watcher.connect();
+      const violations: string[] = [];
+      let stop = false;
+      const watching = (async () => {
+        while (!stop) {
+          const l = await capLedger(watcher, authorizationId);
+          if (l.reserved + l.used > cap) violations.push(`${l.reserved} + ${l.used} > ${cap}`);
+        }
+      })();
+      try {
+        const results = await Promise.all(
+          inputs.map((input, i) =>
+            // Alternately each process's single call and its batcher (group commit).
+            i % 4 < 2 ? reserve(poolOf(p, i), input) : batchers[i % 2]!.reserve(input),
+          ),
+        );
+        const admitted = inputs.filter((_, i) => results[i]!.ok);
+        expect(admitted).toHaveLength(K);
+        expect(new Set(results.filter((r) => !r.ok).map((r) => !r.ok && r.reason))).toEqual(
+          new Set(["authorization_cap_exhausted"]),
+        );
+        expect(await capLedger(p.a.pool, authorizationId)).toEqual({ reserved: cap, used: 0n });
+        const { rows } = await p.a.pool.query<{ n: string }>(
+          "SELECT count(*) AS n FROM inference_requests WHERE authorization_id = $1 AND authorization_capped",
+          [authorizationId],
+        );
+        expect(rows[0]!.n).toBe(String(K));
+
+        // Closed concurrently, each twice (once from each process), with random charges.
+        const charges = admitted.map(() => BigInt(randomInt(0, 1_200)));
+        await Promise.all(
+          admitted.flatMap((input, i) =>
+            [0, 1].map((process) =>
+              process === 0
+                ? finalize(poolOf(p, i), completion(input.requestId, charges[i]!))
+                : batchers[(i + 1) % 2]!.finalize(completion(input.requestId, charges[i]!)),
+            ),
+          ),
+        );
+        const used = charges.reduce((s, c) => s + (c < maximum ? c : maximum), 0n);
+        expect(await capLedger(p.a.pool, authorizationId)).toEqual({ reserved: 0n, used });
+      } finally {
+        stop = true;
+        await watching;
+        await watcher.end();
+      }
+      expect(violations).toEqual([]);
+    });
+  },
+);

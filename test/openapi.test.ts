@@ -1056,6 +1056,41 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     );
   });
 
+  it("credit caps on an authorization: a request above the per-request cap, a total cap spent", async () => {
+    // Two agents of the demo permit's payer: one may spend 1 credit per request, the other
+    // 1 credit in all; any request's maximum is above either.
+    const agent = async (caps: { totalCap: string; perRequestCap?: string }) => {
+      const created = await createApiKey(stack.database.db.pool, "agent");
+      auditSecret("api key", created.key);
+      await authorizeKey(base, created.key, stack.roles.payer.privateKey, {
+        permitId: stack.demo.permitId,
+        ...caps,
+      });
+      return created.key;
+    };
+    const narrow = await agent({ totalCap: "1", perRequestCap: "1" });
+    const spent = await agent({ totalCap: "1" });
+    for (const [route, body] of [
+      ["/v1/chat/completions", { model: "demo-chat", messages }],
+      ["/v1/responses", { model: "demo-chat", input: messages }],
+      ["/v1/messages", { model: "demo-chat", max_tokens: 8, messages }],
+    ] as const) {
+      for (const [key, expected] of [
+        [narrow, { status: 403, code: "authorization_per_request_cap_exceeded" }],
+        [spent, { status: 402, code: "authorization_cap_exhausted" }],
+      ] as const) {
+        await call("POST", route, route, expected, {
+          headers: {
+            authorization: `Bearer ${key}`,
+            "content-type": "application/json",
+            "x-gateway-permit": stack.demo.permitId,
+          },
+          body,
+        });
+      }
+    }
+  });
+
   it("permit authorizations: challenge, authorize, list, revoke by key and by the payer's signature", async () => {
     const app = await createApiKey(stack.database.db.pool, "openapi app");
     auditSecret("api key", app.key);

@@ -59,6 +59,13 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
       revokedAt: a.revokedAt === null ? undefined : BigInt(a.revokedAt),
       status: statusToProto[authorizationStatus(a, deps.clock())],
       revokedBy: a.revokedBy ?? "",
+      // A new authorization has no use; a listing reads it (permit-authorizations.ts).
+      creditsUsed: (a.use?.creditsUsed ?? 0n).toString(),
+      creditsReserved: (a.use?.creditsReserved ?? 0n).toString(),
+      lastUsedAt:
+        a.use?.lastUsedAt === undefined || a.use.lastUsedAt === null
+          ? undefined
+          : BigInt(a.use.lastUsedAt),
     });
 
   return {

@@ -72,6 +72,9 @@ export const errorCodes = {
   permit_model_mismatch: "payment",
   permit_offer_mismatch: "payment",
   insufficient_credits: "payment",
+  // The request's maximum does not fit what remains of the total credit cap of the payer's
+  // authorization of this key (issue 28, item 7).
+  authorization_cap_exhausted: "payment",
   not_offer_operator: "forbidden",
   // The permit's payer has not authorized the calling API key (DESIGN.md section 8), or the
   // authorization expired or was revoked.
@@ -81,6 +84,9 @@ export const errorCodes = {
   // An AuthorizeKey issued at or before the time up to which its payer revoked everything it
   // signed (revoke all: the payer's epoch).
   authorization_revoked: "forbidden",
+  // The request's maximum is above the per-request credit cap of every authorization of the
+  // key that covers the permit (issue 28, item 7).
+  authorization_per_request_cap_exceeded: "forbidden",
   model_not_found: "not_found",
   offer_not_found: "not_found",
   request_not_found: "not_found",

@@ -321,6 +321,21 @@ export interface PermitAuthorization {
   /** Unix seconds; null while not revoked. */
   readonly revokedAt: number | null;
   readonly revokedBy: "key" | "payer" | null;
+  /** What its key has spent through it, where read (listings); absent elsewhere. */
+  readonly use?: AuthorizationUse | undefined;
+}
+
+/**
+ * An authorization's use (issue 28, item 7): every request records the authorization that
+ * admitted it. With a total cap, `used + reserved` never exceeds it.
+ */
+export interface AuthorizationUse {
+  /** Credits charged to the requests it admitted that have closed. */
+  readonly creditsUsed: bigint;
+  /** Credits its open requests hold (their maxima) until they close. */
+  readonly creditsReserved: bigint;
+  /** Unix seconds (the database's clock): when it last admitted a request; null: never. */
+  readonly lastUsedAt: number | null;
 }
 
 export function authorizationStatus(a: PermitAuthorization, now: number): AuthorizationStatus {
@@ -345,21 +360,85 @@ export function covers(
 /** What one API key may spend, answered in memory (the chat path asks it on every request). */
 export interface SpendingAuthority {
   allows(permit: { permitId: Hex; payer: Hex }, now: number): boolean;
+  /**
+   * The authorizations that let the key spend `permit` at `now`, in the order a request is
+   * admitted through them ({@link byCapOrder}); empty when none does.
+   */
+  covering(permit: { permitId: Hex; payer: Hex }, now: number): PermitAuthorization[];
 }
 
-/** Refuses (403 `permit_not_authorized`) a permit the authority does not cover. */
+/**
+ * Refuses (403 `permit_not_authorized`) a permit the authority does not cover; answers the
+ * authorizations that cover it, in the order a request is admitted through them.
+ */
 export function requireAuthority(
   authority: SpendingAuthority,
   permit: { permitId: Hex; payer: Hex },
   now: number,
-): void {
-  if (!authority.allows(permit, now)) {
+): PermitAuthorization[] {
+  const grants = authority.covering(permit, now);
+  if (grants.length === 0) {
     throw new GatewayError(
       "permit_not_authorized",
       `the payer of permit ${permit.permitId} has not authorized this API key to spend it ` +
         "(POST /v1/permit-authorizations/challenge, signed by the payer)",
     );
   }
+  return grants;
+}
+
+// ------------------------------------------------------------------------------ credit caps
+
+/**
+ * The order in which a request is admitted through the authorizations that cover its permit
+ * (issue 28, item 7): one without any cap first (nothing to check or reserve), then those with
+ * only a per-request cap (checked in memory; the largest first), then those with a total cap
+ * (the maximum is reserved against the cap, per request; in the order they were made). So a
+ * payer's narrow authorization never spends what a wider one of the same key would cover.
+ */
+export function byCapOrder(a: PermitAuthorization, b: PermitAuthorization): number {
+  const rank = (x: PermitAuthorization) => (x.totalCap !== 0n ? 2 : x.perRequestCap !== 0n ? 1 : 0);
+  const byRank = rank(a) - rank(b);
+  if (byRank !== 0) return byRank;
+  if (rank(a) === 1 && a.perRequestCap !== b.perRequestCap)
+    return a.perRequestCap > b.perRequestCap ? -1 : 1;
+  return a.createdAt - b.createdAt;
+}
+
+/** Whether a request whose maximum is `maximum` credits fits `a`'s per-request cap. */
+export function fitsPerRequestCap(a: PermitAuthorization, maximum: bigint): boolean {
+  return a.perRequestCap === 0n || maximum <= a.perRequestCap;
+}
+
+/**
+ * The refusal (403 `authorization_per_request_cap_exceeded`) of a request whose maximum fits no
+ * covering authorization's per-request cap: it names the largest cap and the request's maximum,
+ * so that the client can lower its output limit.
+ */
+export function perRequestCapRefusal(
+  grants: readonly PermitAuthorization[],
+  maximum: bigint,
+): GatewayError {
+  const widest = grants.reduce((w, a) => (a.perRequestCap > w.perRequestCap ? a : w));
+  return new GatewayError(
+    "authorization_per_request_cap_exceeded",
+    `this request's maximum of ${maximum} credits is above the per-request cap of ` +
+      `${widest.perRequestCap} credits that the payer set on authorization ${widest.id}; ` +
+      "lower max_tokens (or the input), or ask the payer for a wider authorization",
+  );
+}
+
+/**
+ * The refusal (402 `authorization_cap_exhausted`) of a request whose maximum fits what remains
+ * of none of the total caps it could be admitted through.
+ */
+export function totalCapRefusal(a: PermitAuthorization, maximum: bigint): GatewayError {
+  return new GatewayError(
+    "authorization_cap_exhausted",
+    `this request's maximum of ${maximum} credits does not fit what remains of the total cap ` +
+      `of ${a.totalCap} credits that the payer set on authorization ${a.id} (what it has used ` +
+      "and holds: GET /v1/permit-authorizations)",
+  );
 }
 
 /**
@@ -412,9 +491,16 @@ class HeldAuthority implements SpendingAuthority {
     return false;
   }
 
+  covering(permit: { permitId: Hex; payer: Hex }, now: number): PermitAuthorization[] {
+    const entries = this.byPayer.get(permit.payer.toLowerCase());
+    if (entries === undefined) return [];
+    // Kept in byCapOrder (add), so this is a filter.
+    return entries.filter((a) => covers(a, permit, now));
+  }
+
   add(a: PermitAuthorization): void {
     const others = (this.byPayer.get(a.payer) ?? []).filter((e) => e.id !== a.id);
-    this.byPayer.set(a.payer, [...others, a]);
+    this.byPayer.set(a.payer, [...others, a].sort(byCapOrder));
   }
 
   remove(id: string): void {

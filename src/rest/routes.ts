@@ -210,8 +210,9 @@ const chatErrors = {
     "permit_model_mismatch",
     "permit_offer_mismatch",
     "insufficient_credits",
+    "authorization_cap_exhausted",
   ],
-  403: ["permit_not_authorized"],
+  403: ["permit_not_authorized", "authorization_per_request_cap_exceeded"],
   404: ["model_not_found", "quote_not_found"],
   409: [
     "quote_expired",

@@ -90,6 +90,9 @@ const fieldShapes: Readonly<Record<string, TSchema>> = {
   max_output_tokens: Decimal,
   total_cap: Decimal,
   per_request_cap: Decimal,
+  credits_used: Decimal,
+  credits_reserved: Decimal,
+  last_used_at: UnixSeconds,
   issued_at: UnixSeconds,
   expires_at: UnixSeconds,
 };

@@ -13,6 +13,9 @@ export interface AuthorizationView {
   issued_at: number;
   total_cap: string;
   per_request_cap: string;
+  credits_used: string;
+  credits_reserved: string;
+  last_used_at: number | null;
   created_at: number;
   revoked_at: number | null;
   revoked_by: "key" | "payer" | null;

@@ -1261,6 +1261,10 @@ export const InferenceService: GenService<{
    * Proxies one chat completion to an eligible provider, paid from a permit
    * whose payer authorized the calling API key (PermitService; otherwise
    * PERMISSION_DENIED `permit_not_authorized`, before anything is reserved).
+   * An authorization's credit caps hold too: a maximum above its per-request
+   * cap is PERMISSION_DENIED `authorization_per_request_cap_exceeded` (nothing
+   * reserved), one that does not fit what is left of its total cap
+   * FAILED_PRECONDITION `authorization_cap_exhausted`.
    * The first message
    * says where the request went; each following message carries one upstream
    * chunk with the metering so far; the last carries the final usage and charge.

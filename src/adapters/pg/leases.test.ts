@@ -364,6 +364,42 @@ describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
     expect(leases.held().permits.size).toBe(0);
   });
 
+  it("keeps the per-request reservation for a request capped by its authorization, and records a leased request's authorization", async () => {
+    const { leases } = processLedger("gw_caps");
+    const [permitId, offerId] = [hex32(), hex32()];
+    const capped = {
+      ...request(permitId, offerId, 10n * MAX),
+      authorizationId: "pauth_x",
+      capped: true,
+    };
+    // The per-request path (as for a durable request): no stored quote, so gw_reserve's answer.
+    expect(await leases.reserve(capped)).toEqual({ ok: false, reason: "quote_used" });
+    expect(leases.held().permits.size).toBe(0);
+
+    const plain = { ...request(permitId, offerId, 10n * MAX), authorizationId: "pauth_y" };
+    expect(await leases.reserve(plain)).toEqual({ ok: true });
+    expect(leases.held().permits.get(permitId)).toBeGreaterThanOrEqual(MAX);
+    await leases.whenWritten(plain.requestId);
+    const written = async (id: Hex) =>
+      (
+        await test.db.pool.query<{ authorization_id: string | null; leased: boolean }>(
+          "SELECT authorization_id, leased FROM inference_requests WHERE id = $1",
+          [id],
+        )
+      ).rows[0];
+    expect(await written(plain.requestId)).toEqual({ authorization_id: "pauth_y", leased: true });
+    expect(await leases.finalize(close(plain.requestId, 300n))).toEqual({
+      finalized: true,
+      creditsCharged: 300n,
+    });
+    // Closed at once: recorded by whichever writes its row (the record's batch, or the close
+    // when the record was not sent yet).
+    const unsent = { ...request(permitId, offerId, 10n * MAX), authorizationId: "pauth_z" };
+    expect(await leases.reserve(unsent)).toEqual({ ok: true });
+    await leases.finalize(close(unsent.requestId, 0n));
+    expect(await written(unsent.requestId)).toMatchObject({ authorization_id: "pauth_z" });
+  });
+
   it("maps a lease failure to database_unavailable without a request", async () => {
     const { leases } = processLedger("gw_h", (store) => ({
       ...store,

@@ -42,14 +42,14 @@ export function createPgLeaseStore(pool: pg.Pool, options: PgLeaseStoreOptions =
         await pool.query(
           `INSERT INTO inference_requests (id, api_key_id, instance_id, model, model_id, offer_id,
              permit_id, quote_id, stream, status, input_tokens, maximum_credits, tariff_version,
-             created_at, leased)
+             created_at, leased, authorization_id)
            SELECT x.id, x.api_key_id, x.holder, x.model, x.model_id, x.offer_id, x.permit_id,
              x.quote_id, x.stream, x.status, x.input_tokens, x.maximum, x.tariff_version,
-             extract(epoch from clock_timestamp())::bigint, true
+             extract(epoch from clock_timestamp())::bigint, true, x.authorization_id
            FROM jsonb_to_recordset($1::jsonb) AS x(id text, api_key_id text, holder text,
              model text, model_id text, offer_id text, permit_id text, quote_id text,
              stream boolean, status text, input_tokens numeric, maximum numeric,
-             tariff_version numeric)
+             tariff_version numeric, authorization_id text)
            ON CONFLICT (id) DO NOTHING`,
           [JSON.stringify(rows)],
         );
@@ -156,6 +156,7 @@ function recordColumns(r: LeasedRecord) {
     stream: r.stream,
     maximum: r.maximumCredits.toString(),
     tariff_version: r.tariffVersion.toString(),
+    authorization_id: r.authorizationId ?? null,
   };
 }
 

@@ -26,7 +26,8 @@
  * ## Lock order
  *
  * Transactions take row locks in one global order, so they cannot deadlock with each other:
- * quote, then request, then offer rows (ascending id), then the permit row.
+ * quote, then request, then offer rows (ascending id), then the permit row, then the
+ * authorization ledger row of a capped request (see "Authorization caps").
  *
  * ## One round trip each
  *
@@ -46,6 +47,29 @@
  * every row lock their items need up front, in the order above, so batches cannot deadlock with
  * each other or with the single calls (migration 006 gives the argument; it also rewrote
  * gw_reserve's upserts as plain conditional UPDATEs, which behave the same).
+ *
+ * ## Authorization caps (issue 28, item 7; migration 030)
+ *
+ * A payer's authorization may cap what its key spends in all (`total_cap`) and per request
+ * (`per_request_cap`). The per-request cap is signed and never changes, so the pipeline checks
+ * it in memory before anything is reserved. The total cap is a deposit of its own, kept exactly
+ * as a permit's: its `authorization_ledgers` row holds `reserved` (the maxima of its open
+ * requests) and `used` (their charges once closed), and a capped request's reservation is one
+ * more conditional UPDATE of that row in the same `gw_reserve` call, `WHERE total_cap - used -
+ * reserved >= maximum`, after the permit's (the lock order above). So the argument above holds
+ * for it word for word: two processes that both see room for one request cannot both take it,
+ * and a request is refused `authorization_cap_exhausted` only when, on the row's newest
+ * version, the cap less what is used and held is below its maximum (no false refusal). Every
+ * close that ends a request ends its cap reservation in the same statement, exactly once by the
+ * same status condition: `gw_close_request` (and so `gw_close_batch`, the orphan rule and
+ * `gw_void_reservation`'s close of a row that landed) moves the charge to `used` and releases
+ * the rest; a void row that `gw_void_reservation` inserts first makes the late reservation fail
+ * whole, its cap UPDATE included; `switchOffer` resizes the cap reservation with the permit's.
+ * A capped request never goes through a reservation lease (leases.ts sends it here): a lease
+ * holds a permit's credits for a process, and a cap held that way would refuse another
+ * process's request while credits sat idle in this one's lease. Uncapped requests run the
+ * statements they ran before (`gw_reserve`'s INSERT carries the authorization's id, which a
+ * leased record's INSERT carries too), so they pay nothing for the caps.
  */
 import type pg from "pg";
 import { BaseError } from "../../errors.js";
@@ -99,16 +123,25 @@ export interface ReserveInput {
   readonly createdAt?: number;
   /** An internal quote (made by the gateway for a request without one), stored first. */
   readonly quote?: NewQuote;
+  /** The permit authorization that admits the request, recorded on it; absent: none recorded. */
+  readonly authorizationId?: string | undefined;
+  /**
+   * The authorization has a total cap: the maximum is reserved against it as well (its
+   * `authorization_ledgers` row, migration 030), and its close gives the rest back there.
+   */
+  readonly capped?: boolean | undefined;
 }
 
-export type ReserveRefusal = "insufficient_credits" | "offer_at_capacity" | "quote_used";
+export type ReserveRefusal =
+  "insufficient_credits" | "offer_at_capacity" | "quote_used" | "authorization_cap_exhausted";
 export type ReserveResult = { ok: true } | { ok: false; reason: ReserveRefusal };
 
 /**
  * Admits a request, in one transaction: stores the internal quote if one is given, consumes the
- * quote, takes a slot on the offer, reserves `maximumCredits` on the permit and inserts the
- * request as `pending`. A refusal (checked in that order: `quote_used`, `offer_at_capacity`,
- * `insufficient_credits`) rolls all of it back. A quote that does not exist reads as
+ * quote, takes a slot on the offer, reserves `maximumCredits` on the permit (and, `capped`, on
+ * its authorization's total cap) and inserts the request as `pending`. A refusal (checked in
+ * that order: `quote_used`, `offer_at_capacity`, `insufficient_credits`,
+ * `authorization_cap_exhausted`) rolls all of it back. A quote that does not exist reads as
  * `quote_used`; the caller looks the quote up first to answer `quote_not_found`.
  *
  * Availability: `deposit - (charged + max(0, chainSettled - settled)) - reserved`, where
@@ -128,7 +161,8 @@ async function reserveOne(pool: pg.Pool, args: ReserveArgs): Promise<ReserveResu
     // One statement, committed on its own: see migration 005 for why and how.
     await pool.query(
       `SELECT gw_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::numeric, $11::numeric,
-         $12::numeric, $13::numeric, $14::numeric, $15::integer, $16::bigint, $17::jsonb)`,
+         $12::numeric, $13::numeric, $14::numeric, $15::integer, $16::bigint, $17::jsonb, $18,
+         $19::boolean)`,
       Object.values(args),
     );
     return { ok: true };
@@ -165,6 +199,8 @@ interface ReserveArgs {
   readonly now: number | null;
   /** The JSON text of the internal quote's row, or null. */
   readonly quote: string | null;
+  readonly authorization_id: string | null;
+  readonly capped: boolean;
 }
 
 /** Checks a reservation and maps it to gw_reserve's arguments. */
@@ -176,6 +212,9 @@ function reserveArgs(input: ReserveInput): ReserveArgs {
   requireAmount("chainSettled", input.chainSettled);
   if (input.quote !== undefined && input.quote.quoteId !== input.quoteId) {
     throw new RangeError("reserve: quote.quoteId differs from quoteId");
+  }
+  if (input.capped === true && input.authorizationId === undefined) {
+    throw new RangeError("reserve: a capped request names its authorization");
   }
   return {
     request_id: input.requestId,
@@ -195,6 +234,8 @@ function reserveArgs(input: ReserveInput): ReserveArgs {
     max_concurrency: Number.isFinite(input.maxConcurrency) ? Math.floor(input.maxConcurrency) : 0,
     now: input.createdAt ?? null,
     quote: input.quote === undefined ? null : quoteColumns(input.quote),
+    authorization_id: input.authorizationId ?? null,
+    capped: input.capped === true,
   };
 }
 
@@ -202,6 +243,7 @@ const REFUSALS: readonly string[] = [
   "quote_used",
   "offer_at_capacity",
   "insufficient_credits",
+  "authorization_cap_exhausted",
 ] satisfies readonly ReserveRefusal[];
 
 /** The refusal that `text` names after `prefix`, if it names one. */
@@ -464,9 +506,10 @@ export interface SwitchOfferInput {
 /**
  * Failover before the first byte: moves a pending request to another offer in one transaction,
  * releasing its slot on the old offer, taking one on the new, and resizing its reservation to
- * the new maximum (a growth is admitted like a reservation). False, with nothing changed, when
- * the new offer is at capacity, the permit cannot cover the growth, or the request is not
- * pending any more (streaming already, or final).
+ * the new maximum (a growth is admitted like a reservation, on the permit and on a capped
+ * request's authorization cap). False, with nothing changed, when the new offer is at capacity,
+ * the permit or the cap cannot cover the growth, or the request is not pending any more
+ * (streaming already, or final).
  */
 export async function switchOffer(pool: pg.Pool, input: SwitchOfferInput): Promise<boolean> {
   requireAmount("maximumCredits", input.maximumCredits);
@@ -479,9 +522,11 @@ export async function switchOffer(pool: pg.Pool, input: SwitchOfferInput): Promi
       offer_id: string;
       permit_id: string;
       maximum_credits: string;
+      authorization_id: string | null;
+      authorization_capped: boolean;
     }>(
-      `SELECT offer_id, permit_id, maximum_credits FROM inference_requests
-       WHERE id = $1 AND status = 'pending' FOR UPDATE`,
+      `SELECT offer_id, permit_id, maximum_credits, authorization_id, authorization_capped
+       FROM inference_requests WHERE id = $1 AND status = 'pending' FOR UPDATE`,
       [input.requestId],
     );
     const request = rows[0];
@@ -526,6 +571,18 @@ export async function switchOffer(pool: pg.Pool, input: SwitchOfferInput): Promi
         [request.permit_id, growth.toString()],
       );
       expectOneRow(shrunk.rowCount, `permit ledger ${request.permit_id}`);
+    }
+    // A capped request's cap reservation follows its maximum, after the permit (lock order).
+    if (request.authorization_capped && growth !== 0n) {
+      const resized = await client.query(
+        `UPDATE authorization_ledgers SET reserved = reserved + $2::numeric
+         WHERE authorization_id = $1 AND ($2::numeric < 0 OR total_cap - used - reserved >= $2::numeric)`,
+        [request.authorization_id, growth.toString()],
+      );
+      if (resized.rowCount !== 1) {
+        if (growth > 0n) return refuse(false);
+        expectOneRow(resized.rowCount, `authorization ledger ${request.authorization_id}`);
+      }
     }
 
     await client.query(

@@ -205,7 +205,7 @@ const CURRENT_FUNCTIONS = [
   "gw_rate_lease(text,integer,integer,double precision,double precision)",
   "gw_rate_streams(text,text,integer,integer,double precision)",
   "gw_release_holder(text,bigint)",
-  "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb)",
+  "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb,text,boolean)",
   "gw_return_offer_lease(text,text,integer)",
   "gw_return_permit_lease(text,text,numeric)",
   "gw_void_reservation(text,text,text,text,text,text,text,text,boolean,numeric,numeric,text,bigint)",
@@ -222,10 +222,14 @@ const NEWER = [
 
 /**
  * Functions redefined since the old layout, by their current signature and the old layout's
- * (migration 026: the close writes the provider's claim and the gateway's count): compared by
- * name, their definitions are the current files' own.
+ * (migration 026: the close writes the provider's claim and the gateway's count; migration 030:
+ * the reservation records its authorization and holds a capped one's cap): compared by name,
+ * their definitions are the current files' own.
  */
 const CHANGED: Readonly<Record<string, string>> = {
+  "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb,text,boolean)":
+    "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb)",
+  "gw_batch_reserve(jsonb)": "gw_reserve_batch(jsonb)",
   "gw_close_batch(jsonb)": "gw_close_batch(jsonb)",
   "gw_close_leased_batch(jsonb)": "gw_close_leased_batch(jsonb)",
   "gw_close_request(text,text,numeric,numeric,numeric,text,text,text,bigint,bigint,numeric,numeric,jsonb,jsonb)":
@@ -238,18 +242,7 @@ const CHANGED: Readonly<Record<string, string>> = {
  * as often as listed, or the test fails).
  */
 const REWRITES: { fn: string; from: string; to: string; times: number }[] = [
-  {
-    fn: "gw_reserve(",
-    from: "WHERE p_deposit - GREATEST(0, p_chain_settled) >= p_maximum",
-    to: "WHERE gw_permit_available(p_deposit, p_chain_settled, 0, 0, 0) >= p_maximum",
-    times: 1,
-  },
-  {
-    fn: "gw_reserve_batch(",
-    from: "AND (e->>'deposit')::numeric - GREATEST(0, (e->>'chain_settled')::numeric)\n",
-    to: "AND gw_permit_available((e->>'deposit')::numeric, (e->>'chain_settled')::numeric, 0, 0, 0)\n",
-    times: 1,
-  },
+  // gw_reserve and gw_batch_reserve had theirs too, before migration 030 redefined them.
   {
     fn: "gw_lease_permit(",
     from: "IF p_deposit - GREATEST(0, p_chain_settled) < p_need THEN",

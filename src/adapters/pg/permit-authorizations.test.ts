@@ -96,7 +96,12 @@ describe("permit authorizations (the table)", () => {
       now: now + 1,
       by: "key",
     });
-    expect(revoked).toEqual({ ...first, revokedAt: now + 1, revokedBy: "key" });
+    expect(revoked).toEqual({
+      ...first,
+      revokedAt: now + 1,
+      revokedBy: "key",
+      use: { creditsUsed: 0n, creditsReserved: 0n, lastUsedAt: null },
+    });
     expect(
       await revokePermitAuthorization(test.db.pool, { id: first.id, now: now + 5, by: "payer" }),
     ).toEqual(revoked);

@@ -20,11 +20,35 @@ interface Row {
   created_at: string;
   revoked_at: string | null;
   revoked_by: "key" | "payer" | null;
+  /** Present where {@link useColumns} was selected. */
+  credits_used?: string;
+  credits_reserved?: string;
+  last_used_at?: string | null;
 }
 
 const columns =
   "id, api_key_id, payer, permit_id, expires_at, issued_at, total_cap, per_request_cap, " +
   "created_at, revoked_at, revoked_by";
+
+/**
+ * The use of the authorization `a` (issue 28, item 7), as the columns credits_used,
+ * credits_reserved and last_used_at that {@link fromRow} maps: the one definition, for every
+ * listing of authorizations. Every request records the authorization that admitted it
+ * (inference_requests.authorization_id, migration 030). One with a total cap has its cap's
+ * ledger (authorization_ledgers: what its closed requests were charged, what its open ones
+ * hold), the figures its admissions are checked against; one without is summed from its
+ * requests (their charges once closed, their maxima while open). The last use is its newest
+ * request (the index on authorization_id, created_at).
+ */
+export function useColumns(a: string): string {
+  const requests = `FROM inference_requests ir WHERE ir.authorization_id = ${a}.id`;
+  const ledger = `FROM authorization_ledgers al WHERE al.authorization_id = ${a}.id`;
+  return `COALESCE((SELECT al.used ${ledger}), (SELECT COALESCE(sum(ir.credits_charged), 0)
+       ${requests} AND ir.status NOT IN ('pending', 'streaming')))::text AS credits_used,
+     COALESCE((SELECT al.reserved ${ledger}), (SELECT COALESCE(sum(ir.maximum_credits), 0)
+       ${requests} AND ir.status IN ('pending', 'streaming')))::text AS credits_reserved,
+     (SELECT max(ir.created_at) ${requests})::text AS last_used_at`;
+}
 
 function fromRow(r: Row): PermitAuthorization {
   return {
@@ -39,6 +63,18 @@ function fromRow(r: Row): PermitAuthorization {
     createdAt: Number(r.created_at),
     revokedAt: r.revoked_at === null ? null : Number(r.revoked_at),
     revokedBy: r.revoked_by,
+    ...(r.credits_used === undefined
+      ? {}
+      : {
+          use: {
+            creditsUsed: BigInt(r.credits_used),
+            creditsReserved: BigInt(r.credits_reserved ?? "0"),
+            lastUsedAt:
+              r.last_used_at === undefined || r.last_used_at === null
+                ? null
+                : Number(r.last_used_at),
+          },
+        }),
   };
 }
 
@@ -101,19 +137,22 @@ export async function getPermitAuthorization(
   id: string,
 ): Promise<PermitAuthorization | undefined> {
   const { rows } = await db.query<Row>(
-    `SELECT ${columns} FROM permit_authorizations WHERE id = $1`,
+    `SELECT ${columns}, ${useColumns("a")} FROM permit_authorizations a WHERE id = $1`,
     [id],
   );
   return rows[0] === undefined ? undefined : fromRow(rows[0]);
 }
 
-/** Every authorization the key holds, revoked and expired ones included, newest first. */
+/**
+ * Every authorization the key holds, revoked and expired ones included, newest first, with its
+ * use.
+ */
 export async function listPermitAuthorizations(
   db: Queryable,
   apiKeyId: string,
 ): Promise<PermitAuthorization[]> {
   const { rows } = await db.query<Row>(
-    `SELECT ${columns} FROM permit_authorizations WHERE api_key_id = $1
+    `SELECT ${columns}, ${useColumns("a")} FROM permit_authorizations a WHERE api_key_id = $1
      ORDER BY seq DESC`,
     [apiKeyId],
   );
@@ -137,7 +176,7 @@ export async function revokePermitAuthorization(
        FROM target WHERE a.id = target.id AND a.revoked_at IS NULL
        RETURNING a.id
      )
-     SELECT ${columns.replace(/(\w+)/g, "a.$1")}, r.id IS NOT NULL AS changed
+     SELECT ${columns.replace(/(\w+)/g, "a.$1")}, ${useColumns("a")}, r.id IS NOT NULL AS changed
      FROM permit_authorizations a JOIN target t ON t.id = a.id LEFT JOIN revoked r ON r.id = a.id`,
     [args.id, args.apiKeyId ?? null, args.now, args.by],
   );

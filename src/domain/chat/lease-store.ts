@@ -37,6 +37,8 @@ export interface LeasedRecord {
   maximumCredits: bigint;
   tariffVersion: bigint;
   readonly inputTokens: bigint;
+  /** The permit authorization that admitted it (never one with a total cap: those are not leased). */
+  readonly authorizationId?: string | undefined;
 }
 
 /** A leased request's close: its record's columns and the close's, in one write. */

@@ -12,7 +12,8 @@ import type { Ledger } from "./types.js";
  * an extension, and is refused only when the database refuses to extend the lease by what the
  * request lacks. A leased request's record is written in a batch while its upstream call runs,
  * and its close moves its charge out of the lease in a batch. Requests that bring a quote or an
- * Idempotency-Key keep the per-request reservation (`durable`).
+ * Idempotency-Key keep the per-request reservation (`durable`), and so do requests capped by
+ * their authorization's total (`capped`).
  *
  * Leases belong to a holder: an epoch of this process, heartbeated while it admits. If the
  * heartbeat fails for so long that other processes could take the epoch for dead (and release
@@ -228,7 +229,10 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     new GatewayError("permit_closing", `permit ${permitId} is closing; it admits no new request`);
 
   const reserve: Ledger["reserve"] = async (input) => {
-    if (input.durable === true) return fallback.reserve(input);
+    // A request capped by its authorization's total reserves against the cap per request
+    // (adapters/pg/ledger.ts, "Authorization caps"): a cap leased to one process would refuse
+    // another's request while it sat idle here.
+    if (input.durable === true || input.capped === true) return fallback.reserve(input);
     const permitId = input.permitId.toLowerCase() as Hex;
     if (revoked.has(permitId)) throw permitClosing(input.permitId);
     let epoch: Epoch;
@@ -291,6 +295,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       maximumCredits: input.maximumCredits,
       tariffVersion: input.tariffVersion,
       inputTokens: input.inputTokens,
+      authorizationId: input.authorizationId,
     };
     const open: OpenState = { sent: false, skip: false, streaming: false };
     // The record is best effort: a close writes the whole row when it is missing.

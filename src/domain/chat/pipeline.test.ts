@@ -610,3 +610,227 @@ describe("request lifecycle defects (issue 10)", () => {
     expect(written).toHaveLength(1);
   });
 });
+
+describe("authorization credit caps (issue 28, item 7)", () => {
+  const grant = (n: number, caps: { totalCap?: bigint; perRequestCap?: bigint } = {}) => ({
+    id: `pauth_${n.toString(16).padStart(24, "0")}`,
+    apiKeyId: "key",
+    payer,
+    permitId,
+    expiresAt: now + 3600,
+    issuedAt: now,
+    totalCap: caps.totalCap ?? 0n,
+    perRequestCap: caps.perRequestCap ?? 0n,
+    createdAt: now + n,
+    revokedAt: null,
+    revokedBy: null,
+  });
+  const authorityOf = (...grants: ReturnType<typeof grant>[]) =>
+    createKeyAuthorities({ ttlMs: 60_000 }).load("key", grants, 0);
+  type Reservation = Parameters<Ledger["reserve"]>[0];
+  // Priced so that the two offers' maxima for the test request differ (B's is the larger).
+  const offers = [offer(offerA, 1_000_000n), offer(offerB, 2_000_000n)];
+
+  /** Each offer's maximum for the test request, as the pipeline reserves it. */
+  const maxima = async (): Promise<Map<Hex, bigint>> => {
+    const seen = new Map<Hex, bigint>();
+    const { chat } = setup({
+      offers,
+      ledger: {
+        reserve: async (input) => {
+          seen.set(input.offerId, input.maximumCredits);
+          // Refused at capacity: the pipeline tries every offer.
+          return { ok: false, reason: "offer_at_capacity" };
+        },
+      },
+    });
+    await chat().catch(() => undefined);
+    return seen;
+  };
+
+  it("refuses 403 authorization_per_request_cap_exceeded a request whose maximum fits no offer under the cap, before reserving or calling a provider", async () => {
+    const maximum = await maxima();
+    const cheapest = maximum.get(offerA)!;
+    expect(cheapest).toBeLessThan(maximum.get(offerB)!);
+    const reserved: Reservation[] = [];
+    const { chat, called, finalized } = setup({
+      offers,
+      authority: authorityOf(grant(1, { totalCap: cheapest * 10n, perRequestCap: cheapest - 1n })),
+      ledger: {
+        reserve: async (input) => {
+          reserved.push(input);
+          return { ok: true };
+        },
+      },
+    });
+    const error = (await chat().catch((e: unknown) => e)) as GatewayError;
+    expect(error).toBeInstanceOf(GatewayError);
+    expect(error.code).toBe("authorization_per_request_cap_exceeded");
+    expect(httpStatusOf(error.code)).toBe(403);
+    expect(error.message).toContain(`maximum of ${cheapest} credits`);
+    expect(error.message).toContain(`per-request cap of ${cheapest - 1n} credits`);
+    expect(error.message).toContain(grant(1).id);
+    expect(reserved).toEqual([]);
+    expect(called).toEqual([]);
+    expect(finalized).toEqual([]);
+  });
+
+  it("routes only to offers within the per-request cap, reserves through the authorization with its cap, and never fails over above the cap", async () => {
+    const maximum = await maxima();
+    const a = maximum.get(offerA)!;
+    const reserved: Reservation[] = [];
+    const calledOffers: string[] = [];
+    const { chat, finalized } = setup({
+      offers,
+      authority: authorityOf(grant(1, { totalCap: a * 10n, perRequestCap: a })),
+      ledger: {
+        reserve: async (input) => {
+          reserved.push(input);
+          return { ok: true };
+        },
+      },
+      // A fails before the first byte; B would take over, but its maximum is above the cap.
+      upstream: async (endpoint) => {
+        calledOffers.push(endpoint.url);
+        return reply(503, {});
+      },
+    });
+    const error = (await chat().catch((e: unknown) => e)) as GatewayError;
+    expect(error.code).toBe("upstream_error");
+    expect(error.message).toContain("no other offer could serve");
+    expect(calledOffers).toHaveLength(1);
+    expect(reserved).toHaveLength(1);
+    expect(reserved[0]).toMatchObject({
+      offerId: offerA,
+      maximumCredits: a,
+      authorizationId: grant(1).id,
+      capped: true,
+    });
+    expect(finalized[0]).toMatchObject({ status: "failed", billing: "void", creditsCharged: 0n });
+  });
+
+  it("admits through an uncapped authorization of the key before a capped one of the same permit", async () => {
+    const reserved: Reservation[] = [];
+    const { chat } = setup({
+      offers,
+      // Made after the capped ones: the order is by caps, not by age.
+      authority: authorityOf(
+        grant(1, { totalCap: 10n, perRequestCap: 1n }),
+        grant(2, { perRequestCap: 10n ** 15n }),
+        grant(3),
+      ),
+      ledger: {
+        reserve: async (input) => {
+          reserved.push(input);
+          return { ok: true };
+        },
+      },
+    });
+    const events = await chat();
+    expect(events.at(-1)).toMatchObject({ type: "completed" });
+    expect(reserved).toEqual([
+      expect.objectContaining({ authorizationId: grant(3).id, capped: false }),
+    ]);
+  });
+
+  it("tries the next capped authorization when one's total is spent, and refuses 402 authorization_cap_exhausted when every one is", async () => {
+    const tried: (string | undefined)[] = [];
+    let roomIn: string | undefined;
+    const ledger = {
+      reserve: async (input: Reservation) => {
+        tried.push(input.authorizationId);
+        return input.authorizationId === roomIn
+          ? ({ ok: true } as const)
+          : ({ ok: false, reason: "authorization_cap_exhausted" } as const);
+      },
+    };
+    const authority = authorityOf(
+      grant(1, { totalCap: 10n ** 15n }),
+      grant(2, { totalCap: 10n ** 15n }),
+    );
+    roomIn = grant(2).id;
+    const served = setup({
+      offers,
+      authority,
+      ledger,
+    });
+    expect((await served.chat()).at(-1)).toMatchObject({ type: "completed" });
+    expect(tried).toEqual([grant(1).id, grant(2).id]);
+
+    tried.length = 0;
+    roomIn = undefined;
+    const refused = setup({
+      offers,
+      authority,
+      ledger,
+    });
+    const error = (await refused.chat().catch((e: unknown) => e)) as GatewayError;
+    expect(error.code).toBe("authorization_cap_exhausted");
+    expect(httpStatusOf(error.code)).toBe(402);
+    expect(error.message).toContain(grant(2).id);
+    // Once through each, on the cheapest offer only: a spent cap is not another offer's problem.
+    expect(tried).toEqual([grant(1).id, grant(2).id]);
+    expect(refused.called).toEqual([]);
+    expect(refused.finalized).toEqual([]);
+  });
+
+  it("checks a supplied quote's maximum against the per-request cap", async () => {
+    const req = parseChatRequest(chatInput().body, { maxBytes: 1 << 20 });
+    const quote: QuoteRecord = {
+      quoteId: `0x${"98".repeat(32)}`,
+      apiKeyId: "key",
+      model: "m",
+      modelId,
+      offerId: offerA,
+      tariffVersion: 1n,
+      inputTokens: 100n,
+      maxOutputTokens: 16n,
+      wakesEndpoint: false,
+      maximumCredits: 1_000n,
+      fingerprint: quoteFingerprint(req),
+      createdAt: now,
+      expiresAt: now + 60,
+      internal: false,
+      usedBy: null,
+    };
+    const reserved: Reservation[] = [];
+    const run = (perRequestCap: bigint) => {
+      const { inference, called } = setup({
+        offers,
+        quotes: { insert: async () => undefined, get: async () => quote },
+        ledger: {
+          reserve: async (input) => {
+            reserved.push(input);
+            return { ok: true };
+          },
+        },
+      });
+      const input = {
+        ...chatInput(),
+        quoteId: quote.quoteId,
+        authority: authorityOf(grant(1, { totalCap: 10_000n, perRequestCap })),
+      };
+      return {
+        called,
+        result: (async () => {
+          for await (const _ of inference.chat(input));
+        })(),
+      };
+    };
+    const over = run(999n);
+    const error = (await over.result.catch((e: unknown) => e)) as GatewayError;
+    expect(error.code).toBe("authorization_per_request_cap_exceeded");
+    expect(error.message).toContain("maximum of 1000 credits");
+    expect(reserved).toEqual([]);
+    expect(over.called).toEqual([]);
+    const within = run(1_000n);
+    await within.result;
+    expect(reserved).toEqual([
+      expect.objectContaining({
+        maximumCredits: 1_000n,
+        authorizationId: grant(1).id,
+        capped: true,
+      }),
+    ]);
+  });
+});

@@ -10,7 +10,13 @@ import {
 import { canonicalBody, dialects, translateEvents, type DialectName } from "../dialects/index.js";
 import { GatewayError } from "../errors.js";
 import { isHex32, normalizeHex } from "../hex.js";
-import { requireAuthority } from "../permit-authorization.js";
+import {
+  fitsPerRequestCap,
+  perRequestCapRefusal,
+  requireAuthority,
+  totalCapRefusal,
+  type PermitAuthorization,
+} from "../permit-authorization.js";
 import { checkPermit } from "../permits.js";
 import { randomHex } from "../random-id.js";
 import { boundCounters } from "../tokens.js";
@@ -388,12 +394,13 @@ export function createInference(deps: InferenceDeps): Inference {
       now: deps.permitClock === undefined ? now : Math.max(now, deps.permitClock()),
     });
     // Only a key its payer authorized may spend it; refused from memory, before any reservation.
-    requireAuthority(input.authority, permit, now);
+    // The authorizations that cover the permit, in the order a request is admitted through them.
+    const grants = requireAuthority(input.authority, permit, now);
     trace?.step("permit");
 
     // 3. Route.
     const pins = [req.offer, quote?.offerId, permit.offerId];
-    const candidates = rankCandidates(offers, model, req, pins, now, routing);
+    let candidates = rankCandidates(offers, model, req, pins, now, routing);
     if (candidates.length === 0) throw noEligibleOffer(req);
     // A supplied quote's maximum is what is reserved, its wake fee included when it said so.
     const maxPrice = req.provider?.maxPrice;
@@ -402,6 +409,10 @@ export function createInference(deps: InferenceDeps): Inference {
       const priced = { offer: candidates[0]!.offer, inputTokens, maxOutputTokens, maximumCredits };
       if (!fitsMaxPrice(priced, maxPrice)) throw maxPriceRefusal([priced], maxPrice);
     }
+    // The payer's per-request caps (issue 28, item 7), from memory: an offer whose maximum for
+    // this request fits none of them is not routed to, and a request that no offer fits is
+    // refused before anything is reserved or any provider is called.
+    candidates = withinPerRequestCaps(candidates, grants, quote?.maximumCredits);
     const failover = pins.every((p) => p === undefined);
     trace?.step("route");
 
@@ -410,13 +421,14 @@ export function createInference(deps: InferenceDeps): Inference {
     let chosen: Candidate | undefined;
     let quoteId: Hex | undefined;
     let maximumCredits = 0n;
+    let admittedBy: PermitAuthorization | undefined;
     for (const c of quote === undefined ? candidates : candidates.slice(0, 1)) {
       const internal =
         quote === undefined
           ? quoteRecord(newId(), input.apiKeyId, req, model, c, now, true)
           : undefined;
       const q = quote ?? internal!;
-      const result = await reserveOrVoid(requestId, {
+      const reservation = {
         requestId,
         apiKeyId: input.apiKeyId,
         model: req.model,
@@ -435,7 +447,18 @@ export function createInference(deps: InferenceDeps): Inference {
         durable: quote !== undefined || input.idempotencyKey !== undefined,
         permitExpiresAt: permit.expiresAt,
         ...(internal === undefined ? {} : { quote: internal }),
-      });
+      };
+      // Through the first authorization whose per-request cap it fits; one with a total cap
+      // reserves the maximum against the cap as well (the ledger's "Authorization caps"), and
+      // when that cap is spent, the next one is tried.
+      const through = grants.filter((g) => fitsPerRequestCap(g, q.maximumCredits));
+      let grant = through[0]!;
+      let result = await reserveOrVoid(requestId, reservationThrough(reservation, grant));
+      for (const next of through.slice(1)) {
+        if (result.ok || result.reason !== "authorization_cap_exhausted") break;
+        grant = next;
+        result = await reserveOrVoid(requestId, reservationThrough(reservation, grant));
+      }
       if (result.ok) {
         // The wake fee only if the quote priced it (whatever the prober has seen since), and
         // only if this request claims it: the gateway saw the endpoint asleep, and no request
@@ -443,8 +466,11 @@ export function createInference(deps: InferenceDeps): Inference {
         chosen = { ...c, wakes: q.wakesEndpoint && (await claimWakeFee(c.offer.offerId)) };
         quoteId = q.quoteId;
         maximumCredits = q.maximumCredits;
+        admittedBy = grant;
         break;
       }
+      if (result.reason === "authorization_cap_exhausted")
+        throw totalCapRefusal(grant, q.maximumCredits);
       if (result.reason === "insufficient_credits") {
         throw new GatewayError(
           "insufficient_credits",
@@ -456,12 +482,13 @@ export function createInference(deps: InferenceDeps): Inference {
       // offer_at_capacity: the next offer, if routing may choose one.
       if (!failover) break;
     }
-    if (chosen === undefined || quoteId === undefined) {
+    if (chosen === undefined || quoteId === undefined || admittedBy === undefined) {
       throw new GatewayError(
         "offer_at_capacity",
         "every eligible offer is at its max_concurrency; retry shortly",
       );
     }
+    const grant = admittedBy;
     trace?.admitted({
       requestId,
       quoteId,
@@ -480,8 +507,11 @@ export function createInference(deps: InferenceDeps): Inference {
         quoteId,
         maximumCredits,
         chosen,
-        // A failover's offer is charged no wake fee: none was claimed for it.
-        candidates: candidates.map((c) => (c.wakes ? { ...c, wakes: false } : c)),
+        // A failover's offer is charged no wake fee: none was claimed for it; and it stays
+        // within the per-request cap of the authorization that admitted the request.
+        candidates: candidates
+          .filter((c) => fitsPerRequestCap(grant, c.maximumCredits))
+          .map((c) => (c.wakes ? { ...c, wakes: false } : c)),
         failover,
         arrivedAt,
         trace,
@@ -490,9 +520,38 @@ export function createInference(deps: InferenceDeps): Inference {
     );
   }
 
+  /**
+   * The candidates whose maximum for this request (a supplied quote's, when there is one) fits
+   * the per-request cap of at least one authorization in `grants`; throws 403
+   * `authorization_per_request_cap_exceeded` when none does.
+   */
+  function withinPerRequestCaps(
+    candidates: Candidate[],
+    grants: readonly PermitAuthorization[],
+    quoted: bigint | undefined,
+  ): Candidate[] {
+    if (grants.some((g) => g.perRequestCap === 0n)) return candidates;
+    const maximumOf = (c: Candidate) => quoted ?? c.maximumCredits;
+    const kept = candidates.filter((c) => grants.some((g) => fitsPerRequestCap(g, maximumOf(c))));
+    if (kept.length > 0) return kept;
+    const least = candidates.reduce(
+      (m, c) => (maximumOf(c) < m ? maximumOf(c) : m),
+      maximumOf(candidates[0]!),
+    );
+    throw perRequestCapRefusal(grants, least);
+  }
+
   /** Whether this request is charged its offer's wake fee (absent `wakeFees`: never). */
   async function claimWakeFee(offerId: Hex): Promise<boolean> {
     return deps.wakeFees === undefined ? false : deps.wakeFees.claim(offerId);
+  }
+
+  /** A reservation admitted through `grant`: recorded on the request, and capped by its total. */
+  function reservationThrough(
+    reservation: Parameters<Ledger["reserve"]>[0],
+    grant: PermitAuthorization,
+  ): Parameters<Ledger["reserve"]>[0] {
+    return { ...reservation, authorizationId: grant.id, capped: grant.totalCap !== 0n };
   }
 
   /**

@@ -149,7 +149,8 @@ export interface QuoteStore {
   get(quoteId: Hex): Promise<QuoteRecord | undefined>;
 }
 
-export type ReserveRefusal = "insufficient_credits" | "offer_at_capacity" | "quote_used";
+export type ReserveRefusal =
+  "insufficient_credits" | "offer_at_capacity" | "quote_used" | "authorization_cap_exhausted";
 
 /** The reservation ledger (adapters/pg/ledger.ts); each call is one transaction. */
 export interface Ledger {
@@ -182,6 +183,13 @@ export interface Ledger {
     durable?: boolean;
     /** The permit's expiry (Unix seconds): a lease on it is given back once it passes. */
     permitExpiresAt?: number;
+    /** The permit authorization that admits the request, recorded on it. */
+    authorizationId?: string;
+    /**
+     * That authorization has a total cap: the maximum is reserved against it too, per request
+     * (never against a lease); refused `authorization_cap_exhausted` when it does not fit.
+     */
+    capped?: boolean;
   }): Promise<{ ok: true } | { ok: false; reason: ReserveRefusal }>;
   /**
    * pending -> streaming. False when the request is no longer open: the orphan rule closed it

@@ -190,7 +190,8 @@ $$;
 -- requests are closed void, as the orphan rule would have closed them.
 --
 -- p_items: a JSON array of objects: id, api_key_id, holder, model, model_id, offer_id,
--- permit_id, quote_id, stream, maximum, tariff_version, created_at (the record), and status,
+-- permit_id, quote_id, stream, maximum, tariff_version, created_at, authorization_id (the
+-- record; a request capped by its authorization's total is never leased), and status,
 -- input_tokens, output_tokens, credits_charged, billing, usage_source, error, now (the close).
 -- One row per item: idx (1-based), finalized, credits_charged.
 -- created_at of a record its close writes first is the database's clock (migration 016); an
@@ -223,7 +224,8 @@ BEGIN
       permit_id text, quote_id text, stream boolean, maximum numeric, tariff_version numeric,
       created_at bigint, status text, input_tokens numeric, output_tokens numeric,
       credits_charged numeric, billing text, usage_source text, error text, now bigint,
-      cached_input_tokens numeric, reasoning_tokens numeric, claimed jsonb, counted jsonb)
+      cached_input_tokens numeric, reasoning_tokens numeric, claimed jsonb, counted jsonb,
+      authorization_id text)
     ORDER BY a.ord
   LOOP
     v_charge := LEAST(item.credits_charged, item.maximum);
@@ -253,7 +255,8 @@ BEGIN
         claimed_cached_input_tokens, claimed_reasoning_tokens, counted_input_tokens,
         counted_output_tokens, counted_cached_input_tokens, counted_reasoning_tokens,
         maximum_credits, credits_charged, billing, usage_source,
-        tariff_version, error, created_at, completed_at, settlement_status, leased)
+        tariff_version, error, created_at, completed_at, settlement_status, leased,
+        authorization_id)
       VALUES (item.id, item.api_key_id, item.holder, item.model, item.model_id, item.offer_id,
         item.permit_id, item.quote_id, item.stream, item.status, item.input_tokens,
         item.output_tokens, COALESCE(item.cached_input_tokens, 0),
@@ -266,7 +269,7 @@ BEGIN
         (item.counted->>'reasoning_tokens')::numeric, item.maximum, v_charge, item.billing,
         item.usage_source,
         item.tariff_version, item.error, extract(epoch from clock_timestamp())::bigint, item.now,
-        CASE WHEN v_charge > 0 THEN 'unsettled' ELSE 'none' END, true)
+        CASE WHEN v_charge > 0 THEN 'unsettled' ELSE 'none' END, true, item.authorization_id)
       ON CONFLICT (id) DO NOTHING;
       v_done := FOUND;
     END IF;

@@ -6,7 +6,9 @@
 -- All of them rely on READ COMMITTED: a conditional UPDATE that waited on a row lock re-checks
 -- its WHERE clause on the row's newest version (EvalPlanQual), so two processes can never both
 -- pass a check that only one of them fits. A refusal raises `gw:<reason>`, which rolls back
--- everything the call did. Lock order everywhere: quote, request, offers (ascending id), permit.
+-- everything the call did. Lock order everywhere: quote, request, offers (ascending id), permit,
+-- authorization ledger (a capped request's, migration 030; nothing else locks that row: a
+-- revocation writes permit_authorizations only, and reads of the cap's use take no lock).
 --
 -- Every plpgsql gw_* function is defined with `SET plan_cache_mode = force_custom_plan`: PL/pgSQL
 -- keeps a generic plan for good after five calls, and one made while a table was small stays a
@@ -26,7 +28,11 @@ CREATE OR REPLACE FUNCTION gw_permit_available(
   SELECT p_deposit - (p_charged + GREATEST(0, p_chain_settled - p_settled)) - p_reserved
 $$;
 
--- gw_reserve: admits a request (migrations 005, 006, 007, 016). An internal quote is inserted
+-- 030 added the authorization to gw_reserve's parameters (a new function): the old one goes.
+DROP FUNCTION IF EXISTS gw_reserve(text, text, text, text, text, text, text, text, boolean, numeric,
+  numeric, numeric, numeric, numeric, integer, bigint, jsonb);
+
+-- gw_reserve: admits a request (migrations 005, 006, 007, 016, 030). An internal quote is inserted
 -- already used by its request; the offer's and the permit's rows are admitted by their
 -- conditional UPDATE first, and only when that finds nothing is a neutral row inserted
 -- (`ON CONFLICT DO NOTHING`) and the UPDATE tried once more, so a refusal still means the row
@@ -39,18 +45,25 @@ $$;
 -- (migrate.test.ts checks it). Everywhere else the rule is called: PL/pgSQL assignments and
 -- conditions (gw_lease_permit) are planned once per session, and the other statements are off
 -- the per-request path (a permit's first reservation, a batch's lock pass, switchOffer).
+-- p_authorization_id is the authorization that admitted the request, recorded on it (NULL:
+-- none recorded). p_capped: it has a total cap, and the maximum is reserved against it too, in
+-- its authorization_ledgers row (migration 030), by the same kind of conditional UPDATE, after
+-- the permit's (lock order); refused `gw:authorization_cap_exhausted` when the cap less what
+-- its requests used and hold cannot cover the maximum. An uncapped request runs exactly the
+-- statements it ran before, the request's INSERT carrying the authorization.
 CREATE OR REPLACE FUNCTION gw_reserve(
   p_request_id text, p_api_key_id text, p_instance_id text, p_model text, p_model_id text,
   p_offer_id text, p_permit_id text, p_quote_id text, p_stream boolean, p_maximum numeric,
   p_tariff_version numeric, p_input_tokens numeric, p_deposit numeric, p_chain_settled numeric,
-  p_max_concurrency integer, p_now bigint, p_quote jsonb
+  p_max_concurrency integer, p_now bigint, p_quote jsonb, p_authorization_id text,
+  p_capped boolean
 ) RETURNS void LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan AS $$
 BEGIN
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'gw_reserve needs READ COMMITTED, not %', current_setting('transaction_isolation');
   END IF;
-  -- Lock order everywhere: quote, request, offers (ascending id), permit.
+  -- Lock order everywhere: quote, request, offers (ascending id), permit, authorization.
   IF p_quote IS NOT NULL THEN
     IF p_quote->>'quote_id' IS DISTINCT FROM p_quote_id THEN
       RAISE EXCEPTION 'gw_reserve: the internal quote is not quote %', p_quote_id;
@@ -65,10 +78,12 @@ BEGIN
     END IF;
   END IF;
   INSERT INTO inference_requests (id, api_key_id, instance_id, model, model_id, offer_id,
-    permit_id, quote_id, stream, status, input_tokens, maximum_credits, tariff_version, created_at)
+    permit_id, quote_id, stream, status, input_tokens, maximum_credits, tariff_version, created_at,
+    authorization_id, authorization_capped)
   VALUES (p_request_id, p_api_key_id, p_instance_id, p_model, p_model_id, p_offer_id,
     p_permit_id, p_quote_id, p_stream, 'pending', p_input_tokens, p_maximum, p_tariff_version,
-    COALESCE(p_now, extract(epoch from clock_timestamp())::bigint));
+    COALESCE(p_now, extract(epoch from clock_timestamp())::bigint), p_authorization_id,
+    COALESCE(p_capped, false));
   IF p_max_concurrency < 1 THEN
     RAISE EXCEPTION USING MESSAGE = 'gw:offer_at_capacity';
   END IF;
@@ -101,6 +116,26 @@ BEGIN
       RAISE EXCEPTION USING MESSAGE = 'gw:insufficient_credits';
     END IF;
   END IF;
+  IF p_capped THEN
+    UPDATE authorization_ledgers l SET reserved = l.reserved + p_maximum
+    WHERE l.authorization_id = p_authorization_id
+      AND l.total_cap - l.used - l.reserved >= p_maximum;
+    IF NOT FOUND THEN
+      -- Its first capped request makes the row (as a permit's first makes its ledger row),
+      -- only where the cap could hold this reservation; an authorization without a total cap
+      -- gets none, and a request that says it is capped by one is refused.
+      INSERT INTO authorization_ledgers (authorization_id, total_cap)
+      SELECT a.id, a.total_cap FROM permit_authorizations a
+      WHERE a.id = p_authorization_id AND a.total_cap > 0 AND a.total_cap >= p_maximum
+      ON CONFLICT (authorization_id) DO NOTHING;
+      UPDATE authorization_ledgers l SET reserved = l.reserved + p_maximum
+      WHERE l.authorization_id = p_authorization_id
+        AND l.total_cap - l.used - l.reserved >= p_maximum;
+      IF NOT FOUND THEN
+        RAISE EXCEPTION USING MESSAGE = 'gw:authorization_cap_exhausted';
+      END IF;
+    END IF;
+  END IF;
 END
 $$;
 
@@ -118,7 +153,9 @@ DROP FUNCTION IF EXISTS gw_close_request(text, text, numeric, numeric, numeric, 
 -- closing it touches no ledger row; only a void close may end one here (its owner's charged
 -- close is gw_close_leased_batch). The two usage details default to 0 (migration 018); the
 -- provider's claim and the gateway's count (migration 026: `{input_tokens, output_tokens,
--- cached_input_tokens, reasoning_tokens}`, decimal strings) default to NULL: none.
+-- cached_input_tokens, reasoning_tokens}`, decimal strings) default to NULL: none. A request
+-- that holds its maximum against its authorization's total cap (migration 030) gives it back
+-- there too, its charge kept as the cap's `used`, after the permit's row (lock order).
 CREATE OR REPLACE FUNCTION gw_close_request(
   p_request_id text, p_status text, p_input_tokens numeric, p_output_tokens numeric,
   p_credits_charged numeric, p_billing text, p_usage_source text, p_error text, p_now bigint,
@@ -157,7 +194,8 @@ BEGIN
     AND (p_orphaned_before IS NULL OR GREATEST(
           (SELECT g.heartbeat_at FROM gateway_instances g WHERE g.instance_id = r.instance_id),
           r.created_at) < p_orphaned_before)
-  RETURNING r.permit_id, r.offer_id, r.maximum_credits, r.credits_charged, r.leased INTO closed;
+  RETURNING r.permit_id, r.offer_id, r.maximum_credits, r.credits_charged, r.leased,
+    r.authorization_id, r.authorization_capped INTO closed;
   IF NOT FOUND THEN
     RETURN QUERY SELECT false, COALESCE(
       (SELECT r.credits_charged FROM inference_requests r WHERE r.id = p_request_id), 0::numeric);
@@ -181,6 +219,15 @@ BEGIN
     WHERE permit_id = closed.permit_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'ledger inconsistency: permit ledger % is missing', closed.permit_id;
+  END IF;
+  IF closed.authorization_capped THEN
+    UPDATE authorization_ledgers
+      SET reserved = reserved - closed.maximum_credits, used = used + closed.credits_charged
+      WHERE authorization_id = closed.authorization_id;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'ledger inconsistency: authorization ledger % is missing',
+        closed.authorization_id;
+    END IF;
   END IF;
   RETURN QUERY SELECT true, closed.credits_charged;
 END
@@ -239,10 +286,12 @@ $$;
 
 -- p_items: a JSON array of objects with gw_reserve's arguments, named without the `p_`:
 -- request_id, api_key_id, instance_id, model, model_id, offer_id, permit_id, quote_id, stream,
--- maximum, tariff_version, input_tokens, deposit, chain_settled, max_concurrency, now, quote
+-- maximum, tariff_version, input_tokens, deposit, chain_settled, max_concurrency, now, quote,
+-- authorization_id, capped
 -- (amounts as decimal strings; quote as the JSON text of a `quotes` row, or null). One row per
 -- item: idx (1-based position in p_items) and outcome: 'ok', the refusal
--- ('quote_used' | 'offer_at_capacity' | 'insufficient_credits'), or 'error:<sqlstate>: <message>'.
+-- ('quote_used' | 'offer_at_capacity' | 'insufficient_credits' | 'authorization_cap_exhausted'),
+-- or 'error:<sqlstate>: <message>'.
 -- Named gw_reserve_batch before (migration 006 to issue 21): the old name goes, so that exactly
 -- one definition starts with "gw_reserve".
 DROP FUNCTION IF EXISTS gw_reserve_batch(jsonb);
@@ -301,6 +350,19 @@ BEGIN
     END IF;
   END LOOP;
 
+  -- 3b. The authorization ledgers of the capped items (migration 030), made where missing.
+  FOR v_key IN
+    SELECT DISTINCT (e->>'authorization_id') COLLATE "C" FROM jsonb_array_elements(p_items) e
+    WHERE (e->>'capped')::boolean AND (e->>'max_concurrency')::integer >= 1 ORDER BY 1
+  LOOP
+    INSERT INTO authorization_ledgers (authorization_id, total_cap)
+    SELECT a.id, a.total_cap FROM permit_authorizations a WHERE a.id = v_key AND a.total_cap > 0
+    ON CONFLICT (authorization_id) DO NOTHING;
+    IF NOT FOUND THEN
+      UPDATE authorization_ledgers l SET reserved = l.reserved WHERE l.authorization_id = v_key;
+    END IF;
+  END LOOP;
+
   -- 4. The items, in order, each in its own subtransaction.
   FOR item IN
     SELECT a.ord::integer AS i, r.*
@@ -309,7 +371,7 @@ BEGIN
       request_id text, api_key_id text, instance_id text, model text, model_id text,
       offer_id text, permit_id text, quote_id text, stream boolean, maximum numeric,
       tariff_version numeric, input_tokens numeric, deposit numeric, chain_settled numeric,
-      max_concurrency integer, now bigint, quote text)
+      max_concurrency integer, now bigint, quote text, authorization_id text, capped boolean)
     ORDER BY a.ord
   LOOP
     idx := item.i;
@@ -320,12 +382,14 @@ BEGIN
         PERFORM gw_reserve(item.request_id, item.api_key_id, item.instance_id, item.model,
           item.model_id, item.offer_id, item.permit_id, item.quote_id, item.stream, item.maximum,
           item.tariff_version, item.input_tokens, item.deposit, item.chain_settled,
-          item.max_concurrency, item.now, item.quote::jsonb);
+          item.max_concurrency, item.now, item.quote::jsonb, item.authorization_id,
+          COALESCE(item.capped, false));
         outcome := 'ok';
       EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
         outcome := CASE
-          WHEN v_message IN ('gw:quote_used', 'gw:offer_at_capacity', 'gw:insufficient_credits')
+          WHEN v_message IN ('gw:quote_used', 'gw:offer_at_capacity', 'gw:insufficient_credits',
+            'gw:authorization_cap_exhausted')
             THEN substr(v_message, 4)
           ELSE 'error:' || v_state || ': ' || v_message
         END;
@@ -388,6 +452,14 @@ BEGIN
     ORDER BY 1
   LOOP
     UPDATE permit_ledgers p SET reserved = p.reserved WHERE p.permit_id = v_key;
+  END LOOP;
+  -- 3b. The authorization ledgers their capped reservations hold (migration 030).
+  FOR v_key IN
+    SELECT DISTINCT r.authorization_id COLLATE "C" FROM inference_requests r
+    WHERE r.id = ANY (open_ids) AND r.authorization_capped
+    ORDER BY 1
+  LOOP
+    UPDATE authorization_ledgers l SET reserved = l.reserved WHERE l.authorization_id = v_key;
   END LOOP;
 
   -- 4. The items, in order, each in its own subtransaction.
