@@ -138,6 +138,7 @@ describe("provider onboarding", () => {
         offerId: chatOffer,
         endpointUrl: stopped.url,
         signer: privateKeyToAccount(stack.roles.operator.privateKey),
+        chain: { chainId: stack.config.chainId, market: stack.demo.market },
       },
     );
     await eventually(
@@ -488,6 +489,7 @@ describe("endpoint safety", () => {
         offerId: stack.demo.offers[0]!.offerId,
         endpointUrl,
         signer: privateKeyToAccount(stack.roles.operator.privateKey),
+        chain: { chainId: stack.config.chainId, market: stack.demo.market },
       },
     ).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(GatewayRequestError);
