@@ -375,6 +375,8 @@ describe("provider earnings", () => {
       GATEWAY_URL: stack.gateway.url,
       GATEWAY_API_KEY: key,
       OPERATOR_PRIVATE_KEY: stack.roles.operator.privateKey,
+      CHAIN_ID: String(stack.config.chainId),
+      MARKET_ADDRESS: stack.demo.market,
     };
     const cli = async (...args: string[]) => {
       const out = await run(process.execPath, [...gatewayCli, "provider", ...args], { env }).then(
