@@ -30,7 +30,11 @@ import {
   parsePayerChainConfig,
   type GatewayClientConfig,
 } from "../config.js";
-import { ChallengeMismatchError, SigningDeclinedError } from "../clients/signing-guard.js";
+import {
+  apiKeyIdPattern,
+  ChallengeMismatchError,
+  SigningDeclinedError,
+} from "../clients/signing-guard.js";
 import { GatewayError } from "../domain/errors.js";
 import { isHex32 } from "../domain/hex.js";
 import {
@@ -566,7 +570,7 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
     throw error;
   }
   const keyId = values["key-id"] as string | undefined;
-  if (keyId !== undefined && !/^key_[0-9A-Za-z]{1,64}$/.test(keyId))
+  if (keyId !== undefined && !apiKeyIdPattern.test(keyId))
     throw new PermitUsageError(
       "--key-id must be an API key's public id (key_..., as 'gateway keys create' printed it)",
     );

@@ -2,7 +2,11 @@ import { parseArgs } from "node:util";
 import { BaseError } from "../errors.js";
 import { BaseError as ViemError, isAddress, type Address, type Hex, type LocalAccount } from "viem";
 import { canonicalEndpointUrl } from "../adapters/upstream/endpoint-guard.js";
-import { ChallengeMismatchError, SigningDeclinedError } from "../clients/signing-guard.js";
+import {
+  apiKeyIdPattern,
+  ChallengeMismatchError,
+  SigningDeclinedError,
+} from "../clients/signing-guard.js";
 import { ConfigError, parseGatewayClientConfig } from "../config.js";
 import { GatewayError } from "../domain/errors.js";
 import { isHex32 } from "../domain/hex.js";
@@ -163,7 +167,7 @@ export async function runProviderCommand(
     if (operator !== undefined && !isAddress(operator, { strict: false }))
       throw new ProviderUsageError("--operator must be an address (0x + 40 hex digits)");
     const keyId = values["key-id"];
-    if (keyId !== undefined && !/^key_[0-9A-Za-z]{1,64}$/.test(keyId))
+    if (keyId !== undefined && !apiKeyIdPattern.test(keyId))
       throw new ProviderUsageError(
         "--key-id must be an API key's public id (key_..., as 'gateway keys create' printed it)",
       );
