@@ -3,6 +3,7 @@ import {
   ConfigError,
   parseConfig,
   parseGatewayClientConfig,
+  parseSigningChainConfig,
   parseLocalConfig,
   parsePayerChainConfig,
   parseSettleConfig,
@@ -328,9 +329,9 @@ describe("the commands that run without the full configuration read it here too"
 
   it("the gateway a CLI command calls: URL and API key both or neither, the key never echoed", () => {
     expect(parseGatewayClientConfig({})).toBeUndefined();
-    expect(parseGatewayClientConfig({ GATEWAY_URL: "http://gw", GATEWAY_API_KEY: "gw_k" })).toEqual(
-      { baseUrl: "http://gw", apiKey: "gw_k" },
-    );
+    expect(
+      parseGatewayClientConfig({ GATEWAY_URL: "https://gw.example", GATEWAY_API_KEY: "gw_k" }),
+    ).toEqual({ baseUrl: "https://gw.example", apiKey: "gw_k" });
     const refused = (() => {
       try {
         parseGatewayClientConfig({ GATEWAY_URL: "ftp://gw" });
@@ -339,11 +340,74 @@ describe("the commands that run without the full configuration read it here too"
       }
     })();
     expect(refused?.problems).toEqual([
-      "GATEWAY_URL must be an http(s):// URL",
+      "GATEWAY_URL must be an https:// URL",
       "GATEWAY_API_KEY is required with GATEWAY_URL",
     ]);
     expect(() => parseGatewayClientConfig({ GATEWAY_API_KEY: "gw_secret" })).toThrow(
       /^invalid configuration:\n {2}- GATEWAY_URL is required with GATEWAY_API_KEY$/,
+    );
+  });
+
+  it("GATEWAY_URL: https://, or http:// to this machine's loopback only (issue 28: the key and the signature never cross a network in the clear)", () => {
+    const accepted = [
+      "https://gw.example",
+      "https://10.0.0.1:8443/base",
+      "http://127.0.0.1:8080",
+      "http://127.1.2.3",
+      "http://2130706433:9",
+      "http://localhost:8080",
+      "http://LOCALHOST",
+      "http://[::1]:8080",
+      "http://[0:0:0:0:0:0:0:1]",
+    ];
+    for (const url of accepted)
+      expect(parseGatewayClientConfig({ GATEWAY_URL: url, GATEWAY_API_KEY: "gw_k" }), url).toEqual({
+        baseUrl: url,
+        apiKey: "gw_k",
+      });
+    const refused: [string, string][] = [
+      ["http://gw.example", "GATEWAY_URL must be an https:// URL (http:// only to this machine"],
+      ["http://10.0.0.1:8080", "GATEWAY_URL must be an https:// URL (http:// only to this machine"],
+      ["http://128.0.0.1", "GATEWAY_URL must be an https:// URL (http:// only to this machine"],
+      ["http://localhost.example", "GATEWAY_URL must be an https:// URL (http:// only"],
+      ["http://[::2]", "GATEWAY_URL must be an https:// URL (http:// only to this machine"],
+      ["http://[::ffff:10.0.0.1]", "GATEWAY_URL must be an https:// URL (http:// only"],
+      ["ws://127.0.0.1", "GATEWAY_URL must be an https:// URL"],
+      ["gw.example", "GATEWAY_URL must be an https:// URL"],
+      ["https://user:pw@gw.example", "GATEWAY_URL must not carry a user or password"],
+    ];
+    for (const [url, problem] of refused) {
+      let error: ConfigError | undefined;
+      try {
+        parseGatewayClientConfig({ GATEWAY_URL: url, GATEWAY_API_KEY: "gw_k" });
+      } catch (e) {
+        error = e as ConfigError;
+      }
+      expect(error?.problems, url).toHaveLength(1);
+      expect(error!.problems[0], url).toContain(problem);
+      expect(error!.message, url).not.toContain("pw@");
+    }
+  });
+
+  it("the chain a wallet command signs for: MARKET_ADDRESS, and the chain id from RPC_URL or CHAIN_ID, never from the gateway", () => {
+    const market = "0x00000000000000000000000000000000000000Aa";
+    expect(parseSigningChainConfig({ CHAIN_ID: "8453", MARKET_ADDRESS: market })).toEqual({
+      rpcUrl: undefined,
+      chainId: 8453,
+      marketAddress: market.toLowerCase(),
+    });
+    expect(parseSigningChainConfig({ RPC_URL: "https://rpc", MARKET_ADDRESS: market })).toEqual({
+      rpcUrl: "https://rpc",
+      chainId: undefined,
+      marketAddress: market.toLowerCase(),
+    });
+    expect(() => parseSigningChainConfig({})).toThrow(
+      /RPC_URL or CHAIN_ID is required[\s\S]*MARKET_ADDRESS is required/,
+    );
+    expect(() =>
+      parseSigningChainConfig({ RPC_URL: "ws://x", CHAIN_ID: "0", MARKET_ADDRESS: "0x12" }),
+    ).toThrow(
+      /RPC_URL must be an http\(s\):\/\/ URL[\s\S]*CHAIN_ID must be a positive integer[\s\S]*MARKET_ADDRESS must be a 0x-prefixed 20-byte address/,
     );
   });
 });

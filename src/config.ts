@@ -1,5 +1,6 @@
 import { isAddress, isHex, type Address, type Hex } from "viem";
 import { BaseError } from "./errors.js";
+import { gatewayUrlProblem } from "./clients/gateway-url.js";
 
 /**
  * The gateway's configuration, parsed once from the environment into one
@@ -555,6 +556,45 @@ export function parsePayerChainConfig(env: Env): PayerChainConfig {
   };
 }
 
+/**
+ * The chain a wallet command signs for (issue 28, item 1): the market's address and the chain
+ * id, from this machine's configuration, never from the gateway. The chain id is the RPC's
+ * (`eth_chainId`, checked against CHAIN_ID when both are set), or CHAIN_ID alone without an RPC.
+ */
+export interface SigningChainConfig {
+  readonly rpcUrl: string | undefined;
+  readonly chainId: number | undefined;
+  readonly marketAddress: Address;
+}
+
+export function parseSigningChainConfig(env: Env): SigningChainConfig {
+  const problems: string[] = [];
+  const str = (key: string) => env[key]?.trim() || undefined;
+  const rpcUrl = str("RPC_URL");
+  if (rpcUrl !== undefined && !/^https?:\/\//.test(rpcUrl))
+    problems.push("RPC_URL must be an http(s):// URL");
+  const rawChainId = str("CHAIN_ID");
+  const chainId = rawChainId === undefined ? undefined : Number(rawChainId);
+  if (
+    rawChainId !== undefined &&
+    (!/^\d+$/.test(rawChainId) || !Number.isSafeInteger(chainId) || chainId! < 1)
+  )
+    problems.push(`CHAIN_ID must be a positive integer, got "${rawChainId}"`);
+  if (rpcUrl === undefined && rawChainId === undefined)
+    problems.push(
+      "RPC_URL or CHAIN_ID is required: the chain id a signature is for comes from this machine, not from the gateway",
+    );
+  const market = str("MARKET_ADDRESS");
+  if (market === undefined)
+    problems.push(
+      "MARKET_ADDRESS is required (the market's address: the signature's verifyingContract)",
+    );
+  else if (!isAddress(market, { strict: false }))
+    problems.push(`MARKET_ADDRESS must be a 0x-prefixed 20-byte address, got "${market}"`);
+  if (problems.length > 0) throw new ConfigError(problems);
+  return { rpcUrl, chainId, marketAddress: market!.toLowerCase() as Address };
+}
+
 /** The gateway a CLI command calls with an API key (GATEWAY_URL and GATEWAY_API_KEY). */
 export interface GatewayClientConfig {
   readonly baseUrl: string;
@@ -563,7 +603,8 @@ export interface GatewayClientConfig {
 
 /**
  * GATEWAY_URL and GATEWAY_API_KEY, both or neither: undefined when neither is set (commands
- * that can do without the gateway then read the chain). The key is never echoed.
+ * that can do without the gateway then read the chain). GATEWAY_URL is `https://`, or `http://`
+ * to this machine only (src/clients/gateway-url.ts). The key is never echoed.
  */
 export function parseGatewayClientConfig(env: Env): GatewayClientConfig | undefined {
   const str = (key: string) => env[key]?.trim() || undefined;
@@ -572,7 +613,10 @@ export function parseGatewayClientConfig(env: Env): GatewayClientConfig | undefi
   if (baseUrl === undefined && apiKey === undefined) return undefined;
   const problems: string[] = [];
   if (baseUrl === undefined) problems.push("GATEWAY_URL is required with GATEWAY_API_KEY");
-  else if (!/^https?:\/\//.test(baseUrl)) problems.push("GATEWAY_URL must be an http(s):// URL");
+  else {
+    const problem = gatewayUrlProblem(baseUrl);
+    if (problem !== undefined) problems.push(problem);
+  }
   if (apiKey === undefined) problems.push("GATEWAY_API_KEY is required with GATEWAY_URL");
   if (problems.length > 0) throw new ConfigError(problems);
   return { baseUrl: baseUrl!, apiKey: apiKey! };

@@ -111,7 +111,9 @@ describe("npm start (gateway dev)", () => {
       expect(output).toContain(`curl -s -X POST ${m.settlement.flushUrl}`);
       expect(output).toContain(`${m.baseUrl}/v1/requests/$REQUEST_ID`);
       // How to let another key spend the demo payer's permits.
-      expect(output).toContain(`GATEWAY_URL=${m.baseUrl} GATEWAY_API_KEY=`);
+      expect(output).toContain(
+        `RPC_URL=${m.rpcUrl} MARKET_ADDRESS=${m.marketAddress} GATEWAY_URL=${m.baseUrl} GATEWAY_API_KEY=`,
+      );
       expect(output).toContain("npm run gateway -- permit authorize");
       // The CLI reaches the sandbox over gRPC with the manifest's token; the sandbox settles from
       // the demo market's settlement account.
@@ -444,12 +446,16 @@ describe("gateway permit (the payer's CLI)", () => {
       GATEWAY_URL: stack.gateway.url,
       GATEWAY_API_KEY: app.key,
       PAYER_PRIVATE_KEY: stack.roles.payer.privateKey,
+      // The chain the payer signs for is its own configuration's (here without an RPC).
+      CHAIN_ID: String(stack.config.chainId),
+      MARKET_ADDRESS: stack.demo.market,
     };
     const authorized = await runCli(
       ["permit", "authorize", "--permit", stack.demo.permitId, "--json"],
       env,
     );
-    expect(authorized.stderr).toBe("");
+    // What the payer signs is shown on stderr first (stdin is no terminal: no question).
+    expect(authorized.stderr).toMatch(/^about to sign AuthorizeKey as the payer /);
     expect(authorized.code).toBe(0);
     const { authorization } = JSON.parse(authorized.stdout) as {
       authorization: { id: string; api_key_id: string; payer: string; permit_id: string };
@@ -471,7 +477,7 @@ describe("gateway permit (the payer's CLI)", () => {
       ...env,
       GATEWAY_API_KEY: stack.apiKey,
     });
-    expect(revoked.stderr).toBe("");
+    expect(revoked.stderr).toMatch(/^about to sign RevokeKeyAuthorization as the payer /);
     expect(revoked.code).toBe(0);
     expect(revoked.stdout).toBe(`revoked ${authorization.id} (API key ${app.id}, by the payer)\n`);
     expect((await chat(app.key)).status).toBe(403);
@@ -495,9 +501,11 @@ describe("gateway permit (the payer's CLI)", () => {
       GATEWAY_URL: stack.gateway.url,
       GATEWAY_API_KEY: app.key,
       KEYSTORE_PASSWORD: password,
+      RPC_URL: stack.config.rpcUrl,
+      MARKET_ADDRESS: stack.demo.market,
     };
     const authorized = await runCli(["permit", "authorize", "--keystore", keystore], env);
-    expect(authorized.stderr).toBe("");
+    expect(authorized.stderr).toMatch(/^about to sign AuthorizeKey as the payer /);
     expect(authorized.code).toBe(0);
     expect(authorized.stdout).toMatch(
       new RegExp(
@@ -516,9 +524,11 @@ describe("gateway permit (the payer's CLI)", () => {
       GATEWAY_URL: stack.gateway.url,
       GATEWAY_API_KEY: other.key,
       PAYER_PRIVATE_KEY: stack.anvil.accounts[7]!.privateKey,
+      RPC_URL: stack.config.rpcUrl,
+      MARKET_ADDRESS: stack.demo.market,
     });
     expect(refused.code).toBe(1);
-    expect(refused.stderr).toMatch(/^the gateway refused \(401 invalid_signature\)/);
+    expect(refused.stderr).toMatch(/\nthe gateway refused \(401 invalid_signature\)/);
     expect((await chat(other.key)).status).toBe(403);
 
     const usage = await runCli(["permit", "authorize", "--permit", "0x12"], env);

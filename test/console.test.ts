@@ -657,7 +657,11 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       // The demo offer's operator binds the demo key (as `gateway provider bind-key` does).
       await bindKey(
         { baseUrl: m.baseUrl, apiKey: m.apiKey },
-        { offerId, signer: privateKeyToAccount(m.operator.privateKey) },
+        {
+          offerId,
+          signer: privateKeyToAccount(m.operator.privateKey),
+          chain: { chainId: m.chainId, market: m.marketAddress },
+        },
       );
       const earnings = (await json(
         await api(`/v1/provider-offers/${offerId}/earnings`),

@@ -45,6 +45,7 @@ describe("provider earnings", () => {
     return key;
   };
   const operator = () => privateKeyToAccount(stack.roles.operator.privateKey);
+  const chain = () => ({ chainId: stack.config.chainId, market: stack.demo.market });
   const as = (key: string | undefined): Record<string, string> =>
     key === undefined ? {} : { authorization: `Bearer ${key}` };
   const earnings = (offerId: Hex, key: string | undefined, query = "") =>
@@ -85,7 +86,7 @@ describe("provider earnings", () => {
     // Bound by the operator to its other offer: that one is readable, this one still is not.
     const binding = await bindKey(
       { baseUrl: stack.gateway.url, apiKey: key },
-      { offerId: otherOffer, signer: operator() },
+      { offerId: otherOffer, signer: operator(), chain: chain() },
     );
     expect(binding).toMatchObject({
       object: "offer_key_binding",
@@ -203,7 +204,7 @@ describe("provider earnings", () => {
     const key = await newKey("earnings reader");
     await bindKey(
       { baseUrl: stack.gateway.url, apiKey: key },
-      { offerId: chatOffer, signer: operator() },
+      { offerId: chatOffer, signer: operator(), chain: chain() },
     );
     await flush(stack); // nothing of earlier tests left unsettled
     const before = (await json(await earnings(chatOffer, key))) as EarningsJson;
@@ -338,7 +339,7 @@ describe("provider earnings", () => {
     const key = await newKey("window reader");
     await bindKey(
       { baseUrl: stack.gateway.url, apiKey: key },
-      { offerId: chatOffer, signer: operator() },
+      { offerId: chatOffer, signer: operator(), chain: chain() },
     );
     const now = Math.floor(Date.now() / 1000);
     const past = (await json(
@@ -374,6 +375,8 @@ describe("provider earnings", () => {
       GATEWAY_URL: stack.gateway.url,
       GATEWAY_API_KEY: key,
       OPERATOR_PRIVATE_KEY: stack.roles.operator.privateKey,
+      CHAIN_ID: String(stack.config.chainId),
+      MARKET_ADDRESS: stack.demo.market,
     };
     const cli = async (...args: string[]) => {
       const out = await run(process.execPath, [...gatewayCli, "provider", ...args], { env }).then(
@@ -420,7 +423,7 @@ describe("provider earnings", () => {
     const key = await newKey("former operator's dashboard");
     await bindKey(
       { baseUrl: stack.gateway.url, apiKey: key },
-      { offerId: otherOffer, signer: operator() },
+      { offerId: otherOffer, signer: operator(), chain: chain() },
     );
     expect((await earnings(otherOffer, key)).status).toBe(200);
     const setOperator = async (address: Hex) => {
@@ -440,17 +443,30 @@ describe("provider earnings", () => {
       const refused = await earnings(otherOffer, key);
       expect(refused.status).toBe(403);
       expect((await json(refused)).error.code).toBe("not_offer_operator");
-      // The former operator can no longer bind a key either; the new one can.
+      // The former operator can no longer bind a key either; the new one can. (Its own tool
+      // refuses a challenge naming another operator before signing; signing for the operator
+      // the chain names now, as a contract operator's key would, the gateway refuses.)
       const other = await newKey("successor's dashboard");
       await expect(
         bindKey(
           { baseUrl: stack.gateway.url, apiKey: other },
-          { offerId: otherOffer, signer: operator() },
+          { offerId: otherOffer, signer: operator(), chain: chain() },
+        ),
+      ).rejects.toMatchObject({ reason: "challenge_mismatch", field: "message.operator" });
+      await expect(
+        bindKey(
+          { baseUrl: stack.gateway.url, apiKey: other },
+          {
+            offerId: otherOffer,
+            signer: operator(),
+            operator: successor.address,
+            chain: chain(),
+          },
         ),
       ).rejects.toMatchObject({ status: 401, code: "invalid_signature" });
       await bindKey(
         { baseUrl: stack.gateway.url, apiKey: other },
-        { offerId: otherOffer, signer: successor },
+        { offerId: otherOffer, signer: successor, chain: chain() },
       );
       expect((await earnings(otherOffer, other)).status).toBe(200);
     } finally {

@@ -126,7 +126,7 @@ describe("gateway permit: a payer's permit from open to refund", () => {
     expect((await json(refused)).error.code).toBe("permit_not_authorized");
 
     const authorized = await cli(["authorize", "--permit", permitId], env);
-    expect(authorized.stderr).toBe("");
+    expect(authorized.stderr).toMatch(/^about to sign AuthorizeKey as the payer /);
     expect(authorized.code).toBe(0);
     const served = await chat(app.key, permitId);
     expect(served.status).toBe(200);

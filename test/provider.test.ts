@@ -1,11 +1,13 @@
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
-import { keccak256, stringToHex, type Hex } from "viem";
+import { getAddress, keccak256, stringToHex, type Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { canonicalEndpointUrl } from "../src/adapters/upstream/endpoint-guard.js";
 import { startGateway, type Gateway } from "../src/app.js";
 import { runProviderCommand } from "../src/cli/provider.js";
 import { GatewayRequestError, registerEndpoint } from "../src/provider/client.js";
+import { endpointTokenHash, endpointUrlHash } from "../src/domain/registration.js";
 import { ProviderService } from "../gen/gateway/v1/provider_pb.js";
 import { describeIfPostgres } from "./helpers/db.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
@@ -58,6 +60,8 @@ describe("provider onboarding", () => {
     GATEWAY_URL: stack.gateway.url,
     GATEWAY_API_KEY: stack.apiKey,
     OPERATOR_PRIVATE_KEY: stack.roles.operator.privateKey,
+    RPC_URL: stack.config.rpcUrl,
+    MARKET_ADDRESS: stack.demo.market,
   });
 
   it("registers and verifies through the CLI; health and the offers listing show it", async () => {
@@ -69,7 +73,21 @@ describe("provider onboarding", () => {
       register.out,
     );
     expect(code, register.lines.join("\n")).toBe(0);
-    expect(register.lines.join("\n")).toContain("registered");
+    // What the operator signs, shown first: built from its own arguments (the endpoint and token
+    // only as their hashes, which the signature binds).
+    expect(register.lines.slice(0, 6)).toEqual([
+      `about to sign RegisterEndpoint as the operator of offer ${offerId} (chain ${stack.config.chainId}, market ${stack.demo.market.toLowerCase()}):`,
+      `  offer     ${offerId}`,
+      `  operator  ${getAddress(stack.roles.operator.address)}`,
+      `  endpoint  the URL given, canonical form hashed: ${endpointUrlHash(canonicalEndpointUrl(fake.url))}`,
+      `  token     the token given, hashed: ${endpointTokenHash(token)}`,
+      expect.stringMatching(/^ {2}expires {3}\d+ \(.*, in 10 minutes\)$/),
+    ]);
+    expect(register.lines.join("\n")).not.toContain(token);
+    expect(register.lines.slice(6)).toEqual([
+      `registered an endpoint for offer ${offerId} (signed by ${stack.roles.operator.address})`,
+      `next: gateway provider verify ${offerId}`,
+    ]);
 
     const verify = capture();
     expect(
@@ -138,6 +156,7 @@ describe("provider onboarding", () => {
         offerId: chatOffer,
         endpointUrl: stopped.url,
         signer: privateKeyToAccount(stack.roles.operator.privateKey),
+        chain: { chainId: stack.config.chainId, market: stack.demo.market },
       },
     );
     await eventually(
@@ -488,6 +507,7 @@ describe("endpoint safety", () => {
         offerId: stack.demo.offers[0]!.offerId,
         endpointUrl,
         signer: privateKeyToAccount(stack.roles.operator.privateKey),
+        chain: { chainId: stack.config.chainId, market: stack.demo.market },
       },
     ).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(GatewayRequestError);

@@ -192,7 +192,10 @@ export async function authorizeBenchKey(
   market: BenchMarket,
   gateway: { baseUrl: string; apiKey: string },
 ): Promise<void> {
-  await authorizeApiKey(gateway, { signer: privateKeyToAccount(market.roles.payer.privateKey) });
+  await authorizeApiKey(gateway, {
+    signer: privateKeyToAccount(market.roles.payer.privateKey),
+    chain: { chainId: market.clients.chain.id, market: market.demo.market },
+  });
 }
 
 /**
@@ -213,6 +216,7 @@ export async function onboardOffers(
       endpointUrl: upstreamUrl,
       endpointToken,
       signer,
+      chain: { chainId: market.clients.chain.id, market: market.demo.market },
     });
     const { offer: verified } = await verifyOffer(gateway, offer.offerId);
     if (verified.verified_at === null) {

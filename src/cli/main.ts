@@ -1,4 +1,5 @@
 import { join } from "node:path";
+import { createInterface } from "node:readline/promises";
 import { BaseError } from "../errors.js";
 import { parseArgs } from "node:util";
 import { createApiKey, listApiKeys, revokeApiKey } from "../adapters/pg/api-keys.js";
@@ -11,6 +12,7 @@ import { createLogger } from "../logger.js";
 import { runPermitCommand } from "./permit.js";
 import { runProviderCommand } from "./provider.js";
 import { runSettleCommand } from "./settle.js";
+import type { CommandOutput } from "./signing.js";
 
 const usage = `usage: gateway <command>
 
@@ -39,6 +41,26 @@ commands:
                             one Flush now (see 'gateway settle help')
 
 Environment: see README.md ("Configuration").`;
+
+/**
+ * Where a wallet command writes, and, when stdin is a terminal, how it asks before signing
+ * (src/cli/signing.ts): the question goes to stderr, the answer comes from stdin.
+ */
+function walletOutput(): CommandOutput {
+  const ask = async (question: string): Promise<boolean> => {
+    const terminal = createInterface({ input: process.stdin, output: process.stderr });
+    try {
+      return /^y(es)?$/i.test((await terminal.question(question)).trim());
+    } finally {
+      terminal.close();
+    }
+  };
+  return {
+    log: (line) => process.stdout.write(`${line}\n`),
+    error: (line) => process.stderr.write(`${line}\n`),
+    ...(process.stdin.isTTY ? { ask } : {}),
+  };
+}
 
 class UsageError extends BaseError {
   override readonly name = "UsageError";
@@ -137,7 +159,8 @@ async function run(argv: string[]): Promise<void> {
           `  curl -s -X POST ${manifest.settlement.flushUrl} -H 'Authorization: Bearer ${manifest.settlementOperatorToken}'\n\n` +
           `The demo key may spend the demo payer's permits because the payer signed for it. To let another\n` +
           `API key spend them (the payer signs; the key asks and submits):\n` +
-          `  GATEWAY_URL=${manifest.baseUrl} GATEWAY_API_KEY=<the other key> PAYER_PRIVATE_KEY=<the payer's key, in ${sandbox.manifestPath}> npm run gateway -- permit authorize\n\n` +
+          `  RPC_URL=${manifest.rpcUrl} MARKET_ADDRESS=${manifest.marketAddress} GATEWAY_URL=${manifest.baseUrl} GATEWAY_API_KEY=<the other key> PAYER_PRIVATE_KEY=<the payer's key, in ${sandbox.manifestPath}> npm run gateway -- permit authorize\n` +
+          `  (it shows what the payer signs and asks first; the chain and market are yours, never the gateway's)\n\n` +
           `Open a second permit as the demo payer (10 ${model} tokens, 30 days; the demo key may spend it at once),\n` +
           `the payer's key read from the manifest:\n` +
           `  ${sandboxPermitOpenCommand(manifest, sandbox.manifestPath)}\n` +
@@ -195,17 +218,11 @@ async function run(argv: string[]): Promise<void> {
       return;
     }
     case "permit": {
-      process.exitCode = await runPermitCommand(rest, process.env, {
-        log: (line) => process.stdout.write(`${line}\n`),
-        error: (line) => process.stderr.write(`${line}\n`),
-      });
+      process.exitCode = await runPermitCommand(rest, process.env, walletOutput());
       return;
     }
     case "provider": {
-      process.exitCode = await runProviderCommand(rest, process.env, {
-        log: (line) => process.stdout.write(`${line}\n`),
-        error: (line) => process.stderr.write(`${line}\n`),
-      });
+      process.exitCode = await runProviderCommand(rest, process.env, walletOutput());
       return;
     }
     case "settle": {

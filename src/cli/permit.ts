@@ -30,10 +30,27 @@ import {
   parsePayerChainConfig,
   type GatewayClientConfig,
 } from "../config.js";
+import {
+  apiKeyIdPattern,
+  ChallengeMismatchError,
+  SigningDeclinedError,
+} from "../clients/signing-guard.js";
+import { GatewayError } from "../domain/errors.js";
 import { isHex32 } from "../domain/hex.js";
+import {
+  anyPermit,
+  defaultMaxAuthorizationLifetimeSeconds,
+  readCaps,
+} from "../domain/permit-authorization.js";
 import { BaseError } from "../errors.js";
 import { authorizeApiKey, revokeAuthorizationAsPayer } from "../permit/client.js";
-import { call, GatewayRequestError, type GatewayConnection } from "../provider/client.js";
+import {
+  call,
+  GatewayRedirectError,
+  GatewayRequestError,
+  InsecureGatewayUrlError,
+  type GatewayConnection,
+} from "../provider/client.js";
 import { AmountError, parseDeposit, parseDuration } from "./amounts.js";
 import {
   GatewayMismatchError,
@@ -43,6 +60,7 @@ import {
   type PayerChainFacts,
 } from "./payer-control.js";
 import { isAuditUsageError, runPermitAudit } from "./permit-audit.js";
+import { confirmOn, signingChain, SigningChainError, type CommandOutput } from "./signing.js";
 import { loadSigner, SignerUsageError } from "./signer.js";
 
 export const permitUsage = `usage: gateway permit <command>
@@ -55,11 +73,17 @@ export const permitUsage = `usage: gateway permit <command>
                           units (1000000), or whole tokens (12.5tokens, or 12.5 with --tokens) by the
                           token's decimals. --offer pins one offer; default expiry 30 days (chain
                           time); default id random. Prints the permit id and the transactions.
-  authorize [--permit ID] [--expires-at UNIX_SECONDS] [--payer ADDRESS] [--keystore FILE] [--json]
-                          let the API key GATEWAY_API_KEY spend the payer's permits: asks the
-                          challenge with that key, signs it as the payer, submits it
-                          (no --permit: every permit of the payer; default expiry 30 days)
-  revoke ID [--keystore FILE] [--json]
+  authorize [--permit ID] [--expires-at UNIX_SECONDS | --expires-in 30d] [--total-cap CREDITS]
+            [--per-request-cap CREDITS] [--key-id KEY_ID] [--payer ADDRESS] [--keystore FILE]
+            [--yes] [--json]
+                          let the API key GATEWAY_API_KEY spend the payer's permits: builds the
+                          AuthorizeKey typed data itself, compares the gateway's challenge with it
+                          field by field (any difference: nothing signed, exit 1), shows it, signs
+                          as the payer, submits it. No --permit: every permit of the payer;
+                          default expiry 30 days, at most 90; caps in credits (the permit's
+                          smallest unit, they need --permit); --key-id: the id 'gateway keys
+                          create' printed, which the challenge must name (else it is shown)
+  revoke ID [--payer ADDRESS] [--keystore FILE] [--yes] [--json]
                           revoke authorization ID with the payer's signature (any API key)
   authorizations [--payer ADDRESS] [--keystore FILE] [--json]
                           every authorization made for the payer's address, whichever key holds
@@ -85,11 +109,17 @@ Gateway: GATEWAY_URL and GATEWAY_API_KEY (or --gateway / --api-key); authorizati
          --key/--permit/--all need GATEWAY_URL only (https://, or http:// on loopback), and sign
          for the deployment GET /v1/gateway names (shown before signing)
 Chain:   RPC_URL, MARKET_ADDRESS, and optionally CHAIN_ID, which the RPC must report
-         (or --rpc-url / --market / --chain-id)
+         (or --rpc-url / --market / --chain-id); authorize and revoke take CHAIN_ID without
+         RPC_URL too: the chain a signature is for is never taken from the gateway
 Payer:   PAYER_PRIVATE_KEY, or --keystore FILE (an encrypted JSON keystore) with KEYSTORE_PASSWORD;
          for a contract wallet (ERC-1271), --payer ADDRESS and a key the wallet accepts (authorize)
 
-Exit codes: 0 done, 1 refused (by the gateway or the chain), 2 usage.`;
+GATEWAY_URL is https://, or http:// to this machine only (127.0.0.0/8, ::1, localhost); redirects
+are not followed. authorize and revoke print what they are about to sign to stderr and, when
+stdin is a terminal, ask before signing (--yes: do not ask).
+
+Exit codes: 0 done, 1 refused (by the gateway or the chain, a challenge that differs from what
+was asked for, or not confirmed: nothing signed), 2 usage.`;
 
 class PermitUsageError extends BaseError {
   override readonly name = "PermitUsageError";
@@ -118,7 +148,7 @@ interface PermitBalanceJson {
   available: string;
 }
 
-type Output = { log(line: string): void; error(line: string): void };
+type Output = CommandOutput;
 
 function permitIdArg(raw: string | undefined): Hex {
   if (raw === undefined || !isHex32(raw))
@@ -340,6 +370,10 @@ export async function runPermitCommand(
       allowPositionals: true,
       options: {
         permit: { type: "string" },
+        "key-id": { type: "string" },
+        "total-cap": { type: "string" },
+        "per-request-cap": { type: "string" },
+        yes: { type: "boolean" },
         "expires-at": { type: "string" },
         "expires-in": { type: "string" },
         payer: { type: "string" },
@@ -397,21 +431,15 @@ export async function runPermitCommand(
         await open(target, values, settings, gateway, out);
         return 0;
       case "authorize": {
-        const permitId = values.permit;
-        if (permitId !== undefined && !isHex32(permitId))
-          throw new PermitUsageError("--permit must be a permit id (0x + 64 hex digits)");
-        const expires = values["expires-at"];
-        if (expires !== undefined && !/^[1-9]\d{0,15}$/.test(expires))
-          throw new PermitUsageError("--expires-at must be Unix seconds");
-        if (values.payer !== undefined && !isAddress(values.payer, { strict: false }))
-          throw new PermitUsageError("--payer must be an address (0x + 40 hex digits)");
+        const request = authorizeArgs(values);
         const connection = gatewayOf(gateway);
         const signer = await loadSigner(values.keystore, settings, "PAYER_PRIVATE_KEY");
+        const chain = await signingChain(settings);
         const authorization = await authorizeApiKey(connection, {
           signer,
-          ...(values.payer === undefined ? {} : { payer: values.payer as Address }),
-          ...(permitId === undefined ? {} : { permitId: permitId as Hex }),
-          ...(expires === undefined ? {} : { expiresAt: Number(expires) }),
+          chain,
+          ...request,
+          confirm: confirmOn(out, values.yes === true),
         });
         if (values.json === true) out.log(JSON.stringify({ authorization }, null, 2));
         else {
@@ -447,11 +475,16 @@ export async function runPermitCommand(
           throw new PermitUsageError(
             "revoke ID revokes one authorization: give it without --key, --permit or --all",
           );
+        const payer = payerArg(values.payer);
         const connection = gatewayOf(gateway);
         const signer = await loadSigner(values.keystore, settings, "PAYER_PRIVATE_KEY");
+        const chain = await signingChain(settings);
         const authorization = await revokeAuthorizationAsPayer(connection, {
           id: target,
           signer,
+          chain,
+          ...(payer === undefined ? {} : { payer }),
+          confirm: confirmOn(out, values.yes === true),
         });
         if (values.json === true) out.log(JSON.stringify({ authorization }, null, 2));
         else
@@ -537,6 +570,82 @@ export async function runPermitCommand(
   }
 }
 
+function payerArg(raw: string | undefined): Address | undefined {
+  if (raw !== undefined && !isAddress(raw, { strict: false }))
+    throw new PermitUsageError("--payer must be an address (0x + 40 hex digits)");
+  return raw as Address | undefined;
+}
+
+/**
+ * What `authorize` asks for, from its arguments only: the permit, the expiry (in the future, at
+ * most 90 days away: gateways refuse more by default, AUTHORIZATION_MAX_EXPIRY_SECONDS), the
+ * caps (the domain's rules, src/domain/permit-authorization.ts `readCaps`), the key id.
+ */
+function authorizeArgs(values: Record<string, string | boolean | undefined>): {
+  payer?: Address;
+  permitId?: Hex;
+  expiresAt?: number;
+  totalCap?: string;
+  perRequestCap?: string;
+  keyId?: string;
+} {
+  const permitId = values.permit as string | undefined;
+  if (permitId !== undefined && !isHex32(permitId))
+    throw new PermitUsageError("--permit must be a permit id (0x + 64 hex digits)");
+  const expiresAtArg = values["expires-at"] as string | undefined;
+  const expiresIn = values["expires-in"] as string | undefined;
+  if (expiresAtArg !== undefined && expiresIn !== undefined)
+    throw new PermitUsageError("give --expires-at or --expires-in, not both");
+  if (expiresAtArg !== undefined && !/^[1-9]\d{0,15}$/.test(expiresAtArg))
+    throw new PermitUsageError("--expires-at must be Unix seconds");
+  const now = Math.floor(Date.now() / 1000);
+  const expiresAt =
+    expiresAtArg !== undefined
+      ? Number(expiresAtArg)
+      : expiresIn !== undefined
+        ? now + Number(parseDuration(expiresIn))
+        : undefined;
+  if (expiresAt !== undefined) {
+    if (expiresAt <= now) throw new PermitUsageError("the expiry is in the past");
+    if (expiresAt > now + defaultMaxAuthorizationLifetimeSeconds)
+      throw new PermitUsageError(
+        `the expiry is more than ${defaultMaxAuthorizationLifetimeSeconds / 86_400} days away: ` +
+          "an authorization is renewed, not made to last (gateways refuse it: AUTHORIZATION_MAX_EXPIRY_SECONDS)",
+      );
+  }
+  const totalCap = values["total-cap"] as string | undefined;
+  const perRequestCap = values["per-request-cap"] as string | undefined;
+  for (const [flag, cap] of [
+    ["--total-cap", totalCap],
+    ["--per-request-cap", perRequestCap],
+  ] as const)
+    if (cap !== undefined && !/^(0|[1-9]\d{0,77})$/.test(cap))
+      throw new PermitUsageError(
+        `${flag} must be credits: a whole number of the permit's smallest unit ("0": no cap)`,
+      );
+  try {
+    readCaps(totalCap, perRequestCap, (permitId as Hex | undefined) ?? anyPermit);
+  } catch (error) {
+    if (error instanceof GatewayError)
+      throw new PermitUsageError(`${error.message} (--total-cap, --per-request-cap, --permit)`);
+    throw error;
+  }
+  const keyId = values["key-id"] as string | undefined;
+  if (keyId !== undefined && !apiKeyIdPattern.test(keyId))
+    throw new PermitUsageError(
+      "--key-id must be an API key's public id (key_..., as 'gateway keys create' printed it)",
+    );
+  const payer = payerArg(values.payer as string | undefined);
+  return {
+    ...(payer === undefined ? {} : { payer }),
+    ...(permitId === undefined ? {} : { permitId: permitId.toLowerCase() as Hex }),
+    ...(expiresAt === undefined ? {} : { expiresAt }),
+    ...(totalCap === undefined ? {} : { totalCap }),
+    ...(perRequestCap === undefined ? {} : { perRequestCap }),
+    ...(keyId === undefined ? {} : { keyId }),
+  };
+}
+
 /** One line per failure, its exit code; a failure not foreseen here still carries no stack. */
 function report(error: unknown, out: Output): number {
   if (
@@ -561,8 +670,20 @@ function report(error: unknown, out: Output): number {
     out.error(error.message);
     return 1;
   }
-  if (error instanceof WrongChainError) {
+  if (error instanceof WrongChainError || error instanceof SigningChainError) {
     out.error(error.message);
+    return 2;
+  }
+  if (
+    error instanceof ChallengeMismatchError ||
+    error instanceof SigningDeclinedError ||
+    error instanceof GatewayRedirectError
+  ) {
+    out.error(error.message);
+    return 1;
+  }
+  if (error instanceof InsecureGatewayUrlError) {
+    out.error(`${error.message}\n\n${permitUsage}`);
     return 2;
   }
   if (error instanceof GatewayRequestError) {

@@ -1,10 +1,20 @@
 import { parseArgs } from "node:util";
 import { BaseError } from "../errors.js";
-import type { Hex, LocalAccount } from "viem";
+import { BaseError as ViemError, isAddress, type Address, type Hex, type LocalAccount } from "viem";
+import { canonicalEndpointUrl } from "../adapters/upstream/endpoint-guard.js";
+import {
+  apiKeyIdPattern,
+  ChallengeMismatchError,
+  SigningDeclinedError,
+} from "../clients/signing-guard.js";
+import { ConfigError, parseGatewayClientConfig } from "../config.js";
+import { GatewayError } from "../domain/errors.js";
 import { isHex32 } from "../domain/hex.js";
 import {
   bindKey,
+  GatewayRedirectError,
   GatewayRequestError,
+  InsecureGatewayUrlError,
   offerEarnings,
   offerHealth,
   registerEndpoint,
@@ -12,19 +22,24 @@ import {
   type EarningsJson,
   type GatewayConnection,
 } from "../provider/client.js";
+import { confirmOn, signingChain, SigningChainError, type CommandOutput } from "./signing.js";
 import { loadSigner, SignerUsageError } from "./signer.js";
 
 export const providerUsage = `usage: gateway provider <command>
 
-  register --offer ID --endpoint URL [--endpoint-token T] [--keystore FILE]
-                          sign a registration challenge with the offer operator's key and submit it
-                          (the signature covers the endpoint URL and the token's hash: it registers
-                          exactly that token, or none)
+  register --offer ID --endpoint URL [--endpoint-token T] [--operator ADDRESS] [--keystore FILE]
+           [--yes]
+                          sign a registration with the offer operator's key and submit it (the
+                          signature covers the endpoint URL's and the token's hashes: it registers
+                          exactly that endpoint and token, or none)
   health ID               the offer's chain status, liveness and verification
   verify ID               probe the registered endpoint now and refresh its verification
-  bind-key ID [--expires-at SECONDS] [--keystore FILE]
+  bind-key ID [--expires-at SECONDS] [--key-id KEY_ID] [--operator ADDRESS] [--keystore FILE]
+           [--yes]
                           let the gateway API key read the offer's earnings: signs BindOfferKey with
-                          the offer operator's key (default expiry: 30 days)
+                          the offer operator's key (default expiry: 30 days; --key-id: the id
+                          'gateway keys create' printed, which the challenge must name, else it is
+                          shown)
   earnings ID [--from SECONDS] [--to SECONDS] [--json]
                           the offer's requests, tokens and credits by settlement state, and the
                           batches that settled them (default: the last 30 days; the API key must be
@@ -32,7 +47,16 @@ export const providerUsage = `usage: gateway provider <command>
 
 The endpoint URL is the server root (the gateway appends /v1/models and /v1/chat/completions).
 Gateway:  GATEWAY_URL and GATEWAY_API_KEY (or --gateway / --api-key)
-Operator: OPERATOR_PRIVATE_KEY, or --keystore FILE (an encrypted JSON keystore) with KEYSTORE_PASSWORD`;
+Operator: OPERATOR_PRIVATE_KEY, or --keystore FILE (an encrypted JSON keystore) with KEYSTORE_PASSWORD;
+          --operator ADDRESS for a contract operator (ERC-1271) and a key it accepts
+Chain:    register and bind-key: MARKET_ADDRESS, and RPC_URL (its chain id) or CHAIN_ID
+          (or --market / --rpc-url / --chain-id): the chain a signature is for is never taken
+          from the gateway
+
+register and bind-key build the typed data themselves and compare the gateway's challenge with it
+field by field: on any difference they sign nothing and exit 1 naming the field. What they sign
+is printed to stderr first; when stdin is a terminal they ask (--yes: do not ask). GATEWAY_URL is
+https://, or http:// to this machine only; redirects are not followed.`;
 
 export class ProviderUsageError extends BaseError {
   override readonly name = "ProviderUsageError";
@@ -98,7 +122,7 @@ function earningsText(e: EarningsJson): string[] {
 export async function runProviderCommand(
   args: string[],
   env: NodeJS.ProcessEnv,
-  out: { log(line: string): void; error(line: string): void },
+  out: CommandOutput,
 ): Promise<number> {
   const { values, positionals } = parseArgs({
     args,
@@ -107,9 +131,15 @@ export async function runProviderCommand(
       offer: { type: "string" },
       endpoint: { type: "string" },
       "endpoint-token": { type: "string" },
+      operator: { type: "string" },
+      "key-id": { type: "string" },
+      yes: { type: "boolean" },
       keystore: { type: "string" },
       gateway: { type: "string" },
       "api-key": { type: "string" },
+      "rpc-url": { type: "string" },
+      market: { type: "string" },
+      "chain-id": { type: "string" },
       "expires-at": { type: "string" },
       from: { type: "string" },
       to: { type: "string" },
@@ -118,27 +148,59 @@ export async function runProviderCommand(
   });
   const [action, target] = positionals;
   try {
-    const baseUrl = values.gateway ?? env.GATEWAY_URL;
-    const apiKey = values["api-key"] ?? env.GATEWAY_API_KEY;
-    if (baseUrl === undefined || apiKey === undefined) {
+    // Flags win over the environment; both are parsed in one place (src/config.ts).
+    const settings: NodeJS.ProcessEnv = {
+      ...env,
+      ...(values.gateway === undefined ? {} : { GATEWAY_URL: values.gateway }),
+      ...(values["api-key"] === undefined ? {} : { GATEWAY_API_KEY: values["api-key"] }),
+      ...(values["rpc-url"] === undefined ? {} : { RPC_URL: values["rpc-url"] }),
+      ...(values.market === undefined ? {} : { MARKET_ADDRESS: values.market }),
+      ...(values["chain-id"] === undefined ? {} : { CHAIN_ID: values["chain-id"] }),
+    };
+    const gateway: GatewayConnection | undefined = parseGatewayClientConfig(settings);
+    if (gateway === undefined) {
       throw new ProviderUsageError(
         "set GATEWAY_URL and GATEWAY_API_KEY (or --gateway and --api-key)",
       );
     }
-    const gateway: GatewayConnection = { baseUrl, apiKey };
+    const operator = values.operator;
+    if (operator !== undefined && !isAddress(operator, { strict: false }))
+      throw new ProviderUsageError("--operator must be an address (0x + 40 hex digits)");
+    const keyId = values["key-id"];
+    if (keyId !== undefined && !apiKeyIdPattern.test(keyId))
+      throw new ProviderUsageError(
+        "--key-id must be an API key's public id (key_..., as 'gateway keys create' printed it)",
+      );
+    const signing = {
+      ...(operator === undefined ? {} : { operator: operator as Address }),
+      confirm: confirmOn(out, values.yes === true),
+    };
     switch (action) {
       case "register": {
         if (values.endpoint === undefined)
           throw new ProviderUsageError("--endpoint URL is required");
-        const signer = await operatorAccount(values.keystore, env);
-        const offer = await registerEndpoint(gateway, {
-          offerId: offerId(values.offer),
+        try {
+          canonicalEndpointUrl(values.endpoint);
+        } catch (error) {
+          if (error instanceof GatewayError)
+            throw new ProviderUsageError(`--endpoint: ${error.message}`);
+          throw error;
+        }
+        const offer = offerId(values.offer);
+        const signer = await operatorAccount(values.keystore, settings);
+        const chain = await signingChain(settings);
+        const registered = await registerEndpoint(gateway, {
+          offerId: offer,
           endpointUrl: values.endpoint,
           endpointToken: values["endpoint-token"],
           signer,
+          chain,
+          ...signing,
         });
-        out.log(`registered an endpoint for offer ${offer.offer_id} (signed by ${signer.address})`);
-        out.log(`next: gateway provider verify ${offer.offer_id}`);
+        out.log(
+          `registered an endpoint for offer ${registered.offer_id} (signed by ${signer.address})`,
+        );
+        out.log(`next: gateway provider verify ${registered.offer_id}`);
         return 0;
       }
       case "health": {
@@ -160,11 +222,16 @@ export async function runProviderCommand(
         return 0;
       }
       case "bind-key": {
-        const signer = await operatorAccount(values.keystore, env);
+        const offer = offerId(target);
         const expiresAt = seconds(values["expires-at"], "--expires-at");
+        const signer = await operatorAccount(values.keystore, settings);
+        const chain = await signingChain(settings);
         const binding = await bindKey(gateway, {
-          offerId: offerId(target),
+          offerId: offer,
           signer,
+          chain,
+          ...signing,
+          ...(keyId === undefined ? {} : { keyId }),
           ...(expiresAt === undefined ? {} : { expiresAt }),
         });
         out.log(
@@ -196,12 +263,37 @@ export async function runProviderCommand(
         );
     }
   } catch (error) {
-    if (error instanceof ProviderUsageError) {
+    if (error instanceof ProviderUsageError || error instanceof InsecureGatewayUrlError) {
       out.error(`${error.message}\n\n${providerUsage}`);
       return 2;
     }
+    if (error instanceof ConfigError) {
+      out.error(`${error.problems.join("; ")}\n\n${providerUsage}`);
+      return 2;
+    }
+    if (error instanceof SigningChainError) {
+      out.error(error.message);
+      return 2;
+    }
+    if (
+      error instanceof ChallengeMismatchError ||
+      error instanceof SigningDeclinedError ||
+      error instanceof GatewayRedirectError
+    ) {
+      out.error(error.message);
+      return 1;
+    }
     if (error instanceof GatewayRequestError) {
       out.error(`the gateway refused (${error.status} ${error.code}): ${error.message}`);
+      return 1;
+    }
+    if (error instanceof ViemError) {
+      // shortMessage only: the details name the RPC URL, which may carry a provider's key.
+      out.error(`the chain call failed: ${error.shortMessage}`);
+      return 1;
+    }
+    if (error instanceof TypeError && error.message === "fetch failed") {
+      out.error("cannot reach the gateway (GATEWAY_URL)");
       return 1;
     }
     throw error;

@@ -144,6 +144,7 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
           endpointUrl: provider.url,
           endpointToken: provider.token,
           signer,
+          chain: { chainId: anvil.chainId, market: demo.market },
         });
         await verifyOffer(connection, offer.offerId);
       }
@@ -153,7 +154,10 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
       );
       // The demo payer lets the demo key spend its permits, as any payer would (DESIGN.md
       // section 8): the key asks for the typed data, the payer signs it.
-      await authorizeApiKey(connection, { signer: privateKeyToAccount(roles.payer.privateKey) });
+      await authorizeApiKey(connection, {
+        signer: privateKeyToAccount(roles.payer.privateKey),
+        chain: { chainId: anvil.chainId, market: demo.market },
+      });
       const manifest: DevManifest = {
         baseUrl: gateway.url,
         grpcUrl: gateway.url,

@@ -1,16 +1,37 @@
-import type { Address, Hex, LocalAccount } from "viem";
+import { getAddress, type Address, type Hex, type LocalAccount } from "viem";
 import {
+  ChallengeMismatchError,
+  checkFrame,
+  checkTypedData,
+  shown,
+  takeIssuedAt,
+  takeKeyId,
+  takeNonce,
+  when,
+  type ConfirmSigning,
+  type SigningChain,
+} from "../clients/signing-guard.js";
+import { normalizeHex } from "../domain/hex.js";
+import {
+  anyPermit,
+  buildAuthorizeKeyTypedData,
+  buildRevokeTypedData,
+  defaultAuthorizationLifetimeSeconds,
   signable,
-  type AuthorizeKeyTypedData,
-  type RevokeKeyAuthorizationTypedData,
 } from "../domain/permit-authorization.js";
 import { call, type GatewayConnection } from "../provider/client.js";
 
 /**
  * What a payer runs (with the key holder's API key) to let that key spend its permits: the key
- * asks the gateway for the typed data, the payer's key signs it locally (it never leaves the
+ * asks the gateway for a challenge, the payer's key signs locally (it never leaves the
  * process), and the key posts the signature. The `permit` CLI, the dev sandbox and the benchmark
  * use it.
+ *
+ * What the payer signs is built here (src/clients/signing-guard.ts): the payer, the permit, the
+ * expiry and the caps from the arguments, the domain from `chain` (this machine's chain and
+ * market), the deployment from GET /v1/gateway (shown); the challenge supplies only its nonce,
+ * when it was issued (checked against this clock) and the key id (checked against `keyId` when
+ * given, else shown), and is compared with it field by field before anything is signed.
  */
 
 export interface AuthorizationJson {
@@ -29,37 +50,169 @@ export interface AuthorizationJson {
   revoked_by: "key" | "payer" | null;
 }
 
+/** The public facts of GET /v1/gateway a signature depends on. */
+export interface GatewayFactsJson {
+  chain_id: number;
+  market: string;
+  deployment: string;
+  [key: string]: unknown;
+}
+
+/** A deployment id as GET /v1/gateway publishes it (`dep_` and 32 hex digits today). */
+const deploymentPattern = /^[0-9A-Za-z_-]{1,128}$/;
+
+/**
+ * The deployment the gateway at `gateway` says it is, checked against this machine's chain: a
+ * gateway that serves another chain or market is refused before any challenge.
+ */
+export async function gatewayDeployment(
+  gateway: GatewayConnection,
+  chain: SigningChain,
+): Promise<string> {
+  const facts = await call<GatewayFactsJson>(gateway, "GET", "/v1/gateway");
+  const source = "the gateway's GET /v1/gateway";
+  if (facts?.chain_id !== chain.chainId)
+    throw new ChallengeMismatchError(
+      "chain_id",
+      String(chain.chainId),
+      shown(facts?.chain_id),
+      source,
+    );
+  if (typeof facts.market !== "string" || facts.market.toLowerCase() !== chain.market.toLowerCase())
+    throw new ChallengeMismatchError("market", chain.market, shown(facts.market), source);
+  if (typeof facts.deployment !== "string" || !deploymentPattern.test(facts.deployment))
+    throw new ChallengeMismatchError(
+      "deployment",
+      "a deployment id",
+      shown(facts.deployment),
+      source,
+    );
+  return facts.deployment;
+}
+
 export interface AuthorizeOptions {
   /**
    * Signs for the payer: the payer's own key, or for a contract wallet a key its ERC-1271 check
    * accepts (then `payer` names the wallet).
    */
   readonly signer: LocalAccount;
+  /** The chain and market the signature is for: this machine's, never the gateway's. */
+  readonly chain: SigningChain;
   /** Default: the signer's address. */
   readonly payer?: Address;
   /** One permit; absent: every permit of the payer. */
   readonly permitId?: Hex;
-  /** Unix seconds; absent: the gateway's default (30 days). */
+  /** Unix seconds; absent: 30 days from now (this machine's clock). */
   readonly expiresAt?: number;
+  /** Credits (the permit's smallest unit), a decimal string; absent or "0": no cap. */
+  readonly totalCap?: string;
+  readonly perRequestCap?: string;
+  /**
+   * The API key's public id as its holder knows it (`gateway keys create` prints it): the
+   * challenge must name it. Absent: the challenge's, checked against the gateway's listing of
+   * the key's authorizations when it has any, and shown.
+   */
+  readonly keyId?: string;
+  /** Shown and asked before signing; absent: signs once every check passed. */
+  readonly confirm?: ConfirmSigning;
+  /** Unix seconds; default this machine's clock. */
+  readonly clock?: () => number;
 }
 
-/** Challenge (with the key being authorized) -> the payer's signature -> the authorization. */
+/**
+ * The key id the gateway lists for the calling key's authorizations (GET
+ * /v1/permit-authorizations), or undefined when it lists none: a second account of the key's
+ * id, from another route than the challenge.
+ */
+async function listedKeyId(gateway: GatewayConnection): Promise<string | undefined> {
+  const listed = await call<{ data?: { api_key_id?: unknown }[] }>(
+    gateway,
+    "GET",
+    "/v1/permit-authorizations",
+  );
+  const ids = new Set((listed?.data ?? []).map((a) => a?.api_key_id));
+  if (ids.size === 0) return undefined;
+  const [only] = ids;
+  if (ids.size > 1 || typeof only !== "string")
+    throw new ChallengeMismatchError(
+      "data[].api_key_id",
+      "the one id of the calling key",
+      shown([...ids]),
+      "the gateway's listing of this key's authorizations",
+    );
+  return only;
+}
+
+/**
+ * Challenge (with the key being authorized) -> the payer's signature -> the authorization.
+ * Refuses ({@link ChallengeMismatchError}) and signs nothing when the gateway's challenge is
+ * not the typed data built here.
+ */
 export async function authorizeApiKey(
   gateway: GatewayConnection,
   options: AuthorizeOptions,
 ): Promise<AuthorizationJson> {
-  const typedData = await call<AuthorizeKeyTypedData>(
-    gateway,
-    "POST",
-    "/v1/permit-authorizations/challenge",
-    {
-      payer: options.payer ?? options.signer.address,
-      ...(options.permitId === undefined ? {} : { permitId: options.permitId }),
-      ...(options.expiresAt === undefined ? {} : { expiresAt: options.expiresAt }),
-    },
-  );
-  const signature = await options.signer.signTypedData(signable(typedData));
+  const now = Math.floor((options.clock ?? (() => Date.now() / 1000))());
+  const payer = getAddress(options.payer ?? options.signer.address);
+  const permitId = options.permitId === undefined ? anyPermit : normalizeHex(options.permitId);
+  const expiresAt = options.expiresAt ?? now + defaultAuthorizationLifetimeSeconds;
+  const totalCap = options.totalCap ?? "0";
+  const perRequestCap = options.perRequestCap ?? "0";
+  const deployment = await gatewayDeployment(gateway, options.chain);
+  const expected = (keyId: string, issuedAt: number, nonce: string) =>
+    buildAuthorizeKeyTypedData({
+      chainId: options.chain.chainId,
+      market: options.chain.market,
+      message: {
+        payer,
+        keyId,
+        permitId,
+        expiresAt,
+        issuedAt,
+        deployment,
+        totalCap,
+        perRequestCap,
+        nonce,
+      },
+    });
+  const challenge = await call<unknown>(gateway, "POST", "/v1/permit-authorizations/challenge", {
+    payer,
+    permitId,
+    expiresAt,
+    totalCap,
+    perRequestCap,
+  });
+  checkFrame(expected("", 0, ""), challenge);
+  const keyId = takeKeyId(challenge, options.keyId);
+  const typedData = expected(keyId, takeIssuedAt(challenge, now), takeNonce(challenge));
+  checkTypedData(typedData, challenge);
+  let keyIdSource = "--key-id";
+  if (options.keyId === undefined) {
+    const listed = await listedKeyId(gateway);
+    if (listed !== undefined && listed !== keyId)
+      throw new ChallengeMismatchError("message.keyId", listed, keyId);
+    keyIdSource =
+      listed === undefined
+        ? "named by the gateway: check it is the id `gateway keys create` printed for the key you authorize, or pass --key-id"
+        : "named by the gateway, as its listing of this key's authorizations does";
+  }
+  const credits = (cap: string) =>
+    cap === "0" ? "none" : `${cap} credits (the permit's smallest unit)`;
   const { message } = typedData;
+  await options.confirm?.({
+    title: `about to sign AuthorizeKey as the payer ${payer} (chain ${options.chain.chainId}, market ${options.chain.market})`,
+    lines: [
+      ["payer", `${payer}${options.payer === undefined ? "" : " (--payer)"}`],
+      ["API key", `${keyId} (${keyIdSource})`],
+      ["permit", permitId === anyPermit ? `every permit of the payer (${anyPermit})` : permitId],
+      ["expires", when(expiresAt, now)],
+      ["total cap", credits(totalCap)],
+      ["per request", credits(perRequestCap)],
+      ["deployment", `${deployment} (GET /v1/gateway)`],
+      ["issued", when(message.issuedAt, now)],
+    ],
+  });
+  const signature = await options.signer.signTypedData(signable(typedData));
   const { authorization } = await call<{ authorization: AuthorizationJson }>(
     gateway,
     "POST",
@@ -81,18 +234,36 @@ export async function authorizeApiKey(
 
 /**
  * The payer's revocation of one authorization, without the key that holds it: `gateway` may
- * carry any API key (the payer's own).
+ * carry any API key (the payer's own). The `RevokeKeyAuthorization` typed data is built here
+ * from the id and the payer; the gateway's challenge must be exactly it.
  */
 export async function revokeAuthorizationAsPayer(
   gateway: GatewayConnection,
-  options: { readonly id: string; readonly signer: LocalAccount },
+  options: {
+    readonly id: string;
+    readonly signer: LocalAccount;
+    readonly chain: SigningChain;
+    /** Default: the signer's address (a contract wallet: its address). */
+    readonly payer?: Address;
+    readonly confirm?: ConfirmSigning;
+  },
 ): Promise<AuthorizationJson> {
   const path = `/v1/permit-authorizations/${encodeURIComponent(options.id)}`;
-  const typedData = await call<RevokeKeyAuthorizationTypedData>(
-    gateway,
-    "POST",
-    `${path}/revocation-challenge`,
-  );
+  const payer = getAddress(options.payer ?? options.signer.address);
+  const typedData = buildRevokeTypedData({
+    chainId: options.chain.chainId,
+    market: options.chain.market,
+    message: { payer, authorizationId: options.id },
+  });
+  const challenge = await call<unknown>(gateway, "POST", `${path}/revocation-challenge`);
+  checkTypedData(typedData, challenge);
+  await options.confirm?.({
+    title: `about to sign RevokeKeyAuthorization as the payer ${payer} (chain ${options.chain.chainId}, market ${options.chain.market})`,
+    lines: [
+      ["payer", `${payer}${options.payer === undefined ? "" : " (--payer)"}`],
+      ["revokes", options.id],
+    ],
+  });
   const signature = await options.signer.signTypedData(signable(typedData));
   const { authorization } = await call<{ authorization: AuthorizationJson }>(
     gateway,

@@ -1,14 +1,39 @@
-import type { Hex, LocalAccount } from "viem";
+import { getAddress, type Address, type Hex, type LocalAccount } from "viem";
+import { canonicalEndpointUrl } from "../adapters/upstream/endpoint-guard.js";
+import { gatewayUrlProblem } from "../clients/gateway-url.js";
+import {
+  checkFrame,
+  checkTypedData,
+  takeKeyId,
+  takeNonce,
+  when,
+  type ConfirmSigning,
+  type SigningChain,
+} from "../clients/signing-guard.js";
 import { BaseError } from "../errors.js";
-import type { BindOfferKeyTypedData } from "../domain/offer-key-binding.js";
-import { signable as signableTypedData } from "../domain/permit-authorization.js";
-import { withoutDomainType, type RegistrationTypedData } from "../domain/registration.js";
+import { normalizeHex } from "../domain/hex.js";
+import {
+  buildBindOfferKeyTypedData,
+  type BindOfferKeyTypedData,
+} from "../domain/offer-key-binding.js";
+import {
+  defaultAuthorizationLifetimeSeconds,
+  signable as signableTypedData,
+} from "../domain/permit-authorization.js";
+import {
+  buildTypedData,
+  defaultChallengeLifetimeSeconds,
+  endpointTokenHash,
+  endpointUrlHash,
+  withoutDomainType,
+} from "../domain/registration.js";
 
 /**
  * What a provider runs on its own machine to onboard an offer: it asks the
  * gateway for a challenge over the public REST API, signs it locally with the
  * offer operator's key (the key never leaves the process), and submits it.
- * The `provider` CLI and the dev sandbox both use it.
+ * The `provider` CLI and the dev sandbox both use it. What it signs it builds itself and
+ * compares with the gateway's challenge first (src/clients/signing-guard.ts).
  */
 export interface GatewayConnection {
   readonly baseUrl: string;
@@ -28,21 +53,57 @@ export class GatewayRequestError extends BaseError {
   }
 }
 
-/** One JSON request to the gateway's REST API; an error answer throws {@link GatewayRequestError}. */
+/** GATEWAY_URL is `http://` to another machine (or no http(s) URL): nothing was sent. */
+export class InsecureGatewayUrlError extends BaseError {
+  readonly reason = "gateway_url_insecure";
+  override readonly name = "InsecureGatewayUrlError";
+}
+
+/**
+ * The gateway answered a redirect. Redirects are never followed: the API key and the payer's
+ * signature go to GATEWAY_URL and nowhere else.
+ */
+export class GatewayRedirectError extends BaseError {
+  readonly reason = "gateway_redirected";
+  override readonly name = "GatewayRedirectError";
+  constructor(
+    readonly status: number,
+    method: string,
+    path: string,
+  ) {
+    super(
+      `the gateway answered ${method} ${path.split("?")[0]} with a redirect (HTTP ${status}); ` +
+        "redirects are not followed: set GATEWAY_URL to the address that answers itself",
+    );
+  }
+}
+
+/**
+ * One JSON request to the gateway's REST API; an error answer throws {@link GatewayRequestError}.
+ * The URL must be `https://` or loopback `http://` ({@link InsecureGatewayUrlError}, before
+ * anything is sent); a redirect is not followed ({@link GatewayRedirectError}).
+ */
 export async function call<T>(
   gateway: GatewayConnection,
   method: string,
   path: string,
   body?: unknown,
 ): Promise<T> {
+  const problem = gatewayUrlProblem(gateway.baseUrl);
+  if (problem !== undefined) throw new InsecureGatewayUrlError(problem);
   const res = await fetch(new URL(path, gateway.baseUrl), {
     method,
+    redirect: "manual",
     headers: {
       authorization: `Bearer ${gateway.apiKey}`,
       ...(body === undefined ? {} : { "content-type": "application/json" }),
     },
     body: body === undefined ? undefined : JSON.stringify(body),
   });
+  if (res.status >= 300 && res.status < 400) {
+    await res.body?.cancel();
+    throw new GatewayRedirectError(res.status, method, path);
+  }
   const text = await res.text();
   let parsed: unknown;
   try {
@@ -61,12 +122,23 @@ export async function call<T>(
   return parsed as T;
 }
 
+/** Unix seconds now, on this machine's clock. */
+const unixNow = (): number => Math.floor(Date.now() / 1000);
+
 export interface RegisterOptions {
   readonly offerId: Hex;
   readonly endpointUrl: string;
   readonly endpointToken?: string;
   /** The offer operator's key (for a contract operator: a key its ERC-1271 check accepts). */
   readonly signer: LocalAccount;
+  /** The chain and market the signature is for: this machine's, never the gateway's. */
+  readonly chain: SigningChain;
+  /** The offer's operator; default the signer's address (a contract operator: its address). */
+  readonly operator?: Address;
+  /** Shown and asked before signing (src/clients/signing-guard.ts); absent: signs after the checks. */
+  readonly confirm?: ConfirmSigning;
+  /** Unix seconds; default this machine's clock. */
+  readonly clock?: () => number;
 }
 
 export interface OfferJson {
@@ -85,38 +157,72 @@ export interface HealthJson {
   verification_expires_at: number | null;
 }
 
-/** Challenge -> local signature -> registration. Returns the offer as the gateway lists it. */
+/**
+ * Challenge -> local signature -> registration. Returns the offer as the gateway lists it.
+ *
+ * The `RegisterEndpoint` typed data is built here: the offer, the operator, the hashes of the
+ * endpoint URL (canonicalized as the gateway does) and of the token, and the expiry from this
+ * call's arguments and clock, the domain from `chain`; the gateway's challenge supplies only
+ * the nonce. A challenge that differs anywhere is refused ({@link ChallengeMismatchError}) and
+ * nothing is signed.
+ */
 export async function registerEndpoint(
   gateway: GatewayConnection,
   options: RegisterOptions,
 ): Promise<OfferJson> {
-  const typedData = await call<RegistrationTypedData>(
-    gateway,
-    "POST",
-    "/v1/provider-offers/challenge",
-    {
-      offerId: options.offerId,
-      endpointUrl: options.endpointUrl,
-      // The challenge binds the token's hash, so the signature registers this token only.
-      ...(options.endpointToken === undefined ? {} : { endpointToken: options.endpointToken }),
-    },
-  );
-  const signable = withoutDomainType(typedData);
-  const signature = await options.signer.signTypedData({
-    domain: signable.domain,
-    types: signable.types,
-    primaryType: signable.primaryType,
-    message: signable.message,
+  const now = Math.floor((options.clock ?? unixNow)());
+  const offerId = normalizeHex(options.offerId);
+  const operator = getAddress(options.operator ?? options.signer.address);
+  // As the gateway canonicalizes it: the signature binds the hash of exactly this string.
+  const canonical = canonicalEndpointUrl(options.endpointUrl);
+  const expiresAt = now + defaultChallengeLifetimeSeconds;
+  const expected = (nonce: string) =>
+    buildTypedData({
+      chainId: options.chain.chainId,
+      market: options.chain.market,
+      offerId,
+      operator,
+      endpointUrlHash: endpointUrlHash(canonical),
+      endpointTokenHash: endpointTokenHash(options.endpointToken),
+      nonce,
+      expiresAt,
+    });
+  const challenge = await call<unknown>(gateway, "POST", "/v1/provider-offers/challenge", {
+    offerId,
+    endpointUrl: options.endpointUrl,
+    expiresAt,
+    // The challenge binds the token's hash, so the signature registers this token only.
+    ...(options.endpointToken === undefined ? {} : { endpointToken: options.endpointToken }),
   });
+  checkFrame(expected(""), challenge);
+  const typedData = expected(takeNonce(challenge));
+  checkTypedData(typedData, challenge);
+  const { message } = typedData;
+  await options.confirm?.({
+    title: `about to sign RegisterEndpoint as the operator of offer ${offerId} (chain ${options.chain.chainId}, market ${options.chain.market})`,
+    lines: [
+      ["offer", offerId],
+      ["operator", `${operator}${options.operator === undefined ? "" : " (--operator)"}`],
+      ["endpoint", `the URL given, canonical form hashed: ${message.endpointUrlHash}`],
+      [
+        "token",
+        options.endpointToken === undefined
+          ? "none"
+          : `the token given, hashed: ${message.endpointTokenHash}`,
+      ],
+      ["expires", when(expiresAt, now)],
+    ],
+  });
+  const signature = await options.signer.signTypedData(withoutDomainType(typedData));
   const { offer } = await call<{ offer: OfferJson }>(
     gateway,
     "POST",
     "/v1/provider-offers/register",
     {
-      offerId: options.offerId,
+      offerId,
       endpointUrl: options.endpointUrl,
-      nonce: typedData.message.nonce,
-      expiresAt: typedData.message.expiresAt,
+      nonce: message.nonce,
+      expiresAt: message.expiresAt,
       signature,
       ...(options.endpointToken === undefined ? {} : { endpointToken: options.endpointToken }),
     },
@@ -165,33 +271,74 @@ export interface KeyBindingJson {
   revoked_at: number | null;
 }
 
+export interface BindKeyOptions {
+  readonly offerId: Hex;
+  /** The offer operator's key (for a contract operator: a key its ERC-1271 check accepts). */
+  readonly signer: LocalAccount;
+  /** The chain and market the signature is for: this machine's, never the gateway's. */
+  readonly chain: SigningChain;
+  /** The offer's operator; default the signer's address (a contract operator: its address). */
+  readonly operator?: Address;
+  /** Unix seconds; default 30 days from now. */
+  readonly expiresAt?: number;
+  /** The API key's public id as its holder knows it; absent: the challenge's, shown before signing. */
+  readonly keyId?: string;
+  readonly confirm?: ConfirmSigning;
+  /** Unix seconds; default this machine's clock. */
+  readonly clock?: () => number;
+}
+
 /**
  * Binds the connection's API key to an offer so it may read the offer's earnings: the key asks
  * for the `BindOfferKey` typed data, the operator's key signs it here (it never leaves this
- * process), and the key submits the signature.
+ * process), and the key submits the signature. The typed data is built here (offer, operator,
+ * expiry from the arguments, domain from `chain`); the challenge supplies the nonce and the key
+ * id (checked against `keyId` when given, else shown), and is compared field by field first.
  */
 export async function bindKey(
   gateway: GatewayConnection,
-  options: { readonly offerId: Hex; readonly signer: LocalAccount; readonly expiresAt?: number },
+  options: BindKeyOptions,
 ): Promise<KeyBindingJson> {
-  const typedData = await call<BindOfferKeyTypedData>(
+  const now = Math.floor((options.clock ?? unixNow)());
+  const offerId = normalizeHex(options.offerId);
+  const operator = getAddress(options.operator ?? options.signer.address);
+  const expiresAt = options.expiresAt ?? now + defaultAuthorizationLifetimeSeconds;
+  const expected = (keyId: string, nonce: string) =>
+    buildBindOfferKeyTypedData({
+      chainId: options.chain.chainId,
+      market: options.chain.market,
+      message: { offerId, operator, keyId, expiresAt, nonce },
+    });
+  const challenge = await call<unknown>(
     gateway,
     "POST",
-    `/v1/provider-offers/${options.offerId}/key-bindings/challenge`,
-    options.expiresAt === undefined ? {} : { expiresAt: options.expiresAt },
+    `/v1/provider-offers/${offerId}/key-bindings/challenge`,
+    { expiresAt },
   );
-  const signable = signableTypedData(typedData);
-  const signature = await options.signer.signTypedData({
-    domain: signable.domain,
-    types: signable.types,
-    primaryType: signable.primaryType,
-    message: signable.message,
+  checkFrame(expected("", ""), challenge);
+  const keyId = takeKeyId(challenge, options.keyId);
+  const typedData: BindOfferKeyTypedData = expected(keyId, takeNonce(challenge));
+  checkTypedData(typedData, challenge);
+  await options.confirm?.({
+    title: `about to sign BindOfferKey as the operator of offer ${offerId} (chain ${options.chain.chainId}, market ${options.chain.market})`,
+    lines: [
+      ["offer", offerId],
+      ["operator", `${operator}${options.operator === undefined ? "" : " (--operator)"}`],
+      [
+        "API key",
+        options.keyId === undefined
+          ? `${keyId} (named by the gateway: check it is the id \`gateway keys create\` printed for the key that will read the earnings, or pass --key-id)`
+          : `${keyId} (--key-id)`,
+      ],
+      ["expires", when(expiresAt, now)],
+    ],
   });
+  const signature = await options.signer.signTypedData(signableTypedData(typedData));
   const { binding } = await call<{ binding: KeyBindingJson }>(
     gateway,
     "POST",
-    `/v1/provider-offers/${options.offerId}/key-bindings`,
-    { expiresAt: typedData.message.expiresAt, nonce: typedData.message.nonce, signature },
+    `/v1/provider-offers/${offerId}/key-bindings`,
+    { expiresAt, nonce: typedData.message.nonce, signature },
   );
   return binding;
 }

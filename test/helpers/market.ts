@@ -153,6 +153,7 @@ export async function onboard(
     endpointUrl,
     ...(endpointToken === undefined ? {} : { endpointToken }),
     signer: privateKeyToAccount(stack.roles.operator.privateKey),
+    chain: { chainId: stack.config.chainId, market: stack.demo.market },
   });
   await verifyOffer(connection, offerId);
 }

@@ -1,0 +1,67 @@
+import { createPublicClient, http } from "viem";
+import {
+  SigningDeclinedError,
+  type ConfirmSigning,
+  type SigningChain,
+  type SigningSummary,
+} from "../clients/signing-guard.js";
+import { parseSigningChainConfig } from "../config.js";
+import { BaseError } from "../errors.js";
+
+/**
+ * How a wallet command of the CLI shows what it is about to sign (issue 28, item 1;
+ * docs/decisions.md, "Wallet tools sign only what their user asked for"): once every check
+ * passed, the summary goes to stderr (stdout keeps the command's result, `--json` included);
+ * when stdin is a terminal the command then asks `sign it? [y/N]` and signs only on `y` or
+ * `yes`; `--yes`, or stdin that is not a terminal (a script, a pipe), signs after printing.
+ */
+
+/** Asks a yes/no question where a person can answer; absent when no one can. */
+export type Ask = (question: string) => Promise<boolean>;
+
+/** Where a command writes, and how it asks (only when stdin is a terminal). */
+export interface CommandOutput {
+  log(line: string): void;
+  error(line: string): void;
+  readonly ask?: Ask;
+}
+
+/** The configured chain answered, but not as configured: nothing was signed (a usage problem). */
+export class SigningChainError extends BaseError {
+  override readonly name = "SigningChainError";
+  readonly reason = "usage";
+}
+
+/**
+ * The chain a signature is for, from this machine: MARKET_ADDRESS, and the chain id the RPC
+ * reports (`eth_chainId`, which CHAIN_ID must match when set) or CHAIN_ID without an RPC.
+ */
+export async function signingChain(env: NodeJS.ProcessEnv): Promise<SigningChain> {
+  const config = parseSigningChainConfig(env);
+  let chainId = config.chainId;
+  if (config.rpcUrl !== undefined) {
+    const reported = await createPublicClient({ transport: http(config.rpcUrl) }).getChainId();
+    if (chainId !== undefined && chainId !== reported)
+      throw new SigningChainError(`RPC_URL serves chain ${reported}, CHAIN_ID says ${chainId}`);
+    chainId = reported;
+  }
+  return { chainId: chainId!, market: config.marketAddress };
+}
+
+/** The summary as the lines printed before signing. */
+export function summaryLines(summary: SigningSummary): string[] {
+  const width = Math.max(0, ...summary.lines.map(([label]) => label.length));
+  return [
+    `${summary.title}:`,
+    ...summary.lines.map(([label, value]) => `  ${label.padEnd(width)}  ${value}`),
+  ];
+}
+
+/** Prints the summary to stderr, then asks unless `yes` or no one can answer. */
+export function confirmOn(out: CommandOutput, yes: boolean): ConfirmSigning {
+  return async (summary) => {
+    for (const line of summaryLines(summary)) out.error(line);
+    if (yes || out.ask === undefined) return;
+    if (!(await out.ask("sign it? [y/N] "))) throw new SigningDeclinedError();
+  };
+}
