@@ -539,7 +539,8 @@ describe("a payer's control of its authorizations, without the key (PostgreSQL o
     it("signs nothing for a gateway on another market, and refuses usage mistakes", async () => {
       const other = await cli(["authorizations"], { MARKET_ADDRESS: stranger.address });
       expect(other.code).toBe(1);
-      expect(other.stderr).toContain("nothing signed");
+      expect(other.stderr).toContain("differs at market");
+      expect(other.stderr).toContain("nothing was signed");
       expect(other.stdout).toBe("");
       const both = await cli(["revoke", "--all", "--key", `key_${"0".repeat(24)}`]);
       expect(both.code).toBe(2);
@@ -548,7 +549,7 @@ describe("a payer's control of its authorizations, without the key (PostgreSQL o
       expect(none.code).toBe(2);
       const plain = await cli(["authorizations"], { GATEWAY_URL: "http://gateway.example" });
       expect(plain.code).toBe(2);
-      expect(plain.stderr).toContain("GATEWAY_URL must be https://");
+      expect(plain.stderr).toContain("GATEWAY_URL must be an https:// URL");
     });
   });
 });

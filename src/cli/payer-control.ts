@@ -7,8 +7,10 @@ import {
   signable,
 } from "../domain/permit-authorization.js";
 import { BaseError } from "../errors.js";
-import type { AuthorizationJson } from "../permit/client.js";
-import { GatewayRequestError } from "../provider/client.js";
+import { apiKeyIdPattern } from "../clients/signing-guard.js";
+import { gatewayUrlProblem } from "../clients/gateway-url.js";
+import { gatewayDeployment, type AuthorizationJson } from "../permit/client.js";
+import { call, InsecureGatewayUrlError, type GatewayConnection } from "../provider/client.js";
 
 /**
  * `gateway permit authorizations` and `gateway permit revoke --key|--permit|--all`: a payer
@@ -26,12 +28,6 @@ export class PayerControlUsageError extends BaseError {
   readonly reason = "usage";
 }
 
-/** The gateway is not the one the payer configured, or answered nonsense: nothing was signed. */
-export class GatewayMismatchError extends BaseError {
-  override readonly name = "GatewayMismatchError";
-  readonly reason = "gateway_mismatch";
-}
-
 type Output = { log(line: string): void; error(line: string): void };
 
 /** The payer's chain as its own configuration says (never as the gateway says). */
@@ -40,87 +36,15 @@ export interface PayerChainFacts {
   readonly market: Address;
 }
 
-/** GATEWAY_URL: https, or http on loopback only (a signature is not sent in the clear). */
-export function payerGatewayUrl(env: NodeJS.ProcessEnv): URL {
+/** GATEWAY_URL, checked as every client tool checks it (src/clients/gateway-url.ts). */
+function payerGateway(env: NodeJS.ProcessEnv): GatewayConnection {
   const raw = env.GATEWAY_URL?.trim();
   if (raw === undefined || raw === "")
     throw new PayerControlUsageError("set GATEWAY_URL (or --gateway)");
-  let url: URL;
-  try {
-    url = new URL(raw);
-  } catch {
-    throw new PayerControlUsageError("GATEWAY_URL must be an https:// URL");
-  }
-  const loopback =
-    url.hostname === "localhost" || /^127\./.test(url.hostname) || url.hostname === "[::1]";
-  if (url.protocol !== "https:" && !(url.protocol === "http:" && loopback))
-    throw new PayerControlUsageError("GATEWAY_URL must be https:// (http:// only on loopback)");
-  return url;
-}
-
-/** One JSON request without credentials; redirects are not followed. */
-async function request<T>(
-  base: URL,
-  method: "GET" | "POST",
-  path: string,
-  body?: unknown,
-): Promise<{ value: T; date: string | null }> {
-  const res = await fetch(new URL(path, base), {
-    method,
-    redirect: "manual",
-    headers: body === undefined ? {} : { "content-type": "application/json" },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await res.text();
-  let parsed: unknown;
-  try {
-    parsed = text === "" ? undefined : JSON.parse(text);
-  } catch {
-    parsed = undefined;
-  }
-  if (res.status >= 300 && res.status < 400)
-    throw new GatewayMismatchError(
-      `the gateway answered ${path} with a redirect (${res.status}); redirects are not followed`,
-    );
-  if (!res.ok) {
-    const error = (parsed as { error?: { code?: string; message?: string } } | undefined)?.error;
-    throw new GatewayRequestError(
-      res.status,
-      error?.code ?? "http_error",
-      error?.message ?? `HTTP ${res.status}`,
-    );
-  }
-  return { value: parsed as T, date: res.headers.get("date") };
-}
-
-interface GatewayFacts {
-  deployment: string;
-  chain_id: number;
-  market: string;
-}
-
-const deploymentShape = /^dep_[0-9a-f]{32}$/;
-
-/**
- * The gateway's deployment id, after checking that the gateway serves the chain and market the
- * payer configured (a signature for another would not verify there anyway: better to sign
- * nothing and say so).
- */
-async function deploymentOf(base: URL, chain: PayerChainFacts): Promise<string> {
-  const { value: facts } = await request<GatewayFacts>(base, "GET", "/v1/gateway");
-  if (typeof facts?.deployment !== "string" || !deploymentShape.test(facts.deployment))
-    throw new GatewayMismatchError(
-      "GET /v1/gateway did not name a deployment (dep_ + 32 hex digits): nothing signed",
-    );
-  if (facts.chain_id !== chain.chainId)
-    throw new GatewayMismatchError(
-      `the gateway serves chain ${String(facts.chain_id)}, the configured RPC chain ${chain.chainId}: nothing signed`,
-    );
-  if (typeof facts.market !== "string" || facts.market.toLowerCase() !== chain.market.toLowerCase())
-    throw new GatewayMismatchError(
-      `the gateway serves market ${String(facts.market)}, MARKET_ADDRESS is ${chain.market}: nothing signed`,
-    );
-  return facts.deployment;
+  const problem = gatewayUrlProblem(raw);
+  if (problem !== undefined) throw new InsecureGatewayUrlError(problem);
+  // No API key: the payer's signature is these calls' only credential.
+  return { baseUrl: raw };
 }
 
 function payerOf(signer: LocalAccount, payer: string | undefined): Address {
@@ -170,10 +94,10 @@ export async function listAuthorizationsAsPayer(
   },
   out: Output,
 ): Promise<void> {
-  const base = payerGatewayUrl(args.env);
+  const gateway = payerGateway(args.env);
   const payer = payerOf(args.signer, args.payer);
   const chain = await args.chain();
-  const deployment = await deploymentOf(base, chain);
+  const deployment = await gatewayDeployment(gateway, chain);
   const now = Math.floor((args.now ?? Date.now)() / 1000);
   const expiresAt = now + listTokenSeconds;
   if (!args.json)
@@ -189,8 +113,8 @@ export async function listAuthorizationsAsPayer(
   const all: AuthorizationJson[] = [];
   let startingAfter: string | undefined;
   for (let page = 0; page < maxPages; page++) {
-    const { value } = await request<{ data: AuthorizationJson[]; has_more: boolean }>(
-      base,
+    const value = await call<{ data: AuthorizationJson[]; has_more: boolean }>(
+      gateway,
       "POST",
       `/v1/payers/${payer}/authorizations`,
       {
@@ -239,14 +163,14 @@ export async function revokeAuthorizationsAsPayer(
     throw new PayerControlUsageError(
       "revoke needs an authorization id, or --key KEY_ID, --permit ID or --all",
     );
-  if (args.keyId !== undefined && !/^key_[0-9a-f]{24}$/.test(args.keyId))
-    throw new PayerControlUsageError("--key must be an API key id (key_ + 24 hex digits)");
+  if (args.keyId !== undefined && !apiKeyIdPattern.test(args.keyId))
+    throw new PayerControlUsageError("--key must be an API key id (key_...)");
   if (args.permitId !== undefined && (!isHex32(args.permitId) || /^0x0{64}$/.test(args.permitId)))
     throw new PayerControlUsageError("--permit must be a permit id (0x + 64 hex digits, not zero)");
-  const base = payerGatewayUrl(args.env);
+  const gateway = payerGateway(args.env);
   const payer = payerOf(args.signer, args.payer);
   const chain = await args.chain();
-  const deployment = await deploymentOf(base, chain);
+  const deployment = await gatewayDeployment(gateway, chain);
   // The payer's clock: what it revokes is what was issued up to now as it sees it.
   const before = Math.floor((args.now ?? Date.now)() / 1000);
   const keyId = args.keyId ?? "";
@@ -269,11 +193,11 @@ export async function revokeAuthorizationsAsPayer(
     message: { payer, deployment, keyId, permitId, before },
   });
   const signature = await args.signer.signTypedData(signable(typed));
-  const { value } = await request<{
+  const value = await call<{
     revoked: number;
     authorizations: AuthorizationJson[];
     epoch: number | null;
-  }>(base, "POST", `/v1/payers/${payer}/authorizations/revoke`, {
+  }>(gateway, "POST", `/v1/payers/${payer}/authorizations/revoke`, {
     deployment,
     ...(keyId === "" ? {} : { keyId }),
     ...(permitId === anyPermit ? {} : { permitId }),

@@ -53,7 +53,6 @@ import {
 } from "../provider/client.js";
 import { AmountError, parseDeposit, parseDuration } from "./amounts.js";
 import {
-  GatewayMismatchError,
   listAuthorizationsAsPayer,
   PayerControlUsageError,
   revokeAuthorizationsAsPayer,
@@ -665,10 +664,6 @@ function report(error: unknown, out: Output): number {
   if (error instanceof PayerControlUsageError) {
     out.error(`${error.message}\n\n${permitUsage}`);
     return 2;
-  }
-  if (error instanceof GatewayMismatchError) {
-    out.error(error.message);
-    return 1;
   }
   if (error instanceof WrongChainError || error instanceof SigningChainError) {
     out.error(error.message);

@@ -37,7 +37,8 @@ import {
  */
 export interface GatewayConnection {
   readonly baseUrl: string;
-  readonly apiKey: string;
+  /** Absent: a call whose only credential is a signature in its body (a payer's own calls). */
+  readonly apiKey?: string;
 }
 
 /** An error answer of the gateway, with the spec's code. */
@@ -95,7 +96,7 @@ export async function call<T>(
     method,
     redirect: "manual",
     headers: {
-      authorization: `Bearer ${gateway.apiKey}`,
+      ...(gateway.apiKey === undefined ? {} : { authorization: `Bearer ${gateway.apiKey}` }),
       ...(body === undefined ? {} : { "content-type": "application/json" }),
     },
     body: body === undefined ? undefined : JSON.stringify(body),
