@@ -131,6 +131,8 @@ export interface Route extends RouteSpec {
   readonly checkBody?: BodyCheck<TSchema>;
   /** The route's own error body (a dialect's shape); default the spec's `{error: {...}}`. */
   readonly errorBody?: (error: ErrorBodyValue["error"]) => unknown;
+  /** The API key may come as `x-api-key` when there is no `Authorization` (Anthropic's clients). */
+  readonly apiKeyHeader?: boolean;
 }
 
 /** A route whose JSON body the facade validates: the handler gets it typed. */
@@ -284,6 +286,7 @@ function dialectRoute(spec: {
     errors: chatErrors,
     errorSchema: spec.error,
     errorBody: dialectError(spec.translator),
+    ...(spec.apiKeyHeader === true ? { apiKeyHeader: true } : {}),
     handle: async ({ rpc, options, req, res, deps }) => {
       const body = await readJsonBytes(req, deps.bodyLimitBytes);
       const callOptions = spec.apiKeyHeader === true ? withApiKeyHeader(options, req) : options;
