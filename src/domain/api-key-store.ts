@@ -94,7 +94,10 @@ export function createApiKeyStore(options: {
   /** Whether a key of the right shape may be one of ours, `digest` its hash. */
   const plausibleDigest = (key: string, digest: string): boolean => {
     if (found.get(digest) !== undefined) return true;
-    if (missing.has(digest)) return false;
+    if (missing.delete(digest)) {
+      missing.set(digest, true); // the most recently asked for now
+      return false;
+    }
     return unchecked.has(digest) || carriesCheck(key, options.secret);
   };
 
