@@ -6,7 +6,8 @@
  * (drop what is held of that key) and `all` (drop everything held).
  *
  * The connection reconnects after a loss, waiting longer after each failed try (from 100 ms,
- * doubling, to 5 s). While it is down, notifications are lost: what is held then lives out its
+ * doubling, to 5 s); one that stops answering its heartbeat (`SELECT 1` every 10 s) counts as
+ * lost. While it is down, notifications are lost: what is held then lives out its
  * cache time (API_KEY_CACHE_MS), and once the listener is back every holder is told `all`
  * (whatever changed meanwhile is read afresh). `onState` follows it for the
  * `gateway_authority_listener_up` gauge.
@@ -31,6 +32,12 @@ export interface PgAuthoritySignalsOptions {
   /** First wait before reconnecting, doubled after each failed try up to `maxRetryMs`. */
   readonly retryMs?: number;
   readonly maxRetryMs?: number;
+  /**
+   * Between two checks that the listening connection still answers (`SELECT 1`, given as long
+   * to answer): a connection that went silent (a hung server, a dropped route) is given up and
+   * replaced, so the gauge never says up while nothing can be heard. Default 10 s.
+   */
+  readonly heartbeatMs?: number;
 }
 
 export interface PgAuthoritySignals {
@@ -54,10 +61,12 @@ export function createPgAuthoritySignals(
 ): PgAuthoritySignals {
   const firstRetryMs = options.retryMs ?? 100;
   const maxRetryMs = options.maxRetryMs ?? 5_000;
+  const heartbeatMs = options.heartbeatMs ?? 10_000;
   let retryMs = firstRetryMs;
   let client: pg.Client | undefined;
   let closed = false;
   let retry: NodeJS.Timeout | undefined;
+  let heartbeat: NodeJS.Timeout | undefined;
 
   const setUp = (up: boolean): void => {
     options.onState?.(up);
@@ -80,22 +89,44 @@ export function createPgAuthoritySignals(
     if (signal !== undefined) options.onSignal(signal);
   };
 
+  /** The connection is gone (or silent): down, and another is tried. */
+  const lost = (which: pg.Client, why: string): void => {
+    if (client !== which) return;
+    client = undefined;
+    if (heartbeat !== undefined) clearInterval(heartbeat);
+    heartbeat = undefined;
+    setUp(false);
+    options.logger?.warn(
+      { reason: why },
+      "authority listener lost its connection: API key and authorization changes made elsewhere apply within API_KEY_CACHE_MS until it is back",
+    );
+    which.end().catch(() => undefined);
+    schedule();
+  };
+
+  const beat = (which: pg.Client): void => {
+    let timer: NodeJS.Timeout | undefined;
+    const silent = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new Error(`no answer within ${heartbeatMs} ms`)),
+        heartbeatMs,
+      );
+    });
+    Promise.race([which.query("SELECT 1"), silent])
+      .catch((error: unknown) =>
+        lost(which, error instanceof Error ? error.message : String(error)),
+      )
+      .finally(() => clearTimeout(timer));
+  };
+
   const connect = async (): Promise<void> => {
     if (closed) return;
     // Its own connection, outside the pools: LISTEN holds it for the life of the process.
     const next = new pg.Client(db.session.options);
     next.on("error", () => undefined); // 'end' follows; reconnection is scheduled there
     next.on("notification", deliver);
-    next.on("end", () => {
-      if (client !== next) return; // not up yet: the failed try schedules the next
-      client = undefined;
-      setUp(false);
-      options.logger?.warn(
-        {},
-        "authority listener lost its connection: API key and authorization changes made elsewhere apply within API_KEY_CACHE_MS until it is back",
-      );
-      schedule();
-    });
+    // Not up yet: the failed try schedules the next.
+    next.on("end", () => lost(next, "connection ended"));
     try {
       await next.connect();
       await next.query(`LISTEN ${authorityChannel}`);
@@ -105,6 +136,8 @@ export function createPgAuthoritySignals(
       }
       client = next;
       retryMs = firstRetryMs;
+      heartbeat = setInterval(() => beat(next), heartbeatMs);
+      heartbeat.unref();
       setUp(true);
       // Whatever changed while no one listened is read afresh.
       options.onSignal("all");
@@ -128,7 +161,9 @@ export function createPgAuthoritySignals(
     async close() {
       closed = true;
       if (retry !== undefined) clearTimeout(retry);
+      if (heartbeat !== undefined) clearInterval(heartbeat);
       retry = undefined;
+      heartbeat = undefined;
       const current = client;
       client = undefined;
       if (current !== undefined) setUp(false);
