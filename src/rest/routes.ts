@@ -776,7 +776,7 @@ export const routes: readonly Route[] = [
     operationId: "authorizeKey",
     summary: "Store a payer's signed AuthorizeKey for the calling API key",
     description:
-      "Verified against the payer (ECDSA, or ERC-1271 for a contract wallet); the nonce is consumed atomically. Effective at once on this gateway; on others sharing its database within API_KEY_CACHE_MS.",
+      "Verified against the payer (ECDSA, or ERC-1271 for a contract wallet); the nonce is consumed atomically. Effective at once on every gateway sharing its database (within API_KEY_CACHE_MS on one that cannot hear the database's signals: gateway_authority_listener_up 0).",
     tag: "permits",
     answer: { description: "The authorization", schema: PermitAuthorizationEnvelope },
     errors: {
@@ -827,7 +827,7 @@ export const routes: readonly Route[] = [
     operationId: "revokeAuthorization",
     summary: "Revoke an authorization the calling API key holds",
     description:
-      "Refused at once on this gateway; on others sharing its database within API_KEY_CACHE_MS. Revoking again answers it unchanged.",
+      "Refused at once on every gateway sharing its database (within API_KEY_CACHE_MS on one that cannot hear the database's signals). Revoking again answers it unchanged.",
     tag: "permits",
     pathId: authorizationId,
     answer: { description: "The authorization, revoked", schema: PermitAuthorizationEnvelope },
