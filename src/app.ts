@@ -7,7 +7,7 @@ import type { Database } from "./adapters/pg/database.js";
 import { createPgCatalogStore } from "./adapters/pg/catalog.js";
 import * as ledger from "./adapters/pg/ledger.js";
 import { createUpstreamClient, type UpstreamClient } from "./adapters/upstream/http.js";
-import { createApi, wireRateLimiter } from "./app/api.js";
+import { createApi, wireApiKeys, wireRateLimiter, type ApiKeyWiring } from "./app/api.js";
 import { connectChain, marketReads, startIndexer } from "./app/chain.js";
 import { wireChat, type ChatWiring } from "./app/chat.js";
 import { wireProviders } from "./app/provider.js";
@@ -82,6 +82,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
   const storage = await openStorage(config, options);
   const { db } = storage;
   let chat: ChatWiring | undefined;
+  let apiKeys: ApiKeyWiring | undefined;
   try {
     // Routing reads (offers, opened endpoints) are reused for ROUTING_CACHE_MS; what this
     // process changes or indexes drops them at once.
@@ -166,6 +167,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     });
     housekeeping.start();
 
+    apiKeys = await wireApiKeys(config, { db, clock, metrics, logger });
     const handler = createApi(config, {
       db,
       deploymentId: storage.deploymentId,
@@ -180,6 +182,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       settlement,
       invalidateRouting,
       rateLimiter,
+      apiKeys,
       readiness,
       clock,
       metrics,
@@ -225,6 +228,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     );
 
     const wired = chat;
+    const keys = apiKeys;
     return {
       port: listener.port,
       url,
@@ -257,6 +261,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
           release: [
             ["leases given back", () => wired.stop()],
             ["rate limit leases given back", () => rateLimiter.close()],
+            ["authority listener closed", () => keys.close()],
             ["request closes and leases written", async () => settlementStopped],
             ["upstream connections closed", () => upstream.close()],
             ["spans exported", async () => tracing?.shutdown()],
@@ -267,6 +272,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     };
   } catch (error) {
     await tracing?.shutdown();
+    await apiKeys?.close();
     await chat?.stop();
     if (storage.ownsDatabase) await db.close();
     throw error;

@@ -84,9 +84,10 @@ export interface Config {
   /** How long routing reuses a model's offers and endpoints (changes seen by this process drop it at once). */
   readonly routingCacheMs: number;
   /**
-   * How long a verified API key is remembered, with its permit authorizations: a key's
-   * revocation, and a permit authorization's revocation or creation on another gateway process,
-   * take effect within this (this process applies its own authorization changes at once).
+   * How long a verified API key is remembered, with its permit authorizations. A change made
+   * anywhere on the database (a key's revocation, a permit authorization's creation or
+   * revocation) is signalled by the database and applies at once; while this process cannot
+   * hear the signals (`gateway_authority_listener_up` 0), within this.
    */
   readonly apiKeyCacheMs: number;
   /**
@@ -151,6 +152,14 @@ export interface Config {
   readonly maxStreamsPerKey: number;
   /** Milliseconds a dead replica's stream slots still count (docs/decisions.md "Rate limits"). */
   readonly rateLimitStreamTtlMs: number;
+  /**
+   * Failed authentications per second a client address gets back (0: no limit), per process;
+   * an address out of them is refused 429 `address_rate_limited` before its credentials are
+   * examined, unless they are a key this gateway issued or the operator's token.
+   */
+  readonly addressRateLimitRps: number;
+  /** Failed authentications an address may have in store (0: ten seconds' worth of the rate). */
+  readonly addressRateLimitBurst: number;
   /** GATEWAY_REPLICAS was set: ignored (the limits are fleet-wide), warned about at start. */
   readonly gatewayReplicasIgnored: boolean;
   /** A client must send its request headers within this (slowloris); also the HTTP/2 preface. */
@@ -408,6 +417,8 @@ export function parseConfig(env: Env): Config {
     rateLimitBurst: int("RATE_LIMIT_BURST", 0, 0, 10_000_000),
     maxStreamsPerKey: int("MAX_STREAMS_PER_KEY", 1000, 0, 1_000_000),
     rateLimitStreamTtlMs: int("RATE_LIMIT_STREAM_TTL_MS", 10_000, 1000, 600_000),
+    addressRateLimitRps: int("ADDRESS_RATE_LIMIT_RPS", 10, 0, 1_000_000),
+    addressRateLimitBurst: int("ADDRESS_RATE_LIMIT_BURST", 100, 0, 10_000_000),
     gatewayReplicasIgnored: env.GATEWAY_REPLICAS !== undefined,
     headersTimeoutMs: int("HEADERS_TIMEOUT_MS", 10_000, 100, 600_000),
     bodyTimeoutMs: int("BODY_TIMEOUT_MS", 30_000, 100, 3_600_000),

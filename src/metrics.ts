@@ -46,6 +46,11 @@ export interface GatewayMetrics {
   readonly settlement: SettlementObserver;
   readonly rpc: RpcObserver;
   readonly rest: RestObserver;
+  /**
+   * The authority listener (src/adapters/pg/authority-signals.ts) went up or down: while it is
+   * down, changes to keys and authorizations made elsewhere apply within API_KEY_CACHE_MS.
+   */
+  authorityListener(up: boolean): void;
   /** Sets where the scrape-time gauges are read (until then they are absent). */
   setSources(sources: ScrapeSources): void;
   /**
@@ -265,6 +270,12 @@ export function createMetrics(
     labelNames: ["operation"] as const,
     registers,
   });
+  const authorityListenerUp = new Gauge({
+    name: "gateway_authority_listener_up",
+    help: "1 while this process hears the database's signals of API key and permit authorization changes (LISTEN gw_authority): they apply at once; 0 while it does not (connection lost, or the embedded database): changes made by other processes then apply within API_KEY_CACHE_MS.",
+    registers,
+  });
+  authorityListenerUp.set(0);
   const databaseErrors = new Counter({
     name: "gateway_database_errors_total",
     help: "Database operations that failed (answered database_unavailable, or a failed scrape read).",
@@ -417,6 +428,7 @@ export function createMetrics(
     settlement,
     rpc,
     rest,
+    authorityListener: (up) => authorityListenerUp.set(up ? 1 : 0),
     setSources(s) {
       sources = s;
     },

@@ -1,6 +1,12 @@
 import { describe, expect, it } from "vitest";
 import { GatewayError } from "./domain/errors.js";
-import { createFleetRateLimiter, createRateLimiter, type RateLimitStore } from "./rate-limit.js";
+import {
+  budgetAddress,
+  createFailureBudget,
+  createFleetRateLimiter,
+  createRateLimiter,
+  type RateLimitStore,
+} from "./rate-limit.js";
 
 function refusal(run: () => void): GatewayError {
   try {
@@ -139,5 +145,53 @@ describe("fleet rate limiter while its database fails (fail open, docs/decisions
     const refused = await limiter.take("k").catch((e: unknown) => e);
     expect((refused as GatewayError).code).toBe("rate_limited");
     expect((refused as GatewayError).retryAfterSeconds).toBe(1);
+  });
+});
+
+describe("failed authentications per address", () => {
+  it("refuses an address once it used its burst, says when to retry, and refills at the rate", () => {
+    let ms = 0;
+    const budget = createFailureBudget({ rps: 2, burst: 3, now: () => ms });
+    expect(budget.exhausted("10.0.0.1")).toBeUndefined();
+    for (let i = 0; i < 3; i++) budget.failed("10.0.0.1");
+    expect(budget.exhausted("10.0.0.1")).toBe(1);
+    expect(budget.exhausted("10.0.0.2")).toBeUndefined();
+    ms = 499;
+    expect(budget.exhausted("10.0.0.1")).toBe(1);
+    ms = 500;
+    expect(budget.exhausted("10.0.0.1")).toBeUndefined();
+    budget.failed("10.0.0.1");
+    expect(budget.exhausted("10.0.0.1")).toBe(1);
+    // Failing on while refused does not dig deeper than empty: back after one token's time.
+    for (let i = 0; i < 100; i++) budget.failed("10.0.0.1");
+    ms = 1000;
+    expect(budget.exhausted("10.0.0.1")).toBeUndefined();
+  });
+
+  it("is off at rate 0, defaults its burst to ten seconds' worth, and holds a bounded number of addresses", () => {
+    const off = createFailureBudget({ rps: 0, burst: 0 });
+    for (let i = 0; i < 10; i++) off.failed("a");
+    expect(off.exhausted("a")).toBeUndefined();
+    expect(off.size).toBe(0);
+
+    const budget = createFailureBudget({ rps: 1, burst: 0, maxAddresses: 3, now: () => 0 });
+    for (let i = 0; i < 9; i++) budget.failed("a");
+    expect(budget.exhausted("a")).toBeUndefined();
+    budget.failed("a");
+    expect(budget.exhausted("a")).toBe(1);
+    for (const address of ["b", "c", "d"]) budget.failed(address);
+    expect(budget.size).toBe(3);
+    expect(budget.exhausted("a")).toBeUndefined(); // dropped, idle longest: a full bucket again
+  });
+
+  it("counts IPv4 as it is (an IPv4-mapped IPv6 too) and IPv6 by its /64", () => {
+    expect(budgetAddress("203.0.113.7")).toBe("203.0.113.7");
+    expect(budgetAddress("::ffff:203.0.113.7")).toBe("203.0.113.7");
+    expect(budgetAddress("2001:db8:1:2:aaaa::1")).toBe("2001:db8:1:2::/64");
+    expect(budgetAddress("2001:0db8:0001:0002:ffff:ffff:ffff:ffff")).toBe("2001:db8:1:2::/64");
+    expect(budgetAddress("2001:db8::1")).toBe("2001:db8:0:0::/64");
+    expect(budgetAddress("::1")).toBe("0:0:0:0::/64");
+    expect(budgetAddress("fe80::1%eth0")).toBe("fe80:0:0:0::/64");
+    expect(budgetAddress(undefined)).toBe("unknown");
   });
 });

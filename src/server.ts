@@ -1,17 +1,29 @@
+import { createContextValues } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Logger } from "pino";
+import {
+  authenticatedKey,
+  createAuthenticator,
+  rpcAuthNeed,
+  type AuthNeed,
+  type Authenticated,
+} from "./connect/authenticate.js";
+import { toConnectError } from "./connect/errors.js";
 import {
   authInterceptor,
   newRequestId,
   observabilityInterceptor,
+  observeRefusal,
   type AuthOptions,
 } from "./connect/interceptors.js";
 import { createInProcessCaller } from "./connect/in-process-transport.js";
+import { writeRpcRefusal } from "./connect/refusal.js";
 import { createRoutes, serviceBindings, type Services } from "./connect/routes.js";
 import type { JsonBounds } from "./domain/chat-request.js";
 import type { NodeRequest } from "./rest/body.js";
 import { createRestFacade, type NodeResponse, type Readiness } from "./rest/facade.js";
 import { isMetricsPath, type GatewayMetrics } from "./metrics.js";
+import { budgetAddress } from "./rate-limit.js";
 
 export interface GatewayHandlerDeps extends AuthOptions {
   readonly services: Services;
@@ -29,26 +41,60 @@ export interface GatewayHandlerDeps extends AuthOptions {
 }
 
 const requestIdPattern = /^[A-Za-z0-9._-]{1,128}$/;
+const rpcPath = /^\/([A-Za-z0-9_.]+)\/([A-Za-z0-9_]+)(?:\?|$)/;
+
+/** The `Authorization` a request presents: its header, or a dialect's `x-api-key` as a bearer. */
+function authorizationOf(req: NodeRequest, apiKeyHeader: boolean): string | undefined {
+  const header = req.headers.authorization;
+  if (header !== undefined || !apiKeyHeader) return header;
+  const key = req.headers["x-api-key"];
+  return typeof key === "string" ? `Bearer ${key}` : undefined;
+}
 
 /**
  * One request handler for everything: Connect, gRPC and gRPC-Web for the RPC
  * paths, and the REST facade (connect-node's fallback) for the rest. The
  * facade reaches the same implementations in process (no serialisation) through
  * the same interceptors, so authentication, logging and error mapping exist once.
+ *
+ * Credentials are checked before a request's body is read (docs/decisions.md "Unknown keys cost
+ * nothing"): here for the RPC paths, by the facade for its routes, with the caller's address
+ * for the failed-authentication budget. A refused RPC is answered in its own protocol's form
+ * without connect-node reading its body; one admitted carries what was found to the auth
+ * interceptor, which does not check again.
  */
 export function createGatewayHandler(
   deps: GatewayHandlerDeps,
 ): (req: NodeRequest, res: NodeResponse) => void {
   const { metrics } = deps;
+  const authenticate = createAuthenticator(deps);
   const interceptors = [observabilityInterceptor(deps.logger, metrics?.rpc), authInterceptor(deps)];
+  const bindings = serviceBindings(deps.services);
   const routes = createRoutes(deps.services);
-  const rpc = createInProcessCaller(serviceBindings(deps.services), interceptors);
+  const rpc = createInProcessCaller(bindings, interceptors);
+  // The need of each RPC path this gateway serves, by `service/method`.
+  const rpcNeeds = new Map<string, AuthNeed>();
+  for (const { service } of bindings) {
+    for (const method of service.methods) {
+      rpcNeeds.set(
+        `${service.typeName}/${method.name}`,
+        rpcAuthNeed(service.typeName, method.name),
+      );
+    }
+  }
+  const checked = new WeakMap<NodeRequest, Authenticated>();
   const facade = createRestFacade({
     rpc,
     bodyLimitBytes: deps.bodyLimitBytes,
     jsonBounds: deps.jsonBounds,
     readiness: deps.readiness,
     logger: deps.logger,
+    authenticate: (need, req, apiKeyHeader) =>
+      authenticate(
+        need,
+        authorizationOf(req, apiKeyHeader),
+        budgetAddress(req.socket?.remoteAddress),
+      ),
     ...(metrics === undefined ? {} : { observer: metrics.rest }),
     ...(deps.shutdown === undefined ? {} : { shutdown: deps.shutdown }),
   });
@@ -57,6 +103,12 @@ export function createGatewayHandler(
     interceptors,
     readMaxBytes: deps.bodyLimitBytes + 1024,
     fallback: facade,
+    contextValues: (req) => {
+      const values = createContextValues();
+      const auth = checked.get(req);
+      if (auth !== undefined) values.set(authenticatedKey, auth);
+      return values;
+    },
   });
   // Before the REST facade and without credentials, as scrapers expect.
   const scrapeHere = metrics !== undefined && deps.serveMetrics !== false ? metrics : undefined;
@@ -70,6 +122,29 @@ export function createGatewayHandler(
       typeof incoming === "string" && requestIdPattern.test(incoming) ? incoming : newRequestId();
     req.headers["x-request-id"] = requestId;
     res.setHeader("x-request-id", requestId);
-    connect(req, res);
+    const path = rpcPath.exec(req.url ?? "");
+    const procedure = path === null ? undefined : `${path[1]}/${path[2]}`;
+    const need = procedure === undefined ? undefined : rpcNeeds.get(procedure);
+    if (need === undefined || need === "none") {
+      connect(req, res);
+      return;
+    }
+    const started = performance.now();
+    authenticate(need, req.headers.authorization, budgetAddress(req.socket?.remoteAddress)).then(
+      (auth) => {
+        checked.set(req, auth);
+        connect(req, res);
+      },
+      (error: unknown) => {
+        const refusal = toConnectError(error);
+        observeRefusal(
+          deps.logger,
+          metrics?.rpc,
+          { rpc: procedure!, method: req.method ?? "", reqId: requestId, started },
+          refusal,
+        );
+        if (!res.headersSent && !res.destroyed) writeRpcRefusal(req, res, refusal);
+      },
+    );
   };
 }

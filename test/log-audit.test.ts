@@ -36,3 +36,32 @@ describe("log audit", () => {
     expect(auditSize().secrets).toBe(0);
   });
 });
+
+describe("log audit: what no line may show, handed out or not", () => {
+  afterEach(() => resetAudit());
+
+  it("finds anything shaped like an API key, a made-up one included (an x-api-key a client sent)", () => {
+    const madeUp = `gw_${"Ab1".repeat(13)}X`;
+    auditLog("gateway", `{"level":30,"msg":"refused ${madeUp}"}`);
+    auditLog("gateway", `{"level":30,"instance":"gw_0123456789abcdef","msg":"ok"}`);
+    expect(findLeaks()).toEqual([
+      { kind: "api key", source: "gateway", line: '{"level":30,"msg":"refused <api key>"}' },
+    ]);
+  });
+
+  it("finds a credential or private-key field left unredacted, at any depth", () => {
+    auditLog(
+      "gateway",
+      JSON.stringify({
+        level: 30,
+        req: { headers: { "x-api-key": "k-123", authorization: "[redacted]" } },
+        config: { receiptPrivateKey: "0x01" },
+        apiKeyId: "key_1",
+      }),
+    );
+    expect(findLeaks()).toEqual([
+      { kind: "api key", source: "gateway", line: "req.headers.x-api-key not redacted" },
+      { kind: "private key", source: "gateway", line: "config.receiptPrivateKey not redacted" },
+    ]);
+  });
+});

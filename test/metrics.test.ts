@@ -220,6 +220,11 @@ describe("Prometheus metrics on the main port", () => {
     expect(find(samples, "gateway_indexer_lag_blocks")).toHaveLength(1);
     expect(total(samples, "gateway_indexer_lag_blocks")).toBeGreaterThanOrEqual(0);
     expect(find(samples, "gateway_process_cpu_user_seconds_total")).toHaveLength(1);
+    // The authority listener: up on PostgreSQL; the embedded PGlite serves one connection to
+    // one process, which has no listener (its own changes apply at once): 0.
+    expect(total(samples, "gateway_authority_listener_up")).toBe(
+      stack.database.db.kind === "postgres" ? 1 : 0,
+    );
 
     // No caller identity and no raw path anywhere: not the key, the permit, a request id, or
     // a path with an id in it.

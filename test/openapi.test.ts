@@ -1904,6 +1904,9 @@ describe.runIf(rateLimits || bodyTimeout)("the limits of issue 12 conform too", 
   beforeAll(async () => {
     stack = await startTestStack({
       ...(rateLimits ? { RATE_LIMIT_RPS: "1", RATE_LIMIT_BURST: "1" } : {}),
+      // One failed authentication per address in store, one more a second.
+      ADDRESS_RATE_LIMIT_RPS: "1",
+      ADDRESS_RATE_LIMIT_BURST: "1",
       // Node counts the body's time from the request's first byte, with the headers'.
       ...(bodyTimeout ? { HEADERS_TIMEOUT_MS: "300", BODY_TIMEOUT_MS: "300" } : {}),
     });
@@ -1944,6 +1947,40 @@ describe.runIf(rateLimits || bodyTimeout)("the limits of issue 12 conform too", 
     },
     20_000,
   );
+
+  it("an address out of failed authentications gets 429 address_rate_limited with Retry-After on every keyed route", async () => {
+    // A key of the right shape that the gateway never issued, and a wrong operator token.
+    const madeUp = `gw_${"A".repeat(40)}`;
+    const requests = everyRequest(stack, { authorization: `Bearer ${madeUp}` })
+      .filter(
+        ([, r]) => (r.startsWith("/v1/") && !publicRoutes.has(r)) || r.startsWith("/settlements"),
+      )
+      .map(([method, route, path, headers, body]): Request => {
+        if (!route.startsWith("/settlements")) return [method, route, path, headers, body];
+        return [
+          method,
+          route,
+          path,
+          { ...headers, authorization: `Bearer op_${"0".repeat(32)}` },
+          body,
+        ];
+      });
+    expect(requests.length).toBe(27);
+    for (const [method, route, path, headers, body] of requests) {
+      let answer: Answer;
+      let tries = 0;
+      do {
+        expect(++tries, `${method} ${path} never limited`).toBeLessThan(5);
+        answer = await send(stack.gateway.url, method, path, {
+          headers,
+          ...(body === undefined ? {} : { body }),
+        });
+        if (answer.status === 401) conform(method, route, answer);
+      } while (answer.status !== 429);
+      expect(answer.headers["retry-after"]).toMatch(/^[1-9][0-9]*$/);
+      expect(errorCode(conform(method, route, answer))).toBe("address_rate_limited");
+    }
+  });
 
   it.runIf(rateLimits)(
     "over its rate, an API key gets 429 rate_limited with Retry-After on every route",

@@ -1,10 +1,11 @@
-import { hash } from "node:crypto";
 import type { Logger } from "pino";
 import type { Hex, PublicClient } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { createReceiptSigner } from "../adapters/crypto/receipt-signer.js";
 import { createChainSignatureVerifier } from "../adapters/chain/signatures.js";
 import type { ChainPermitReader } from "../adapters/chain/permits.js";
+import { apiKeyCheckSecret, uncheckedApiKeyHashes } from "../adapters/pg/api-keys.js";
+import { createPgAuthoritySignals } from "../adapters/pg/authority-signals.js";
 import type { Database } from "../adapters/pg/database.js";
 import * as ledger from "../adapters/pg/ledger.js";
 import {
@@ -28,18 +29,17 @@ import { createSettlementService } from "../connect/settlement-service.js";
 import type { Catalog } from "../domain/catalog.js";
 import type { Inference } from "../domain/chat/index.js";
 import type { HealthMonitor } from "../domain/health.js";
+import { createApiKeyStore, type ApiKeyStore } from "../domain/api-key-store.js";
 import {
   createKeyAuthorities,
   createPermitAuthorizationService,
   type KeyAuthorities,
-  type SpendingAuthority,
 } from "../domain/permit-authorization.js";
 import type { RegistrationService } from "../domain/registration.js";
 import type { Reputation } from "../domain/reputation.js";
-import { createTtlCache } from "../domain/ttl-cache.js";
 import type { createMetrics } from "../metrics.js";
 import { createPgRateLimitStore } from "../adapters/pg/rate-limits.js";
-import { createFleetRateLimiter, type RateLimiter } from "../rate-limit.js";
+import { createFailureBudget, createFleetRateLimiter, type RateLimiter } from "../rate-limit.js";
 import type { Readiness } from "../rest/facade.js";
 import { createGatewayHandler } from "../server.js";
 import type { Settlement } from "./settlement.js";
@@ -71,6 +71,59 @@ export function wireRateLimiter(
   });
 }
 
+/** The API keys, their spending authority, and the database's signals that keep them current. */
+export interface ApiKeyWiring {
+  readonly authorities: KeyAuthorities;
+  readonly keys: ApiKeyStore;
+  /** Stops listening (shutdown). */
+  close(): Promise<void>;
+}
+
+/**
+ * API key lookups and the spending authority held with them (DESIGN.md section 8; docs/
+ * decisions.md "Unknown keys cost nothing", "Authority across processes"). The deployment's
+ * check secret and the hashes of keys issued before it are read once here. On PostgreSQL one
+ * connection listens to the database's authority signals (migration 029), so a change made by
+ * any process applies here at once; the embedded PGlite serves one connection and one process,
+ * which applies its own changes at once: there the listener gauge stays 0.
+ */
+export async function wireApiKeys(
+  config: Config,
+  deps: {
+    readonly db: Database;
+    readonly clock: () => number;
+    readonly metrics: ReturnType<typeof createMetrics>;
+    readonly logger: Logger;
+  },
+): Promise<ApiKeyWiring> {
+  const { db, logger } = deps;
+  const authorities = createKeyAuthorities({ ttlMs: config.apiKeyCacheMs });
+  const keys = createApiKeyStore({
+    secret: await apiKeyCheckSecret(db.pool),
+    lookup: {
+      find: (key, now) => findApiKeyWithAuthorizations(db.pool, key, now),
+      uncheckedKeyHashes: () => uncheckedApiKeyHashes(db.pool),
+    },
+    authorities,
+    ttlMs: config.apiKeyCacheMs,
+    clock: deps.clock,
+    onLoadError: (error) =>
+      logger.warn(
+        { err: error instanceof Error ? error.message : String(error) },
+        "API keys issued without a check could not be read again; the ones held stay",
+      ),
+  });
+  await keys.loadUncheckedKeys();
+  if (db.kind !== "postgres") return { authorities, keys, close: async () => undefined };
+  const signals = createPgAuthoritySignals(db, {
+    onSignal: (signal) => (signal === "all" ? keys.invalidateAll() : keys.invalidate(signal.key)),
+    onState: (up) => deps.metrics.authorityListener(up),
+    logger: logger.child({ component: "authority" }),
+  });
+  await signals.ready();
+  return { authorities, keys, close: () => signals.close() };
+}
+
 /** The RPC services, and the one handler that serves them over Connect, gRPC and REST. */
 export function createApi(
   config: Config,
@@ -88,6 +141,7 @@ export function createApi(
     readonly settlement: Settlement;
     readonly invalidateRouting: () => void;
     readonly rateLimiter: RateLimiter;
+    readonly apiKeys: ApiKeyWiring;
     readonly readiness: () => Promise<Readiness>;
     readonly clock: () => number;
     readonly metrics: ReturnType<typeof createMetrics>;
@@ -97,7 +151,7 @@ export function createApi(
 ) {
   const { db, clock } = deps;
   // Spending authority (DESIGN.md section 8): held per API key with the key itself.
-  const authorities = createKeyAuthorities({ ttlMs: config.apiKeyCacheMs });
+  const { authorities, keys } = deps.apiKeys;
   const permitAuthorizations = createPermitAuthorizationService({
     chainId: config.chainId,
     market: config.marketAddress,
@@ -180,46 +234,16 @@ export function createApi(
     bodyLimitBytes: config.bodyLimitBytes,
     jsonBounds: { maxDepth: config.maxJsonDepth, maxArrayItems: config.maxJsonArrayItems },
     readiness: deps.readiness,
-    findApiKey: cachedApiKeys(db, config.apiKeyCacheMs, authorities, clock),
+    findApiKey: (key) => keys.find(key),
+    plausibleApiKey: (key) => keys.plausible(key),
     settlementOperatorToken: config.settlementOperatorToken,
     rateLimiter: deps.rateLimiter,
+    failedAuthentications: createFailureBudget({
+      rps: config.addressRateLimitRps,
+      burst: config.addressRateLimitBurst,
+    }),
     metrics: deps.metrics,
     serveMetrics: config.metricsPort === undefined,
     shutdown: deps.shutdown,
   });
-}
-
-/**
- * API key lookups, remembered for `ttlMs` once found (a chat request is the hot path; a
- * revoked key stops within `ttlMs`). Unknown keys are never remembered. Keyed by the key's
- * SHA-256, as the database is: no plaintext key is kept in memory longer than a request.
- *
- * The key's spending authority (its live permit authorizations) comes in the same query and is
- * held by `authorities` for the same `ttlMs`: a chat's authority check is a read of memory, and
- * a revocation made by another gateway on the database reaches this one within `ttlMs`
- * (API_KEY_CACHE_MS; one made here applies at once, see domain/permit-authorization.ts).
- */
-function cachedApiKeys(
-  db: Database,
-  ttlMs: number,
-  authorities: KeyAuthorities,
-  clock: () => number,
-): (key: string) => Promise<{ id: string; authority: SpendingAuthority } | null> {
-  const found = createTtlCache<string, string>({ ttlMs });
-  return async (key) => {
-    // One-shot `hash` (Node 20.12+): a third of createHash().update().digest() for a key.
-    const digest = hash("sha256", key, "base64");
-    const hit = found.get(digest);
-    const held = hit === undefined ? undefined : authorities.get(hit);
-    if (hit !== undefined && held !== undefined) return { id: hit, authority: held };
-    // Marked before the read: a change this process makes while it runs is applied on top.
-    const since = authorities.mark();
-    const row = await findApiKeyWithAuthorizations(db.pool, key, clock());
-    if (row === null) {
-      found.delete(digest);
-      return null;
-    }
-    found.set(digest, row.id);
-    return { id: row.id, authority: authorities.load(row.id, row.authorizations, since) };
-  };
 }

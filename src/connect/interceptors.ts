@@ -1,4 +1,3 @@
-import { createHash, timingSafeEqual } from "node:crypto";
 import {
   Code,
   ConnectError,
@@ -9,14 +8,14 @@ import {
   type UnaryResponse,
 } from "@connectrpc/connect";
 import type { Logger } from "pino";
-import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
-import { GatewayService } from "../../gen/gateway/v1/gateway_pb.js";
-import { PermitService } from "../../gen/gateway/v1/permit_pb.js";
-import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
-import { GatewayError, type ErrorCode } from "../domain/errors.js";
-import type { SpendingAuthority } from "../domain/permit-authorization.js";
+import type { ErrorCode } from "../domain/errors.js";
 import { randomHex } from "../domain/random-id.js";
-import type { RateLimiter } from "../rate-limit.js";
+import {
+  authenticatedKey,
+  createAuthenticator,
+  rpcAuthNeed,
+  type AuthOptions,
+} from "./authenticate.js";
 import { callerKey, requestIdKey, settlementOperatorKey } from "./context.js";
 import { errorCodeOf, toConnectError } from "./errors.js";
 
@@ -169,6 +168,28 @@ function logOk(
   );
 }
 
+/**
+ * An RPC refused before connect-node saw it (src/server.ts: credentials checked before the body),
+ * logged and observed as {@link observabilityInterceptor} would have.
+ */
+export function observeRefusal(
+  logger: Logger,
+  observer: RpcObserver | undefined,
+  call: {
+    readonly rpc: string;
+    readonly method: string;
+    readonly reqId: string;
+    readonly started: number;
+  },
+  error: ConnectError,
+): void {
+  const code = errorCodeOf(error);
+  const ms = performance.now() - call.started;
+  observer?.call(call.rpc, call.method, codeLabels.get(error.code) ?? "unknown", ms / 1000);
+  observer?.rejected(code, call.rpc);
+  logger.info({ reqId: call.reqId, rpc: call.rpc, ms: Math.round(ms), code }, "rpc rejected");
+}
+
 /** Maps a failure to the ConnectError the caller gets, and logs it once. */
 function logFailure(
   logger: Logger,
@@ -217,94 +238,31 @@ function callerLeft(signal: AbortSignal, code: ErrorCode, error: unknown): boole
   return cause === reason;
 }
 
-export interface AuthOptions {
-  /** Looks an API key up, with its spending authority; null when unknown or revoked. */
-  readonly findApiKey: (
-    key: string,
-  ) => Promise<{ id: string; authority: SpendingAuthority } | null>;
-  readonly settlementOperatorToken: string;
-  /**
-   * Per-API-key request rate (src/rate-limit.ts); absent: no limit. Applied here, where the key
-   * is known, so REST and RPC calls share one bucket per key.
-   */
-  readonly rateLimiter?: RateLimiter | undefined;
-}
-
-function bearer(header: string | null): string | undefined {
-  if (header === null) return undefined;
-  const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
-  return match?.[1];
-}
-
-function digest(value: string): Buffer {
-  return createHash("sha256").update(value).digest();
-}
+export type { AuthOptions } from "./authenticate.js";
 
 /**
- * RPCs anyone may call besides GatewayService's: a payer's own calls on its authorizations,
- * whose credential is the payer's EIP-712 signature in the request (a payer may hold no API
- * key). No rate limit per key applies; their requests are small and bounded
- * (connect/routes.ts `payerRequestMaxBytes`), every shape is checked before a signature.
- */
-export const publicRpcs: ReadonlySet<string> = new Set([
-  `${PermitService.typeName}/${PermitService.method.listPayerAuthorizations.name}`,
-  `${PermitService.typeName}/${PermitService.method.revokePayerAuthorizations.name}`,
-]);
-
-/** RPCs that take the settlement operator token as well as an API key. */
-const operatorOrApiKey = new Set([
-  `${ProviderService.typeName}/${ProviderService.method.getOfferEarnings.name}`,
-]);
-
-/**
- * Every RPC needs credentials but GatewayService's (public facts answered from memory) and
- * {@link publicRpcs} (a payer's signed calls): the
- * settlement service the operator token, everything else an API key, whose request rate is then
- * checked (429 `rate_limited` with Retry-After); a few ({@link operatorOrApiKey}) take either.
- * The settlement operator is not rate limited.
+ * Every RPC needs credentials but GatewayService's ({@link rpcAuthNeed}); a key's request rate
+ * is then checked (429 `rate_limited` with Retry-After). Credentials already checked before the
+ * body was read (src/server.ts, the REST facade: {@link authenticatedKey}) for the same need are
+ * applied as they are; otherwise they are checked here. The settlement operator is not rate
+ * limited.
  */
 export function authInterceptor(options: AuthOptions): Interceptor {
-  const operatorDigest = digest(options.settlementOperatorToken);
-  const isOperator = (token: string | undefined): boolean =>
-    token !== undefined && timingSafeEqual(digest(token), operatorDigest);
+  const authenticate = createAuthenticator(options);
   return (next) => async (req) => {
+    const need = rpcAuthNeed(req.service.typeName, req.method.name);
     // Whatever credentials come with it: a public answer needs none, and checks none.
-    if (
-      req.service.typeName === GatewayService.typeName ||
-      publicRpcs.has(`${req.service.typeName}/${req.method.name}`)
-    )
-      return next(req);
-    const token = bearer(req.header.get("authorization"));
-    if (req.service.typeName === SettlementService.typeName) {
-      if (!isOperator(token)) {
-        throw new GatewayError(
-          "invalid_operator_token",
-          "settlement operations need the settlement operator token",
-        );
-      }
-      return next(req);
+    if (need === "none") return next(req);
+    let auth = req.contextValues.get(authenticatedKey);
+    if (auth === undefined || auth.need !== need) {
+      auth = await authenticate(need, req.header.get("authorization"));
     }
-    if (operatorOrApiKey.has(`${req.service.typeName}/${req.method.name}`) && isOperator(token)) {
-      req.contextValues.set(settlementOperatorKey, true);
-      return next(req);
+    if (auth.operator) {
+      if (need === "apiKeyOrOperator") req.contextValues.set(settlementOperatorKey, true);
+    } else {
+      await options.rateLimiter?.take(auth.caller.apiKeyId);
+      req.contextValues.set(callerKey, auth.caller);
     }
-    if (token === undefined) {
-      throw new GatewayError(
-        "missing_api_key",
-        "missing API key: send it as 'Authorization: Bearer <API key>'",
-      );
-    }
-    let found: { id: string; authority: SpendingAuthority } | null;
-    try {
-      found = await options.findApiKey(token);
-    } catch (error) {
-      throw new GatewayError("database_unavailable", "the API key store cannot be reached", {
-        cause: error,
-      });
-    }
-    if (found === null) throw new GatewayError("invalid_api_key", "invalid API key");
-    await options.rateLimiter?.take(found.id);
-    req.contextValues.set(callerKey, { apiKeyId: found.id, authority: found.authority });
     return next(req);
   };
 }

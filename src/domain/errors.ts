@@ -125,6 +125,9 @@ export const errorCodes = {
   usage_diverged: "unprocessable",
   // Over the API key's request rate or its concurrent streams (per replica); carries Retry-After.
   rate_limited: "rate_limited",
+  // Too many failed authentications from the caller's address (per process), checked before its
+  // credentials; a key the gateway issued passes. Carries Retry-After.
+  address_rate_limited: "rate_limited",
   offer_at_capacity: "rate_limited",
   internal_error: "internal",
   not_implemented: "not_implemented",

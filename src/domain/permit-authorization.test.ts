@@ -118,3 +118,35 @@ describe("key authorities: a load that read the database before a change of this
     expect(held.load("key_1", [revokedHere], since).allows(permit, now)).toBe(true);
   });
 });
+
+describe("key authorities: a change signalled by the database (another process, any writer)", () => {
+  it("drops what is held of the key, and does not hold a load that read before the signal", () => {
+    const held = createKeyAuthorities({ ttlMs: 60_000, now: () => 0 });
+    held.load("key_1", [authorization()], held.mark());
+    held.load("key_2", [authorization({ apiKeyId: "key_2" })], held.mark());
+    // A lookup of key_1 marks and reads the database, which still holds the authorization ...
+    const since = held.mark();
+    // ... while another process revokes it: its signal arrives before the read's answer.
+    held.invalidate("key_1");
+    expect(held.get("key_1")).toBeUndefined();
+    expect(held.get("key_2")!.allows(permit, now)).toBe(true);
+    // The read's answer serves the request that made it, and is not held.
+    expect(held.load("key_1", [authorization()], since).allows(permit, now)).toBe(true);
+    expect(held.get("key_1")).toBeUndefined();
+    // A read that started after the signal is held.
+    held.load("key_1", [], held.mark());
+    expect(held.get("key_1")!.allows(permit, now)).toBe(false);
+  });
+
+  it("all: drops every key, and holds no load from before", () => {
+    const held = createKeyAuthorities({ ttlMs: 60_000, now: () => 0 });
+    held.load("key_1", [authorization()], held.mark());
+    const since = held.mark();
+    held.invalidateAll();
+    expect(held.get("key_1")).toBeUndefined();
+    held.load("key_2", [], since);
+    expect(held.get("key_2")).toBeUndefined();
+    held.load("key_2", [], held.mark());
+    expect(held.get("key_2")).toBeDefined();
+  });
+});

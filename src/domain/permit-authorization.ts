@@ -444,10 +444,11 @@ export function totalCapRefusal(a: PermitAuthorization, maximum: bigint): Gatewa
 /**
  * The authorizations of API keys, held in memory for `ttlMs` after they were loaded (with the
  * API key lookup, which the gateway caches for the same time: API_KEY_CACHE_MS). So a chat
- * costs no database round trip for its authority, a key without any is refused from memory as
- * well (unauthorized traffic cannot force a read per request), and a change made by another
- * gateway process on the same database is seen here within `ttlMs`. A change made by this
- * process is applied to the held set at once.
+ * costs no database round trip for its authority, and a key without any is refused from memory
+ * as well (unauthorized traffic cannot force a read per request). A change made by this process
+ * is applied to the held set at once; one made by another gateway process (or any writer) on the
+ * same database is signalled by the database (migration 029) and {@link invalidate}s what is
+ * held, so it applies at once here too; while those signals cannot be heard, within `ttlMs`.
  */
 export interface KeyAuthorities {
   /** The held authority of a key, or undefined when it is not held (or held too long). */
@@ -471,6 +472,13 @@ export interface KeyAuthorities {
   added(authorization: PermitAuthorization): void;
   /** An authorization this process just revoked: refused at once. */
   revoked(apiKeyId: string, authorizationId: string): void;
+  /**
+   * The key or its authorizations changed in the database (a signal): what is held of it is
+   * dropped, and a load that read the database before now is answered but not held.
+   */
+  invalidate(apiKeyId: string): void;
+  /** {@link invalidate} of every key. */
+  invalidateAll(): void;
 }
 
 /**
@@ -519,6 +527,8 @@ interface LocalChange {
   readonly at: number;
   readonly add?: PermitAuthorization;
   readonly revoke?: string;
+  /** The database said the key changed: a load from before it is not held. */
+  readonly invalidate?: true;
 }
 
 /**
@@ -540,13 +550,20 @@ export function createKeyAuthorities(options: {
   // authorization this process just revoked (or drop one it just made) for up to ttlMs.
   const changes = new Map<string, LocalChange[]>();
   let seq = 0;
+  // The last {@link KeyAuthorities.invalidateAll}: a load marked before it is not held.
+  let allInvalidatedAt = 0;
   const keepMs = Math.max(localChangeKeepMs, options.ttlMs);
+  // Pruned at most once a second: signals from the whole fleet are recorded here.
+  let prunedAt = Number.NEGATIVE_INFINITY;
   const record = (apiKeyId: string, change: Omit<LocalChange, "seq" | "at">): void => {
     const t = now();
-    for (const [key, list] of changes) {
-      const kept = list.filter((c) => t - c.at < keepMs);
-      if (kept.length === 0) changes.delete(key);
-      else if (kept.length !== list.length) changes.set(key, kept);
+    if (t - prunedAt >= 1000) {
+      prunedAt = t;
+      for (const [key, list] of changes) {
+        const kept = list.filter((c) => t - c.at < keepMs);
+        if (kept.length === 0) changes.delete(key);
+        else if (kept.length !== list.length) changes.set(key, kept);
+      }
     }
     const list = changes.get(apiKeyId) ?? [];
     list.push({ ...change, seq: ++seq, at: t });
@@ -558,12 +575,15 @@ export function createKeyAuthorities(options: {
     load(apiKeyId, authorizations, since) {
       const authority = new HeldAuthority(authorizations);
       const t = now();
+      // A load that read the database before a signal may have missed what it announced.
+      let hold = allInvalidatedAt <= since;
       for (const change of changes.get(apiKeyId) ?? []) {
         if (change.seq <= since || t - change.at >= keepMs) continue;
         if (change.add !== undefined) authority.add(change.add);
         if (change.revoke !== undefined) authority.remove(change.revoke);
+        if (change.invalidate === true) hold = false;
       }
-      held.set(apiKeyId, authority);
+      if (hold) held.set(apiKeyId, authority);
       return authority;
     },
     added(a) {
@@ -573,6 +593,14 @@ export function createKeyAuthorities(options: {
     revoked(apiKeyId, id) {
       record(apiKeyId, { revoke: id });
       held.get(apiKeyId)?.remove(id);
+    },
+    invalidate(apiKeyId) {
+      record(apiKeyId, { invalidate: true });
+      held.delete(apiKeyId);
+    },
+    invalidateAll() {
+      allInvalidatedAt = ++seq;
+      held.clear();
     },
   };
 }

@@ -89,13 +89,17 @@ export interface RouteSpec {
 
 /** What any route can answer. */
 const anyRoute: Codes = { 500: ["internal_error"], 503: ["shutting_down"] };
-/** Routes behind the API key (the key is checked when the RPC is called, after the body). */
+/**
+ * Routes behind the API key (checked before the body is read; an address out of its budget of
+ * failed authentications is refused before its credentials are examined, unless they are a key
+ * the gateway issued).
+ */
 const apiKeyed: Codes = {
   401: ["missing_api_key", "invalid_api_key"],
-  429: ["rate_limited"],
+  429: ["rate_limited", "address_rate_limited"],
   503: ["database_unavailable"],
 };
-/** Routes with a JSON body (read and size-checked before the credentials). */
+/** Routes with a JSON body (read and size-checked after the credentials). */
 const withBody: Codes = {
   400: ["invalid_request", "invalid_json"],
   408: ["request_timeout"],
@@ -104,8 +108,11 @@ const withBody: Codes = {
 };
 /** Routes with a `{id}` path parameter (malformed percent-encoding). */
 const withPathId: Codes = { 400: ["invalid_request"] };
-/** The operator's routes. */
-const operatorKeyed: Codes = { 401: ["invalid_operator_token"] };
+/** The operator's routes (their failed authentications count for the address too). */
+const operatorKeyed: Codes = { 401: ["invalid_operator_token"], 429: ["address_rate_limited"] };
+
+/** Codes whose answer always carries Retry-After. */
+const retryAfterCodes: readonly ErrorCode[] = ["rate_limited", "address_rate_limited"];
 
 /** Merges code lists by status (later lists add codes, never drop them). */
 export function mergeCodes(...lists: Codes[]): Record<number, ErrorCode[]> {
@@ -184,7 +191,7 @@ function errorResponse(
   if (status === 429) {
     headers["Retry-After"] = ref(
       "headers",
-      codes.every((c) => c === "rate_limited") ? "Retry-After" : "Retry-After-Optional",
+      codes.every((c) => retryAfterCodes.includes(c)) ? "Retry-After" : "Retry-After-Optional",
     );
   }
   let note = options.note ?? "";
@@ -260,12 +267,14 @@ const headers: Record<string, Header> = {
   },
   "WWW-Authenticate": { description: "`Bearer`", required: true, schema: { const: "Bearer" } },
   "Retry-After": {
-    description: "Seconds until the API key may send again",
+    description:
+      "Seconds until the API key may send again (`rate_limited`), or the address may fail to authenticate again (`address_rate_limited`)",
     required: true,
     schema: positiveSeconds,
   },
   "Retry-After-Optional": {
-    description: "With `rate_limited`: seconds until the API key may send again",
+    description:
+      "With `rate_limited` or `address_rate_limited`: seconds until the API key may send again, or the address may fail to authenticate again",
     required: false,
     schema: positiveSeconds,
   },
@@ -334,8 +343,13 @@ const info = {
     "decimal integer string in the credit token's base units; times are Unix seconds;",
     "absent optional values are `null`. Every answer but `/metrics` carries `X-Request-Id`.",
     "Requests with an API key are limited per key (rate and concurrent streams): 429",
-    "`rate_limited` with `Retry-After` (whole seconds). A request body that does not arrive",
-    "within the body timeout is 408 `request_timeout`.",
+    "`rate_limited` with `Retry-After` (whole seconds). Credentials are checked before the",
+    "request body is read; failed authentications are limited per client address: once an",
+    "address has used up its budget (ADDRESS_RATE_LIMIT_RPS, ADDRESS_RATE_LIMIT_BURST), its",
+    "requests are refused 429 `address_rate_limited` with `Retry-After` before their",
+    "credentials are examined, unless they carry a key the gateway issued (or the operator's",
+    "token). A request body that does not arrive within the body timeout is 408",
+    "`request_timeout`.",
     "",
     "Generated from the gateway's route table and body schemas (src/rest/document.ts).",
   ].join("\n"),

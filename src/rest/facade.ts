@@ -1,6 +1,7 @@
-import { ConnectError } from "@connectrpc/connect";
+import { ConnectError, createContextValues } from "@connectrpc/connect";
 import type { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Logger } from "pino";
+import { authenticatedKey, type AuthNeed, type Authenticated } from "../connect/authenticate.js";
 import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
 import type { JsonBounds } from "../domain/chat-request.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
@@ -36,6 +37,16 @@ export interface FacadeDeps {
   readonly shutdown?: AbortSignal;
   /** The market console's files (GET /console); absent: read from src/console beside the build. */
   readonly console?: ConsoleAssets;
+  /**
+   * Checks a route's credentials before its body is read (src/server.ts); what it finds goes
+   * to the RPC's auth interceptor, which then does not check again. Absent: the RPC checks.
+   * `apiKeyHeader`: the route takes the key as `x-api-key` too (the Messages dialect).
+   */
+  readonly authenticate?: (
+    need: Exclude<AuthNeed, "none">,
+    req: NodeRequest,
+    apiKeyHeader: boolean,
+  ) => Promise<Authenticated>;
 }
 
 /** Hooks for metrics (the facade never imports a metrics library); they must not throw. */
@@ -180,7 +191,7 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
       const status = res.headersSent ? res.statusCode : 499;
       observer?.request(route, req.method ?? "", status, (performance.now() - started) / 1000);
     });
-    const options: InProcessCallOptions = { headers: req.headers, signal: abort.signal };
+    let options: InProcessCallOptions = { headers: req.headers, signal: abort.signal };
 
     let matched: Route | undefined;
     const handled = (async (): Promise<void> => {
@@ -202,6 +213,20 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
       }
       route = match.route.path;
       matched = match.route;
+      // The credentials before the body: a refused request's body is never read.
+      const need = match.route.auth ?? "apiKey";
+      if (need !== "none" && deps.authenticate !== undefined) {
+        let auth: Authenticated;
+        try {
+          auth = await deps.authenticate(need, req, match.route.apiKeyHeader === true);
+        } catch (error) {
+          req.resume();
+          throw error;
+        }
+        const contextValues = createContextValues();
+        contextValues.set(authenticatedKey, auth);
+        options = { ...options, contextValues };
+      }
       const body = await bodyOf(match.route, req, deps);
       const reply = await match.route.handle({
         req,

@@ -138,6 +138,8 @@ export interface Route extends RouteSpec {
   readonly errorBody?: (error: ErrorBodyValue["error"]) => unknown;
   /** A smaller bound than BODY_LIMIT_BYTES on the JSON body the facade reads (413 above it). */
   readonly bodyLimitBytes?: number;
+  /** The API key may come as `x-api-key` when there is no `Authorization` (Anthropic's clients). */
+  readonly apiKeyHeader?: boolean;
 }
 
 /** A route whose JSON body the facade validates: the handler gets it typed. */
@@ -292,6 +294,7 @@ function dialectRoute(spec: {
     errors: chatErrors,
     errorSchema: spec.error,
     errorBody: dialectError(spec.translator),
+    ...(spec.apiKeyHeader === true ? { apiKeyHeader: true } : {}),
     handle: async ({ rpc, options, req, res, deps }) => {
       const body = await readJsonBytes(req, deps.bodyLimitBytes);
       const callOptions = spec.apiKeyHeader === true ? withApiKeyHeader(options, req) : options;
@@ -791,7 +794,7 @@ export const routes: readonly Route[] = [
     operationId: "authorizeKey",
     summary: "Store a payer's signed AuthorizeKey for the calling API key",
     description:
-      "Verified against the payer (ECDSA, or ERC-1271 for a contract wallet); the nonce is consumed atomically. Refused 403 authorization_revoked when the payer has since revoked everything it signed up to a time at or after its issuedAt (POST /v1/payers/{payer}/authorizations/revoke). Effective at once on this gateway; on others sharing its database within API_KEY_CACHE_MS.",
+      "Verified against the payer (ECDSA, or ERC-1271 for a contract wallet); the nonce is consumed atomically. Refused 403 authorization_revoked when the payer has since revoked everything it signed up to a time at or after its issuedAt (POST /v1/payers/{payer}/authorizations/revoke). Effective at once on every gateway sharing its database (within API_KEY_CACHE_MS on one that cannot hear the database's signals: gateway_authority_listener_up 0).",
     tag: "permits",
     answer: { description: "The authorization", schema: PermitAuthorizationEnvelope },
     errors: {
@@ -847,7 +850,7 @@ export const routes: readonly Route[] = [
     operationId: "revokeAuthorization",
     summary: "Revoke an authorization the calling API key holds",
     description:
-      "Refused at once on this gateway; on others sharing its database within API_KEY_CACHE_MS. Revoking again answers it unchanged.",
+      "Refused at once on every gateway sharing its database (within API_KEY_CACHE_MS on one that cannot hear the database's signals). Revoking again answers it unchanged.",
     tag: "permits",
     pathId: authorizationId,
     answer: { description: "The authorization, revoked", schema: PermitAuthorizationEnvelope },

@@ -5,7 +5,9 @@ import type { Readable } from "node:stream";
  * The log audit: every log line the integration suites capture (in-process gateways through
  * `LogCapture`, child processes through their stdout and stderr) is kept here with the secrets
  * the suite handed out (API keys, operator tokens, endpoint URLs and tokens, private keys).
- * `test/setup/log-audit.ts` fails a test file whose logs contain any of them.
+ * `test/setup/log-audit.ts` fails a test file whose logs contain any of them, anything shaped
+ * like an API key (handed out or made up: an `x-api-key` or bearer value a client sent), or a
+ * credential or private-key field of a JSON record whose value is not `[redacted]`.
  *
  * One module instance per test file (vitest forks a worker per file), so each file is audited
  * against its own secrets.
@@ -55,6 +57,41 @@ export function auditSize(): { lines: number; secrets: number } {
   return { lines: lines.length, secrets: secrets.size };
 }
 
+/**
+ * What no log line may show whether or not a test handed it out: anything of an API key's shape
+ * (`gw_` and 40 base62 characters: a made-up key sent to the gateway, a `x-api-key` value), and
+ * any value left under a field that holds a credential or a private key.
+ */
+const apiKeyShape = /(?<![0-9A-Za-z_])gw_[0-9A-Za-z]{40}(?![0-9A-Za-z])/g;
+const credentialFields = new Set([
+  "authorization",
+  "x-api-key",
+  "apikey",
+  "api_key",
+  "privatekey",
+  "private_key",
+  "settlementprivatekey",
+  "settlement_private_key",
+  "receiptprivatekey",
+  "receipt_private_key",
+  "settlementoperatortoken",
+  "settlement_operator_token",
+  "endpointencryptionkey",
+  "endpoint_encryption_key",
+  "gateway_api_key",
+]);
+
+/** The credential fields of a JSON log record with a value that is not the redaction's mark. */
+function unredacted(node: unknown, path: string, out: string[]): void {
+  if (typeof node !== "object" || node === null) return;
+  for (const [name, value] of Object.entries(node)) {
+    if (credentialFields.has(name.toLowerCase()) && value !== "[redacted]" && value !== null) {
+      out.push(`${path}${name}`);
+    }
+    unredacted(value, `${path}${name}.`, out);
+  }
+}
+
 /** Every (line, secret) pair where the secret occurs in the line. */
 export function findLeaks(): Leak[] {
   const leaks: Leak[] = [];
@@ -62,6 +99,31 @@ export function findLeaks(): Leak[] {
     for (const [value, kind] of secrets) {
       if (line.includes(value)) {
         leaks.push({ kind, source, line: line.split(value).join(`<${kind}>`).slice(0, 500) });
+      }
+    }
+    if (apiKeyShape.test(line)) {
+      leaks.push({
+        kind: "api key",
+        source,
+        line: line.replace(apiKeyShape, "<api key>").slice(0, 500),
+      });
+    }
+    apiKeyShape.lastIndex = 0;
+    if (line.startsWith("{")) {
+      let record: unknown;
+      try {
+        record = JSON.parse(line);
+      } catch {
+        record = undefined;
+      }
+      const fields: string[] = [];
+      unredacted(record, "", fields);
+      for (const field of fields) {
+        leaks.push({
+          kind: /key/i.test(field) && !/api/i.test(field) ? "private key" : "api key",
+          source,
+          line: `${field} not redacted`,
+        });
       }
     }
   }

@@ -843,8 +843,9 @@ export const PermitService: GenService<{
   },
   /**
    * Revokes an authorization the calling API key holds (NOT_FOUND
-   * `authorization_not_found` for any other). Effective at once on this
-   * gateway, on the others sharing its database within API_KEY_CACHE_MS.
+   * `authorization_not_found` for any other). Effective at once on every
+   * gateway sharing its database (within API_KEY_CACHE_MS on one that cannot
+   * hear the database's signals).
    *
    * @generated from rpc gateway.v1.PermitService.RevokeAuthorization
    */

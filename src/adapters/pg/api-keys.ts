@@ -1,14 +1,15 @@
 import { createHash, randomBytes } from "node:crypto";
 import { BaseError } from "../../errors.js";
+import { apiKeyPrefix, newApiKey } from "../../domain/api-key-check.js";
 import type pg from "pg";
 
 /** Anything that can run a query: the pool, or a client inside a transaction. */
 export type Queryable = Pick<pg.Pool, "query">;
 
-export const API_KEY_PREFIX = "gw_";
-const KEY_BODY_LENGTH = 40;
+export const API_KEY_PREFIX = apiKeyPrefix;
 const DISPLAY_PREFIX_LENGTH = 8;
-const BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+/** `gateway_secrets` row of the key the API keys' check is made under (migration 029). */
+const checkSecretName = "api_key_check";
 
 export interface CreatedApiKey {
   id: string;
@@ -34,21 +35,55 @@ export class AmbiguousApiKeyPrefixError extends BaseError {
 }
 
 /**
- * Issues a new key: `gw_` followed by 40 base62 characters (about 238 random bits). The caller
- * must show `key` now; it cannot be recovered later.
+ * The deployment's secret the API keys' check is made under (src/domain/api-key-check.ts): 32
+ * random bytes kept in `gateway_secrets`, made by the first process that asks, the same for
+ * every process (and `gateway keys create`) on the database. Never logged or answered.
+ */
+export async function apiKeyCheckSecret(db: Queryable): Promise<Buffer> {
+  await db.query(
+    "INSERT INTO gateway_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+    [checkSecretName, randomBytes(32)],
+  );
+  // A statement of its own: a concurrent first insert is visible to it once committed.
+  const { rows } = await db.query<{ value: Buffer }>(
+    "SELECT value FROM gateway_secrets WHERE name = $1",
+    [checkSecretName],
+  );
+  const value = rows[0]?.value;
+  if (value === undefined || value.length < 32)
+    throw new Error("gateway_secrets has no api_key_check");
+  return value;
+}
+
+/**
+ * Issues a new key: `gw_` followed by 32 random base62 characters (about 190 bits) and an 8
+ * character check under the deployment's secret ({@link apiKeyCheckSecret}), which lets every
+ * gateway refuse a made-up key without a query. The caller must show `key` now; it cannot be
+ * recovered later.
  */
 export async function createApiKey(db: Queryable, name: string): Promise<CreatedApiKey> {
-  const key = API_KEY_PREFIX + randomBase62(KEY_BODY_LENGTH);
+  const key = newApiKey(await apiKeyCheckSecret(db));
   const id = "key_" + randomBytes(12).toString("hex");
   const prefix = key.slice(0, DISPLAY_PREFIX_LENGTH);
   const { rows } = await db.query<{ created_at: Date }>(
-    `INSERT INTO api_keys (id, name, key_hash, prefix) VALUES ($1, $2, $3, $4)
+    `INSERT INTO api_keys (id, name, key_hash, prefix, key_check) VALUES ($1, $2, $3, $4, true)
      RETURNING created_at`,
     [id, name, hashApiKey(key), prefix],
   );
   const row = rows[0];
   if (!row) throw new Error("INSERT INTO api_keys returned no row");
   return { id, name, key, prefix, createdAt: row.created_at };
+}
+
+/**
+ * The SHA-256 (base64) of every active key issued without a check (before migration 029): a
+ * gateway holds them, so a made-up key of their shape is refused without a query.
+ */
+export async function uncheckedApiKeyHashes(db: Queryable): Promise<string[]> {
+  const { rows } = await db.query<{ key_hash: Buffer }>(
+    "SELECT key_hash FROM api_keys WHERE NOT key_check AND revoked_at IS NULL",
+  );
+  return rows.map((r) => r.key_hash.toString("base64"));
 }
 
 /** Every key, revoked ones included, oldest first; never the key itself. */
@@ -96,23 +131,10 @@ export async function revokeApiKey(db: Queryable, idOrPrefix: string): Promise<b
 }
 
 /**
- * SHA-256 of the key. A fast hash is the right tool here: the keys are ~238 random bits, so
+ * SHA-256 of the key. A fast hash is the right tool here: the keys are 190 random bits or more, so
  * there is nothing to brute-force, and slow password hashes (bcrypt, scrypt, argon2) would only
  * cost CPU on every request and rule out finding the key by its hash.
  */
 export function hashApiKey(key: string): Buffer {
   return createHash("sha256").update(key, "utf8").digest();
-}
-
-/** Uniform base62: bytes >= 248 (4 * 62) are rejected so that `% 62` has no bias. */
-function randomBase62(length: number): string {
-  let out = "";
-  while (out.length < length) {
-    for (const byte of randomBytes(length * 2)) {
-      if (byte >= 248) continue;
-      out += BASE62[byte % 62];
-      if (out.length === length) break;
-    }
-  }
-  return out;
 }

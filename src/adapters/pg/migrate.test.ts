@@ -195,6 +195,7 @@ async function functionDefs(test: TestDatabase): Promise<Record<string, string>>
 }
 
 const CURRENT_FUNCTIONS = [
+  "gw_authority_signal()",
   "gw_batch_reserve(jsonb)",
   "gw_close_batch(jsonb)",
   "gw_close_leased_batch(jsonb)",
@@ -214,8 +215,12 @@ const CURRENT_FUNCTIONS = [
 /** The availability rule (functions/ledger.sql), which the old layout wrote out where used. */
 const HELPER = "gw_permit_available(numeric,numeric,numeric,numeric,numeric)";
 
-/** Functions newer than the old layout (migration 020, functions/rate-limits.sql). */
+/**
+ * Functions newer than the old layout (migration 020, functions/rate-limits.sql; migration 029,
+ * functions/authority-signals.sql).
+ */
 const NEWER = [
+  "gw_authority_signal()",
   "gw_rate_lease(text,integer,integer,double precision,double precision)",
   "gw_rate_streams(text,text,integer,integer,double precision)",
 ];
@@ -326,6 +331,34 @@ describe("SQL functions", () => {
     );
     expect(await migrate(test.db.pool, dir, functions)).toEqual({ applied: [] });
     expect(Object.keys(await functionDefs(test))).toEqual(["gw_a()", "gw_b()"]);
+  });
+
+  it("applies the functions first in the transaction of a migration that asks for them (a trigger names its function)", async () => {
+    const functions = await migrationsDir({
+      "t.sql":
+        "CREATE OR REPLACE FUNCTION gw_t() RETURNS trigger LANGUAGE plpgsql AS " +
+        "$$ BEGIN NEW.x := NEW.x + 1; RETURN NEW; END $$;",
+    });
+    const trigger = "CREATE TRIGGER t BEFORE INSERT ON a FOR EACH ROW EXECUTE FUNCTION gw_t();";
+    // Without the marker, a fresh database has no function yet when the trigger is made.
+    const plain = await freshDatabase();
+    const refused = await migrate(
+      plain.db.pool,
+      await migrationsDir({ "1_a.sql": "CREATE TABLE a (x int);", "2_t.sql": trigger }),
+      functions,
+    ).catch((e: unknown) => e);
+    expect((refused as Error).message).toMatch(/migration 2_t failed: .*gw_t/);
+
+    const test = await freshDatabase();
+    const dir = await migrationsDir({
+      "1_a.sql": "CREATE TABLE a (x int);",
+      "2_t.sql": `-- migrate: functions first\n${trigger}`,
+    });
+    expect(await migrate(test.db.pool, dir, functions)).toEqual({ applied: ["1_a", "2_t"] });
+    await test.db.pool.query("INSERT INTO a VALUES (1)");
+    const { rows } = await test.db.pool.query("SELECT x FROM a");
+    expect(rows).toEqual([{ x: 2 }]);
+    expect(Object.keys(await functionDefs(test))).toEqual(["gw_t()"]);
   });
 
   it("gw_permit_available is the availability rule, and the planner inlines it", async () => {

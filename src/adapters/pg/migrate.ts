@@ -13,6 +13,12 @@ const MIGRATION_LOCK_KEY = "7201934488021365";
 
 const FILE_NAME = /^(\d+)_([A-Za-z0-9_-]+)\.sql$/;
 
+/**
+ * The first line of a migration that needs the SQL functions before it runs (a trigger names
+ * its function, which lives in `functions/`): they are applied in its transaction, before it.
+ */
+const FUNCTIONS_FIRST = /^-- migrate: functions first\s*$/;
+
 /** A migration could not be applied, or the database does not fit the code. */
 export class MigrationError extends BaseError {
   readonly reason = "migration_failed";
@@ -39,7 +45,9 @@ interface MigrationFile {
  * transaction: the one live definition of each SQL function, re-applied on every start
  * (idempotent: CREATE OR REPLACE, and DROP ... IF EXISTS for a signature that changed), so a
  * database migrated from any past version ends with exactly the current functions. Migrations
- * hold tables, indexes and data changes only.
+ * hold tables, indexes, triggers and data changes only; one whose first line is
+ * `-- migrate: functions first` (its triggers name a function) gets the function files applied
+ * in its own transaction, before it.
  *
  * @returns the ids (file names without `.sql`) of the migrations applied by this call.
  */
@@ -74,8 +82,10 @@ export async function migrate(
       for (const file of files) {
         if (done.has(file.version)) continue;
         const sql = await readFile(file.path, "utf8");
+        const functionsFirst = FUNCTIONS_FIRST.test(sql.split("\n", 1)[0] ?? "");
         try {
           await client.query("BEGIN");
+          if (functionsFirst) for (const f of functions) await client.query(f.sql);
           await client.query(sql);
           await client.query("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", [
             file.version,
