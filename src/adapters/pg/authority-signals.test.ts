@@ -116,7 +116,7 @@ describeIfPostgres("authority signals on PostgreSQL (migration 029's triggers, L
       "INSERT INTO api_keys (id, name, key_hash, prefix) VALUES ('key_old', 'old', '\\x00', 'gw_old')",
     );
     await heardSince(5, ["all"]);
-    await pool.query("TRUNCATE permit_authorizations");
+    await pool.query("TRUNCATE permit_authorizations CASCADE");
     await heardSince(6, ["all"]);
   });
 

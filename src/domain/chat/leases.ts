@@ -232,7 +232,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     // A request capped by its authorization's total reserves against the cap per request
     // (adapters/pg/ledger.ts, "Authorization caps"): a cap leased to one process would refuse
     // another's request while it sat idle here.
-    if (input.durable === true || input.capped === true) return fallback.reserve(input);
+    if (input.durable === true || input.capped === true) return reservePerRequest(input);
     const permitId = input.permitId.toLowerCase() as Hex;
     if (revoked.has(permitId)) throw permitClosing(input.permitId);
     let epoch: Epoch;
@@ -442,6 +442,49 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       pool.busy = false;
       if (pool.queue.length > 0) void pump(pool);
     }
+  };
+
+  /**
+   * Gives back what this process's leases on `key` hold idle (no request of ours uses it), as
+   * a recall would; answers whether there was any.
+   */
+  const giveBackIdle = async (key: string): Promise<boolean> => {
+    const work: Promise<void>[] = [];
+    for (const epoch of epochs) {
+      const pool = epoch.pools.get(key);
+      if (pool === undefined || pool.busy || pool.queue.length > 0) continue;
+      while (pool.returning !== undefined) await pool.returning;
+      if (pool.granted > pool.used) work.push(giveBack(pool, pool.used === 0n));
+    }
+    await Promise.allSettled(work);
+    return work.length > 0;
+  };
+
+  /**
+   * A request reserved at the database one by one (a durable or a capped one) is refused only
+   * when the database refuses it with nothing idle in a lease to cover it: on
+   * `offer_at_capacity` or `insufficient_credits` this process's idle part of the offer (the
+   * permit) goes back, the other processes are asked for theirs (a recall), and the database is
+   * asked once more. Without it, slots and credits leased to a process and idle for up to
+   * LEASE_IDLE_MS would refuse it while the offer had room (issue 28: a cap admits "no false
+   * refusals"). A refused reservation left nothing behind (its transaction rolled back), so
+   * asking again is the same request asking again.
+   */
+  const reservePerRequest: Ledger["reserve"] = async (input) => {
+    const first = await fallback.reserve(input);
+    if (
+      first.ok ||
+      (first.reason !== "offer_at_capacity" && first.reason !== "insufficient_credits")
+    )
+      return first;
+    const key =
+      first.reason === "offer_at_capacity"
+        ? `offer:${input.offerId.toLowerCase()}`
+        : `permit:${input.permitId.toLowerCase()}`;
+    const gaveBack = await giveBackIdle(key);
+    if (signals !== undefined) await signals.recall(key);
+    else if (!gaveBack) return first;
+    return fallback.reserve(input);
   };
 
   /**
