@@ -1,7 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { parseArgs } from "node:util";
 import {
-  BaseError as ViemError,
   createPublicClient,
   createWalletClient,
   formatUnits,
@@ -25,16 +24,11 @@ import {
   type PayerChain,
 } from "../adapters/chain/permit-transactions.js";
 import {
-  ConfigError,
   parseGatewayClientConfig,
   parsePayerChainConfig,
   type GatewayClientConfig,
 } from "../config.js";
-import {
-  apiKeyIdPattern,
-  ChallengeMismatchError,
-  SigningDeclinedError,
-} from "../clients/signing-guard.js";
+import { apiKeyIdPattern } from "../clients/signing-guard.js";
 import { GatewayError } from "../domain/errors.js";
 import { isHex32 } from "../domain/hex.js";
 import {
@@ -44,13 +38,7 @@ import {
 } from "../domain/permit-authorization.js";
 import { BaseError } from "../errors.js";
 import { authorizeApiKey, revokeAuthorizationAsPayer } from "../permit/client.js";
-import {
-  call,
-  GatewayRedirectError,
-  GatewayRequestError,
-  InsecureGatewayUrlError,
-  type GatewayConnection,
-} from "../provider/client.js";
+import { call, type GatewayConnection } from "../provider/client.js";
 import { AmountError, parseDeposit, parseDuration } from "./amounts.js";
 import {
   listAuthorizationsAsPayer,
@@ -59,7 +47,7 @@ import {
   type PayerChainFacts,
 } from "./payer-control.js";
 import { isAuditUsageError, runPermitAudit } from "./permit-audit.js";
-import { confirmOn, signingChain, SigningChainError, type CommandOutput } from "./signing.js";
+import { confirmOn, reportClientFailure, signingChain, type CommandOutput } from "./signing.js";
 import { loadSigner, SignerUsageError } from "./signer.js";
 
 export const permitUsage = `usage: gateway permit <command>
@@ -657,46 +645,19 @@ function report(error: unknown, out: Output): number {
     out.error(`${(error as Error).message}\n\n${permitUsage}`);
     return 2;
   }
-  if (error instanceof ConfigError) {
-    out.error(`${error.problems.join("; ")}\n\n${permitUsage}`);
-    return 2;
-  }
   if (error instanceof PayerControlUsageError) {
     out.error(`${error.message}\n\n${permitUsage}`);
     return 2;
   }
-  if (error instanceof WrongChainError || error instanceof SigningChainError) {
+  if (error instanceof WrongChainError) {
     out.error(error.message);
     return 2;
-  }
-  if (
-    error instanceof ChallengeMismatchError ||
-    error instanceof SigningDeclinedError ||
-    error instanceof GatewayRedirectError
-  ) {
-    out.error(error.message);
-    return 1;
-  }
-  if (error instanceof InsecureGatewayUrlError) {
-    out.error(`${error.message}\n\n${permitUsage}`);
-    return 2;
-  }
-  if (error instanceof GatewayRequestError) {
-    out.error(`the gateway refused (${error.status} ${error.code}): ${error.message}`);
-    return 1;
   }
   if (error instanceof MarketRefusedError) {
     out.error(`the chain refused: ${error.message}`);
     return 1;
   }
-  if (error instanceof ViemError) {
-    // shortMessage only: the details name the RPC URL, which may carry a provider's key.
-    out.error(`the chain call failed: ${error.shortMessage}`);
-    return 1;
-  }
-  if (error instanceof TypeError && error.message === "fetch failed") {
-    out.error("cannot reach the gateway (GATEWAY_URL)");
-    return 1;
-  }
+  const code = reportClientFailure(error, out, permitUsage);
+  if (code !== undefined) return code;
   throw error;
 }

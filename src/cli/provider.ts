@@ -1,20 +1,13 @@
 import { parseArgs } from "node:util";
 import { BaseError } from "../errors.js";
-import { BaseError as ViemError, isAddress, type Address, type Hex, type LocalAccount } from "viem";
+import { isAddress, type Address, type Hex, type LocalAccount } from "viem";
 import { canonicalEndpointUrl } from "../adapters/upstream/endpoint-guard.js";
-import {
-  apiKeyIdPattern,
-  ChallengeMismatchError,
-  SigningDeclinedError,
-} from "../clients/signing-guard.js";
-import { ConfigError, parseGatewayClientConfig } from "../config.js";
+import { apiKeyIdPattern } from "../clients/signing-guard.js";
+import { parseGatewayClientConfig } from "../config.js";
 import { GatewayError } from "../domain/errors.js";
 import { isHex32 } from "../domain/hex.js";
 import {
   bindKey,
-  GatewayRedirectError,
-  GatewayRequestError,
-  InsecureGatewayUrlError,
   offerEarnings,
   offerHealth,
   registerEndpoint,
@@ -22,7 +15,7 @@ import {
   type EarningsJson,
   type GatewayConnection,
 } from "../provider/client.js";
-import { confirmOn, signingChain, SigningChainError, type CommandOutput } from "./signing.js";
+import { confirmOn, reportClientFailure, signingChain, type CommandOutput } from "./signing.js";
 import { loadSigner, SignerUsageError } from "./signer.js";
 
 export const providerUsage = `usage: gateway provider <command>
@@ -263,39 +256,12 @@ export async function runProviderCommand(
         );
     }
   } catch (error) {
-    if (error instanceof ProviderUsageError || error instanceof InsecureGatewayUrlError) {
+    if (error instanceof ProviderUsageError) {
       out.error(`${error.message}\n\n${providerUsage}`);
       return 2;
     }
-    if (error instanceof ConfigError) {
-      out.error(`${error.problems.join("; ")}\n\n${providerUsage}`);
-      return 2;
-    }
-    if (error instanceof SigningChainError) {
-      out.error(error.message);
-      return 2;
-    }
-    if (
-      error instanceof ChallengeMismatchError ||
-      error instanceof SigningDeclinedError ||
-      error instanceof GatewayRedirectError
-    ) {
-      out.error(error.message);
-      return 1;
-    }
-    if (error instanceof GatewayRequestError) {
-      out.error(`the gateway refused (${error.status} ${error.code}): ${error.message}`);
-      return 1;
-    }
-    if (error instanceof ViemError) {
-      // shortMessage only: the details name the RPC URL, which may carry a provider's key.
-      out.error(`the chain call failed: ${error.shortMessage}`);
-      return 1;
-    }
-    if (error instanceof TypeError && error.message === "fetch failed") {
-      out.error("cannot reach the gateway (GATEWAY_URL)");
-      return 1;
-    }
+    const code = reportClientFailure(error, out, providerUsage);
+    if (code !== undefined) return code;
     throw error;
   }
 }

@@ -1,12 +1,18 @@
-import { createPublicClient, http } from "viem";
+import { BaseError as ViemError, createPublicClient, http } from "viem";
 import {
+  ChallengeMismatchError,
   SigningDeclinedError,
   type ConfirmSigning,
   type SigningChain,
   type SigningSummary,
 } from "../clients/signing-guard.js";
-import { parseSigningChainConfig } from "../config.js";
+import { ConfigError, parseSigningChainConfig } from "../config.js";
 import { BaseError } from "../errors.js";
+import {
+  GatewayRedirectError,
+  GatewayRequestError,
+  InsecureGatewayUrlError,
+} from "../provider/client.js";
 
 /**
  * How a wallet command of the CLI shows what it is about to sign (issue 28, item 1;
@@ -64,4 +70,50 @@ export function confirmOn(out: CommandOutput, yes: boolean): ConfirmSigning {
     if (yes || out.ask === undefined) return;
     if (!(await out.ask("sign it? [y/N] "))) throw new SigningDeclinedError();
   };
+}
+
+/**
+ * The failures every client command of the CLI reports alike (one line, no stack), with their
+ * exit codes: 2 for a usage or configuration problem (`usage` appended where it helps), 1 for a
+ * refusal (the gateway's, the challenge's, the user's, the chain's). Undefined: not one of them.
+ */
+export function reportClientFailure(
+  error: unknown,
+  out: Pick<CommandOutput, "error">,
+  usage: string,
+): number | undefined {
+  if (error instanceof InsecureGatewayUrlError) {
+    out.error(`${error.message}\n\n${usage}`);
+    return 2;
+  }
+  if (error instanceof ConfigError) {
+    out.error(`${error.problems.join("; ")}\n\n${usage}`);
+    return 2;
+  }
+  if (error instanceof SigningChainError) {
+    out.error(error.message);
+    return 2;
+  }
+  if (
+    error instanceof ChallengeMismatchError ||
+    error instanceof SigningDeclinedError ||
+    error instanceof GatewayRedirectError
+  ) {
+    out.error(error.message);
+    return 1;
+  }
+  if (error instanceof GatewayRequestError) {
+    out.error(`the gateway refused (${error.status} ${error.code}): ${error.message}`);
+    return 1;
+  }
+  if (error instanceof ViemError) {
+    // shortMessage only: the details name the RPC URL, which may carry a provider's key.
+    out.error(`the chain call failed: ${error.shortMessage}`);
+    return 1;
+  }
+  if (error instanceof TypeError && error.message === "fetch failed") {
+    out.error("cannot reach the gateway (GATEWAY_URL)");
+    return 1;
+  }
+  return undefined;
 }

@@ -6,6 +6,7 @@ import type {
   PermitAuthorization,
   PermitAuthorizationStore,
 } from "../../domain/permit-authorization.js";
+import { inTransaction } from "./ledger.js";
 import { API_KEY_PREFIX, hashApiKey, type Queryable } from "./api-keys.js";
 
 interface Row {
@@ -238,11 +239,7 @@ export async function revokePayerAuthorizations(
       .map(fromRow);
   };
   if (!filter.raiseEpoch) return { revoked: await mark(pool), epoch: null };
-  const client = await pool.connect();
-  // Set when the connection's transaction state is unknown: it must not go back to the pool.
-  let discard: Error | boolean = false;
-  try {
-    await client.query("BEGIN");
+  return inTransaction(pool, async (client) => {
     const { rows } = await client.query<{ epoch: string }>(
       `INSERT INTO payer_epochs (payer, epoch, updated_at) VALUES ($1, $2, $3)
        ON CONFLICT (payer) DO UPDATE
@@ -252,19 +249,8 @@ export async function revokePayerAuthorizations(
        RETURNING epoch::text`,
       [filter.payer, filter.before, filter.now],
     );
-    const revoked = await mark(client);
-    await client.query("COMMIT");
-    return { revoked, epoch: Number(rows[0]!.epoch) };
-  } catch (err) {
-    try {
-      await client.query("ROLLBACK");
-    } catch (rollbackError) {
-      discard = rollbackError instanceof Error ? rollbackError : true;
-    }
-    throw err;
-  } finally {
-    client.release(discard);
-  }
+    return { revoked: await mark(client), epoch: Number(rows[0]!.epoch) };
+  });
 }
 
 export function createPgPermitAuthorizationStore(pool: pg.Pool): PermitAuthorizationStore {
