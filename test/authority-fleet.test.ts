@@ -131,10 +131,20 @@ describeIfPostgres("authority across processes (two gateway processes on one Pos
         answered = performance.now();
         expect(res.status).toBe(200);
       }
-      const sentAt = performance.now();
-      expect(await outcome(await chat(b.url, app.key))).toBe("403 permit_not_authorized");
+      // Within the 100 ms the issue allows: on a loaded machine B's next request can reach it
+      // before the database's notification does (alone, it is the very next one: the delay
+      // printed is when B's first refusal was sent).
+      let sentAt = performance.now();
+      await eventually(
+        async () => {
+          sentAt = performance.now();
+          return (await outcome(await chat(b.url, app.key))) === "403 permit_not_authorized";
+        },
+        100,
+        5,
+      );
       delays.push(
-        `revocation by the ${by} through A: B refused its next request, sent ${(sentAt - answered).toFixed(1)} ms after A answered`,
+        `revocation by the ${by} through A: B refused a request sent ${(sentAt - answered).toFixed(1)} ms after A answered`,
       );
       expect(await outcome(await chat(a.url, app.key))).toBe("403 permit_not_authorized");
     }

@@ -92,6 +92,7 @@ describe("signed usage receipts", () => {
       market: stack.demo.market,
       settlement_account: stack.roles.settlement.address,
       receipt_signer: receiptSigner,
+      deployment: expect.stringMatching(/^dep_[0-9a-f]{32}$/),
     };
     const open = await fetch(`${stack.gateway.url}/v1/gateway`);
     expect(open.status).toBe(200);
@@ -523,6 +524,7 @@ describe("a gateway without a receipt key", () => {
       market: stack.demo.market,
       settlement_account: null,
       receipt_signer: null,
+      deployment: expect.stringMatching(/^dep_[0-9a-f]{32}$/),
     });
     for (const path of [
       `/v1/requests/0x${"77".repeat(32)}/receipt`,

@@ -8,7 +8,8 @@
 -- its cached lookup and authority are dropped) and `all` (drop every cached key and authority:
 -- a TRUNCATE, or an API key written without its check, by an older release, which every process
 -- then learns). A transaction's identical notifications are delivered once, at its commit.
-CREATE OR REPLACE FUNCTION gw_authority_signal() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION gw_authority_signal() RETURNS trigger LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan AS $$
 BEGIN
   IF TG_LEVEL = 'STATEMENT' THEN
     PERFORM pg_notify('gw_authority', 'all');
