@@ -47,7 +47,13 @@ import {
   type PayerChainFacts,
 } from "./payer-control.js";
 import { isAuditUsageError, runPermitAudit } from "./permit-audit.js";
-import { confirmOn, reportClientFailure, signingChain, type CommandOutput } from "./signing.js";
+import {
+  confirmOn,
+  reportClientFailure,
+  settingsFromFlags,
+  signingChain,
+  type CommandOutput,
+} from "./signing.js";
 import { loadSigner, SignerUsageError } from "./signer.js";
 
 export const permitUsage = `usage: gateway permit <command>
@@ -214,12 +220,7 @@ async function open(
   const offer = values.offer as string | undefined;
   if (offer !== undefined && !isHex32(offer))
     throw new PermitUsageError("--offer must be an offer id (0x + 64 hex digits)");
-  const expiresAtArg = values["expires-at"] as string | undefined;
-  const expiresIn = values["expires-in"] as string | undefined;
-  if (expiresAtArg !== undefined && expiresIn !== undefined)
-    throw new PermitUsageError("give --expires-at or --expires-in, not both");
-  if (expiresAtArg !== undefined && !/^[1-9]\d{0,15}$/.test(expiresAtArg))
-    throw new PermitUsageError("--expires-at must be Unix seconds");
+  const { expiresAtArg, expiresIn } = expiryFlags(values);
   const lifetime = parseDuration(expiresIn ?? "30d");
   const id = values.id as string | undefined;
   if (id !== undefined && !isHex32(id))
@@ -382,14 +383,7 @@ export async function runPermitCommand(
     const [action, target, extra] = positionals;
     if (extra !== undefined) throw new PermitUsageError(`unexpected argument '${extra}'`);
     // Flags win over the environment; both are parsed in one place (src/config.ts).
-    const settings: NodeJS.ProcessEnv = {
-      ...env,
-      ...(values.gateway === undefined ? {} : { GATEWAY_URL: values.gateway }),
-      ...(values["api-key"] === undefined ? {} : { GATEWAY_API_KEY: values["api-key"] }),
-      ...(values["rpc-url"] === undefined ? {} : { RPC_URL: values["rpc-url"] }),
-      ...(values.market === undefined ? {} : { MARKET_ADDRESS: values.market }),
-      ...(values["chain-id"] === undefined ? {} : { CHAIN_ID: values["chain-id"] }),
-    };
+    const settings = settingsFromFlags(env, values);
     // The payer's own calls need GATEWAY_URL only: a key alone is not asked for.
     const payerCall = action === "authorizations" || (action === "revoke" && target === undefined);
     const gateway = payerCall ? undefined : parseGatewayClientConfig(settings);
@@ -579,12 +573,7 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
   const permitId = values.permit as string | undefined;
   if (permitId !== undefined && !isHex32(permitId))
     throw new PermitUsageError("--permit must be a permit id (0x + 64 hex digits)");
-  const expiresAtArg = values["expires-at"] as string | undefined;
-  const expiresIn = values["expires-in"] as string | undefined;
-  if (expiresAtArg !== undefined && expiresIn !== undefined)
-    throw new PermitUsageError("give --expires-at or --expires-in, not both");
-  if (expiresAtArg !== undefined && !/^[1-9]\d{0,15}$/.test(expiresAtArg))
-    throw new PermitUsageError("--expires-at must be Unix seconds");
+  const { expiresAtArg, expiresIn } = expiryFlags(values);
   const now = Math.floor(Date.now() / 1000);
   const expiresAt =
     expiresAtArg !== undefined
@@ -660,4 +649,18 @@ function report(error: unknown, out: Output): number {
   const code = reportClientFailure(error, out, permitUsage);
   if (code !== undefined) return code;
   throw error;
+}
+
+/** `--expires-at UNIX_SECONDS` or `--expires-in DURATION` (not both), as given. */
+function expiryFlags(values: Readonly<Record<string, unknown>>): {
+  expiresAtArg: string | undefined;
+  expiresIn: string | undefined;
+} {
+  const expiresAtArg = values["expires-at"] as string | undefined;
+  const expiresIn = values["expires-in"] as string | undefined;
+  if (expiresAtArg !== undefined && expiresIn !== undefined)
+    throw new PermitUsageError("give --expires-at or --expires-in, not both");
+  if (expiresAtArg !== undefined && !/^[1-9]\d{0,15}$/.test(expiresAtArg))
+    throw new PermitUsageError("--expires-at must be Unix seconds");
+  return { expiresAtArg, expiresIn };
 }

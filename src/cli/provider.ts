@@ -15,7 +15,13 @@ import {
   type EarningsJson,
   type GatewayConnection,
 } from "../provider/client.js";
-import { confirmOn, reportClientFailure, signingChain, type CommandOutput } from "./signing.js";
+import {
+  confirmOn,
+  reportClientFailure,
+  settingsFromFlags,
+  signingChain,
+  type CommandOutput,
+} from "./signing.js";
 import { loadSigner, SignerUsageError } from "./signer.js";
 
 export const providerUsage = `usage: gateway provider <command>
@@ -142,14 +148,7 @@ export async function runProviderCommand(
   const [action, target] = positionals;
   try {
     // Flags win over the environment; both are parsed in one place (src/config.ts).
-    const settings: NodeJS.ProcessEnv = {
-      ...env,
-      ...(values.gateway === undefined ? {} : { GATEWAY_URL: values.gateway }),
-      ...(values["api-key"] === undefined ? {} : { GATEWAY_API_KEY: values["api-key"] }),
-      ...(values["rpc-url"] === undefined ? {} : { RPC_URL: values["rpc-url"] }),
-      ...(values.market === undefined ? {} : { MARKET_ADDRESS: values.market }),
-      ...(values["chain-id"] === undefined ? {} : { CHAIN_ID: values["chain-id"] }),
-    };
+    const settings = settingsFromFlags(env, values);
     const gateway: GatewayConnection | undefined = parseGatewayClientConfig(settings);
     if (gateway === undefined) {
       throw new ProviderUsageError(

@@ -117,3 +117,19 @@ export function reportClientFailure(
   }
   return undefined;
 }
+
+/** The gateway and chain flags a client command takes, over the environment (flags win). */
+export function settingsFromFlags(
+  env: NodeJS.ProcessEnv,
+  values: Readonly<Record<string, unknown>>,
+): NodeJS.ProcessEnv {
+  const flag = (name: string) => values[name] as string | undefined;
+  return {
+    ...env,
+    ...(flag("gateway") === undefined ? {} : { GATEWAY_URL: flag("gateway") }),
+    ...(flag("api-key") === undefined ? {} : { GATEWAY_API_KEY: flag("api-key") }),
+    ...(flag("rpc-url") === undefined ? {} : { RPC_URL: flag("rpc-url") }),
+    ...(flag("market") === undefined ? {} : { MARKET_ADDRESS: flag("market") }),
+    ...(flag("chain-id") === undefined ? {} : { CHAIN_ID: flag("chain-id") }),
+  };
+}
