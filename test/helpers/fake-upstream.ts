@@ -134,6 +134,12 @@ export interface FakeUpstream {
   setOptions(partial: Partial<FakeUpstreamOptions>): void;
   /** Ends every hold under way now (`stallBeforeHeadersMs`): those requests go on at once. */
   releaseHolds(): void;
+  /**
+   * Destroys the connection of every chat stream under way now (a provider that dies mid-stream
+   * at a moment the test chooses, e.g. once what it sent has reached the client; with
+   * `stallAfterChunks` the stream is waiting there). Returns how many were cut.
+   */
+  cutStreams(): number;
   /** Connections accepted so far (keep-alive reuse keeps this low). */
   readonly connections: number;
   /** Connections that have closed so far. */
@@ -197,6 +203,8 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
   let created = 0;
   let streamedBytes = 0;
   let streamedChunks = 0;
+  /** Chat streams whose headers are sent and whose response has not closed. */
+  const openStreams = new Set<ServerResponse>();
 
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
@@ -401,6 +409,8 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
       "content-type": "text/event-stream",
       "cache-control": "no-cache",
     });
+    openStreams.add(res);
+    res.on("close", () => openStreams.delete(res));
     if (opts.rawStream !== undefined) {
       res.socket?.setNoDelay(true);
       for (const piece of opts.rawStream) {
@@ -535,6 +545,11 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
     releaseHolds() {
       holds.abort();
       holds = newHolds();
+    },
+    cutStreams() {
+      const open = [...openStreams];
+      for (const res of open) res.socket?.destroy();
+      return open.length;
     },
     get connections() {
       return connections;
