@@ -9,8 +9,12 @@ import {
   type Authenticated,
 } from "./connect/authenticate.js";
 import { toConnectError } from "./connect/errors.js";
+import { chatInputOf } from "./connect/inference-service.js";
 import {
   authInterceptor,
+  callFailed,
+  callOk,
+  createAdmission,
   newRequestId,
   observabilityInterceptor,
   observeRefusal,
@@ -20,6 +24,8 @@ import { createInProcessCaller } from "./connect/in-process-transport.js";
 import { writeRpcRefusal } from "./connect/refusal.js";
 import { createRoutes, serviceBindings, type Services } from "./connect/routes.js";
 import type { JsonBounds } from "./domain/chat-request.js";
+import type { ChatSink, Inference } from "./domain/chat/types.js";
+import type { RestChat } from "./rest/chat.js";
 import type { NodeRequest } from "./rest/body.js";
 import { createRestFacade, type NodeResponse, type Readiness } from "./rest/facade.js";
 import { isMetricsPath, type GatewayMetrics } from "./metrics.js";
@@ -27,6 +33,8 @@ import { budgetAddress } from "./rate-limit.js";
 
 export interface GatewayHandlerDeps extends AuthOptions {
   readonly services: Services;
+  /** The chat handler (the domain's push entry): the REST chat routes call it directly. */
+  readonly chat: Inference["chatInto"];
   readonly logger: Logger;
   readonly bodyLimitBytes: number;
   /** MAX_JSON_DEPTH / MAX_JSON_ARRAY_ITEMS of the REST facade's JSON bodies. */
@@ -72,6 +80,7 @@ export function createGatewayHandler(
   const bindings = serviceBindings(deps.services);
   const routes = createRoutes(deps.services);
   const rpc = createInProcessCaller(bindings, interceptors);
+  const chat = restChat(deps);
   // The need of each RPC path this gateway serves, by `service/method`.
   const rpcNeeds = new Map<string, AuthNeed>();
   for (const { service } of bindings) {
@@ -85,6 +94,7 @@ export function createGatewayHandler(
   const checked = new WeakMap<NodeRequest, Authenticated>();
   const facade = createRestFacade({
     rpc,
+    chat,
     bodyLimitBytes: deps.bodyLimitBytes,
     jsonBounds: deps.jsonBounds,
     readiness: deps.readiness,
@@ -147,4 +157,71 @@ export function createGatewayHandler(
       },
     );
   };
+}
+
+/** The chat RPC, by name: how the REST chat routes' calls are logged and counted. */
+const chatRpc = "gateway.v1.InferenceService/StreamChatCompletion";
+
+/**
+ * The REST chat routes' way to the chat handler: the call guard the interceptors also run (the
+ * caller admitted as `createAdmission` does; the outcome logged and counted as
+ * `observabilityInterceptor` does, under the chat RPC's name), then `chatInto` with the route's
+ * sink. The sink's `failed`/`cancelled` get the ConnectError the guard mapped and logged, so
+ * the facade does not log it again.
+ */
+function restChat(deps: GatewayHandlerDeps): RestChat {
+  const admit = createAdmission(deps);
+  const { logger, metrics } = deps;
+  const observer = metrics?.rpc;
+  return async (fields, options, sink) => {
+    const header = options.headers["x-request-id"];
+    const call = {
+      rpc: chatRpc,
+      requestId: typeof header === "string" ? header : newRequestId(),
+      signal: options.signal,
+      started: performance.now(),
+    };
+    let caller;
+    try {
+      const auth = await admit(
+        "apiKey",
+        options.contextValues?.get(authenticatedKey),
+        headerValue(options.headers.authorization),
+      );
+      if (auth.operator) throw new Error("the settlement operator is not an API key");
+      caller = auth.caller;
+    } catch (error) {
+      sink.failed(callFailed(logger, call, error, observer));
+      return;
+    }
+    const guarded: ChatSink = {
+      started: (event) => sink.started(event),
+      chunk: (event, parsed) => sink.chunk(event, parsed),
+      drained: () => sink.drained(),
+      completed: (event) => sink.completed(event),
+      failed: (error) => sink.failed(callFailed(logger, call, error, observer)),
+      cancelled: (reason) => sink.cancelled(callFailed(logger, call, reason, observer)),
+    };
+    try {
+      await deps.chat(
+        chatInputOf(caller, fields, options.signal, headerGetter(options.headers)),
+        guarded,
+      );
+      if (logger.isLevelEnabled("debug")) callOk(logger, call, "rpc stream ok");
+    } catch (error) {
+      // After the answer (its charge's record): the service's to log, not the client's.
+      callFailed(logger, call, error, observer);
+    }
+  };
+}
+
+function headerValue(value: string | string[] | undefined): string | undefined {
+  return typeof value === "string" ? value : value?.join(", ");
+}
+
+/** Node's request headers read as `Headers.get` reads (a tracer's `traceparent`). */
+function headerGetter(headers: Readonly<Record<string, string | string[] | undefined>>): {
+  get(name: string): string | null;
+} {
+  return { get: (name) => headerValue(headers[name.toLowerCase()]) ?? null };
 }

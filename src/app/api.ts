@@ -185,6 +185,7 @@ export function createApi(
       ? undefined
       : createReceiptSigner(config.receiptPrivateKey);
   return createGatewayHandler({
+    chat: (input, sink) => deps.inference.chatInto(input, sink),
     services: {
       catalog: createCatalogService(deps.catalog, deps.reputation),
       gateway: createGatewayService({

@@ -6,6 +6,7 @@ import {
   ChatChunkSchema,
   ChatCompletedSchema,
   ChatStartedSchema,
+  type ChatCompleted,
   Dialect,
   GetPermitResponseSchema,
   GetRequestReceiptResponseSchema,
@@ -30,7 +31,9 @@ import {
 import type { RequestRecord } from "../adapters/pg/requests.js";
 import { GatewayError } from "../domain/errors.js";
 import type {
+  ChatCompleted as DomainChatCompleted,
   ChatEvent,
+  ChatInput,
   Inference,
   Metering,
   UsageFigures,
@@ -197,28 +200,30 @@ export function eventToMessage(
     case "completed":
       return {
         $typeName: StreamChatCompletionResponseSchema.typeName,
-        event: {
-          case: "completed",
-          value: {
-            $typeName: ChatCompletedSchema.typeName,
-            requestId: event.requestId,
-            quoteId: event.quoteId,
-            offerId: event.offerId,
-            tariffVersion: event.tariffVersion.toString(),
-            inputTokens: event.inputTokens,
-            outputTokens: event.outputTokens,
-            creditsCharged: event.creditsCharged.toString(),
-            billing: billingToProto[event.billing],
-            usageFromProvider: event.usageFromProvider,
-            cachedInputTokens: event.cachedInputTokens ?? 0n,
-            reasoningTokens: event.reasoningTokens ?? 0n,
-            usageClaimed: figuresMessage(event.claimed),
-            usageCounted: figuresMessage(event.counted),
-            usageSource: usageSourceToProto[event.usageFromProvider ? "provider" : "gateway"],
-          },
-        },
+        event: { case: "completed", value: completedMessage(event) },
       };
   }
+}
+
+/** A completed answer as the RPC's ChatCompleted message (also what `x_gateway` is a view of). */
+export function completedMessage(event: DomainChatCompleted): ChatCompleted {
+  return {
+    $typeName: ChatCompletedSchema.typeName,
+    requestId: event.requestId,
+    quoteId: event.quoteId,
+    offerId: event.offerId,
+    tariffVersion: event.tariffVersion.toString(),
+    inputTokens: event.inputTokens,
+    outputTokens: event.outputTokens,
+    creditsCharged: event.creditsCharged.toString(),
+    billing: billingToProto[event.billing],
+    usageFromProvider: event.usageFromProvider,
+    cachedInputTokens: event.cachedInputTokens ?? 0n,
+    reasoningTokens: event.reasoningTokens ?? 0n,
+    usageClaimed: figuresMessage(event.claimed),
+    usageCounted: figuresMessage(event.counted),
+    usageSource: usageSourceToProto[event.usageFromProvider ? "provider" : "gateway"],
+  };
 }
 
 const statusToProto: Record<string, RequestStatus> = {
@@ -348,6 +353,35 @@ function receiptSigner(receipts: InferenceReceiptDeps | undefined): {
   return { deps: receipts, signer: receipts.signer };
 }
 
+/**
+ * The chat call of a StreamChatCompletion request's fields, for `caller`: one mapping for both
+ * transports (the RPC's handler and the REST facade's direct chat call).
+ */
+export function chatInputOf(
+  caller: Caller,
+  req: {
+    readonly body: Uint8Array;
+    readonly permitId: string;
+    readonly quoteId: string;
+    readonly idempotencyKey: string;
+    readonly dialect: Dialect;
+  },
+  signal: AbortSignal,
+  headers: ChatInput["headers"],
+): ChatInput {
+  return {
+    apiKeyId: caller.apiKeyId,
+    authority: caller.authority,
+    body: req.body,
+    permitId: req.permitId === "" ? undefined : req.permitId,
+    quoteId: req.quoteId === "" ? undefined : req.quoteId,
+    idempotencyKey: req.idempotencyKey === "" ? undefined : req.idempotencyKey,
+    signal,
+    dialect: dialectName(req.dialect),
+    headers,
+  };
+}
+
 const yieldToEventLoop = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
 export function createInferenceService(
@@ -355,18 +389,9 @@ export function createInferenceService(
 ): ServiceImpl<typeof InferenceService> {
   return {
     async *streamChatCompletion(req, ctx) {
-      const caller = callerOf(ctx);
-      const stream = deps.inference.chat({
-        apiKeyId: caller.apiKeyId,
-        authority: caller.authority,
-        body: req.body,
-        permitId: req.permitId === "" ? undefined : req.permitId,
-        quoteId: req.quoteId === "" ? undefined : req.quoteId,
-        idempotencyKey: req.idempotencyKey === "" ? undefined : req.idempotencyKey,
-        signal: ctx.signal,
-        dialect: dialectName(req.dialect),
-        headers: ctx.requestHeader,
-      });
+      const stream = deps.inference.chat(
+        chatInputOf(callerOf(ctx), req, ctx.signal, ctx.requestHeader),
+      );
       for await (const event of stream) {
         if (event.type !== "failed") yield eventToMessage(event);
       }

@@ -14,7 +14,9 @@ import {
   authenticatedKey,
   createAuthenticator,
   rpcAuthNeed,
+  type AuthNeed,
   type AuthOptions,
+  type Authenticated,
 } from "./authenticate.js";
 import { callerKey, requestIdKey, settlementOperatorKey } from "./context.js";
 import { errorCodeOf, toConnectError } from "./errors.js";
@@ -80,10 +82,10 @@ export function observabilityInterceptor(logger: Logger, observer?: RpcObserver)
     try {
       res = await next(req);
     } catch (error) {
-      throw logFailure(logger, req, requestId, started, error, observer, ended);
+      throw callFailed(logger, callOf(req, requestId, started), error, observer, ended);
     }
     if (!res.stream) {
-      if (logger.isLevelEnabled("debug")) logOk(logger, req, requestId, started, "rpc ok");
+      if (logger.isLevelEnabled("debug")) callOk(logger, callOf(req, requestId, started), "rpc ok");
       ended?.("ok");
       return res;
     }
@@ -123,13 +125,13 @@ function observed<T>(
         result(result: IteratorResult<T>): IteratorResult<T> {
           if (result.done === true) {
             if (logger.isLevelEnabled("debug"))
-              logOk(logger, req, requestId, started, "rpc stream ok");
+              callOk(logger, callOf(req, requestId, started), "rpc stream ok");
             ended?.("ok");
           }
           return result;
         },
         error(error: unknown): never {
-          throw logFailure(logger, req, requestId, started, error, observer, ended);
+          throw callFailed(logger, callOf(req, requestId, started), error, observer, ended);
         },
       };
       return {
@@ -155,15 +157,24 @@ function rpcName(req: UnaryRequest | StreamRequest): string {
   return `${req.service.typeName}/${req.method.name}`;
 }
 
-function logOk(
-  logger: Logger,
-  req: UnaryRequest | StreamRequest,
-  requestId: string,
-  started: number,
-  message: string,
-): void {
+/** One call as its outcome is logged: the RPC's name, its request id, signal and start. */
+export interface ObservedCall {
+  /** `gateway.v1.XService/Method`. */
+  readonly rpc: string;
+  readonly requestId: string;
+  readonly signal: AbortSignal;
+  /** `performance.now()` when the call began. */
+  readonly started: number;
+}
+
+function callOf(req: UnaryRequest | StreamRequest, requestId: string, started: number) {
+  return { rpc: rpcName(req), requestId, signal: req.signal, started };
+}
+
+/** Logs a call that ended well (debug level; the caller checks the level first). */
+export function callOk(logger: Logger, call: ObservedCall, message: string): void {
   logger.debug(
-    { reqId: requestId, rpc: rpcName(req), ms: Math.round(performance.now() - started) },
+    { reqId: call.requestId, rpc: call.rpc, ms: Math.round(performance.now() - call.started) },
     message,
   );
 }
@@ -190,12 +201,13 @@ export function observeRefusal(
   logger.info({ reqId: call.reqId, rpc: call.rpc, ms: Math.round(ms), code }, "rpc rejected");
 }
 
-/** Maps a failure to the ConnectError the caller gets, and logs it once. */
-function logFailure(
+/**
+ * Maps a failure to the ConnectError the caller gets, and logs it once: the one place a call's
+ * failure is logged and counted, for the interceptors and the REST facade's chat calls alike.
+ */
+export function callFailed(
   logger: Logger,
-  req: UnaryRequest | StreamRequest,
-  requestId: string,
-  started: number,
+  call: ObservedCall,
   error: unknown,
   observer?: RpcObserver,
   ended?: (status: string) => void,
@@ -203,11 +215,11 @@ function logFailure(
   const connectError = toConnectError(error);
   const code = errorCodeOf(connectError);
   const fields = {
-    reqId: requestId,
-    rpc: rpcName(req),
-    ms: Math.round(performance.now() - started),
+    reqId: call.requestId,
+    rpc: call.rpc,
+    ms: Math.round(performance.now() - call.started),
   };
-  if (callerLeft(req.signal, code, error)) {
+  if (callerLeft(call.signal, code, error)) {
     logger.info({ ...fields, code: "cancelled" }, "client disconnected");
     ended?.("canceled");
     return new ConnectError("the caller went away", Code.Canceled, undefined, undefined, error);
@@ -248,21 +260,43 @@ export type { AuthOptions } from "./authenticate.js";
  * limited.
  */
 export function authInterceptor(options: AuthOptions): Interceptor {
-  const authenticate = createAuthenticator(options);
+  const admit = createAdmission(options);
   return (next) => async (req) => {
     const need = rpcAuthNeed(req.service.typeName, req.method.name);
     // Whatever credentials come with it: a public answer needs none, and checks none.
     if (need === "none") return next(req);
-    let auth = req.contextValues.get(authenticatedKey);
-    if (auth === undefined || auth.need !== need) {
-      auth = await authenticate(need, req.header.get("authorization"));
-    }
+    const auth = await admit(
+      need,
+      req.contextValues.get(authenticatedKey),
+      req.header.get("authorization"),
+    );
     if (auth.operator) {
       if (need === "apiKeyOrOperator") req.contextValues.set(settlementOperatorKey, true);
-    } else {
-      await options.rateLimiter?.take(auth.caller.apiKeyId);
-      req.contextValues.set(callerKey, auth.caller);
-    }
+    } else req.contextValues.set(callerKey, auth.caller);
     return next(req);
+  };
+}
+
+/**
+ * The call guard's admission, one for both transports (the interceptor above, and the REST
+ * facade's chat calls): credentials already checked before the body for the same need are
+ * taken as they are, else checked now; a key's request rate is then taken (429 `rate_limited`).
+ * The settlement operator is not rate limited.
+ */
+export function createAdmission(
+  options: AuthOptions,
+): (
+  need: Exclude<AuthNeed, "none">,
+  checked: Authenticated | undefined,
+  authorization: string | null | undefined,
+) => Promise<Authenticated> {
+  const authenticate = createAuthenticator(options);
+  return async (need, checked, authorization) => {
+    const auth =
+      checked === undefined || checked.need !== need
+        ? await authenticate(need, authorization ?? null)
+        : checked;
+    if (!auth.operator) await options.rateLimiter?.take(auth.caller.apiKeyId);
+    return auth;
   };
 }

@@ -1,7 +1,9 @@
-import type { ChatCompleted, ChatStarted } from "../../gen/gateway/v1/inference_pb.js";
-import { Dialect, InferenceService } from "../../gen/gateway/v1/inference_pb.js";
+import { Dialect } from "../../gen/gateway/v1/inference_pb.js";
 import type { Dialect as DialectTranslator } from "../domain/dialects/types.js";
-import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
+import type { ChatSink } from "../domain/chat/sink.js";
+import type { ChatChunk, ChatCompleted, ChatStarted } from "../domain/chat/types.js";
+import type { InProcessCallOptions } from "../connect/in-process-transport.js";
+import { completedMessage } from "../connect/inference-service.js";
 import { GatewayError } from "../domain/errors.js";
 import type { NodeRequest } from "./body.js";
 import { toHttpError } from "./errors.js";
@@ -147,8 +149,30 @@ function header(req: NodeRequest, name: string): string {
   return typeof value === "string" ? value : "";
 }
 
+/** What a chat route asks of the chat handler besides the caller (the RPC request's fields). */
+export interface ChatFields {
+  readonly body: Uint8Array;
+  readonly permitId: string;
+  readonly quoteId: string;
+  readonly idempotencyKey: string;
+  readonly dialect: Dialect;
+}
+
 /**
- * POST /v1/chat/completions -> InferenceService.StreamChatCompletion.
+ * The chat handler as the REST facade calls it: the call guard (the caller, its rate, the
+ * outcome logged as an RPC's), then the chat call pushing its answer into `sink` (sink.ts). No
+ * RPC in process and no generator per event: the provider's events reach the client's socket
+ * through the sink. The sink's `failed` and `cancelled` get the ConnectError the guard mapped.
+ */
+export type RestChat = (
+  fields: ChatFields,
+  options: InProcessCallOptions,
+  sink: ChatSink,
+) => Promise<void>;
+
+/**
+ * POST /v1/chat/completions (and the dialects' routes) -> the chat handler, the answer pushed
+ * into the client's socket by {@link AnswerWriter}.
  *
  * `"stream": true` answers text/event-stream in OpenAI framing: one `data:`
  * event per upstream chunk, then a last chunk carrying `x_gateway` (the final
@@ -163,15 +187,15 @@ function header(req: NodeRequest, name: string): string {
  * `X-Gateway-*` metering headers or the framing (`content-length`, `transfer-encoding`).
  */
 export async function relayChat(
-  rpc: InProcessCaller,
+  chat: RestChat,
   req: NodeRequest,
   res: NodeResponse,
   body: Uint8Array,
   options: InProcessCallOptions,
   dialect?: { readonly id: Dialect; readonly translator: DialectTranslator },
 ): Promise<void> {
-  const messages = await rpc.stream(
-    InferenceService.method.streamChatCompletion,
+  const writer = new AnswerWriter(res, options.signal, dialect?.translator);
+  await chat(
     {
       body,
       permitId: header(req, "x-gateway-permit"),
@@ -180,101 +204,129 @@ export async function relayChat(
       dialect: dialect?.id ?? Dialect.UNSPECIFIED,
     },
     options,
+    writer,
   );
+  // Refused before the answer began: the facade answers the error body.
+  if (writer.refusal !== undefined) throw writer.refusal.error;
+}
 
-  let started: ChatStarted | undefined;
-  let json: Uint8Array | undefined;
-  let firstChunk: Uint8Array | undefined;
-  // Set when the answer streams (`"stream": true`).
-  let events: EventWriter | undefined;
-  let answered = false;
-  try {
-    for await (const message of messages) {
-      const event = message.event;
-      if (event.case === "chunk") {
-        if (events === undefined) json = event.value.data;
-        else {
-          firstChunk ??= event.value.data;
-          events.event(event.value.data, event.value.event);
-          // Backpressure: the next message is pulled, and so the provider read, only once the
-          // client has taken what was written (at most one upstream read's events are queued).
-          if (events.blocked) {
-            await events.drained();
-            if (res.destroyed) break;
-          }
-        }
-      } else if (event.case === "started") {
-        started = event.value;
-        if (started.stream) {
-          events = new EventWriter(res);
-          res.writeHead(200, {
-            "content-type": "text/event-stream; charset=utf-8",
-            "cache-control": "no-cache",
-            "x-accel-buffering": "no",
-            trailer: "X-Gateway-Credits-Charged",
-            "x-gateway-request-id": started.requestId,
-            "x-gateway-quote-id": started.quoteId,
-            "x-gateway-offer-id": started.offerId,
-            "x-gateway-tariff-version": started.tariffVersion,
-          });
-          events.headersSoon();
-        }
-      } else if (event.case === "completed") {
-        const done = event.value;
-        if (started === undefined) throw new Error("completed before started");
-        if (events === undefined) {
-          const payload = json ?? new Uint8Array();
-          res.writeHead(200, {
-            "content-type": "application/json",
-            "content-length": payload.byteLength,
-            "x-gateway-request-id": started.requestId,
-            "x-gateway-quote-id": started.quoteId,
-            "x-gateway-offer-id": started.offerId,
-            "x-gateway-tariff-version": started.tariffVersion,
-            "x-gateway-credits-charged": done.creditsCharged,
-          });
-          // A big answer in pieces (views, no copies): the listener sees a slow reader's
-          // progress per piece taken, where one write would show none until all of it left
-          // (CLIENT_WRITE_TIMEOUT_MS would cut a client that reads, slowly).
-          let at = 0;
-          for (; payload.byteLength - at > jsonPieceBytes; at += jsonPieceBytes)
-            res.write(payload.subarray(at, at + jsonPieceBytes));
-          res.end(at === 0 ? payload : payload.subarray(at));
-        } else if (dialect !== undefined) {
-          // The dialect's closing events (the last with x_gateway) came as chunks; no [DONE].
-          res.addTrailers({ "X-Gateway-Credits-Charged": done.creditsCharged });
-          events.end("");
-        } else {
-          events.event(Buffer.from(JSON.stringify(finalChunk(firstChunk, done))));
-          res.addTrailers({ "X-Gateway-Credits-Charged": done.creditsCharged });
-          events.end("data: [DONE]\n\n");
-        }
-        // The call goes on until the charge is recorded; the client need not wait for that.
-        answered = true;
-      }
+/**
+ * One answer written into the client's response as the chat call pushes it (the sink contract,
+ * sink.ts). One object per request; the per-event path queues bytes into the event writer.
+ */
+class AnswerWriter implements ChatSink {
+  private begun: ChatStarted | undefined;
+  private json: Uint8Array | undefined;
+  private firstChunk: Uint8Array | undefined;
+  /** Set when the answer streams (`"stream": true`). */
+  private events: EventWriter | undefined;
+  /** The call was refused before its answer began (the facade writes the error body). */
+  refusal: { error: unknown } | undefined;
+
+  constructor(
+    private readonly res: NodeResponse,
+    private readonly signal: AbortSignal,
+    private readonly translator: DialectTranslator | undefined,
+  ) {}
+
+  started(event: ChatStarted): void {
+    this.begun = event;
+    if (!event.stream) return;
+    this.events = new EventWriter(this.res);
+    this.res.writeHead(200, {
+      "content-type": "text/event-stream; charset=utf-8",
+      "cache-control": "no-cache",
+      "x-accel-buffering": "no",
+      trailer: "X-Gateway-Credits-Charged",
+      "x-gateway-request-id": event.requestId,
+      "x-gateway-quote-id": event.quoteId,
+      "x-gateway-offer-id": event.offerId,
+      "x-gateway-tariff-version": event.tariffVersion.toString(),
+    });
+    this.events.headersSoon();
+  }
+
+  chunk(event: ChatChunk): boolean {
+    const events = this.events;
+    if (events === undefined) {
+      this.json = event.data;
+      return true;
     }
-    if (!answered) throw new GatewayError("upstream_error", "the answer ended before it completed");
-  } catch (error) {
-    // After the answer: a failure to record its charge is the service's to log, not the client's.
-    if (answered) return;
-    if (events === undefined || !res.headersSent) throw error;
-    if (!res.writableEnded && !res.destroyed) {
-      // Cut by shutdown: the signal's reason (`shutting_down`) is the stream's last event.
-      const reason: unknown = options.signal.aborted ? options.signal.reason : undefined;
-      const { body: errorBody } = toHttpError(reason instanceof GatewayError ? reason : error);
-      if (dialect === undefined) {
-        events.end(`data: ${JSON.stringify(errorBody)}\n\n`);
-        return;
-      }
-      const failure = new GatewayError(errorBody.error.code, errorBody.error.message);
-      const stream = dialect.translator.createStream({
-        requestId: started?.requestId ?? "",
-        model: "",
+    this.firstChunk ??= event.data;
+    events.event(event.data, event.event);
+    // Backpressure: the provider is read on only once the client has taken what was written
+    // (at most one upstream read's events are queued).
+    return !events.blocked;
+  }
+
+  drained(): Promise<void> {
+    return this.events === undefined ? Promise.resolve() : this.events.drained();
+  }
+
+  completed(done: ChatCompleted): void {
+    const { begun: started, events, res } = this;
+    if (started === undefined) throw new Error("completed before started");
+    const charged = done.creditsCharged.toString();
+    if (events === undefined) {
+      const payload = this.json ?? new Uint8Array();
+      res.writeHead(200, {
+        "content-type": "application/json",
+        "content-length": payload.byteLength,
+        "x-gateway-request-id": started.requestId,
+        "x-gateway-quote-id": started.quoteId,
+        "x-gateway-offer-id": started.offerId,
+        "x-gateway-tariff-version": started.tariffVersion.toString(),
+        "x-gateway-credits-charged": charged,
       });
-      for (const out of stream.fail(failure))
-        events.event(Buffer.from(JSON.stringify(out.data)), out.event);
+      // A big answer in pieces (views, no copies): the listener sees a slow reader's
+      // progress per piece taken, where one write would show none until all of it left
+      // (CLIENT_WRITE_TIMEOUT_MS would cut a client that reads, slowly).
+      let at = 0;
+      for (; payload.byteLength - at > jsonPieceBytes; at += jsonPieceBytes)
+        res.write(payload.subarray(at, at + jsonPieceBytes));
+      res.end(at === 0 ? payload : payload.subarray(at));
+    } else if (this.translator !== undefined) {
+      // The dialect's closing events (the last with x_gateway) came as chunks; no [DONE].
+      res.addTrailers({ "X-Gateway-Credits-Charged": charged });
       events.end("");
+    } else {
+      events.event(Buffer.from(JSON.stringify(finalChunk(this.firstChunk, done))));
+      res.addTrailers({ "X-Gateway-Credits-Charged": charged });
+      events.end("data: [DONE]\n\n");
     }
+  }
+
+  failed(error: unknown): void {
+    this.end(error);
+  }
+
+  cancelled(reason: unknown): void {
+    this.end(reason);
+  }
+
+  /** The call ended without its answer: the error body (the facade's), or the stream's last event. */
+  private end(error: unknown): void {
+    const { events, res } = this;
+    if (events === undefined || !res.headersSent) {
+      this.refusal = { error };
+      return;
+    }
+    if (res.writableEnded || res.destroyed) return;
+    // Cut by shutdown: the signal's reason (`shutting_down`) is the stream's last event.
+    const reason: unknown = this.signal.aborted ? this.signal.reason : undefined;
+    const { body: errorBody } = toHttpError(reason instanceof GatewayError ? reason : error);
+    if (this.translator === undefined) {
+      events.end(`data: ${JSON.stringify(errorBody)}\n\n`);
+      return;
+    }
+    const failure = new GatewayError(errorBody.error.code, errorBody.error.message);
+    const stream = this.translator.createStream({
+      requestId: this.begun?.requestId ?? "",
+      model: "",
+    });
+    for (const out of stream.fail(failure))
+      events.event(Buffer.from(JSON.stringify(out.data)), out.event);
+    events.end("");
   }
 }
 
@@ -295,6 +347,6 @@ function finalChunk(first: Uint8Array | undefined, done: ChatCompleted) {
     created: head.created ?? Math.floor(Date.now() / 1000),
     model: head.model ?? "",
     choices: [],
-    x_gateway: xGatewayResource.view(done),
+    x_gateway: xGatewayResource.view(completedMessage(done)),
   };
 }

@@ -6,6 +6,7 @@ import type { InProcessCallOptions, InProcessCaller } from "../connect/in-proces
 import type { JsonBounds } from "../domain/chat-request.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { readJson, type NodeRequest } from "./body.js";
+import type { RestChat } from "./chat.js";
 import { consolePath, createConsoleAssets, type ConsoleAssets } from "./console.js";
 import { toHttpError, type ErrorBody } from "./errors.js";
 import { routes, type Route } from "./routes.js";
@@ -23,6 +24,8 @@ export interface Readiness {
 export interface FacadeDeps {
   /** Reaches the RPC services in process, through the same interceptors as the network. */
   readonly rpc: InProcessCaller;
+  /** The chat handler, called directly by the chat routes (chat.ts): no RPC in process. */
+  readonly chat: RestChat;
   readonly bodyLimitBytes: number;
   /** MAX_JSON_DEPTH / MAX_JSON_ARRAY_ITEMS of every JSON body; absent: the defaults. */
   readonly jsonBounds?: JsonBounds | undefined;

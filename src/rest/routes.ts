@@ -295,10 +295,10 @@ function dialectRoute(spec: {
     errorSchema: spec.error,
     errorBody: dialectError(spec.translator),
     ...(spec.apiKeyHeader === true ? { apiKeyHeader: true } : {}),
-    handle: async ({ rpc, options, req, res, deps }) => {
+    handle: async ({ options, req, res, deps }) => {
       const body = await readJsonBytes(req, deps.bodyLimitBytes);
       const callOptions = spec.apiKeyHeader === true ? withApiKeyHeader(options, req) : options;
-      await relayChat(rpc, req, res, body, callOptions, {
+      await relayChat(deps.chat, req, res, body, callOptions, {
         id: spec.dialect,
         translator: spec.translator,
       });
@@ -573,9 +573,9 @@ export const routes: readonly Route[] = [
       'The completion: JSON, or an SSE stream with `"stream": true`',
     ),
     errors: chatErrors,
-    handle: async ({ rpc, options, req, res, deps }) => {
+    handle: async ({ options, req, res, deps }) => {
       const body = await readJsonBytes(req, deps.bodyLimitBytes);
-      await relayChat(rpc, req, res, body, options);
+      await relayChat(deps.chat, req, res, body, options);
       return undefined;
     },
   },

@@ -12,6 +12,7 @@ import {
   type SpendingAuthority,
 } from "../../src/domain/permit-authorization.js";
 import type { Permit } from "../../src/domain/permits.js";
+import { flowFromEvents } from "./upstream-flow.js";
 
 /** One model `m`, its offers and an open permit, for the chat domain's in-memory tests. */
 
@@ -117,5 +118,10 @@ export function upstreamReply(
   text: () => Promise<string>,
   events: () => AsyncGenerator<string, void, undefined> = async function* () {},
 ): UpstreamReply {
-  return { status, text, events, discard: async () => undefined };
+  return {
+    status,
+    text,
+    stream: (into) => flowFromEvents(events(), into),
+    discard: async () => undefined,
+  };
 }

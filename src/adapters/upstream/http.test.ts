@@ -499,9 +499,7 @@ describe("createUpstreamChat", () => {
     expect(await reply.text()).toBe(answer);
     // A stream's body is held to the idle timeout.
     const streamed = await chat()({ url }, body, { signal: new AbortController().signal });
-    const events = (async () => {
-      for await (const _ of streamed.events()) void _;
-    })();
+    const events = streamed.stream(() => true).done;
     expect(((await rejection(events)) as GatewayError).code).toBe("upstream_error");
   });
 });

@@ -69,12 +69,35 @@ export interface UpstreamResponse {
    * while reading are `upstream_error` (or the caller's abort reason).
    */
   readonly body: AsyncIterable<Uint8Array>;
+  /**
+   * The body pushed to `into` chunk by chunk as it arrives, instead of iterated (no promise or
+   * iterator result per chunk): use one of `body` and `flow`, once. `into` returning false pauses
+   * the body until {@link BodyFlow.resume}; `into` throwing stops it with that error. Stopping
+   * early ({@link BodyFlow.stop}) drops the rest as breaking out of `body` does.
+   */
+  flow(into: (chunk: Uint8Array) => boolean): BodyFlow;
   /** Reads the whole body as UTF-8; `upstream_error` when it exceeds `maxBytes` (default 8 MiB). */
   text(maxBytes?: number): Promise<string>;
   /** `text()` parsed as JSON; `upstream_error` when it does not parse. */
   json(maxBytes?: number): Promise<unknown>;
   /** Discards the body so the connection can be reused (or closes it if the body is large). */
   dump(): Promise<void>;
+}
+
+/** A body being pushed to its reader (see {@link UpstreamResponse.flow}). */
+export interface BodyFlow {
+  /**
+   * Resolves when the body ended or the reader stopped it; rejects with `upstream_error` (the
+   * body broke off or fell silent), the caller's abort reason, or what the reader threw or
+   * failed it with.
+   */
+  readonly done: Promise<void>;
+  /** Reads on after the reader returned false. */
+  resume(): void;
+  /** The reader wants nothing more: nothing is pushed after this, `done` resolves. */
+  stop(): void;
+  /** The reader gives up with `error`: nothing is pushed after this, `done` rejects with it. */
+  fail(error: unknown): void;
 }
 
 export interface UpstreamClient {
@@ -209,7 +232,7 @@ export function createUpstreamChat(
     return {
       status: reply.status,
       text: () => reply.text(),
-      events: () => readEventData(reply.body),
+      stream: (into) => flowEventData(reply, into),
       discard: () => reply.dump(),
     };
   };
@@ -345,6 +368,7 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
         async dump() {
           await raw.dump().catch(() => {});
         },
+        flow: (into) => new PushedBody(raw, signal, into),
       };
     },
     close: () => agent.close(),
@@ -366,6 +390,103 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
     return target;
   }
 }
+
+/**
+ * A body pushed to its reader from the stream's own `data` events: the per-chunk path of a
+ * streamed answer allocates nothing of its own (see {@link UpstreamResponse.flow}).
+ */
+class PushedBody implements BodyFlow {
+  readonly done: Promise<void>;
+  private settle!: (error?: unknown) => void;
+  private read = 0;
+  private over = false;
+
+  constructor(
+    private readonly raw: Dispatched["body"],
+    private readonly signal: AbortSignal,
+    private readonly into: (chunk: Uint8Array) => boolean,
+  ) {
+    this.done = new Promise<void>((resolve, reject) => {
+      this.settle = (error) => (error === undefined ? resolve() : reject(error));
+    });
+    this.onData = this.onData.bind(this);
+    this.onEnd = this.onEnd.bind(this);
+    this.onError = this.onError.bind(this);
+    this.onClose = this.onClose.bind(this);
+    raw.on("data", this.onData);
+    raw.on("end", this.onEnd);
+    raw.on("error", this.onError);
+    raw.on("close", this.onClose);
+  }
+
+  private onData(chunk: Uint8Array): void {
+    if (this.over) return;
+    this.read += chunk.byteLength;
+    let more: boolean;
+    try {
+      more = this.into(chunk);
+    } catch (error) {
+      this.fail(error);
+      return;
+    }
+    if (!more && !this.over) this.raw.pause();
+  }
+
+  private onEnd(): void {
+    this.finish(false, undefined);
+  }
+
+  private onError(error: unknown): void {
+    this.finish(
+      false,
+      upstreamFailure(error, this.signal, "upstream_error", "upstream response failed"),
+    );
+  }
+
+  private onClose(): void {
+    // Closed without its end or an error: destroyed under it (an abort).
+    if (this.over) return;
+    this.finish(
+      false,
+      this.signal.aborted
+        ? this.signal.reason
+        : new GatewayError("upstream_error", "upstream response ended early"),
+    );
+  }
+
+  resume(): void {
+    if (!this.over) this.raw.resume();
+  }
+
+  stop(): void {
+    this.finish(true, undefined);
+  }
+
+  fail(error: unknown): void {
+    this.finish(true, error);
+  }
+
+  /** Ends the flow once; a reader that stopped early leaves the rest to be dropped. */
+  private finish(early: boolean, error: unknown): void {
+    if (this.over) return;
+    this.over = true;
+    const raw = this.raw;
+    raw.off("data", this.onData);
+    raw.off("end", this.onEnd);
+    raw.off("error", this.onError);
+    raw.off("close", this.onClose);
+    raw.on("error", ignore); // a later error of the dropped rest has no reader to reach
+    // What is left is read in the background and dropped, so the connection can be reused; a
+    // body with more than `drainBytes` left is cut (and its connection closed).
+    if (early) raw.dump({ limit: this.read + drainBytes }).catch(() => {});
+    this.settle(error === undefined ? undefined : error);
+  }
+}
+
+function ignore(): void {}
+
+/** What undici's `request` resolves to. */
+type Dispatched = Awaited<ReturnType<Agent["request"]>>;
 
 /** Endpoint URL and path -> the origin and path a request goes to (see `targetOf`). */
 const maxTargets = 4096;
@@ -417,6 +538,60 @@ export function readEventData(
 }
 
 const decodeStreaming = { stream: true } as const;
+
+/**
+ * The `data` of each server-sent event of a body pushed to `into` as {@link readEventData} reads
+ * them, without a promise or iterator result per event: the events of one read are handed on
+ * in order, and `into` returning false for any of them pauses the body after that read (at most
+ * one read's events are handed on past a full client, as before).
+ */
+export function flowEventData(
+  response: Pick<UpstreamResponse, "flow">,
+  into: (data: string) => boolean,
+  opts: { maxEventBytes?: number } = {},
+): BodyFlow {
+  let more = true;
+  let stopped = false;
+  let failure: GatewayError | undefined;
+  const parser = createParser({
+    maxBufferSize: opts.maxEventBytes ?? 1024 * 1024,
+    onEvent: (event) => {
+      // Nothing after the reader stopped (the parser may hold more events of the same read).
+      if (stopped) return;
+      if (!into(event.data)) more = false;
+    },
+    onError: (err) => {
+      if (err.type === "max-buffer-size-exceeded") {
+        failure = new GatewayError("upstream_error", "upstream stream event is too large");
+      }
+    },
+  });
+  const decoder = new TextDecoder();
+  const inner = response.flow((chunk) => {
+    more = true;
+    parser.feed(decoder.decode(chunk, decodeStreaming));
+    if (failure !== undefined) throw failure;
+    return more;
+  });
+  // Terminating whatever is left at the body's end dispatches an unfinished last event.
+  const done = inner.done.then(() => {
+    if (stopped) return;
+    parser.feed(`${decoder.decode()}\n\n`);
+    if (failure !== undefined) throw failure;
+  });
+  return {
+    done,
+    resume: () => inner.resume(),
+    stop: () => {
+      stopped = true;
+      inner.stop();
+    },
+    fail: (error) => {
+      stopped = true;
+      inner.fail(error);
+    },
+  };
+}
 
 async function* readEvents<T>(
   body: AsyncIterable<Uint8Array>,

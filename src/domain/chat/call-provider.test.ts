@@ -3,6 +3,7 @@ import { describe, expect, it } from "vitest";
 import { parseChatRequest } from "../chat-request.js";
 import { callProvider } from "./relay.js";
 import type { UpstreamChatOptions, UpstreamReply } from "./types.js";
+import { flowFromEvents } from "../../../test/helpers/upstream-flow.js";
 
 /** callProvider: the body and options one provider call carries (issue 27, items 6 and 7). */
 
@@ -14,7 +15,7 @@ async function call(body: object, capabilities: Record<string, unknown>) {
   const reply: UpstreamReply = {
     status: 200,
     text: () => Promise.resolve("{}"),
-    events: async function* () {},
+    stream: (into: (data: string) => boolean) => flowFromEvents((async function* () {})(), into),
     discard: () => Promise.resolve(),
   };
   const req = parseChatRequest(new TextEncoder().encode(JSON.stringify(body)), {

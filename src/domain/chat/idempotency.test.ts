@@ -17,6 +17,7 @@ import {
   type Ledger,
   type UpstreamReply,
 } from "./index.js";
+import { flowFromEvents } from "../../../test/helpers/upstream-flow.js";
 
 // Idempotency keys through the chat pipeline, against in-memory ports (issue 10, defect 7): a
 // key's result is stored once; a stored completed result is never followed by a failed one.
@@ -87,11 +88,15 @@ function setup(options: { stream: boolean }) {
         choices: [{ message: { role: "assistant", content: "hi" } }],
         usage: { prompt_tokens: 3, completion_tokens: 1 },
       }),
-    events: async function* () {
-      yield chunk("one");
-      yield chunk("two");
-      yield "[DONE]";
-    },
+    stream: (into: (data: string) => boolean) =>
+      flowFromEvents(
+        (async function* () {
+          yield chunk("one");
+          yield chunk("two");
+          yield "[DONE]";
+        })(),
+        into,
+      ),
     discard: async () => undefined,
   };
   const inference = createInference({

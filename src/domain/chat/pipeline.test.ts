@@ -35,6 +35,7 @@ import {
 } from "./index.js";
 import { parseChatRequest, quoteFingerprint } from "../chat-request.js";
 import type { WakeFees } from "./wake-fees.js";
+import { flowFromEvents } from "../../../test/helpers/upstream-flow.js";
 
 // The pipeline against in-memory ports: what the integration suites cannot provoke on demand.
 
@@ -254,12 +255,16 @@ describe("inference pipeline", () => {
       upstream: async () => ({
         status: 200,
         text: async () => "",
-        events: async function* () {
-          yield chunk("one");
-          yield chunk("two");
-          yield chunk("three");
-          yield "[DONE]";
-        },
+        stream: (into: (data: string) => boolean) =>
+          flowFromEvents(
+            (async function* () {
+              yield chunk("one");
+              yield chunk("two");
+              yield chunk("three");
+              yield "[DONE]";
+            })(),
+            into,
+          ),
         discard: async () => undefined,
       }),
     });
@@ -565,12 +570,19 @@ describe("request lifecycle defects (issue 10)", () => {
       upstream: async () => ({
         status: 200,
         text: async () => "",
-        events: async function* () {
-          yield chunk("a");
-          yield chunk("b");
-          yield JSON.stringify({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 2 } });
-          yield "[DONE]";
-        },
+        stream: (into: (data: string) => boolean) =>
+          flowFromEvents(
+            (async function* () {
+              yield chunk("a");
+              yield chunk("b");
+              yield JSON.stringify({
+                choices: [],
+                usage: { prompt_tokens: 3, completion_tokens: 2 },
+              });
+              yield "[DONE]";
+            })(),
+            into,
+          ),
         discard: async () => undefined,
       }),
     });

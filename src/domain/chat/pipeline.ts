@@ -7,7 +7,7 @@ import {
   quoteFingerprint,
   type ChatRequest,
 } from "../chat-request.js";
-import { canonicalBody, dialects, translateEvents, type DialectName } from "../dialects/index.js";
+import { canonicalBody, dialects, translatingSink, type DialectName } from "../dialects/index.js";
 import { GatewayError } from "../errors.js";
 import { isHex32, normalizeHex } from "../hex.js";
 import {
@@ -21,14 +21,19 @@ import { checkPermit } from "../permits.js";
 import { randomHex } from "../random-id.js";
 import { boundCounters } from "../tokens.js";
 import { createCloses, type PendingClose } from "./lifecycle.js";
+import { answerBridge } from "./bridge.js";
 import { serve } from "./relay.js";
 import { fitsMaxPrice, maxPriceRefusal, rankCandidates, type Candidate } from "./routing.js";
+import type { AnswerSink, ChatSink } from "./sink.js";
 import {
   defaultIdempotencyMaxResultBytes,
   idempotencyLifetimeSeconds,
   quoteLifetimeSeconds,
+  type ChatChunk,
+  type ChatCompleted,
   type ChatEvent,
   type ChatInput,
+  type ChatStarted,
   type ChatTrace,
   type Inference,
   type InferenceDeps,
@@ -51,6 +56,28 @@ function requestFingerprint(input: ChatInput): string {
   // A dialect's body is another request than the same bytes as a chat completion.
   if (input.dialect !== undefined) hash.update("\0").update(input.dialect);
   return hash.digest("hex");
+}
+
+/**
+ * The end of a call's sink chain: hands each event to the transport's sink and notes when the
+ * terminal `completed` was called (one object per call; its methods are the prototype's).
+ */
+class CallEnd implements AnswerSink {
+  done = false;
+  constructor(private readonly sink: ChatSink) {}
+  started(event: ChatStarted): void | Promise<void> {
+    return this.sink.started(event);
+  }
+  chunk(event: ChatChunk, parsed?: unknown): boolean {
+    return this.sink.chunk(event, parsed);
+  }
+  drained(): Promise<void> {
+    return this.sink.drained();
+  }
+  completed(event: ChatCompleted): void | Promise<void> {
+    this.done = true;
+    return this.sink.completed(event);
+  }
 }
 
 export function createInference(deps: InferenceDeps): Inference {
@@ -149,22 +176,31 @@ export function createInference(deps: InferenceDeps): Inference {
     return quote;
   }
 
-  async function* chat(input: ChatInput): AsyncGenerator<ChatEvent, void, undefined> {
+  /**
+   * One chat call, its answer pushed to `sink` (sink.ts: the contract). Exactly one terminal
+   * call: `completed` (from the answer), or `failed`/`cancelled` here when the call ended
+   * without it. Settles when the call is over; rejects only with a failure after `completed`.
+   */
+  async function chatInto(input: ChatInput, sink: ChatSink): Promise<void> {
     running++;
     const stream: { release?: () => void } = {};
     // One span per call when tracing is on; undefined (and nothing allocated) when off.
     const trace = deps.tracer?.start(input);
+    const call = new CallEnd(sink);
     try {
-      if (input.dialect === undefined) yield* answer(input, stream, trace);
+      if (input.dialect === undefined) await answer(input, stream, trace, call);
       else {
         // The translator stage: the dialect's body in as a chat completion, its events out.
         const dialect = dialects[input.dialect];
         const { body, model } = canonicalBody(dialect, input.body, bounds);
-        yield* translateEvents(dialect, model, answer({ ...input, body }, stream, trace));
+        await answer({ ...input, body }, stream, trace, translatingSink(dialect, model, call));
       }
     } catch (error) {
       trace?.end(error);
-      throw error;
+      if (call.done) throw error;
+      call.done = true;
+      if (input.signal.aborted) sink.cancelled(input.signal.reason);
+      else sink.failed(error);
     } finally {
       trace?.end();
       stream.release?.();
@@ -172,11 +208,12 @@ export function createInference(deps: InferenceDeps): Inference {
     }
   }
 
-  async function* answer(
+  async function answer(
     input: ChatInput,
     stream: { release?: () => void },
     trace: ChatTrace | undefined,
-  ): AsyncGenerator<ChatEvent, void, undefined> {
+    out: AnswerSink,
+  ): Promise<void> {
     const arrivedAt = performance.now();
     const req = parseChatRequest(input.body, bounds);
     trace?.request(req.model, req.stream);
@@ -216,7 +253,7 @@ export function createInference(deps: InferenceDeps): Inference {
       }
       if (claim.state === "completed") {
         trace?.step("replayed");
-        yield* replay(claim.events);
+        await replay(claim.events, out);
         return;
       }
     }
@@ -270,46 +307,56 @@ export function createInference(deps: InferenceDeps): Inference {
         },
       ]);
     };
-    try {
-      for await (const event of run(req, input, now, arrivedAt, trace)) {
-        if (event.type === "started") {
-          // The claim names its request before the answer begins: should this process die
-          // after the charge, with the result unstored, the key is not released (the orphan
-          // rule keeps the claims of charged requests). Failing here, nothing began: the key
-          // is released and the reservation voided.
-          if (key !== undefined)
-            await deps.idempotency.begin({
-              apiKeyId: input.apiKeyId,
-              key,
-              requestId: event.requestId,
-            });
-          started = true;
+    // The answer's events on their way out: kept for the key as they pass.
+    const keep = (event: ChatEvent): void => {
+      if (key === undefined || keyDone) return;
+      if (event.type === "chunk" && !tooLarge) {
+        keptBytes += event.data.byteLength;
+        if (keptBytes > maxResultBytes) {
+          tooLarge = true;
+          events.length = Math.min(events.length, 1);
         }
+      }
+      if (!tooLarge) events.push(event);
+    };
+    const kept: AnswerSink = {
+      started: async (event: ChatStarted) => {
+        // The claim names its request before the answer begins: should this process die
+        // after the charge, with the result unstored, the key is not released (the orphan
+        // rule keeps the claims of charged requests). Failing here, nothing began: the key
+        // is released and the reservation voided.
+        if (key !== undefined)
+          await deps.idempotency.begin({
+            apiKeyId: input.apiKeyId,
+            key,
+            requestId: event.requestId,
+          });
+        started = true;
+        keep(event);
+        await out.started(event);
+      },
+      chunk: (event: ChatChunk, parsed?: unknown) => {
+        keep(event);
+        return out.chunk(event, parsed);
+      },
+      drained: () => out.drained(),
+      completed: async (event: ChatCompleted) => {
         // The client has its whole answer: its stream no longer counts (the charge's record may
         // still be in flight).
-        else if (event.type === "completed") stream.release?.();
+        stream.release?.();
+        // Stored before the last event is handed on: a consumer may stop reading right after it.
         if (key !== undefined && !keyDone) {
-          // Stored before the last event is handed on: a consumer may stop reading right after it.
-          if (event.type === "completed") {
-            keyDone = true;
-            await storeCompleted(input, key, tooLarge ? tooLargeResult() : [...events, event]);
-          } else if (event.type === "chunk" && !tooLarge) {
-            keptBytes += event.data.byteLength;
-            if (keptBytes > maxResultBytes) {
-              tooLarge = true;
-              events.length = Math.min(events.length, 1);
-            }
-          }
-          if (!tooLarge) events.push(event);
+          keyDone = true;
+          await storeCompleted(input, key, tooLarge ? tooLargeResult() : [...events, event]);
         }
-        yield event;
-      }
+        await out.completed(event);
+      },
+    };
+    try {
+      await run(req, input, now, arrivedAt, trace, key === undefined ? out : kept);
     } catch (error) {
       await finishInterrupted(error);
       throw error;
-    } finally {
-      // The consumer stopped reading before the answer completed (no error reached us).
-      await finishInterrupted(undefined);
     }
   }
 
@@ -342,25 +389,27 @@ export function createInference(deps: InferenceDeps): Inference {
     });
   }
 
-  async function* replay(events: readonly ChatEvent[]): AsyncGenerator<ChatEvent, void, undefined> {
+  async function replay(events: readonly ChatEvent[], out: AnswerSink): Promise<void> {
     // An answer too large to keep: its error at once, before any answer begins.
     const last = events.at(-1);
     if (last?.type === "failed" && last.code === "idempotency_result_too_large")
       throw new GatewayError(last.code, last.message);
     for (const event of events) {
-      if (event.type === "started") yield { ...event, replayed: true };
+      if (event.type === "started") await out.started({ ...event, replayed: true });
       else if (event.type === "failed") throw new GatewayError(event.code, event.message);
-      else yield event;
+      else if (event.type === "completed") await out.completed(event);
+      else if (!out.chunk(event)) await out.drained();
     }
   }
 
-  async function* run(
+  async function run(
     req: ChatRequest,
     input: ChatInput,
     now: number,
     arrivedAt: number,
     trace: ChatTrace | undefined,
-  ): AsyncGenerator<ChatEvent, void, undefined> {
+    out: AnswerSink,
+  ): Promise<void> {
     // 1. Quote first: a stale or foreign quote is refused before anything else happens.
     const quote =
       input.quoteId === undefined
@@ -497,7 +546,7 @@ export function createInference(deps: InferenceDeps): Inference {
       maximumCredits,
     });
 
-    yield* serve(
+    await serve(
       { deps, closes },
       {
         req,
@@ -517,6 +566,7 @@ export function createInference(deps: InferenceDeps): Inference {
         trace,
         counter,
       },
+      out,
     );
   }
 
@@ -602,7 +652,8 @@ export function createInference(deps: InferenceDeps): Inference {
 
   return {
     createQuote,
-    chat,
+    chatInto,
+    chat: (input) => answerBridge(chatInto, input),
     whenRecorded: async (requestId) => {
       await closes.whenRecorded(requestId);
       await deps.ledger.whenWritten?.(requestId);

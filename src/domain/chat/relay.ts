@@ -16,20 +16,23 @@ import {
 } from "./metering.js";
 import { OutputTally } from "./output-tally.js";
 import type { Candidate } from "./routing.js";
+import { consumerStopped, type AnswerSink } from "./sink.js";
 import { judgeUsage, reasoningPolicyOf, type UsageJudgment } from "./usage.js";
 import type {
   ChatCompleted,
-  ChatEvent,
   ChatInput,
   ChatTrace,
   InferenceDeps,
   UpstreamChatOptions,
+  UpstreamFlow,
   UpstreamReply,
 } from "./types.js";
 
 /**
  * The relay: one admitted request through its provider (failing over before the first byte
- * where routing may), its answer metered event by event, and its one close.
+ * where routing may), its answer metered event by event as the provider's body pushes them
+ * (no promise, generator or iterator result per event), handed to `out` (sink.ts), and its one
+ * close.
  */
 
 const encoder = new TextEncoder();
@@ -121,10 +124,7 @@ export interface Served {
   counter: TokenCounter;
 }
 
-export async function* serve(
-  ctx: RelayContext,
-  s: Served,
-): AsyncGenerator<ChatEvent, void, undefined> {
+export async function serve(ctx: RelayContext, s: Served, out: AnswerSink): Promise<void> {
   const { deps } = ctx;
   const { req, input, requestId, quoteId } = s;
   let current = s.chosen;
@@ -277,7 +277,7 @@ export async function* serve(
     }
 
     tally = new OutputTally(s.counter, outputLimit(req, current.offer.capabilities), req.choices);
-    yield {
+    await out.started({
       type: "started",
       requestId,
       quoteId,
@@ -286,7 +286,7 @@ export async function* serve(
       maximumCredits,
       stream: req.stream,
       replayed: false,
-    };
+    });
 
     // 6. Relay and meter.
     if (!req.stream) {
@@ -325,12 +325,15 @@ export async function* serve(
       // client sets with its output limit) is neither a time to first token nor a stream's pace.
       served();
       lifecycle.answered(final);
-      yield {
-        type: "chunk",
-        data: encoder.encode(cut || spoke ? JSON.stringify(body) : text),
-        metering: { ...usage, credits: final.charge },
-      };
-      yield completed(s, current, usage, final, judgment);
+      out.chunk(
+        {
+          type: "chunk",
+          data: encoder.encode(cut || spoke ? JSON.stringify(body) : text),
+          metering: { ...usage, credits: final.charge },
+        },
+        body,
+      );
+      await out.completed(completed(s, current, usage, final, judgment));
       await lifecycle.record(final, completionRetries);
       return;
     }
@@ -351,47 +354,68 @@ export async function* serve(
         "internal_error",
         "the gateway closed this request while it was being served (its process looked stopped)",
       ));
-    try {
-      for await (const data of reply.events()) {
-        if (data === "[DONE]") break;
-        let chunk: unknown;
-        try {
-          chunk = JSON.parse(data);
-          if (ownsGatewayMember(chunk)) continue;
-        } catch {
-          if (mimicsGatewayFraming(data)) continue;
-          chunk = undefined;
+    // The provider's events, pushed: each is metered, cut and handed on inside the body's read.
+    const streamTally = tally;
+    let flow: UpstreamFlow | undefined;
+    const resume = () => flow?.resume();
+    const giveUp = (error: unknown) => flow?.fail(error);
+    const relayEvent = (data: string): boolean => {
+      if (data === "[DONE]") {
+        flow?.stop();
+        return false;
+      }
+      let chunk: unknown;
+      try {
+        chunk = JSON.parse(data);
+        if (ownsGatewayMember(chunk)) return true;
+      } catch {
+        if (mimicsGatewayFraming(data)) return true;
+        chunk = undefined;
+      }
+      const usage = usageOf(chunk);
+      if (usage !== undefined) provided = usage;
+      if (lost) throw lostRequest();
+      if (isUsageOnly(chunk) && !req.includeUsage) return true;
+      // Counted as it passes, and cut at the priced limit (then relayed as rewritten).
+      const relayed = chunk === undefined ? undefined : streamTally.addChunk(chunk);
+      if (chunk !== undefined && relayed === undefined) return true;
+      const pieces = deltaTextChoices(relayed);
+      if (pieces > 0n) {
+        const first = delivered === 0n;
+        delivered += pieces;
+        if (first) {
+          s.trace?.step("first_token");
+          firstTokenAt = performance.now();
+          const at = (firstTokenAt - calledAt) / 1000;
+          observer?.firstToken(current.offer.modelId, current.offer.offerId, at);
         }
-        const usage = usageOf(chunk);
-        if (usage !== undefined) provided = usage;
-        if (lost) throw lostRequest();
-        if (isUsageOnly(chunk) && !req.includeUsage) continue;
-        // Counted as it passes, and cut at the priced limit (then relayed as rewritten).
-        const relayed = chunk === undefined ? undefined : tally.addChunk(chunk);
-        if (chunk !== undefined && relayed === undefined) continue;
-        const pieces = deltaTextChoices(relayed);
-        if (pieces > 0n) {
-          const first = delivered === 0n;
-          delivered += pieces;
-          if (first) {
-            s.trace?.step("first_token");
-            firstTokenAt = performance.now();
-            const at = (firstTokenAt - calledAt) / 1000;
-            observer?.firstToken(current.offer.modelId, current.offer.offerId, at);
-          }
-        }
-        yield {
+      }
+      const more = out.chunk(
+        {
           type: "chunk",
           data: utf8Bytes(relayed === chunk ? data : JSON.stringify(relayed)),
           metering: new StreamMetering(current.offer.tariff, maximumCredits, inputBound, delivered),
-        };
-        // Every choice reached the priced limit: the answer ends here, whatever the provider
-        // would send on (its usage claim included; the count stands).
-        if (tally.done) break;
+        },
+        relayed,
+      );
+      // Every choice reached the priced limit: the answer ends here, whatever the provider
+      // would send on (its usage claim included; the count stands).
+      if (streamTally.done) {
+        flow?.stop();
+        return false;
       }
+      // The client's socket is full: the provider's body waits until it drains.
+      if (!more) out.drained().then(resume, giveUp);
+      return more;
+    };
+    try {
+      flow = reply.stream(relayEvent);
+      await flow.done;
       endedAt = performance.now();
     } catch (error) {
       endedAt = performance.now();
+      // The consumer stopped reading: closed below as a client that left (the finally).
+      if (error === consumerStopped) throw error;
       // A stream the provider broke off; not one the client left or the gateway lost.
       if (!input.signal.aborted && error !== lostError) providerFailed();
       await closeAs(
@@ -423,7 +447,7 @@ export async function* serve(
           },
     );
     lifecycle.answered(final);
-    yield completed(s, current, usage, final, judgment);
+    await out.completed(completed(s, current, usage, final, judgment));
     await lifecycle.record(final, completionRetries);
   } catch (error) {
     failedWith = error;
@@ -455,12 +479,6 @@ export async function* serve(
     }
   }
 }
-
-/**
- * Why a provider call is aborted when its answer's consumer stopped early: one object, built
- * once (`abort()` alone builds an AbortError with a stack trace per call). Never mutated.
- */
-const consumerStopped = new DOMException("the answer's consumer stopped", "AbortError");
 
 /**
  * A provider chunk with a top-level `x_gateway` member: where the gateway writes its own charge

@@ -121,6 +121,50 @@ export interface ChatFailed {
 
 export type ChatEvent = ChatStarted | ChatChunk | ChatCompleted | ChatFailed;
 
+/**
+ * The sink contract: how one chat call hands its answer to a transport, pushed (issue 29; in
+ * the style of undici's dispatch handlers). `Inference.chatInto(input, sink)` is the chat path;
+ * the REST facade gives it a sink that writes into the client's socket, and the RPC's async
+ * generator (`Inference.chat`) is a bridge over the same call (bridge.ts).
+ *
+ * Order: `started` once, then `chunk` any number of times, then exactly one terminal call:
+ * `completed`, `failed` or `cancelled`. A call refused before its answer began gets `failed`
+ * (or `cancelled`) without `started`; nothing is called after the terminal call. `chatInto`'s
+ * promise settles when the call is over (its charge recorded); it rejects only with a failure
+ * after `completed` (recording the charge), which the client does not see and the logs do.
+ *
+ * What may run inside each call:
+ * - `started`, `completed`: per request, awaited by the call. `completed` is awaited before the
+ *   charge is recorded, so the client has its answer first.
+ * - `chunk`: per streamed event, inside the provider's read (synchronously, from the upstream
+ *   adapter's `data` event): no await, no I/O of its own beyond queueing bytes, never throws.
+ *   False means the client's socket is full: the call pauses the provider's body and resumes it
+ *   when `drained` resolves. The chunk returned false for is delivered all the same.
+ * - `drained`: only called after `chunk` returned false; resolves when the client took what was
+ *   written or is gone (its signal then tells the call), rejects when the consumer stopped
+ *   reading for good (`consumerStopped`, sink.ts: the call closes as a client that left).
+ * - `failed`, `cancelled`: terminal, synchronous. `cancelled` when the call's signal aborted
+ *   (the client left, or shutdown cut the call: `reason` says which); `failed` otherwise.
+ */
+export interface ChatSink extends AnswerSink {
+  /** The call failed (refused, or the answer broke off after it began). */
+  failed(error: unknown): void;
+  /** The call's signal aborted before the answer completed; `reason` is the signal's. */
+  cancelled(reason: unknown): void;
+}
+
+/** What the layers of a chat call hand on between them: a sink without its terminal failures. */
+export interface AnswerSink {
+  started(event: ChatStarted): void | Promise<void>;
+  /**
+   * One event of the answer. `parsed`: the provider's chunk as the relay parsed (and possibly
+   * rewrote) it, for a translator that would otherwise parse `data` again.
+   */
+  chunk(event: ChatChunk, parsed?: unknown): boolean;
+  drained(): Promise<void>;
+  completed(event: ChatCompleted): void | Promise<void>;
+}
+
 /** IDEMPOTENCY_MAX_RESULT_BYTES's default: 1 MiB, about 5 000 streamed tokens. */
 export const defaultIdempotencyMaxResultBytes = 1024 * 1024;
 
@@ -233,10 +277,28 @@ export interface UpstreamReply {
   readonly status: number;
   /** The whole body as text (non-streaming answers). */
   text(): Promise<string>;
-  /** The data of each server-sent event (streaming answers). */
-  events(): AsyncIterable<string>;
+  /**
+   * The data of each server-sent event pushed to `into` as it arrives (streaming answers): `into` returning false pauses the provider's body until
+   * {@link UpstreamFlow.resume}. See `ChatSink` (sink.ts) for what may run inside `into`.
+   */
+  stream(into: (data: string) => boolean): UpstreamFlow;
   /** Drops the body (an answer that will not be used). */
   discard(): Promise<void>;
+}
+
+/** A provider's streamed answer being pushed to its reader ({@link UpstreamReply.stream}). */
+export interface UpstreamFlow {
+  /**
+   * Resolves at the answer's end or when the reader stopped it; rejects with `upstream_error`,
+   * the call's abort reason, or what the reader threw or failed it with.
+   */
+  readonly done: Promise<void>;
+  /** Reads on after the reader returned false. */
+  resume(): void;
+  /** The reader wants nothing more (`[DONE]`, the priced limit): `done` resolves. */
+  stop(): void;
+  /** The reader gives up with `error`: nothing more is pushed, `done` rejects with it. */
+  fail(error: unknown): void;
 }
 
 /** Sends a chat body to a provider; rejects (GatewayError) when no answer header arrives. */
@@ -429,6 +491,12 @@ export interface Inference {
     body: Uint8Array;
     dialect?: "responses" | "messages" | undefined;
   }): Promise<QuoteRecord>;
+  /**
+   * One chat call, its answer pushed to `sink` (sink.ts has the contract): the REST facade's
+   * way in. Settles when the call is over; rejects only with a failure after `completed`.
+   */
+  chatInto(input: ChatInput, sink: ChatSink): Promise<void>;
+  /** The same call as an async generator of its events (the RPC's bridge, bridge.ts). */
   chat(input: ChatInput): AsyncGenerator<ChatEvent, void, undefined>;
   /**
    * Settles once this process has recorded the request's final state, if it is recording it

@@ -1,5 +1,6 @@
 import { checkJsonBounds, type JsonBounds } from "../chat-request.js";
-import type { ChatEvent, ChatChunk, ChatCompleted, UsageFigures } from "../chat/types.js";
+import type { AnswerSink } from "../chat/sink.js";
+import type { ChatChunk, ChatCompleted, ChatStarted, UsageFigures } from "../chat/types.js";
 import { GatewayError } from "../errors.js";
 import { messagesDialect } from "./messages.js";
 import { responsesDialect } from "./responses.js";
@@ -93,55 +94,69 @@ function parseChunk(data: Uint8Array): unknown {
 }
 
 /**
- * The canonical events of one answer -> the dialect's: `started` and `completed` as they are
- * (the facade's headers and the record), each provider chunk as the dialect events it makes,
- * the dialect's closing events (the last with `x_gateway`) just before `completed`; a JSON
- * answer becomes the dialect's JSON answer, with `x_gateway`, just before `completed`.
- * Metering is the canonical chunk's: a translated event carries what its chunk carried.
+ * The canonical events of one answer -> the dialect's, pushed to `next` (sink.ts): `started`
+ * and `completed` as they are (the facade's headers and the record), each provider chunk as
+ * the dialect events it makes (fed the chunk the relay parsed, not parsed again; a replayed
+ * chunk is parsed here), the dialect's closing events (the last with `x_gateway`) just before
+ * `completed`; a JSON answer becomes the dialect's JSON answer, with `x_gateway`, just before
+ * `completed`. Metering is the canonical chunk's: a translated event carries what its chunk
+ * carried.
  */
-export async function* translateEvents(
-  dialect: Dialect,
-  model: string,
-  events: AsyncIterable<ChatEvent>,
-): AsyncGenerator<ChatEvent | DialectChunk, void, undefined> {
-  let stream: StreamTranslator | undefined;
-  let json: ChatChunk | undefined;
-  let last: ChatChunk | undefined;
-  for await (const event of events) {
-    switch (event.type) {
-      case "started":
-        if (event.stream) stream = dialect.createStream({ requestId: event.requestId, model });
-        yield event;
-        break;
-      case "chunk": {
-        last = event;
-        if (stream === undefined) {
-          json = event;
-          break;
-        }
-        const chunk = parseChunk(event.data);
-        if (chunk === undefined) break; // not an event of the answer (metered as it came)
-        for (const out of stream.chunk(chunk)) yield dialectChunk(out, event);
-        break;
-      }
-      case "completed": {
-        const charge = chargeOf(event);
-        if (stream !== undefined) {
-          for (const out of stream.finish(charge)) yield dialectChunk(out, last);
-        } else {
-          const completion = json === undefined ? undefined : parseChunk(json.data);
-          yield dialectChunk(
-            { data: dialect.fromCompletion(completion ?? {}, charge) },
-            json ?? last,
-          );
-        }
-        yield event;
-        break;
-      }
-      case "failed":
-        yield event;
-        break;
+export function translatingSink(dialect: Dialect, model: string, next: AnswerSink): AnswerSink {
+  return new TranslatingSink(dialect, model, next);
+}
+
+class TranslatingSink implements AnswerSink {
+  private stream: StreamTranslator | undefined;
+  private json: ChatChunk | undefined;
+  private last: ChatChunk | undefined;
+
+  constructor(
+    private readonly dialect: Dialect,
+    private readonly model: string,
+    private readonly next: AnswerSink,
+  ) {}
+
+  started(event: ChatStarted): void | Promise<void> {
+    if (event.stream)
+      this.stream = this.dialect.createStream({ requestId: event.requestId, model: this.model });
+    return this.next.started(event);
+  }
+
+  chunk(event: ChatChunk, parsed?: unknown): boolean {
+    this.last = event;
+    const stream = this.stream;
+    if (stream === undefined) {
+      this.json = event;
+      return true;
     }
+    const chunk = parsed ?? parseChunk(event.data);
+    if (chunk === undefined) return true; // not an event of the answer (metered as it came)
+    let more = true;
+    for (const out of stream.chunk(chunk)) {
+      if (!this.next.chunk(dialectChunk(out, event))) more = false;
+    }
+    return more;
+  }
+
+  drained(): Promise<void> {
+    return this.next.drained();
+  }
+
+  completed(event: ChatCompleted): void | Promise<void> {
+    const charge = chargeOf(event);
+    if (this.stream !== undefined) {
+      for (const out of this.stream.finish(charge)) this.next.chunk(dialectChunk(out, this.last));
+    } else {
+      const completion = this.json === undefined ? undefined : parseChunk(this.json.data);
+      this.next.chunk(
+        dialectChunk(
+          { data: this.dialect.fromCompletion(completion ?? {}, charge) },
+          this.json ?? this.last,
+        ),
+      );
+    }
+    return this.next.completed(event);
   }
 }
 
