@@ -11,7 +11,7 @@ import {
 } from "../../../test/helpers/dialect-conformance.js";
 import { MessagesAnswer, MessagesRequest, MessagesStreamEvent } from "../../schema/messages.js";
 import { GatewayError, type ErrorCode } from "../errors.js";
-import { messagesDialect } from "./messages.js";
+import { heldBy, maxPendingChars, maxToolCalls, messagesDialect } from "./messages.js";
 import type { DialectEvent, GatewayCharge } from "./types.js";
 
 const requestId = `0x${"ab".repeat(32)}`;
@@ -1029,6 +1029,124 @@ describe("stream", () => {
   });
 });
 
+describe("stream: what it holds", () => {
+  // 10,000 deltas of 5,000 units: 50 million.
+  const count = 10_000;
+  const size = 5_000;
+
+  type Stream = ReturnType<typeof messagesDialect.createStream>;
+
+  /** Feeds `chunks` to `stream`; the most it held after any chunk, and its events. */
+  function feed(stream: Stream, chunks: Iterable<unknown>) {
+    const events: DialectEvent[] = [];
+    let chars = 0;
+    let toolCalls = 0;
+    for (const c of chunks) {
+      for (const e of stream.chunk(c)) events.push(e);
+      const held = heldBy(stream);
+      chars = Math.max(chars, held.chars);
+      toolCalls = Math.max(toolCalls, held.toolCalls);
+    }
+    return { events, most: { chars, toolCalls } };
+  }
+
+  type Delta = { type: string; text?: string; partial_json?: string };
+  const deltasOf = (events: readonly DialectEvent[]) =>
+    events.flatMap((e) =>
+      e.event === "content_block_delta" ? [e.data as { index: number; delta: Delta }] : [],
+    );
+
+  it("50 MB of text: nothing of it held, every delta relayed as it came", () => {
+    const stream = messagesDialect.createStream({ requestId, model: "m" });
+    function* chunks(): Generator<unknown> {
+      for (let i = 0; i < count; i += 1) yield chunk({ content: String(i % 10).repeat(size) });
+      yield chunk({}, "stop");
+    }
+    const { events, most } = feed(stream, chunks());
+    expect(most).toEqual({ chars: 0, toolCalls: 0 });
+    const deltas = deltasOf(events);
+    expect(deltas.length).toBe(count);
+    expect(deltas.every((d, i) => d.delta.text === String(i % 10).repeat(size))).toBe(true);
+    const closing = stream.finish(charge);
+    expect(closing.map((e) => e.event)).toEqual([
+      "content_block_stop",
+      "message_delta",
+      "message_stop",
+    ]);
+    expect(closing[1]?.data).toMatchObject({ delta: { stop_reason: "end_turn" } });
+  });
+
+  it("50 MB of tool-call arguments: none held once the call's block started", () => {
+    const stream = messagesDialect.createStream({ requestId, model: "m" });
+    function* chunks(): Generator<unknown> {
+      yield chunk({ tool_calls: [{ index: 0, id: "c", function: { name: "t", arguments: "" } }] });
+      for (let i = 0; i < count; i += 1) {
+        yield chunk({ tool_calls: [{ index: 0, function: { arguments: "7".repeat(size) } }] });
+      }
+    }
+    const { events, most } = feed(stream, chunks());
+    expect(most).toEqual({ chars: 0, toolCalls: 1 });
+    const deltas = deltasOf(events);
+    expect(deltas.length).toBe(count);
+    expect(deltas.every((d) => d.index === 0 && d.delta.partial_json?.length === size)).toBe(true);
+  });
+
+  it("arguments before the name: held up to their bound, then the block starts without a name", () => {
+    const stream = messagesDialect.createStream({ requestId, model: "m" });
+    const piece = "1".repeat(10_000);
+    function* chunks(): Generator<unknown> {
+      for (let i = 0; i < count; i += 1) {
+        yield chunk({ tool_calls: [{ index: 0, id: "c", function: { arguments: piece } }] });
+      }
+      yield chunk({ tool_calls: [{ index: 0, function: { name: "late" } }] });
+    }
+    const { events, most } = feed(stream, chunks());
+    // The call's id and the pieces within the bound; the one that passes it starts the block.
+    const within = Math.floor(maxPendingChars / piece.length);
+    expect(most).toEqual({ chars: 1 + within * piece.length, toolCalls: 1 });
+    expect(heldBy(stream)).toEqual({ chars: 0, toolCalls: 1 });
+    expect(events[1]?.data).toEqual({
+      type: "content_block_start",
+      index: 0,
+      content_block: { type: "tool_use", id: "c", name: "", input: {} },
+    });
+    const deltas = deltasOf(events);
+    expect(deltas[0]?.delta.partial_json).toBe(piece.repeat(within + 1));
+    expect(deltas.length).toBe(count - within);
+    expect(deltas.map((d) => d.delta.partial_json).join("").length).toBe(count * 10_000);
+  });
+
+  it("calls waiting for their names: held together within the bound, the one that passes it starts", () => {
+    const stream = messagesDialect.createStream({ requestId, model: "m" });
+    const piece = "2".repeat(10_000);
+    const waiting = Array.from({ length: 20 }, (_, i) =>
+      chunk({ tool_calls: [{ index: i, id: `c${i}`, function: { arguments: piece } }] }),
+    );
+    const { events, most } = feed(stream, [
+      ...waiting,
+      chunk({ tool_calls: [{ index: 0, function: { name: "t" } }] }),
+    ]);
+    // The first calls wait (10,002 units each, with their ids) while they fit in the bound
+    // together (6 of them); each later one passes it and starts.
+    const within = Math.floor(maxPendingChars / 10_002);
+    expect(most).toEqual({ chars: within * 10_002, toolCalls: 20 });
+    const started = () =>
+      events.flatMap((e) =>
+        e.event === "content_block_start"
+          ? [(e.data as { content_block: { id: string; name: string } }).content_block]
+          : [],
+      );
+    expect(started().map((b) => [b.id, b.name])).toEqual([
+      ...Array.from({ length: 20 - within }, (_, i) => [`c${i + within}`, ""]),
+      ["c0", "t"],
+    ]);
+    expect(heldBy(stream)).toEqual({ chars: (within - 1) * 10_002, toolCalls: 20 });
+    events.push(...stream.finish(charge));
+    expect(started().length).toBe(20);
+    expect(heldBy(stream)).toEqual({ chars: 0, toolCalls: 20 });
+  });
+});
+
 describe("errorBody", () => {
   const cases: [ErrorCode, string][] = [
     ["invalid_request", "invalid_request_error"],
@@ -1262,6 +1380,57 @@ describe("with the official @anthropic-ai/sdk", () => {
     ]);
     expect(message.stop_reason).toBe("tool_use");
     expect(message.usage).toMatchObject({ input_tokens: 21, output_tokens: 9 });
+  });
+
+  it("tool calls past their bound: the answer is cut there and stops with max_tokens", async () => {
+    const calls = Array.from({ length: maxToolCalls + 10 }, (_, i) =>
+      chunk({
+        tool_calls: [{ index: i, id: `c${i}`, function: { name: "get_time", arguments: "{}" } }],
+      }),
+    );
+    const raw = messagesDialect.createStream({ requestId, model: "m" });
+    for (const c of calls) raw.chunk(c);
+    expect(heldBy(raw)).toEqual({ chars: 0, toolCalls: maxToolCalls });
+
+    answer = { events: translate([...calls, chunk({ content: "late" }, "tool_calls")]) };
+    const message = await client.messages
+      .stream({ model: "m", max_tokens: 64, tools, messages: [{ role: "user", content: "Time?" }] })
+      .finalMessage();
+    expect(message.content.length).toBe(maxToolCalls);
+    expect(message.content.every((block) => block.type === "tool_use")).toBe(true);
+    expect(message.content.at(-1)).toEqual({
+      type: "tool_use",
+      id: `c${maxToolCalls - 1}`,
+      name: "get_time",
+      input: {},
+    });
+    expect(message.stop_reason).toBe("max_tokens");
+  });
+
+  it("arguments past their bound before the name: the SDK's tool_use has them all, and no name", async () => {
+    const piece = `"${"1".repeat(9_998)}",`;
+    answer = {
+      events: translate([
+        chunk({ tool_calls: [{ index: 0, id: "c", function: { arguments: "[" } }] }),
+        ...Array.from({ length: 8 }, () =>
+          chunk({ tool_calls: [{ index: 0, function: { arguments: piece } }] }),
+        ),
+        chunk({ tool_calls: [{ index: 0, function: { name: "get_time", arguments: '""]' } }] }),
+        chunk({}, "tool_calls"),
+      ]),
+    };
+    const message = await client.messages
+      .stream({ model: "m", max_tokens: 64, tools, messages: [{ role: "user", content: "Time?" }] })
+      .finalMessage();
+    expect(message.content).toEqual([
+      {
+        type: "tool_use",
+        id: "c",
+        name: "",
+        input: [...Array.from({ length: 8 }, () => "1".repeat(9_998)), ""],
+      },
+    ]);
+    expect(message.stop_reason).toBe("tool_use");
   });
 
   it("the SDK's tool_result turn translates back to tool messages", async () => {

@@ -38,6 +38,16 @@ import type { Dialect, DialectEvent, GatewayCharge, StreamTranslator } from "./t
  *   `stop_reason` on the choice), since chat completions otherwise does not say.
  * - `tool_result` with `is_error: true` becomes a tool message whose content starts with
  *   `Error: `: chat completions has no error flag, and the model should still learn it failed.
+ * - What a stream holds (docs/decisions.md, "Client dialects"): no text and no arguments. Nothing
+ *   of the answer is sent again at its end (`content_block_stop`, `message_delta` and
+ *   `message_stop` carry none; the official SDK builds the message from the deltas alone, by
+ *   block index), so each delta is relayed as it comes and let go. Per tool call the stream keeps
+ *   its block index, for a provider's later argument deltas to that call; a call whose name has
+ *   not come keeps its id and arguments, all such calls at most {@link maxPendingChars} together
+ *   (past it, the call that passed it starts its block with an empty name, as at the end). At most {@link maxToolCalls} calls: one more cuts the
+ *   answer as the output limit does (nothing of it after is relayed; `stop_reason` is
+ *   `max_tokens`). The usage is held as its figures, the finish reason as one of those that
+ *   matter, the stop string as the provider named it.
  */
 
 type JsonObject = Record<string, unknown>;
@@ -306,17 +316,34 @@ interface Usage {
   readonly output_tokens_details?: { readonly thinking_tokens: number };
 }
 
-/** Anthropic usage from a chat usage object, else from the charge's counts. */
-function usageOf(usage: unknown, charge: GatewayCharge): Usage {
+/** The figures of a chat usage object a Messages usage is made of (held by a stream, not the object). */
+interface Claim {
+  readonly prompt: number | undefined;
+  readonly completion: number | undefined;
+  /** Cached prompt tokens as reported (0 when none). */
+  readonly cached: number;
+  readonly reasoning: number | undefined;
+}
+
+function claimOf(usage: unknown): Claim {
   const u = isObject(usage) ? usage : {};
-  const prompt = count(u["prompt_tokens"]) ?? chargeCount(charge.input_tokens);
-  const output = count(u["completion_tokens"]) ?? chargeCount(charge.output_tokens);
   const details = u["prompt_tokens_details"];
-  // A detail above its total is the provider's error: 0, as the record keeps it (metering).
-  const reported = (isObject(details) && count(details["cached_tokens"])) || 0;
-  const cached = reported <= prompt ? reported : 0;
   const completion = u["completion_tokens_details"];
-  const thinking = isObject(completion) ? count(completion["reasoning_tokens"]) : undefined;
+  return {
+    prompt: count(u["prompt_tokens"]),
+    completion: count(u["completion_tokens"]),
+    cached: (isObject(details) && count(details["cached_tokens"])) || 0,
+    reasoning: isObject(completion) ? count(completion["reasoning_tokens"]) : undefined,
+  };
+}
+
+/** Anthropic usage from a chat usage object's figures, else from the charge's counts. */
+function usageOf(claim: Claim, charge: GatewayCharge): Usage {
+  const prompt = claim.prompt ?? chargeCount(charge.input_tokens);
+  const output = claim.completion ?? chargeCount(charge.output_tokens);
+  // A detail above its total is the provider's error: 0, as the record keeps it (metering).
+  const cached = claim.cached <= prompt ? claim.cached : 0;
+  const thinking = claim.reasoning;
   const reasoning = thinking === undefined || thinking <= output ? thinking : 0;
   return {
     input_tokens: prompt - cached,
@@ -373,21 +400,38 @@ function fromCompletion(completion: unknown, charge: GatewayCharge): unknown {
     model: typeof model === "string" ? model : "",
     content,
     ...stopOf(choice?.["finish_reason"], calls.length > 0, choice?.["stop_reason"]),
-    usage: usageOf(isObject(completion) ? completion["usage"] : undefined, charge),
+    usage: usageOf(claimOf(isObject(completion) ? completion["usage"] : undefined), charge),
     x_gateway: charge,
   };
 }
 
 // ---------------------------------------------------------------- stream
 
-interface ToolCallState {
-  id: string | undefined;
-  name: string | undefined;
-  /** Arguments that came before the name (the block cannot start without it). */
-  pending: string;
-  /** The content block index, once started. */
-  block: number | undefined;
+/** The most tool calls one streamed answer holds (a block index each). */
+export const maxToolCalls = 1024;
+
+/**
+ * The most code units held for the tool calls whose names have not come (their ids and
+ * arguments: a block cannot start without its name), all together: past it, the call that passed
+ * it starts its block with an empty name, as at the end of the answer.
+ */
+export const maxPendingChars = 64 * 1024;
+
+/** What a stream holds: the provider's strings (UTF-16 code units), and tool calls. */
+export interface Held {
+  readonly chars: number;
+  readonly toolCalls: number;
 }
+
+/** A tool call whose name has not come: its id and the arguments so far, and their length. */
+interface WaitingCall {
+  id: string | undefined;
+  readonly pending: string[];
+  chars: number;
+}
+
+/** The finish reasons {@link stopOf} tells apart; any other is `"other"`. */
+const finishReasons = new Set(["length", "content_filter", "tool_calls", "function_call", "stop"]);
 
 function named<T extends { readonly type: string }>(data: T): DialectEvent {
   return { event: data.type, data };
@@ -399,39 +443,51 @@ function named<T extends { readonly type: string }>(data: T): DialectEvent {
  * order the provider began them). A provider that interleaves the argument deltas of parallel
  * tool calls gets each delta sent to its own block's index even after that block stopped: the
  * SDKs assemble by index, and nothing is lost.
+ *
+ * What it holds (the module doc says why): no text and no arguments once relayed; per tool call
+ * its block index (the calls whose names have not come: their ids and arguments, within
+ * {@link maxPendingChars} together), at most {@link maxToolCalls} calls; the usage as its figures, the
+ * finish reason, the stop string, the open block, counters. A tool call past the bound cuts the
+ * answer: nothing of it after that is relayed, and it stops with `max_tokens`.
  */
 class MessagesStream implements StreamTranslator {
   private started = false;
   private ended = false;
-  private model: string;
   private nextBlock = 0;
   /** The index of the block that is open, and whether it is text. */
   private open: { index: number; text: boolean } | undefined;
-  private readonly tools = new Map<number, ToolCallState>();
-  private finishReason: unknown;
-  private stopString: unknown;
-  private usage: unknown;
+  /** Each tool call by its chat index: its block's index, or the call while its name is awaited. */
+  private readonly tools = new Map<number, number | WaitingCall>();
+  private finishReason: string | undefined;
+  private stopString: string | undefined;
+  private claim: Claim | undefined;
+  /** The code units the waiting calls hold (see {@link maxPendingChars}). */
+  private waitingChars = 0;
+  /** A tool call passed the bound: nothing more of the answer is relayed. */
+  private cut = false;
 
   constructor(
     private readonly requestId: string,
-    model: string,
-  ) {
-    this.model = model;
+    private readonly model: string,
+  ) {}
+
+  get held(): Held {
+    return {
+      chars: this.waitingChars + (this.stopString?.length ?? 0),
+      toolCalls: this.tools.size,
+    };
   }
 
   chunk(chunk: unknown): DialectEvent[] {
     if (this.ended || !isObject(chunk)) return [];
     const events: DialectEvent[] = [];
-    if (!this.started && typeof chunk["model"] === "string" && chunk["model"].length > 0) {
-      this.model = chunk["model"];
-    }
-    this.start(events);
-    if (isObject(chunk["usage"])) this.usage = chunk["usage"];
+    this.start(events, chunk["model"]);
+    if (isObject(chunk["usage"])) this.claim = claimOf(chunk["usage"]);
     const choice = firstChoice(chunk);
     if (choice === undefined) return events;
     const delta = isObject(choice["delta"]) ? choice["delta"] : {};
     const text = delta["content"];
-    if (typeof text === "string" && text.length > 0) {
+    if (typeof text === "string" && text.length > 0 && !this.cut) {
       if (this.open?.text !== true) this.startBlock(events, { type: "text", text: "" });
       events.push(
         named({
@@ -443,29 +499,34 @@ class MessagesStream implements StreamTranslator {
     }
     if (Array.isArray(delta["tool_calls"])) {
       (delta["tool_calls"] as unknown[]).forEach((call, position) => {
-        if (isObject(call)) this.toolCall(events, call, position);
+        if (isObject(call) && !this.cut) this.toolCall(events, call, position);
       });
     }
-    if (typeof choice["finish_reason"] === "string") this.finishReason = choice["finish_reason"];
-    if (choice["stop_reason"] !== undefined) this.stopString = choice["stop_reason"];
+    const reason = choice["finish_reason"];
+    if (typeof reason === "string")
+      this.finishReason = finishReasons.has(reason) ? reason : "other";
+    const stop = choice["stop_reason"];
+    if (stop !== undefined) this.stopString = typeof stop === "string" ? stop : undefined;
     return events;
   }
 
   finish(charge: GatewayCharge): DialectEvent[] {
     if (this.ended) return [];
     const events: DialectEvent[] = [];
-    this.start(events);
+    this.start(events, undefined);
     // Tool calls whose name never came still become blocks, so their arguments are not lost.
-    for (const state of this.tools.values()) {
-      if (state.block === undefined) this.startTool(events, state, "");
+    for (const [key, state] of this.tools) {
+      if (typeof state !== "number") this.startTool(events, key, state, "");
     }
     this.stopOpen(events);
     this.ended = true;
     events.push(
       named({
         type: "message_delta",
-        delta: stopOf(this.finishReason, this.tools.size > 0, this.stopString),
-        usage: usageOf(this.usage, charge),
+        delta: this.cut
+          ? { stop_reason: "max_tokens", stop_sequence: null }
+          : stopOf(this.finishReason, this.tools.size > 0, this.stopString),
+        usage: usageOf(this.claim ?? claimOf(undefined), charge),
       }),
       named({ type: "message_stop", x_gateway: charge }),
     );
@@ -478,7 +539,8 @@ class MessagesStream implements StreamTranslator {
     return [{ event: "error", data: errorBody(error) }];
   }
 
-  private start(events: DialectEvent[]): void {
+  /** `message_start`, with the provider's model name when its first chunk gives one. */
+  private start(events: DialectEvent[], model: unknown): void {
     if (this.started) return;
     this.started = true;
     events.push(
@@ -488,7 +550,7 @@ class MessagesStream implements StreamTranslator {
           id: messageId(this.requestId),
           type: "message",
           role: "assistant",
-          model: this.model,
+          model: typeof model === "string" && model.length > 0 ? model : this.model,
           content: [],
           stop_reason: null,
           stop_sequence: null,
@@ -519,32 +581,49 @@ class MessagesStream implements StreamTranslator {
 
   private toolCall(events: DialectEvent[], call: JsonObject, position: number): void {
     const key = typeof call["index"] === "number" ? call["index"] : position;
+    const fn = isObject(call["function"]) ? call["function"] : {};
+    const args = typeof fn["arguments"] === "string" ? fn["arguments"] : "";
     let state = this.tools.get(key);
+    if (typeof state === "number") {
+      if (args.length > 0) this.inputDelta(events, state, args);
+      return;
+    }
     if (state === undefined) {
-      state = { id: undefined, name: undefined, pending: "", block: undefined };
+      if (this.tools.size >= maxToolCalls) {
+        this.cut = true;
+        return;
+      }
+      state = { id: undefined, pending: [], chars: 0 };
       this.tools.set(key, state);
     }
-    if (typeof call["id"] === "string" && call["id"].length > 0) state.id ??= call["id"];
-    const fn = isObject(call["function"]) ? call["function"] : {};
-    if (typeof fn["name"] === "string" && fn["name"].length > 0) state.name ??= fn["name"];
-    const args = typeof fn["arguments"] === "string" ? fn["arguments"] : "";
-    if (state.block === undefined) {
-      state.pending += args;
-      if (state.name !== undefined) this.startTool(events, state, state.name);
-    } else if (args.length > 0) {
-      this.inputDelta(events, state.block, args);
+    const id = call["id"];
+    if (state.id === undefined && typeof id === "string" && id.length > 0) {
+      state.id = id;
+      state.chars += id.length;
+      this.waitingChars += id.length;
+    }
+    if (args.length > 0) {
+      state.pending.push(args);
+      state.chars += args.length;
+      this.waitingChars += args.length;
+    }
+    const name = typeof fn["name"] === "string" && fn["name"].length > 0 ? fn["name"] : undefined;
+    if (name !== undefined || this.waitingChars > maxPendingChars) {
+      this.startTool(events, key, state, name ?? "");
     }
   }
 
-  private startTool(events: DialectEvent[], state: ToolCallState, name: string): void {
-    state.block = this.startBlock(events, {
+  /** The call's block starts (with what came of its arguments); it is held as its index. */
+  private startTool(events: DialectEvent[], key: number, call: WaitingCall, name: string): void {
+    const block = this.startBlock(events, {
       type: "tool_use",
-      id: state.id ?? toolUseId(this.requestId, this.nextBlock),
+      id: call.id ?? toolUseId(this.requestId, this.nextBlock),
       name,
       input: {},
     });
-    if (state.pending.length > 0) this.inputDelta(events, state.block, state.pending);
-    state.pending = "";
+    this.tools.set(key, block);
+    this.waitingChars -= call.chars;
+    if (call.pending.length > 0) this.inputDelta(events, block, call.pending.join(""));
   }
 
   private inputDelta(events: DialectEvent[], index: number, partial: string): void {
@@ -556,6 +635,12 @@ class MessagesStream implements StreamTranslator {
       }),
     );
   }
+}
+
+/** What a stream of this dialect holds (its bound is tested with it). */
+export function heldBy(stream: StreamTranslator): Held {
+  if (!(stream instanceof MessagesStream)) throw new TypeError("not a Messages stream");
+  return stream.held;
 }
 
 // ---------------------------------------------------------------- errors

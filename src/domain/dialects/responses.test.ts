@@ -15,7 +15,7 @@ import {
 } from "../../../test/helpers/dialect-conformance.js";
 import { ResponsesAnswer, ResponsesRequest, ResponsesStreamEvent } from "../../schema/responses.js";
 import { GatewayError } from "../errors.js";
-import { responseId, responsesDialect } from "./responses.js";
+import { heldBy, maxHeldChars, maxHeldParts, responseId, responsesDialect } from "./responses.js";
 import type { DialectEvent, GatewayCharge } from "./types.js";
 
 const requestId = `0x${"ab".repeat(32)}`;
@@ -1009,6 +1009,157 @@ describe("the stream translator: calls", () => {
   });
 });
 
+// ---------------------------------------------------------------- what a stream holds
+
+/** `count` chunks of text deltas of `size` code units each, each made when it is read. */
+function* textDeltas(count: number, size: number, field = "content"): Generator<unknown> {
+  for (let i = 0; i < count; i += 1) yield chunk({ [field]: String(i % 10).repeat(size) });
+}
+
+/** The first `units` code units of what {@link textDeltas} makes. */
+function textPrefix(units: number, size: number): string {
+  let text = "";
+  for (let i = 0; text.length < units; i += 1) text += String(i % 10).repeat(size);
+  return text.slice(0, units);
+}
+
+type Stream = ReturnType<typeof responsesDialect.createStream>;
+
+/** Feeds `chunks` to `stream`; the most it held after any chunk, and its events. */
+function feed(stream: Stream, chunks: Iterable<unknown>) {
+  const events: DialectEvent[] = [];
+  let chars = 0;
+  let parts = 0;
+  for (const c of chunks) {
+    for (const e of stream.chunk(c)) events.push(e);
+    const held = heldBy(stream);
+    chars = Math.max(chars, held.chars);
+    parts = Math.max(parts, held.parts);
+  }
+  return { events, most: { chars, parts } };
+}
+
+function dataOf(events: readonly DialectEvent[], type: string): EventData[] {
+  return events.flatMap((e) => (e.event === type ? [e.data as EventData] : []));
+}
+
+describe("the stream translator: what it holds", () => {
+  // 10,000 deltas of 5,000 units: 50 million, the bound (2^20) falls inside the 210th.
+  const count = 10_000;
+  const size = 5_000;
+
+  it("50 MB of text: at most its bound held, the answer cut there, the done events carry what was relayed", () => {
+    const stream = responsesDialect.createStream({ requestId, model: "m" });
+    const { events, most } = feed(stream, textDeltas(count, size));
+    expect(most).toEqual({ chars: maxHeldChars, parts: 2 });
+    const deltas = dataOf(events, "response.output_text.delta").map((d) => d["delta"] as string);
+    // 209 whole deltas and the start of the 210th; nothing after.
+    expect(deltas.length).toBe(210);
+    expect(deltas.at(-1)!.length).toBe(maxHeldChars - 209 * size);
+    const relayed = deltas.join("");
+    expect(relayed).toBe(textPrefix(maxHeldChars, size));
+
+    const closing = stream.finish(charge);
+    expect(closing.map((e) => e.event)).toEqual([
+      "response.output_text.done",
+      "response.content_part.done",
+      "response.output_item.done",
+      "response.incomplete",
+    ]);
+    expect(dataOf(closing, "response.output_text.done")[0]!["text"]).toBe(relayed);
+    const item = {
+      type: "message",
+      id: `msg_${tail}_0`,
+      status: "incomplete",
+      role: "assistant",
+      content: [{ type: "output_text", text: relayed, annotations: [] }],
+    };
+    expect(dataOf(closing, "response.output_item.done")[0]!["item"]).toEqual(item);
+    expect(dataOf(closing, "response.incomplete")[0]!["response"]).toMatchObject({
+      status: "incomplete",
+      incomplete_details: { reason: "max_output_tokens" },
+      output: [item],
+    });
+  });
+
+  it("tool-call arguments past the bound: the call is relayed up to it and ends incomplete; nothing after", () => {
+    const stream = responsesDialect.createStream({ requestId, model: "m" });
+    const start = chunk({
+      content: "Let me check.",
+      tool_calls: [{ index: 0, id: "call_a", function: { name: "weather", arguments: "" } }],
+    });
+    function* chunks(): Generator<unknown> {
+      yield start;
+      for (let i = 0; i < count; i += 1) {
+        yield chunk({ tool_calls: [{ index: 0, function: { arguments: "7".repeat(size) } }] });
+      }
+      yield chunk({ tool_calls: [{ index: 1, id: "call_b", function: { name: "clock" } }] });
+      yield chunk({ content: "late" }, "tool_calls");
+    }
+    const { events, most } = feed(stream, chunks());
+    const kept = maxHeldChars - "Let me check.".length - "call_a".length - "weather".length;
+    expect(most).toEqual({ chars: maxHeldChars, parts: 3 });
+    const deltas = dataOf(events, "response.function_call_arguments.delta");
+    expect(deltas.map((d) => d["delta"] as string).join("")).toBe("7".repeat(kept));
+    expect(dataOf(events, "response.output_item.added").map((d) => d["output_index"])).toEqual([
+      0, 1,
+    ]);
+
+    const closing = stream.finish(charge);
+    expect(dataOf(closing, "response.function_call_arguments.done")[0]).toMatchObject({
+      name: "weather",
+      arguments: "7".repeat(kept),
+    });
+    const response = dataOf(closing, "response.incomplete")[0]!["response"] as {
+      output: { type: string; status: string; arguments?: string }[];
+    };
+    expect(response.output.map((item) => [item.type, item.status])).toEqual([
+      ["message", "completed"],
+      ["function_call", "incomplete"],
+    ]);
+    expect(response.output[1]!.arguments!.length).toBe(kept);
+  });
+
+  it("items and parts past their bound: the answer is cut at the last that fits", () => {
+    const calls = responsesDialect.createStream({ requestId, model: "m" });
+    const many = Array.from({ length: 2 * maxHeldParts }, (_, i) =>
+      chunk({ tool_calls: [{ index: i, id: `c${i}`, function: { name: "t", arguments: "{}" } }] }),
+    );
+    expect(feed(calls, many).most.parts).toBe(maxHeldParts);
+    const output = (
+      dataOf(calls.finish(charge), "response.incomplete")[0]!["response"] as {
+        output: { call_id: string; status: string }[];
+      }
+    ).output;
+    expect(output.length).toBe(maxHeldParts);
+    // Each call that was relayed came whole.
+    expect(output.at(-1)).toMatchObject({ call_id: `c${maxHeldParts - 1}`, status: "completed" });
+
+    // Text and refusal by turns: each turn a part of the one message.
+    const parts = responsesDialect.createStream({ requestId, model: "m" });
+    const turns = Array.from({ length: 2 * maxHeldParts }, (_, i) =>
+      chunk(i % 2 === 0 ? { content: "a" } : { refusal: "r" }),
+    );
+    const { events, most } = feed(parts, turns);
+    expect(most.parts).toBe(maxHeldParts);
+    expect(dataOf(events, "response.content_part.added").length).toBe(maxHeldParts - 1);
+  });
+
+  it("a surrogate pair at the bound is not split", () => {
+    const stream = responsesDialect.createStream({ requestId, model: "m" });
+    const { events, most } = feed(stream, [
+      chunk({ content: "a".repeat(maxHeldChars - 1) + "\u{1F600}" }),
+      chunk({ content: "b" }),
+    ]);
+    expect(most.chars).toBe(maxHeldChars - 1);
+    expect(dataOf(events, "response.output_text.delta").map((d) => d["delta"])).toEqual([
+      "a".repeat(maxHeldChars - 1),
+    ]);
+    const done = dataOf(stream.finish(charge), "response.output_text.done")[0]!;
+    expect(done["text"]).toBe("a".repeat(maxHeldChars - 1));
+  });
+});
+
 // ---------------------------------------------------------------- through the official SDK
 
 /** What the fixture server answers next, and the request bodies it received. */
@@ -1157,6 +1308,58 @@ describe("through the official openai SDK", () => {
     expect(final.output_text).toBe("One, two");
     expect(final.output[0]).toMatchObject({ type: "message", status: "incomplete" });
     expect(final.usage?.output_tokens).toBe(2);
+  });
+
+  it("past the held bound: finalResponse is what the deltas gave, incomplete, with its reason", async () => {
+    const size = 400_000;
+    serveStream([
+      chunk({ role: "assistant", content: "" }),
+      ...textDeltas(3, size),
+      chunk({ tool_calls: [{ index: 0, id: "call_a", function: { name: "t", arguments: "{}" } }] }),
+      chunk({}, "stop"),
+      usageChunk(usage),
+    ]);
+    const runner = client.responses.stream({ model: "m", input: "Count" });
+    let snapshot = "";
+    runner.on("response.output_text.delta", (e) => (snapshot = e.snapshot));
+    const final = await runner.finalResponse();
+    expect(snapshot).toBe(textPrefix(maxHeldChars, size));
+    expect(final.output_text).toBe(snapshot);
+    expect(final.status).toBe("incomplete");
+    expect(final.incomplete_details).toEqual({ reason: "max_output_tokens" });
+    expect(final.output).toMatchObject([{ type: "message", status: "incomplete" }]);
+  });
+
+  it("tool-call arguments past the held bound: the SDK's call is what its deltas gave, incomplete", async () => {
+    const piece = `"${"z".repeat(399_998)}",`;
+    serveStream([
+      chunk({ tool_calls: [{ index: 0, id: "call_a", function: { name: "t", arguments: "[" } }] }),
+      ...[1, 2, 3].map(() => chunk({ tool_calls: [{ index: 0, function: { arguments: piece } }] })),
+      chunk({ tool_calls: [{ index: 0, function: { arguments: '""]' } }] }, "tool_calls"),
+    ]);
+    const runner = client.responses.stream({ model: "m", input: "Go" });
+    let snapshot = "";
+    runner.on("response.function_call_arguments.delta", (e) => (snapshot = e.snapshot));
+    const done: string[] = [];
+    runner.on("response.function_call_arguments.done", (e) => done.push(e.arguments));
+    const final = await runner.finalResponse();
+    const kept = maxHeldChars - "call_a".length - "t".length;
+    expect(snapshot.length).toBe(kept);
+    expect(snapshot).toBe(`[${piece}${piece}${piece}`.slice(0, kept));
+    expect(done).toEqual([snapshot]);
+    expect(final.output).toEqual([
+      {
+        type: "function_call",
+        id: `fc_${tail}_0`,
+        call_id: "call_a",
+        name: "t",
+        arguments: snapshot,
+        status: "incomplete",
+        // The SDK's own (its structured-output parser), not on the wire.
+        parsed_arguments: null,
+      },
+    ]);
+    expect(final.status).toBe("incomplete");
   });
 
   it("a failure mid-stream: the response fails with the gateway's code, the text so far kept", async () => {

@@ -34,6 +34,23 @@ import type { Dialect, DialectEvent, GatewayCharge, StreamTranslator } from "./t
  *
  * The answer echoes no request parameter (the translator sees only the provider's answer):
  * `instructions`, `tools`, `temperature`, `top_p` and `metadata` are neutral (`null` or `[]`).
+ *
+ * What a stream holds (docs/decisions.md, "Client dialects"). The Responses API sends the answer
+ * again at its end: `response.output_text.done` a part's whole `text`,
+ * `response.content_part.done` the part, `response.function_call_arguments.done` a call's whole
+ * `arguments`, `response.output_item.done` the item, and `response.completed` (`.incomplete`,
+ * `.failed`) the response with every item in its `output`. The official SDK reads them: its
+ * accumulator replaces a part's text, an item and at last its whole snapshot with what they carry,
+ * and `finalResponse()` is the closing event's response. So a stream holds each item's text,
+ * arguments, name and call id until the end, and nothing else of the answer: the usage as its
+ * figures, the finish reason as the status it makes. Bounded: at most {@link maxHeldChars} code
+ * units of the provider's strings and {@link maxHeldParts} items and content parts per answer. An
+ * answer that would pass either is cut there, as the output limit cuts one: what fits of that
+ * delta is relayed, nothing of the answer after it; the response ends `incomplete`
+ * (`max_output_tokens`), its open message `incomplete`, a call whose arguments were cut
+ * `incomplete`. The done events carry exactly what was relayed, so the deltas, the done events and
+ * the SDK's final response agree. What the provider sent past the cut is still metered as it came
+ * (the translator does not see the count).
  */
 export const responsesDialect: Dialect = {
   name: "responses",
@@ -393,12 +410,82 @@ function fromCompletion(completion: unknown, charge: GatewayCharge): unknown {
 
 // ---------------------------------------------------------------- stream
 
+/**
+ * The most UTF-16 code units of the provider's strings one streamed answer holds (texts,
+ * refusals, call arguments, names and call ids, and the model's name when the chunk gives it):
+ * 1 Mi, some 250,000 tokens of English, above every model's output limit; at most 2 MiB of
+ * memory, as text is held in flat pieces (see {@link HeldText}).
+ */
+export const maxHeldChars = 1 << 20;
+
+/** The most output items and content parts (together) one streamed answer holds. */
+export const maxHeldParts = 1024;
+
+/** What a streamed answer holds: the provider's strings (UTF-16 code units), items and parts. */
+export interface Held {
+  readonly chars: number;
+  readonly parts: number;
+}
+
+/** Deltas are joined into one flat string once this many code units have come. */
+const pieceChars = 8192;
+
+/**
+ * Text held as it comes. Appending to a string makes a rope: a node (and the delta's own string)
+ * per delta, tens of bytes each, many times the text for one-token deltas. Here the deltas are
+ * joined into flat pieces of about {@link pieceChars} units, so the memory is the text's.
+ */
+class HeldText {
+  private readonly pieces: string[] = [];
+  private tail: string[] = [];
+  private tailChars = 0;
+  length = 0;
+
+  append(text: string): void {
+    this.tail.push(text);
+    this.tailChars += text.length;
+    this.length += text.length;
+    if (this.tailChars >= pieceChars) this.seal();
+  }
+
+  /** The whole text, kept as one piece from then on. */
+  toString(): string {
+    this.seal();
+    if (this.pieces.length > 1) this.pieces.splice(0, this.pieces.length, this.pieces.join(""));
+    return this.pieces[0] ?? "";
+  }
+
+  private seal(): void {
+    if (this.tail.length === 0) return;
+    this.pieces.push(this.tail.join(""));
+    this.tail = [];
+    this.tailChars = 0;
+  }
+}
+
+/**
+ * The start of `text` that fits in `room` code units, not ending between the two halves of a
+ * surrogate pair; a copy, so that it does not keep the provider's whole string alive.
+ */
+function fitting(text: string, room: number): string {
+  if (text.length <= room) return text;
+  let end = Math.max(room, 0);
+  const last = text.charCodeAt(end - 1);
+  if (end > 0 && last >= 0xd800 && last <= 0xdbff) end -= 1;
+  return Buffer.from(text.slice(0, end), "utf16le").toString("utf16le");
+}
+
+interface PartState {
+  readonly type: "output_text" | "refusal";
+  readonly text: HeldText;
+}
+
 interface MessageState {
   readonly kind: "message";
   readonly id: string;
   readonly outputIndex: number;
   /** Finished parts, then the open one. */
-  readonly parts: { type: "output_text" | "refusal"; text: string }[];
+  readonly parts: PartState[];
   /** Set when its `response.output_item.done` is emitted. */
   status?: ItemStatus;
 }
@@ -409,7 +496,9 @@ interface CallState {
   readonly outputIndex: number;
   readonly callId: string;
   name: string;
-  arguments: string;
+  readonly arguments: HeldText;
+  /** Arguments of it were not relayed (the answer was cut at the held bound). */
+  cut: boolean;
   /** Set when its `response.output_item.done` is emitted. */
   status?: ItemStatus;
 }
@@ -422,6 +511,12 @@ type ItemState = MessageState | CallState;
  * (text that comes after opens a new message). Function calls stay open until the answer ends:
  * chat providers address tool-call deltas by index, and nothing forbids a delta for an earlier
  * call after a later one began.
+ *
+ * What it holds (the module doc says why): each item's text, arguments, name and call id, within
+ * {@link maxHeldChars} and {@link maxHeldParts}; the usage as its figures, the finish reason only
+ * as the status it makes, the model's name and creation time, counters. Once a bound would be
+ * passed the answer is cut (`cut`): what fits of that delta is relayed, nothing of the answer
+ * after it.
  */
 class ResponsesStream implements StreamTranslator {
   private sequence = 0;
@@ -434,8 +529,14 @@ class ResponsesStream implements StreamTranslator {
   private readonly items: ItemState[] = [];
   private message: MessageState | undefined;
   private readonly calls = new Map<number, CallState>();
-  private finishReason: unknown;
-  private usage: unknown;
+  /** The finish reasons that make the response incomplete; any other is `undefined`. */
+  private finishReason: "length" | "content_filter" | undefined;
+  private usage: Usage | null = null;
+  /** Code units of the provider's strings held, and items and parts held. */
+  private heldChars = 0;
+  private heldParts = 0;
+  /** The answer passed a bound: nothing more of it is relayed, and it ends incomplete. */
+  private cut = false;
 
   constructor(ctx: { readonly requestId: string; readonly model: string }) {
     this.id = responseId(ctx.requestId);
@@ -443,17 +544,22 @@ class ResponsesStream implements StreamTranslator {
     this.model = ctx.model;
   }
 
+  get held(): Held {
+    return { chars: this.heldChars, parts: this.heldParts };
+  }
+
   chunk(chunk: unknown): DialectEvent[] {
     if (this.ended || !isObject(chunk)) return [];
     const events: DialectEvent[] = [];
     this.start(events, chunk);
-    if (isObject(chunk["usage"])) this.usage = chunk["usage"];
+    if (isObject(chunk["usage"])) this.usage = usageOf(chunk["usage"], undefined);
     const choices = Array.isArray(chunk["choices"]) ? (chunk["choices"] as unknown[]) : [];
     // The canonical request asks for one choice; any other is not this answer's.
     const choice = choices.find((c) => isObject(c) && (c["index"] ?? 0) === 0);
     if (!isObject(choice)) return events;
-    if (choice["finish_reason"] !== undefined && choice["finish_reason"] !== null) {
-      this.finishReason = choice["finish_reason"];
+    const reason = choice["finish_reason"];
+    if (reason !== undefined && reason !== null) {
+      this.finishReason = reason === "length" || reason === "content_filter" ? reason : undefined;
     }
     const delta = isObject(choice["delta"]) ? choice["delta"] : {};
     if (typeof delta["content"] === "string" && delta["content"] !== "") {
@@ -475,7 +581,9 @@ class ResponsesStream implements StreamTranslator {
     const events: DialectEvent[] = [];
     this.start(events, undefined);
     this.ended = true;
-    const { status, incomplete_details } = statusOf(this.finishReason);
+    const { status, incomplete_details } = this.cut
+      ? statusOf("length")
+      : statusOf(this.finishReason);
     // An answer with neither text nor calls is still one (empty) message, as the API gives it.
     if (this.items.length === 0) this.openMessage(events);
     for (const item of this.items) this.closeItem(events, item, status);
@@ -486,7 +594,7 @@ class ResponsesStream implements StreamTranslator {
       model: this.model,
       status,
       output: this.items.map((item) => this.itemView(item, status)),
-      usage: usageOf(this.usage, charge),
+      usage: this.usage ?? usageOf(undefined, charge),
       incompleteDetails: incomplete_details,
     });
     this.emit(events, type, { response, x_gateway: { ...charge } });
@@ -520,7 +628,12 @@ class ResponsesStream implements StreamTranslator {
     if (this.started) return;
     this.started = true;
     this.createdAt = createdOf(chunk?.["created"]);
-    if (this.model === "" && typeof chunk?.["model"] === "string") this.model = chunk["model"];
+    const model = chunk?.["model"];
+    // The provider's name for the model, when the request named none (and it fits the bound).
+    if (this.model === "" && typeof model === "string" && model.length <= maxHeldChars) {
+      this.model = model;
+      this.heldChars += model.length;
+    }
     const response = responseObject({
       id: this.id,
       createdAt: this.createdAt,
@@ -533,6 +646,21 @@ class ResponsesStream implements StreamTranslator {
     this.emit(events, "response.in_progress", { response });
   }
 
+  /** Room for `parts` more items or parts: else the answer is cut here. */
+  private roomFor(parts: number): boolean {
+    if (this.heldParts + parts <= maxHeldParts) return true;
+    this.cut = true;
+    return false;
+  }
+
+  /** What of `text` is held and relayed: all of it, or what fits (the answer is then cut). */
+  private hold(text: string): string {
+    const kept = fitting(text, maxHeldChars - this.heldChars);
+    if (kept.length < text.length) this.cut = true;
+    this.heldChars += kept.length;
+    return kept;
+  }
+
   private openMessage(events: DialectEvent[]): MessageState {
     const message: MessageState = {
       kind: "message",
@@ -541,6 +669,7 @@ class ResponsesStream implements StreamTranslator {
       parts: [],
     };
     this.items.push(message);
+    this.heldParts += 1;
     this.message = message;
     this.emit(events, "response.output_item.added", {
       output_index: message.outputIndex,
@@ -551,12 +680,18 @@ class ResponsesStream implements StreamTranslator {
 
   /** Text (or refusal text) for the open message, opening the message or a part as needed. */
   private text(events: DialectEvent[], type: "output_text" | "refusal", delta: string): void {
+    if (this.cut) return;
+    let part = this.message?.parts.at(-1);
+    const opens = (this.message === undefined ? 1 : 0) + (part?.type === type ? 0 : 1);
+    if (!this.roomFor(opens)) return;
+    const relayed = this.hold(delta);
+    if (relayed === "") return;
     const message = this.message ?? this.openMessage(events);
-    let part = message.parts.at(-1);
     if (part?.type !== type) {
       if (part !== undefined) this.closePart(events, message, message.parts.length - 1);
-      part = { type, text: "" };
+      part = { type, text: new HeldText() };
       message.parts.push(part);
+      this.heldParts += 1;
       this.emit(events, "response.content_part.added", {
         item_id: message.id,
         output_index: message.outputIndex,
@@ -564,16 +699,16 @@ class ResponsesStream implements StreamTranslator {
         part: type === "output_text" ? textPart("") : refusalPart(""),
       });
     }
-    part.text += delta;
+    part.text.append(relayed);
     const where = {
       item_id: message.id,
       output_index: message.outputIndex,
       content_index: message.parts.length - 1,
     };
     if (type === "output_text") {
-      this.emit(events, "response.output_text.delta", { ...where, delta, logprobs: [] });
+      this.emit(events, "response.output_text.delta", { ...where, delta: relayed, logprobs: [] });
     } else {
-      this.emit(events, "response.refusal.delta", { ...where, delta });
+      this.emit(events, "response.refusal.delta", { ...where, delta: relayed });
     }
   }
 
@@ -581,21 +716,32 @@ class ResponsesStream implements StreamTranslator {
     const part = message.parts[index];
     if (part === undefined) return;
     const where = { item_id: message.id, output_index: message.outputIndex, content_index: index };
+    const text = part.text.toString();
     if (part.type === "output_text") {
-      this.emit(events, "response.output_text.done", { ...where, text: part.text, logprobs: [] });
+      this.emit(events, "response.output_text.done", { ...where, text, logprobs: [] });
     } else {
-      this.emit(events, "response.refusal.done", { ...where, refusal: part.text });
+      this.emit(events, "response.refusal.done", { ...where, refusal: text });
     }
     this.emit(events, "response.content_part.done", { ...where, part: partView(part) });
   }
 
   private toolCall(events: DialectEvent[], delta: Json): void {
+    if (this.cut) return;
     const index = typeof delta["index"] === "number" ? delta["index"] : 0;
     const fn = isObject(delta["function"]) ? delta["function"] : {};
     const name = typeof fn["name"] === "string" ? fn["name"] : "";
     const args = typeof fn["arguments"] === "string" ? fn["arguments"] : "";
     let call = this.calls.get(index);
     if (call === undefined) {
+      const id = typeof delta["id"] === "string" ? delta["id"] : undefined;
+      // A call is relayed with its name and id whole, or not at all.
+      const chars = name.length + (id?.length ?? 0);
+      if (!this.roomFor(1)) return;
+      if (this.heldChars + chars > maxHeldChars) {
+        this.cut = true;
+        return;
+      }
+      this.heldChars += chars;
       // A call begins: the message before it is complete.
       if (this.message !== undefined) {
         this.closeItem(events, this.message, "completed");
@@ -606,27 +752,37 @@ class ResponsesStream implements StreamTranslator {
         kind: "function_call",
         id: `fc_${this.tail}_${outputIndex}`,
         outputIndex,
-        callId: typeof delta["id"] === "string" ? delta["id"] : `call_${this.tail}_${outputIndex}`,
+        callId: id ?? `call_${this.tail}_${outputIndex}`,
         name,
-        arguments: "",
+        arguments: new HeldText(),
+        cut: false,
       };
       this.calls.set(index, call);
       this.items.push(call);
+      this.heldParts += 1;
       this.emit(events, "response.output_item.added", {
         output_index: outputIndex,
         item: functionCallItem(call.id, call.callId, call.name, "", "in_progress"),
       });
-    } else if (call.name === "") {
+    } else if (call.name === "" && name !== "") {
       // The name comes whole (OpenAI sends it on a call's first delta); some providers repeat it
       // on every delta, so a later one is kept only when the first had none.
+      if (this.heldChars + name.length > maxHeldChars) {
+        this.cut = true;
+        return;
+      }
+      this.heldChars += name.length;
       call.name = name;
     }
     if (args !== "") {
-      call.arguments += args;
+      const relayed = this.hold(args);
+      if (this.cut) call.cut = true;
+      if (relayed === "") return;
+      call.arguments.append(relayed);
       this.emit(events, "response.function_call_arguments.delta", {
         item_id: call.id,
         output_index: call.outputIndex,
-        delta: args,
+        delta: relayed,
       });
     }
   }
@@ -634,10 +790,11 @@ class ResponsesStream implements StreamTranslator {
   private closeItem(events: DialectEvent[], item: ItemState, status: ItemStatus): void {
     if (item.status !== undefined) return;
     // A call is complete once its arguments are; only the answer around it may be cut short.
-    item.status = item.kind === "message" ? status : "completed";
+    item.status = item.kind === "message" ? status : item.cut ? "incomplete" : "completed";
     if (item.kind === "message") {
       if (item.parts.length === 0) {
-        item.parts.push({ type: "output_text", text: "" });
+        item.parts.push({ type: "output_text", text: new HeldText() });
+        this.heldParts += 1;
         this.emit(events, "response.content_part.added", {
           item_id: item.id,
           output_index: item.outputIndex,
@@ -651,7 +808,7 @@ class ResponsesStream implements StreamTranslator {
         item_id: item.id,
         output_index: item.outputIndex,
         name: item.name,
-        arguments: item.arguments,
+        arguments: item.arguments.toString(),
       });
     }
     this.emit(events, "response.output_item.done", {
@@ -666,12 +823,13 @@ class ResponsesStream implements StreamTranslator {
     if (item.kind === "message") {
       return messageItem(item.id, itemStatus, item.parts.map(partView));
     }
-    return functionCallItem(item.id, item.callId, item.name, item.arguments, itemStatus);
+    return functionCallItem(item.id, item.callId, item.name, item.arguments.toString(), itemStatus);
   }
 }
 
-function partView(part: { type: "output_text" | "refusal"; text: string }): Json {
-  return part.type === "output_text" ? textPart(part.text) : refusalPart(part.text);
+function partView(part: PartState): Json {
+  const text = part.text.toString();
+  return part.type === "output_text" ? textPart(text) : refusalPart(text);
 }
 
 function createStream(ctx: {
@@ -679,6 +837,12 @@ function createStream(ctx: {
   readonly model: string;
 }): StreamTranslator {
   return new ResponsesStream(ctx);
+}
+
+/** What a stream of this dialect holds (its bound is tested with it). */
+export function heldBy(stream: StreamTranslator): Held {
+  if (!(stream instanceof ResponsesStream)) throw new TypeError("not a Responses stream");
+  return stream.held;
 }
 
 // ---------------------------------------------------------------- errors
