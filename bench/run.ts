@@ -22,6 +22,7 @@ import {
   type Scenario,
   type Target,
 } from "./lib/measure.js";
+import { monotonicMicros, type PhaseWindow, type PhasesFile } from "./lib/layers.js";
 import { createPgCpuProbe, type PgCpuProbe } from "./lib/pg-cpu.js";
 import {
   allPassed,
@@ -130,7 +131,12 @@ async function cpuWindow<T>(
   children: Record<"gateway" | "proxy" | "upstream", ChildHandle>,
   probe: PgCpuProbe,
   run: () => Promise<T & { responses: number; ok: number }>,
-): Promise<{ result: T & { responses: number; ok: number }; cpu: CpuFigures }> {
+): Promise<{
+  result: T & { responses: number; ok: number };
+  cpu: CpuFigures;
+  /** The measured window on the CPU profile's clock (µs), and the gateway's CPU in it. */
+  window: { startUs: number; endUs: number; gatewayCpuMs: number };
+}> {
   const names = ["gateway", "proxy", "upstream"] as const;
   const [before, pgBefore] = await Promise.all([
     Promise.all(names.map((n) => children[n].stats())),
@@ -138,7 +144,8 @@ async function cpuWindow<T>(
   ]);
   const startedAt = process.hrtime.bigint();
   const result = await run();
-  const wallMs = Number(process.hrtime.bigint() - startedAt) / 1e6;
+  const endedAt = process.hrtime.bigint();
+  const wallMs = Number(endedAt - startedAt) / 1e6;
   const [after, pgAfter] = await Promise.all([
     Promise.all(names.map((n) => children[n].stats())),
     probe.snapshot(),
@@ -160,7 +167,15 @@ async function cpuWindow<T>(
     ...(postgres ? { postgres } : {}),
     cores,
   };
-  return { result, cpu };
+  return {
+    result,
+    cpu,
+    window: {
+      startUs: Number(startedAt / 1000n),
+      endUs: Number(endedAt / 1000n),
+      gatewayCpuMs: used(0),
+    },
+  };
 }
 
 async function main(): Promise<number> {
@@ -359,6 +374,25 @@ async function main(): Promise<number> {
     log(`upstream ${upstream.url} (pid ${upstream.pid}), proxy ${proxy.url} (pid ${proxy.pid})`);
     log(`gateway ${gateway.url} (pid ${gateway.pid}), database ${db.name}`);
 
+    // With a CPU profile, each measured phase's window on the profile's clock, so that
+    // `npm run bench:layers` can cut the gateway's one profile into phases. Written after each
+    // phase: a run that fails later still leaves the windows of what it measured.
+    const phaseWindows: PhaseWindow[] = [];
+    const recordPhase = async (
+      name: string,
+      window: { startUs: number; endUs: number; gatewayCpuMs?: number },
+      requests?: number,
+    ): Promise<void> => {
+      if (!settings.profileDir) return;
+      phaseWindows.push({ name, ...window, ...(requests === undefined ? {} : { requests }) });
+      const file: PhasesFile = { gatewayPid: gateway.pid, phases: phaseWindows };
+      await mkdir(settings.profileDir, { recursive: true });
+      await writeFile(
+        join(settings.profileDir, `bench-phases-${gateway.pid}.json`),
+        `${JSON.stringify(file, null, 2)}\n`,
+      );
+    };
+
     const probe = await createPgCpuProbe(settings.serverUrl, db.name);
     cleanups.push({ what: "closing the PostgreSQL CPU probe", run: () => probe.close() });
     if (probe.unavailable !== undefined) {
@@ -415,6 +449,7 @@ async function main(): Promise<number> {
       }
     }
     const unloadedDeadline = Date.now() + unloadedBudgetMs;
+    const unloadedStartUs = monotonicMicros();
     for (const sampler of samplers) {
       checkAborted();
       await sampler.run(30, true, unloadedDeadline);
@@ -429,6 +464,8 @@ async function main(): Promise<number> {
         await sampler.run(Math.min(perRound, left), false, unloadedDeadline);
       }
     }
+    // Both targets, interleaved, warm-up included: the gateway idles while the proxy is asked.
+    await recordPhase("unloaded", { startUs: unloadedStartUs, endUs: monotonicMicros() });
     const unloaded: BenchReport["unloaded"] = { proxy: {}, gateway: {} };
     for (const sampler of samplers) {
       sampler.close();
@@ -467,9 +504,10 @@ async function main(): Promise<number> {
           `load: ${name} ${scenario}, ${settings.connections} connections, ${settings.seconds} s`,
         );
         checkAborted();
-        const { result, cpu } = await cpuWindow(all, probe, () =>
+        const { result, cpu, window } = await cpuWindow(all, probe, () =>
           load(target, scenario, { ...options, seconds: settings.seconds }),
         );
+        if (name === "gateway") await recordPhase(scenario, window, result.ok);
         const phase: LoadPhase = { ...result, cpu };
         loadResults[name][scenario] = phase;
         logPhase(`${name} ${scenario}`, phase);
@@ -492,9 +530,12 @@ async function main(): Promise<number> {
         }
         log(`load: ${name} sse, ${settings.wideConnections} connections, ${settings.seconds} s`);
         checkAborted();
-        const { result, cpu } = await cpuWindow(all, probe, () =>
+        const { result, cpu, window } = await cpuWindow(all, probe, () =>
           load(target, "sse", { ...options, seconds: settings.seconds }),
         );
+        if (name === "gateway") {
+          await recordPhase(`sse@${settings.wideConnections}`, window, result.ok);
+        }
         const phase: LoadPhase = { ...result, cpu };
         loadWide[name] = phase;
         logPhase(`${name} sse ${settings.wideConnections}`, phase);
@@ -534,9 +575,10 @@ async function main(): Promise<number> {
           log(
             `load: gateway ${dialect} ${scenario}, ${settings.connections} connections, ${settings.seconds} s`,
           );
-          const { result, cpu } = await cpuWindow(all, probe, () =>
+          const { result, cpu, window } = await cpuWindow(all, probe, () =>
             load(targetsByName.gateway, scenario, { ...options, seconds: settings.seconds }),
           );
+          await recordPhase(`${dialect} ${scenario}`, window, result.ok);
           const phase: LoadPhase = { ...result, cpu };
           (dialects[dialect] ??= {})[scenario] = phase;
           logPhase(`gateway ${dialect} ${scenario}`, phase);
@@ -555,6 +597,7 @@ async function main(): Promise<number> {
           `slow streams: ${name}, ${settings.slowStreams} started within ${settings.slowStartMs} ms, ` +
             `${settings.slowStreamSeconds} s each`,
         );
+        const burstStartUs = monotonicMicros();
         const burst = await slowStreamBurst(targetsByName[name], all[name], {
           streams: settings.slowStreams,
           spreadMs: settings.slowStartMs,
@@ -564,6 +607,13 @@ async function main(): Promise<number> {
             : {}),
         });
         slowStreams[name] = burst;
+        if (name === "gateway") {
+          await recordPhase(
+            "slow streams",
+            { startUs: burstStartUs, endUs: monotonicMicros() },
+            burst.complete,
+          );
+        }
         log(
           `  ${burst.complete}/${burst.streams} complete, started within ${burst.startSpreadMs.toFixed(0)} ms, ` +
             `first byte p50 ${burst.firstByteMs?.p50.toFixed(1) ?? "-"} ms, ` +
@@ -590,12 +640,18 @@ async function main(): Promise<number> {
         `sustained: gateway json, ${settings.connections} connections, ${settings.sustainedSeconds} s ` +
           `in ${sustainedWindowSeconds} s windows, same database`,
       );
+      const sustainedStartUs = monotonicMicros();
       sustained = await sustainedLoad(targetsByName.gateway, gateway, probe, {
         connections: settings.connections,
         seconds: settings.sustainedSeconds,
         windowSeconds: sustainedWindowSeconds,
         log,
       });
+      await recordPhase(
+        "sustained",
+        { startUs: sustainedStartUs, endUs: monotonicMicros() },
+        sustained.load.ok,
+      );
       if (sustained.load.non2xx > 0 || sustained.load.errors > 0) {
         problems.push(
           `sustained: ${sustained.load.non2xx} non-2xx answers and ${sustained.load.errors} errors` +
