@@ -183,6 +183,20 @@ describe("the priced limit is the provider's limit", () => {
     // Both providers take 45 s, as an OpenAI-compatible server sends a JSON answer's headers
     // once it is generated: whichever is chosen, the other must hear nothing.
     for (const fake of [fakes.a, fakes.b]) fake.setOptions({ stallBeforeHeadersMs: 45_000 });
+    // The earlier tests' requests charged first: their closes may still be in flight (a loaded
+    // machine), and one landing after the reading below would count as this request's.
+    await eventually(async () => {
+      const { rows } = await stack.database.db.pool.query<{ open: string }>(
+        `SELECT count(*)::text AS open FROM inference_requests
+          WHERE permit_id = $1 AND status IN ('pending', 'streaming')`,
+        [permitId],
+      );
+      return rows[0]!.open === "0";
+    }, 15_000);
+    await eventually(
+      async () => (await permitLedger(stack.database.db.pool, permitId)).reserved === 0n,
+      15_000,
+    );
     const ledgerBefore = await permitLedger(stack.database.db.pool, permitId);
     const before = counts();
     const started = performance.now();
