@@ -2,7 +2,6 @@ import {
   create,
   type DescMessage,
   type DescMethod,
-  type DescMethodStreaming,
   type DescMethodUnary,
   type DescService,
   type MessageInitShape,
@@ -15,8 +14,6 @@ import {
   type ContextValues,
   type HandlerContext,
   type Interceptor,
-  type StreamRequest,
-  type StreamResponse,
   type UnaryRequest,
   type UnaryResponse,
 } from "@connectrpc/connect";
@@ -29,8 +26,7 @@ export interface ServiceBinding {
 }
 
 type UnaryImpl = (req: unknown, ctx: HandlerContext) => unknown;
-type StreamImpl = (req: unknown, ctx: HandlerContext) => AsyncIterable<unknown>;
-type AnyFn = (req: UnaryRequest | StreamRequest) => Promise<UnaryResponse | StreamResponse>;
+type UnaryFn = (req: UnaryRequest) => Promise<UnaryResponse>;
 
 const noTimeout = (): undefined => undefined;
 
@@ -57,12 +53,6 @@ export interface InProcessCaller {
     input: MessageInitShape<I>,
     options: InProcessCallOptions,
   ): Promise<MessageShape<O>>;
-  /** A server-streaming call: its messages as the implementation yields them. */
-  stream<I extends DescMessage, O extends DescMessage>(
-    method: DescMethodStreaming<I, O>,
-    input: MessageInitShape<I>,
-    options: InProcessCallOptions,
-  ): Promise<AsyncIterable<MessageShape<O>>>;
 }
 
 /**
@@ -138,15 +128,6 @@ class HeaderView implements Headers {
   }
 }
 
-/** The one input message of a server-streaming call, as the request's message stream. */
-class SingleInput<T> implements AsyncIterable<T> {
-  constructor(readonly value: T) {}
-
-  async *[Symbol.asyncIterator](): AsyncGenerator<T> {
-    yield this.value;
-  }
-}
-
 /**
  * Calls the service implementations in this process directly: the request and
  * response messages are passed as objects, never serialised, while the call still goes through
@@ -154,11 +135,9 @@ class SingleInput<T> implements AsyncIterable<T> {
  * same code as on the network) and the implementation gets a real HandlerContext.
  *
  * It is not a connect `Transport` under a `createClient` client: those two layers exist to turn
- * calls into the protocol and back, which an in-process call does not do, and per streamed
- * message each added several promises and an async generator. A stream's messages are the
- * implementation's own iterable, handed through as they come (the implementations yield
- * complete messages). Unary and server-streaming methods are supported, which is what the
- * gateway's services define.
+ * calls into the protocol and back, which an in-process call does not do. Unary methods only:
+ * the one server-streaming method, the chat, is called by the REST facade without an RPC (the
+ * chat handler's push entry through the call guard, src/rest/chat.ts and src/server.ts).
  */
 export function createInProcessCaller(
   bindings: readonly ServiceBinding[],
@@ -173,7 +152,7 @@ export function createInProcessCaller(
   // deadline) to the caller's signal on every call, which costs more than the rest of an
   // in-process call together. The caller's signal is the call's signal; a caller that stops
   // reading a stream ends the implementation through its generator's return().
-  const contextFor = (method: DescMethod, req: UnaryRequest | StreamRequest): HandlerContext => ({
+  const contextFor = (method: DescMethod, req: UnaryRequest): HandlerContext => ({
     method,
     service: method.parent,
     signal: req.signal,
@@ -198,39 +177,25 @@ export function createInProcessCaller(
     return impl as T;
   };
 
-  const innermost: AnyFn = async (req) => {
+  const innermost = async (req: UnaryRequest): Promise<UnaryResponse> => {
     const method = req.method;
-    if (!req.stream) {
-      const impl = implOf<UnaryImpl>(method);
-      const ctx = contextFor(method, req);
-      const output = await impl(req.message, ctx);
-      return {
-        stream: false,
-        service: method.parent,
-        method: method as DescMethodUnary,
-        header: ctx.responseHeader,
-        trailer: ctx.responseTrailer,
-        message: create(method.output, output as MessageInitShape<DescMessage>),
-      };
-    }
-    const impl = implOf<StreamImpl>(method);
+    const impl = implOf<UnaryImpl>(method);
     const ctx = contextFor(method, req);
-    // Server streaming: the one request message, then the implementation's messages as they come.
-    let input: unknown;
-    if (req.message instanceof SingleInput) input = req.message.value;
-    else for await (const m of req.message) input = m;
+    const output = await impl(req.message, ctx);
     return {
-      stream: true,
+      stream: false,
       service: method.parent,
-      method: method as DescMethodStreaming,
+      method: method as DescMethodUnary,
       header: ctx.responseHeader,
       trailer: ctx.responseTrailer,
-      message: impl(input, ctx) as AsyncIterable<MessageShape<DescMessage>>,
+      message: create(method.output, output as MessageInitShape<DescMessage>),
     };
   };
 
-  let call = innermost;
-  for (const interceptor of [...interceptors].reverse()) call = interceptor(call as never) as AnyFn;
+  // The interceptors are the server's (unary and streaming); an in-process call is unary.
+  let call: UnaryFn = innermost;
+  for (const interceptor of [...interceptors].reverse())
+    call = interceptor(call as never) as unknown as UnaryFn;
 
   const urlOf = (method: DescMethod) => `in-process:///${method.parent.typeName}/${method.name}`;
 
@@ -252,25 +217,6 @@ export function createInProcessCaller(
         message: create(method.input, input),
       };
       const res = (await call(req as unknown as UnaryRequest)) as unknown as UnaryResponse<I, O>;
-      return res.message;
-    },
-    async stream<I extends DescMessage, O extends DescMessage>(
-      method: DescMethodStreaming<I, O>,
-      input: MessageInitShape<I>,
-      options: InProcessCallOptions,
-    ): Promise<AsyncIterable<MessageShape<O>>> {
-      const req: StreamRequest<I, O> = {
-        stream: true,
-        service: method.parent,
-        method,
-        requestMethod: "POST",
-        url: urlOf(method),
-        signal: options.signal,
-        header: new HeaderView(options.headers),
-        contextValues: options.contextValues ?? createContextValues(),
-        message: new SingleInput(create(method.input, input)),
-      };
-      const res = (await call(req as unknown as StreamRequest)) as unknown as StreamResponse<I, O>;
       return res.message;
     },
   };
