@@ -9,7 +9,7 @@ import {
   type Authenticated,
 } from "./connect/authenticate.js";
 import { toConnectError } from "./connect/errors.js";
-import { chatInputOf } from "./connect/inference-service.js";
+import { chatInputOf } from "./connect/inference-messages.js";
 import {
   authInterceptor,
   callFailed,

@@ -48,6 +48,7 @@ export const layerTable: readonly {
       "src/listen.ts",
       "src/connect/in-process-transport.ts",
       "src/connect/inference-service.ts",
+      "src/connect/inference-messages.ts",
       "src/connect/convert.ts",
       "src/connect/context.ts",
       "src/connect/routes.ts",

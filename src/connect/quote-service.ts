@@ -4,7 +4,7 @@ import { CreateQuoteResponseSchema, QuoteService } from "../../gen/gateway/v1/qu
 import { GatewayError } from "../domain/errors.js";
 import type { Inference } from "../domain/chat/index.js";
 import { callerKey } from "./context.js";
-import { dialectName } from "./inference-service.js";
+import { dialectName } from "./inference-messages.js";
 
 export function createQuoteService(inference: Inference): ServiceImpl<typeof QuoteService> {
   return {

@@ -11,7 +11,8 @@ import {
 } from "../../../test/helpers/dialect-conformance.js";
 import { MessagesAnswer, MessagesRequest, MessagesStreamEvent } from "../../schema/messages.js";
 import { GatewayError, type ErrorCode } from "../errors.js";
-import { heldBy, maxPendingChars, maxToolCalls, messagesDialect } from "./messages.js";
+import { messagesDialect } from "./messages.js";
+import { heldBy, maxPendingChars, maxToolCalls } from "./messages-stream.js";
 import type { DialectEvent, GatewayCharge } from "./types.js";
 
 const requestId = `0x${"ab".repeat(32)}`;

@@ -15,7 +15,9 @@ import {
 } from "../../../test/helpers/dialect-conformance.js";
 import { ResponsesAnswer, ResponsesRequest, ResponsesStreamEvent } from "../../schema/responses.js";
 import { GatewayError } from "../errors.js";
-import { heldBy, maxHeldChars, maxHeldParts, responseId, responsesDialect } from "./responses.js";
+import { responsesDialect } from "./responses.js";
+import { responseId } from "./responses-answer.js";
+import { heldBy, maxHeldChars, maxHeldParts } from "./responses-stream.js";
 import type { DialectEvent, GatewayCharge } from "./types.js";
 
 const requestId = `0x${"ab".repeat(32)}`;

@@ -1,0 +1,192 @@
+import type { ErrorKind, GatewayError } from "../errors.js";
+import { isObject, type JsonObject } from "./json.js";
+import type { GatewayCharge } from "./types.js";
+
+/**
+ * The Messages dialect's answers: a canonical chat.completion as a `message`, what the stream
+ * translator (messages-stream.ts) shares with it (ids, stop reason, usage), and the error body.
+ */
+
+/** `msg_` and the request id's hex (request ids are 0x-prefixed hex). */
+export function messageId(requestId: string): string {
+  return `msg_${requestId.replace(/^0x/i, "")}`;
+}
+
+/** A tool_use id for a tool call the provider gave none. */
+export function toolUseId(requestId: string, index: number): string {
+  return `toolu_${requestId.replace(/^0x/i, "").slice(0, 24)}_${index}`;
+}
+
+type StopReason = "end_turn" | "max_tokens" | "stop_sequence" | "tool_use" | "refusal";
+
+export function stopOf(
+  finishReason: unknown,
+  calledTools: boolean,
+  stopString: unknown,
+): { stop_reason: StopReason; stop_sequence: string | null } {
+  if (finishReason === "length") return { stop_reason: "max_tokens", stop_sequence: null };
+  if (finishReason === "content_filter") return { stop_reason: "refusal", stop_sequence: null };
+  if (calledTools || finishReason === "tool_calls" || finishReason === "function_call") {
+    return { stop_reason: "tool_use", stop_sequence: null };
+  }
+  if (finishReason === "stop" && typeof stopString === "string" && stopString.length > 0) {
+    return { stop_reason: "stop_sequence", stop_sequence: stopString };
+  }
+  return { stop_reason: "end_turn", stop_sequence: null };
+}
+
+function count(value: unknown): number | undefined {
+  return typeof value === "number" && Number.isSafeInteger(value) && value >= 0 ? value : undefined;
+}
+
+/** Decimal-string token counts of the charge, as numbers. */
+function chargeCount(value: string): number {
+  const n = Number(value);
+  return Number.isSafeInteger(n) && n >= 0 ? n : 0;
+}
+
+interface Usage {
+  readonly input_tokens: number;
+  readonly output_tokens: number;
+  readonly cache_read_input_tokens: number;
+  readonly cache_creation_input_tokens: number;
+  /** Present when the provider reported reasoning tokens (`completion_tokens_details`). */
+  readonly output_tokens_details?: { readonly thinking_tokens: number };
+}
+
+/** The figures of a chat usage object a Messages usage is made of (held by a stream, not the object). */
+export interface Claim {
+  readonly prompt: number | undefined;
+  readonly completion: number | undefined;
+  /** Cached prompt tokens as reported (0 when none). */
+  readonly cached: number;
+  readonly reasoning: number | undefined;
+}
+
+export function claimOf(usage: unknown): Claim {
+  const u = isObject(usage) ? usage : {};
+  const details = u["prompt_tokens_details"];
+  const completion = u["completion_tokens_details"];
+  return {
+    prompt: count(u["prompt_tokens"]),
+    completion: count(u["completion_tokens"]),
+    cached: (isObject(details) && count(details["cached_tokens"])) || 0,
+    reasoning: isObject(completion) ? count(completion["reasoning_tokens"]) : undefined,
+  };
+}
+
+/** Anthropic usage from a chat usage object's figures, else from the charge's counts. */
+export function usageOf(claim: Claim, charge: GatewayCharge): Usage {
+  const prompt = claim.prompt ?? chargeCount(charge.input_tokens);
+  const output = claim.completion ?? chargeCount(charge.output_tokens);
+  // A detail above its total is the provider's error: 0, as the record keeps it (metering).
+  const cached = claim.cached <= prompt ? claim.cached : 0;
+  const thinking = claim.reasoning;
+  const reasoning = thinking === undefined || thinking <= output ? thinking : 0;
+  return {
+    input_tokens: prompt - cached,
+    output_tokens: output,
+    cache_read_input_tokens: cached,
+    cache_creation_input_tokens: 0,
+    ...(reasoning === undefined ? {} : { output_tokens_details: { thinking_tokens: reasoning } }),
+  };
+}
+
+/** A tool call's arguments as the tool_use input object (`{}` when they are not a JSON object). */
+function inputOf(args: unknown): JsonObject {
+  if (typeof args !== "string" || args.trim() === "") return {};
+  try {
+    const parsed: unknown = JSON.parse(args);
+    return isObject(parsed) ? parsed : {};
+  } catch {
+    return {};
+  }
+}
+
+export function firstChoice(value: unknown): JsonObject | undefined {
+  if (!isObject(value) || !Array.isArray(value["choices"])) return undefined;
+  const choices = value["choices"] as unknown[];
+  const choice = choices.find((c) => isObject(c) && c["index"] === 0) ?? choices[0];
+  return isObject(choice) ? choice : undefined;
+}
+
+export function fromCompletion(completion: unknown, charge: GatewayCharge): unknown {
+  const choice = firstChoice(completion);
+  const message = isObject(choice?.["message"]) ? (choice["message"] as JsonObject) : {};
+  const content: JsonObject[] = [];
+  const text = message["content"];
+  if (typeof text === "string" && text.length > 0) content.push({ type: "text", text });
+  const calls = Array.isArray(message["tool_calls"]) ? (message["tool_calls"] as unknown[]) : [];
+  calls.forEach((call, i) => {
+    if (!isObject(call)) return;
+    const fn = isObject(call["function"]) ? call["function"] : {};
+    content.push({
+      type: "tool_use",
+      id:
+        typeof call["id"] === "string" && call["id"].length > 0
+          ? call["id"]
+          : toolUseId(charge.request_id, i),
+      name: typeof fn["name"] === "string" ? fn["name"] : "",
+      input: inputOf(fn["arguments"]),
+    });
+  });
+  const model = isObject(completion) ? completion["model"] : undefined;
+  return {
+    id: messageId(charge.request_id),
+    type: "message",
+    role: "assistant",
+    model: typeof model === "string" ? model : "",
+    content,
+    ...stopOf(choice?.["finish_reason"], calls.length > 0, choice?.["stop_reason"]),
+    usage: usageOf(claimOf(isObject(completion) ? completion["usage"] : undefined), charge),
+    x_gateway: charge,
+  };
+}
+
+/**
+ * Anthropic's error type for a gateway error, by its HTTP status (Anthropic's own statuses and
+ * types: 402 billing_error, 409 conflict_error, 413 request_too_large, 503 overloaded_error).
+ */
+function anthropicErrorType(kind: ErrorKind): string {
+  switch (kind) {
+    case "unauthenticated":
+      return "authentication_error";
+    case "payment":
+      return "billing_error";
+    case "forbidden":
+      return "permission_error";
+    case "not_found":
+      return "not_found_error";
+    case "conflict":
+      return "conflict_error";
+    case "too_large":
+      return "request_too_large";
+    case "rate_limited":
+      return "rate_limit_error";
+    case "unavailable":
+      return "overloaded_error";
+    case "internal":
+    case "not_implemented":
+    case "bad_gateway":
+      return "api_error";
+    default:
+      return "invalid_request_error";
+  }
+}
+
+/**
+ * Anthropic's error body, carrying the gateway's code twice: as `error.code` (where the gateway's
+ * own error body has it) and as `error.details.error_code` (where Anthropic puts its codes, which
+ * its SDK surfaces as `errorCode`).
+ */
+export function errorBody(error: GatewayError): unknown {
+  return {
+    type: "error",
+    error: {
+      type: anthropicErrorType(error.kind),
+      message: error.message,
+      code: error.code,
+      details: { error_code: error.code },
+    },
+  };
+}
