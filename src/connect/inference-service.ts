@@ -26,9 +26,6 @@ import {
   settlementMessage,
 } from "./inference-messages.js";
 
-// The REST facade's writer makes its chat's closing message with the RPC's own mapping.
-export { completedMessage } from "./inference-messages.js";
-
 export interface InferenceServiceDeps {
   readonly inference: Inference;
   /** The record of a request made with `apiKeyId` (undefined for another key's request). */

@@ -3,7 +3,7 @@ import type { Dialect as DialectTranslator } from "../domain/dialects/types.js";
 import type { ChatSink } from "../domain/chat/sink.js";
 import type { ChatChunk, ChatCompleted, ChatStarted } from "../domain/chat/types.js";
 import type { InProcessCallOptions } from "../connect/in-process-transport.js";
-import { completedMessage } from "../connect/inference-service.js";
+import { completedMessage } from "../connect/inference-messages.js";
 import { GatewayError } from "../domain/errors.js";
 import type { NodeRequest } from "./body.js";
 import { toHttpError } from "./errors.js";
