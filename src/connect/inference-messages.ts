@@ -21,7 +21,7 @@ import {
   type UsageReceiptTypedData as UsageReceiptTypedDataMessage,
   UsageSource as UsageSourceMessage,
 } from "../../gen/gateway/v1/inference_pb.js";
-import type { RequestRecord } from "../adapters/pg/requests.js";
+import type { RequestRecord } from "../domain/requests.js";
 import type {
   ChatCompleted as DomainChatCompleted,
   ChatEvent,

@@ -7,7 +7,7 @@ import {
   UsageSource,
   type ChatCompleted as ChatCompletedMessage,
 } from "../../gen/gateway/v1/inference_pb.js";
-import type { RequestRecord } from "../adapters/pg/requests.js";
+import type { RequestRecord } from "../domain/requests.js";
 import type { ChatCompleted, Metering } from "../domain/chat/index.js";
 import { chargeOf } from "../domain/dialects/index.js";
 import { xGatewayResource } from "../schema/chat.js";

@@ -8,7 +8,7 @@ import {
   InferenceService,
   ListPermitReceiptsResponseSchema,
 } from "../../gen/gateway/v1/inference_pb.js";
-import type { RequestRecord } from "../adapters/pg/requests.js";
+import type { RequestRecord } from "../domain/requests.js";
 import { GatewayError } from "../domain/errors.js";
 import type { Inference } from "../domain/chat/index.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";

@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "pino";
 import type { Hex } from "viem";
+import type { EarningsBatch } from "./offer-earnings.js";
 
 /**
  * Settlement: every charge reaches the chain exactly once (DESIGN.md sections 2 and 3).
@@ -201,6 +202,21 @@ export interface SettlementChain {
     fromBlock: bigint,
   ): Promise<{ txHash: Hex; blockNumber: bigint } | undefined>;
   permitState(permitId: Hex): Promise<PermitChainState>;
+}
+
+/**
+ * A stored settlement batch, as the batch list shows it (the settlement console); the earnings
+ * store (adapters/pg/earnings.ts) reads it.
+ */
+export interface BatchRecord {
+  readonly batchId: Hex;
+  readonly status: EarningsBatch["status"];
+  readonly requests: number;
+  readonly credits: bigint;
+  readonly txHash: Hex | null;
+  readonly createdAt: number;
+  readonly settledAt: number | null;
+  readonly error: string | null;
 }
 
 export type BatchState = "pending" | "submitted" | "settled" | "failed" | "dry_run";

@@ -5,7 +5,10 @@ import type {
   EarningsState,
   EarningsStore,
 } from "../../domain/offer-earnings.js";
+import type { BatchRecord } from "../../domain/settlement.js";
 import type { Queryable } from "./api-keys.js";
+
+export type { BatchRecord };
 
 /**
  * What providers and the settlement console read of settlement: an offer's charges over a
@@ -95,18 +98,6 @@ export async function readOfferEarnings(
 
 export function createPgEarningsStore(db: Queryable): EarningsStore {
   return { read: (args) => readOfferEarnings(db, args) };
-}
-
-/** A stored settlement batch, as the batch list shows it. */
-export interface BatchRecord {
-  readonly batchId: Hex;
-  readonly status: BatchStatus;
-  readonly requests: number;
-  readonly credits: bigint;
-  readonly txHash: Hex | null;
-  readonly createdAt: number;
-  readonly settledAt: number | null;
-  readonly error: string | null;
 }
 
 /** The most recent batches (all accounts), newest first; `status` filters. */
