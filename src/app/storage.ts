@@ -10,8 +10,10 @@ import {
 } from "../adapters/crypto/sealer.js";
 import { openDatabase, type Database } from "../adapters/pg/database.js";
 import { migrate } from "../adapters/pg/migrate.js";
+import { isDatabaseUnavailable } from "../adapters/pg/unavailable.js";
 import { deploymentId } from "../adapters/pg/permit-authorizations.js";
 import type { Config } from "../config.js";
+import { recognizeDatabaseUnavailable } from "../domain/errors.js";
 
 /** What the gateway stores, and the key that seals provider endpoints in it. */
 export interface Storage {
@@ -33,6 +35,9 @@ export async function openStorage(
   options: { logger: Logger; database?: Database; inMemoryDatabase?: boolean },
 ): Promise<Storage> {
   const { logger } = options;
+  // The transports answer the driver's "could not ask the database" failures with 503
+  // `database_unavailable` through this check; they do not know the adapter themselves.
+  recognizeDatabaseUnavailable(isDatabaseUnavailable);
   const ownsDatabase = options.database === undefined;
   const db =
     options.database ??

@@ -1,8 +1,7 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "../../gen/google/rpc/error_details_pb.js";
-import { GatewayError, isErrorCode, type ErrorCode } from "../domain/errors.js";
+import { asGatewayError, isErrorCode, type ErrorCode } from "../domain/errors.js";
 import { wireOf } from "./error-codes.js";
-import { isDatabaseUnavailable } from "../adapters/pg/unavailable.js";
 
 /** ErrorInfo.domain of every gateway error. */
 export const errorDomain = "gateway.v1";
@@ -14,20 +13,16 @@ export const retryAfterKey = "retry_after_seconds";
  * The one place where a domain failure becomes a ConnectError: the Connect
  * code follows the HTTP status of the error code, and an ErrorInfo detail
  * carries the code itself (reason) and its type. Unknown failures become
- * `internal_error` with a generic message, except those that say the database could not be
- * asked (down, hung, out of connections): 503 `database_unavailable`. Their cause stays for
- * the logs.
+ * `internal_error` with a generic message, except those that the database adapter's check
+ * (installed at composition, see `recognizeDatabaseUnavailable` in domain/errors.ts) says
+ * mean the database could not be asked (down, hung, out of connections): 503
+ * `database_unavailable`. Their cause stays for the logs.
  * A retry delay travels in the ErrorInfo metadata and as a `retry-after` header
  * (trailer on gRPC) of the error.
  */
 export function toConnectError(error: unknown): ConnectError {
   if (error instanceof ConnectError) return error;
-  const gatewayError =
-    error instanceof GatewayError
-      ? error
-      : isDatabaseUnavailable(error)
-        ? new GatewayError("database_unavailable", "the database is unavailable", { cause: error })
-        : new GatewayError("internal_error", "internal error", { cause: error });
+  const gatewayError = asGatewayError(error);
   const { connect, type } = wireOf(gatewayError.code);
   const retryAfter = gatewayError.retryAfterSeconds;
   return new ConnectError(

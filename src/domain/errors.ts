@@ -185,3 +185,36 @@ export class GatewayError extends BaseError {
     return errorTypes[errorCodes[this.code]];
   }
 }
+
+/**
+ * Port: whether a failure that nothing mapped means the database could not be asked (down,
+ * unreachable, hung, out of connections), as opposed to a query it refused. Only the database
+ * adapter knows its driver's errors (adapters/pg/unavailable.ts); the composition root
+ * (src/app/storage.ts) installs its check here, so that the transports answer such a failure
+ * with 503 `database_unavailable` through {@link asGatewayError} without knowing the adapter.
+ */
+export type UnavailabilityCheck = (error: unknown) => boolean;
+
+const databaseUnavailableChecks = new Set<UnavailabilityCheck>();
+
+/** Installs a database adapter's check; installing the same check again changes nothing. */
+export function recognizeDatabaseUnavailable(check: UnavailabilityCheck): void {
+  databaseUnavailableChecks.add(check);
+}
+
+/**
+ * The gateway error a failure stands for: itself when it is one; 503 `database_unavailable`
+ * when an installed check says the database could not be asked; else `internal_error` with a
+ * generic message. The cause stays for the logs.
+ */
+export function asGatewayError(error: unknown): GatewayError {
+  if (error instanceof GatewayError) return error;
+  for (const check of databaseUnavailableChecks) {
+    if (check(error)) {
+      return new GatewayError("database_unavailable", "the database is unavailable", {
+        cause: error,
+      });
+    }
+  }
+  return new GatewayError("internal_error", "internal error", { cause: error });
+}
