@@ -48,4 +48,24 @@ export default tseslint.config(
       ),
     },
   },
+  {
+    // Transports on domain types only (issue 30): the Connect services and the REST facade take
+    // what they need through domain types and ports wired at composition (src/app), never from
+    // an adapter.
+    files: ["src/connect/**", "src/rest/**"],
+    rules: {
+      "no-restricted-imports": [
+        "error",
+        {
+          patterns: [
+            {
+              group: ["**/adapters/**"],
+              message:
+                "transports-on-domain-types: src/connect and src/rest import domain types and ports, not src/adapters (wire adapters in src/app).",
+            },
+          ],
+        },
+      ],
+    },
+  },
 );
