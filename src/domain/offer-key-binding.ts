@@ -15,8 +15,12 @@ import {
   signable,
   type AuthorizationDomain,
 } from "./permit-authorization.js";
-import { parseRegistrationSignature, type TypedDataField } from "./registration.js";
-import { verifyParsedSignature, type SignatureVerifier } from "./signatures.js";
+import { parseRegistrationSignature } from "./registration.js";
+import {
+  verifyParsedSignature,
+  type SignatureVerifier,
+  type TypedDataField,
+} from "./signatures.js";
 
 /**
  * Who may read an offer's earnings (docs/decisions.md, "Provider earnings"): the settlement

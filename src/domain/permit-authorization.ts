@@ -15,9 +15,12 @@ import {
   parseRegistrationSignature,
   registrationDomainName,
   registrationDomainVersion,
-  type TypedDataField,
 } from "./registration.js";
-import { verifyParsedSignature, type SignatureVerifier } from "./signatures.js";
+import {
+  verifyParsedSignature,
+  type SignatureVerifier,
+  type TypedDataField,
+} from "./signatures.js";
 import { createTtlCache } from "./ttl-cache.js";
 
 /**
