@@ -1,6 +1,6 @@
 import { isAddress, type Address } from "viem";
 import { BaseError } from "../errors.js";
-import type { TypedDataField } from "../domain/registration.js";
+import type { TypedDataField } from "../domain/signatures.js";
 import { noncePattern } from "../schema/signing.js";
 
 /**

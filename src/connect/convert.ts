@@ -10,7 +10,7 @@ import {
 import type { ModelDirectory, ModelRecord, OfferRecord } from "../domain/catalog.js";
 import * as domain from "../domain/catalog.js";
 import type { Reputation } from "../domain/reputation.js";
-import type { TypedDataField } from "../domain/registration.js";
+import type { TypedDataField } from "../domain/signatures.js";
 
 /** Domain records -> protobuf messages (and the status enums both ways). */
 

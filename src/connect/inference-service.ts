@@ -13,7 +13,7 @@ import { GatewayError } from "../domain/errors.js";
 import type { Inference } from "../domain/chat/index.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
 import { readPermitBalance, type PermitLedger } from "../domain/permit-balance.js";
-import type { Permit, PermitReader } from "../domain/permits.js";
+import { readPermit, type PermitReader } from "../domain/permits.js";
 import { requireAuthority } from "../domain/permit-authorization.js";
 import { buildUsageReceipt, type ReceiptSigner } from "../domain/receipts.js";
 import { callerKey, type Caller } from "./context.js";
@@ -144,17 +144,7 @@ export function createInferenceService(
       const permitId = normalizeHex(req.permitId);
       // Who may list is who may see the balance (GetPermit): keys the payer authorized, judged
       // from memory on the permit read from the chain, before the database is asked.
-      let permit: Permit | undefined;
-      try {
-        permit = await deps.permits.get(permitId);
-      } catch (err) {
-        if (err instanceof GatewayError) throw err;
-        throw new GatewayError("chain_unavailable", "the permit could not be read from the chain", {
-          cause: err,
-        });
-      }
-      if (permit === undefined)
-        throw new GatewayError("permit_not_found", `permit ${permitId} does not exist`);
+      const permit = await readPermit(deps.permits, permitId);
       requireAuthority(authority, permit, deps.clock());
       const limit = req.limit === 0 ? receiptPage.default : req.limit;
       let records: RequestRecord[];

@@ -1,17 +1,26 @@
 import { randomBytes } from "node:crypto";
 import { getAddress, type Address, type Hex } from "viem";
+import {
+  challengeExpiry,
+  newChallengeNonce,
+  readChallengeNonce,
+  readChallengeSignature,
+  readExpiresAt,
+} from "./challenge-window.js";
 import { GatewayError } from "./errors.js";
 import { isHex32, normalizeHex } from "./hex.js";
 import {
   defaultAuthorizationLifetimeSeconds,
   gatewayTypedData,
-  readExpiresAt,
   signable,
   type AuthorizationDomain,
 } from "./permit-authorization.js";
-import { parseRegistrationSignature, type TypedDataField } from "./registration.js";
-import { verifyParsedSignature, type SignatureVerifier } from "./signatures.js";
-import { noncePattern } from "../schema/signing.js";
+import { parseRegistrationSignature } from "./registration.js";
+import {
+  verifyParsedSignature,
+  type SignatureVerifier,
+  type TypedDataField,
+} from "./signatures.js";
 
 /**
  * Who may read an offer's earnings (docs/decisions.md, "Provider earnings"): the settlement
@@ -180,10 +189,12 @@ export function createOfferKeyBindingService(
     async createChallenge(req) {
       const offerId = readOfferId(req.offerId);
       const t = now();
-      const expiresAt =
-        req.expiresAt === undefined
-          ? t + defaultAuthorizationLifetimeSeconds
-          : readExpiresAt(req.expiresAt, t);
+      const expiresAt = challengeExpiry(
+        req.expiresAt,
+        t,
+        defaultAuthorizationLifetimeSeconds,
+        (value) => readExpiresAt(value, t),
+      );
       return buildBindOfferKeyTypedData({
         chainId: deps.chainId,
         market: deps.market,
@@ -192,7 +203,7 @@ export function createOfferKeyBindingService(
           operator: await operatorOf(offerId),
           keyId: req.apiKeyId,
           expiresAt,
-          nonce: `0x${randomBytes(32).toString("hex")}`,
+          nonce: newChallengeNonce(),
         },
       });
     },
@@ -201,16 +212,8 @@ export function createOfferKeyBindingService(
       const offerId = readOfferId(req.offerId);
       const t = now();
       const expiresAt = readExpiresAt(req.expiresAt, t);
-      if (typeof req.nonce !== "string" || !noncePattern.test(req.nonce)) {
-        throw new GatewayError(
-          "invalid_request",
-          "nonce must be 1 to 128 printable ASCII characters",
-        );
-      }
-      if (typeof req.signature !== "string" || req.signature === "") {
-        throw new GatewayError("invalid_request", "signature is required");
-      }
-      const parsed = parseRegistrationSignature(req.signature);
+      readChallengeNonce(req.nonce);
+      const parsed = parseRegistrationSignature(readChallengeSignature(req.signature));
       // The operator is the chain's now and the key id the caller's, never the body's: a
       // signature by anyone else, or made for another key or offer, does not verify.
       const operator = await operatorOf(offerId);

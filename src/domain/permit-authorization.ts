@@ -1,5 +1,13 @@
 import { randomBytes } from "node:crypto";
 import { getAddress, isAddress, recoverTypedDataAddress, type Address, type Hex } from "viem";
+import {
+  challengeExpiry,
+  newChallengeNonce,
+  readChallengeNonce,
+  readChallengeSignature,
+  readExpiresAt,
+  readUnixSeconds,
+} from "./challenge-window.js";
 import { GatewayError } from "./errors.js";
 import { isHex32, normalizeHex } from "./hex.js";
 import {
@@ -7,11 +15,13 @@ import {
   parseRegistrationSignature,
   registrationDomainName,
   registrationDomainVersion,
-  type TypedDataField,
 } from "./registration.js";
-import { verifyParsedSignature, type SignatureVerifier } from "./signatures.js";
+import {
+  verifyParsedSignature,
+  type SignatureVerifier,
+  type TypedDataField,
+} from "./signatures.js";
 import { createTtlCache } from "./ttl-cache.js";
-import { noncePattern } from "../schema/signing.js";
 
 /**
  * Spending authority (DESIGN.md section 8): a permit is spent only by API keys its payer
@@ -817,10 +827,12 @@ export function createPermitAuthorizationService(
       const payer = readPayer(req.payer);
       const permitId = readPermitId(req.permitId, false);
       const t = now();
-      const expiresAt =
-        req.expiresAt === undefined
-          ? t + Math.min(defaultAuthorizationLifetimeSeconds, deps.maxLifetimeSeconds)
-          : readAuthorizationExpiry(req.expiresAt, t, t, deps.maxLifetimeSeconds);
+      const expiresAt = challengeExpiry(
+        req.expiresAt,
+        t,
+        Math.min(defaultAuthorizationLifetimeSeconds, deps.maxLifetimeSeconds),
+        (value) => readAuthorizationExpiry(value, t, t, deps.maxLifetimeSeconds),
+      );
       const caps = readCaps(req.totalCap, req.perRequestCap, permitId);
       return buildAuthorizeKeyTypedData({
         chainId: deps.chainId,
@@ -834,7 +846,7 @@ export function createPermitAuthorizationService(
           deployment: deps.deployment,
           totalCap: caps.totalCap.toString(),
           perRequestCap: caps.perRequestCap.toString(),
-          nonce: `0x${randomBytes(32).toString("hex")}`,
+          nonce: newChallengeNonce(),
         },
       });
     },
@@ -858,15 +870,8 @@ export function createPermitAuthorizationService(
         deps.maxLifetimeSeconds,
       );
       const caps = readCaps(req.totalCap, req.perRequestCap, permitId);
-      if (typeof req.nonce !== "string" || !noncePattern.test(req.nonce)) {
-        throw new GatewayError(
-          "invalid_request",
-          "nonce must be 1 to 128 printable ASCII characters",
-        );
-      }
-      if (typeof req.signature !== "string" || req.signature === "") {
-        throw new GatewayError("invalid_request", "signature is required");
-      }
+      readChallengeNonce(req.nonce);
+      readChallengeSignature(req.signature);
       // The key id is the caller's, never the body's: a signature made for another key does
       // not verify for this one.
       const typedData = buildAuthorizeKeyTypedData({
@@ -944,9 +949,7 @@ export function createPermitAuthorizationService(
 
     async revokeBySignature(req) {
       const a = await find(req.id);
-      if (typeof req.signature !== "string" || req.signature === "") {
-        throw new GatewayError("invalid_request", "signature is required");
-      }
+      readChallengeSignature(req.signature);
       const payer = getAddress(a.payer);
       await verify(
         payer,
@@ -979,7 +982,7 @@ export function createPermitAuthorizationService(
           "startingAfter must be an authorization id (pauth_ followed by 24 hex digits)",
         );
       }
-      requireSignature(req.signature);
+      readChallengeSignature(req.signature);
       await verify(
         payer,
         buildListAuthorizationsTypedData({
@@ -1010,7 +1013,7 @@ export function createPermitAuthorizationService(
       }
       const permitId = readPermitId(req.permitId, false);
       const before = readBefore(req.before, t);
-      requireSignature(req.signature);
+      readChallengeSignature(req.signature);
       await verify(
         payer,
         buildRevokeAuthorizationsTypedData({
@@ -1057,12 +1060,6 @@ async function signedByAccount(
     return signer.toLowerCase() === address.toLowerCase();
   } catch {
     return false;
-  }
-}
-
-function requireSignature(value: unknown): void {
-  if (typeof value !== "string" || value === "") {
-    throw new GatewayError("invalid_request", "signature is required");
   }
 }
 
@@ -1114,16 +1111,6 @@ function readBefore(value: unknown, now: number): number {
   return n;
 }
 
-function readUnixSeconds(value: unknown, name: string): number {
-  let n = Number.NaN;
-  if (typeof value === "number") n = value;
-  else if (typeof value === "bigint") n = Number(value);
-  if (!Number.isSafeInteger(n)) {
-    throw new GatewayError("invalid_request", `${name} must be an integer (Unix seconds)`);
-  }
-  return n;
-}
-
 function readLimit(value: number | undefined): number {
   if (value === undefined || value === 0) return payerListDefaultLimit;
   if (!Number.isInteger(value) || value < 1 || value > payerListMaxLimit) {
@@ -1160,21 +1147,6 @@ function readPermitId(value: unknown, required: boolean): Hex {
     );
   }
   return normalizeHex(value);
-}
-
-/**
- * A signed request's `expiresAt`: Unix seconds, a safe integer, in the future; 400
- * `invalid_request` otherwise. Permit authorizations and offer key bindings read it alike.
- */
-export function readExpiresAt(value: unknown, now: number): number {
-  let n = Number.NaN;
-  if (typeof value === "number") n = value;
-  else if (typeof value === "bigint") n = Number(value);
-  if (!Number.isSafeInteger(n)) {
-    throw new GatewayError("invalid_request", "expiresAt must be an integer (Unix seconds)");
-  }
-  if (n <= now) throw new GatewayError("invalid_request", "expiresAt is in the past");
-  return n;
 }
 
 /**

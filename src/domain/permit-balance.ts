@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import { GatewayError } from "./errors.js";
 import { isHex32, normalizeHex } from "./hex.js";
-import type { Permit, PermitReader, PermitState } from "./permits.js";
+import { readPermit, type Permit, type PermitReader, type PermitState } from "./permits.js";
 
 /**
  * A permit's balance (`GET /v1/permits/{id}`, `InferenceService.GetPermit`): what the chain holds
@@ -124,18 +124,7 @@ export async function readPermitBalance(
   const permitId = normalizeHex(permitIdInput);
   // The chain first: who may see the ledger depends on the permit's payer, and a caller who may
   // not costs no database read.
-  let permit: Permit | undefined;
-  try {
-    permit = await deps.permits.get(permitId);
-  } catch (err) {
-    if (err instanceof GatewayError && err.code === "chain_unavailable") throw err;
-    throw new GatewayError("chain_unavailable", "the permit could not be read from the chain", {
-      cause: err,
-    });
-  }
-  if (permit === undefined) {
-    throw new GatewayError("permit_not_found", `permit ${permitId} does not exist`);
-  }
+  const permit = await readPermit(deps.permits, permitId);
   deps.authorize?.(permit);
   let ledger: PermitLedger;
   try {

@@ -86,6 +86,28 @@ export function permitOfferPin(permit: Permit): Hex | undefined {
 }
 
 /**
+ * Reads a permit from the chain, for every caller that needs one to exist (the chat path, a
+ * permit's balance, its receipts). Throws {@link GatewayError}: `chain_unavailable` when the
+ * chain cannot be read (fail closed; the reader's own `chain_unavailable` passes unchanged),
+ * `permit_not_found` when the market has no permit `permitId` (lower-case Hex32).
+ */
+export async function readPermit(reader: PermitReader, permitId: Hex): Promise<Permit> {
+  let permit: Permit | undefined;
+  try {
+    permit = await reader.get(permitId);
+  } catch (err) {
+    if (err instanceof GatewayError && err.code === "chain_unavailable") throw err;
+    throw new GatewayError("chain_unavailable", "the permit could not be read from the chain", {
+      cause: err,
+    });
+  }
+  if (permit === undefined) {
+    throw new GatewayError("permit_not_found", `permit ${permitId} does not exist`);
+  }
+  return permit;
+}
+
+/**
  * Checks the `X-Gateway-Permit` header against the chain for a request on `modelId`, and returns
  * the permit. Throws {@link GatewayError}, checking in this order:
  * `permit_missing` (no header), `invalid_hex` (not Hex32), `chain_unavailable` (the chain cannot
@@ -112,18 +134,7 @@ export async function checkPermit(
     );
   }
   const permitId = normalizeHex(value);
-  let permit: Permit | undefined;
-  try {
-    permit = await reader.get(permitId);
-  } catch (err) {
-    if (err instanceof GatewayError && err.code === "chain_unavailable") throw err;
-    throw new GatewayError("chain_unavailable", "the permit could not be read from the chain", {
-      cause: err,
-    });
-  }
-  if (permit === undefined) {
-    throw new GatewayError("permit_not_found", `permit ${permitId} does not exist`);
-  }
+  const permit = await readPermit(reader, permitId);
   if (permit.state === "closed") {
     throw new GatewayError("permit_closed", `permit ${permitId} is closed`);
   }

@@ -2,7 +2,7 @@ import { hashTypedData, type Address, type Hex } from "viem";
 import type { UsageFigures, UsageSource } from "./chat/types.js";
 import { GatewayError } from "./errors.js";
 import { gatewayTypedData, type AuthorizationDomain } from "./permit-authorization.js";
-import type { TypedDataField } from "./registration.js";
+import type { TypedDataField } from "./signatures.js";
 
 /**
  * Signed usage receipts: for every closed request with a charge, the gateway signs EIP-712 typed

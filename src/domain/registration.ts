@@ -9,11 +9,22 @@ import {
   type Hex,
 } from "viem";
 import type { OfferStatus } from "./catalog.js";
+import {
+  challengeExpiry,
+  readChallengeNonce,
+  readChallengeSignature,
+  readUnixSeconds,
+} from "./challenge-window.js";
 import { GatewayError, type ErrorCode } from "./errors.js";
 import type { EndpointSecret } from "./health.js";
 import { isHex32, normalizeHex } from "./hex.js";
-import { verifyParsedSignature, type SignatureVerifier } from "./signatures.js";
-import { endpointTokenPattern, noncePattern } from "../schema/signing.js";
+import {
+  verifyParsedSignature,
+  type ParsedSignature,
+  type SignatureVerifier,
+  type TypedDataField,
+} from "./signatures.js";
+import { endpointTokenPattern } from "../schema/signing.js";
 
 // ------------------------------------------------------------------------------ typed data
 
@@ -29,11 +40,6 @@ export const registrationDomainVersion = "3";
 export const maxChallengeLifetimeSeconds = 900;
 /** Lifetime of a challenge whose request names no `expiresAt`. */
 export const defaultChallengeLifetimeSeconds = 600;
-
-export interface TypedDataField {
-  name: string;
-  type: string;
-}
 
 /** The `EIP712Domain` type list, which `eth_signTypedData_v4` expects in `types`. */
 export const eip712DomainFields: TypedDataField[] = [
@@ -169,13 +175,6 @@ export function registrationDigest(
 /** secp256k1's group order n, and n / 2: a canonical ECDSA signature has s <= n / 2. */
 const secp256k1N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n;
 const secp256k1HalfN = secp256k1N / 2n;
-
-export interface ParsedSignature {
-  /** 65 bytes `r | s | v` with v in {27, 28}: what ECDSA recovery and most wallets take. */
-  full: Hex;
-  /** The 64-byte EIP-2098 form as submitted, when it was submitted that way. */
-  compact?: Hex;
-}
 
 /**
  * Reads a registration signature: 0x-hex of 65 bytes (`r | s | v`, v in {0, 1, 27, 28}) or
@@ -471,12 +470,14 @@ export function createRegistrationService(deps: RegistrationServiceDeps): Regist
       const offerId = readOfferId(req.offerId);
       const rawUrl = readEndpointUrl(req.endpointUrl);
       const givenNonce =
-        req.nonce === undefined || req.nonce === "" ? undefined : readNonce(req.nonce);
+        req.nonce === undefined || req.nonce === "" ? undefined : readChallengeNonce(req.nonce);
       const t = now();
-      const expiresAt =
-        req.expiresAt === undefined || req.expiresAt === null
-          ? t + defaultChallengeLifetimeSeconds
-          : readExpiresAt(req.expiresAt);
+      const expiresAt = challengeExpiry(
+        req.expiresAt ?? undefined,
+        t,
+        defaultChallengeLifetimeSeconds,
+        readExpiresAt,
+      );
       checkExpiry(expiresAt, t);
       // Read (and validated as registration will) only to hash; it goes nowhere else.
       const token = readEndpointToken(req.endpointToken);
@@ -512,14 +513,12 @@ export function createRegistrationService(deps: RegistrationServiceDeps): Regist
       if (req.nonce === undefined || req.nonce === null) {
         throw new GatewayError("invalid_request", "nonce is required");
       }
-      const nonce = readNonce(req.nonce);
+      const nonce = readChallengeNonce(req.nonce);
       if (req.expiresAt === undefined || req.expiresAt === null) {
         throw new GatewayError("invalid_request", "expiresAt is required");
       }
       const expiresAt = readExpiresAt(req.expiresAt);
-      if (typeof req.signature !== "string" || req.signature === "") {
-        throw new GatewayError("invalid_request", "signature is required");
-      }
+      readChallengeSignature(req.signature);
       const token = readEndpointToken(req.endpointToken);
       const secrets = token === undefined ? [rawUrl] : [rawUrl, token];
       const canonical = canonicalEndpoint(rawUrl, secrets);
@@ -692,13 +691,6 @@ function readEndpointUrl(value: unknown): string {
   return value;
 }
 
-function readNonce(value: unknown): string {
-  if (typeof value !== "string" || !noncePattern.test(value)) {
-    throw new GatewayError("invalid_request", "nonce must be 1 to 128 printable ASCII characters");
-  }
-  return value;
-}
-
 function readEndpointToken(value: unknown): string | undefined {
   if (value === undefined || value === null || value === "") return undefined;
   if (typeof value !== "string" || !endpointTokenPattern.test(value)) {
@@ -712,14 +704,7 @@ function readEndpointToken(value: unknown): string | undefined {
 
 /** Unix seconds as a number, a bigint (protobuf int64) or a decimal string. */
 function readExpiresAt(value: unknown): number {
-  let n = Number.NaN;
-  if (typeof value === "number") n = value;
-  else if (typeof value === "bigint") n = Number(value);
-  else if (typeof value === "string" && /^-?\d{1,16}$/.test(value)) n = Number(value);
-  if (!Number.isSafeInteger(n)) {
-    throw new GatewayError("invalid_request", "expiresAt must be an integer (Unix seconds)");
-  }
-  return n;
+  return readUnixSeconds(value, "expiresAt", { decimalStrings: true });
 }
 
 function checkExpiry(expiresAt: number, now: number): void {
