@@ -72,6 +72,8 @@ export const layerTable: readonly {
     layer: "pipeline stages",
     prefixes: [
       "src/domain/chat/pipeline.ts",
+      "src/domain/chat/idempotent.ts",
+      "src/domain/chat/quotes.ts",
       "src/domain/chat/routing.ts",
       "src/domain/chat/leases.ts",
       "src/domain/chat/lease-pool.ts",
@@ -113,7 +115,10 @@ export const layerTable: readonly {
   {
     layer: "metering",
     prefixes: [
-      "src/domain/chat/relay.ts",
+      "src/domain/chat/call.ts",
+      "src/domain/chat/call-state.ts",
+      "src/domain/chat/call-provider.ts",
+      "src/domain/chat/gateway-members.ts",
       "src/domain/chat/metering.ts",
       "src/domain/chat/output-tally.ts",
       "src/domain/chat/usage.ts",

@@ -2,7 +2,7 @@ import type { Hex } from "viem";
 import { GatewayError } from "../errors.js";
 import { createPools, type LeasePool } from "./lease-pool.js";
 import type { LeasedRecord, LeaseSignals, LeaseStore, OpenState } from "./lease-store.js";
-import type { Ledger } from "./types.js";
+import type { Ledger } from "./ports.js";
 
 /**
  * Reservation leases (docs/decisions.md, "Reservation leases"; migration 010): this process

@@ -107,11 +107,11 @@ export interface OfferMeasurements {
    * A request the provider failed: no answer (connection error, timeout, 5xx; also when the
    * request then failed over to another offer), an unreadable or invalid answer, or a stream
    * broken off by the provider. Never a client's cancel, a 4xx for the client's own input or a
-   * 429, nor anything the gateway itself failed (the caller decides; relay.ts).
+   * 429, nor anything the gateway itself failed (the caller decides; call.ts).
    */
   failed(offerId: Hex): void;
   /**
-   * A completed answer of the offer that carried a provider usage claim (relay.ts, once per
+   * A completed answer of the offer that carried a provider usage claim (call-state.ts, once per
    * answer, on the offer that served it: never another offer of a failover), and whether the
    * claim diverged (`judgeUsage(...).diverged`, usage.ts).
    */
