@@ -138,6 +138,7 @@ export const layerTable: readonly {
       "node_modules/tdigest/",
       "node_modules/bintrees/",
       "src/domain/chat/measurements.ts",
+      "src/domain/chat/measurement-sync.ts",
       "src/tracing.ts",
       "src/app/tracing.ts",
       "node_modules/@opentelemetry/",
