@@ -77,6 +77,8 @@ export const layerTable: readonly {
       "src/domain/chat/routing.ts",
       "src/domain/chat/leases.ts",
       "src/domain/chat/lease-pool.ts",
+      "src/domain/chat/lease-epochs.ts",
+      "src/domain/chat/lease-returns.ts",
       "src/domain/chat/lease-store.ts",
       "src/domain/chat/lifecycle.ts",
       "src/domain/chat/billing.ts",
