@@ -12,8 +12,15 @@ import type { OfferStatus } from "./catalog.js";
 import { GatewayError, type ErrorCode } from "./errors.js";
 import type { EndpointSecret } from "./health.js";
 import { isHex32, normalizeHex } from "./hex.js";
-import { verifyParsedSignature, type SignatureVerifier } from "./signatures.js";
+import {
+  verifyParsedSignature,
+  type ParsedSignature,
+  type SignatureVerifier,
+  type TypedDataField,
+} from "./signatures.js";
 import { endpointTokenPattern, noncePattern } from "../schema/signing.js";
+
+export type { ParsedSignature, TypedDataField } from "./signatures.js";
 
 // ------------------------------------------------------------------------------ typed data
 
@@ -29,11 +36,6 @@ export const registrationDomainVersion = "3";
 export const maxChallengeLifetimeSeconds = 900;
 /** Lifetime of a challenge whose request names no `expiresAt`. */
 export const defaultChallengeLifetimeSeconds = 600;
-
-export interface TypedDataField {
-  name: string;
-  type: string;
-}
 
 /** The `EIP712Domain` type list, which `eth_signTypedData_v4` expects in `types`. */
 export const eip712DomainFields: TypedDataField[] = [
@@ -169,13 +171,6 @@ export function registrationDigest(
 /** secp256k1's group order n, and n / 2: a canonical ECDSA signature has s <= n / 2. */
 const secp256k1N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n;
 const secp256k1HalfN = secp256k1N / 2n;
-
-export interface ParsedSignature {
-  /** 65 bytes `r | s | v` with v in {27, 28}: what ECDSA recovery and most wallets take. */
-  full: Hex;
-  /** The 64-byte EIP-2098 form as submitted, when it was submitted that way. */
-  compact?: Hex;
-}
 
 /**
  * Reads a registration signature: 0x-hex of 65 bytes (`r | s | v`, v in {0, 1, 27, 28}) or

@@ -1,5 +1,17 @@
 import type { Address, Hex } from "viem";
-import type { ParsedSignature, TypedDataField } from "./registration.js";
+
+export interface TypedDataField {
+  name: string;
+  type: string;
+}
+
+/** A signature as registration.ts reads it (`parseRegistrationSignature`). */
+export interface ParsedSignature {
+  /** 65 bytes `r | s | v` with v in {27, 28}: what ECDSA recovery and most wallets take. */
+  full: Hex;
+  /** The 64-byte EIP-2098 form as submitted, when it was submitted that way. */
+  compact?: Hex;
+}
 
 /**
  * EIP-712 typed data as viem and ethers sign it: the struct types without `EIP712Domain` (both
