@@ -7,7 +7,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 import { pino } from "pino";
 import { startAnvil } from "../src/adapters/chain/anvil.js";
-import type { ChatInput } from "../src/domain/chat/types.js";
+import type { ChatInput } from "../src/domain/chat/ports.js";
 import type { Closing } from "../src/domain/chat/metering.js";
 import { createTracing } from "../src/tracing.js";
 import { load, preflight, requestBody, type Target } from "./lib/measure.js";

@@ -8,7 +8,7 @@ import {
   type LabelValues,
 } from "prom-client";
 import type { RpcObserver } from "./connect/interceptors.js";
-import type { ChatObserver } from "./domain/chat/types.js";
+import type { ChatObserver } from "./domain/chat/ports.js";
 import { GatewayError, type ErrorCode } from "./domain/errors.js";
 import { createSharedRefresh } from "./domain/shared-refresh.js";
 import type { SettlementObserver } from "./domain/settlement.js";

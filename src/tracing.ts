@@ -14,13 +14,8 @@ import { BatchSpanProcessor, TracerProvider, type SpanExporter } from "@opentele
 import { ATTR_ERROR_TYPE, ATTR_SERVICE_NAME } from "@opentelemetry/semantic-conventions";
 import type { Logger } from "pino";
 import type { Config } from "./config.js";
-import type {
-  ChatInput,
-  ChatStep,
-  ChatTrace,
-  ChatTracer,
-  UsageFigures,
-} from "./domain/chat/types.js";
+import type { ChatInput, ChatStep, ChatTrace, ChatTracer } from "./domain/chat/ports.js";
+import type { UsageFigures } from "./domain/chat/types.js";
 import type { Closing } from "./domain/chat/metering.js";
 import { GatewayError } from "./domain/errors.js";
 import type { FlushResult, SettlementFlusher } from "./domain/settlement.js";

@@ -89,7 +89,7 @@ describeIfPostgres("two gateway processes sharing one PostgreSQL and one permit"
     expect(
       refused.every((r) => r.status === 402 && r.body.error.code === "insufficient_credits"),
     ).toBe(true);
-    // An answer goes out before its charge is committed (src/domain/chat/relay.ts), and a
+    // An answer goes out before its charge is committed (src/domain/chat/call.ts), and a
     // finalisation may wait for the batch in flight before it: let the last commits land.
     let ledger = await permitLedger(stack.database.db.pool, permitId);
     for (const until = Date.now() + 5_000; ledger.reserved !== 0n && Date.now() < until;) {

@@ -73,9 +73,13 @@ export const layerTable: readonly {
     layer: "pipeline stages",
     prefixes: [
       "src/domain/chat/pipeline.ts",
+      "src/domain/chat/idempotent.ts",
+      "src/domain/chat/quotes.ts",
       "src/domain/chat/routing.ts",
       "src/domain/chat/leases.ts",
       "src/domain/chat/lease-pool.ts",
+      "src/domain/chat/lease-epochs.ts",
+      "src/domain/chat/lease-returns.ts",
       "src/domain/chat/lease-store.ts",
       "src/domain/chat/lifecycle.ts",
       "src/domain/chat/billing.ts",
@@ -114,7 +118,10 @@ export const layerTable: readonly {
   {
     layer: "metering",
     prefixes: [
-      "src/domain/chat/relay.ts",
+      "src/domain/chat/call.ts",
+      "src/domain/chat/call-state.ts",
+      "src/domain/chat/call-provider.ts",
+      "src/domain/chat/gateway-members.ts",
       "src/domain/chat/metering.ts",
       "src/domain/chat/output-tally.ts",
       "src/domain/chat/usage.ts",
@@ -134,6 +141,7 @@ export const layerTable: readonly {
       "node_modules/tdigest/",
       "node_modules/bintrees/",
       "src/domain/chat/measurements.ts",
+      "src/domain/chat/measurement-sync.ts",
       "src/tracing.ts",
       "src/app/tracing.ts",
       "node_modules/@opentelemetry/",

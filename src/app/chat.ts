@@ -20,11 +20,8 @@ import {
   type QuoteRecord,
 } from "../domain/chat/index.js";
 import { createLeasedLedger, type LeasedLedger } from "../domain/chat/leases.js";
-import {
-  createMeasurementSync,
-  createOfferMeasurements,
-  type MeasurementSync,
-} from "../domain/chat/measurements.js";
+import { createMeasurementSync } from "../domain/chat/measurement-sync.js";
+import { createOfferMeasurements, type MeasurementSync } from "../domain/chat/measurements.js";
 import { createWakeFees } from "../domain/chat/wake-fees.js";
 import type { EndpointSecret } from "../domain/health.js";
 import type { PermitReader } from "../domain/permits.js";

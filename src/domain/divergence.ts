@@ -1,4 +1,4 @@
-import type { OfferMeasurement } from "./chat/measurements.js";
+import type { OfferMeasurement } from "./chat/measurement-types.js";
 
 /**
  * Divergence is the liar's cost (DESIGN.md section 10; docs/decisions.md "Usage divergence"):

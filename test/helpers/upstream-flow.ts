@@ -1,4 +1,4 @@
-import type { UpstreamFlow } from "../../src/domain/chat/types.js";
+import type { UpstreamFlow } from "../../src/domain/chat/ports.js";
 
 /**
  * A fake provider's events (an async iterable, as a test writes them) pushed to a reader the

@@ -4,7 +4,7 @@ import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.
 import { hex32, NOW } from "../../../test/helpers/ledger.js";
 import type { LeaseStore } from "../../domain/chat/lease-store.js";
 import { createLeasedLedger, type LeasedLedger } from "../../domain/chat/leases.js";
-import type { Ledger } from "../../domain/chat/types.js";
+import type { Ledger } from "../../domain/chat/ports.js";
 import { GatewayError } from "../../domain/errors.js";
 import { createPgLeaseStore, releaseOrphanedLeases } from "./leases.js";
 import * as ledger from "./ledger.js";

@@ -1,7 +1,7 @@
 import { isIP } from "node:net";
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { Agent, buildConnector } from "undici";
-import type { UpstreamChat } from "../../domain/chat/types.js";
+import type { UpstreamChat } from "../../domain/chat/ports.js";
 import { GatewayError } from "../../domain/errors.js";
 import {
   canonicalEndpointUrl,

@@ -1,5 +1,6 @@
 import { consumerStopped, type ChatSink } from "./sink.js";
-import type { ChatEvent, ChatInput } from "./types.js";
+import type { ChatInput } from "./ports.js";
+import type { ChatEvent } from "./types.js";
 
 /**
  * Events queued before the call pauses the provider: one, and the provider resumes only when

@@ -1,8 +1,8 @@
 import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
 import { parseChatRequest } from "../chat-request.js";
-import { callProvider } from "./relay.js";
-import type { UpstreamChatOptions, UpstreamReply } from "./types.js";
+import { callProvider } from "./call-provider.js";
+import type { UpstreamChatOptions, UpstreamReply } from "./ports.js";
 import { flowFromEvents } from "../../../test/helpers/upstream-flow.js";
 
 /** callProvider: the body and options one provider call carries (issue 27, items 6 and 7). */

@@ -1,8 +1,10 @@
 import type { Hex } from "viem";
 import { GatewayError } from "../errors.js";
+import { Epochs, type Epoch } from "./lease-epochs.js";
 import { createPools, type LeasePool } from "./lease-pool.js";
+import { LeaseReturns } from "./lease-returns.js";
 import type { LeasedRecord, LeaseSignals, LeaseStore, OpenState } from "./lease-store.js";
-import type { Ledger } from "./types.js";
+import type { Ledger } from "./ports.js";
 
 /**
  * Reservation leases (docs/decisions.md, "Reservation leases"; migration 010): this process
@@ -15,13 +17,9 @@ import type { Ledger } from "./types.js";
  * Idempotency-Key keep the per-request reservation (`durable`), and so do requests capped by
  * their authorization's total (`capped`).
  *
- * Leases belong to a holder: an epoch of this process, heartbeated while it admits. If the
- * heartbeat fails for so long that other processes could take the epoch for dead (and release
- * its leases), admission against it stops before that can happen and a new epoch begins. An
- * epoch's instance row is written (its first heartbeat) before any lease is taken under it, so
- * no other process finds its leases without a heartbeat; a retired epoch is heartbeated on
- * until it holds nothing (no lease, no open request), so the requests still running on it are
- * not taken for orphans once the database is healthy again.
+ * Leases belong to a holder: an epoch of this process, heartbeated while it admits, retired
+ * before others could take it for dead (lease-epochs.ts). Each lease is a pool of this process
+ * (lease-pool.ts); what a pool does not use goes back when idle or recalled (lease-returns.ts).
  */
 
 export interface LeaseOptions {
@@ -53,23 +51,6 @@ export interface LeaseOptions {
    * a refusal other holders could cover waits once per window for their idle give-back.
    */
   readonly signals?: LeaseSignals | undefined;
-}
-
-interface Epoch {
-  readonly holder: string;
-  /** Monotonic ms of the last heartbeat that succeeded (sent at); undefined before the first. */
-  beatSentAt: number | undefined;
-  /** This epoch's heartbeat in flight (one at a time, per epoch). */
-  beating: Promise<void> | undefined;
-  retired: boolean;
-  /**
-   * A heartbeat came later than the orphan window after the one before it: other processes
-   * may have taken the epoch for dead meanwhile (voided its requests, released its leases).
-   */
-  forfeited: boolean;
-  /** Its requests not closed yet (their closes may wait in the outbox). */
-  open: number;
-  readonly pools: Map<string, LeasePool>;
 }
 
 interface LeasedRequest {
@@ -108,17 +89,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
   const idleMs = options.idleMs ?? 1_000;
   const tickMs = options.tickMs ?? 250;
   const signals = options.signals;
-  const {
-    newPool,
-    acquire,
-    release,
-    markScarce,
-    closeStarted,
-    closeEnded,
-    whenSettled,
-    pump,
-    rejectAll,
-  } = createPools({
+  const pools = createPools({
     mono,
     idleMs,
     tickMs,
@@ -128,82 +99,17 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     // Near the end of a permit's credits (an offer's slots), what a closing request frees goes
     // back at once: the database, not this process's idle lease, decides the next request.
     onFree: (pool) => {
-      if (!pool.busy) void giveBack(pool, false);
+      if (!pool.busy) void returns.giveBack(pool, false);
     },
   });
+  const { newPool, acquire, release, closeStarted, closeEnded, rejectAll } = pools;
   const requests = new Map<string, LeasedRequest>();
   const revoked = new Set<Hex>();
-  const epochs: Epoch[] = [];
-  let epochCount = 0;
   let timer: NodeJS.Timeout | undefined;
   let ticking: Promise<void> | undefined;
 
-  const newEpoch = (): Epoch => {
-    const epoch: Epoch = {
-      holder: `${options.instanceId}/lease-${++epochCount}`,
-      beatSentAt: undefined,
-      beating: undefined,
-      retired: false,
-      forfeited: false,
-      open: 0,
-      pools: new Map(),
-    };
-    epochs.push(epoch);
-    return epoch;
-  };
-  let current = newEpoch();
-
-  /**
-   * Heartbeats `epoch` (its own call: another epoch's heartbeat in flight is no heartbeat of
-   * this one). A heartbeat that succeeds too late retires the epoch, as admission would have
-   * (others may be about to release its leases), and one later than the orphan window forfeits
-   * it (they may have already).
-   */
-  const beat = (epoch: Epoch): Promise<void> => {
-    epoch.beating ??= (async () => {
-      const sentAt = mono();
-      try {
-        await store.heartbeat(epoch.holder);
-        const previous = epoch.beatSentAt;
-        if (previous !== undefined) {
-          const answeredAt = mono();
-          if (answeredAt > previous + staleMs - marginMs) epoch.retired = true;
-          if (answeredAt > previous + staleMs) epoch.forfeited = true;
-        }
-        epoch.beatSentAt = sentAt;
-      } finally {
-        epoch.beating = undefined;
-      }
-    })();
-    return epoch.beating;
-  };
-
-  /**
-   * The epoch admissions use now: a new one when the current could be taken for dead. Its
-   * instance row is written before it is returned, so before any lease is taken under it.
-   */
-  const admittingEpoch = async (): Promise<Epoch> => {
-    const lapsed =
-      current.beatSentAt !== undefined && mono() > current.beatSentAt + staleMs - marginMs;
-    if (lapsed || current.retired) {
-      current.retired = true;
-      current = newEpoch();
-    }
-    const epoch = current;
-    if (epoch.beatSentAt === undefined) await beat(epoch);
-    return epoch;
-  };
-
-  /** Whether a (retired) epoch still holds anything the orphan rule would take from it. */
-  const holds = (epoch: Epoch): boolean => {
-    if (epoch.open > 0) return true;
-    for (const pool of epoch.pools.values()) {
-      if (pool.granted > 0n || pool.used > 0n || pool.dirty || pool.busy || pool.queue.length > 0) {
-        return true;
-      }
-    }
-    return false;
-  };
+  const epochs = new Epochs({ instanceId: options.instanceId, store, mono, staleMs, marginMs });
+  const returns = new LeaseReturns({ store, epochs, pools, signals });
 
   /** The epoch's pool of a permit or an offer: one per lease row. */
   const poolOf = (epoch: Epoch, kind: LeasePool["kind"], id: Hex): LeasePool => {
@@ -237,7 +143,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     if (revoked.has(permitId)) throw permitClosing(input.permitId);
     let epoch: Epoch;
     try {
-      epoch = await admittingEpoch();
+      epoch = await epochs.admitting();
     } catch (error) {
       throw unavailable(error);
     }
@@ -409,57 +315,6 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     return true;
   };
 
-  /** Gives back what a pool does not use: all of it (the database's figure) when idle. */
-  const giveBack = (pool: LeasePool, all: boolean): Promise<void> => {
-    const run = returnUnused(pool, all);
-    pool.returning = run;
-    void run.finally(() => {
-      if (pool.returning === run) pool.returning = undefined;
-    });
-    return run;
-  };
-  const returnUnused = async (pool: LeasePool, all: boolean): Promise<void> => {
-    // What goes back leaves `granted` before the call: a request arriving meanwhile must not
-    // be admitted against it (it waits for an extension instead).
-    const free = all ? pool.granted : pool.granted - pool.used;
-    if (free <= 0n && !all) return;
-    pool.busy = true;
-    pool.granted -= free;
-    try {
-      if (all) {
-        if (pool.kind === "permit") await store.returnPermit(pool.holder, pool.id, "all");
-        else await store.returnOffer(pool.holder, pool.id, "all");
-        pool.dirty = false;
-      } else if (pool.kind === "permit") {
-        await store.returnPermit(pool.holder, pool.id, free);
-      } else {
-        await store.returnOffer(pool.holder, pool.id, Number(free));
-      }
-    } catch {
-      // Unknown outcome: the database may still hold it; the next idle give-back returns all.
-      pool.dirty = true;
-    } finally {
-      pool.busy = false;
-      if (pool.queue.length > 0) void pump(pool);
-    }
-  };
-
-  /**
-   * Gives back what this process's leases on `key` hold idle (no request of ours uses it), as
-   * a recall would; answers whether there was any.
-   */
-  const giveBackIdle = async (key: string): Promise<boolean> => {
-    const work: Promise<void>[] = [];
-    for (const epoch of epochs) {
-      const pool = epoch.pools.get(key);
-      if (pool === undefined || pool.busy || pool.queue.length > 0) continue;
-      while (pool.returning !== undefined) await pool.returning;
-      if (pool.granted > pool.used) work.push(giveBack(pool, pool.used === 0n));
-    }
-    await Promise.allSettled(work);
-    return work.length > 0;
-  };
-
   /**
    * A request reserved at the database one by one (a durable or a capped one) is refused only
    * when the database refuses it with nothing idle in a lease to cover it: on
@@ -481,56 +336,29 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       first.reason === "offer_at_capacity"
         ? `offer:${input.offerId.toLowerCase()}`
         : `permit:${input.permitId.toLowerCase()}`;
-    const gaveBack = await giveBackIdle(key);
+    const gaveBack = await returns.giveBackIdle(key);
     if (signals !== undefined) await signals.recall(key);
     else if (!gaveBack) return first;
     return fallback.reserve(input);
   };
 
-  /**
-   * Another process needs what this one's lease on `key` holds idle: give back every part no
-   * request of ours uses, then answer (the recaller asks the database again). The lease turns
-   * scarce here too, so both sides take only what each request needs for a while.
-   */
-  const answerRecall = async (key: string): Promise<void> => {
-    const work: Promise<void>[] = [];
-    let held = false;
-    for (const epoch of epochs) {
-      const pool = epoch.pools.get(key);
-      if (pool === undefined) continue;
-      held = true;
-      markScarce(pool);
-      // Our answered requests' charges about to commit free the rest of their maxima.
-      await whenSettled(pool, 1_000);
-      // A give-back already under way (the idle one): answer once it has committed, or the
-      // recaller asks the database before what comes back is there, and its refusal stands
-      // (seen behind PgBouncer, whose extra hop widens that window).
-      while (pool.returning !== undefined) await pool.returning;
-      // A lease extending (or waited on) right now needs what it has: its answer is "none".
-      if (pool.busy || pool.queue.length > 0) continue;
-      if (pool.granted > pool.used || pool.dirty) work.push(giveBack(pool, pool.used === 0n));
-    }
-    if (!held) return;
-    await Promise.allSettled(work);
-    await signals?.answer(key);
-  };
-  signals?.onRecall((key) => void answerRecall(key));
+  signals?.onRecall((key) => void returns.answerRecall(key));
 
   const tick = async (): Promise<void> => {
     const now = mono();
     // The current epoch, and every retired one while it holds anything: a stream still running
     // on a retired epoch (or a close waiting in the outbox) keeps it alive for the orphan rule.
     const beats: Promise<void>[] = [];
-    for (const epoch of epochs) {
+    for (const epoch of epochs.all) {
       const due = epoch.beatSentAt !== undefined && now - epoch.beatSentAt >= heartbeatMs;
-      if (due && (epoch === current || holds(epoch))) {
-        beats.push(beat(epoch).catch(() => undefined));
+      if (due && (epoch === epochs.current || epochs.holds(epoch))) {
+        beats.push(epochs.beat(epoch).catch(() => undefined));
       }
     }
     await Promise.all(beats);
     const nowSeconds = (options.permitClock ?? options.clock)();
     const work: Promise<void>[] = [];
-    for (const epoch of epochs) {
+    for (const epoch of epochs.all) {
       for (const [key, pool] of epoch.pools) {
         pool.recent = pool.admittedInWindow;
         pool.admittedInWindow = 0n;
@@ -542,18 +370,16 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
               (pool.expiresAt !== undefined && pool.expiresAt <= nowSeconds)));
         const idle = now - pool.lastActive >= idleMs;
         if (pool.used === 0n && (ended || idle)) {
-          if (pool.granted > 0n || pool.dirty) work.push(giveBack(pool, true));
+          if (pool.granted > 0n || pool.dirty) work.push(returns.giveBack(pool, true));
           // Forgotten only when it holds nothing and nothing uses it (one pool per lease row).
           else if (ended || now - pool.lastActive >= 60_000) epoch.pools.delete(key);
         } else if (ended && pool.granted > pool.used) {
-          work.push(giveBack(pool, false));
+          work.push(returns.giveBack(pool, false));
         }
       }
     }
     await Promise.allSettled(work);
-    for (let i = epochs.length - 1; i >= 0; i--) {
-      if (epochs[i]!.retired && !holds(epochs[i]!)) epochs.splice(i, 1);
-    }
+    epochs.prune();
   };
 
   return {
@@ -572,7 +398,7 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     revokePermit(permitId) {
       const id = permitId.toLowerCase() as Hex;
       revoked.add(id);
-      for (const epoch of epochs) {
+      for (const epoch of epochs.all) {
         const pool = epoch.pools.get(`permit:${id}`);
         if (pool === undefined) continue;
         rejectAll(pool, permitClosing(permitId));
@@ -593,19 +419,19 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
       if (timer !== undefined) clearInterval(timer);
       timer = undefined;
       await ticking;
-      for (const epoch of epochs) epoch.retired = true;
+      for (const epoch of epochs.all) epoch.retired = true;
       await tick();
     },
     held() {
       const permits = new Map<Hex, bigint>();
       const offers = new Map<Hex, bigint>();
-      for (const epoch of epochs) {
+      for (const epoch of epochs.all) {
         for (const pool of epoch.pools.values()) {
           const map = pool.kind === "permit" ? permits : offers;
           map.set(pool.id, (map.get(pool.id) ?? 0n) + pool.granted);
         }
       }
-      return { permits, offers, holder: current.holder };
+      return { permits, offers, holder: epochs.current.holder };
     },
   };
 }

@@ -1,6 +1,7 @@
 import type { Hex } from "viem";
 import type { Closing } from "./metering.js";
-import type { FinalizeInput, InferenceDeps, Ledger } from "./types.js";
+import type { InferenceDeps, Ledger } from "./ports.js";
+import type { FinalizeInput } from "./types.js";
 
 /**
  * The lifecycle of a request's close: admitted (reserved) -> sent -> streaming -> closing ->
@@ -109,64 +110,68 @@ export function createCloses(deps: Pick<InferenceDeps, "ledger" | "clock">): Clo
 /**
  * One request's close: decided once (`decided`), in memory first (a completed answer goes to
  * the client before its write), then written through {@link Closes}, or kept in the outbox.
- * `beforeWrite` is what must land first (the request's `streaming` mark).
+ * `before` is what must land first (the request's `streaming` mark, set once it is sent).
  */
-export function createRequestClose(options: {
-  readonly closes: Closes;
-  readonly requestId: Hex;
-  readonly clock: () => number;
-  readonly beforeWrite: () => Promise<unknown> | undefined;
-}) {
-  const { closes, requestId } = options;
-  let decided = false;
-  let pending: Closing | undefined;
-  let recorded: (() => void) | undefined;
-  return {
-    /** A close was decided (written, being written, or in the outbox). */
-    get decided(): boolean {
-      return decided;
-    },
-    /** A completed answer reported to the client whose close is not written yet. */
-    get pending(): Closing | undefined {
-      return pending;
-    },
-    /** The answer is complete and reported: its close is recorded next (or by the finally). */
-    answered(c: Closing): void {
-      pending = c;
-      recorded = closes.recording(requestId);
-    },
-    /** Makes a closing durable: the reservation becomes its charge, exactly once. */
-    async record(c: Closing, retries = 0): Promise<{ creditsCharged: bigint }> {
-      decided = true;
-      pending = undefined;
-      const close: PendingClose = {
-        finalize: {
-          requestId,
-          status: c.status,
-          inputTokens: c.usage.inputTokens,
-          outputTokens: c.usage.outputTokens,
-          cachedInputTokens: c.usage.cachedInputTokens ?? 0n,
-          reasoningTokens: c.usage.reasoningTokens ?? 0n,
-          creditsCharged: c.charge,
-          billing: c.billing,
-          usageSource: c.usageSource,
-          ...(c.claimed === undefined ? {} : { claimed: c.claimed }),
-          ...(c.counted === undefined ? {} : { counted: c.counted }),
-          ...(c.error === undefined ? {} : { error: c.error }),
-          now: options.clock(),
-        },
-        flag: c.aboveQuote ? { offerId: c.offerId, reason: "usage_above_quote" } : undefined,
-      };
-      try {
-        await options.beforeWrite();
-        return await withRetries(retries, () => closes.write(close));
-      } catch {
-        closes.enqueue(close);
-        return { creditsCharged: c.charge };
-      } finally {
-        recorded?.();
-        recorded = undefined;
-      }
-    },
-  };
+export class RequestClose {
+  /** What must land before the close is written (the request's `streaming` mark). */
+  before: Promise<unknown> | undefined = undefined;
+  private isDecided = false;
+  private answer: Closing | undefined = undefined;
+  private recorded: (() => void) | undefined = undefined;
+
+  constructor(
+    private readonly closes: Closes,
+    private readonly requestId: Hex,
+    private readonly clock: () => number,
+  ) {}
+
+  /** A close was decided (written, being written, or in the outbox). */
+  get decided(): boolean {
+    return this.isDecided;
+  }
+
+  /** A completed answer reported to the client whose close is not written yet. */
+  get pending(): Closing | undefined {
+    return this.answer;
+  }
+
+  /** The answer is complete and reported: its close is recorded next (or by the finally). */
+  answered(c: Closing): void {
+    this.answer = c;
+    this.recorded = this.closes.recording(this.requestId);
+  }
+
+  /** Makes a closing durable: the reservation becomes its charge, exactly once. */
+  async record(c: Closing, retries = 0): Promise<{ creditsCharged: bigint }> {
+    this.isDecided = true;
+    this.answer = undefined;
+    const close: PendingClose = {
+      finalize: {
+        requestId: this.requestId,
+        status: c.status,
+        inputTokens: c.usage.inputTokens,
+        outputTokens: c.usage.outputTokens,
+        cachedInputTokens: c.usage.cachedInputTokens ?? 0n,
+        reasoningTokens: c.usage.reasoningTokens ?? 0n,
+        creditsCharged: c.charge,
+        billing: c.billing,
+        usageSource: c.usageSource,
+        ...(c.claimed === undefined ? {} : { claimed: c.claimed }),
+        ...(c.counted === undefined ? {} : { counted: c.counted }),
+        ...(c.error === undefined ? {} : { error: c.error }),
+        now: this.clock(),
+      },
+      flag: c.aboveQuote ? { offerId: c.offerId, reason: "usage_above_quote" } : undefined,
+    };
+    try {
+      await this.before;
+      return await withRetries(retries, () => this.closes.write(close));
+    } catch {
+      this.closes.enqueue(close);
+      return { creditsCharged: c.charge };
+    } finally {
+      this.recorded?.();
+      this.recorded = undefined;
+    }
+  }
 }

@@ -1,12 +1,7 @@
 import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
-import {
-  binOf,
-  createMeasurementSync,
-  createOfferMeasurements,
-  median,
-  type SharedMeasurement,
-} from "./measurements.js";
+import { createMeasurementSync } from "./measurement-sync.js";
+import { binOf, createOfferMeasurements, median, type SharedMeasurement } from "./measurements.js";
 
 const offer = `0x${"01".repeat(32)}` as Hex;
 

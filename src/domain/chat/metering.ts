@@ -1,24 +1,14 @@
 import type { Hex } from "viem";
 import type { Tariff } from "../catalog.js";
 import { chargeFor, type PriceSchedule } from "../pricing.js";
-import type { CloseRecord, Metering, UsageFigures } from "./types.js";
+import type { CloseRecord, Metering, Usage, UsageFigures } from "./types.js";
 
 /**
  * Metering: the usage a provider reported (or the gateway's own count) and the charge it makes,
  * one implementation for every path of the pipeline.
  */
 
-export interface Usage {
-  readonly inputTokens: bigint;
-  readonly outputTokens: bigint;
-  /**
-   * Usage details (DESIGN.md section 9), recorded and shown, never priced: of `inputTokens`,
-   * those the provider served from its prompt cache; of `outputTokens`, those spent on
-   * reasoning. Absent: 0 (the gateway's own count has none).
-   */
-  readonly cachedInputTokens?: bigint;
-  readonly reasoningTokens?: bigint;
-}
+export type { Usage } from "./types.js";
 
 /**
  * The usage a provider reported, in OpenAI's chat shape (`usage.prompt_tokens`,

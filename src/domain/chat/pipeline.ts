@@ -1,15 +1,7 @@
-import { createHash } from "node:crypto";
 import type { Hex } from "viem";
-import type { ModelRecord } from "../catalog.js";
-import {
-  mediaParts,
-  parseChatRequest,
-  quoteFingerprint,
-  type ChatRequest,
-} from "../chat-request.js";
-import { canonicalBody, dialects, translatingSink, type DialectName } from "../dialects/index.js";
+import { mediaParts, parseChatRequest, type ChatRequest } from "../chat-request.js";
+import { canonicalBody, dialects, translatingSink } from "../dialects/index.js";
 import { GatewayError } from "../errors.js";
-import { isHex32, normalizeHex } from "../hex.js";
 import {
   fitsPerRequestCap,
   perRequestCapRefusal,
@@ -20,43 +12,27 @@ import {
 import { checkPermit } from "../permits.js";
 import { randomHex } from "../random-id.js";
 import { boundCounters } from "../tokens.js";
-import { createCloses, type PendingClose } from "./lifecycle.js";
 import { answerBridge } from "./bridge.js";
-import { serve } from "./relay.js";
+import { serve } from "./call.js";
+import { checkIdempotencyKey, claimKey, KeptAnswer, replay, type Keeping } from "./idempotent.js";
+import { createCloses, type PendingClose } from "./lifecycle.js";
+import type { ChatInput, ChatTrace, Inference, InferenceDeps, Ledger } from "./ports.js";
+import { boundQuote, createQuote, noEligibleOffer, quoteRecord, type Quoting } from "./quotes.js";
 import { fitsMaxPrice, maxPriceRefusal, rankCandidates, type Candidate } from "./routing.js";
-import type { AnswerSink, ChatSink } from "./sink.js";
 import {
   defaultIdempotencyMaxResultBytes,
-  idempotencyLifetimeSeconds,
-  quoteLifetimeSeconds,
+  type AnswerSink,
   type ChatChunk,
   type ChatCompleted,
-  type ChatEvent,
-  type ChatInput,
+  type ChatSink,
   type ChatStarted,
-  type ChatTrace,
-  type Inference,
-  type InferenceDeps,
-  type Ledger,
-  type QuoteRecord,
 } from "./types.js";
 
 /**
  * The pipeline of a chat request, step by step: validate -> idempotency -> bind the quote ->
- * permit -> route -> reserve, then the relay (`relay.ts`) and its one close (`lifecycle.ts`).
+ * permit -> route -> reserve, then the call (`call.ts`) and its one close (`lifecycle.ts`); the
+ * Idempotency-Key's keeping and replay are in `idempotent.ts`, quotes in `quotes.ts`.
  */
-
-function requestFingerprint(input: ChatInput): string {
-  const hash = createHash("sha256")
-    .update(input.body)
-    .update("\0")
-    .update(input.permitId ?? "")
-    .update("\0")
-    .update(input.quoteId ?? "");
-  // A dialect's body is another request than the same bytes as a chat completion.
-  if (input.dialect !== undefined) hash.update("\0").update(input.dialect);
-  return hash.digest("hex");
-}
 
 /**
  * The end of a call's sink chain: hands each event to the transport's sink and notes when the
@@ -98,86 +74,11 @@ export function createInference(deps: InferenceDeps): Inference {
   const bounds = { ...deps.jsonBounds, maxBytes: deps.bodyLimitBytes };
   const tokens = deps.tokens ?? boundCounters;
 
-  const createQuote = async (input: {
-    apiKeyId: string;
-    body: Uint8Array;
-    dialect?: DialectName | undefined;
-  }): Promise<QuoteRecord> => {
-    const body =
-      input.dialect === undefined
-        ? input.body
-        : canonicalBody(dialects[input.dialect], input.body, bounds).body;
-    const req = parseChatRequest(body, bounds);
-    const now = deps.clock();
-    const { model, offers } = await resolve(req);
-    const [best] = rankCandidates(offers, model, req, [req.offer], now, routing);
-    if (best === undefined) throw noEligibleOffer(req);
-    const quote = quoteRecord(newId(), input.apiKeyId, req, model, best, now, false);
-    await deps.quotes.insert(quote);
-    return quote;
-  };
-
-  function quoteRecord(
-    quoteId: Hex,
-    apiKeyId: string,
-    req: ChatRequest,
-    model: ModelRecord,
-    c: Candidate,
-    now: number,
-    internal: boolean,
-  ): QuoteRecord {
-    return {
-      quoteId,
-      apiKeyId,
-      model: req.model,
-      modelId: model.modelId,
-      offerId: c.offer.offerId,
-      tariffVersion: c.offer.tariff.version,
-      inputTokens: c.inputTokens,
-      maxOutputTokens: c.maxOutputTokens,
-      wakesEndpoint: c.wakes,
-      maximumCredits: c.maximumCredits,
-      fingerprint: quoteFingerprint(req),
-      createdAt: now,
-      expiresAt: now + quoteLifetimeSeconds,
-      internal,
-      usedBy: null,
-    };
-  }
-
-  function noEligibleOffer(req: ChatRequest): GatewayError {
-    return new GatewayError(
-      "no_eligible_offer",
-      req.offer === undefined
-        ? `no verified, active offer of '${req.model.slice(0, 200)}' can serve this request now`
-        : `offer ${req.offer} cannot serve this request now (not active, verified and registered for this model, or out of routing for usage claims above the gateway's count until it is verified again)`,
-    );
-  }
-
-  /** Checks a supplied quote, in the order DESIGN.md gives; returns it bound to its offer. */
-  async function boundQuote(quoteId: string, apiKeyId: string, req: ChatRequest, now: number) {
-    if (!isHex32(quoteId)) throw new GatewayError("invalid_hex", "X-Gateway-Quote must be a Hex32");
-    const quote = await deps.quotes.get(normalizeHex(quoteId));
-    if (quote === undefined || quote.apiKeyId !== apiKeyId || quote.internal) {
-      throw new GatewayError("quote_not_found", `quote ${quoteId} does not exist`);
-    }
-    // The stored expiry decides (quotes are made with createdAt + quoteLifetimeSeconds).
-    if (now > quote.expiresAt) {
-      throw new GatewayError("quote_expired", `quote ${quoteId} expired at ${quote.expiresAt}`);
-    }
-    if (quote.fingerprint !== quoteFingerprint(req)) {
-      throw new GatewayError(
-        "quote_mismatch",
-        "the request differs from the quoted one in model, messages, n, output limit, tools, tool choice or response format",
-      );
-    }
-    if (quote.usedBy !== null)
-      throw new GatewayError("quote_used", `quote ${quoteId} has already been used`);
-    return quote;
-  }
+  const quoting: Quoting = { deps, newId, bounds, routing };
+  const keeping: Keeping = { deps, maxResultBytes };
 
   /**
-   * One chat call, its answer pushed to `sink` (sink.ts: the contract). Exactly one terminal
+   * One chat call, its answer pushed to `sink` (`ChatSink`, types.ts: the contract). Exactly one terminal
    * call: `completed` (from the answer), or `failed`/`cancelled` here when the call ended
    * without it. Settles when the call is over; rejects only with a failure after `completed`.
    */
@@ -221,184 +122,25 @@ export function createInference(deps: InferenceDeps): Inference {
     if (req.stream && deps.acquireStream !== undefined)
       stream.release = await deps.acquireStream(input.apiKeyId);
     const key = input.idempotencyKey;
-    if (
-      key !== undefined &&
-      (key.length === 0 || key.length > 255 || !/^[\x21-\x7e]+$/.test(key))
-    ) {
-      throw new GatewayError(
-        "invalid_request",
-        "Idempotency-Key must be 1 to 255 visible ASCII characters",
-      );
-    }
+    if (key !== undefined) checkIdempotencyKey(key);
     const now = deps.clock();
-    if (key !== undefined) {
-      const claim = await deps.idempotency.claim({
-        apiKeyId: input.apiKeyId,
-        key,
-        fingerprint: requestFingerprint(input),
-        now,
-        expiresAt: now + idempotencyLifetimeSeconds,
-      });
-      if (claim.state === "in_progress") {
-        throw new GatewayError(
-          "idempotency_in_progress",
-          "a request with this Idempotency-Key is still in progress",
-        );
-      }
-      if (claim.state === "mismatch") {
-        throw new GatewayError(
-          "idempotency_key_reused",
-          "this Idempotency-Key was used with a different request",
-        );
-      }
-      if (claim.state === "completed") {
-        trace?.step("replayed");
-        await replay(claim.events, out);
-        return;
-      }
+    if (key === undefined) {
+      await run(req, input, now, arrivedAt, trace, out);
+      return;
     }
-
-    // The events handed to the client so far, and whether the key is done with: its result
-    // stored (the completed answer, or how an answer that began ended) or the key released.
-    // Once only: a stored completed result is never followed by a failed one, whatever fails
-    // after it (the consumer stopping, the close's record throwing).
-    const events: ChatEvent[] = [];
-    let started = false;
-    let keyDone = key === undefined;
-    // Chunk bytes kept for the key, and whether the answer outgrew IDEMPOTENCY_MAX_RESULT_BYTES:
-    // then only its `started` event is kept (what the store needs), the answer goes on for its
-    // client, and the result stored says it cannot be replayed (DESIGN.md 8: bounded memory).
-    let keptBytes = 0;
-    let tooLarge = false;
-    const tooLargeResult = (): ChatEvent[] => {
-      const first = events[0];
-      const requestId = first?.type === "started" ? first.requestId : "";
-      return [
-        ...events.slice(0, 1),
-        {
-          type: "failed",
-          code: "idempotency_result_too_large",
-          message: `the answer to this Idempotency-Key (request ${requestId}) was larger than ${maxResultBytes} bytes and was not kept, so it cannot be replayed; it was charged once (GET /v1/requests/${requestId})`,
-        },
-      ];
-    };
-    // An answer that ended without completing: nothing reached the client, and the key is free
-    // for a corrected retry; or the answer began, and its outcome (any partial charge
-    // included) is the key's for good.
-    const finishInterrupted = async (error: unknown) => {
-      if (keyDone || key === undefined) return;
-      keyDone = true;
-      if (!started) {
-        await deps.idempotency.release({ apiKeyId: input.apiKeyId, key });
-        return;
-      }
-      if (tooLarge) {
-        await storeResult(input, key, tooLargeResult());
-        return;
-      }
-      const failure = error instanceof GatewayError ? error : undefined;
-      await storeResult(input, key, [
-        ...events,
-        {
-          type: "failed",
-          code:
-            failure?.code === "upstream_unavailable" ? "upstream_unavailable" : "upstream_error",
-          message: failure?.message ?? "the answer was interrupted",
-        },
-      ]);
-    };
-    // The answer's events on their way out: kept for the key as they pass.
-    const keep = (event: ChatEvent): void => {
-      if (key === undefined || keyDone) return;
-      if (event.type === "chunk" && !tooLarge) {
-        keptBytes += event.data.byteLength;
-        if (keptBytes > maxResultBytes) {
-          tooLarge = true;
-          events.length = Math.min(events.length, 1);
-        }
-      }
-      if (!tooLarge) events.push(event);
-    };
-    const kept: AnswerSink = {
-      started: async (event: ChatStarted) => {
-        // The claim names its request before the answer begins: should this process die
-        // after the charge, with the result unstored, the key is not released (the orphan
-        // rule keeps the claims of charged requests). Failing here, nothing began: the key
-        // is released and the reservation voided.
-        if (key !== undefined)
-          await deps.idempotency.begin({
-            apiKeyId: input.apiKeyId,
-            key,
-            requestId: event.requestId,
-          });
-        started = true;
-        keep(event);
-        await out.started(event);
-      },
-      chunk: (event: ChatChunk, parsed?: unknown) => {
-        keep(event);
-        return out.chunk(event, parsed);
-      },
-      drained: () => out.drained(),
-      completed: async (event: ChatCompleted) => {
-        // The client has its whole answer: its stream no longer counts (the charge's record may
-        // still be in flight).
-        stream.release?.();
-        // Stored before the last event is handed on: a consumer may stop reading right after it.
-        if (key !== undefined && !keyDone) {
-          keyDone = true;
-          await storeCompleted(input, key, tooLarge ? tooLargeResult() : [...events, event]);
-        }
-        await out.completed(event);
-      },
-    };
+    const stored = await claimKey(deps.idempotency, input, key, now);
+    if (stored !== undefined) {
+      trace?.step("replayed");
+      await replay(stored, out);
+      return;
+    }
+    // The answer's events kept for the key as they pass; its result stored once.
+    const kept = new KeptAnswer(keeping, input, key, stream, out);
     try {
-      await run(req, input, now, arrivedAt, trace, key === undefined ? out : kept);
+      await run(req, input, now, arrivedAt, trace, kept);
     } catch (error) {
-      await finishInterrupted(error);
+      await kept.interrupted(error);
       throw error;
-    }
-  }
-
-  /**
-   * Stores a completed answer's result for its key. A store that fails does not fail the
-   * answer: it is complete and its charge is being recorded, so the client gets what it pays
-   * for; only the replay is lost, which is reported (`onIdempotencyResultLost`). The key keeps
-   * its claim: a retry is refused 409 `idempotency_in_progress`, never served and charged again.
-   */
-  async function storeCompleted(input: ChatInput, key: string, events: readonly ChatEvent[]) {
-    try {
-      await storeResult(input, key, events);
-    } catch (error) {
-      const first = events[0];
-      deps.onIdempotencyResultLost?.({
-        requestId: first?.type === "started" ? first.requestId : "",
-        error,
-      });
-    }
-  }
-
-  async function storeResult(input: ChatInput, key: string, events: readonly ChatEvent[]) {
-    const first = events[0];
-    if (first?.type !== "started") return;
-    await deps.idempotency.complete({
-      apiKeyId: input.apiKeyId,
-      key,
-      requestId: first.requestId,
-      events,
-    });
-  }
-
-  async function replay(events: readonly ChatEvent[], out: AnswerSink): Promise<void> {
-    // An answer too large to keep: its error at once, before any answer begins.
-    const last = events.at(-1);
-    if (last?.type === "failed" && last.code === "idempotency_result_too_large")
-      throw new GatewayError(last.code, last.message);
-    for (const event of events) {
-      if (event.type === "started") await out.started({ ...event, replayed: true });
-      else if (event.type === "failed") throw new GatewayError(event.code, event.message);
-      else if (event.type === "completed") await out.completed(event);
-      else if (!out.chunk(event)) await out.drained();
     }
   }
 
@@ -414,7 +156,7 @@ export function createInference(deps: InferenceDeps): Inference {
     const quote =
       input.quoteId === undefined
         ? undefined
-        : await boundQuote(input.quoteId, input.apiKeyId, req, now);
+        : await boundQuote(deps.quotes, input.quoteId, input.apiKeyId, req, now);
     if (quote !== undefined) trace?.step("quote");
     const { model, offers } = await resolve(req);
     if (quote !== undefined) {
@@ -429,7 +171,7 @@ export function createInference(deps: InferenceDeps): Inference {
 
     // The model's token counter (its tokenizer loads the first time the model is served). What
     // it cannot count (an image for a model with no documented image cost) is refused now,
-    // before anything is reserved; text is counted while the provider works (relay.ts).
+    // before anything is reserved; text is counted while the provider works (call-state.ts).
     const counter = await tokens.forModel(model);
     if (mediaParts(req.messages) > 0n) counter.countInput(req);
 
@@ -651,7 +393,7 @@ export function createInference(deps: InferenceDeps): Inference {
   }
 
   return {
-    createQuote,
+    createQuote: (input) => createQuote(quoting, input),
     chatInto,
     chat: (input) => answerBridge(chatInto, input),
     whenRecorded: async (requestId) => {

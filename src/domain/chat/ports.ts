@@ -1,0 +1,344 @@
+/**
+ * The ports of the chat pipeline: the `Inference` a call is made on and its input (`ChatInput`),
+ * what the pipeline calls (the ledger, the quote and Idempotency-Key stores, the provider's
+ * upstream, the metrics, measurement and tracing hooks) and the dependencies `createInference`
+ * is given (`InferenceDeps`). The data they carry is in `types.ts`.
+ */
+import type { Hex } from "viem";
+import type { Catalog } from "../catalog.js";
+import type { JsonBounds } from "../chat-request.js";
+import type { EndpointSecret } from "../health.js";
+import type { SpendingAuthority } from "../permit-authorization.js";
+import type { PermitReader } from "../permits.js";
+import type { TokenCounters } from "../tokens.js";
+import type { OfferMeasurements } from "./measurements.js";
+import type { Closing } from "./metering.js";
+import type { ChatEvent, ChatSink, FinalizeInput, QuoteRecord, UsageFigures } from "./types.js";
+import type { WakeFees } from "./wake-fees.js";
+
+export interface QuoteStore {
+  insert(quote: QuoteRecord): Promise<void>;
+  get(quoteId: Hex): Promise<QuoteRecord | undefined>;
+}
+
+export type ReserveRefusal =
+  "insufficient_credits" | "offer_at_capacity" | "quote_used" | "authorization_cap_exhausted";
+
+/** The reservation ledger (adapters/pg/ledger.ts); each call is one transaction. */
+export interface Ledger {
+  /**
+   * Throws when the outcome is unknown (the caller voids the request), or with an error whose
+   * `sent` is false when the reservation was refused before it reached the database
+   * (backpressure: nothing happened, nothing to void). Either way the answer is 503.
+   */
+  reserve(input: {
+    requestId: Hex;
+    apiKeyId: string;
+    model: string;
+    modelId: Hex;
+    offerId: Hex;
+    permitId: Hex;
+    quoteId: Hex;
+    stream: boolean;
+    maximumCredits: bigint;
+    tariffVersion: bigint;
+    inputTokens: bigint;
+    deposit: bigint;
+    chainSettled: bigint;
+    maxConcurrency: number;
+    now: number;
+    quote?: QuoteRecord;
+    /**
+     * Reserve this request alone, durably, before the call (a supplied quote is single use,
+     * an Idempotency-Key is claimed first); otherwise it may be admitted against a lease.
+     */
+    durable?: boolean;
+    /** The permit's expiry (Unix seconds): a lease on it is given back once it passes. */
+    permitExpiresAt?: number;
+    /** The permit authorization that admits the request, recorded on it. */
+    authorizationId?: string;
+    /**
+     * That authorization has a total cap: the maximum is reserved against it too, per request
+     * (never against a lease); refused `authorization_cap_exhausted` when it does not fit.
+     */
+    capped?: boolean;
+  }): Promise<{ ok: true } | { ok: false; reason: ReserveRefusal }>;
+  /**
+   * pending -> streaming. False when the request is no longer open: the orphan rule closed it
+   * (this process looked dead), so this process must stop serving it.
+   */
+  markStreaming(requestId: Hex): Promise<boolean>;
+  finalize(input: FinalizeInput): Promise<{ finalized: boolean; creditsCharged: bigint }>;
+  /**
+   * The void close of a reservation whose outcome is unknown, by the reservation's own input
+   * (`close` is its `failed`, `void` finalisation): also when the reservation is still under way
+   * and lands after this close, it ends holding nothing. Without it, `finalize` is used, which
+   * only closes a reservation that has landed.
+   */
+  voidReservation?(
+    reservation: Parameters<Ledger["reserve"]>[0],
+    close: Parameters<Ledger["finalize"]>[0],
+  ): Promise<{ finalized: boolean; creditsCharged: bigint }>;
+  switchOffer(input: {
+    requestId: Hex;
+    offerId: Hex;
+    maximumCredits: bigint;
+    tariffVersion: bigint;
+    maxConcurrency: number;
+    deposit: bigint;
+    chainSettled: bigint;
+  }): Promise<boolean>;
+  /** Settles once a record write of the request still in progress has ended (leases). */
+  whenWritten?(requestId: string): Promise<void>;
+  recordOfferFlag(input: {
+    offerId: Hex;
+    requestId: Hex;
+    reason: string;
+    now: number;
+  }): Promise<void>;
+}
+
+/** The registered endpoint of an offer, opened (never logged). */
+export type EndpointLookup = (offerId: Hex) => Promise<EndpointSecret | undefined>;
+
+export interface UpstreamReply {
+  readonly status: number;
+  /** The whole body as text (non-streaming answers). */
+  text(): Promise<string>;
+  /**
+   * The data of each server-sent event pushed to `into` as it arrives (streaming answers): `into` returning false pauses the provider's body until
+   * {@link UpstreamFlow.resume}. See `ChatSink` (types.ts) for what may run inside `into`.
+   */
+  stream(into: (data: string) => boolean): UpstreamFlow;
+  /** Drops the body (an answer that will not be used). */
+  discard(): Promise<void>;
+}
+
+/** A provider's streamed answer being pushed to its reader ({@link UpstreamReply.stream}). */
+export interface UpstreamFlow {
+  /**
+   * Resolves at the answer's end or when the reader stopped it; rejects with `upstream_error`,
+   * the call's abort reason, or what the reader threw or failed it with.
+   */
+  readonly done: Promise<void>;
+  /** Reads on after the reader returned false. */
+  resume(): void;
+  /** The reader wants nothing more (`[DONE]`, the priced limit): `done` resolves. */
+  stop(): void;
+  /** The reader gives up with `error`: nothing more is pushed, `done` rejects with it. */
+  fail(error: unknown): void;
+}
+
+/** Sends a chat body to a provider; rejects (GatewayError) when no answer header arrives. */
+export type UpstreamChat = (
+  endpoint: EndpointSecret,
+  body: Uint8Array,
+  options: UpstreamChatOptions,
+) => Promise<UpstreamReply>;
+
+export interface UpstreamChatOptions {
+  readonly signal: AbortSignal;
+  /**
+   * A non-streamed call: the most output tokens its answer may hold (the priced limit of each
+   * choice times the choices). An OpenAI-compatible server sends a JSON answer's headers only
+   * once it is generated, so the adapter waits for them (and for the body) as long as these
+   * tokens take at UPSTREAM_MIN_TOKENS_PER_SECOND, if that is longer than UPSTREAM_TIMEOUT_MS.
+   * Absent (streams): the headers deadline alone.
+   */
+  readonly answerOutputTokens?: bigint | undefined;
+}
+
+export type IdempotencyClaim =
+  | { readonly state: "claimed" }
+  | { readonly state: "in_progress" }
+  | { readonly state: "mismatch" }
+  | { readonly state: "completed"; readonly events: readonly ChatEvent[] };
+
+export interface IdempotencyStore {
+  claim(input: {
+    apiKeyId: string;
+    key: string;
+    fingerprint: string;
+    now: number;
+    expiresAt: number;
+  }): Promise<IdempotencyClaim>;
+  /**
+   * The claim's request began (its reservation is committed): the claim names it, so that the
+   * orphan rule never releases the key of a request that was charged (a retry would be served
+   * and charged again) even when its result was never stored.
+   */
+  begin(input: { apiKeyId: string; key: string; requestId: Hex }): Promise<void>;
+  complete(input: {
+    apiKeyId: string;
+    key: string;
+    requestId: Hex;
+    events: readonly ChatEvent[];
+  }): Promise<void>;
+  release(input: { apiKeyId: string; key: string }): Promise<void>;
+}
+
+/**
+ * Hooks for metrics (the domain never imports a metrics library). Each is called a few times per
+ * request, never per chunk, and must not throw. Times are seconds.
+ */
+export interface ChatObserver {
+  /** From the request's arrival in the pipeline to its first provider call. */
+  overhead(seconds: number): void;
+  /** From the call of the provider that answered to its first token (a JSON answer: its body). */
+  firstToken(modelId: Hex, offerId: Hex, seconds: number): void;
+  /** From the call of the provider that answered to the end of its answer, complete or not. */
+  upstreamDone(modelId: Hex, offerId: Hex, seconds: number): void;
+  /**
+   * A request's close was decided: the usage and the credits it charges (0 when void), and the
+   * usage details (0 when the provider reported none).
+   */
+  charged(
+    modelId: Hex,
+    offerId: Hex,
+    inputTokens: bigint,
+    outputTokens: bigint,
+    credits: bigint,
+    details: { readonly cachedInputTokens: bigint; readonly reasoningTokens: bigint },
+  ): void;
+  /** A completed answer's claim and count (the claim/count histogram per offer). */
+  usageCompared?(modelId: Hex, offerId: Hex, claimed: UsageFigures, counted: UsageFigures): void;
+}
+
+export interface InferenceDeps {
+  readonly catalog: Catalog;
+  readonly permits: PermitReader;
+  readonly quotes: QuoteStore;
+  readonly ledger: Ledger;
+  readonly endpoints: EndpointLookup;
+  /** The gateway's own token counts per model (absent: the byte bound for every model). */
+  readonly tokens?: TokenCounters | undefined;
+  readonly upstream: UpstreamChat;
+  readonly idempotency: IdempotencyStore;
+  /** Unix seconds. */
+  readonly clock: () => number;
+  /**
+   * Unix seconds a permit's expiry is judged by at admission (`PermitClock.now`: the later of
+   * `clock` and the chain's latest block time the gateway has seen); default `clock`.
+   */
+  readonly permitClock?: () => number;
+  readonly bodyLimitBytes: number;
+  /** MAX_JSON_DEPTH / MAX_JSON_ARRAY_ITEMS of chat and quote bodies; absent: the defaults. */
+  readonly jsonBounds?: JsonBounds | undefined;
+  /**
+   * Most chunk bytes an Idempotency-Key keeps of one answer (IDEMPOTENCY_MAX_RESULT_BYTES);
+   * default `defaultIdempotencyMaxResultBytes` (types.ts).
+   */
+  readonly idempotencyMaxResultBytes?: number | undefined;
+  /**
+   * Told when a completed answer's Idempotency-Key result could not be stored (the store
+   * threw): the answer is still delivered and charged, and the key's replay is lost (its claim
+   * stays, so a retry is refused 409 `idempotency_in_progress`, not served and charged again).
+   * For the operator's log; it must not throw. Absent: nothing is told.
+   */
+  readonly onIdempotencyResultLost?: (lost: { requestId: string; error: unknown }) => void;
+  readonly newId?: () => Hex;
+  /** Metrics hooks; absent: nothing is observed. */
+  readonly observer?: ChatObserver;
+  /**
+   * What is measured of offers over a window (`provider.sort`, the catalog's reputation): the
+   * relay records each request the provider served (with its timing) or failed, routing reads
+   * it. Absent: nothing is measured, and sorting by latency or throughput keeps the default
+   * order.
+   */
+  readonly measurements?: OfferMeasurements | undefined;
+  /**
+   * Admits a `stream: true` chat of an API key before anything is reserved (throws 429
+   * `rate_limited` at the key's limit of streams in flight) and returns its release, called
+   * once the call ends however it ends. Absent: no limit.
+   */
+  readonly acquireStream?: (apiKeyId: string) => (() => void) | Promise<() => void>;
+  /** Tracing (OpenTelemetry, src/tracing.ts); absent: tracing is off and nothing is allocated. */
+  readonly tracer?: ChatTracer | undefined;
+  /**
+   * Whether a request whose quote priced the wake fee is charged it: only when the gateway saw
+   * the endpoint asleep, once per offer per wake window (wake-fees.ts). Absent: no wake fee is
+   * ever charged.
+   */
+  readonly wakeFees?: WakeFees | undefined;
+}
+
+/** Starts the trace of one chat call (the domain never imports a tracing library). */
+export interface ChatTracer {
+  start(input: ChatInput): ChatTrace;
+}
+
+/** The steps of a chat request a trace marks as they happen (pipeline.ts, call.ts). */
+export type ChatStep = "replayed" | "quote" | "permit" | "route" | "upstream" | "first_token";
+
+/**
+ * The trace of one chat call, told what the pipeline learns when it learns it. Called only
+ * through `trace?.`, so with tracing off no argument is even built. It must not throw.
+ */
+export interface ChatTrace {
+  /** The body parsed: the model asked for and whether it streams. */
+  request(model: string, stream: boolean): void;
+  step(step: ChatStep): void;
+  /** Reserved: what the request is admitted as. */
+  admitted(admission: {
+    readonly requestId: Hex;
+    readonly quoteId: Hex;
+    readonly offerId: Hex;
+    readonly permitId: Hex;
+    readonly maximumCredits: bigint;
+  }): void;
+  /** The request's one close, decided (the charge, the usage it was priced on, the billing). */
+  closed(closing: Closing): void;
+  /** The call ended; `error` when it failed (its code only is traced, never its message). */
+  end(error?: unknown): void;
+}
+
+export interface ChatInput {
+  readonly apiKeyId: string;
+  /**
+   * The permits the key's payers authorized it to spend (DESIGN.md section 8), answered in
+   * memory: a permit it does not cover is refused before anything is reserved.
+   */
+  readonly authority: SpendingAuthority;
+  readonly body: Uint8Array;
+  readonly permitId: string | undefined;
+  readonly quoteId: string | undefined;
+  readonly idempotencyKey: string | undefined;
+  readonly signal: AbortSignal;
+  /** The dialect `body` is written in (DESIGN.md section 9); absent: a chat completion. */
+  readonly dialect?: "responses" | "messages" | undefined;
+  /**
+   * The caller's request headers, read only by a tracer (W3C `traceparent`): a reference, so
+   * tracing off costs nothing.
+   */
+  readonly headers?: { get(name: string): string | null } | undefined;
+}
+
+export interface Inference {
+  createQuote(input: {
+    apiKeyId: string;
+    body: Uint8Array;
+    dialect?: "responses" | "messages" | undefined;
+  }): Promise<QuoteRecord>;
+  /**
+   * One chat call, its answer pushed to `sink` (`ChatSink` is the contract): the REST facade's
+   * way in. Settles when the call is over; rejects only with a failure after `completed`.
+   */
+  chatInto(input: ChatInput, sink: ChatSink): Promise<void>;
+  /** The same call as an async generator of its events (the RPC's bridge, bridge.ts). */
+  chat(input: ChatInput): AsyncGenerator<ChatEvent, void, undefined>;
+  /**
+   * Settles once this process has recorded the request's final state, if it is recording it
+   * now (a completed answer goes to the client just before its charge is committed).
+   */
+  whenRecorded(requestId: string): Promise<void>;
+  /**
+   * Settles when no chat call is under way any more and every answer given so far has its
+   * final state recorded (graceful shutdown: called once the calls in flight ended or were cut).
+   */
+  drain(): Promise<void>;
+  /**
+   * Writes the closes the ledger refused so far (housekeeping calls it every round): until it
+   * has, their reservations and offer slots stay held.
+   */
+  retryCloses(): Promise<{ written: number; pending: number }>;
+}
