@@ -116,9 +116,12 @@ describe("the REST chat path, per streamed event", () => {
     expect(contentEvents(small.text)).toBe(100);
     expect(contentEvents(large.text)).toBe(1100);
     expect(large.text.endsWith("data: [DONE]\n\n")).toBe(true);
-    // Per request the same work; per event none. A few promises of slack for what varies with
-    // timing (a write that found the socket full waits for one `drain`).
+    // Per request the same work; per event none. What varies with timing is per write, not per
+    // event: a write that found the client's socket full waits for its `drain` (a promise and
+    // its reaction), and on a loaded machine the larger answer meets more of those (CI on
+    // Node 24 saw 108 more for the 1,000 events). One promise per event would be 1.0 here; the
+    // generator path it replaced made 20.8.
     const perEvent = (large.promises - small.promises) / 1000;
-    expect(perEvent, `small ${small.promises}, large ${large.promises}`).toBeLessThan(0.01);
+    expect(perEvent, `small ${small.promises}, large ${large.promises}`).toBeLessThan(0.25);
   }, 120_000);
 });

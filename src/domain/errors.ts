@@ -191,7 +191,7 @@ export class GatewayError extends BaseError {
  * unreachable, hung, out of connections), as opposed to a query it refused. Only the database
  * adapter knows its driver's errors (adapters/pg/unavailable.ts); the composition root
  * (src/app/storage.ts) installs its check here, so that the transports answer such a failure
- * with 503 `database_unavailable` through {@link asGatewayError} without knowing the adapter.
+ * with `database_unavailable` through {@link asGatewayError} without knowing the adapter.
  */
 export type UnavailabilityCheck = (error: unknown) => boolean;
 
@@ -203,7 +203,7 @@ export function recognizeDatabaseUnavailable(check: UnavailabilityCheck): void {
 }
 
 /**
- * The gateway error a failure stands for: itself when it is one; 503 `database_unavailable`
+ * The gateway error a failure stands for: itself when it is one; `database_unavailable`
  * when an installed check says the database could not be asked; else `internal_error` with a
  * generic message. The cause stays for the logs.
  */
