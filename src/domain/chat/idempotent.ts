@@ -147,7 +147,9 @@ export class KeptAnswer implements AnswerSink {
   async completed(event: ChatCompleted): Promise<void> {
     // The client has its whole answer: its stream no longer counts (the charge's record may
     // still be in flight).
-    this.stream.release?.();
+    const { release } = this.stream;
+    this.stream.release = undefined;
+    release?.();
     // Stored before the last event is handed on: a consumer may stop reading right after it.
     if (!this.keyDone) {
       this.keyDone = true;

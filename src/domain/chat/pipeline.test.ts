@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
 import { httpStatusOf } from "../../connect/error-codes.js";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import type { OfferRecord } from "../catalog.js";
 import {
   modelId,
@@ -73,6 +73,7 @@ function setup(
     offers?: OfferRecord[];
     authority?: SpendingAuthority;
     wakeFees?: WakeFees;
+    acquireStream?: (apiKeyId: string) => () => void;
   } = {},
 ) {
   const finalized: Parameters<Ledger["finalize"]>[0][] = [];
@@ -116,6 +117,7 @@ function setup(
     clock: () => now,
     bodyLimitBytes: 1 << 20,
     wakeFees: overrides.wakeFees,
+    acquireStream: overrides.acquireStream,
   });
   const chat = async (stopAfterChunks = Infinity): Promise<ChatEvent[]> => {
     const events: ChatEvent[] = [];
@@ -279,6 +281,69 @@ describe("inference pipeline", () => {
       outputTokens: 6n,
     });
     expect(finalized[0]!.creditsCharged).toBeGreaterThan(0n);
+  });
+
+  it("gives a stream's admission back before the client's last event (completed or failed), while its close is still being recorded", async () => {
+    // A client that has read its whole answer may open its next stream at once: the key's
+    // stream limit must not still count the one whose charge is being written.
+    const chunk = JSON.stringify({
+      id: "c",
+      object: "chat.completion.chunk",
+      choices: [{ delta: { content: "hi" } }],
+    });
+    let status = 200;
+    let open = 0;
+    const commits: (() => void)[] = [];
+    const { inference } = setup({
+      stream: true,
+      acquireStream: () => {
+        open += 1;
+        return () => {
+          open -= 1;
+        };
+      },
+      ledger: {
+        finalize: (input) =>
+          new Promise((resolve) =>
+            commits.push(() => resolve({ finalized: true, creditsCharged: input.creditsCharged })),
+          ),
+      },
+      upstream: async () =>
+        status === 200
+          ? upstreamReply(
+              200,
+              async () => "",
+              async function* () {
+                yield chunk;
+                yield "[DONE]";
+              },
+            )
+          : reply(status, { error: { message: "down" } }),
+    });
+    const openAtEnd = async (): Promise<{ end: string; open: number }> => {
+      let seen: { end: string; open: number } | undefined;
+      const running = inference.chatInto(chatInput(true), {
+        started: () => undefined,
+        chunk: () => true,
+        drained: async () => undefined,
+        completed: () => void (seen = { end: "completed", open }),
+        failed: () => void (seen = { end: "failed", open }),
+        cancelled: () => void (seen = { end: "cancelled", open }),
+      });
+      // A failed call's void close is written before its failure is handed on; a completed
+      // answer's charge is held until the client has its last event.
+      await vi.waitFor(() => {
+        if (status !== 200) for (const commit of commits.splice(0)) commit();
+        expect(seen).toBeDefined();
+      });
+      for (const commit of commits.splice(0)) commit();
+      await running;
+      return seen!;
+    };
+    expect(await openAtEnd()).toEqual({ end: "completed", open: 0 });
+    status = 500;
+    expect(await openAtEnd()).toEqual({ end: "failed", open: 0 });
+    expect(open).toBe(0);
   });
 
   it("hands the completed answer on before its charge is committed, and reports it recorded after", async () => {

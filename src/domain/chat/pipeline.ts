@@ -40,6 +40,12 @@ import {
  */
 class CallEnd implements AnswerSink {
   done = false;
+  /**
+   * The stream's admission (`acquireStream`). Released before the client's last event is handed
+   * on (completed, failed or cancelled): a client that has read its whole answer may open its
+   * next stream at once, while this call's close is still being recorded.
+   */
+  readonly stream: { release?: () => void } = {};
   constructor(private readonly sink: ChatSink) {}
   started(event: ChatStarted): void | Promise<void> {
     return this.sink.started(event);
@@ -52,7 +58,14 @@ class CallEnd implements AnswerSink {
   }
   completed(event: ChatCompleted): void | Promise<void> {
     this.done = true;
+    this.releaseStream();
     return this.sink.completed(event);
+  }
+  /** Gives the stream's admission back, once. */
+  releaseStream(): void {
+    const { release } = this.stream;
+    this.stream.release = undefined;
+    release?.();
   }
 }
 
@@ -84,10 +97,10 @@ export function createInference(deps: InferenceDeps): Inference {
    */
   async function chatInto(input: ChatInput, sink: ChatSink): Promise<void> {
     running++;
-    const stream: { release?: () => void } = {};
     // One span per call when tracing is on; undefined (and nothing allocated) when off.
     const trace = deps.tracer?.start(input);
     const call = new CallEnd(sink);
+    const { stream } = call;
     try {
       if (input.dialect === undefined) await answer(input, stream, trace, call);
       else {
@@ -100,11 +113,12 @@ export function createInference(deps: InferenceDeps): Inference {
       trace?.end(error);
       if (call.done) throw error;
       call.done = true;
+      call.releaseStream();
       if (input.signal.aborted) sink.cancelled(input.signal.reason);
       else sink.failed(error);
     } finally {
       trace?.end();
-      stream.release?.();
+      call.releaseStream();
       settled();
     }
   }
