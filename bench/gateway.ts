@@ -1,7 +1,7 @@
 import { pino } from "pino";
 import { startGateway } from "../src/app.js";
 import { parseConfig } from "../src/config.js";
-import { createLogger } from "../src/logger.js";
+import { createLogger } from "../src/runtime/logger.js";
 import { announceReady, serveControl } from "./child.js";
 
 /**

@@ -25,7 +25,7 @@ import {
   type SettlementChain,
   type SettlementStore,
 } from "../src/domain/settlement.js";
-import { createLogger } from "../src/logger.js";
+import { createLogger } from "../src/runtime/logger.js";
 import { prng } from "./lib/prng.js";
 import { intSetting } from "./lib/settings.js";
 import { createBenchDatabase } from "./lib/setup.js";

@@ -9,7 +9,7 @@ import { pino } from "pino";
 import { startAnvil } from "../src/adapters/chain/anvil.js";
 import type { ChatInput } from "../src/domain/chat/ports.js";
 import type { Closing } from "../src/domain/chat/metering.js";
-import { createTracing } from "../src/tracing.js";
+import { createTracing } from "../src/runtime/tracing.js";
 import { load, preflight, requestBody, type Target } from "./lib/measure.js";
 import { killAllChildrenSync, startChild, type ChildHandle } from "./lib/processes.js";
 import { baseEnv, intSetting, readCommonSettings } from "./lib/settings.js";

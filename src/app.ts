@@ -23,9 +23,9 @@ import type { MeasurementSync } from "./domain/chat/measurements.js";
 import type { EndpointSecret, HealthMonitor } from "./domain/health.js";
 import type { TokenCounters } from "./domain/tokens.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
-import { createHousekeeping, type Housekeeping } from "./housekeeping.js";
-import { listen } from "./listen.js";
-import { createMetrics, metricsOnlyHandler } from "./metrics.js";
+import { createHousekeeping, type Housekeeping } from "./runtime/housekeeping.js";
+import { listen } from "./runtime/listen.js";
+import { createMetrics, metricsOnlyHandler } from "./runtime/metrics.js";
 
 export { connectChain };
 

@@ -1,5 +1,5 @@
 import { isAddress, isHex, type Address, type Hex } from "viem";
-import { BaseError } from "./errors.js";
+import { BaseError } from "./domain/base-error.js";
 import { gatewayUrlProblem } from "./clients/gateway-url.js";
 
 /**

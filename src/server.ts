@@ -29,8 +29,8 @@ import type { ChatSink } from "./domain/chat/types.js";
 import type { RestChat } from "./rest/chat.js";
 import type { NodeRequest } from "./rest/body.js";
 import { createRestFacade, type NodeResponse, type Readiness } from "./rest/facade.js";
-import { isMetricsPath, type GatewayMetrics } from "./metrics.js";
-import { budgetAddress } from "./rate-limit.js";
+import { isMetricsPath, type GatewayMetrics } from "./runtime/metrics.js";
+import { budgetAddress } from "./domain/rate-limit.js";
 
 export interface GatewayHandlerDeps extends AuthOptions {
   readonly services: Services;

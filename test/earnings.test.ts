@@ -7,7 +7,7 @@ import { marketAbi } from "../gen/contracts/artifacts.js";
 import { ProviderService } from "../gen/gateway/v1/provider_pb.js";
 import { BatchStatus, SettlementService } from "../gen/gateway/v1/settlement_pb.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
-import { bindKey, type EarningsJson } from "../src/provider/client.js";
+import { bindKey, type EarningsJson } from "../src/clients/provider.js";
 import { signable } from "./helpers/authorize.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";

@@ -3,7 +3,7 @@ import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { marketAbi } from "../gen/contracts/artifacts.js";
 import { permitLedger } from "../src/adapters/pg/ledger.js";
-import { connectSettlement, operatorAuth } from "../src/settlement/client.js";
+import { connectSettlement, operatorAuth } from "../src/clients/settlement.js";
 import { describeIfPostgres } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { offerInFlight } from "./helpers/ledger.js";

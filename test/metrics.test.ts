@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CatalogService } from "../gen/gateway/v1/catalog_pb.js";
 import { ConfigError, parseConfig } from "../src/config.js";
-import { createMetrics, publicStateMaxAgeMs } from "../src/metrics.js";
+import { createMetrics, publicStateMaxAgeMs } from "../src/runtime/metrics.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
 import { flush, settlingEnv } from "./helpers/settlement.js";

@@ -2,7 +2,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import type pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startGateway } from "../src/app.js";
-import { publicStateMaxAgeMs } from "../src/metrics.js";
+import { publicStateMaxAgeMs } from "../src/runtime/metrics.js";
 import { startRpcProxy, type RpcProxy } from "./helpers/rpc-proxy.js";
 import { eventually, json, startTestStack, type TestStack } from "./helpers/stack.js";
 

@@ -1,8 +1,8 @@
 import { randomBytes } from "node:crypto";
 import { Code } from "@connectrpc/connect";
 import { afterEach, describe, expect, it } from "vitest";
-import { createLogger } from "../src/logger.js";
-import { connectSettlement } from "../src/settlement/client.js";
+import { createLogger } from "../src/runtime/logger.js";
+import { connectSettlement } from "../src/clients/settlement.js";
 import { createSettlementWorker, type SettlementWorker } from "../src/settlement/worker.js";
 import { startSettlementFixture, type SettlementFixture } from "./helpers/settlement-fixture.js";
 import { eventually, LogCapture } from "./helpers/stack.js";

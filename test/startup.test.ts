@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startAnvil, type AnvilInstance } from "../src/adapters/chain/anvil.js";
 import { startGateway } from "../src/app.js";
 import { parseConfig } from "../src/config.js";
-import { createLogger } from "../src/logger.js";
+import { createLogger } from "../src/runtime/logger.js";
 import { createTestDatabase, type TestDatabase } from "./helpers/db.js";
 
 describe("startup checks", () => {

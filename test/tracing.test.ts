@@ -4,7 +4,7 @@ import { InferenceService } from "../gen/gateway/v1/inference_pb.js";
 import { parseConfig } from "../src/config.js";
 import { demoTariff } from "../src/dev/demo-market.js";
 import { priceCredits } from "../src/domain/pricing.js";
-import { createTracing } from "../src/tracing.js";
+import { createTracing } from "../src/runtime/tracing.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { grpcClient, grpcServerStream } from "./helpers/grpc.js";
 import { openPermit } from "./helpers/market.js";

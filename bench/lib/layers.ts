@@ -45,7 +45,7 @@ export const layerTable: readonly {
       "src/rest/body.ts",
       "src/rest/routes.ts",
       "src/server.ts",
-      "src/listen.ts",
+      "src/runtime/listen.ts",
       "src/connect/in-process-transport.ts",
       "src/connect/inference-service.ts",
       "src/connect/inference-messages.ts",
@@ -64,7 +64,7 @@ export const layerTable: readonly {
     prefixes: [
       "src/connect/interceptors.ts",
       "src/connect/authenticate.ts",
-      "src/rate-limit.ts",
+      "src/domain/rate-limit.ts",
       "src/adapters/pg/rate-limits.ts",
       "src/domain/api-key-check.ts",
     ],
@@ -136,13 +136,13 @@ export const layerTable: readonly {
   {
     layer: "metrics",
     prefixes: [
-      "src/metrics.ts",
+      "src/runtime/metrics.ts",
       "node_modules/prom-client/",
       "node_modules/tdigest/",
       "node_modules/bintrees/",
       "src/domain/chat/measurements.ts",
       "src/domain/chat/measurement-sync.ts",
-      "src/tracing.ts",
+      "src/runtime/tracing.ts",
       "src/app/tracing.ts",
       "node_modules/@opentelemetry/",
     ],
@@ -162,7 +162,7 @@ export const layerTable: readonly {
   },
   {
     layer: "logging",
-    prefixes: ["src/logger.ts", "node_modules/pino", "node_modules/sonic-boom/"],
+    prefixes: ["src/runtime/logger.ts", "node_modules/pino", "node_modules/sonic-boom/"],
   },
   { layer: "JSON", prefixes: ["(native) parse", "(native) stringify"] },
   { layer: "GC", prefixes: ["(garbage collector)"] },

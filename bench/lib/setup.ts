@@ -6,7 +6,7 @@ import type { AnvilInstance } from "../../src/adapters/chain/anvil.js";
 import { creditTokenAbi, marketAbi } from "../../gen/contracts/artifacts.js";
 import { chainClients, type ChainClients } from "../../src/adapters/chain/clients.js";
 import { createApiKey } from "../../src/adapters/pg/api-keys.js";
-import { authorizeApiKey } from "../../src/permit/client.js";
+import { authorizeApiKey } from "../../src/clients/permit.js";
 import {
   inputTokenUpperBound,
   outputBound,
@@ -22,7 +22,7 @@ import {
   type DemoAccounts,
   type DemoMarket,
 } from "../../src/dev/demo-market.js";
-import { registerEndpoint, verifyOffer } from "../../src/provider/client.js";
+import { registerEndpoint, verifyOffer } from "../../src/clients/provider.js";
 
 /** Outside harnesses start the bench's chain with the product's own anvil launcher. */
 export { startAnvil, type AnvilInstance } from "../../src/adapters/chain/anvil.js";

@@ -37,9 +37,13 @@ import {
 } from "../domain/permit-authorization.js";
 import type { RegistrationService } from "../domain/registration.js";
 import type { Reputation } from "../domain/reputation.js";
-import type { createMetrics } from "../metrics.js";
+import type { createMetrics } from "../runtime/metrics.js";
 import { createPgRateLimitStore } from "../adapters/pg/rate-limits.js";
-import { createFailureBudget, createFleetRateLimiter, type RateLimiter } from "../rate-limit.js";
+import {
+  createFailureBudget,
+  createFleetRateLimiter,
+  type RateLimiter,
+} from "../domain/rate-limit.js";
 import type { Readiness } from "../rest/facade.js";
 import { createGatewayHandler } from "../server.js";
 import type { Settlement } from "./settlement.js";

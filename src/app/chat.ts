@@ -29,7 +29,7 @@ import { openEndpoint } from "../domain/registration.js";
 import { reputationOf, type Reputation } from "../domain/reputation.js";
 import type { TokenCounters } from "../domain/tokens.js";
 import type { TtlCache } from "../domain/ttl-cache.js";
-import type { createMetrics } from "../metrics.js";
+import type { createMetrics } from "../runtime/metrics.js";
 
 /**
  * How often each process shares its offer measurements through the database and reads the

@@ -1,7 +1,7 @@
 import type { PublicClient } from "viem";
 import type { Database } from "../adapters/pg/database.js";
 import { createSharedRefresh } from "../domain/shared-refresh.js";
-import { publicStateMaxAgeMs } from "../metrics.js";
+import { publicStateMaxAgeMs } from "../runtime/metrics.js";
 import type { Readiness } from "../rest/facade.js";
 
 export async function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {

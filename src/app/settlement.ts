@@ -11,8 +11,8 @@ import {
   type Reconciliation,
   type SettlementFlusher,
 } from "../domain/settlement.js";
-import type { createMetrics } from "../metrics.js";
-import type { Tracing } from "../tracing.js";
+import type { createMetrics } from "../runtime/metrics.js";
+import type { Tracing } from "../runtime/tracing.js";
 
 /**
  * Settlement in this process: the flusher behind SettlementService.Flush (absent without

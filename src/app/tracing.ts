@@ -1,6 +1,6 @@
 import type { Logger } from "pino";
 import type { Config } from "../config.js";
-import type { Tracing } from "../tracing.js";
+import type { Tracing } from "../runtime/tracing.js";
 
 /**
  * The process's tracing, when OTLP export is configured; undefined otherwise. The OpenTelemetry
@@ -8,6 +8,6 @@ import type { Tracing } from "../tracing.js";
  */
 export async function startTracing(config: Config, logger: Logger): Promise<Tracing | undefined> {
   if (config.otlpTracesEndpoint === undefined) return undefined;
-  const { createTracing } = await import("../tracing.js");
+  const { createTracing } = await import("../runtime/tracing.js");
   return createTracing(config, logger.child({ component: "tracing" }));
 }

@@ -1,4 +1,4 @@
-import { BaseError } from "../errors.js";
+import { BaseError } from "../domain/base-error.js";
 
 /** An amount or a duration a person typed that does not say one exact thing (a usage error). */
 export class AmountError extends BaseError {

@@ -1,6 +1,6 @@
 import { join } from "node:path";
 import { createInterface } from "node:readline/promises";
-import { BaseError } from "../errors.js";
+import { BaseError } from "../domain/base-error.js";
 import { parseArgs } from "node:util";
 import { createApiKey, listApiKeys, revokeApiKey } from "../adapters/pg/api-keys.js";
 import { openDatabase } from "../adapters/pg/database.js";
@@ -8,7 +8,7 @@ import { migrate } from "../adapters/pg/migrate.js";
 import { startGateway } from "../app.js";
 import { ConfigError, parseConfig, parseLocalConfig } from "../config.js";
 import { sandboxPermitOpenCommand, sandboxShutdownGraceMs, startSandbox } from "../dev/sandbox.js";
-import { createLogger } from "../logger.js";
+import { createLogger } from "../runtime/logger.js";
 import { runPermitCommand } from "./permit.js";
 import { runProviderCommand } from "./provider.js";
 import { runSettleCommand } from "./settle.js";

@@ -6,11 +6,11 @@ import {
   buildRevokeAuthorizationsTypedData,
   signable,
 } from "../domain/permit-authorization.js";
-import { BaseError } from "../errors.js";
+import { BaseError } from "../domain/base-error.js";
 import { apiKeyIdPattern } from "../clients/signing-guard.js";
 import { gatewayUrlProblem } from "../clients/gateway-url.js";
-import { gatewayDeployment, type AuthorizationJson } from "../permit/client.js";
-import { call, InsecureGatewayUrlError, type GatewayConnection } from "../provider/client.js";
+import { gatewayDeployment, type AuthorizationJson } from "../clients/permit.js";
+import { call, InsecureGatewayUrlError, type GatewayConnection } from "../clients/provider.js";
 
 /**
  * `gateway permit authorizations` and `gateway permit revoke --key|--permit|--all`: a payer

@@ -15,8 +15,8 @@ import {
   signableReceipt,
   type SignableUsageFigures,
 } from "../domain/receipts.js";
-import { BaseError } from "../errors.js";
-import { call, type GatewayConnection } from "../provider/client.js";
+import { BaseError } from "../domain/base-error.js";
+import { call, type GatewayConnection } from "../clients/provider.js";
 
 /**
  * `gateway permit audit PERMIT_ID`: a payer holds the gateway to its signed usage receipts. It

@@ -36,9 +36,9 @@ import {
   defaultMaxAuthorizationLifetimeSeconds,
   readCaps,
 } from "../domain/permit-authorization.js";
-import { BaseError } from "../errors.js";
-import { authorizeApiKey, revokeAuthorizationAsPayer } from "../permit/client.js";
-import { call, type GatewayConnection } from "../provider/client.js";
+import { BaseError } from "../domain/base-error.js";
+import { authorizeApiKey, revokeAuthorizationAsPayer } from "../clients/permit.js";
+import { call, type GatewayConnection } from "../clients/provider.js";
 import { AmountError, parseDeposit, parseDuration } from "./amounts.js";
 import {
   listAuthorizationsAsPayer,

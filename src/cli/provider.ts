@@ -1,5 +1,5 @@
 import { parseArgs } from "node:util";
-import { BaseError } from "../errors.js";
+import { BaseError } from "../domain/base-error.js";
 import { isAddress, type Address, type Hex, type LocalAccount } from "viem";
 import { canonicalEndpointUrl } from "../adapters/upstream/endpoint-guard.js";
 import { apiKeyIdPattern } from "../clients/signing-guard.js";
@@ -14,7 +14,7 @@ import {
   verifyOffer,
   type EarningsJson,
   type GatewayConnection,
-} from "../provider/client.js";
+} from "../clients/provider.js";
 import {
   confirmOn,
   reportClientFailure,

@@ -1,13 +1,13 @@
 import { parseArgs } from "node:util";
-import { BaseError } from "../errors.js";
+import { BaseError } from "../domain/base-error.js";
 import { toJson, type DescMessage, type MessageShape } from "@bufbuild/protobuf";
 import {
   FlushResponseSchema,
   ReconcileResponseSchema,
 } from "../../gen/gateway/v1/settlement_pb.js";
 import { ConfigError, parseSettleConfig, type SettleConfig } from "../config.js";
-import { createLogger } from "../logger.js";
-import { connectSettlement, describeRpcFailure, operatorAuth } from "../settlement/client.js";
+import { createLogger } from "../runtime/logger.js";
+import { connectSettlement, describeRpcFailure, operatorAuth } from "../clients/settlement.js";
 import { createSettlementWorker } from "../settlement/worker.js";
 
 export const settleUsage = `usage: gateway settle [command]

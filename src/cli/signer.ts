@@ -1,5 +1,5 @@
 import { readFile } from "node:fs/promises";
-import { BaseError } from "../errors.js";
+import { BaseError } from "../domain/base-error.js";
 import { Wallet } from "ethers";
 import type { Hex, LocalAccount } from "viem";
 import { privateKeyToAccount } from "viem/accounts";

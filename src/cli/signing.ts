@@ -7,12 +7,12 @@ import {
   type SigningSummary,
 } from "../clients/signing-guard.js";
 import { ConfigError, parseSigningChainConfig } from "../config.js";
-import { BaseError } from "../errors.js";
+import { BaseError } from "../domain/base-error.js";
 import {
   GatewayRedirectError,
   GatewayRequestError,
   InsecureGatewayUrlError,
-} from "../provider/client.js";
+} from "../clients/provider.js";
 
 /**
  * How a wallet command of the CLI shows what it is about to sign (issue 28, item 1;

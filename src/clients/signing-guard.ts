@@ -1,5 +1,5 @@
 import { isAddress, type Address } from "viem";
-import { BaseError } from "../errors.js";
+import { BaseError } from "../domain/base-error.js";
 import type { TypedDataField } from "../domain/signatures.js";
 import { noncePattern } from "../schema/signing.js";
 

@@ -6,7 +6,7 @@ import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError } from "../domain/errors.js";
 import type { SpendingAuthority } from "../domain/permit-authorization.js";
-import type { FailureBudget, RateLimiter } from "../rate-limit.js";
+import type { FailureBudget, RateLimiter } from "../domain/rate-limit.js";
 import type { Caller } from "./context.js";
 
 /**
@@ -41,7 +41,7 @@ export interface AuthOptions {
   readonly plausibleApiKey?: (key: string) => boolean;
   readonly settlementOperatorToken: string;
   /**
-   * Per-API-key request rate (src/rate-limit.ts); absent: no limit. Applied by the auth
+   * Per-API-key request rate (src/domain/rate-limit.ts); absent: no limit. Applied by the auth
    * interceptor, when the call runs (after its body), so REST and RPC calls share one bucket
    * per key.
    */

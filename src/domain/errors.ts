@@ -1,4 +1,4 @@
-import { BaseError } from "../errors.js";
+import { BaseError } from "./base-error.js";
 
 /**
  * What kind of failure a code is, in the domain's words. How a kind is shown on the wire (its

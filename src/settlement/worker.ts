@@ -4,7 +4,7 @@ import {
   type FlushResponse,
   type SettlementBatch,
 } from "../../gen/gateway/v1/settlement_pb.js";
-import { describeRpcFailure, operatorAuth, type SettlementClient } from "./client.js";
+import { describeRpcFailure, operatorAuth, type SettlementClient } from "../clients/settlement.js";
 
 /** Retry delays after failed flushes: `initialMs`, doubling, at most `maxMs`. */
 export interface BackoffOptions {

@@ -2,7 +2,7 @@ import type { ContractFunctionArgs, ContractFunctionName, Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { creditTokenAbi, marketAbi } from "../../gen/contracts/artifacts.js";
 import { id32, type demoMetadata } from "../../src/dev/demo-market.js";
-import { registerEndpoint, verifyOffer } from "../../src/provider/client.js";
+import { registerEndpoint, verifyOffer } from "../../src/clients/provider.js";
 import { auditSecret } from "./log-audit.js";
 import type { TestStack } from "./stack.js";
 

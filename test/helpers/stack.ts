@@ -15,7 +15,7 @@ import {
   type DemoAccounts,
   type DemoMarket,
 } from "../../src/dev/demo-market.js";
-import { createLogger, type Logger } from "../../src/logger.js";
+import { createLogger, type Logger } from "../../src/runtime/logger.js";
 import { authorizeKey } from "./authorize.js";
 import { createTestDatabase, type TestDatabase } from "./db.js";
 import { auditLog, auditSecret } from "./log-audit.js";

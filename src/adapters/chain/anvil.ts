@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";

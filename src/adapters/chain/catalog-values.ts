@@ -1,5 +1,5 @@
 import type { Hex } from "viem";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 import { modelStatuses, offerStatuses, type JsonValue } from "../../domain/catalog.js";
 import { normalizeHex } from "../../domain/hex.js";
 import type { ModelState, OfferState } from "../pg/catalog.js";

@@ -1,5 +1,5 @@
 import type { Account, Address, Chain, Hash, PublicClient, Transport, WalletClient } from "viem";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 import {
   creditTokenAbi,
   creditTokenBytecode,

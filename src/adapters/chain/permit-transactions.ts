@@ -14,7 +14,7 @@ import {
   type WalletClient,
 } from "viem";
 import { creditTokenAbi, marketAbi } from "../../../gen/contracts/artifacts.js";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 
 /**
  * A payer's own transactions on the market: open a permit (approving the model's credit token

@@ -1,5 +1,5 @@
 import { createCipheriv, createDecipheriv, randomBytes } from "node:crypto";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 
 /**
  * Authenticated encryption for secrets the gateway must store but never show: provider endpoint

@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from "node:crypto";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 import { apiKeyPrefix, newApiKey } from "../../domain/api-key-check.js";
 import type pg from "pg";
 

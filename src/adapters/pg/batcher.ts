@@ -1,4 +1,4 @@
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 /**
  * Natural batching (group commit in the application): items submitted while a batch is in
  * flight wait and then go together as the next batch, so under load many items share one round

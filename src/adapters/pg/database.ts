@@ -1,5 +1,5 @@
 import { mkdir } from "node:fs/promises";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 import { resolve as resolvePath } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { PGlite } from "@electric-sql/pglite";

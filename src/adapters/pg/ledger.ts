@@ -72,7 +72,7 @@
  * leased record's INSERT carries too), so they pay nothing for the caps.
  */
 import type pg from "pg";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 import type { Hex } from "viem";
 import {
   availableCredits,

@@ -1,5 +1,5 @@
 import { readdir, readFile } from "node:fs/promises";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type pg from "pg";

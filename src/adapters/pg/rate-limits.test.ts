@@ -4,7 +4,7 @@ import {
   testDatabaseUrl,
   type TestDatabase,
 } from "../../../test/helpers/db.js";
-import { createFleetRateLimiter } from "../../rate-limit.js";
+import { createFleetRateLimiter } from "../../domain/rate-limit.js";
 import { GatewayError } from "../../domain/errors.js";
 import { createPgRateLimitStore } from "./rate-limits.js";
 

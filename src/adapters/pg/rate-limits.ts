@@ -1,10 +1,10 @@
 /**
  * The fleet's per-API-key limits in PostgreSQL (migration 020, functions/rate-limits.sql): the
- * store behind `createFleetRateLimiter` (src/rate-limit.ts). One function call per lease, never
+ * store behind `createFleetRateLimiter` (src/domain/rate-limit.ts). One function call per lease, never
  * one per request.
  */
 import type pg from "pg";
-import type { RateLimitStore } from "../../rate-limit.js";
+import type { RateLimitStore } from "../../domain/rate-limit.js";
 
 export function createPgRateLimitStore(pool: pg.Pool, instanceId: string): RateLimitStore {
   return {

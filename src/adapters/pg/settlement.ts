@@ -1,5 +1,5 @@
 import type pg from "pg";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 import type { Hex } from "viem";
 import type {
   BatchCharge,

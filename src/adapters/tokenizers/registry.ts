@@ -3,7 +3,7 @@ import { createReadStream, readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, isAbsolute, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 
 /**
  * The tokenizer registry (DESIGN.md section 10): which tokenizer and chat template count a

@@ -2,7 +2,7 @@ import { parseChatRequest } from "../../domain/chat-request.js";
 import type { Usage } from "../../domain/chat/metering.js";
 import { judgeUsage, toleranceOf, type ReasoningPolicy } from "../../domain/chat/usage.js";
 import { GatewayError } from "../../domain/errors.js";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../../domain/base-error.js";
 import type {
   EndpointProber,
   EndpointSecret,

@@ -1,5 +1,5 @@
 import type { Hex } from "viem";
-import { BaseError } from "../../errors.js";
+import { BaseError } from "../base-error.js";
 
 /**
  * The in-memory side of one reservation lease (leases.ts): what this process holds of a

@@ -252,7 +252,7 @@ export interface InferenceDeps {
    * once the call ends however it ends. Absent: no limit.
    */
   readonly acquireStream?: (apiKeyId: string) => (() => void) | Promise<() => void>;
-  /** Tracing (OpenTelemetry, src/tracing.ts); absent: tracing is off and nothing is allocated. */
+  /** Tracing (OpenTelemetry, src/runtime/tracing.ts); absent: tracing is off and nothing is allocated. */
   readonly tracer?: ChatTracer | undefined;
   /**
    * Whether a request whose quote priced the wake fee is charged it: only when the gateway saw

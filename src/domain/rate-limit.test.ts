@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { GatewayError } from "./domain/errors.js";
+import { GatewayError } from "./errors.js";
 import {
   budgetAddress,
   createFailureBudget,

@@ -1,5 +1,5 @@
 import { pino, type DestinationStream, type Logger } from "pino";
-import type { LogLevel } from "./config.js";
+import type { LogLevel } from "../config.js";
 
 /**
  * The one list of field names that hold a secret: pino censors each of them wherever it appears
@@ -7,7 +7,7 @@ import type { LogLevel } from "./config.js";
  * are also kept out of log calls in the first place; this is the net under that rule.
  *
  * Every setting of src/config.ts whose name says key, token, secret or password is here, by its
- * field name and by its environment variable's (src/logger.test.ts scans the configuration
+ * field name and by its environment variable's (src/runtime/logger.test.ts scans the configuration
  * against this list, so a new secret setting cannot be forgotten), with the URLs that may carry
  * credentials.
  */

@@ -1,4 +1,4 @@
-import { GatewayError } from "./domain/errors.js";
+import { GatewayError } from "./errors.js";
 
 /**
  * Per-API-key limits (docs/decisions.md, "Rate limits"): a token bucket on requests, and a

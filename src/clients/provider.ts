@@ -1,6 +1,6 @@
 import { getAddress, type Address, type Hex, type LocalAccount } from "viem";
 import { canonicalEndpointUrl } from "../adapters/upstream/endpoint-guard.js";
-import { gatewayUrlProblem } from "../clients/gateway-url.js";
+import { gatewayUrlProblem } from "./gateway-url.js";
 import {
   checkFrame,
   checkTypedData,
@@ -9,8 +9,8 @@ import {
   when,
   type ConfirmSigning,
   type SigningChain,
-} from "../clients/signing-guard.js";
-import { BaseError } from "../errors.js";
+} from "./signing-guard.js";
+import { BaseError } from "../domain/base-error.js";
 import { normalizeHex } from "../domain/hex.js";
 import {
   buildBindOfferKeyTypedData,

@@ -2,9 +2,9 @@ import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
 import type { Socket } from "node:net";
-import { GatewayError } from "./domain/errors.js";
-import { toHttpError } from "./rest/errors.js";
-import { errorBodyFor } from "./rest/facade.js";
+import { GatewayError } from "../domain/errors.js";
+import { toHttpError } from "../rest/errors.js";
+import { errorBodyFor } from "../rest/facade.js";
 
 type Handler = (
   req: http.IncomingMessage | http2.Http2ServerRequest,

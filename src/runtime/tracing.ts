@@ -13,12 +13,12 @@ import { resourceFromAttributes } from "@opentelemetry/resources";
 import { BatchSpanProcessor, TracerProvider, type SpanExporter } from "@opentelemetry/sdk-trace";
 import { ATTR_ERROR_TYPE, ATTR_SERVICE_NAME } from "@opentelemetry/semantic-conventions";
 import type { Logger } from "pino";
-import type { Config } from "./config.js";
-import type { ChatInput, ChatStep, ChatTrace, ChatTracer } from "./domain/chat/ports.js";
-import type { UsageFigures } from "./domain/chat/types.js";
-import type { Closing } from "./domain/chat/metering.js";
-import { GatewayError } from "./domain/errors.js";
-import type { FlushResult, SettlementFlusher } from "./domain/settlement.js";
+import type { Config } from "../config.js";
+import type { ChatInput, ChatStep, ChatTrace, ChatTracer } from "../domain/chat/ports.js";
+import type { UsageFigures } from "../domain/chat/types.js";
+import type { Closing } from "../domain/chat/metering.js";
+import { GatewayError } from "../domain/errors.js";
+import type { FlushResult, SettlementFlusher } from "../domain/settlement.js";
 
 /**
  * Tracing (OpenTelemetry, off by default): one span per chat call and one per settlement batch,

@@ -7,7 +7,7 @@ import {
   parseLocalConfig,
   parsePayerChainConfig,
   parseSettleConfig,
-} from "./config.js";
+} from "../config.js";
 import { createLogger, redactPaths, secretFields } from "./logger.js";
 
 /**
@@ -44,7 +44,7 @@ function configurationFields(): string[] {
 
 /** Every environment variable src/config.ts reads (the quoted upper-case names in its source). */
 function environmentVariables(): string[] {
-  const source = readFileSync(new URL("./config.ts", import.meta.url), "utf8");
+  const source = readFileSync(new URL("../config.ts", import.meta.url), "utf8");
   const names = new Set<string>();
   for (const m of source.matchAll(/["'`]([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)["'`]/g)) names.add(m[1]!);
   for (const m of source.matchAll(/\benv\.([A-Z][A-Z0-9_]+)/g)) names.add(m[1]!);

@@ -1,10 +1,10 @@
 import { Writable } from "node:stream";
 import type pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../test/helpers/db.js";
-import { id, reservation } from "../test/helpers/ledger.js";
-import { databaseNow, heartbeat, reserve } from "./adapters/pg/ledger.js";
-import { getRequest } from "./adapters/pg/requests.js";
+import { createTestDatabase, type TestDatabase } from "../../test/helpers/db.js";
+import { id, reservation } from "../../test/helpers/ledger.js";
+import { databaseNow, heartbeat, reserve } from "../adapters/pg/ledger.js";
+import { getRequest } from "../adapters/pg/requests.js";
 import { createHousekeeping } from "./housekeeping.js";
 import { createLogger } from "./logger.js";
 

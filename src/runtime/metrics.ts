@@ -7,14 +7,14 @@ import {
   Registry,
   type LabelValues,
 } from "prom-client";
-import type { RpcObserver } from "./connect/interceptors.js";
-import type { ChatObserver } from "./domain/chat/ports.js";
-import { GatewayError, type ErrorCode } from "./domain/errors.js";
-import { createSharedRefresh } from "./domain/shared-refresh.js";
-import type { SettlementObserver } from "./domain/settlement.js";
-import type { NodeRequest } from "./rest/body.js";
-import { toHttpError } from "./rest/errors.js";
-import type { NodeResponse, RestObserver } from "./rest/facade.js";
+import type { RpcObserver } from "../connect/interceptors.js";
+import type { ChatObserver } from "../domain/chat/ports.js";
+import { GatewayError, type ErrorCode } from "../domain/errors.js";
+import { createSharedRefresh } from "../domain/shared-refresh.js";
+import type { SettlementObserver } from "../domain/settlement.js";
+import type { NodeRequest } from "../rest/body.js";
+import { toHttpError } from "../rest/errors.js";
+import type { NodeResponse, RestObserver } from "../rest/facade.js";
 
 /**
  * Prometheus metrics of one gateway (`GET /metrics`, the text format). The domain and the

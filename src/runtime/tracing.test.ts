@@ -2,8 +2,8 @@ import { createServer as createHttpServer } from "node:http";
 import { createServer } from "node:net";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startOtlpReceiver } from "../test/helpers/otlp-receiver.js";
-import { GatewayError } from "./domain/errors.js";
+import { startOtlpReceiver } from "../../test/helpers/otlp-receiver.js";
+import { GatewayError } from "../domain/errors.js";
 import { createTracing, shutdownExportMs } from "./tracing.js";
 
 const input = (headers?: Record<string, string>) => ({

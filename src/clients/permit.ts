@@ -10,7 +10,7 @@ import {
   when,
   type ConfirmSigning,
   type SigningChain,
-} from "../clients/signing-guard.js";
+} from "./signing-guard.js";
 import { normalizeHex } from "../domain/hex.js";
 import {
   anyPermit,
@@ -19,7 +19,7 @@ import {
   defaultAuthorizationLifetimeSeconds,
   signable,
 } from "../domain/permit-authorization.js";
-import { call, type GatewayConnection } from "../provider/client.js";
+import { call, type GatewayConnection } from "./provider.js";
 
 /**
  * What a payer runs (with the key holder's API key) to let that key spend its permits: the key

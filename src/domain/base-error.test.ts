@@ -2,12 +2,12 @@ import { readdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
-import { wireOf } from "./connect/error-codes.js";
-import { GatewayError } from "./domain/errors.js";
-import { BaseError } from "./errors.js";
-import { ConfigError } from "./config.js";
+import { wireOf } from "../connect/error-codes.js";
+import { GatewayError } from "./errors.js";
+import { BaseError } from "./base-error.js";
+import { ConfigError } from "../config.js";
 
-const srcDir = fileURLToPath(new URL(".", import.meta.url));
+const srcDir = fileURLToPath(new URL("..", import.meta.url));
 
 async function sources(dir: string): Promise<string[]> {
   const out: string[] = [];
