@@ -4,7 +4,7 @@ import { gatewayUrlProblem } from "./clients/gateway-url.js";
 
 /**
  * The gateway's configuration, parsed once from the environment into one
- * frozen object. Every key is documented in README.md ("Configuration").
+ * frozen object. Every key is documented in docs/operators.md ("Configuration").
  */
 export interface Config {
   /** PostgreSQL URL; absent: embedded PGlite under `stateDir`. */
@@ -65,7 +65,7 @@ export interface Config {
   readonly reputationWindowSeconds: number;
   /**
    * At most one request per offer is charged the wake fee in this many seconds, and only when
-   * the gateway's probe saw the endpoint asleep (docs/decisions.md "Wake fees").
+   * the gateway's probe saw the endpoint asleep (docs/decisions/chat-quotes-and-money.md "Wake fees").
    */
   readonly wakeFeeWindowSeconds: number;
   /** Longest a permit read from the chain is reused (events invalidate it sooner). */
@@ -131,7 +131,7 @@ export interface Config {
   /** How long a ledger write may wait for its batch before it is refused (503, never sent). */
   readonly ledgerQueueWaitMs: number;
   /**
-   * Admit plain requests against reservation leases (docs/decisions.md, "Reservation leases");
+   * Admit plain requests against reservation leases (docs/decisions/chat-quotes-and-money.md, "Reservation leases");
    * false: every request reserves alone before its upstream call.
    */
   readonly reservationLeases: boolean;
@@ -150,7 +150,7 @@ export interface Config {
   readonly rateLimitBurst: number;
   /** Fleet-wide concurrent chat streams per API key (0: off); each replica its share. */
   readonly maxStreamsPerKey: number;
-  /** Milliseconds a dead replica's stream slots still count (docs/decisions.md "Rate limits"). */
+  /** Milliseconds a dead replica's stream slots still count (docs/decisions/errors-and-rate-limits.md "Rate limits"). */
   readonly rateLimitStreamTtlMs: number;
   /**
    * Failed authentications per second a client address gets back (0: no limit), per process;

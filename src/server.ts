@@ -66,7 +66,7 @@ function authorizationOf(req: NodeRequest, apiKeyHeader: boolean): string | unde
  * facade reaches the same implementations in process (no serialisation) through
  * the same interceptors, so authentication, logging and error mapping exist once.
  *
- * Credentials are checked before a request's body is read (docs/decisions.md "Unknown keys cost
+ * Credentials are checked before a request's body is read (docs/decisions/authority-and-signing.md "Unknown keys cost
  * nothing"): here for the RPC paths, by the facade for its routes, with the caller's address
  * for the failed-authentication budget. A refused RPC is answered in its own protocol's form
  * without connect-node reading its body; one admitted carries what was found to the auth

@@ -5,7 +5,7 @@ import { onboard, setOffer } from "./helpers/market.js";
 import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
- * Divergence costs the liar, not a competitor (issue 27, item 5; docs/decisions.md "Usage
+ * Divergence costs the liar, not a competitor (issue 27, item 5; docs/decisions/metering-and-tokens.md "Usage
  * divergence"), end to end: two offers of `demo-chat`, each served by its own fake provider,
  * measured through real requests. The liar answers five words and claims the request's
  * `max_tokens` as its output; the relay judges every answer's claim (`judgeUsage`) and reports

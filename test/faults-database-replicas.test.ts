@@ -18,7 +18,7 @@ import { eventually, startChatStack, type TestStack } from "./helpers/stack.js";
  * answer the streams they had at the provider and keep the closes in their outboxes; the outage
  * outlasts ORPHAN_AFTER_SECONDS, so when it ends every process's heartbeat looks stale. A runs
  * housekeeping every 100 ms and B every 1.5 s, so A's round comes first: it must not judge B
- * dead before B had a round to heartbeat and write its closes (docs/decisions.md, "Orphans").
+ * dead before B had a round to heartbeat and write its closes (docs/decisions/chat-quotes-and-money.md, "Orphans").
  * B's charges land as its clients were told them.
  */
 

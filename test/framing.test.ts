@@ -36,14 +36,14 @@ function parseSse(bytes: Uint8Array | string, terminate = false) {
     onRetry: (retry) => retries.push(retry),
   });
   parser.feed(typeof bytes === "string" ? bytes : new TextDecoder().decode(bytes));
-  // The gateway delivers a provider's unterminated last event (docs/decisions.md, Streams).
+  // The gateway delivers a provider's unterminated last event (docs/decisions/chat-quotes-and-money.md, Streams).
   if (terminate) parser.feed("\n\n");
   return { events, comments, retries };
 }
 
 /**
  * The provider events the client must see, in order: those a standard parser reads from the
- * provider's bytes, up to its `data: [DONE]`, minus what docs/decisions.md ("Provider framing")
+ * provider's bytes, up to its `data: [DONE]`, minus what docs/decisions/chat-quotes-and-money.md ("Provider framing")
  * says the gateway drops: a JSON chunk with a top-level `x_gateway` member, and data that is
  * not JSON and holds `[DONE]` or `x_gateway`.
  */

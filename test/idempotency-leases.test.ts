@@ -14,7 +14,7 @@ describe("idempotency keys held by a crashed gateway process", () => {
 
   beforeAll(async () => {
     // A short orphan window: the orphan rule runs only once this process's own heartbeats have
-    // held for a window (docs/decisions.md, "Orphans").
+    // held for a window (docs/decisions/chat-quotes-and-money.md, "Orphans").
     ({ stack, fake } = await startChatStack({ ORPHAN_AFTER_SECONDS: "3" }));
     // Rounds are run by hand below; the timer must not release a claim between two steps.
     await stack.gateway.housekeeping.stop();

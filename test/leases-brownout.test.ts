@@ -15,7 +15,7 @@ import { eventually, startChatStack, type TestStack } from "./helpers/stack.js";
  * `gateway serve` process) reaches PostgreSQL through a TCP fault proxy; the stack's gateway
  * reaches it directly and runs the orphan rule throughout. The database is away from B for
  * 3/4 of B's orphan window, long enough that an admission on B retires the epoch its stream
- * runs on (docs/decisions.md, "Reservation leases"). The database is then healthy for several
+ * runs on (docs/decisions/chat-quotes-and-money.md, "Reservation leases"). The database is then healthy for several
  * orphan windows of the judging process while the stream runs on: the retired epoch must be
  * heartbeated on, so the stream is served to its end and charged what its client was told.
  *

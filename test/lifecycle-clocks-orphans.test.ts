@@ -204,7 +204,7 @@ describe("the orphan rule and gateways whose clocks are far off", () => {
     }
     const { status } = await answer;
     expect(status).toBe(200);
-    // The charge is committed right after the answer (docs/decisions.md).
+    // The charge is committed right after the answer (docs/decisions/chat-quotes-and-money.md).
     await eventually(async () => (await requestOf(permitId))[0]?.status !== "pending");
     const [done] = await requestOf(permitId);
     expect(done).toMatchObject({ id, status: "completed", billing: "billed", error: null });

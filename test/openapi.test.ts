@@ -368,7 +368,7 @@ auditSecret("private key", receiptKey);
 /** `/v1/*` routes anyone may call: no key is checked, no rate limit applies. */
 const publicRoutes = new Set([
   "/v1/gateway",
-  // A payer's own calls: its signature is the credential (docs/decisions.md "Spending authority").
+  // A payer's own calls: its signature is the credential (docs/decisions/authority-and-signing.md "Spending authority").
   "/v1/payers/{payer}/authorizations",
   "/v1/payers/{payer}/authorizations/revoke",
 ]);

@@ -17,7 +17,7 @@ import { eventually, startChatStack, type TestStack } from "./helpers/stack.js";
  * and three gateway processes together admit the configured rate (not N times it), and the
  * configured streams (a killed process's slots come back once RATE_LIMIT_STREAM_TTL_MS passed).
  *
- * Tolerance (docs/decisions.md, "Rate limits"): over a window of W seconds the fleet admits at
+ * Tolerance (docs/decisions/errors-and-rate-limits.md, "Rate limits"): over a window of W seconds the fleet admits at
  * most BURST + RPS x W (+1 for the clock granularity; the database bucket never grants more),
  * and at least 85 % of it (tokens a replica leased and has not used yet are back within 0.5 s).
  */

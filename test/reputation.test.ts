@@ -18,7 +18,7 @@ interface ShownReputation {
 }
 
 /**
- * The score as docs/decisions.md ("Offer reputation") states it, from the shown measures: the
+ * The score as docs/decisions/providers-and-routing.md ("Offer reputation") states it, from the shown measures: the
  * weighted mean (4, 2, 2, 2) of the terms with data, times the unflagged share tenfold; null
  * without a request counted.
  */

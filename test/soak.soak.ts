@@ -519,7 +519,7 @@ describe("soak across replicas", () => {
         }
         // The killed gateway answered before its close was committed (a completed answer goes out
         // just before its charge is written): the orphan rule voids such a request, so the client
-        // was told a charge it is not billed (docs/decisions.md, "Orphans"). Less than it was
+        // was told a charge it is not billed (docs/decisions/chat-quotes-and-money.md, "Orphans"). Less than it was
         // told, never more; counted, not a violation. Any other difference is one.
         if (
           o.reported !== undefined &&
@@ -616,7 +616,7 @@ describe("soak across replicas", () => {
 
       // Idempotent replays: at most one charged record per key, and at most one upstream call per
       // key unless its first holder was killed mid-answer (then the key is released and the retry
-      // served anew; the orphaned first attempt was voided: docs/decisions.md "Orphans").
+      // served anew; the orphaned first attempt was voided: docs/decisions/chat-quotes-and-money.md "Orphans").
       const upstreamByTag = new Map<string, number>();
       for (const request of fake.requests) {
         const body = request.body as { messages?: { content?: string }[] } | undefined;

@@ -49,7 +49,7 @@ import { createGatewayHandler } from "../server.js";
 import type { Settlement } from "./settlement.js";
 
 /**
- * Per-API-key limits across the whole fleet, the database the arbiter (docs/decisions.md,
+ * Per-API-key limits across the whole fleet, the database the arbiter (docs/decisions/errors-and-rate-limits.md,
  * "Rate limits"); while it fails, each process enforces the whole limit alone.
  */
 export function wireRateLimiter(
@@ -85,7 +85,7 @@ export interface ApiKeyWiring {
 
 /**
  * API key lookups and the spending authority held with them (DESIGN.md section 8; docs/
- * decisions.md "Unknown keys cost nothing", "Authority across processes"). The deployment's
+ * decisions/authority-and-signing.md "Unknown keys cost nothing", "Authority across processes"). The deployment's
  * check secret and the hashes of keys issued before it are read once here. On PostgreSQL one
  * connection listens to the database's authority signals (migration 029), so a change made by
  * any process applies here at once; the embedded PGlite serves one connection and one process,
@@ -166,7 +166,7 @@ export function createApi(
     authorities,
     clock,
   });
-  // Provider earnings: who may read them is bound by the offer's operator (docs/decisions.md).
+  // Provider earnings: who may read them is bound by the offer's operator (docs/decisions/settlement.md).
   const keyBindingStore = createPgOfferKeyBindingStore(db.pool);
   const offers = createChainOfferReader({ client: deps.chain, market: config.marketAddress });
   const keyBindings = createOfferKeyBindingService({
@@ -183,7 +183,7 @@ export function createApi(
     store: createPgEarningsStore(db.pool),
     clock,
   });
-  // Usage receipts (docs/decisions.md, "Usage receipts"): signed on request, off the chat path.
+  // Usage receipts (docs/decisions/settlement.md, "Usage receipts"): signed on request, off the chat path.
   const receiptSigner =
     config.receiptPrivateKey === undefined
       ? undefined

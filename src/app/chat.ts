@@ -42,7 +42,7 @@ export interface ChatWiring {
   readonly inference: Inference;
   /** The reservation leases (absent when RESERVATION_LEASES is off). */
   readonly leased: LeasedLedger | undefined;
-  /** Each offer's reputation, from memory (the catalog's; docs/decisions.md). */
+  /** Each offer's reputation, from memory (the catalog's; docs/decisions/providers-and-routing.md). */
   reputation(offerId: Hex): Reputation;
   /** The sharing round (runs on its own; `runOnce` for operators and tests). */
   readonly measurementSync: MeasurementSync;

@@ -14,7 +14,7 @@ import { call, InsecureGatewayUrlError, type GatewayConnection } from "../client
 
 /**
  * `gateway permit authorizations` and `gateway permit revoke --key|--permit|--all`: a payer
- * sees and cuts what it signed, without any API key (issue 28, item 2; docs/decisions.md
+ * sees and cuts what it signed, without any API key (issue 28, item 2; docs/decisions/authority-and-signing.md
  * "Spending authority"). The typed data is built here from the command's arguments and the
  * payer's own configuration (chain id from RPC_URL, checked against CHAIN_ID; market from
  * MARKET_ADDRESS); the gateway gives only its deployment id (GET /v1/gateway), shown before

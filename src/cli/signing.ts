@@ -16,7 +16,7 @@ import {
 
 /**
  * How a wallet command of the CLI shows what it is about to sign (issue 28, item 1;
- * docs/decisions.md, "Wallet tools sign only what their user asked for"): once every check
+ * docs/decisions/authority-and-signing.md, "Wallet tools sign only what their user asked for"): once every check
  * passed, the summary goes to stderr (stdout keeps the command's result, `--json` included);
  * when stdin is a terminal the command then asks `sign it? [y/N]` and signs only on `y` or
  * `yes`; `--yes`, or stdin that is not a terminal (a script, a pipe), signs after printing.

@@ -5,7 +5,7 @@ import { noncePattern } from "../schema/signing.js";
 
 /**
  * What every wallet tool of this project does before a key signs typed data a gateway asked for
- * (issue 28, item 1; docs/decisions.md, "Wallet tools sign only what their user asked for").
+ * (issue 28, item 1; docs/decisions/authority-and-signing.md, "Wallet tools sign only what their user asked for").
  *
  * The tool builds the typed data itself, with the domain's builders (one definition of each
  * typed data), from its own arguments and its own chain (chain id and market from the RPC or

@@ -102,7 +102,7 @@ export type Authenticate = (
  * refusal (401 `missing_api_key` / `invalid_api_key` / `invalid_operator_token`, 503
  * `database_unavailable`). A key's request rate is not taken here (the auth interceptor does).
  *
- * With the caller's `address` (docs/decisions.md "Unknown keys cost nothing"): before anything
+ * With the caller's `address` (docs/decisions/authority-and-signing.md "Unknown keys cost nothing"): before anything
  * else, an address that has used up its budget of failed authentications is refused 429
  * `address_rate_limited` (Retry-After), unless its credentials are plausible from memory (a
  * key this gateway issued, the operator's token): a paying client behind the same address is

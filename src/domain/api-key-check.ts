@@ -1,7 +1,7 @@
 import { createHmac, randomBytes, timingSafeEqual } from "node:crypto";
 
 /**
- * The shape of an API key (docs/decisions.md "Unknown keys cost nothing"): `gw_` and 40 base62
+ * The shape of an API key (docs/decisions/authority-and-signing.md "Unknown keys cost nothing"): `gw_` and 40 base62
  * characters. A key issued now is 32 random characters (about 190 bits) followed by an 8
  * character check: a keyed hash (HMAC-SHA256) of the rest under the deployment's secret
  * (`gateway_secrets.api_key_check`, shared by every process on the database). A key made up

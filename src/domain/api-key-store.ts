@@ -47,7 +47,7 @@ export interface ApiKeyStore {
 }
 
 /**
- * API key lookups (docs/decisions.md "Unknown keys cost nothing", "Authority across processes").
+ * API key lookups (docs/decisions/authority-and-signing.md "Unknown keys cost nothing", "Authority across processes").
  *
  * - A key found is remembered for `ttlMs` (API_KEY_CACHE_MS), with its spending authority (held
  *   by `authorities`): a chat request reads memory only. Keyed by the key's SHA-256, as the

@@ -26,7 +26,7 @@ export interface ModelRecord {
   /** Active offers of this model (the spec's provider_count). */
   readonly activeOffers: number;
   /**
-   * Set when the chain states a value the catalog cannot hold (see docs/decisions.md,
+   * Set when the chain states a value the catalog cannot hold (see docs/decisions/catalog-and-indexing.md,
    * "Quarantine"): the model is stored with neutral values and nothing of it is routed to.
    */
   readonly quarantineReason?: string | undefined;

@@ -1,7 +1,7 @@
 import type { OfferMeasurement } from "./chat/measurement-types.js";
 
 /**
- * Divergence is the liar's cost (DESIGN.md section 10; docs/decisions.md "Usage divergence"):
+ * Divergence is the liar's cost (DESIGN.md section 10; docs/decisions/metering-and-tokens.md "Usage divergence"):
  * an offer whose usage claims run above the gateway's count beyond tolerance
  * (`judgeUsage(...).diverged`, chat/usage.ts) in more than a share of its claimed answers over
  * the reputation's window is flagged (shown in the catalog, the console and its reputation, and

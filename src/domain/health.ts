@@ -250,7 +250,7 @@ export interface HealthMonitor {
    * endpoint is still under way elsewhere. `modelNames` are the names the provider may know
    * the offer's model by (public id, ModelID, aliases); `subject` what its usage claims are
    * counted with. A run that passes also clears a standing usage exclusion (the store's
-   * `recordVerification`; docs/decisions.md "Usage divergence"). Throws `offer_not_found` when
+   * `recordVerification`; docs/decisions/metering-and-tokens.md "Usage divergence"). Throws `offer_not_found` when
    * no endpoint is registered.
    */
   verify(

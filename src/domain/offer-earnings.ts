@@ -9,7 +9,7 @@ import {
 } from "./offer-key-binding.js";
 
 /**
- * An offer's earnings over a window of completion times, by settlement state (docs/decisions.md,
+ * An offer's earnings over a window of completion times, by settlement state (docs/decisions/settlement.md,
  * "Provider earnings"): what its charged requests add up to while unsettled, in a batch
  * (settling), settled on chain (paid to the payout), and unsettleable (with the reasons), and the
  * batches that carry them. Read from the gateway's records; money as bigint.

@@ -23,7 +23,7 @@ import {
 } from "./signatures.js";
 
 /**
- * Who may read an offer's earnings (docs/decisions.md, "Provider earnings"): the settlement
+ * Who may read an offer's earnings (docs/decisions/settlement.md, "Provider earnings"): the settlement
  * operator, and API keys the offer's operator bound to the offer. The operator signs
  * `BindOfferKey` typed data naming the key's public id, in the domain every gateway signature
  * uses; the gateway verifies it against the operator the chain names now (ECDSA, or ERC-1271

@@ -1,7 +1,7 @@
 import { GatewayError } from "./errors.js";
 
 /**
- * Per-API-key limits (docs/decisions.md, "Rate limits"): a token bucket on requests, and a
+ * Per-API-key limits (docs/decisions/errors-and-rate-limits.md, "Rate limits"): a token bucket on requests, and a
  * count of the key's chat streams in flight. `createRateLimiter` keeps both in memory for one
  * process (and is the fallback of a fleet limiter while its database is unreachable);
  * `createFleetRateLimiter` enforces them across every replica through the database, leasing
@@ -191,7 +191,7 @@ interface StreamLease {
 }
 
 /**
- * Per-API-key limits across every replica, the database the arbiter (docs/decisions.md, "Rate
+ * Per-API-key limits across every replica, the database the arbiter (docs/decisions/errors-and-rate-limits.md, "Rate
  * limits"). Requests: a replica leases a chunk of the key's fleet bucket (about `chunkSeconds`
  * of its rate), admits requests against it in memory, leases again when it is spent, and gives
  * back what is unused after `tokenLeaseMs`. Streams: a replica holds slots of the key's fleet
@@ -426,7 +426,7 @@ export function createFleetRateLimiter(options: FleetRateLimitOptions): FleetRat
 
 /**
  * Failed authentications per client address (ADDRESS_RATE_LIMIT_RPS, ADDRESS_RATE_LIMIT_BURST;
- * docs/decisions.md "Unknown keys cost nothing"): a token bucket per address that only failures
+ * docs/decisions/authority-and-signing.md "Unknown keys cost nothing"): a token bucket per address that only failures
  * take from. It is asked before a request's credentials are examined: an address with no token
  * left is refused (429 `address_rate_limited`) unless its credentials are plausible from memory
  * (a key this gateway issued, or the operator's token), so a paying client sharing the address

@@ -12,7 +12,7 @@ import type { TypedDataField } from "./signatures.js";
  *
  * A receipt is signed when it is asked for, from the durable closed record, never on the chat
  * path: secp256k1 signatures are deterministic (RFC 6979), so the same record always yields the
- * same receipt and signature, and there is nothing to store (docs/decisions.md, "Usage
+ * same receipt and signature, and there is nothing to store (docs/decisions/settlement.md, "Usage
  * receipts").
  */
 

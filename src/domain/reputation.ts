@@ -2,7 +2,7 @@ import type { OfferMeasurement, OfferRecordCounts } from "./chat/measurements.js
 import { divergenceMinClaims, usageDivergenceOf, type UsageDivergence } from "./divergence.js";
 
 /**
- * An offer's reputation (issue 22; docs/decisions.md "Offer reputation"): what the gateway
+ * An offer's reputation (issue 22; docs/decisions/providers-and-routing.md "Offer reputation"): what the gateway
  * measured of it over the last `windowSeconds`, shown in the catalog, and the one number that
  * sums it up. Every rate is an integer in basis points (10000 = 100 %), every time an integer:
  * nothing here is a float on the wire.

@@ -43,7 +43,7 @@ export interface Housekeeping {
 }
 
 /**
- * Liveness of this process and the rule for the requests of dead ones (docs/decisions.md,
+ * Liveness of this process and the rule for the requests of dead ones (docs/decisions/chat-quotes-and-money.md,
  * "Orphans"). Every comparison of other processes' times happens in the database, on its clock,
  * so hosts whose clocks disagree never void each other's requests.
  *

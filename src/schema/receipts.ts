@@ -7,7 +7,7 @@ import { settlementOfRequest } from "./resources.js";
 import { typedData } from "./signing.js";
 
 /**
- * Usage receipts (docs/decisions.md, "Usage receipts") and the gateway's public facts: the
+ * Usage receipts (docs/decisions/settlement.md, "Usage receipts") and the gateway's public facts: the
  * typed data as `eth_signTypedData_v4` verifies it (camelCase, integers beyond 2^53 as decimal
  * strings), with the receipt key's signature.
  */

@@ -1,5 +1,5 @@
 /**
- * Authority signals over PostgreSQL LISTEN/NOTIFY (docs/decisions.md, "Authority across
+ * Authority signals over PostgreSQL LISTEN/NOTIFY (docs/decisions/authority-and-signing.md, "Authority across
  * processes"): one dedicated connection per process listens on `gw_authority`, which the
  * triggers of migration 029 notify at the commit of every change to an API key or to a permit
  * authorization, whoever made it (functions/authority-signals.sql). Payloads: `key:<api key id>`

@@ -63,7 +63,7 @@ interface OfferRow {
   effective_quarantine: string | null;
 }
 
-// Catalog views leave quarantined models and offers out (docs/decisions.md, "Quarantine"): a
+// Catalog views leave quarantined models and offers out (docs/decisions/catalog-and-indexing.md, "Quarantine"): a
 // quarantined model is `model_not_found` everywhere, and neither it nor a quarantined offer is
 // listed or counted. Only `getOffer` (health, registration, verification) returns a quarantined
 // offer, with its reason (`model_quarantined` when it is its model that is quarantined).

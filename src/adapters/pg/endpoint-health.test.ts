@@ -6,7 +6,7 @@ import type { Queryable } from "./catalog.js";
 import { claimWakeFee, recordProbe } from "./endpoint-health.js";
 import { upsertProviderEndpoint } from "./registrations.js";
 
-// The wake fee's claim on the endpoint's row (migration 025; docs/decisions.md "Wake fees").
+// The wake fee's claim on the endpoint's row (migration 025; docs/decisions/chat-quotes-and-money.md "Wake fees").
 
 const modelId = `0x${"11".repeat(32)}` as Hex;
 const address = `0x${"33".repeat(20)}` as Hex;

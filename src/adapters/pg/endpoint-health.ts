@@ -89,7 +89,7 @@ export async function recordProbe(
  * both as they are (DESIGN.md section 8: a verification that stands is not knocked out by a
  * timeout, a refused connection, a 429 or a 5xx). Either failure keeps the failed check in
  * `verification_error`. Success clears the offer's standing usage exclusion, if any (migration
- * 024, docs/decisions.md "Usage divergence"): only a verification that passed brings it back.
+ * 024, docs/decisions/metering-and-tokens.md "Usage divergence"): only a verification that passed brings it back.
  *
  * With `sealed`, the row is updated only while it still holds that sealed endpoint: a
  * verification that raced a re-registration must not vouch for the new endpoint. Returns

@@ -108,7 +108,7 @@ export interface ReleaseOrphanedClaimsInput {
 }
 
 /**
- * The orphan rule for idempotency claims (docs/decisions.md, "Orphans"): an `in_progress` claim
+ * The orphan rule for idempotency claims (docs/decisions/chat-quotes-and-money.md, "Orphans"): an `in_progress` claim
  * whose holder's last sign of life, the later of its heartbeat (none if its `gateway_instances`
  * row is missing) and the claim's own creation (both on the database's clock), is more than
  * `staleAfterSeconds` old is deleted, so the client's retry claims the key anew instead of

@@ -1,5 +1,5 @@
 /**
- * Lease recall over PostgreSQL LISTEN/NOTIFY (docs/decisions.md, "Reservation leases"): one
+ * Lease recall over PostgreSQL LISTEN/NOTIFY (docs/decisions/chat-quotes-and-money.md, "Reservation leases"): one
  * dedicated connection per process listens on `gw_lease_recall` (another process needs what
  * this one's leases hold idle) and `gw_lease_returned` (a holder answered a recall). Notifies
  * go out on the pool. The listening connection reconnects after a loss; while it is down a

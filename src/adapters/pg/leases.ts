@@ -37,7 +37,7 @@ export function createPgLeaseStore(pool: pg.Pool, options: PgLeaseStoreOptions =
       for (const item of items) item.state.sent = true;
       const rows = items.filter((i) => !i.state.skip).map((i) => recordRow(i));
       // `created_at` is the database's clock, as heartbeats are: the orphan rule compares the
-      // two (docs/decisions.md, "Orphans"), so a host's clock must not enter it.
+      // two (docs/decisions/chat-quotes-and-money.md, "Orphans"), so a host's clock must not enter it.
       if (rows.length > 0) {
         await pool.query(
           `INSERT INTO inference_requests (id, api_key_id, instance_id, model, model_id, offer_id,

@@ -17,7 +17,7 @@ import { loadTokenizerRegistry } from "./registry.js";
 /**
  * The embedded tokenizers against the reference: Hugging Face's native `tokenizers` binding (the
  * Rust library the models' files are written for), the library the gateway did not choose
- * (docs/decisions.md). Every count is compared exactly, on a corpus of real texts.
+ * (docs/decisions/metering-and-tokens.md). Every count is compared exactly, on a corpus of real texts.
  */
 
 interface Corpus {

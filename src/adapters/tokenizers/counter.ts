@@ -10,7 +10,7 @@ import { TokenizerRegistryError, type TokenizerEntry } from "./registry.js";
 
 /**
  * A model's own counter: its `tokenizer.json` (Hugging Face's tokenizers.js, the pure
- * JavaScript port of the `tokenizers` library; docs/decisions.md says why this one) and its chat
+ * JavaScript port of the `tokenizers` library; docs/decisions/metering-and-tokens.md says why this one) and its chat
  * template (rendered with `@huggingface/jinja`, the engine transformers.js uses for the same
  * templates).
  */

@@ -6,7 +6,7 @@
  *
  * The settlement operator token, which also reads them (and every batch of the market), is not
  * asked for: it is the settlement's administrative credential, and a web page is no place for
- * it (README, "The market console").
+ * it (docs/app-developers.md, "The market console").
  */
 import { segment } from "../api.js";
 import { badge, code, credits, facts, h, hexIdForm, messageLine, table, time } from "../dom.js";

@@ -1,5 +1,5 @@
 /**
- * An offer's reputation as the catalog publishes it (`offer.reputation`, docs/decisions.md
+ * An offer's reputation as the catalog publishes it (`offer.reputation`, docs/decisions/providers-and-routing.md
  * "Offer reputation"): the score and rates in basis points (10000 = 100 %), the median time to
  * first token and output speed over streamed answers, flagged requests, over `requests`
  * requests in the last `window_seconds`; a measure without data in the window is null. And a
@@ -51,7 +51,7 @@ export function reputationView(reputation) {
 
 /**
  * The offer's usage claims against the gateway's count (`offer.usage_divergence`,
- * docs/decisions.md "Usage divergence"): flagged offers are routed last, excluded ones not at
+ * docs/decisions/metering-and-tokens.md "Usage divergence"): flagged offers are routed last, excluded ones not at
  * all until their operator verifies again. `data-divergence` is `none`, `flagged` or `excluded`.
  * @param {Record<string, unknown> | null | undefined} divergence
  */

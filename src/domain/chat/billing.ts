@@ -5,7 +5,7 @@ import type { UsageFigures } from "./types.js";
 import type { UsageJudgment } from "./usage.js";
 
 /**
- * The billing decision (DESIGN.md section 3, docs/decisions.md): how a request closes (status,
+ * The billing decision (DESIGN.md section 3, docs/decisions/chat-quotes-and-money.md): how a request closes (status,
  * usage, billed/partial/void, charge, error) as one pure function of what happened to it. The
  * relay describes what happened; it decides nothing about money itself.
  */
@@ -115,7 +115,7 @@ export function decideClose(outcome: Outcome, pricing: ClosePricing): Closing {
     case "cancelled": {
       const by =
         outcome.by === "shutdown" ? "cut by the gateway's shutdown" : "client disconnected";
-      // Input is charged only once the provider has the request (docs/decisions.md).
+      // Input is charged only once the provider has the request (docs/decisions/chat-quotes-and-money.md).
       const charged = outcome.dispatched || outcome.delivered > 0n;
       return closingOf({
         ...pricing,

@@ -7,7 +7,7 @@ import type { LeasedRecord, LeaseSignals, LeaseStore, OpenState } from "./lease-
 import type { Ledger } from "./ports.js";
 
 /**
- * Reservation leases (docs/decisions.md, "Reservation leases"; migration 010): this process
+ * Reservation leases (docs/decisions/chat-quotes-and-money.md, "Reservation leases"; migration 010): this process
  * takes credits of a permit and slots of an offer in bulk, and admits requests against them in
  * memory. Only taking more (an extension) or giving back touches the database, and a refusal
  * (`insufficient_credits`, `offer_at_capacity`) is always the database's: a request waits for

@@ -6,7 +6,7 @@ import type { FinalizeInput } from "./types.js";
 /**
  * The lifecycle of a request's close: admitted (reserved) -> sent -> streaming -> closing ->
  * closed. Every request ends in exactly one durable close; a close the ledger refuses waits in
- * an outbox that housekeeping writes until the ledger takes it (docs/decisions.md).
+ * an outbox that housekeeping writes until the ledger takes it (docs/decisions/chat-quotes-and-money.md).
  */
 
 /** A close the ledger has not taken yet, kept until it does. */

@@ -23,7 +23,7 @@ type Json = Record<string, unknown>;
 /**
  * The largest text tokenized as one segment (1 MiB, some 250,000 tokens, far above any model's
  * output limit): a longer one is counted by its bytes, the sound bound, so that a huge answer
- * cannot hold the event loop for seconds in the tokenizer (docs/decisions.md).
+ * cannot hold the event loop for seconds in the tokenizer (docs/decisions/metering-and-tokens.md).
  */
 export const exactSegmentMaxBytes = 1 << 20;
 

@@ -225,7 +225,7 @@ export type PricedOffer = Pick<
 >;
 
 /**
- * Whether an offer's price for this request is within `provider.max_price` (docs/decisions.md,
+ * Whether an offer's price for this request is within `provider.max_price` (docs/decisions/providers-and-routing.md,
  * "Provider preferences"): its input and output prices at most `prompt` and `completion`, and
  * its maximum credits for the request, the wake fee included when it may be charged, at most
  * the same request's maximum at the client's prices (a price the client left open counts at the

@@ -37,7 +37,7 @@ export interface ReasoningPolicy {
   readonly outputLimit?: bigint | undefined;
 }
 
-/** The tolerances the claim is held to, documented in docs/decisions.md. */
+/** The tolerances the claim is held to, documented in docs/decisions/metering-and-tokens.md. */
 export interface Tolerance {
   readonly inputTokens: bigint;
   readonly outputTokens: bigint;

@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 
 /**
- * Wake fees the gateway saw earned (issue 27, item 10; docs/decisions.md "Wake fees").
+ * Wake fees the gateway saw earned (issue 27, item 10; docs/decisions/chat-quotes-and-money.md "Wake fees").
  *
  * A quote prices the wake fee when the prober last saw the offer's endpoint down: it is a
  * maximum, and routing and `provider.max_price` count it. What the close charges is another

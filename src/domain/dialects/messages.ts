@@ -42,7 +42,7 @@ import type { Dialect } from "./types.js";
  *   `stop_reason` on the choice), since chat completions otherwise does not say.
  * - `tool_result` with `is_error: true` becomes a tool message whose content starts with
  *   `Error: `: chat completions has no error flag, and the model should still learn it failed.
- * - What a stream holds (docs/decisions.md, "Client dialects"): no text and no arguments. Nothing
+ * - What a stream holds (docs/decisions/api-and-console.md, "Client dialects"): no text and no arguments. Nothing
  *   of the answer is sent again at its end (`content_block_stop`, `message_delta` and
  *   `message_stop` carry none; the official SDK builds the message from the deltas alone, by
  *   block index), so each delta is relayed as it comes and let go. Per tool call the stream keeps

@@ -39,7 +39,7 @@ import type { Dialect } from "./types.js";
  * The answer echoes no request parameter (the translator sees only the provider's answer):
  * `instructions`, `tools`, `temperature`, `top_p` and `metadata` are neutral (`null` or `[]`).
  *
- * What a stream holds (docs/decisions.md, "Client dialects"). The Responses API sends the answer
+ * What a stream holds (docs/decisions/api-and-console.md, "Client dialects"). The Responses API sends the answer
  * again at its end: `response.output_text.done` a part's whole `text`,
  * `response.content_part.done` the part, `response.function_call_arguments.done` a call's whole
  * `arguments`, `response.output_item.done` the item, and `response.completed` (`.incomplete`,

@@ -1,4 +1,4 @@
--- Authority signals (migration 029; docs/decisions.md "Authority across processes"): every
+-- Authority signals (migration 029; docs/decisions/authority-and-signing.md "Authority across processes"): every
 -- change to what an API key may do is announced on the channel `gw_authority` at its commit, so
 -- that every gateway process sharing the database drops what it holds of that key at once
 -- (src/adapters/pg/authority-signals.ts listens). The triggers fire whoever writes: a gateway,

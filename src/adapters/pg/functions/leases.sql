@@ -1,4 +1,4 @@
--- Reservation leases (migration 010; docs/decisions.md "Reservation leases"): a gateway process
+-- Reservation leases (migration 010; docs/decisions/chat-quotes-and-money.md "Reservation leases"): a gateway process
 -- takes credits of a permit and slots of an offer in bulk and admits requests against them in
 -- memory. A lease counts among the open reservations: permit_ledgers.reserved and
 -- offer_loads.in_flight include every lease. Lock order, extending the ledger's: offer_loads

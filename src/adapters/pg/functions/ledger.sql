@@ -1,4 +1,4 @@
--- The per-request ledger (issue 5 onwards; docs/decisions.md "reserve and finalize"): each
+-- The per-request ledger (issue 5 onwards; docs/decisions/chat-quotes-and-money.md "reserve and finalize"): each
 -- function is ONE round trip that commits on its own. This file holds the current definition of
 -- each; migrate() re-applies every file of this directory after the pending migrations, on every
 -- start (CREATE OR REPLACE; a signature change drops the old one here too).

@@ -1,4 +1,4 @@
--- Fleet-wide per-API-key limits (migration 020; docs/decisions.md "Rate limits"). Lock order:
+-- Fleet-wide per-API-key limits (migration 020; docs/decisions/errors-and-rate-limits.md "Rate limits"). Lock order:
 -- a key's rate_budgets row before its rate_streams rows; that row serialises every lease of
 -- the key.
 

@@ -1,4 +1,4 @@
--- Reservation leases (issue 11; docs/proposals/reservation-leases.md, docs/decisions.md
+-- Reservation leases (issue 11; docs/proposals/reservation-leases.md, docs/decisions/chat-quotes-and-money.md
 -- "Reservation leases"). A gateway process takes credits of a permit and slots of an offer in
 -- bulk, admits requests against them in memory, and writes each request's record and close
 -- in batches: no row that every request of a permit or offer shares is written per request.

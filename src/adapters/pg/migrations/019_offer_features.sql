@@ -1,4 +1,4 @@
--- Provider preferences (DESIGN.md section 9, docs/decisions.md "Provider preferences").
+-- Provider preferences (DESIGN.md section 9, docs/decisions/providers-and-routing.md "Provider preferences").
 --
 -- The features a verification run proved of an offer's endpoint: `tools` (a tool call
 -- answered), `json_schema` (a response_format json_schema answered with parseable JSON),

@@ -1,4 +1,4 @@
--- Fleet-wide per-API-key limits (issue 21, item 7; docs/decisions.md "Rate limits"): the
+-- Fleet-wide per-API-key limits (issue 21, item 7; docs/decisions/errors-and-rate-limits.md "Rate limits"): the
 -- database is the arbiter of each key's request budget and stream count, and every replica
 -- leases from it in chunks, so no limit is divided by a replica count and no row is written
 -- per request.

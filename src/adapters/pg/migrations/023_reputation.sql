@@ -1,4 +1,4 @@
--- Offer reputation (issue 22, item 4; docs/decisions.md "Offer reputation"): what the catalog
+-- Offer reputation (issue 22, item 4; docs/decisions/providers-and-routing.md "Offer reputation"): what the catalog
 -- shows of each offer over a sliding window, and what `provider.sort` reads, from one source.
 
 -- Each process's window of an offer replaces its moving averages (migration 019): requests the

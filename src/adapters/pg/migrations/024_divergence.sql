@@ -1,4 +1,4 @@
--- Usage divergence (issue 27, item 5; docs/decisions.md "Usage divergence"): an offer whose
+-- Usage divergence (issue 27, item 5; docs/decisions/metering-and-tokens.md "Usage divergence"): an offer whose
 -- usage claims run above the gateway's count beyond tolerance in too many of its answers is
 -- flagged, and past a higher share leaves routing until a verification of it passes.
 

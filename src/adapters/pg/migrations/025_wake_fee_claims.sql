@@ -1,5 +1,5 @@
 -- The wake fee is charged only when the gateway itself saw the endpoint asleep, at most once per
--- offer per wake window (issue 27, item 10; docs/decisions.md "Wake fees"). A request to an
+-- offer per wake window (issue 27, item 10; docs/decisions/chat-quotes-and-money.md "Wake fees"). A request to an
 -- endpoint the prober last saw down claims the fee on the endpoint's row with one conditional
 -- UPDATE, so of every gateway sharing this database one request per window is charged it.
 -- Unix seconds of the gateway's clock; NULL: never charged. A re-registration keeps it (a new

@@ -1,4 +1,4 @@
--- Issue 28, item 2: the payer in control without the key (docs/decisions.md "Spending
+-- Issue 28, item 2: the payer in control without the key (docs/decisions/authority-and-signing.md "Spending
 -- authority"). With its own signature a payer lists every authorization made for its address and
 -- revokes them by key, by permit or all; "all" also raises the payer's epoch.
 --

@@ -4,7 +4,7 @@
 --
 -- Issue 28, items 4 and 5.
 --
--- Authority signals (docs/decisions.md "Authority across processes"): a new permit
+-- Authority signals (docs/decisions/authority-and-signing.md "Authority across processes"): a new permit
 -- authorization, a revocation and an API key revocation are announced on `gw_authority` by these
 -- triggers at commit, whoever writes them, and every gateway process drops what it cached of
 -- the key (functions/authority-signals.sql has the payloads).
@@ -15,7 +15,7 @@ CREATE TRIGGER permit_authorizations_truncate_signal
   AFTER TRUNCATE ON permit_authorizations
   FOR EACH STATEMENT EXECUTE FUNCTION gw_authority_signal();
 
--- API keys that carry their own check (docs/decisions.md "Unknown keys cost nothing"): the
+-- API keys that carry their own check (docs/decisions/authority-and-signing.md "Unknown keys cost nothing"): the
 -- last characters of a key issued from now on are a keyed check of the others, under a secret
 -- of the deployment kept here, so a gateway refuses a made-up key without asking the database.
 -- Keys issued before have no check (key_check false): every process holds their hashes, so a

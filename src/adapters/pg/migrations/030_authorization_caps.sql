@@ -1,6 +1,6 @@
 -- Issue 28, item 7: narrowed delegation. An authorization's credit caps (migration 027:
 -- permit_authorizations.total_cap, per_request_cap) are enforced, and every request records the
--- authorization that admitted it (docs/decisions.md "Spending authority", "Credit caps").
+-- authorization that admitted it (docs/decisions/authority-and-signing.md "Spending authority", "Credit caps").
 --
 -- * inference_requests.authorization_id: the authorization that admitted the request, written
 --   by the statement that reserves it (gw_reserve, or a leased record's insert); NULL for
