@@ -258,6 +258,22 @@ describe("catalog", () => {
         "demo-coder",
       ]);
     });
+    it("answers buf curl over Connect with one model, as docs/app-developers.md shows it", async () => {
+      const { stdout } = await run("node_modules/.bin/buf", [
+        "curl",
+        "--protocol",
+        "connect",
+        "--schema",
+        "proto",
+        "-H",
+        `Authorization: Bearer ${stack.apiKey}`,
+        "-d",
+        '{"id": "demo-chat"}',
+        `${stack.gateway.url}/gateway.v1.CatalogService/GetModel`,
+      ]);
+      const body = JSON.parse(stdout);
+      expect(body.model.id).toBe("demo-chat");
+    });
   });
 
   describe("indexing", () => {

@@ -81,6 +81,11 @@ const RUNNERS: readonly Runner[] = [
       "/gateway.v1.CatalogService/ListModels",
     ],
   },
+  {
+    shows: /^npx buf curl --protocol connect --schema proto .*GetModel$/,
+    test: "test/catalog.test.ts",
+    needles: ['"node_modules/.bin/buf"', '"connect"', "/gateway.v1.CatalogService/GetModel"],
+  },
 
   // What `npm start` writes: test/cli.test.ts runs `gateway dev` and checks every field.
   { shows: /^manifest /, test: "test/cli.test.ts", needles: ["dev.json"] },
@@ -114,10 +119,6 @@ const RUNNERS: readonly Runner[] = [
 /** Commands the docs show that no test runs yet: each is a `todo` until one does. */
 const NOT_RUN_YET: readonly { shows: RegExp; why: string }[] = [
   { shows: /^npm prune --omit=dev$/, why: "no test prunes node_modules and then serves dist/" },
-  {
-    shows: /^npx buf curl --protocol connect .*GetModel$/,
-    why: "buf curl is run over gRPC only (test/catalog.test.ts); Connect clients call other RPCs",
-  },
   {
     shows: /^gateway permit revoke --permit\b/,
     why: "test/payer-control.test.ts revokes by permit over REST (the same signed RevokeAuthorizations) and runs the CLI with --key and --all only",
