@@ -1,7 +1,9 @@
 import { GatewayError } from "./errors.js";
 
+export { budgetAddress, createFailureBudget, type FailureBudget } from "./failure-budget.js";
+
 /**
- * Per-API-key limits (docs/decisions/errors-and-rate-limits.md, "Rate limits"): a token bucket on requests, and a
+ * Per-API-key limits (docs/decisions.md, "Rate limits"): a token bucket on requests, and a
  * count of the key's chat streams in flight. `createRateLimiter` keeps both in memory for one
  * process (and is the fallback of a fleet limiter while its database is unreachable);
  * `createFleetRateLimiter` enforces them across every replica through the database, leasing
@@ -191,7 +193,7 @@ interface StreamLease {
 }
 
 /**
- * Per-API-key limits across every replica, the database the arbiter (docs/decisions/errors-and-rate-limits.md, "Rate
+ * Per-API-key limits across every replica, the database the arbiter (docs/decisions.md, "Rate
  * limits"). Requests: a replica leases a chunk of the key's fleet bucket (about `chunkSeconds`
  * of its rate), admits requests against it in memory, leases again when it is spent, and gives
  * back what is unused after `tokenLeaseMs`. Streams: a replica holds slots of the key's fleet
@@ -201,213 +203,22 @@ interface StreamLease {
  * (the whole configured limit in this process) for that request.
  */
 export function createFleetRateLimiter(options: FleetRateLimitOptions): FleetRateLimiter {
-  const { store, rps, maxStreams } = options;
-  const now = options.now ?? (() => performance.now());
-  const burst = Math.max(1, options.burst > 0 ? options.burst : rps);
-  const chunk = Math.max(
-    1,
-    Math.min(Math.floor(burst), Math.ceil(rps * (options.chunkSeconds ?? 0.05))),
-  );
-  const tokenLeaseMs = options.tokenLeaseMs ?? 500;
-  const streamTtlMs = options.streamTtlMs ?? 10_000;
-  const idleMs = options.idleMs ?? 250;
-  const timeoutMs = options.storeTimeoutMs ?? 1000;
-  const fallback = createRateLimiter(options);
-  const tokens = new Map<string, TokenLease>();
-  const streams = new Map<string, StreamLease>();
-  let warnedAt = -Infinity;
-
-  const bounded = <T>(work: Promise<T>): Promise<T> => {
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(
-        () => reject(new Error(`rate limit store took over ${timeoutMs} ms`)),
-        timeoutMs,
-      );
-    });
-    return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
-  };
-  const failedOpen = (error: unknown): void => {
-    const t = now();
-    if (t - warnedAt < 10_000) return;
-    warnedAt = t;
-    options.onFallback?.(error);
-  };
-
-  /** One lease call of `key`: whether it granted anything. */
-  const refill = async (key: string, lease: TokenLease): Promise<boolean> => {
-    const t = now();
-    let giveBack = 0;
-    if (lease.expiresAt <= t) {
-      giveBack = Math.floor(lease.tokens);
-      lease.tokens = 0;
-    }
-    const { granted, tokensLeft } = await bounded(
-      store.leaseTokens(key, chunk, giveBack, rps, burst),
-    );
-    const after = now();
-    lease.tokens += granted;
-    lease.expiresAt = after + tokenLeaseMs;
-    if (granted === 0) {
-      // Asking again before a whole chunk refilled would write per request at the limit.
-      lease.nextTokenAt = after + (Math.max(0, 1 - tokensLeft) / rps) * 1000;
-      lease.quietUntil = after + (Math.max(0, chunk - tokensLeft) / rps) * 1000;
-    }
-    return granted > 0;
-  };
-  const refuse = (lease: TokenLease): GatewayError =>
-    rateLimited(
-      "too many requests for this API key; retry after the Retry-After delay",
-      Math.max(0.001, (lease.nextTokenAt - now()) / 1000),
-    );
-
-  const take = async (key: string): Promise<void> => {
-    if (rps <= 0) return;
-    let lease = tokens.get(key);
-    if (lease === undefined) {
-      lease = { tokens: 0, expiresAt: 0, quietUntil: 0, nextTokenAt: 0, refill: undefined };
-      tokens.set(key, lease);
-    }
-    for (;;) {
-      if (lease.tokens >= 1 && lease.expiresAt > now()) {
-        lease.tokens -= 1;
-        return;
-      }
-      if (lease.quietUntil > now()) throw refuse(lease);
-      const current = lease;
-      const pending = (current.refill ??= refill(key, current).finally(
-        () => (current.refill = undefined),
-      ));
-      let granted: boolean;
-      try {
-        granted = await pending;
-      } catch (error) {
-        failedOpen(error);
-        fallback.take(key);
-        return;
-      }
-      if (!granted && lease.tokens < 1) throw refuse(lease);
-    }
-  };
-
-  /** Runs `work` on `key`'s stream lease once the one running before it is done. */
-  const exclusive = async (lease: StreamLease, work: () => Promise<void>): Promise<void> => {
-    while (lease.busy !== undefined) await lease.busy.catch(() => {});
-    const run = work();
-    lease.busy = run.then(
-      () => (lease.busy = undefined),
-      () => (lease.busy = undefined),
-    );
-    return run;
-  };
-
-  const acquireStream = async (key: string): Promise<() => void> => {
-    if (maxStreams <= 0) return () => {};
-    let lease = streams.get(key);
-    if (lease === undefined) {
-      lease = {
-        held: 0,
-        inUse: 0,
-        waiting: 0,
-        changedAt: now(),
-        renewedAt: now(),
-        busy: undefined,
-      };
-      streams.set(key, lease);
-    }
-    const current = lease;
-    const refusal = () =>
-      rateLimited(
-        `this API key has ${maxStreams} streams open across the gateway, its limit; retry shortly`,
-        1,
-      );
-    // Each round either admits, or grows the holding in the database, or is refused by it.
-    while (current.inUse >= current.held) {
-      if (current.held >= maxStreams) throw refusal();
-      let refused = false;
-      current.waiting += 1;
-      try {
-        await exclusive(current, async () => {
-          if (current.inUse < current.held) return;
-          // What the waiting streams lack, and a quarter of those in use as headroom.
-          const need = current.inUse + current.waiting;
-          const want = Math.min(maxStreams, need + Math.floor(need / 4));
-          let held = await bounded(store.setStreams(key, want, maxStreams, streamTtlMs / 1000));
-          if (held < current.inUse + 1 && want > current.inUse + 1) {
-            held = await bounded(
-              store.setStreams(key, current.inUse + 1, maxStreams, streamTtlMs / 1000),
-            );
-          }
-          refused = held < current.inUse + 1;
-          current.held = held;
-          current.renewedAt = now();
-        });
-      } catch (error) {
-        failedOpen(error);
-        return fallback.acquireStream(key);
-      } finally {
-        current.waiting -= 1;
-      }
-      if (refused && current.inUse >= current.held) throw refusal();
-    }
-    current.inUse += 1;
-    current.changedAt = now();
-    let released = false;
-    return () => {
-      if (released) return;
-      released = true;
-      current.inUse -= 1;
-      current.changedAt = now();
-    };
-  };
-
-  /** Gives back unused tokens and idle stream slots, renews held slots. */
-  const tick = async (): Promise<void> => {
-    const t = now();
-    const calls: Promise<unknown>[] = [];
-    for (const [key, lease] of tokens) {
-      if (lease.refill !== undefined || lease.expiresAt > t) continue;
-      tokens.delete(key);
-      const giveBack = Math.floor(lease.tokens);
-      if (giveBack > 0) calls.push(bounded(store.leaseTokens(key, 0, giveBack, rps, burst)));
-    }
-    for (const [key, lease] of streams) {
-      if (lease.busy !== undefined) continue;
-      const idle = lease.held > lease.inUse && t - lease.changedAt >= idleMs;
-      const renew = lease.held > 0 && t - lease.renewedAt >= streamTtlMs / 3;
-      if (!idle && !renew) {
-        if (lease.held === 0 && lease.inUse === 0) streams.delete(key);
-        continue;
-      }
-      const target = idle ? lease.inUse : lease.held;
-      // Fewer slots count here before the database hears of it: never more in use than held.
-      lease.held = target;
-      lease.renewedAt = t;
-      calls.push(
-        exclusive(lease, async () => {
-          const held = await bounded(store.setStreams(key, target, maxStreams, streamTtlMs / 1000));
-          lease.held = Math.min(lease.held, held);
-        }),
-      );
-    }
-    const results = await Promise.allSettled(calls);
-    const failed = results.find((r) => r.status === "rejected");
-    if (failed !== undefined) failedOpen(failed.reason);
-  };
+  const fleet = fleetOf(options);
+  const { tokens, streams } = fleet;
 
   let ticking: Promise<void> | undefined;
   const timer = setInterval(
     () => {
       if (ticking !== undefined) return;
-      ticking = tick().finally(() => (ticking = undefined));
+      ticking = tick(fleet).finally(() => (ticking = undefined));
     },
-    Math.min(idleMs, tokenLeaseMs),
+    Math.min(fleet.idleMs, fleet.tokenLeaseMs),
   );
   timer.unref();
 
   return {
-    take,
-    acquireStream,
+    take: (key) => take(fleet, key),
+    acquireStream: (key) => acquireStream(fleet, key),
     async close() {
       clearInterval(timer);
       await ticking;
@@ -416,7 +227,7 @@ export function createFleetRateLimiter(options: FleetRateLimitOptions): FleetRat
         lease.changedAt = -Infinity;
         lease.inUse = 0;
       }
-      await tick();
+      await tick(fleet);
     },
     get size() {
       return tokens.size;
@@ -424,87 +235,234 @@ export function createFleetRateLimiter(options: FleetRateLimitOptions): FleetRat
   };
 }
 
-/**
- * Failed authentications per client address (ADDRESS_RATE_LIMIT_RPS, ADDRESS_RATE_LIMIT_BURST;
- * docs/decisions/authority-and-signing.md "Unknown keys cost nothing"): a token bucket per address that only failures
- * take from. It is asked before a request's credentials are examined: an address with no token
- * left is refused (429 `address_rate_limited`) unless its credentials are plausible from memory
- * (a key this gateway issued, or the operator's token), so a paying client sharing the address
- * with someone guessing keys is never refused by it. Per process, in memory.
- */
-export interface FailureBudget {
-  /** Seconds until `address` may fail again; undefined while it has budget left. */
-  exhausted(address: string): number | undefined;
-  /** Takes one failure from `address`'s budget. */
-  failed(address: string): void;
-  /** Addresses held now (tests: they must not grow without bound). */
-  readonly size: number;
+/** A fleet limiter's settings and leases, shared by the functions below. */
+interface Fleet {
+  readonly store: RateLimitStore;
+  readonly rps: number;
+  readonly burst: number;
+  readonly maxStreams: number;
+  readonly now: () => number;
+  /** Tokens one lease asks for. */
+  readonly chunk: number;
+  readonly tokenLeaseMs: number;
+  readonly streamTtlMs: number;
+  readonly idleMs: number;
+  readonly fallback: LocalRateLimiter;
+  readonly tokens: Map<string, TokenLease>;
+  readonly streams: Map<string, StreamLease>;
+  /** `work`, or a rejection once it took over `storeTimeoutMs`. */
+  bounded<T>(work: Promise<T>): Promise<T>;
+  /** The database failed and the local fallback answers (reported at most once per 10 s). */
+  failedOpen(error: unknown): void;
 }
 
-export function createFailureBudget(options: {
-  /** Failures per second an address gets back; 0 turns the budget off. */
-  readonly rps: number;
-  /** Most failures an address has in store (the bucket); 0 means ten seconds' worth. */
-  readonly burst: number;
-  /** Addresses kept at most; beyond it the ones idle longest go first. Default 100 000. */
-  readonly maxAddresses?: number;
-  /** Milliseconds, monotonic (tests). Default `performance.now`. */
-  readonly now?: () => number;
-}): FailureBudget {
+function fleetOf(options: FleetRateLimitOptions): Fleet {
+  const { store, rps, maxStreams } = options;
   const now = options.now ?? (() => performance.now());
-  const maxAddresses = options.maxAddresses ?? 100_000;
-  const rate = options.rps / 1000;
-  const capacity = Math.max(1, options.burst > 0 ? options.burst : options.rps * 10);
-  // Insertion order is kept fresh (a failing address moves to the end): the first are the ones
-  // idle longest, and a full bucket is the same as none, so dropping one loses nothing.
-  const buckets = new Map<string, Bucket>();
-  const level = (bucket: Bucket, t: number): number =>
-    Math.min(capacity, bucket.tokens + (t - bucket.at) * rate);
+  const burst = Math.max(1, options.burst > 0 ? options.burst : rps);
+  const chunk = Math.max(
+    1,
+    Math.min(Math.floor(burst), Math.ceil(rps * (options.chunkSeconds ?? 0.05))),
+  );
+  const timeoutMs = options.storeTimeoutMs ?? 1000;
+  let warnedAt = -Infinity;
   return {
-    exhausted(address) {
-      if (rate <= 0) return undefined;
-      const bucket = buckets.get(address);
-      if (bucket === undefined) return undefined;
-      const tokens = level(bucket, now());
-      return tokens >= 1 ? undefined : Math.max(1, Math.ceil((1 - tokens) / rate / 1000));
+    store,
+    rps,
+    burst,
+    maxStreams,
+    now,
+    chunk,
+    tokenLeaseMs: options.tokenLeaseMs ?? 500,
+    streamTtlMs: options.streamTtlMs ?? 10_000,
+    idleMs: options.idleMs ?? 250,
+    fallback: createRateLimiter(options),
+    tokens: new Map(),
+    streams: new Map(),
+    bounded<T>(work: Promise<T>): Promise<T> {
+      let timer: NodeJS.Timeout | undefined;
+      const timeout = new Promise<never>((_, reject) => {
+        timer = setTimeout(
+          () => reject(new Error(`rate limit store took over ${timeoutMs} ms`)),
+          timeoutMs,
+        );
+      });
+      return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
     },
-    failed(address) {
-      if (rate <= 0) return;
+    failedOpen(error) {
       const t = now();
-      const bucket = buckets.get(address);
-      const tokens = bucket === undefined ? capacity : level(bucket, t);
-      buckets.delete(address);
-      buckets.set(address, { tokens: Math.max(0, tokens - 1), at: t });
-      while (buckets.size > maxAddresses) {
-        const oldest = buckets.keys().next();
-        if (oldest.done === true) break;
-        buckets.delete(oldest.value);
-      }
-    },
-    get size() {
-      return buckets.size;
+      if (t - warnedAt < 10_000) return;
+      warnedAt = t;
+      options.onFallback?.(error);
     },
   };
 }
 
-/**
- * The address a failure budget counts: an IPv4 address as it is (an IPv4-mapped IPv6 one as its
- * IPv4), an IPv6 address by its /64 (one subscriber's usual allocation, which a client can
- * otherwise walk through), anything else as it is.
- */
-export function budgetAddress(remote: string | undefined): string {
-  if (remote === undefined || remote === "") return "unknown";
-  const mapped = /^::ffff:(\d{1,3}(?:\.\d{1,3}){3})$/i.exec(remote);
-  if (mapped !== null) return mapped[1]!;
-  if (!remote.includes(":")) return remote;
-  const [head = "", tail = ""] = remote.split("%")[0]!.split("::");
-  const left = head === "" ? [] : head.split(":");
-  const right = tail === "" ? [] : tail.split(":");
-  const groups = remote.includes("::")
-    ? [...left, ...Array<string>(Math.max(0, 8 - left.length - right.length)).fill("0"), ...right]
-    : left;
-  return `${groups
-    .slice(0, 4)
-    .map((g) => (g === "" ? "0" : g.toLowerCase().replace(/^0+(?=.)/, "")))
-    .join(":")}::/64`;
+/** One lease call of `key`: whether it granted anything. */
+async function refill(fleet: Fleet, key: string, lease: TokenLease): Promise<boolean> {
+  const { now, chunk, rps } = fleet;
+  const t = now();
+  let giveBack = 0;
+  if (lease.expiresAt <= t) {
+    giveBack = Math.floor(lease.tokens);
+    lease.tokens = 0;
+  }
+  const { granted, tokensLeft } = await fleet.bounded(
+    fleet.store.leaseTokens(key, chunk, giveBack, rps, fleet.burst),
+  );
+  const after = now();
+  lease.tokens += granted;
+  lease.expiresAt = after + fleet.tokenLeaseMs;
+  if (granted === 0) {
+    // Asking again before a whole chunk refilled would write per request at the limit.
+    lease.nextTokenAt = after + (Math.max(0, 1 - tokensLeft) / rps) * 1000;
+    lease.quietUntil = after + (Math.max(0, chunk - tokensLeft) / rps) * 1000;
+  }
+  return granted > 0;
+}
+
+function refuse(fleet: Fleet, lease: TokenLease): GatewayError {
+  return rateLimited(
+    "too many requests for this API key; retry after the Retry-After delay",
+    Math.max(0.001, (lease.nextTokenAt - fleet.now()) / 1000),
+  );
+}
+
+async function take(fleet: Fleet, key: string): Promise<void> {
+  const { now } = fleet;
+  if (fleet.rps <= 0) return;
+  let lease = fleet.tokens.get(key);
+  if (lease === undefined) {
+    lease = { tokens: 0, expiresAt: 0, quietUntil: 0, nextTokenAt: 0, refill: undefined };
+    fleet.tokens.set(key, lease);
+  }
+  for (;;) {
+    if (lease.tokens >= 1 && lease.expiresAt > now()) {
+      lease.tokens -= 1;
+      return;
+    }
+    if (lease.quietUntil > now()) throw refuse(fleet, lease);
+    const current = lease;
+    const pending = (current.refill ??= refill(fleet, key, current).finally(
+      () => (current.refill = undefined),
+    ));
+    let granted: boolean;
+    try {
+      granted = await pending;
+    } catch (error) {
+      fleet.failedOpen(error);
+      fleet.fallback.take(key);
+      return;
+    }
+    if (!granted && lease.tokens < 1) throw refuse(fleet, lease);
+  }
+}
+
+/** Runs `work` on `key`'s stream lease once the one running before it is done. */
+async function exclusive(lease: StreamLease, work: () => Promise<void>): Promise<void> {
+  while (lease.busy !== undefined) await lease.busy.catch(() => {});
+  const run = work();
+  lease.busy = run.then(
+    () => (lease.busy = undefined),
+    () => (lease.busy = undefined),
+  );
+  return run;
+}
+
+async function acquireStream(fleet: Fleet, key: string): Promise<() => void> {
+  const { now, maxStreams, store, streamTtlMs } = fleet;
+  if (maxStreams <= 0) return () => {};
+  let lease = fleet.streams.get(key);
+  if (lease === undefined) {
+    lease = {
+      held: 0,
+      inUse: 0,
+      waiting: 0,
+      changedAt: now(),
+      renewedAt: now(),
+      busy: undefined,
+    };
+    fleet.streams.set(key, lease);
+  }
+  const current = lease;
+  const refusal = () =>
+    rateLimited(
+      `this API key has ${maxStreams} streams open across the gateway, its limit; retry shortly`,
+      1,
+    );
+  // Each round either admits, or grows the holding in the database, or is refused by it.
+  while (current.inUse >= current.held) {
+    if (current.held >= maxStreams) throw refusal();
+    let refused = false;
+    current.waiting += 1;
+    try {
+      await exclusive(current, async () => {
+        if (current.inUse < current.held) return;
+        // What the waiting streams lack, and a quarter of those in use as headroom.
+        const need = current.inUse + current.waiting;
+        const want = Math.min(maxStreams, need + Math.floor(need / 4));
+        let held = await fleet.bounded(store.setStreams(key, want, maxStreams, streamTtlMs / 1000));
+        if (held < current.inUse + 1 && want > current.inUse + 1) {
+          held = await fleet.bounded(
+            store.setStreams(key, current.inUse + 1, maxStreams, streamTtlMs / 1000),
+          );
+        }
+        refused = held < current.inUse + 1;
+        current.held = held;
+        current.renewedAt = now();
+      });
+    } catch (error) {
+      fleet.failedOpen(error);
+      return fleet.fallback.acquireStream(key);
+    } finally {
+      current.waiting -= 1;
+    }
+    if (refused && current.inUse >= current.held) throw refusal();
+  }
+  current.inUse += 1;
+  current.changedAt = now();
+  let released = false;
+  return () => {
+    if (released) return;
+    released = true;
+    current.inUse -= 1;
+    current.changedAt = now();
+  };
+}
+
+/** Gives back unused tokens and idle stream slots, renews held slots. */
+async function tick(fleet: Fleet): Promise<void> {
+  const { store, rps, burst, maxStreams, streamTtlMs, idleMs } = fleet;
+  const t = fleet.now();
+  const calls: Promise<unknown>[] = [];
+  for (const [key, lease] of fleet.tokens) {
+    if (lease.refill !== undefined || lease.expiresAt > t) continue;
+    fleet.tokens.delete(key);
+    const giveBack = Math.floor(lease.tokens);
+    if (giveBack > 0) calls.push(fleet.bounded(store.leaseTokens(key, 0, giveBack, rps, burst)));
+  }
+  for (const [key, lease] of fleet.streams) {
+    if (lease.busy !== undefined) continue;
+    const idle = lease.held > lease.inUse && t - lease.changedAt >= idleMs;
+    const renew = lease.held > 0 && t - lease.renewedAt >= streamTtlMs / 3;
+    if (!idle && !renew) {
+      if (lease.held === 0 && lease.inUse === 0) fleet.streams.delete(key);
+      continue;
+    }
+    const target = idle ? lease.inUse : lease.held;
+    // Fewer slots count here before the database hears of it: never more in use than held.
+    lease.held = target;
+    lease.renewedAt = t;
+    calls.push(
+      exclusive(lease, async () => {
+        const held = await fleet.bounded(
+          store.setStreams(key, target, maxStreams, streamTtlMs / 1000),
+        );
+        lease.held = Math.min(lease.held, held);
+      }),
+    );
+  }
+  const results = await Promise.allSettled(calls);
+  const failed = results.find((r) => r.status === "rejected");
+  if (failed !== undefined) fleet.failedOpen(failed.reason);
 }

@@ -1,4 +1,4 @@
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { Writable } from "node:stream";
 import { describe, expect, it } from "vitest";
 import {
@@ -42,9 +42,20 @@ function configurationFields(): string[] {
   ].flatMap((config) => Object.keys(config));
 }
 
-/** Every environment variable src/config.ts reads (the quoted upper-case names in its source). */
+/**
+ * Every environment variable src/config.ts reads (the quoted upper-case names in its source and
+ * in its modules, src/config/).
+ */
 function environmentVariables(): string[] {
-  const source = readFileSync(new URL("../config.ts", import.meta.url), "utf8");
+  const folder = new URL("../config/", import.meta.url);
+  const source = [
+    new URL("../config.ts", import.meta.url),
+    ...readdirSync(folder)
+      .filter((file) => file.endsWith(".ts") && !file.endsWith(".test.ts"))
+      .map((file) => new URL(file, folder)),
+  ]
+    .map((file) => readFileSync(file, "utf8"))
+    .join("\n");
   const names = new Set<string>();
   for (const m of source.matchAll(/["'`]([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)["'`]/g)) names.add(m[1]!);
   for (const m of source.matchAll(/\benv\.([A-Z][A-Z0-9_]+)/g)) names.add(m[1]!);

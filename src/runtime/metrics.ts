@@ -1,10 +1,9 @@
 import type { Hex } from "viem";
 import {
   collectDefaultMetrics,
-  Counter,
-  Gauge,
-  Histogram,
   Registry,
+  type Counter,
+  type Histogram,
   type LabelValues,
 } from "prom-client";
 import type { RpcObserver } from "../connect/interceptors.js";
@@ -15,6 +14,7 @@ import type { SettlementObserver } from "../domain/settlement.js";
 import type { NodeRequest } from "../rest/body.js";
 import { toHttpError } from "../rest/errors.js";
 import type { NodeResponse, RestObserver } from "../rest/facade.js";
+import { registerMetrics, type Metrics } from "./metric-definitions.js";
 
 /**
  * Prometheus metrics of one gateway (`GET /metrics`, the text format). The domain and the
@@ -62,27 +62,10 @@ export interface GatewayMetrics {
   handle(req: NodeRequest, res: NodeResponse): void;
 }
 
-/**
- * Claim / count: dense around 1 (an exact tokenizer's tolerance is a few tokens; the byte bound
- * stands well above the count), then the multiples a lying provider claims.
- */
-const claimRatioBuckets = [0.5, 0.9, 0.99, 1, 1.01, 1.05, 1.1, 1.25, 1.5, 2, 5, 10, 100];
-
 /** Claim / count as a metric's number (not money: a float is fine); a count of 0 reads as 1. */
 export function claimRatioOf(claimed: bigint, counted: bigint): number {
   return Number(claimed) / Number(counted > 0n ? counted : 1n);
 }
-
-// Seconds. Gateway overhead is milliseconds; a provider's answer may take minutes.
-const overheadBuckets = [
-  0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
-];
-const requestBuckets = [
-  0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
-];
-const upstreamBuckets = [
-  0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600,
-];
 
 const collectTimeoutMs = 1000;
 /**
@@ -144,144 +127,43 @@ export function createMetrics(
 ): GatewayMetrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: "gateway_" });
-  const registers = [registry];
-  const modelName = options.modelName ?? ((modelId: Hex) => modelId);
+  const m = registerMetrics(registry);
+  m.authorityListenerUp.set(0);
 
-  const requests = new Counter({
-    name: "gateway_requests_total",
-    help: "Requests answered, by route template (REST) or RPC procedure, method and status (HTTP status for REST; ok or the Connect code for RPCs).",
-    labelNames: ["route", "method", "status"] as const,
-    registers,
+  let sources: ScrapeSources | undefined;
+  // Scrapes share one read of the sources per publicStateMaxAgeMs: the scrape is unauthenticated,
+  // and a read is a database query and a chain RPC call.
+  const gauges = createSharedRefresh(() => refresh(m, sources).catch(() => undefined), {
+    maxAgeMs: publicStateMaxAgeMs,
   });
-  const requestDuration = new Histogram({
-    name: "gateway_request_duration_seconds",
-    help: "Time from a request's arrival to the end of its answer (a stream: its last event).",
-    labelNames: ["route", "method"] as const,
-    buckets: requestBuckets,
-    registers,
-  });
-  const rejections = new Counter({
-    name: "gateway_rejections_total",
-    help: "Error answers (REST and RPC), by the error code of the body or ErrorInfo.",
-    labelNames: ["code"] as const,
-    registers,
-  });
-  const ttft = new Histogram({
-    name: "gateway_upstream_time_to_first_token_seconds",
-    help: "Time from the call of the provider that answered to its first token (a JSON answer: its whole body).",
-    labelNames: ["model", "offer"] as const,
-    buckets: upstreamBuckets,
-    registers,
-  });
-  const upstreamDuration = new Histogram({
-    name: "gateway_upstream_request_duration_seconds",
-    help: "Time from the call of the provider that answered to the end of its answer.",
-    labelNames: ["model", "offer"] as const,
-    buckets: upstreamBuckets,
-    registers,
-  });
-  const overhead = new Histogram({
-    name: "gateway_overhead_seconds",
-    help: "Time the gateway spends on a chat request before calling its provider (validation, quote, permit, routing, reservation).",
-    buckets: overheadBuckets,
-    registers,
-  });
-  const tokens = new Counter({
-    name: "gateway_tokens_total",
-    help: "Tokens of closed chat requests as metered for their charge, by type (input or output).",
-    labelNames: ["model", "offer", "type"] as const,
-    registers,
-  });
-  const cachedTokens = new Counter({
-    name: "gateway_cached_input_tokens_total",
-    help: "Of the input tokens of closed chat requests, those the provider reported served from its prompt cache (not priced).",
-    labelNames: ["model", "offer"] as const,
-    registers,
-  });
-  const reasoningTokens = new Counter({
-    name: "gateway_reasoning_tokens_total",
-    help: "Of the output tokens of closed chat requests, those the provider reported spent on reasoning (not priced).",
-    labelNames: ["model", "offer"] as const,
-    registers,
-  });
-  const claimRatio = new Histogram({
-    name: "gateway_usage_claim_ratio",
-    help: "A completed answer's usage claimed by its provider divided by the gateway's own count, by kind (input or output; a count of 0 is read as 1): about 1 for an honest provider, above 1 for one that claims more than it served.",
-    labelNames: ["model", "offer", "kind"] as const,
-    buckets: claimRatioBuckets,
-    registers,
-  });
-  const credits = new Counter({
-    name: "gateway_credits_charged_total",
-    help: "Credits charged (credit token base units; approximate above 2^53, never use it for money).",
-    labelNames: ["model", "offer"] as const,
-    registers,
-  });
-  const openReservations = new Gauge({
-    name: "gateway_open_reservations",
-    help: "Chat requests in flight across every gateway sharing the database (each holds a reservation, its own or in its process's lease).",
-    registers,
-  });
-  const leases = new Gauge({
-    name: "gateway_leases",
-    help: "Reservation leases held by gateway processes, by kind (permit credits or offer slots).",
-    labelNames: ["kind"] as const,
-    registers,
-  });
-  const unsettledCredits = new Gauge({
-    name: "gateway_unsettled_credits",
-    help: "Credits charged and not yet settled on chain, in a batch in flight included (approximate above 2^53).",
-    registers,
-  });
-  const oldestUnsettled = new Gauge({
-    name: "gateway_oldest_unsettled_charge_age_seconds",
-    help: "Age of the oldest charge not yet settled on chain, in a batch in flight included (0 when none waits; NaN when the database could not be read).",
-    registers,
-  });
-  const batches = new Counter({
-    name: "gateway_settlement_batches_total",
-    help: "Settlement batches as flushes report them, by status (a batch still in flight is reported again by the next flush).",
-    labelNames: ["status"] as const,
-    registers,
-  });
-  const gasUsed = new Counter({
-    name: "gateway_settlement_gas_used_total",
-    help: "Gas used by mined settlement transactions (settled or reverted).",
-    registers,
-  });
-  const settlementFailures = new Counter({
-    name: "gateway_settlement_failures_total",
-    help: "Flushes that failed with an error (the next flush resumes from the chain's state).",
-    registers,
-  });
-  const insufficientFunds = new Counter({
-    name: "gateway_settlement_insufficient_funds_total",
-    help: "Settlement broadcasts the node refused because the settlement account cannot pay for gas (fund it; the same transaction is re-sent).",
-    registers,
-  });
-  const indexerLag = new Gauge({
-    name: "gateway_indexer_lag_blocks",
-    help: "Blocks the indexer's cursor is behind the chain head less CONFIRMATIONS (0 when caught up).",
-    registers,
-  });
-  const chainErrors = new Counter({
-    name: "gateway_chain_errors_total",
-    help: "Chain reads or writes that failed (answered chain_unavailable, or a failed scrape read), by operation.",
-    labelNames: ["operation"] as const,
-    registers,
-  });
-  const authorityListenerUp = new Gauge({
-    name: "gateway_authority_listener_up",
-    help: "1 while this process hears the database's signals of API key and permit authorization changes (LISTEN gw_authority): they apply at once; 0 while it does not (connection lost, or the embedded database): changes made by other processes then apply within API_KEY_CACHE_MS.",
-    registers,
-  });
-  authorityListenerUp.set(0);
-  const databaseErrors = new Counter({
-    name: "gateway_database_errors_total",
-    help: "Database operations that failed (answered database_unavailable, or a failed scrape read).",
-    registers,
-  });
+  const scrape = async (): Promise<string> => {
+    await gauges.get();
+    return registry.metrics();
+  };
 
+  return {
+    registry,
+    chat: chatObserver(m, options.modelName ?? ((modelId: Hex) => modelId)),
+    settlement: {
+      batch(status, gas) {
+        m.batches.inc({ status });
+        if (gas !== undefined && gas > 0n) m.gasUsed.inc(Number(gas));
+      },
+      failure: () => m.settlementFailures.inc(),
+      insufficientFunds: () => m.insufficientFunds.inc(),
+    },
+    ...requestObservers(m),
+    authorityListener: (up) => m.authorityListenerUp.set(up ? 1 : 0),
+    setSources(s) {
+      sources = s;
+    },
+    scrape,
+    handle: (req, res) => handleScrape(req, res, registry, scrape),
+  };
+}
+
+/** The chat hooks: the label children are resolved once per (model, offer). */
+function chatObserver(m: Metrics, modelName: (modelId: Hex) => string): ChatObserver {
   const pairs = new Map<string, PairChildren>();
   const pair = (modelId: Hex, offerId: Hex): PairChildren => {
     const key = `${modelId}${offerId}`;
@@ -289,29 +171,23 @@ export function createMetrics(
     if (children === undefined) {
       const labels: LabelValues<"model" | "offer"> = { model: modelName(modelId), offer: offerId };
       children = {
-        ttft: ttft.labels(labels),
-        upstream: upstreamDuration.labels(labels),
-        input: tokens.labels({ ...labels, type: "input" }),
-        output: tokens.labels({ ...labels, type: "output" }),
-        credits: credits.labels(labels),
-        cached: cachedTokens.labels(labels),
-        reasoning: reasoningTokens.labels(labels),
-        claimInput: claimRatio.labels({ ...labels, kind: "input" }),
-        claimOutput: claimRatio.labels({ ...labels, kind: "output" }),
+        ttft: m.ttft.labels(labels),
+        upstream: m.upstreamDuration.labels(labels),
+        input: m.tokens.labels({ ...labels, type: "input" }),
+        output: m.tokens.labels({ ...labels, type: "output" }),
+        credits: m.credits.labels(labels),
+        cached: m.cachedTokens.labels(labels),
+        reasoning: m.reasoningTokens.labels(labels),
+        claimInput: m.claimRatio.labels({ ...labels, kind: "input" }),
+        claimOutput: m.claimRatio.labels({ ...labels, kind: "output" }),
       };
       pairs.set(key, children);
     }
     return children;
   };
 
-  const rejected = (code: ErrorCode, operation: string): void => {
-    rejections.inc({ code });
-    if (code === "chain_unavailable") chainErrors.inc({ operation });
-    else if (code === "database_unavailable") databaseErrors.inc();
-  };
-
-  const chat: ChatObserver = {
-    overhead: (seconds) => overhead.observe(seconds),
+  return {
+    overhead: (seconds) => m.overhead.observe(seconds),
     firstToken: (modelId, offerId, seconds) => pair(modelId, offerId).ttft.observe(seconds),
     upstreamDone: (modelId, offerId, seconds) => pair(modelId, offerId).upstream.observe(seconds),
     charged(modelId, offerId, inputTokens, outputTokens, charge, details) {
@@ -328,14 +204,14 @@ export function createMetrics(
       children.claimOutput.observe(claimRatioOf(claimed.outputTokens, counted.outputTokens));
     },
   };
+}
 
-  const settlement: SettlementObserver = {
-    batch(status, gas) {
-      batches.inc({ status });
-      if (gas !== undefined && gas > 0n) gasUsed.inc(Number(gas));
-    },
-    failure: () => settlementFailures.inc(),
-    insufficientFunds: () => insufficientFunds.inc(),
+/** The hooks of the RPC and REST transports. */
+function requestObservers(m: Metrics): { rpc: RpcObserver; rest: RestObserver } {
+  const rejected = (code: ErrorCode, operation: string): void => {
+    m.rejections.inc({ code });
+    if (code === "chain_unavailable") m.chainErrors.inc({ operation });
+    else if (code === "database_unavailable") m.databaseErrors.inc();
   };
 
   // Per request: the label children are resolved once per (route, method, status), as `pair`
@@ -352,112 +228,96 @@ export function createMetrics(
     let children = requestChildren.get(key);
     if (children === undefined) {
       children = {
-        count: requests.labels({ route, method, status }),
-        duration: requestDuration.labels({ route, method }),
+        count: m.requests.labels({ route, method, status }),
+        duration: m.requestDuration.labels({ route, method }),
       };
       requestChildren.set(key, children);
     }
     children.count.inc();
     children.duration.observe(seconds);
   };
-  const rpc: RpcObserver = {
-    call: record,
-    rejected: (code, procedure) => rejected(code, procedure),
-  };
-  const rest: RestObserver = {
-    request: (route, method, status, seconds) => record(route, method, String(status), seconds),
-    rejected: (code, route) => rejected(code, route),
-  };
-
-  let sources: ScrapeSources | undefined;
-
-  /** Reads the gauges' sources; a source that fails leaves its gauges out of this scrape. */
-  async function refresh(): Promise<void> {
-    // What could not be read is NaN (an unlabelled gauge cannot be left out), never a stale
-    // or made-up value.
-    const unknown = (): void => {
-      for (const g of [openReservations, unsettledCredits, oldestUnsettled]) g.set(NaN);
-      leases.reset();
-    };
-    if (sources === undefined) {
-      unknown();
-      indexerLag.set(NaN);
-      return;
-    }
-    const s = sources;
-    const timeoutMs = s.timeoutMs ?? collectTimeoutMs;
-    const [db, head] = await Promise.allSettled([
-      withTimeout(s.query(gaugeQuery), timeoutMs),
-      withTimeout(s.chainHead(), timeoutMs),
-    ]);
-    const row = db.status === "fulfilled" ? db.value.rows[0] : undefined;
-    if (row === undefined) {
-      databaseErrors.inc();
-      unknown();
-    } else {
-      const num = (value: unknown): number | undefined =>
-        value === null || value === undefined ? undefined : Number(value);
-      openReservations.set(num(row.open) ?? 0);
-      leases.set({ kind: "permit" }, num(row.permit_leases) ?? 0);
-      leases.set({ kind: "offer" }, num(row.offer_leases) ?? 0);
-      unsettledCredits.set(num(row.unsettled) ?? 0);
-      const oldest = num(row.oldest);
-      oldestUnsettled.set(oldest === undefined ? 0 : Math.max(0, s.clock() - oldest));
-    }
-    const cursor = row === undefined ? undefined : (row.cursor as string | null);
-    if (head.status === "rejected") chainErrors.inc({ operation: "block_number" });
-    if (head.status === "fulfilled" && cursor !== undefined && cursor !== null) {
-      const lag = head.value - BigInt(s.confirmations) - BigInt(cursor);
-      indexerLag.set(lag > 0n ? Number(lag) : 0);
-    } else indexerLag.set(NaN);
-  }
-
-  // Scrapes share one read of the sources per publicStateMaxAgeMs: the scrape is unauthenticated,
-  // and a read is a database query and a chain RPC call.
-  const gauges = createSharedRefresh(() => refresh().catch(() => undefined), {
-    maxAgeMs: publicStateMaxAgeMs,
-  });
-  const scrape = async (): Promise<string> => {
-    await gauges.get();
-    return registry.metrics();
-  };
-
   return {
-    registry,
-    chat,
-    settlement,
-    rpc,
-    rest,
-    authorityListener: (up) => authorityListenerUp.set(up ? 1 : 0),
-    setSources(s) {
-      sources = s;
+    rpc: {
+      call: record,
+      rejected: (code, procedure) => rejected(code, procedure),
     },
-    scrape,
-    handle(req, res) {
-      req.resume();
-      if (req.method !== "GET" && req.method !== "HEAD") {
-        sendError(
-          res,
-          new GatewayError("method_not_allowed", `${req.method} is not allowed on /metrics`),
-        );
-        return;
-      }
-      scrape().then(
-        (text) => {
-          res.writeHead(200, {
-            "content-type": registry.contentType,
-            "content-length": Buffer.byteLength(text),
-          });
-          if (req.method === "HEAD") res.end();
-          else res.end(text);
-        },
-        () => {
-          res.writeHead(500, { "content-type": "text/plain" });
-          res.end("metrics unavailable\n");
-        },
-      );
+    rest: {
+      request: (route, method, status, seconds) => record(route, method, String(status), seconds),
+      rejected: (code, route) => rejected(code, route),
     },
   };
+}
+
+/** Reads the gauges' sources; a source that fails leaves its gauges out of this scrape. */
+async function refresh(m: Metrics, sources: ScrapeSources | undefined): Promise<void> {
+  // What could not be read is NaN (an unlabelled gauge cannot be left out), never a stale
+  // or made-up value.
+  const unknown = (): void => {
+    for (const g of [m.openReservations, m.unsettledCredits, m.oldestUnsettled]) g.set(NaN);
+    m.leases.reset();
+  };
+  if (sources === undefined) {
+    unknown();
+    m.indexerLag.set(NaN);
+    return;
+  }
+  const s = sources;
+  const timeoutMs = s.timeoutMs ?? collectTimeoutMs;
+  const [db, head] = await Promise.allSettled([
+    withTimeout(s.query(gaugeQuery), timeoutMs),
+    withTimeout(s.chainHead(), timeoutMs),
+  ]);
+  const row = db.status === "fulfilled" ? db.value.rows[0] : undefined;
+  if (row === undefined) {
+    m.databaseErrors.inc();
+    unknown();
+  } else {
+    const num = (value: unknown): number | undefined =>
+      value === null || value === undefined ? undefined : Number(value);
+    m.openReservations.set(num(row.open) ?? 0);
+    m.leases.set({ kind: "permit" }, num(row.permit_leases) ?? 0);
+    m.leases.set({ kind: "offer" }, num(row.offer_leases) ?? 0);
+    m.unsettledCredits.set(num(row.unsettled) ?? 0);
+    const oldest = num(row.oldest);
+    m.oldestUnsettled.set(oldest === undefined ? 0 : Math.max(0, s.clock() - oldest));
+  }
+  const cursor = row === undefined ? undefined : (row.cursor as string | null);
+  if (head.status === "rejected") m.chainErrors.inc({ operation: "block_number" });
+  if (head.status === "fulfilled" && cursor !== undefined && cursor !== null) {
+    const lag = head.value - BigInt(s.confirmations) - BigInt(cursor);
+    m.indexerLag.set(lag > 0n ? Number(lag) : 0);
+  } else m.indexerLag.set(NaN);
+}
+
+/** Answers `GET /metrics` (any other method: 405). */
+function handleScrape(
+  req: NodeRequest,
+  res: NodeResponse,
+  registry: Registry,
+  scrape: () => Promise<string>,
+): void {
+  req.resume();
+  if (req.method !== "GET" && req.method !== "HEAD") {
+    sendError(
+      res,
+      new GatewayError("method_not_allowed", `${req.method} is not allowed on /metrics`),
+    );
+    return;
+  }
+  scrape().then(
+    (text) => {
+      res.writeHead(200, {
+        "content-type": registry.contentType,
+        "content-length": Buffer.byteLength(text),
+      });
+      if (req.method === "HEAD") res.end();
+      else res.end(text);
+    },
+    () => {
+      res.writeHead(500, { "content-type": "text/plain" });
+      res.end("metrics unavailable\n");
+    },
+  );
 }
 
 function sendError(res: NodeResponse, error: GatewayError): void {
