@@ -17,7 +17,7 @@ import type {
   PermitChainState,
   SettleRevert,
   SettlementChain,
-} from "../../domain/settlement.js";
+} from "../../domain/settlement/index.js";
 import { marketAbi } from "../../../gen/contracts/artifacts.js";
 
 export interface ChainSettlementOptions {

@@ -8,7 +8,7 @@ import type {
   SettlementAttempt,
   SettlementStore,
   UnsettleableMark,
-} from "../../domain/settlement.js";
+} from "../../domain/settlement/index.js";
 import { inTransaction } from "./ledger.js";
 
 /**
