@@ -52,7 +52,7 @@ export async function drive(
   const d: Drive = { f, batch, broadcastThisCall: false, atCap: new Set(), lagLogged: false };
   for (;;) {
     const attempts = await f.store.attempts(batch.batchId);
-    const step = await look(d, attempts);
+    const step = await lookAtChain(d, attempts);
     if (step === "again") continue;
     if (step !== "wait") return step;
     if (Date.now() >= deadline || signal?.aborted === true) {
@@ -64,7 +64,7 @@ export async function drive(
 }
 
 /** One look at the chain: settled deep enough, or what the attempts' receipts say. */
-async function look(d: Drive, attempts: readonly SettlementAttempt[]): Promise<Step> {
+async function lookAtChain(d: Drive, attempts: readonly SettlementAttempt[]): Promise<Step> {
   const { chain } = d.f;
   const { batchId } = d.batch;
   const first = attempts[0];
