@@ -24,7 +24,7 @@ import {
   type BatchReport,
   type SettlementChain,
   type SettlementStore,
-} from "../src/domain/settlement.js";
+} from "../src/domain/settlement/index.js";
 import { createLogger } from "../src/runtime/logger.js";
 import { prng } from "./lib/prng.js";
 import { intSetting } from "./lib/settings.js";

@@ -1,6 +1,6 @@
 import { parseEther, type Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { SettlementChain, SettlementFlusherDeps } from "../src/domain/settlement.js";
+import type { SettlementChain, SettlementFlusherDeps } from "../src/domain/settlement/index.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { closePermit, openPermit } from "./helpers/market.js";
 import {

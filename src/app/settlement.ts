@@ -10,7 +10,7 @@ import {
   reconcile,
   type Reconciliation,
   type SettlementFlusher,
-} from "../domain/settlement.js";
+} from "../domain/settlement/index.js";
 import type { createMetrics } from "../runtime/metrics.js";
 import type { Tracing } from "../runtime/tracing.js";
 

@@ -8,8 +8,8 @@ import {
   SettlementService,
 } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError } from "../domain/errors.js";
-import type { BatchState, Reconciliation, SettlementFlusher } from "../domain/settlement.js";
-import type { BatchRecord } from "../domain/settlement.js";
+import type { BatchState, Reconciliation, SettlementFlusher } from "../domain/settlement/index.js";
+import type { BatchRecord } from "../domain/settlement/index.js";
 
 export interface SettlementServiceDeps {
   /** Absent when this gateway has no settlement account (SETTLEMENT_PRIVATE_KEY). */

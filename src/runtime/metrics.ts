@@ -10,7 +10,7 @@ import type { RpcObserver } from "../connect/interceptors.js";
 import type { ChatObserver } from "../domain/chat/ports.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { createSharedRefresh } from "../domain/shared-refresh.js";
-import type { SettlementObserver } from "../domain/settlement.js";
+import type { SettlementObserver } from "../domain/settlement/index.js";
 import type { NodeRequest } from "../rest/body.js";
 import { toHttpError } from "../rest/errors.js";
 import type { NodeResponse, RestObserver } from "../rest/facade.js";

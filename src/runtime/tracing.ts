@@ -18,7 +18,7 @@ import type { ChatInput, ChatStep, ChatTrace, ChatTracer } from "../domain/chat/
 import type { UsageFigures } from "../domain/chat/types.js";
 import type { Closing } from "../domain/chat/metering.js";
 import { GatewayError } from "../domain/errors.js";
-import type { FlushResult, SettlementFlusher } from "../domain/settlement.js";
+import type { FlushResult, SettlementFlusher } from "../domain/settlement/index.js";
 
 /**
  * Tracing (OpenTelemetry, off by default): one span per chat call and one per settlement batch,

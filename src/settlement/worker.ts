@@ -66,6 +66,43 @@ function batchFields(batch: SettlementBatch) {
   };
 }
 
+/** Logs what a Flush answered: each batch, each charge taken out, then the totals. */
+function report(log: Logger, response: FlushResponse, dryRun: boolean): void {
+  if (response.busy) {
+    log.debug("another flusher holds the settlement account; this flush sent nothing");
+    return;
+  }
+  for (const batch of response.batches) {
+    const fields = batchFields(batch);
+    if (batch.status === BatchStatus.FAILED) log.warn(fields, "settlement batch failed");
+    else if (batch.error !== "") log.warn(fields, "settlement batch in flight, stalled");
+    else log.info(fields, dryRun ? "settlement batch (dry run)" : "settlement batch");
+  }
+  for (const charge of response.unsettleable) {
+    log.warn(
+      {
+        permit_id: charge.permitId,
+        offer_id: charge.offerId,
+        requests: Number(charge.requests),
+        credits: charge.credits,
+        reason: charge.reason,
+      },
+      "charges can never settle; taken out of settlement",
+    );
+  }
+  if (response.batches.length === 0 && response.unsettleable.length === 0) {
+    log.debug("nothing to settle");
+  } else if (!dryRun) {
+    log.info(
+      {
+        settled_requests: Number(response.settledRequests),
+        settled_credits: response.settledCredits,
+      },
+      "settlement flush done",
+    );
+  }
+}
+
 /** Codes a retry cannot cure without an operator (wrong token, gateway without a settlement key). */
 const needsOperator = new Set(["unauthenticated", "permission_denied", "unimplemented"]);
 
@@ -95,42 +132,6 @@ export function createSettlementWorker(options: SettlementWorkerOptions): Settle
     readonly done: Promise<void>;
   }>();
 
-  function report(response: FlushResponse, dryRun: boolean): void {
-    if (response.busy) {
-      log.debug("another flusher holds the settlement account; this flush sent nothing");
-      return;
-    }
-    for (const batch of response.batches) {
-      const fields = batchFields(batch);
-      if (batch.status === BatchStatus.FAILED) log.warn(fields, "settlement batch failed");
-      else if (batch.error !== "") log.warn(fields, "settlement batch in flight, stalled");
-      else log.info(fields, dryRun ? "settlement batch (dry run)" : "settlement batch");
-    }
-    for (const charge of response.unsettleable) {
-      log.warn(
-        {
-          permit_id: charge.permitId,
-          offer_id: charge.offerId,
-          requests: Number(charge.requests),
-          credits: charge.credits,
-          reason: charge.reason,
-        },
-        "charges can never settle; taken out of settlement",
-      );
-    }
-    if (response.batches.length === 0 && response.unsettleable.length === 0) {
-      log.debug("nothing to settle");
-    } else if (!dryRun) {
-      log.info(
-        {
-          settled_requests: Number(response.settledRequests),
-          settled_credits: response.settledCredits,
-        },
-        "settlement flush done",
-      );
-    }
-  }
-
   async function flushOnce(flush: { dryRun?: boolean } = {}): Promise<FlushResponse> {
     if (stopped) throw new Error("the settlement worker is stopped");
     const dryRun = flush.dryRun === true;
@@ -146,7 +147,7 @@ export function createSettlementWorker(options: SettlementWorkerOptions): Settle
     inFlight.add(entry);
     try {
       const response = await call;
-      report(response, dryRun);
+      report(log, response, dryRun);
       return response;
     } finally {
       inFlight.delete(entry);

@@ -9,7 +9,7 @@ import {
   type SettlementChain,
   type SettlementFlusher,
   type SettlementFlusherDeps,
-} from "../../src/domain/settlement.js";
+} from "../../src/domain/settlement/index.js";
 import { authed, json, type TestStack } from "./stack.js";
 
 /** The demo market's settlement operator (anvil account 1, `demoAccounts().settlement`). */

@@ -109,6 +109,53 @@ type RawOfferResult = Omit<RawOffer, "metadata"> & {
   metadata: { region: Hex; hardware: Hex; maxConcurrency: number; capabilities: Hex };
 };
 
+// Values the catalog cannot hold make a quarantined row here (catalog-values.ts), before
+// anything is written.
+async function readModel(
+  client: PublicClient,
+  market: Address,
+  modelId: Hex,
+  blockNumber: bigint,
+): Promise<ModelState> {
+  const m = (await client.readContract({
+    address: market,
+    abi: rawReadAbi,
+    functionName: "getModel",
+    args: [modelId],
+    blockNumber,
+  })) as RawModelResult;
+  return modelFromChain(modelId, {
+    ...m,
+    repository: hexToBytes(m.repository),
+    revision: hexToBytes(m.revision),
+    task: hexToBytes(m.task),
+  });
+}
+
+async function readOffer(
+  client: PublicClient,
+  market: Address,
+  offerId: Hex,
+  blockNumber: bigint,
+): Promise<OfferState> {
+  const o = (await client.readContract({
+    address: market,
+    abi: rawReadAbi,
+    functionName: "getOffer",
+    args: [offerId],
+    blockNumber,
+  })) as RawOfferResult;
+  return offerFromChain(offerId, {
+    ...o,
+    metadata: {
+      region: hexToBytes(o.metadata.region),
+      hardware: hexToBytes(o.metadata.hardware),
+      maxConcurrency: o.metadata.maxConcurrency,
+      capabilities: hexToBytes(o.metadata.capabilities),
+    },
+  });
+}
+
 /** SQLSTATE classes a row's values cause: data exception, integrity violation, program limit. */
 const rowErrorClasses = ["22", "23", "54"];
 
@@ -215,43 +262,6 @@ export function createIndexer(deps: IndexerDeps): Indexer {
   let running: Promise<void> | undefined;
   let stopped = true;
 
-  // Values the catalog cannot hold make a quarantined row here (catalog-values.ts), before
-  // anything is written.
-  const readModel = async (modelId: Hex, blockNumber: bigint): Promise<ModelState> => {
-    const m = (await client.readContract({
-      address: market,
-      abi: rawReadAbi,
-      functionName: "getModel",
-      args: [modelId],
-      blockNumber,
-    })) as RawModelResult;
-    return modelFromChain(modelId, {
-      ...m,
-      repository: hexToBytes(m.repository),
-      revision: hexToBytes(m.revision),
-      task: hexToBytes(m.task),
-    });
-  };
-
-  const readOffer = async (offerId: Hex, blockNumber: bigint): Promise<OfferState> => {
-    const o = (await client.readContract({
-      address: market,
-      abi: rawReadAbi,
-      functionName: "getOffer",
-      args: [offerId],
-      blockNumber,
-    })) as RawOfferResult;
-    return offerFromChain(offerId, {
-      ...o,
-      metadata: {
-        region: hexToBytes(o.metadata.region),
-        hardware: hexToBytes(o.metadata.hardware),
-        maxConcurrency: o.metadata.maxConcurrency,
-        capabilities: hexToBytes(o.metadata.capabilities),
-      },
-    });
-  };
-
   const syncOnce = async (): Promise<SyncResult | undefined> => {
     // The head block rather than only its number: one call either way, and its time is the
     // chain's clock for permit expiry.
@@ -289,12 +299,16 @@ export function createIndexer(deps: IndexerDeps): Indexer {
       if (event.eventName.startsWith("Offer") && args.offerId !== undefined)
         offerIds.add(normalizeHex(args.offerId));
     }
-    const offers = await Promise.all([...offerIds].map((id) => readOffer(id, toBlock)));
+    const offers = await Promise.all(
+      [...offerIds].map((id) => readOffer(client, market, id, toBlock)),
+    );
     // An offer's model may predate START_BLOCK: read it too, or the offer's row could not be
     // stored (its model_id references models).
     const known = await existingModels(pool, [...new Set(offers.map((o) => o.modelId))]);
     for (const offer of offers) if (!known.has(offer.modelId)) modelIds.add(offer.modelId);
-    const models = await Promise.all([...modelIds].map((id) => readModel(id, toBlock)));
+    const models = await Promise.all(
+      [...modelIds].map((id) => readModel(client, market, id, toBlock)),
+    );
 
     let changes: QuarantineChange[];
     const db = await pool.connect();

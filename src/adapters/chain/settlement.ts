@@ -17,7 +17,7 @@ import type {
   PermitChainState,
   SettleRevert,
   SettlementChain,
-} from "../../domain/settlement.js";
+} from "../../domain/settlement/index.js";
 import { marketAbi } from "../../../gen/contracts/artifacts.js";
 
 export interface ChainSettlementOptions {
@@ -56,6 +56,55 @@ function revertOf(error: unknown): SettleRevert | undefined {
     revert.offerId = normalizeHex(args[1] as Hex);
   }
   return revert;
+}
+
+/**
+ * What a failed broadcast means: the node already has the transaction, its nonce is spent, its
+ * fees are too low, or the account cannot pay; anything else is the chain's own failure (thrown).
+ */
+function refusalOf(error: unknown): BroadcastOutcome {
+  const text =
+    error instanceof BaseError ? `${error.shortMessage} ${error.details}` : String(error);
+  if (/already known|known transaction|already imported|already exists/i.test(text)) return "known";
+  if (/nonce too low|nonce.*(lower|already used)/i.test(text)) return "nonce_too_low";
+  if (/underpriced|fee too low|replacement/i.test(text)) return "underpriced";
+  // geth, erigon, nethermind, reth and anvil: "insufficient funds for gas * price + value".
+  if (/insufficient funds|insufficient balance/i.test(text)) return "insufficient_funds";
+  throw unavailable("broadcast", error);
+}
+
+/** Where `batchId` settled (its BatchSettled log), searching from `fromBlock`; undefined if it has not. */
+async function batchSettled(
+  client: PublicClient,
+  market: Address,
+  batchId: Hex,
+  fromBlock: bigint,
+): Promise<{ txHash: Hex; blockNumber: bigint } | undefined> {
+  try {
+    const settled = await client.readContract({
+      address: market,
+      abi: marketAbi,
+      functionName: "isBatchSettled",
+      args: [batchId],
+    });
+    if (!settled) return undefined;
+    // Every attempt was signed at or after `fromBlock`, so its log cannot be older.
+    const logs = await client.getContractEvents({
+      address: market,
+      abi: marketAbi,
+      eventName: "BatchSettled",
+      args: { batchId },
+      fromBlock,
+      toBlock: "latest",
+    });
+    const log = logs[0];
+    if (log?.transactionHash && log.blockNumber !== null)
+      return { txHash: normalizeHex(log.transactionHash), blockNumber: log.blockNumber };
+    throw new Error(`batch ${batchId} is settled on chain but its BatchSettled log is missing`);
+  } catch (error) {
+    if (error instanceof GatewayError) throw error;
+    throw unavailable("batch state", error);
+  }
 }
 
 /**
@@ -145,15 +194,7 @@ export function createChainSettlement(options: ChainSettlementOptions): Settleme
         await client.sendRawTransaction({ serializedTransaction: raw });
         return "sent";
       } catch (error) {
-        const text =
-          error instanceof BaseError ? `${error.shortMessage} ${error.details}` : String(error);
-        if (/already known|known transaction|already imported|already exists/i.test(text))
-          return "known";
-        if (/nonce too low|nonce.*(lower|already used)/i.test(text)) return "nonce_too_low";
-        if (/underpriced|fee too low|replacement/i.test(text)) return "underpriced";
-        // geth, erigon, nethermind, reth and anvil: "insufficient funds for gas * price + value".
-        if (/insufficient funds|insufficient balance/i.test(text)) return "insufficient_funds";
-        throw unavailable("broadcast", error);
+        return refusalOf(error);
       }
     },
 
@@ -175,33 +216,7 @@ export function createChainSettlement(options: ChainSettlementOptions): Settleme
       }
     },
 
-    async batchSettled(batchId, fromBlock) {
-      try {
-        const settled = await client.readContract({
-          address: market,
-          abi: marketAbi,
-          functionName: "isBatchSettled",
-          args: [batchId],
-        });
-        if (!settled) return undefined;
-        // Every attempt was signed at or after `fromBlock`, so its log cannot be older.
-        const logs = await client.getContractEvents({
-          address: market,
-          abi: marketAbi,
-          eventName: "BatchSettled",
-          args: { batchId },
-          fromBlock,
-          toBlock: "latest",
-        });
-        const log = logs[0];
-        if (log?.transactionHash && log.blockNumber !== null)
-          return { txHash: normalizeHex(log.transactionHash), blockNumber: log.blockNumber };
-        throw new Error(`batch ${batchId} is settled on chain but its BatchSettled log is missing`);
-      } catch (error) {
-        if (error instanceof GatewayError) throw error;
-        throw unavailable("batch state", error);
-      }
-    },
+    batchSettled: (batchId, fromBlock) => batchSettled(client, market, batchId, fromBlock),
 
     async permitState(permitId) {
       try {

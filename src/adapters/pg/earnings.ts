@@ -5,7 +5,7 @@ import type {
   EarningsState,
   EarningsStore,
 } from "../../domain/offer-earnings.js";
-import type { BatchRecord } from "../../domain/settlement.js";
+import type { BatchRecord } from "../../domain/settlement/index.js";
 import type { Queryable } from "./api-keys.js";
 
 export type { BatchRecord };

@@ -8,7 +8,7 @@ import type {
   SettlementAttempt,
   SettlementStore,
   UnsettleableMark,
-} from "../../domain/settlement.js";
+} from "../../domain/settlement/index.js";
 import { inTransaction } from "./ledger.js";
 
 /**
@@ -102,7 +102,8 @@ function sumByPermit(rows: readonly { permit_id: string; credits_charged: string
   return sums;
 }
 
-export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
+/** The account's lease: who may flush it, on the database clock. */
+function leaseMethods(pool: pg.Pool): Pick<SettlementStore, "takeLease" | "releaseLease"> {
   return {
     async takeLease(account, holder, seconds) {
       const { rows } = await pool.query(
@@ -124,7 +125,14 @@ export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
         [account, holder],
       );
     },
+  };
+}
 
+/** The queue of unsettled charges, and taking out those that can never settle. */
+function queueMethods(
+  pool: pg.Pool,
+): Pick<SettlementStore, "pendingCharges" | "closingPermitsWithCharges" | "markUnsettleable"> {
+  return {
     async pendingCharges({ limit, permits }) {
       // Charges on permits in their close grace period first (soonest closable first), then
       // the oldest; each query walks a partial index.
@@ -186,7 +194,14 @@ export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
         await addToPermits(client, "unsettleable", sumByPermit(rows));
       });
     },
+  };
+}
 
+/** A batch and its signed attempts, stored before anything is broadcast. */
+function batchWrites(
+  pool: pg.Pool,
+): Pick<SettlementStore, "storeBatch" | "recordAttempt" | "markSent"> {
+  return {
     async storeBatch(input, sign) {
       return inTransaction(pool, async (client) => {
         await lockAccount(client, input.account, input.holder);
@@ -264,7 +279,12 @@ export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
         );
       });
     },
+  };
+}
 
+/** The batches in flight and their attempts, as stored. */
+function batchReads(pool: pg.Pool): Pick<SettlementStore, "inFlight" | "attempts"> {
+  return {
     async inFlight(account) {
       const { rows } = await pool.query<{
         batch_id: string;
@@ -307,7 +327,12 @@ export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
       );
       return rows.map(toAttempt);
     },
+  };
+}
 
+/** A batch's end: settled (the permits' `settled` raised) or failed (its charges unsettled again). */
+function outcomeMethods(pool: pg.Pool): Pick<SettlementStore, "markSettled" | "markFailed"> {
+  return {
     async markSettled(batchId, outcome) {
       return inTransaction(pool, async (client) => {
         const batch = await client.query(
@@ -362,6 +387,16 @@ export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
         return true;
       });
     },
+  };
+}
+
+export function createPgSettlementStore(pool: pg.Pool): SettlementStore {
+  return {
+    ...leaseMethods(pool),
+    ...queueMethods(pool),
+    ...batchWrites(pool),
+    ...batchReads(pool),
+    ...outcomeMethods(pool),
   };
 }
 

@@ -8,7 +8,7 @@ import {
   reconcile,
   replacementFees,
   type PendingCharge,
-} from "./settlement.js";
+} from "./index.js";
 
 const P1 = `0x${"01".repeat(32)}` as Hex;
 const P2 = `0x${"02".repeat(32)}` as Hex;
