@@ -8,7 +8,7 @@ import { Validator } from "@seriousme/openapi-schema-validator";
 import { pathToFileURL } from "node:url";
 import { wireOf } from "../src/connect/error-codes.js";
 import { isErrorCode } from "../src/domain/errors.js";
-import { openApiDocument } from "../src/rest/routes.js";
+import { openApiDocument } from "../src/rest/routes/index.js";
 
 /** The problems of `document` as an OpenAPI 3.1 description of this gateway ([] when none). */
 export async function checkOpenApi(document: object): Promise<string[]> {

@@ -29,6 +29,7 @@ import type { ChatSink } from "./domain/chat/types.js";
 import type { RestChat } from "./rest/chat.js";
 import type { NodeRequest } from "./rest/body.js";
 import { createRestFacade, type NodeResponse, type Readiness } from "./rest/facade.js";
+import { routes as restRoutes } from "./rest/routes/index.js";
 import { isMetricsPath, type GatewayMetrics } from "./runtime/metrics.js";
 import { budgetAddress } from "./domain/rate-limit.js";
 
@@ -94,6 +95,7 @@ export function createGatewayHandler(
   }
   const checked = new WeakMap<NodeRequest, Authenticated>();
   const facade = createRestFacade({
+    routes: restRoutes,
     rpc,
     chat,
     bodyLimitBytes: deps.bodyLimitBytes,

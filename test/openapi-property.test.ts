@@ -2,7 +2,7 @@ import { Ajv2020 } from "ajv/dist/2020.js";
 import addFormatsModule from "ajv-formats";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { openApiDocument } from "../src/rest/routes.js";
+import { openApiDocument } from "../src/rest/routes/index.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { openPermit } from "./helpers/market.js";
 import { mutatedValue, validValue, type Schema } from "./helpers/schema-arbitrary.js";

@@ -4,7 +4,7 @@ import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { checkOpenApi } from "../scripts/check-openapi.js";
 import { withoutDomainType, type RegistrationTypedData } from "../src/domain/registration.js";
-import { restRoutes } from "../src/rest/facade.js";
+import { restRoutes } from "../src/rest/routes/index.js";
 import { ajv, deref, doc, escape, validatorAt } from "./helpers/openapi-doc.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import {

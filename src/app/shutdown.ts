@@ -4,7 +4,8 @@ import { GatewayError } from "../domain/errors.js";
 import type { Listener } from "../runtime/listen.js";
 import type { NodeRequest } from "../rest/body.js";
 import { toHttpError } from "../rest/errors.js";
-import { errorBodyFor, type NodeResponse } from "../rest/facade.js";
+import type { NodeResponse } from "../rest/facade.js";
+import { errorBodyFor } from "../rest/routes/index.js";
 import { withTimeout } from "./readiness.js";
 
 /**

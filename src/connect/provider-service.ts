@@ -14,6 +14,8 @@ import {
   RevokeKeyBindingResponseSchema,
   VerifyOfferResponseSchema,
   type OfferKeyBinding as OfferKeyBindingMessage,
+  type VerifyOfferRequest,
+  type VerifyOfferResponse,
 } from "../../gen/gateway/v1/provider_pb.js";
 import { BatchStatus } from "../../gen/gateway/v1/settlement_pb.js";
 import type { Catalog, OfferRecord } from "../domain/catalog.js";
@@ -24,6 +26,7 @@ import { isHex32, normalizeHex } from "../domain/hex.js";
 import type {
   EarningsBatch,
   EarningsTotals,
+  OfferEarnings,
   OfferEarningsService,
 } from "../domain/offer-earnings.js";
 import {
@@ -120,6 +123,69 @@ function verificationFailed(outcome: Extract<VerificationOutcome, { ok: false }>
 const seconds = (value: number | undefined): bigint | undefined =>
   value === undefined ? undefined : BigInt(value);
 
+/** An offer's earnings as the RPC answers them. */
+const earningsMessage = (e: OfferEarnings) => ({
+  offerId: e.offerId,
+  payout: e.payout,
+  from: BigInt(e.from),
+  to: BigInt(e.to),
+  unsettled: totalsMessage(e.totals.unsettled),
+  settling: totalsMessage(e.totals.settling),
+  settled: totalsMessage(e.totals.settled),
+  unsettleable: totalsMessage(e.totals.unsettleable),
+  unsettleableReasons: e.unsettleableReasons.map((r) => ({
+    reason: r.reason,
+    requests: BigInt(r.requests),
+    credits: r.credits.toString(),
+  })),
+  batches: e.batches.map((b) => ({
+    batchId: b.batchId,
+    status: batchStatus[b.status],
+    txHash: b.txHash ?? "",
+    createdAt: BigInt(b.createdAt),
+    settledAt: b.settledAt === null ? undefined : BigInt(b.settledAt),
+    requests: BigInt(b.requests),
+    credits: b.credits.toString(),
+  })),
+  batchesTruncated: e.batchesTruncated,
+});
+
+/**
+ * Runs (or replays) the offer's verification with the names its model answers to; a failed
+ * run is its check's error.
+ */
+async function verifyOffer(
+  deps: ProviderServiceDeps,
+  req: VerifyOfferRequest,
+): Promise<VerifyOfferResponse> {
+  const { catalog, health } = deps;
+  const offerId = offerIdOf(req.offerId);
+  const offer = await indexedOffer(catalog, offerId);
+  const model = await catalog.getModel(offer.modelId);
+  const names = [
+    catalog.directory.publicId(model.modelId),
+    model.modelId,
+    ...catalog.directory.aliases(model.modelId),
+  ];
+  // The probes' usage is counted with the model's tokenizer, the offer's declared hidden
+  // reasoning allowed (DESIGN.md section 10).
+  const outcome = await health.verify(offerId, [...new Set(names)], deps.verificationTtlSeconds, {
+    model: { repository: model.repository, revision: model.revision },
+    reasoning: reasoningPolicyOf(offer.capabilities),
+  });
+  // A run that changed the verification drops this process's routing copies at once.
+  if (!outcome.replayed && outcome.outcome !== "unreachable") deps.onEndpointChange?.();
+  if (!outcome.ok) throw verificationFailed(outcome);
+  return create(VerifyOfferResponseSchema, {
+    offer: offerToMessage(await indexedOffer(catalog, offerId)),
+    verification: {
+      ranAt: BigInt(outcome.ranAt),
+      replayed: outcome.replayed,
+      nextRunAt: BigInt(outcome.nextRunAt),
+    },
+  });
+}
+
 export function createProviderService(
   deps: ProviderServiceDeps,
 ): ServiceImpl<typeof ProviderService> {
@@ -193,36 +259,7 @@ export function createProviderService(
     },
 
     async verifyOffer(req) {
-      const offerId = offerIdOf(req.offerId);
-      const offer = await indexedOffer(catalog, offerId);
-      const model = await catalog.getModel(offer.modelId);
-      const names = [
-        catalog.directory.publicId(model.modelId),
-        model.modelId,
-        ...catalog.directory.aliases(model.modelId),
-      ];
-      // The probes' usage is counted with the model's tokenizer, the offer's declared hidden
-      // reasoning allowed (DESIGN.md section 10).
-      const outcome = await health.verify(
-        offerId,
-        [...new Set(names)],
-        deps.verificationTtlSeconds,
-        {
-          model: { repository: model.repository, revision: model.revision },
-          reasoning: reasoningPolicyOf(offer.capabilities),
-        },
-      );
-      // A run that changed the verification drops this process's routing copies at once.
-      if (!outcome.replayed && outcome.outcome !== "unreachable") deps.onEndpointChange?.();
-      if (!outcome.ok) throw verificationFailed(outcome);
-      return create(VerifyOfferResponseSchema, {
-        offer: offerToMessage(await indexedOffer(catalog, offerId)),
-        verification: {
-          ranAt: BigInt(outcome.ranAt),
-          replayed: outcome.replayed,
-          nextRunAt: BigInt(outcome.nextRunAt),
-        },
-      });
+      return verifyOffer(deps, req);
     },
 
     async createKeyBindingChallenge(req, ctx) {
@@ -272,33 +309,7 @@ export function createProviderService(
         from: req.from,
         to: req.to,
       });
-      return create(GetOfferEarningsResponseSchema, {
-        earnings: {
-          offerId: e.offerId,
-          payout: e.payout,
-          from: BigInt(e.from),
-          to: BigInt(e.to),
-          unsettled: totalsMessage(e.totals.unsettled),
-          settling: totalsMessage(e.totals.settling),
-          settled: totalsMessage(e.totals.settled),
-          unsettleable: totalsMessage(e.totals.unsettleable),
-          unsettleableReasons: e.unsettleableReasons.map((r) => ({
-            reason: r.reason,
-            requests: BigInt(r.requests),
-            credits: r.credits.toString(),
-          })),
-          batches: e.batches.map((b) => ({
-            batchId: b.batchId,
-            status: batchStatus[b.status],
-            txHash: b.txHash ?? "",
-            createdAt: BigInt(b.createdAt),
-            settledAt: b.settledAt === null ? undefined : BigInt(b.settledAt),
-            requests: BigInt(b.requests),
-            credits: b.credits.toString(),
-          })),
-          batchesTruncated: e.batchesTruncated,
-        },
-      });
+      return create(GetOfferEarningsResponseSchema, { earnings: earningsMessage(e) });
     },
   };
 }

@@ -5,6 +5,9 @@ import { GatewayError } from "../domain/errors.js";
 /** The request type connect-node's handlers take (HTTP/1.1 or HTTP/2). */
 export type NodeRequest = Parameters<ReturnType<typeof connectNodeAdapter>>[0];
 
+/** The response type connect-node's handlers take (HTTP/1.1 or HTTP/2). */
+export type NodeResponse = Parameters<ReturnType<typeof connectNodeAdapter>>[1];
+
 /** Reads the raw body, refusing more than `limit` bytes with 413 `request_too_large`. */
 export async function readBody(req: NodeRequest, limit: number): Promise<Buffer> {
   const declared = Number(req.headers["content-length"] ?? "0");

@@ -5,9 +5,8 @@ import type { ChatChunk, ChatCompleted, ChatStarted } from "../domain/chat/types
 import type { InProcessCallOptions } from "../connect/in-process-transport.js";
 import { completedMessage } from "../connect/inference-messages.js";
 import { GatewayError } from "../domain/errors.js";
-import type { NodeRequest } from "./body.js";
+import type { NodeRequest, NodeResponse } from "./body.js";
 import { toHttpError } from "./errors.js";
-import type { NodeResponse } from "./facade.js";
 import { xGatewayResource } from "../schema/chat.js";
 
 const eventStart = Buffer.from("data: ");

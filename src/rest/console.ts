@@ -3,8 +3,7 @@ import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { extname, join, relative, sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import { GatewayError } from "../domain/errors.js";
-import type { NodeRequest } from "./body.js";
-import type { NodeResponse } from "./facade.js";
+import type { NodeRequest, NodeResponse } from "./body.js";
 
 /**
  * The market console (GET /console): static files from src/console/ (copied to dist/ by the

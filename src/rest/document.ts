@@ -3,87 +3,35 @@ import { wireOf } from "../connect/error-codes.js";
 import type { ErrorCode } from "../domain/errors.js";
 import { componentSchemas, Hex32 } from "../schema/common.js";
 import { ErrorBody } from "../schema/resources.js";
+import type {
+  Codes,
+  Header,
+  JsonSchema,
+  Parameter,
+  Ref,
+  Response,
+  RouteSpec,
+} from "./route-spec.js";
 
 /**
  * The OpenAPI 3.1 document of the REST facade, generated: every path and operation from the
- * route declarations (src/rest/routes.ts: method, path, summary, body schema, answer schema and
+ * route declarations (src/rest/routes/: method, path, summary, body schema, answer schema and
  * the route's own error codes), every body schema from its one TypeBox declaration
  * (src/schema), every named shape (`x-component`) hoisted once to `components.schemas`. Nothing
  * here describes a body by hand; what is written here is what is not a body: the parameters and
  * headers the routes share, and the error answers' shape per status.
  */
 
-export type JsonSchema = { readonly [keyword: string]: unknown };
-
-export interface Ref {
-  readonly $ref: string;
-}
-
-export interface Parameter {
-  readonly name: string;
-  readonly in: "path" | "query" | "header";
-  readonly required: boolean;
-  readonly description?: string;
-  readonly schema: JsonSchema | TSchema;
-}
-
-export interface Header {
-  readonly description?: string;
-  readonly required?: boolean;
-  readonly schema: JsonSchema | TSchema;
-}
-
-export interface MediaType {
-  readonly schema: JsonSchema | TSchema;
-  /** For `text/event-stream`: the schema of each event's `data` (an extension). */
-  readonly "x-sse-data"?: JsonSchema | TSchema;
-}
-
-export interface Response {
-  readonly description: string;
-  readonly headers?: Record<string, Header | Ref>;
-  readonly content?: Record<string, MediaType>;
-}
-
-/** Error codes a route answers, by HTTP status. */
-export type Codes = Readonly<Partial<Record<number, readonly ErrorCode[]>>>;
-
-/** What the document says of one route (the facade's route table carries it, with the handler). */
-export interface RouteSpec {
-  readonly method: "GET" | "POST" | "DELETE";
-  /** The path template: `/v1/models/{id}`. */
-  readonly path: string;
-  readonly operationId: string;
-  readonly summary: string;
-  readonly description?: string;
-  readonly tag: "operations" | "catalog" | "inference" | "permits" | "provider" | "settlement";
-  /**
-   * Who may call: an API key (default), the settlement operator's token, either of them
-   * (`apiKeyOrOperator`), or anyone.
-   */
-  readonly auth?: "apiKey" | "operator" | "apiKeyOrOperator" | "none";
-  /** `{id}`'s description and shape, for a path with one. */
-  readonly pathId?: { readonly description: string; readonly schema?: TSchema };
-  /** Path parameters after `{id}` (`/v1/provider-offers/{id}/key-bindings/{bindingId}`). */
-  readonly pathParams?: readonly Parameter[];
-  /** Query and header parameters besides X-Request-Id (which every route takes). */
-  readonly parameters?: readonly (Parameter | Ref)[];
-  /** The JSON request body: its schema, and whether it may be left out. */
-  readonly body?: { readonly schema: TSchema; readonly optional?: boolean };
-  /** The success answer: a JSON body (`schema`) or a full response. */
-  readonly answer: { readonly description: string; readonly schema: TSchema } | Response;
-  /** Other answers than errors (the readiness 503). */
-  readonly otherAnswers?: Readonly<Record<number, Response>>;
-  /**
-   * The route's own error codes. The codes every route shares are added from what the route
-   * is: any route (500, 503 shutting_down), an API-keyed one, one with a body, one with `{id}`.
-   */
-  readonly errors?: Codes;
-  /** Leave the shared codes out (routes outside the API: /metrics). */
-  readonly onlyOwnErrors?: boolean;
-  /** A dialect route's error body (DESIGN.md section 9), carrying the gateway's code. */
-  readonly errorSchema?: TSchema;
-}
+export type {
+  Codes,
+  Header,
+  JsonSchema,
+  MediaType,
+  Parameter,
+  Ref,
+  Response,
+  RouteSpec,
+} from "./route-spec.js";
 
 // ---------------------------------------------------------------- shared codes
 

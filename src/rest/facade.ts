@@ -1,35 +1,25 @@
 import { ConnectError, createContextValues } from "@connectrpc/connect";
-import type { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Logger } from "pino";
 import { authenticatedKey, type AuthNeed, type Authenticated } from "../connect/authenticate.js";
 import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
 import type { JsonBounds } from "../domain/chat-request.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
-import { readJson, type NodeRequest } from "./body.js";
-import type { RestChat } from "./chat.js";
+import { readJson, type NodeRequest, type NodeResponse } from "./body.js";
 import { consolePath, createConsoleAssets, type ConsoleAssets } from "./console.js";
-import { toHttpError, type ErrorBody } from "./errors.js";
-import { routes, type Route } from "./routes.js";
+import { toHttpError } from "./errors.js";
+import type { Route, RouteDeps } from "./route-kit.js";
+import { createRouter, targetOf } from "./router.js";
 
-/** The response type connect-node's handlers take (HTTP/1.1 or HTTP/2). */
-export type NodeResponse = Parameters<ReturnType<typeof connectNodeAdapter>>[1];
+export type { NodeResponse } from "./body.js";
+export type { Readiness } from "./route-kit.js";
 
-export interface Readiness {
-  readonly ok: boolean;
-  /** The process is stopping (SIGTERM): `GET /ready` answers 503 `shutting_down` without checks. */
-  readonly shuttingDown?: boolean;
-  readonly checks: Record<string, { ok: boolean; error?: string }>;
-}
-
-export interface FacadeDeps {
+export interface FacadeDeps extends RouteDeps {
+  /** The routes it serves (src/rest/routes/index.ts; src/server.ts hands them over). */
+  readonly routes: readonly Route[];
   /** Reaches the RPC services in process, through the same interceptors as the network. */
   readonly rpc: InProcessCaller;
-  /** The chat handler, called directly by the chat routes (chat.ts): no RPC in process. */
-  readonly chat: RestChat;
-  readonly bodyLimitBytes: number;
   /** MAX_JSON_DEPTH / MAX_JSON_ARRAY_ITEMS of every JSON body; absent: the defaults. */
   readonly jsonBounds?: JsonBounds | undefined;
-  readonly readiness: () => Promise<Readiness>;
   readonly logger: Logger;
   /** Metrics hooks; absent: nothing is observed. */
   readonly observer?: RestObserver;
@@ -76,14 +66,6 @@ async function bodyOf(route: Route, req: NodeRequest, deps: FacadeDeps): Promise
   return route.checkBody(value);
 }
 
-function decodePathParam(raw: string): string {
-  try {
-    return decodeURIComponent(raw);
-  } catch {
-    throw new GatewayError("invalid_request", "malformed percent-encoding in the path");
-  }
-}
-
 function sendJson(
   res: NodeResponse,
   status: number,
@@ -99,70 +81,6 @@ function sendJson(
   res.end(payload);
 }
 
-/** A route's path template as a pattern whose groups are its parameters. */
-function patternOf(template: string): RegExp {
-  const source = template.replaceAll(/\{[^}]+\}/g, "([^/]+)");
-  return new RegExp(`^${source}$`);
-}
-
-/** Every route the facade serves, as `{method, path}` with `{id}` templates (for the OpenAPI test). */
-export function restRoutes(): { method: string; path: string }[] {
-  return routes.map((r) => ({ method: r.method, path: r.path }));
-}
-
-/** Routes with a fixed path, by path; the others are tried in order by their patterns. */
-const fixedRoutes = new Map<string, Route[]>();
-const patternRoutes: { route: Route; pattern: RegExp }[] = [];
-for (const route of routes) {
-  if (!route.path.includes("{")) {
-    const list = fixedRoutes.get(route.path) ?? [];
-    list.push(route);
-    fixedRoutes.set(route.path, list);
-  } else patternRoutes.push({ route, pattern: patternOf(route.path) });
-}
-
-function findRoute(
-  method: string | undefined,
-  pathname: string,
-): { route: Route; params: string[] } | "method_not_allowed" | undefined {
-  let pathKnown = false;
-  const fixed = fixedRoutes.get(pathname);
-  if (fixed !== undefined) {
-    pathKnown = true;
-    for (const route of fixed) if (route.method === method) return { route, params: [] };
-  }
-  for (const { route, pattern } of patternRoutes) {
-    const m = pattern.exec(pathname);
-    if (m === null) continue;
-    pathKnown = true;
-    if (route.method === method) return { route, params: m.slice(1).map(decodePathParam) };
-  }
-  return pathKnown ? "method_not_allowed" : undefined;
-}
-
-// A request target whose path WHATWG URL parsing leaves as it is: no query or fragment, no
-// backslash, no leading "//", only characters a path keeps unencoded, and no dot segment.
-const plainTarget = /^\/(?!\/)[A-Za-z0-9\-._~!$&'()*+,;=:@%/]*$/;
-const dotSegment = /(?:^|\/)(?:\.|%2e){1,2}(?:\/|$)/i;
-
-/** The path and query of a request target, as `new URL(target, base)` reads them. */
-function targetOf(target: string): { pathname: string; query: string } {
-  // The common target needs no parse (a URL costs about a microsecond).
-  if (plainTarget.test(target) && !dotSegment.test(target)) return { pathname: target, query: "" };
-  const url = new URL(target, "http://gateway.invalid");
-  return { pathname: url.pathname, query: url.search.slice(1) };
-}
-
-/**
- * The error body a request to `target` gets: a dialect route's own shape (DESIGN.md section 9),
- * else the spec's. For answers given before a route runs (shutdown's 503).
- */
-export function errorBodyFor(target: string | undefined, body: ErrorBody): unknown {
-  const match = findRoute("POST", targetOf(target ?? "/").pathname);
-  if (match === undefined || match === "method_not_allowed") return body;
-  return match.route.errorBody?.(body.error) ?? body;
-}
-
 /**
  * The abort reason of every call whose client left before its answer ended: one object, built
  * once, so that a storm of clients leaving costs no stack trace each. Never mutated.
@@ -172,6 +90,7 @@ const clientLeft = new DOMException("the client closed the connection", "AbortEr
 export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: NodeResponse) => void {
   const { rpc, logger } = deps;
   const consoleAssets = deps.console ?? createConsoleAssets();
+  const router = createRouter(deps.routes);
 
   return (req, res) => {
     const { pathname, query } = targetOf(req.url ?? "/");
@@ -204,7 +123,7 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
         if (consoleAssets.serve(req, res, pathname)) return;
         route = "unmatched";
       }
-      const match = findRoute(req.method, pathname);
+      const match = router.find(req.method, pathname);
       if (match === undefined || match === "method_not_allowed") {
         req.resume();
         throw match === "method_not_allowed"

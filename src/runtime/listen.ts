@@ -4,7 +4,7 @@ import net from "node:net";
 import type { Socket } from "node:net";
 import { GatewayError } from "../domain/errors.js";
 import { toHttpError } from "../rest/errors.js";
-import { errorBodyFor } from "../rest/facade.js";
+import { errorBodyFor } from "../rest/routes/index.js";
 
 type Handler = (
   req: http.IncomingMessage | http2.Http2ServerRequest,

@@ -1,7 +1,7 @@
 import { Ajv2020 } from "ajv/dist/2020.js";
 import addFormatsModule from "ajv-formats";
 import { resolvePointer } from "../../scripts/check-openapi.js";
-import { openApiDocument } from "../../src/rest/routes.js";
+import { openApiDocument } from "../../src/rest/routes/index.js";
 
 /**
  * The generated OpenAPI document as tests check answers against it: every object schema of
