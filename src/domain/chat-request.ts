@@ -7,7 +7,7 @@ import {
   type ChatRequestBody,
   type chatRoles,
 } from "../schema/chat.js";
-import { compileBody } from "../schema/validate.js";
+import { compileBody } from "./body-check.js";
 import type { JsonValue } from "./catalog.js";
 import { GatewayError } from "./errors.js";
 import { normalizeHex } from "./hex.js";

@@ -8,7 +8,7 @@ import { GatewayError } from "../domain/errors.js";
 import type { NodeRequest } from "./body.js";
 import { toHttpError } from "./errors.js";
 import type { NodeResponse } from "./facade.js";
-import { xGatewayResource } from "../schema/chat.js";
+import { xGatewayResource } from "./views/chat.js";
 
 const eventStart = Buffer.from("data: ");
 const namedStart = Buffer.from("event: ");

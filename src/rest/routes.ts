@@ -12,20 +12,9 @@ import { payerRequestMaxBytes } from "../connect/routes.js";
 import { dialects } from "../domain/dialects/index.js";
 import type { Dialect as DialectTranslator } from "../domain/dialects/types.js";
 import { GatewayError } from "../domain/errors.js";
-import {
-  ChatCompletion,
-  ChatCompletionChunk,
-  ChatRequest,
-  ChatStreamFinalChunk,
-} from "../schema/chat.js";
+import { ChatRequest } from "../schema/chat.js";
 import { Hex32, OptionalNullable } from "../schema/common.js";
-import { enumWords } from "../schema/proto-view.js";
-import {
-  AnthropicError,
-  MessagesAnswer,
-  MessagesRequest,
-  MessagesStreamEvent,
-} from "../schema/messages.js";
+import { MessagesRequest } from "../schema/messages.js";
 import {
   ErrorBody,
   flushResource,
@@ -54,13 +43,8 @@ import {
   quoteResource,
   requestResource,
   settlementOfRequest,
-} from "../schema/resources.js";
-import {
-  OpenAIError,
-  ResponsesAnswer,
-  ResponsesRequest,
-  ResponsesStreamEvent,
-} from "../schema/responses.js";
+} from "./views/resources.js";
+import { ResponsesRequest } from "../schema/responses.js";
 import {
   AuthorizationChallengeRequest,
   AuthorizeKeyRequest,
@@ -76,8 +60,12 @@ import {
   RevokeKeyAuthorizationTypedData,
   RevokePayerAuthorizationsRequest,
 } from "../schema/signing.js";
-import { gatewayResource, PermitReceiptList, SignedUsageReceipt } from "../schema/receipts.js";
-import { compileBody, type BodyCheck } from "../schema/validate.js";
+import { compileBody, type BodyCheck } from "../domain/body-check.js";
+import { ChatCompletion, ChatCompletionChunk, ChatStreamFinalChunk } from "./views/chat.js";
+import { AnthropicError, MessagesAnswer, MessagesStreamEvent } from "./views/messages.js";
+import { enumWords } from "./views/proto-view.js";
+import { gatewayResource, PermitReceiptList, SignedUsageReceipt } from "./views/receipts.js";
+import { OpenAIError, ResponsesAnswer, ResponsesStreamEvent } from "./views/responses.js";
 import { readJsonBytes, type NodeRequest } from "./body.js";
 import { relayChat } from "./chat.js";
 import {
