@@ -5,9 +5,10 @@ import addFormatsModule from "ajv-formats";
 /**
  * Compiles a body's schema (declared once with TypeBox, src/schema/*.ts) to an Ajv validator
  * whose refusal carries the spec's error code and a message naming the field: `'messages[0].role'
- * must be one of system, developer, ...`. It imports nothing above src/schema: the domain turns a
- * refusal into its 400 (a GatewayError) once, at its boundary (src/domain/body-check.ts). The same declaration is the TypeScript type (`Static<T>`) and the
- * OpenAPI document's schema (src/rest/api.ts), so the three cannot drift.
+ * must be one of system, developer, ...`. The same declaration is the TypeScript type
+ * (`Static<T>`) and the OpenAPI document's schema (src/rest/document.ts), so the three cannot
+ * drift. It imports nothing above src/schema: the domain turns a refusal into its 400 (a
+ * GatewayError) once, at its boundary (src/domain/body-check.ts).
  *
  * What a schema cannot say (a key that occurs twice, an integer beyond 2^53 read exactly, the
  * bounds checked on the bytes before parsing) stays in code beside the schema.
