@@ -10,8 +10,8 @@ import {
 import type { RequestRecord } from "../domain/requests.js";
 import type { ChatCompleted, Metering } from "../domain/chat/index.js";
 import { chargeOf } from "../domain/dialects/index.js";
-import { xGatewayResource } from "../schema/chat.js";
-import { requestResource } from "../schema/resources.js";
+import { xGatewayResource } from "../rest/views/chat.js";
+import { requestResource } from "../rest/views/resources.js";
 import { eventToMessage, requestMessage } from "./inference-messages.js";
 
 const id = (n: number) => `0x${n.toString(16).padStart(64, "0")}` as const;

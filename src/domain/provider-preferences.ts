@@ -4,7 +4,7 @@ import {
   type ProviderPreferencesBody,
   type providerSorts,
 } from "../schema/chat.js";
-import { compileBody } from "../schema/validate.js";
+import { compileBody } from "./body-check.js";
 import { normalizeHex } from "./hex.js";
 
 /**

@@ -7,7 +7,7 @@ import { completedMessage } from "../connect/inference-messages.js";
 import { GatewayError } from "../domain/errors.js";
 import type { NodeRequest, NodeResponse } from "./body.js";
 import { toHttpError } from "./errors.js";
-import { xGatewayResource } from "../schema/chat.js";
+import { xGatewayResource } from "./views/chat.js";
 
 const eventStart = Buffer.from("data: ");
 const namedStart = Buffer.from("event: ");

@@ -2,7 +2,7 @@ import type { TSchema } from "@sinclair/typebox";
 import { wireOf } from "../connect/error-codes.js";
 import type { ErrorCode } from "../domain/errors.js";
 import { componentSchemas, Hex32 } from "../schema/common.js";
-import { ErrorBody } from "../schema/resources.js";
+import { ErrorBody } from "./views/resources.js";
 import type {
   Codes,
   Header,

@@ -3,7 +3,7 @@ import { errorCodeOf, retryAfterOf, toConnectError } from "../connect/errors.js"
 import type { Static } from "@sinclair/typebox";
 import { wireOf } from "../connect/error-codes.js";
 import type { ErrorCode } from "../domain/errors.js";
-import type { ErrorBody as ErrorBodySchema } from "../schema/resources.js";
+import type { ErrorBody as ErrorBodySchema } from "./views/resources.js";
 
 /** The spec's error body (its schema: src/schema/resources.ts), its code one of the gateway's. */
 export type ErrorBody = Static<typeof ErrorBodySchema> & {

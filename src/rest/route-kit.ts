@@ -1,7 +1,7 @@
 import type { Static, TSchema } from "@sinclair/typebox";
 import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
 import { GatewayError } from "../domain/errors.js";
-import { compileBody, type BodyCheck } from "../schema/validate.js";
+import { compileBody, type BodyCheck } from "../domain/body-check.js";
 import type { NodeRequest, NodeResponse } from "./body.js";
 import type { RestChat } from "./chat.js";
 import type { ErrorBody as ErrorBodyValue } from "./errors.js";

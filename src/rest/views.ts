@@ -8,7 +8,7 @@ import type {
   AuthorizeKeyTypedData,
   RevokeKeyAuthorizationTypedData,
 } from "../../gen/gateway/v1/permit_pb.js";
-import { enumWord } from "../schema/proto-view.js";
+import { enumWord } from "./views/proto-view.js";
 
 /**
  * What REST shows that is not the view of one protobuf message (those are derived:

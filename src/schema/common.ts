@@ -2,7 +2,7 @@ import { Type, type SchemaOptions, type TSchema } from "@sinclair/typebox";
 
 /**
  * Shapes every body shares. A schema carrying `x-component` is one named shape: the OpenAPI
- * generator (src/rest/api.ts) hoists it to `components.schemas` under that name and refers to
+ * generator (src/rest/document.ts) hoists it to `components.schemas` under that name and refers to
  * it, so the document names it once however many bodies use it. `title` is how a validation
  * message names what was expected (src/schema/validate.ts).
  */

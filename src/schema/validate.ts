@@ -1,13 +1,14 @@
 import type { Static, TSchema } from "@sinclair/typebox";
 import { Ajv2020, type ErrorObject, type ValidateFunction } from "ajv/dist/2020.js";
 import addFormatsModule from "ajv-formats";
-import { GatewayError, type ErrorCode } from "../domain/errors.js";
 
 /**
  * Compiles a body's schema (declared once with TypeBox, src/schema/*.ts) to an Ajv validator
- * that throws the spec's 400 with a message naming the field: `'messages[0].role' must be one
- * of system, developer, ...`. The same declaration is the TypeScript type (`Static<T>`) and the
- * OpenAPI document's schema (src/rest/api.ts), so the three cannot drift.
+ * whose refusal carries the spec's error code and a message naming the field: `'messages[0].role'
+ * must be one of system, developer, ...`. The same declaration is the TypeScript type
+ * (`Static<T>`) and the OpenAPI document's schema (src/rest/document.ts), so the three cannot
+ * drift. It imports nothing above src/schema: the domain turns a refusal into its 400 (a
+ * GatewayError) once, at its boundary (src/domain/body-check.ts).
  *
  * What a schema cannot say (a key that occurs twice, an integer beyond 2^53 read exactly, the
  * bounds checked on the bytes before parsing) stays in code beside the schema.
@@ -43,19 +44,36 @@ ajv.addKeyword({ keyword: "x-error-message", schemaType: "string" });
 
 type Schema = { readonly [keyword: string]: unknown };
 
-/** A validator: the value, typed, or a thrown 400 (GatewayError) naming the field. */
-export type BodyCheck<T extends TSchema> = (value: unknown, at?: string) => Static<T>;
+/**
+ * Why a value fails its schema: the error code (`invalid_request`, or the schema's
+ * `x-error-code`, e.g. `invalid_hex`: one of the domain's error codes) and a message naming the
+ * field.
+ */
+export interface SchemaRefusal {
+  readonly code: string;
+  readonly message: string;
+}
+
+/** A value checked against its schema: the value, typed, or why it is refused. */
+export type SchemaResult<T> =
+  { readonly ok: true; readonly value: T } | ({ readonly ok: false } & SchemaRefusal);
+
+/** A compiled schema (see {@link compileSchema}). */
+export type SchemaCheck<T extends TSchema> = (
+  value: unknown,
+  at?: string,
+) => SchemaResult<Static<T>>;
 
 /**
  * Compiles `schema`; the returned function returns its argument typed as the schema's static
- * type, or throws {@link GatewayError} (`invalid_request`, or the schema's `x-error-code`). `at`
+ * type, or the {@link SchemaRefusal} (`invalid_request`, or the schema's `x-error-code`). `at`
  * names the value in messages when it is not a whole request body (`'provider.order[0]'`).
  */
-export function compileBody<T extends TSchema>(schema: T): BodyCheck<T> {
+export function compileSchema<T extends TSchema>(schema: T): SchemaCheck<T> {
   const validate: ValidateFunction = ajv.compile(schema);
   return (value, at) => {
-    if (validate(value)) return value as Static<T>;
-    throw refusal(validate.errors ?? [], at);
+    if (validate(value)) return { ok: true, value: value as Static<T> };
+    return { ok: false, ...refusal(validate.errors ?? [], at) };
   };
 }
 
@@ -64,29 +82,30 @@ export function matches(schema: TSchema, value: unknown): boolean {
   return ajv.validate(schema, value);
 }
 
-function refusal(errors: readonly ErrorObject[], at: string | undefined): GatewayError {
+function refusal(errors: readonly ErrorObject[], at: string | undefined): SchemaRefusal {
   const error = reported(errors);
-  if (error === undefined) return new GatewayError("invalid_request", "the body is not valid");
+  if (error === undefined) return { code: "invalid_request", message: "the body is not valid" };
   const path = pathOf(error);
   const field = fieldName(path, at);
   const code = errorCode(error) ?? "invalid_request";
   const said = errorMessage(error);
+  return { code, message: refusalMessage(error, field, said) };
+}
+
+function refusalMessage(error: ErrorObject, field: string, said: string | undefined): string {
   switch (error.keyword) {
     case "required":
-      return new GatewayError(code, `'${field}' is required`);
+      return `'${field}' is required`;
     case "additionalProperties":
-      return new GatewayError(code, `'${field}' is not a member this body may have`);
+      return `'${field}' is not a member this body may have`;
     case "maxProperties":
-      return new GatewayError(
-        code,
-        `'${field}' has more than ${String(error.params.limit)} members`,
-      );
+      return `'${field}' has more than ${String(error.params.limit)} members`;
     case "discriminator":
-      return new GatewayError(code, `'${field}' ${said ?? `must be ${oneOf(tagValues(error))}`}`);
+      return `'${field}' ${said ?? `must be ${oneOf(tagValues(error))}`}`;
     default: {
-      if (said !== undefined) return new GatewayError(code, `'${field}' ${said}`);
+      if (said !== undefined) return `'${field}' ${said}`;
       const subject = field === "" ? "the request body" : `'${field}'`;
-      return new GatewayError(code, `${subject} must be ${describe(error.parentSchema)}`);
+      return `${subject} must be ${describe(error.parentSchema)}`;
     }
   }
 }
@@ -132,13 +151,13 @@ function fieldName(pointer: string, at: string | undefined): string {
   return name;
 }
 
-function errorCode(error: ErrorObject): ErrorCode | undefined {
+function errorCode(error: ErrorObject): string | undefined {
   const schema = error.parentSchema as Schema | undefined;
   const own = schema?.["x-error-code"];
-  if (typeof own === "string") return own as ErrorCode;
+  if (typeof own === "string") return own;
   for (const branch of (schema?.anyOf ?? schema?.oneOf ?? []) as Schema[]) {
     const code = branch["x-error-code"];
-    if (typeof code === "string") return code as ErrorCode;
+    if (typeof code === "string") return code;
   }
   return undefined;
 }

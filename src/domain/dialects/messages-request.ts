@@ -1,6 +1,6 @@
 import type { Static } from "@sinclair/typebox";
 import { MessagesRequest } from "../../schema/messages.js";
-import { compileBody } from "../../schema/validate.js";
+import { compileBody } from "../body-check.js";
 import { GatewayError } from "../errors.js";
 import type { JsonObject } from "./json.js";
 

@@ -9,7 +9,8 @@ import {
   testEmittedConforms,
   type Emitted,
 } from "../../../test/helpers/dialect-conformance.js";
-import { MessagesAnswer, MessagesRequest, MessagesStreamEvent } from "../../schema/messages.js";
+import { MessagesAnswer, MessagesStreamEvent } from "../../rest/views/messages.js";
+import { MessagesRequest } from "../../schema/messages.js";
 import { GatewayError, type ErrorCode } from "../errors.js";
 import { messagesDialect } from "./messages.js";
 import { heldBy, maxPendingChars, maxToolCalls } from "./messages-stream.js";

@@ -1,6 +1,6 @@
 import type { Static } from "@sinclair/typebox";
 import { ResponsesInputItem, ResponsesRequest } from "../../schema/responses.js";
-import { compileBody } from "../../schema/validate.js";
+import { compileBody } from "../body-check.js";
 import { GatewayError } from "../errors.js";
 import type { JsonObject as Json } from "./json.js";
 

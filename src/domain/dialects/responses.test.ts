@@ -13,7 +13,8 @@ import {
   testEmittedConforms,
   type Emitted,
 } from "../../../test/helpers/dialect-conformance.js";
-import { ResponsesAnswer, ResponsesRequest, ResponsesStreamEvent } from "../../schema/responses.js";
+import { ResponsesAnswer, ResponsesStreamEvent } from "../../rest/views/responses.js";
+import { ResponsesRequest } from "../../schema/responses.js";
 import { GatewayError } from "../errors.js";
 import { responsesDialect } from "./responses.js";
 import { responseId } from "./responses-answer.js";

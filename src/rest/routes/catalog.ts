@@ -1,13 +1,13 @@
 import { CatalogService } from "../../../gen/gateway/v1/catalog_pb.js";
 import { ModelStatusSchema, OfferStatusSchema } from "../../../gen/gateway/v1/market_pb.js";
-import { enumWords } from "../../schema/proto-view.js";
+import { enumWords } from "../views/proto-view.js";
 import {
   ModelList,
   ModelWithOffers,
   OfferList,
   modelResource,
   offerResource,
-} from "../../schema/resources.js";
+} from "../views/resources.js";
 import { statusFilter } from "../document.js";
 import { statusOf, type Route } from "../route-kit.js";
 

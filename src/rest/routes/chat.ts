@@ -4,25 +4,13 @@ import type { InProcessCallOptions } from "../../connect/in-process-transport.js
 import { dialects } from "../../domain/dialects/index.js";
 import type { Dialect as DialectTranslator } from "../../domain/dialects/types.js";
 import { GatewayError } from "../../domain/errors.js";
-import {
-  ChatCompletion,
-  ChatCompletionChunk,
-  ChatRequest,
-  ChatStreamFinalChunk,
-} from "../../schema/chat.js";
-import {
-  AnthropicError,
-  MessagesAnswer,
-  MessagesRequest,
-  MessagesStreamEvent,
-} from "../../schema/messages.js";
-import { ErrorBody } from "../../schema/resources.js";
-import {
-  OpenAIError,
-  ResponsesAnswer,
-  ResponsesRequest,
-  ResponsesStreamEvent,
-} from "../../schema/responses.js";
+import { ChatRequest } from "../../schema/chat.js";
+import { MessagesRequest } from "../../schema/messages.js";
+import { ResponsesRequest } from "../../schema/responses.js";
+import { ChatCompletion, ChatCompletionChunk, ChatStreamFinalChunk } from "../views/chat.js";
+import { AnthropicError, MessagesAnswer, MessagesStreamEvent } from "../views/messages.js";
+import { ErrorBody } from "../views/resources.js";
+import { OpenAIError, ResponsesAnswer, ResponsesStreamEvent } from "../views/responses.js";
 import { readJsonBytes, type NodeRequest } from "../body.js";
 import { relayChat } from "../chat.js";
 import { header, parameter, type Response } from "../document.js";

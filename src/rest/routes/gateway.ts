@@ -1,5 +1,5 @@
 import { GatewayService } from "../../../gen/gateway/v1/gateway_pb.js";
-import { gatewayResource } from "../../schema/receipts.js";
+import { gatewayResource } from "../views/receipts.js";
 import type { Route } from "../route-kit.js";
 
 /** The GatewayService route: the gateway's public facts. */

@@ -1,12 +1,8 @@
 import { InferenceService } from "../../../gen/gateway/v1/inference_pb.js";
 import { GatewayError } from "../../domain/errors.js";
 import { Hex32 } from "../../schema/common.js";
-import { PermitReceiptList, SignedUsageReceipt } from "../../schema/receipts.js";
-import {
-  permitBalanceResource,
-  requestResource,
-  settlementOfRequest,
-} from "../../schema/resources.js";
+import { PermitReceiptList, SignedUsageReceipt } from "../views/receipts.js";
+import { permitBalanceResource, requestResource, settlementOfRequest } from "../views/resources.js";
 import type { Route } from "../route-kit.js";
 import { usageReceiptView } from "../views.js";
 

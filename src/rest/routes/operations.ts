@@ -1,5 +1,5 @@
 import { Type } from "@sinclair/typebox";
-import { Health, Readiness } from "../../schema/resources.js";
+import { Health, Readiness } from "../views/resources.js";
 import { header } from "../document.js";
 import type { Route } from "../route-kit.js";
 import type { RouteSpec } from "../route-spec.js";

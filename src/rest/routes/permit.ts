@@ -3,14 +3,14 @@ import {
   PermitService,
 } from "../../../gen/gateway/v1/permit_pb.js";
 import { payerRequestMaxBytes } from "../../connect/routes.js";
-import { enumWords } from "../../schema/proto-view.js";
+import { enumWords } from "../views/proto-view.js";
 import {
   PayerAuthorizationList,
   PayerRevocation,
   PermitAuthorizationEnvelope,
   PermitAuthorizationList,
   permitAuthorizationResource,
-} from "../../schema/resources.js";
+} from "../views/resources.js";
 import {
   AuthorizationChallengeRequest,
   AuthorizeKeyRequest,

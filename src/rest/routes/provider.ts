@@ -9,7 +9,7 @@ import {
   offerKeyBindingResource,
   offerResource,
   verificationRunResource,
-} from "../../schema/resources.js";
+} from "../views/resources.js";
 import {
   BindKeyRequest,
   BindOfferKeyTypedData,

@@ -4,7 +4,7 @@ import { QuoteService } from "../../../gen/gateway/v1/quote_pb.js";
 import { GatewayError } from "../../domain/errors.js";
 import { ChatRequest } from "../../schema/chat.js";
 import { MessagesRequest } from "../../schema/messages.js";
-import { quoteResource } from "../../schema/resources.js";
+import { quoteResource } from "../views/resources.js";
 import { ResponsesRequest } from "../../schema/responses.js";
 import { readJsonBytes } from "../body.js";
 import type { Route } from "../route-kit.js";

@@ -1,8 +1,8 @@
 import { Type } from "@sinclair/typebox";
 import { BatchStatusSchema, SettlementService } from "../../../gen/gateway/v1/settlement_pb.js";
 import { OptionalNullable } from "../../schema/common.js";
-import { enumWords } from "../../schema/proto-view.js";
-import { SettlementBatchList, batchRecordResource, flushResource } from "../../schema/resources.js";
+import { enumWords } from "../views/proto-view.js";
+import { SettlementBatchList, batchRecordResource, flushResource } from "../views/resources.js";
 import { statusFilter } from "../document.js";
 import { integerQuery, statusOf, withBody, type Route } from "../route-kit.js";
 

@@ -7,7 +7,7 @@ import {
 } from "@bufbuild/protobuf";
 import { FeatureSet_FieldPresence } from "@bufbuild/protobuf/wkt";
 import { Type, type TObject, type TSchema } from "@sinclair/typebox";
-import { Address, component, Decimal, Hex32, Nullable, UnixSeconds } from "./common.js";
+import { Address, component, Decimal, Hex32, Nullable, UnixSeconds } from "../../schema/common.js";
 
 /**
  * REST views derived from the protobuf messages they mirror: one declaration (the .proto) gives

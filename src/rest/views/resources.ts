@@ -5,14 +5,14 @@ import {
   OfferSchema,
   OfferUsageDivergenceSchema,
   TariffSchema,
-} from "../../gen/gateway/v1/market_pb.js";
+} from "../../../gen/gateway/v1/market_pb.js";
 import {
   InferenceRequestSchema,
   PermitBalanceSchema,
   RequestSettlementSchema,
   UsageFiguresSchema,
-} from "../../gen/gateway/v1/inference_pb.js";
-import { PermitAuthorizationSchema } from "../../gen/gateway/v1/permit_pb.js";
+} from "../../../gen/gateway/v1/inference_pb.js";
+import { PermitAuthorizationSchema } from "../../../gen/gateway/v1/permit_pb.js";
 import {
   EarningsBatchSchema,
   EarningsTotalsSchema,
@@ -21,15 +21,15 @@ import {
   OfferKeyBindingSchema,
   UnsettleableEarningsSchema,
   VerificationRunSchema,
-} from "../../gen/gateway/v1/provider_pb.js";
-import { QuoteSchema } from "../../gen/gateway/v1/quote_pb.js";
+} from "../../../gen/gateway/v1/provider_pb.js";
+import { QuoteSchema } from "../../../gen/gateway/v1/quote_pb.js";
 import {
   BatchRecordSchema,
   FlushResponseSchema,
   SettlementBatchSchema,
   UnsettleableChargeSchema,
-} from "../../gen/gateway/v1/settlement_pb.js";
-import { component, Hex32 } from "./common.js";
+} from "../../../gen/gateway/v1/settlement_pb.js";
+import { component, Hex32 } from "../../schema/common.js";
 import { protoView } from "./proto-view.js";
 
 /**

@@ -1,10 +1,10 @@
 import { Type } from "@sinclair/typebox";
-import { GatewayInfoSchema } from "../../gen/gateway/v1/gateway_pb.js";
-import { Address, component, Decimal, Hex32, UnixSeconds } from "./common.js";
-import { receiptDomainVersion } from "../domain/receipts.js";
+import { GatewayInfoSchema } from "../../../gen/gateway/v1/gateway_pb.js";
+import { Address, component, Decimal, Hex32, UnixSeconds } from "../../schema/common.js";
+import { receiptDomainVersion } from "../../domain/receipts.js";
 import { protoView } from "./proto-view.js";
 import { settlementOfRequest } from "./resources.js";
-import { typedData } from "./signing.js";
+import { typedData } from "../../schema/signing.js";
 
 /**
  * Usage receipts (docs/decisions/settlement.md, "Usage receipts") and the gateway's public facts: the

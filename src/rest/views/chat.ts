@@ -1,0 +1,75 @@
+import { Type } from "@sinclair/typebox";
+import { ChatCompletedSchema } from "../../../gen/gateway/v1/inference_pb.js";
+import { component } from "../../schema/common.js";
+import { protoView } from "./proto-view.js";
+import { usageDetails, usageFigureFields, usageFigureViews } from "./resources.js";
+
+/**
+ * The chat completion answers (OpenAI's chat.completion and its chunks) and `x_gateway`, the
+ * view of the chat RPC's ChatCompleted message that every dialect's answer carries. The request
+ * is declared in src/schema/chat.ts (TypeBox only, for the domain to validate with).
+ */
+
+/**
+ * `x_gateway`, the charge of a completed answer (every dialect's last event and JSON answer): the
+ * view of the chat RPC's ChatCompleted message.
+ */
+export const xGatewayResource = protoView(ChatCompletedSchema, "XGateway", {
+  nested: usageFigureViews,
+  fields: {
+    // usage_source says the same, in words.
+    usage_from_provider: { omit: true },
+    billing: { emptyIsNull: true },
+    ...usageDetails,
+    ...usageFigureFields,
+  },
+});
+export const XGateway = xGatewayResource.schema;
+
+export const ChatCompletion = component(
+  "ChatCompletion",
+  Type.Object(
+    {
+      id: Type.Optional(Type.String()),
+      object: Type.Optional(Type.String()),
+      choices: Type.Optional(Type.Array(Type.Unknown())),
+      usage: Type.Optional(Type.Object({}, { additionalProperties: true })),
+    },
+    {
+      additionalProperties: true,
+      description: "The provider's OpenAI-compatible chat.completion object, as it came",
+    },
+  ),
+);
+
+export const ChatCompletionChunk = component(
+  "ChatCompletionChunk",
+  Type.Object(
+    {
+      id: Type.Optional(Type.String()),
+      object: Type.Optional(Type.String()),
+      choices: Type.Array(Type.Unknown()),
+    },
+    {
+      additionalProperties: true,
+      not: { required: ["x_gateway"] },
+      description:
+        "An upstream chat.completion.chunk, as it came (the gateway's last one is ChatStreamFinalChunk)",
+    },
+  ),
+);
+
+export const ChatStreamFinalChunk = component(
+  "ChatStreamFinalChunk",
+  Type.Object(
+    {
+      id: Type.String(),
+      object: Type.Literal("chat.completion.chunk"),
+      created: Type.Integer(),
+      model: Type.String(),
+      choices: Type.Array(Type.Unknown(), { maxItems: 0 }),
+      x_gateway: XGateway,
+    },
+    { description: "The last chunk before `[DONE]`: no choices, and the charge" },
+  ),
+);

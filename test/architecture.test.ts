@@ -1,0 +1,114 @@
+import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it } from "vitest";
+
+/**
+ * The arrows between rooms (issue 30): the domain is free of protobuf and of every
+ * transport and adapter, whatever it reaches through the modules it imports; `src/schema`
+ * imports nothing above it. Read from the source text: every relative `import`/`export ... from`
+ * (type-only ones included, and `import("...")`) is followed, transitively from each domain
+ * module. Tests are not roots (a test may wire an adapter).
+ */
+
+const root = resolve(dirname(fileURLToPath(import.meta.url)), "..");
+
+const specifier =
+  /(?:^|[\s;])(?:import|export)\s+(?:type\s+)?(?:[^;"'`]*?\sfrom\s+)?["']([^"']+)["']|import\(\s*["']([^"']+)["']\s*\)/g;
+
+/** The relative specifiers of a module's imports and re-exports, comments aside. */
+function relativeSpecifiers(source: string): string[] {
+  const text = source.replace(/\/\*[\s\S]*?\*\/|\/\/[^\n]*/g, "");
+  return [...text.matchAll(specifier)]
+    .map((match) => match[1] ?? match[2] ?? "")
+    .filter((spec) => spec.startsWith("."));
+}
+
+/** The relative modules `file` imports, as paths from the repository root (`src/x.ts`). */
+function importsOf(file: string): string[] {
+  const found: string[] = [];
+  for (const spec of relativeSpecifiers(readFileSync(join(root, file), "utf8"))) {
+    const target = join(dirname(file), spec);
+    const candidates = [
+      target.replace(/\.js$/, ".ts"),
+      target,
+      `${target}.ts`,
+      join(target, "index.ts"),
+    ];
+    found.push(candidates.find((c) => existsSync(join(root, c))) ?? target);
+  }
+  return found;
+}
+
+function sources(dir: string): string[] {
+  return readdirSync(join(root, dir)).flatMap((name) => {
+    const path = join(dir, name);
+    if (statSync(join(root, path)).isDirectory()) return sources(path);
+    return path.endsWith(".ts") && !path.endsWith(".test.ts") ? [path] : [];
+  });
+}
+
+/** Every module `from` reaches, each with the chain of imports that leads to it. */
+function reach(from: string): Map<string, string[]> {
+  const chains = new Map<string, string[]>([[from, [from]]]);
+  const queue = [from];
+  for (let file = queue.shift(); file !== undefined; file = queue.shift()) {
+    if (!file.endsWith(".ts") || file.startsWith("gen/")) continue;
+    for (const next of importsOf(file)) {
+      if (chains.has(next)) continue;
+      chains.set(next, [...(chains.get(file) ?? []), next]);
+      queue.push(next);
+    }
+  }
+  return chains;
+}
+
+const forbidden = (rooms: readonly string[]) => (path: string) =>
+  rooms.some((room) => path === room || path.startsWith(`${room}/`));
+
+describe("architecture", () => {
+  it("the domain reaches no generated protobuf code, adapter, Connect or REST module", () => {
+    const outside = forbidden(["gen", "src/adapters", "src/connect", "src/rest"]);
+    const problems: string[] = [];
+    for (const file of sources("src/domain")) {
+      for (const [reached, chain] of reach(file)) {
+        if (outside(reached)) problems.push(chain.join(" -> "));
+      }
+    }
+    expect(problems).toEqual([]);
+  });
+
+  it("src/schema imports nothing above it", () => {
+    const above = forbidden(["src/domain", "src/adapters", "src/connect", "src/rest", "src/app"]);
+    const problems = sources("src/schema").flatMap((file) =>
+      importsOf(file)
+        .filter(above)
+        .map((target) => `${file} -> ${target}`),
+    );
+    expect(problems).toEqual([]);
+  });
+
+  it("reads every form of import", () => {
+    const source = [
+      'import { a } from "./a.js";',
+      'import type { B } from "../b.js";',
+      "import {\n  c,\n  type C,\n} from './c.js';",
+      'export { d } from "./d.js";',
+      'export type * from "./e.js";',
+      'import "./f.js";',
+      'const g = await import("./g.js");',
+      '// import { h } from "./h.js";',
+      'import { i } from "node:fs";',
+    ].join("\n");
+    expect(relativeSpecifiers(source)).toEqual([
+      "./a.js",
+      "../b.js",
+      "./c.js",
+      "./d.js",
+      "./e.js",
+      "./f.js",
+      "./g.js",
+    ]);
+    expect(importsOf("src/domain/provider-preferences.ts")).toContain("src/schema/chat.ts");
+  });
+});
