@@ -4,7 +4,7 @@
  */
 import { recoverTypedDataAddress, type Address, type Hex } from "viem";
 import { GatewayError } from "../errors.js";
-import { parseRegistrationSignature } from "../registration.js";
+import { parseRegistrationSignature } from "../registration/signature.js";
 import { verifyParsedSignature, type SignatureVerifier } from "../signatures.js";
 import type { PermitAuthorization } from "./authorizations.js";
 import { authorizationIdShape } from "./checks.js";

@@ -7,7 +7,7 @@ import {
   eip712DomainFields,
   registrationDomainName,
   registrationDomainVersion,
-} from "../registration.js";
+} from "../registration/typed-data.js";
 import type { TypedDataField } from "../signatures.js";
 
 /**
