@@ -61,6 +61,34 @@ export function demoMetadata(region: string, hardware: string) {
   };
 }
 
+/** The demo models, in the order their ids are ranked on chain. */
+const modelSpecs = [
+  {
+    id: "demo-chat",
+    aliases: ["chat", "demo/chat"],
+    repository: "demo/chat-small",
+    task: "chat",
+    symbol: "DCHAT",
+  },
+  {
+    id: "demo-coder",
+    aliases: ["coder"],
+    repository: "demo/coder-small",
+    task: "code",
+    symbol: "DCODE",
+  },
+];
+
+type DemoModel = DemoMarket["models"][number];
+type Wallet = ReturnType<ChainClients["wallet"]>;
+
+/** Waits for a demo transaction; a revert fails the seeding. */
+async function confirmed(publicClient: ChainClients["publicClient"], hash: Hex) {
+  const receipt = await publicClient.waitForTransactionReceipt({ hash });
+  if (receipt.status !== "success") throw new Error(`demo transaction ${hash} reverted`);
+  return receipt;
+}
+
 /**
  * Deploys the market and seeds a demo: two active models with credit tokens,
  * three offers (one paused), and a payer with an open permit on the first
@@ -75,35 +103,61 @@ export async function seedDemoMarket(
   const creator = clients.wallet(roles.creator.privateKey);
   const operator = clients.wallet(roles.operator.privateKey);
   const payer = clients.wallet(roles.payer.privateKey);
-  const confirm = async (hash: Hex) => {
-    const receipt = await publicClient.waitForTransactionReceipt({ hash });
-    if (receipt.status !== "success") throw new Error(`demo transaction ${hash} reverted`);
-    return receipt;
-  };
 
   const market = await deployMarket(deployer, publicClient, {
     settlementOperator: roles.settlement.address,
     closeGracePeriod: 3600n,
   });
   const deployBlock = await publicClient.getBlockNumber();
+  const models = await seedModels(clients, creator, roles, market);
+  const [chat, coder] = models as [DemoModel, DemoModel];
+  const offers = await seedOffers(clients, operator, roles, market, chat, coder);
 
-  const modelSpecs = [
+  const permitId = id32("permit:demo");
+  const permitDeposit = 100n * 10n ** 18n;
+  await confirmed(
+    publicClient,
+    await creator.writeContract({
+      address: chat.creditToken,
+      abi: creditTokenAbi,
+      functionName: "mint",
+      args: [roles.payer.address, permitDeposit * 10n],
+    }),
+  );
+  // The demo payer opens its permit as any payer does (the `gateway permit open` path).
+  await openPermit(
+    { publicClient, wallet: payer, market },
     {
-      id: "demo-chat",
-      aliases: ["chat", "demo/chat"],
-      repository: "demo/chat-small",
-      task: "chat",
-      symbol: "DCHAT",
+      permitId,
+      modelId: chat.modelId,
+      deposit: permitDeposit,
+      expiresAt: BigInt(Math.floor(Date.now() / 1000) + 30 * 24 * 3600),
     },
-    {
-      id: "demo-coder",
-      aliases: ["coder"],
-      repository: "demo/coder-small",
-      task: "code",
-      symbol: "DCODE",
-    },
-  ];
-  const models: DemoMarket["models"] = [];
+  );
+
+  return {
+    market,
+    deployBlock,
+    catalog: modelSpecs.map((spec, i) => ({
+      id: spec.id,
+      modelId: models[i]!.modelId,
+      aliases: [...spec.aliases],
+    })),
+    models,
+    offers,
+    permitId,
+    permitDeposit,
+  };
+}
+
+/** The demo models, each with its own credit token, created and activated by the creator. */
+async function seedModels(
+  { publicClient }: ChainClients,
+  creator: Wallet,
+  roles: DemoAccounts,
+  market: Address,
+): Promise<DemoModel[]> {
+  const models: DemoModel[] = [];
   for (const [index, spec] of modelSpecs.entries()) {
     const modelId = id32(`model:${spec.id}`);
     const creditToken = await deployCreditToken(creator, publicClient, {
@@ -111,7 +165,8 @@ export async function seedDemoMarket(
       symbol: spec.symbol,
       owner: roles.creator.address,
     });
-    await confirm(
+    await confirmed(
+      publicClient,
       await creator.writeContract({
         address: market,
         abi: marketAbi,
@@ -127,7 +182,8 @@ export async function seedDemoMarket(
         ],
       }),
     );
-    await confirm(
+    await confirmed(
+      publicClient,
       await creator.writeContract({
         address: market,
         abi: marketAbi,
@@ -137,8 +193,18 @@ export async function seedDemoMarket(
     );
     models.push({ id: spec.id, modelId, creditToken });
   }
+  return models;
+}
 
-  const [chat, coder] = models as [DemoMarket["models"][number], DemoMarket["models"][number]];
+/** The demo offers (two of the chat model, one paused; one of the coder), by the operator. */
+async function seedOffers(
+  { publicClient }: ChainClients,
+  operator: Wallet,
+  roles: DemoAccounts,
+  market: Address,
+  chat: DemoModel,
+  coder: DemoModel,
+): Promise<DemoOfferSpec[]> {
   const offerSpecs = [
     {
       label: "chat-eu",
@@ -165,7 +231,8 @@ export async function seedDemoMarket(
   const offers: DemoOfferSpec[] = [];
   for (const spec of offerSpecs) {
     const offerId = id32(`offer:${spec.label}`);
-    await confirm(
+    await confirmed(
+      publicClient,
       await operator.writeContract({
         address: market,
         abi: marketAbi,
@@ -181,7 +248,8 @@ export async function seedDemoMarket(
       }),
     );
     if (spec.status === "paused") {
-      await confirm(
+      await confirmed(
+        publicClient,
         await operator.writeContract({
           address: market,
           abi: marketAbi,
@@ -192,39 +260,5 @@ export async function seedDemoMarket(
     }
     offers.push({ offerId, modelId: spec.model.modelId, status: spec.status });
   }
-
-  const permitId = id32("permit:demo");
-  const permitDeposit = 100n * 10n ** 18n;
-  await confirm(
-    await creator.writeContract({
-      address: chat.creditToken,
-      abi: creditTokenAbi,
-      functionName: "mint",
-      args: [roles.payer.address, permitDeposit * 10n],
-    }),
-  );
-  // The demo payer opens its permit as any payer does (the `gateway permit open` path).
-  await openPermit(
-    { publicClient, wallet: payer, market },
-    {
-      permitId,
-      modelId: chat.modelId,
-      deposit: permitDeposit,
-      expiresAt: BigInt(Math.floor(Date.now() / 1000) + 30 * 24 * 3600),
-    },
-  );
-
-  return {
-    market,
-    deployBlock,
-    catalog: modelSpecs.map((spec, i) => ({
-      id: spec.id,
-      modelId: models[i]!.modelId,
-      aliases: spec.aliases,
-    })),
-    models,
-    offers,
-    permitId,
-    permitDeposit,
-  };
+  return offers;
 }

@@ -1,0 +1,116 @@
+/** An API key's authorization by a payer: its record, its status, and its credit caps. */
+import type { Hex } from "viem";
+import { GatewayError } from "../errors.js";
+import { anyPermit } from "./typed-data.js";
+
+export type AuthorizationStatus = "active" | "expired" | "revoked";
+
+/** One API key's authority over a payer's permits. Hex values are lower-case. */
+export interface PermitAuthorization {
+  readonly id: string;
+  readonly apiKeyId: string;
+  readonly payer: Hex;
+  /** {@link anyPermit}: every permit of the payer. */
+  readonly permitId: Hex;
+  /** Unix seconds. */
+  readonly expiresAt: number;
+  /** Unix seconds: when the gateway issued the challenge the payer signed. */
+  readonly issuedAt: number;
+  /** Credits the key may spend through it in all; 0n: no cap. */
+  readonly totalCap: bigint;
+  /** Credits one request may reserve through it; 0n: no cap. */
+  readonly perRequestCap: bigint;
+  /** Unix seconds. */
+  readonly createdAt: number;
+  /** Unix seconds; null while not revoked. */
+  readonly revokedAt: number | null;
+  readonly revokedBy: "key" | "payer" | null;
+  /** What its key has spent through it, where read (listings); absent elsewhere. */
+  readonly use?: AuthorizationUse | undefined;
+}
+
+/**
+ * An authorization's use (issue 28, item 7): every request records the authorization that
+ * admitted it. With a total cap, `used + reserved` never exceeds it.
+ */
+export interface AuthorizationUse {
+  /** Credits charged to the requests it admitted that have closed. */
+  readonly creditsUsed: bigint;
+  /** Credits its open requests hold (their maxima) until they close. */
+  readonly creditsReserved: bigint;
+  /** Unix seconds (the database's clock): when it last admitted a request; null: never. */
+  readonly lastUsedAt: number | null;
+}
+
+export function authorizationStatus(a: PermitAuthorization, now: number): AuthorizationStatus {
+  if (a.revokedAt !== null) return "revoked";
+  return a.expiresAt <= now ? "expired" : "active";
+}
+
+/** Whether `a` lets its key spend `permit` at `now`. */
+export function covers(
+  a: PermitAuthorization,
+  permit: { permitId: Hex; payer: Hex },
+  now: number,
+): boolean {
+  return (
+    a.revokedAt === null &&
+    a.expiresAt > now &&
+    a.payer === permit.payer.toLowerCase() &&
+    (a.permitId === anyPermit || a.permitId === permit.permitId.toLowerCase())
+  );
+}
+
+// ------------------------------------------------------------------------------ credit caps
+
+/**
+ * The order in which a request is admitted through the authorizations that cover its permit
+ * (issue 28, item 7): one without any cap first (nothing to check or reserve), then those with
+ * only a per-request cap (checked in memory; the largest first), then those with a total cap
+ * (the maximum is reserved against the cap, per request; in the order they were made). So a
+ * payer's narrow authorization never spends what a wider one of the same key would cover.
+ */
+export function byCapOrder(a: PermitAuthorization, b: PermitAuthorization): number {
+  const rank = (x: PermitAuthorization) => (x.totalCap !== 0n ? 2 : x.perRequestCap !== 0n ? 1 : 0);
+  const byRank = rank(a) - rank(b);
+  if (byRank !== 0) return byRank;
+  if (rank(a) === 1 && a.perRequestCap !== b.perRequestCap)
+    return a.perRequestCap > b.perRequestCap ? -1 : 1;
+  return a.createdAt - b.createdAt;
+}
+
+/** Whether a request whose maximum is `maximum` credits fits `a`'s per-request cap. */
+export function fitsPerRequestCap(a: PermitAuthorization, maximum: bigint): boolean {
+  return a.perRequestCap === 0n || maximum <= a.perRequestCap;
+}
+
+/**
+ * The refusal (403 `authorization_per_request_cap_exceeded`) of a request whose maximum fits no
+ * covering authorization's per-request cap: it names the largest cap and the request's maximum,
+ * so that the client can lower its output limit.
+ */
+export function perRequestCapRefusal(
+  grants: readonly PermitAuthorization[],
+  maximum: bigint,
+): GatewayError {
+  const widest = grants.reduce((w, a) => (a.perRequestCap > w.perRequestCap ? a : w));
+  return new GatewayError(
+    "authorization_per_request_cap_exceeded",
+    `this request's maximum of ${maximum} credits is above the per-request cap of ` +
+      `${widest.perRequestCap} credits that the payer set on authorization ${widest.id}; ` +
+      "lower max_tokens (or the input), or ask the payer for a wider authorization",
+  );
+}
+
+/**
+ * The refusal (402 `authorization_cap_exhausted`) of a request whose maximum fits what remains
+ * of none of the total caps it could be admitted through.
+ */
+export function totalCapRefusal(a: PermitAuthorization, maximum: bigint): GatewayError {
+  return new GatewayError(
+    "authorization_cap_exhausted",
+    `this request's maximum of ${maximum} credits does not fit what remains of the total cap ` +
+      `of ${a.totalCap} credits that the payer set on authorization ${a.id} (what it has used ` +
+      "and holds: GET /v1/permit-authorizations)",
+  );
+}
