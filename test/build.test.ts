@@ -182,6 +182,24 @@ describe.skipIf(!hasProc)("the production build (needs Linux /proc)", () => {
     });
   });
 
+  /** The URL a started `gateway serve` logs once it listens. */
+  const listening = (child: ChildProcess): Promise<string> =>
+    new Promise<string>((done, fail) => {
+      const timer = setTimeout(() => fail(new Error("gateway serve did not listen")), 60_000);
+      child.once("exit", (code) => fail(new Error(`gateway serve exited with ${code}`)));
+      createInterface({ input: child.stdout! }).on("line", (line) => {
+        try {
+          const entry = JSON.parse(line) as { msg?: string; url?: string };
+          if (entry.msg === "gateway listening" && entry.url !== undefined) {
+            clearTimeout(timer);
+            done(entry.url);
+          }
+        } catch {
+          // not a log line
+        }
+      });
+    });
+
   it("`gateway serve` through the bin serves the build with no loader", async () => {
     const tmp = tempDir("gw-build-serve-");
     const child = spawn(process.execPath, ["bin/gateway.js", "serve"], {
@@ -191,21 +209,7 @@ describe.skipIf(!hasProc)("the production build (needs Linux /proc)", () => {
     auditChildLogs(child, "gateway serve (bin)");
     const exit = exited(child);
     try {
-      const url = await new Promise<string>((done, fail) => {
-        const timer = setTimeout(() => fail(new Error("gateway serve did not listen")), 60_000);
-        child.once("exit", (code) => fail(new Error(`gateway serve exited with ${code}`)));
-        createInterface({ input: child.stdout! }).on("line", (line) => {
-          try {
-            const entry = JSON.parse(line) as { msg?: string; url?: string };
-            if (entry.msg === "gateway listening" && entry.url !== undefined) {
-              clearTimeout(timer);
-              done(entry.url);
-            }
-          } catch {
-            // not a log line
-          }
-        });
-      });
+      const url = await listening(child);
       const health = await fetch(`${url}/health`);
       expect(health.status).toBe(200);
       expect(await health.json()).toEqual({ status: "ok" });
@@ -222,6 +226,47 @@ describe.skipIf(!hasProc)("the production build (needs Linux /proc)", () => {
       expect(await exit).toBe(0);
     }
   }, 90_000);
+
+  it("serves the build after `npm prune --omit=dev`, as docs/operators.md shows: production needs no dev dependency", async () => {
+    // A copy of the install (hard links: nothing is copied but the directory tree), pruned.
+    const copy = tempDir("gw-build-pruned-");
+    for (const file of ["package.json", "package-lock.json"]) {
+      copyFileSync(join(root, file), join(copy, file));
+    }
+    execFileSync("cp", [
+      "-al",
+      join(root, "node_modules"),
+      join(root, "dist"),
+      join(root, "bin"),
+      copy,
+    ]);
+    execFileSync("npm", ["prune", "--omit=dev", "--offline", "--no-audit", "--no-fund"], {
+      cwd: copy,
+      stdio: "ignore",
+    });
+    // What the prune took away: tsx, the test runner and the linter, at least (TypeScript stays:
+    // viem names it as an optional peer).
+    for (const dev of ["tsx", "vitest", "eslint"]) {
+      expect(existsSync(join(copy, "node_modules", dev))).toBe(false);
+    }
+    const tmp = tempDir("gw-build-pruned-serve-");
+    const child = spawn(process.execPath, ["bin/gateway.js", "serve"], {
+      cwd: copy,
+      env: serveEnv(tmp),
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    auditChildLogs(child, "gateway serve (pruned)");
+    const exit = exited(child);
+    try {
+      const url = await listening(child);
+      expect((await fetch(`${url}/ready`)).status).toBe(200);
+      const models = await fetch(`${url}/v1/models`);
+      expect(models.status).toBe(401); // served by the gateway: no key, refused
+    } finally {
+      child.kill("SIGTERM");
+      expect(await exit).toBe(0);
+    }
+  }, 180_000);
 
   it("the bench's gateway (dist/bench/gateway.js) runs the build with no loader", async () => {
     const tmp = tempDir("gw-build-bench-");

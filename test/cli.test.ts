@@ -227,11 +227,14 @@ describe("npm start (gateway dev)", () => {
     }
   });
 
-  it("manages API keys: create prints the key once, list never shows it, revoke disables it", async () => {
+  it("migrates the database, and manages API keys: create prints the key once, list never shows it, revoke disables it", async () => {
     const stateDir = await mkdtemp(join(tmpdir(), "gw-keys-"));
     dirs.push(stateDir);
     const env: NodeJS.ProcessEnv = { ...process.env, GATEWAY_STATE_DIR: stateDir };
     delete env.DATABASE_URL;
+    // `gateway migrate` makes the database current.
+    const migrated = await run(process.execPath, [...cli, "migrate"], { env });
+    expect(migrated.stdout).toBe("database is up to date\n");
     const created = await run(process.execPath, [...cli, "keys", "create", "--name", "ci"], {
       env,
     });
@@ -249,7 +252,7 @@ describe("npm start (gateway dev)", () => {
       env,
     }).catch((e: { code: number }) => e);
     expect((unknown as { code: number }).code).toBe(1);
-  });
+  }, 120_000);
 
   it("refuses bad configuration with every problem named", async () => {
     const env = { PATH: process.env.PATH ?? "", CHAIN_ID: "x" };

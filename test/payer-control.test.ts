@@ -484,7 +484,7 @@ describe("a payer's control of its authorizations, without the key (PostgreSQL o
       return run;
     };
 
-    it("permit authorizations lists them, permit revoke --key and --all cut them, each showing the deployment before signing", async () => {
+    it("permit authorizations lists them, permit revoke --key, --permit and --all cut them, each showing the deployment before signing", async () => {
       const permitId = await openPermit();
       const a = await newKey("cli a");
       const b = await newKey("cli b");
@@ -518,6 +518,17 @@ describe("a payer's control of its authorizations, without the key (PostgreSQL o
       expect(byKey.stdout).toContain(`gateway deployment ${deployment}`);
       expect(byKey.stdout).toContain("revoked 1 authorization\n");
       await expectRefused(await chat(a.key, permitId));
+      await expectServed(await chat(b.key, permitId));
+
+      // By permit: b loses its authority over a second permit and keeps the first.
+      const second = await openPermit();
+      await authorizeKey(stack.gateway.url, b.key, payer.privateKey, { permitId: second });
+      await expectServed(await chat(b.key, second));
+      const byPermit = await cli(["revoke", "--permit", second]);
+      expect(byPermit.stderr).toBe("");
+      expect(byPermit.code).toBe(0);
+      expect(byPermit.stdout).toContain("revoked 1 authorization\n");
+      await expectRefused(await chat(b.key, second));
       await expectServed(await chat(b.key, permitId));
 
       const all = await cli(["revoke", "--all", "--json"]);
