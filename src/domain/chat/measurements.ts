@@ -86,14 +86,7 @@ interface Bucket {
 }
 
 /** The sums of an offer's live buckets. */
-interface Summary {
-  served: number;
-  failed: number;
-  claimed: number;
-  diverged: number;
-  latency: Bins;
-  throughput: Bins;
-}
+type Summary = Omit<Bucket, "epoch">;
 
 function newBucket(epoch: number): Bucket {
   return {
