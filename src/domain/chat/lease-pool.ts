@@ -98,6 +98,58 @@ export interface Pools {
   rejectAll(pool: LeasePool, error: unknown): void;
 }
 
+/** A new, empty lease of `holder` (nothing granted, nothing used), last active `now`. */
+function newPool(kind: LeasePool["kind"], id: Hex, holder: string, now: number): LeasePool {
+  return {
+    kind,
+    id,
+    holder,
+    granted: 0n,
+    used: 0n,
+    queue: [],
+    busy: false,
+    lastActive: now,
+    admittedInWindow: 0n,
+    recent: 0n,
+    expiresAt: undefined,
+    dirty: false,
+    waitedAt: Number.NEGATIVE_INFINITY,
+    scarceUntil: Number.NEGATIVE_INFINITY,
+    settling: 0,
+    settled: [],
+  };
+}
+
+/**
+ * What an extension asks for beyond the head request's need: for credits about half a
+ * second of the permit's recent demand, for slots a quarter of those in use. Not the whole
+ * queue: a burst must not take everything from the other processes.
+ */
+function headroom(pool: LeasePool): bigint {
+  return pool.kind === "permit" ? pool.recent * 2n : 1n + pool.used / 4n;
+}
+
+/** Resolves when a close under way on the pool ends (at once when none is; or after `ms`). */
+function whenSettled(pool: LeasePool, ms: number): Promise<void> {
+  if (pool.settling === 0) return Promise.resolve();
+  return new Promise<void>((resolve) => {
+    const timer = setTimeout(done, ms);
+    function done() {
+      clearTimeout(timer);
+      const i = pool.settled.indexOf(done);
+      if (i >= 0) pool.settled.splice(i, 1);
+      resolve();
+    }
+    pool.settled.push(done);
+  });
+}
+
+/** The waiter, its wait timer cleared. */
+function settle(waiter: Waiter): Waiter {
+  if (waiter.timer !== undefined) clearTimeout(waiter.timer);
+  return waiter;
+}
+
 export function createPools(options: PoolOptions): Pools {
   const { mono, idleMs, tickMs, maxQueued } = options;
   const scarceMs = options.scarceMs ?? 5_000;
@@ -112,39 +164,12 @@ export function createPools(options: PoolOptions): Pools {
   };
 
   /**
-   * What an extension asks for beyond the head request's need: for credits about half a
-   * second of the permit's recent demand, for slots a quarter of those in use. Not the whole
-   * queue: a burst must not take everything from the other processes.
-   */
-  const headroom = (pool: LeasePool): bigint =>
-    pool.kind === "permit" ? pool.recent * 2n : 1n + pool.used / 4n;
-
-  /**
    * What an extension asks for: the need plus headroom; exactly the need while the lease is
    * scarce (the low-water mark: the database could not grant the headroom, or another holder
    * recalled it), so each request is in effect admitted at the database.
    */
   const wantFor = (pool: LeasePool, need: bigint): bigint =>
     mono() < pool.scarceUntil ? need : need + headroom(pool);
-
-  const whenSettled = (pool: LeasePool, ms: number): Promise<void> => {
-    if (pool.settling === 0) return Promise.resolve();
-    return new Promise<void>((resolve) => {
-      const timer = setTimeout(done, ms);
-      function done() {
-        clearTimeout(timer);
-        const i = pool.settled.indexOf(done);
-        if (i >= 0) pool.settled.splice(i, 1);
-        resolve();
-      }
-      pool.settled.push(done);
-    });
-  };
-
-  const settle = (waiter: Waiter): Waiter => {
-    if (waiter.timer !== undefined) clearTimeout(waiter.timer);
-    return waiter;
-  };
 
   const pump = async (pool: LeasePool): Promise<void> => {
     if (pool.busy) return;
@@ -239,24 +264,7 @@ export function createPools(options: PoolOptions): Pools {
   };
 
   return {
-    newPool: (kind, id, holder) => ({
-      kind,
-      id,
-      holder,
-      granted: 0n,
-      used: 0n,
-      queue: [],
-      busy: false,
-      lastActive: mono(),
-      admittedInWindow: 0n,
-      recent: 0n,
-      expiresAt: undefined,
-      dirty: false,
-      waitedAt: Number.NEGATIVE_INFINITY,
-      scarceUntil: Number.NEGATIVE_INFINITY,
-      settling: 0,
-      settled: [],
-    }),
+    newPool: (kind, id, holder) => newPool(kind, id, holder, mono()),
     acquire,
     release,
     markScarce,

@@ -85,6 +85,91 @@ interface Bucket {
   throughput: Bins;
 }
 
+/** The sums of an offer's live buckets. */
+type Summary = Omit<Bucket, "epoch">;
+
+function newBucket(epoch: number): Bucket {
+  return {
+    epoch,
+    served: 0,
+    failed: 0,
+    claimed: 0,
+    diverged: 0,
+    latency: new Map(),
+    throughput: new Map(),
+  };
+}
+
+/** The buckets of `offerId` still inside the window. */
+function live(ring: readonly (Bucket | undefined)[], epoch: number): Bucket[] {
+  return ring.filter((b): b is Bucket => b !== undefined && b.epoch > epoch - bucketsPerWindow);
+}
+
+/** This process's buckets of an offer still inside the window, summed; undefined: none. */
+function summarize(ring: readonly (Bucket | undefined)[], epoch: number): Summary | undefined {
+  const buckets = live(ring, epoch);
+  if (buckets.length === 0) return undefined;
+  const latency: Bins = new Map();
+  const throughput: Bins = new Map();
+  let served = 0;
+  let failed = 0;
+  let claimed = 0;
+  let diverged = 0;
+  for (const b of buckets) {
+    served += b.served;
+    failed += b.failed;
+    claimed += b.claimed;
+    diverged += b.diverged;
+    for (const [bin, [count, sum]] of b.latency) addTo(latency, bin, count, sum);
+    for (const [bin, [count, sum]] of b.throughput) addTo(throughput, bin, count, sum);
+  }
+  return { served, failed, claimed, diverged, latency, throughput };
+}
+
+/**
+ * An offer's measurement: this process's summary (`mine`) merged with the other processes' rows
+ * (`theirs`), their divergence counts only from the clearing this process follows (`following`).
+ */
+function merge(
+  mine: Summary | undefined,
+  theirs: readonly SharedMeasurement[],
+  isExcluded: boolean,
+  following: number,
+): OfferMeasurement | undefined {
+  if (mine === undefined && theirs.length === 0 && !isExcluded) return undefined;
+  const latency: Bins = new Map(mine?.latency ?? []);
+  const throughput: Bins = new Map(mine?.throughput ?? []);
+  // Copies: the merge must not add into this process's own buckets.
+  for (const [bin, cell] of latency) latency.set(bin, [cell[0], cell[1]]);
+  for (const [bin, cell] of throughput) throughput.set(bin, [cell[0], cell[1]]);
+  let served = mine?.served ?? 0;
+  let failed = mine?.failed ?? 0;
+  let claimed = mine?.claimed ?? 0;
+  let diverged = mine?.diverged ?? 0;
+  for (const row of theirs) {
+    served += row.served;
+    failed += row.failed;
+    // A process that has not yet followed the offer's last clearing counts from before it.
+    if (row.divergenceSince >= following) {
+      claimed += row.claimed;
+      diverged += row.diverged;
+    }
+    for (const [bin, count, sum] of row.latency) addTo(latency, bin, count, sum);
+    for (const [bin, count, sum] of row.throughput) addTo(throughput, bin, count, sum);
+  }
+  const latencyHistogram = toHistogram(latency);
+  return {
+    latencyMs: median(latencyHistogram),
+    throughput: median(toHistogram(throughput)),
+    served,
+    failed,
+    samples: latencyHistogram.reduce((n, [, count]) => n + count, 0),
+    claimed,
+    diverged,
+    excluded: isExcluded,
+  };
+}
+
 export function createOfferMeasurements(
   opts: { instanceId?: string; windowSeconds?: number; now?: () => number } = {},
 ): OfferMeasurements {
@@ -112,82 +197,20 @@ export function createOfferMeasurements(
     const slot = epoch % bucketsPerWindow;
     let bucket = ring[slot];
     if (bucket === undefined || bucket.epoch !== epoch) {
-      bucket = {
-        epoch,
-        served: 0,
-        failed: 0,
-        claimed: 0,
-        diverged: 0,
-        latency: new Map(),
-        throughput: new Map(),
-      };
+      bucket = newBucket(epoch);
       ring[slot] = bucket;
     }
     memo.delete(offerId);
     return bucket;
   };
-  /** The buckets of `offerId` still inside the window. */
-  const live = (ring: readonly (Bucket | undefined)[], epoch: number): Bucket[] =>
-    ring.filter((b): b is Bucket => b !== undefined && b.epoch > epoch - bucketsPerWindow);
-
-  const summarize = (ring: readonly (Bucket | undefined)[], epoch: number) => {
-    const buckets = live(ring, epoch);
-    if (buckets.length === 0) return undefined;
-    const latency: Bins = new Map();
-    const throughput: Bins = new Map();
-    let served = 0;
-    let failed = 0;
-    let claimed = 0;
-    let diverged = 0;
-    for (const b of buckets) {
-      served += b.served;
-      failed += b.failed;
-      claimed += b.claimed;
-      diverged += b.diverged;
-      for (const [bin, [count, sum]] of b.latency) addTo(latency, bin, count, sum);
-      for (const [bin, [count, sum]] of b.throughput) addTo(throughput, bin, count, sum);
-    }
-    return { served, failed, claimed, diverged, latency, throughput };
-  };
-
   const compute = (offerId: Hex, epoch: number): OfferMeasurement | undefined => {
     const ring = own.get(offerId);
-    const mine = ring === undefined ? undefined : summarize(ring, epoch);
-    const theirs = others.get(offerId) ?? [];
-    const isExcluded = excluded.has(offerId);
-    if (mine === undefined && theirs.length === 0 && !isExcluded) return undefined;
-    const latency: Bins = new Map(mine?.latency ?? []);
-    const throughput: Bins = new Map(mine?.throughput ?? []);
-    // Copies: the merge must not add into this process's own buckets.
-    for (const [bin, cell] of latency) latency.set(bin, [cell[0], cell[1]]);
-    for (const [bin, cell] of throughput) throughput.set(bin, [cell[0], cell[1]]);
-    let served = mine?.served ?? 0;
-    let failed = mine?.failed ?? 0;
-    let claimed = mine?.claimed ?? 0;
-    let diverged = mine?.diverged ?? 0;
-    const following = since.get(offerId) ?? 0;
-    for (const row of theirs) {
-      served += row.served;
-      failed += row.failed;
-      // A process that has not yet followed the offer's last clearing counts from before it.
-      if (row.divergenceSince >= following) {
-        claimed += row.claimed;
-        diverged += row.diverged;
-      }
-      for (const [bin, count, sum] of row.latency) addTo(latency, bin, count, sum);
-      for (const [bin, count, sum] of row.throughput) addTo(throughput, bin, count, sum);
-    }
-    const latencyHistogram = toHistogram(latency);
-    return {
-      latencyMs: median(latencyHistogram),
-      throughput: median(toHistogram(throughput)),
-      served,
-      failed,
-      samples: latencyHistogram.reduce((n, [, count]) => n + count, 0),
-      claimed,
-      diverged,
-      excluded: isExcluded,
-    };
+    return merge(
+      ring === undefined ? undefined : summarize(ring, epoch),
+      others.get(offerId) ?? [],
+      excluded.has(offerId),
+      since.get(offerId) ?? 0,
+    );
   };
 
   const get = (offerId: Hex): OfferMeasurement | undefined => {
