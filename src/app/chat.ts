@@ -12,7 +12,8 @@ import { createPgIdempotencyStore } from "../adapters/pg/idempotency.js";
 import { createPgLeaseSignals, type PgLeaseSignals } from "../adapters/pg/lease-signals.js";
 import { createPgLeaseStore } from "../adapters/pg/leases.js";
 import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
-import { createUpstreamChat, type UpstreamClient } from "../adapters/upstream/http.js";
+import { createUpstreamChat } from "../adapters/upstream/chat.js";
+import type { UpstreamClient } from "../adapters/upstream/http.js";
 import type { Config } from "../config.js";
 import type { Catalog } from "../domain/catalog.js";
 import {
