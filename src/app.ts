@@ -11,9 +11,9 @@ import { createApi, wireApiKeys, wireRateLimiter, type ApiKeyWiring } from "./ap
 import { connectChain, marketReads, startIndexer, type IndexerHooks } from "./app/chain.js";
 import { wireChat, type ChatWiring } from "./app/chat.js";
 import { wireProviders } from "./app/provider.js";
-import { createReadiness } from "./app/readiness.js";
+import { createReadiness, dependencySources } from "./runtime/readiness.js";
 import { createSettlement, type Settlement } from "./app/settlement.js";
-import { createShutdown } from "./app/shutdown.js";
+import { createShutdown } from "./runtime/shutdown.js";
 import { openStorage, type Storage } from "./app/storage.js";
 import { wireTokens } from "./app/tokens.js";
 import { startTracing } from "./app/tracing.js";
@@ -169,14 +169,11 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       logger,
     });
     metrics.setSources({
-      ...metricsSources(db, chain, clock),
+      ...dependencySources(db, chain),
       confirmations: config.confirmations,
+      clock,
     });
-    const { listener, metricsListener } = await openListeners(
-      config,
-      shutdown.guard(handler),
-      metrics,
-    );
+    const { listener, metricsListener } = await listenAll(config, shutdown.guard(handler), metrics);
     health.start();
     settlement.start();
     const { url, metricsUrl } = urlsOf(config, listener, metricsListener);
@@ -264,15 +261,6 @@ function startHousekeeping(
   return housekeeping;
 }
 
-/** What the gauges read: the database, and the chain's head. */
-function metricsSources(db: Database, chain: PublicClient, clock: () => number) {
-  return {
-    query: (text: string) => db.pool.query(text),
-    chainHead: () => chain.getBlockNumber({ cacheTime: 0 }),
-    clock,
-  };
-}
-
 /** Routing's reads (offers, opened endpoints), and what drops them. */
 function wireRouting(config: Config, db: Database, directory: ModelDirectory) {
   // Routing reads (offers, opened endpoints) are reused for ROUTING_CACHE_MS; what this
@@ -291,7 +279,7 @@ function wireRouting(config: Config, db: Database, directory: ModelDirectory) {
 }
 
 /** The gateway's listener, and the metrics' own when METRICS_PORT is set. */
-async function openListeners(
+async function listenAll(
   config: Config,
   handler: Parameters<typeof listen>[0],
   metrics: ReturnType<typeof createMetrics>,
@@ -337,7 +325,7 @@ function announce(config: Config, logger: Logger, at: { url: string; database: s
   );
 }
 
-/** The gateway's shutdown: what each step stops, in its order (src/app/shutdown.ts). */
+/** The gateway's shutdown: what each step stops, in its order (src/runtime/shutdown.ts). */
 function closeGateway(parts: {
   readonly shutdown: ReturnType<typeof createShutdown>;
   readonly settlement: Settlement;

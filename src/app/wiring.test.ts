@@ -98,4 +98,31 @@ describe("the composition root", () => {
     }
     expect(offenders).toEqual([]);
   });
+
+  it("answers no request itself: of the transports it takes only their factories (create*)", () => {
+    // Refusing a request (503 while draining, 408, an error body) is the transports' or the
+    // process runtime's job; the root only builds the handler and hands it to the listener.
+    const transports = ["src/rest/", "src/connect/", "src/server.ts"];
+    const offenders: string[] = [];
+    for (const path of wiringFiles) {
+      for (const statement of parse(path).statements) {
+        if (!ts.isImportDeclaration(statement) || statement.importClause?.isTypeOnly) continue;
+        const target = importedPath(path, (statement.moduleSpecifier as ts.StringLiteral).text);
+        if (target === undefined || !transports.some((room) => target.startsWith(room))) continue;
+        const clause = statement.importClause;
+        const bindings = clause?.namedBindings;
+        const names =
+          bindings === undefined
+            ? []
+            : ts.isNamespaceImport(bindings)
+              ? [`* as ${bindings.name.text}`]
+              : bindings.elements.filter((e) => !e.isTypeOnly).map((e) => e.name.text);
+        if (clause?.name !== undefined) names.push(clause.name.text);
+        for (const name of names) {
+          if (!/^create[A-Z]/.test(name)) offenders.push(`${relative(root, path)}: ${name}`);
+        }
+      }
+    }
+    expect(offenders).toEqual([]);
+  });
 });
