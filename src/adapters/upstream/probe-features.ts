@@ -1,6 +1,6 @@
 import type { EndpointSecret } from "../../domain/health.js";
 import type { UpstreamClient } from "./http.js";
-import { badStatus, CheckFailed, isObject, readJson, send } from "./probe-io.js";
+import { badStatus, CheckFailed, isObject, readJson, sendCompletion } from "./probe-io.js";
 
 /**
  * The prober's checks of the optional features (`provider.require_parameters`): each answers
@@ -18,14 +18,7 @@ async function featureCompletion(
   what: string,
 ): Promise<{ verdict: FeatureVerdict } | { message: Record<string, unknown> }> {
   try {
-    const { response, signal } = await send(
-      upstream,
-      endpoint,
-      "/v1/chat/completions",
-      body,
-      timeoutMs,
-      what,
-    );
+    const { response, signal } = await sendCompletion(upstream, endpoint, body, timeoutMs, what);
     if (response.status !== 200) {
       const failure = await badStatus(response, "completion_failed", what);
       return { verdict: failure.transport ? "unanswered" : "not_proven" };

@@ -72,6 +72,17 @@ export async function send(
   }
 }
 
+/** A completion the checks ask for: `POST /v1/chat/completions` with `body`. */
+export function sendCompletion(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  body: unknown,
+  timeoutMs: number,
+  what: string,
+): Promise<{ response: UpstreamResponse; signal: AbortSignal }> {
+  return send(upstream, endpoint, "/v1/chat/completions", body, timeoutMs, what);
+}
+
 export async function readJson(
   response: UpstreamResponse,
   signal: AbortSignal,

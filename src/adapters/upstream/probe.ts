@@ -18,6 +18,7 @@ import {
   readJson,
   reason,
   send,
+  sendCompletion,
   transportFailed,
 } from "./probe-io.js";
 import { AnswerText, judgeClaim, type Counting } from "./probe-usage.js";
@@ -226,14 +227,7 @@ async function jsonCompletion(
   counting: Counting,
   what: string,
 ): Promise<void> {
-  const { response, signal } = await send(
-    upstream,
-    endpoint,
-    "/v1/chat/completions",
-    body,
-    timeoutMs,
-    what,
-  );
+  const { response, signal } = await sendCompletion(upstream, endpoint, body, timeoutMs, what);
   if (response.status !== 200) throw await badStatus(response, "completion_failed", what);
   const completion = await readJson(response, signal, timeoutMs, "completion_failed", what);
   if (!isObject(completion) || !Array.isArray(completion.choices)) {
@@ -290,14 +284,7 @@ async function streamedCompletion(
   counting: Counting,
   what: string,
 ): Promise<void> {
-  const { response, signal } = await send(
-    upstream,
-    endpoint,
-    "/v1/chat/completions",
-    body,
-    timeoutMs,
-    what,
-  );
+  const { response, signal } = await sendCompletion(upstream, endpoint, body, timeoutMs, what);
   if (response.status !== 200) throw await badStatus(response, "stream_failed", what);
   const contentType = firstHeader(response.headers["content-type"]);
   if (!/^text\/event-stream\s*(;|$)/i.test(contentType ?? "")) {
