@@ -68,7 +68,9 @@ export interface StartOptions {
 /**
  * Config -> dependencies -> listening server: the composition root. Each part is wired in its
  * own module (src/app/): storage (database, endpoint key), chain (reads, indexer), settlement,
- * chat (ledger, leases, the pipeline), the API (services, handler), readiness and shutdown.
+ * chat (ledger, leases, the pipeline), the API (services, handler); readiness and shutdown are
+ * the process runtime's (src/runtime/). The root constructs and connects, nothing else: what a
+ * request or a background round runs lives below it (src/app/wiring.test.ts).
  */
 export async function startGateway(config: Config, options: StartOptions): Promise<Gateway> {
   const { logger } = options;
