@@ -23,12 +23,13 @@ import {
   type Ledger,
 } from "../domain/chat/index.js";
 import { createLeasedLedger, type LeasedLedger } from "../domain/chat/leases.js";
+import { offerReputation } from "../domain/chat/offer-reputation.js";
 import { createMeasurementSync } from "../domain/chat/measurement-sync.js";
 import { createOfferMeasurements, type MeasurementSync } from "../domain/chat/measurements.js";
 import { createWakeFees } from "../domain/chat/wake-fees.js";
 import type { EndpointSecret } from "../domain/health.js";
 import type { PermitReader } from "../domain/permits.js";
-import { reputationOf, type Reputation } from "../domain/reputation.js";
+import type { Reputation } from "../domain/reputation.js";
 import type { TokenCounters } from "../domain/tokens.js";
 import type { TtlCache } from "../domain/ttl-cache.js";
 import type { createMetrics } from "../runtime/metrics.js";
@@ -132,12 +133,7 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
   return {
     inference,
     leased,
-    reputation: (offerId) =>
-      reputationOf(
-        measurements.get(offerId),
-        measurementSync.counts(offerId),
-        measurements.windowSeconds,
-      ),
+    reputation: offerReputation(measurements, measurementSync),
     measurementSync,
     stopBackground: () => measurementSync.stop(),
     async stop() {
