@@ -246,59 +246,7 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
         clearTimeout(timer);
       }
 
-      const raw = data.body;
-      const body = (async function* () {
-        let read = 0;
-        let ended = false;
-        try {
-          // Not destroyed when the reader stops early: a stream's reader stops at `[DONE]`,
-          // usually with only the body's end still to come, and destroying the body then costs
-          // an AbortError (a stack trace) per request and may cost the connection.
-          for await (const chunk of raw.iterator({ destroyOnReturn: false })) {
-            read += (chunk as Uint8Array).byteLength;
-            yield chunk as Uint8Array;
-          }
-          ended = true;
-        } catch (err) {
-          ended = true;
-          throw upstreamFailure(err, signal, "upstream_error", "upstream response failed");
-        } finally {
-          // What is left is read in the background and dropped, so the connection can be
-          // reused; a body with more than `drainBytes` left is cut (and its connection closed).
-          if (!ended) raw.dump({ limit: read + drainBytes }).catch(() => {});
-        }
-      })();
-      const text = async (maxBytes = defaultMaxBytes): Promise<string> => {
-        const chunks: Uint8Array[] = [];
-        let size = 0;
-        for await (const chunk of body) {
-          size += chunk.byteLength;
-          if (size > maxBytes) {
-            raw.destroy();
-            throw new GatewayError("upstream_error", `upstream response exceeds ${maxBytes} bytes`);
-          }
-          chunks.push(chunk);
-        }
-        return Buffer.concat(chunks).toString("utf8");
-      };
-      return {
-        status: data.statusCode,
-        headers: allowedHeaders(data.headers, upstreamResponseHeaders),
-        body,
-        text,
-        async json(maxBytes) {
-          const content = await text(maxBytes);
-          try {
-            return JSON.parse(content) as unknown;
-          } catch {
-            throw new GatewayError("upstream_error", "upstream response is not valid JSON");
-          }
-        },
-        async dump() {
-          await raw.dump().catch(() => {});
-        },
-        flow: (into) => new PushedBody(raw, signal, into),
-      };
+      return responseOf(data, signal);
     },
     close: () => agent.close(),
   };
@@ -318,6 +266,67 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
     }
     return target;
   }
+}
+
+/**
+ * The response handed to the caller: the body read once, as it arrives ({@link
+ * UpstreamResponse.body}), whole, or pushed ({@link PushedBody}); errors while reading are
+ * `upstream_error` or the caller's abort reason.
+ */
+function responseOf(data: Dispatched, signal: AbortSignal): UpstreamResponse {
+  const raw = data.body;
+  const body = (async function* () {
+    let read = 0;
+    let ended = false;
+    try {
+      // Not destroyed when the reader stops early: a stream's reader stops at `[DONE]`,
+      // usually with only the body's end still to come, and destroying the body then costs
+      // an AbortError (a stack trace) per request and may cost the connection.
+      for await (const chunk of raw.iterator({ destroyOnReturn: false })) {
+        read += (chunk as Uint8Array).byteLength;
+        yield chunk as Uint8Array;
+      }
+      ended = true;
+    } catch (err) {
+      ended = true;
+      throw upstreamFailure(err, signal, "upstream_error", "upstream response failed");
+    } finally {
+      // What is left is read in the background and dropped, so the connection can be
+      // reused; a body with more than `drainBytes` left is cut (and its connection closed).
+      if (!ended) raw.dump({ limit: read + drainBytes }).catch(() => {});
+    }
+  })();
+  const text = async (maxBytes = defaultMaxBytes): Promise<string> => {
+    const chunks: Uint8Array[] = [];
+    let size = 0;
+    for await (const chunk of body) {
+      size += chunk.byteLength;
+      if (size > maxBytes) {
+        raw.destroy();
+        throw new GatewayError("upstream_error", `upstream response exceeds ${maxBytes} bytes`);
+      }
+      chunks.push(chunk);
+    }
+    return Buffer.concat(chunks).toString("utf8");
+  };
+  return {
+    status: data.statusCode,
+    headers: allowedHeaders(data.headers, upstreamResponseHeaders),
+    body,
+    text,
+    async json(maxBytes) {
+      const content = await text(maxBytes);
+      try {
+        return JSON.parse(content) as unknown;
+      } catch {
+        throw new GatewayError("upstream_error", "upstream response is not valid JSON");
+      }
+    },
+    async dump() {
+      await raw.dump().catch(() => {});
+    },
+    flow: (into) => new PushedBody(raw, signal, into),
+  };
 }
 
 /**
