@@ -49,6 +49,35 @@ export default tseslint.config(
     },
   },
   {
+    // The composition root wires, nothing else (issue 30): src/app.ts and src/app/ construct
+    // and connect the rooms below; none of them reaches back up into it. (The typescript-eslint
+    // rule, so that the transports' own no-restricted-imports below does not replace it.)
+    files: [
+      "src/domain/**",
+      "src/connect/**",
+      "src/rest/**",
+      "src/adapters/**",
+      "src/runtime/**",
+      "src/clients/**",
+      "src/schema/**",
+    ],
+    ignores: ["**/*.test.ts"],
+    rules: {
+      "@typescript-eslint/no-restricted-imports": [
+        "error",
+        {
+          patterns: [
+            {
+              group: ["**/app/**", "**/app.js", "**/app.ts"],
+              message:
+                "composition-root-on-top: only the entry points (src/cli, src/dev, tests) import src/app.ts and src/app/.",
+            },
+          ],
+        },
+      ],
+    },
+  },
+  {
     // Transports on domain types only (issue 30): the Connect services and the REST facade take
     // what they need through domain types and ports wired at composition (src/app), never from
     // an adapter.

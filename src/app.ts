@@ -8,13 +8,13 @@ import { createPgCatalogStore } from "./adapters/pg/catalog.js";
 import * as ledger from "./adapters/pg/ledger.js";
 import { createUpstreamClient, type UpstreamClient } from "./adapters/upstream/http.js";
 import { createApi, wireApiKeys, wireRateLimiter, type ApiKeyWiring } from "./app/api.js";
-import { connectChain, marketReads, startIndexer } from "./app/chain.js";
+import { connectChain, marketReads, startIndexer, type IndexerHooks } from "./app/chain.js";
 import { wireChat, type ChatWiring } from "./app/chat.js";
 import { wireProviders } from "./app/provider.js";
-import { createReadiness } from "./app/readiness.js";
-import { createSettlement } from "./app/settlement.js";
-import { createShutdown } from "./app/shutdown.js";
-import { openStorage } from "./app/storage.js";
+import { createReadiness, dependencySources } from "./runtime/readiness.js";
+import { createSettlement, type Settlement } from "./app/settlement.js";
+import { createShutdown } from "./runtime/shutdown.js";
+import { openStorage, type Storage } from "./app/storage.js";
 import { wireTokens } from "./app/tokens.js";
 import { startTracing } from "./app/tracing.js";
 import type { Config } from "./config.js";
@@ -24,8 +24,9 @@ import type { EndpointSecret, HealthMonitor } from "./domain/health.js";
 import type { TokenCounters } from "./domain/tokens.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
 import { createHousekeeping, type Housekeeping } from "./runtime/housekeeping.js";
-import { listen } from "./runtime/listen.js";
+import { listen, type Listener } from "./runtime/listen.js";
 import { createMetrics, metricsOnlyHandler } from "./runtime/metrics.js";
+import type { Tracing } from "./runtime/tracing.js";
 
 export { connectChain };
 
@@ -67,14 +68,17 @@ export interface StartOptions {
 /**
  * Config -> dependencies -> listening server: the composition root. Each part is wired in its
  * own module (src/app/): storage (database, endpoint key), chain (reads, indexer), settlement,
- * chat (ledger, leases, the pipeline), the API (services, handler), readiness and shutdown.
+ * chat (ledger, leases, the pipeline), the API (services, handler); readiness and shutdown are
+ * the process runtime's (src/runtime/). The root constructs and connects, nothing else: what a
+ * request or a background round runs lives below it (src/app/wiring.test.ts).
  */
 export async function startGateway(config: Config, options: StartOptions): Promise<Gateway> {
   const { logger } = options;
   const tokens = await wireTokens(config, logger);
   const chain = await connectChain(config);
-  const entries = config.catalogFile === undefined ? [] : await loadCatalogFile(config.catalogFile);
-  const directory = new ModelDirectory(entries);
+  const directory = new ModelDirectory(
+    config.catalogFile === undefined ? [] : await loadCatalogFile(config.catalogFile),
+  );
   // This gateway's own registry (several gateways may share a process: tests).
   const metrics = createMetrics({ modelName: (modelId) => directory.publicId(modelId) });
   const tracing = await startTracing(config, logger);
@@ -84,18 +88,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
   let chat: ChatWiring | undefined;
   let apiKeys: ApiKeyWiring | undefined;
   try {
-    // Routing reads (offers, opened endpoints) are reused for ROUTING_CACHE_MS; what this
-    // process changes or indexes drops them at once.
-    const endpointCache = createTtlCache<Hex, EndpointSecret>({ ttlMs: config.routingCacheMs });
-    const catalog = createCatalog({
-      store: createPgCatalogStore(db.pool),
-      directory,
-      routingCacheMs: config.routingCacheMs,
-    });
-    const invalidateRouting = () => {
-      catalog.invalidate();
-      endpointCache.clear();
-    };
+    const { catalog, endpointCache, invalidateRouting } = wireRouting(config, db, directory);
     const { permits, permitClock } = marketReads(config, chain, clock);
     const instanceId = `gw_${randomBytes(8).toString("hex")}`;
     const settlement = createSettlement(config, {
@@ -112,16 +105,14 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       chain,
       db,
       logger,
-      hooks: {
-        onHead: (timestamp) => permitClock.observeBlock(timestamp),
-        onPermitEvent: (permitId) => permits.invalidate(permitId),
-        onCatalogChange: invalidateRouting,
-        onPermitClosing: (permitIds) => {
-          // Set once the ledger exists (the indexer starts before it).
-          for (const permitId of permitIds) chat?.leased?.revokePermit(permitId);
-          settlement.settleClosingSoon();
-        },
-      },
+      hooks: indexerHooks({
+        permits,
+        permitClock,
+        invalidateRouting,
+        settlement,
+        // Set once the ledger exists (the indexer starts before it).
+        leased: () => chat?.leased,
+      }),
     });
 
     const upstream = createUpstreamClient({ allowPrivate: config.allowPrivateEndpoints });
@@ -155,17 +146,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       tokens,
       logger,
     });
-    const { inference } = chat;
-    // Liveness of this process, and the rule for the requests of crashed ones.
-    const housekeeping = createHousekeeping({
-      pool: db.pool,
-      instanceId,
-      logger: logger.child({ component: "housekeeping" }),
-      retryCloses: () => inference.retryCloses(),
-      staleAfterSeconds: config.orphanAfterSeconds,
-      intervalMs: config.housekeepingIntervalMs,
-    });
-    housekeeping.start();
+    const housekeeping = startHousekeeping(config, { db, instanceId, chat, logger });
 
     apiKeys = await wireApiKeys(config, { db, clock, metrics, logger });
     const handler = createApi(config, {
@@ -176,7 +157,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       reputation: chat.reputation,
       permits,
       permitClock: permitClock.now,
-      inference,
+      inference: chat.inference,
       registration,
       health,
       settlement,
@@ -190,45 +171,31 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       logger,
     });
     metrics.setSources({
-      query: (text) => db.pool.query(text),
-      chainHead: () => chain.getBlockNumber({ cacheTime: 0 }),
+      ...dependencySources(db, chain),
       confirmations: config.confirmations,
       clock,
     });
-    const metricsListener =
-      config.metricsPort === undefined
-        ? undefined
-        : await listen(metricsOnlyHandler(metrics), {
-            host: config.host,
-            port: config.metricsPort,
-          });
-    const listener = await listen(shutdown.guard(handler), {
-      host: config.host,
-      port: config.port,
-      limits: {
-        headersTimeoutMs: config.headersTimeoutMs,
-        bodyTimeoutMs: config.bodyTimeoutMs,
-        idleTimeoutMs: config.idleTimeoutMs,
-        maxHeaderBytes: config.maxHeaderBytes,
-        clientWriteTimeoutMs: config.clientWriteTimeoutMs,
-      },
-    }).catch(async (error: unknown) => {
-      await metricsListener?.close(0);
-      throw error;
-    });
+    const { listener, metricsListener } = await listenAll(config, shutdown.guard(handler), metrics);
     health.start();
     settlement.start();
-    const host = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
-    const origin = (port: number) => `http://${host.includes(":") ? `[${host}]` : host}:${port}`;
-    const url = origin(listener.port);
-    const metricsUrl = `${metricsListener === undefined ? url : origin(metricsListener.port)}/metrics`;
-    logger.info(
-      { url, chainId: config.chainId, market: config.marketAddress, database: db.kind },
-      "gateway listening",
-    );
+    const { url, metricsUrl } = urlsOf(config, listener, metricsListener);
+    announce(config, logger, { url, database: db.kind });
 
-    const wired = chat;
-    const keys = apiKeys;
+    const parts = {
+      shutdown,
+      settlement,
+      health,
+      indexer,
+      housekeeping,
+      chat,
+      listener,
+      metricsListener,
+      rateLimiter,
+      apiKeys,
+      upstream,
+      tracing,
+      storage,
+    };
     return {
       port: listener.port,
       url,
@@ -239,36 +206,10 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       upstream,
       instanceId,
       housekeeping,
-      measurementSync: wired.measurementSync,
+      measurementSync: chat.measurementSync,
       metricsUrl,
       tokens,
-      close() {
-        // Stopped at once when the shutdown begins; awaited after the closes are written.
-        let settlementStopped: Promise<void> | undefined;
-        return shutdown.close({
-          stopBackground: () => {
-            settlementStopped = settlement.stop();
-            return Promise.all([
-              health.stop(),
-              indexer.stop(),
-              housekeeping.stop(),
-              wired.stopBackground(),
-            ]);
-          },
-          listener,
-          metricsListener,
-          drainRequests: () => inference.drain(),
-          release: [
-            ["leases given back", () => wired.stop()],
-            ["rate limit leases given back", () => rateLimiter.close()],
-            ["authority listener closed", () => keys.close()],
-            ["request closes and leases written", async () => settlementStopped],
-            ["upstream connections closed", () => upstream.close()],
-            ["spans exported", async () => tracing?.shutdown()],
-            ["closed", async () => (storage.ownsDatabase ? db.close() : undefined)],
-          ],
-        });
-      },
+      close: () => closeGateway(parts),
     };
   } catch (error) {
     await tracing?.shutdown();
@@ -277,4 +218,154 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     if (storage.ownsDatabase) await db.close();
     throw error;
   }
+}
+
+/** What the indexer's news changes: the permits, their clock, routing, leases and settlement. */
+function indexerHooks(deps: {
+  readonly permits: ReturnType<typeof marketReads>["permits"];
+  readonly permitClock: ReturnType<typeof marketReads>["permitClock"];
+  readonly invalidateRouting: () => void;
+  readonly settlement: Settlement;
+  readonly leased: () => ChatWiring["leased"];
+}): IndexerHooks {
+  const { permits, permitClock, settlement } = deps;
+  return {
+    onHead: (timestamp) => permitClock.observeBlock(timestamp),
+    onPermitEvent: (permitId) => permits.invalidate(permitId),
+    onCatalogChange: deps.invalidateRouting,
+    onPermitClosing: (permitIds) => {
+      for (const permitId of permitIds) deps.leased()?.revokePermit(permitId);
+      settlement.settleClosingSoon();
+    },
+  };
+}
+
+/** Liveness of this process, and the rule for the requests of crashed ones; started. */
+function startHousekeeping(
+  config: Config,
+  deps: {
+    readonly db: Database;
+    readonly instanceId: string;
+    readonly chat: ChatWiring;
+    readonly logger: Logger;
+  },
+): Housekeeping {
+  const { inference } = deps.chat;
+  const housekeeping = createHousekeeping({
+    pool: deps.db.pool,
+    instanceId: deps.instanceId,
+    logger: deps.logger.child({ component: "housekeeping" }),
+    retryCloses: () => inference.retryCloses(),
+    staleAfterSeconds: config.orphanAfterSeconds,
+    intervalMs: config.housekeepingIntervalMs,
+  });
+  housekeeping.start();
+  return housekeeping;
+}
+
+/** Routing's reads (offers, opened endpoints), and what drops them. */
+function wireRouting(config: Config, db: Database, directory: ModelDirectory) {
+  // Routing reads (offers, opened endpoints) are reused for ROUTING_CACHE_MS; what this
+  // process changes or indexes drops them at once.
+  const endpointCache = createTtlCache<Hex, EndpointSecret>({ ttlMs: config.routingCacheMs });
+  const catalog = createCatalog({
+    store: createPgCatalogStore(db.pool),
+    directory,
+    routingCacheMs: config.routingCacheMs,
+  });
+  const invalidateRouting = () => {
+    catalog.invalidate();
+    endpointCache.clear();
+  };
+  return { catalog, endpointCache, invalidateRouting };
+}
+
+/** The gateway's listener, and the metrics' own when METRICS_PORT is set. */
+async function listenAll(
+  config: Config,
+  handler: Parameters<typeof listen>[0],
+  metrics: ReturnType<typeof createMetrics>,
+): Promise<{ listener: Listener; metricsListener: Listener | undefined }> {
+  const metricsListener =
+    config.metricsPort === undefined
+      ? undefined
+      : await listen(metricsOnlyHandler(metrics), {
+          host: config.host,
+          port: config.metricsPort,
+        });
+  const listener = await listen(handler, {
+    host: config.host,
+    port: config.port,
+    limits: {
+      headersTimeoutMs: config.headersTimeoutMs,
+      bodyTimeoutMs: config.bodyTimeoutMs,
+      idleTimeoutMs: config.idleTimeoutMs,
+      maxHeaderBytes: config.maxHeaderBytes,
+      clientWriteTimeoutMs: config.clientWriteTimeoutMs,
+    },
+  }).catch(async (error: unknown) => {
+    await metricsListener?.close(0);
+    throw error;
+  });
+  return { listener, metricsListener };
+}
+
+/** Where the gateway and its metrics are reached (a wildcard host is reached on loopback). */
+function urlsOf(config: Config, listener: Listener, metricsListener: Listener | undefined) {
+  const host = config.host === "0.0.0.0" || config.host === "::" ? "127.0.0.1" : config.host;
+  const origin = (port: number) => `http://${host.includes(":") ? `[${host}]` : host}:${port}`;
+  const url = origin(listener.port);
+  const metricsUrl = `${metricsListener === undefined ? url : origin(metricsListener.port)}/metrics`;
+  return { url, metricsUrl };
+}
+
+/** The start-up's last log line: where, on which chain and market, over which database. */
+function announce(config: Config, logger: Logger, at: { url: string; database: string }): void {
+  logger.info(
+    { url: at.url, chainId: config.chainId, market: config.marketAddress, database: at.database },
+    "gateway listening",
+  );
+}
+
+/** The gateway's shutdown: what each step stops, in its order (src/runtime/shutdown.ts). */
+function closeGateway(parts: {
+  readonly shutdown: ReturnType<typeof createShutdown>;
+  readonly settlement: Settlement;
+  readonly health: HealthMonitor;
+  readonly indexer: Indexer;
+  readonly housekeeping: Housekeeping;
+  readonly chat: ChatWiring;
+  readonly listener: Listener;
+  readonly metricsListener: Listener | undefined;
+  readonly rateLimiter: ReturnType<typeof wireRateLimiter>;
+  readonly apiKeys: ApiKeyWiring;
+  readonly upstream: UpstreamClient;
+  readonly tracing: Tracing | undefined;
+  readonly storage: Storage;
+}): Promise<void> {
+  // Stopped at once when the shutdown begins; awaited after the closes are written.
+  let settlementStopped: Promise<void> | undefined;
+  return parts.shutdown.close({
+    stopBackground: () => {
+      settlementStopped = parts.settlement.stop();
+      return Promise.all([
+        parts.health.stop(),
+        parts.indexer.stop(),
+        parts.housekeeping.stop(),
+        parts.chat.stopBackground(),
+      ]);
+    },
+    listener: parts.listener,
+    metricsListener: parts.metricsListener,
+    drainRequests: () => parts.chat.inference.drain(),
+    release: [
+      ["leases given back", () => parts.chat.stop()],
+      ["rate limit leases given back", () => parts.rateLimiter.close()],
+      ["authority listener closed", () => parts.apiKeys.close()],
+      ["request closes and leases written", async () => settlementStopped],
+      ["upstream connections closed", () => parts.upstream.close()],
+      ["spans exported", async () => parts.tracing?.shutdown()],
+      ["closed", async () => (parts.storage.ownsDatabase ? parts.storage.db.close() : undefined)],
+    ],
+  });
 }

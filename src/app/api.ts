@@ -4,17 +4,14 @@ import { privateKeyToAccount } from "viem/accounts";
 import { createReceiptSigner } from "../adapters/crypto/receipt-signer.js";
 import { createChainSignatureVerifier } from "../adapters/chain/signatures.js";
 import type { ChainPermitReader } from "../adapters/chain/permits.js";
-import { apiKeyCheckSecret, uncheckedApiKeyHashes } from "../adapters/pg/api-keys.js";
+import { createPgApiKeyLookup } from "../adapters/pg/api-key-lookup.js";
+import { apiKeyCheckSecret } from "../adapters/pg/api-keys.js";
 import { createPgAuthoritySignals } from "../adapters/pg/authority-signals.js";
 import type { Database } from "../adapters/pg/database.js";
-import * as ledger from "../adapters/pg/ledger.js";
-import {
-  createPgPermitAuthorizationStore,
-  findApiKeyWithAuthorizations,
-} from "../adapters/pg/permit-authorizations.js";
-import { getRequest, listChargedRequests } from "../adapters/pg/requests.js";
+import { createPgPermitAuthorizationStore } from "../adapters/pg/permit-authorizations.js";
+import { createPgServiceReads } from "../adapters/pg/service-stores.js";
 import { createChainOfferReader } from "../adapters/chain/offers.js";
-import { createPgEarningsStore, listBatches } from "../adapters/pg/earnings.js";
+import { createPgEarningsStore } from "../adapters/pg/earnings.js";
 import { createPgOfferKeyBindingStore } from "../adapters/pg/offer-key-bindings.js";
 import { createOfferEarningsService } from "../domain/offer-earnings.js";
 import { createOfferKeyBindingService } from "../domain/offer-key-binding.js";
@@ -104,10 +101,7 @@ export async function wireApiKeys(
   const authorities = createKeyAuthorities({ ttlMs: config.apiKeyCacheMs });
   const keys = createApiKeyStore({
     secret: await apiKeyCheckSecret(db.pool),
-    lookup: {
-      find: (key, now) => findApiKeyWithAuthorizations(db.pool, key, now),
-      uncheckedKeyHashes: () => uncheckedApiKeyHashes(db.pool),
-    },
+    lookup: createPgApiKeyLookup(db.pool),
     authorities,
     ttlMs: config.apiKeyCacheMs,
     clock: deps.clock,
@@ -183,6 +177,7 @@ export function createApi(
     store: createPgEarningsStore(db.pool),
     clock,
   });
+  const reads = createPgServiceReads(db.pool);
   // Usage receipts (docs/decisions/settlement.md, "Usage receipts"): signed on request, off the chat path.
   const receiptSigner =
     config.receiptPrivateKey === undefined
@@ -205,24 +200,23 @@ export function createApi(
       quote: createQuoteService(deps.inference),
       inference: createInferenceService({
         inference: deps.inference,
-        findRequest: (id, apiKeyId) => getRequest(db.pool, id, apiKeyId),
+        findRequest: reads.findRequest,
         permits: deps.permits,
-        permitLedger: (permitId) => ledger.permitLedger(db.pool, permitId),
+        permitLedger: reads.permitLedger,
         clock,
         permitClock: deps.permitClock,
         receipts: {
           signer: receiptSigner,
           chainId: config.chainId,
           market: config.marketAddress,
-          listCharged: (permitId, limit, startingAfter) =>
-            listChargedRequests(db.pool, permitId, limit, startingAfter),
+          listCharged: reads.listCharged,
         },
       }),
       permit: createPermitService({ authorizations: permitAuthorizations, clock }),
       settlement: createSettlementService({
         flusher: deps.settlement.flusher,
         reconcile: () => deps.settlement.reconcile(),
-        listBatches: (args) => listBatches(db.pool, args),
+        listBatches: reads.listBatches,
       }),
       provider: createProviderService({
         catalog: deps.catalog,

@@ -2,14 +2,18 @@ import type { Logger } from "pino";
 import type { Hex } from "viem";
 import type { Sealer } from "../adapters/crypto/sealer.js";
 import type { Database } from "../adapters/pg/database.js";
-import { claimWakeFee, getRegisteredEndpoint } from "../adapters/pg/endpoint-health.js";
+import {
+  createPgLedger,
+  createPgQuoteStore,
+  createPgWakeFeeClaimer,
+} from "../adapters/pg/chat-stores.js";
+import { createPgEndpointLookup } from "../adapters/pg/endpoint-lookup.js";
 import { createPgIdempotencyStore } from "../adapters/pg/idempotency.js";
 import { createPgLeaseSignals, type PgLeaseSignals } from "../adapters/pg/lease-signals.js";
 import { createPgLeaseStore } from "../adapters/pg/leases.js";
-import * as ledger from "../adapters/pg/ledger.js";
 import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
-import { getQuote, insertQuote } from "../adapters/pg/quotes.js";
-import { createUpstreamChat, type UpstreamClient } from "../adapters/upstream/http.js";
+import { createUpstreamChat } from "../adapters/upstream/chat.js";
+import type { UpstreamClient } from "../adapters/upstream/http.js";
 import type { Config } from "../config.js";
 import type { Catalog } from "../domain/catalog.js";
 import {
@@ -17,16 +21,15 @@ import {
   type ChatTracer,
   type Inference,
   type Ledger,
-  type QuoteRecord,
 } from "../domain/chat/index.js";
 import { createLeasedLedger, type LeasedLedger } from "../domain/chat/leases.js";
+import { offerReputation } from "../domain/chat/offer-reputation.js";
 import { createMeasurementSync } from "../domain/chat/measurement-sync.js";
 import { createOfferMeasurements, type MeasurementSync } from "../domain/chat/measurements.js";
 import { createWakeFees } from "../domain/chat/wake-fees.js";
 import type { EndpointSecret } from "../domain/health.js";
 import type { PermitReader } from "../domain/permits.js";
-import { openEndpoint } from "../domain/registration.js";
-import { reputationOf, type Reputation } from "../domain/reputation.js";
+import type { Reputation } from "../domain/reputation.js";
 import type { TokenCounters } from "../domain/tokens.js";
 import type { TtlCache } from "../domain/ttl-cache.js";
 import type { createMetrics } from "../runtime/metrics.js";
@@ -52,26 +55,26 @@ export interface ChatWiring {
   stop(): Promise<void>;
 }
 
-export async function wireChat(
-  config: Config,
-  deps: {
-    readonly db: Database;
-    readonly sealer: Sealer;
-    readonly catalog: Catalog;
-    readonly permits: PermitReader;
-    readonly permitClock: () => number;
-    readonly endpointCache: TtlCache<Hex, EndpointSecret>;
-    readonly upstream: UpstreamClient;
-    readonly instanceId: string;
-    readonly clock: () => number;
-    readonly acquireStream: (apiKeyId: string) => (() => void) | Promise<() => void>;
-    readonly metrics: ReturnType<typeof createMetrics>;
-    readonly tracer: ChatTracer | undefined;
-    /** The gateway's token counters (createTokenCounters, checked at start-up). */
-    readonly tokens: TokenCounters;
-    readonly logger: Logger;
-  },
-): Promise<ChatWiring> {
+/** What the chat pipeline is wired from. */
+export interface ChatDeps {
+  readonly db: Database;
+  readonly sealer: Sealer;
+  readonly catalog: Catalog;
+  readonly permits: PermitReader;
+  readonly permitClock: () => number;
+  readonly endpointCache: TtlCache<Hex, EndpointSecret>;
+  readonly upstream: UpstreamClient;
+  readonly instanceId: string;
+  readonly clock: () => number;
+  readonly acquireStream: (apiKeyId: string) => (() => void) | Promise<() => void>;
+  readonly metrics: ReturnType<typeof createMetrics>;
+  readonly tracer: ChatTracer | undefined;
+  /** The gateway's token counters (createTokenCounters, checked at start-up). */
+  readonly tokens: TokenCounters;
+  readonly logger: Logger;
+}
+
+export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiring> {
   const { db, instanceId, logger } = deps;
   const upstreamChat = createUpstreamChat(deps.upstream, {
     timeoutMs: config.upstreamTimeoutMs,
@@ -79,21 +82,72 @@ export async function wireChat(
     minTokensPerSecond: config.upstreamMinTokensPerSecond,
   });
   // Reservations and finalisations that arrive together share one transaction (group commit,
-  // migration 006); unloaded, each still goes at once.
-  // Bounded: behind a hung batch, a request fails closed in time (503, no upstream call).
-  const ledgerBatcher = ledger.createLedgerBatcher(db.pool, {
+  // migration 006); bounded, so behind a hung batch a request fails closed in time.
+  const perRequest = createPgLedger(db.pool, {
+    instanceId,
     maxQueued: config.ledgerQueueMax,
     maxWaitMs: config.ledgerQueueWaitMs,
   });
-  const perRequest: Ledger = {
-    reserve: (input) => ledgerBatcher.reserve({ ...input, instanceId }),
-    markStreaming: (requestId) => ledger.markStreaming(db.pool, requestId),
-    finalize: (input) => ledgerBatcher.finalize(input),
-    voidReservation: (reservation, close) =>
-      ledger.voidReservation(db.pool, { ...reservation, instanceId }, close),
-    switchOffer: (input) => ledger.switchOffer(db.pool, input),
-    recordOfferFlag: (input) => ledger.recordOfferFlag(db.pool, input),
+  const { leaseSignals, leased } = await wireLeases(config, deps, perRequest);
+  const { measurements, measurementSync } = await wireMeasurements(config, deps);
+  const inference = createInference({
+    catalog: deps.catalog,
+    permits: deps.permits,
+    quotes: createPgQuoteStore(db.pool),
+    ledger: leased ?? perRequest,
+    endpoints: createPgEndpointLookup({
+      pool: db.pool,
+      sealer: deps.sealer,
+      cache: deps.endpointCache,
+    }),
+    upstream: upstreamChat,
+    idempotency: createPgIdempotencyStore(db.pool, { instanceId }),
+    clock: deps.clock,
+    permitClock: deps.permitClock,
+    bodyLimitBytes: config.bodyLimitBytes,
+    jsonBounds: { maxDepth: config.maxJsonDepth, maxArrayItems: config.maxJsonArrayItems },
+    idempotencyMaxResultBytes: config.idempotencyMaxResultBytes,
+    // The error's first line only: never the key, the API key or the answer.
+    onIdempotencyResultLost: ({ requestId, error }) =>
+      logger.warn(
+        { requestId, error: (error as Error).message?.split("\n")[0] ?? "failed" },
+        "idempotency result not stored: the answer was delivered and charged, its replay is lost",
+      ),
+    acquireStream: deps.acquireStream,
+    tokens: deps.tokens,
+    observer: deps.metrics.chat,
+    tracer: deps.tracer,
+    measurements,
+    // Claimed on the endpoint's row: one request per offer per window, fleet-wide (migration 025).
+    wakeFees: createWakeFees({
+      claim: createPgWakeFeeClaimer(db.pool),
+      windowSeconds: config.wakeFeeWindowSeconds,
+      clock: deps.clock,
+      onError: (offerId, error) =>
+        logger.warn(
+          { offerId, error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
+          "claiming a wake fee failed: the request is charged none",
+        ),
+    }),
+  });
+  return {
+    inference,
+    leased,
+    reputation: offerReputation(measurements, measurementSync),
+    measurementSync,
+    stopBackground: () => measurementSync.stop(),
+    async stop() {
+      await leased?.stop();
+      await leaseSignals?.close();
+    },
   };
+}
+
+/**
+ * Plain requests are admitted against reservation leases (absent when RESERVATION_LEASES is off).
+ */
+async function wireLeases(config: Config, deps: ChatDeps, perRequest: Ledger) {
+  const { db, instanceId, logger } = deps;
   // Plain requests are admitted against reservation leases; their records and closes are
   // written in batches (migration 010). Processes recall each other's idle leases over
   // LISTEN/NOTIFY (PostgreSQL only: the embedded PGlite serves one connection, and one process
@@ -128,6 +182,12 @@ export async function wireChat(
       })
     : undefined;
   leased?.start();
+  return { leaseSignals, leased };
+}
+
+/** The offers' measurements and their sharing round, started. */
+async function wireMeasurements(config: Config, deps: ChatDeps) {
+  const { db, instanceId, logger } = deps;
   // What is measured of offers over the reputation's window (`provider.sort`, the catalog),
   // shared through the database every few seconds (migrations 019, 023): routing and the
   // catalog read memory only.
@@ -158,72 +218,5 @@ export async function wireChat(
       ),
     );
   measurementSync.start();
-  const lookupEndpoint = async (offerId: Hex): Promise<EndpointSecret | undefined> => {
-    const registered = await getRegisteredEndpoint(db.pool, offerId);
-    return registered === undefined
-      ? undefined
-      : openEndpoint(deps.sealer, offerId, registered.sealed);
-  };
-  const inference = createInference({
-    catalog: deps.catalog,
-    permits: deps.permits,
-    quotes: {
-      insert: (quote) => insertQuote(db.pool, quote),
-      get: async (quoteId) => (await getQuote(db.pool, quoteId)) as QuoteRecord | undefined,
-    },
-    ledger: leased ?? perRequest,
-    endpoints: async (offerId) => {
-      // `undefined` (no endpoint) is not remembered: a registration is picked up at once.
-      const hit = deps.endpointCache.get(offerId);
-      if (hit !== undefined) return hit;
-      const endpoint = await lookupEndpoint(offerId);
-      if (endpoint !== undefined) deps.endpointCache.set(offerId, endpoint);
-      return endpoint;
-    },
-    upstream: upstreamChat,
-    idempotency: createPgIdempotencyStore(db.pool, { instanceId }),
-    clock: deps.clock,
-    permitClock: deps.permitClock,
-    bodyLimitBytes: config.bodyLimitBytes,
-    jsonBounds: { maxDepth: config.maxJsonDepth, maxArrayItems: config.maxJsonArrayItems },
-    idempotencyMaxResultBytes: config.idempotencyMaxResultBytes,
-    // The error's first line only: never the key, the API key or the answer.
-    onIdempotencyResultLost: ({ requestId, error }) =>
-      logger.warn(
-        { requestId, error: (error as Error).message?.split("\n")[0] ?? "failed" },
-        "idempotency result not stored: the answer was delivered and charged, its replay is lost",
-      ),
-    acquireStream: deps.acquireStream,
-    tokens: deps.tokens,
-    observer: deps.metrics.chat,
-    tracer: deps.tracer,
-    measurements,
-    // Claimed on the endpoint's row: one request per offer per window, fleet-wide (migration 025).
-    wakeFees: createWakeFees({
-      claim: (offerId, now, windowSeconds) => claimWakeFee(db.pool, offerId, now, windowSeconds),
-      windowSeconds: config.wakeFeeWindowSeconds,
-      clock: deps.clock,
-      onError: (offerId, error) =>
-        logger.warn(
-          { offerId, error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
-          "claiming a wake fee failed: the request is charged none",
-        ),
-    }),
-  });
-  return {
-    inference,
-    leased,
-    reputation: (offerId) =>
-      reputationOf(
-        measurements.get(offerId),
-        measurementSync.counts(offerId),
-        measurements.windowSeconds,
-      ),
-    measurementSync,
-    stopBackground: () => measurementSync.stop(),
-    async stop() {
-      await leased?.stop();
-      await leaseSignals?.close();
-    },
-  };
+  return { measurements, measurementSync };
 }

@@ -3,8 +3,8 @@ import type { PublicClient } from "viem";
 import { createChainOfferReader } from "../adapters/chain/offers.js";
 import type { Database } from "../adapters/pg/database.js";
 import { createPgEndpointHealthStore } from "../adapters/pg/endpoint-health.js";
-import { recordRegistration } from "../adapters/pg/registrations.js";
-import { canonicalEndpointUrl, resolveEndpoint } from "../adapters/upstream/endpoint-guard.js";
+import { createPgRegistrationRecorder } from "../adapters/pg/service-stores.js";
+import { canonicalEndpointUrl, createEndpointCheck } from "../adapters/upstream/endpoint-guard.js";
 import type { UpstreamClient } from "../adapters/upstream/http.js";
 import { createEndpointProber } from "../adapters/upstream/probe.js";
 import type { Config } from "../config.js";
@@ -32,12 +32,10 @@ export function wireProviders(
     chainId: config.chainId,
     market: config.marketAddress,
     offers: createChainOfferReader({ client: deps.chain, market: config.marketAddress }),
-    recordRegistration: (nonce, reg) => recordRegistration(db.pool, nonce, reg),
+    recordRegistration: createPgRegistrationRecorder(db.pool),
     sealer: storage.sealer,
     canonicalizeUrl: canonicalEndpointUrl,
-    checkEndpoint: async (url) => {
-      await resolveEndpoint(url, { allowPrivate: config.allowPrivateEndpoints });
-    },
+    checkEndpoint: createEndpointCheck({ allowPrivate: config.allowPrivateEndpoints }),
     clock,
     challengeSecret: storage.challengeSecret,
   });

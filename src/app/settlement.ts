@@ -1,13 +1,14 @@
 import type { Logger } from "pino";
 import type { Hex, PublicClient } from "viem";
-import { chainSettledTotals, createChainSettlement } from "../adapters/chain/settlement.js";
+import { createChainSettlement } from "../adapters/chain/settlement.js";
 import type { Database } from "../adapters/pg/database.js";
-import { createPgSettlementStore, settledSums } from "../adapters/pg/settlement.js";
+import { createPgSettlementStore } from "../adapters/pg/settlement.js";
+import { createSettledTotals } from "../adapters/settled-totals.js";
 import type { Config } from "../config.js";
 import type { ChainPermitReader } from "../adapters/chain/permits.js";
+import { reconcileSettled } from "../domain/reconciliation.js";
 import {
   createSettlementFlusher,
-  reconcile,
   type Reconciliation,
   type SettlementFlusher,
 } from "../domain/settlement/index.js";
@@ -83,6 +84,12 @@ export function createSettlement(
         });
   const flusher =
     untraced === undefined ? undefined : (deps.tracing?.traceFlusher(untraced) ?? untraced);
+  const totals = createSettledTotals({
+    pool: db.pool,
+    chain,
+    market: config.marketAddress,
+    startBlock: config.startBlock,
+  });
   // Shutdown stops the task's waiting at once.
   const stopping = new AbortController();
   let task: Promise<void> | undefined;
@@ -113,23 +120,7 @@ export function createSettlement(
         f.flush({ maxRequests: 0, signal: stopping.signal }),
       );
     },
-    async reconcile() {
-      const gateway = await settledSums(db.pool);
-      const events = await chainSettledTotals(chain, config.marketAddress, config.startBlock);
-      // The chain's own `settled` of every permit the gateway knows, over the event sums.
-      const chainPermits = new Map(events.permits);
-      for (const p of gateway.permits) {
-        permits.invalidate(p.permitId);
-        const permit = await permits.get(p.permitId);
-        chainPermits.set(p.permitId, permit?.settled ?? 0n);
-      }
-      return reconcile({
-        account: flusher?.account ?? "0x",
-        gateway,
-        chainPermits,
-        chainOffers: events.offers,
-      });
-    },
+    reconcile: () => reconcileSettled({ totals, permits, account: flusher?.account ?? "0x" }),
     async stop() {
       clearInterval(watcher);
       stopping.abort();

@@ -170,6 +170,82 @@ export async function listen(
   options: { host: string; port: number; limits?: Partial<ListenLimits> | undefined },
 ): Promise<Listener> {
   const limits: ListenLimits = { ...defaultListenLimits, ...options.limits };
+  const h1 = createHttp1Server(handler, limits);
+  const watchdog = createWriteWatchdog(limits.clientWriteTimeoutMs);
+  const { h2, sessions } = createHttp2Server(handler, limits, watchdog);
+  const sockets = new Set<Socket>();
+  // HTTP/1 requests in flight per connection. Node's own closeIdleConnections() is a no-op
+  // here (it tracks only the connections of a server that listens itself, and these are
+  // handed over below), so shutdown keeps its own account of which connections are idle.
+  const h2Sockets = new WeakSet<Socket>();
+  const active = new Map<Socket, number>();
+  let inFlight = 0;
+  let closing = false;
+  /** Ends every HTTP/1 connection with no request in flight (after what it is still writing). */
+  const endIdle = (): void => {
+    for (const socket of sockets) {
+      if (h2Sockets.has(socket) || active.has(socket)) continue;
+      socket.end(() => socket.destroy());
+    }
+  };
+  h1.prependListener("request", (req: http.IncomingMessage, res: http.ServerResponse) => {
+    const socket = req.socket;
+    active.set(socket, (active.get(socket) ?? 0) + 1);
+    inFlight++;
+    watchdog.watch(res);
+    // A request that arrives on a kept-alive connection while closing is its last one.
+    if (closing) res.setHeader("connection", "close");
+    res.once("close", () => {
+      inFlight--;
+      const left = (active.get(socket) ?? 1) - 1;
+      if (left > 0) active.set(socket, left);
+      else active.delete(socket);
+      if (closing && inFlight === 0) endIdle();
+    });
+  });
+
+  const tcp = createSniffingServer({ h1, h2, h2Sockets, sockets, limits });
+
+  await new Promise<void>((resolve, reject) => {
+    tcp.once("error", reject);
+    tcp.listen(options.port, options.host, () => {
+      tcp.off("error", reject);
+      resolve();
+    });
+  });
+  const address = tcp.address() as net.AddressInfo;
+  // Stops the connection checks Node started on "listening" above, and the write watchdog.
+  tcp.once("close", () => {
+    h1.close(() => {});
+    watchdog.stop();
+  });
+
+  return {
+    port: address.port,
+    host: options.host,
+    async close(graceMs = 5000) {
+      closing = true;
+      const closed = new Promise<void>((resolve) => tcp.close(() => resolve()));
+      // HTTP/2 (gRPC): GOAWAY; its streams in flight go on. HTTP/1: with nothing in flight every
+      // connection closes now; else kept-alive ones stay until the last response is done, and
+      // a request on one meanwhile is answered (the handler's refusal) with Connection: close.
+      for (const session of sessions) session.close();
+      if (inFlight === 0) endIdle();
+      const deadline = setTimeout(() => {
+        for (const socket of sockets) socket.destroy();
+      }, graceMs);
+      deadline.unref();
+      await closed;
+      clearTimeout(deadline);
+    },
+  };
+}
+
+/**
+ * The HTTP/1.1 server, fed connections by the protocol sniffer: Node's header and request
+ * deadlines, and the answers to a client's errors (408 for a late body, nothing for slowloris).
+ */
+function createHttp1Server(handler: Handler, limits: ListenLimits): http.Server {
   const h1 = http.createServer(
     {
       maxHeaderSize: limits.maxHeaderBytes,
@@ -210,7 +286,18 @@ export async function listen(
     }
     socket.destroy();
   });
-  const watchdog = createWriteWatchdog(limits.clientWriteTimeoutMs);
+  return h1;
+}
+
+/**
+ * The cleartext HTTP/2 server (h2c, gRPC), fed connections by the protocol sniffer: idle
+ * sessions close, a request body has its deadline, and the open sessions are kept for shutdown.
+ */
+function createHttp2Server(
+  handler: Handler,
+  limits: ListenLimits,
+  watchdog: ReturnType<typeof createWriteWatchdog>,
+) {
   const h2 = http2.createServer(
     { settings: { maxHeaderListSize: limits.maxHeaderBytes } },
     handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void,
@@ -240,42 +327,25 @@ export async function listen(
     timer.unref();
     res.once("close", () => clearTimeout(timer));
   });
-  const sockets = new Set<Socket>();
   const sessions = new Set<http2.ServerHttp2Session>();
   h2.on("session", (session) => {
     sessions.add(session);
     session.once("close", () => sessions.delete(session));
   });
-  // HTTP/1 requests in flight per connection. Node's own closeIdleConnections() is a no-op
-  // here (it tracks only the connections of a server that listens itself, and these are
-  // handed over below), so shutdown keeps its own account of which connections are idle.
-  const h2Sockets = new WeakSet<Socket>();
-  const active = new Map<Socket, number>();
-  let inFlight = 0;
-  let closing = false;
-  /** Ends every HTTP/1 connection with no request in flight (after what it is still writing). */
-  const endIdle = (): void => {
-    for (const socket of sockets) {
-      if (h2Sockets.has(socket) || active.has(socket)) continue;
-      socket.end(() => socket.destroy());
-    }
-  };
-  h1.prependListener("request", (req: http.IncomingMessage, res: http.ServerResponse) => {
-    const socket = req.socket;
-    active.set(socket, (active.get(socket) ?? 0) + 1);
-    inFlight++;
-    watchdog.watch(res);
-    // A request that arrives on a kept-alive connection while closing is its last one.
-    if (closing) res.setHeader("connection", "close");
-    res.once("close", () => {
-      inFlight--;
-      const left = (active.get(socket) ?? 1) - 1;
-      if (left > 0) active.set(socket, left);
-      else active.delete(socket);
-      if (closing && inFlight === 0) endIdle();
-    });
-  });
+  return { h2, sessions };
+}
 
+/** The TCP server that hands each connection to HTTP/2 or HTTP/1 by its first bytes. */
+function createSniffingServer(servers: {
+  readonly h1: http.Server;
+  readonly h2: http2.Http2Server;
+  /** Connections handed to HTTP/2 (the rest are HTTP/1's). */
+  readonly h2Sockets: WeakSet<Socket>;
+  /** Every connection open. */
+  readonly sockets: Set<Socket>;
+  readonly limits: ListenLimits;
+}): net.Server {
+  const { h1, h2, h2Sockets, sockets, limits } = servers;
   // noDelay: small writes (SSE events, headers) go out at once instead of waiting on Nagle.
   const tcp = net.createServer({ noDelay: true }, (socket) => {
     sockets.add(socket);
@@ -309,38 +379,5 @@ export async function listen(
     };
     socket.on("data", onData);
   });
-
-  await new Promise<void>((resolve, reject) => {
-    tcp.once("error", reject);
-    tcp.listen(options.port, options.host, () => {
-      tcp.off("error", reject);
-      resolve();
-    });
-  });
-  const address = tcp.address() as net.AddressInfo;
-  // Stops the connection checks Node started on "listening" above, and the write watchdog.
-  tcp.once("close", () => {
-    h1.close(() => {});
-    watchdog.stop();
-  });
-
-  return {
-    port: address.port,
-    host: options.host,
-    async close(graceMs = 5000) {
-      closing = true;
-      const closed = new Promise<void>((resolve) => tcp.close(() => resolve()));
-      // HTTP/2 (gRPC): GOAWAY; its streams in flight go on. HTTP/1: with nothing in flight every
-      // connection closes now; else kept-alive ones stay until the last response is done, and
-      // a request on one meanwhile is answered (the handler's refusal) with Connection: close.
-      for (const session of sessions) session.close();
-      if (inFlight === 0) endIdle();
-      const deadline = setTimeout(() => {
-        for (const socket of sockets) socket.destroy();
-      }, graceMs);
-      deadline.unref();
-      await closed;
-      clearTimeout(deadline);
-    },
-  };
+  return tcp;
 }

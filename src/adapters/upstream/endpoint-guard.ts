@@ -175,6 +175,18 @@ export async function resolveEndpoint(
 }
 
 /**
+ * Registration's check of an endpoint (src/domain/registration.ts `checkEndpoint`): it resolves,
+ * and to allowed addresses only ({@link resolveEndpoint}); throws otherwise.
+ */
+export function createEndpointCheck(
+  opts: ResolveEndpointOptions,
+): (canonicalUrl: string) => Promise<void> {
+  return async (url) => {
+    await resolveEndpoint(url, opts);
+  };
+}
+
+/**
  * Resolves and checks one host name or IP literal (without brackets); see
  * {@link resolveEndpoint}. Used by the upstream client at connect time.
  */

@@ -1,7 +1,5 @@
 import { isIP } from "node:net";
-import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { Agent, buildConnector } from "undici";
-import type { UpstreamChat } from "../../domain/chat/ports.js";
 import { GatewayError } from "../../domain/errors.js";
 import {
   canonicalEndpointUrl,
@@ -9,6 +7,14 @@ import {
   sanitizedCause,
   type LookupAll,
 } from "./endpoint-guard.js";
+
+export {
+  answerDeadlineMs,
+  createUpstreamChat,
+  maxTimerMs,
+  type UpstreamChatTimeouts,
+} from "./chat.js";
+export { flowEventData, readEventData, readEventStream } from "./event-stream.js";
 
 /**
  * The gateway's only way to talk to provider endpoints: an HTTP/1.1 client (undici) whose
@@ -161,83 +167,6 @@ export function allowedHeaders<T>(
   return out;
 }
 
-/**
- * The longest a timer can run (Node's setTimeout holds a signed 32-bit millisecond count, and
- * fires at once for anything longer): ~24.8 days.
- */
-export const maxTimerMs = 2_147_483_647;
-
-/**
- * The deadline of a non-streamed chat call, headers included: the headers deadline, or the time
- * its output takes at the least speed a provider is held to, whichever is longer.
- *
- *     max(headersTimeoutMs, ceil(outputTokens × 1000 / minTokensPerSecond))   (at most maxTimerMs)
- *
- * An OpenAI-compatible server sends a JSON answer's headers only when generation ends, so the
- * headers deadline of a stream (its first byte comes at once) would cut a long JSON answer short,
- * count it as the provider's failure and fail it over to a competitor that would meet the same
- * end. `outputTokens` is what the call may produce: the priced limit of each choice times the
- * choices (bigint: a limit may exceed 2^53).
- */
-export function answerDeadlineMs(opts: {
-  readonly headersTimeoutMs: number;
-  readonly outputTokens: bigint;
-  readonly minTokensPerSecond: number;
-}): number {
-  const speed = BigInt(opts.minTokensPerSecond);
-  if (speed <= 0n) throw new RangeError("minTokensPerSecond must be a positive integer");
-  const tokens = opts.outputTokens > 0n ? opts.outputTokens : 0n;
-  const generation = (tokens * 1000n + speed - 1n) / speed;
-  const capped = generation > BigInt(maxTimerMs) ? maxTimerMs : Number(generation);
-  return Math.min(maxTimerMs, Math.max(opts.headersTimeoutMs, capped));
-}
-
-/** The deadlines of the chat calls {@link createUpstreamChat} makes. */
-export interface UpstreamChatTimeouts {
-  /** A stream's deadline for the response headers (UPSTREAM_TIMEOUT_MS). */
-  readonly timeoutMs: number;
-  /** Longest silence between two body chunks (UPSTREAM_IDLE_TIMEOUT_MS). */
-  readonly idleTimeoutMs: number;
-  /** The least speed a non-streamed answer is held to (UPSTREAM_MIN_TOKENS_PER_SECOND). */
-  readonly minTokensPerSecond: number;
-}
-
-/**
- * The domain's {@link UpstreamChat} port over this client: `POST /v1/chat/completions` with
- * the body as given. A stream must send its headers within `timeoutMs`; a non-streamed call
- * (`answerOutputTokens` given) has {@link answerDeadlineMs} for its headers, and as long for any
- * silence in its body, since a server may also send headers first and the JSON when it is done.
- */
-export function createUpstreamChat(
-  client: UpstreamClient,
-  timeouts: UpstreamChatTimeouts,
-): UpstreamChat {
-  return async (endpoint, body, { signal, answerOutputTokens }) => {
-    const deadlineMs =
-      answerOutputTokens === undefined
-        ? undefined
-        : answerDeadlineMs({
-            headersTimeoutMs: timeouts.timeoutMs,
-            outputTokens: answerOutputTokens,
-            minTokensPerSecond: timeouts.minTokensPerSecond,
-          });
-    const reply = await client.request(endpoint, "/v1/chat/completions", {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body,
-      signal,
-      timeoutMs: deadlineMs ?? timeouts.timeoutMs,
-      idleTimeoutMs: Math.max(timeouts.idleTimeoutMs, deadlineMs ?? 0),
-    });
-    return {
-      status: reply.status,
-      text: () => reply.text(),
-      stream: (into) => flowEventData(reply, into),
-      discard: () => reply.dump(),
-    };
-  };
-}
-
 const defaultTimeoutMs = 30_000;
 const defaultIdleTimeoutMs = 300_000;
 const defaultMaxBytes = 8 * 1024 * 1024;
@@ -317,59 +246,7 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
         clearTimeout(timer);
       }
 
-      const raw = data.body;
-      const body = (async function* () {
-        let read = 0;
-        let ended = false;
-        try {
-          // Not destroyed when the reader stops early: a stream's reader stops at `[DONE]`,
-          // usually with only the body's end still to come, and destroying the body then costs
-          // an AbortError (a stack trace) per request and may cost the connection.
-          for await (const chunk of raw.iterator({ destroyOnReturn: false })) {
-            read += (chunk as Uint8Array).byteLength;
-            yield chunk as Uint8Array;
-          }
-          ended = true;
-        } catch (err) {
-          ended = true;
-          throw upstreamFailure(err, signal, "upstream_error", "upstream response failed");
-        } finally {
-          // What is left is read in the background and dropped, so the connection can be
-          // reused; a body with more than `drainBytes` left is cut (and its connection closed).
-          if (!ended) raw.dump({ limit: read + drainBytes }).catch(() => {});
-        }
-      })();
-      const text = async (maxBytes = defaultMaxBytes): Promise<string> => {
-        const chunks: Uint8Array[] = [];
-        let size = 0;
-        for await (const chunk of body) {
-          size += chunk.byteLength;
-          if (size > maxBytes) {
-            raw.destroy();
-            throw new GatewayError("upstream_error", `upstream response exceeds ${maxBytes} bytes`);
-          }
-          chunks.push(chunk);
-        }
-        return Buffer.concat(chunks).toString("utf8");
-      };
-      return {
-        status: data.statusCode,
-        headers: allowedHeaders(data.headers, upstreamResponseHeaders),
-        body,
-        text,
-        async json(maxBytes) {
-          const content = await text(maxBytes);
-          try {
-            return JSON.parse(content) as unknown;
-          } catch {
-            throw new GatewayError("upstream_error", "upstream response is not valid JSON");
-          }
-        },
-        async dump() {
-          await raw.dump().catch(() => {});
-        },
-        flow: (into) => new PushedBody(raw, signal, into),
-      };
+      return responseOf(data, signal);
     },
     close: () => agent.close(),
   };
@@ -389,6 +266,67 @@ export function createUpstreamClient(opts: UpstreamClientOptions): UpstreamClien
     }
     return target;
   }
+}
+
+/**
+ * The response handed to the caller: the body read once, as it arrives ({@link
+ * UpstreamResponse.body}), whole, or pushed ({@link PushedBody}); errors while reading are
+ * `upstream_error` or the caller's abort reason.
+ */
+function responseOf(data: Dispatched, signal: AbortSignal): UpstreamResponse {
+  const raw = data.body;
+  const body = (async function* () {
+    let read = 0;
+    let ended = false;
+    try {
+      // Not destroyed when the reader stops early: a stream's reader stops at `[DONE]`,
+      // usually with only the body's end still to come, and destroying the body then costs
+      // an AbortError (a stack trace) per request and may cost the connection.
+      for await (const chunk of raw.iterator({ destroyOnReturn: false })) {
+        read += (chunk as Uint8Array).byteLength;
+        yield chunk as Uint8Array;
+      }
+      ended = true;
+    } catch (err) {
+      ended = true;
+      throw upstreamFailure(err, signal, "upstream_error", "upstream response failed");
+    } finally {
+      // What is left is read in the background and dropped, so the connection can be
+      // reused; a body with more than `drainBytes` left is cut (and its connection closed).
+      if (!ended) raw.dump({ limit: read + drainBytes }).catch(() => {});
+    }
+  })();
+  const text = async (maxBytes = defaultMaxBytes): Promise<string> => {
+    const chunks: Uint8Array[] = [];
+    let size = 0;
+    for await (const chunk of body) {
+      size += chunk.byteLength;
+      if (size > maxBytes) {
+        raw.destroy();
+        throw new GatewayError("upstream_error", `upstream response exceeds ${maxBytes} bytes`);
+      }
+      chunks.push(chunk);
+    }
+    return Buffer.concat(chunks).toString("utf8");
+  };
+  return {
+    status: data.statusCode,
+    headers: allowedHeaders(data.headers, upstreamResponseHeaders),
+    body,
+    text,
+    async json(maxBytes) {
+      const content = await text(maxBytes);
+      try {
+        return JSON.parse(content) as unknown;
+      } catch {
+        throw new GatewayError("upstream_error", "upstream response is not valid JSON");
+      }
+    },
+    async dump() {
+      await raw.dump().catch(() => {});
+    },
+    flow: (into) => new PushedBody(raw, signal, into),
+  };
 }
 
 /**
@@ -511,118 +449,6 @@ export function endpointTarget(endpointUrl: string, path: string): URL {
   url.pathname = (url.pathname === "/" ? "" : url.pathname) + pathname;
   if (query !== "") url.search = url.search === "" ? query : `${url.search.slice(1)}&${query}`;
   return url;
-}
-
-/**
- * The server-sent events of a body (an OpenAI stream: `data: {...}` events, then
- * `data: [DONE]`). An event left unterminated when the body ends is still delivered, as
- * providers sometimes omit the final blank line. Field errors are ignored as the SSE standard
- * says; an event larger than `maxEventBytes` (default 1 MiB) fails with `upstream_error`.
- */
-export function readEventStream(
-  body: AsyncIterable<Uint8Array>,
-  opts: { maxEventBytes?: number } = {},
-): AsyncGenerator<EventSourceMessage, void, undefined> {
-  return readEvents(body, opts.maxEventBytes, (event) => event);
-}
-
-/**
- * The `data` of each server-sent event of a body, as {@link readEventStream} reads them: what
- * the chat relay needs of a stream, without an object per event on its way.
- */
-export function readEventData(
-  body: AsyncIterable<Uint8Array>,
-  opts: { maxEventBytes?: number } = {},
-): AsyncGenerator<string, void, undefined> {
-  return readEvents(body, opts.maxEventBytes, (event) => event.data);
-}
-
-const decodeStreaming = { stream: true } as const;
-
-/**
- * The `data` of each server-sent event of a body pushed to `into` as {@link readEventData} reads
- * them, without a promise or iterator result per event: the events of one read are handed on
- * in order, and `into` returning false for any of them pauses the body after that read (at most
- * one read's events are handed on past a full client, as before).
- */
-export function flowEventData(
-  response: Pick<UpstreamResponse, "flow">,
-  into: (data: string) => boolean,
-  opts: { maxEventBytes?: number } = {},
-): BodyFlow {
-  let more = true;
-  let stopped = false;
-  let failure: GatewayError | undefined;
-  const parser = createParser({
-    maxBufferSize: opts.maxEventBytes ?? 1024 * 1024,
-    onEvent: (event) => {
-      // Nothing after the reader stopped (the parser may hold more events of the same read).
-      if (stopped) return;
-      if (!into(event.data)) more = false;
-    },
-    onError: (err) => {
-      if (err.type === "max-buffer-size-exceeded") {
-        failure = new GatewayError("upstream_error", "upstream stream event is too large");
-      }
-    },
-  });
-  const decoder = new TextDecoder();
-  const inner = response.flow((chunk) => {
-    more = true;
-    parser.feed(decoder.decode(chunk, decodeStreaming));
-    if (failure !== undefined) throw failure;
-    return more;
-  });
-  // Terminating whatever is left at the body's end dispatches an unfinished last event.
-  const done = inner.done.then(() => {
-    if (stopped) return;
-    parser.feed(`${decoder.decode()}\n\n`);
-    if (failure !== undefined) throw failure;
-  });
-  return {
-    done,
-    resume: () => inner.resume(),
-    stop: () => {
-      stopped = true;
-      inner.stop();
-    },
-    fail: (error) => {
-      stopped = true;
-      inner.fail(error);
-    },
-  };
-}
-
-async function* readEvents<T>(
-  body: AsyncIterable<Uint8Array>,
-  maxEventBytes: number | undefined,
-  pick: (event: EventSourceMessage) => T,
-): AsyncGenerator<T, void, undefined> {
-  // Events parsed from one chunk, yielded before the next is read (one array, reused).
-  const pending: T[] = [];
-  let failure: GatewayError | undefined;
-  const parser = createParser({
-    maxBufferSize: maxEventBytes ?? 1024 * 1024,
-    onEvent: (event) => pending.push(pick(event)),
-    onError: (err) => {
-      if (err.type === "max-buffer-size-exceeded") {
-        failure = new GatewayError("upstream_error", "upstream stream event is too large");
-      }
-    },
-  });
-  const decoder = new TextDecoder();
-  for await (const chunk of body) {
-    parser.feed(decoder.decode(chunk, decodeStreaming));
-    if (failure !== undefined) throw failure;
-    for (let i = 0; i < pending.length; i++) yield pending[i] as T;
-    pending.length = 0;
-  }
-  // Terminating whatever is left dispatches an unfinished last event (and is a no-op after a
-  // complete one).
-  parser.feed(`${decoder.decode()}\n\n`);
-  if (failure !== undefined) throw failure;
-  for (let i = 0; i < pending.length; i++) yield pending[i] as T;
-  pending.length = 0;
 }
 
 function upstreamFailure(

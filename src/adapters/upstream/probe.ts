@@ -1,23 +1,27 @@
-import { parseChatRequest } from "../../domain/chat-request.js";
-import type { Usage } from "../../domain/chat/metering.js";
-import { judgeUsage, toleranceOf, type ReasoningPolicy } from "../../domain/chat/usage.js";
-import { GatewayError } from "../../domain/errors.js";
-import { BaseError } from "../../domain/base-error.js";
 import type {
   EndpointProber,
   EndpointSecret,
   EndpointVerification,
-  VerificationCheck,
   VerificationSubject,
 } from "../../domain/health.js";
 import type { OfferFeature } from "../../domain/offer-features.js";
+import { boundCounter, boundCounters, type TokenCounters } from "../../domain/tokens.js";
+import { readEventStream } from "./event-stream.js";
+import type { UpstreamClient } from "./http.js";
+import { checkJsonSchema, checkTools } from "./probe-features.js";
 import {
-  boundCounter,
-  boundCounters,
-  type TokenCounter,
-  type TokenCounters,
-} from "../../domain/tokens.js";
-import { readEventStream, type UpstreamClient, type UpstreamResponse } from "./http.js";
+  badStatus,
+  CheckFailed,
+  firstHeader,
+  isObject,
+  isUsage,
+  readJson,
+  reason,
+  send,
+  sendCompletion,
+  transportFailed,
+} from "./probe-io.js";
+import { AnswerText, judgeClaim, type Counting } from "./probe-usage.js";
 
 /**
  * Liveness probes and the conformance checks a provider endpoint must pass before the gateway
@@ -47,9 +51,6 @@ export interface ProberOptions {
   /** The models' token counters the probes' usage is counted with. Default: the byte bound. */
   readonly counters?: TokenCounters | undefined;
 }
-
-/** Largest answer read during verification (model lists can be long, completions are one token). */
-const maxVerificationBytes = 1024 * 1024;
 
 /** The prober port of the health monitor, over the pinned upstream client. */
 export function createEndpointProber(
@@ -161,88 +162,6 @@ export async function verifyEndpoint(
   }
 }
 
-class CheckFailed extends BaseError {
-  readonly reason = "verification_check_failed";
-  override readonly name = "CheckFailed";
-  constructor(
-    readonly check: VerificationCheck,
-    message: string,
-    readonly transport = false,
-  ) {
-    super(message);
-  }
-}
-
-/** No answer was had: the failure says nothing about whether the endpoint conforms. */
-function transportFailed(message: string): CheckFailed {
-  return new CheckFailed("endpoint_unreachable", message, true);
-}
-
-/** Statuses that say "not now" (timeout, rate limit, server failure), not "not like this". */
-function isTransportStatus(status: number): boolean {
-  return status === 408 || status === 429 || status >= 500;
-}
-
-/** A non-success status: a transport failure, or a wrong answer failing `check`. */
-async function badStatus(
-  response: UpstreamResponse,
-  check: VerificationCheck,
-  what: string,
-): Promise<CheckFailed> {
-  await response.dump();
-  const message = `${what} answered HTTP ${response.status}`;
-  return isTransportStatus(response.status)
-    ? transportFailed(message)
-    : new CheckFailed(check, message);
-}
-
-async function send(
-  upstream: UpstreamClient,
-  endpoint: EndpointSecret,
-  path: string,
-  body: unknown,
-  timeoutMs: number,
-  what: string,
-): Promise<{ response: UpstreamResponse; signal: AbortSignal }> {
-  const signal = AbortSignal.timeout(timeoutMs);
-  try {
-    const response = await upstream.request(endpoint, path, {
-      method: body === undefined ? "GET" : "POST",
-      headers:
-        body === undefined
-          ? { accept: "application/json" }
-          : { "content-type": "application/json", accept: "application/json, text/event-stream" },
-      body: body === undefined ? undefined : JSON.stringify(body),
-      signal,
-      timeoutMs,
-    });
-    return { response, signal };
-  } catch (err) {
-    throw transportFailed(`${what} failed: ${reason(err, signal, timeoutMs)}`);
-  }
-}
-
-async function readJson(
-  response: UpstreamResponse,
-  signal: AbortSignal,
-  timeoutMs: number,
-  check: VerificationCheck,
-  what: string,
-): Promise<unknown> {
-  let text: string;
-  try {
-    text = await response.text(maxVerificationBytes);
-  } catch (err) {
-    // Cut off or timed out while reading: no complete answer to judge.
-    throw transportFailed(`${what}: ${reason(err, signal, timeoutMs)}`);
-  }
-  try {
-    return JSON.parse(text) as unknown;
-  } catch {
-    throw new CheckFailed(check, `${what}: the answer is not valid JSON`);
-  }
-}
-
 async function checkModelListed(
   upstream: UpstreamClient,
   endpoint: EndpointSecret,
@@ -308,14 +227,7 @@ async function jsonCompletion(
   counting: Counting,
   what: string,
 ): Promise<void> {
-  const { response, signal } = await send(
-    upstream,
-    endpoint,
-    "/v1/chat/completions",
-    body,
-    timeoutMs,
-    what,
-  );
+  const { response, signal } = await sendCompletion(upstream, endpoint, body, timeoutMs, what);
   if (response.status !== 200) throw await badStatus(response, "completion_failed", what);
   const completion = await readJson(response, signal, timeoutMs, "completion_failed", what);
   if (!isObject(completion) || !Array.isArray(completion.choices)) {
@@ -372,14 +284,7 @@ async function streamedCompletion(
   counting: Counting,
   what: string,
 ): Promise<void> {
-  const { response, signal } = await send(
-    upstream,
-    endpoint,
-    "/v1/chat/completions",
-    body,
-    timeoutMs,
-    what,
-  );
+  const { response, signal } = await sendCompletion(upstream, endpoint, body, timeoutMs, what);
   if (response.status !== 200) throw await badStatus(response, "stream_failed", what);
   const contentType = firstHeader(response.headers["content-type"]);
   if (!/^text\/event-stream\s*(;|$)/i.test(contentType ?? "")) {
@@ -477,242 +382,10 @@ async function checkCounting(
   );
 }
 
-/** What the probes' usage is counted with. */
-interface Counting {
-  readonly counter: TokenCounter;
-  readonly reasoning: ReasoningPolicy;
-}
-
-/**
- * The generated text of an answer, as the gateway counts it: content, refusals, visible
- * reasoning (`reasoning_content`, `reasoning`), tool-call names and arguments, of every choice
- * (a JSON message or stream deltas).
- */
-class AnswerText {
-  text = "";
-  reasoning = "";
-  toolCalls = 0n;
-
-  add(message: Record<string, unknown>): void {
-    for (const key of ["content", "refusal"]) {
-      const value = message[key];
-      if (typeof value === "string") this.text += value;
-    }
-    for (const key of ["reasoning_content", "reasoning"]) {
-      const value = message[key];
-      if (typeof value === "string") this.reasoning += value;
-    }
-    const calls = message.tool_calls;
-    if (!Array.isArray(calls)) return;
-    for (const call of calls) {
-      const fn = isObject(call) ? call.function : undefined;
-      if (!isObject(fn)) continue;
-      if (typeof fn.name === "string" && fn.name !== "") this.toolCalls += 1n;
-      for (const part of [fn.name, fn.arguments]) {
-        if (typeof part === "string") this.text += part;
-      }
-    }
-  }
-}
-
-/**
- * Judges the provider's usage claim for `body` and its answer against the gateway's count
- * (`judgeUsage`): a claim of input or output above the count plus tolerance (and the offer's
- * declared hidden reasoning) is a wrong answer, `usage_diverged`, whose message gives the
- * figures (numbers only: nothing the endpoint wrote is repeated).
- */
-function judgeClaim(
-  what: string,
-  body: Record<string, unknown>,
-  usage: Record<string, unknown>,
-  answer: AnswerText,
-  { counter, reasoning }: Counting,
-): void {
-  const claimed: Usage = {
-    inputTokens: BigInt(usage.prompt_tokens as number),
-    outputTokens: BigInt(usage.completion_tokens as number),
-  };
-  const request = parseChatRequest(new TextEncoder().encode(JSON.stringify(body)), {
-    maxBytes: maxVerificationBytes,
-  });
-  const reasoningTokens = counter.countOutput(answer.reasoning);
-  const counted = {
-    inputTokens: counter.countInput(request),
-    outputTokens: counter.countOutput(answer.text) + reasoningTokens,
-    reasoningTokens,
-    choices: 1n,
-    toolCalls: answer.toolCalls,
-    exact: counter.exact,
-  };
-  const judged = judgeUsage(claimed, counted, reasoning);
-  if (!judged.diverged) return;
-  const tolerance = toleranceOf(counted);
-  const hidden = reasoning.hiddenReasoningRatio * counted.outputTokens;
-  const counter_ = counter.exact ? `the model's tokenizer (${counter.name})` : "the byte bound";
-  if (claimed.inputTokens > counted.inputTokens + tolerance.inputTokens) {
-    throw new CheckFailed(
-      "usage_diverged",
-      `${what}: usage claim ${claimed.inputTokens} input tokens for a prompt the gateway counts ${counted.inputTokens} with ${counter_} (tolerance ${tolerance.inputTokens})`,
-    );
-  }
-  throw new CheckFailed(
-    "usage_diverged",
-    `${what}: usage claim ${claimed.outputTokens} output tokens for an answer the gateway counts ${counted.outputTokens} with ${counter_} (tolerance ${tolerance.outputTokens}${hidden > 0n ? `, declared hidden reasoning ${hidden}` : ""})`,
-  );
-}
-
 const probeMessages = [{ role: "user", content: "Reply with OK." }];
-
-type FeatureVerdict = "proven" | "not_proven" | "unanswered";
-
-/** One optional feature's completion: its parsed answer, or the verdict it already gives. */
-async function featureCompletion(
-  upstream: UpstreamClient,
-  endpoint: EndpointSecret,
-  body: object,
-  timeoutMs: number,
-  what: string,
-): Promise<{ verdict: FeatureVerdict } | { message: Record<string, unknown> }> {
-  try {
-    const { response, signal } = await send(
-      upstream,
-      endpoint,
-      "/v1/chat/completions",
-      body,
-      timeoutMs,
-      what,
-    );
-    if (response.status !== 200) {
-      const failure = await badStatus(response, "completion_failed", what);
-      return { verdict: failure.transport ? "unanswered" : "not_proven" };
-    }
-    const completion = await readJson(response, signal, timeoutMs, "completion_failed", what);
-    const choice =
-      isObject(completion) && Array.isArray(completion.choices) ? completion.choices[0] : undefined;
-    const message = isObject(choice) ? choice.message : undefined;
-    return isObject(message) ? { message } : { verdict: "not_proven" };
-  } catch (err) {
-    if (err instanceof CheckFailed) return { verdict: err.transport ? "unanswered" : "not_proven" };
-    return { verdict: "unanswered" };
-  }
-}
-
-const probeTool = {
-  type: "function",
-  function: {
-    name: "get_weather",
-    description: "The weather in a city.",
-    parameters: {
-      type: "object",
-      properties: { city: { type: "string" } },
-      required: ["city"],
-    },
-  },
-};
-
-/** `tools`: a completion that must call the one function it is offered, by name. */
-async function checkTools(
-  upstream: UpstreamClient,
-  endpoint: EndpointSecret,
-  model: string,
-  timeoutMs: number,
-): Promise<FeatureVerdict> {
-  const answer = await featureCompletion(
-    upstream,
-    endpoint,
-    {
-      model,
-      messages: [{ role: "user", content: "What is the weather in Paris?" }],
-      tools: [probeTool],
-      tool_choice: { type: "function", function: { name: "get_weather" } },
-      max_tokens: 64,
-      stream: false,
-    },
-    timeoutMs,
-    "a chat completion with a tool",
-  );
-  if ("verdict" in answer) return answer.verdict;
-  const calls = answer.message.tool_calls;
-  const call = Array.isArray(calls) && isObject(calls[0]) ? calls[0].function : undefined;
-  if (!isObject(call) || call.name !== "get_weather" || typeof call.arguments !== "string") {
-    return "not_proven";
-  }
-  return parsesAsObject(call.arguments) ? "proven" : "not_proven";
-}
-
-/** `json_schema`: a completion whose `response_format` is a JSON schema must answer JSON. */
-async function checkJsonSchema(
-  upstream: UpstreamClient,
-  endpoint: EndpointSecret,
-  model: string,
-  timeoutMs: number,
-): Promise<FeatureVerdict> {
-  const answer = await featureCompletion(
-    upstream,
-    endpoint,
-    {
-      model,
-      messages: [{ role: "user", content: "Answer OK as JSON." }],
-      response_format: {
-        type: "json_schema",
-        json_schema: {
-          name: "answer",
-          strict: true,
-          schema: {
-            type: "object",
-            properties: { answer: { type: "string" } },
-            required: ["answer"],
-            additionalProperties: false,
-          },
-        },
-      },
-      max_tokens: 64,
-      stream: false,
-    },
-    timeoutMs,
-    "a chat completion with a JSON schema",
-  );
-  if ("verdict" in answer) return answer.verdict;
-  const content = answer.message.content;
-  return typeof content === "string" && parsesAsObject(content) ? "proven" : "not_proven";
-}
-
-function parsesAsObject(text: string): boolean {
-  try {
-    return isObject(JSON.parse(text));
-  } catch {
-    return false;
-  }
-}
 
 function sameModelName(expected: string, listed: string): boolean {
   if (expected === listed) return true;
   // A ModelID may be spelled in either hex case.
   return /^0x[0-9a-f]+$/i.test(expected) && expected.toLowerCase() === listed.toLowerCase();
-}
-
-function isUsage(value: unknown): boolean {
-  return (
-    isObject(value) && isTokenCount(value.prompt_tokens) && isTokenCount(value.completion_tokens)
-  );
-}
-
-function isTokenCount(value: unknown): boolean {
-  return typeof value === "number" && Number.isSafeInteger(value) && value >= 0;
-}
-
-function isObject(value: unknown): value is Record<string, unknown> {
-  return typeof value === "object" && value !== null && !Array.isArray(value);
-}
-
-function firstHeader(value: string | string[] | undefined): string | undefined {
-  return Array.isArray(value) ? value[0] : value;
-}
-
-/** Why a step failed, in words that never name the endpoint. */
-function reason(err: unknown, signal: AbortSignal, timeoutMs: number): string {
-  if (signal.aborted) return `no complete answer within ${timeoutMs} ms`;
-  // GatewayErrors from the upstream client are written not to contain the endpoint.
-  if (err instanceof GatewayError) return err.message;
-  return "unexpected error";
 }

@@ -1,7 +1,7 @@
 import { setMaxListeners } from "node:events";
 import type { Logger } from "pino";
 import { GatewayError } from "../domain/errors.js";
-import type { Listener } from "../runtime/listen.js";
+import type { Listener } from "./listen.js";
 import type { NodeRequest } from "../rest/body.js";
 import { toHttpError } from "../rest/errors.js";
 import type { NodeResponse } from "../rest/facade.js";

@@ -1,7 +1,7 @@
 import type { PublicClient } from "viem";
 import type { Database } from "../adapters/pg/database.js";
 import { createSharedRefresh } from "../domain/shared-refresh.js";
-import { publicStateMaxAgeMs } from "../runtime/metrics.js";
+import { publicStateMaxAgeMs } from "./metrics.js";
 import type { Readiness } from "../rest/facade.js";
 
 export async function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
@@ -16,6 +16,14 @@ export async function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T
   }
 }
 
+/** What readiness and the metrics' scrape ask: the gateway's database, and the chain's head. */
+export function dependencySources(db: Database, chain: PublicClient) {
+  return {
+    query: (text: string) => db.pool.query(text),
+    chainHead: () => chain.getBlockNumber({ cacheTime: 0 }),
+  };
+}
+
 /**
  * GET /ready: unauthenticated, so it answers from one check of the database and the chain per
  * publicStateMaxAgeMs, shared by every caller (DESIGN.md section 8), never one per request.
@@ -26,6 +34,7 @@ export function createReadiness(deps: {
   readonly chain: PublicClient;
   readonly draining: () => boolean;
 }): () => Promise<Readiness> {
+  const sources = dependencySources(deps.db, deps.chain);
   const dependencyChecks = createSharedRefresh(
     async (): Promise<Readiness> => {
       const check = async (probe: () => Promise<unknown>) => {
@@ -37,8 +46,8 @@ export function createReadiness(deps: {
         }
       };
       const [database, chain] = await Promise.all([
-        check(() => deps.db.pool.query("SELECT 1")),
-        check(() => deps.chain.getBlockNumber({ cacheTime: 0 })),
+        check(() => sources.query("SELECT 1")),
+        check(() => sources.chainHead()),
       ]);
       return { ok: database.ok && chain.ok, checks: { database, chain } };
     },

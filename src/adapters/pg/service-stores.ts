@@ -1,0 +1,27 @@
+import type pg from "pg";
+import type { Hex } from "viem";
+import type { RecordRegistration } from "../../domain/registration.js";
+import { listBatches } from "./earnings.js";
+import { permitLedger } from "./ledger.js";
+import { recordRegistration } from "./registrations.js";
+import { getRequest, listChargedRequests } from "./requests.js";
+
+/**
+ * What the RPC services read from the database besides the chat pipeline's stores (src/connect:
+ * InferenceService's requests, permit ledgers and charged requests; SettlementService's
+ * batches), each bound to the pool once by the composition root.
+ */
+export function createPgServiceReads(pool: pg.Pool) {
+  return {
+    findRequest: (id: string, apiKeyId: string) => getRequest(pool, id, apiKeyId),
+    permitLedger: (permitId: Hex) => permitLedger(pool, permitId),
+    listCharged: (permitId: Hex, limit: number, startingAfter: string | undefined) =>
+      listChargedRequests(pool, permitId, limit, startingAfter),
+    listBatches: (args: Parameters<typeof listBatches>[1]) => listBatches(pool, args),
+  };
+}
+
+/** Provider registration's write: the nonce used and the endpoint sealed, in one transaction. */
+export function createPgRegistrationRecorder(pool: pg.Pool): RecordRegistration {
+  return (nonce, registration) => recordRegistration(pool, nonce, registration);
+}
