@@ -77,7 +77,7 @@ export interface Config {
   readonly reputationWindowSeconds: number;
   /**
    * At most one request per offer is charged the wake fee in this many seconds, and only when
-   * the gateway's probe saw the endpoint asleep (docs/decisions.md "Wake fees").
+   * the gateway's probe saw the endpoint asleep (docs/decisions/chat-quotes-and-money.md "Wake fees").
    */
   readonly wakeFeeWindowSeconds: number;
   /** Longest a permit read from the chain is reused (events invalidate it sooner). */
@@ -143,7 +143,7 @@ export interface Config {
   /** How long a ledger write may wait for its batch before it is refused (503, never sent). */
   readonly ledgerQueueWaitMs: number;
   /**
-   * Admit plain requests against reservation leases (docs/decisions.md, "Reservation leases");
+   * Admit plain requests against reservation leases (docs/decisions/chat-quotes-and-money.md, "Reservation leases");
    * false: every request reserves alone before its upstream call.
    */
   readonly reservationLeases: boolean;
@@ -162,7 +162,7 @@ export interface Config {
   readonly rateLimitBurst: number;
   /** Fleet-wide concurrent chat streams per API key (0: off); each replica its share. */
   readonly maxStreamsPerKey: number;
-  /** Milliseconds a dead replica's stream slots still count (docs/decisions.md "Rate limits"). */
+  /** Milliseconds a dead replica's stream slots still count (docs/decisions/errors-and-rate-limits.md "Rate limits"). */
   readonly rateLimitStreamTtlMs: number;
   /**
    * Failed authentications per second a client address gets back (0: no limit), per process;

@@ -12,7 +12,7 @@ interface Bucket {
 
 /**
  * Failed authentications per client address (ADDRESS_RATE_LIMIT_RPS, ADDRESS_RATE_LIMIT_BURST;
- * docs/decisions.md "Unknown keys cost nothing"): a token bucket per address that only failures
+ * docs/decisions/authority-and-signing.md "Unknown keys cost nothing"): a token bucket per address that only failures
  * take from. It is asked before a request's credentials are examined: an address with no token
  * left is refused (429 `address_rate_limited`) unless its credentials are plausible from memory
  * (a key this gateway issued, or the operator's token), so a paying client sharing the address

@@ -92,7 +92,7 @@ describe("rate limiter", () => {
   });
 });
 
-describe("fleet rate limiter while its database fails (fail open, docs/decisions.md)", () => {
+describe("fleet rate limiter while its database fails (fail open, docs/decisions/errors-and-rate-limits.md)", () => {
   const hanging: RateLimitStore = {
     leaseTokens: () => new Promise(() => {}),
     setStreams: () => new Promise(() => {}),

@@ -3,7 +3,7 @@ import { GatewayError } from "./errors.js";
 export { budgetAddress, createFailureBudget, type FailureBudget } from "./failure-budget.js";
 
 /**
- * Per-API-key limits (docs/decisions.md, "Rate limits"): a token bucket on requests, and a
+ * Per-API-key limits (docs/decisions/errors-and-rate-limits.md, "Rate limits"): a token bucket on requests, and a
  * count of the key's chat streams in flight. `createRateLimiter` keeps both in memory for one
  * process (and is the fallback of a fleet limiter while its database is unreachable);
  * `createFleetRateLimiter` enforces them across every replica through the database, leasing
@@ -193,7 +193,7 @@ interface StreamLease {
 }
 
 /**
- * Per-API-key limits across every replica, the database the arbiter (docs/decisions.md, "Rate
+ * Per-API-key limits across every replica, the database the arbiter (docs/decisions/errors-and-rate-limits.md, "Rate
  * limits"). Requests: a replica leases a chunk of the key's fleet bucket (about `chunkSeconds`
  * of its rate), admits requests against it in memory, leases again when it is spent, and gives
  * back what is unused after `tokenLeaseMs`. Streams: a replica holds slots of the key's fleet

@@ -3,7 +3,7 @@ import type { PermitReader } from "./permits.js";
 import { reconcile, type Reconciliation } from "./settlement/index.js";
 
 /**
- * SettlementService.Reconcile's reading (docs/decisions.md): the gateway's settled sums against
+ * SettlementService.Reconcile's reading (docs/decisions/settlement.md): the gateway's settled sums against
  * the chain's, each permit's own `settled` read afresh. The sums come through
  * {@link SettledTotals} (src/adapters/settled-totals.ts); the report is {@link reconcile}'s.
  */

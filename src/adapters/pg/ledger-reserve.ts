@@ -35,7 +35,7 @@ export interface ReserveInput {
    * a request in time (as {@link heartbeat}'s `now`). Absent, as in production: the database's
    * clock at insert. Never a host's clock: the orphan rule compares `created_at` with heartbeats,
    * so a host whose clock runs ahead would keep its requests from it, one behind would expose
-   * them to it (docs/decisions.md, "Orphans").
+   * them to it (docs/decisions/chat-quotes-and-money.md, "Orphans").
    */
   readonly createdAt?: number;
   /** An internal quote (made by the gateway for a request without one), stored first. */

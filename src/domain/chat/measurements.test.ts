@@ -179,7 +179,7 @@ describe("offer measurements", () => {
   });
 });
 
-describe("usage claims in the measurements (docs/decisions.md, Usage divergence)", () => {
+describe("usage claims in the measurements (docs/decisions/metering-and-tokens.md, Usage divergence)", () => {
   const other = `0x${"02".repeat(32)}` as Hex;
   const row = (
     instanceId: string,

@@ -3,7 +3,7 @@ import { reputationOf, type Reputation } from "../reputation.js";
 import type { MeasurementSync, OfferMeasurements } from "./measurement-types.js";
 
 /**
- * Each offer's reputation, from memory (the catalog's; docs/decisions.md): what this process
+ * Each offer's reputation, from memory (the catalog's; docs/decisions/providers-and-routing.md, "Offer reputation"): what this process
  * measured over the reputation's window, with the record counts the sharing round read.
  */
 export function offerReputation(

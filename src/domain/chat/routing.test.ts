@@ -267,7 +267,7 @@ describe("provider object validation", () => {
   });
 });
 
-describe("usage divergence in routing (docs/decisions.md, Usage divergence)", () => {
+describe("usage divergence in routing (docs/decisions/metering-and-tokens.md, Usage divergence)", () => {
   /** cheap's claims: `diverged` of 20 diverged; the others' 20 are honest. */
   const measuredWith = (diverged: number, excluded: string[] = []) => {
     const measurements = createOfferMeasurements();
