@@ -1,5 +1,5 @@
 // `npm run check:openapi`: validates the generated document (src/rest/document.ts, from the
-// route table src/rest/routes.ts and the body schemas src/schema) as an OpenAPI 3.1 document (the
+// route table src/rest/routes/ and the body schemas src/schema) as an OpenAPI 3.1 document (the
 // official 3.1 schema, through @seriousme/openapi-schema-validator), then what that schema
 // cannot see: every local $ref resolves, operationIds are unique, and every error code a
 // response lists exists in src/domain/errors.ts with that response's status and type.

@@ -3,7 +3,7 @@ import { Code } from "@connectrpc/connect";
 import { afterEach, describe, expect, it } from "vitest";
 import { createLogger } from "../src/runtime/logger.js";
 import { connectSettlement } from "../src/clients/settlement.js";
-import { createSettlementWorker, type SettlementWorker } from "../src/settlement/worker.js";
+import { createSettlementWorker, type SettlementWorker } from "../src/runtime/settlement-worker.js";
 import { startSettlementFixture, type SettlementFixture } from "./helpers/settlement-fixture.js";
 import { eventually, LogCapture } from "./helpers/stack.js";
 

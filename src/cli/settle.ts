@@ -8,7 +8,7 @@ import {
 import { ConfigError, parseSettleConfig, type SettleConfig } from "../config.js";
 import { createLogger } from "../runtime/logger.js";
 import { connectSettlement, describeRpcFailure, operatorAuth } from "../clients/settlement.js";
-import { createSettlementWorker } from "../settlement/worker.js";
+import { createSettlementWorker } from "../runtime/settlement-worker.js";
 
 export const settleUsage = `usage: gateway settle [command]
 

@@ -11,7 +11,7 @@ import type { Caller } from "./context.js";
 
 /**
  * Who may call: anyone (`none`), an API key, the settlement operator's token, or either. The
- * RPCs' needs are {@link rpcAuthNeed}'s; the REST routes declare theirs (src/rest/routes.ts).
+ * RPCs' needs are {@link rpcAuthNeed}'s; the REST routes declare theirs (src/rest/routes/).
  */
 export type AuthNeed = "none" | "apiKey" | "operator" | "apiKeyOrOperator";
 

@@ -12,7 +12,7 @@ import { parseConfig } from "../config.js";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { registerEndpoint, verifyOffer } from "../clients/provider.js";
 import { connectSettlement } from "../clients/settlement.js";
-import { createSettlementWorker, type SettlementWorker } from "../settlement/worker.js";
+import { createSettlementWorker, type SettlementWorker } from "../runtime/settlement-worker.js";
 import { demoAccounts, seedDemoMarket } from "./demo-market.js";
 import { startDemoProvider, type DemoProvider } from "./demo-provider.js";
 

@@ -5,7 +5,7 @@ import { wireOf } from "../connect/error-codes.js";
 import type { ErrorCode } from "../domain/errors.js";
 import type { ErrorBody as ErrorBodySchema } from "./views/resources.js";
 
-/** The spec's error body (its schema: src/schema/resources.ts), its code one of the gateway's. */
+/** The spec's error body (its schema: src/rest/views/resources.ts), its code one of the gateway's. */
 export type ErrorBody = Static<typeof ErrorBodySchema> & {
   error: { code: ErrorCode };
 };

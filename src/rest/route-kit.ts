@@ -6,7 +6,7 @@ import type { NodeRequest, NodeResponse } from "./body.js";
 import type { RestChat } from "./chat.js";
 import type { ErrorBody as ErrorBodyValue } from "./errors.js";
 import type { RouteSpec } from "./route-spec.js";
-import { parseStatusFilter } from "./views.js";
+import { parseStatusFilter } from "./views/challenges.js";
 
 /**
  * What a REST route is (its declaration for the document and its handler) and the helpers the

@@ -4,8 +4,8 @@ import { describe, expect, it } from "vitest";
 import type { Dialect, DialectEvent } from "../../src/domain/dialects/types.js";
 
 /**
- * Whether what a dialect's translator emits is what its schemas (src/schema/responses.ts,
- * src/schema/messages.ts) say, read as the OpenAPI document's conformance test reads them
+ * Whether what a dialect's translator emits is what its schemas (src/rest/views/responses.ts,
+ * src/rest/views/messages.ts) say, read as the OpenAPI document's conformance test reads them
  * (test/openapi.test.ts): an object schema that does not say `additionalProperties` is closed, so
  * a member the translator emits and the schema does not list fails; unions are plain `oneOf`
  * (exactly one branch matches), as a client without OpenAPI's `discriminator` reads them.

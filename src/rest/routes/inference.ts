@@ -4,7 +4,7 @@ import { Hex32 } from "../../schema/common.js";
 import { PermitReceiptList, SignedUsageReceipt } from "../views/receipts.js";
 import { permitBalanceResource, requestResource, settlementOfRequest } from "../views/resources.js";
 import type { Route } from "../route-kit.js";
-import { usageReceiptView } from "../views.js";
+import { usageReceiptView } from "../views/challenges.js";
 
 /** The InferenceService routes besides chat: request records, their receipts, permits. */
 

@@ -22,7 +22,7 @@ import {
 } from "../../schema/signing.js";
 import { statusFilter, type Parameter } from "../document.js";
 import { seconds, statusOf, typedDataAnswer, withBody, type Route } from "../route-kit.js";
-import { authorizeKeyTypedDataView, revokeTypedDataView } from "../views.js";
+import { authorizeKeyTypedDataView, revokeTypedDataView } from "../views/challenges.js";
 
 /** The PermitService routes: a payer's authorizations of API keys and their revocation. */
 

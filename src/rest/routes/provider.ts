@@ -20,7 +20,7 @@ import {
 } from "../../schema/signing.js";
 import type { Parameter } from "../document.js";
 import { integerQuery, seconds, typedDataAnswer, withBody, type Route } from "../route-kit.js";
-import { bindOfferKeyTypedDataView, typedDataView } from "../views.js";
+import { bindOfferKeyTypedDataView, typedDataView } from "../views/challenges.js";
 
 /** The ProviderService routes: an offer's endpoint, health, verification, key bindings, earnings. */
 

@@ -1,18 +1,18 @@
 import type { DescEnum } from "@bufbuild/protobuf";
-import type { BindOfferKeyTypedData, TypedData } from "../../gen/gateway/v1/provider_pb.js";
+import type { BindOfferKeyTypedData, TypedData } from "../../../gen/gateway/v1/provider_pb.js";
 import type {
   UsageReceiptFigures,
   UsageReceiptTypedData,
-} from "../../gen/gateway/v1/inference_pb.js";
+} from "../../../gen/gateway/v1/inference_pb.js";
 import type {
   AuthorizeKeyTypedData,
   RevokeKeyAuthorizationTypedData,
-} from "../../gen/gateway/v1/permit_pb.js";
-import { enumWord } from "./views/proto-view.js";
+} from "../../../gen/gateway/v1/permit_pb.js";
+import { enumWord } from "./proto-view.js";
 
 /**
  * What REST shows that is not the view of one protobuf message (those are derived:
- * src/schema/resources.ts): the EIP-712 challenges as wallets take them (camelCase, the types
+ * src/rest/views/resources.ts): the EIP-712 challenges as wallets take them (camelCase, the types
  * as a map), a `?status=` filter.
  */
 
