@@ -1,8 +1,19 @@
 import { defineConfig } from "vitest/config";
 
+/**
+ * Two projects (docs/contributors.md, "Tests"):
+ * - `unit` (`npm test`, the README's command): the unit tests beside the sources and the
+ *   integration suites of test/ that run the gateway in the test's own process, on embedded
+ *   PGlite and anvil from npm. No services; under 5 minutes on 2 cores. Two files at a time:
+ *   vitest's default on 2 cores is one, and these suites mostly wait (on anvil, PGlite, sockets).
+ * - `e2e` (`npm run test:e2e`): test/e2e/, the suites whose subject is a process, a browser, a
+ *   fault or a load: the built CLI and `gateway serve` as child processes, several gateways on
+ *   one database, kills and restarts, the console in Chromium, the build itself, outages and
+ *   timeouts of providers, chain and database, bursts of hostile requests. One file at a time.
+ * `npm run test:all` (and `.ci/run`) runs both.
+ */
 export default defineConfig({
   test: {
-    include: ["src/**/*.test.ts", "test/**/*.test.ts", "contracts/**/*.test.ts"],
     testTimeout: 60_000,
     hookTimeout: 120_000,
     pool: "forks",
@@ -10,5 +21,19 @@ export default defineConfig({
     globalSetup: ["test/setup/build.ts", "test/setup/global-log-audit.ts"],
     // And every JSON answer a test gets from a gateway is checked against the OpenAPI document.
     setupFiles: ["test/setup/log-audit.ts", "test/setup/openapi-conformance.ts"],
+    projects: [
+      {
+        extends: true,
+        test: {
+          name: "unit",
+          include: ["src/**/*.test.ts", "test/*.test.ts", "contracts/**/*.test.ts"],
+          maxWorkers: 2,
+        },
+      },
+      {
+        extends: true,
+        test: { name: "e2e", include: ["test/e2e/**/*.test.ts"] },
+      },
+    ],
   },
 });

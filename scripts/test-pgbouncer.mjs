@@ -15,13 +15,13 @@ const files = [
   "src/adapters/pg/leases.test.ts",
   "src/adapters/pg/idempotency.test.ts",
   "test/ledger-concurrency.test.ts",
-  "test/lease-recall.test.ts",
-  "test/leases-processes.test.ts",
+  "test/e2e/lease-recall.test.ts",
+  "test/e2e/leases-processes.test.ts",
   "test/idempotency-leases.test.ts",
   "test/idempotency-bound.test.ts",
   "test/settlement.test.ts",
   "test/settle-worker.test.ts",
-  "test/settlement-processes.test.ts",
+  "test/e2e/settlement-processes.test.ts",
   "test/permit-balance-settlement.test.ts",
 ];
 const url = process.env.TEST_DATABASE_URL || "postgres://postgres@127.0.0.1:5432/test";

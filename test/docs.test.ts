@@ -55,8 +55,8 @@ const RUNNERS: readonly Runner[] = [
   // The sandbox, the suites and the build.
   // No test runs `npm install` on a fresh clone: build.test.ts links the checkout's node_modules
   // into one (what `npm install` leaves) and runs `npm start` there; CI runs `npm ci`.
-  { shows: /^npm install$/, test: "test/build.test.ts", needles: ["`npm install`", '"start"'] },
-  { shows: /^npm start$/, test: "test/build.test.ts", needles: ['spawn("npm", ["start"'] },
+  { shows: /^npm install$/, test: "test/e2e/build.test.ts", needles: ["`npm install`", '"start"'] },
+  { shows: /^npm start$/, test: "test/e2e/build.test.ts", needles: ['spawn("npm", ["start"'] },
   { shows: /^npm test$/, test: ".ci/run", needles: ["\nnpm test -- "] },
   { shows: /^npm run check$/, test: ".ci/run", needles: ["npm run check:static", "npm test"] },
   // `npm run test:pg` is vitest with TEST_DATABASE_URL set (scripts/test-pg.mjs): CI's second run.
@@ -70,11 +70,11 @@ const RUNNERS: readonly Runner[] = [
   { shows: /^npm ci$/, test: ".ci/run", needles: ["npm ci"] },
   { shows: /^npm run build$/, test: ".ci/run", needles: ["\nnpm run build\n"] },
   // `npm run serve` is `node dist/src/cli/main.js serve`, which is what the bin runs.
-  { shows: /^npm run serve$/, test: "test/build.test.ts", needles: ['"bin/gateway.js", "serve"'] },
-  { shows: /^gateway serve$/, test: "test/build.test.ts", needles: ['"bin/gateway.js", "serve"'] },
+  { shows: /^npm run serve$/, test: "test/e2e/build.test.ts", needles: ['"bin/gateway.js", "serve"'] },
+  { shows: /^gateway serve$/, test: "test/e2e/build.test.ts", needles: ['"bin/gateway.js", "serve"'] },
   {
     shows: /^npm prune --omit=dev$/,
-    test: "test/build.test.ts",
+    test: "test/e2e/build.test.ts",
     needles: ['"prune", "--omit=dev"'],
   },
   {
@@ -92,23 +92,23 @@ const RUNNERS: readonly Runner[] = [
     needles: ['"node_modules/.bin/buf"', '"connect"', "/gateway.v1.CatalogService/GetModel"],
   },
 
-  // What `npm start` writes: test/cli.test.ts runs `gateway dev` and checks every field.
-  { shows: /^manifest /, test: "test/cli.test.ts", needles: ["dev.json"] },
+  // What `npm start` writes: test/e2e/cli.test.ts runs `gateway dev` and checks every field.
+  { shows: /^manifest /, test: "test/e2e/cli.test.ts", needles: ["dev.json"] },
 
   // The CLI.
-  { shows: /^gateway (keys|settle|migrate)\b/, test: "test/cli.test.ts" },
-  { shows: /^gateway permit (open|balance|close|finalize)\b/, test: "test/permit-cli.test.ts" },
-  { shows: /^gateway permit authorize\b/, test: "test/wallet-guard.test.ts" },
-  { shows: /^gateway permit revoke (--key|--permit|--all)\b/, test: "test/payer-control.test.ts" },
-  { shows: /^gateway permit revoke\b/, test: "test/cli.test.ts" },
-  { shows: /^gateway permit authorizations\b/, test: "test/payer-control.test.ts" },
+  { shows: /^gateway (keys|settle|migrate)\b/, test: "test/e2e/cli.test.ts" },
+  { shows: /^gateway permit (open|balance|close|finalize)\b/, test: "test/e2e/permit-cli.test.ts" },
+  { shows: /^gateway permit authorize\b/, test: "test/e2e/wallet-guard.test.ts" },
+  { shows: /^gateway permit revoke (--key|--permit|--all)\b/, test: "test/e2e/payer-control.test.ts" },
+  { shows: /^gateway permit revoke\b/, test: "test/e2e/cli.test.ts" },
+  { shows: /^gateway permit authorizations\b/, test: "test/e2e/payer-control.test.ts" },
   { shows: /^gateway permit audit\b/, test: "test/receipts.test.ts" },
   { shows: /^gateway provider (register|verify|health)\b/, test: "test/provider.test.ts" },
-  { shows: /^gateway provider bind-key\b/, test: "test/wallet-guard.test.ts" },
+  { shows: /^gateway provider bind-key\b/, test: "test/e2e/wallet-guard.test.ts" },
   { shows: /^gateway provider earnings\b/, test: "test/earnings.test.ts" },
 
   // The REST routes, called with curl.
-  { shows: /^curl .*\/health\b/, test: "test/cli.test.ts" },
+  { shows: /^curl .*\/health\b/, test: "test/e2e/cli.test.ts" },
   { shows: /^curl .*\/v1\/models\b/, test: "test/catalog.test.ts" },
   { shows: /^curl .*\/v1\/quotes\b/, test: "test/chat.test.ts" },
   { shows: /^curl .*\/v1\/chat\/completions\b/, test: "test/chat.test.ts" },
@@ -341,7 +341,7 @@ describe("the commands the docs show", () => {
       "```sh\nnpm run gateway -- permit open demo-chat --deposit 1 --no-such-flag\n```\n";
     const missing = audit(shellCommands(flag, join(root, "docs/example.md"))).findings;
     expect(missing.map((f) => f.problem)).toEqual([
-      `test/permit-cli.test.ts does not hold ${String(quoted("--no-such-flag"))}`,
+      `test/e2e/permit-cli.test.ts does not hold ${String(quoted("--no-such-flag"))}`,
     ]);
   });
 

@@ -24,7 +24,7 @@ import { getQuote } from "./quotes.js";
 
 // The ledger of an authorization's total cap (migration 030; ledger.ts "Authorization caps"),
 // one connection at a time (PGlite or PostgreSQL). Concurrency across processes:
-// test/ledger-concurrency.test.ts and test/authorization-caps.test.ts.
+// test/ledger-concurrency.test.ts and test/e2e/authorization-caps.test.ts.
 
 let test: TestDatabase;
 let apiKeyId: string;

@@ -7,15 +7,15 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   InferenceService,
   StreamChatCompletionRequestSchema,
-} from "../gen/gateway/v1/inference_pb.js";
-import { demoTariff } from "../src/dev/demo-market.js";
-import { priceCredits } from "../src/domain/pricing.js";
-import { describeIfPostgres } from "./helpers/db.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { openPermit } from "./helpers/market.js";
-import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
-import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
-import { demoChatCounter, promptTokens } from "./helpers/token-counts.js";
+} from "../../gen/gateway/v1/inference_pb.js";
+import { demoTariff } from "../../src/dev/demo-market.js";
+import { priceCredits } from "../../src/domain/pricing.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { openPermit } from "../helpers/market.js";
+import { serveProcess, stopProcess, type GatewayProcess } from "../helpers/processes.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
+import { demoChatCounter, promptTokens } from "../helpers/token-counts.js";
 
 /**
  * Slow readers cost bounded memory (DESIGN.md 8, issue 18): an endless provider and a client

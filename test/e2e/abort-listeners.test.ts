@@ -1,10 +1,10 @@
 import http from "node:http";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { demoMetadata } from "../src/dev/demo-market.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { openPermit, setOfferMetadata } from "./helpers/market.js";
-import { eventually, startChatStack, type TestStack } from "./helpers/stack.js";
+import { demoMetadata } from "../../src/dev/demo-market.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { openPermit, setOfferMetadata } from "../helpers/market.js";
+import { eventually, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * Issue 19, item 12: every request in flight listens on the shutdown signal, so thousands of

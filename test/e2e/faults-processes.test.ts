@@ -1,13 +1,13 @@
 import { randomBytes } from "node:crypto";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { marketAbi } from "../gen/contracts/artifacts.js";
-import { permitLedger } from "../src/adapters/pg/ledger.js";
-import { connectSettlement, operatorAuth } from "../src/clients/settlement.js";
-import { describeIfPostgres } from "./helpers/db.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { offerInFlight } from "./helpers/ledger.js";
-import { openPermit } from "./helpers/market.js";
+import { marketAbi } from "../../gen/contracts/artifacts.js";
+import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { connectSettlement, operatorAuth } from "../../src/clients/settlement.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { offerInFlight } from "../helpers/ledger.js";
+import { openPermit } from "../helpers/market.js";
 import {
   killProcess,
   restartProcess,
@@ -15,9 +15,9 @@ import {
   settleWorkerProcess,
   stopProcess,
   type GatewayProcess,
-} from "./helpers/processes.js";
-import { chainPermit, chatOn, tokenBalance } from "./helpers/settlement.js";
-import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+} from "../helpers/processes.js";
+import { chainPermit, chatOn, tokenBalance } from "../helpers/settlement.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * Process faults (issue 13, docs/operations.md "Processes"): a gateway process SIGKILLed with

@@ -3,24 +3,24 @@ import { createConnectTransport } from "@connectrpc/connect-node";
 import type { Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { creditTokenAbi, marketAbi } from "../gen/contracts/artifacts.js";
-import { PermitService } from "../gen/gateway/v1/permit_pb.js";
-import { createApiKey } from "../src/adapters/pg/api-keys.js";
-import { startGateway, type Gateway } from "../src/app.js";
-import { id32 } from "../src/dev/demo-market.js";
+import { creditTokenAbi, marketAbi } from "../../gen/contracts/artifacts.js";
+import { PermitService } from "../../gen/gateway/v1/permit_pb.js";
+import { createApiKey } from "../../src/adapters/pg/api-keys.js";
+import { startGateway, type Gateway } from "../../src/app.js";
+import { id32 } from "../../src/dev/demo-market.js";
 import {
   anyPermit,
   buildListAuthorizationsTypedData,
   buildRevokeAuthorizationsTypedData,
   signable,
-} from "../src/domain/permit-authorization.js";
-import { authorizeKey, type AuthorizationView } from "./helpers/authorize.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { grpcClient, grpcUnary } from "./helpers/grpc.js";
-import { auditSecret } from "./helpers/log-audit.js";
-import { mintCredits } from "./helpers/market.js";
-import { runGatewayCli, type CliRun } from "./helpers/processes.js";
-import { eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+} from "../../src/domain/permit-authorization.js";
+import { authorizeKey, type AuthorizationView } from "../helpers/authorize.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { grpcClient, grpcUnary } from "../helpers/grpc.js";
+import { auditSecret } from "../helpers/log-audit.js";
+import { mintCredits } from "../helpers/market.js";
+import { runGatewayCli, type CliRun } from "../helpers/processes.js";
+import { eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * The payer in control without the key (issue 28, item 2): with its own signature, and no API

@@ -3,18 +3,18 @@ import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, expect, it } from "vitest";
-import { createApiKey } from "../src/adapters/pg/api-keys.js";
-import { describeIfPostgres } from "./helpers/db.js";
-import { startFaultProxy, type FaultProxy } from "./helpers/fault-proxy.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { auditSecret } from "./helpers/log-audit.js";
-import { openPermit } from "./helpers/market.js";
-import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
-import { reportedCharge, sseData } from "./helpers/sse.js";
-import { eventually, startChatStack, type TestStack } from "./helpers/stack.js";
+import { createApiKey } from "../../src/adapters/pg/api-keys.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import { startFaultProxy, type FaultProxy } from "../helpers/fault-proxy.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { auditSecret } from "../helpers/log-audit.js";
+import { openPermit } from "../helpers/market.js";
+import { serveProcess, stopProcess, type GatewayProcess } from "../helpers/processes.js";
+import { reportedCharge, sseData } from "../helpers/sse.js";
+import { eventually, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
- * Issue 13, database faults beyond a killed connection (test/faults-database.test.ts): the
+ * Issue 13, database faults beyond a killed connection (test/e2e/faults-database.test.ts): the
  * database down for seconds and back, the database hung, and the gateway's pool exhausted. The
  * gateway under test is a `gateway serve` process that reaches PostgreSQL through a TCP fault
  * proxy (test/helpers/fault-proxy.ts); the test reads the database directly. Every fault ends

@@ -1,12 +1,12 @@
 import { randomBytes } from "node:crypto";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { databaseNow } from "../src/adapters/pg/ledger.js";
-import { startGateway, type Gateway } from "../src/app.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { offerInFlight } from "./helpers/ledger.js";
-import { openPermit } from "./helpers/market.js";
-import { authed, eventually, startChatStack, type TestStack } from "./helpers/stack.js";
+import { databaseNow } from "../../src/adapters/pg/ledger.js";
+import { startGateway, type Gateway } from "../../src/app.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { offerInFlight } from "../helpers/ledger.js";
+import { openPermit } from "../helpers/market.js";
+import { authed, eventually, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * The orphan rule judges a process by the later of its heartbeat and its open request's (and

@@ -20,13 +20,13 @@ import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { pathToFileURL } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startChild } from "../bench/lib/processes.js";
-import { startAnvil, type AnvilInstance } from "../src/adapters/chain/anvil.js";
-import { chainClients } from "../src/adapters/chain/clients.js";
-import { demoAccounts, seedDemoMarket, type DemoMarket } from "../src/dev/demo-market.js";
-import type { DevManifest } from "../src/dev/sandbox.js";
-import { auditChildLogs, auditSecret } from "./helpers/log-audit.js";
-import { eventually } from "./helpers/stack.js";
+import { startChild } from "../../bench/lib/processes.js";
+import { startAnvil, type AnvilInstance } from "../../src/adapters/chain/anvil.js";
+import { chainClients } from "../../src/adapters/chain/clients.js";
+import { demoAccounts, seedDemoMarket, type DemoMarket } from "../../src/dev/demo-market.js";
+import type { DevManifest } from "../../src/dev/sandbox.js";
+import { auditChildLogs, auditSecret } from "../helpers/log-audit.js";
+import { eventually } from "../helpers/stack.js";
 
 /**
  * The production build (issue 21, item 1): `npm run build` makes dist/, and every production
@@ -295,7 +295,7 @@ describe.skipIf(!hasProc)("the production build (needs Linux /proc)", () => {
       [
         "--input-type=module",
         "-e",
-        "const m = await import('./dist/bench/lib/setup.js'); console.log(Object.keys(m).sort().join(' '))",
+        "const m = await import('../dist/bench/lib/setup.js'); console.log(Object.keys(m).sort().join(' '))",
       ],
       { encoding: "utf8", env: { PATH: process.env.PATH } },
     );

@@ -1,20 +1,20 @@
 import pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { createApiKey } from "../src/adapters/pg/api-keys.js";
-import { permitLedger } from "../src/adapters/pg/ledger.js";
-import { authorizeKey, type AuthorizationView } from "./helpers/authorize.js";
-import { describeIfPostgres } from "./helpers/db.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { auditSecret } from "./helpers/log-audit.js";
-import { openPermit } from "./helpers/market.js";
+import { createApiKey } from "../../src/adapters/pg/api-keys.js";
+import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { authorizeKey, type AuthorizationView } from "../helpers/authorize.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { auditSecret } from "../helpers/log-audit.js";
+import { openPermit } from "../helpers/market.js";
 import {
   killProcess,
   serveProcess,
   stopProcess,
   type GatewayProcess,
-} from "./helpers/processes.js";
-import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+} from "../helpers/processes.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * Narrowed delegation (issue 28, item 7): a payer gives an agent's API key "at most this much of

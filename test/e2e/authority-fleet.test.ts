@@ -2,20 +2,20 @@ import pg from "pg";
 import type { Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { createApiKey } from "../src/adapters/pg/api-keys.js";
-import { startGateway, type Gateway } from "../src/app.js";
-import { authorizeKey, signable } from "./helpers/authorize.js";
-import { describeIfPostgres } from "./helpers/db.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { startFaultProxy, type FaultProxy } from "./helpers/fault-proxy.js";
-import { auditSecret } from "./helpers/log-audit.js";
+import { createApiKey } from "../../src/adapters/pg/api-keys.js";
+import { startGateway, type Gateway } from "../../src/app.js";
+import { authorizeKey, signable } from "../helpers/authorize.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { startFaultProxy, type FaultProxy } from "../helpers/fault-proxy.js";
+import { auditSecret } from "../helpers/log-audit.js";
 import {
   runGatewayCli,
   serveProcess,
   stopProcess,
   type GatewayProcess,
-} from "./helpers/processes.js";
-import { eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+} from "../helpers/processes.js";
+import { eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * Issue 28, item 4: a new permit authorization, a revocation and an API key revocation take

@@ -6,17 +6,17 @@ import { chromium } from "playwright-core";
 import type { Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { marketAbi } from "../gen/contracts/artifacts.js";
-import { anvilAccounts } from "../src/adapters/chain/anvil.js";
-import { chainClients } from "../src/adapters/chain/clients.js";
-import { demoMetadata, demoTariff, id32 } from "../src/dev/demo-market.js";
-import type { DevManifest } from "../src/dev/sandbox.js";
-import { signableReceipt } from "../src/domain/receipts.js";
-import type { EarningsJson } from "../src/clients/provider.js";
-import { bindKey } from "../src/clients/provider.js";
-import { consoleSecurityHeaders, createConsoleAssets } from "../src/rest/console.js";
-import { startDevProcess, stopDevProcess, type DevProcess } from "./helpers/processes.js";
-import { eventually, json } from "./helpers/stack.js";
+import { marketAbi } from "../../gen/contracts/artifacts.js";
+import { anvilAccounts } from "../../src/adapters/chain/anvil.js";
+import { chainClients } from "../../src/adapters/chain/clients.js";
+import { demoMetadata, demoTariff, id32 } from "../../src/dev/demo-market.js";
+import type { DevManifest } from "../../src/dev/sandbox.js";
+import { signableReceipt } from "../../src/domain/receipts.js";
+import type { EarningsJson } from "../../src/clients/provider.js";
+import { bindKey } from "../../src/clients/provider.js";
+import { consoleSecurityHeaders, createConsoleAssets } from "../../src/rest/console.js";
+import { startDevProcess, stopDevProcess, type DevProcess } from "../helpers/processes.js";
+import { eventually, json } from "../helpers/stack.js";
 
 /**
  * The market console (GET /console) against `npm start`'s sandbox as a real process, and in a
@@ -29,7 +29,7 @@ const chromiumPath = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
 const haveBrowser = existsSync(chromiumPath);
 if (!haveBrowser)
   console.warn(
-    `test/console.test.ts: browser tests skipped: no Chromium at ${chromiumPath} (apt-get install chromium, or set CHROMIUM_PATH)`,
+    `test/e2e/console.test.ts: browser tests skipped: no Chromium at ${chromiumPath} (apt-get install chromium, or set CHROMIUM_PATH)`,
   );
 
 /** Where screenshots go (gitignored). */

@@ -1,12 +1,12 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { permitLedger } from "../src/adapters/pg/ledger.js";
-import { demoMetadata } from "../src/dev/demo-market.js";
-import { describeIfPostgres } from "./helpers/db.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { openPermit, setOfferMetadata } from "./helpers/market.js";
-import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
-import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { demoMetadata } from "../../src/dev/demo-market.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { openPermit, setOfferMetadata } from "../helpers/market.js";
+import { serveProcess, stopProcess, type GatewayProcess } from "../helpers/processes.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * No false refusal across processes (issue 19, item 1): two gateways on one PostgreSQL, a

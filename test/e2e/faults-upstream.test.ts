@@ -1,12 +1,12 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { permitLedger } from "../src/adapters/pg/ledger.js";
-import { priceCredits } from "../src/domain/pricing.js";
-import { demoTariff } from "../src/dev/demo-market.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
-import { sseData } from "./helpers/sse.js";
-import { demoChatCounter } from "./helpers/token-counts.js";
+import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { priceCredits } from "../../src/domain/pricing.js";
+import { demoTariff } from "../../src/dev/demo-market.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
+import { sseData } from "../helpers/sse.js";
+import { demoChatCounter } from "../helpers/token-counts.js";
 
 /**
  * Provider faults (issue 13, docs/operations.md "Provider (upstream)"): each one ends in its

@@ -1,14 +1,14 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, expect, it } from "vitest";
-import { marketAbi } from "../gen/contracts/artifacts.js";
-import { permitLedger } from "../src/adapters/pg/ledger.js";
-import { startGateway } from "../src/app.js";
-import { describeIfPostgres } from "./helpers/db.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { openPermit, setOffer } from "./helpers/market.js";
-import { startRpcProxy, type RpcProxy } from "./helpers/rpc-proxy.js";
-import { chainPermit, chatOn, flush, settlementRows, settlingEnv } from "./helpers/settlement.js";
-import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { marketAbi } from "../../gen/contracts/artifacts.js";
+import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { startGateway } from "../../src/app.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { openPermit, setOffer } from "../helpers/market.js";
+import { startRpcProxy, type RpcProxy } from "../helpers/rpc-proxy.js";
+import { chainPermit, chatOn, flush, settlementRows, settlingEnv } from "../helpers/settlement.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * Chain RPC faults (issue 13, docs/operations.md "Chain RPC"): the gateway reaches anvil through

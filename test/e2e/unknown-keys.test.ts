@@ -9,15 +9,15 @@ import {
 } from "@connectrpc/connect-node";
 import type pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { CatalogService } from "../gen/gateway/v1/catalog_pb.js";
-import { InferenceService } from "../gen/gateway/v1/inference_pb.js";
-import { createApiKey, hashApiKey, revokeApiKey } from "../src/adapters/pg/api-keys.js";
-import { startGateway, type Gateway } from "../src/app.js";
-import { errorCodeOf } from "../src/connect/errors.js";
-import { randomBase62 } from "../src/domain/api-key-check.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { auditSecret } from "./helpers/log-audit.js";
-import { startChatStack, type TestStack } from "./helpers/stack.js";
+import { CatalogService } from "../../gen/gateway/v1/catalog_pb.js";
+import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
+import { createApiKey, hashApiKey, revokeApiKey } from "../../src/adapters/pg/api-keys.js";
+import { startGateway, type Gateway } from "../../src/app.js";
+import { errorCodeOf } from "../../src/connect/errors.js";
+import { randomBase62 } from "../../src/domain/api-key-check.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { auditSecret } from "../helpers/log-audit.js";
+import { startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * Issue 28, item 5: a malformed or unknown API key is refused without a database query (after

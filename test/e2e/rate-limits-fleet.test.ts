@@ -1,16 +1,16 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { createApiKey } from "../src/adapters/pg/api-keys.js";
-import { describeIfPostgres } from "./helpers/db.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { auditSecret } from "./helpers/log-audit.js";
+import { createApiKey } from "../../src/adapters/pg/api-keys.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { auditSecret } from "../helpers/log-audit.js";
 import {
   killProcess,
   serveProcess,
   stopProcess,
   type GatewayProcess,
-} from "./helpers/processes.js";
-import { eventually, startChatStack, type TestStack } from "./helpers/stack.js";
+} from "../helpers/processes.js";
+import { eventually, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * Fleet-wide per-API-key limits (issue 21, item 7): the database is the arbiter, so one, two

@@ -5,13 +5,13 @@ import { join } from "node:path";
 import { encryptKeystoreJsonSync } from "ethers";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Hex } from "viem";
-import { createApiKey } from "../src/adapters/pg/api-keys.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { auditSecret } from "./helpers/log-audit.js";
-import { advanceChainTime, mintCredits } from "./helpers/market.js";
-import { closedPort, runGatewayCli, type CliRun } from "./helpers/processes.js";
-import { chainPermit, flush, settlingEnv, tokenBalance } from "./helpers/settlement.js";
-import { eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { createApiKey } from "../../src/adapters/pg/api-keys.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { auditSecret } from "../helpers/log-audit.js";
+import { advanceChainTime, mintCredits } from "../helpers/market.js";
+import { closedPort, runGatewayCli, type CliRun } from "../helpers/processes.js";
+import { chainPermit, flush, settlingEnv, tokenBalance } from "../helpers/settlement.js";
+import { eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * `gateway permit open|balance|close|finalize` (issue 22, item 1): a payer's whole permit

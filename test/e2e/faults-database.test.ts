@@ -1,10 +1,10 @@
 import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { describeIfPostgres } from "./helpers/db.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { openPermit } from "./helpers/market.js";
-import { reportedCharge, sseData } from "./helpers/sse.js";
-import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { openPermit } from "../helpers/market.js";
+import { reportedCharge, sseData } from "../helpers/sse.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * Issue 13, database faults: every connection the gateway holds is killed

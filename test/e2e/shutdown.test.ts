@@ -8,17 +8,17 @@ import type { Hex } from "viem";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { InferenceService } from "../gen/gateway/v1/inference_pb.js";
-import { marketAbi } from "../gen/contracts/artifacts.js";
-import { demoMetadata } from "../src/dev/demo-market.js";
-import type { DevManifest } from "../src/dev/sandbox.js";
-import { describeIfPostgres } from "./helpers/db.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { auditChildLogs } from "./helpers/log-audit.js";
-import { openPermit } from "./helpers/market.js";
-import { gatewayCli, serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
-import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
-import { sseData } from "./helpers/sse.js";
+import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
+import { marketAbi } from "../../gen/contracts/artifacts.js";
+import { demoMetadata } from "../../src/dev/demo-market.js";
+import type { DevManifest } from "../../src/dev/sandbox.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { auditChildLogs } from "../helpers/log-audit.js";
+import { openPermit } from "../helpers/market.js";
+import { gatewayCli, serveProcess, stopProcess, type GatewayProcess } from "../helpers/processes.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
+import { sseData } from "../helpers/sse.js";
 
 /**
  * Graceful shutdown (issue 12, item 5), on real processes: SIGTERM turns readiness to 503

@@ -2,13 +2,13 @@ import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { describeIfPostgres } from "./helpers/db.js";
-import { startFaultProxy, type FaultProxy } from "./helpers/fault-proxy.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { openPermit } from "./helpers/market.js";
-import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
-import { reportedCharge, sseData } from "./helpers/sse.js";
-import { eventually, startChatStack, type TestStack } from "./helpers/stack.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import { startFaultProxy, type FaultProxy } from "../helpers/fault-proxy.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { openPermit } from "../helpers/market.js";
+import { serveProcess, stopProcess, type GatewayProcess } from "../helpers/processes.js";
+import { reportedCharge, sseData } from "../helpers/sse.js";
+import { eventually, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * Issue 19, item 5: a long stream on a lease epoch that a brownout retired. Gateway B (a

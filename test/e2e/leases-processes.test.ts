@@ -1,13 +1,13 @@
 import pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { permitLedger } from "../src/adapters/pg/ledger.js";
-import { describeIfPostgres } from "./helpers/db.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { offerInFlight } from "./helpers/ledger.js";
-import { openPermit, requestClose } from "./helpers/market.js";
-import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
-import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { offerInFlight } from "../helpers/ledger.js";
+import { openPermit, requestClose } from "../helpers/market.js";
+import { serveProcess, stopProcess, type GatewayProcess } from "../helpers/processes.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * Reservation leases across real processes (issue 11's acceptance): a process killed while it

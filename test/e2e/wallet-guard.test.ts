@@ -2,17 +2,17 @@ import { randomBytes } from "node:crypto";
 import { networkInterfaces } from "node:os";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { getAddress, zeroHash, type Hex } from "viem";
-import { createApiKey } from "../src/adapters/pg/api-keys.js";
-import { canonicalEndpointUrl } from "../src/adapters/upstream/endpoint-guard.js";
-import { runPermitCommand } from "../src/cli/permit.js";
-import { anyPermit } from "../src/domain/permit-authorization.js";
-import { endpointTokenHash, endpointUrlHash } from "../src/domain/registration.js";
-import { authorizeKey, type AuthorizationView } from "./helpers/authorize.js";
-import { startFakeGateway, route, type FakeGateway } from "./helpers/fake-gateway.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { auditSecret } from "./helpers/log-audit.js";
-import { runGatewayCli, type CliRun } from "./helpers/processes.js";
-import { json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { createApiKey } from "../../src/adapters/pg/api-keys.js";
+import { canonicalEndpointUrl } from "../../src/adapters/upstream/endpoint-guard.js";
+import { runPermitCommand } from "../../src/cli/permit.js";
+import { anyPermit } from "../../src/domain/permit-authorization.js";
+import { endpointTokenHash, endpointUrlHash } from "../../src/domain/registration.js";
+import { authorizeKey, type AuthorizationView } from "../helpers/authorize.js";
+import { startFakeGateway, route, type FakeGateway } from "../helpers/fake-gateway.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { auditSecret } from "../helpers/log-audit.js";
+import { runGatewayCli, type CliRun } from "../helpers/processes.js";
+import { json, startChatStack, type TestStack } from "../helpers/stack.js";
 
 /**
  * Issue 28, item 1: wallet commands sign only what their user asked for. Each case runs the real

@@ -1,11 +1,11 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { describeIfPostgres } from "./helpers/db.js";
-import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { openPermit } from "./helpers/market.js";
-import { serveProcess, stopProcess, type GatewayProcess } from "./helpers/processes.js";
-import { chainPermit, chatOn, settlementRows } from "./helpers/settlement.js";
-import { json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { describeIfPostgres } from "../helpers/db.js";
+import type { FakeUpstream } from "../helpers/fake-upstream.js";
+import { openPermit } from "../helpers/market.js";
+import { serveProcess, stopProcess, type GatewayProcess } from "../helpers/processes.js";
+import { chainPermit, chatOn, settlementRows } from "../helpers/settlement.js";
+import { json, startChatStack, type TestStack } from "../helpers/stack.js";
 
 describeIfPostgres("two gateway processes flushing at once", () => {
   let stack: TestStack;
