@@ -42,6 +42,7 @@ import {
   endpointTokenHash,
   endpointUrlHash,
   withoutDomainType,
+  type RegisterEndpointMessage,
   type RegistrationTypedData,
 } from "./typed-data.js";
 
@@ -209,7 +210,7 @@ async function createChallenge(
 /** The typed data an operator signs to register an endpoint on an offer, on this market. */
 function registrationTypedData(
   deps: RegistrationServiceDeps,
-  message: Omit<Parameters<typeof buildTypedData>[0], "chainId" | "market">,
+  message: RegisterEndpointMessage,
 ): RegistrationTypedData {
   return buildTypedData({ chainId: deps.chainId, market: deps.market, ...message });
 }
