@@ -82,23 +82,32 @@ const listTokenSeconds = 300;
 /** Pages asked at most (100 authorizations each). */
 const maxPages = 100;
 
-/** `gateway permit authorizations [--payer ADDRESS] [--json]`. */
-export async function listAuthorizationsAsPayer(
-  args: {
-    readonly signer: LocalAccount;
-    readonly payer?: string;
-    readonly json: boolean;
-    readonly env: NodeJS.ProcessEnv;
-    readonly chain: () => Promise<PayerChainFacts>;
-    readonly now?: () => number;
-  },
-  out: Output,
-): Promise<void> {
+/** What the payer's control commands (`authorizations`, `revoke`) are given. */
+interface PayerCommand {
+  readonly signer: LocalAccount;
+  readonly payer?: string;
+  readonly json: boolean;
+  readonly env: NodeJS.ProcessEnv;
+  readonly chain: () => Promise<PayerChainFacts>;
+  readonly now?: () => number;
+}
+
+/**
+ * What a payer's control command signs against: the gateway, the payer, its chain and the
+ * gateway's deployment there, and the payer's clock (Unix seconds).
+ */
+async function payerSession(args: PayerCommand) {
   const gateway = payerGateway(args.env);
   const payer = payerOf(args.signer, args.payer);
   const chain = await args.chain();
   const deployment = await gatewayDeployment(gateway, chain);
   const now = Math.floor((args.now ?? Date.now)() / 1000);
+  return { gateway, payer, chain, deployment, now };
+}
+
+/** `gateway permit authorizations [--payer ADDRESS] [--json]`. */
+export async function listAuthorizationsAsPayer(args: PayerCommand, out: Output): Promise<void> {
+  const { gateway, payer, chain, deployment, now } = await payerSession(args);
   const expiresAt = now + listTokenSeconds;
   if (!args.json)
     out.log(
@@ -144,16 +153,10 @@ export async function listAuthorizationsAsPayer(
 
 /** `gateway permit revoke --key KEY_ID [--permit ID]`, `--permit ID`, `--all`. */
 export async function revokeAuthorizationsAsPayer(
-  args: {
-    readonly signer: LocalAccount;
-    readonly payer?: string;
+  args: PayerCommand & {
     readonly keyId?: string;
     readonly permitId?: string;
     readonly all: boolean;
-    readonly json: boolean;
-    readonly env: NodeJS.ProcessEnv;
-    readonly chain: () => Promise<PayerChainFacts>;
-    readonly now?: () => number;
   },
   out: Output,
 ): Promise<void> {
@@ -167,12 +170,8 @@ export async function revokeAuthorizationsAsPayer(
     throw new PayerControlUsageError("--key must be an API key id (key_...)");
   if (args.permitId !== undefined && (!isHex32(args.permitId) || /^0x0{64}$/.test(args.permitId)))
     throw new PayerControlUsageError("--permit must be a permit id (0x + 64 hex digits, not zero)");
-  const gateway = payerGateway(args.env);
-  const payer = payerOf(args.signer, args.payer);
-  const chain = await args.chain();
-  const deployment = await gatewayDeployment(gateway, chain);
   // The payer's clock: what it revokes is what was issued up to now as it sees it.
-  const before = Math.floor((args.now ?? Date.now)() / 1000);
+  const { gateway, payer, chain, deployment, now: before } = await payerSession(args);
   const keyId = args.keyId ?? "";
   const permitId = (args.permitId?.toLowerCase() as Hex | undefined) ?? anyPermit;
   const scope = args.all

@@ -5,6 +5,7 @@ import type { GatewayClientConfig } from "../config.js";
 import { BaseError } from "../domain/base-error.js";
 import { isHex32 } from "../domain/hex.js";
 import type { GatewayConnection } from "../clients/provider.js";
+import { signingFlags } from "./signing.js";
 
 export class PermitUsageError extends BaseError {
   override readonly name = "PermitUsageError";
@@ -31,12 +32,7 @@ export function parsePermitArgs(args: string[]) {
       "expires-at": { type: "string" },
       "expires-in": { type: "string" },
       payer: { type: "string" },
-      keystore: { type: "string" },
-      gateway: { type: "string" },
-      "api-key": { type: "string" },
-      "rpc-url": { type: "string" },
-      market: { type: "string" },
-      "chain-id": { type: "string" },
+      ...signingFlags,
       offer: { type: "string" },
       deposit: { type: "string" },
       tokens: { type: "boolean" },

@@ -95,6 +95,33 @@ async function connectChain(
   return { publicClient, chain: { publicClient, wallet, market }, market };
 }
 
+/** The payer's signer (its keystore, else PAYER_PRIVATE_KEY) and the chain it signs on. */
+async function payerWallet(keystore: string | undefined, env: NodeJS.ProcessEnv) {
+  const signer = await loadSigner(keystore, env, "PAYER_PRIVATE_KEY");
+  return { signer, ...(await connectChain(env, signer)) };
+}
+
+/** Prints `keys` of `view`, a line each, the values aligned ("-" for none). */
+function logFields<T extends object>(
+  out: Output,
+  view: T,
+  keys: readonly (keyof T & string)[],
+): void {
+  const width = Math.max(...keys.map((key) => key.length));
+  for (const key of keys) out.log(`  ${key.padEnd(width)} ${view[key] ?? "-"}`);
+}
+
+/** What the chain itself says of a permit, in the order `balance` prints it. */
+const chainPermitFields = [
+  "payer",
+  "model_id",
+  "offer_id",
+  "expires_at",
+  "closable_at",
+  "deposit",
+  "settled",
+] as const;
+
 /** The chain id and market the payer configured (the RPC's chain id, checked). */
 export async function payerChainFacts(env: NodeJS.ProcessEnv): Promise<PayerChainFacts> {
   const { publicClient, market } = await connectChain(env);
@@ -134,8 +161,10 @@ export async function open(
   const id = values.id as string | undefined;
   if (id !== undefined && !isHex32(id))
     throw new PermitUsageError("--id must be a permit id (0x + 64 hex digits)");
-  const signer = await loadSigner(values.keystore as string | undefined, env, "PAYER_PRIVATE_KEY");
-  const { publicClient, chain, market } = await connectChain(env, signer);
+  const { publicClient, chain, market } = await payerWallet(
+    values.keystore as string | undefined,
+    env,
+  );
   const modelId = await resolveModel(model, gateway);
   const token = await readModelToken(publicClient, market, modelId);
   const amount = parseDeposit(deposit, token.decimals, values.tokens === true);
@@ -199,19 +228,7 @@ export async function balance(
     if (json) out.log(JSON.stringify({ source: "gateway", ...view }, null, 2));
     else {
       out.log(`permit ${view.permit_id} (${view.state}), as the gateway accounts for it`);
-      for (const key of [
-        "payer",
-        "model_id",
-        "offer_id",
-        "expires_at",
-        "closable_at",
-        "deposit",
-        "settled",
-        "charged_unsettled",
-        "reserved",
-        "available",
-      ] as const)
-        out.log(`  ${key.padEnd(17)} ${view[key] ?? "-"}`);
+      logFields(out, view, [...chainPermitFields, "charged_unsettled", "reserved", "available"]);
     }
     return;
   }
@@ -238,16 +255,7 @@ export async function balance(
   out.log(
     `permit ${view.permit_id} (${view.state}), read from the chain: no GATEWAY_API_KEY, so charges not yet settled and open reservations are not shown`,
   );
-  for (const key of [
-    "payer",
-    "model_id",
-    "offer_id",
-    "expires_at",
-    "closable_at",
-    "deposit",
-    "settled",
-  ] as const)
-    out.log(`  ${key.padEnd(11)} ${view[key] ?? "-"}`);
+  logFields(out, view, chainPermitFields);
 }
 
 /** `close ID`: the payer requests the permit's close. */
@@ -258,8 +266,7 @@ export async function closePermit(
   out: Output,
 ): Promise<void> {
   const permitId = permitIdArg(target);
-  const signer = await loadSigner(values.keystore, settings, "PAYER_PRIVATE_KEY");
-  const { chain } = await connectChain(settings, signer);
+  const { chain } = await payerWallet(values.keystore, settings);
   const { closableAt, tx } = await requestPermitClose(chain!, permitId);
   if (values.json === true)
     out.log(
@@ -284,8 +291,7 @@ export async function finalizePermit(
   out: Output,
 ): Promise<void> {
   const permitId = permitIdArg(target);
-  const signer = await loadSigner(values.keystore, settings, "PAYER_PRIVATE_KEY");
-  const { publicClient, chain, market } = await connectChain(settings, signer);
+  const { signer, publicClient, chain, market } = await payerWallet(values.keystore, settings);
   const { refund, permit, tx } = await finalizePermitClose(chain!, permitId);
   if (values.json === true)
     out.log(

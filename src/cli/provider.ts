@@ -20,6 +20,7 @@ import {
   reportClientFailure,
   settingsFromFlags,
   signingChain,
+  signingFlags,
   type CommandOutput,
 } from "./signing.js";
 import { loadSigner, SignerUsageError } from "./signer.js";
@@ -133,12 +134,7 @@ export async function runProviderCommand(
       operator: { type: "string" },
       "key-id": { type: "string" },
       yes: { type: "boolean" },
-      keystore: { type: "string" },
-      gateway: { type: "string" },
-      "api-key": { type: "string" },
-      "rpc-url": { type: "string" },
-      market: { type: "string" },
-      "chain-id": { type: "string" },
+      ...signingFlags,
       "expires-at": { type: "string" },
       from: { type: "string" },
       to: { type: "string" },

@@ -118,6 +118,20 @@ export function reportClientFailure(
   return undefined;
 }
 
+/**
+ * The flags every signing client command takes (`gateway permit`, `gateway provider`), as
+ * `parseArgs` options: the signer's keystore, and the gateway and chain ones `settingsFromFlags`
+ * reads.
+ */
+export const signingFlags = {
+  keystore: { type: "string" },
+  gateway: { type: "string" },
+  "api-key": { type: "string" },
+  "rpc-url": { type: "string" },
+  market: { type: "string" },
+  "chain-id": { type: "string" },
+} as const;
+
 /** The gateway and chain flags a client command takes, over the environment (flags win). */
 export function settingsFromFlags(
   env: NodeJS.ProcessEnv,

@@ -87,6 +87,21 @@ function receiptSigner(receipts: InferenceReceiptDeps | undefined): {
   return { deps: receipts, signer: receipts.signer };
 }
 
+/**
+ * The request `id` names, as the caller may read it: the record's rule is only the key that made
+ * the request, and another key's looks absent.
+ */
+async function callersRequest(deps: InferenceServiceDeps, rawId: string, ctx: HandlerContext) {
+  if (!isHex32(rawId)) throw new GatewayError("invalid_hex", "request id must be a Hex32");
+  const id = normalizeHex(rawId);
+  // Read your writes: an answer this process just gave may still be recording its charge.
+  await deps.inference.whenRecorded(id);
+  const record = await deps.findRequest(id, apiKeyOf(ctx));
+  if (record === undefined)
+    throw new GatewayError("request_not_found", `request ${rawId} does not exist`);
+  return record;
+}
+
 const yieldToEventLoop = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
 export function createInferenceService(
@@ -103,25 +118,13 @@ export function createInferenceService(
     },
 
     async getRequest(req, ctx) {
-      if (!isHex32(req.id)) throw new GatewayError("invalid_hex", "request id must be a Hex32");
-      const id = normalizeHex(req.id);
-      // Read your writes: an answer this process just gave may still be recording its charge.
-      await deps.inference.whenRecorded(id);
-      const record = await deps.findRequest(id, apiKeyOf(ctx));
-      if (record === undefined)
-        throw new GatewayError("request_not_found", `request ${req.id} does not exist`);
+      const record = await callersRequest(deps, req.id, ctx);
       return create(GetRequestResponseSchema, { request: requestMessage(record) });
     },
 
     async getRequestReceipt(req, ctx) {
       const { deps: receipts, signer } = receiptSigner(deps.receipts);
-      if (!isHex32(req.id)) throw new GatewayError("invalid_hex", "request id must be a Hex32");
-      const id = normalizeHex(req.id);
-      await deps.inference.whenRecorded(id);
-      // The record's rule: only the key that made the request, and another key's looks absent.
-      const record = await deps.findRequest(id, apiKeyOf(ctx));
-      if (record === undefined)
-        throw new GatewayError("request_not_found", `request ${req.id} does not exist`);
+      const record = await callersRequest(deps, req.id, ctx);
       const signed = await signer.sign(
         buildUsageReceipt(record, { chainId: receipts.chainId, market: receipts.market }),
       );

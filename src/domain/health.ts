@@ -48,20 +48,23 @@ export type VerificationCheck = (typeof verificationChecks)[number];
  * `transport` tells a failure to get an answer (timeout, refused or reset connection, HTTP 408,
  * 429 or 5xx) from a wrong answer; only the latter says the endpoint does not conform.
  */
-export type EndpointVerification =
-  | {
-      readonly ok: true;
-      /** Optional features proven (`provider.require_parameters`); absent: none. */
-      readonly features?: readonly OfferFeature[] | undefined;
-      /** Features whose check got no answer: their standing value is kept. */
-      readonly unanswered?: readonly OfferFeature[] | undefined;
-    }
-  | {
-      readonly ok: false;
-      readonly check: VerificationCheck;
-      readonly message: string;
-      readonly transport: boolean;
-    };
+export type EndpointVerification = ({ readonly ok: true } & VerifiedFeatures) | VerificationFailure;
+
+/** What a passed verification proved of the optional features. */
+interface VerifiedFeatures {
+  /** Optional features proven (`provider.require_parameters`); absent: none. */
+  readonly features?: readonly OfferFeature[] | undefined;
+  /** Features whose check got no answer: their standing value is kept. */
+  readonly unanswered?: readonly OfferFeature[] | undefined;
+}
+
+/** A failed verification: the check that failed, and whether it got no answer at all. */
+interface VerificationFailure {
+  readonly ok: false;
+  readonly check: VerificationCheck;
+  readonly message: string;
+  readonly transport: boolean;
+}
 
 /** How a verification run ended: passed, answered wrongly, or could not get an answer. */
 export type VerificationRunOutcome = "verified" | "rejected" | "unreachable";
@@ -120,20 +123,12 @@ export interface EndpointHealth {
  * `rejected` clears it, `unreachable` leaves it as it stands.
  */
 export type VerificationRecord =
-  | {
+  | ({
       readonly ok: true;
       readonly verifiedAt: number;
       readonly expiresAt: number;
-      readonly features?: readonly OfferFeature[] | undefined;
-      readonly unanswered?: readonly OfferFeature[] | undefined;
-    }
-  | {
-      readonly ok: false;
-      readonly check: VerificationCheck;
-      readonly message: string;
-      readonly transport: boolean;
-      readonly ranAt: number;
-    };
+    } & VerifiedFeatures)
+  | (VerificationFailure & { readonly ranAt: number });
 
 /** The last verification run of an endpoint, as stored. */
 export interface LastVerificationRun {

@@ -12,6 +12,7 @@ import { isHex32, normalizeHex } from "./hex.js";
 import {
   defaultAuthorizationLifetimeSeconds,
   gatewayTypedData,
+  grantStatus,
   signable,
   type AuthorizationDomain,
 } from "./permit-authorization.js";
@@ -87,8 +88,7 @@ export interface OfferKeyBinding {
 }
 
 export function keyBindingStatus(b: OfferKeyBinding, now: number): KeyBindingStatus {
-  if (b.revokedAt !== null) return "revoked";
-  return b.expiresAt <= now ? "expired" : "active";
+  return grantStatus(b, now);
 }
 
 /** The table of bindings (adapters/pg/offer-key-bindings.ts). */

@@ -39,6 +39,7 @@ export {
 } from "./permit-authorization/typed-data.js";
 export {
   authorizationStatus,
+  grantStatus,
   byCapOrder,
   covers,
   fitsPerRequestCap,

@@ -9,7 +9,8 @@
  * it (docs/app-developers.md, "The market console").
  */
 import { segment } from "../api.js";
-import { badge, code, credits, facts, h, hexIdForm, messageLine, table, time } from "../dom.js";
+import { badge, code, credits, facts, h, table, time } from "../dom.js";
+import { idLookup } from "../lookup.js";
 
 /** The states an offer's charges are counted in, in the order they move. */
 const states = ["unsettled", "settling", "settled", "unsettleable"];
@@ -19,44 +20,27 @@ export const earningsPanel = {
   id: "earnings",
   title: "Offer earnings",
   mount(section, { api, events }) {
-    const { form, input } = hexIdForm({
-      id: "earnings-offer-id",
-      label: "Offer id",
-      hint: "The last 30 days. The API key must be bound to the offer by its operator (gateway provider bind-key).",
-      button: "Show earnings",
-    });
-    const message = messageLine();
-    const view = h("div", { class: "earnings" });
-    section.append(form, message.element, view);
-
-    /** @type {string | undefined} */
-    let shown;
-
-    async function load() {
-      if (shown === undefined) return;
-      if (!api.hasKey()) {
-        view.replaceChildren();
-        message.info("Enter an API key first.");
-        return;
-      }
-      const id = shown;
-      message.info("Loading…");
-      try {
+    const { form, input, message, view, load, select } = idLookup(section, api, {
+      form: {
+        id: "earnings-offer-id",
+        label: "Offer id",
+        hint: "The last 30 days. The API key must be bound to the offer by its operator (gateway provider bind-key).",
+        button: "Show earnings",
+      },
+      className: "earnings",
+      loading: "Loading…",
+      read: async (id) => {
         const earnings = await api.get(`/v1/provider-offers/${segment(id)}/earnings`);
-        if (id !== shown) return;
-        message.clear();
-        view.replaceChildren(earningsView(earnings));
-      } catch (error) {
-        if (id !== shown) return;
-        view.replaceChildren();
-        message.error(error);
-      }
-    }
+        return () => {
+          message.clear();
+          view.replaceChildren(earningsView(earnings));
+        };
+      },
+    });
 
     form.addEventListener("submit", (event) => {
       event.preventDefault();
-      shown = input.value.trim();
-      view.replaceChildren();
+      select(input.value);
       void load();
     });
     events.addEventListener("key", () => void load());

@@ -7,7 +7,8 @@
  * (GET /v1/requests/{id}).
  */
 import { segment } from "../api.js";
-import { code, credits, facts, h, hexIdForm, messageLine, time } from "../dom.js";
+import { code, credits, facts, h, time } from "../dom.js";
+import { idLookup } from "../lookup.js";
 import { recoverTypedDataSigner, sameAddress } from "../vendor/eip712.js";
 
 /** @type {import("../app.js").Panel} */
@@ -15,50 +16,32 @@ export const receiptPanel = {
   id: "receipt",
   title: "Usage receipt",
   mount(section, { api, events }) {
-    const { form, input } = hexIdForm({
-      id: "receipt-request-id",
-      label: "Request id",
-      hint: "A closed request that was charged has a receipt signed by the gateway.",
-      button: "Verify receipt",
-    });
-    const message = messageLine();
-    const view = h("div", { class: "receipt" });
-    section.append(form, message.element, view);
-
-    /** @type {string | undefined} */
-    let shown;
-
-    async function load() {
-      if (shown === undefined) return;
-      if (!api.hasKey()) {
-        view.replaceChildren();
-        message.info("Enter an API key first.");
-        return;
-      }
-      const id = shown;
-      message.info("Fetching and verifying…");
-      try {
+    const { form, input, message, view, load, select } = idLookup(section, api, {
+      form: {
+        id: "receipt-request-id",
+        label: "Request id",
+        hint: "A closed request that was charged has a receipt signed by the gateway.",
+        button: "Verify receipt",
+      },
+      className: "receipt",
+      loading: "Fetching and verifying…",
+      read: async (id) => {
         const [signed, gateway, record] = await Promise.all([
           api.get(`/v1/requests/${segment(id)}/receipt`),
           api.get("/v1/gateway"),
           api.get(`/v1/requests/${segment(id)}`),
         ]);
         const checks = await verifyReceipt(signed, gateway, record);
-        if (id !== shown) return;
-        message.clear();
-        view.replaceChildren(receiptView(id, signed, checks));
-      } catch (error) {
-        if (id !== shown) return;
-        view.replaceChildren();
-        message.error(error);
-      }
-    }
+        return () => {
+          message.clear();
+          view.replaceChildren(receiptView(id, signed, checks));
+        };
+      },
+    });
 
     /** @param {string} id */
     function show(id) {
-      shown = id.trim();
-      input.value = shown;
-      view.replaceChildren();
+      input.value = select(id);
       void load();
     }
 

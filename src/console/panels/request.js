@@ -4,7 +4,8 @@
  * its permit and its receipt (the receipt panel verifies it).
  */
 import { segment } from "../api.js";
-import { badge, code, credits, facts, h, hexIdForm, messageLine, time } from "../dom.js";
+import { badge, code, credits, facts, h, time } from "../dom.js";
+import { idLookup } from "../lookup.js";
 
 /** How often an unfinished request is read again (ms): about the sandbox worker's pace. */
 const pollMs = 2000;
@@ -17,57 +18,46 @@ export const requestPanel = {
   id: "request",
   title: "Request",
   mount(section, { api, events }) {
-    const { form, input } = hexIdForm({
-      id: "request-id",
-      label: "Request id",
-      hint: "The X-Gateway-Request-Id header of a chat answer.",
-      button: "Show request",
-    });
-    const message = messageLine();
-    const view = h("div", { class: "request" });
-    section.append(form, message.element, view);
-
-    /** @type {string | undefined} */
-    let shown;
     /** @type {string | undefined} */
     let lastSettlement;
     /** @type {ReturnType<typeof setTimeout> | undefined} */
     let timer;
 
-    async function load() {
-      clearTimeout(timer);
-      if (shown === undefined) return;
-      if (!api.hasKey()) {
-        view.replaceChildren();
-        message.info("Enter an API key first.");
-        return;
-      }
-      const id = shown;
-      try {
+    const lookup = idLookup(section, api, {
+      form: {
+        id: "request-id",
+        label: "Request id",
+        hint: "The X-Gateway-Request-Id header of a chat answer.",
+        button: "Show request",
+      },
+      className: "request",
+      read: async (id) => {
         const record = await api.get(`/v1/requests/${segment(id)}`);
-        if (id !== shown) return;
-        const settlement = record.settlement.status;
-        if (lastSettlement !== undefined && settlement !== lastSettlement)
-          events.dispatchEvent(new Event("ledger"));
-        lastSettlement = settlement;
-        view.replaceChildren(recordView(record, events));
-        const final = finalSettlements.has(settlement) && !openStatuses.has(record.status);
-        message.info(
-          final ? `Settlement: ${settlement}.` : `Settlement: ${settlement}; following it…`,
-        );
-        if (!final) timer = setTimeout(load, pollMs);
-      } catch (error) {
-        if (id !== shown) return;
-        view.replaceChildren();
-        message.error(error);
-      }
+        return () => {
+          const settlement = record.settlement.status;
+          if (lastSettlement !== undefined && settlement !== lastSettlement)
+            events.dispatchEvent(new Event("ledger"));
+          lastSettlement = settlement;
+          view.replaceChildren(recordView(record, events));
+          const final = finalSettlements.has(settlement) && !openStatuses.has(record.status);
+          message.info(
+            final ? `Settlement: ${settlement}.` : `Settlement: ${settlement}; following it…`,
+          );
+          if (!final) timer = setTimeout(load, pollMs);
+        };
+      },
+    });
+    const { form, input, message, view } = lookup;
+
+    function load() {
+      clearTimeout(timer);
+      return lookup.load();
     }
 
     form.addEventListener("submit", (event) => {
       event.preventDefault();
-      shown = input.value.trim();
+      lookup.select(input.value);
       lastSettlement = undefined;
-      view.replaceChildren();
       message.info("Loading…");
       void load();
     });

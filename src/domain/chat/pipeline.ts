@@ -182,7 +182,7 @@ async function answer(
   if (key !== undefined) checkIdempotencyKey(key);
   const now = p.deps.clock();
   if (key === undefined) {
-    await run(p, req, input, now, arrivedAt, trace, out);
+    await run(p, { req, input, now, arrivedAt, trace, out });
     return;
   }
   const stored = await claimKey(p.deps.idempotency, input, key, now);
@@ -194,22 +194,29 @@ async function answer(
   // The answer's events kept for the key as they pass; its result stored once.
   const kept = new KeptAnswer(p.keeping, input, key, stream, out);
   try {
-    await run(p, req, input, now, arrivedAt, trace, kept);
+    await run(p, { req, input, now, arrivedAt, trace, out: kept });
   } catch (error) {
     await kept.interrupted(error);
     throw error;
   }
 }
 
-async function run(
-  p: Pipeline,
-  req: ChatRequest,
-  input: ChatInput,
-  now: number,
-  arrivedAt: number,
-  trace: ChatTrace | undefined,
-  out: AnswerSink,
-): Promise<void> {
+/**
+ * One chat request on its way through the steps: as parsed, as it came, the clock when it was
+ * taken up (Unix seconds) and when it arrived (`performance.now()`), its trace and where its
+ * answer goes.
+ */
+interface ChatTurn {
+  readonly req: ChatRequest;
+  readonly input: ChatInput;
+  readonly now: number;
+  readonly arrivedAt: number;
+  readonly trace: ChatTrace | undefined;
+  readonly out: AnswerSink;
+}
+
+async function run(p: Pipeline, turn: ChatTurn): Promise<void> {
+  const { req, input, now, trace } = turn;
   // 1. Quote first: a stale or foreign quote is refused before anything else happens.
   const quote =
     input.quoteId === undefined
@@ -265,22 +272,7 @@ async function run(
   const failover = pins.every((pin) => pin === undefined);
   trace?.step("route");
 
-  await admit(
-    p,
-    req,
-    input,
-    now,
-    arrivedAt,
-    trace,
-    out,
-    quote,
-    model,
-    permit,
-    grants,
-    candidates,
-    failover,
-    counter,
-  );
+  await admit(p, turn, quote, model, permit, grants, candidates, failover, counter);
 }
 
 /**
@@ -289,12 +281,7 @@ async function run(
  */
 async function admit(
   p: Pipeline,
-  req: ChatRequest,
-  input: ChatInput,
-  now: number,
-  arrivedAt: number,
-  trace: ChatTrace | undefined,
-  out: AnswerSink,
+  turn: ChatTurn,
   quote: QuoteRecord | undefined,
   model: ModelRecord,
   permit: Permit,
@@ -303,6 +290,7 @@ async function admit(
   failover: boolean,
   counter: TokenCounter,
 ): Promise<void> {
+  const { req, input, now, arrivedAt, trace, out } = turn;
   const requestId = p.newId();
   let chosen: Candidate | undefined;
   let quoteId: Hex | undefined;

@@ -43,8 +43,19 @@ export interface AuthorizationUse {
 }
 
 export function authorizationStatus(a: PermitAuthorization, now: number): AuthorizationStatus {
-  if (a.revokedAt !== null) return "revoked";
-  return a.expiresAt <= now ? "expired" : "active";
+  return grantStatus(a, now);
+}
+
+/**
+ * Where a grant that lapses and can be revoked stands (an authorization, an offer's key
+ * binding): revoked first, then expired once `expiresAt` (Unix seconds) is reached.
+ */
+export function grantStatus(
+  grant: { readonly revokedAt: number | null; readonly expiresAt: number },
+  now: number,
+): AuthorizationStatus {
+  if (grant.revokedAt !== null) return "revoked";
+  return grant.expiresAt <= now ? "expired" : "active";
 }
 
 /** Whether `a` lets its key spend `permit` at `now`. */

@@ -44,19 +44,38 @@ export function createChallenge(
     (value) => readAuthorizationExpiry(value, t, t, deps.maxLifetimeSeconds),
   );
   const caps = readCaps(req.totalCap, req.perRequestCap, permitId);
+  return authorizeKeyTypedData(deps, caps, {
+    payer,
+    keyId: req.apiKeyId,
+    permitId,
+    expiresAt,
+    issuedAt: t,
+    nonce: newChallengeNonce(),
+  });
+}
+
+/** The `AuthorizeKey` a payer signs, on this market and for this gateway deployment. */
+function authorizeKeyTypedData(
+  deps: PermitAuthorizationServiceDeps,
+  caps: ReturnType<typeof readCaps>,
+  message: Omit<
+    Parameters<typeof buildAuthorizeKeyTypedData>[0]["message"],
+    "deployment" | "totalCap" | "perRequestCap"
+  >,
+): AuthorizeKeyTypedData {
   return buildAuthorizeKeyTypedData({
     chainId: deps.chainId,
     market: deps.market,
     message: {
-      payer,
-      keyId: req.apiKeyId,
-      permitId,
-      expiresAt,
-      issuedAt: t,
+      payer: message.payer,
+      keyId: message.keyId,
+      permitId: message.permitId,
+      expiresAt: message.expiresAt,
+      issuedAt: message.issuedAt,
       deployment: deps.deployment,
       totalCap: caps.totalCap.toString(),
       perRequestCap: caps.perRequestCap.toString(),
-      nonce: newChallengeNonce(),
+      nonce: message.nonce,
     },
   });
 }
@@ -82,20 +101,13 @@ export async function authorize(
   readChallengeSignature(req.signature);
   // The key id is the caller's, never the body's: a signature made for another key does
   // not verify for this one.
-  const typedData = buildAuthorizeKeyTypedData({
-    chainId: deps.chainId,
-    market: deps.market,
-    message: {
-      payer,
-      keyId: req.apiKeyId,
-      permitId,
-      expiresAt,
-      issuedAt,
-      deployment: deps.deployment,
-      totalCap: caps.totalCap.toString(),
-      perRequestCap: caps.perRequestCap.toString(),
-      nonce: req.nonce,
-    },
+  const typedData = authorizeKeyTypedData(deps, caps, {
+    payer,
+    keyId: req.apiKeyId,
+    permitId,
+    expiresAt,
+    issuedAt,
+    nonce: req.nonce,
   });
   const signature = await verifyPayerSignature(deps, payer, typedData, req.signature);
   const authorization: PermitAuthorization = {

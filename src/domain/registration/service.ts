@@ -42,6 +42,7 @@ import {
   endpointTokenHash,
   endpointUrlHash,
   withoutDomainType,
+  type RegisterEndpointMessage,
   type RegistrationTypedData,
 } from "./typed-data.js";
 
@@ -196,9 +197,7 @@ async function createChallenge(
   const nonce =
     givenNonce ??
     newGatewayNonce(deps.challengeSecret, macFields(deps, offerId, urlHash, tokenHash, expiresAt));
-  return buildTypedData({
-    chainId: deps.chainId,
-    market: deps.market,
+  return registrationTypedData(deps, {
     offerId,
     operator: offer.operator,
     endpointUrlHash: urlHash,
@@ -206,6 +205,14 @@ async function createChallenge(
     nonce,
     expiresAt,
   });
+}
+
+/** The typed data an operator signs to register an endpoint on an offer, on this market. */
+function registrationTypedData(
+  deps: RegistrationServiceDeps,
+  message: RegisterEndpointMessage,
+): RegistrationTypedData {
+  return buildTypedData({ chainId: deps.chainId, market: deps.market, ...message });
 }
 
 async function register(deps: RegistrationServiceDeps, req: RegisterRequest): Promise<Hex> {
@@ -236,9 +243,7 @@ async function register(deps: RegistrationServiceDeps, req: RegisterRequest): Pr
   const offer = await readOffer(deps, offerId);
   const urlHash = endpointUrlHash(canonical);
   const tokenHash = endpointTokenHash(token);
-  const typedData = buildTypedData({
-    chainId: deps.chainId,
-    market: deps.market,
+  const typedData = registrationTypedData(deps, {
     offerId,
     operator: offer.operator,
     endpointUrlHash: urlHash,

@@ -92,16 +92,9 @@ export function endpointTokenHash(token: string | undefined): Hex {
  * market), never taken from a request, so a signature made for another chain or market is
  * worthless here.
  */
-export function buildTypedData(args: {
-  chainId: number;
-  market: Address;
-  offerId: Hex;
-  operator: Address;
-  endpointUrlHash: Hex;
-  endpointTokenHash: Hex;
-  nonce: string;
-  expiresAt: number;
-}): RegistrationTypedData {
+export function buildTypedData(
+  args: { chainId: number; market: Address } & RegisterEndpointMessage,
+): RegistrationTypedData {
   return {
     types: {
       EIP712Domain: eip712DomainFields.map((f) => ({ ...f })),

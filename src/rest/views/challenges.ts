@@ -29,16 +29,7 @@ export function parseStatusFilter<T extends number>(
 /** The challenge as wallet-ready EIP-712 JSON (what eth_signTypedData_v4 takes as is). */
 export function typedDataView(typed: TypedData) {
   return {
-    types: Object.fromEntries(
-      typed.types.map((t) => [t.name, t.fields.map((f) => ({ name: f.name, type: f.type }))]),
-    ),
-    primaryType: typed.primaryType,
-    domain: {
-      name: typed.domain?.name,
-      version: typed.domain?.version,
-      chainId: Number(typed.domain?.chainId ?? 0n),
-      verifyingContract: typed.domain?.verifyingContract,
-    },
+    ...typedDataFrame(typed),
     message: {
       offerId: typed.message?.offerId,
       operator: typed.message?.operator,
@@ -53,6 +44,7 @@ export function typedDataView(typed: TypedData) {
 /** The typed data's domain and types as eth_signTypedData_v4 takes them. */
 function typedDataFrame(
   typed:
+    | TypedData
     | AuthorizeKeyTypedData
     | RevokeKeyAuthorizationTypedData
     | BindOfferKeyTypedData
