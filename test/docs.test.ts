@@ -58,6 +58,13 @@ const RUNNERS: readonly Runner[] = [
   { shows: /^npm install$/, test: "test/e2e/build.test.ts", needles: ["`npm install`", '"start"'] },
   { shows: /^npm start$/, test: "test/e2e/build.test.ts", needles: ['spawn("npm", ["start"'] },
   { shows: /^npm test$/, test: ".ci/run", needles: ["\nnpm test -- "] },
+  { shows: /^npm run test:e2e$/, test: ".ci/run", needles: ["\nnpm run test:e2e -- "] },
+  // `npm run test:all` is both projects: CI runs them as two steps, on each Node line.
+  {
+    shows: /^npm run test:all$/,
+    test: ".ci/run",
+    needles: ["\nnpm test -- ", "\nnpm run test:e2e -- "],
+  },
   { shows: /^npm run check$/, test: ".ci/run", needles: ["npm run check:static", "npm test"] },
   // `npm run test:pg` is vitest with TEST_DATABASE_URL set (scripts/test-pg.mjs): CI's second run.
   {
@@ -70,8 +77,16 @@ const RUNNERS: readonly Runner[] = [
   { shows: /^npm ci$/, test: ".ci/run", needles: ["npm ci"] },
   { shows: /^npm run build$/, test: ".ci/run", needles: ["\nnpm run build\n"] },
   // `npm run serve` is `node dist/src/cli/main.js serve`, which is what the bin runs.
-  { shows: /^npm run serve$/, test: "test/e2e/build.test.ts", needles: ['"bin/gateway.js", "serve"'] },
-  { shows: /^gateway serve$/, test: "test/e2e/build.test.ts", needles: ['"bin/gateway.js", "serve"'] },
+  {
+    shows: /^npm run serve$/,
+    test: "test/e2e/build.test.ts",
+    needles: ['"bin/gateway.js", "serve"'],
+  },
+  {
+    shows: /^gateway serve$/,
+    test: "test/e2e/build.test.ts",
+    needles: ['"bin/gateway.js", "serve"'],
+  },
   {
     shows: /^npm prune --omit=dev$/,
     test: "test/e2e/build.test.ts",
@@ -99,7 +114,10 @@ const RUNNERS: readonly Runner[] = [
   { shows: /^gateway (keys|settle|migrate)\b/, test: "test/e2e/cli.test.ts" },
   { shows: /^gateway permit (open|balance|close|finalize)\b/, test: "test/e2e/permit-cli.test.ts" },
   { shows: /^gateway permit authorize\b/, test: "test/e2e/wallet-guard.test.ts" },
-  { shows: /^gateway permit revoke (--key|--permit|--all)\b/, test: "test/e2e/payer-control.test.ts" },
+  {
+    shows: /^gateway permit revoke (--key|--permit|--all)\b/,
+    test: "test/e2e/payer-control.test.ts",
+  },
   { shows: /^gateway permit revoke\b/, test: "test/e2e/cli.test.ts" },
   { shows: /^gateway permit authorizations\b/, test: "test/e2e/payer-control.test.ts" },
   { shows: /^gateway permit audit\b/, test: "test/receipts.test.ts" },
