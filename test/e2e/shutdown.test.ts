@@ -16,7 +16,12 @@ import { describeIfPostgres } from "../helpers/db.js";
 import type { FakeUpstream } from "../helpers/fake-upstream.js";
 import { auditChildLogs } from "../helpers/log-audit.js";
 import { openPermit } from "../helpers/market.js";
-import { gatewayCli, serveProcess, stopProcess, type GatewayProcess } from "../helpers/processes.js";
+import {
+  gatewayCli,
+  serveProcess,
+  stopProcess,
+  type GatewayProcess,
+} from "../helpers/processes.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
 import { sseData } from "../helpers/sse.js";
 

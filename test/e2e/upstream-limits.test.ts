@@ -3,7 +3,11 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { permitLedger } from "../../src/adapters/pg/ledger.js";
 import { priceCredits } from "../../src/domain/pricing.js";
 import { demoTariff } from "../../src/dev/demo-market.js";
-import { startFakeUpstream, type FakeRequest, type FakeUpstream } from "../helpers/fake-upstream.js";
+import {
+  startFakeUpstream,
+  type FakeRequest,
+  type FakeUpstream,
+} from "../helpers/fake-upstream.js";
 import { onboard, setOffer } from "../helpers/market.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "../helpers/stack.js";
 
