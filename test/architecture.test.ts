@@ -66,6 +66,43 @@ function reach(from: string): Map<string, string[]> {
 const forbidden = (rooms: readonly string[]) => (path: string) =>
   rooms.some((room) => path === room || path.startsWith(`${room}/`));
 
+/**
+ * The import circles among `files` (strongly connected components of more than one module, or a
+ * module importing itself), each as its modules sorted (Tarjan's algorithm).
+ */
+export function circles(files: readonly string[], edges: (file: string) => string[]): string[][] {
+  const index = new Map<string, number>();
+  const low = new Map<string, number>();
+  const stack: string[] = [];
+  const onStack = new Set<string>();
+  const found: string[][] = [];
+  const inside = new Set(files);
+  let next = 0;
+  const visit = (v: string): void => {
+    index.set(v, next);
+    low.set(v, next);
+    next += 1;
+    stack.push(v);
+    onStack.add(v);
+    for (const w of edges(v).filter((t) => inside.has(t))) {
+      if (!index.has(w)) {
+        visit(w);
+        low.set(v, Math.min(low.get(v)!, low.get(w)!));
+      } else if (onStack.has(w)) low.set(v, Math.min(low.get(v)!, index.get(w)!));
+    }
+    if (low.get(v) === index.get(v)) {
+      const component: string[] = [];
+      for (let w = stack.pop(); w !== undefined; w = w === v ? undefined : stack.pop()) {
+        onStack.delete(w);
+        component.push(w);
+      }
+      if (component.length > 1 || edges(v).includes(v)) found.push(component.sort());
+    }
+  };
+  for (const file of files) if (!index.has(file)) visit(file);
+  return found;
+}
+
 describe("architecture", () => {
   it("the domain reaches no generated protobuf code, adapter, Connect or REST module", () => {
     const outside = forbidden(["gen", "src/adapters", "src/connect", "src/rest"]);
@@ -86,6 +123,22 @@ describe("architecture", () => {
         .map((target) => `${file} -> ${target}`),
     );
     expect(problems).toEqual([]);
+  });
+
+  it("src/ has no import circle (type-only imports included)", () => {
+    expect(circles(sources("src"), importsOf)).toEqual([]);
+  });
+
+  it("finds a circle, however long, and only circles", () => {
+    const graph: Record<string, string[]> = {
+      a: ["b"],
+      b: ["c"],
+      c: ["a", "d"],
+      d: [],
+      e: ["e"],
+      f: ["d"],
+    };
+    expect(circles(Object.keys(graph), (f) => graph[f] ?? [])).toEqual([["a", "b", "c"], ["e"]]);
   });
 
   it("reads every form of import", () => {

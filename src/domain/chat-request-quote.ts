@@ -1,5 +1,5 @@
 import { hash } from "node:crypto";
-import type { ChatMessage, ChatRequest } from "./chat-request.js";
+import type { ChatMessage, ChatRequest } from "./chat-request-types.js";
 import { isObject } from "./chat-request-json.js";
 
 /**

@@ -1,4 +1,4 @@
-import type { ChatRequest } from "./chat-request.js";
+import type { ChatRequest } from "./chat-request-types.js";
 import { lengthControls } from "../schema/chat.js";
 import {
   concatBytes,

@@ -1,10 +1,9 @@
-import type { Hex } from "viem";
 import {
   ChatRequest as ChatRequestSchema,
   maxChoiceCount,
   type ChatRequestBody,
-  type chatRoles,
 } from "../schema/chat.js";
+import type { ChatMessage, ChatRequest, JsonObject } from "./chat-request-types.js";
 import { compileBody } from "./body-check.js";
 import type { JsonValue } from "./catalog.js";
 import {
@@ -20,7 +19,7 @@ import {
 import { keepSpans } from "./chat-request-upstream.js";
 import { GatewayError } from "./errors.js";
 import { normalizeHex } from "./hex.js";
-import { parseProviderPreferences, type ProviderPreferences } from "./provider-preferences.js";
+import { parseProviderPreferences } from "./provider-preferences.js";
 
 /**
  * The spec's Chat request (body of `POST /v1/chat/completions` and `POST /v1/quotes`): its
@@ -73,43 +72,7 @@ export {
 } from "./chat-request-quote.js";
 export { upstreamBody } from "./chat-request-upstream.js";
 
-export type ChatRole = (typeof chatRoles)[number];
-
-export type JsonObject = { readonly [key: string]: JsonValue };
-
-/** One message; extra properties (name, tool_calls, tool_call_id...) are kept as sent. */
-export interface ChatMessage {
-  readonly role: ChatRole;
-  readonly content: JsonValue;
-  readonly [key: string]: JsonValue;
-}
-
-export interface ChatRequest {
-  /** The body exactly as received. */
-  readonly raw: Uint8Array;
-  /** The parsed body, unknown properties included. */
-  readonly body: JsonObject;
-  readonly model: string;
-  readonly messages: readonly ChatMessage[];
-  /** The offer the request pins (`offer`), in lower case. */
-  readonly offer?: Hex | undefined;
-  /** Provider preferences (`provider`, OpenRouter's object; provider-preferences.ts). */
-  readonly provider?: ProviderPreferences | undefined;
-  readonly stream: boolean;
-  /** The client asked for usage on its stream (`stream_options.include_usage === true`). */
-  readonly includeUsage: boolean;
-  readonly maxTokens?: bigint | undefined;
-  readonly maxCompletionTokens?: bigint | undefined;
-  /**
-   * How many answers (`n`, OpenAI's "how many chat completion choices to generate") the
-   * provider is asked for: 1 to {@link maxChoices}, 1 when absent or null. Each choice may use
-   * the whole output limit, so it multiplies the output bound a quote prices.
-   */
-  readonly choices: bigint;
-  readonly tools?: readonly JsonValue[] | undefined;
-  readonly toolChoice?: JsonValue | undefined;
-  readonly responseFormat?: JsonValue | undefined;
-}
+export type { ChatMessage, ChatRequest, ChatRole, JsonObject } from "./chat-request-types.js";
 
 /** The largest `n` accepted (the schema's bound, src/schema/chat.ts), as a bigint. */
 export const maxChoices = BigInt(maxChoiceCount);

@@ -7,7 +7,7 @@ import type {
   VerificationOutcome,
   VerificationRecord,
   VerificationSubject,
-} from "./health.js";
+} from "./health-types.js";
 
 /**
  * One verification run of an offer's endpoint (the health monitor's `verify` in

@@ -9,16 +9,9 @@ import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest
 import { startFakeUpstream, type FakeUpstream } from "../../../test/helpers/fake-upstream.js";
 import { GatewayError } from "../../domain/errors.js";
 import type { LookupAll } from "./endpoint-guard.js";
-import {
-  answerDeadlineMs,
-  createUpstreamChat,
-  createUpstreamClient,
-  endpointTarget,
-  maxTimerMs,
-  readEventData,
-  readEventStream,
-  type UpstreamClient,
-} from "./http.js";
+import { answerDeadlineMs, createUpstreamChat, maxTimerMs } from "./chat.js";
+import { readEventData, readEventStream } from "./event-stream.js";
+import { createUpstreamClient, endpointTarget, type UpstreamClient } from "./http.js";
 
 let fake: FakeUpstream;
 let client: UpstreamClient;

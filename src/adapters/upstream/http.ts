@@ -8,14 +8,6 @@ import {
   type LookupAll,
 } from "./endpoint-guard.js";
 
-export {
-  answerDeadlineMs,
-  createUpstreamChat,
-  maxTimerMs,
-  type UpstreamChatTimeouts,
-} from "./chat.js";
-export { flowEventData, readEventData, readEventStream } from "./event-stream.js";
-
 /**
  * The gateway's only way to talk to provider endpoints: an HTTP/1.1 client (undici) whose
  * connections are pinned to addresses checked by the endpoint guard.

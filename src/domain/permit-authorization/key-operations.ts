@@ -17,7 +17,7 @@ import {
   readPayer,
   readPermitId,
 } from "./checks.js";
-import type { ServiceRequest } from "./service.js";
+import type { ServiceRequest } from "./service-types.js";
 import {
   nowOf,
   stored,

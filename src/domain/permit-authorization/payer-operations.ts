@@ -18,7 +18,7 @@ import {
   readPermitId,
   readSignatureExpiry,
 } from "./checks.js";
-import type { PayerRevocation, ServiceRequest } from "./service.js";
+import type { PayerRevocation, ServiceRequest } from "./service-types.js";
 import {
   findAuthorization,
   nowOf,

@@ -2,7 +2,6 @@
  * The authorization service (DESIGN.md section 8): a small factory over the operations of an API
  * key (key-operations.ts) and of a payer (payer-operations.ts).
  */
-import type { PermitAuthorization } from "./authorizations.js";
 import { authorize, createChallenge, listForKey, revokeByKey } from "./key-operations.js";
 import {
   listForPayer,
@@ -11,77 +10,13 @@ import {
   revokeForPayer,
 } from "./payer-operations.js";
 import type { PermitAuthorizationServiceDeps } from "./service-context.js";
-import type { AuthorizeKeyTypedData, RevokeKeyAuthorizationTypedData } from "./typed-data.js";
+import type { PermitAuthorizationService } from "./service-types.js";
 
-export interface PermitAuthorizationService {
-  createChallenge(req: {
-    apiKeyId: string;
-    payer: string;
-    permitId?: string;
-    expiresAt?: number | bigint;
-    /** Credits, a decimal string; absent or "0": no cap. */
-    totalCap?: string;
-    perRequestCap?: string;
-  }): AuthorizeKeyTypedData;
-  authorize(req: {
-    apiKeyId: string;
-    payer: string;
-    permitId: string;
-    expiresAt: number | bigint;
-    issuedAt: number | bigint;
-    /** As signed; absent: this deployment (a signature for another then fails to verify). */
-    deployment?: string;
-    totalCap?: string;
-    perRequestCap?: string;
-    nonce: string;
-    signature: string;
-  }): Promise<PermitAuthorization>;
-  list(apiKeyId: string): Promise<PermitAuthorization[]>;
-  /** Revocation by the key that holds it. */
-  revoke(req: { apiKeyId: string; id: string }): Promise<PermitAuthorization>;
-  revocationChallenge(id: string): Promise<RevokeKeyAuthorizationTypedData>;
-  /** Revocation on the payer's signature, whoever submits it. */
-  revokeBySignature(req: { id: string; signature: string }): Promise<PermitAuthorization>;
-  /**
-   * Every authorization made for the payer's address (every key's), newest first, on the
-   * payer's ListAuthorizations signature: no API key needed. `limit` 1 to
-   * `payerListMaxLimit` (checks.ts) (absent or 0: `payerListDefaultLimit`).
-   */
-  listForPayer(req: {
-    payer: string;
-    deployment: string;
-    expiresAt: number | bigint;
-    signature: string;
-    limit?: number;
-    startingAfter?: string;
-  }): Promise<{ authorizations: PermitAuthorization[]; hasMore: boolean }>;
-  /** Revocation by key, permit or all on the payer's RevokeAuthorizations signature. */
-  revokeForPayer(req: {
-    payer: string;
-    deployment: string;
-    /** "": every key. */
-    keyId: string;
-    /** "" or all zeros: every authorization. */
-    permitId: string;
-    before: number | bigint;
-    signature: string;
-  }): Promise<PayerRevocation>;
-}
-
-/** What a payer's RevokeAuthorizations did. */
-export interface PayerRevocation {
-  /** How many authorizations it revoked (none already revoked are counted). */
-  readonly revoked: number;
-  /** The revoked authorizations, newest first: the first `payerListMaxLimit` (checks.ts). */
-  readonly authorizations: readonly PermitAuthorization[];
-  /** The payer's epoch after a revoke all (Unix seconds); null for one by key or permit. */
-  readonly epoch: number | null;
-}
-
-/** The request of one of the service's operations. */
-export type ServiceRequest<K extends keyof PermitAuthorizationService> = Parameters<
-  PermitAuthorizationService[K]
->[0];
+export type {
+  PayerRevocation,
+  PermitAuthorizationService,
+  ServiceRequest,
+} from "./service-types.js";
 
 export function createPermitAuthorizationService(
   deps: PermitAuthorizationServiceDeps,
