@@ -7,7 +7,7 @@ import {
   parseLocalConfig,
   parsePayerChainConfig,
   parseSettleConfig,
-} from "./config.js";
+} from "../config.js";
 
 const base = {
   RPC_URL: "http://127.0.0.1:8545",
