@@ -116,8 +116,7 @@ function observed<T>(
   ended: ((status: string) => void) | undefined,
 ): AsyncIterable<T> {
   // An iterator rather than an async generator around the stream: one promise per message
-  // instead of a generator's several. (Methods, not named arrows: under tsx every named closure
-  // made per call costs a defineProperty for its name.)
+  // instead of a generator's several.
   return {
     [Symbol.asyncIterator](): AsyncIterator<T> {
       const inner = messages[Symbol.asyncIterator]();

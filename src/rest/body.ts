@@ -16,8 +16,8 @@ export async function readBody(req: NodeRequest, limit: number): Promise<Buffer>
     throw new GatewayError("request_too_large", `request body exceeds ${limit} bytes`);
   }
   // Events, not `for await`: the stream's async iterator builds an AbortError (stack trace
-  // included) when it finishes, on every request. The listeners are methods, not named arrows:
-  // under tsx every named closure made per request costs a defineProperty for its name.
+  // included) when it finishes, on every request. The listeners are the methods of one object,
+  // so that `off()` takes every one of them away together.
   return new Promise<Buffer>((resolve, reject) => {
     if (req.destroyed) {
       reject(new GatewayError("invalid_request", "the request body was cut short"));

@@ -22,8 +22,7 @@ const jsonPieceBytes = 64 * 1024;
  * The SSE events of one answer. Events that arrive in the same turn of the event loop (one
  * upstream read usually carries many) leave in one write of their bytes as they came, framed: a
  * write per event costs an HTTP chunk and a syscall per event, and turning the bytes back into
- * text costs a copy. (A class, not closures: under tsx every named closure made per request
- * costs a defineProperty for its name.)
+ * text costs a copy.
  */
 class EventWriter {
   private pending: Uint8Array[] = [];
