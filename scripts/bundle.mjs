@@ -9,7 +9,7 @@
  *
  * Why: a process that loads some 1,500 modules (viem's and OpenTelemetry's index files load
  * everything they export) holds each one's source, module record and namespace; one tree-shaken
- * file holds what the gateway calls. Measured (bench/results/issue-21-lean-path.md, issue 21
+ * file holds what the gateway calls. Measured (bench/figures/issue-21-lean-path.md, issue 21
  * item 3): the RSS of a process that has loaded the app, 143 MB as modules, 111 MB as one file.
  *
  * What a bundle must keep working:

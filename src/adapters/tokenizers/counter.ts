@@ -50,7 +50,7 @@ function tokenText(value: unknown): string | undefined {
 
 /**
  * Reads and parses an entry's files (checking their SHA-256 again). Slow (a tokenizer.json is
- * 8 to 33 MB: 0.4 to 1.5 s, bench/results/tokenizers.md), hence done once per tokenizer, when
+ * 8 to 33 MB: 0.4 to 1.5 s, bench/figures/tokenizers.md), hence done once per tokenizer, when
  * its first model is served.
  */
 export async function loadTokenizer(

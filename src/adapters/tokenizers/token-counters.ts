@@ -21,7 +21,7 @@ export interface TokenizerCounters extends TokenCounters {
  * (TOKENIZER_REGISTRY) over it, every file checked against its SHA-256 before the gateway
  * starts (a missing or changed file is a start-up error naming it; nothing is downloaded).
  * A tokenizer is parsed the first time one of its models is served, once, shared by concurrent
- * callers (parsing takes 0.4 to 1.5 s and 40 to 100 MB each: bench/results/tokenizers.md); a
+ * callers (parsing takes 0.4 to 1.5 s and 40 to 100 MB each: bench/figures/tokenizers.md); a
  * model the registry does not know is counted by the byte bound ({@link boundCounter}). A load
  * that fails rejects its callers and is tried again by the next.
  */
