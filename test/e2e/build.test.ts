@@ -295,7 +295,7 @@ describe.skipIf(!hasProc)("the production build (needs Linux /proc)", () => {
       [
         "--input-type=module",
         "-e",
-        "const m = await import('../dist/bench/lib/setup.js'); console.log(Object.keys(m).sort().join(' '))",
+        "const m = await import('./dist/bench/lib/setup.js'); console.log(Object.keys(m).sort().join(' '))",
       ],
       { encoding: "utf8", env: { PATH: process.env.PATH } },
     );
