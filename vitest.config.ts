@@ -4,8 +4,9 @@ import { defineConfig } from "vitest/config";
  * Two projects (docs/contributors.md, "Tests"):
  * - `unit` (`npm test`, the README's command): the unit tests beside the sources and the
  *   integration suites of test/ that run the gateway in the test's own process, on embedded
- *   PGlite and anvil from npm. No services; under 5 minutes on 2 cores. Two files at a time:
- *   vitest's default on 2 cores is one, and these suites mostly wait (on anvil, PGlite, sockets).
+ *   PGlite and anvil from npm. No services; under 5 minutes on 2 cores. `npm test` runs two
+ *   files at a time (`--maxWorkers=2` in package.json): vitest's default on 2 cores is one, and
+ *   these suites mostly wait (on anvil, PGlite, sockets). A flag given after it wins.
  * - `e2e` (`npm run test:e2e`): test/e2e/, the suites whose subject is a process, a browser, a
  *   fault or a load: the built CLI and `gateway serve` as child processes, several gateways on
  *   one database, kills and restarts, the console in Chromium, the build itself, outages and
@@ -27,7 +28,6 @@ export default defineConfig({
         test: {
           name: "unit",
           include: ["src/**/*.test.ts", "test/*.test.ts", "contracts/**/*.test.ts"],
-          maxWorkers: 2,
         },
       },
       {
