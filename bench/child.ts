@@ -24,7 +24,8 @@ export interface ReadyLine {
 
 /** A request on the IPC channel. */
 export interface StatsRequest {
-  readonly type: "stats";
+  /** "gc": a full collection first, when the child runs with --expose-gc. */
+  readonly type: "stats" | "gc";
   readonly id: number;
 }
 
@@ -67,7 +68,11 @@ export function serveControl(close: () => Promise<void>): void {
   };
   process.on("message", (message: unknown) => {
     const request = message as Partial<StatsRequest> | null;
-    if (request?.type !== "stats" || typeof request.id !== "number") return;
+    // `{type: "gc"}` (bench:agent, memory at rest): a full collection first when the process
+    // runs with --expose-gc, then the stats as usual.
+    if (request?.type === "gc") (globalThis as { gc?: () => void }).gc?.();
+    if ((request?.type !== "stats" && request?.type !== "gc") || typeof request.id !== "number")
+      return;
     const reply: StatsReply = {
       type: "stats",
       id: request.id,

@@ -17,6 +17,7 @@ import {
   requestBody,
   scenarios,
   slowStreamBody,
+  unaryRequest,
   UnloadedSampler,
   type LoadResult,
   type Scenario,
@@ -74,6 +75,8 @@ interface Settings extends CommonSettings {
   readonly slowStreamSeconds: number;
   /** Measure POST /v1/responses and POST /v1/messages too (BENCH_DIALECTS=0 skips them). */
   readonly dialects: boolean;
+  /** Seconds of the unary phase (`POST /v1/quotes` on the gateway); 0 skips it. */
+  readonly unarySeconds: number;
 }
 
 function readSettings(): Settings {
@@ -83,8 +86,9 @@ function readSettings(): Settings {
       `BENCH_SUSTAINED_SECONDS must be 0 (skip) or at least ${2 * sustainedWindowSeconds} (two ${sustainedWindowSeconds} s windows), got ${sustainedSeconds}`,
     );
   }
+  const common = readCommonSettings();
   return {
-    ...readCommonSettings(),
+    ...common,
     output:
       process.env.BENCH_OUTPUT || fileURLToPath(new URL("./results/latest.json", import.meta.url)),
     profileDir: process.env.BENCH_PROFILE_DIR || undefined,
@@ -95,6 +99,7 @@ function readSettings(): Settings {
     slowStartMs: intSetting("BENCH_SLOW_START_MS", 1000, 1, 60_000),
     slowStreamSeconds: intSetting("BENCH_SLOW_STREAM_SECONDS", 10, 1, 120),
     dialects: intSetting("BENCH_DIALECTS", 1, 0, 1) === 1,
+    unarySeconds: intSetting("BENCH_UNARY_SECONDS", common.seconds, 0, 300),
   };
 }
 
@@ -218,6 +223,7 @@ async function main(): Promise<number> {
     scenarios.length * 2 * loadPhaseMs +
     (settings.wideConnections > 0 ? 2 * loadPhaseMs : 0) +
     (settings.dialects ? 4 * (loadPhaseMs + 5_000) : 0) +
+    (settings.unarySeconds > 0 ? (settings.warmupSeconds + settings.unarySeconds + 20) * 1000 : 0) +
     (settings.slowStreams > 0 ? 2 * (slowStreamTimeoutMs + 15_000) : 0) +
     (settings.sustainedSeconds > 0 ? (settings.sustainedSeconds + 60) * 1000 : 0) +
     60_000;
@@ -587,6 +593,38 @@ async function main(): Promise<number> {
       }
     }
 
+    // ---------------------------------------------------------------- unary
+    // A keyed unary REST route (issue 36): the guard and the REST-to-service seam per call,
+    // reported beside the chat phases' CPU per request.
+    let unary: LoadPhase | undefined;
+    if (settings.unarySeconds > 0) {
+      checkAborted();
+      const request = unaryRequest();
+      const target = targetsByName.gateway;
+      const check = await load(target, "json", { connections: 1, seconds: 1, request });
+      if (check.ok === 0 || check.non2xx > 0) {
+        problems.push(
+          `unary ${request.path} is not measured: ${check.errorSamples.join(" | ") || "no 2xx answer"}`,
+        );
+      } else {
+        const options = { connections: settings.connections, request };
+        if (settings.warmupSeconds > 0) {
+          await load(target, "json", { ...options, seconds: settings.warmupSeconds });
+          await sleep(500);
+        }
+        log(
+          `load: gateway unary POST ${request.path}, ${settings.connections} connections, ${settings.unarySeconds} s`,
+        );
+        const { result, cpu, window } = await cpuWindow(all, probe, () =>
+          load(target, "json", { ...options, seconds: settings.unarySeconds }),
+        );
+        await recordPhase("unary", window, result.ok);
+        unary = { ...result, cpu };
+        logPhase("gateway unary", unary);
+        await sleep(1_000);
+      }
+    }
+
     // ---------------------------------------------------------------- slow streams
     const slowStreams: BenchReport["slowStreams"] = {};
     if (settings.slowStreams > 0) {
@@ -674,6 +712,7 @@ async function main(): Promise<number> {
       slowStreams: settings.slowStreams,
       slowStartMs: settings.slowStartMs,
       slowStreamSeconds: settings.slowStreamSeconds,
+      unarySeconds: settings.unarySeconds,
       offerMaxConcurrency: market.maxConcurrency,
       permitDeposit: market.permitDeposit.toString(),
       request: requestBody("json"),
@@ -707,6 +746,7 @@ async function main(): Promise<number> {
       load: loadResults,
       loadWide,
       ...(Object.keys(dialects).length > 0 ? { dialects } : {}),
+      ...(unary ? { unary } : {}),
       slowStreams,
       ...(sustained ? { sustained } : {}),
       comparison,

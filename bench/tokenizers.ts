@@ -1,22 +1,27 @@
 import { readFileSync } from "node:fs";
+import { loadavg } from "node:os";
+import { loadTokenizer } from "../src/adapters/tokenizers/counter.js";
+import { HfEngine } from "../src/adapters/tokenizers/hf-engine.js";
 import { createTokenCounters } from "../src/adapters/tokenizers/token-counters.js";
-import { parseChatRequest, type ChatRequest } from "../src/domain/chat-request.js";
-import type { TokenCounter } from "../src/domain/tokens.js";
+import { parseChatRequest, type ChatRequest } from "../src/domain/chat/request/index.js";
+import type { TokenizerEngine } from "../src/adapters/tokenizers/engine.js";
 
 /**
- * `npm run bench:tokens`: what the gateway's own token counts cost (issue 27). One process, no
- * server: the embedded registry checked as at start-up, then for each embedded tokenizer its
- * load time, and the CPU time of counting a request's input (prompts of about 1,000 and 8,000
- * tokens through the chat template) and output (a 20-chunk stream's text, counted once at the
- * close and chunk by chunk; a JSON answer). Process RSS at rest (registry checked, nothing
- * loaded) and with every embedded tokenizer loaded, after a full GC. See bench/README.md
- * ("Token counting").
+ * `npm run bench:tokens`: what the gateway's own token counts cost (issues 27 and 35). One
+ * process, no server. For each embedded tokenizer: its load (the engine the gateway uses, from
+ * its derived rank table where there is one, and tokenizers.js from the tokenizer.json, the
+ * engine before issue 35) and the heap it holds; CPU µs per 1,000 tokens of the corpus, new
+ * engine (caches cold, then warm) against the old; an agent's conversation of about 8,000
+ * tokens counted through the chat template, first and repeated (its history cached); a stream
+ * counted incrementally (20 chunks); adversarial single pieces (1 MiB of one CJK run, of one
+ * letter, of spaces, random bytes; 50 KiB of spaces). See bench/figures/tokenizers.md.
  *
- *   BENCH_TOKENS_ITERATIONS   timed repetitions of each count (default 50; 8k prompts: a fifth)
+ *   BENCH_TOKENS_ITERATIONS   timed repetitions of each count (default 50)
+ *   BENCH_TOKENS_OLD=0        skip the old engine (tokenizers.js loads take seconds)
  */
 
 const iterations = Number(process.env.BENCH_TOKENS_ITERATIONS ?? 50);
-/** A model each embedded tokenizer counts. */
+const withOld = process.env.BENCH_TOKENS_OLD !== "0";
 const models: Record<string, string> = {
   llama3: "meta-llama/Meta-Llama-3-8B-Instruct",
   "llama3.1": "meta-llama/Llama-3.1-8B-Instruct",
@@ -29,7 +34,8 @@ const models: Record<string, string> = {
 const corpus = JSON.parse(
   readFileSync(new URL("../test/fixtures/tokenizer-corpus.json", import.meta.url), "utf8"),
 ) as { texts: { text: string }[] };
-const material = corpus.texts.map((t) => t.text).join("\n\n");
+const texts = corpus.texts.map((t) => t.text);
+const material = texts.join("\n\n");
 
 function gc(): void {
   const collect = (globalThis as { gc?: () => void }).gc;
@@ -38,89 +44,144 @@ function gc(): void {
   collect();
 }
 
-const mb = (bytes: number) => (bytes / 1024 / 1024).toFixed(0);
-
-function chat(user: string): ChatRequest {
-  const body = {
-    model: "m",
-    messages: [
-      { role: "system", content: "You are a helpful assistant. Answer precisely." },
-      { role: "user", content: user },
-    ],
-  };
-  return parseChatRequest(new TextEncoder().encode(JSON.stringify(body)), { maxBytes: 1 << 24 });
-}
-
-/** A request whose prompt counts about `target` tokens (the corpus repeated and cut). */
-function promptOf(counter: TokenCounter, target: number): ChatRequest {
-  let text = material;
-  while (counter.countOutput(text) < target) text += `\n\n${material}`;
-  return chat(counter.truncate(text, BigInt(target - 40)));
-}
+const mb = (bytes: number) => (bytes / 1024 / 1024).toFixed(1);
 
 /** CPU milliseconds (user + system) per call of `fn`, over `n` calls after a warm-up. */
-function cpuPerCall(n: number, fn: () => unknown): number {
-  for (let i = 0; i < Math.min(5, n); i += 1) fn();
+function cpuPerCall(n: number, fn: (i: number) => unknown, warm = true): number {
+  if (warm) for (let i = 0; i < Math.min(3, n); i += 1) fn(-1 - i);
   const start = process.cpuUsage();
-  for (let i = 0; i < n; i += 1) fn();
+  for (let i = 0; i < n; i += 1) fn(i);
   const used = process.cpuUsage(start);
   return (used.user + used.system) / 1000 / n;
 }
 
-const streamChunks = Array.from({ length: 20 }, (_, i) => (i === 0 ? "tok0" : ` tok${i}`));
-const proseChunks = corpus.texts[0]!.text.match(/.{1,20}/gs)!.slice(0, 20);
-const jsonAnswer = JSON.stringify({
-  answer: corpus.texts[0]!.text,
-  code: corpus.texts.find((t) => t.text.includes("export async"))!.text,
-  items: [1, 2, 3].map((i) => ({ id: i, label: `item ${i}`, ok: i % 2 === 0 })),
-});
+/** An agent's conversation: a long system prompt, six turns of history, a new last turn. */
+function agentRequest(turn: number): ChatRequest {
+  const system = `You are a coding agent. Follow the repository's conventions.\n\n${material}`;
+  const messages = [{ role: "system", content: system }];
+  for (let i = 0; i < 6; i += 1) {
+    messages.push({
+      role: i % 2 === 0 ? "user" : "assistant",
+      content: `${i}. ${texts.join("\n")}`,
+    });
+  }
+  messages.push({ role: "user", content: `Turn ${turn}: and now run the tests again.` });
+  return parseChatRequest(new TextEncoder().encode(JSON.stringify({ model: "m", messages })), {
+    maxBytes: 1 << 24,
+  });
+}
+
+function randomText(bytes: number): string {
+  let seed = 12345;
+  const out = new Uint8Array(bytes);
+  for (let i = 0; i < bytes; i += 1) {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    out[i] = seed >>> 24;
+  }
+  return new TextDecoder().decode(out);
+}
+
+const adversarial: Record<string, string> = {
+  "1 MiB one CJK run": "中".repeat(349_525),
+  "1 MiB one letter": "a".repeat(1 << 20),
+  "1 MiB spaces": " ".repeat(1 << 20),
+  "50 KiB spaces": " ".repeat(50 * 1024),
+  "1 MiB random bytes": randomText(1 << 20),
+};
+
+function timeOnce(fn: () => unknown): number {
+  const start = process.cpuUsage();
+  fn();
+  const used = process.cpuUsage(start);
+  return (used.user + used.system) / 1000;
+}
 
 async function main(): Promise<void> {
-  const checkStart = performance.now();
-  const loads = new Map<string, number>();
-  const counters = await createTokenCounters({ onLoad: (name, ms) => loads.set(name, ms) });
-  const checkMs = performance.now() - checkStart;
+  const counters = await createTokenCounters({ threads: 0 });
+  const lines: string[] = [];
+  const perTokenizer: string[] = [];
+  const adversarialRows: string[] = [];
   gc();
   const atRest = process.memoryUsage();
-
-  const rows: string[] = [];
   for (const [name, repository] of Object.entries(models)) {
-    const counter = await counters.forModel({ repository, revision: "main" });
-    const k1 = promptOf(counter, 1000);
-    const k8 = promptOf(counter, 8000);
-    const streamText = streamChunks.join("");
-    const proseText = proseChunks.join("");
-    const figures = {
-      input1k: cpuPerCall(iterations, () => counter.countInput(k1)),
-      input8k: cpuPerCall(Math.max(1, Math.round(iterations / 5)), () => counter.countInput(k8)),
-      streamAtClose: cpuPerCall(iterations * 10, () => counter.countOutput(streamText)),
-      streamPerChunk: cpuPerCall(iterations * 10, () => {
-        for (const chunk of streamChunks) counter.countOutput(chunk);
-      }),
-      proseAtClose: cpuPerCall(iterations * 10, () => counter.countOutput(proseText)),
-      json: cpuPerCall(iterations * 10, () => counter.countOutput(jsonAnswer)),
-    };
-    rows.push(
-      `| ${name} | ${(loads.get(name) ?? 0).toFixed(0)} | ${counter.countInput(k1)}: ${figures.input1k.toFixed(2)} | ${counter.countInput(k8)}: ${figures.input8k.toFixed(2)} | ${figures.streamAtClose.toFixed(3)} / ${figures.streamPerChunk.toFixed(3)} | ${figures.proseAtClose.toFixed(3)} | ${counter.countOutput(jsonAnswer)}: ${figures.json.toFixed(3)} |`,
+    const entry = counters.registry.tokenizers.get(name)!;
+    gc();
+    const before = process.memoryUsage();
+    const started = performance.now();
+    const loaded = await loadTokenizer(entry);
+    const loadMs = performance.now() - started;
+    gc();
+    const after = process.memoryUsage();
+    const heap = after.heapUsed - before.heapUsed;
+    const buffers = after.arrayBuffers - before.arrayBuffers + (after.external - before.external);
+    const engine = loaded.engine;
+    await counters.preload([{ repository, revision: "main" }]);
+    const counter = counters.forModel({ repository, revision: "main" })!;
+
+    let old: TokenizerEngine | undefined;
+    let oldLoadMs = NaN;
+    if (withOld) {
+      const oldStarted = performance.now();
+      const json: unknown = JSON.parse(readFileSync(entry.tokenizer, "utf8"));
+      const config: unknown = entry.chatTemplate.endsWith(".json")
+        ? JSON.parse(readFileSync(entry.chatTemplate, "utf8"))
+        : {};
+      old = new HfEngine(json as object, config as Record<string, unknown>);
+      oldLoadMs = performance.now() - oldStarted;
+    }
+
+    const tokens = engine.count(material);
+    const per1k = (ms: number) => ((ms * 1000 * 1000) / tokens).toFixed(0);
+    // Cold: a fresh text every call (a number prepended), so no whole-text cache helps; pieces
+    // repeat across calls as they do across requests.
+    const newWarm = cpuPerCall(iterations, (i) => engine.count(`${i} ${material}`));
+    const oldCold =
+      old === undefined ? NaN : cpuPerCall(iterations, (i) => old.count(`${i} ${material}`));
+    const agentFirst = timeOnce(() => void counter.countInput(agentRequest(0)));
+    const agentTokens = await counter.countInput(agentRequest(1));
+    const agentRepeated = cpuPerCall(
+      iterations,
+      (i) => void counter.countInput(agentRequest(i + 2)),
+      false,
     );
+    const chunks = (texts[0]!.match(/[\s\S]{1,20}/g) ?? []).slice(0, 20);
+    const stream = cpuPerCall(iterations * 10, () => {
+      const output = counter.output();
+      for (const chunk of chunks) output.append(chunk);
+      return output.count();
+    });
+    perTokenizer.push(
+      `| ${name} | ${loadMs.toFixed(0)} | ${withOld ? oldLoadMs.toFixed(0) : "-"} | ${mb(heap)} + ${mb(buffers)} | ${per1k(newWarm)} | ${withOld ? per1k(oldCold) : "-"} | ${agentTokens}: ${agentFirst.toFixed(2)} / ${agentRepeated.toFixed(2)} | ${(stream * 1000).toFixed(0)} |`,
+    );
+    if (name === "llama3.1" || name === "gemma3") continue;
+    for (const [what, text] of Object.entries(adversarial)) {
+      if (name === "gemma3") continue;
+      let count = 0;
+      const ms = timeOnce(() => (count = engine.count(text)));
+      adversarialRows.push(`| ${name} | ${what} | ${count} | ${ms.toFixed(0)} |`);
+    }
   }
   gc();
   const loaded = process.memoryUsage();
-
-  process.stdout.write(
-    [
-      `registry check (every file hashed): ${checkMs.toFixed(0)} ms`,
-      `at rest (registry checked, nothing loaded): RSS ${mb(atRest.rss)} MB, JS heap ${mb(atRest.heapUsed)} MB`,
-      `every embedded tokenizer loaded: RSS ${mb(loaded.rss)} MB, JS heap ${mb(loaded.heapUsed)} MB`,
-      "",
-      "CPU ms per count (tokens: ms)",
-      "",
-      "| tokenizer | load ms | input ~1k | input ~8k | 20-chunk stream, at close / per chunk | 20 prose chunks, at close | JSON answer |",
-      "| --- | --- | --- | --- | --- | --- | --- |",
-      ...rows,
-      "",
-    ].join("\n"),
+  lines.push(
+    `load average at the start (2 cores): ${loadavg()
+      .map((l) => l.toFixed(1))
+      .join(", ")}`,
+    `process at rest (registry checked): RSS ${mb(atRest.rss)} MB, JS heap ${mb(atRest.heapUsed)} MB; every tokenizer loaded (new engines; old ones too: ${withOld}): RSS ${mb(loaded.rss)} MB, JS heap ${mb(loaded.heapUsed)} MB`,
+    "",
+    "| tokenizer | load ms (new) | load ms (old) | held: JS heap + buffers MB (new) | µs per 1k tokens, corpus (new, pieces cached) | µs per 1k tokens (old) | agent prompt (~8k): tokens: first ms / repeated ms | 20-chunk stream µs |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ...perTokenizer,
+    "",
+    "Adversarial single pieces (new engine, CPU ms, one count, no cache):",
+    "",
+    "| tokenizer | text | tokens | ms |",
+    "| --- | --- | --- | --- |",
+    ...adversarialRows,
+    "",
   );
+  process.stdout.write(lines.join("\n"));
+  await counters.close();
 }
 
 await main();

@@ -1,6 +1,7 @@
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { SLOW_STREAM_USER, STREAM_CONTENT_CHUNKS, announceReady, serveControl } from "./child.js";
+import { cjkChunks, compactJson, proseChunks } from "./lib/agent-texts.js";
 
 /**
  * The benchmark's fake provider: as fast an OpenAI-compatible endpoint as plain `node:http`
@@ -13,6 +14,12 @@ import { SLOW_STREAM_USER, STREAM_CONTENT_CHUNKS, announceReady, serveControl } 
  *   request's `"user"` is `"bench-slow-stream"` (SLOW_STREAM_USER): then the first content chunk
  *   goes at once, the others one every `SLOW_STREAM_MS` / 20 ms (default 10,000 / 20 = 500), and
  *   the finish, usage and `[DONE]` one tick after the last, so the stream lasts `SLOW_STREAM_MS`.
+ *
+ * `npm run bench:agent`'s requests (issue 35) are marked by their `"user"` too (AGENT_USERS):
+ * `bench-agent` answers as above; `bench-cjk` answers 1,000 Chinese characters without a space
+ * (20 chunks of 50 when streamed), `bench-prose` English prose of about as many tokens, `bench-json` about 6 KB of compact JSON (20 slices when
+ * streamed). For these three the prompt claim is a character count / 8, well under any count
+ * of the gateway's (an 8,000-token prompt at / 4 could claim above it and be judged diverged).
  *
  * Usage: `completion_tokens` never exceeds the request's output limit (`max_completion_tokens`,
  * else `max_tokens`), so a gateway that caps over-reported usage has nothing to cap.
@@ -49,13 +56,27 @@ const modelList = Buffer.from(
 
 let counter = 0;
 
+/** The hard answers of `npm run bench:agent`, by the request's `"user"` (the content chunks). */
+const hardAnswers: Record<string, string[]> = {
+  "bench-cjk": cjkChunks(STREAM_CONTENT_CHUNKS, 50),
+  "bench-prose": proseChunks(STREAM_CONTENT_CHUNKS, 45),
+  "bench-json": ((text: string) => {
+    const size = Math.ceil(text.length / STREAM_CONTENT_CHUNKS);
+    return Array.from({ length: STREAM_CONTENT_CHUNKS }, (_, i) =>
+      text.slice(i * size, (i + 1) * size),
+    );
+  })(compactJson(6000)),
+};
+const agentUsers = new Set(["bench-agent", ...Object.keys(hardAnswers)]);
+
 function outputLimit(body: ChatBody): number {
   const limit = body.max_completion_tokens ?? body.max_tokens;
   return typeof limit === "number" && Number.isInteger(limit) && limit > 0 ? limit : Infinity;
 }
 
 function promptTokens(body: ChatBody): number {
-  return Math.max(1, Math.ceil(JSON.stringify(body.messages ?? []).length / 4));
+  const divisor = typeof body.user === "string" && agentUsers.has(body.user) ? 8 : 4;
+  return Math.max(1, Math.ceil(JSON.stringify(body.messages ?? []).length / divisor));
 }
 
 function sendJson(res: http.ServerResponse, status: number, payload: Buffer | string): void {
@@ -82,7 +103,33 @@ function answer(res: http.ServerResponse, raw: Buffer): void {
   const model = typeof body.model === "string" ? body.model : (models[0] ?? "bench");
   const limit = outputLimit(body);
   const prompt = promptTokens(body);
+  const hard = typeof body.user === "string" ? hardAnswers[body.user] : undefined;
 
+  if (body.stream !== true && hard) {
+    const completion = Math.min(limit, STREAM_CONTENT_CHUNKS);
+    return sendJson(
+      res,
+      200,
+      JSON.stringify({
+        id,
+        object: "chat.completion",
+        created,
+        model,
+        choices: [
+          {
+            index: 0,
+            message: { role: "assistant", content: hard.join("") },
+            finish_reason: "stop",
+          },
+        ],
+        usage: {
+          prompt_tokens: prompt,
+          completion_tokens: completion,
+          total_tokens: prompt + completion,
+        },
+      }),
+    );
+  }
   if (body.stream !== true) {
     const words = jsonWords.slice(0, Math.min(limit, jsonWords.length));
     const completion = words.length;
@@ -116,9 +163,11 @@ function answer(res: http.ServerResponse, raw: Buffer): void {
   });
   const head = `{"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${JSON.stringify(model)},"choices":[{"index":0,"delta":`;
   const content = (i: number): string =>
-    i === 0
-      ? `data: ${head}{"role":"assistant","content":"tok0"},"finish_reason":null}]}\n\n`
-      : `data: ${head}{"content":" tok${i}"},"finish_reason":null}]}\n\n`;
+    hard
+      ? `data: ${head}{${i === 0 ? '"role":"assistant",' : ""}"content":${JSON.stringify(hard[i])}},"finish_reason":null}]}\n\n`
+      : i === 0
+        ? `data: ${head}{"role":"assistant","content":"tok0"},"finish_reason":null}]}\n\n`
+        : `data: ${head}{"content":" tok${i}"},"finish_reason":null}]}\n\n`;
   const completion = Math.min(limit, STREAM_CONTENT_CHUNKS);
   const finish = (): void => {
     res.write(

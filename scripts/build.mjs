@@ -2,7 +2,8 @@
 /**
  * The production build: TypeScript -> JavaScript in dist/ (tsconfig.build.json), with source maps
  * as files and the non-TypeScript files the runtime reads by path (the SQL migrations and functions,
- * the market console's static files) copied beside the modules that read them; then the
+ * the market console's static files, the tokenizers' registry, templates and derived tables)
+ * copied beside the modules that read them; then the
  * production entry points (the CLI, the bench's gateway) bundled into single files
  * (scripts/bundle.mjs), and the market console's vendor modules (src/console-vendor/, e.g. viem's
  * EIP-712 recovery) bundled into dist/src/console/vendor/. Those are also copied to
@@ -35,7 +36,7 @@ import {
   closeSync,
 } from "node:fs";
 import { createRequire } from "node:module";
-import { join } from "node:path";
+import { join, sep } from "node:path";
 import { fileURLToPath, URL } from "node:url";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
@@ -57,15 +58,24 @@ const inputFiles = [
 const inputDirs = ["src", "gen", "bench"];
 /** Build outputs written into the sources (see above): missing, the build is stale. */
 const sourceOutputs = ["src/console/vendor/eip712.js"];
-/** Copied from src/ to dist/src/ as they are: read at run time relative to their module. */
+/**
+ * Copied from src/ to dist/src/ as they are (folders or single files): read at run time relative
+ * to their module. Every file under them is an input, whatever its name (the tokenizers' derived
+ * tables are binary: default/derived/*.bpe, gemma/gemma3-table.gz).
+ */
 const assets = [
   "src/adapters/pg/migrations",
   "src/adapters/pg/functions",
   "src/adapters/tokenizers/default",
+  "src/adapters/tokenizers/gemma/gemma3-table.gz",
   "src/console",
 ];
 /** The source files among the input folders' files (the console's are served as they are). */
 const sourceFile = /\.(ts|sql|js|css|html|svg|json|jinja)$/;
+const assetPaths = assets.map((asset) => join(root, asset));
+/** A file of an asset (above): an input whatever its extension. */
+const isAsset = (path) =>
+  assetPaths.some((asset) => path === asset || path.startsWith(`${asset}${sep}`));
 
 /** The newest mtime (ms) among the inputs; folders count too, so a deleted file makes it stale. */
 function newestInput() {
@@ -80,7 +90,7 @@ function newestInput() {
       const path = join(dir, entry.name);
       if (entry.isDirectory()) {
         if (path !== join(root, "bench", "results")) walk(path);
-      } else if (sourceFile.test(entry.name)) {
+      } else if (sourceFile.test(entry.name) || isAsset(path)) {
         see(path);
       }
     }

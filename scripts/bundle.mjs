@@ -14,11 +14,15 @@
  *
  * What a bundle must keep working:
  * - `import.meta.url` means the file it was written in (the migrations and SQL functions are
- *   read beside `migrate.js`, anvil is found from `anvil.js`): each occurrence becomes the URL
- *   of that original file, relative to the bundle, so dist/ can still move as a whole.
+ *   read beside `migrate.js`, anvil is found from `anvil.js`, the tokenizers' tables beside
+ *   `derived.js` and `gemma/load.js`, where scripts/build.mjs copies them): each occurrence
+ *   becomes the URL of that original file, relative to the bundle, so dist/ can still move as a
+ *   whole.
  * - CommonJS dependencies `require` Node's modules: the bundle defines `require`.
  * - PGlite loads its WebAssembly and data files by path: it stays an import from node_modules
  *   (as do `pg-native`, which `pg` only tries, and esbuild itself).
+ * - piscina (the count pool, src/adapters/tokenizers/count-pool.ts) starts its threads from its
+ *   own `worker.js`, found by `__dirname`, which a bundle does not have: it stays an import too.
  *
  * It also bundles the market console's vendor modules (`consoleVendor`): TypeScript entries in
  * src/console-vendor/ that import libraries (viem's EIP-712 recovery), each made one browser ES
@@ -30,7 +34,13 @@ import { dirname, join, relative, sep } from "node:path";
 import { fileURLToPath, URL } from "node:url";
 import { build } from "esbuild";
 
-const external = ["@electric-sql/pglite", "@electric-sql/pglite-socket", "pg-native", "esbuild"];
+const external = [
+  "@electric-sql/pglite",
+  "@electric-sql/pglite-socket",
+  "pg-native",
+  "esbuild",
+  "piscina",
+];
 
 /** The bundles: entry files of the built tree, each replaced by its bundle. */
 export const bundledEntries = ["src/cli/main.js", "bench/gateway.js"];

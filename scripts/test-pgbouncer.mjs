@@ -9,9 +9,9 @@ import { spawnSync } from "node:child_process";
 
 const files = [
   "test/pgbouncer.test.ts",
-  "src/adapters/pg/ledger.test.ts",
-  "src/adapters/pg/ledger-batch.test.ts",
-  "src/adapters/pg/ledger.property.test.ts",
+  "src/adapters/pg/ledger/ledger.test.ts",
+  "src/adapters/pg/ledger/batch.test.ts",
+  "src/adapters/pg/ledger/ledger.property.test.ts",
   "src/adapters/pg/leases.test.ts",
   "src/adapters/pg/idempotency.test.ts",
   "test/ledger-concurrency.test.ts",

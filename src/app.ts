@@ -5,7 +5,7 @@ import { loadCatalogFile } from "./adapters/catalog-file.js";
 import type { Indexer } from "./adapters/chain/indexer.js";
 import type { Database } from "./adapters/pg/database.js";
 import { createPgCatalogStore } from "./adapters/pg/catalog.js";
-import * as ledger from "./adapters/pg/ledger.js";
+import * as ledger from "./adapters/pg/ledger/index.js";
 import { createUpstreamClient, type UpstreamClient } from "./adapters/upstream/http.js";
 import { createApi, wireApiKeys, wireRateLimiter, type ApiKeyWiring } from "./app/api.js";
 import { connectChain, marketReads, startIndexer, type IndexerHooks } from "./app/chain.js";
@@ -16,11 +16,16 @@ import { createSettlement, type Settlement } from "./app/settlement.js";
 import { createShutdown } from "./runtime/shutdown.js";
 import { openStorage, type Storage } from "./app/storage.js";
 import { wireTokens } from "./app/tokens.js";
+import {
+  createTokenizerPreloads,
+  type PreloadingCounters,
+  type TokenizerPreloads,
+} from "./app/tokenizer-preloads.js";
 import { startTracing } from "./app/tracing.js";
 import type { Config } from "./config.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
-import type { MeasurementSync } from "./domain/chat/measurements.js";
-import type { EndpointSecret, HealthMonitor } from "./domain/health.js";
+import type { MeasurementSync } from "./domain/reputation/measurement-types.js";
+import type { EndpointSecret, HealthMonitor } from "./domain/health-types.js";
 import type { TokenCounters } from "./domain/tokens.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
 import { createHousekeeping, type Housekeeping } from "./runtime/housekeeping.js";
@@ -63,6 +68,11 @@ export interface StartOptions {
   readonly database?: Database;
   /** Unix seconds; tests inject a clock to move time without sleeping. */
   readonly clock?: () => number;
+  /**
+   * Token counters made by the caller (tests: counters whose loads they watch); absent: the
+   * tokenizer registry's (TOKENIZER_REGISTRY over the embedded one, checked at start-up).
+   */
+  readonly tokens?: PreloadingCounters;
 }
 
 /**
@@ -74,7 +84,7 @@ export interface StartOptions {
  */
 export async function startGateway(config: Config, options: StartOptions): Promise<Gateway> {
   const { logger } = options;
-  const tokens = await wireTokens(config, logger);
+  const tokens: PreloadingCounters = options.tokens ?? (await wireTokens(config, logger));
   const chain = await connectChain(config);
   const directory = new ModelDirectory(
     config.catalogFile === undefined ? [] : await loadCatalogFile(config.catalogFile),
@@ -88,7 +98,8 @@ export async function startGateway(config: Config, options: StartOptions): Promi
   let chat: ChatWiring | undefined;
   let apiKeys: ApiKeyWiring | undefined;
   try {
-    const { catalog, endpointCache, invalidateRouting } = wireRouting(config, db, directory);
+    const routing = wireRouting(config, { db, directory, tokens, logger });
+    const { catalog, endpointCache, invalidateRouting, preloads } = routing;
     const { permits, permitClock } = marketReads(config, chain, clock);
     const instanceId = `gw_${randomBytes(8).toString("hex")}`;
     const settlement = createSettlement(config, {
@@ -108,13 +119,14 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       hooks: indexerHooks({
         permits,
         permitClock,
-        invalidateRouting,
+        routing,
         settlement,
         // Set once the ledger exists (the indexer starts before it).
         leased: () => chat?.leased,
       }),
     });
-
+    // Awaited before the gateway listens: no request waits on a tokenizer load (issue 35).
+    const preloaded = preloads.sweep();
     const upstream = createUpstreamClient({ allowPrivate: config.allowPrivateEndpoints });
     const { registration, health } = wireProviders(config, {
       db,
@@ -126,8 +138,8 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       logger,
     });
     const shutdown = createShutdown({ graceMs: config.shutdownGraceMs, logger });
-    const readiness = createReadiness({ db, chain, draining: shutdown.draining });
-
+    const { draining } = shutdown;
+    const readiness = createReadiness({ db, chain, draining, tokenizers: preloads.readiness });
     await ledger.heartbeat(db.pool, instanceId);
     const rateLimiter = wireRateLimiter(config, { db, instanceId, logger });
     chat = await wireChat(config, {
@@ -147,7 +159,6 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       logger,
     });
     const housekeeping = startHousekeeping(config, { db, instanceId, chat, logger });
-
     apiKeys = await wireApiKeys(config, { db, clock, metrics, logger });
     const handler = createApi(config, {
       db,
@@ -160,6 +171,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       inference: chat.inference,
       registration,
       health,
+      tokens,
       settlement,
       invalidateRouting,
       rateLimiter,
@@ -170,11 +182,8 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       shutdown: shutdown.signal,
       logger,
     });
-    metrics.setSources({
-      ...dependencySources(db, chain),
-      confirmations: config.confirmations,
-      clock,
-    });
+    metrics.setSources({ ...dependencySources(db, chain), ...sourceSettings(config, clock) });
+    await preloaded;
     const { listener, metricsListener } = await listenAll(config, shutdown.guard(handler), metrics);
     health.start();
     settlement.start();
@@ -195,6 +204,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       upstream,
       tracing,
       storage,
+      tokens: options.tokens === undefined ? tokens : undefined,
     };
     return {
       port: listener.port,
@@ -220,11 +230,17 @@ export async function startGateway(config: Config, options: StartOptions): Promi
   }
 }
 
-/** What the indexer's news changes: the permits, their clock, routing, leases and settlement. */
+/**
+ * What the indexer's news changes: the permits, their clock, routing, the tokenizers loaded,
+ * leases and settlement.
+ */
 function indexerHooks(deps: {
   readonly permits: ReturnType<typeof marketReads>["permits"];
   readonly permitClock: ReturnType<typeof marketReads>["permitClock"];
-  readonly invalidateRouting: () => void;
+  readonly routing: {
+    readonly invalidateRouting: () => void;
+    readonly preloads: TokenizerPreloads;
+  };
   readonly settlement: Settlement;
   readonly leased: () => ChatWiring["leased"];
 }): IndexerHooks {
@@ -232,7 +248,12 @@ function indexerHooks(deps: {
   return {
     onHead: (timestamp) => permitClock.observeBlock(timestamp),
     onPermitEvent: (permitId) => permits.invalidate(permitId),
-    onCatalogChange: deps.invalidateRouting,
+    // Loads run in the background (never rejecting): a model is routable once its own is done.
+    onModelsIndexed: (models) => void deps.routing.preloads.preload(models),
+    onCatalogChange: () => {
+      deps.routing.invalidateRouting();
+      void deps.routing.preloads.sweep();
+    },
     onPermitClosing: (permitIds) => {
       for (const permitId of permitIds) deps.leased()?.revokePermit(permitId);
       settlement.settleClosingSoon();
@@ -263,8 +284,20 @@ function startHousekeeping(
   return housekeeping;
 }
 
-/** Routing's reads (offers, opened endpoints), and what drops them. */
-function wireRouting(config: Config, db: Database, directory: ModelDirectory) {
+/**
+ * Routing's reads (offers, opened endpoints), what drops them, and the tokenizer loads a model
+ * waits on before it is routable.
+ */
+function wireRouting(
+  config: Config,
+  deps: {
+    readonly db: Database;
+    readonly directory: ModelDirectory;
+    readonly tokens: PreloadingCounters;
+    readonly logger: Logger;
+  },
+) {
+  const { db, directory, tokens } = deps;
   // Routing reads (offers, opened endpoints) are reused for ROUTING_CACHE_MS; what this
   // process changes or indexes drops them at once.
   const endpointCache = createTtlCache<Hex, EndpointSecret>({ ttlMs: config.routingCacheMs });
@@ -272,12 +305,15 @@ function wireRouting(config: Config, db: Database, directory: ModelDirectory) {
     store: createPgCatalogStore(db.pool),
     directory,
     routingCacheMs: config.routingCacheMs,
+    // How each model is metered, and whether its tokenizer is loaded (routable).
+    tokens,
   });
   const invalidateRouting = () => {
     catalog.invalidate();
     endpointCache.clear();
   };
-  return { catalog, endpointCache, invalidateRouting };
+  const preloads = createTokenizerPreloads({ tokens, catalog, logger: deps.logger });
+  return { catalog, endpointCache, invalidateRouting, preloads };
 }
 
 /** The gateway's listener, and the metrics' own when METRICS_PORT is set. */
@@ -327,6 +363,11 @@ function announce(config: Config, logger: Logger, at: { url: string; database: s
   );
 }
 
+/** The settings the metrics' sources read besides the database and the chain. */
+function sourceSettings(config: Config, clock: () => number) {
+  return { confirmations: config.confirmations, clock };
+}
+
 /** The gateway's shutdown: what each step stops, in its order (src/runtime/shutdown.ts). */
 function closeGateway(parts: {
   readonly shutdown: ReturnType<typeof createShutdown>;
@@ -342,6 +383,8 @@ function closeGateway(parts: {
   readonly upstream: UpstreamClient;
   readonly tracing: Tracing | undefined;
   readonly storage: Storage;
+  /** The counters the gateway made (a test's own are the test's to stop). */
+  readonly tokens: PreloadingCounters | undefined;
 }): Promise<void> {
   // Stopped at once when the shutdown begins; awaited after the closes are written.
   let settlementStopped: Promise<void> | undefined;
@@ -365,6 +408,7 @@ function closeGateway(parts: {
       ["request closes and leases written", async () => settlementStopped],
       ["upstream connections closed", () => parts.upstream.close()],
       ["spans exported", async () => parts.tracing?.shutdown()],
+      ["token counting workers stopped", async () => parts.tokens?.close?.()],
       ["closed", async () => (parts.storage.ownsDatabase ? parts.storage.db.close() : undefined)],
     ],
   });

@@ -164,4 +164,69 @@ describe("architecture", () => {
     ]);
     expect(importsOf("src/domain/provider-preferences.ts")).toContain("src/schema/chat.ts");
   });
+
+  it("no module in src/rest/ imports src/server.ts (the door is one way: server -> rest)", () => {
+    const problems = sources("src/rest").flatMap((file) =>
+      [...reach(file)]
+        .filter(([reached]) => reached === "src/server.ts")
+        .map(([, chain]) => chain.join(" -> ")),
+    );
+    expect(problems).toEqual([]);
+  });
+
+  it("no REST deps, options or call type receives a chat function by injection", () => {
+    // The REST chat calls the InferenceService's chatInto, reached by its imports; a member
+    // named `chat` (or typed as a chat call) in a type of src/rest/ would hand one down instead.
+    const problems: string[] = [];
+    const chatMember =
+      /^\s*readonly\s+(chat\w*)\??\s*:|:\s*(?:Inference\[["']chatInto["']\]|RestChat)\b/m;
+    for (const file of sources("src/rest")) {
+      const text = readFileSync(join(root, file), "utf8").replace(
+        /\/\*[\s\S]*?\*\/|\/\/[^\n]*/g,
+        "",
+      );
+      for (const block of text.matchAll(/(?:interface|type)\s+(\w+)[^{=]*[{=]([\s\S]*?)\n\}/g)) {
+        const name = block[1] ?? "";
+        if (!/(Deps|Options|Call)$/.test(name)) continue;
+        const found = chatMember.exec(block[2] ?? "");
+        if (found !== null) problems.push(`${file}: ${name} carries ${found[0].trim()}`);
+      }
+    }
+    expect(problems).toEqual([]);
+    // The guard it checks: a deps type with a chat function is found.
+    const planted = "export interface FacadeDeps {\n  readonly chat: RestChat;\n}";
+    expect(chatMember.exec(planted)?.[1]).toBe("chat");
+  });
+
+  it("the request id is made in one module: the call guard", () => {
+    // Made: a random id (randomHex, newRequestId) assigned as a request id. Read: anywhere.
+    const makers = sources("src").filter((file) => {
+      const text = readFileSync(join(root, file), "utf8");
+      return /newRequestId|requestId[^\n]{0,80}randomHex|randomHex\(12\)/.test(text);
+    });
+    expect(makers).toEqual(["src/connect/call-guard.ts"]);
+  });
+
+  it("only a folder's face (its index.ts) re-exports other modules' names (docs/architecture.md, Conventions)", () => {
+    // src/config.ts is the face of src/config/, at the root where the composition root reads it.
+    const faces = (file: string) => file.endsWith("/index.ts") || file === "src/config.ts";
+    const reExporting = sources("src").filter((file) => {
+      const text = readFileSync(join(root, file), "utf8");
+      return /^export (type )?(\*|\{[^}]*\}) from /m.test(text);
+    });
+    expect(reExporting.filter((file) => !faces(file))).toEqual([]);
+    // The pattern finds both forms (a re-export over several lines included).
+    const pattern = /^export (type )?(\*|\{[^}]*\}) from /m;
+    expect(pattern.test('export * from "./a.js";')).toBe(true);
+    expect(pattern.test('export type {\n  A,\n  B,\n} from "./a.js";')).toBe(true);
+    expect(pattern.test("export { a };")).toBe(false);
+  });
+
+  it("the in-process transport is gone", () => {
+    expect(existsSync(join(root, "src/connect/in-process-transport.ts"))).toBe(false);
+    const problems = sources("src").filter((file) =>
+      importsOf(file).includes("src/connect/in-process-transport.ts"),
+    );
+    expect(problems).toEqual([]);
+  });
 });

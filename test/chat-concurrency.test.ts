@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { startGateway, type Gateway } from "../src/app.js";
-import { permitLedger } from "../src/adapters/pg/ledger.js";
+import { permitLedger } from "../src/adapters/pg/ledger/index.js";
 import { describeIfPostgres } from "./helpers/db.js";
 import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
 import { onboard, openPermit } from "./helpers/market.js";

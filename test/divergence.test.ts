@@ -1,7 +1,8 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
-import { onboard, setOffer } from "./helpers/market.js";
+import { authorizeKey } from "./helpers/authorize.js";
+import { onboard, openPermit, setOffer } from "./helpers/market.js";
 import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
@@ -9,8 +10,12 @@ import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js
  * divergence"), end to end: two offers of `demo-chat`, each served by its own fake provider,
  * measured through real requests. The liar answers five words and claims the request's
  * `max_tokens` as its output; the relay judges every answer's claim (`judgeUsage`) and reports
- * it to the offer that served it (`measurements.claimed`). The tests run in order and build on
- * each other's counts.
+ * it to the offer that served it (`measurements.claimed`), with the payer of the request's
+ * permit. A flag needs diverged answers from at least 2 distinct payers, an exclusion from at
+ * least 3 (src/domain/reputation/divergence.ts): so the liar's lies come from three payers, the demo payer
+ * and two more of anvil's accounts, each with a permit of its own that the stack's key was
+ * authorized to spend, and the last case tells the same lies from one payer only. The tests run
+ * in order and build on each other's counts.
  */
 
 interface ShownDivergence {
@@ -35,11 +40,13 @@ describe("usage divergence", () => {
   /** The liar's offer: the cheaper, so routing prefers it until it is flagged. */
   let liar: Hex;
   let other: Hex;
+  /** Three payers' permits, the demo payer's first; the stack's key may spend each of them. */
+  let permits: [Hex, Hex, Hex];
 
-  const chat = (body: object) =>
+  const chat = (body: object, permit: Hex = stack.demo.permitId) =>
     authed(stack, "/v1/chat/completions", {
       method: "POST",
-      headers: { "content-type": "application/json", "x-gateway-permit": stack.demo.permitId },
+      headers: { "content-type": "application/json", "x-gateway-permit": permit },
       body: JSON.stringify({
         model: "demo-chat",
         messages: [{ role: "user", content: "Say five words." }],
@@ -48,15 +55,20 @@ describe("usage divergence", () => {
       }),
     });
   /** A whole answer; the offer that served it. */
-  const served = async (body: object = {}) => {
-    const res = await chat(body);
+  const served = async (body: object = {}, permit?: Hex) => {
+    const res = await chat(body, permit);
     const text = await res.text();
     expect(res.status, text).toBe(200);
     return res.headers.get("x-gateway-offer-id") as Hex;
   };
-  const answersOf = async (offer: Hex, times: number, body: object = {}) => {
+  /** `times` answers of `offer`, their permits taken in turn from `from` (the demo payer's). */
+  const answersOf = async (
+    offer: Hex,
+    times: number,
+    from: readonly Hex[] = [stack.demo.permitId],
+  ) => {
     for (let i = 0; i < times; i++) {
-      expect(await served({ offer, stream: i % 2 === 1, ...body })).toBe(offer);
+      expect(await served({ offer, stream: i % 2 === 1 }, from[i % from.length])).toBe(offer);
     }
   };
   const divergence = async (offer: Hex): Promise<ShownDivergence> => {
@@ -87,6 +99,18 @@ describe("usage divergence", () => {
     };
     fakes.liar.setOptions({ chunks: 5 });
     await onboard(stack, other, fakes.honest.url);
+    // Two more payers (anvil's accounts 5 and 6; the demo market's roles are 0 to 4), each with
+    // a deposit of its own, authorize the stack's key for their permit.
+    const more: Hex[] = [];
+    for (const account of stack.anvil.accounts.slice(5, 7)) {
+      const permitId = await openPermit(stack, {
+        deposit: stack.demo.permitDeposit,
+        payerPrivateKey: account.privateKey,
+      });
+      await authorizeKey(stack.gateway.url, stack.apiKey, account.privateKey, { permitId });
+      more.push(permitId);
+    }
+    permits = [stack.demo.permitId, more[0]!, more[1]!];
   }, 120_000);
   afterAll(async () => {
     await fakes?.honest.stop();
@@ -146,11 +170,12 @@ describe("usage divergence", () => {
     expect(await divergence(other)).toEqual({ ...honest, claimed: 31, share_bps: 0 });
   });
 
-  it("flags the liar after more than 10 % of 20 claims, and routes it after every other offer", async () => {
-    // 17 honest answers, then it starts to claim its output limit for five words.
+  it("flags the liar after more than 10 % of 20 claims from two payers, and routes it after every other offer", async () => {
+    // 17 honest answers, then it starts to claim its output limit for five words: to the demo
+    // payer and to a second payer.
     await answersOf(liar, 17);
     fakes.liar.setOptions({ inflateUsage: { outputLimit: true } });
-    await answersOf(liar, 2);
+    await answersOf(liar, 2, permits.slice(0, 2));
     // 2 of 19: too few claims to judge; still preferred (the cheaper).
     expect(await divergence(liar)).toEqual({
       claimed: 19,
@@ -159,8 +184,8 @@ describe("usage divergence", () => {
       flagged: false,
       excluded: false,
     });
-    expect(await served()).toBe(liar);
-    // That one diverged too: 3 of 20, 15 %.
+    expect(await served({}, permits[1])).toBe(liar);
+    // That one diverged too: 3 of 20, 15 %, from two payers.
     expect(await divergence(liar)).toEqual({
       claimed: 20,
       diverged: 3,
@@ -181,23 +206,35 @@ describe("usage divergence", () => {
     expect(await divergence(other)).toEqual({ ...honest, claimed: 34, share_bps: 0 });
   });
 
-  it("takes the liar out of routing above half its claims, pins included, until it verifies again", async () => {
-    // 3 of 20 so far; 15 more lies: 18 of 35, more than half.
-    await answersOf(liar, 15);
-    expect(await divergence(liar)).toMatchObject({ claimed: 35, diverged: 18 });
-    // The sharing round writes the exclusion for every process (every 5 s; here at once).
+  it("takes the liar out of routing above half its claims from three payers, pins included, until it verifies again", async () => {
+    // 3 of 20 so far; 15 more lies to the same two payers: 18 of 35, more than half.
+    await answersOf(liar, 15, permits.slice(0, 2));
+    // The sharing round writes an exclusion for every process (every 5 s; here at once): not
+    // from two payers (the gateway's own probe is to confirm it), so still only flagged.
     await stack.gateway.measurementSync.runOnce();
     expect(await divergence(liar)).toEqual({
       claimed: 35,
       diverged: 18,
       share_bps: 5142,
       flagged: true,
+      excluded: false,
+    });
+    // A lie to a third payer: 19 of 36, from three payers.
+    await answersOf(liar, 1, permits.slice(2));
+    await stack.gateway.measurementSync.runOnce();
+    expect(await divergence(liar)).toEqual({
+      claimed: 36,
+      diverged: 19,
+      share_bps: 5277,
+      flagged: true,
       excluded: true,
     });
     const calls = fakes.liar.calls("/v1/chat/completions");
-    const pinned = await chat({ offer: liar });
-    expect(pinned.status).toBe(503);
-    expect((await json(pinned)).error.code).toBe("no_eligible_offer");
+    for (const permit of permits) {
+      const pinned = await chat({ offer: liar }, permit);
+      expect(pinned.status).toBe(503);
+      expect((await json(pinned)).error.code).toBe("no_eligible_offer");
+    }
     expect(await served()).toBe(other);
     expect(fakes.liar.calls("/v1/chat/completions")).toBe(calls);
 
@@ -224,5 +261,38 @@ describe("usage divergence", () => {
     expect(await divergence(liar)).toEqual(honest);
     expect(await served({ offer: liar })).toBe(liar);
     expect(await served()).toBe(liar);
+  });
+
+  it("the same lies from one payer neither flag nor exclude the liar", async () => {
+    // Counted afresh since its verification: 2 honest answers, 15 more, then the same 19 lies
+    // as above, every one to the demo payer.
+    expect(await divergence(liar)).toEqual({ ...honest, claimed: 2, share_bps: 0 });
+    await answersOf(liar, 15);
+    fakes.liar.setOptions({ inflateUsage: { outputLimit: true } });
+    await answersOf(liar, 2);
+    // The third, unpinned: preferred (the cheaper), 2 of 19 being too few claims to judge.
+    expect(await served()).toBe(liar);
+    // 3 of 20 from one payer: not flagged.
+    expect(await divergence(liar)).toEqual({
+      claimed: 20,
+      diverged: 3,
+      share_bps: 1500,
+      flagged: false,
+      excluded: false,
+    });
+    // 18 of 35 from one payer: the sharing round writes no exclusion (the gateway's own probe
+    // is to confirm it), and routing, not flagging it, still prefers it: 19 of 36.
+    await answersOf(liar, 15);
+    await stack.gateway.measurementSync.runOnce();
+    expect(await served()).toBe(liar);
+    await stack.gateway.measurementSync.runOnce();
+    expect(await divergence(liar)).toEqual({
+      claimed: 36,
+      diverged: 19,
+      share_bps: 5277,
+      flagged: false,
+      excluded: false,
+    });
+    expect(await served({ offer: liar })).toBe(liar);
   });
 });

@@ -4,7 +4,7 @@ import {
   createLedgerBatcher,
   type LedgerBatcher,
   type ReserveInput,
-} from "../src/adapters/pg/ledger.js";
+} from "../src/adapters/pg/ledger/index.js";
 import { createTestDatabase, describeIfPostgres, type TestDatabase } from "./helpers/db.js";
 import { completion, hex32, reservation } from "./helpers/ledger.js";
 

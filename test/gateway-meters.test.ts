@@ -9,7 +9,7 @@ import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { grpcClient, grpcServerStream } from "./helpers/grpc.js";
 import { openPermit } from "./helpers/market.js";
 import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js";
-import { demoChatCounter, promptTokens } from "./helpers/token-counts.js";
+import { demoChatCounter, promptTokens, truncated } from "./helpers/token-counts.js";
 
 /**
  * Issue 27: the gateway meters, providers claim. A provider's usage report is a claim by the
@@ -99,7 +99,7 @@ describe("the gateway meters, providers claim", () => {
         expect(res.status).toBe(200);
         const text = await res.text();
         const requestId = res.headers.get("x-gateway-request-id")!;
-        const input = promptTokens(counter, body);
+        const input = await promptTokens(counter, body);
         const output = counter.countOutput(fiveWords);
         const rec = await record(requestId);
         expect(rec).toMatchObject({
@@ -175,7 +175,7 @@ describe("the gateway meters, providers claim", () => {
             ? (JSON.parse(sse(text).at(-1)!.data) as { x_gateway: Record<string, string> })
                 .x_gateway
             : (JSON.parse(text) as { x_gateway: Record<string, string> }).x_gateway;
-          const input = promptTokens(counter, body, dialect);
+          const input = await promptTokens(counter, body, dialect);
           const output = counter.countOutput(fiveWords);
           expect(x).toMatchObject({
             input_tokens: input.toString(),
@@ -204,7 +204,7 @@ describe("the gateway meters, providers claim", () => {
         );
         const last = responses.at(-1)!.event;
         if (last.case !== "completed") throw new Error(`the stream ended with ${last.case}`);
-        const input = promptTokens(counter, body);
+        const input = await promptTokens(counter, body);
         const output = counter.countOutput(fiveWords);
         expect(last.value).toMatchObject({
           inputTokens: input,
@@ -221,7 +221,7 @@ describe("the gateway meters, providers claim", () => {
   it("an honest provider is charged exactly what it reports", async () => {
     for (const stream of [false, true]) {
       const body = { model: "demo-chat", messages, max_tokens: 2_000, stream };
-      const input = promptTokens(counter, body);
+      const input = await promptTokens(counter, body);
       const output = counter.countOutput(fiveWords);
       const honest = { prompt_tokens: Number(input), completion_tokens: Number(output) + 1 };
       fake.setOptions({ usage: honest });
@@ -253,7 +253,8 @@ describe("the gateway meters, providers claim", () => {
       const content = chunks.map((c) => c.choices[0]?.delta.content ?? "").join("");
       expect(counter.countOutput(content)).toBe(10n);
       expect(content).toBe(
-        counter.truncate(
+        truncated(
+          counter,
           Array.from({ length: 100 }, (_, i) => (i === 0 ? "word0" : ` word${i}`)).join(""),
           10n,
         ),
@@ -275,7 +276,7 @@ describe("the gateway meters, providers claim", () => {
       };
       expect(counter.countOutput(answer.choices[0]!.message.content)).toBe(10n);
       expect(answer.choices[0]!.finish_reason).toBe("length");
-      const input = promptTokens(counter, body);
+      const input = await promptTokens(counter, body);
       expect(await record(res.headers.get("x-gateway-request-id")!)).toMatchObject({
         output_tokens: "10",
         credits_charged: charge(input, 10n),

@@ -13,6 +13,7 @@ describe("slow and hostile clients", () => {
   let stack: TestStack;
   let fake: FakeUpstream;
   let permitId: Hex;
+  let rowsOverCalls = 0;
   const headersTimeoutMs = 400;
   const bodyTimeoutMs = 600;
 
@@ -25,6 +26,8 @@ describe("slow and hostile clients", () => {
       MAX_JSON_ARRAY_ITEMS: "100",
     }));
     permitId = stack.demo.permitId;
+    // Rows and upstream calls before any test (verification probes call the upstream, no row).
+    rowsOverCalls = (await requestRows()) - chatCalls();
   });
   afterAll(async () => {
     await fake?.stop();
@@ -32,8 +35,13 @@ describe("slow and hostile clients", () => {
   });
   beforeEach(async () => {
     fake.setOptions({ delayMs: 0, chunks: 2, responseHeaders: undefined });
-    // A previous test's charge commits after its response: start from a settled ledger.
-    await eventually(async () => (await openRows()) === 0, 5000, 20);
+    // A previous test's charge commits after its response, and a leased close writes its row only
+    // then: start from a settled ledger, where every upstream call since the start has its row.
+    await eventually(
+      async () => (await openRows()) === 0 && (await requestRows()) - chatCalls() === rowsOverCalls,
+      5000,
+      20,
+    );
   });
 
   const port = () => new URL(stack.gateway.url).port;
@@ -246,8 +254,13 @@ describe("slow and hostile clients", () => {
       `{"model":"demo-chat","messages":[{"role":"user","content":"hi"}],"x":${"[".repeat(depth)}${"]".repeat(depth)}}`;
     // The top-level object is depth 1: 63 more levels are fine, 64 are one too many.
     expect((await send(deep(63))).status).toBe(200);
-    // Its charge commits after the response (a leased close, in a batch); the ledger moves then.
-    await eventually(async () => (await openRows()) === 0, 5000, 20);
+    // Its charge commits after the response (a leased close, in a batch): its row is written then,
+    // so wait for the row itself (no open row is also true before it is written).
+    await eventually(
+      async () => (await requestRows()) === before.rows + 1 && (await openRows()) === 0,
+      5000,
+      20,
+    );
     const before2 = { calls: chatCalls(), rows: await requestRows(), reserved: await reserved() };
     for (const body of [
       deep(64),

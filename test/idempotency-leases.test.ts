@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { heartbeat } from "../src/adapters/pg/ledger.js";
+import { heartbeat } from "../src/adapters/pg/ledger/index.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 

@@ -16,8 +16,8 @@ import {
   type FinalizeInput,
   type FinalizeResult,
   type ReserveInput,
-  type ReserveResult,
-} from "../src/adapters/pg/ledger.js";
+} from "../src/adapters/pg/ledger/index.js";
+import type { ReserveResult } from "../src/domain/chat/ports.js";
 import { insertPermitAuthorization } from "../src/adapters/pg/permit-authorizations.js";
 import { createTestDatabase, describeIfPostgres, type TestDatabase } from "./helpers/db.js";
 import {

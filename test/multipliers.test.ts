@@ -3,13 +3,13 @@ import { createConnectTransport } from "@connectrpc/connect-node";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { QuoteService } from "../gen/gateway/v1/quote_pb.js";
-import { permitLedger } from "../src/adapters/pg/ledger.js";
+import { permitLedger } from "../src/adapters/pg/ledger/index.js";
 import { priceCredits } from "../src/domain/pricing.js";
 import { demoTariff } from "../src/dev/demo-market.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { reportedCharge, sseData } from "./helpers/sse.js";
 import type { TokenCounter } from "../src/domain/tokens.js";
-import { demoChatCounter } from "./helpers/token-counts.js";
+import { demoChatCounter, truncated } from "./helpers/token-counts.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
@@ -28,7 +28,7 @@ const messages = [{ role: "user" as const, content: "hello multiplied gateway" }
  * there, and no charge passes it (the byte bound cuts later, so its count is capped).
  */
 function heldTo(counter: TokenCounter, text: string, limit: bigint): bigint {
-  const counted = counter.countOutput(counter.truncate(text, limit));
+  const counted = counter.countOutput(truncated(counter, text, limit));
   return counted < limit ? counted : limit;
 }
 

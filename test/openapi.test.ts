@@ -3,14 +3,14 @@ import type { Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { checkOpenApi } from "../scripts/check-openapi.js";
-import { withoutDomainType, type RegistrationTypedData } from "../src/domain/registration.js";
+import { withoutDomainType, type RegistrationTypedData } from "../src/domain/registration/index.js";
 import { restRoutes } from "../src/rest/routes/index.js";
 import { ajv, deref, doc, escape, validatorAt } from "./helpers/openapi-doc.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import {
   buildListAuthorizationsTypedData,
   buildRevokeAuthorizationsTypedData,
-} from "../src/domain/permit-authorization.js";
+} from "../src/domain/permit-authorization/index.js";
 import { authorizeKey, signable } from "./helpers/authorize.js";
 import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
 import { auditSecret } from "./helpers/log-audit.js";
@@ -381,6 +381,8 @@ const notProvoked: Record<string, string> = {
   chain_unavailable:
     "answered here on chat and permits; the other routes read the chain the same way",
   upstream_unavailable: "an unresolvable or refusing provider host; answered in test/chat.test.ts",
+  model_loading:
+    "needs a model whose tokenizer is still loading at a request (src/domain/chat/pipeline.test.ts)",
   settlement_unavailable:
     "needs a gateway without SETTLEMENT_PRIVATE_KEY (test/settlement.test.ts)",
   receipts_unavailable:

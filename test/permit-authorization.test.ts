@@ -11,7 +11,7 @@ import { InferenceService } from "../gen/gateway/v1/inference_pb.js";
 import { PermitService } from "../gen/gateway/v1/permit_pb.js";
 import { deployErc1271Wallet } from "../src/adapters/chain/deploy.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
-import { permitLedger } from "../src/adapters/pg/ledger.js";
+import { permitLedger } from "../src/adapters/pg/ledger/index.js";
 import { startGateway, type Gateway } from "../src/app.js";
 import { authorizeKey, signable, type AuthorizationView } from "./helpers/authorize.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";

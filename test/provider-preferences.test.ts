@@ -2,8 +2,8 @@ import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { marketAbi } from "../gen/contracts/artifacts.js";
 import { createPgMeasurementStore } from "../src/adapters/pg/offer-measurements.js";
-import { createMeasurementSync } from "../src/domain/chat/measurement-sync.js";
-import { createOfferMeasurements } from "../src/domain/chat/measurements.js";
+import { createMeasurementSync } from "../src/domain/reputation/measurement-sync.js";
+import { createOfferMeasurements } from "../src/domain/reputation/measurements.js";
 import { demoMetadata, demoTariff, id32 } from "../src/dev/demo-market.js";
 import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
 import { onboard, openPermit, setOffer } from "./helpers/market.js";
@@ -280,7 +280,9 @@ describe("provider preferences (OpenRouter's provider object)", () => {
         x_keep: { offer: "nested members stay" },
       }),
     );
-    expect(json[0]).toMatchObject({ model: "demo-chat", x_keep: { offer: "nested members stay" } });
+    // An unknown member is not forwarded either (issue 35: the provider sees an allowlist).
+    expect(json[0]).toMatchObject({ model: "demo-chat" });
+    expect(json[0]).not.toHaveProperty("x_keep");
     const sse = await received(fakes.quick, () =>
       chat({ stream: true, offer: null, provider: { only: [quick] } }),
     );
@@ -356,6 +358,7 @@ describe("provider preferences (OpenRouter's provider object)", () => {
       samples: 1,
       claimed: 0,
       diverged: 0,
+      divergedPayers: 0,
       excluded: false,
     });
     mine.served(unserved, { latencyMs: 1000, outputTokens: 10n, generationMs: 1000 });

@@ -7,7 +7,7 @@ import { canonicalEndpointUrl } from "../src/adapters/upstream/endpoint-guard.js
 import { startGateway, type Gateway } from "../src/app.js";
 import { runProviderCommand } from "../src/cli/provider.js";
 import { GatewayRequestError, registerEndpoint } from "../src/clients/provider.js";
-import { endpointTokenHash, endpointUrlHash } from "../src/domain/registration.js";
+import { endpointTokenHash, endpointUrlHash } from "../src/domain/registration/index.js";
 import { ProviderService } from "../gen/gateway/v1/provider_pb.js";
 import { describeIfPostgres } from "./helpers/db.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";

@@ -44,7 +44,7 @@ import {
   type RegistrationService,
   type RegistrationServiceDeps,
   type RegistrationTypedData,
-} from "../src/domain/registration.js";
+} from "../src/domain/registration/index.js";
 import { createTestDatabase, describeIfPostgres, type TestDatabase } from "./helpers/db.js";
 
 const secp256k1N = 0xfffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141n;

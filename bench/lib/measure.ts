@@ -68,6 +68,15 @@ export function dialectRequest(
 }
 
 /**
+ * The unary phase's request (issue 36): `POST /v1/quotes` with the chat JSON body, a keyed REST
+ * route through the API-key guard and the QuoteService, no upstream call: what the guard and the
+ * REST-to-service seam cost per call, beside the chat phases.
+ */
+export function unaryRequest(): { path: string; body: string } {
+  return { path: "/v1/quotes", body: requestBody("json") };
+}
+
+/**
  * A streaming request the fake upstream answers slowly (its chunks spread over
  * `SLOW_STREAM_MS`): selected by `"user"`, which the gateway forwards unchanged (it only splices
  * `stream_options.include_usage` into a streaming body) and the proxy pipes as it is.
@@ -348,8 +357,11 @@ export async function load(
     seconds: number;
     /** Called on every response as it completes (autocannon's `response` event). */
     onResponse?: (status: number) => void;
-    /** Another route and body than the chat request's (a dialect route). */
-    request?: { path: string; body: string };
+    /**
+     * Another route and body than the chat request's (a dialect route); a function body is
+     * called for every request (a body that varies, as an agent's next turn does).
+     */
+    request?: { path: string; body: string | (() => string) };
   },
 ): Promise<LoadResult> {
   const samples = new Map<number, string[]>();
@@ -364,7 +376,14 @@ export async function load(
         method: "POST",
         path: opts.request?.path ?? chatPath,
         headers: { ...target.headers },
-        body: opts.request?.body ?? requestBody(scenario),
+        ...(typeof opts.request?.body === "function"
+          ? {
+              setupRequest: ((body: () => string) => (request: autocannon.Request) => ({
+                ...request,
+                body: body(),
+              }))(opts.request.body),
+            }
+          : { body: opts.request?.body ?? requestBody(scenario) }),
         onResponse: (status: number, body: string) => {
           if (status >= 200 && status <= 299) return;
           const seen = samples.get(status) ?? [];

@@ -14,8 +14,11 @@ export interface ChildHandle {
   readonly role: string;
   readonly url: string;
   readonly pid: number;
-  /** CPU time (µs) and RSS of the child, asked over IPC. */
-  stats(): Promise<StatsReply>;
+  /**
+   * CPU time (µs) and RSS of the child, asked over IPC; `gc`: after a full collection, when the
+   * child runs with --expose-gc (else as without).
+   */
+  stats(gc?: boolean): Promise<StatsReply>;
   /** The last few KiB the child wrote on stderr (and stdout past its ready line). */
   output(): string;
   /** SIGTERM, SIGKILL after `graceMs`; resolves once it has exited. Idempotent. */
@@ -117,7 +120,7 @@ export async function startChild(
   if (pid === undefined) throw new Error(`${role} started without a pid`);
 
   let nextId = 0;
-  const stats = (): Promise<StatsReply> =>
+  const stats = (gc = false): Promise<StatsReply> =>
     new Promise<StatsReply>((resolve, reject) => {
       const id = ++nextId;
       const onMessage = (message: unknown): void => {
@@ -136,7 +139,7 @@ export async function startChild(
         child.off("message", onMessage);
       };
       child.on("message", onMessage);
-      const request: StatsRequest = { type: "stats", id };
+      const request: StatsRequest = { type: gc ? "gc" : "stats", id };
       child.send(request, (error) => {
         if (error) {
           done();

@@ -81,6 +81,8 @@ export interface BenchReport {
     slowStreams: number;
     slowStartMs: number;
     slowStreamSeconds: number;
+    /** Seconds of the unary phase (0: skipped; absent in reports made before it existed). */
+    unarySeconds?: number;
     offerMaxConcurrency: number;
     permitDeposit: string;
     request: string;
@@ -96,6 +98,8 @@ export interface BenchReport {
   readonly dialects?: Partial<
     Record<"responses" | "messages", Partial<Record<Scenario, LoadPhase>>>
   >;
+  /** The unary phase, `POST /v1/quotes` on the gateway at `connections`, when measured. */
+  readonly unary?: LoadPhase;
   /** The fresh load phases, at `connections`. */
   readonly load: Record<TargetName, Partial<Record<Scenario, LoadPhase>>>;
   /** SSE at `wideConnections`. */
@@ -531,6 +535,11 @@ export function formatReport(report: BenchReport): string {
       loadRows.push(loadRow(label, "gateway", phase));
     }
   }
+  if (report.unary !== undefined) {
+    loadRows.push(
+      loadRow(`unary POST /v1/quotes gateway, ${s.connections} conn`, "gateway", report.unary),
+    );
+  }
   out.push(table(loadRows));
   out.push(
     "  (req/s counts 2xx answers only; latency is autocannon's, whole response, 1 ms resolution;",
@@ -545,6 +554,7 @@ export function formatReport(report: BenchReport): string {
     }
     phases.push([`${target} sse ${s.wideConnections}`, report.loadWide[target]]);
   }
+  phases.push(["gateway unary", report.unary]);
   for (const [label, phase] of phases) {
     if (phase && phase.errorSamples.length > 0) {
       out.push(`  ${label} errors: ${phase.errorSamples.join(" | ")}`);

@@ -11,7 +11,7 @@ import {
   inputTokenUpperBound,
   outputBound,
   parseChatRequest,
-} from "../../src/domain/chat-request.js";
+} from "../../src/domain/chat/request/index.js";
 import { maximumCredits } from "../../src/domain/pricing.js";
 import {
   demoAccounts,
@@ -165,7 +165,7 @@ export function maximumCreditsPerRequest(bodies: readonly string[]): bigint {
     const req = parseChatRequest(new TextEncoder().encode(text), { maxBytes: 1 << 20 });
     const credits = maximumCredits(
       demoTariff,
-      { inputTokenBound: inputTokenUpperBound(req), outputLimit: outputBound(req, {}) },
+      { inputTokenBound: inputTokenUpperBound(req), outputBound: outputBound(req, {}) },
       true,
     );
     if (credits > most) most = credits;

@@ -55,7 +55,14 @@ export async function sustainedLoad(
   target: Target,
   gateway: ChildHandle,
   probe: PgCpuProbe,
-  opts: { connections: number; seconds: number; windowSeconds: number; log: (m: string) => void },
+  opts: {
+    connections: number;
+    seconds: number;
+    windowSeconds: number;
+    log: (m: string) => void;
+    /** Another request than the JSON chat's (`load`'s `request`): the agent's, say. */
+    request?: { path: string; body: string | (() => string) };
+  },
 ): Promise<SustainedFigures> {
   let ok = 0;
   let non2xx = 0;
@@ -91,6 +98,7 @@ export async function sustainedLoad(
   const running = load(target, "json", {
     connections: opts.connections,
     seconds: opts.seconds + 1,
+    ...(opts.request ? { request: opts.request } : {}),
     onResponse: (status) => {
       if (status >= 200 && status <= 299) ok++;
       else non2xx++;

@@ -1,3 +1,4 @@
+import type { TokenCounters } from "../domain/tokens.js";
 import type { Logger } from "pino";
 import type { Hex, PublicClient } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
@@ -25,23 +26,20 @@ import { createQuoteService } from "../connect/quote-service.js";
 import { createSettlementService } from "../connect/settlement-service.js";
 import type { Catalog } from "../domain/catalog.js";
 import type { Inference } from "../domain/chat/index.js";
-import type { HealthMonitor } from "../domain/health.js";
+import type { HealthMonitor } from "../domain/health-types.js";
 import { createApiKeyStore, type ApiKeyStore } from "../domain/api-key-store.js";
 import {
   createKeyAuthorities,
   createPermitAuthorizationService,
   type KeyAuthorities,
-} from "../domain/permit-authorization.js";
-import type { RegistrationService } from "../domain/registration.js";
-import type { Reputation } from "../domain/reputation.js";
+} from "../domain/permit-authorization/index.js";
+import type { RegistrationService } from "../domain/registration/index.js";
+import type { Reputation } from "../domain/reputation/reputation.js";
 import type { createMetrics } from "../runtime/metrics.js";
 import { createPgRateLimitStore } from "../adapters/pg/rate-limits.js";
-import {
-  createFailureBudget,
-  createFleetRateLimiter,
-  type RateLimiter,
-} from "../domain/rate-limit.js";
-import type { Readiness } from "../rest/facade.js";
+import { createFleetRateLimiter, type RateLimiter } from "../domain/rate-limit.js";
+import { createFailureBudget } from "../domain/failure-budget.js";
+import type { Readiness } from "../rest/route-kit.js";
 import { createGatewayHandler } from "../server.js";
 import type { Settlement } from "./settlement.js";
 
@@ -136,6 +134,7 @@ export function createApi(
     readonly inference: Inference;
     readonly registration: RegistrationService;
     readonly health: HealthMonitor;
+    readonly tokens: TokenCounters;
     readonly settlement: Settlement;
     readonly invalidateRouting: () => void;
     readonly rateLimiter: RateLimiter;
@@ -184,7 +183,6 @@ export function createApi(
       ? undefined
       : createReceiptSigner(config.receiptPrivateKey);
   return createGatewayHandler({
-    chat: (input, sink) => deps.inference.chatInto(input, sink),
     services: {
       catalog: createCatalogService(deps.catalog, deps.reputation),
       gateway: createGatewayService({
@@ -223,6 +221,8 @@ export function createApi(
         registration: deps.registration,
         health: deps.health,
         verificationTtlSeconds: config.verificationTtlSeconds,
+        hidesReasoning: (model) => deps.tokens.forModel(model)?.hidesReasoning === true,
+        hiddenReasoningRatioMax: BigInt(config.hiddenReasoningRatioMax),
         onEndpointChange: deps.invalidateRouting,
         keyBindings,
         earnings,

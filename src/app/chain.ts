@@ -1,5 +1,6 @@
 import type { Logger } from "pino";
 import { createPublicClient, http, type Hex, type PublicClient } from "viem";
+import type { ModelRef } from "../domain/tokens.js";
 import { createIndexer, type Indexer } from "../adapters/chain/indexer.js";
 import { createChainPermitReader } from "../adapters/chain/permits.js";
 import type { Database } from "../adapters/pg/database.js";
@@ -50,6 +51,8 @@ export interface IndexerHooks {
   readonly onHead: (timestamp: number) => void;
   readonly onPermitEvent: (permitId: Hex) => void;
   readonly onCatalogChange: () => void;
+  /** Models a pass wrote (their tokenizers are loaded before their offers route). */
+  readonly onModelsIndexed: (models: readonly ModelRef[]) => void;
   readonly onPermitClosing: (permitIds: readonly Hex[]) => void;
 }
 
@@ -63,6 +66,7 @@ export async function startIndexer(
     onHead: (head) => hooks.onHead(head.timestamp),
     onPermitEvent: hooks.onPermitEvent,
     onCatalogChange: hooks.onCatalogChange,
+    onModelsIndexed: hooks.onModelsIndexed,
     onPermitClosing: hooks.onPermitClosing,
     client: deps.chain,
     market: config.marketAddress,

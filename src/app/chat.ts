@@ -22,14 +22,15 @@ import {
   type Inference,
   type Ledger,
 } from "../domain/chat/index.js";
-import { createLeasedLedger, type LeasedLedger } from "../domain/chat/leases.js";
-import { offerReputation } from "../domain/chat/offer-reputation.js";
-import { createMeasurementSync } from "../domain/chat/measurement-sync.js";
-import { createOfferMeasurements, type MeasurementSync } from "../domain/chat/measurements.js";
+import { createLeasedLedger, type LeasedLedger } from "../domain/leases/leases.js";
+import { offerReputation } from "../domain/reputation/offer-reputation.js";
+import { createMeasurementSync } from "../domain/reputation/measurement-sync.js";
+import { createOfferMeasurements } from "../domain/reputation/measurements.js";
+import { type MeasurementSync } from "../domain/reputation/measurement-types.js";
 import { createWakeFees } from "../domain/chat/wake-fees.js";
-import type { EndpointSecret } from "../domain/health.js";
+import type { EndpointSecret } from "../domain/health-types.js";
 import type { PermitReader } from "../domain/permits.js";
-import type { Reputation } from "../domain/reputation.js";
+import type { Reputation } from "../domain/reputation/reputation.js";
 import type { TokenCounters } from "../domain/tokens.js";
 import type { TtlCache } from "../domain/ttl-cache.js";
 import type { createMetrics } from "../runtime/metrics.js";
@@ -115,6 +116,7 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
       ),
     acquireStream: deps.acquireStream,
     tokens: deps.tokens,
+    hiddenReasoningRatioMax: BigInt(config.hiddenReasoningRatioMax),
     observer: deps.metrics.chat,
     tracer: deps.tracer,
     measurements,

@@ -10,7 +10,7 @@ import { createEndpointProber } from "../adapters/upstream/probe.js";
 import type { Config } from "../config.js";
 import { createHealthMonitor } from "../domain/health.js";
 import type { TokenCounters } from "../domain/tokens.js";
-import { createRegistrationService, openEndpoint } from "../domain/registration.js";
+import { createRegistrationService, openEndpoint } from "../domain/registration/index.js";
 import type { Storage } from "./storage.js";
 
 /** Provider onboarding (EIP-712 registration) and the health monitor of registered endpoints. */

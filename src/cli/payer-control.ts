@@ -5,7 +5,7 @@ import {
   buildListAuthorizationsTypedData,
   buildRevokeAuthorizationsTypedData,
   signable,
-} from "../domain/permit-authorization.js";
+} from "../domain/permit-authorization/index.js";
 import { BaseError } from "../domain/base-error.js";
 import { apiKeyIdPattern } from "../clients/signing-guard.js";
 import { gatewayUrlProblem } from "../clients/gateway-url.js";

@@ -8,7 +8,7 @@ import {
   usageReceiptFieldsV3,
   type ReceiptRecord,
 } from "../domain/receipts.js";
-import { eip712DomainFields } from "../domain/registration.js";
+import { eip712DomainFields } from "../domain/registration/index.js";
 import { judgeReceipts, reportJson, verdict, type ListedReceipt } from "./permit-audit.js";
 
 const market = getAddress(`0x${"5f".repeat(20)}`);

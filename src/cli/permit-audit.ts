@@ -9,7 +9,7 @@ import {
   type Hex,
 } from "viem";
 import { marketAbi } from "../../gen/contracts/artifacts.js";
-import { registrationDomainName } from "../domain/registration.js";
+import { registrationDomainName } from "../domain/registration/index.js";
 import {
   receiptDomainVersion,
   signableReceipt,

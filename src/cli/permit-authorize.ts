@@ -11,7 +11,7 @@ import {
   anyPermit,
   defaultMaxAuthorizationLifetimeSeconds,
   readCaps,
-} from "../domain/permit-authorization.js";
+} from "../domain/permit-authorization/index.js";
 import { authorizeApiKey, revokeAuthorizationAsPayer } from "../clients/permit.js";
 import { parseDuration } from "./amounts.js";
 import {
@@ -134,7 +134,7 @@ export async function revoke(
 /**
  * What `authorize` asks for, from its arguments only: the permit, the expiry (in the future, at
  * most 90 days away: gateways refuse more by default, AUTHORIZATION_MAX_EXPIRY_SECONDS), the
- * caps (the domain's rules, src/domain/permit-authorization.ts `readCaps`), the key id.
+ * caps (the domain's rules, src/domain/permit-authorization/checks.ts `readCaps`), the key id.
  */
 function authorizeArgs(values: Record<string, string | boolean | undefined>): {
   payer?: Address;

@@ -18,7 +18,7 @@ import {
   buildRevokeTypedData,
   defaultAuthorizationLifetimeSeconds,
   signable,
-} from "../domain/permit-authorization.js";
+} from "../domain/permit-authorization/index.js";
 import { call, type GatewayConnection } from "./provider.js";
 
 /**

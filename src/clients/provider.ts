@@ -19,14 +19,14 @@ import {
 import {
   defaultAuthorizationLifetimeSeconds,
   signable as signableTypedData,
-} from "../domain/permit-authorization.js";
+} from "../domain/permit-authorization/index.js";
 import {
   buildTypedData,
   defaultChallengeLifetimeSeconds,
   endpointTokenHash,
   endpointUrlHash,
   withoutDomainType,
-} from "../domain/registration.js";
+} from "../domain/registration/index.js";
 
 /**
  * What a provider runs on its own machine to onboard an offer: it asks the

@@ -4,7 +4,7 @@ import {
   anyPermit,
   buildAuthorizeKeyTypedData,
   type AuthorizeKeyMessage,
-} from "../domain/permit-authorization.js";
+} from "../domain/permit-authorization/index.js";
 import {
   ChallengeMismatchError,
   checkTypedData,

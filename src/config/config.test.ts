@@ -35,6 +35,19 @@ describe("parseConfig", () => {
     expect(Object.isFrozen(config)).toBe(true);
   });
 
+  it("caps the hidden reasoning ratio at HIDDEN_REASONING_RATIO_MAX: 8 by default, 0 to 64", () => {
+    expect(parseConfig(base).hiddenReasoningRatioMax).toBe(8);
+    expect(parseConfig({ ...base, HIDDEN_REASONING_RATIO_MAX: "0" }).hiddenReasoningRatioMax).toBe(
+      0,
+    );
+    expect(parseConfig({ ...base, HIDDEN_REASONING_RATIO_MAX: "64" }).hiddenReasoningRatioMax).toBe(
+      64,
+    );
+    expect(() => parseConfig({ ...base, HIDDEN_REASONING_RATIO_MAX: "65" })).toThrow(
+      /HIDDEN_REASONING_RATIO_MAX/,
+    );
+  });
+
   it("takes TOKENIZER_REGISTRY, the operator's registry file over the embedded one", () => {
     expect(
       parseConfig({ ...base, TOKENIZER_REGISTRY: "/etc/gateway/tokenizers.json" })

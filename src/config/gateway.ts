@@ -76,6 +76,13 @@ export interface Config {
    */
   readonly reputationWindowSeconds: number;
   /**
+   * The largest hidden reasoning ratio charged (HIDDEN_REASONING_RATIO_MAX, default 8, 0 to 64;
+   * 0: no hidden reasoning is charged): an offer's tariff version may declare more, and is held
+   * to this. Applies only to models whose tokenizer registry entry hides reasoning
+   * (docs/decisions/metering-and-tokens.md "Hidden reasoning").
+   */
+  readonly hiddenReasoningRatioMax: number;
+  /**
    * At most one request per offer is charged the wake fee in this many seconds, and only when
    * the gateway's probe saw the endpoint asleep (docs/decisions/chat-quotes-and-money.md "Wake fees").
    */
@@ -255,6 +262,7 @@ export function parseConfig(env: Env): Config {
     verificationTtlSeconds: r.int("VERIFICATION_TTL_SECONDS", 86_400, 1, 365 * 86_400),
     verifyMinIntervalSeconds: r.int("VERIFY_MIN_INTERVAL_SECONDS", 60, 0, 86_400),
     reputationWindowSeconds: r.int("REPUTATION_WINDOW_SECONDS", 900, 60, 86_400),
+    hiddenReasoningRatioMax: r.int("HIDDEN_REASONING_RATIO_MAX", 8, 0, 64),
     wakeFeeWindowSeconds: r.int("WAKE_FEE_WINDOW_SECONDS", 300, 1, 86_400),
     permitCacheMs: r.int("PERMIT_CACHE_MS", 2000, 0, 60_000),
     upstreamTimeoutMs: r.int("UPSTREAM_TIMEOUT_MS", 30_000, 100, 600_000),

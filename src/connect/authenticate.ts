@@ -5,8 +5,9 @@ import { PermitService } from "../../gen/gateway/v1/permit_pb.js";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
 import { GatewayError } from "../domain/errors.js";
-import type { SpendingAuthority } from "../domain/permit-authorization.js";
-import type { FailureBudget, RateLimiter } from "../domain/rate-limit.js";
+import type { SpendingAuthority } from "../domain/permit-authorization/index.js";
+import type { FailureBudget } from "../domain/failure-budget.js";
+import type { RateLimiter } from "../domain/rate-limit.js";
 import type { Caller } from "./context.js";
 
 /**

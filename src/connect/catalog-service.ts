@@ -7,8 +7,8 @@ import {
   ListOffersResponseSchema,
 } from "../../gen/gateway/v1/catalog_pb.js";
 import type { Hex } from "viem";
-import type { Catalog, OfferRecord } from "../domain/catalog.js";
-import type { Reputation } from "../domain/reputation.js";
+import type { Catalog, ModelRecord, OfferRecord } from "../domain/catalog.js";
+import type { Reputation } from "../domain/reputation/reputation.js";
 import {
   modelStatusFromProto,
   modelToMessage,
@@ -18,13 +18,15 @@ import {
 
 /**
  * The catalog: models and offers, each offer with its reputation (`reputation`: from memory,
- * so listing offers costs no query beyond the catalog's own).
+ * so listing offers costs no query beyond the catalog's own) and every model and offer with how
+ * the gateway meters it (its model's tokenizer, or the byte bound; issue 35).
  */
 export function createCatalogService(
   catalog: Catalog,
   reputation?: (offerId: Hex) => Reputation,
 ): ServiceImpl<typeof CatalogService> {
-  const shown = (offer: OfferRecord) => offerToMessage(offer, reputation?.(offer.offerId));
+  const shown = (model: ModelRecord) => (offer: OfferRecord) =>
+    offerToMessage(offer, reputation?.(offer.offerId), model.metering);
   return {
     async listModels(req) {
       const models = await catalog.listModels(modelStatusFromProto(req.status));
@@ -34,15 +36,16 @@ export function createCatalogService(
     },
     async getModel(req) {
       const model = await catalog.getModel(req.id);
-      const offers = await catalog.listOffers(model.modelId);
+      const offers = await catalog.offersOf(model);
       return create(GetModelResponseSchema, {
         model: modelToMessage(model, catalog.directory),
-        offers: offers.map(shown),
+        offers: offers.map(shown(model)),
       });
     },
     async listOffers(req) {
-      const offers = await catalog.listOffers(req.model, offerStatusFromProto(req.status));
-      return create(ListOffersResponseSchema, { offers: offers.map(shown) });
+      const model = await catalog.getModel(req.model);
+      const offers = await catalog.offersOf(model, offerStatusFromProto(req.status));
+      return create(ListOffersResponseSchema, { offers: offers.map(shown(model)) });
     },
   };
 }

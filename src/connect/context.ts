@@ -1,5 +1,5 @@
 import { createContextKey } from "@connectrpc/connect";
-import type { SpendingAuthority } from "../domain/permit-authorization.js";
+import type { SpendingAuthority } from "../domain/permit-authorization/index.js";
 
 /** The API key a call was authenticated with (absent on operator-only calls). */
 export interface Caller {

@@ -1,5 +1,6 @@
 import { create } from "@bufbuild/protobuf";
 import {
+  MeteringKind,
   ModelSchema,
   ModelStatus,
   OfferSchema,
@@ -9,8 +10,9 @@ import {
 } from "../../gen/gateway/v1/market_pb.js";
 import type { ModelDirectory, ModelRecord, OfferRecord } from "../domain/catalog.js";
 import * as domain from "../domain/catalog.js";
-import type { Reputation } from "../domain/reputation.js";
+import type { Reputation } from "../domain/reputation/reputation.js";
 import type { TypedDataField } from "../domain/signatures.js";
+import type { Metering } from "../domain/tokens.js";
 
 /** Domain records -> protobuf messages (and the status enums both ways). */
 
@@ -39,6 +41,20 @@ export function offerStatusToMessage(status: domain.OfferStatus): OfferStatus {
   return offerStatusToProto[status];
 }
 
+/**
+ * How a model, offer or quote is metered, as its message's `metering` and `tokenizer` fields;
+ * unknown (an answer that is not the catalog's): unspecified, shown as null.
+ */
+export function meteringToMessage(metering: Metering | undefined): {
+  metering: MeteringKind;
+  tokenizer: string;
+} {
+  if (metering === undefined) return { metering: MeteringKind.UNSPECIFIED, tokenizer: "" };
+  return metering.kind === "exact"
+    ? { metering: MeteringKind.EXACT, tokenizer: metering.tokenizer }
+    : { metering: MeteringKind.BOUND, tokenizer: "" };
+}
+
 export function modelToMessage(model: ModelRecord, directory: ModelDirectory): Model {
   return create(ModelSchema, {
     id: directory.publicId(model.modelId),
@@ -53,15 +69,21 @@ export function modelToMessage(model: ModelRecord, directory: ModelDirectory): M
     providerCount: model.activeOffers,
     status: modelStatusToProto[model.status],
     aliases: [...directory.aliases(model.modelId)],
+    ...meteringToMessage(model.metering),
   });
 }
 
 /**
- * An offer as the catalog shows it; `reputation` (and the usage divergence it carries) where the
- * answer is the catalog's.
+ * An offer as the catalog shows it; `reputation` (and the usage divergence it carries) and its
+ * model's `metering` where the answer is the catalog's.
  */
-export function offerToMessage(offer: OfferRecord, reputation?: Reputation): Offer {
+export function offerToMessage(
+  offer: OfferRecord,
+  reputation?: Reputation,
+  metering?: Metering,
+): Offer {
   return create(OfferSchema, {
+    ...meteringToMessage(metering),
     offerId: offer.offerId,
     modelId: offer.modelId,
     operator: offer.operator,

@@ -3,10 +3,12 @@ import { describe, expect, it } from "vitest";
 import { GatewayError, recognizeDatabaseUnavailable } from "../domain/errors.js";
 import { errorCodeOf, toConnectError } from "./errors.js";
 
-/** A stand-in for the database adapter's check (src/app/storage.ts installs the real one). */
-const outage = Object.assign(new Error("connect ECONNREFUSED 127.0.0.1:5432"), {
-  code: "ECONNREFUSED",
-});
+/**
+ * A stand-in for the database adapter's check (src/app/storage.ts installs the real one, which
+ * another test file of this process may have installed already: the outage here is one only
+ * the stand-in recognises).
+ */
+const outage = new Error("the stand-in database outage");
 const isOutage = (error: unknown) => error === outage;
 
 describe("toConnectError", () => {

@@ -281,19 +281,22 @@ function receiptFigures(f: UsageReceiptTypedData["message"]["claimed"]): UsageRe
   };
 }
 
+/** What a chat call asks besides its caller: the StreamChatCompletion request's fields. */
+export interface ChatFields {
+  readonly body: Uint8Array;
+  readonly permitId: string;
+  readonly quoteId: string;
+  readonly idempotencyKey: string;
+  readonly dialect: Dialect;
+}
+
 /**
  * The chat call of a StreamChatCompletion request's fields, for `caller`: one mapping for both
  * transports (the RPC's handler and the REST facade's direct chat call).
  */
 export function chatInputOf(
   caller: Caller,
-  req: {
-    readonly body: Uint8Array;
-    readonly permitId: string;
-    readonly quoteId: string;
-    readonly idempotencyKey: string;
-    readonly dialect: Dialect;
-  },
+  req: ChatFields,
   signal: AbortSignal,
   headers: ChatInput["headers"],
 ): ChatInput {

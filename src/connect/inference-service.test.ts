@@ -9,7 +9,7 @@ import {
 } from "../../gen/gateway/v1/inference_pb.js";
 import type { RequestRecord } from "../domain/requests.js";
 import type { ChatCompleted, Metering } from "../domain/chat/index.js";
-import { chargeOf } from "../domain/dialects/index.js";
+import { chargeOf, chunkChargeOf } from "../domain/dialects/index.js";
 import { xGatewayResource } from "../rest/views/chat.js";
 import { requestResource } from "../rest/views/resources.js";
 import { eventToMessage, requestMessage } from "./inference-messages.js";
@@ -187,8 +187,10 @@ describe("both numbers: the provider's claim and the gateway's count", () => {
       },
       usage_source: "gateway",
     });
-    // The Responses and Messages dialects write the same x_gateway.
+    // The Responses and Messages dialects write the same x_gateway; the chat stream's final
+    // chunk too, its members in the order of the schema's view (the bytes it always had).
     expect(chargeOf(completed)).toEqual(xGateway);
+    expect(JSON.stringify(chunkChargeOf(completed))).toBe(JSON.stringify(xGateway));
 
     // No claim (the provider reported no usage), nothing counted: null, not zeros.
     const bare: ChatCompleted = { ...completed, claimed: undefined, counted: undefined };

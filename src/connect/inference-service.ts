@@ -10,15 +10,17 @@ import {
 } from "../../gen/gateway/v1/inference_pb.js";
 import type { RequestRecord } from "../domain/requests.js";
 import { GatewayError } from "../domain/errors.js";
-import type { Inference } from "../domain/chat/index.js";
+import type { ChatSink, Inference } from "../domain/chat/index.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
 import { readPermitBalance, type PermitLedger } from "../domain/permit-balance.js";
 import { readPermit, type PermitReader } from "../domain/permits.js";
-import { requireAuthority } from "../domain/permit-authorization.js";
+import { requireAuthority } from "../domain/permit-authorization/index.js";
 import { buildUsageReceipt, type ReceiptSigner } from "../domain/receipts.js";
+import { answerBridge } from "./chat-bridge.js";
 import { callerKey, type Caller } from "./context.js";
 import {
   chatInputOf,
+  type ChatFields,
   eventToMessage,
   permitStateToProto,
   receiptMessage,
@@ -104,13 +106,33 @@ async function callersRequest(deps: InferenceServiceDeps, rawId: string, ctx: Ha
 
 const yieldToEventLoop = (): Promise<void> => new Promise((resolve) => setImmediate(resolve));
 
-export function createInferenceService(
-  deps: InferenceServiceDeps,
-): ServiceImpl<typeof InferenceService> {
+/**
+ * The InferenceService: the RPCs, and `chatInto`, the one body of the chat method. The
+ * server-streaming RPC pulls it through the bridge (chat-bridge.ts); the REST chat routes call it
+ * with their own sink (src/rest/chat.ts), the guard's context the same as an RPC's.
+ */
+export interface InferenceServiceImpl extends ServiceImpl<typeof InferenceService> {
+  /**
+   * One chat call for the caller the guard admitted (`ctx.values`), its answer pushed to `sink`
+   * (`ChatSink`, src/domain/chat/types.ts, is the contract). Settles when the call is over;
+   * rejects only with a failure after `completed`.
+   */
+  chatInto(request: ChatFields, ctx: HandlerContext, sink: ChatSink): Promise<void>;
+}
+
+export function createInferenceService(deps: InferenceServiceDeps): InferenceServiceImpl {
+  const chatInto = (request: ChatFields, ctx: HandlerContext, sink: ChatSink): Promise<void> =>
+    deps.inference.chatInto(
+      chatInputOf(callerOf(ctx), request, ctx.signal, ctx.requestHeader),
+      sink,
+    );
   return {
+    chatInto,
+
     async *streamChatCompletion(req, ctx) {
-      const stream = deps.inference.chat(
-        chatInputOf(callerOf(ctx), req, ctx.signal, ctx.requestHeader),
+      const stream = answerBridge(
+        (signal, sink) => chatInto(req, { ...ctx, signal }, sink),
+        ctx.signal,
       );
       for await (const event of stream) {
         if (event.type !== "failed") yield eventToMessage(event);

@@ -20,7 +20,7 @@ import {
   type AuthorizationStatus,
   type PermitAuthorization,
   type PermitAuthorizationService,
-} from "../domain/permit-authorization.js";
+} from "../domain/permit-authorization/index.js";
 import { callerKey } from "./context.js";
 import { typedDataFrame } from "./convert.js";
 

@@ -21,7 +21,7 @@ import { BatchStatus } from "../../gen/gateway/v1/settlement_pb.js";
 import type { Catalog, OfferRecord } from "../domain/catalog.js";
 import { reasoningPolicyOf } from "../domain/chat/usage.js";
 import { GatewayError } from "../domain/errors.js";
-import type { HealthMonitor, VerificationOutcome } from "../domain/health.js";
+import type { HealthMonitor, VerificationOutcome } from "../domain/health-types.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
 import type {
   EarningsBatch,
@@ -36,7 +36,7 @@ import {
   type OfferKeyBinding,
   type OfferKeyBindingService,
 } from "../domain/offer-key-binding.js";
-import type { RegistrationService } from "../domain/registration.js";
+import type { RegistrationService } from "../domain/registration/index.js";
 import { callerKey, settlementOperatorKey } from "./context.js";
 import { offerStatusToMessage, offerToMessage, typedDataFrame } from "./convert.js";
 
@@ -45,6 +45,13 @@ export interface ProviderServiceDeps {
   readonly registration: RegistrationService;
   readonly health: HealthMonitor;
   readonly verificationTtlSeconds: number;
+  /**
+   * Whether a model hides its reasoning (its tokenizer registry entry): a probe's claimed hidden
+   * reasoning is allowed only then. Absent: no model does.
+   */
+  readonly hidesReasoning?: (model: { repository: string; revision: string }) => boolean;
+  /** HIDDEN_REASONING_RATIO_MAX; absent: the default. */
+  readonly hiddenReasoningRatioMax?: bigint;
   /** Told when an endpoint or its verification changed (routing caches drop their copies). */
   readonly onEndpointChange?: () => void;
   /** Key bindings and earnings (absent: those RPCs answer `unimplemented`). */
@@ -171,7 +178,11 @@ async function verifyOffer(
   // reasoning allowed (DESIGN.md section 10).
   const outcome = await health.verify(offerId, [...new Set(names)], deps.verificationTtlSeconds, {
     model: { repository: model.repository, revision: model.revision },
-    reasoning: reasoningPolicyOf(offer.capabilities),
+    reasoning: reasoningPolicyOf(
+      offer.tariff,
+      { hidesReasoning: deps.hidesReasoning?.(model) },
+      deps.hiddenReasoningRatioMax,
+    ),
   });
   // A run that changed the verification drops this process's routing copies at once.
   if (!outcome.replayed && outcome.outcome !== "unreachable") deps.onEndpointChange?.();

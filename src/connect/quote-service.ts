@@ -4,6 +4,7 @@ import { CreateQuoteResponseSchema, QuoteService } from "../../gen/gateway/v1/qu
 import { GatewayError } from "../domain/errors.js";
 import type { Inference } from "../domain/chat/index.js";
 import { callerKey } from "./context.js";
+import { meteringToMessage } from "./convert.js";
 import { dialectName } from "./inference-messages.js";
 
 export function createQuoteService(inference: Inference): ServiceImpl<typeof QuoteService> {
@@ -28,6 +29,7 @@ export function createQuoteService(inference: Inference): ServiceImpl<typeof Quo
           wakesEndpoint: quote.wakesEndpoint,
           maximumCredits: quote.maximumCredits.toString(),
           expiresAt: BigInt(quote.expiresAt),
+          ...meteringToMessage(quote.metering),
         },
       });
     },

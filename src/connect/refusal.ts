@@ -17,7 +17,7 @@ import {
   trailerSerialize,
 } from "@connectrpc/connect/protocol-grpc-web";
 import type { NodeRequest } from "../rest/body.js";
-import type { NodeResponse } from "../rest/facade.js";
+import type { NodeResponse } from "../rest/body.js";
 
 function nodeHeaders(headers: Headers): Record<string, string> {
   const out: Record<string, string> = {};

@@ -6,7 +6,15 @@ import { PermitService } from "../../gen/gateway/v1/permit_pb.js";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { QuoteService } from "../../gen/gateway/v1/quote_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
-import type { ServiceBinding } from "./in-process-transport.js";
+import type { DescService } from "@bufbuild/protobuf";
+import type { InferenceServiceImpl } from "./inference-service.js";
+
+/** A service and its implementation, as `router.service(service, impl)` takes them. */
+export interface ServiceBinding {
+  readonly service: DescService;
+  // Method implementations keyed by `localName`; a missing one answers `unimplemented`.
+  readonly impl: Partial<Record<string, unknown>>;
+}
 
 /**
  * The service implementations the server exposes. A service or method that is
@@ -15,7 +23,8 @@ import type { ServiceBinding } from "./in-process-transport.js";
 export interface Services {
   readonly catalog: ServiceImpl<typeof CatalogService>;
   readonly quote?: Partial<ServiceImpl<typeof QuoteService>>;
-  readonly inference?: Partial<ServiceImpl<typeof InferenceService>>;
+  /** With `chatInto`, the chat method's one body (the REST chat routes call it). */
+  readonly inference?: Partial<InferenceServiceImpl>;
   readonly permit?: Partial<ServiceImpl<typeof PermitService>>;
   readonly provider?: Partial<ServiceImpl<typeof ProviderService>>;
   readonly settlement?: Partial<ServiceImpl<typeof SettlementService>>;
@@ -23,7 +32,7 @@ export interface Services {
   readonly gateway?: Partial<ServiceImpl<typeof GatewayService>>;
 }
 
-/** The services with their implementations, in one list for the router and the in-process transport. */
+/** The services with their implementations, in one list (the RPC needs, the REST facade's calls). */
 export function serviceBindings(services: Services): ServiceBinding[] {
   return [
     { service: CatalogService, impl: services.catalog },

@@ -2,7 +2,7 @@ import { hash, randomBytes } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { newApiKey, randomBase62 } from "./api-key-check.js";
 import { createApiKeyStore, type ApiKeyLookup } from "./api-key-store.js";
-import { createKeyAuthorities, type PermitAuthorization } from "./permit-authorization.js";
+import { createKeyAuthorities, type PermitAuthorization } from "./permit-authorization/index.js";
 
 const secret = randomBytes(32);
 const digest = (key: string) => hash("sha256", key, "base64");

@@ -4,8 +4,9 @@ import type {
   KeyAuthorities,
   PermitAuthorization,
   SpendingAuthority,
-} from "./permit-authorization.js";
+} from "./permit-authorization/index.js";
 import { createTtlCache } from "./ttl-cache.js";
+import { setBounded } from "./bounded-cache.js";
 
 /** What the database answers about API keys (adapters/pg/api-keys.ts, permit-authorizations.ts). */
 export interface ApiKeyLookup {
@@ -108,13 +109,7 @@ export function createApiKeyStore(options: {
     if (row === null) {
       found.delete(digest);
       unchecked.delete(digest);
-      missing.delete(digest);
-      missing.set(digest, true);
-      while (missing.size > maxMissing) {
-        const oldest = missing.keys().next();
-        if (oldest.done === true) break;
-        missing.delete(oldest.value);
-      }
+      setBounded(missing, digest, true, maxMissing);
       return null;
     }
     found.set(digest, row.id);

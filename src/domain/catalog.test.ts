@@ -1,5 +1,13 @@
 import { describe, expect, it } from "vitest";
-import { isEligible, ModelDirectory, type OfferRecord } from "./catalog.js";
+import {
+  createCatalog,
+  isEligible,
+  ModelDirectory,
+  type CatalogStore,
+  type ModelRecord,
+  type OfferRecord,
+} from "./catalog.js";
+import { boundCounter, type TokenCounters } from "./tokens.js";
 
 const modelId = `0x${"ab".repeat(32)}` as const;
 
@@ -68,5 +76,52 @@ describe("isEligible", () => {
         1500,
       ),
     ).toBe(false);
+  });
+});
+
+describe("the catalog's metering (issue 35)", () => {
+  const record = {
+    modelId,
+    repository: "acme/model",
+    revision: "main",
+    status: "active",
+    activeOffers: 1,
+  } as ModelRecord;
+  const store: CatalogStore = {
+    listModels: async () => [record],
+    getModel: async (id) => (id === modelId ? record : undefined),
+    listOffers: async () => [],
+    getOffer: async () => undefined,
+  };
+  let loaded = false;
+  const tokens: Pick<TokenCounters, "forModel" | "meteringOf"> = {
+    forModel: () => (loaded ? boundCounter : undefined),
+    meteringOf: (m) =>
+      m.repository === "acme/model" ? { kind: "exact", tokenizer: "qwen3" } : { kind: "bound" },
+  };
+  const directory = new ModelDirectory([{ id: "acme", modelId, aliases: [] }]);
+
+  it("says how every model it returns is metered; bound without counters", async () => {
+    const catalog = createCatalog({ store, directory, tokens });
+    const exact = { kind: "exact", tokenizer: "qwen3" };
+    expect((await catalog.listModels())[0]!.metering).toEqual(exact);
+    expect((await catalog.getModel("acme")).metering).toEqual(exact);
+    expect(catalog.metering({ repository: "other/model", revision: "x" })).toEqual({
+      kind: "bound",
+    });
+    const plain = createCatalog({ store, directory });
+    expect((await plain.getModel("acme")).metering).toEqual({ kind: "bound" });
+    expect((await plain.routingView("acme")).model.tokenizerLoading).toBeUndefined();
+  });
+
+  it("marks a routing view whose tokenizer is still loading, asked at every use (the view is cached)", async () => {
+    const catalog = createCatalog({ store, directory, tokens, routingCacheMs: 60_000 });
+    loaded = false;
+    const loading = await catalog.routingView("acme");
+    expect(loading.model.tokenizerLoading).toBe(true);
+    loaded = true;
+    const ready = await catalog.routingView("acme");
+    expect(ready.model.tokenizerLoading).toBeUndefined();
+    expect(ready.model.metering).toEqual({ kind: "exact", tokenizer: "qwen3" });
   });
 });

@@ -30,6 +30,17 @@ export interface ModelRecord {
    * "Quarantine"): the model is stored with neutral values and nothing of it is routed to.
    */
   readonly quarantineReason?: string | undefined;
+  /**
+   * How the gateway meters the model's tokens (its tokenizer by repository and revision, or the
+   * byte bound): set by the catalog ({@link Catalog}) on every model it returns; absent from a
+   * store's row, where it means bound.
+   */
+  readonly metering?: Metering | undefined;
+  /**
+   * Set on a routing view ({@link Catalog.routingView}) while the model's tokenizer is still
+   * loading: none of its offers is routable until it is loaded (a request never waits on a load).
+   */
+  readonly tokenizerLoading?: boolean | undefined;
 }
 
 export interface Tariff {
@@ -37,6 +48,14 @@ export interface Tariff {
   readonly inputPricePerMTok: bigint;
   readonly outputPricePerMTok: bigint;
   readonly wakeFee: bigint;
+  /**
+   * Reasoning the client never saw may be charged up to this many times the visible output, on a
+   * model that hides its reasoning (src/domain/chat/usage.ts `reasoningPolicyOf`, capped by
+   * `HIDDEN_REASONING_RATIO_MAX`). A priced term of the version: read from the offer's
+   * `capabilities.hidden_reasoning_ratio` when the gateway records the version, and kept while
+   * the version stands (migration 032), so a quote, bound to the version, binds it too. Absent: 0.
+   */
+  readonly hiddenReasoningRatio?: bigint | undefined;
 }
 
 /** An offer as indexed from the chain, with the gateway's verification state. */
@@ -154,6 +173,8 @@ export interface RoutingView {
 
 export interface Catalog {
   readonly directory: ModelDirectory;
+  /** How a model is metered (the token counters' word; bound without them). */
+  metering(model: ModelRef): Metering;
   /**
    * The model a request names and its offers, for routing. Served from a short-lived cache
    * (`routingCacheMs`): a chat request is the hot path, and a change on chain reaches routing
@@ -166,8 +187,31 @@ export interface Catalog {
   /** Throws `model_not_found` for an unknown reference. */
   getModel(ref: string): Promise<ModelRecord>;
   listOffers(ref: string, status?: OfferStatus): Promise<OfferRecord[]>;
+  /** The offers of a model already read (no second read of the model). */
+  offersOf(model: ModelRecord, status?: OfferStatus): Promise<OfferRecord[]>;
   getOffer(offerId: Hex): Promise<OfferRecord | undefined>;
 }
+
+/**
+ * How a model is metered: tokens.ts's `Metering`, restated, because the token port sits above
+ * the catalog (it reads chat requests, which read the catalog's types).
+ */
+export type Metering =
+  { readonly kind: "exact"; readonly tokenizer: string } | { readonly kind: "bound" };
+
+/** A model as the token counters name it (tokens.ts's `ModelRef`). */
+type ModelRef = Pick<ModelRecord, "repository" | "revision">;
+
+/**
+ * What the catalog asks of the token counters (tokens.ts's `TokenCounters`): how a model is
+ * metered, and whether its counter is ready (`forModel` is undefined while its tokenizer loads).
+ */
+export interface CatalogMeter {
+  forModel(model: ModelRef): object | undefined;
+  meteringOf(model: ModelRef): Metering;
+}
+
+const bound: Metering = { kind: "bound" };
 
 export function createCatalog(deps: {
   store: CatalogStore;
@@ -176,8 +220,16 @@ export function createCatalog(deps: {
   routingCacheMs?: number;
   /** Milliseconds (tests inject a clock). */
   now?: () => number;
+  /**
+   * The token counters: how each model is metered, and whether its tokenizer is loaded (a model
+   * whose tokenizer loads is listed, but not routable). Absent: every model is metered by the
+   * byte bound and routable.
+   */
+  tokens?: CatalogMeter | undefined;
 }): Catalog {
-  const { store, directory } = deps;
+  const { store, directory, tokens } = deps;
+  const metering = (model: ModelRef): Metering => tokens?.meteringOf(model) ?? bound;
+  const metered = (model: ModelRecord): ModelRecord => ({ ...model, metering: metering(model) });
   const routingCacheMs = deps.routingCacheMs ?? 0;
   const now = deps.now ?? Date.now;
   const views = createTtlCache<Hex, Promise<RoutingView>>({ ttlMs: routingCacheMs, now });
@@ -187,14 +239,22 @@ export function createCatalog(deps: {
     if (model === undefined) {
       throw new GatewayError("model_not_found", `model '${ref.slice(0, 200)}' does not exist`);
     }
-    return model;
+    return metered(model);
+  };
+  // A cached view holds what the store said; whether the model's tokenizer is loaded is asked
+  // on every use (a map lookup), so a model becomes routable as soon as its load ends.
+  const routable = async (view: Promise<RoutingView>): Promise<RoutingView> => {
+    const read = await view;
+    if (tokens === undefined || tokens.forModel(read.model) !== undefined) return read;
+    return { model: { ...read.model, tokenizerLoading: true }, offers: read.offers };
   };
   return {
     directory,
-    async routingView(ref) {
+    metering,
+    routingView(ref) {
       const modelId = directory.resolve(ref);
       const cached = modelId === undefined ? undefined : views.get(modelId);
-      if (cached !== undefined) return cached;
+      if (cached !== undefined) return routable(cached);
       const view = (async () => {
         const model = await getModel(ref);
         return { model, offers: await store.listOffers(model.modelId) };
@@ -204,15 +264,16 @@ export function createCatalog(deps: {
         // A failed read is not reused.
         view.catch(() => views.delete(modelId));
       }
-      return view;
+      return routable(view);
     },
     invalidate: () => views.clear(),
-    listModels: (status) => store.listModels(status),
+    listModels: async (status) => (await store.listModels(status)).map(metered),
     getModel,
     async listOffers(ref, status) {
       const model = await getModel(ref);
       return store.listOffers(model.modelId, status);
     },
+    offersOf: (model, status) => store.listOffers(model.modelId, status),
     getOffer: (offerId) => store.getOffer(normalizeHex(offerId)),
   };
 }

@@ -141,6 +141,9 @@ export const errorCodes = {
   settlement_unavailable: "unavailable",
   // This gateway has no receipt key configured (RECEIPT_PRIVATE_KEY): it signs no receipts.
   receipts_unavailable: "unavailable",
+  // The model's tokenizer is still loading (start-up, or a model the indexer just added): the
+  // gateway meters every answer, and never loads a tokenizer on a request's path. Retry-After.
+  model_loading: "unavailable",
   // The process is stopping (SIGTERM): a request arriving now, or one cut at the end of the grace.
   shutting_down: "unavailable",
 } as const satisfies Record<string, ErrorKind>;

@@ -1,3 +1,4 @@
+import { setBounded } from "./bounded-cache.js";
 /**
  * The failure budget of client addresses: how many failed authentications an address may make
  * before it is refused (split from src/domain/rate-limit.ts, which re-exports it).
@@ -59,13 +60,7 @@ export function createFailureBudget(options: {
       const t = now();
       const bucket = buckets.get(address);
       const tokens = bucket === undefined ? capacity : level(bucket, t);
-      buckets.delete(address);
-      buckets.set(address, { tokens: Math.max(0, tokens - 1), at: t });
-      while (buckets.size > maxAddresses) {
-        const oldest = buckets.keys().next();
-        if (oldest.done === true) break;
-        buckets.delete(oldest.value);
-      }
+      setBounded(buckets, address, { tokens: Math.max(0, tokens - 1), at: t }, maxAddresses);
     },
     get size() {
       return buckets.size;

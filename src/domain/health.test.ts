@@ -15,12 +15,8 @@ import { upsertProviderEndpoint } from "../adapters/pg/registrations.js";
 import { createUpstreamClient, type UpstreamClient } from "../adapters/upstream/http.js";
 import { countingMaxTokens, createEndpointProber } from "../adapters/upstream/probe.js";
 import { GatewayError } from "./errors.js";
-import {
-  createHealthMonitor,
-  type EndpointSecret,
-  type HealthMonitor,
-  type HealthMonitorDeps,
-} from "./health.js";
+import { createHealthMonitor } from "./health.js";
+import { type EndpointSecret, type HealthMonitor, type HealthMonitorDeps } from "./health-types.js";
 
 // Sealing is the lead's AES-GCM in production; any reversible encoding shows the flow here.
 const seal = (endpoint: EndpointSecret): Buffer => Buffer.from(JSON.stringify(endpoint), "utf8");

@@ -32,8 +32,6 @@ import { normalizeHex } from "./hex.js";
  * `adapters/upstream/probe.ts` and `adapters/pg/endpoint-health.ts`.
  */
 
-export * from "./health-types.js";
-
 export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
   const { store, open, prober, clock, logger } = deps;
   // One probe per endpoint at a time, whoever asks (the loop or an on-demand refresh).

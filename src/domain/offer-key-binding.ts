@@ -15,8 +15,8 @@ import {
   grantStatus,
   signable,
   type AuthorizationDomain,
-} from "./permit-authorization.js";
-import { parseRegistrationSignature } from "./registration.js";
+} from "./permit-authorization/index.js";
+import { parseRegistrationSignature } from "./registration/index.js";
 import {
   verifyParsedSignature,
   type SignatureVerifier,

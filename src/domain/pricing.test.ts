@@ -108,7 +108,7 @@ describe("maximumCredits and chargeFor", () => {
       fc.property(tariffs, usages, usages, fc.boolean(), (t, bound, used, wakes) => {
         const maximum = maximumCredits(
           t,
-          { inputTokenBound: bound.inputTokens, outputLimit: bound.outputTokens },
+          { inputTokenBound: bound.inputTokens, outputBound: bound.outputTokens },
           wakes,
         );
         const charge = chargeFor(t, used, wakes, maximum);

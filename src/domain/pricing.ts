@@ -48,17 +48,17 @@ export function priceCredits(tariff: PriceSchedule, usage: TokenUsage, wakes: bo
 
 /**
  * A quote's `maximum_credits`: the price of the gateway's upper bound of input tokens and the
- * request's output limit. Because {@link priceCredits} is monotone in every argument, no usage
+ * request's output bound (its output limit times its choices). Because {@link priceCredits} is monotone in every argument, no usage
  * within those bounds can cost more.
  */
 export function maximumCredits(
   tariff: PriceSchedule,
-  bounds: { readonly inputTokenBound: bigint; readonly outputLimit: bigint },
+  bounds: { readonly inputTokenBound: bigint; readonly outputBound: bigint },
   wakes: boolean,
 ): bigint {
   return priceCredits(
     tariff,
-    { inputTokens: bounds.inputTokenBound, outputTokens: bounds.outputLimit },
+    { inputTokens: bounds.inputTokenBound, outputTokens: bounds.outputBound },
     wakes,
   );
 }

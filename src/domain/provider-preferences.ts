@@ -18,7 +18,7 @@ import { normalizeHex } from "./hex.js";
  *   within it); without `order`, to the first offer routing ranks.
  * - `sort`: `price` (lowest quoted maximum first), `latency` (lowest median time to first
  *   token first) or `throughput` (highest median output tokens per second first), the medians
- *   of the offer reputation's window (reputation.ts); offers not measured yet come after the
+ *   of the offer reputation's window (reputation/reputation.ts); offers not measured yet come after the
  *   measured ones, and failing offers (`isFailing`) last. As on OpenRouter, an explicit order replaces the
  *   default ranking.
  * - `max_price`: `{prompt, completion}` in credit base units per million tokens (decimal
@@ -28,6 +28,10 @@ import { normalizeHex } from "./hex.js";
  *   holds for a pinned request.
  * - `require_parameters`: only offers whose verification proved every feature the request uses
  *   (tools, a `response_format` JSON schema, usage on a stream).
+ * - `require_exact_metering` (OpenRouter has no such member; named in its style): only offers
+ *   the gateway meters with their model's own tokenizer, not by the byte bound (DESIGN.md
+ *   section 10; the catalog and quotes show each offer's `metering`). Like `max_price`, it also
+ *   holds for a pinned request: how a request is counted is the client's term, not a ranking.
  *
  * OpenRouter's other members (data_collection, zdr, quantizations, ...) describe providers this
  * market does not state, so they are refused rather than silently ignored.
@@ -37,7 +41,6 @@ import { normalizeHex } from "./hex.js";
  * turns a valid object into what routing reads.
  */
 
-export { maxPreferenceOffers, providerSorts } from "../schema/chat.js";
 export type ProviderSort = (typeof providerSorts)[number];
 
 export interface ProviderPreferences {
@@ -49,6 +52,8 @@ export interface ProviderPreferences {
   /** Credit base units per million tokens. */
   readonly maxPrice?: { readonly prompt?: bigint; readonly completion?: bigint } | undefined;
   readonly requireParameters: boolean;
+  /** Only offers metered exactly (their model's own tokenizer), never by the byte bound. */
+  readonly requireExactMetering: boolean;
 }
 
 /** The object's structure and bounds, compiled once (src/schema/chat.ts). */
@@ -78,6 +83,7 @@ export function parseProviderPreferences(value: unknown): ProviderPreferences | 
             ...(maxPrice.completion == null ? {} : { completion: BigInt(maxPrice.completion) }),
           },
     requireParameters: body.require_parameters ?? false,
+    requireExactMetering: body.require_exact_metering ?? false,
   };
 }
 

@@ -1,12 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { GatewayError } from "./errors.js";
-import {
-  budgetAddress,
-  createFailureBudget,
-  createFleetRateLimiter,
-  createRateLimiter,
-  type RateLimitStore,
-} from "./rate-limit.js";
+import { createFleetRateLimiter, createRateLimiter, type RateLimitStore } from "./rate-limit.js";
+import { budgetAddress, createFailureBudget } from "./failure-budget.js";
 
 function refusal(run: () => void): GatewayError {
   try {

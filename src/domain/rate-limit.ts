@@ -1,6 +1,5 @@
 import { GatewayError } from "./errors.js";
-
-export { budgetAddress, createFailureBudget, type FailureBudget } from "./failure-budget.js";
+import { setBounded } from "./bounded-cache.js";
 
 /**
  * Per-API-key limits (docs/decisions/errors-and-rate-limits.md, "Rate limits"): a token bucket on requests, and a
@@ -85,18 +84,12 @@ export function createRateLimiter(options: RateLimitOptions): LocalRateLimiter {
       // Idle buckets go once per refill period (amortised: a sweep costs one pass per period).
       if (t - sweptAt >= capacity / rate) sweep(t);
       let bucket = buckets.get(key);
-      if (bucket === undefined) {
-        bucket = { tokens: capacity, at: t };
-        if (buckets.size >= maxKeys) {
-          const oldest = buckets.keys().next();
-          if (oldest.done !== true) buckets.delete(oldest.value);
-        }
-      } else {
+      if (bucket === undefined) bucket = { tokens: capacity, at: t };
+      else {
         bucket.tokens = Math.min(capacity, bucket.tokens + (t - bucket.at) * rate);
         bucket.at = t;
-        buckets.delete(key);
       }
-      buckets.set(key, bucket);
+      setBounded(buckets, key, bucket, maxKeys);
       if (bucket.tokens >= 1) {
         bucket.tokens -= 1;
         return;

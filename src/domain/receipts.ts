@@ -1,7 +1,7 @@
 import { hashTypedData, type Address, type Hex } from "viem";
 import type { UsageFigures, UsageSource } from "./chat/types.js";
 import { GatewayError } from "./errors.js";
-import { gatewayTypedData, type AuthorizationDomain } from "./permit-authorization.js";
+import { gatewayTypedData, type AuthorizationDomain } from "./permit-authorization/index.js";
 import type { TypedDataField } from "./signatures.js";
 
 /**

@@ -6,7 +6,7 @@ export interface TypedDataField {
   type: string;
 }
 
-/** A signature as `parseRegistrationSignature` (registration.ts) reads it. */
+/** A signature as `parseRegistrationSignature` (registration/signature.ts) reads it. */
 export interface ParsedSignature {
   /** 65 bytes `r | s | v` with v in {27, 28}: what ECDSA recovery and most wallets take. */
   full: Hex;

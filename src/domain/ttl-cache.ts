@@ -1,3 +1,4 @@
+import { setBounded } from "./bounded-cache.js";
 /**
  * A map whose entries are served for `ttlMs` after they were set, holding at most `maxEntries`
  * (the oldest goes first). The gateway's hot-path caches are all this shape: a short, bounded
@@ -35,13 +36,7 @@ export function createTtlCache<K, V>(options: {
     },
     set(key, value) {
       if (ttlMs === 0) return;
-      entries.delete(key);
-      entries.set(key, { value, at: now() });
-      while (entries.size > maxEntries) {
-        const oldest = entries.keys().next();
-        if (oldest.done === true) break;
-        entries.delete(oldest.value);
-      }
+      setBounded(entries, key, { value, at: now() }, maxEntries);
     },
     delete: (key) => void entries.delete(key),
     clear: () => entries.clear(),

@@ -1,5 +1,5 @@
 import type { connectNodeAdapter } from "@connectrpc/connect-node";
-import { checkJsonBounds, type JsonBounds } from "../domain/chat-request.js";
+import { checkJsonBounds, parseJsonText, type JsonBounds } from "../domain/chat/request/index.js";
 import { GatewayError } from "../domain/errors.js";
 
 /** The request type connect-node's handlers take (HTTP/1.1 or HTTP/2). */
@@ -70,7 +70,10 @@ function requireJsonType(req: NodeRequest): void {
   }
 }
 
-/** The raw bytes of a JSON body, for services that parse it themselves (chat, quotes). */
+/**
+ * The raw bytes of a JSON body, for services that parse it themselves (chat, quotes: the client's
+ * own bytes go upstream), by the same rule (`parseJsonText`, in the domain, for the RPC alike).
+ */
 export async function readJsonBytes(req: NodeRequest, limit: number): Promise<Buffer> {
   requireJsonType(req);
   return readBody(req, limit);
@@ -79,7 +82,8 @@ export async function readJsonBytes(req: NodeRequest, limit: number): Promise<Bu
 /**
  * Reads a JSON body. Checks only that it is JSON of the expected media type, within `bounds`
  * (MAX_JSON_DEPTH, MAX_JSON_ARRAY_ITEMS; 400 `invalid_request`, checked on the bytes before
- * parsing): what the document must contain is the services' business.
+ * parsing), under the one JSON text rule every body is read by (`parseJsonText`: strict UTF-8,
+ * no byte order mark): what the document must contain is the services' business.
  */
 export async function readJson(
   req: NodeRequest,
@@ -90,9 +94,5 @@ export async function readJson(
   const raw = await readBody(req, limit);
   if (raw.length === 0) return { raw, value: undefined };
   checkJsonBounds(raw, bounds);
-  try {
-    return { raw, value: JSON.parse(raw.toString("utf8")) };
-  } catch {
-    throw new GatewayError("invalid_json", "the request body is not valid JSON");
-  }
+  return { raw, value: parseJsonText(raw) };
 }

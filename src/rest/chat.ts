@@ -1,176 +1,30 @@
-import { Dialect } from "../../gen/gateway/v1/inference_pb.js";
-import type { Dialect as DialectTranslator } from "../domain/dialects/types.js";
-import type { ChatSink } from "../domain/chat/sink.js";
-import type { ChatChunk, ChatCompleted, ChatStarted } from "../domain/chat/types.js";
-import type { InProcessCallOptions } from "../connect/in-process-transport.js";
-import { completedMessage } from "../connect/inference-messages.js";
+import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
+import { Dialect, InferenceService } from "../../gen/gateway/v1/inference_pb.js";
+import { handlerContext, type GuardedCall } from "../connect/call-guard.js";
+import type { AnswerController, ChatChunk, ChatCompleted, ChatSink } from "../domain/chat/index.js";
+import { chunkChargeOf, type DialectStarted } from "../domain/dialects/index.js";
 import { GatewayError } from "../domain/errors.js";
 import type { NodeRequest, NodeResponse } from "./body.js";
 import { toHttpError } from "./errors.js";
-import { xGatewayResource } from "./views/chat.js";
+import { EventWriter } from "./event-writer.js";
+import type { Call } from "./route-kit.js";
 
-const eventStart = Buffer.from("data: ");
-const namedStart = Buffer.from("event: ");
-const eventEnd = Buffer.from("\n\n");
-const lineEnd = Buffer.from("\n");
-const lf = 0x0a;
-const cr = 0x0d;
 /** Largest single write of a JSON answer. */
 const jsonPieceBytes = 64 * 1024;
-
-/**
- * The SSE events of one answer. Events that arrive in the same turn of the event loop (one
- * upstream read usually carries many) leave in one write of their bytes as they came, framed: a
- * write per event costs an HTTP chunk and a syscall per event, and turning the bytes back into
- * text costs a copy.
- */
-class EventWriter {
-  private pending: Uint8Array[] = [];
-  private pendingBytes = 0;
-  private written = false;
-  /** The last write found the client's socket full: pull nothing more until it drains. */
-  blocked = false;
-
-  constructor(private readonly res: NodeResponse) {}
-
-  /**
-   * Sends the headers (written by writeHead) by the end of this turn of the event loop: with the
-   * first events when they come in it (one write, not two), else alone. Time to first byte is
-   * the client's, not the provider's.
-   */
-  headersSoon(): void {
-    setImmediate(sendHeaders, this);
-  }
-
-  sendHeaders(): void {
-    if (this.written || this.res.writableEnded || this.res.destroyed) return;
-    (this.res as { flushHeaders?: () => void }).flushHeaders?.();
-  }
-
-  /**
-   * Queues one event whose data is `data`, for this turn's write: `data: <bytes>\n\n`, or, when
-   * the data holds line breaks (CR, LF or CRLF), one `data:` line per line of it. What a provider
-   * sends is data, never framing: written as it came, a line break in it would end the event's
-   * line and an empty line the event itself, letting a provider forge events of its own
-   * (DESIGN.md 8). A client's SSE parser joins the lines back with LF, the data as it was.
-   */
-  event(data: Uint8Array, name?: string): void {
-    if (this.pending.length === 0) process.nextTick(flushEvents, this);
-    if (name !== undefined && name !== "") {
-      // A dialect's event name is the gateway's own (its translator's), never a provider's.
-      const line = Buffer.from(name);
-      this.pending.push(namedStart, line, lineEnd);
-      this.pendingBytes += namedStart.byteLength + line.byteLength + lineEnd.byteLength;
-    }
-    // Two native scans; the line-by-line path is for the rare multi-line event.
-    if (data.indexOf(lf) === -1 && data.indexOf(cr) === -1) {
-      this.pending.push(eventStart, data, eventEnd);
-      this.pendingBytes += eventStart.byteLength + data.byteLength + eventEnd.byteLength;
-      return;
-    }
-    let start = 0;
-    for (let i = 0; i < data.byteLength; i++) {
-      const byte = data[i];
-      if (byte !== lf && byte !== cr) continue;
-      this.line(data.subarray(start, i), lineEnd);
-      if (byte === cr && data[i + 1] === lf) i++;
-      start = i + 1;
-    }
-    this.line(data.subarray(start), eventEnd);
-  }
-
-  private line(text: Uint8Array, end: Buffer): void {
-    this.pending.push(eventStart, text, end);
-    this.pendingBytes += eventStart.byteLength + text.byteLength + end.byteLength;
-  }
-
-  flush(): void {
-    if (this.pending.length === 0) return;
-    const parts = this.pending;
-    const size = this.pendingBytes;
-    this.pending = [];
-    this.pendingBytes = 0;
-    if (this.res.writableEnded || this.res.destroyed) return;
-    this.written = true;
-    if (!this.res.write(Buffer.concat(parts, size))) this.blocked = true;
-  }
-
-  /**
-   * Resolves when the client has taken what was written (`drain`) or is gone (`close`: it left,
-   * or the listener cut it after CLIENT_WRITE_TIMEOUT_MS without taking a byte). Only called
-   * when a write said the socket is full, so a client that keeps up costs nothing here.
-   */
-  async drained(): Promise<void> {
-    const res = this.res;
-    // It may have drained already, between the write and now: a wait for a `drain` that
-    // already came would never end.
-    if (!res.destroyed && !res.writableEnded && needsDrain(res)) {
-      await new Promise<void>((resolve) => {
-        const done = (): void => {
-          res.off("drain", done);
-          res.off("close", done);
-          resolve();
-        };
-        res.on("drain", done);
-        res.on("close", done);
-      });
-    }
-    this.blocked = false;
-  }
-
-  /** Writes what is queued, then `last`, and ends the response. */
-  end(last: string): void {
-    this.flush();
-    this.written = true;
-    this.res.end(last);
-  }
-}
-
-/** Whether the response's writer was told to wait for `drain` and it has not come yet. */
-function needsDrain(res: NodeResponse): boolean {
-  // HTTP/2's compatibility response has no writableNeedDrain of its own; its stream does.
-  const own = (res as { writableNeedDrain?: boolean }).writableNeedDrain;
-  if (own !== undefined) return own;
-  return (res as { stream?: { writableNeedDrain?: boolean } }).stream?.writableNeedDrain === true;
-}
-
-function flushEvents(writer: EventWriter): void {
-  writer.flush();
-}
-
-function sendHeaders(writer: EventWriter): void {
-  writer.sendHeaders();
-}
 
 function header(req: NodeRequest, name: string): string {
   const value = req.headers[name];
   return typeof value === "string" ? value : "";
 }
 
-/** What a chat route asks of the chat handler besides the caller (the RPC request's fields). */
-export interface ChatFields {
-  readonly body: Uint8Array;
-  readonly permitId: string;
-  readonly quoteId: string;
-  readonly idempotencyKey: string;
-  readonly dialect: Dialect;
-}
+/** The chat RPC, by name: how the REST chat routes' calls are logged and counted. */
+const chatRpc = `${InferenceService.typeName}/${InferenceService.method.streamChatCompletion.name}`;
 
 /**
- * The chat handler as the REST facade calls it: the call guard (the caller, its rate, the
- * outcome logged as an RPC's), then the chat call pushing its answer into `sink` (sink.ts). No
- * RPC in process and no generator per event: the provider's events reach the client's socket
- * through the sink. The sink's `failed` and `cancelled` get the ConnectError the guard mapped.
- */
-export type RestChat = (
-  fields: ChatFields,
-  options: InProcessCallOptions,
-  sink: ChatSink,
-) => Promise<void>;
-
-/**
- * POST /v1/chat/completions (and the dialects' routes) -> the chat handler, the answer pushed
- * into the client's socket by {@link AnswerWriter}.
+ * POST /v1/chat/completions (and the dialects' routes) -> the InferenceService's chat method
+ * (`chatInto`, the one body the RPC also runs), through the call guard (the caller, its rate,
+ * the outcome logged and counted as the chat RPC's), the answer pushed into the client's socket
+ * by {@link AnswerWriter}. No RPC in process and no generator per event.
  *
  * `"stream": true` answers text/event-stream in OpenAI framing: one `data:`
  * event per upstream chunk, then a last chunk carrying `x_gateway` (the final
@@ -185,50 +39,68 @@ export type RestChat = (
  * `X-Gateway-*` metering headers or the framing (`content-length`, `transfer-encoding`).
  */
 export async function relayChat(
-  chat: RestChat,
-  req: NodeRequest,
-  res: NodeResponse,
+  { req, res, request, guard, services }: Call,
   body: Uint8Array,
-  options: InProcessCallOptions,
-  dialect?: { readonly id: Dialect; readonly translator: DialectTranslator },
+  dialect: Dialect = Dialect.UNSPECIFIED,
 ): Promise<void> {
-  const writer = new AnswerWriter(res, options.signal, dialect?.translator);
-  await chat(
-    {
-      body,
-      permitId: header(req, "x-gateway-permit"),
-      quoteId: header(req, "x-gateway-quote"),
-      idempotencyKey: header(req, "idempotency-key"),
-      dialect: dialect?.id ?? Dialect.UNSPECIFIED,
-    },
-    options,
-    writer,
-  );
+  const call = guard.open(chatRpc, request);
+  const values = createContextValues();
+  try {
+    await call.admit("apiKey", values);
+    if (services.inference?.chatInto === undefined)
+      throw new ConnectError(`${chatRpc} is not implemented`, Code.Unimplemented);
+  } catch (error) {
+    throw call.outcome(error);
+  }
+  const method = InferenceService.method.streamChatCompletion;
+  const ctx = handlerContext(method, call, request.header, values);
+  const writer = new AnswerWriter(res, call, dialect !== Dialect.UNSPECIFIED);
+  const fields = {
+    body,
+    permitId: header(req, "x-gateway-permit"),
+    quoteId: header(req, "x-gateway-quote"),
+    idempotencyKey: header(req, "idempotency-key"),
+    dialect,
+  };
+  try {
+    await services.inference.chatInto(fields, ctx, writer);
+    call.outcome(undefined, "rpc stream ok");
+  } catch (error) {
+    // After the answer (its charge's record): the service's to log, not the client's.
+    call.outcome(error);
+  }
   // Refused before the answer began: the facade answers the error body.
   if (writer.refusal !== undefined) throw writer.refusal.error;
 }
 
 /**
  * One answer written into the client's response as the chat call pushes it (the sink contract,
- * sink.ts). One object per request; the per-event path queues bytes into the event writer.
+ * src/domain/chat/types.ts). One object per request; the per-event path queues bytes into the
+ * event writer. Its terminal calls end the guard's call: the failure it is handed is mapped,
+ * logged and counted there, once.
  */
 class AnswerWriter implements ChatSink {
-  private begun: ChatStarted | undefined;
+  private begun: DialectStarted | undefined;
   private json: Uint8Array | undefined;
   private firstChunk: Uint8Array | undefined;
   /** Set when the answer streams (`"stream": true`). */
   private events: EventWriter | undefined;
+  /** The call's flow control, and whether this writer paused it until the socket drains. */
+  private controller: AnswerController | undefined;
+  private waitingForDrain = false;
   /** The call was refused before its answer began (the facade writes the error body). */
   refusal: { error: unknown } | undefined;
 
   constructor(
     private readonly res: NodeResponse,
-    private readonly signal: AbortSignal,
-    private readonly translator: DialectTranslator | undefined,
+    private readonly call: GuardedCall,
+    /** A dialect's answer (Responses, Messages): its own closing events, no `[DONE]`. */
+    private readonly dialect: boolean,
   ) {}
 
-  started(event: ChatStarted): void {
+  started(event: DialectStarted, controller: AnswerController): void {
     this.begun = event;
+    this.controller = controller;
     if (!event.stream) return;
     this.events = new EventWriter(this.res);
     this.res.writeHead(200, {
@@ -244,21 +116,28 @@ class AnswerWriter implements ChatSink {
     this.events.headersSoon();
   }
 
-  chunk(event: ChatChunk): boolean {
+  chunk(event: ChatChunk): void {
     const events = this.events;
     if (events === undefined) {
       this.json = event.data;
-      return true;
+      return;
     }
     this.firstChunk ??= event.data;
     events.event(event.data, event.event);
     // Backpressure: the provider is read on only once the client has taken what was written
     // (at most one upstream read's events are queued).
-    return !events.blocked;
+    if (events.blocked && !this.waitingForDrain) {
+      this.waitingForDrain = true;
+      this.controller?.pause();
+      // A closure only on this slow path: a client that keeps up costs no bound function.
+      void events.drained().then(() => this.drained());
+    }
   }
 
-  drained(): Promise<void> {
-    return this.events === undefined ? Promise.resolve() : this.events.drained();
+  /** The client took what was written, or is gone (its signal then ends the call). */
+  private drained(): void {
+    this.waitingForDrain = false;
+    this.controller?.resume();
   }
 
   completed(done: ChatCompleted): void {
@@ -283,7 +162,7 @@ class AnswerWriter implements ChatSink {
       for (; payload.byteLength - at > jsonPieceBytes; at += jsonPieceBytes)
         res.write(payload.subarray(at, at + jsonPieceBytes));
       res.end(at === 0 ? payload : payload.subarray(at));
-    } else if (this.translator !== undefined) {
+    } else if (this.dialect) {
       // The dialect's closing events (the last with x_gateway) came as chunks; no [DONE].
       res.addTrailers({ "X-Gateway-Credits-Charged": charged });
       events.end("");
@@ -295,11 +174,11 @@ class AnswerWriter implements ChatSink {
   }
 
   failed(error: unknown): void {
-    this.end(error);
+    this.end(this.call.outcome(error));
   }
 
   cancelled(reason: unknown): void {
-    this.end(reason);
+    this.end(this.call.outcome(reason));
   }
 
   /** The call ended without its answer: the error body (the facade's), or the stream's last event. */
@@ -311,40 +190,65 @@ class AnswerWriter implements ChatSink {
     }
     if (res.writableEnded || res.destroyed) return;
     // Cut by shutdown: the signal's reason (`shutting_down`) is the stream's last event.
-    const reason: unknown = this.signal.aborted ? this.signal.reason : undefined;
+    const { signal } = this.call;
+    const reason: unknown = signal.aborted ? signal.reason : undefined;
     const { body: errorBody } = toHttpError(reason instanceof GatewayError ? reason : error);
-    if (this.translator === undefined) {
+    if (!this.dialect) {
       events.end(`data: ${JSON.stringify(errorBody)}\n\n`);
       return;
     }
+    // The call's own translator goes on: its events' sequence continues into the failure.
     const failure = new GatewayError(errorBody.error.code, errorBody.error.message);
-    const stream = this.translator.createStream({
-      requestId: this.begun?.requestId ?? "",
-      model: "",
-    });
-    for (const out of stream.fail(failure))
-      events.event(Buffer.from(JSON.stringify(out.data)), out.event);
+    for (const out of this.begun?.failure?.(failure) ?? []) events.event(out.data, out.event);
     events.end("");
   }
 }
 
-/** The last chunk before [DONE]: OpenAI chunk framing (id, model as the stream had them), no choices, and the charge. */
+/** A provider's chunk id the final chunk may repeat: printable ASCII, no spaces, bounded. */
+const chunkId = /^[\x21-\x7e]{1,128}$/;
+/** A provider's model name the final chunk may repeat: bounded, no control characters. */
+// eslint-disable-next-line no-control-regex -- the control characters are what it refuses
+const modelName = /^[^\x00-\x1f\x7f]{1,256}$/u;
+/** The largest `created` taken from a provider (Unix seconds, year 2286). */
+const maxCreated = 9_999_999_999;
+
+/**
+ * The last chunk before [DONE], the gateway's own: OpenAI chunk framing (the `id`, `created` and
+ * `model` the stream's first chunk had, so that a client sees one stream, when they are what
+ * OpenAI's clients expect of them: a bounded token, Unix seconds, a bounded name; else the
+ * request id, the gateway's time and ""), no choices, and the charge. A provider's values are
+ * data: whatever the provider sent in them (an object, a huge or multi-line string) never
+ * reaches the client in the gateway's chunk.
+ */
 function finalChunk(first: Uint8Array | undefined, done: ChatCompleted) {
-  let head: { id?: unknown; created?: unknown; model?: unknown } = {};
-  try {
-    if (first !== undefined)
-      head = JSON.parse(
-        Buffer.from(first.buffer, first.byteOffset, first.byteLength).toString("utf8"),
-      ) as typeof head;
-  } catch {
-    head = {};
-  }
+  const head = firstChunkHead(first);
+  const { id, created, model } = head;
   return {
-    id: head.id ?? done.requestId,
+    id: typeof id === "string" && chunkId.test(id) ? id : done.requestId,
     object: "chat.completion.chunk",
-    created: head.created ?? Math.floor(Date.now() / 1000),
-    model: head.model ?? "",
+    created:
+      typeof created === "number" &&
+      Number.isInteger(created) &&
+      created >= 0 &&
+      created <= maxCreated
+        ? created
+        : Math.floor(Date.now() / 1000),
+    model: typeof model === "string" && modelName.test(model) ? model : "",
     choices: [],
-    x_gateway: xGatewayResource.view(completedMessage(done)),
+    x_gateway: chunkChargeOf(done),
   };
+}
+
+function firstChunkHead(first: Uint8Array | undefined): Record<string, unknown> {
+  if (first === undefined) return {};
+  try {
+    const head: unknown = JSON.parse(
+      Buffer.from(first.buffer, first.byteOffset, first.byteLength).toString("utf8"),
+    );
+    return typeof head === "object" && head !== null && !Array.isArray(head)
+      ? (head as Record<string, unknown>)
+      : {};
+  } catch {
+    return {};
+  }
 }

@@ -22,17 +22,6 @@ import type {
  * headers the routes share, and the error answers' shape per status.
  */
 
-export type {
-  Codes,
-  Header,
-  JsonSchema,
-  MediaType,
-  Parameter,
-  Ref,
-  Response,
-  RouteSpec,
-} from "./route-spec.js";
-
 // ---------------------------------------------------------------- shared codes
 
 /** What any route can answer. */

@@ -1,23 +1,26 @@
-import { ConnectError, createContextValues } from "@connectrpc/connect";
+import { ConnectError } from "@connectrpc/connect";
 import type { Logger } from "pino";
-import { authenticatedKey, type AuthNeed, type Authenticated } from "../connect/authenticate.js";
-import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
-import type { JsonBounds } from "../domain/chat-request.js";
+import type { Authenticated } from "../connect/authenticate.js";
+import { authorizationOf, requestIdOf, type CallGuard } from "../connect/call-guard.js";
+import { HeaderView } from "../connect/header-view.js";
+import type { Services } from "../connect/routes.js";
+import { createServiceCalls } from "../connect/service-call.js";
+import type { JsonBounds } from "../domain/chat/request/index.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
+import { budgetAddress } from "../domain/failure-budget.js";
 import { readJson, type NodeRequest, type NodeResponse } from "./body.js";
 import { consolePath, createConsoleAssets, type ConsoleAssets } from "./console.js";
 import { toHttpError } from "./errors.js";
 import type { Route, RouteDeps } from "./route-kit.js";
 import { createRouter, targetOf } from "./router.js";
 
-export type { NodeResponse } from "./body.js";
-export type { Readiness } from "./route-kit.js";
-
 export interface FacadeDeps extends RouteDeps {
   /** The routes it serves (src/rest/routes/index.ts; src/server.ts hands them over). */
   readonly routes: readonly Route[];
-  /** Reaches the RPC services in process, through the same interceptors as the network. */
-  readonly rpc: InProcessCaller;
+  /** The service implementations the routes call directly, through `guard`. */
+  readonly services: Services;
+  /** The call guard (src/connect/call-guard.ts): each route's call passes it once. */
+  readonly guard: CallGuard;
   /** MAX_JSON_DEPTH / MAX_JSON_ARRAY_ITEMS of every JSON body; absent: the defaults. */
   readonly jsonBounds?: JsonBounds | undefined;
   readonly logger: Logger;
@@ -30,16 +33,6 @@ export interface FacadeDeps extends RouteDeps {
   readonly shutdown?: AbortSignal;
   /** The market console's files (GET /console); absent: read from src/console beside the build. */
   readonly console?: ConsoleAssets;
-  /**
-   * Checks a route's credentials before its body is read (src/server.ts); what it finds goes
-   * to the RPC's auth interceptor, which then does not check again. Absent: the RPC checks.
-   * `apiKeyHeader`: the route takes the key as `x-api-key` too (the Messages dialect).
-   */
-  readonly authenticate?: (
-    need: Exclude<AuthNeed, "none">,
-    req: NodeRequest,
-    apiKeyHeader: boolean,
-  ) => Promise<Authenticated>;
 }
 
 /** Hooks for metrics (the facade never imports a metrics library); they must not throw. */
@@ -88,7 +81,8 @@ function sendJson(
 const clientLeft = new DOMException("the client closed the connection", "AbortError");
 
 export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: NodeResponse) => void {
-  const { rpc, logger } = deps;
+  const { logger, guard, services } = deps;
+  const unaryFor = createServiceCalls(services, guard);
   const consoleAssets = deps.console ?? createConsoleAssets();
   const router = createRouter(deps.routes);
 
@@ -113,8 +107,6 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
       const status = res.headersSent ? res.statusCode : 499;
       observer?.request(route, req.method ?? "", status, (performance.now() - started) / 1000);
     });
-    let options: InProcessCallOptions = { headers: req.headers, signal: abort.signal };
-
     let matched: Route | undefined;
     const handled = (async (): Promise<void> => {
       if (pathname.startsWith(consolePath)) {
@@ -135,28 +127,41 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
       }
       route = match.route.path;
       matched = match.route;
-      // The credentials before the body: a refused request's body is never read.
+      // The credentials before the body, with the caller's address: a refused request's body
+      // is never read, and an unknown key costs its address from the failed-auth budget.
+      const header = new HeaderView(req.headers);
+      const apiKeyHeader = match.route.apiKeyHeader === true;
       const need = match.route.auth ?? "apiKey";
-      if (need !== "none" && deps.authenticate !== undefined) {
-        let auth: Authenticated;
+      let checked: Authenticated | undefined;
+      if (need !== "none") {
         try {
-          auth = await deps.authenticate(need, req, match.route.apiKeyHeader === true);
+          checked = await guard.authenticate(
+            need,
+            authorizationOf(header, apiKeyHeader),
+            budgetAddress(req.socket?.remoteAddress),
+          );
         } catch (error) {
           req.resume();
           throw error;
         }
-        const contextValues = createContextValues();
-        contextValues.set(authenticatedKey, auth);
-        options = { ...options, contextValues };
       }
+      const request = {
+        requestId: requestIdOf(header.get("x-request-id")),
+        signal: abort.signal,
+        header,
+        checked,
+        apiKeyHeader,
+      };
       const body = await bodyOf(match.route, req, deps);
       const reply = await match.route.handle({
         req,
         res,
         query,
         params: match.params,
-        options,
-        rpc,
+        request,
+        guard,
+        services,
+        unary: unaryFor(request),
         deps,
         body,
       });

@@ -1,9 +1,10 @@
 import type { Static, TSchema } from "@sinclair/typebox";
-import type { InProcessCallOptions, InProcessCaller } from "../connect/in-process-transport.js";
+import type { CallGuard, CallRequest } from "../connect/call-guard.js";
+import type { Services } from "../connect/routes.js";
+import type { UnaryCall } from "../connect/service-call.js";
 import { GatewayError } from "../domain/errors.js";
 import { compileBody, type BodyCheck } from "../domain/body-check.js";
 import type { NodeRequest, NodeResponse } from "./body.js";
-import type { RestChat } from "./chat.js";
 import type { ErrorBody as ErrorBodyValue } from "./errors.js";
 import type { RouteSpec } from "./route-spec.js";
 import { parseStatusFilter } from "./views/challenges.js";
@@ -18,13 +19,14 @@ export interface Readiness {
   readonly ok: boolean;
   /** The process is stopping (SIGTERM): `GET /ready` answers 503 `shutting_down` without checks. */
   readonly shuttingDown?: boolean;
-  readonly checks: Record<string, { ok: boolean; error?: string }>;
+  readonly checks: Record<
+    string,
+    { ok: boolean; error?: string; loading?: readonly string[]; failed?: readonly string[] }
+  >;
 }
 
 /** What the routes use of the facade's dependencies (src/rest/facade.ts's FacadeDeps). */
 export interface RouteDeps {
-  /** The chat handler, called directly by the chat routes (chat.ts): no RPC in process. */
-  readonly chat: RestChat;
   readonly bodyLimitBytes: number;
   readonly readiness: () => Promise<Readiness>;
 }
@@ -35,9 +37,17 @@ export interface Call<Body = unknown> {
   /** The query string, without its `?` ("" when there is none). */
   readonly query: string;
   readonly params: readonly string[];
-  /** What carries the caller's credentials, request id and cancellation to the RPC. */
-  readonly options: InProcessCallOptions;
-  readonly rpc: InProcessCaller;
+  /**
+   * What the call guard knows of this request: its id, signal (the client left, or shutdown cut
+   * it), headers and the credentials checked before its body.
+   */
+  readonly request: CallRequest;
+  /** The call guard, which a route's call passes once (`unary` does; the chat route itself). */
+  readonly guard: CallGuard;
+  /** The service implementations, called directly (no transport, no interceptor chain). */
+  readonly services: Services;
+  /** A unary service method called directly, through the guard (src/connect/service-call.ts). */
+  readonly unary: UnaryCall;
   readonly deps: RouteDeps;
   /** The JSON body, validated against the route's body schema (routes whose facade reads it). */
   readonly body: Body;

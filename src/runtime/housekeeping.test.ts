@@ -3,7 +3,7 @@ import type pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../../test/helpers/db.js";
 import { id, reservation } from "../../test/helpers/ledger.js";
-import { databaseNow, heartbeat, reserve } from "../adapters/pg/ledger.js";
+import { databaseNow, heartbeat, reserve } from "../adapters/pg/ledger/index.js";
 import { getRequest } from "../adapters/pg/requests.js";
 import { createHousekeeping } from "./housekeeping.js";
 import { createLogger } from "./logger.js";

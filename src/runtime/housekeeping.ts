@@ -2,7 +2,7 @@ import type pg from "pg";
 import type { Logger } from "pino";
 import { releaseOrphanedClaims } from "../adapters/pg/idempotency.js";
 import { releaseOrphanedLeases } from "../adapters/pg/leases.js";
-import * as ledger from "../adapters/pg/ledger.js";
+import * as ledger from "../adapters/pg/ledger/index.js";
 
 export interface HousekeepingOptions {
   readonly pool: pg.Pool;

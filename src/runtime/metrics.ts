@@ -6,14 +6,15 @@ import {
   type Histogram,
   type LabelValues,
 } from "prom-client";
-import type { RpcObserver } from "../connect/interceptors.js";
+import type { RpcObserver } from "../connect/call-guard.js";
 import type { ChatObserver } from "../domain/chat/ports.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { createSharedRefresh } from "../domain/shared-refresh.js";
 import type { SettlementObserver } from "../domain/settlement/index.js";
 import type { NodeRequest } from "../rest/body.js";
 import { toHttpError } from "../rest/errors.js";
-import type { NodeResponse, RestObserver } from "../rest/facade.js";
+import type { NodeResponse } from "../rest/body.js";
+import type { RestObserver } from "../rest/facade.js";
 import { registerMetrics, type Metrics } from "./metric-definitions.js";
 
 /**
@@ -77,12 +78,13 @@ export const publicStateMaxAgeMs = 1000;
 const indexerCursor = "market";
 
 /**
- * The scrape-time figures in one round trip, each from an index: open requests
- * (`inference_requests_open`), lease rows, and the settlement queue
- * (`inference_requests_settle_queue`).
+ * The scrape-time figures in one round trip, each from an index: open requests and the
+ * settlement queue from the unsettled requests (`inference_requests_settlement_queue`: an open
+ * request is 'unsettled' too, and no index names the status, migration 031), and lease rows.
  */
 const gaugeQuery = `SELECT
-  (SELECT count(*) FROM inference_requests WHERE status IN ('pending', 'streaming'))::text AS open,
+  (SELECT count(*) FROM inference_requests
+     WHERE settlement_status = 'unsettled' AND status IN ('pending', 'streaming'))::text AS open,
   (SELECT count(*) FROM permit_leases)::text AS permit_leases,
   (SELECT count(*) FROM offer_leases)::text AS offer_leases,
   ((SELECT coalesce(sum(credits_charged), 0) FROM inference_requests

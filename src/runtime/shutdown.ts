@@ -4,7 +4,7 @@ import { GatewayError } from "../domain/errors.js";
 import type { Listener } from "./listen.js";
 import type { NodeRequest } from "../rest/body.js";
 import { toHttpError } from "../rest/errors.js";
-import type { NodeResponse } from "../rest/facade.js";
+import type { NodeResponse } from "../rest/body.js";
 import { errorBodyFor } from "../rest/routes/index.js";
 import { withTimeout } from "./readiness.js";
 

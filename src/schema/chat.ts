@@ -3,7 +3,7 @@ import { component, Hex32, OptionalNullable } from "./common.js";
 
 /**
  * The chat completion request (spec: Chat request), declared once: validation
- * (src/domain/chat-request.ts), types and the OpenAPI document. TypeBox only: the answers
+ * (src/domain/chat/request/request.ts), types and the OpenAPI document. TypeBox only: the answers
  * (OpenAI's chat.completion and its chunks), which carry `x_gateway`, the view of a protobuf
  * message, live with the transport that shows them (src/rest/views/chat.ts).
  */
@@ -90,11 +90,16 @@ export const ProviderPreferences = component(
         description:
           "Route only to offers whose verification proved every feature the request uses: tools, a response_format JSON schema, usage on a stream (see Offer.verified_features).",
       }),
+      require_exact_metering: OptionalNullable(Type.Boolean(), {
+        default: false,
+        description:
+          "Route only to offers the gateway meters exactly, with the model's own tokenizer (Offer.metering exact); an offer metered by the byte bound (no tokenizer registered for its model) is excluded, and a request only such offers could serve is refused 503 no_eligible_offer naming this member. Holds for a pinned request too.",
+      }),
     },
     {
       additionalProperties: false,
       description:
-        "OpenRouter's provider routing object, applied to this market's offers (offer ids); null members are absent. The gateway's own member: it is not sent to the provider. Where the request's offer, its quote or its permit pins an offer, only max_price applies: a pin wins over the rest. An invalid object, or an OpenRouter member this gateway does not support (data_collection, zdr, quantizations, ...), is refused 400 invalid_request naming the field; preferences that leave no eligible offer are refused 503 no_eligible_offer naming the preference.",
+        "OpenRouter's provider routing object, applied to this market's offers (offer ids); null members are absent. The gateway's own member: it is not sent to the provider. Where the request's offer, its quote or its permit pins an offer, only max_price and require_exact_metering apply: a pin wins over the rest. An invalid object, or an OpenRouter member this gateway does not support (data_collection, zdr, quantizations, ...), is refused 400 invalid_request naming the field; preferences that leave no eligible offer are refused 503 no_eligible_offer naming the preference.",
     },
   ),
 );
@@ -134,6 +139,145 @@ const lengthControlMembers = Object.fromEntries(
   Object.entries(lengthControls).map(([name, server]) => [name, lengthControl(server)]),
 ) as { [K in keyof typeof lengthControls]: ReturnType<typeof lengthControl> };
 
+/**
+ * `stop`'s bounds: at most {@link maxStopStrings} strings (OpenAI's documented limit), each at
+ * most {@link maxStopLength} characters. A provider counts the stop string it generates and the
+ * client never sees it, so the gateway widens a stopped choice's output tolerance by the longest
+ * one's tokens (`judgeUsage`'s `stopTokens`, src/domain/chat/usage.ts); bounded, that widening
+ * stays small (64 characters are some 16 tokens of text, at most 256 of bytes).
+ */
+export const maxStopStrings = 4;
+export const maxStopLength = 64;
+
+const stopRefusal = `must be a string of at most ${maxStopLength} characters, or an array of at most ${maxStopStrings} such strings: a provider counts the stop string it generates, which the client never sees`;
+const StopString = Type.String({ maxLength: maxStopLength, "x-error-message": stopRefusal });
+
+/**
+ * The members forwarded to the provider (docs/decisions/metering-and-tokens.md, "What reaches
+ * the provider"): OpenAI's chat completion members that change nothing the gateway cannot see
+ * or count, and three sampling members of the open-model servers (vLLM, SGLang, llama.cpp,
+ * Ollama) that change only which tokens are drawn. Every other member of the body is cut from
+ * what the provider receives (the gateway's own `offer` and `provider`, the servers' length
+ * controls and extras accepted at their defaults, and members this gateway does not know), so a
+ * member no one reviewed cannot make an honest provider generate or count what the client never
+ * sees, and so be judged diverged. `chat_template_kwargs` and `reasoning_effort` reach the chat
+ * template the gateway counts the prompt with, as they reach the provider's.
+ */
+export const forwardedMembers: readonly string[] = [
+  "model",
+  "messages",
+  "max_tokens",
+  "max_completion_tokens",
+  "n",
+  "stream",
+  "stream_options",
+  "stop",
+  "temperature",
+  "top_p",
+  "presence_penalty",
+  "frequency_penalty",
+  "logit_bias",
+  "logprobs",
+  "top_logprobs",
+  "seed",
+  "tools",
+  "tool_choice",
+  "parallel_tool_calls",
+  "response_format",
+  "user",
+  "reasoning_effort",
+  "chat_template_kwargs",
+  "top_k",
+  "min_p",
+  "repetition_penalty",
+];
+
+/**
+ * Members a server reads that make the provider generate or count what the client never sees,
+ * or count the prompt otherwise than the gateway's chat template does; each with the values that
+ * change nothing (its default), which are accepted and cut (never forwarded). Any other value is
+ * refused, 400 `invalid_request` naming the member.
+ */
+export const countingControls = {
+  include_reasoning: {
+    accepted: [null, true],
+    why: "false has vLLM generate and count reasoning it does not return",
+  },
+  chat_template: {
+    accepted: [null],
+    why: "a template of the request's own renders a prompt other than the one the gateway counts",
+  },
+  documents: {
+    accepted: [null],
+    why: "documents are rendered into the prompt by the server's template, outside the messages the gateway counts",
+  },
+  mm_processor_kwargs: {
+    accepted: [null],
+    why: "it changes what the server counts for media",
+  },
+  add_special_tokens: {
+    accepted: [null, false],
+    why: "true adds tokens to the prompt that its chat template does not write",
+  },
+  add_generation_prompt: {
+    accepted: [null, true],
+    why: "false renders a prompt other than the one the gateway counts",
+  },
+  continue_final_message: {
+    accepted: [null, false],
+    why: "true renders a prompt other than the one the gateway counts",
+  },
+  echo: {
+    accepted: [null, false],
+    why: "true returns the prompt as the answer's output",
+  },
+  return_tokens_as_token_ids: {
+    accepted: [null, false],
+    why: "true returns token ids in place of the text",
+  },
+  functions: {
+    accepted: [null],
+    why: "the legacy functions are not counted with the prompt: use tools",
+  },
+  function_call: {
+    accepted: [null],
+    why: "the legacy function_call goes with functions: use tool_choice",
+  },
+} as const satisfies Record<string, { accepted: readonly (null | boolean)[]; why: string }>;
+
+const countingControl = (name: string, accepted: readonly (null | boolean)[], why: string) =>
+  Type.Optional(
+    Type.Union(
+      accepted.map((value) => (value === null ? Type.Null() : Type.Literal(value))),
+      {
+        "x-error-message": `is not forwarded to the provider: ${why}; leave it out${accepted.length > 1 ? ` (or ${accepted.filter((v) => v !== null).join(", ")})` : ""}`,
+        description: `Never forwarded: ${why}. Refused (400 invalid_request) unless absent, ${accepted.map(String).join(" or ")}.`,
+      },
+    ),
+  );
+
+const countingControlMembers = Object.fromEntries(
+  Object.entries(countingControls).map(([name, { accepted, why }]) => [
+    name,
+    countingControl(name, accepted, why),
+  ]),
+) as { [K in keyof typeof countingControls]: ReturnType<typeof countingControl> };
+
+/**
+ * Names `chat_template_kwargs` may not set: the variables the chat template is given by the
+ * server itself (and by the gateway's counter), which a request's kwargs could otherwise replace.
+ */
+export const reservedTemplateKwargs: readonly string[] = [
+  "messages",
+  "tools",
+  "documents",
+  "add_generation_prompt",
+  "continue_final_message",
+  "chat_template",
+  "add_special_tokens",
+  "tokenize",
+];
+
 export const ChatRequest = component(
   "ChatRequest",
   Type.Object(
@@ -163,7 +307,19 @@ export const ChatRequest = component(
       }),
       temperature: OptionalNullable(Type.Number()),
       top_p: OptionalNullable(Type.Number()),
-      stop: OptionalNullable(Type.Union([Type.String(), Type.Array(Type.String())])),
+      stop: OptionalNullable(
+        Type.Union(
+          [
+            StopString,
+            Type.Array(StopString, { maxItems: maxStopStrings, "x-error-message": stopRefusal }),
+          ],
+          { "x-error-message": stopRefusal },
+        ),
+        {
+          "x-error-message": stopRefusal,
+          description: `Up to ${maxStopStrings} strings of at most ${maxStopLength} characters each (400 invalid_request beyond). The provider counts the stop string it generates and the client never sees, so a stopped choice's output tolerance grows by the longest one's tokens.`,
+        },
+      ),
       stream: OptionalNullable(Type.Boolean(), {
         description:
           "true: the answer is a stream of chat.completion.chunk events, the last one carrying x_gateway, then [DONE].",
@@ -186,12 +342,16 @@ export const ChatRequest = component(
           "An integer literal (a fraction such as 1.5, or 1.00000000000000001, is refused); relayed as written, so a 64-bit seed keeps every digit.",
       }),
       user: OptionalNullable(Type.String()),
+      chat_template_kwargs: OptionalNullable(Type.Object({}, { additionalProperties: true }), {
+        description: `Variables for the model's chat template (vLLM's), forwarded; the gateway renders the prompt it counts with them too. They may not set the variables the server gives the template itself (${reservedTemplateKwargs.join(", ")}, or a name ending in _token): refused, 400 invalid_request.`,
+      }),
       ...lengthControlMembers,
+      ...countingControlMembers,
     },
     {
       additionalProperties: true,
       description:
-        "OpenAI's chat completion request, with the gateway's offer and provider. An optional member set to null is absent; a member given twice is refused (400 invalid_request); the other members, unknown ones included, are relayed to the provider as the client wrote them, all but offer and provider; a server's own output length control (n_predict, min_tokens, ignore_eos...) is refused. The quote binds model, messages, n, the output limit, tools, tool_choice and response_format.",
+        "OpenAI's chat completion request, with the gateway's offer and provider. An optional member set to null is absent; a member given twice is refused (400 invalid_request). Only OpenAI's chat completion members (and top_k, min_p, repetition_penalty, chat_template_kwargs) are relayed to the provider, as the client wrote them; every other member, unknown ones included, is cut. A server's own output length control (n_predict, min_tokens, ignore_eos...) and a member that would make the provider generate or count what the client never sees (include_reasoning: false, chat_template, documents, echo: true, ...) are refused. The quote binds model, messages, n, the output limit, tools, tool_choice and response_format.",
     },
   ),
 );

@@ -1,4 +1,5 @@
 import { Type, type Static, type TSchema } from "@sinclair/typebox";
+import { maxStopLength, maxStopStrings } from "./chat.js";
 import { component, OptionalNullable } from "./common.js";
 import {
   gatewayMembers,
@@ -179,7 +180,12 @@ export const MessagesRequest = component(
           { description: "Only `user_id` is passed on" },
         ),
       ),
-      stop_sequences: OptionalNullable(Type.Array(Type.String())),
+      stop_sequences: OptionalNullable(
+        Type.Array(Type.String({ maxLength: maxStopLength }), { maxItems: maxStopStrings }),
+        {
+          description: `The canonical request's \`stop\`, under its bounds: at most ${maxStopStrings} strings of at most ${maxStopLength} characters (400 invalid_request beyond)`,
+        },
+      ),
       stream: OptionalNullable(Type.Boolean(), {
         description: "Answer with the Messages API's named events",
       }),

@@ -2,7 +2,7 @@ import pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { createApiKey } from "../../src/adapters/pg/api-keys.js";
-import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { permitLedger } from "../../src/adapters/pg/ledger/index.js";
 import { authorizeKey, type AuthorizationView } from "../helpers/authorize.js";
 import { describeIfPostgres } from "../helpers/db.js";
 import type { FakeUpstream } from "../helpers/fake-upstream.js";
@@ -19,7 +19,7 @@ import { authed, eventually, json, startChatStack, type TestStack } from "../hel
 /**
  * Narrowed delegation (issue 28, item 7): a payer gives an agent's API key "at most this much of
  * this permit, at most that much per call". Two real gateway processes on one PostgreSQL serve
- * the agent; the cap is the database's (adapters/pg/ledger.ts, "Authorization caps").
+ * the agent; the cap is the database's (adapters/pg/ledger/index.ts, "Authorization caps").
  */
 describeIfPostgres("credit caps on a payer's authorization, across two gateway processes", () => {
   let stack: TestStack;

@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, expect, it } from "vitest";
 import { marketAbi } from "../../gen/contracts/artifacts.js";
-import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { permitLedger } from "../../src/adapters/pg/ledger/index.js";
 import { startGateway } from "../../src/app.js";
 import { describeIfPostgres } from "../helpers/db.js";
 import type { FakeUpstream } from "../helpers/fake-upstream.js";

@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { marketAbi } from "../../gen/contracts/artifacts.js";
-import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { permitLedger } from "../../src/adapters/pg/ledger/index.js";
 import { connectSettlement, operatorAuth } from "../../src/clients/settlement.js";
 import { describeIfPostgres } from "../helpers/db.js";
 import type { FakeUpstream } from "../helpers/fake-upstream.js";

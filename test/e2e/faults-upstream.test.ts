@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { permitLedger } from "../../src/adapters/pg/ledger/index.js";
 import { priceCredits } from "../../src/domain/pricing.js";
 import { demoTariff } from "../../src/dev/demo-market.js";
 import type { FakeUpstream } from "../helpers/fake-upstream.js";
@@ -212,7 +212,11 @@ describe("provider faults", () => {
     const jsonCase = await settled(() => chat({ max_tokens: 8 }));
     expect(jsonCase.result.status).toBe(200);
     const answer = await json(jsonCase.result);
-    expect(answer.usage?.completion_tokens).toBeUndefined();
+    // The usage a client's SDK reads is what was charged (issue 35): the gateway's count.
+    expect(answer.usage).toMatchObject({
+      prompt_tokens: Number(jsonCase.record.input_tokens),
+      completion_tokens: Number(jsonCase.record.output_tokens),
+    });
     const streamCase = await settled(async () => {
       const res = await chat({ stream: true });
       expect(res.status).toBe(200);

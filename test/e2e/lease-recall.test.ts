@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { permitLedger } from "../../src/adapters/pg/ledger/index.js";
 import { demoMetadata } from "../../src/dev/demo-market.js";
 import { describeIfPostgres } from "../helpers/db.js";
 import type { FakeUpstream } from "../helpers/fake-upstream.js";

@@ -1,7 +1,7 @@
 import pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { permitLedger } from "../../src/adapters/pg/ledger.js";
+import { permitLedger } from "../../src/adapters/pg/ledger/index.js";
 import { describeIfPostgres } from "../helpers/db.js";
 import type { FakeUpstream } from "../helpers/fake-upstream.js";
 import { offerInFlight } from "../helpers/ledger.js";

@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { databaseNow } from "../../src/adapters/pg/ledger.js";
+import { databaseNow } from "../../src/adapters/pg/ledger/index.js";
 import { startGateway, type Gateway } from "../../src/app.js";
 import type { FakeUpstream } from "../helpers/fake-upstream.js";
 import { offerInFlight } from "../helpers/ledger.js";

@@ -13,7 +13,7 @@ import {
   buildListAuthorizationsTypedData,
   buildRevokeAuthorizationsTypedData,
   signable,
-} from "../../src/domain/permit-authorization.js";
+} from "../../src/domain/permit-authorization/index.js";
 import { authorizeKey, type AuthorizationView } from "../helpers/authorize.js";
 import type { FakeUpstream } from "../helpers/fake-upstream.js";
 import { grpcClient, grpcUnary } from "../helpers/grpc.js";

@@ -294,6 +294,14 @@ describe("slow readers of a big JSON answer", () => {
     await stack?.close();
   });
 
+  /** Requests whose answer the gateway has (closed: charged or voided). */
+  async function closedRequests(): Promise<number> {
+    const { rows } = await stack.database.db.pool.query<{ n: string }>(
+      "SELECT count(*) AS n FROM inference_requests WHERE status NOT IN ('pending', 'streaming')",
+    );
+    return Number(rows[0]!.n);
+  }
+
   /** Sends a JSON chat on a raw socket that reads nothing yet. */
   async function rawJsonChat(): Promise<net.Socket> {
     const { port } = new URL(stack.gateway.url);
@@ -360,9 +368,13 @@ describe("slow readers of a big JSON answer", () => {
   }, 60_000);
 
   it("a client that reads nothing is cut after CLIENT_WRITE_TIMEOUT_MS, the answer unfinished", async () => {
+    const closedBefore = await closedRequests();
     const socket = await rawJsonChat();
-    // Paused well past the timeout, then it reads what reached it: the gateway has closed the
-    // connection before the answer's end.
+    // Paused until the gateway has its answer (metering 6 MiB exactly takes longer than the
+    // timeout: the test paused a fixed 4 timeouts, and the answer came after the client resumed)
+    // and well past the timeout after that, then it reads what reached it: the gateway has
+    // closed the connection before the answer's end.
+    while ((await closedRequests()) === closedBefore) await sleep(100);
     await sleep(timeoutMs * 4);
     const got = await readAll(socket, false);
     expect(got.closed).toBe(true);

@@ -10,7 +10,7 @@ import type { UpstreamReply } from "../../src/domain/chat/index.js";
 import {
   createKeyAuthorities,
   type SpendingAuthority,
-} from "../../src/domain/permit-authorization.js";
+} from "../../src/domain/permit-authorization/index.js";
 import type { Permit } from "../../src/domain/permits.js";
 import { flowFromEvents } from "./upstream-flow.js";
 

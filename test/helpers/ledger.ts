@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import type { Hex } from "viem";
 import type pg from "pg";
-import type { FinalizeInput, ReserveInput } from "../../src/adapters/pg/ledger.js";
+import type { FinalizeInput, ReserveInput } from "../../src/adapters/pg/ledger/index.js";
 import type { NewQuote } from "../../src/adapters/pg/quotes.js";
 
 // Fixtures of the ledger suites: reservations with their own internal quote and completions,

@@ -9,8 +9,9 @@ import type { Readable } from "node:stream";
  * like an API key (handed out or made up: an `x-api-key` or bearer value a client sent), or a
  * credential or private-key field of a JSON record whose value is not `[redacted]`.
  *
- * One module instance per test file (vitest forks a worker per file), so each file is audited
- * against its own secrets.
+ * A worker runs several test files in one module instance (the unit project does not isolate
+ * them: vitest.config.ts), so the audit is emptied after each file's check
+ * (`test/setup/log-audit.ts`) and each file is audited against its own secrets.
  */
 
 export type SecretKind =
@@ -130,7 +131,7 @@ export function findLeaks(): Leak[] {
   return leaks;
 }
 
-/** Forgets everything (the audit's own test). */
+/** Forgets everything: after each test file's audit, and in the audit's own test. */
 export function resetAudit(): void {
   secrets.clear();
   lines.length = 0;

@@ -47,14 +47,30 @@ async function token<F extends TokenFunction>(
   );
 }
 
-/** Opens a permit from the demo payer (minting and approving the model's credits first). */
+/**
+ * Opens a permit from the demo payer, or from the account of `payerPrivateKey` (any funded
+ * anvil account), minting and approving the model's credits first.
+ */
 export async function openPermit(
   stack: TestStack,
-  opts: { model?: number; offerId?: Hex; deposit: bigint; expiresAt?: bigint },
+  opts: {
+    model?: number;
+    offerId?: Hex;
+    deposit: bigint;
+    expiresAt?: bigint;
+    payerPrivateKey?: Hex;
+  },
 ): Promise<Hex> {
   const model = stack.demo.models[opts.model ?? 0]!;
   const permitId = id32(`permit:test:${Date.now()}:${permitCounter++}`);
-  const { creator, payer } = stack.roles;
+  const { creator } = stack.roles;
+  const payer =
+    opts.payerPrivateKey === undefined
+      ? stack.roles.payer
+      : {
+          address: privateKeyToAccount(opts.payerPrivateKey).address,
+          privateKey: opts.payerPrivateKey,
+        };
   await token(stack, creator.privateKey, model.creditToken, "mint", [payer.address, opts.deposit]);
   await token(stack, payer.privateKey, model.creditToken, "approve", [
     stack.demo.market,

@@ -7,7 +7,7 @@ import type { Hex } from "viem";
 import { startAnvil, type AnvilInstance } from "../../src/adapters/chain/anvil.js";
 import { chainClients, type ChainClients } from "../../src/adapters/chain/clients.js";
 import { createApiKey } from "../../src/adapters/pg/api-keys.js";
-import { startGateway, type Gateway } from "../../src/app.js";
+import { startGateway, type Gateway, type StartOptions } from "../../src/app.js";
 import { parseConfig, type Config } from "../../src/config.js";
 import {
   demoAccounts,
@@ -60,7 +60,7 @@ export interface TestStack {
  */
 export async function startTestStack(
   env: Record<string, string> = {},
-  options: { clock?: () => number } = {},
+  options: { clock?: () => number; tokens?: StartOptions["tokens"] } = {},
 ): Promise<TestStack> {
   const anvil = await startAnvil();
   const dir = await mkdtemp(join(tmpdir(), "gw-test-"));
@@ -107,6 +107,7 @@ export async function startTestStack(
       logger,
       database: database.db,
       ...(options.clock === undefined ? {} : { clock: options.clock }),
+      ...(options.tokens === undefined ? {} : { tokens: options.tokens }),
     });
   const gateway = await start();
   const apiKey = (await createApiKey(database.db.pool, "test")).key;
@@ -181,11 +182,14 @@ export async function json(res: Response): Promise<any> {
  */
 export async function startChatStack(
   env: Record<string, string> = {},
-  options: { clock?: () => number; chunks?: number } = {},
+  options: { clock?: () => number; chunks?: number; tokens?: StartOptions["tokens"] } = {},
 ): Promise<{ stack: TestStack; fake: FakeUpstream; chatOffer: Hex }> {
   const stack = await startTestStack(
     { ALLOW_PRIVATE_ENDPOINTS: "true", PROBE_INTERVAL_MS: "600000", ...env },
-    options.clock === undefined ? {} : { clock: options.clock },
+    {
+      ...(options.clock === undefined ? {} : { clock: options.clock }),
+      ...(options.tokens === undefined ? {} : { tokens: options.tokens }),
+    },
   );
   try {
     const fake = await startFakeUpstream({ models: ["demo-chat"], chunks: options.chunks ?? 2 });

@@ -9,7 +9,11 @@ import { afterAll, expect } from "vitest";
  */
 
 const pending: Promise<string | undefined>[] = [];
-const realFetch = globalThis.fetch;
+// This file runs before each test file, and several test files share a process (vitest.config.ts):
+// the wrapper wraps the process's own fetch, kept once, never the previous file's wrapper.
+const original = Symbol.for("gateway.test.originalFetch");
+const holder = globalThis as { [original]?: typeof fetch };
+const realFetch = (holder[original] ??= globalThis.fetch);
 
 globalThis.fetch = async (input, init) => {
   const res = await realFetch(input, init);

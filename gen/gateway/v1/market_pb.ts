@@ -11,7 +11,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/market.proto.
  */
 export const file_gateway_v1_market: GenFile = /*@__PURE__*/
-  fileDesc("ChdnYXRld2F5L3YxL21hcmtldC5wcm90bxIKZ2F0ZXdheS52MSL+AQoFTW9kZWwSCgoCaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIQCghyZXZpc2lvbhgEIAEoCRIMCgR0YXNrGAUgASgJEg8KB2NyZWF0b3IYBiABKAkSFAoMY3JlZGl0X3Rva2VuGAcgASgJEg8KB3Bvb2xfaWQYCCABKAkSGQoRcG9zaXRpb25fdG9rZW5faWQYCSABKAkSFgoOcHJvdmlkZXJfY291bnQYCiABKA0SJwoGc3RhdHVzGAsgASgOMhcuZ2F0ZXdheS52MS5Nb2RlbFN0YXR1cxIPCgdhbGlhc2VzGAwgAygJImgKBlRhcmlmZhIPCgd2ZXJzaW9uGAEgASgJEhwKFGlucHV0X3ByaWNlX3Blcl9tdG9rGAIgASgJEh0KFW91dHB1dF9wcmljZV9wZXJfbXRvaxgDIAEoCRIQCgh3YWtlX2ZlZRgEIAEoCSKQBAoFT2ZmZXISEAoIb2ZmZXJfaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEAoIb3BlcmF0b3IYAyABKAkSDgoGcGF5b3V0GAQgASgJEicKBnN0YXR1cxgFIAEoDjIXLmdhdGV3YXkudjEuT2ZmZXJTdGF0dXMSFgoOdGFyaWZmX3ZlcnNpb24YBiABKAkSLQoMY2FwYWJpbGl0aWVzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIYCgt2ZXJpZmllZF9hdBgIIAEoA0gAiAEBEiQKF3ZlcmlmaWNhdGlvbl9leHBpcmVzX2F0GAkgASgDSAGIAQESDgoGcmVnaW9uGAogASgJEhAKCGhhcmR3YXJlGAsgASgJEhcKD21heF9jb25jdXJyZW5jeRgMIAEoDRIiCgZ0YXJpZmYYDSABKAsyEi5nYXRld2F5LnYxLlRhcmlmZhIZChF2ZXJpZmllZF9mZWF0dXJlcxgOIAMoCRIvCgpyZXB1dGF0aW9uGA8gASgLMhsuZ2F0ZXdheS52MS5PZmZlclJlcHV0YXRpb24SOgoQdXNhZ2VfZGl2ZXJnZW5jZRgQIAEoCzIgLmdhdGV3YXkudjEuT2ZmZXJVc2FnZURpdmVyZ2VuY2VCDgoMX3ZlcmlmaWVkX2F0QhoKGF92ZXJpZmljYXRpb25fZXhwaXJlc19hdCKCAQoUT2ZmZXJVc2FnZURpdmVyZ2VuY2USDwoHY2xhaW1lZBgBIAEoDRIQCghkaXZlcmdlZBgCIAEoDRIWCglzaGFyZV9icHMYAyABKA1IAIgBARIPCgdmbGFnZ2VkGAQgASgIEhAKCGV4Y2x1ZGVkGAUgASgIQgwKCl9zaGFyZV9icHMi6AIKD09mZmVyUmVwdXRhdGlvbhISCgVzY29yZRgBIAEoDUgAiAEBEh0KEHN1Y2Nlc3NfcmF0ZV9icHMYAiABKA1IAYgBARIjChZ0aW1lX3RvX2ZpcnN0X3Rva2VuX21zGAMgASgNSAKIAQESJQoYb3V0cHV0X3Rva2Vuc19wZXJfc2Vjb25kGAQgASgNSAOIAQESJwoadmVyaWZpY2F0aW9uX3Bhc3NfcmF0ZV9icHMYBSABKA1IBIgBARINCgVmbGFncxgGIAEoDRIQCghyZXF1ZXN0cxgHIAEoDRIWCg53aW5kb3dfc2Vjb25kcxgIIAEoDUIICgZfc2NvcmVCEwoRX3N1Y2Nlc3NfcmF0ZV9icHNCGQoXX3RpbWVfdG9fZmlyc3RfdG9rZW5fbXNCGwoZX291dHB1dF90b2tlbnNfcGVyX3NlY29uZEIdChtfdmVyaWZpY2F0aW9uX3Bhc3NfcmF0ZV9icHMqkQEKC01vZGVsU3RhdHVzEhwKGE1PREVMX1NUQVRVU19VTlNQRUNJRklFRBAAEhgKFE1PREVMX1NUQVRVU19QRU5ESU5HEAESFwoTTU9ERUxfU1RBVFVTX0FDVElWRRACEhcKE01PREVMX1NUQVRVU19QQVVTRUQQAxIYChRNT0RFTF9TVEFUVVNfUkVUSVJFRBAEKncKC09mZmVyU3RhdHVzEhwKGE9GRkVSX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE09GRkVSX1NUQVRVU19BQ1RJVkUQARIXChNPRkZFUl9TVEFUVVNfUEFVU0VEEAISGAoUT0ZGRVJfU1RBVFVTX1JFVElSRUQQA2IGcHJvdG8z", [file_google_protobuf_struct]);
+  fileDesc("ChdnYXRld2F5L3YxL21hcmtldC5wcm90bxIKZ2F0ZXdheS52MSK9AgoFTW9kZWwSCgoCaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIQCghyZXZpc2lvbhgEIAEoCRIMCgR0YXNrGAUgASgJEg8KB2NyZWF0b3IYBiABKAkSFAoMY3JlZGl0X3Rva2VuGAcgASgJEg8KB3Bvb2xfaWQYCCABKAkSGQoRcG9zaXRpb25fdG9rZW5faWQYCSABKAkSFgoOcHJvdmlkZXJfY291bnQYCiABKA0SJwoGc3RhdHVzGAsgASgOMhcuZ2F0ZXdheS52MS5Nb2RlbFN0YXR1cxIPCgdhbGlhc2VzGAwgAygJEioKCG1ldGVyaW5nGA0gASgOMhguZ2F0ZXdheS52MS5NZXRlcmluZ0tpbmQSEQoJdG9rZW5pemVyGA4gASgJImgKBlRhcmlmZhIPCgd2ZXJzaW9uGAEgASgJEhwKFGlucHV0X3ByaWNlX3Blcl9tdG9rGAIgASgJEh0KFW91dHB1dF9wcmljZV9wZXJfbXRvaxgDIAEoCRIQCgh3YWtlX2ZlZRgEIAEoCSLPBAoFT2ZmZXISEAoIb2ZmZXJfaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEAoIb3BlcmF0b3IYAyABKAkSDgoGcGF5b3V0GAQgASgJEicKBnN0YXR1cxgFIAEoDjIXLmdhdGV3YXkudjEuT2ZmZXJTdGF0dXMSFgoOdGFyaWZmX3ZlcnNpb24YBiABKAkSLQoMY2FwYWJpbGl0aWVzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIYCgt2ZXJpZmllZF9hdBgIIAEoA0gAiAEBEiQKF3ZlcmlmaWNhdGlvbl9leHBpcmVzX2F0GAkgASgDSAGIAQESDgoGcmVnaW9uGAogASgJEhAKCGhhcmR3YXJlGAsgASgJEhcKD21heF9jb25jdXJyZW5jeRgMIAEoDRIiCgZ0YXJpZmYYDSABKAsyEi5nYXRld2F5LnYxLlRhcmlmZhIZChF2ZXJpZmllZF9mZWF0dXJlcxgOIAMoCRIvCgpyZXB1dGF0aW9uGA8gASgLMhsuZ2F0ZXdheS52MS5PZmZlclJlcHV0YXRpb24SOgoQdXNhZ2VfZGl2ZXJnZW5jZRgQIAEoCzIgLmdhdGV3YXkudjEuT2ZmZXJVc2FnZURpdmVyZ2VuY2USKgoIbWV0ZXJpbmcYESABKA4yGC5nYXRld2F5LnYxLk1ldGVyaW5nS2luZBIRCgl0b2tlbml6ZXIYEiABKAlCDgoMX3ZlcmlmaWVkX2F0QhoKGF92ZXJpZmljYXRpb25fZXhwaXJlc19hdCKCAQoUT2ZmZXJVc2FnZURpdmVyZ2VuY2USDwoHY2xhaW1lZBgBIAEoDRIQCghkaXZlcmdlZBgCIAEoDRIWCglzaGFyZV9icHMYAyABKA1IAIgBARIPCgdmbGFnZ2VkGAQgASgIEhAKCGV4Y2x1ZGVkGAUgASgIQgwKCl9zaGFyZV9icHMi6AIKD09mZmVyUmVwdXRhdGlvbhISCgVzY29yZRgBIAEoDUgAiAEBEh0KEHN1Y2Nlc3NfcmF0ZV9icHMYAiABKA1IAYgBARIjChZ0aW1lX3RvX2ZpcnN0X3Rva2VuX21zGAMgASgNSAKIAQESJQoYb3V0cHV0X3Rva2Vuc19wZXJfc2Vjb25kGAQgASgNSAOIAQESJwoadmVyaWZpY2F0aW9uX3Bhc3NfcmF0ZV9icHMYBSABKA1IBIgBARINCgVmbGFncxgGIAEoDRIQCghyZXF1ZXN0cxgHIAEoDRIWCg53aW5kb3dfc2Vjb25kcxgIIAEoDUIICgZfc2NvcmVCEwoRX3N1Y2Nlc3NfcmF0ZV9icHNCGQoXX3RpbWVfdG9fZmlyc3RfdG9rZW5fbXNCGwoZX291dHB1dF90b2tlbnNfcGVyX3NlY29uZEIdChtfdmVyaWZpY2F0aW9uX3Bhc3NfcmF0ZV9icHMqkQEKC01vZGVsU3RhdHVzEhwKGE1PREVMX1NUQVRVU19VTlNQRUNJRklFRBAAEhgKFE1PREVMX1NUQVRVU19QRU5ESU5HEAESFwoTTU9ERUxfU1RBVFVTX0FDVElWRRACEhcKE01PREVMX1NUQVRVU19QQVVTRUQQAxIYChRNT0RFTF9TVEFUVVNfUkVUSVJFRBAEKncKC09mZmVyU3RhdHVzEhwKGE9GRkVSX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE09GRkVSX1NUQVRVU19BQ1RJVkUQARIXChNPRkZFUl9TVEFUVVNfUEFVU0VEEAISGAoUT0ZGRVJfU1RBVFVTX1JFVElSRUQQAypfCgxNZXRlcmluZ0tpbmQSHQoZTUVURVJJTkdfS0lORF9VTlNQRUNJRklFRBAAEhcKE01FVEVSSU5HX0tJTkRfRVhBQ1QQARIXChNNRVRFUklOR19LSU5EX0JPVU5EEAJiBnByb3RvMw", [file_google_protobuf_struct]);
 
 /**
  * A canonical model published on chain.
@@ -94,6 +94,20 @@ export type Model = Message<"gateway.v1.Model"> & {
    * @generated from field: repeated string aliases = 12;
    */
   aliases: string[];
+
+  /**
+   * How the gateway meters the model's tokens (by its repository and revision).
+   *
+   * @generated from field: gateway.v1.MeteringKind metering = 13;
+   */
+  metering: MeteringKind;
+
+  /**
+   * The tokenizer registry entry that counts them when `metering` is exact; empty when bound.
+   *
+   * @generated from field: string tokenizer = 14;
+   */
+  tokenizer: string;
 };
 
 /**
@@ -256,6 +270,21 @@ export type Offer = Message<"gateway.v1.Offer"> & {
    * @generated from field: gateway.v1.OfferUsageDivergence usage_divergence = 16;
    */
   usageDivergence?: OfferUsageDivergence | undefined;
+
+  /**
+   * How the gateway meters the offer's tokens: its model's metering (every offer of a model is
+   * counted alike).
+   *
+   * @generated from field: gateway.v1.MeteringKind metering = 17;
+   */
+  metering: MeteringKind;
+
+  /**
+   * The tokenizer that counts them when `metering` is exact; empty when bound.
+   *
+   * @generated from field: string tokenizer = 18;
+   */
+  tokenizer: string;
 };
 
 /**
@@ -466,4 +495,39 @@ export enum OfferStatus {
  */
 export const OfferStatusSchema: GenEnum<OfferStatus> = /*@__PURE__*/
   enumDesc(file_gateway_v1_market, 1);
+
+/**
+ * How the gateway meters a model's tokens (DESIGN.md section 10), shown wherever a client
+ * chooses a model or an offer (catalog, quotes) so that it can refuse byte-bound metering
+ * (`provider.require_exact_metering`).
+ *
+ * @generated from enum gateway.v1.MeteringKind
+ */
+export enum MeteringKind {
+  /**
+   * @generated from enum value: METERING_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The model's own tokenizer and chat template count its tokens (named in `tokenizer`).
+   *
+   * @generated from enum value: METERING_KIND_EXACT = 1;
+   */
+  EXACT = 1,
+
+  /**
+   * No tokenizer is registered for the model: a sound upper bound stands in (output at most
+   * the UTF-8 bytes delivered; input at most the bytes sent plus a per-message allowance).
+   *
+   * @generated from enum value: METERING_KIND_BOUND = 2;
+   */
+  BOUND = 2,
+}
+
+/**
+ * Describes the enum gateway.v1.MeteringKind.
+ */
+export const MeteringKindSchema: GenEnum<MeteringKind> = /*@__PURE__*/
+  enumDesc(file_gateway_v1_market, 2);
 

@@ -6,13 +6,15 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Dialect } from "./inference_pb.js";
 import { file_gateway_v1_inference } from "./inference_pb.js";
+import type { MeteringKind } from "./market_pb.js";
+import { file_gateway_v1_market } from "./market_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file gateway/v1/quote.proto.
  */
 export const file_gateway_v1_quote: GenFile = /*@__PURE__*/
-  fileDesc("ChZnYXRld2F5L3YxL3F1b3RlLnByb3RvEgpnYXRld2F5LnYxIkgKEkNyZWF0ZVF1b3RlUmVxdWVzdBIMCgRib2R5GAEgASgMEiQKB2RpYWxlY3QYAiABKA4yEy5nYXRld2F5LnYxLkRpYWxlY3QiNwoTQ3JlYXRlUXVvdGVSZXNwb25zZRIgCgVxdW90ZRgBIAEoCzIRLmdhdGV3YXkudjEuUXVvdGUi2gEKBVF1b3RlEhAKCHF1b3RlX2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAUgASgJEhQKDGlucHV0X3Rva2VucxgGIAEoCRIZChFtYXhfb3V0cHV0X3Rva2VucxgHIAEoCRIWCg53YWtlc19lbmRwb2ludBgIIAEoCBIXCg9tYXhpbXVtX2NyZWRpdHMYCSABKAkSEgoKZXhwaXJlc19hdBgKIAEoAzJeCgxRdW90ZVNlcnZpY2USTgoLQ3JlYXRlUXVvdGUSHi5nYXRld2F5LnYxLkNyZWF0ZVF1b3RlUmVxdWVzdBofLmdhdGV3YXkudjEuQ3JlYXRlUXVvdGVSZXNwb25zZWIGcHJvdG8z", [file_gateway_v1_inference]);
+  fileDesc("ChZnYXRld2F5L3YxL3F1b3RlLnByb3RvEgpnYXRld2F5LnYxIkgKEkNyZWF0ZVF1b3RlUmVxdWVzdBIMCgRib2R5GAEgASgMEiQKB2RpYWxlY3QYAiABKA4yEy5nYXRld2F5LnYxLkRpYWxlY3QiNwoTQ3JlYXRlUXVvdGVSZXNwb25zZRIgCgVxdW90ZRgBIAEoCzIRLmdhdGV3YXkudjEuUXVvdGUimQIKBVF1b3RlEhAKCHF1b3RlX2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAUgASgJEhQKDGlucHV0X3Rva2VucxgGIAEoCRIZChFtYXhfb3V0cHV0X3Rva2VucxgHIAEoCRIWCg53YWtlc19lbmRwb2ludBgIIAEoCBIXCg9tYXhpbXVtX2NyZWRpdHMYCSABKAkSEgoKZXhwaXJlc19hdBgKIAEoAxIqCghtZXRlcmluZxgLIAEoDjIYLmdhdGV3YXkudjEuTWV0ZXJpbmdLaW5kEhEKCXRva2VuaXplchgMIAEoCTJeCgxRdW90ZVNlcnZpY2USTgoLQ3JlYXRlUXVvdGUSHi5nYXRld2F5LnYxLkNyZWF0ZVF1b3RlUmVxdWVzdBofLmdhdGV3YXkudjEuQ3JlYXRlUXVvdGVSZXNwb25zZWIGcHJvdG8z", [file_gateway_v1_inference, file_gateway_v1_market]);
 
 /**
  * @generated from message gateway.v1.CreateQuoteRequest
@@ -133,6 +135,21 @@ export type Quote = Message<"gateway.v1.Quote"> & {
    * @generated from field: int64 expires_at = 10;
    */
   expiresAt: bigint;
+
+  /**
+   * How the gateway meters the quoted request (its model's tokenizer, or the byte bound): what
+   * `input_tokens` and the charge are counted by.
+   *
+   * @generated from field: gateway.v1.MeteringKind metering = 11;
+   */
+  metering: MeteringKind;
+
+  /**
+   * The tokenizer that counts them when `metering` is exact; empty when bound.
+   *
+   * @generated from field: string tokenizer = 12;
+   */
+  tokenizer: string;
 };
 
 /**

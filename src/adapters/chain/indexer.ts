@@ -54,6 +54,11 @@ export interface IndexerDeps {
   /** Told after a pass that changed models or offers. */
   readonly onCatalogChange?: () => void;
   /**
+   * Told of the models a pass wrote (after its commit, before `onCatalogChange`; quarantined ones
+   * left out), so their tokenizers are loaded before their offers route (issue 35, item 5).
+   */
+  readonly onModelsIndexed?: (models: readonly ModelState[]) => void;
+  /**
    * Told after a pass that recorded permits entering their close grace period
    * (`PermitCloseRequested`, stored in `permit_closings` with the cursor), so their charges
    * can be settled before `closableAt`.
@@ -348,6 +353,8 @@ export function createIndexer(deps: IndexerDeps): Indexer {
     if (closings.length > 0) deps.onPermitClosing?.(closings.map((c) => c.permitId));
     if (models.length + offers.length > 0) {
       logger.info(result, "indexed market events");
+      const indexed = models.filter((m) => m.quarantineReason === undefined);
+      if (indexed.length > 0) deps.onModelsIndexed?.(indexed);
       deps.onCatalogChange?.();
     }
     return result;

@@ -6,7 +6,7 @@ import {
   type ChainOffer,
   type OfferReader,
   type RegistrationTypedData,
-} from "../../domain/registration.js";
+} from "../../domain/registration/index.js";
 import { marketAbi } from "../../../gen/contracts/artifacts.js";
 import { createChainSignatureVerifier } from "./signatures.js";
 

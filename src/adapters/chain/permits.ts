@@ -3,6 +3,7 @@ import { GatewayError } from "../../domain/errors.js";
 import { normalizeHex } from "../../domain/hex.js";
 import { permitStates, type Permit, type PermitReader } from "../../domain/permits.js";
 import { marketAbi } from "../../../gen/contracts/artifacts.js";
+import { setBounded } from "../../domain/bounded-cache.js";
 
 export interface ChainPermitReaderOptions {
   readonly client: PublicClient;
@@ -67,13 +68,7 @@ export function createChainPermitReader(opts: ChainPermitReaderOptions): ChainPe
   >();
 
   const store = (permitId: Hex, entry: Entry): void => {
-    cache.delete(permitId);
-    cache.set(permitId, entry);
-    while (cache.size > maxEntries) {
-      const oldest = cache.keys().next();
-      if (oldest.done === true) break;
-      cache.delete(oldest.value);
-    }
+    setBounded(cache, permitId, entry, maxEntries);
   };
 
   const readThrough = async (permitId: Hex, token: object): Promise<Permit | undefined> => {

@@ -5,6 +5,7 @@ import {
   type ReceiptSigner,
   type UsageReceiptTypedData,
 } from "../../domain/receipts.js";
+import { setBounded } from "../../domain/bounded-cache.js";
 
 /** Signatures remembered by digest (a few MB at most). */
 const defaultCacheEntries = 10_000;
@@ -32,13 +33,7 @@ export function createReceiptSigner(
       let signature = signatures.get(digest);
       if (signature === undefined) {
         signature = await account.sign({ hash: digest });
-        if (maxEntries > 0) {
-          if (signatures.size >= maxEntries) {
-            const oldest = signatures.keys().next();
-            if (oldest.done !== true) signatures.delete(oldest.value);
-          }
-          signatures.set(digest, signature);
-        }
+        setBounded(signatures, digest, signature, maxEntries);
       }
       return { receipt, signature, signer: account.address };
     },

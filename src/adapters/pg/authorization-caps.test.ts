@@ -2,7 +2,7 @@ import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
 import { completion, hex32, id, NOW, reservation } from "../../../test/helpers/ledger.js";
-import type { PermitAuthorization } from "../../domain/permit-authorization.js";
+import type { PermitAuthorization } from "../../domain/permit-authorization/index.js";
 import { createApiKey } from "./api-keys.js";
 import {
   createLedgerBatcher,
@@ -14,7 +14,7 @@ import {
   switchOffer,
   voidReservation,
   type ReserveInput,
-} from "./ledger.js";
+} from "./ledger/index.js";
 import {
   getPermitAuthorization,
   insertPermitAuthorization,

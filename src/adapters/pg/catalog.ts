@@ -8,6 +8,7 @@ import type {
   OfferRecord,
   OfferStatus,
 } from "../../domain/catalog.js";
+import { declaredHiddenReasoningRatio } from "../../domain/chat/usage.js";
 import { isOfferFeature } from "../../domain/offer-features.js";
 
 export type Queryable = Pick<pg.Pool, "query">;
@@ -50,6 +51,7 @@ interface OfferRow {
   input_price_per_mtok: string;
   output_price_per_mtok: string;
   wake_fee: string;
+  hidden_reasoning_ratio: number;
   region: string;
   hardware: string;
   max_concurrency: number;
@@ -112,6 +114,10 @@ function toOffer(row: OfferRow): OfferRecord {
       inputPricePerMTok: BigInt(row.input_price_per_mtok),
       outputPricePerMTok: BigInt(row.output_price_per_mtok),
       wakeFee: BigInt(row.wake_fee),
+      // Only where the version has one: a tariff without it reads as before.
+      ...(row.hidden_reasoning_ratio > 0
+        ? { hiddenReasoningRatio: BigInt(row.hidden_reasoning_ratio) }
+        : {}),
     },
     region: row.region,
     hardware: row.hardware,
@@ -230,7 +236,12 @@ export async function upsertModel(
   return { written: (rowCount ?? 0) > 0, previousQuarantine };
 }
 
-/** Writes an offer as read at `block` (later reads win, as for models). */
+/**
+ * Writes an offer as read at `block` (later reads win, as for models). The hidden reasoning
+ * ratio its capabilities declare (`declaredHiddenReasoningRatio`) is a priced term of its tariff
+ * version (migration 032): written with a new version, and kept while the version stands, so a
+ * change of the capabilities alone changes nothing until the offer's tariff changes.
+ */
 export async function upsertOffer(
   db: Queryable,
   offer: OfferState,
@@ -240,13 +251,15 @@ export async function upsertOffer(
   const { rowCount } = await db.query(
     `INSERT INTO offers (offer_id, model_id, owner, operator, payout, status, tariff_version,
        input_price_per_mtok, output_price_per_mtok, wake_fee, region, hardware, max_concurrency,
-       capabilities, indexed_block, quarantine_reason)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+       capabilities, indexed_block, quarantine_reason, hidden_reasoning_ratio)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
      ON CONFLICT (offer_id) DO UPDATE SET
        model_id = EXCLUDED.model_id, owner = EXCLUDED.owner, operator = EXCLUDED.operator,
        payout = EXCLUDED.payout, status = EXCLUDED.status, tariff_version = EXCLUDED.tariff_version,
        input_price_per_mtok = EXCLUDED.input_price_per_mtok,
        output_price_per_mtok = EXCLUDED.output_price_per_mtok, wake_fee = EXCLUDED.wake_fee,
+       hidden_reasoning_ratio = CASE WHEN offers.tariff_version = EXCLUDED.tariff_version
+         THEN offers.hidden_reasoning_ratio ELSE EXCLUDED.hidden_reasoning_ratio END,
        region = EXCLUDED.region, hardware = EXCLUDED.hardware,
        max_concurrency = EXCLUDED.max_concurrency, capabilities = EXCLUDED.capabilities,
        indexed_block = EXCLUDED.indexed_block, quarantine_reason = EXCLUDED.quarantine_reason,
@@ -269,6 +282,7 @@ export async function upsertOffer(
       JSON.stringify(offer.capabilities),
       block.toString(),
       offer.quarantineReason ?? null,
+      Number(declaredHiddenReasoningRatio(offer.capabilities)),
     ],
   );
   return { written: (rowCount ?? 0) > 0, previousQuarantine };

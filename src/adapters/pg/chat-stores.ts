@@ -3,7 +3,7 @@ import type { Hex } from "viem";
 import type { Ledger, QuoteRecord, QuoteStore } from "../../domain/chat/index.js";
 import type { WakeFeeClaimer } from "../../domain/chat/wake-fees.js";
 import { claimWakeFee } from "./endpoint-health.js";
-import * as ledger from "./ledger.js";
+import * as ledger from "./ledger/index.js";
 import { getQuote, insertQuote } from "./quotes.js";
 
 /**

@@ -42,7 +42,7 @@ interface BatchJson {
  * between two reads would otherwise show its charges both settling and in a settled batch.
  * Sums are cast to text inside the JSON (a JSON number would not survive above 2^53). The charges
  * are a final request's with a charge (`credits_charged > 0`: open requests have none, void ones
- * are 0), found through the index on (offer_id, completed_at).
+ * are 0), found through inference_charges (migration 031), indexed on (offer_id, completed_at).
  */
 export async function readOfferEarnings(
   db: Queryable,
@@ -50,11 +50,12 @@ export async function readOfferEarnings(
 ): Promise<EarningsRows> {
   const { rows } = await db.query<{ groups: GroupJson[] | null; batches: BatchJson[] | null }>(
     `WITH charges AS (
-       SELECT settlement_status, settlement_reason, batch_id, input_tokens, output_tokens,
-         credits_charged
-       FROM inference_requests
-       WHERE offer_id = $1 AND completed_at >= $2 AND completed_at < $3 AND credits_charged > 0
-         AND settlement_status IN ('unsettled', 'settling', 'settled', 'unsettleable')
+       SELECT r.settlement_status, r.settlement_reason, r.batch_id, r.input_tokens,
+         r.output_tokens, r.credits_charged
+       FROM inference_charges c JOIN inference_requests r ON r.id = c.request_id
+       WHERE c.offer_id = $1 AND c.completed_at >= $2 AND c.completed_at < $3
+         AND r.credits_charged > 0
+         AND r.settlement_status IN ('unsettled', 'settling', 'settled', 'unsettleable')
      ), groups AS (
        SELECT settlement_status AS state,
          CASE WHEN settlement_status = 'unsettleable' THEN settlement_reason END AS reason,

@@ -9,7 +9,7 @@ import {
   type VerificationClaim,
   type VerificationRecord,
   type VerificationRunOutcome,
-} from "../../domain/health.js";
+} from "../../domain/health-types.js";
 import { normalizeHex } from "../../domain/hex.js";
 import type { Queryable } from "./catalog.js";
 

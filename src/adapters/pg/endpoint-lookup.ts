@@ -1,8 +1,8 @@
 import type pg from "pg";
 import type { Hex } from "viem";
 import type { EndpointLookup } from "../../domain/chat/ports.js";
-import type { EndpointSecret } from "../../domain/health.js";
-import { openEndpoint } from "../../domain/registration.js";
+import type { EndpointSecret } from "../../domain/health-types.js";
+import { openEndpoint } from "../../domain/registration/index.js";
 import type { TtlCache } from "../../domain/ttl-cache.js";
 import type { Sealer } from "../crypto/sealer.js";
 import { getRegisteredEndpoint } from "./endpoint-health.js";

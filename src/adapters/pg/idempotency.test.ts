@@ -10,7 +10,7 @@ import {
   markStreaming,
   reconcileOrphans,
   reserve,
-} from "./ledger.js";
+} from "./ledger/index.js";
 import { getRequest } from "./requests.js";
 
 // Idempotency claims are leases of the claiming process (issue 10, defect 7).

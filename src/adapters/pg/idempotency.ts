@@ -1,6 +1,6 @@
 import type pg from "pg";
 import type { ChatEvent, IdempotencyClaim, IdempotencyStore } from "../../domain/chat/index.js";
-import { databaseNow } from "./ledger.js";
+import { databaseNow } from "./ledger/index.js";
 
 export type Queryable = Pick<pg.Pool, "query">;
 

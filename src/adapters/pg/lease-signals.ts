@@ -12,7 +12,7 @@
  */
 import pg from "pg";
 import type { Database } from "./database.js";
-import type { LeaseSignals } from "../../domain/chat/lease-store.js";
+import type { LeaseSignals } from "../../domain/leases/store.js";
 
 export interface PgLeaseSignalsOptions {
   /** This process: its own recalls are not answered by itself. */

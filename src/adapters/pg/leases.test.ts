@@ -2,12 +2,12 @@ import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
 import { hex32, NOW } from "../../../test/helpers/ledger.js";
-import type { LeaseStore } from "../../domain/chat/lease-store.js";
-import { createLeasedLedger, type LeasedLedger } from "../../domain/chat/leases.js";
+import type { LeaseStore } from "../../domain/leases/store.js";
+import { createLeasedLedger, type LeasedLedger } from "../../domain/leases/leases.js";
 import type { Ledger } from "../../domain/chat/ports.js";
 import { GatewayError } from "../../domain/errors.js";
 import { createPgLeaseStore, releaseOrphanedLeases } from "./leases.js";
-import * as ledger from "./ledger.js";
+import * as ledger from "./ledger/index.js";
 import { getRequest } from "./requests.js";
 
 const MAX = 1_000n;
@@ -203,6 +203,31 @@ describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
     s = await state(permitId, offerId);
     expect(s.leased).toBe(0n);
     expect(s.ledger).toMatchObject({ reserved: 0n, charged: 250n });
+  });
+
+  it("closes a dead holder's open records before it gives its leases back (those the orphan sweep left)", async () => {
+    const { leases } = processLedger("gw_e");
+    const [permitId, offerId] = [hex32(), hex32()];
+    const r = request(permitId, offerId, 10n * MAX);
+    expect(await leases.reserve(r)).toEqual({ ok: true });
+    await leases.whenWritten(r.requestId);
+    // No reconcileOrphans first (as when its limit left some): the release closes the record.
+    const later = (await ledger.databaseNow(test.db.pool)) + 120;
+    expect(
+      await releaseOrphanedLeases(test.db.pool, { staleAfterSeconds: 60, now: later }),
+    ).toBeGreaterThanOrEqual(2);
+    expect(await record(r.requestId)).toMatchObject({
+      status: "failed",
+      credits_charged: "0",
+      billing: "void",
+    });
+    const s = await state(permitId, offerId);
+    expect(s).toMatchObject({ leased: 0n, inFlight: 0, slots: 0 });
+    expect(s.ledger.reserved).toBe(0n);
+    expect(await leases.finalize(close(r.requestId, 500n))).toEqual({
+      finalized: false,
+      creditsCharged: 0n,
+    });
   });
 
   it("releases a dead holder's leases by the orphan rule; a close after that charges nothing", async () => {

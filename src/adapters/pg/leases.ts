@@ -12,9 +12,9 @@ import type {
   LeaseStore,
   PermitLeaseRequest,
   OfferLeaseRequest,
-} from "../../domain/chat/lease-store.js";
+} from "../../domain/leases/store.js";
 import { createBatcher, type ItemOutcome } from "./batcher.js";
-import { closeColumns, databaseNow, heartbeat } from "./ledger.js";
+import { closeColumns, databaseNow, heartbeat } from "./ledger/index.js";
 import type { Queryable } from "./registrations.js";
 
 export interface PgLeaseStoreOptions {

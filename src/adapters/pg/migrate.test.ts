@@ -228,8 +228,9 @@ const NEWER = [
 /**
  * Functions redefined since the old layout, by their current signature and the old layout's
  * (migration 026: the close writes the provider's claim and the gateway's count; migration 030:
- * the reservation records its authorization and holds a capped one's cap): compared by name,
- * their definitions are the current files' own.
+ * the reservation records its authorization and holds a capped one's cap; migration 031: the
+ * leased close is set-based and HOT, and a dead holder's open records are closed before its
+ * leases go back): compared by name, their definitions are the current files' own.
  */
 const CHANGED: Readonly<Record<string, string>> = {
   "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb,text,boolean)":
@@ -237,6 +238,7 @@ const CHANGED: Readonly<Record<string, string>> = {
   "gw_batch_reserve(jsonb)": "gw_reserve_batch(jsonb)",
   "gw_close_batch(jsonb)": "gw_close_batch(jsonb)",
   "gw_close_leased_batch(jsonb)": "gw_close_leased_batch(jsonb)",
+  "gw_release_holder(text,bigint)": "gw_release_holder(text,bigint)",
   "gw_close_request(text,text,numeric,numeric,numeric,text,text,text,bigint,bigint,numeric,numeric,jsonb,jsonb)":
     "gw_close_request(text,text,numeric,numeric,numeric,text,text,text,bigint,bigint,numeric,numeric)",
 };

@@ -1,6 +1,7 @@
 import type { Hex } from "viem";
+import { median } from "../../domain/reputation/measurements.js";
 import {
-  median,
+  keptDivergedPayers,
   type DueExclusion,
   type Histogram,
   type MeasurementStore,
@@ -8,13 +9,14 @@ import {
   type SharedMeasurement,
   type UsageExclusion,
   type WindowSummary,
-} from "../../domain/chat/measurements.js";
+} from "../../domain/reputation/measurement-types.js";
 import { normalizeHex } from "../../domain/hex.js";
 import type { Queryable } from "./catalog.js";
 
 // `offer_measurements` (migrations 019, 023): each process's window of the offers it served;
 // `offer_verification_runs` (023) and `offer_flags` (004) counted for the catalog's reputation;
-// `offer_usage_exclusions` (024): offers out of routing for diverging usage claims.
+// `offer_usage_exclusions` (024): offers out of routing for diverging usage claims; the
+// distinct payers of the diverged answers (032): `diverged_payers`, `payers`.
 
 interface Row {
   offer_id: string;
@@ -25,6 +27,7 @@ interface Row {
   throughput_histogram: unknown;
   claimed: string;
   diverged: string;
+  diverged_payers: unknown;
   divergence_since: string;
 }
 
@@ -51,6 +54,7 @@ export async function writeMeasurements(
     throughput_histogram: m.throughput,
     claimed: m.claimed,
     diverged: m.diverged,
+    diverged_payers: m.divergedPayers,
     divergence_since: m.divergenceSince,
   }));
   await db.query(
@@ -58,21 +62,22 @@ export async function writeMeasurements(
        SELECT * FROM jsonb_to_recordset($2::jsonb) AS m(offer_id text, served bigint,
          failed bigint, latency_ms float8, throughput float8, samples bigint,
          latency_histogram jsonb, throughput_histogram jsonb, claimed bigint, diverged bigint,
-         divergence_since bigint)
+         diverged_payers jsonb, divergence_since bigint)
      ), gone AS (
        DELETE FROM offer_measurements o WHERE o.instance_id = $1
          AND NOT EXISTS (SELECT 1 FROM m WHERE m.offer_id = o.offer_id)
      )
      INSERT INTO offer_measurements (offer_id, instance_id, latency_ms, throughput, samples,
        served, failed, latency_histogram, throughput_histogram, claimed, diverged,
-       divergence_since, updated_at)
+       diverged_payers, divergence_since, updated_at)
      SELECT offer_id, $1, latency_ms, throughput, samples, served, failed, latency_histogram,
-       throughput_histogram, claimed, diverged, divergence_since, now() FROM m
+       throughput_histogram, claimed, diverged, diverged_payers, divergence_since, now() FROM m
      ON CONFLICT (offer_id, instance_id) DO UPDATE SET latency_ms = EXCLUDED.latency_ms,
        throughput = EXCLUDED.throughput, samples = EXCLUDED.samples, served = EXCLUDED.served,
        failed = EXCLUDED.failed, latency_histogram = EXCLUDED.latency_histogram,
        throughput_histogram = EXCLUDED.throughput_histogram, claimed = EXCLUDED.claimed,
-       diverged = EXCLUDED.diverged, divergence_since = EXCLUDED.divergence_since,
+       diverged = EXCLUDED.diverged, diverged_payers = EXCLUDED.diverged_payers,
+       divergence_since = EXCLUDED.divergence_since,
        updated_at = now()`,
     [instanceId, JSON.stringify(entries)],
   );
@@ -91,6 +96,18 @@ function histogram(value: unknown): Histogram {
 }
 
 /**
+ * Payers as stored: lower-case addresses, at most `keptDivergedPayers` (anything else in a row is
+ * left out, so a row can neither add payers nor grow the merge).
+ */
+function payers(value: unknown): Hex[] {
+  const parsed: unknown = typeof value === "string" ? JSON.parse(value) : value;
+  if (!Array.isArray(parsed)) return [];
+  return parsed
+    .filter((p): p is Hex => typeof p === "string" && /^0x[0-9a-f]{40}$/.test(p))
+    .slice(0, keptDivergedPayers);
+}
+
+/**
  * Every process's windows written in the last `maxAgeSeconds` (the database's clock); older
  * rows (processes that stopped) are deleted on the way.
  */
@@ -104,7 +121,7 @@ export async function readMeasurements(
   );
   const { rows } = await db.query<Row>(
     `SELECT offer_id, instance_id, served, failed, latency_histogram, throughput_histogram,
-       claimed, diverged, divergence_since
+       claimed, diverged, diverged_payers, divergence_since
      FROM offer_measurements WHERE updated_at >= now() - make_interval(secs => $1)`,
     [maxAgeSeconds],
   );
@@ -117,6 +134,7 @@ export async function readMeasurements(
     throughput: histogram(r.throughput_histogram),
     claimed: Number(r.claimed),
     diverged: Number(r.diverged),
+    divergedPayers: payers(r.diverged_payers),
     divergenceSince: Number(r.divergence_since),
   }));
 }
@@ -180,13 +198,15 @@ export async function readUsageExclusions(db: Queryable): Promise<UsageExclusion
  */
 export async function excludeOffer(db: Queryable, due: DueExclusion, at: number): Promise<boolean> {
   const { rowCount } = await db.query(
-    `INSERT INTO offer_usage_exclusions (offer_id, excluded_at, claimed, diverged, cleared_at)
-     VALUES ($1, $2, $3, $4, NULL)
+    `INSERT INTO offer_usage_exclusions (offer_id, excluded_at, claimed, diverged, payers,
+       cleared_at)
+     VALUES ($1, $2, $3, $4, $6, NULL)
      ON CONFLICT (offer_id) DO UPDATE SET excluded_at = EXCLUDED.excluded_at,
-       claimed = EXCLUDED.claimed, diverged = EXCLUDED.diverged, cleared_at = NULL
+       claimed = EXCLUDED.claimed, diverged = EXCLUDED.diverged, payers = EXCLUDED.payers,
+       cleared_at = NULL
      WHERE offer_usage_exclusions.cleared_at IS NOT NULL
        AND offer_usage_exclusions.cleared_at <= $5`,
-    [normalizeHex(due.offerId), at, due.claimed, due.diverged, due.since],
+    [normalizeHex(due.offerId), at, due.claimed, due.diverged, due.since, due.payers ?? null],
   );
   return (rowCount ?? 0) > 0;
 }

@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
-import { anyPermit, type PermitAuthorization } from "../../domain/permit-authorization.js";
+import { anyPermit, type PermitAuthorization } from "../../domain/permit-authorization/index.js";
 import { createApiKey } from "./api-keys.js";
 import {
   findApiKeyWithAuthorizations,

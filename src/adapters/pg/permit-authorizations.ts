@@ -5,8 +5,8 @@ import type {
   PayerRevocationFilter,
   PermitAuthorization,
   PermitAuthorizationStore,
-} from "../../domain/permit-authorization.js";
-import { inTransaction } from "./ledger.js";
+} from "../../domain/permit-authorization/index.js";
+import { inTransaction } from "./ledger-tx.js";
 import { API_KEY_PREFIX, hashApiKey, type Queryable } from "./api-keys.js";
 
 interface Row {

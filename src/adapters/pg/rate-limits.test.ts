@@ -1,9 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  createTestDatabase,
-  testDatabaseUrl,
-  type TestDatabase,
-} from "../../../test/helpers/db.js";
+import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
 import { createFleetRateLimiter } from "../../domain/rate-limit.js";
 import { GatewayError } from "../../domain/errors.js";
 import { createPgRateLimitStore } from "./rate-limits.js";
@@ -110,26 +106,4 @@ describe("fleet rate limit store (functions/rate-limits.sql)", () => {
     );
     expect(rows[0]?.slots).toBe(0);
   });
-
-  it.skipIf(testDatabaseUrl() === undefined)(
-    "PostgreSQL: a lease call's server time, per call and per request at the default chunk",
-    async () => {
-      const times: number[] = [];
-      for (let i = 0; i < 300; i++) {
-        const { rows } = await test.db.pool.query<{ "QUERY PLAN": string }>(
-          "EXPLAIN (ANALYZE, TIMING OFF) SELECT * FROM gw_rate_lease('perf', 5, 0, 100000, 100000)",
-        );
-        const line = rows.map((r) => r["QUERY PLAN"]).find((l) => l.startsWith("Execution Time"));
-        times.push(Number(/([\d.]+) ms/.exec(line!)![1]) * 1000);
-      }
-      times.sort((x, y) => x - y);
-      const [p25, median, p90] = [times[75]!, times[150]!, times[270]!];
-      console.log(
-        `gw_rate_lease server time per call: p25 ${p25.toFixed(1)} us, median ${median.toFixed(1)} us, p90 ${p90.toFixed(1)} us`,
-      );
-      // One call per chunk (at least one token), so per admitted request at most this. The lower
-      // quartile stands for the CPU time: on a shared machine the rest is mostly waiting for it.
-      expect(p25).toBeLessThan(150);
-    },
-  );
 });

@@ -4,7 +4,7 @@ import type {
   EndpointRegistration,
   NonceUse,
   RegistrationOutcome,
-} from "../../domain/registration.js";
+} from "../../domain/registration/index.js";
 
 /** Anything that can run a query: the pool, or a client inside a transaction. */
 export type Queryable = Pick<pg.Pool, "query">;

@@ -81,6 +81,12 @@ const recordColumns = `id, api_key_id, instance_id, model, model_id, offer_id, p
   claimed_reasoning_tokens, counted_input_tokens, counted_output_tokens,
   counted_cached_input_tokens, counted_reasoning_tokens`;
 
+/** {@link recordColumns} of the request row `r`. */
+const chargedColumns = recordColumns
+  .split(",")
+  .map((c) => `r.${c.trim()}`)
+  .join(", ");
+
 /**
  * The charged records of a permit, whichever API key made them, in the order they closed
  * (`completed_at`, then id), at most `limit`, from after the record `startingAfter` (a request
@@ -88,7 +94,8 @@ const recordColumns = `id, api_key_id, instance_id, model, model_id, offer_id, p
  * (`GET /v1/permits/{id}/receipts`); the caller decides who may see them. Each record's
  * `batchId` is the settlement batch that settled it or is settling it: a batch's requests are
  * the records that name it (migration 008; a failed batch's records are released and name none).
- * Served by migration 021's index.
+ * Served by inference_charges (migration 031: a row per charged close, indexed by permit and
+ * completion), joined to the records by id.
  */
 export async function listChargedRequests(
   db: Queryable,
@@ -99,17 +106,20 @@ export async function listChargedRequests(
   const { rows } =
     startingAfter === undefined
       ? await db.query<RequestDbRow>(
-          `SELECT ${recordColumns} FROM inference_requests
-           WHERE permit_id = $1 AND credits_charged > 0
-           ORDER BY completed_at, id LIMIT $2`,
+          `SELECT ${chargedColumns} FROM inference_charges c
+           JOIN inference_requests r ON r.id = c.request_id
+           WHERE c.permit_id = $1
+           ORDER BY c.completed_at, c.request_id LIMIT $2`,
           [permitId, limit],
         )
       : await db.query<RequestDbRow>(
-          `SELECT ${recordColumns} FROM inference_requests
-           WHERE permit_id = $1 AND credits_charged > 0
-             AND (completed_at, id) > (SELECT completed_at, id FROM inference_requests
-                                       WHERE id = $3 AND permit_id = $1 AND credits_charged > 0)
-           ORDER BY completed_at, id LIMIT $2`,
+          `SELECT ${chargedColumns} FROM inference_charges c
+           JOIN inference_requests r ON r.id = c.request_id
+           WHERE c.permit_id = $1
+             AND (c.completed_at, c.request_id) > (
+               SELECT a.completed_at, a.request_id FROM inference_charges a
+               WHERE a.permit_id = $1 AND a.request_id = $3)
+           ORDER BY c.completed_at, c.request_id LIMIT $2`,
           [permitId, limit, startingAfter],
         );
   return rows.map(toRequestRecord);

@@ -1,8 +1,8 @@
 import type pg from "pg";
 import type { Hex } from "viem";
-import type { RecordRegistration } from "../../domain/registration.js";
+import type { RecordRegistration } from "../../domain/registration/index.js";
 import { listBatches } from "./earnings.js";
-import { permitLedger } from "./ledger.js";
+import { permitLedger } from "./ledger/index.js";
 import { recordRegistration } from "./registrations.js";
 import { getRequest, listChargedRequests } from "./requests.js";
 

@@ -9,7 +9,7 @@ import type {
   SettlementStore,
   UnsettleableMark,
 } from "../../domain/settlement/index.js";
-import { inTransaction } from "./ledger.js";
+import { inTransaction } from "./ledger-tx.js";
 
 /**
  * The settlement tables (migration 008) behind the flusher's {@link SettlementStore} port.
@@ -135,7 +135,9 @@ function queueMethods(
   return {
     async pendingCharges({ limit, permits }) {
       // Charges on permits in their close grace period first (soonest closable first), then
-      // the oldest; each query walks a partial index.
+      // the oldest; each query walks a partial index of the unsettled requests (migration 031:
+      // by permit, and by admission, since no index names the close's completed_at). Open
+      // requests are unsettled too, and left out by their charge (none yet).
       const closing = await pool.query<ChargeRow>(
         `SELECT r.id, r.permit_id, r.offer_id, r.credits_charged, c.closable_at
          FROM permit_closings c
@@ -143,7 +145,7 @@ function queueMethods(
            AND r.settlement_status = 'unsettled' AND r.credits_charged > 0
            AND r.status IN ('completed', 'failed', 'cancelled')
          WHERE $2::text[] IS NULL OR c.permit_id = ANY ($2)
-         ORDER BY c.closable_at, r.completed_at, r.id
+         ORDER BY c.closable_at, r.created_at, r.id
          LIMIT $1`,
         [limit, permits ?? null],
       );
@@ -155,7 +157,7 @@ function queueMethods(
          FROM inference_requests r
          WHERE r.settlement_status = 'unsettled' AND r.credits_charged > 0
            AND NOT (r.id = ANY ($2::text[]))
-         ORDER BY r.completed_at, r.id
+         ORDER BY r.created_at, r.id
          LIMIT $1`,
         [limit - charges.length, taken],
       );

@@ -1,28 +1,45 @@
 import { createHash } from "node:crypto";
 import { readFile } from "node:fs/promises";
-import { Template } from "@huggingface/jinja";
-import { Tokenizer } from "@huggingface/tokenizers";
+import { Environment, Interpreter, Template } from "@huggingface/jinja";
 import type { JsonValue } from "../../domain/catalog.js";
-import type { ChatRequest } from "../../domain/chat-request.js";
+import type { ChatRequest } from "../../domain/chat/request/index.js";
 import { GatewayError } from "../../domain/errors.js";
 import type { TokenCounter } from "../../domain/tokens.js";
+import { ByteLevelBpe, byteLevelBpeUnsupported, type TokenizerJson } from "./byte-level-bpe.js";
+import { loadDerived } from "./derived.js";
+import type { TokenizerEngine } from "./engine.js";
+import { gemmaTableSourceSha256, loadGemmaEngine } from "./gemma/load.js";
+import { HfEngine } from "./hf-engine.js";
+import { createOutputCount, type OutputAnswer, type OutputTask } from "./output-count.js";
 import { TokenizerRegistryError, type TokenizerEntry } from "./registry.js";
 
 /**
- * A model's own counter: its `tokenizer.json` (Hugging Face's tokenizers.js, the pure
- * JavaScript port of the `tokenizers` library; docs/decisions/metering-and-tokens.md says why this one) and its chat
- * template (rendered with `@huggingface/jinja`, the engine transformers.js uses for the same
- * templates).
+ * A model's own counter (issue 35): its `tokenizer.json` counted by an exact engine (the
+ * byte-level BPE engine for the four byte-level families, byte-level-bpe.ts; Gemma 3's own
+ * engine, gemma/; tokenizers.js for an operator's tokenizer of another kind, hf-engine.ts) and
+ * its chat template rendered with `@huggingface/jinja`, the engine transformers.js uses for the
+ * same templates, from an environment built once per template.
+ * Prompts longer than {@link LoadedTokenizer.inlineInputBytes} are rendered and counted in the
+ * worker pool (count-pool.ts), so no prompt holds the event loop.
  */
 
 /** A loaded tokenizer and template: what {@link createTokenizerCounter} counts with. */
 export interface LoadedTokenizer {
   readonly entry: TokenizerEntry;
-  readonly tokenizer: Tokenizer;
-  readonly template: Template;
-  /** The template's variables besides the request's (`bos_token`, `eos_token`...). */
-  readonly variables: Readonly<Record<string, string>>;
+  readonly engine: TokenizerEngine;
+  /** The chat template over the request's variables (its environment built once). */
+  readonly render: (variables: Record<string, unknown>) => string;
+  /**
+   * Request bodies up to this many bytes are counted inline; longer ones in the worker pool.
+   * Measured (bench/figures/tokenizers.md, "Issue 35 engine"): 16 KiB of prompt renders and
+   * counts in about 1 ms with the byte-level and Gemma engines; tokenizers.js takes
+   * milliseconds per thousand tokens, so every prompt it counts goes to the worker.
+   */
+  readonly inlineInputBytes: number;
 }
+
+/** Request bytes counted on the event loop by a fast engine (see inlineInputBytes). */
+export const defaultInlineInputBytes = 16 * 1024;
 
 function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === "object" && value !== null && !Array.isArray(value);
@@ -48,18 +65,72 @@ function tokenText(value: unknown): string | undefined {
   return undefined;
 }
 
+/** An engine and whether it is fast enough to count prompts inline. */
+export interface EngineChoice {
+  readonly engine: TokenizerEngine;
+  readonly fast: boolean;
+}
+
 /**
- * Reads and parses an entry's files (checking their SHA-256 again). Slow (a tokenizer.json is
- * 8 to 33 MB: 0.4 to 1.5 s, bench/figures/tokenizers.md), hence done once per tokenizer, when
- * its first model is served.
+ * The exact engine of a tokenizer.json: the byte-level BPE engine where the file is one it
+ * counts exactly (byteLevelBpeUnsupported), else tokenizers.js. (Gemma 3's is chosen before its
+ * file is read, by the file's SHA-256: loadEngine.)
+ */
+export function createEngine(json: unknown, config: Record<string, unknown>): EngineChoice {
+  if (byteLevelBpeUnsupported(json as TokenizerJson) === undefined) {
+    return { engine: new ByteLevelBpe(json as TokenizerJson), fast: true };
+  }
+  return { engine: new HfEngine(json as object, config), fast: false };
+}
+
+/** A template's render function: globals set once, the request's variables in a child scope. */
+function compileTemplate(source: string, variables: Record<string, string>) {
+  const template = new Template(source);
+  const base = new Environment();
+  for (const [key, value] of templateGlobals()) base.set(key, value);
+  for (const [key, value] of Object.entries(variables)) base.set(key, value);
+  return (context: Record<string, unknown>): string => {
+    const scope = new Environment(base);
+    for (const [key, value] of Object.entries(context)) scope.set(key, value);
+    return new Interpreter(scope).run(template.parsed).value as string;
+  };
+}
+
+let globals: [string, unknown][] | undefined;
+
+/**
+ * The globals `Template.render` sets in every render's environment (`true`, `none`, `range`,
+ * `raise_exception`, `strftime_now`...; @huggingface/jinja does not export them), read once by
+ * watching an empty template's render.
+ */
+function templateGlobals(): [string, unknown][] {
+  if (globals !== undefined) return globals;
+  const captured: [string, unknown][] = [];
+  const original = Environment.prototype.set;
+  Environment.prototype.set = function (this: Environment, name: string, value: unknown) {
+    captured.push([name, value]);
+    return original.call(this, name, value);
+  } as typeof original;
+  try {
+    new Template("").render({});
+  } finally {
+    Environment.prototype.set = original;
+  }
+  globals = captured;
+  return captured;
+}
+
+/**
+ * Reads and parses an entry's files (checking their SHA-256 again) and builds its engine.
+ * Done once per tokenizer, before its models are routable (token-counters.ts, preload).
  */
 export async function loadTokenizer(
   entry: TokenizerEntry,
   /**
-   * Parsed tokenizer files by path and SHA-256, shared by the entries that name the same file
-   * (Llama 3 and 3.1): each is parsed once and held once.
+   * Engines by tokenizer file and SHA-256, shared by the entries that name the same file
+   * (Llama 3 and 3.1): each is built once and held once.
    */
-  shared: Map<string, Promise<Tokenizer>> = new Map(),
+  shared: Map<string, Promise<EngineChoice>> = new Map(),
 ): Promise<LoadedTokenizer> {
   const templateBytes = await readPinned(entry, entry.chatTemplate, entry.templateSha256);
   let config: Record<string, unknown> = {};
@@ -86,20 +157,57 @@ export async function loadTokenizer(
     const text = tokenText(config[key]);
     if (text !== undefined) variables[key] = text;
   }
-  const template = new Template(source);
+  const render = compileTemplate(source, variables);
   const key = `${entry.sha256}:${entry.tokenizer}`;
-  let tokenizer = shared.get(key);
-  if (tokenizer === undefined) {
-    tokenizer = readPinned(entry, entry.tokenizer, entry.sha256).then(
-      (bytes) => new Tokenizer(JSON.parse(bytes.toString("utf8")) as object, config),
-    );
-    shared.set(key, tokenizer);
-    tokenizer.catch(() => shared.delete(key));
+  let choice = shared.get(key);
+  if (choice === undefined) {
+    choice = loadEngine(entry, config);
+    shared.set(key, choice);
+    choice.catch(() => shared.delete(key));
   }
-  return { entry, tokenizer: await tokenizer, template, variables };
+  const { engine, fast } = await choice;
+  return { entry, engine, render, inlineInputBytes: fast ? defaultInlineInputBytes : 0 };
+}
+
+/**
+ * The entry's engine: from a table derived ahead of time when one is embedded for its
+ * tokenizer.json (none of the JSON read or parsed: Gemma 3's table, gemma/load.ts; a byte-level
+ * rank table, derived.ts), else from the tokenizer.json. The tokenizer.json's SHA-256, which
+ * keys the table, was checked at start-up (checkTokenizerRegistry); each table is pinned by its
+ * own.
+ */
+async function loadEngine(
+  entry: TokenizerEntry,
+  config: Record<string, unknown>,
+): Promise<EngineChoice> {
+  if (entry.sha256 === gemmaTableSourceSha256) return { engine: loadGemmaEngine(), fast: true };
+  const derived = await loadDerived(entry.sha256);
+  if (derived !== undefined) {
+    return { engine: new ByteLevelBpe(derived.json, {}, derived.vocab), fast: true };
+  }
+  const bytes = await readPinned(entry, entry.tokenizer, entry.sha256);
+  return createEngine(JSON.parse(bytes.toString("utf8")), config);
 }
 
 type Message = Record<string, JsonValue>;
+
+/** What a prompt is rendered from: the request's members the template reads. */
+export interface RenderInput {
+  readonly messages: readonly JsonValue[];
+  readonly tools?: readonly JsonValue[] | undefined;
+  readonly chat_template_kwargs?: JsonValue | undefined;
+  readonly reasoning_effort?: JsonValue | undefined;
+}
+
+/** The members of a request its prompt is rendered from. */
+export function renderInputOf(req: ChatRequest): RenderInput {
+  return {
+    messages: req.messages,
+    tools: req.tools,
+    chat_template_kwargs: req.body.chat_template_kwargs,
+    reasoning_effort: req.body.reasoning_effort,
+  };
+}
 
 /** A content part the template does not see and the count adds: images at the entry's cost. */
 function flattenContent(
@@ -145,39 +253,75 @@ function flattenContent(
  */
 export function renderPrompt(
   loaded: LoadedTokenizer,
-  req: ChatRequest,
+  req: ChatRequest | RenderInput,
 ): { prompt: string; images: bigint } {
+  const input = "raw" in req ? renderInputOf(req) : req;
   const images = { count: 0n };
-  const messages: Message[] = req.messages.map((message) => ({
+  const messages: Message[] = input.messages.map((message) => ({
     ...(message as Message),
-    content: flattenContent(message.content ?? null, loaded.entry, images),
+    content: flattenContent((message as Message).content ?? null, loaded.entry, images),
   }));
-  const kwargs = req.body.chat_template_kwargs;
+  const kwargs = input.chat_template_kwargs;
   const context = {
     ...(isObject(kwargs) ? kwargs : {}),
-    ...(typeof req.body.reasoning_effort === "string"
-      ? { reasoning_effort: req.body.reasoning_effort }
+    ...(typeof input.reasoning_effort === "string"
+      ? { reasoning_effort: input.reasoning_effort }
       : {}),
-    ...loaded.variables,
     messages,
-    tools: req.tools,
+    tools: input.tools,
     add_generation_prompt: true,
   };
-  let prompt: string;
-  try {
-    prompt = loaded.template.render(context);
-  } catch (first) {
-    if (!messages.some((m) => m.content === null)) throw refused(loaded, first);
+  // What the template is given again when it refuses the messages as they came: null content
+  // as "" (templates differ: DeepSeek V3's tests `content is none`, Qwen 3's uses a string), and
+  // tool calls' JSON `arguments` as objects (Qwen3-Coder's iterates them with `items`, as
+  // vLLM hands them to it); the first rendering the template accepts is counted, else the last
+  // refusal is reported.
+  const attempts = [messages];
+  const blanked = messages.some((m) => m.content === null)
+    ? messages.map((m) => (m.content === null ? { ...m, content: "" } : m))
+    : undefined;
+  if (blanked !== undefined) attempts.push(blanked);
+  const parsed = withParsedArguments(blanked ?? messages);
+  if (parsed !== undefined) attempts.push(parsed);
+  let prompt: string | undefined;
+  let failure: unknown;
+  for (const attempt of attempts) {
     try {
-      prompt = loaded.template.render({
-        ...context,
-        messages: messages.map((m) => (m.content === null ? { ...m, content: "" } : m)),
-      });
+      prompt = loaded.render(attempt === messages ? context : { ...context, messages: attempt });
+      break;
     } catch (err) {
-      throw refused(loaded, err);
+      failure = err;
     }
   }
+  if (prompt === undefined) throw refused(loaded, failure);
   return { prompt, images: images.count };
+}
+
+/**
+ * The messages with every tool call's `arguments` that is a JSON object string parsed into the
+ * object; undefined when no call has one.
+ */
+function withParsedArguments(messages: Message[]): Message[] | undefined {
+  let changed = false;
+  const out = messages.map((message) => {
+    const calls = message.tool_calls;
+    if (!Array.isArray(calls)) return message;
+    const parsedCalls = calls.map((call) => {
+      const fn = isObject(call) ? call.function : undefined;
+      if (!isObject(fn) || typeof fn.arguments !== "string") return call;
+      let args: unknown;
+      try {
+        args = JSON.parse(fn.arguments);
+      } catch {
+        return call;
+      }
+      if (!isObject(args)) return call;
+      changed = true;
+      return { ...(call as Message), function: { ...fn, arguments: args } } as JsonValue;
+    });
+    return { ...message, tool_calls: parsedCalls };
+  });
+  return changed ? out : undefined;
 }
 
 function refused(loaded: LoadedTokenizer, err: unknown): GatewayError {
@@ -189,60 +333,43 @@ function refused(loaded: LoadedTokenizer, err: unknown): GatewayError {
   );
 }
 
-const replacement = "\uFFFD";
+/** Tokens of a request's prompt: rendered, counted, images at the entry's cost. */
+export function countPrompt(loaded: LoadedTokenizer, input: ChatRequest | RenderInput): bigint {
+  const { prompt, images } = renderPrompt(loaded, input);
+  // The template writes the special tokens (BOS included): none are added again.
+  return BigInt(loaded.engine.count(prompt)) + images * (loaded.entry.imageTokens ?? 0n);
+}
 
-/** A counter over a loaded tokenizer (exact: it is the model's own tokenizer and template). */
-export function createTokenizerCounter(loaded: LoadedTokenizer): TokenCounter {
-  const { tokenizer } = loaded;
-  const encode = (text: string): number[] =>
-    tokenizer.encode(text, { add_special_tokens: false }).ids;
-  const count = (text: string): bigint => BigInt(encode(text).length);
+/** Where long prompts, and output's long pieces, are counted (count-pool.ts). */
+export interface PromptPool {
+  count(entry: TokenizerEntry, req: ChatRequest): Promise<bigint>;
+  /** A step of an output's count (output-count.ts, OutputCount.settle). */
+  output(entry: TokenizerEntry, task: OutputTask): Promise<OutputAnswer>;
+}
+
+/**
+ * A counter over a loaded tokenizer (exact: it is the model's own tokenizer and template).
+ * Prompts longer than the tokenizer's inline size go to `pool` when there is one.
+ */
+export function createTokenizerCounter(loaded: LoadedTokenizer, pool?: PromptPool): TokenCounter {
+  const { engine } = loaded;
+  const outputPool =
+    pool === undefined ? undefined : (task: OutputTask) => pool.output(loaded.entry, task);
   return {
     exact: true,
     name: loaded.entry.name,
+    hidesReasoning: loaded.entry.hidesReasoning === true,
     countInput(req) {
-      const { prompt, images } = renderPrompt(loaded, req);
-      // The template writes the special tokens (BOS included): none are added again.
-      return count(prompt) + images * (loaded.entry.imageTokens ?? 0n);
-    },
-    countOutput: count,
-    truncate(text, limit) {
-      const ids = encode(text);
-      if (BigInt(ids.length) <= limit) return text;
-      if (limit <= 0n) return "";
-      let prefix = tokenizer.decode(ids.slice(0, Number(limit)), {
-        skip_special_tokens: false,
-        clean_up_tokenization_spaces: false,
-      });
-      // A character cut between two byte-level tokens decodes as U+FFFD: it is left out.
-      while (prefix.endsWith(replacement) && !text.startsWith(prefix)) prefix = prefix.slice(0, -1);
-      if (!text.startsWith(prefix)) prefix = longestPrefix(text, limit, count);
-      // Tokens of a prefix are not always those of the whole text's start: held to the limit,
-      // then grown while the next character still fits.
-      const chars: string[] = [...prefix];
-      let length = prefix.length;
-      while (length > 0 && count(text.slice(0, length)) > limit) {
-        length -= (chars.pop() ?? "").length;
+      if (pool !== undefined && req.raw.byteLength > loaded.inlineInputBytes) {
+        return pool.count(loaded.entry, req);
       }
-      for (const next of text.slice(length)) {
-        if (count(text.slice(0, length + next.length)) > limit) break;
-        length += next.length;
+      try {
+        return Promise.resolve(countPrompt(loaded, req));
+      } catch (err) {
+        return Promise.reject(err as Error);
       }
-      return text.slice(0, length);
     },
+    countOutput: (text) => BigInt(engine.count(text)),
+    output: () => createOutputCount(engine, outputPool),
   };
-}
-
-/** The longest prefix (whole characters) counted at most `limit`, by bisection. */
-function longestPrefix(text: string, limit: bigint, count: (text: string) => bigint): string {
-  const ends = [0];
-  for (const char of text) ends.push(ends[ends.length - 1]! + char.length);
-  let low = 0;
-  let high = ends.length - 1;
-  while (low < high) {
-    const middle = Math.ceil((low + high) / 2);
-    if (count(text.slice(0, ends[middle])) <= limit) low = middle;
-    else high = middle - 1;
-  }
-  return text.slice(0, ends[low]);
 }

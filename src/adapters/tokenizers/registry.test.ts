@@ -122,6 +122,33 @@ describe("routes", () => {
     ]);
   });
 
+  it("says which models hide their reasoning: gpt-oss only (issue 35, item 9)", () => {
+    const hides = (repository: string) =>
+      findTokenizer(embedded, { repository, revision: "main" })?.hidesReasoning === true;
+    expect(hides("openai/gpt-oss-120b")).toBe(true);
+    for (const shows of [
+      "deepseek-ai/DeepSeek-R1",
+      "Qwen/Qwen3-235B-A22B",
+      "demo/chat-small",
+      "meta-llama/Llama-3.3-70B-Instruct",
+      "google/gemma-3-27b-it",
+    ]) {
+      expect(hides(shows), shows).toBe(false);
+    }
+    const file = registryFile("hides", {
+      tokenizers: { mine: entry({ hidesReasoning: true }), theirs: entry() },
+      models: [],
+    });
+    const read = readTokenizerRegistry(file);
+    expect(read.tokenizers.get("mine")?.hidesReasoning).toBe(true);
+    expect(read.tokenizers.get("theirs")?.hidesReasoning).toBeUndefined();
+    const bad = registryFile("hides-bad", {
+      tokenizers: { mine: entry({ hidesReasoning: "yes" }) },
+      models: [],
+    });
+    expect(() => readTokenizerRegistry(bad)).toThrow('"mine".hidesReasoning must be true or false');
+  });
+
   it("puts the operator's routes first, an exact repository before a pattern, a revision before none", () => {
     const file = registryFile("operator", {
       tokenizers: { mine: entry() },
@@ -143,29 +170,39 @@ describe("routes", () => {
   });
 });
 
-describe("lazy loading", () => {
+describe("preloading", () => {
   it("gives the byte bound for an unknown model, loading nothing", async () => {
-    const counters = await createTokenCounters();
-    await expect(counters.forModel({ repository: "acme/unknown", revision: "1" })).resolves.toBe(
-      boundCounter,
-    );
+    const counters = await createTokenCounters({ threads: 0 });
+    const unknown = { repository: "acme/unknown", revision: "1" };
+    expect(counters.forModel(unknown)).toBe(boundCounter);
+    expect(counters.meteringOf(unknown)).toEqual({ kind: "bound" });
+    await counters.preload([unknown]);
     expect(counters.loaded()).toEqual([]);
   });
 
-  it("loads a tokenizer once for concurrent callers, when its model is first served", async () => {
+  it("loads a tokenizer shared by several models once; nothing before preload, nothing on a request's path", async () => {
     const loads: string[] = [];
     const counters = await createTokenCounters({ onLoad: (name) => loads.push(name) });
+    const models = [
+      { repository: "demo/chat-small", revision: "1" },
+      { repository: "demo/coder-small", revision: "1" },
+      { repository: "Qwen/Qwen3-8B", revision: "1" },
+    ];
+    // Not loaded: no counter (the model is not routable), and asking loads nothing.
+    expect(counters.forModel(models[0]!)).toBeUndefined();
+    expect(counters.meteringOf(models[0]!)).toEqual({ kind: "exact", tokenizer: "qwen3" });
     expect(counters.loaded()).toEqual([]);
-    const [a, b, c] = await Promise.all([
-      counters.forModel({ repository: "demo/chat-small", revision: "1" }),
-      counters.forModel({ repository: "demo/coder-small", revision: "1" }),
-      counters.forModel({ repository: "Qwen/Qwen3-8B", revision: "1" }),
-    ]);
+    const preloading = Promise.all([counters.preload(models), counters.preload(models.slice(1))]);
+    expect(counters.loading()).toEqual(["qwen3"]);
+    await preloading;
+    expect(counters.loading()).toEqual([]);
+    const [a, b, c] = models.map((m) => counters.forModel(m)!);
     expect(a).toBe(b);
     expect(a).toBe(c);
     expect(loads).toEqual(["qwen3"]);
-    expect([a.name, a.exact, a.countOutput("Hello, world!")]).toEqual(["qwen3", true, 4n]);
-    await counters.forModel({ repository: "demo/chat-small", revision: "1" });
+    expect([a!.name, a!.exact, a!.countOutput("Hello, world!")]).toEqual(["qwen3", true, 4n]);
+    await counters.preload(models);
     expect(loads).toEqual(["qwen3"]);
+    await counters.close();
   }, 60_000);
 });

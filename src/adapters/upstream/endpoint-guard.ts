@@ -175,7 +175,7 @@ export async function resolveEndpoint(
 }
 
 /**
- * Registration's check of an endpoint (src/domain/registration.ts `checkEndpoint`): it resolves,
+ * Registration's check of an endpoint (src/domain/registration/ `checkEndpoint`): it resolves,
  * and to allowed addresses only ({@link resolveEndpoint}); throws otherwise.
  */
 export function createEndpointCheck(

@@ -1,6 +1,7 @@
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 import { GatewayError } from "../../domain/errors.js";
-import type { BodyFlow, UpstreamResponse } from "./http.js";
+import type { UpstreamFlow } from "../../domain/chat/ports.js";
+import type { UpstreamResponse } from "./http.js";
 
 /** Reading a provider's server-sent events (an OpenAI stream) from an upstream response body. */
 
@@ -40,7 +41,7 @@ export function flowEventData(
   response: Pick<UpstreamResponse, "flow">,
   into: (data: string) => boolean,
   opts: { maxEventBytes?: number } = {},
-): BodyFlow {
+): UpstreamFlow {
   let more = true;
   let stopped = false;
   let failure: GatewayError | undefined;

@@ -1,5 +1,6 @@
 import { isIP } from "node:net";
 import { Agent, buildConnector } from "undici";
+import type { UpstreamFlow } from "../../domain/chat/ports.js";
 import { GatewayError } from "../../domain/errors.js";
 import {
   canonicalEndpointUrl,
@@ -70,32 +71,16 @@ export interface UpstreamResponse {
   /**
    * The body pushed to `into` chunk by chunk as it arrives, instead of iterated (no promise or
    * iterator result per chunk): use one of `body` and `flow`, once. `into` returning false pauses
-   * the body until {@link BodyFlow.resume}; `into` throwing stops it with that error. Stopping
-   * early ({@link BodyFlow.stop}) drops the rest as breaking out of `body` does.
+   * the body until {@link UpstreamFlow.resume}; `into` throwing stops it with that error. Stopping
+   * early ({@link UpstreamFlow.stop}) drops the rest as breaking out of `body` does.
    */
-  flow(into: (chunk: Uint8Array) => boolean): BodyFlow;
+  flow(into: (chunk: Uint8Array) => boolean): UpstreamFlow;
   /** Reads the whole body as UTF-8; `upstream_error` when it exceeds `maxBytes` (default 8 MiB). */
   text(maxBytes?: number): Promise<string>;
   /** `text()` parsed as JSON; `upstream_error` when it does not parse. */
   json(maxBytes?: number): Promise<unknown>;
   /** Discards the body so the connection can be reused (or closes it if the body is large). */
   dump(): Promise<void>;
-}
-
-/** A body being pushed to its reader (see {@link UpstreamResponse.flow}). */
-export interface BodyFlow {
-  /**
-   * Resolves when the body ended or the reader stopped it; rejects with `upstream_error` (the
-   * body broke off or fell silent), the caller's abort reason, or what the reader threw or
-   * failed it with.
-   */
-  readonly done: Promise<void>;
-  /** Reads on after the reader returned false. */
-  resume(): void;
-  /** The reader wants nothing more: nothing is pushed after this, `done` resolves. */
-  stop(): void;
-  /** The reader gives up with `error`: nothing is pushed after this, `done` rejects with it. */
-  fail(error: unknown): void;
 }
 
 export interface UpstreamClient {
@@ -325,7 +310,7 @@ function responseOf(data: Dispatched, signal: AbortSignal): UpstreamResponse {
  * A body pushed to its reader from the stream's own `data` events: the per-chunk path of a
  * streamed answer allocates nothing of its own (see {@link UpstreamResponse.flow}).
  */
-class PushedBody implements BodyFlow {
+class PushedBody implements UpstreamFlow {
   readonly done: Promise<void>;
   private settle!: (error?: unknown) => void;
   private read = 0;

@@ -1,4 +1,4 @@
-import type { EndpointSecret } from "../../domain/health.js";
+import type { EndpointSecret } from "../../domain/health-types.js";
 import type { UpstreamClient } from "./http.js";
 import { badStatus, CheckFailed, isObject, readJson, sendCompletion } from "./probe-io.js";
 

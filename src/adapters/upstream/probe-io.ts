@@ -1,6 +1,6 @@
 import { BaseError } from "../../domain/base-error.js";
 import { GatewayError } from "../../domain/errors.js";
-import type { EndpointSecret, VerificationCheck } from "../../domain/health.js";
+import type { EndpointSecret, VerificationCheck } from "../../domain/health-types.js";
 import type { UpstreamClient, UpstreamResponse } from "./http.js";
 
 /**

@@ -1,5 +1,5 @@
-import { parseChatRequest } from "../../domain/chat-request.js";
-import type { Usage } from "../../domain/chat/metering.js";
+import { parseChatRequest } from "../../domain/chat/request/index.js";
+import type { Usage } from "../../domain/chat/types.js";
 import { judgeUsage, toleranceOf, type ReasoningPolicy } from "../../domain/chat/usage.js";
 import type { TokenCounter } from "../../domain/tokens.js";
 import { CheckFailed, isObject, maxVerificationBytes } from "./probe-io.js";
@@ -53,23 +53,32 @@ export class AnswerText {
  * declared hidden reasoning) is a wrong answer, `usage_diverged`, whose message gives the
  * figures (numbers only: nothing the endpoint wrote is repeated).
  */
-export function judgeClaim(
+export async function judgeClaim(
   what: string,
   body: Record<string, unknown>,
   usage: Record<string, unknown>,
   answer: AnswerText,
   { counter, reasoning }: Counting,
-): void {
+): Promise<void> {
+  // Hidden reasoning is allowed only as claimed reasoning (judgeUsage): the claim's share of it.
+  const details = usage.completion_tokens_details;
+  const reasoningClaim =
+    typeof details === "object" && details !== null
+      ? (details as Record<string, unknown>).reasoning_tokens
+      : undefined;
   const claimed: Usage = {
     inputTokens: BigInt(usage.prompt_tokens as number),
     outputTokens: BigInt(usage.completion_tokens as number),
+    ...(Number.isSafeInteger(reasoningClaim) && (reasoningClaim as number) >= 0
+      ? { reasoningTokens: BigInt(reasoningClaim as number) }
+      : {}),
   };
   const request = parseChatRequest(new TextEncoder().encode(JSON.stringify(body)), {
     maxBytes: maxVerificationBytes,
   });
   const reasoningTokens = counter.countOutput(answer.reasoning);
   const counted = {
-    inputTokens: counter.countInput(request),
+    inputTokens: await counter.countInput(request),
     outputTokens: counter.countOutput(answer.text) + reasoningTokens,
     reasoningTokens,
     choices: 1n,

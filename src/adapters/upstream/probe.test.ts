@@ -2,9 +2,9 @@ import { createServer, type RequestListener, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { startFakeUpstream, type FakeUpstream } from "../../../test/helpers/fake-upstream.js";
-import { inputTokenUpperBound, parseChatRequest } from "../../domain/chat-request.js";
-import type { EndpointVerification } from "../../domain/health.js";
-import type { TokenCounter, TokenCounters } from "../../domain/tokens.js";
+import { inputTokenUpperBound, parseChatRequest } from "../../domain/chat/request/index.js";
+import type { EndpointVerification } from "../../domain/health-types.js";
+import { boundCounter, type TokenCounter, type TokenCounters } from "../../domain/tokens.js";
 import { createUpstreamClient, type UpstreamClient } from "./http.js";
 import { countingMaxTokens, createEndpointProber, probeLiveness, verifyEndpoint } from "./probe.js";
 
@@ -344,18 +344,23 @@ describe("verifyEndpoint: honest counting (issue 27, item 9)", () => {
       exact: true,
       name: "words",
       countInput: (req) =>
-        req.messages.reduce(
-          (n, m) => n + (typeof m.content === "string" ? words(m.content) : 0n),
-          0n,
+        Promise.resolve(
+          req.messages.reduce(
+            (n, m) => n + (typeof m.content === "string" ? words(m.content) : 0n),
+            0n,
+          ),
         ),
       countOutput: words,
-      truncate: (text) => text,
+      // The probes count whole answers (countOutput), never a stream's output.
+      output: () => boundCounter.output(),
     };
     const counters: TokenCounters = {
       forModel: (model) => {
         asked.push({ repository: model.repository, revision: model.revision });
-        return Promise.resolve(counter);
+        return counter;
       },
+      meteringOf: () => ({ kind: "exact", tokenizer: "words" }),
+      preload: () => Promise.resolve(),
     };
     return { asked, counters };
   };
@@ -442,10 +447,21 @@ describe("verifyEndpoint: honest counting (issue 27, item 9)", () => {
     expect(
       await prober.verifyEndpoint({ url: reasoner.url, token }, names, declared(64n)),
     ).toMatchObject({ ok: false, check: "usage_diverged" });
-    const modest = await fake({ usage: { prompt_tokens: 1, completion_tokens: 40 } });
+    const modest = await fake({
+      usage: {
+        prompt_tokens: 1,
+        completion_tokens: 40,
+        completion_tokens_details: { reasoning_tokens: 30 },
+      },
+    });
     expect(
       await prober.verifyEndpoint({ url: modest.url, token }, names, declared(30n)),
     ).toMatchObject({ ok: true });
+    // The same output with no reasoning claimed: a ratio alone earns nothing.
+    const bare = await fake({ usage: { prompt_tokens: 1, completion_tokens: 40 } });
+    expect(
+      await prober.verifyEndpoint({ url: bare.url, token }, names, declared(30n)),
+    ).toMatchObject({ ok: false, check: "usage_diverged" });
   });
 
   it("passes an honest provider answering varied text in every shape, streamed or not", async () => {

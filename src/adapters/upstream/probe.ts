@@ -3,9 +3,15 @@ import type {
   EndpointSecret,
   EndpointVerification,
   VerificationSubject,
-} from "../../domain/health.js";
+} from "../../domain/health-types.js";
 import type { OfferFeature } from "../../domain/offer-features.js";
-import { boundCounter, boundCounters, type TokenCounters } from "../../domain/tokens.js";
+import {
+  boundCounter,
+  boundCounters,
+  type ModelRef,
+  type TokenCounter,
+  type TokenCounters,
+} from "../../domain/tokens.js";
 import { readEventStream } from "./event-stream.js";
 import type { UpstreamClient } from "./http.js";
 import { checkJsonSchema, checkTools } from "./probe-features.js";
@@ -127,7 +133,7 @@ export async function verifyEndpoint(
       counter:
         subject === undefined
           ? boundCounter
-          : await (opts.counters ?? boundCounters).forModel(subject.model),
+          : await counterOf(opts.counters ?? boundCounters, subject.model),
       reasoning: subject?.reasoning ?? { hiddenReasoningRatio: 0n },
     };
     const model = await checkModelListed(upstream, endpoint, modelNames, timeoutMs);
@@ -243,7 +249,7 @@ async function jsonCompletion(
   for (const choice of completion.choices) {
     if (isObject(choice) && isObject(choice.message)) answer.add(choice.message);
   }
-  judgeClaim(what, body, completion.usage as Record<string, unknown>, answer, counting);
+  await judgeClaim(what, body, completion.usage as Record<string, unknown>, answer, counting);
 }
 
 async function checkStream(
@@ -335,7 +341,7 @@ async function streamedCompletion(
       `${what} carried no usage although stream_options.include_usage was set`,
     );
   }
-  judgeClaim(what, body, usage, answer, counting);
+  await judgeClaim(what, body, usage, answer, counting);
 }
 
 /**
@@ -388,4 +394,15 @@ function sameModelName(expected: string, listed: string): boolean {
   if (expected === listed) return true;
   // A ModelID may be spelled in either hex case.
   return /^0x[0-9a-f]+$/i.test(expected) && expected.toLowerCase() === listed.toLowerCase();
+}
+
+/**
+ * The model's counter for a verification: loaded first if it is not yet (a verification runs
+ * off any client's request path, and its offer is not routable before it passes).
+ */
+async function counterOf(counters: TokenCounters, model: ModelRef): Promise<TokenCounter> {
+  const loaded = counters.forModel(model);
+  if (loaded !== undefined) return loaded;
+  await counters.preload([model]);
+  return counters.forModel(model) ?? boundCounter;
 }

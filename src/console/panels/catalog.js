@@ -84,6 +84,7 @@ function modelView(model, index, api) {
       ["Task", model.task],
       ["Aliases", model.aliases.length === 0 ? "none" : model.aliases.join(", ")],
       ["Providers", String(model.provider_count)],
+      ["Metering", meteringText(model)],
       ["Model id", code(model.model_id)],
       ["Credit token", code(model.credit_token)],
     ]),
@@ -91,6 +92,17 @@ function modelView(model, index, api) {
     message.element,
     offers,
   );
+}
+
+/**
+ * How the gateway counts a model's or offer's tokens: its own tokenizer, or the byte bound
+ * (charges above an exact count; `provider.require_exact_metering` refuses such offers).
+ * @param {{ metering?: string | null, tokenizer?: string | null }} item
+ */
+function meteringText(item) {
+  if (item.metering === "exact") return `exact (tokenizer ${item.tokenizer})`;
+  if (item.metering === "bound") return "bound (no tokenizer registered: counts are upper bounds)";
+  return "unknown";
 }
 
 /**
@@ -129,6 +141,7 @@ function offerView(offer, api) {
       ["Region", offer.region],
       ["Hardware", offer.hardware],
       ["Max concurrency", String(offer.max_concurrency)],
+      ["Metering", meteringText(offer)],
       ["Operator", code(offer.operator)],
       ["Capabilities", capabilities.length === 0 ? "none" : capabilities.join("; ")],
     ]),

@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
 import { decideClose, type Outcome } from "./billing.js";
-import type { Usage } from "./metering.js";
+import type { Usage } from "./types.js";
 import { judgeUsage } from "./usage.js";
 
 // 1.5 credits per input token, 7 per output token, a wake fee of 9. The expected charges
@@ -108,15 +108,17 @@ const rows: Row[] = [
     closes: ["completed", "billed", full(100n, 200n), "gateway", maximum],
   },
   {
-    name: "completed with zero output tokens: void, no wake fee either",
+    // Issue 35: never void because its output is empty (members that make a provider count
+    // what the client never sees could otherwise make an honest offer serve for nothing).
+    name: "completed with zero output tokens: its input is charged, the wake fee too (15 + 9)",
     outcome: completed(tokens(10n, 0n), 50n, 0n),
     wakes: true,
-    closes: ["completed", "void", full(10n, 0n), "provider", 0n],
+    closes: ["completed", "billed", full(10n, 0n), "provider", 24n],
   },
   {
-    name: "completed with zero output by the gateway's count: void",
+    name: "completed with zero output by the gateway's count: its input is charged (75)",
     outcome: completed(undefined, 50n, 0n),
-    closes: ["completed", "void", full(50n, 0n), "gateway", 0n],
+    closes: ["completed", "billed", full(50n, 0n), "gateway", 75n],
   },
   {
     name: "completed on a free tariff: a charge of 0 is void",
@@ -144,6 +146,14 @@ const rows: Row[] = [
     name: "the answer is not JSON: void",
     outcome: { kind: "invalid_json" },
     closes: ["failed", "void", none, "gateway", 0n, "the provider answered invalid JSON"],
+  },
+  {
+    name: "a stream none of whose events was JSON: void, however its prompt counts",
+    outcome: {
+      ...(completed(undefined, 50n, 0n) as Extract<Outcome, { kind: "completed" }>),
+      readable: false,
+    },
+    closes: ["failed", "void", none, "gateway", 0n, "the provider's stream carried no JSON event"],
   },
   {
     name: "the provider failed mid-stream: the output delivered only (28), no wake fee",

@@ -1,6 +1,7 @@
 import type { Hex } from "viem";
 import type { Tariff } from "../catalog.js";
-import { closingOf, type Closing, type Usage } from "./metering.js";
+import { closingOf, type Closing } from "./metering.js";
+import { type Usage } from "./types.js";
 import type { UsageFigures } from "./types.js";
 import type { UsageJudgment } from "./usage.js";
 
@@ -20,7 +21,15 @@ export type Outcome =
    * is charged of them (usage.ts `judgeUsage`: per kind, the lower of the claim and the count
    * plus tolerance).
    */
-  | { readonly kind: "completed"; readonly judgment: UsageJudgment }
+  | {
+      readonly kind: "completed";
+      readonly judgment: UsageJudgment;
+      /**
+       * False for a stream none of whose events was JSON: the provider answered nothing a
+       * client can read, and nothing is charged (as for a JSON answer that is not JSON).
+       */
+      readonly readable?: boolean;
+    }
   /** The body of a JSON answer could not be read: the provider failed while answering. */
   | { readonly kind: "unreadable" }
   /** A JSON answer that is not JSON. */
@@ -67,7 +76,7 @@ const nothing: Usage = { inputTokens: 0n, outputTokens: 0n };
 
 /**
  * How a request closes. Completed: the judged usage (the lower of claim and count) priced
- * with the wake fee, at most `maximum`, billed, and void without output tokens. The client left
+ * with the wake fee, at most `maximum`, billed, its input included when its output is empty. The client left
  * or shutdown cut the call: its input plus the output delivered, partial; nothing, void, if the
  * provider never got the request. The provider failed after the first byte (or the orphan rule
  * took the request): only the output delivered, partial. The provider failed before the first
@@ -76,12 +85,16 @@ const nothing: Usage = { inputTokens: 0n, outputTokens: 0n };
 export function decideClose(outcome: Outcome, pricing: ClosePricing): Closing {
   switch (outcome.kind) {
     case "completed": {
+      if (outcome.readable === false) {
+        return failedVoid(pricing, "the provider's stream carried no JSON event");
+      }
       const { charged: usage, claimed, counted, chargedClaim } = outcome.judgment;
       return closingOf({
         ...pricing,
         status: "completed",
         usage,
-        billing: usage.outputTokens === 0n ? "void" : "billed",
+        // Never void for an empty output: the provider served the prompt (DESIGN.md 10).
+        billing: "billed",
         usageSource: chargedClaim ? "provider" : "gateway",
         claimed: claimed === undefined ? undefined : figuresOf(claimed),
         counted: {

@@ -1,11 +1,14 @@
 import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
-import { parseChatRequest } from "../chat-request.js";
+import { outputBound, outputLimit, parseChatRequest } from "./request/index.js";
 import { callProvider } from "./call-provider.js";
 import type { UpstreamChatOptions, UpstreamReply } from "./ports.js";
 import { flowFromEvents } from "../../../test/helpers/upstream-flow.js";
 
-/** callProvider: the body and options one provider call carries (issue 27, items 6 and 7). */
+/**
+ * callProvider: the body and options one provider call carries (issue 27, items 6 and 7), from
+ * the candidate's output limit and bound as routing priced them.
+ */
 
 const offerId = `0x${"0a".repeat(32)}` as Hex;
 const decoder = new TextDecoder();
@@ -29,7 +32,11 @@ async function call(body: object, capabilities: Record<string, unknown>) {
         return Promise.resolve(reply);
       },
     },
-    { offerId, capabilities },
+    {
+      offer: { offerId },
+      outputLimit: outputLimit(req, capabilities),
+      maxOutputTokens: outputBound(req, capabilities),
+    },
     req,
     new AbortController().signal,
   );

@@ -1,7 +1,10 @@
 import type { Hex } from "viem";
-import { outputLimit, upstreamBody, type ChatRequest } from "../chat-request.js";
+import { upstreamBody, type ChatRequest } from "./request/index.js";
 import { GatewayError } from "../errors.js";
 import type { InferenceDeps, UpstreamChatOptions, UpstreamReply } from "./ports.js";
+import type { Candidate } from "./routing.js";
+import type { Admission } from "./admission.js";
+import type { CallState } from "./call-state.js";
 
 /**
  * One call to an offer's provider, up to its response headers. A connection failure or a
@@ -10,18 +13,21 @@ import type { InferenceDeps, UpstreamChatOptions, UpstreamReply } from "./ports.
  * answer, or a 5xx), which counts against its reputation; a 4xx (the client's own input, or a
  * 429 any client can provoke by flooding) and a failure before the provider was called do not.
  *
- * The body carries the output limit priced for this offer ({@link outputLimit} with its
- * capabilities; see {@link upstreamBody}), and a non-streamed call is given the time that
- * output takes ({@link UpstreamChatOptions.answerOutputTokens}).
+ * The body carries the output limit priced for this offer (the candidate's `outputLimit`; see
+ * {@link upstreamBody}), and a non-streamed call is given the time its output bound takes
+ * ({@link UpstreamChatOptions.answerOutputTokens}).
  */
 export async function callProvider(
   deps: Pick<InferenceDeps, "endpoints" | "upstream">,
-  offer: { readonly offerId: Hex; readonly capabilities: Record<string, unknown> },
+  candidate: Pick<Candidate, "outputLimit" | "maxOutputTokens"> & {
+    readonly offer: { readonly offerId: Hex };
+  },
   req: ChatRequest,
   signal: AbortSignal,
 ): Promise<
   { reply: UpstreamReply } | { failure: GatewayError; retryable: boolean; providerFault: boolean }
 > {
+  const { offer, outputLimit, maxOutputTokens } = candidate;
   let endpoint: Awaited<ReturnType<typeof deps.endpoints>>;
   try {
     endpoint = await deps.endpoints(offer.offerId);
@@ -42,13 +48,12 @@ export async function callProvider(
       providerFault: false,
     };
   }
-  const limit = outputLimit(req, offer.capabilities);
   const options: UpstreamChatOptions = req.stream
     ? { signal }
-    : { signal, answerOutputTokens: limit * req.choices };
+    : { signal, answerOutputTokens: maxOutputTokens };
   let reply: UpstreamReply;
   try {
-    reply = await deps.upstream(endpoint, upstreamBody(req, limit), options);
+    reply = await deps.upstream(endpoint, upstreamBody(req, outputLimit), options);
   } catch (error) {
     const failure =
       error instanceof GatewayError
@@ -64,4 +69,54 @@ export async function callProvider(
     retryable: reply.status >= 500,
     providerFault: reply.status >= 500,
   };
+}
+
+/**
+ * The offers' calls in turn until one answers (failover before the first byte): each failure
+ * that another offer may serve moves the reservation to the next candidate (`switchOffer`),
+ * and `state.current` follows. `signal` aborts the provider's call (the client left, the
+ * consumer stopped).
+ */
+export async function dispatch(
+  state: CallState,
+  admission: Admission,
+  signal: AbortSignal,
+): Promise<UpstreamReply> {
+  const { deps, observer } = state;
+  const { input } = admission;
+  const tried = new Set<Hex>();
+  for (;;) {
+    tried.add(state.current.offer.offerId);
+    if (input.signal.aborted) throw input.signal.reason;
+    state.calledAt = performance.now();
+    if (!state.dispatched) observer?.overhead((state.calledAt - admission.arrivedAt) / 1000);
+    state.dispatched = true;
+    admission.trace?.step("upstream");
+    const attempt = await callProvider(deps, state.current, admission.req, signal);
+    if (input.signal.aborted) throw input.signal.reason;
+    if ("reply" in attempt) {
+      state.repliedAt = state.calledAt;
+      return attempt.reply;
+    }
+    // Counted also when the request then fails over: the failure was this offer's.
+    if (attempt.providerFault) state.providerFailed();
+    if (!attempt.retryable) throw attempt.failure;
+    const { failure } = attempt;
+    const next = admission.candidates.find((c) => !tried.has(c.offer.offerId));
+    if (next === undefined)
+      throw new GatewayError("upstream_error", `${failure.message}; no other offer could serve`);
+    const switched = await deps.ledger.switchOffer({
+      requestId: admission.requestId,
+      offerId: next.offer.offerId,
+      maximumCredits: next.maximumCredits,
+      tariffVersion: next.offer.tariff.version,
+      maxConcurrency: next.offer.maxConcurrency,
+      deposit: admission.permit.deposit,
+      chainSettled: admission.permit.settled,
+    });
+    if (!switched)
+      throw new GatewayError("upstream_error", `${failure.message}; no other offer could serve`);
+    state.current = next;
+    state.maximumCredits = next.maximumCredits;
+  }
 }

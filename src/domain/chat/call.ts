@@ -1,17 +1,25 @@
-import type { Hex } from "viem";
-import { outputLimit } from "../chat-request.js";
+import { dialects } from "../dialects/index.js";
 import { GatewayError } from "../errors.js";
-import { CallState, type RelayContext, type Served } from "./call-state.js";
-import { callProvider } from "./call-provider.js";
+import type { Admission } from "./admission.js";
+import { CallState, type RelayContext } from "./call-state.js";
+import { dispatch } from "./call-provider.js";
 import { dropGatewayMembers, mimicsGatewayFraming, ownsGatewayMember } from "./gateway-members.js";
 import { completionRetries } from "./lifecycle.js";
-import { deltaTextChoices, isUsageOnly, StreamMetering, usageOf, utf8Bytes } from "./metering.js";
+import {
+  deltaTextChoices,
+  hasUsage,
+  isUsageOnly,
+  showCharged,
+  StreamMetering,
+  usageOf,
+  utf8Bytes,
+  withoutUsage,
+  type Closing,
+} from "./metering.js";
 import { OutputTally } from "./output-tally.js";
 import type { UpstreamFlow, UpstreamReply } from "./ports.js";
 import { consumerStopped } from "./sink.js";
-import type { AnswerSink } from "./types.js";
-
-export type { RelayContext, Served } from "./call-state.js";
+import type { AnswerController, AnswerSink } from "./types.js";
 
 /**
  * One admitted request through its provider (failing over before the first byte where routing
@@ -23,19 +31,24 @@ export type { RelayContext, Served } from "./call-state.js";
 const encoder = new TextEncoder();
 
 /** Serves one admitted request (a {@link ChatCall}); settles once its close is recorded. */
-export function serve(ctx: RelayContext, s: Served, out: AnswerSink): Promise<void> {
-  return new ChatCall(ctx, s, out).serve();
+export function serve(ctx: RelayContext, admission: Admission, out: AnswerSink): Promise<void> {
+  return new ChatCall(ctx, admission, out).serve();
 }
 
 /**
- * One request's call: its state (the offer serving it and its maximum, the answer's tally, what
- * was delivered and provided, the timings: {@link CallState}) and its close, decided and
- * recorded exactly once (`RequestClose`, the outbox as for every close). The stages are its
- * methods; the callbacks it hands out are bound once, here.
+ * One request's call: its admission, its state (the offer serving it and its maximum, the
+ * answer's tally, what was delivered and provided, the timings, and its close, decided and
+ * recorded exactly once: a {@link CallState}). The stages are its methods; the callbacks it
+ * hands out are bound once, here.
  */
-export class ChatCall extends CallState {
+export class ChatCall implements AnswerController {
+  private readonly state: CallState;
   /** Aborts the provider's call: the client left, or the consumer stopped. */
-  private readonly abort = new AbortController();
+  private readonly upstreamCall = new AbortController();
+  /** The consumer is full (`pause`): the provider's body waits for `resume`. */
+  private paused = false;
+  /** The consumer stopped for good (`abort`), and why. */
+  private consumerGone: { reason: unknown } | undefined = undefined;
   /** What ended the request before it was decided, for its record's error text. */
   private failedWith: unknown = undefined;
   /**
@@ -43,56 +56,76 @@ export class ChatCall extends CallState {
    * longer open): a failed write leaves it pending, which closes the same way.
    */
   private lost = false;
+  /** An event of the stream was JSON: without one the provider answered nothing readable. */
+  private readable = false;
   /** The error the answer ended with when it was lost: not the provider's failure. */
   private lostError: GatewayError | undefined = undefined;
+  /**
+   * The provider's usage chunk (`stream_options.include_usage`), held back until the close:
+   * then relayed with what was charged.
+   */
+  private usageChunk: { readonly data: string; readonly chunk: object } | undefined = undefined;
   /** The provider's streamed answer, pushed to {@link relay}. */
   private flow: UpstreamFlow | undefined = undefined;
+  /** The relay stopped the flow (`[DONE]`, every choice at its limit): nothing more is relayed. */
+  private stopped = false;
+  /**
+   * Events pushed while a chunk is counted off the event loop (the tally's promise,
+   * {@link OutputTally.addChunk}): the flow is paused, but the rest of the body's read still
+   * comes. Relayed in order after that chunk ({@link hold}).
+   */
+  private held: string[] | undefined = undefined;
+  /** Settles once the held events are relayed (the close waits for it), and how that failed. */
+  private holding: Promise<void> | undefined = undefined;
+  private heldFailure: unknown = undefined;
+  /** The stream failed: a chunk still being counted is not relayed. */
+  private failing = false;
   // Bound once: the callbacks handed to the signal, the timers, the body and the sink.
   private readonly onClientAbort: () => void;
-  private readonly countInputQuietly: () => void;
   private readonly relayEvent: (data: string) => boolean;
-  private readonly resume: () => void;
-  private readonly giveUp: (error: unknown) => void;
   private readonly markedOpen: (open: boolean) => void;
 
   constructor(
     ctx: RelayContext,
-    s: Served,
+    private readonly admission: Admission,
     private readonly out: AnswerSink,
   ) {
-    super(ctx, s);
+    this.state = new CallState(ctx, admission);
     this.onClientAbort = this.clientAborted.bind(this);
-    this.countInputQuietly = this.countInputOnce.bind(this);
     this.relayEvent = this.relay.bind(this);
-    this.resume = this.resumeFlow.bind(this);
-    this.giveUp = this.failFlow.bind(this);
     this.markedOpen = this.marked.bind(this);
   }
 
   async serve(): Promise<void> {
-    const { req, input, requestId, quoteId } = this.s;
+    const { req, input, requestId, quoteId } = this.admission;
     const { signal } = input;
     if (signal.aborted) this.onClientAbort();
     else signal.addEventListener("abort", this.onClientAbort, { once: true });
     try {
       // 5. Call the provider; before the first byte a connection error or a 5xx may fail over.
-      const reply = await this.dispatch();
-      const { offer } = this.current;
-      this.tally = new OutputTally(
-        this.s.counter,
-        outputLimit(req, offer.capabilities),
+      const reply = await dispatch(this.state, this.admission, this.upstreamCall.signal);
+      const { offer, outputLimit } = this.state.current;
+      // A dialect's client is handed what its translator reads: the rest is not counted.
+      const { dialect } = this.admission.input;
+      this.state.tally = new OutputTally(
+        this.admission.counter,
+        outputLimit,
         req.choices,
+        dialect === undefined ? undefined : dialects[dialect].reader(req.stream),
       );
-      await this.out.started({
-        type: "started",
-        requestId,
-        quoteId,
-        offerId: offer.offerId,
-        tariffVersion: offer.tariff.version,
-        maximumCredits: this.maximumCredits,
-        stream: req.stream,
-        replayed: false,
-      });
+      await this.out.started(
+        {
+          type: "started",
+          requestId,
+          quoteId,
+          offerId: offer.offerId,
+          tariffVersion: offer.tariff.version,
+          maximumCredits: this.state.maximumCredits,
+          stream: req.stream,
+          replayed: false,
+        },
+        this,
+      );
       // 6. Relay and meter.
       if (req.stream) await this.answerStream(reply);
       else await this.answerJson(reply);
@@ -101,9 +134,9 @@ export class ChatCall extends CallState {
       throw error;
     } finally {
       signal.removeEventListener("abort", this.onClientAbort);
-      const { observer, current, lifecycle } = this;
-      if (observer !== undefined && this.repliedAt !== undefined) {
-        const seconds = ((this.endedAt ?? performance.now()) - this.repliedAt) / 1000;
+      const { observer, current, lifecycle } = this.state;
+      if (observer !== undefined && this.state.repliedAt !== undefined) {
+        const seconds = ((this.state.endedAt ?? performance.now()) - this.state.repliedAt) / 1000;
         observer.upstreamDone(current.offer.modelId, current.offer.offerId, seconds);
       }
       const pending = lifecycle.pending;
@@ -116,137 +149,107 @@ export class ChatCall extends CallState {
         // A consumer that stops reading after output began is a client that left, even when
         // its signal has not fired (yet): input plus the output it was sent, as the policy says.
         const { failedWith } = this;
-        await this.closeAs(
-          signal.aborted || this.delivered > 0n
-            ? this.cancelled()
-            : {
-                kind: "failed",
-                reason: failedWith instanceof GatewayError ? failedWith.message : undefined,
-              },
-        ).catch(ignore);
-        this.abort.abort(consumerStopped);
+        await this.state.tally?.settle();
+        await this.state
+          .closeAs(
+            signal.aborted || this.consumerGone !== undefined || this.state.delivered > 0n
+              ? this.state.cancelled()
+              : {
+                  kind: "failed",
+                  reason: failedWith instanceof GatewayError ? failedWith.message : undefined,
+                },
+          )
+          .catch(ignore);
+        this.upstreamCall.abort(consumerStopped);
       }
-    }
-  }
-
-  /** The offers' calls in turn until one answers (failover before the first byte). */
-  private async dispatch(): Promise<UpstreamReply> {
-    const { deps, observer, s } = this;
-    const { input } = s;
-    const tried = new Set<Hex>();
-    for (;;) {
-      tried.add(this.current.offer.offerId);
-      if (input.signal.aborted) throw input.signal.reason;
-      this.calledAt = performance.now();
-      if (!this.dispatched) observer?.overhead((this.calledAt - s.arrivedAt) / 1000);
-      this.dispatched = true;
-      s.trace?.step("upstream");
-      const called = callProvider(deps, this.current.offer, s.req, this.abort.signal);
-      // Counted while the provider works, not before the call (DESIGN.md 10: no added latency).
-      if (this.inputCount === undefined) setImmediate(this.countInputQuietly);
-      const attempt = await called;
-      if (input.signal.aborted) throw input.signal.reason;
-      if ("reply" in attempt) {
-        this.repliedAt = this.calledAt;
-        return attempt.reply;
-      }
-      // Counted also when the request then fails over: the failure was this offer's.
-      if (attempt.providerFault) this.providerFailed();
-      if (!attempt.retryable) throw attempt.failure;
-      const { failure } = attempt;
-      const next = s.failover ? s.candidates.find((c) => !tried.has(c.offer.offerId)) : undefined;
-      if (next === undefined)
-        throw new GatewayError("upstream_error", `${failure.message}; no other offer could serve`);
-      const switched = await deps.ledger.switchOffer({
-        requestId: s.requestId,
-        offerId: next.offer.offerId,
-        maximumCredits: next.maximumCredits,
-        tariffVersion: next.offer.tariff.version,
-        maxConcurrency: next.offer.maxConcurrency,
-        deposit: s.permit.deposit,
-        chainSettled: s.permit.settled,
-      });
-      if (!switched)
-        throw new GatewayError("upstream_error", `${failure.message}; no other offer could serve`);
-      this.current = next;
-      this.maximumCredits = next.maximumCredits;
     }
   }
 
   /** A JSON answer: read whole, cut at the priced limit, closed, handed on, recorded. */
   private async answerJson(reply: UpstreamReply): Promise<void> {
-    const { observer, current, lifecycle } = this;
-    const tally = this.tally!;
+    const { observer, current, lifecycle } = this.state;
+    const tally = this.state.tally!;
     let text: string;
     try {
       text = await reply.text();
-      this.endedAt = performance.now();
+      this.state.endedAt = performance.now();
       observer?.firstToken(
         current.offer.modelId,
         current.offer.offerId,
-        (this.endedAt - this.calledAt) / 1000,
+        (this.state.endedAt - this.state.calledAt) / 1000,
       );
     } catch (error) {
-      if (this.s.input.signal.aborted) throw error;
-      this.providerFailed();
-      await this.closeAs({ kind: "unreadable" });
+      if (this.admission.input.signal.aborted || this.consumerGone !== undefined) throw error;
+      this.state.providerFailed();
+      await this.state.closeAs({ kind: "unreadable" });
       throw error;
     }
     let body: unknown;
     try {
       body = JSON.parse(text);
     } catch {
-      this.providerFailed();
-      await this.closeAs({ kind: "invalid_json" });
+      this.state.providerFailed();
+      await this.state.closeAs({ kind: "invalid_json" });
       throw new GatewayError("upstream_error", "the provider answered invalid JSON");
     }
     const provided = usageOf(body);
-    // Output past the priced limit is cut; gateway members are the gateway's to write.
-    const cut = tally.addAnswer(body);
+    // Output past the priced limit is cut (long pieces counted off the event loop); gateway
+    // members are the gateway's to write.
+    let cut = tally.addAnswer(body);
+    if (typeof cut !== "boolean") cut = await cut;
+    await tally.settle();
+    this.throwIfConsumerGone();
     const spoke = dropGatewayMembers(body);
-    const judgment = this.judge(provided);
-    const final = this.close({ kind: "completed", judgment });
-    this.compared(final, judgment.diverged);
+    const judgment = this.state.judge(provided);
+    const final = this.state.close({ kind: "completed", judgment });
+    this.state.compared(final, judgment.diverged);
     const { usage } = final;
+    // The usage the client's SDK reads is what was charged; the claim is on the record.
+    const shown = showCharged(body, usage);
     // Counted, not timed: a JSON answer shows no first token, and its whole time (which a
     // client sets with its output limit) is neither a time to first token nor a stream's pace.
-    this.served();
+    this.state.served();
     lifecycle.answered(final);
     this.out.chunk(
       {
         type: "chunk",
-        data: encoder.encode(cut || spoke ? JSON.stringify(body) : text),
+        data: encoder.encode(cut || spoke || shown ? JSON.stringify(body) : text),
         metering: { ...usage, credits: final.charge },
       },
       body,
     );
-    await this.out.completed(this.completedEvent(usage, final, judgment));
+    await this.out.completed(this.state.completedEvent(usage, final, judgment));
     await lifecycle.record(final, completionRetries);
   }
 
   /** A streamed answer: its events pushed through {@link relay}, then closed and recorded. */
   private async answerStream(reply: UpstreamReply): Promise<void> {
-    const { lifecycle } = this;
-    const { input } = this.s;
+    const { lifecycle } = this.state;
+    const { input } = this.admission;
     // A failed write leaves the request pending, which closes the same way: only a definite
     // "no longer open" stops the answer.
-    lifecycle.before = this.deps.ledger
-      .markStreaming(this.s.requestId)
+    lifecycle.before = this.state.deps.ledger
+      .markStreaming(this.admission.requestId)
       .then(this.markedOpen, ignore);
     try {
       this.flow = reply.stream(this.relayEvent);
       await this.flow.done;
-      this.endedAt = performance.now();
+      // Events held past the body's end (a chunk counted off the event loop) are relayed first.
+      while (this.holding !== undefined) await this.holding;
+      if (this.heldFailure !== undefined) throw this.heldFailure;
+      this.state.endedAt = performance.now();
     } catch (error) {
-      this.endedAt = performance.now();
+      this.state.endedAt = performance.now();
+      this.failing = true;
+      await this.state.tally!.settle();
       // The consumer stopped reading: closed below as a client that left (the finally).
-      if (error === consumerStopped) throw error;
+      if (this.consumerGone !== undefined) throw error;
       // A stream the provider broke off; not one the client left or the gateway lost.
-      if (!input.signal.aborted && error !== this.lostError) this.providerFailed();
-      await this.closeAs(
+      if (!input.signal.aborted && error !== this.lostError) this.state.providerFailed();
+      await this.state.closeAs(
         input.signal.aborted
-          ? this.cancelled()
-          : { kind: "provider_failed", delivered: this.deliveredTokens() },
+          ? this.state.cancelled()
+          : { kind: "provider_failed", delivered: this.state.deliveredTokens() },
       );
       throw error instanceof GatewayError
         ? error
@@ -255,95 +258,205 @@ export class ChatCall extends CallState {
     await lifecycle.before;
     if (this.lost) {
       // Never report a charge the record does not hold: the orphan rule closed it void.
-      await this.closeAs({ kind: "orphaned", delivered: this.deliveredTokens() });
+      await this.state.closeAs({ kind: "orphaned", delivered: this.state.deliveredTokens() });
       throw this.lostRequest();
     }
-    const judgment = this.judge(this.provided);
-    const final = this.close({ kind: "completed", judgment });
-    this.compared(final, judgment.diverged);
+    // The close counts on the event loop what is left to count: long pieces are counted first.
+    await this.state.tally!.settle();
+    this.throwIfConsumerGone();
+    const judgment = this.state.judge(this.state.provided);
+    const final = this.state.close({ kind: "completed", judgment, readable: this.readable });
+    this.state.compared(final, judgment.diverged);
     const { usage } = final;
-    const { firstTokenAt, endedAt } = this;
-    this.served(
+    const { firstTokenAt, endedAt } = this.state;
+    this.state.served(
       firstTokenAt === undefined || endedAt === undefined
         ? undefined
         : {
             outputTokens: usage.outputTokens,
-            latencyMs: firstTokenAt - this.calledAt,
+            latencyMs: firstTokenAt - this.state.calledAt,
             generationMs: endedAt - firstTokenAt,
           },
     );
     lifecycle.answered(final);
-    await this.out.completed(this.completedEvent(usage, final, judgment));
+    if (this.admission.req.includeUsage) this.showUsage(final);
+    await this.out.completed(this.state.completedEvent(usage, final, judgment));
     await lifecycle.record(final, completionRetries);
   }
 
   /**
+   * The provider's usage chunk (`stream_options.include_usage`), where it came (last before
+   * the gateway's own), showing what was charged: as it came when it already does (an honest
+   * claim charged as claimed), else with the charge as its usage (its claim is on the record
+   * and in `x_gateway`).
+   */
+  private showUsage(final: Closing): void {
+    const held = this.usageChunk;
+    if (held === undefined) return;
+    const chunk = { ...held.chunk };
+    const data = showCharged(chunk, final.usage) ? JSON.stringify(chunk) : held.data;
+    this.out.chunk(
+      {
+        type: "chunk",
+        data: utf8Bytes(data),
+        metering: { ...final.usage, credits: final.charge },
+      },
+      chunk,
+    );
+  }
+
+  /**
    * One provider event, pushed inside the body's read: metered, cut and handed on (the sink
-   * contract: no await, never a promise). False pauses the provider's body.
+   * contract: no await, never a promise). False holds the provider's body.
    */
   private relay(data: string): boolean {
+    if (this.held !== undefined) {
+      this.held.push(data);
+      return false;
+    }
+    if (this.stopped || this.consumerGone !== undefined) return false;
     if (data === "[DONE]") {
-      this.flow?.stop();
+      this.stop();
       return false;
     }
     let chunk: unknown;
     try {
       chunk = JSON.parse(data);
+      this.readable = true;
       if (ownsGatewayMember(chunk)) return true;
     } catch {
       if (mimicsGatewayFraming(data)) return true;
       chunk = undefined;
     }
     const usage = usageOf(chunk);
-    if (usage !== undefined) this.provided = usage;
+    if (usage !== undefined) this.state.provided = usage;
     if (this.lost) throw this.lostRequest();
-    if (isUsageOnly(chunk) && !this.s.req.includeUsage) return true;
+    // The provider's usage is its claim: held, and shown with the charge at the close.
+    if (isUsageOnly(chunk)) {
+      if (this.admission.req.includeUsage) this.usageChunk = { data, chunk: chunk as object };
+      return true;
+    }
     // Counted as it passes, and cut at the priced limit (then relayed as rewritten).
-    const tally = this.tally!;
-    const relayed = chunk === undefined ? undefined : tally.addChunk(chunk);
+    const relayed = chunk === undefined ? undefined : this.state.tally!.addChunk(chunk);
+    // A long piece is counted off the event loop: the body waits, this chunk is relayed then.
+    if (relayed instanceof Promise) {
+      this.hold(relayed, chunk, data);
+      return false;
+    }
+    return this.pass(chunk, relayed, data);
+  }
+
+  /**
+   * Relays a chunk as the tally left it (`relayed`; `chunk`: as parsed). False holds the body:
+   * the relay stopped, or the consumer paused (inside this chunk or before it).
+   */
+  private pass(chunk: unknown, relayed: unknown, data: string): boolean {
     if (chunk !== undefined && relayed === undefined) return true;
-    const { offer } = this.current;
+    if (hasUsage(relayed)) relayed = withoutUsage(relayed);
+    const { offer } = this.state.current;
     const pieces = deltaTextChoices(relayed);
     if (pieces > 0n) {
-      const first = this.delivered === 0n;
-      this.delivered += pieces;
+      const first = this.state.delivered === 0n;
+      this.state.delivered += pieces;
       if (first) {
-        this.s.trace?.step("first_token");
-        this.firstTokenAt = performance.now();
-        const at = (this.firstTokenAt - this.calledAt) / 1000;
-        this.observer?.firstToken(offer.modelId, offer.offerId, at);
+        this.admission.trace?.step("first_token");
+        this.state.firstTokenAt = performance.now();
+        const at = (this.state.firstTokenAt - this.state.calledAt) / 1000;
+        this.state.observer?.firstToken(offer.modelId, offer.offerId, at);
       }
     }
-    const more = this.out.chunk(
+    this.out.chunk(
       {
         type: "chunk",
         data: utf8Bytes(relayed === chunk ? data : JSON.stringify(relayed)),
         metering: new StreamMetering(
           offer.tariff,
-          this.maximumCredits,
-          this.inputBound,
-          this.delivered,
+          this.state.maximumCredits,
+          this.state.inputBound,
+          this.state.delivered,
         ),
       },
       relayed,
     );
     // Every choice reached the priced limit: the answer ends here, whatever the provider
     // would send on (its usage claim included; the count stands).
-    if (tally.done) {
-      this.flow?.stop();
+    if (this.state.tally!.done) {
+      this.stop();
       return false;
     }
-    // The client's socket is full: the provider's body waits until it drains.
-    if (!more) this.out.drained().then(this.resume, this.giveUp);
-    return more;
+    // The consumer is full: the provider's body waits until it resumes.
+    return !this.paused;
   }
 
-  private resumeFlow(): void {
-    this.flow?.resume();
+  /**
+   * The paused body's events wait while `counted` (a chunk's tally) is counted off the event
+   * loop; then that chunk is relayed, and the events held meanwhile in order (one may be held
+   * again), and the body resumes unless the consumer is paused (its `resume` does it) or the relay
+   * stopped it. A failure fails the flow (the close sees it also when the body had ended).
+   */
+  private hold(counted: Promise<unknown>, chunk: unknown, data: string): void {
+    const held: string[] = (this.held = []);
+    this.holding = counted
+      .then((relayed) => {
+        this.held = undefined;
+        if (this.failing) {
+          this.holding = undefined;
+          return;
+        }
+        this.pass(chunk, relayed, data);
+        for (let i = 0; i < held.length; i += 1) {
+          if (this.held !== undefined) {
+            // Held again: the rest waits behind that chunk.
+            (this.held as string[]).push(...held.slice(i));
+            return;
+          }
+          this.relay(held[i]!);
+        }
+        if (this.held === undefined) {
+          this.holding = undefined;
+          if (!this.paused && !this.stopped) this.flow?.resume();
+        }
+      })
+      .catch((error: unknown) => {
+        this.held = undefined;
+        this.holding = undefined;
+        this.heldFailure = error;
+        this.flow?.fail(error);
+      });
   }
 
-  private failFlow(error: unknown): void {
-    this.flow?.fail(error);
+  private stop(): void {
+    this.stopped = true;
+    this.flow?.stop();
+  }
+
+  /** {@link AnswerController.pause}: the relay holds the body at the next event it pushes. */
+  pause(): void {
+    this.paused = true;
+  }
+
+  /** {@link AnswerController.resume}: reads on unless a chunk is being counted or it stopped. */
+  resume(): void {
+    if (!this.paused) return;
+    this.paused = false;
+    if (this.held === undefined && !this.stopped) this.flow?.resume();
+  }
+
+  /**
+   * The consumer aborted while the answer was read or counted: nothing more is handed on (the
+   * finally closes the request as a client that left), whether or not the provider's body
+   * honoured the abort.
+   */
+  private throwIfConsumerGone(): void {
+    if (this.consumerGone !== undefined) throw this.consumerGone.reason;
+  }
+
+  /** {@link AnswerController.abort}: the provider's call ends; the request closes as left. */
+  abort(reason: unknown): void {
+    if (this.consumerGone !== undefined) return;
+    this.consumerGone = { reason };
+    this.flow?.fail(reason);
+    this.upstreamCall.abort(reason);
   }
 
   /** The `streaming` mark landed: false when the request was no longer open. */
@@ -360,11 +473,7 @@ export class ChatCall extends CallState {
   }
 
   private clientAborted(): void {
-    this.abort.abort(this.s.input.signal.reason);
-  }
-
-  private countInputOnce(): void {
-    this.countInput();
+    this.upstreamCall.abort(this.admission.input.signal.reason);
   }
 }
 

@@ -1,3 +1,4 @@
+import { chatEvents } from "../../../test/helpers/chat-events.js";
 import { describe, expect, it } from "vitest";
 import {
   now,
@@ -135,7 +136,7 @@ function setup(options: { stream: boolean }) {
   const readAll = async (key: string) => {
     const events: ChatEvent[] = [];
     try {
-      for await (const event of inference.chat(input(key))) events.push(event);
+      for await (const event of chatEvents(inference, input(key))) events.push(event);
       return { events, error: undefined };
     } catch (error) {
       return { events, error };
@@ -160,7 +161,7 @@ describe("idempotency keys through the chat pipeline", () => {
 
     it(`names ${kind}'s request on its claim before the answer begins; a claim that cannot be named releases the key, nothing begun`, async () => {
       const t = setup({ stream });
-      const chat = t.inference.chat(t.input("named"));
+      const chat = chatEvents(t.inference, t.input("named"));
       const first = await chat.next();
       expect(first.value).toMatchObject({ type: "started" });
       const requestId = (first.value as { requestId: string }).requestId;
@@ -184,7 +185,7 @@ describe("idempotency keys through the chat pipeline", () => {
 
     it(`keeps ${kind}'s stored completed result when the consumer stops right after it and the close's record throws`, async () => {
       const t = setup({ stream });
-      const chat = t.inference.chat(t.input("k1"));
+      const chat = chatEvents(t.inference, t.input("k1"));
       const seen: ChatEvent[] = [];
       for (;;) {
         const next = await chat.next();
@@ -216,7 +217,7 @@ describe("idempotency keys through the chat pipeline", () => {
 
     it(`keeps ${kind}'s stored completed result when the consumer fails right after it`, async () => {
       const t = setup({ stream });
-      const chat = t.inference.chat(t.input("k2"));
+      const chat = chatEvents(t.inference, t.input("k2"));
       for (;;) {
         const next = await chat.next();
         if (next.done === true) throw new Error("the answer ended before it completed");
@@ -237,7 +238,7 @@ describe("idempotency keys through the chat pipeline", () => {
 
   it("stores how an answer that began ended when the consumer stops reading mid-stream (the key is not left in progress)", async () => {
     const t = setup({ stream: true });
-    const chat = t.inference.chat(t.input("k3"));
+    const chat = chatEvents(t.inference, t.input("k3"));
     expect((await chat.next()).value).toMatchObject({ type: "started" });
     expect((await chat.next()).value).toMatchObject({ type: "chunk" });
     await chat.return(undefined);

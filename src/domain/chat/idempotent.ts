@@ -1,8 +1,10 @@
 import { createHash } from "node:crypto";
 import { GatewayError } from "../errors.js";
 import type { ChatInput, IdempotencyStore, InferenceDeps } from "./ports.js";
+import { ForwardingSink } from "./sink.js";
 import {
   idempotencyLifetimeSeconds,
+  type AnswerController,
   type AnswerSink,
   type ChatChunk,
   type ChatCompleted,
@@ -78,17 +80,45 @@ export async function claimKey(
   return claim.state === "completed" ? claim.events : undefined;
 }
 
-/** A stored answer, replayed into `out` as it was first handed out. */
+/** A stored answer, replayed into `out` as it was first handed out, at the pace `out` asks. */
 export async function replay(events: readonly ChatEvent[], out: AnswerSink): Promise<void> {
   // An answer too large to keep: its error at once, before any answer begins.
   const last = events.at(-1);
   if (last?.type === "failed" && last.code === "idempotency_result_too_large")
     throw new GatewayError(last.code, last.message);
+  const pace = new ReplayPace();
   for (const event of events) {
-    if (event.type === "started") await out.started({ ...event, replayed: true });
+    if (event.type === "started") await out.started({ ...event, replayed: true }, pace);
     else if (event.type === "failed") throw new GatewayError(event.code, event.message);
     else if (event.type === "completed") await out.completed(event);
-    else if (!out.chunk(event)) await out.drained();
+    else {
+      out.chunk(event);
+      if (pace.paused) await pace.resumed();
+    }
+    if (pace.stopped !== undefined) throw pace.stopped.reason;
+  }
+}
+
+/** A replay's controller: the next stored event waits while its consumer is full. */
+class ReplayPace implements AnswerController {
+  paused = false;
+  stopped: { reason: unknown } | undefined = undefined;
+  private wake: (() => void) | undefined = undefined;
+  pause(): void {
+    this.paused = true;
+  }
+  resume(): void {
+    this.paused = false;
+    const wake = this.wake;
+    this.wake = undefined;
+    wake?.();
+  }
+  abort(reason: unknown): void {
+    this.stopped ??= { reason };
+    this.resume();
+  }
+  resumed(): Promise<void> {
+    return new Promise<void>((resolve) => (this.wake = resolve));
   }
 }
 
@@ -98,7 +128,7 @@ export async function replay(events: readonly ChatEvent[], out: AnswerSink): Pro
  * ended) or the key released. Once only: a stored completed result is never followed by a
  * failed one, whatever fails after it (the consumer stopping, the close's record throwing).
  */
-export class KeptAnswer implements AnswerSink {
+export class KeptAnswer extends ForwardingSink {
   /** The events handed to the client so far. */
   private readonly events: ChatEvent[] = [];
   private began = false;
@@ -117,10 +147,12 @@ export class KeptAnswer implements AnswerSink {
     private readonly key: string,
     /** The stream's admission (`acquireStream`): released once the answer is complete. */
     private readonly stream: { release?: () => void },
-    private readonly out: AnswerSink,
-  ) {}
+    out: AnswerSink,
+  ) {
+    super(out);
+  }
 
-  async started(event: ChatStarted): Promise<void> {
+  override async started(event: ChatStarted, controller: AnswerController): Promise<void> {
     // The claim names its request before the answer begins: should this process die after the
     // charge, with the result unstored, the key is not released (the orphan rule keeps the
     // claims of charged requests). Failing here, nothing began: the key is released and the
@@ -132,19 +164,15 @@ export class KeptAnswer implements AnswerSink {
     });
     this.began = true;
     this.keep(event);
-    await this.out.started(event);
+    await this.next.started(event, controller);
   }
 
-  chunk(event: ChatChunk, parsed?: unknown): boolean {
+  override chunk(event: ChatChunk, parsed?: unknown): void {
     this.keep(event);
-    return this.out.chunk(event, parsed);
+    this.next.chunk(event, parsed);
   }
 
-  drained(): Promise<void> {
-    return this.out.drained();
-  }
-
-  async completed(event: ChatCompleted): Promise<void> {
+  override async completed(event: ChatCompleted): Promise<void> {
     // The client has its whole answer: its stream no longer counts (the charge's record may
     // still be in flight).
     const { release } = this.stream;
@@ -155,7 +183,7 @@ export class KeptAnswer implements AnswerSink {
       this.keyDone = true;
       await this.storeCompleted(this.tooLarge ? this.tooLargeResult() : [...this.events, event]);
     }
-    await this.out.completed(event);
+    await this.next.completed(event);
   }
 
   /**

@@ -1,3 +1,4 @@
+import { chatEvents } from "../../../test/helpers/chat-events.js";
 import fc from "fast-check";
 import type { Hex } from "viem";
 import { expect, it } from "vitest";
@@ -222,7 +223,7 @@ async function runScenarios(scenarios: readonly Scenario[]): Promise<void> {
     scenarios.map(async (s, index) => {
       const events: ChatEvent[] = [];
       try {
-        for await (const event of inference.chat({
+        for await (const event of chatEvents(inference, {
           apiKeyId: "key",
           authority: payerAuthority,
           body: new TextEncoder().encode(

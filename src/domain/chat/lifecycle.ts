@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
 import type { Closing } from "./metering.js";
-import type { InferenceDeps, Ledger } from "./ports.js";
+import type { InferenceDeps, ReserveInput } from "./ports.js";
 import type { FinalizeInput } from "./types.js";
 
 /**
@@ -17,7 +17,7 @@ export interface PendingClose {
    * The reservation, when this is the void close of one whose outcome is unknown: it is
    * written by `voidReservation`, which also covers a reservation that lands after it.
    */
-  readonly reservation?: Parameters<Ledger["reserve"]>[0];
+  readonly reservation?: ReserveInput;
 }
 
 /**

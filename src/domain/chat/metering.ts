@@ -8,8 +8,6 @@ import type { CloseRecord, Metering, Usage, UsageFigures } from "./types.js";
  * one implementation for every path of the pipeline.
  */
 
-export type { Usage } from "./types.js";
-
 /**
  * The usage a provider reported, in OpenAI's chat shape (`usage.prompt_tokens`,
  * `usage.completion_tokens`), or undefined when it reported none that is credible. Its details
@@ -173,4 +171,67 @@ export function closingOf(
     aboveQuote: capped && input.usageSource === "provider",
     offerId: input.offerId,
   };
+}
+
+/**
+ * OpenAI's chat `usage` object of what was charged: the usage a client's SDK reads is the
+ * charge (DESIGN.md 10). The provider's claim and the gateway's count are shown beside it
+ * (`x_gateway`, the record, the RPC's completed event), never in its place.
+ */
+export function chatUsageView(usage: Usage) {
+  const prompt = Number(usage.inputTokens);
+  const completion = Number(usage.outputTokens);
+  return {
+    prompt_tokens: prompt,
+    completion_tokens: completion,
+    total_tokens: prompt + completion,
+    prompt_tokens_details: { cached_tokens: Number(usage.cachedInputTokens ?? 0n) },
+    completion_tokens_details: { reasoning_tokens: Number(usage.reasoningTokens ?? 0n) },
+  };
+}
+
+/**
+ * Makes a JSON answer's `usage` what was charged. Returns whether it changed the answer: an
+ * honest provider's usage, charged as claimed, is left as it came (no new serialization).
+ */
+export function showCharged(body: unknown, usage: Usage): boolean {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) return false;
+  const answer = body as Record<string, unknown>;
+  if (showsUsage(answer["usage"], usage)) return false;
+  answer["usage"] = chatUsageView(usage);
+  return true;
+}
+
+/** Whether a provider's usage object shows exactly `usage` in every figure a client reads. */
+function showsUsage(shown: unknown, usage: Usage): boolean {
+  if (typeof shown !== "object" || shown === null) return false;
+  const u = shown as Record<string, unknown>;
+  const prompt = Number(usage.inputTokens);
+  const completion = Number(usage.outputTokens);
+  return (
+    u["prompt_tokens"] === prompt &&
+    u["completion_tokens"] === completion &&
+    u["total_tokens"] === prompt + completion &&
+    detail(u["prompt_tokens_details"], "cached_tokens") === Number(usage.cachedInputTokens ?? 0n) &&
+    detail(u["completion_tokens_details"], "reasoning_tokens") ===
+      Number(usage.reasoningTokens ?? 0n)
+  );
+}
+
+function detail(details: unknown, name: string): unknown {
+  if (details === undefined || details === null) return 0;
+  if (typeof details !== "object") return undefined;
+  return (details as Record<string, unknown>)[name] ?? 0;
+}
+
+/** Whether a chunk carries a usage (a provider's claim on a chunk with choices). */
+export function hasUsage(chunk: unknown): chunk is Record<string, unknown> {
+  const usage = (chunk as { usage?: unknown } | null | undefined)?.usage;
+  return usage !== undefined && usage !== null;
+}
+
+export function withoutUsage(chunk: Record<string, unknown>): Record<string, unknown> {
+  const copy = { ...chunk };
+  delete copy["usage"];
+  return copy;
 }

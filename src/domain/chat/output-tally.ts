@@ -1,89 +1,140 @@
-import type { TokenCounter } from "../tokens.js";
-import { boundBytesPerToken } from "../tokens.js";
+import { cutPieces, piecesOf, type TextField } from "./output-pieces.js";
+import { GatewayError } from "../errors.js";
+import { utf8Length, type OutputCount, type TokenCounter } from "../tokens.js";
 
 /**
  * The gateway's own count of an answer's output (DESIGN.md section 10), and the priced limit
  * held to: every choice's visible output (reasoning, content, refusals, tool-call names and
- * arguments) is kept as it passes, counted with the model's tokenizer at the close, and cut
- * where it passes the limit that was priced (the choice then ends with `finish_reason:
- * "length"`).
+ * arguments) is counted as it passes, by the model's counter ({@link OutputCount}: incremental
+ * and exact, no text counted twice), and cut exactly where it would pass the limit that was
+ * priced (the choice then ends with `finish_reason: "length"`).
  *
- * Per event the tally only appends strings and adds their UTF-8 lengths; it tokenizes during a
- * stream only once a choice's bytes could hold more tokens than its limit (no token is shorter
- * than a byte), and then only the text since the last count, so an answer well inside its limit
- * is tokenized once, at the close.
+ * Only what the client is handed is counted (issue 35): choices the request did not ask for are
+ * dropped, never counted or held; a tool call earns its tolerance only once its name and
+ * arguments were delivered; a dialect's translator says what of the answer it reads
+ * ({@link OutputReader}), and what it would not read is neither relayed nor counted.
+ *
+ * Per event the tally appends each piece to its choice's count and adds its UTF-8 length. No
+ * byte-level token is shorter than a byte, so while the bytes appended since the choice was
+ * last counted are under the tokens it has left, no piece can pass the limit and none is
+ * checked: an answer well inside its limit is never checked at all.
+ *
+ * No step holds the event loop (issue 35): a check whose text holds a long pre-token piece (a
+ * provider's megabyte of one letter, sent at once or a little at a time) is counted off it
+ * ({@link OutputCount.heavy}, {@link OutputCount.settle}). The tally's walk then stops before that
+ * piece and returns a promise, which takes the rest of the chunk (or answer) once counted; the
+ * caller takes nothing else meanwhile. {@link OutputTally.settle} does the same for the close.
  */
 
-/** The fields of a delta (or message) that carry visible output, in the order they are kept. */
-const textFields = ["reasoning_content", "reasoning", "content", "refusal"] as const;
 const reasoningFields = new Set<string>(["reasoning_content", "reasoning"]);
 
 type Json = Record<string, unknown>;
 
-/**
- * The largest text tokenized as one segment (1 MiB, some 250,000 tokens, far above any model's
- * output limit): a longer one is counted by its bytes, the sound bound, so that a huge answer
- * cannot hold the event loop for seconds in the tokenizer (docs/decisions/metering-and-tokens.md).
- */
-export const exactSegmentMaxBytes = 1 << 20;
+export type { TextField };
 
 /**
- * A stream's text is counted as it passes in segments of about this many bytes (64 KiB, some
- * 16,000 tokens: tens of milliseconds in the tokenizer), so that a long stream costs the event
- * loop short, spread steps rather than one long count at its limit or its close.
+ * Stream chunks carrying choices the request did not ask for (an index that is not a safe
+ * integer in `[0, n)`, `n` the request's choices) that are dropped before the stream fails as
+ * the provider's: a few are a provider's slip; more is a provider spending the gateway's time
+ * on output no one asked for, which the priced limit would never end (it is not counted). A
+ * JSON answer's are dropped and the rest served: its body is bounded, read once.
  */
-export const streamSegmentBytes = 64 * 1024;
+export const strayChunkLimit = 8;
+
+/** Tool-call delivery flags: a call earns its tolerance once both came. */
+const named = 1;
+const argued = 2;
 
 interface ChoiceOutput {
   /**
-   * The visible output not yet committed to `committedTokens`, in arrival order, and its
-   * reasoning part alone: at most about {@link streamSegmentBytes} of a stream (a long answer is
-   * not held whole; DESIGN.md 8, bounded memory).
+   * Its visible output (fields parted by a line break) and, apart, its visible reasoning (made
+   * when the first reasoning comes).
    */
-  readonly parts: string[];
-  readonly reasoning: string[];
-  /** UTF-8 bytes of everything taken, committed or not. */
-  bytes: number;
-  /** Tokens and bytes of the segments counted and let go, and their reasoning tokens. */
-  committedTokens: bigint;
-  committedBytes: number;
-  committedReasoning: bigint;
-  /** The count of `parts` as they were when last counted (its length and bytes then). */
-  pending: { readonly parts: number; readonly bytes: number; readonly tokens: bigint } | undefined;
-  /** The field of the last piece: a piece of another field is counted after a line break. */
+  readonly output: OutputCount;
+  reasoning: OutputCount | undefined;
+  /** The output's tokens when last counted, and the UTF-8 bytes appended since. */
+  counted: number;
+  pendingBytes: number;
+  /** The field of the last piece ("" before any): a piece of another field follows a line break. */
   field: string;
-  /** Distinct tool calls (by their stream index, or position in a message). */
-  readonly toolCalls: Set<number>;
-  /** The choice reached its limit: later output of it is dropped. */
+  /** Tool calls (by their stream index, or position) with what of them was delivered. */
+  readonly calls: Map<number, number>;
+  /** Tool calls whose name and arguments were both delivered. */
+  toolCalls: number;
+  /** The choice reached its limit (or its reader's cut): later output of it is dropped. */
   cut: boolean;
+  /**
+   * The provider ended the choice with `finish_reason: "stop"`: it may have generated a stop
+   * string the client never sees (its tolerance, usage.ts).
+   */
+  stopped: boolean;
 }
 
 /** What the gateway counted of an answer's output. */
-export interface OutputCount {
+export interface CountedOutput {
   readonly outputTokens: bigint;
   readonly reasoningTokens: bigint;
+  /** Choices that carried output. */
   readonly choices: bigint;
+  /** Tool calls delivered with a name and arguments. */
   readonly toolCalls: bigint;
+  /** Choices that carried output and ended with `finish_reason: "stop"`. */
+  readonly stopped: bigint;
+}
+
+/**
+ * What a dialect's translator reads of the canonical answer (src/domain/dialects), asked piece
+ * by piece before the piece is counted, so that the translator's cut is the billing point:
+ * what it would drop is neither relayed nor counted. Stateful: one per answer.
+ */
+export interface OutputReader {
+  /**
+   * Whether the translator reads this field at all (a field it never reads is not charged);
+   * `call` -1: a field of the legacy `function_call`.
+   */
+  reads(field: TextField | "name" | "arguments", call: number | undefined): boolean;
+  /**
+   * A tool-call entry of a delta (`position` in its list), before its name and arguments:
+   * whether the translator takes it; false is its cut.
+   */
+  entry(call: Json, position: number): boolean;
+  /**
+   * How many code units of `text` the translator takes, at most `room` (what the priced limit
+   * leaves of it), given everything taken before: fewer than `room` is the translator's cut,
+   * after which nothing of the answer is read. Called only for what the tally then counts and
+   * relays, so the reader's state is the translator's.
+   */
+  take(field: string, text: string, room: number): number;
 }
 
 export class OutputTally {
   private readonly choices = new Map<number, ChoiceOutput>();
   private cutChoices = 0;
+  private strayChunks = 0;
+  private readonly limit: number;
+  /** The reader cut the answer: nothing more of it is read. */
+  private readerCut = false;
+  /** The piece a walk stopped at for a count off the event loop ({@link take}). */
+  private resumeAt = 0;
 
   /**
    * @param counter the model's token counter.
    * @param limit the priced output limit of one choice.
    * @param expectedChoices how many choices the request asked for (`n`).
+   * @param reader what the client's dialect reads (none: the chat completion, all of it).
    */
   constructor(
     private readonly counter: TokenCounter,
-    private readonly limit: bigint,
+    limit: bigint,
     private readonly expectedChoices: bigint,
-  ) {}
+    private readonly reader?: OutputReader,
+  ) {
+    this.limit = Number(limit);
+  }
 
   /** Every choice the request asked for reached its limit: nothing more is to be read. */
   get done(): boolean {
-    return BigInt(this.cutChoices) >= this.expectedChoices;
+    return this.readerCut || BigInt(this.cutChoices) >= this.expectedChoices;
   }
 
   /** Whether any choice was cut at its limit. */
@@ -93,19 +144,61 @@ export class OutputTally {
 
   /**
    * Takes a stream chunk (parsed). Returns the chunk to relay: the same object when nothing of
-   * it passes a limit; a copy with its output cut and `finish_reason: "length"` where a choice
-   * reached its limit; `undefined` when everything it carried belongs to choices already cut.
+   * it passes a limit and all its choices were asked for; a copy without the choices the
+   * request did not ask for (or a second choice of one index), with output cut and
+   * `finish_reason: "length"` where a choice reached its limit; `undefined` when nothing of it
+   * is left to relay. Throws `upstream_error` once the provider persists in sending choices
+   * nobody asked for ({@link strayChunkLimit}). When a piece of it must be counted off the
+   * event loop, returns a promise of all that instead (no chunk is a promise): take no other
+   * chunk, nor close, before it settles.
    */
   addChunk(chunk: unknown): unknown {
     const choices = (chunk as { choices?: unknown } | null)?.choices;
     if (!Array.isArray(choices) || choices.length === 0) return chunk;
-    let changed: unknown[] | undefined;
-    for (let i = 0; i < choices.length; i += 1) {
+    // A second choice of one index in a chunk is not read by a dialect's translator either.
+    const seen = choices.length > 1 ? new Set<number>() : undefined;
+    return this.walkChunk(chunk, choices, 0, -1, undefined, false, seen);
+  }
+
+  /**
+   * {@link addChunk}'s walk from choice `from` (`piece` >= 0: resumed at that piece of that
+   * choice, counted off the event loop).
+   */
+  private walkChunk(
+    chunk: unknown,
+    choices: unknown[],
+    from: number,
+    piece: number,
+    changed: (unknown | null)[] | undefined,
+    stray: boolean,
+    seen: Set<number> | undefined,
+  ): unknown {
+    for (let i = from; i < choices.length; i += 1) {
       const choice = choices[i] as Json | null;
-      const delta = choice?.["delta"];
+      let index = this.indexOf(choice, i);
+      if (piece < 0 && seen !== undefined && index !== undefined) {
+        if (seen.has(index)) index = undefined;
+        else seen.add(index);
+      }
+      if (index === undefined) {
+        stray = true;
+        changed ??= choices.slice();
+        changed[i] = null;
+        continue;
+      }
+      const delta = choice!["delta"];
+      if (choice!["finish_reason"] === "stop") this.choice(index).stopped = true;
       if (typeof delta !== "object" || delta === null) continue;
-      const state = this.choice(indexOf(choice!, i));
-      const replacement = state.cut ? null : this.take(state, delta as Json);
+      const state = this.choice(index);
+      const replacement =
+        state.cut || this.readerCut ? null : this.take(state, delta as Json, Math.max(0, piece));
+      piece = -1;
+      if (replacement instanceof Promise) {
+        const at = i;
+        return replacement.then(() =>
+          this.walkChunk(chunk, choices, at, this.resumeAt, changed, stray, seen),
+        );
+      }
       if (replacement === undefined) continue;
       changed ??= choices.slice();
       changed[i] =
@@ -113,67 +206,128 @@ export class OutputTally {
           ? null
           : { ...choice, delta: replacement, finish_reason: "length" as const };
     }
+    if (stray && ++this.strayChunks > strayChunkLimit) {
+      throw new GatewayError(
+        "upstream_error",
+        "the provider kept sending choices the request did not ask for",
+      );
+    }
     if (changed === undefined) return chunk;
+    // Nothing left (its usage, if any, was read by the relay before: a claim, not output).
     const kept = changed.filter((c) => c !== null);
     if (kept.length === 0) return undefined;
     return { ...(chunk as Json), choices: kept };
   }
 
   /**
-   * Takes a JSON answer (parsed). Returns whether it was cut: then its choices that passed the
-   * limit were changed in place (output cut, `finish_reason: "length"`).
+   * Takes a JSON answer (parsed). Returns whether it was changed in place: choices the request
+   * did not ask for (or a second choice of one index) removed, and the choices that passed the
+   * limit cut (output cut, `finish_reason: "length"`).
    */
-  addAnswer(body: unknown): boolean {
+  addAnswer(body: unknown): boolean | Promise<boolean> {
     const choices = (body as { choices?: unknown } | null)?.choices;
     if (!Array.isArray(choices)) return false;
-    let cut = false;
-    for (let i = 0; i < choices.length; i += 1) {
+    return this.walkAnswer(body, choices, 0, -1, false, []);
+  }
+
+  /** {@link addAnswer}'s walk, resumable as {@link walkChunk}'s. */
+  private walkAnswer(
+    body: unknown,
+    choices: unknown[],
+    from: number,
+    piece: number,
+    changed: boolean,
+    kept: unknown[],
+  ): boolean | Promise<boolean> {
+    for (let i = from; i < choices.length; i += 1) {
       const choice = choices[i] as Json | null;
-      const message = choice?.["message"];
+      const index = this.indexOf(choice, i);
+      if (piece < 0) {
+        if (index === undefined || this.choices.has(index)) {
+          changed = true;
+          continue;
+        }
+        kept.push(choice);
+      }
+      const state = this.choice(index!);
+      if (choice!["finish_reason"] === "stop") state.stopped = true;
+      const message = choice!["message"];
       if (typeof message !== "object" || message === null) continue;
-      const state = this.choice(indexOf(choice!, i));
-      const replacement = state.cut ? undefined : this.take(state, message as Json);
-      if (replacement !== undefined && replacement !== null) {
-        choice!["message"] = replacement;
+      const replacement = this.readerCut ? cutPieces(message as Json, 0, "") : undefined;
+      const cut = replacement ?? this.take(state, message as Json, Math.max(0, piece));
+      piece = -1;
+      if (cut instanceof Promise) {
+        const at = i;
+        return cut.then(() => this.walkAnswer(body, choices, at, this.resumeAt, changed, kept));
+      }
+      if (cut !== undefined) {
+        choice!["message"] = cut;
         choice!["finish_reason"] = "length";
-        cut = true;
+        changed = true;
       }
     }
-    return cut;
+    if (kept.length !== choices.length) (body as Json)["choices"] = kept;
+    return changed;
+  }
+
+  /**
+   * Counts off the event loop what {@link count} would count on it (a long piece): undefined
+   * when nothing needs it. A failed count is left to {@link count}.
+   */
+  settle(): Promise<void> | undefined {
+    let counts: Promise<void>[] | undefined;
+    for (const { output, reasoning } of this.choices.values()) {
+      for (const count of [output, reasoning]) {
+        if (count?.heavy() === true) (counts ??= []).push(count.settle());
+      }
+    }
+    return counts === undefined ? undefined : Promise.all(counts).then(ignore, ignore);
   }
 
   /** The gateway's count of the output so far (at the close: of the whole answer). */
-  count(): OutputCount {
+  count(): CountedOutput {
     let outputTokens = 0n;
     let reasoningTokens = 0n;
     let choices = 0n;
     let toolCalls = 0n;
+    let stopped = 0n;
     for (const state of this.choices.values()) {
-      if (state.bytes === 0 && state.toolCalls.size === 0) continue;
+      if (state.field === "") continue;
       choices += 1n;
-      toolCalls += BigInt(state.toolCalls.size);
-      outputTokens += this.tokensOf(state);
-      reasoningTokens += state.committedReasoning;
-      if (state.reasoning.length > 0)
-        reasoningTokens += countText(this.counter, state.reasoning.join(""));
+      if (state.stopped) stopped += 1n;
+      toolCalls += BigInt(state.toolCalls);
+      outputTokens += state.output.count();
+      if (state.reasoning !== undefined) reasoningTokens += state.reasoning.count();
     }
-    return { outputTokens, reasoningTokens, choices, toolCalls };
+    return { outputTokens, reasoningTokens, choices, toolCalls, stopped };
+  }
+
+  /** A choice's index if the request asked for it (a safe integer in [0, n)), else undefined. */
+  private indexOf(choice: Json | null, position: number): number | undefined {
+    if (typeof choice !== "object" || choice === null) return undefined;
+    const given = choice["index"];
+    const index = given === undefined ? position : given;
+    return typeof index === "number" &&
+      Number.isSafeInteger(index) &&
+      index >= 0 &&
+      BigInt(index) < this.expectedChoices
+      ? index
+      : undefined;
   }
 
   private choice(index: number): ChoiceOutput {
     let state = this.choices.get(index);
     if (state === undefined) {
       state = {
-        parts: [],
-        reasoning: [],
-        bytes: 0,
-        committedTokens: 0n,
-        committedBytes: 0,
-        committedReasoning: 0n,
-        pending: undefined,
+        output: this.counter.output(),
+        reasoning: undefined,
+        counted: 0,
+        pendingBytes: 0,
         field: "",
-        toolCalls: new Set(),
+        calls: new Map(),
+        toolCalls: 0,
         cut: false,
+        stopped: false,
       };
       this.choices.set(index, state);
     }
@@ -181,228 +335,89 @@ export class OutputTally {
   }
 
   /**
-   * The choice's tokens: the segments committed, plus the text since, counted as one segment
-   * (remembered until more text comes). A text over {@link exactSegmentMaxBytes} is counted by
-   * its bytes. A word split between two segments may count a token more: within tolerance.
+   * Appends a delta's (or message's) output to its choice's count, from its piece `from`.
+   * Returns `undefined` when all of it was kept, else a copy cut where the choice reached its
+   * limit (or the reader its cut); the choice is then cut. Or, for a piece whose check is
+   * counted off the event loop first, a promise: the walk resumes at {@link resumeAt}.
    */
-  private tokensOf(state: ChoiceOutput): bigint {
-    if (state.pending?.parts !== state.parts.length) {
-      const bytes = state.bytes - state.committedBytes;
-      const tokens =
-        bytes > exactSegmentMaxBytes
-          ? BigInt(bytes)
-          : state.parts.length === 0
-            ? 0n
-            : countText(this.counter, state.parts.join(""));
-      state.pending = { parts: state.parts.length, bytes: state.bytes, tokens };
-    }
-    return state.committedTokens + state.pending.tokens;
-  }
-
-  /** Counts the text held and lets it go: a long stream is held a segment at a time. */
-  private commit(state: ChoiceOutput): void {
-    state.committedTokens = this.tokensOf(state);
-    state.committedBytes = state.bytes;
-    if (state.reasoning.length > 0)
-      state.committedReasoning += countText(this.counter, state.reasoning.join(""));
-    state.parts.length = 0;
-    state.reasoning.length = 0;
-    state.pending = undefined;
-  }
-
-  /**
-   * Appends a delta's (or message's) output to its choice. Returns `undefined` while the choice
-   * is within its limit, else the delta cut to it (the choice is then cut).
-   */
-  private take(state: ChoiceOutput, delta: Json): Json | undefined {
-    const pieces = piecesOf(delta, state.toolCalls);
-    if (pieces.length === 0) return undefined;
-    const before = state.parts.length;
-    const reasoningBefore = state.reasoning.length;
-    const fieldBefore = state.field;
-    let added = 0;
-    for (const piece of pieces) {
+  private take(state: ChoiceOutput, delta: Json, from: number): Json | undefined | Promise<void> {
+    const pieces = piecesOf(delta);
+    const { reader, limit } = this;
+    for (let i = from; i < pieces.length; i += 1) {
+      const { field, text, call, entry, position } = pieces[i]!;
+      if (entry !== undefined) {
+        if (reader === undefined || reader.entry(entry, position!)) continue;
+        // The translator takes no more tool calls: its cut, here.
+        state.cut = true;
+        this.cutChoices += 1;
+        this.readerCut = true;
+        return cutPieces(delta, i, "");
+      }
+      if (reader !== undefined && !reader.reads(field as TextField, call)) continue;
       // Fields are counted apart (a tool's name does not merge with its arguments), as the
       // model's own markup keeps them apart.
-      const text = separated(state, piece.field) + piece.text;
-      state.parts.push(text);
-      if (reasoningFields.has(piece.field)) state.reasoning.push(piece.text);
-      added += Buffer.byteLength(text, "utf8");
-    }
-    state.bytes += added;
-    if (!this.passes(state)) {
-      if (this.counter.exact && state.bytes - state.committedBytes >= streamSegmentBytes)
-        this.commit(state);
-      return undefined;
-    }
-    // Past the limit: the text held (since the last commit) is cut to the tokens left; this
-    // delta keeps what the earlier, already relayed parts of it left. The byte bound holds its
-    // whole text (it never commits) and cuts it by bytes.
-    const left = this.limit - state.committedTokens;
-    const sentBefore = state.parts.slice(0, before).join("");
-    const segment = state.parts.join("");
-    const kept =
-      this.counter.exact && state.bytes - state.committedBytes > exactSegmentMaxBytes
-        ? utf8Prefix(segment, left > 0n ? left : 0n)
-        : this.counter.truncate(segment, left > 0n ? left : 0n);
-    let room = Math.max(0, kept.length - sentBefore.length);
-    state.parts.length = before;
-    state.reasoning.length = reasoningBefore;
-    state.field = fieldBefore;
-    state.pending = undefined;
-    const cutDelta = cutPieces(delta, (text, field) => {
-      const separator = field === state.field || state.parts.length === 0 ? "" : "\n";
-      if (room <= separator.length) {
-        room = 0;
-        return "";
+      const separator = state.field === "" || state.field === field ? "" : "\n";
+      const whole = separator === "" ? text : separator + text;
+      const bytes = utf8Length(whole);
+      // No token is shorter than a byte: within the tokens left, the piece is not checked.
+      const unchecked = state.pendingBytes + bytes <= limit - state.counted;
+      // A long piece to check: counted off the event loop, then this piece again (nothing of
+      // it was taken yet; once settled, the check answers at once).
+      if (!unchecked && state.output.heavy(whole)) {
+        this.resumeAt = i;
+        return state.output.settle(whole, BigInt(limit));
       }
-      room -= separator.length;
-      const keep = text.slice(0, room);
-      room -= keep.length;
-      state.parts.push(separator + keep);
-      state.field = field;
-      return keep;
-    });
-    // The reasoning this delta kept, for its own count; the bytes of what was kept.
-    state.reasoning.push(...reasoningOf(cutDelta));
-    state.bytes = state.committedBytes + Buffer.byteLength(state.parts.join(""), "utf8");
-    state.cut = true;
-    this.cutChoices += 1;
-    return cutDelta;
+      let keep = unchecked ? whole.length : state.output.fit(whole, BigInt(limit));
+      let readerCut = false;
+      if (reader !== undefined) {
+        const room = Math.max(0, keep - separator.length);
+        const taken = reader.take(field, text, room);
+        if (taken < room) {
+          keep = separator.length + taken;
+          readerCut = true;
+        }
+      }
+      if (keep === whole.length) {
+        this.append(state, field, whole, text, call);
+        if (unchecked) state.pendingBytes += bytes;
+        else {
+          state.counted = Number(state.output.count());
+          state.pendingBytes = 0;
+        }
+        continue;
+      }
+      // Cut here: this piece keeps what fits, the later pieces of the delta nothing.
+      const kept = keep > separator.length ? text.slice(0, keep - separator.length) : "";
+      if (kept !== "") this.append(state, field, separator + kept, kept, call);
+      state.cut = true;
+      this.cutChoices += 1;
+      if (readerCut) this.readerCut = true;
+      return cutPieces(delta, i, kept);
+    }
+    return undefined;
   }
 
-  /** Whether the choice's output now passes its limit (counted only when it might). */
-  private passes(state: ChoiceOutput): boolean {
-    const { counter, limit } = this;
-    if (!counter.exact) return BigInt(state.bytes) > limit * boundBytesPerToken;
-    // No token is shorter than a byte: until the bytes since the last count exceed the tokens
-    // left, the limit cannot have been passed.
-    const counted = state.pending ?? { bytes: state.committedBytes, tokens: 0n };
-    const left = limit - state.committedTokens - counted.tokens;
-    if (BigInt(state.bytes - counted.bytes) <= left) return false;
-    return this.tokensOf(state) > limit;
-  }
-}
-
-/** A run of this many characters without a space is counted by its bytes (see countText). */
-export const longRunChars = 256;
-const longRuns = new RegExp(`\\S{${longRunChars},}`, "g");
-
-/**
- * The tokens of `text` by `counter`, except that each run of {@link longRunChars} or more
- * characters without a space counts its UTF-8 bytes, an upper bound: byte-pair merging is slow
- * on such runs (a 64 KiB run of one letter takes some 200 ms), which a provider could send to
- * spend the gateway's CPU; a higher count never charges an honest claim less.
- */
-export function countText(counter: TokenCounter, text: string): bigint {
-  if (text.length < longRunChars) return counter.countOutput(text);
-  let tokens = 0n;
-  let rest = "";
-  let from = 0;
-  for (const run of text.matchAll(longRuns)) {
-    rest += text.slice(from, run.index);
-    tokens += BigInt(Buffer.byteLength(run[0], "utf8"));
-    from = run.index + run[0].length;
-  }
-  if (from === 0) return counter.countOutput(text);
-  return tokens + counter.countOutput(rest + text.slice(from));
-}
-
-/** The longest prefix of `text` of at most `bytes` UTF-8 bytes, never splitting a character. */
-function utf8Prefix(text: string, bytes: bigint): string {
-  const encoded = Buffer.from(text, "utf8");
-  if (BigInt(encoded.length) <= bytes) return text;
-  let end = Number(bytes);
-  while (end > 0 && (encoded[end]! & 0xc0) === 0x80) end -= 1;
-  return encoded.subarray(0, end).toString("utf8");
-}
-
-/** The line break that parts a piece of another field from the output before it. */
-function separated(state: ChoiceOutput, field: string): string {
-  const separator = field === state.field || state.parts.length === 0 ? "" : "\n";
-  state.field = field;
-  return separator;
-}
-
-function indexOf(choice: Json, position: number): number {
-  const index = choice["index"];
-  return typeof index === "number" && Number.isSafeInteger(index) ? index : position;
-}
-
-interface Piece {
-  readonly field: string;
-  readonly text: string;
-}
-
-/** The output pieces of a delta or message, in the order {@link cutPieces} walks them. */
-function piecesOf(delta: Json, toolCalls: Set<number>): Piece[] {
-  const pieces: Piece[] = [];
-  for (const field of textFields) {
-    const text = delta[field];
-    if (typeof text === "string" && text !== "") pieces.push({ field, text });
-  }
-  const calls = delta["tool_calls"];
-  if (Array.isArray(calls)) {
-    for (let i = 0; i < calls.length; i += 1) {
-      const call = calls[i] as Json | null;
-      if (typeof call !== "object" || call === null) continue;
-      const index = call["index"];
-      toolCalls.add(typeof index === "number" && Number.isSafeInteger(index) ? index : i);
-      pushFunction(pieces, call["function"]);
+  private append(
+    state: ChoiceOutput,
+    field: string,
+    text: string,
+    own: string,
+    call: number | undefined,
+  ): void {
+    state.output.append(text);
+    state.field = field;
+    if (reasoningFields.has(field)) (state.reasoning ??= this.counter.output()).append(own);
+    if (call !== undefined) {
+      const had = state.calls.get(call) ?? 0;
+      const has = had | (field === "name" ? named : argued);
+      if (has !== had) {
+        state.calls.set(call, has);
+        if (has === (named | argued)) state.toolCalls += 1;
+      }
     }
   }
-  const legacy = delta["function_call"];
-  if (typeof legacy === "object" && legacy !== null) {
-    toolCalls.add(-1);
-    pushFunction(pieces, legacy);
-  }
-  return pieces;
 }
 
-function pushFunction(pieces: Piece[], fn: unknown): void {
-  if (typeof fn !== "object" || fn === null) return;
-  const { name, arguments: args } = fn as Json;
-  if (typeof name === "string" && name !== "") pieces.push({ field: "name", text: name });
-  if (typeof args === "string" && args !== "") pieces.push({ field: "arguments", text: args });
-}
-
-/** A copy of a delta with each output piece replaced by `keep(piece)`, in piecesOf's order. */
-function cutPieces(delta: Json, keep: (text: string, field: string) => string): Json {
-  const copy: Json = { ...delta };
-  for (const field of textFields) {
-    const text = copy[field];
-    if (typeof text === "string" && text !== "") copy[field] = keep(text, field);
-  }
-  const calls = copy["tool_calls"];
-  if (Array.isArray(calls)) {
-    copy["tool_calls"] = calls.map((call: unknown) => {
-      if (typeof call !== "object" || call === null) return call;
-      const fn = (call as Json)["function"];
-      return typeof fn === "object" && fn !== null
-        ? { ...(call as Json), function: cutFunction(fn as Json, keep) }
-        : call;
-    });
-  }
-  const legacy = copy["function_call"];
-  if (typeof legacy === "object" && legacy !== null)
-    copy["function_call"] = cutFunction(legacy as Json, keep);
-  return copy;
-}
-
-function cutFunction(fn: Json, keep: (text: string, field: string) => string): Json {
-  const copy: Json = { ...fn };
-  if (typeof copy["name"] === "string" && copy["name"] !== "")
-    copy["name"] = keep(copy["name"], "name");
-  if (typeof copy["arguments"] === "string" && copy["arguments"] !== "")
-    copy["arguments"] = keep(copy["arguments"], "arguments");
-  return copy;
-}
-
-function reasoningOf(delta: Json): string[] {
-  const out: string[] = [];
-  for (const field of reasoningFields) {
-    const text = delta[field];
-    if (typeof text === "string" && text !== "") out.push(text);
-  }
-  return out;
+function ignore(): undefined {
+  return undefined;
 }

@@ -1,3 +1,4 @@
+import { chatEvents } from "../../../test/helpers/chat-events.js";
 import type { Hex } from "viem";
 import { httpStatusOf } from "../../connect/error-codes.js";
 import { describe, expect, it, vi } from "vitest";
@@ -21,9 +22,12 @@ import {
   anyPermit,
   createKeyAuthorities,
   type SpendingAuthority,
-} from "../permit-authorization.js";
+} from "../permit-authorization/index.js";
+import { CheckedSink } from "../../../test/helpers/checked-sink.js";
 import {
   createInference,
+  type AnswerController,
+  type ChatChunk,
   type ChatCompleted,
   type ChatEvent,
   type ChatInput,
@@ -33,9 +37,12 @@ import {
   type UpstreamChat,
   type UpstreamReply,
 } from "./index.js";
-import { parseChatRequest, quoteFingerprint } from "../chat-request.js";
+import { parseChatRequest } from "./request/index.js";
 import type { WakeFees } from "./wake-fees.js";
 import { flowFromEvents } from "../../../test/helpers/upstream-flow.js";
+import { countersOf, perCharacter, runsCounter } from "../../../test/helpers/exact-counter.js";
+import type { PermitReader as PermitSource } from "../permits.js";
+import type { TokenCounters } from "../tokens.js";
 
 // The pipeline against in-memory ports: what the integration suites cannot provoke on demand.
 
@@ -50,12 +57,12 @@ function reply(status: number, body: object): UpstreamReply {
 }
 
 /** A chat request of the test model on the test permit, as the service hands it over. */
-function chatInput(stream = false): ChatInput {
+function chatInput(stream = false, body?: object): ChatInput {
   return {
     apiKeyId: "key",
     authority: payerAuthority,
     body: new TextEncoder().encode(
-      JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }], stream }),
+      JSON.stringify(body ?? { model: "m", messages: [{ role: "user", content: "hi" }], stream }),
     ),
     permitId,
     quoteId: undefined,
@@ -74,6 +81,9 @@ function setup(
     authority?: SpendingAuthority;
     wakeFees?: WakeFees;
     acquireStream?: (apiKeyId: string) => () => void;
+    tokens?: TokenCounters;
+    permits?: PermitSource;
+    body?: object;
   } = {},
 ) {
   const finalized: Parameters<Ledger["finalize"]>[0][] = [];
@@ -98,7 +108,7 @@ function setup(
   const inference = createInference({
     // A is cheaper, so routing tries it first.
     catalog: testCatalog(() => overrides.offers ?? [offer(offerA, 1n), offer(offerB, 2n)]),
-    permits: { get: async () => testPermit(), invalidate: () => undefined },
+    permits: overrides.permits ?? { get: async () => testPermit(), invalidate: () => undefined },
     quotes: overrides.quotes ?? { insert: async () => undefined, get: async () => undefined },
     ledger,
     endpoints: async (offerId) => ({ url: `http://${offerId.slice(2, 6)}.test` }),
@@ -118,12 +128,14 @@ function setup(
     bodyLimitBytes: 1 << 20,
     wakeFees: overrides.wakeFees,
     acquireStream: overrides.acquireStream,
+    tokens: overrides.tokens,
   });
   const chat = async (stopAfterChunks = Infinity): Promise<ChatEvent[]> => {
     const events: ChatEvent[] = [];
     let chunks = 0;
-    const input = chatInput(overrides.stream === true);
-    for await (const event of inference.chat(
+    const input = chatInput(overrides.stream === true, overrides.body);
+    for await (const event of chatEvents(
+      inference,
       overrides.authority === undefined ? input : { ...input, authority: overrides.authority },
     )) {
       events.push(event);
@@ -324,8 +336,7 @@ describe("inference pipeline", () => {
       let seen: { end: string; open: number } | undefined;
       const running = inference.chatInto(chatInput(true), {
         started: () => undefined,
-        chunk: () => true,
-        drained: async () => undefined,
+        chunk: () => undefined,
         completed: () => void (seen = { end: "completed", open }),
         failed: () => void (seen = { end: "failed", open }),
         cancelled: () => void (seen = { end: "cancelled", open }),
@@ -360,7 +371,7 @@ describe("inference pipeline", () => {
           }),
       },
     });
-    const events = inference.chat(chatInput());
+    const events = chatEvents(inference, chatInput());
     const seen: ChatEvent[] = [];
     for (;;) {
       const next = await events.next();
@@ -403,7 +414,7 @@ describe("inference pipeline", () => {
     });
     const shutdown = new AbortController();
     const call = (async () => {
-      for await (const event of inference.chat({ ...chatInput(), signal: shutdown.signal }))
+      for await (const event of chatEvents(inference, { ...chatInput(), signal: shutdown.signal }))
         void event;
     })().catch((e: unknown) => e);
     await called;
@@ -423,7 +434,7 @@ describe("inference pipeline", () => {
 
   it("records a completed answer as completed even when the consumer stops right after it", async () => {
     const { inference, finalized } = setup();
-    for await (const event of inference.chat(chatInput())) {
+    for await (const event of chatEvents(inference, chatInput())) {
       if (event.type === "completed") break;
     }
     expect(finalized).toHaveLength(1);
@@ -462,7 +473,7 @@ describe("request lifecycle defects (issue 10)", () => {
       maxOutputTokens: 16n,
       wakesEndpoint,
       maximumCredits: 10n ** 12n,
-      fingerprint: quoteFingerprint(req),
+      fingerprint: req.fingerprint,
       createdAt,
       expiresAt,
       internal: false,
@@ -490,7 +501,9 @@ describe("request lifecycle defects (issue 10)", () => {
         },
       },
     });
-    await drain(inference.chat({ ...chatInput(), signal: client.signal })).catch(() => undefined);
+    await drain(chatEvents(inference, { ...chatInput(), signal: client.signal })).catch(
+      () => undefined,
+    );
     expect(called).toEqual([]);
     expect(finalized).toHaveLength(1);
     expect(finalized[0]).toMatchObject({
@@ -508,7 +521,7 @@ describe("request lifecycle defects (issue 10)", () => {
       quotes: quoted(false, now - 5, now + 55),
       offers: [sleeping],
     });
-    const events = await drain(inference.chat(withQuote(chatInput())));
+    const events = await drain(chatEvents(inference, withQuote(chatInput())));
     const done = events.at(-1) as ChatCompleted;
     expect(done.type).toBe("completed");
     // 3 input tokens and 1 output token at 1 per MTok: 1 + 1, no wake fee.
@@ -531,7 +544,7 @@ describe("request lifecycle defects (issue 10)", () => {
       },
     });
     const charged = async () =>
-      ((await drain(inference.chat(chatInput()))).at(-1) as ChatCompleted).creditsCharged;
+      ((await drain(chatEvents(inference, chatInput()))).at(-1) as ChatCompleted).creditsCharged;
     // 3 input tokens and 1 output token at 1 per MTok: 1 + 1, and the fee when claimed.
     expect([await charged(), await charged()]).toEqual([5_002n, 2n]);
     expect(finalized.map((f) => f.creditsCharged)).toEqual([5_002n, 2n]);
@@ -589,7 +602,7 @@ describe("request lifecycle defects (issue 10)", () => {
       maxOutputTokens: 16n,
       wakesEndpoint: true,
       maximumCredits: 5_002n,
-      fingerprint: quoteFingerprint(req),
+      fingerprint: req.fingerprint,
       createdAt: now - 5,
       expiresAt: now + 55,
       internal: false,
@@ -607,7 +620,7 @@ describe("request lifecycle defects (issue 10)", () => {
         JSON.stringify({ ...body, provider: { max_price: maxPrice } }),
       ),
     });
-    const error = await drain(inference.chat(input({ prompt: "1", completion: "1" }))).catch(
+    const error = await drain(chatEvents(inference, input({ prompt: "1", completion: "1" }))).catch(
       (e: unknown) => e,
     );
     expect((error as GatewayError).code).toBe("no_eligible_offer");
@@ -615,14 +628,18 @@ describe("request lifecycle defects (issue 10)", () => {
     expect(reserved).toEqual([]);
     expect(called).toEqual([]);
     // Room for the fee: 16 output tokens at 10^9 per million is 16,000.
-    const events = await drain(inference.chat(input({ prompt: "1", completion: "1000000000" })));
+    const events = await drain(
+      chatEvents(inference, input({ prompt: "1", completion: "1000000000" })),
+    );
     expect(events.at(-1)).toMatchObject({ type: "completed" });
     expect(called).toHaveLength(1);
   });
 
   it("refuses a quote past its stored expiry, whatever its creation time says", async () => {
     const { called, inference } = setup({ quotes: quoted(false, now - 5, now - 1) });
-    const error = await drain(inference.chat(withQuote(chatInput()))).catch((e: unknown) => e);
+    const error = await drain(chatEvents(inference, withQuote(chatInput()))).catch(
+      (e: unknown) => e,
+    );
     expect((error as GatewayError).code).toBe("quote_expired");
     expect(called).toEqual([]);
   });
@@ -653,7 +670,7 @@ describe("request lifecycle defects (issue 10)", () => {
     });
     const events: ChatEvent[] = [];
     const error = await (async () => {
-      for await (const e of inference.chat(chatInput(true))) events.push(e);
+      for await (const e of chatEvents(inference, chatInput(true))) events.push(e);
     })().catch((e: unknown) => e);
     expect((error as GatewayError).code).toBe("internal_error");
     expect(events.some((e) => e.type === "completed")).toBe(false);
@@ -674,7 +691,7 @@ describe("request lifecycle defects (issue 10)", () => {
       },
     });
     // A completed answer whose close the ledger refuses (after the quick retries).
-    const events = await drain(inference.chat(chatInput()));
+    const events = await drain(chatEvents(inference, chatInput()));
     const done = events.at(-1) as ChatCompleted;
     expect(done.creditsCharged).toBeGreaterThan(0n);
     expect(await inference.retryCloses()).toEqual({ written: 0, pending: 1 });
@@ -864,7 +881,7 @@ describe("authorization credit caps (issue 28, item 7)", () => {
       maxOutputTokens: 16n,
       wakesEndpoint: false,
       maximumCredits: 1_000n,
-      fingerprint: quoteFingerprint(req),
+      fingerprint: req.fingerprint,
       createdAt: now,
       expiresAt: now + 60,
       internal: false,
@@ -890,7 +907,7 @@ describe("authorization credit caps (issue 28, item 7)", () => {
       return {
         called,
         result: (async () => {
-          for await (const _ of inference.chat(input));
+          for await (const _ of chatEvents(inference, input));
         })(),
       };
     };
@@ -909,5 +926,435 @@ describe("authorization credit caps (issue 28, item 7)", () => {
         capped: true,
       }),
     ]);
+  });
+});
+
+describe("the prompt is counted after admission, before the reservation (issue 35)", () => {
+  const image = {
+    model: "m",
+    messages: [
+      {
+        role: "user",
+        content: [
+          { type: "text", text: "x".repeat(384 * 1024) },
+          { type: "image_url", image_url: { url: "data:image/png;base64,AAAA" } },
+        ],
+      },
+    ],
+  };
+
+  /** A counter that records every count it was asked for, and the ledger's reservations. */
+  function recorded(options: Parameters<typeof perCharacter>[0] = {}) {
+    const order: string[] = [];
+    const tokens = countersOf(perCharacter({ ...options, onInput: () => order.push("count") }));
+    const ledger: Partial<Ledger> = {
+      reserve: async () => {
+        order.push("reserve");
+        return { ok: true };
+      },
+    };
+    return { order, tokens, ledger };
+  }
+
+  it("an image request with no permit, or a key its payer did not authorize, is refused before any count", async () => {
+    const { order, tokens, ledger } = recorded();
+    const noPermit = setup({
+      tokens,
+      ledger,
+      body: image,
+      permits: { get: async () => undefined, invalidate: () => undefined },
+    });
+    await expect(noPermit.chat()).rejects.toMatchObject({ code: "permit_not_found" });
+    const unauthorized = setup({
+      tokens,
+      ledger,
+      body: image,
+      authority: createKeyAuthorities({ ttlMs: 60_000 }).load("nothing", [], 0),
+    });
+    await expect(unauthorized.chat()).rejects.toMatchObject({ code: "permit_not_authorized" });
+    expect(order).toEqual([]);
+  });
+
+  it("a conversation the template refuses is 400 invalid_request before any reservation, with or without images", async () => {
+    for (const body of [undefined, image]) {
+      const { order, tokens, ledger } = recorded({
+        refuses: () => "the chat template refuses this conversation",
+      });
+      const { chat, called, finalized } = setup({ tokens, ledger, ...(body && { body }) });
+      const error = await chat().catch((e: unknown) => e);
+      expect(error).toMatchObject({ code: "invalid_request" });
+      expect(httpStatusOf((error as GatewayError).code)).toBe(400);
+      expect(order).toEqual(["count"]);
+      expect(called).toEqual([]);
+      expect(finalized).toEqual([]);
+    }
+  });
+
+  it("503 model_loading while the model's tokenizer loads: nothing reserved, no provider called", async () => {
+    const { order, ledger } = recorded();
+    const { chat, called, finalized } = setup({ tokens: countersOf(undefined), ledger });
+    const error = await chat().catch((e: unknown) => e);
+    expect(error).toMatchObject({ code: "model_loading" });
+    expect(httpStatusOf((error as GatewayError).code)).toBe(503);
+    expect(order).toEqual([]);
+    expect(called).toEqual([]);
+    expect(finalized).toEqual([]);
+  });
+
+  it("the prompt is counted once, then reserved, then sent; the close is judged with that count", async () => {
+    const { order, tokens, ledger } = recorded({ input: () => 40n });
+    const { chat, called, finalized } = setup({ tokens, ledger });
+    await chat();
+    expect(order).toEqual(["count", "reserve"]);
+    expect(called).toHaveLength(1);
+    // The claim (3 in) is within the count (40) plus tolerance: charged as claimed.
+    expect(finalized[0]).toMatchObject({
+      status: "completed",
+      inputTokens: 3n,
+      counted: expect.objectContaining({ inputTokens: 40n }),
+    });
+  });
+
+  it("a completed answer with no visible output is not void: its input is charged", async () => {
+    const { tokens } = recorded();
+    const { chat, finalized } = setup({
+      tokens,
+      upstream: async () =>
+        reply(200, {
+          id: "c",
+          object: "chat.completion",
+          choices: [{ index: 0, message: { role: "assistant", content: "" } }],
+          usage: { prompt_tokens: 3, completion_tokens: 0 },
+        }),
+    });
+    const events = await chat();
+    const completed = events.at(-1) as ChatCompleted;
+    expect(completed).toMatchObject({ type: "completed", inputTokens: 3n, outputTokens: 0n });
+    expect(completed.creditsCharged).toBeGreaterThan(0n);
+    expect(finalized[0]).toMatchObject({ status: "completed", billing: "billed", inputTokens: 3n });
+  });
+});
+
+describe("the usage a client's SDK reads is what was charged (issue 35)", () => {
+  const claim = { prompt_tokens: 9_999, completion_tokens: 4_096 };
+  const decode = (event: ChatEvent) =>
+    JSON.parse(new TextDecoder().decode((event as { data: Uint8Array }).data)) as {
+      usage?: unknown;
+      choices?: unknown[];
+    };
+
+  it("chat JSON: the usage is the charge, the claim only on the record", async () => {
+    const { chat, finalized } = setup({
+      tokens: countersOf(perCharacter()),
+      upstream: async () =>
+        reply(200, {
+          id: "c",
+          object: "chat.completion",
+          choices: [
+            { index: 0, message: { role: "assistant", content: "hi" }, finish_reason: "stop" },
+          ],
+          usage: claim,
+        }),
+    });
+    const events = await chat();
+    const answer = decode(events.find((e) => e.type === "chunk")!);
+    // "hi" in (2 tokens) and out (2): the inflated claim is charged the count.
+    expect(answer.usage).toEqual({
+      prompt_tokens: 2,
+      completion_tokens: 2,
+      total_tokens: 4,
+      prompt_tokens_details: { cached_tokens: 0 },
+      completion_tokens_details: { reasoning_tokens: 0 },
+    });
+    expect(finalized[0]).toMatchObject({
+      inputTokens: 2n,
+      outputTokens: 2n,
+      claimed: expect.objectContaining({ inputTokens: 9_999n, outputTokens: 4_096n }),
+    });
+  });
+
+  it("SSE with include_usage: one usage chunk, last, with the charge; the provider's is held back", async () => {
+    const frame = (extra: object) =>
+      JSON.stringify({
+        id: "s",
+        object: "chat.completion.chunk",
+        created: 7,
+        model: "pm",
+        ...extra,
+      });
+    const { chat } = setup({
+      tokens: countersOf(perCharacter()),
+      stream: true,
+      body: {
+        model: "m",
+        messages: [{ role: "user", content: "hi" }],
+        stream: true,
+        stream_options: { include_usage: true },
+      },
+      upstream: async () =>
+        upstreamReply(
+          200,
+          async () => "",
+          async function* () {
+            yield frame({ choices: [{ index: 0, delta: { content: "hey" } }], usage: claim });
+            yield frame({ choices: [{ index: 0, delta: {}, finish_reason: "stop" }] });
+            yield frame({ choices: [], usage: claim });
+            yield "[DONE]";
+          },
+        ),
+    });
+    const events = await chat();
+    const chunks = events.filter((e) => e.type === "chunk").map(decode);
+    expect(chunks.filter((c) => c.usage !== undefined)).toHaveLength(1);
+    expect(chunks.at(-1)).toEqual({
+      id: "s",
+      object: "chat.completion.chunk",
+      created: 7,
+      model: "pm",
+      choices: [],
+      usage: {
+        prompt_tokens: 2,
+        completion_tokens: 3,
+        total_tokens: 5,
+        prompt_tokens_details: { cached_tokens: 0 },
+        completion_tokens_details: { reasoning_tokens: 0 },
+      },
+    });
+  });
+});
+
+describe("a long piece counted off the event loop (issue 35)", () => {
+  it("the relay holds the body's later events while a chunk is counted, relays them in order after it, and closes on the exact count", async () => {
+    // Tokens are runs of one character, 4 a token; a check of more than 8 characters is
+    // counted asynchronously (runsCounter).
+    const { counter, seen } = runsCounter(8);
+    const content = (text: string) =>
+      JSON.stringify({ choices: [{ index: 0, delta: { content: text } }] });
+    // One read's events, all pushed at once whatever the relay answers (as the event-stream
+    // reader does), and the body ends right after them.
+    const burst = [
+      content("a".repeat(40)),
+      content("b".repeat(40)),
+      // 120 bytes past the limit of 100: checked, off the event loop (30 tokens: kept).
+      content("c".repeat(40)),
+      content("d".repeat(8)),
+      // Checked again: 68 tokens are left, 272 e's.
+      content("e".repeat(300)),
+      content("f".repeat(4)),
+      "[DONE]",
+    ];
+    const { chat, finalized } = setup({
+      tokens: countersOf(counter),
+      stream: true,
+      body: {
+        model: "m",
+        messages: [{ role: "user", content: "hi" }],
+        stream: true,
+        max_tokens: 100,
+      },
+      upstream: async () => ({
+        status: 200,
+        text: async () => "",
+        discard: async () => undefined,
+        stream(into) {
+          let stopped = false;
+          let end!: () => void;
+          const done = new Promise<void>((resolve) => (end = resolve));
+          setTimeout(() => {
+            for (const data of burst) if (!stopped) into(data);
+            end();
+          }, 0);
+          return {
+            done,
+            resume: () => undefined,
+            stop: () => (stopped = true),
+            fail: () => undefined,
+          };
+        },
+      }),
+    });
+    const events = await chat();
+    const relayed = events
+      .filter((e) => e.type === "chunk")
+      .map(
+        (e) =>
+          JSON.parse(new TextDecoder().decode((e as { data: Uint8Array }).data)) as {
+            choices: { delta: { content: string }; finish_reason?: string }[];
+          },
+      )
+      .map((c) => [c.choices[0]!.delta.content, c.choices[0]!.finish_reason ?? null]);
+    expect(relayed).toEqual([
+      ["a".repeat(40), null],
+      ["b".repeat(40), null],
+      ["c".repeat(40), null],
+      ["d".repeat(8), null],
+      ["e".repeat(272), "length"],
+    ]);
+    expect(seen.settles).toBe(2);
+    expect(seen.longestSync).toBeLessThanOrEqual(8);
+    expect(finalized[0]).toMatchObject({ outputTokens: 100n });
+  });
+});
+
+describe("the sink paces the call through its controller (issue 36, item 4)", () => {
+  const chunk = (content: string) =>
+    JSON.stringify({ id: "c", object: "chat.completion.chunk", choices: [{ delta: { content } }] });
+  /** A provider of `n` chunks that notes each one it was asked for, and the call's signal. */
+  function counted(n: number) {
+    const seen = { pulled: 0, signal: undefined as AbortSignal | undefined };
+    const upstream: UpstreamChat = async (_endpoint, _body, { signal }) => {
+      seen.signal = signal;
+      return upstreamReply(
+        200,
+        async () => "",
+        async function* () {
+          for (let i = 0; i < n; i++) {
+            seen.pulled++;
+            yield chunk(`c${i}`);
+          }
+          yield "[DONE]";
+        },
+      );
+    };
+    return { seen, upstream };
+  }
+  /** A transport's sink, checked for the contract's order, that runs `onChunk` on each chunk. */
+  function sink(onChunk: (controller: AnswerController, chunks: number) => void) {
+    const log: string[] = [];
+    let controller: AnswerController | undefined;
+    let chunks = 0;
+    const checked = new CheckedSink({
+      started: (_event, control) => {
+        controller = control;
+        log.push("started");
+      },
+      chunk: () => {
+        log.push("chunk");
+        onChunk(controller!, ++chunks);
+      },
+      completed: () => void log.push("completed"),
+      failed: (error) => void log.push(`failed: ${(error as Error).message}`),
+      cancelled: () => void log.push("cancelled"),
+    });
+    return { checked, log, controller: () => controller! };
+  }
+
+  it("holds the provider's body from the chunk that paused until resume, then reads the rest", async () => {
+    const { seen, upstream } = counted(5);
+    const { inference, finalized } = setup({ stream: true, upstream });
+    const s = sink((controller, chunks) => {
+      if (chunks === 1) controller.pause();
+    });
+    const running = inference.chatInto(chatInput(true), s.checked);
+    await vi.waitFor(() => expect(s.log).toEqual(["started", "chunk"]));
+    // Paused: the provider is asked for nothing more, however long the consumer waits.
+    for (let i = 0; i < 20; i++) await new Promise((resolve) => setImmediate(resolve));
+    expect(seen.pulled).toBe(1);
+    expect(s.log).toEqual(["started", "chunk"]);
+    s.controller().resume();
+    await running;
+    expect(seen.pulled).toBe(5);
+    expect(s.log).toEqual(["started", ...Array<string>(5).fill("chunk"), "completed"]);
+    s.checked.check();
+    expect(finalized).toHaveLength(1);
+    expect(finalized[0]).toMatchObject({ status: "completed", outputTokens: 10n });
+  });
+
+  it("a consumer that aborts mid-stream gets nothing more, and the request closes as a client that left", async () => {
+    const { seen, upstream } = counted(5);
+    const { inference, finalized } = setup({ stream: true, upstream });
+    const stop = new DOMException("the consumer stopped", "AbortError");
+    const s = sink((controller, chunks) => {
+      if (chunks === 2) controller.abort(stop);
+    });
+    await inference.chatInto(chatInput(true), s.checked);
+    // The provider's call is aborted with the consumer's reason; no chunk and no completed
+    // after the abort; the terminal call is the failure with that reason.
+    expect(seen.signal?.aborted).toBe(true);
+    expect(seen.signal?.reason).toBe(stop);
+    expect(s.log).toEqual(["started", "chunk", "chunk", "failed: the consumer stopped"]);
+    s.checked.check();
+    // Input plus the two chunks it was handed ("c0", "c1": the byte bound of 2 tokens each).
+    expect(finalized).toHaveLength(1);
+    expect(finalized[0]).toMatchObject({
+      status: "cancelled",
+      billing: "partial",
+      outputTokens: 4n,
+    });
+  });
+
+  it("a JSON answer's consumer that aborts before the answer is handed on gets no chunk and no completed", async () => {
+    const { inference, finalized } = setup({});
+    const stop = new DOMException("the consumer stopped", "AbortError");
+    const log: string[] = [];
+    const checked = new CheckedSink({
+      // Aborts as soon as the answer begins (a gRPC caller that stops after the headers).
+      started: (_event, controller) => void (log.push("started"), controller.abort(stop)),
+      chunk: () => void log.push("chunk"),
+      completed: () => void log.push("completed"),
+      failed: (error) => void log.push(`failed: ${(error as Error).message}`),
+      cancelled: () => void log.push("cancelled"),
+    });
+    await inference.chatInto(chatInput(false), checked);
+    expect(log).toEqual(["started", "failed: the consumer stopped"]);
+    checked.check();
+    // Closed as a client that left at that moment on REST is: input plus the answer as read and
+    // counted ("hi": the byte bound of 2 tokens), never as completed.
+    expect(finalized).toHaveLength(1);
+    expect(finalized[0]).toMatchObject({ status: "cancelled", outputTokens: 2n });
+  });
+
+  it("the order check finds a call that broke the contract", () => {
+    const noop = {
+      started: () => undefined,
+      chunk: () => undefined,
+      completed: () => undefined,
+      failed: () => undefined,
+      cancelled: () => undefined,
+    };
+    const controller = { pause: () => {}, resume: () => {}, abort: () => {} };
+    const started = {
+      type: "started",
+      requestId: "0x01",
+      quoteId: "0x02",
+      offerId: offerA,
+      tariffVersion: 1n,
+      maximumCredits: 1n,
+      stream: true,
+      replayed: false,
+    } as const;
+    const piece = { type: "chunk", data: new Uint8Array() } as unknown as ChatChunk;
+    const done = { type: "completed" } as unknown as ChatCompleted;
+
+    const early = new CheckedSink(noop);
+    early.chunk(piece);
+    early.failed(new Error("x"));
+    expect(() => early.check()).toThrow("chunk after nothing");
+
+    const twice = new CheckedSink(noop);
+    void twice.started(started, controller);
+    void twice.completed(done);
+    twice.failed(new Error("x"));
+    expect(() => twice.check()).toThrow("failed after started, completed");
+
+    const afterAbort = new CheckedSink({
+      ...noop,
+      started: (_e: unknown, control: AnswerController) => control.abort("gone"),
+    });
+    void afterAbort.started(started, controller);
+    afterAbort.chunk(piece);
+    afterAbort.cancelled("gone");
+    expect(() => afterAbort.check()).toThrow("chunk after started, abort");
+
+    const unended = new CheckedSink(noop);
+    void unended.started(started, controller);
+    expect(() => unended.check()).toThrow("no terminal call after started");
+
+    const good = new CheckedSink(noop);
+    void good.started(started, controller);
+    good.chunk(piece);
+    good.chunk(piece);
+    void good.completed(done);
+    expect(() => good.check()).not.toThrow();
   });
 });

@@ -1,39 +1,35 @@
 import type { Hex } from "viem";
-import { mediaParts, parseChatRequest, type ChatRequest } from "../chat-request.js";
+import { parseChatRequest } from "./request/index.js";
 import { canonicalBody, dialects, translatingSink } from "../dialects/index.js";
 import { GatewayError } from "../errors.js";
 import {
   fitsPerRequestCap,
   perRequestCapRefusal,
   requireAuthority,
-  totalCapRefusal,
   type PermitAuthorization,
-} from "../permit-authorization.js";
-import type { ModelRecord } from "../catalog.js";
-import { checkPermit, type Permit } from "../permits.js";
+} from "../permit-authorization/index.js";
+import { checkPermit } from "../permits.js";
 import { randomHex } from "../random-id.js";
-import { boundCounters, type TokenCounter, type TokenCounters } from "../tokens.js";
-import { answerBridge } from "./bridge.js";
+import { boundCounters, type TokenCounters } from "../tokens.js";
 import { serve } from "./call.js";
 import type { RelayContext } from "./call-state.js";
+import { admit, type ChatTurn } from "./admission.js";
 import { checkIdempotencyKey, claimKey, KeptAnswer, replay, type Keeping } from "./idempotent.js";
-import { createCloses, type PendingClose } from "./lifecycle.js";
-import type { ChatInput, ChatTrace, Inference, InferenceDeps, Ledger } from "./ports.js";
-import { boundQuote, createQuote, noEligibleOffer, quoteRecord, type Quoting } from "./quotes.js";
+import { createCloses } from "./lifecycle.js";
+import type { ChatInput, ChatTrace, Inference, InferenceDeps } from "./ports.js";
+import { boundQuote, createQuote, noEligibleOffer, type Quoting } from "./quotes.js";
 import { fitsMaxPrice, maxPriceRefusal, rankCandidates, type Candidate } from "./routing.js";
+import { ForwardingSink } from "./sink.js";
 import {
   defaultIdempotencyMaxResultBytes,
   type AnswerSink,
-  type ChatChunk,
   type ChatCompleted,
   type ChatSink,
-  type ChatStarted,
-  type QuoteRecord,
 } from "./types.js";
 
 /**
  * The pipeline of a chat request, step by step: validate -> idempotency -> bind the quote ->
- * permit -> route -> reserve, then the call (`call.ts`) and its one close (`lifecycle.ts`); the
+ * permit -> route -> count the prompt -> reserve, then the call (`call.ts`) and its one close (`lifecycle.ts`); the
  * Idempotency-Key's keeping and replay are in `idempotent.ts`, quotes in `quotes.ts`.
  */
 
@@ -41,7 +37,7 @@ import {
  * The end of a call's sink chain: hands each event to the transport's sink and notes when the
  * terminal `completed` was called (one object per call; its methods are the prototype's).
  */
-class CallEnd implements AnswerSink {
+class CallEnd extends ForwardingSink<ChatSink> {
   done = false;
   /**
    * The stream's admission (`acquireStream`). Released before the client's last event is handed
@@ -49,20 +45,10 @@ class CallEnd implements AnswerSink {
    * next stream at once, while this call's close is still being recorded.
    */
   readonly stream: { release?: () => void } = {};
-  constructor(private readonly sink: ChatSink) {}
-  started(event: ChatStarted): void | Promise<void> {
-    return this.sink.started(event);
-  }
-  chunk(event: ChatChunk, parsed?: unknown): boolean {
-    return this.sink.chunk(event, parsed);
-  }
-  drained(): Promise<void> {
-    return this.sink.drained();
-  }
-  completed(event: ChatCompleted): void | Promise<void> {
+  override completed(event: ChatCompleted): void | Promise<void> {
     this.done = true;
     this.releaseStream();
-    return this.sink.completed(event);
+    return this.next.completed(event);
   }
   /** Gives the stream's admission back, once. */
   releaseStream(): void {
@@ -109,12 +95,9 @@ export function createInference(deps: InferenceDeps): Inference {
     whenIdle: [],
   };
   const quoting: Quoting = { deps, newId, bounds, routing };
-  const into = (input: ChatInput, sink: ChatSink): Promise<void> => chatInto(p, input, sink);
-
   return {
     createQuote: (input) => createQuote(quoting, input),
-    chatInto: into,
-    chat: (input) => answerBridge(into, input),
+    chatInto: (input, sink) => chatInto(p, input, sink),
     whenRecorded: async (requestId) => {
       await closes.whenRecorded(requestId);
       await deps.ledger.whenWritten?.(requestId);
@@ -201,20 +184,6 @@ async function answer(
   }
 }
 
-/**
- * One chat request on its way through the steps: as parsed, as it came, the clock when it was
- * taken up (Unix seconds) and when it arrived (`performance.now()`), its trace and where its
- * answer goes.
- */
-interface ChatTurn {
-  readonly req: ChatRequest;
-  readonly input: ChatInput;
-  readonly now: number;
-  readonly arrivedAt: number;
-  readonly trace: ChatTrace | undefined;
-  readonly out: AnswerSink;
-}
-
 async function run(p: Pipeline, turn: ChatTurn): Promise<void> {
   const { req, input, now, trace } = turn;
   // 1. Quote first: a stale or foreign quote is refused before anything else happens.
@@ -233,12 +202,6 @@ async function run(p: Pipeline, turn: ChatTurn): Promise<void> {
       );
     }
   }
-
-  // The model's token counter (its tokenizer loads the first time the model is served). What
-  // it cannot count (an image for a model with no documented image cost) is refused now,
-  // before anything is reserved; text is counted while the provider works (call-state.ts).
-  const counter = await p.tokens.forModel(model);
-  if (mediaParts(req.messages) > 0n) counter.countInput(req);
 
   // 2. Permit, read live from the chain.
   const pinnedOffer = req.offer ?? quote?.offerId;
@@ -272,126 +235,38 @@ async function run(p: Pipeline, turn: ChatTurn): Promise<void> {
   const failover = pins.every((pin) => pin === undefined);
   trace?.step("route");
 
-  await admit(p, turn, quote, model, permit, grants, candidates, failover, counter);
+  // 4. Count the prompt: only now that the request is admitted (its key, its permit and the
+  // model's offers checked; DESIGN.md 10: nothing is counted before), and before anything is
+  // reserved or any provider called, so that what the counter refuses (a conversation the
+  // template refuses, an image it cannot price) is refused with nothing charged. Long prompts
+  // are counted off the event loop. The count is the call's: its close is judged with it.
+  const counter = p.tokens.forModel(model);
+  if (counter === undefined) throw modelLoading(req.model);
+  const inputCount = await counter.countInput(req);
+
+  const admission = await admit(p, turn, {
+    quote,
+    model,
+    permit,
+    grants,
+    candidates,
+    failover,
+    counter,
+    inputCount,
+  });
+  await serve(p, admission, turn.out);
 }
 
 /**
- * 4. Reserve the maximum, durably, before any upstream call, through the first candidate (and
- * authorization) that admits it; then the call (`call.ts`).
+ * 503 `model_loading`: the model's tokenizer is still loading (start-up, or the indexer just
+ * added the model). It is never loaded on a request's path, and the request is not served by
+ * the byte bound meanwhile: refused before anything is reserved.
  */
-async function admit(
-  p: Pipeline,
-  turn: ChatTurn,
-  quote: QuoteRecord | undefined,
-  model: ModelRecord,
-  permit: Permit,
-  grants: readonly PermitAuthorization[],
-  candidates: Candidate[],
-  failover: boolean,
-  counter: TokenCounter,
-): Promise<void> {
-  const { req, input, now, arrivedAt, trace, out } = turn;
-  const requestId = p.newId();
-  let chosen: Candidate | undefined;
-  let quoteId: Hex | undefined;
-  let maximumCredits = 0n;
-  let admittedBy: PermitAuthorization | undefined;
-  for (const c of quote === undefined ? candidates : candidates.slice(0, 1)) {
-    const internal =
-      quote === undefined
-        ? quoteRecord(p.newId(), input.apiKeyId, req, model, c, now, true)
-        : undefined;
-    const q = quote ?? internal!;
-    const reservation = {
-      requestId,
-      apiKeyId: input.apiKeyId,
-      model: req.model,
-      modelId: model.modelId,
-      offerId: c.offer.offerId,
-      permitId: permit.permitId,
-      quoteId: q.quoteId,
-      stream: req.stream,
-      maximumCredits: q.maximumCredits,
-      tariffVersion: c.offer.tariff.version,
-      inputTokens: q.inputTokens,
-      deposit: permit.deposit,
-      chainSettled: permit.settled,
-      maxConcurrency: c.offer.maxConcurrency,
-      now,
-      durable: quote !== undefined || input.idempotencyKey !== undefined,
-      permitExpiresAt: permit.expiresAt,
-      ...(internal === undefined ? {} : { quote: internal }),
-    };
-    // Through the first authorization whose per-request cap it fits; one with a total cap
-    // reserves the maximum against the cap as well (the ledger's "Authorization caps"), and
-    // when that cap is spent, the next one is tried.
-    const through = grants.filter((g) => fitsPerRequestCap(g, q.maximumCredits));
-    let grant = through[0]!;
-    let result = await reserveOrVoid(p, requestId, reservationThrough(reservation, grant));
-    for (const next of through.slice(1)) {
-      if (result.ok || result.reason !== "authorization_cap_exhausted") break;
-      grant = next;
-      result = await reserveOrVoid(p, requestId, reservationThrough(reservation, grant));
-    }
-    if (result.ok) {
-      // The wake fee only if the quote priced it (whatever the prober has seen since), and
-      // only if this request claims it: the gateway saw the endpoint asleep, and no request
-      // was charged it this wake window (wake-fees.ts).
-      chosen = { ...c, wakes: q.wakesEndpoint && (await claimWakeFee(p, c.offer.offerId)) };
-      quoteId = q.quoteId;
-      maximumCredits = q.maximumCredits;
-      admittedBy = grant;
-      break;
-    }
-    if (result.reason === "authorization_cap_exhausted")
-      throw totalCapRefusal(grant, q.maximumCredits);
-    if (result.reason === "insufficient_credits") {
-      throw new GatewayError(
-        "insufficient_credits",
-        `permit ${permit.permitId} cannot cover this request's maximum of ${q.maximumCredits} credits`,
-      );
-    }
-    if (result.reason === "quote_used")
-      throw new GatewayError("quote_used", `quote ${q.quoteId} has already been used`);
-    // offer_at_capacity: the next offer, if routing may choose one.
-    if (!failover) break;
-  }
-  if (chosen === undefined || quoteId === undefined || admittedBy === undefined) {
-    throw new GatewayError(
-      "offer_at_capacity",
-      "every eligible offer is at its max_concurrency; retry shortly",
-    );
-  }
-  const grant = admittedBy;
-  trace?.admitted({
-    requestId,
-    quoteId,
-    offerId: chosen.offer.offerId,
-    permitId: permit.permitId,
-    maximumCredits,
-  });
-
-  await serve(
-    p,
-    {
-      req,
-      input,
-      permit,
-      requestId,
-      quoteId,
-      maximumCredits,
-      chosen,
-      // A failover's offer is charged no wake fee: none was claimed for it; and it stays
-      // within the per-request cap of the authorization that admitted the request.
-      candidates: candidates
-        .filter((c) => fitsPerRequestCap(grant, c.maximumCredits))
-        .map((c) => (c.wakes ? { ...c, wakes: false } : c)),
-      failover,
-      arrivedAt,
-      trace,
-      counter,
-    },
-    out,
+function modelLoading(model: string): GatewayError {
+  return new GatewayError(
+    "model_loading",
+    `the tokenizer of model ${model} is still loading; retry shortly`,
+    { retryAfterSeconds: 1 },
   );
 }
 
@@ -414,64 +289,4 @@ function withinPerRequestCaps(
     maximumOf(candidates[0]!),
   );
   throw perRequestCapRefusal(grants, least);
-}
-
-/** Whether this request is charged its offer's wake fee (absent `wakeFees`: never). */
-async function claimWakeFee(p: Pipeline, offerId: Hex): Promise<boolean> {
-  return p.deps.wakeFees === undefined ? false : p.deps.wakeFees.claim(offerId);
-}
-
-/** A reservation admitted through `grant`: recorded on the request, and capped by its total. */
-function reservationThrough(
-  reservation: Parameters<Ledger["reserve"]>[0],
-  grant: PermitAuthorization,
-): Parameters<Ledger["reserve"]>[0] {
-  return { ...reservation, authorizationId: grant.id, capped: grant.totalCap !== 0n };
-}
-
-/**
- * The reservation, or a clear 503. When the call fails its outcome is unknown (a COMMIT whose
- * answer was lost, or a statement still running): the request is closed as failed and void
- * with the reservation's data (`voidReservation`), so a reservation that landed is released
- * and one that lands later holds nothing. That close is a close like any other: one the
- * database refuses too (it is likely away, having just lost an answer) waits in the outbox,
- * which housekeeping writes every round until the database takes it. The orphan rule would
- * never free it: this process is alive. A reservation the ledger refused before sending it
- * (`sent: false`, backpressure) has a known outcome, nothing, so no close is sent: the 503
- * is not delayed by it, and an overloaded database is not given one more write. No provider
- * is called either way.
- */
-async function reserveOrVoid(
-  p: Pipeline,
-  requestId: Hex,
-  input: Parameters<Ledger["reserve"]>[0],
-): ReturnType<Ledger["reserve"]> {
-  try {
-    return await p.deps.ledger.reserve(input);
-  } catch (error) {
-    // The ledger's own answer (a lease refused before anything was sent, a closing permit).
-    if (error instanceof GatewayError) throw error;
-    const neverSent = (error as { sent?: unknown } | null | undefined)?.sent === false;
-    if (!neverSent) {
-      const close: PendingClose = {
-        finalize: {
-          requestId,
-          status: "failed",
-          inputTokens: 0n,
-          outputTokens: 0n,
-          creditsCharged: 0n,
-          billing: "void",
-          usageSource: "gateway",
-          error: "reservation failed",
-          now: p.deps.clock(),
-        },
-        flag: undefined,
-        reservation: input,
-      };
-      await p.closes.write(close).catch(() => p.closes.enqueue(close));
-    }
-    throw new GatewayError("database_unavailable", "the reservation could not be stored", {
-      cause: error,
-    });
-  }
 }

@@ -6,12 +6,12 @@
  */
 import type { Hex } from "viem";
 import type { Catalog } from "../catalog.js";
-import type { JsonBounds } from "../chat-request.js";
-import type { EndpointSecret } from "../health.js";
-import type { SpendingAuthority } from "../permit-authorization.js";
+import type { JsonBounds } from "./request/index.js";
+import type { EndpointSecret } from "../health-types.js";
+import type { SpendingAuthority } from "../permit-authorization/index.js";
 import type { PermitReader } from "../permits.js";
-import type { TokenCounters } from "../tokens.js";
-import type { OfferMeasurements } from "./measurements.js";
+import type { Metering, TokenCounters } from "../tokens.js";
+import type { OfferMeasurements } from "../reputation/measurement-types.js";
 import type { Closing } from "./metering.js";
 import type { ChatEvent, ChatSink, FinalizeInput, QuoteRecord, UsageFigures } from "./types.js";
 import type { WakeFees } from "./wake-fees.js";
@@ -23,46 +23,54 @@ export interface QuoteStore {
 
 export type ReserveRefusal =
   "insufficient_credits" | "offer_at_capacity" | "quote_used" | "authorization_cap_exhausted";
+export type ReserveResult = { ok: true } | { ok: false; reason: ReserveRefusal };
 
-/** The reservation ledger (adapters/pg/ledger.ts); each call is one transaction. */
+/**
+ * A request's reservation, as the pipeline hands it to {@link Ledger.reserve}: the port, declared
+ * once (the database's input, adapters/pg/ledger/reserve.ts, is this less what only the leases
+ * read, plus what only the database needs).
+ */
+export interface ReserveInput {
+  readonly requestId: Hex;
+  readonly apiKeyId: string;
+  readonly model: string;
+  readonly modelId: Hex;
+  readonly offerId: Hex;
+  readonly permitId: Hex;
+  readonly quoteId: Hex;
+  readonly stream: boolean;
+  readonly maximumCredits: bigint;
+  readonly tariffVersion: bigint;
+  readonly inputTokens: bigint;
+  readonly deposit: bigint;
+  readonly chainSettled: bigint;
+  readonly maxConcurrency: number;
+  readonly now: number;
+  readonly quote?: QuoteRecord;
+  /**
+   * Reserve this request alone, durably, before the call (a supplied quote is single use,
+   * an Idempotency-Key is claimed first); otherwise it may be admitted against a lease.
+   */
+  readonly durable?: boolean;
+  /** The permit's expiry (Unix seconds): a lease on it is given back once it passes. */
+  readonly permitExpiresAt?: number;
+  /** The permit authorization that admits the request, recorded on it. */
+  readonly authorizationId?: string;
+  /**
+   * That authorization has a total cap: the maximum is reserved against it too, per request
+   * (never against a lease); refused `authorization_cap_exhausted` when it does not fit.
+   */
+  readonly capped?: boolean;
+}
+
+/** The reservation ledger (adapters/pg/ledger/index.ts); each call is one transaction. */
 export interface Ledger {
   /**
    * Throws when the outcome is unknown (the caller voids the request), or with an error whose
    * `sent` is false when the reservation was refused before it reached the database
    * (backpressure: nothing happened, nothing to void). Either way the answer is 503.
    */
-  reserve(input: {
-    requestId: Hex;
-    apiKeyId: string;
-    model: string;
-    modelId: Hex;
-    offerId: Hex;
-    permitId: Hex;
-    quoteId: Hex;
-    stream: boolean;
-    maximumCredits: bigint;
-    tariffVersion: bigint;
-    inputTokens: bigint;
-    deposit: bigint;
-    chainSettled: bigint;
-    maxConcurrency: number;
-    now: number;
-    quote?: QuoteRecord;
-    /**
-     * Reserve this request alone, durably, before the call (a supplied quote is single use,
-     * an Idempotency-Key is claimed first); otherwise it may be admitted against a lease.
-     */
-    durable?: boolean;
-    /** The permit's expiry (Unix seconds): a lease on it is given back once it passes. */
-    permitExpiresAt?: number;
-    /** The permit authorization that admits the request, recorded on it. */
-    authorizationId?: string;
-    /**
-     * That authorization has a total cap: the maximum is reserved against it too, per request
-     * (never against a lease); refused `authorization_cap_exhausted` when it does not fit.
-     */
-    capped?: boolean;
-  }): Promise<{ ok: true } | { ok: false; reason: ReserveRefusal }>;
+  reserve(input: ReserveInput): Promise<ReserveResult>;
   /**
    * pending -> streaming. False when the request is no longer open: the orphan rule closed it
    * (this process looked dead), so this process must stop serving it.
@@ -76,7 +84,7 @@ export interface Ledger {
    * only closes a reservation that has landed.
    */
   voidReservation?(
-    reservation: Parameters<Ledger["reserve"]>[0],
+    reservation: ReserveInput,
     close: Parameters<Ledger["finalize"]>[0],
   ): Promise<{ finalized: boolean; creditsCharged: bigint }>;
   switchOffer(input: {
@@ -114,11 +122,15 @@ export interface UpstreamReply {
   discard(): Promise<void>;
 }
 
-/** A provider's streamed answer being pushed to its reader ({@link UpstreamReply.stream}). */
+/**
+ * A provider's body being pushed to its reader: its streamed answer ({@link UpstreamReply.stream})
+ * and, below it, the bytes of the response (adapters/upstream/http.ts): the port, declared once.
+ */
 export interface UpstreamFlow {
   /**
-   * Resolves at the answer's end or when the reader stopped it; rejects with `upstream_error`,
-   * the call's abort reason, or what the reader threw or failed it with.
+   * Resolves at the body's end or when the reader stopped it; rejects with `upstream_error` (the
+   * body broke off or fell silent), the call's abort reason, or what the reader threw or failed
+   * it with.
    */
   readonly done: Promise<void>;
   /** Reads on after the reader returned false. */
@@ -212,6 +224,11 @@ export interface InferenceDeps {
   readonly endpoints: EndpointLookup;
   /** The gateway's own token counts per model (absent: the byte bound for every model). */
   readonly tokens?: TokenCounters | undefined;
+  /**
+   * The most hidden reasoning an offer's tariff may price, as a multiple of the visible output
+   * (HIDDEN_REASONING_RATIO_MAX); absent: `defaultHiddenReasoningRatioMax` (usage.ts).
+   */
+  readonly hiddenReasoningRatioMax?: bigint | undefined;
   readonly upstream: UpstreamChat;
   readonly idempotency: IdempotencyStore;
   /** Unix seconds. */
@@ -313,19 +330,26 @@ export interface ChatInput {
   readonly headers?: { get(name: string): string | null } | undefined;
 }
 
+/**
+ * A quote as its client sees it: the record, and how the request it prices is metered (the
+ * model's tokenizer, or the byte bound; DESIGN.md section 10), so a client can refuse bound
+ * metering before it spends (`provider.require_exact_metering`).
+ */
+export interface ShownQuote extends QuoteRecord {
+  readonly metering: Metering;
+}
+
 export interface Inference {
   createQuote(input: {
     apiKeyId: string;
     body: Uint8Array;
     dialect?: "responses" | "messages" | undefined;
-  }): Promise<QuoteRecord>;
+  }): Promise<ShownQuote>;
   /**
    * One chat call, its answer pushed to `sink` (`ChatSink` is the contract): the REST facade's
    * way in. Settles when the call is over; rejects only with a failure after `completed`.
    */
   chatInto(input: ChatInput, sink: ChatSink): Promise<void>;
-  /** The same call as an async generator of its events (the RPC's bridge, bridge.ts). */
-  chat(input: ChatInput): AsyncGenerator<ChatEvent, void, undefined>;
   /**
    * Settles once this process has recorded the request's final state, if it is recording it
    * now (a completed answer goes to the client just before its charge is committed).

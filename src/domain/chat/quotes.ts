@@ -1,15 +1,11 @@
 import type { Hex } from "viem";
 import type { ModelRecord } from "../catalog.js";
-import {
-  parseChatRequest,
-  quoteFingerprint,
-  type ChatRequest,
-  type JsonBounds,
-} from "../chat-request.js";
+import { parseChatRequest, type ChatRequest, type JsonBounds } from "./request/index.js";
 import { canonicalBody, dialects, type DialectName } from "../dialects/index.js";
 import { GatewayError } from "../errors.js";
 import { isHex32, normalizeHex } from "../hex.js";
-import type { InferenceDeps, QuoteStore } from "./ports.js";
+import type { Metering } from "../tokens.js";
+import type { InferenceDeps, QuoteStore, ShownQuote } from "./ports.js";
 import { rankCandidates, type Candidate, type RoutingContext } from "./routing.js";
 import { quoteLifetimeSeconds, type QuoteRecord } from "./types.js";
 
@@ -27,10 +23,12 @@ export interface Quoting {
   readonly routing: RoutingContext;
 }
 
+const bound: Metering = { kind: "bound" };
+
 export async function createQuote(
   q: Quoting,
   input: { apiKeyId: string; body: Uint8Array; dialect?: DialectName | undefined },
-): Promise<QuoteRecord> {
+): Promise<ShownQuote> {
   const { deps } = q;
   const body =
     input.dialect === undefined
@@ -43,7 +41,7 @@ export async function createQuote(
   if (best === undefined) throw noEligibleOffer(req);
   const quote = quoteRecord(q.newId(), input.apiKeyId, req, model, best, now, false);
   await deps.quotes.insert(quote);
-  return quote;
+  return { ...quote, metering: model.metering ?? bound };
 }
 
 export function quoteRecord(
@@ -66,7 +64,7 @@ export function quoteRecord(
     maxOutputTokens: c.maxOutputTokens,
     wakesEndpoint: c.wakes,
     maximumCredits: c.maximumCredits,
-    fingerprint: quoteFingerprint(req),
+    fingerprint: req.fingerprint,
     createdAt: now,
     expiresAt: now + quoteLifetimeSeconds,
     internal,
@@ -100,7 +98,7 @@ export async function boundQuote(
   if (now > quote.expiresAt) {
     throw new GatewayError("quote_expired", `quote ${quoteId} expired at ${quote.expiresAt}`);
   }
-  if (quote.fingerprint !== quoteFingerprint(req)) {
+  if (quote.fingerprint !== req.fingerprint) {
     throw new GatewayError(
       "quote_mismatch",
       "the request differs from the quoted one in model, messages, n, output limit, tools, tool choice or response format",

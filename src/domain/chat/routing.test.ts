@@ -1,9 +1,9 @@
 import type { Hex } from "viem";
 import { describe, expect, it } from "vitest";
 import type { ModelRecord, OfferRecord } from "../catalog.js";
-import { parseChatRequest } from "../chat-request.js";
+import { parseChatRequest } from "./request/index.js";
 import { GatewayError } from "../errors.js";
-import { createOfferMeasurements } from "./measurements.js";
+import { createOfferMeasurements } from "../reputation/measurements.js";
 import { fitsMaxPrice, rankCandidates, requiredFeatures } from "./routing.js";
 
 const modelId = `0x${"ab".repeat(32)}` as Hex;
@@ -232,6 +232,7 @@ describe("provider object validation", () => {
     ["provider.ignore[1]", { ignore: [id(1), 7] }],
     ["provider.allow_fallbacks", { allow_fallbacks: "no" }],
     ["provider.require_parameters", { require_parameters: 1 }],
+    ["provider.require_exact_metering", { require_exact_metering: "yes" }],
     ["provider.sort", { sort: "cheapest" }],
     ["provider.max_price", { max_price: 5 }],
     ["provider.max_price.prompt", { max_price: { prompt: 0.5 } }],
@@ -263,7 +264,45 @@ describe("provider object validation", () => {
       sort: "throughput",
       maxPrice: { prompt: 5n, completion: 0n },
       requireParameters: true,
+      requireExactMetering: false,
     });
+  });
+});
+
+describe("metering in routing (issue 35: loaded before served, metering shown)", () => {
+  const exact = { ...model, repository: "Qwen/Qwen3-8B", revision: "main" } as ModelRecord;
+  const metered = (metering: ModelRecord["metering"], extra: Partial<ModelRecord> = {}) =>
+    ({ ...exact, metering, ...extra }) as ModelRecord;
+  const ranked = (m: ModelRecord, provider?: object, pins: (Hex | undefined)[] = []) =>
+    rankCandidates(offers, m, request(provider === undefined ? {} : { provider }), pins, 5).map(
+      (c) => c.offer.offerId,
+    );
+
+  it("routes no offer of a model whose tokenizer is still loading, whatever the request", () => {
+    const loading = metered({ kind: "exact", tokenizer: "qwen3" }, { tokenizerLoading: true });
+    for (const pins of [[], [cheap]]) {
+      const error = refusal(() => ranked(loading, undefined, pins));
+      expect(error.code).toBe("no_eligible_offer");
+      expect(error.message).toContain("tokenizer of model Qwen/Qwen3-8B is still loading");
+    }
+    expect(ranked(metered({ kind: "exact", tokenizer: "qwen3" }))).toEqual([cheap, middle, dear]);
+  });
+
+  it("provider.require_exact_metering keeps exact offers and refuses bound ones, naming why", () => {
+    const exactModel = metered({ kind: "exact", tokenizer: "qwen3" });
+    expect(ranked(exactModel, { require_exact_metering: true })).toEqual([cheap, middle, dear]);
+    // A model metered by the byte bound (or one the catalog did not say: bound).
+    for (const bound of [metered({ kind: "bound" }), metered(undefined)]) {
+      expect(ranked(bound)).toEqual([cheap, middle, dear]);
+      expect(ranked(bound, { require_exact_metering: false })).toEqual([cheap, middle, dear]);
+      const error = refusal(() => ranked(bound, { require_exact_metering: true }));
+      expect(error.code).toBe("no_eligible_offer");
+      expect(error.message).toContain("provider.require_exact_metering");
+      expect(error.message).toContain("byte bound");
+      // Pinned too: how a request is counted is the client's term.
+      const pinned = refusal(() => ranked(bound, { require_exact_metering: true }, [cheap]));
+      expect(pinned.message).toContain("provider.require_exact_metering");
+    }
   });
 });
 
@@ -275,7 +314,8 @@ describe("usage divergence in routing (docs/decisions/metering-and-tokens.md, Us
     measurements.served(middle, { latencyMs: 50, outputTokens: 100n, generationMs: 5000 });
     measurements.served(dear, { latencyMs: 150, outputTokens: 100n, generationMs: 2000 });
     for (let i = 0; i < 20; i++) {
-      measurements.claimed(cheap, i < diverged);
+      // Diverged answers of distinct payers (divergence counts across independent payers).
+      measurements.claimed(cheap, i < diverged, `0x${(i + 1).toString(16).padStart(40, "0")}`);
       measurements.claimed(middle, false);
       measurements.claimed(dear, false);
     }

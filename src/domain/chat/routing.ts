@@ -1,20 +1,27 @@
 import type { Hex } from "viem";
 import { isEligible, type ModelRecord, type OfferRecord } from "../catalog.js";
-import { inputTokenUpperBound, outputBound, type ChatRequest } from "../chat-request.js";
+import {
+  inputTokenUpperBound,
+  outputBound,
+  outputLimit,
+  type ChatRequest,
+} from "./request/index.js";
 import { GatewayError } from "../errors.js";
 import { maximumCredits } from "../pricing.js";
 import type { OfferFeature } from "../offer-features.js";
 import type { ProviderPreferences } from "../provider-preferences.js";
-import { isDivergenceFlagged } from "../divergence.js";
-import { isFailing } from "../reputation.js";
-import type { OfferMeasurement } from "./measurements.js";
+import { isDivergenceFlagged } from "../reputation/divergence.js";
+import { isFailing } from "../reputation/reputation.js";
+import type { OfferMeasurement } from "../reputation/measurement-types.js";
 
 /** A candidate offer with what a request would cost on it. */
 export interface Candidate {
   readonly offer: OfferRecord;
   readonly wakes: boolean;
   readonly inputTokens: bigint;
-  /** The output bound: the output limit times the request's `n` (chat-request.ts). */
+  /** The output limit on this offer: the most output tokens of each choice (request/quote.ts). */
+  readonly outputLimit: bigint;
+  /** The output bound: the output limit times the request's `n`, what is priced. */
   readonly maxOutputTokens: bigint;
   readonly maximumCredits: bigint;
 }
@@ -32,10 +39,11 @@ function candidateFor(offer: OfferRecord, req: ChatRequest): Candidate {
     offer,
     wakes: w,
     inputTokens,
+    outputLimit: outputLimit(req, offer.capabilities),
     maxOutputTokens,
     maximumCredits: maximumCredits(
       offer.tariff,
-      { inputTokenBound: inputTokens, outputLimit: maxOutputTokens },
+      { inputTokenBound: inputTokens, outputBound: maxOutputTokens },
       w,
     ),
   };
@@ -95,6 +103,17 @@ function refused(what: string): GatewayError {
 }
 
 /**
+ * The refusal of a model whose tokenizer is still loading (at start-up, or just indexed): its
+ * offers become routable once it is loaded, and no request waits on a load (issue 35, item 5).
+ */
+export function tokenizerLoading(model: Pick<ModelRecord, "repository">): GatewayError {
+  return new GatewayError(
+    "no_eligible_offer",
+    `the tokenizer of model ${model.repository.slice(0, 200)} is still loading: its offers are routable once it is loaded; try again shortly`,
+  );
+}
+
+/**
  * Applies the request's provider preferences (provider-preferences.ts) to the ranked
  * candidates. Filters first (only, ignore, require_parameters, max_price: each one that leaves
  * nothing is named in the refusal), then the order: `sort` replaces the default ranking, and
@@ -141,7 +160,7 @@ function applyPreferences(
         const m = measured.get(c);
         return by === "latency" ? m?.latencyMs : m?.throughput;
       };
-      // Failing offers (reputation.ts) last, whatever their speed: a quick failure is no answer.
+      // Failing offers (reputation/reputation.ts) last, whatever their speed: a quick failure is no answer.
       const failing = (c: Candidate) => Number(isFailing(measured.get(c)));
       list = [...list].sort(
         (a, b) => failing(a) - failing(b) || compareMeasured(key(a), key(b), by === "throughput"),
@@ -164,7 +183,7 @@ function applyPreferences(
 }
 
 /**
- * Offers flagged for diverging usage claims (src/domain/divergence.ts) after every offer that is
+ * Offers flagged for diverging usage claims (src/domain/reputation/divergence.ts) after every offer that is
  * not, each part in its order (a stable partition): whatever `provider.sort` says, a cheap or
  * quick offer that overstates its usage is not preferred to an honest one.
  */
@@ -185,6 +204,9 @@ function flaggedLast(list: readonly Candidate[], ctx: RoutingContext): Candidate
  *
  * An offer excluded for diverging usage claims is not eligible, pinned or not: a request or quote
  * pinned to it finds no offer (503 `no_eligible_offer`) until its operator verifies it again.
+ * No offer of a model whose tokenizer is still loading is routable (the catalog's routing view
+ * says so); `provider.require_exact_metering` refuses a model metered by the byte bound, pinned
+ * or not.
  */
 export function rankCandidates(
   offers: readonly OfferRecord[],
@@ -194,6 +216,7 @@ export function rankCandidates(
   now: number,
   ctx: RoutingContext = {},
 ): Candidate[] {
+  if (model.tokenizerLoading === true) throw tokenizerLoading(model);
   const pinned = pins.filter((p): p is Hex => p !== undefined);
   let ranked = offers
     .filter(
@@ -211,6 +234,12 @@ export function rankCandidates(
     );
   ranked = flaggedLast(ranked, ctx);
   if (req.provider === undefined) return ranked;
+  // How the request is counted is the client's term, pinned or not (like max_price).
+  if (req.provider.requireExactMetering && ranked.length > 0 && model.metering?.kind !== "exact") {
+    throw refused(
+      `provider.require_exact_metering: model ${model.repository.slice(0, 200)} (revision ${model.revision.slice(0, 80)}) is metered by the byte bound, no tokenizer being registered for it`,
+    );
+  }
   // A pin wins over every preference but the prices the client set.
   if (pinned.length > 0) return withinMaxPrice(ranked, req.provider.maxPrice);
   return applyPreferences(ranked, req.provider, req, ctx);
@@ -250,7 +279,7 @@ function maxPriceBudget(c: PricedOffer, max: MaxPrice): bigint {
       outputPricePerMTok: max.completion ?? tariff.outputPricePerMTok,
       wakeFee: 0n,
     },
-    { inputTokenBound: c.inputTokens, outputLimit: c.maxOutputTokens },
+    { inputTokenBound: c.inputTokens, outputBound: c.maxOutputTokens },
     false,
   );
 }
@@ -287,7 +316,7 @@ export function maxPriceRefusal(list: readonly PricedOffer[], max: MaxPrice): Ga
 function priceWithoutFee(c: PricedOffer): bigint {
   return maximumCredits(
     c.offer.tariff,
-    { inputTokenBound: c.inputTokens, outputLimit: c.maxOutputTokens },
+    { inputTokenBound: c.inputTokens, outputBound: c.maxOutputTokens },
     false,
   );
 }

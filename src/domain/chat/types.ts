@@ -130,26 +130,27 @@ export type ChatEvent = ChatStarted | ChatChunk | ChatCompleted | ChatFailed;
  * The sink contract: how one chat call hands its answer to a transport, pushed (issue 29; in
  * the style of undici's dispatch handlers). `Inference.chatInto(input, sink)` is the chat path;
  * the REST facade gives it a sink that writes into the client's socket, and the RPC's async
- * generator (`Inference.chat`) is a bridge over the same call (bridge.ts).
+ * generator is a bridge over the same call (src/connect/chat-bridge.ts).
  *
  * Order: `started` once, then `chunk` any number of times, then exactly one terminal call:
  * `completed`, `failed` or `cancelled`. A call refused before its answer began gets `failed`
  * (or `cancelled`) without `started`; nothing is called after the terminal call. `chatInto`'s
  * promise settles when the call is over (its charge recorded); it rejects only with a failure
  * after `completed` (recording the charge), which the client does not see and the logs do.
+ * Layers between the call and the transport forward what they do not change
+ * (`ForwardingSink`, sink.ts); `test/helpers/checked-sink.ts` checks the order in tests.
  *
  * What may run inside each call:
  * - `started`, `completed`: per request, awaited by the call. `completed` is awaited before the
- *   charge is recorded, so the client has its answer first.
+ *   charge is recorded, so the client has its answer first. `started` hands the sink the call's
+ *   {@link AnswerController}: how the consumer paces the answer (issue 36, item 4).
  * - `chunk`: per streamed event, inside the provider's read (synchronously, from the upstream
  *   adapter's `data` event): no await, no I/O of its own beyond queueing bytes, never throws.
- *   False means the client's socket is full: the call pauses the provider's body and resumes it
- *   when `drained` resolves. The chunk returned false for is delivered all the same.
- * - `drained`: only called after `chunk` returned false; resolves when the client took what was
- *   written or is gone (its signal then tells the call), rejects when the consumer stopped
- *   reading for good (`consumerStopped`, sink.ts: the call closes as a client that left).
+ *   A consumer that cannot take more calls `pause()` (the provider's body waits after the read
+ *   under way) and `resume()` once it can.
  * - `failed`, `cancelled`: terminal, synchronous. `cancelled` when the call's signal aborted
- *   (the client left, or shutdown cut the call: `reason` says which); `failed` otherwise.
+ *   (the client left, or shutdown cut the call: `reason` says which); `failed` otherwise (after
+ *   `abort(reason)`, with that reason).
  */
 export interface ChatSink extends AnswerSink {
   /** The call failed (refused, or the answer broke off after it began). */
@@ -158,15 +159,38 @@ export interface ChatSink extends AnswerSink {
   cancelled(reason: unknown): void;
 }
 
+/**
+ * A call's flow control, handed to its sink with `started`, as undici hands a dispatch handler
+ * its controller: the consumer says when it is full, when it can take more and when it stopped
+ * for good, instead of a return value and a promise that every layer between forwards.
+ */
+export interface AnswerController {
+  /**
+   * The consumer is full: the provider's body is read on no further (the events of the read
+   * under way still come). Called inside `chunk` it holds the body at once; called between
+   * events, at the next one. Idempotent.
+   */
+  pause(): void;
+  /** The consumer can take more: the body is read on (unless the call holds it itself). */
+  resume(): void;
+  /**
+   * The consumer stopped reading for good (the RPC's caller stopped iterating): the provider's
+   * call is aborted with `reason`, and the request closes as a client that left (input plus the
+   * output it was handed). The terminal call that follows is `failed(reason)` or `cancelled`;
+   * no `chunk` or `completed` comes after it. After the terminal call the controller changes
+   * nothing (a consumer may resume or abort a call whose last event it has not taken yet).
+   */
+  abort(reason: unknown): void;
+}
+
 /** What the layers of a chat call hand on between them: a sink without its terminal failures. */
 export interface AnswerSink {
-  started(event: ChatStarted): void | Promise<void>;
+  started(event: ChatStarted, controller: AnswerController): void | Promise<void>;
   /**
    * One event of the answer. `parsed`: the provider's chunk as the relay parsed (and possibly
    * rewrote) it, for a translator that would otherwise parse `data` again.
    */
-  chunk(event: ChatChunk, parsed?: unknown): boolean;
-  drained(): Promise<void>;
+  chunk(event: ChatChunk, parsed?: unknown): void;
   completed(event: ChatCompleted): void | Promise<void>;
 }
 

@@ -1,6 +1,14 @@
 import { describe, expect, it } from "vitest";
-import type { Usage } from "./metering.js";
-import { judgeUsage, reasoningPolicyOf, toleranceOf, type UsageCount } from "./usage.js";
+import type { Usage } from "./types.js";
+import {
+  declaredHiddenReasoningRatio,
+  judgeUsage,
+  reasoningPolicyOf,
+  stopTokensOf,
+  toleranceOf,
+  usagePolicyOf,
+  type UsageCount,
+} from "./usage.js";
 
 const count = (over: Partial<UsageCount> = {}): UsageCount => ({
   inputTokens: 100n,
@@ -59,7 +67,7 @@ describe("judgeUsage", () => {
   });
 
   it("charges the count without a claim, never above the priced output", () => {
-    const j = judgeUsage(undefined, count({ reasoningTokens: 7n }), { ...none, outputLimit: 40n });
+    const j = judgeUsage(undefined, count({ reasoningTokens: 7n }), { ...none, outputBound: 40n });
     expect(j.charged).toEqual({
       inputTokens: 100n,
       outputTokens: 40n,
@@ -71,12 +79,12 @@ describe("judgeUsage", () => {
   });
 
   it("caps every charge at the priced output, tolerance or not", () => {
-    const j = judgeUsage(claim({ outputTokens: 55n }), count(), { ...none, outputLimit: 50n });
+    const j = judgeUsage(claim({ outputTokens: 55n }), count(), { ...none, outputBound: 50n });
     expect(j.charged.outputTokens).toBe(50n);
     expect(j.diverged).toBe(false);
   });
 
-  it("charges hidden reasoning only for an offer that declares it, up to its ratio of the visible output", () => {
+  it("charges hidden reasoning only as claimed reasoning, up to the ratio of the visible output", () => {
     // 50 visible tokens; the provider claims 450 output, 400 of them reasoning nobody saw.
     const c = claim({ outputTokens: 450n, reasoningTokens: 400n });
     const undeclared = judgeUsage(c, count(), none);
@@ -92,6 +100,48 @@ describe("judgeUsage", () => {
     expect(tooMuch.charged.outputTokens).toBe(50n + 400n);
     expect(tooMuch.charged.reasoningTokens).toBe(400n);
     expect(tooMuch.diverged).toBe(true);
+  });
+
+  it("gives a ratio nothing when no reasoning is claimed: 64x the output claimed is charged the visible output", () => {
+    // The issue's reproduction: an offer declaring 64 claims 65 times the visible output.
+    const c = claim({ outputTokens: 65n * 50n, reasoningTokens: 0n });
+    const j = judgeUsage(c, count(), { hiddenReasoningRatio: 64n });
+    expect(j.charged.outputTokens).toBe(50n);
+    expect(j.charged.reasoningTokens).toBe(0n);
+    expect(j.diverged).toBe(true);
+    // Reasoning claimed no more than the visible reasoning is visible: nothing hidden either.
+    const visible = count({ outputTokens: 80n, reasoningTokens: 30n });
+    const same = judgeUsage(claim({ outputTokens: 80n + 500n, reasoningTokens: 30n }), visible, {
+      hiddenReasoningRatio: 64n,
+    });
+    expect(same.charged.outputTokens).toBe(80n);
+    // Claimed beyond it, only the part beyond it is hidden.
+    const beyond = judgeUsage(claim({ outputTokens: 80n + 100n, reasoningTokens: 130n }), visible, {
+      hiddenReasoningRatio: 64n,
+    });
+    expect(beyond.charged.outputTokens).toBe(180n);
+    expect(beyond.diverged).toBe(false);
+  });
+
+  it("widens a stopped choice's output tolerance by its longest stop string", () => {
+    // 50 counted + 9 tolerance; the provider counts the 20-token stop string it generated.
+    const c = claim({ outputTokens: 50n + 9n + 20n });
+    expect(judgeUsage(c, count(), none).diverged).toBe(true);
+    const stopped = judgeUsage(c, count(), { ...none, stopTokens: 20n });
+    expect(stopped.charged).toEqual(c);
+    expect(stopped.diverged).toBe(false);
+    // Per stopped choice: two choices, one stopped on a string.
+    const two = count({ choices: 2n, stopped: 1n });
+    const c2 = claim({ outputTokens: 50n + 17n + 20n });
+    expect(judgeUsage(c2, two, { ...none, stopTokens: 20n }).diverged).toBe(false);
+    expect(
+      judgeUsage(claim({ outputTokens: 50n + 17n + 21n }), two, { ...none, stopTokens: 20n })
+        .diverged,
+    ).toBe(true);
+    // No choice stopped: no widening.
+    expect(judgeUsage(c, count({ stopped: 0n }), { ...none, stopTokens: 20n }).diverged).toBe(true);
+    // The byte bound earns none.
+    expect(toleranceOf(count({ exact: false }), 20n).outputTokens).toBe(0n);
   });
 
   it("charges visible reasoning the gateway counted, like any output", () => {
@@ -117,7 +167,15 @@ describe("judgeUsage", () => {
   });
 });
 
-describe("reasoningPolicyOf", () => {
+describe("stopTokensOf", () => {
+  it("is the longest stop string's tokens, 0 without any", () => {
+    const byLength = (text: string) => BigInt(text.length);
+    expect(stopTokensOf([], byLength)).toBe(0n);
+    expect(stopTokensOf(["ab", "abcd", "a"], byLength)).toBe(4n);
+  });
+});
+
+describe("declaredHiddenReasoningRatio", () => {
   it.each([
     [{ hidden_reasoning_ratio: 4 }, 4n],
     [{ hidden_reasoning_ratio: 64 }, 64n],
@@ -127,6 +185,69 @@ describe("reasoningPolicyOf", () => {
     [{ hidden_reasoning_ratio: -1 }, 0n],
     [{}, 0n],
   ])("%j declares a ratio of %s", (capabilities, ratio) => {
-    expect(reasoningPolicyOf(capabilities).hiddenReasoningRatio).toBe(ratio);
+    expect(declaredHiddenReasoningRatio(capabilities)).toBe(ratio);
+  });
+});
+
+describe("reasoningPolicyOf", () => {
+  const hides = { hidesReasoning: true };
+  it("is the tariff's ratio, capped by the configuration, for a model that hides its reasoning", () => {
+    expect(reasoningPolicyOf({ hiddenReasoningRatio: 4n }, hides, 8n).hiddenReasoningRatio).toBe(
+      4n,
+    );
+    expect(reasoningPolicyOf({ hiddenReasoningRatio: 64n }, hides, 8n).hiddenReasoningRatio).toBe(
+      8n,
+    );
+    expect(reasoningPolicyOf({ hiddenReasoningRatio: 64n }, hides).hiddenReasoningRatio).toBe(8n);
+    expect(reasoningPolicyOf({}, hides, 8n).hiddenReasoningRatio).toBe(0n);
+    expect(reasoningPolicyOf({ hiddenReasoningRatio: 4n }, hides, 0n).hiddenReasoningRatio).toBe(
+      0n,
+    );
+  });
+
+  it("is 0 for a model that shows its reasoning, whatever the tariff says", () => {
+    for (const model of [{}, { hidesReasoning: false }]) {
+      expect(
+        reasoningPolicyOf({ hiddenReasoningRatio: 64n }, model, 64n).hiddenReasoningRatio,
+      ).toBe(0n);
+    }
+  });
+
+  it("charges an offer's hidden reasoning on a hiding model only (issue 35, item 9)", () => {
+    const tariff = { hiddenReasoningRatio: 64n };
+    // 50 visible tokens, 300 reasoning tokens claimed that the client never saw.
+    const c = claim({ outputTokens: 350n, reasoningTokens: 300n });
+    const hiding = judgeUsage(c, count(), reasoningPolicyOf(tariff, hides, 8n));
+    expect(hiding.charged).toEqual(c);
+    const showing = judgeUsage(c, count(), reasoningPolicyOf(tariff, { hidesReasoning: false }));
+    expect(showing.charged.outputTokens).toBe(50n);
+    expect(showing.charged.reasoningTokens).toBe(0n);
+    // A declared 64 with no reasoning claimed: the visible output only, hiding model or not.
+    const bare = claim({ outputTokens: 65n * 50n });
+    expect(
+      judgeUsage(bare, count(), reasoningPolicyOf(tariff, hides, 64n)).charged.outputTokens,
+    ).toBe(50n);
+  });
+});
+
+describe("usagePolicyOf", () => {
+  it("puts the terms together: the capped ratio on a hiding model, the priced output, the stop tokens", () => {
+    const terms = {
+      tariff: { hiddenReasoningRatio: 64n },
+      ratioMax: 8n,
+      outputBound: 300n,
+      stop: ["</answer>", "STOP"],
+      countOutput: (text: string) => BigInt(text.length),
+    };
+    expect(usagePolicyOf({ ...terms, hidesReasoning: true })).toEqual({
+      hiddenReasoningRatio: 8n,
+      outputBound: 300n,
+      stopTokens: 9n,
+    });
+    expect(usagePolicyOf({ ...terms, hidesReasoning: undefined, stop: [] })).toEqual({
+      hiddenReasoningRatio: 0n,
+      outputBound: 300n,
+      stopTokens: 0n,
+    });
   });
 });

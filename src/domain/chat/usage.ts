@@ -1,4 +1,4 @@
-import type { Usage } from "./metering.js";
+import type { Usage } from "./types.js";
 
 /**
  * The payer pays the lower (DESIGN.md section 10): a provider's usage report is a claim by the
@@ -18,23 +18,59 @@ export interface UsageCount {
   /** Choices that carried output, and tool calls over all of them (their markup is not seen). */
   readonly choices: bigint;
   readonly toolCalls: bigint;
+  /**
+   * Of the choices, those that ended with `finish_reason: "stop"`, which may have stopped on a
+   * stop string the provider generated and counted (see `UsagePolicy.stopTokens`); undefined:
+   * not known, every choice counted may have.
+   */
+  readonly stopped?: bigint | undefined;
   /** Counted with the model's own tokenizer (else the counts are upper bounds). */
   readonly exact: boolean;
 }
 
-/** What the offer declares about output its clients never see. */
+/**
+ * The terms an answer's claim is judged by, beside the count: what the request was priced for
+ * and what it asked of the provider.
+ */
 export interface ReasoningPolicy {
   /**
-   * Hidden reasoning tokens charged at most this many times the visible output
-   * (`capabilities.hidden_reasoning_ratio`, a positive integer); 0: the offer declares none,
-   * and reasoning the client never saw is not charged.
+   * Reasoning the client never saw may be charged up to this many times the visible output:
+   * the ratio of the offer's tariff version (`Tariff.hiddenReasoningRatio`), capped by the
+   * gateway's configuration (`HIDDEN_REASONING_RATIO_MAX`), and 0 unless the model's tokenizer
+   * registry entry says it hides its reasoning (`hidesReasoning`): see {@link reasoningPolicyOf}.
+   * 0: reasoning the client never saw is not charged.
    */
   readonly hiddenReasoningRatio: bigint;
   /**
    * The most output the request was priced for (the limit times its choices): no charge
    * passes it, whatever the tolerance allows.
    */
-  readonly outputLimit?: bigint | undefined;
+  readonly outputBound?: bigint | undefined;
+  /**
+   * Tokens of the request's longest stop string (`req.stop`, counted with the model's counter:
+   * {@link stopTokensOf}); 0 or absent: no stop string. A provider counts the stop string it
+   * generated, which the client never sees: each stopped choice's output tolerance grows by it.
+   */
+  readonly stopTokens?: bigint | undefined;
+}
+
+/** The same terms, by the name that says what they are beyond reasoning. */
+export type UsagePolicy = ReasoningPolicy;
+
+/**
+ * Tokens of the longest of the request's stop strings (at most 4 of 64 characters,
+ * src/schema/chat.ts), as the model's counter counts each alone; 0 without any.
+ */
+export function stopTokensOf(
+  stop: readonly string[],
+  countOutput: (text: string) => bigint,
+): bigint {
+  let most = 0n;
+  for (const text of stop) {
+    const tokens = countOutput(text);
+    if (tokens > most) most = tokens;
+  }
+  return most;
 }
 
 /** The tolerances the claim is held to, documented in docs/decisions/metering-and-tokens.md. */
@@ -60,13 +96,16 @@ function percentOf(value: bigint): bigint {
  * The tolerance of a count: small for an exact tokenizer; none for the byte bound, which is
  * already above any honest claim.
  */
-export function toleranceOf(count: UsageCount): Tolerance {
+export function toleranceOf(count: UsageCount, stopTokens = 0n): Tolerance {
   if (!count.exact) return { inputTokens: 0n, outputTokens: 0n };
+  const choices = count.choices > 0n ? count.choices : 1n;
+  const stopped = count.stopped === undefined || count.stopped > choices ? choices : count.stopped;
   return {
     inputTokens: inputToleranceFixed + percentOf(count.inputTokens),
     outputTokens:
-      outputTolerancePerChoice * (count.choices > 0n ? count.choices : 1n) +
+      outputTolerancePerChoice * choices +
       outputTolerancePerToolCall * count.toolCalls +
+      (stopTokens > 0n ? stopTokens * stopped : 0n) +
       percentOf(count.outputTokens),
   };
 }
@@ -87,9 +126,13 @@ export interface UsageJudgment {
  * The usage charged for an answer: per kind, the claim when it is within the count plus
  * tolerance, else the count (a claim above what the count allows earns no tolerance):
  * - input: the claim if at most `count + tolerance`, else the count;
- * - output: the claim if at most `count + tolerance + hidden`, else `count + hidden`, where
- *   `hidden` is the offer's declared ratio times the visible output (0 without a declaration);
- *   never above the priced output (`outputLimit`);
+ * - output: the claim if at most `count + tolerance + hidden`, else `count + hidden`; never
+ *   above the priced output (`outputBound`). The output tolerance grows by `stopTokens` for each
+ *   choice that stopped (the stop string the provider generated and the client never saw);
+ * - hidden reasoning: `hidden` is the reasoning the provider claims beyond the visible reasoning
+ *   the gateway counted, at most `hiddenReasoningRatio` times the visible output, and 0 when the
+ *   ratio is 0 (a model that does not hide its reasoning, or a tariff without a ratio). A ratio
+ *   alone earns nothing: output claimed with no reasoning claimed is held to the visible count;
  * - reasoning: likewise against the visible reasoning, and at most the output;
  * - cached: at most the charged input.
  * Without a claim, the count (an exact count, or the bound). An honest claim within tolerance is
@@ -104,11 +147,11 @@ export function judgeUsage(
     return {
       charged: {
         inputTokens: counted.inputTokens,
-        outputTokens: min(counted.outputTokens, policy.outputLimit ?? counted.outputTokens),
+        outputTokens: min(counted.outputTokens, policy.outputBound ?? counted.outputTokens),
         cachedInputTokens: 0n,
         reasoningTokens: min(
           counted.reasoningTokens,
-          policy.outputLimit ?? counted.reasoningTokens,
+          policy.outputBound ?? counted.reasoningTokens,
         ),
       },
       claimed,
@@ -117,18 +160,18 @@ export function judgeUsage(
       diverged: false,
     };
   }
-  const tolerance = toleranceOf(counted);
-  const hidden = policy.hiddenReasoningRatio * counted.outputTokens;
+  const tolerance = toleranceOf(counted, policy.stopTokens ?? 0n);
+  const claimedCached = claimed.cachedInputTokens ?? 0n;
+  const claimedReasoning = claimed.reasoningTokens ?? 0n;
+  const hidden = hiddenReasoning(claimedReasoning, counted, policy.hiddenReasoningRatio);
   const inputAllowed = counted.inputTokens + tolerance.inputTokens;
   const outputAllowed = counted.outputTokens + tolerance.outputTokens + hidden;
   const reasoningAllowed = counted.reasoningTokens + tolerance.outputTokens + hidden;
   const inputTokens = within(claimed.inputTokens, inputAllowed, counted.inputTokens);
   const outputTokens = min(
     within(claimed.outputTokens, outputAllowed, counted.outputTokens + hidden),
-    policy.outputLimit ?? claimed.outputTokens,
+    policy.outputBound ?? claimed.outputTokens,
   );
-  const claimedCached = claimed.cachedInputTokens ?? 0n;
-  const claimedReasoning = claimed.reasoningTokens ?? 0n;
   const cachedInputTokens = min(claimedCached, inputTokens);
   const reasoningTokens = min(
     within(claimedReasoning, reasoningAllowed, counted.reasoningTokens + hidden),
@@ -148,6 +191,15 @@ export function judgeUsage(
 }
 
 /**
+ * The hidden reasoning an answer may be charged: the reasoning claimed beyond the visible
+ * reasoning counted, at most `ratio` times the visible output.
+ */
+export function hiddenReasoning(claimedReasoning: bigint, counted: UsageCount, ratio: bigint) {
+  if (ratio <= 0n || claimedReasoning <= counted.reasoningTokens) return 0n;
+  return min(claimedReasoning - counted.reasoningTokens, ratio * counted.outputTokens);
+}
+
+/**
  * A claim within what the count allows is charged as claimed; one above it, the count itself:
  * the tolerance is for honest differences, and a claim past it earns none of it.
  */
@@ -159,15 +211,66 @@ function min(a: bigint, b: bigint): bigint {
   return a < b ? a : b;
 }
 
-/** The offer's reasoning declaration, from its capabilities (anything else: none). */
-export function reasoningPolicyOf(
+/** The largest ratio an offer's capabilities may declare (the configuration caps it lower). */
+export const maxDeclaredHiddenReasoningRatio = 64n;
+/** `HIDDEN_REASONING_RATIO_MAX`'s default (src/config/gateway.ts). */
+export const defaultHiddenReasoningRatioMax = 8n;
+
+/**
+ * The hidden reasoning ratio an offer's capabilities declare (`hidden_reasoning_ratio`, a
+ * positive integer up to {@link maxDeclaredHiddenReasoningRatio}; anything else: 0). Read once
+ * per tariff version, when the indexer records the version (`Tariff.hiddenReasoningRatio`): the
+ * ratio is a priced term, and a later change of the capabilities alone changes nothing until
+ * the offer's tariff changes (docs/decisions/metering-and-tokens.md, "Hidden reasoning").
+ */
+export function declaredHiddenReasoningRatio(
   capabilities: Readonly<Record<string, unknown>>,
-): Pick<ReasoningPolicy, "hiddenReasoningRatio"> {
+): bigint {
   const ratio = capabilities["hidden_reasoning_ratio"];
+  return typeof ratio === "number" &&
+    Number.isSafeInteger(ratio) &&
+    ratio > 0 &&
+    BigInt(ratio) <= maxDeclaredHiddenReasoningRatio
+    ? BigInt(ratio)
+    : 0n;
+}
+
+/**
+ * The hidden reasoning ratio an answer is judged by: the offer's tariff version's ratio, capped
+ * by `ratioMax` (`HIDDEN_REASONING_RATIO_MAX`), for a model whose tokenizer registry entry says
+ * it hides its reasoning (`hidesReasoning`); 0 for any other model, whose reasoning the client
+ * sees and the gateway counts.
+ */
+export function reasoningPolicyOf(
+  tariff: { readonly hiddenReasoningRatio?: bigint | undefined },
+  model: { readonly hidesReasoning?: boolean | undefined },
+  ratioMax: bigint = defaultHiddenReasoningRatioMax,
+): Pick<ReasoningPolicy, "hiddenReasoningRatio"> {
+  const ratio = tariff.hiddenReasoningRatio ?? 0n;
+  if (model.hidesReasoning !== true || ratio <= 0n || ratioMax <= 0n) {
+    return { hiddenReasoningRatio: 0n };
+  }
+  return { hiddenReasoningRatio: min(ratio, ratioMax) };
+}
+
+/**
+ * The terms a request's answer is judged by (`judgeUsage`'s third argument), from what the
+ * caller has: the serving offer's tariff, whether the model hides its reasoning (its tokenizer
+ * registry entry's `hidesReasoning`; false for a model without one), the configuration's cap
+ * (`HIDDEN_REASONING_RATIO_MAX`), the priced output (the limit times the choices), and the
+ * request's stop strings with the model's counter to count them.
+ */
+export function usagePolicyOf(terms: {
+  readonly tariff: { readonly hiddenReasoningRatio?: bigint | undefined };
+  readonly hidesReasoning: boolean | undefined;
+  readonly ratioMax: bigint;
+  readonly outputBound: bigint;
+  readonly stop: readonly string[];
+  readonly countOutput: (text: string) => bigint;
+}): ReasoningPolicy {
   return {
-    hiddenReasoningRatio:
-      typeof ratio === "number" && Number.isSafeInteger(ratio) && ratio > 0 && ratio <= 64
-        ? BigInt(ratio)
-        : 0n,
+    ...reasoningPolicyOf(terms.tariff, { hidesReasoning: terms.hidesReasoning }, terms.ratioMax),
+    outputBound: terms.outputBound,
+    stopTokens: stopTokensOf(terms.stop, terms.countOutput),
   };
 }

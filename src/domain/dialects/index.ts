@@ -1,5 +1,6 @@
-import { checkJsonBounds, type JsonBounds } from "../chat-request.js";
-import type { AnswerSink } from "../chat/sink.js";
+import { checkJsonBounds, parseJsonText, type JsonBounds } from "../chat/request/index.js";
+import { ForwardingSink } from "../chat/sink.js";
+import type { AnswerController, AnswerSink } from "../chat/types.js";
 import type { ChatChunk, ChatCompleted, ChatStarted, UsageFigures } from "../chat/types.js";
 import { GatewayError } from "../errors.js";
 import { messagesDialect } from "./messages.js";
@@ -25,6 +26,16 @@ export interface DialectChunk extends ChatChunk {
   readonly event?: string;
 }
 
+/**
+ * The `started` event of a dialect's stream: what it is, and the way to end this call's own
+ * stream when it fails after it began (the dialect's error events from the translator that made
+ * its other events, so that they go on from there: one `response.created`, sequence numbers that
+ * keep increasing). Only the REST facade writes them; the RPC ends with its error status.
+ */
+export interface DialectStarted extends ChatStarted {
+  readonly failure?: (error: GatewayError) => readonly DialectChunk[];
+}
+
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 const encoder = new TextEncoder();
 
@@ -44,14 +55,7 @@ export function canonicalBody(
     );
   }
   checkJsonBounds(raw, bounds);
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(utf8.decode(raw));
-  } catch (err) {
-    const detail = err instanceof Error ? `: ${err.message.slice(0, 200)}` : "";
-    throw new GatewayError("invalid_json", `the request body is not valid JSON${detail}`);
-  }
-  const { chat } = dialect.toCanonical(parsed);
+  const { chat } = dialect.toCanonical(parseJsonText(raw));
   const model = typeof chat["model"] === "string" ? chat["model"] : "";
   return { body: encoder.encode(JSON.stringify(chat)), model };
 }
@@ -73,6 +77,35 @@ export function chargeOf(done: ChatCompleted): GatewayCharge {
     usage_counted: figuresOf(done.counted),
     usage_source: done.usageFromProvider ? "provider" : "gateway",
   };
+}
+
+/**
+ * The order of `x_gateway`'s members in a chat completion stream's final chunk: its first
+ * writer's (the RPC's ChatCompleted field order), kept so that those bytes do not change. The
+ * members and their values are {@link chargeOf}'s.
+ */
+const chunkChargeOrder = [
+  "request_id",
+  "quote_id",
+  "offer_id",
+  "tariff_version",
+  "input_tokens",
+  "output_tokens",
+  "credits_charged",
+  "billing",
+  "cached_input_tokens",
+  "reasoning_tokens",
+  "usage_claimed",
+  "usage_counted",
+  "usage_source",
+] as const satisfies readonly (keyof GatewayCharge)[];
+
+/** {@link chargeOf} in a chat completion stream's final chunk (its members' order). */
+export function chunkChargeOf(done: ChatCompleted): GatewayCharge {
+  const charge = chargeOf(done);
+  const ordered: Record<string, unknown> = {};
+  for (const key of chunkChargeOrder) ordered[key] = charge[key];
+  return ordered as unknown as GatewayCharge;
 }
 
 function figuresOf(figures: UsageFigures | undefined): GatewayFigures | null {
@@ -106,7 +139,7 @@ export function translatingSink(dialect: Dialect, model: string, next: AnswerSin
   return new TranslatingSink(dialect, model, next);
 }
 
-class TranslatingSink implements AnswerSink {
+class TranslatingSink extends ForwardingSink {
   private stream: StreamTranslator | undefined;
   private json: ChatChunk | undefined;
   private last: ChatChunk | undefined;
@@ -114,36 +147,35 @@ class TranslatingSink implements AnswerSink {
   constructor(
     private readonly dialect: Dialect,
     private readonly model: string,
-    private readonly next: AnswerSink,
-  ) {}
-
-  started(event: ChatStarted): void | Promise<void> {
-    if (event.stream)
-      this.stream = this.dialect.createStream({ requestId: event.requestId, model: this.model });
-    return this.next.started(event);
+    next: AnswerSink,
+  ) {
+    super(next);
   }
 
-  chunk(event: ChatChunk, parsed?: unknown): boolean {
+  override started(event: ChatStarted, controller: AnswerController): void | Promise<void> {
+    if (!event.stream) return this.next.started(event, controller);
+    const stream = this.dialect.createStream({ requestId: event.requestId, model: this.model });
+    this.stream = stream;
+    const started: DialectStarted = {
+      ...event,
+      failure: (error) => stream.fail(error).map((out) => dialectChunk(out, this.last)),
+    };
+    return this.next.started(started, controller);
+  }
+
+  override chunk(event: ChatChunk, parsed?: unknown): void {
     this.last = event;
     const stream = this.stream;
     if (stream === undefined) {
       this.json = event;
-      return true;
+      return;
     }
     const chunk = parsed ?? parseChunk(event.data);
-    if (chunk === undefined) return true; // not an event of the answer (metered as it came)
-    let more = true;
-    for (const out of stream.chunk(chunk)) {
-      if (!this.next.chunk(dialectChunk(out, event))) more = false;
-    }
-    return more;
+    if (chunk === undefined) return; // not an event of the answer (metered as it came)
+    for (const out of stream.chunk(chunk)) this.next.chunk(dialectChunk(out, event));
   }
 
-  drained(): Promise<void> {
-    return this.next.drained();
-  }
-
-  completed(event: ChatCompleted): void | Promise<void> {
+  override completed(event: ChatCompleted): void | Promise<void> {
     const charge = chargeOf(event);
     if (this.stream !== undefined) {
       for (const out of this.stream.finish(charge)) this.next.chunk(dialectChunk(out, this.last));

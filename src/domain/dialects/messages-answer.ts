@@ -35,10 +35,6 @@ export function stopOf(
   return { stop_reason: "end_turn", stop_sequence: null };
 }
 
-function count(value: unknown): number | undefined {
-  return typeof value === "number" && Number.isSafeInteger(value) && value >= 0 ? value : undefined;
-}
-
 /** Decimal-string token counts of the charge, as numbers. */
 function chargeCount(value: string): number {
   const n = Number(value);
@@ -54,41 +50,21 @@ interface Usage {
   readonly output_tokens_details?: { readonly thinking_tokens: number };
 }
 
-/** The figures of a chat usage object a Messages usage is made of (held by a stream, not the object). */
-export interface Claim {
-  readonly prompt: number | undefined;
-  readonly completion: number | undefined;
-  /** Cached prompt tokens as reported (0 when none). */
-  readonly cached: number;
-  readonly reasoning: number | undefined;
-}
-
-export function claimOf(usage: unknown): Claim {
-  const u = isObject(usage) ? usage : {};
-  const details = u["prompt_tokens_details"];
-  const completion = u["completion_tokens_details"];
+/**
+ * The Anthropic usage of a completed answer: what was charged (DESIGN.md 10: the usage a
+ * client's SDK reads is the charge; the provider's claim and the gateway's count are in
+ * `x_gateway`). Its input excludes the cached part, as Anthropic reports it.
+ */
+export function usageOf(charge: GatewayCharge): Usage {
+  const input = chargeCount(charge.input_tokens);
+  const cached = chargeCount(charge.cached_input_tokens ?? "0");
+  const reasoning = chargeCount(charge.reasoning_tokens ?? "0");
   return {
-    prompt: count(u["prompt_tokens"]),
-    completion: count(u["completion_tokens"]),
-    cached: (isObject(details) && count(details["cached_tokens"])) || 0,
-    reasoning: isObject(completion) ? count(completion["reasoning_tokens"]) : undefined,
-  };
-}
-
-/** Anthropic usage from a chat usage object's figures, else from the charge's counts. */
-export function usageOf(claim: Claim, charge: GatewayCharge): Usage {
-  const prompt = claim.prompt ?? chargeCount(charge.input_tokens);
-  const output = claim.completion ?? chargeCount(charge.output_tokens);
-  // A detail above its total is the provider's error: 0, as the record keeps it (metering).
-  const cached = claim.cached <= prompt ? claim.cached : 0;
-  const thinking = claim.reasoning;
-  const reasoning = thinking === undefined || thinking <= output ? thinking : 0;
-  return {
-    input_tokens: prompt - cached,
-    output_tokens: output,
+    input_tokens: input - cached,
+    output_tokens: chargeCount(charge.output_tokens),
     cache_read_input_tokens: cached,
     cache_creation_input_tokens: 0,
-    ...(reasoning === undefined ? {} : { output_tokens_details: { thinking_tokens: reasoning } }),
+    ...(reasoning === 0 ? {} : { output_tokens_details: { thinking_tokens: reasoning } }),
   };
 }
 
@@ -138,7 +114,7 @@ export function fromCompletion(completion: unknown, charge: GatewayCharge): unkn
     model: typeof model === "string" ? model : "",
     content,
     ...stopOf(choice?.["finish_reason"], calls.length > 0, choice?.["stop_reason"]),
-    usage: usageOf(claimOf(isObject(completion) ? completion["usage"] : undefined), charge),
+    usage: usageOf(charge),
     x_gateway: charge,
   };
 }

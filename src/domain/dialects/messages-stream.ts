@@ -1,14 +1,12 @@
 import type { GatewayError } from "../errors.js";
 import { isObject, type JsonObject } from "./json.js";
 import {
-  claimOf,
   errorBody,
   firstChoice,
   messageId,
   stopOf,
   toolUseId,
   usageOf,
-  type Claim,
 } from "./messages-answer.js";
 import type { DialectEvent, GatewayCharge, StreamTranslator } from "./types.js";
 
@@ -70,7 +68,6 @@ class MessagesStream implements StreamTranslator {
   private readonly tools = new Map<number, number | WaitingCall>();
   private finishReason: string | undefined;
   private stopString: string | undefined;
-  private claim: Claim | undefined;
   /** The code units the waiting calls hold (see {@link maxPendingChars}). */
   private waitingChars = 0;
   /** A tool call passed the bound: nothing more of the answer is relayed. */
@@ -92,7 +89,6 @@ class MessagesStream implements StreamTranslator {
     if (this.ended || !isObject(chunk)) return [];
     const events: DialectEvent[] = [];
     this.start(events, chunk["model"]);
-    if (isObject(chunk["usage"])) this.claim = claimOf(chunk["usage"]);
     const choice = firstChoice(chunk);
     if (choice === undefined) return events;
     const delta = isObject(choice["delta"]) ? choice["delta"] : {};
@@ -136,7 +132,7 @@ class MessagesStream implements StreamTranslator {
         delta: this.cut
           ? { stop_reason: "max_tokens", stop_sequence: null }
           : stopOf(this.finishReason, this.tools.size > 0, this.stopString),
-        usage: usageOf(this.claim ?? claimOf(undefined), charge),
+        usage: usageOf(charge),
       }),
       named({ type: "message_stop", x_gateway: charge }),
     );

@@ -3,7 +3,7 @@ import { httpStatusOf } from "../../connect/error-codes.js";
 import type { AddressInfo } from "node:net";
 import Anthropic from "@anthropic-ai/sdk";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { parseChatRequest } from "../chat-request.js";
+import { parseChatRequest } from "../chat/request/index.js";
 import {
   recording,
   testEmittedConforms,
@@ -339,6 +339,16 @@ describe("toCanonical", () => {
       { ...base, stop_sequences: "x" },
       /'stop_sequences' must be an array/,
     ],
+    [
+      "stop_sequences beyond the bound",
+      { ...base, stop_sequences: ["a", "b", "c", "d", "e"] },
+      /'stop_sequences' must be an array of at most 4 items/,
+    ],
+    [
+      "stop_sequences too long",
+      { ...base, stop_sequences: ["x".repeat(65)] },
+      /'stop_sequences\[0\]' must be a string of at most 64 characters/,
+    ],
     ["stream string", { ...base, stream: "yes" }, /'stream' must be a boolean/],
     ["metadata.user_id number", { ...base, metadata: { user_id: 1 } }, /'metadata.user_id'/],
     [
@@ -668,7 +678,7 @@ const toolCall = (id: string, name: string, args: string) => ({
   function: { name, arguments: args },
 });
 
-it("usage details above their totals are the provider's error: shown as 0, as recorded", () => {
+it("the usage shown is what was charged, never the provider's claim (its details neither)", () => {
   const answer = dialect.fromCompletion(completion({ content: "x" }, "stop", {}), charge) as {
     usage: unknown;
   };
@@ -692,7 +702,15 @@ it("usage details above their totals are the provider's error: shown as 0, as re
     output_tokens: 9,
     cache_read_input_tokens: 0,
     cache_creation_input_tokens: 0,
-    output_tokens_details: { thinking_tokens: 0 },
+  });
+  // The charge's details: cached input apart from the rest, thinking tokens when any.
+  const detailed = { ...charge, cached_input_tokens: "16", reasoning_tokens: "4" };
+  expect((dialect.fromCompletion(hostile, detailed) as { usage: unknown }).usage).toEqual({
+    input_tokens: 5,
+    output_tokens: 9,
+    cache_read_input_tokens: 16,
+    cache_creation_input_tokens: 0,
+    output_tokens_details: { thinking_tokens: 4 },
   });
 });
 
@@ -758,7 +776,7 @@ describe("fromCompletion", () => {
       expected: { content: [], stop_reason: "refusal" },
     },
     {
-      name: "cached tokens",
+      name: "cached tokens claimed: not shown (the charge is)",
       completion: {
         ...completion({ content: "ok" }, "stop"),
         usage: {
@@ -770,11 +788,10 @@ describe("fromCompletion", () => {
       expected: {
         content: [{ type: "text", text: "ok" }],
         stop_reason: "end_turn",
-        usage: { ...usage, input_tokens: 5, cache_read_input_tokens: 16 },
       },
     },
     {
-      name: "reasoning tokens",
+      name: "reasoning tokens claimed: not shown (the charge is)",
       completion: {
         ...completion({ content: "ok" }, "stop"),
         usage: {
@@ -786,7 +803,6 @@ describe("fromCompletion", () => {
       expected: {
         content: [{ type: "text", text: "ok" }],
         stop_reason: "end_turn",
-        usage: { ...usage, output_tokens_details: { thinking_tokens: 4 } },
       },
     },
     {
@@ -954,16 +970,17 @@ describe("stream", () => {
     expect(events[12]?.data).toEqual({
       type: "message_delta",
       delta: { stop_reason: "tool_use", stop_sequence: null },
+      // The charge, whatever the chunks claimed (20 in, 12 out, 10 cached).
       usage: {
-        input_tokens: 20,
-        output_tokens: 12,
-        cache_read_input_tokens: 10,
+        input_tokens: 21,
+        output_tokens: 9,
+        cache_read_input_tokens: 0,
         cache_creation_input_tokens: 0,
       },
     });
   });
 
-  it("length -> max_tokens; usage on the finishing chunk; no usage falls back to the charge", () => {
+  it("length -> max_tokens; the usage is the charge, with or without a claim on the finishing chunk", () => {
     const withUsage = translate([
       chunk({ content: "Hel" }),
       { ...chunk({}, "length"), usage: { prompt_tokens: 3, completion_tokens: 1 } },
@@ -972,8 +989,8 @@ describe("stream", () => {
       type: "message_delta",
       delta: { stop_reason: "max_tokens", stop_sequence: null },
       usage: {
-        input_tokens: 3,
-        output_tokens: 1,
+        input_tokens: 21,
+        output_tokens: 9,
         cache_read_input_tokens: 0,
         cache_creation_input_tokens: 0,
       },
@@ -1317,14 +1334,14 @@ describe("with the official @anthropic-ai/sdk", () => {
       { type: "tool_use", id: "call_b", name: "get_time", input: { tz: "UTC" } },
     ]);
     expect(message.usage).toMatchObject({
-      input_tokens: 20,
-      output_tokens: 12,
-      cache_read_input_tokens: 10,
+      input_tokens: 21,
+      output_tokens: 9,
+      cache_read_input_tokens: 0,
       cache_creation_input_tokens: 0,
     });
   });
 
-  it("messages.stream + finalMessage: length -> max_tokens, usage from a usage-only last chunk", async () => {
+  it("messages.stream + finalMessage: length -> max_tokens, the charge's usage whatever a usage-only last chunk claims", async () => {
     answer = {
       events: translate([
         chunk({ role: "assistant", content: "" }),
@@ -1342,11 +1359,7 @@ describe("with the official @anthropic-ai/sdk", () => {
       .finalMessage();
     expect(message.content).toEqual([{ type: "text", text: "One two" }]);
     expect(message.stop_reason).toBe("max_tokens");
-    expect(message.usage).toMatchObject({
-      input_tokens: 7,
-      output_tokens: 2,
-      output_tokens_details: { thinking_tokens: 1 },
-    });
+    expect(message.usage).toMatchObject({ input_tokens: 21, output_tokens: 9 });
   });
 
   it("parallel tool calls in one chunk, then interleaved argument deltas", async () => {

@@ -1,5 +1,6 @@
 import { errorBody, fromCompletion } from "./messages-answer.js";
 import { toCanonical } from "./messages-request.js";
+import { createReader } from "./messages-reader.js";
 import { createStream } from "./messages-stream.js";
 import type { Dialect } from "./types.js";
 
@@ -61,5 +62,6 @@ export const messagesDialect: Dialect = {
   toCanonical,
   fromCompletion,
   createStream,
+  reader: createReader,
   errorBody,
 };

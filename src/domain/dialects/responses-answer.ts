@@ -22,39 +22,19 @@ export interface Usage {
   readonly total_tokens: number;
 }
 
-function count(value: unknown): number {
-  return typeof value === "number" && Number.isSafeInteger(value) && value >= 0 ? value : 0;
-}
-
-/** The Responses usage of a chat usage object; the gateway's metered counts when it has none. */
-export function usageOf(usage: unknown, charge: GatewayCharge | undefined): Usage | null {
-  if (isObject(usage)) {
-    const input = count(usage["prompt_tokens"]);
-    const output = count(usage["completion_tokens"]);
-    const promptDetails = usage["prompt_tokens_details"];
-    const completionDetails = usage["completion_tokens_details"];
-    // A detail above its total is the provider's error: 0, as the record keeps it (metering).
-    const cached = isObject(promptDetails) ? count(promptDetails["cached_tokens"]) : 0;
-    const reasoning = isObject(completionDetails)
-      ? count(completionDetails["reasoning_tokens"])
-      : 0;
-    return {
-      input_tokens: input,
-      input_tokens_details: { cached_tokens: cached <= input ? cached : 0 },
-      output_tokens: output,
-      output_tokens_details: { reasoning_tokens: reasoning <= output ? reasoning : 0 },
-      total_tokens:
-        usage["total_tokens"] !== undefined ? count(usage["total_tokens"]) : input + output,
-    };
-  }
-  if (charge === undefined) return null;
+/**
+ * The Responses usage of a completed answer: what was charged (DESIGN.md 10: the usage a
+ * client's SDK reads is the charge; the provider's claim and the gateway's count are in
+ * `x_gateway`).
+ */
+export function usageOf(charge: GatewayCharge): Usage {
   const input = Number(charge.input_tokens);
   const output = Number(charge.output_tokens);
   return {
     input_tokens: input,
-    input_tokens_details: { cached_tokens: 0 },
+    input_tokens_details: { cached_tokens: Number(charge.cached_input_tokens ?? "0") },
     output_tokens: output,
-    output_tokens_details: { reasoning_tokens: 0 },
+    output_tokens_details: { reasoning_tokens: Number(charge.reasoning_tokens ?? "0") },
     total_tokens: input + output,
   };
 }
@@ -181,7 +161,7 @@ export function fromCompletion(completion: unknown, charge: GatewayCharge): unkn
       model: typeof body["model"] === "string" ? body["model"] : "",
       status,
       output,
-      usage: usageOf(body["usage"], charge),
+      usage: usageOf(charge),
       incompleteDetails: incomplete_details,
     }),
     x_gateway: { ...charge },

@@ -13,7 +13,6 @@ import {
   textPart,
   usageOf,
   type ItemStatus,
-  type Usage,
 } from "./responses-answer.js";
 import { fitting, HeldText } from "./responses-held-text.js";
 import type { DialectEvent, GatewayCharge, StreamTranslator } from "./types.js";
@@ -96,7 +95,6 @@ class ResponsesStream implements StreamTranslator {
   private readonly calls = new Map<number, CallState>();
   /** The finish reasons that make the response incomplete; any other is `undefined`. */
   private finishReason: "length" | "content_filter" | undefined;
-  private usage: Usage | null = null;
   /** Code units of the provider's strings held, and items and parts held. */
   private heldChars = 0;
   private heldParts = 0;
@@ -117,7 +115,6 @@ class ResponsesStream implements StreamTranslator {
     if (this.ended || !isObject(chunk)) return [];
     const events: DialectEvent[] = [];
     this.start(events, chunk);
-    if (isObject(chunk["usage"])) this.usage = usageOf(chunk["usage"], undefined);
     const choices = Array.isArray(chunk["choices"]) ? (chunk["choices"] as unknown[]) : [];
     // The canonical request asks for one choice; any other is not this answer's.
     const choice = choices.find((c) => isObject(c) && (c["index"] ?? 0) === 0);
@@ -159,7 +156,7 @@ class ResponsesStream implements StreamTranslator {
       model: this.model,
       status,
       output: this.items.map((item) => this.itemView(item, status)),
-      usage: this.usage ?? usageOf(undefined, charge),
+      usage: usageOf(charge),
       incompleteDetails: incomplete_details,
     });
     this.emit(events, type, { response, x_gateway: { ...charge } });

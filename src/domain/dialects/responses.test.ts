@@ -7,7 +7,7 @@ import type {
   ResponseStreamEvent,
 } from "openai/resources/responses/responses";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { parseChatRequest } from "../chat-request.js";
+import { parseChatRequest } from "../chat/request/index.js";
 import {
   recording,
   testEmittedConforms,
@@ -31,7 +31,7 @@ const charge: GatewayCharge = {
   tariff_version: "3",
   input_tokens: "12",
   output_tokens: "3",
-  cached_input_tokens: "0",
+  cached_input_tokens: "4",
   reasoning_tokens: "0",
   credits_charged: "1234",
   billing: "billed",
@@ -670,7 +670,7 @@ describe("toCanonical: the schema's rules (ResponsesRequest), each naming the fi
 });
 
 describe("fromCompletion", () => {
-  it("usage details above their totals are the provider's error: shown as 0, as recorded", () => {
+  it("the usage shown is what was charged, never the provider's claim (its details neither)", () => {
     const answer = dialect.fromCompletion(
       {
         id: "chatcmpl-1",
@@ -681,8 +681,8 @@ describe("fromCompletion", () => {
           { index: 0, message: { role: "assistant", content: "x" }, finish_reason: "stop" },
         ],
         usage: {
-          prompt_tokens: 12,
-          completion_tokens: 3,
+          prompt_tokens: 4_096,
+          completion_tokens: 4_096,
           prompt_tokens_details: { cached_tokens: 13 },
           completion_tokens_details: { reasoning_tokens: 4 },
         },
@@ -691,7 +691,7 @@ describe("fromCompletion", () => {
     ) as { usage: unknown };
     expect(answer.usage).toEqual({
       input_tokens: 12,
-      input_tokens_details: { cached_tokens: 0 },
+      input_tokens_details: { cached_tokens: 4 },
       output_tokens: 3,
       output_tokens_details: { reasoning_tokens: 0 },
       total_tokens: 15,
@@ -716,7 +716,7 @@ describe("fromCompletion", () => {
           completion_tokens_details: { reasoning_tokens: 1 },
         },
       },
-      charge,
+      { ...charge, reasoning_tokens: "1" },
     );
     expect(answer).toEqual({
       id: `resp_${tail}`,
@@ -750,11 +750,11 @@ describe("fromCompletion", () => {
         output_tokens_details: { reasoning_tokens: 1 },
         total_tokens: 15,
       },
-      x_gateway: charge,
+      x_gateway: { ...charge, reasoning_tokens: "1" },
     });
   });
 
-  it("tool calls without text, cut by the output limit, usage from the charge when absent", () => {
+  it("tool calls without text, cut by the output limit, usage from the charge", () => {
     const answer = dialect.fromCompletion(
       {
         created: 1_700_000_000,
@@ -802,7 +802,7 @@ describe("fromCompletion", () => {
     ]);
     expect(answer["usage"]).toEqual({
       input_tokens: 12,
-      input_tokens_details: { cached_tokens: 0 },
+      input_tokens_details: { cached_tokens: 4 },
       output_tokens: 3,
       output_tokens_details: { reasoning_tokens: 0 },
       total_tokens: 15,
@@ -1284,7 +1284,8 @@ describe("through the official openai SDK", () => {
       ["weather", '{"city":"Paris"}'],
       ["clock", "{}"],
     ]);
-    expect(final.usage?.total_tokens).toBe(29);
+    // The charge's (12 + 3), not the claim's 29.
+    expect(final.usage?.total_tokens).toBe(15);
     const canonical = dialect.toCanonical(received.at(-1)).chat;
     expect(canonical["tools"]).toEqual([
       {
@@ -1310,7 +1311,8 @@ describe("through the official openai SDK", () => {
     expect(final.incomplete_details).toEqual({ reason: "max_output_tokens" });
     expect(final.output_text).toBe("One, two");
     expect(final.output[0]).toMatchObject({ type: "message", status: "incomplete" });
-    expect(final.usage?.output_tokens).toBe(2);
+    // The charge's, not the claim's 2.
+    expect(final.usage?.output_tokens).toBe(3);
   });
 
   it("past the held bound: finalResponse is what the deltas gave, incomplete, with its reason", async () => {

@@ -1,5 +1,6 @@
 import { fromCompletion, errorBody } from "./responses-answer.js";
 import { toCanonical } from "./responses-request.js";
+import { createReader } from "./responses-reader.js";
 import { createStream } from "./responses-stream.js";
 import type { Dialect } from "./types.js";
 
@@ -61,5 +62,6 @@ export const responsesDialect: Dialect = {
   toCanonical,
   fromCompletion,
   createStream,
+  reader: createReader,
   errorBody,
 };

@@ -1,3 +1,4 @@
+import type { OutputReader } from "../chat/output-tally.js";
 import type { GatewayError } from "../errors.js";
 
 /**
@@ -59,6 +60,12 @@ export interface Dialect {
   /** A non-streamed canonical chat.completion answer -> the dialect's JSON answer, with `x_gateway`. */
   fromCompletion(completion: unknown, charge: GatewayCharge): unknown;
   createStream(ctx: { readonly requestId: string; readonly model: string }): StreamTranslator;
+  /**
+   * What this dialect's translator reads of an answer (a stream's or a JSON one), asked by the
+   * output tally before it counts and relays anything: what the translator would not read or
+   * would drop after its cut is neither relayed nor charged (DESIGN.md 10).
+   */
+  reader(stream: boolean): OutputReader;
   /** The dialect's error body for a gateway error (carrying the gateway's code). */
   errorBody(error: GatewayError): unknown;
 }

@@ -12,12 +12,6 @@ import {
 import type { PermitAuthorizationServiceDeps } from "./service-context.js";
 import type { PermitAuthorizationService } from "./service-types.js";
 
-export type {
-  PayerRevocation,
-  PermitAuthorizationService,
-  ServiceRequest,
-} from "./service-types.js";
-
 export function createPermitAuthorizationService(
   deps: PermitAuthorizationServiceDeps,
 ): PermitAuthorizationService {

@@ -1,7 +1,7 @@
 /** The ports registration reads the chain and stores through, and the sealed endpoint. */
 import type { Address, Hex } from "viem";
 import type { OfferStatus } from "../catalog.js";
-import type { EndpointSecret } from "../health.js";
+import type { EndpointSecret } from "../health-types.js";
 import { normalizeHex } from "../hex.js";
 import type { RegistrationTypedData } from "./typed-data.js";
 

@@ -23,12 +23,10 @@ export const catalogRoutes: readonly Route[] = [
     parameters: [statusFilter(enumWords(ModelStatusSchema))],
     answer: { description: "The models", schema: ModelList },
     errors: { 400: ["invalid_request"] },
-    handle: async ({ rpc, options, query }) => {
-      const { models } = await rpc.unary(
-        CatalogService.method.listModels,
-        { status: statusOf(ModelStatusSchema, query) },
-        options,
-      );
+    handle: async ({ unary, query }) => {
+      const { models } = await unary(CatalogService.method.listModels, {
+        status: statusOf(ModelStatusSchema, query),
+      });
       return { body: { object: "list", data: models.map(modelResource.view) } };
     },
   },
@@ -41,12 +39,8 @@ export const catalogRoutes: readonly Route[] = [
     pathId: { description: "the public model id, an alias, or the ModelID (Hex32)" },
     answer: { description: "The model", schema: ModelWithOffers },
     errors: { 404: ["model_not_found"] },
-    handle: async ({ rpc, options, params }) => {
-      const { model, offers } = await rpc.unary(
-        CatalogService.method.getModel,
-        { id: params[0] },
-        options,
-      );
+    handle: async ({ unary, params }) => {
+      const { model, offers } = await unary(CatalogService.method.getModel, { id: params[0] });
       if (model === undefined) throw new Error("GetModel answered without a model");
       return { body: { ...modelResource.view(model), offers: offers.map(offerResource.view) } };
     },
@@ -61,12 +55,11 @@ export const catalogRoutes: readonly Route[] = [
     parameters: [statusFilter(enumWords(OfferStatusSchema))],
     answer: { description: "The offers", schema: OfferList },
     errors: { 404: ["model_not_found"] },
-    handle: async ({ rpc, options, params, query }) => {
-      const { offers } = await rpc.unary(
-        CatalogService.method.listOffers,
-        { model: params[0], status: statusOf(OfferStatusSchema, query) },
-        options,
-      );
+    handle: async ({ unary, params, query }) => {
+      const { offers } = await unary(CatalogService.method.listOffers, {
+        model: params[0],
+        status: statusOf(OfferStatusSchema, query),
+      });
       return { body: { object: "list", data: offers.map(offerResource.view) } };
     },
   },

@@ -1,6 +1,5 @@
 import { Type, type TSchema } from "@sinclair/typebox";
 import { Dialect } from "../../../gen/gateway/v1/inference_pb.js";
-import type { InProcessCallOptions } from "../../connect/in-process-transport.js";
 import { dialects } from "../../domain/dialects/index.js";
 import type { Dialect as DialectTranslator } from "../../domain/dialects/types.js";
 import { GatewayError } from "../../domain/errors.js";
@@ -11,9 +10,10 @@ import { ChatCompletion, ChatCompletionChunk, ChatStreamFinalChunk } from "../vi
 import { AnthropicError, MessagesAnswer, MessagesStreamEvent } from "../views/messages.js";
 import { ErrorBody } from "../views/resources.js";
 import { OpenAIError, ResponsesAnswer, ResponsesStreamEvent } from "../views/responses.js";
-import { readJsonBytes, type NodeRequest } from "../body.js";
+import { readJsonBytes } from "../body.js";
 import { relayChat } from "../chat.js";
-import { header, parameter, type Response } from "../document.js";
+import { header, parameter } from "../document.js";
+import type { Response } from "../route-spec.js";
 import type { ErrorBody as ErrorBodyValue } from "../errors.js";
 import type { Route } from "../route-kit.js";
 
@@ -27,13 +27,6 @@ const dialectError =
   (dialect: DialectTranslator) =>
   (error: ErrorBodyValue["error"]): unknown =>
     dialect.errorBody(new GatewayError(error.code, error.message));
-
-/** Anthropic clients send the API key as `x-api-key`; the gateway reads a bearer token. */
-function withApiKeyHeader(options: InProcessCallOptions, req: NodeRequest): InProcessCallOptions {
-  const key = req.headers["x-api-key"];
-  if (req.headers.authorization !== undefined || typeof key !== "string") return options;
-  return { ...options, headers: { ...req.headers, authorization: `Bearer ${key}` } };
-}
 
 /** What the chat route and every dialect route may answer (DESIGN.md section 9). */
 const chatErrors = {
@@ -62,7 +55,7 @@ const chatErrors = {
   422: ["idempotency_key_reused"],
   429: ["offer_at_capacity"],
   502: ["upstream_error"],
-  503: ["no_eligible_offer", "upstream_unavailable", "chain_unavailable"],
+  503: ["no_eligible_offer", "model_loading", "upstream_unavailable", "chain_unavailable"],
 } as const;
 
 const chatParameters = [
@@ -130,13 +123,9 @@ function dialectRoute(spec: {
     errorSchema: spec.error,
     errorBody: dialectError(spec.translator),
     ...(spec.apiKeyHeader === true ? { apiKeyHeader: true } : {}),
-    handle: async ({ options, req, res, deps }) => {
-      const body = await readJsonBytes(req, deps.bodyLimitBytes);
-      const callOptions = spec.apiKeyHeader === true ? withApiKeyHeader(options, req) : options;
-      await relayChat(deps.chat, req, res, body, callOptions, {
-        id: spec.dialect,
-        translator: spec.translator,
-      });
+    handle: async (call) => {
+      const body = await readJsonBytes(call.req, call.deps.bodyLimitBytes);
+      await relayChat(call, body, spec.dialect);
       return undefined;
     },
   };
@@ -169,9 +158,9 @@ export const chatRoutes: readonly Route[] = [
       'The completion: JSON, or an SSE stream with `"stream": true`',
     ),
     errors: chatErrors,
-    handle: async ({ options, req, res, deps }) => {
-      const body = await readJsonBytes(req, deps.bodyLimitBytes);
-      await relayChat(deps.chat, req, res, body, options);
+    handle: async (call) => {
+      const body = await readJsonBytes(call.req, call.deps.bodyLimitBytes);
+      await relayChat(call, body);
       return undefined;
     },
   },

@@ -15,8 +15,8 @@ export const gatewayRoutes: readonly Route[] = [
     tag: "operations",
     auth: "none",
     answer: { description: "The gateway", schema: gatewayResource.schema },
-    handle: async ({ rpc, options }) => {
-      const { gateway } = await rpc.unary(GatewayService.method.getGateway, {}, options);
+    handle: async ({ unary }) => {
+      const { gateway } = await unary(GatewayService.method.getGateway, {});
       if (gateway === undefined) throw new Error("GetGateway answered without the facts");
       return { body: gatewayResource.view(gateway) };
     },

@@ -30,12 +30,8 @@ export const inferenceRoutes: readonly Route[] = [
     pathId: { description: "request id (X-Gateway-Request-Id)", schema: Hex32 },
     answer: { description: "The record", schema: requestResource.schema },
     errors: { 400: ["invalid_hex"], 404: ["request_not_found"] },
-    handle: async ({ rpc, options, params }) => {
-      const { request } = await rpc.unary(
-        InferenceService.method.getRequest,
-        { id: params[0] },
-        options,
-      );
+    handle: async ({ unary, params }) => {
+      const { request } = await unary(InferenceService.method.getRequest, { id: params[0] });
       if (request === undefined) throw new Error("GetRequest answered without a record");
       return { body: requestResource.view(request) };
     },
@@ -63,12 +59,8 @@ export const inferenceRoutes: readonly Route[] = [
       409: ["request_not_closed"],
       503: ["receipts_unavailable"],
     },
-    handle: async ({ rpc, options, params }) => {
-      const answer = await rpc.unary(
-        InferenceService.method.getRequestReceipt,
-        { id: params[0] },
-        options,
-      );
+    handle: async ({ unary, params }) => {
+      const answer = await unary(InferenceService.method.getRequestReceipt, { id: params[0] });
       if (answer.receipt === undefined) throw new Error("GetRequestReceipt answered no receipt");
       return {
         body: {
@@ -93,12 +85,8 @@ export const inferenceRoutes: readonly Route[] = [
       403: ["permit_not_authorized"],
       503: ["chain_unavailable"],
     },
-    handle: async ({ rpc, options, params }) => {
-      const { permit } = await rpc.unary(
-        InferenceService.method.getPermit,
-        { permitId: params[0] },
-        options,
-      );
+    handle: async ({ unary, params }) => {
+      const { permit } = await unary(InferenceService.method.getPermit, { permitId: params[0] });
       if (permit === undefined) throw new Error("GetPermit answered without a permit");
       return { body: permitBalanceResource.view(permit) };
     },
@@ -141,13 +129,12 @@ export const inferenceRoutes: readonly Route[] = [
       403: ["permit_not_authorized"],
       503: ["chain_unavailable", "receipts_unavailable"],
     },
-    handle: async ({ rpc, options, params, query }) => {
+    handle: async ({ unary, params, query }) => {
       const page = receiptsPage(query);
-      const { receipts, hasMore } = await rpc.unary(
-        InferenceService.method.listPermitReceipts,
-        { permitId: params[0], ...page },
-        options,
-      );
+      const { receipts, hasMore } = await unary(InferenceService.method.listPermitReceipts, {
+        permitId: params[0],
+        ...page,
+      });
       return {
         body: {
           object: "list",

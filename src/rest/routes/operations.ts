@@ -43,9 +43,9 @@ export const healthRoutes: readonly Route[] = [
     method: "GET",
     path: "/ready",
     operationId: "getReady",
-    summary: "Readiness: the database and the chain answer",
+    summary: "Readiness: the database and the chain answer, the tokenizers are loaded",
     description:
-      "503 `unavailable` with the failing check, or `shutting_down` from SIGTERM on (before anything else stops).",
+      "503 `unavailable` with the failing check, or `shutting_down` from SIGTERM on (before anything else stops). `checks.tokenizers` names the tokenizers loading (`loading`) and those whose last load failed (`failed`): not ready while a tokenizer a model with an active offer needs is loading.",
     tag: "operations",
     auth: "none",
     answer: { description: "Ready", schema: Readiness },

@@ -20,7 +20,8 @@ import {
   RevokeKeyAuthorizationTypedData,
   RevokePayerAuthorizationsRequest,
 } from "../../schema/signing.js";
-import { statusFilter, type Parameter } from "../document.js";
+import { statusFilter } from "../document.js";
+import type { Parameter } from "../route-spec.js";
 import { seconds, statusOf, typedDataAnswer, withBody, type Route } from "../route-kit.js";
 import { authorizeKeyTypedDataView, revokeTypedDataView } from "../views/challenges.js";
 
@@ -47,18 +48,14 @@ export const permitRoutes: readonly Route[] = [
     tag: "permits",
     answer: typedDataAnswer(AuthorizeKeyTypedData),
     errors: { 400: ["invalid_hex", "authorization_expiry_too_far", "authorization_cap_invalid"] },
-    handle: async ({ rpc, options, body }) => {
-      const { typedData } = await rpc.unary(
-        PermitService.method.createAuthorizationChallenge,
-        {
-          payer: body.payer,
-          permitId: body.permitId ?? "",
-          expiresAt: seconds(body.expiresAt),
-          totalCap: body.totalCap ?? "",
-          perRequestCap: body.perRequestCap ?? "",
-        },
-        options,
-      );
+    handle: async ({ unary, body }) => {
+      const { typedData } = await unary(PermitService.method.createAuthorizationChallenge, {
+        payer: body.payer,
+        permitId: body.permitId ?? "",
+        expiresAt: seconds(body.expiresAt),
+        totalCap: body.totalCap ?? "",
+        perRequestCap: body.perRequestCap ?? "",
+      });
       if (typedData === undefined) throw new Error("challenge answered without typed data");
       return { body: authorizeKeyTypedDataView(typedData) };
     },
@@ -79,22 +76,18 @@ export const permitRoutes: readonly Route[] = [
       409: ["nonce_used", "challenge_expired"],
       503: ["chain_unavailable"],
     },
-    handle: async ({ rpc, options, body }) => {
-      const { authorization } = await rpc.unary(
-        PermitService.method.authorizeKey,
-        {
-          payer: body.payer,
-          permitId: body.permitId,
-          expiresAt: BigInt(body.expiresAt),
-          issuedAt: BigInt(body.issuedAt),
-          deployment: body.deployment ?? "",
-          totalCap: body.totalCap ?? "",
-          perRequestCap: body.perRequestCap ?? "",
-          nonce: body.nonce,
-          signature: body.signature,
-        },
-        options,
-      );
+    handle: async ({ unary, body }) => {
+      const { authorization } = await unary(PermitService.method.authorizeKey, {
+        payer: body.payer,
+        permitId: body.permitId,
+        expiresAt: BigInt(body.expiresAt),
+        issuedAt: BigInt(body.issuedAt),
+        deployment: body.deployment ?? "",
+        totalCap: body.totalCap ?? "",
+        perRequestCap: body.perRequestCap ?? "",
+        nonce: body.nonce,
+        signature: body.signature,
+      });
       if (authorization === undefined) throw new Error("AuthorizeKey answered without one");
       return { body: { authorization: permitAuthorizationResource.view(authorization) } };
     },
@@ -108,12 +101,10 @@ export const permitRoutes: readonly Route[] = [
     parameters: [statusFilter(enumWords(PermitAuthorizationStatusSchema))],
     answer: { description: "The authorizations", schema: PermitAuthorizationList },
     errors: { 400: ["invalid_request"] },
-    handle: async ({ rpc, options, query }) => {
-      const { authorizations } = await rpc.unary(
-        PermitService.method.listAuthorizations,
-        { status: statusOf(PermitAuthorizationStatusSchema, query) },
-        options,
-      );
+    handle: async ({ unary, query }) => {
+      const { authorizations } = await unary(PermitService.method.listAuthorizations, {
+        status: statusOf(PermitAuthorizationStatusSchema, query),
+      });
       return {
         body: { object: "list", data: authorizations.map(permitAuthorizationResource.view) },
       };
@@ -130,13 +121,11 @@ export const permitRoutes: readonly Route[] = [
     pathId: authorizationId,
     answer: { description: "The authorization, revoked", schema: PermitAuthorizationEnvelope },
     errors: { 404: ["authorization_not_found"] },
-    handle: async ({ rpc, options, params, req }) => {
+    handle: async ({ unary, params, req }) => {
       req.resume(); // a DELETE takes no body
-      const { authorization } = await rpc.unary(
-        PermitService.method.revokeAuthorization,
-        { id: params[0] },
-        options,
-      );
+      const { authorization } = await unary(PermitService.method.revokeAuthorization, {
+        id: params[0],
+      });
       if (authorization === undefined) throw new Error("revocation answered without one");
       return { body: { authorization: permitAuthorizationResource.view(authorization) } };
     },
@@ -150,13 +139,11 @@ export const permitRoutes: readonly Route[] = [
     pathId: authorizationId,
     answer: typedDataAnswer(RevokeKeyAuthorizationTypedData),
     errors: { 404: ["authorization_not_found"] },
-    handle: async ({ rpc, options, params, req }) => {
+    handle: async ({ unary, params, req }) => {
       req.resume(); // the typed data is fixed by the authorization: no body
-      const { typedData } = await rpc.unary(
-        PermitService.method.createRevocationChallenge,
-        { id: params[0] },
-        options,
-      );
+      const { typedData } = await unary(PermitService.method.createRevocationChallenge, {
+        id: params[0],
+      });
       if (typedData === undefined) throw new Error("challenge answered without typed data");
       return { body: revokeTypedDataView(typedData) };
     },
@@ -174,12 +161,11 @@ export const permitRoutes: readonly Route[] = [
       404: ["authorization_not_found"],
       503: ["chain_unavailable"],
     },
-    handle: async ({ rpc, options, params, body }) => {
-      const { authorization } = await rpc.unary(
-        PermitService.method.revokeAuthorizationBySignature,
-        { id: params[0], signature: body.signature },
-        options,
-      );
+    handle: async ({ unary, params, body }) => {
+      const { authorization } = await unary(PermitService.method.revokeAuthorizationBySignature, {
+        id: params[0],
+        signature: body.signature,
+      });
       if (authorization === undefined) throw new Error("revocation answered without one");
       return { body: { authorization: permitAuthorizationResource.view(authorization) } };
     },
@@ -209,8 +195,8 @@ export const permitRoutes: readonly Route[] = [
       403: ["wrong_deployment"],
       503: ["chain_unavailable", "database_unavailable"],
     },
-    handle: async ({ rpc, options, params, body }) => {
-      const { authorizations, hasMore } = await rpc.unary(
+    handle: async ({ unary, params, body }) => {
+      const { authorizations, hasMore } = await unary(
         PermitService.method.listPayerAuthorizations,
         {
           payer: params[0],
@@ -220,7 +206,6 @@ export const permitRoutes: readonly Route[] = [
           limit: body.limit ?? 0,
           startingAfter: body.startingAfter ?? "",
         },
-        options,
       );
       return {
         body: {
@@ -258,19 +243,15 @@ export const permitRoutes: readonly Route[] = [
       403: ["wrong_deployment"],
       503: ["chain_unavailable", "database_unavailable"],
     },
-    handle: async ({ rpc, options, params, body }) => {
-      const outcome = await rpc.unary(
-        PermitService.method.revokePayerAuthorizations,
-        {
-          payer: params[0],
-          deployment: body.deployment,
-          keyId: body.keyId ?? "",
-          permitId: body.permitId ?? "",
-          before: BigInt(body.before),
-          signature: body.signature,
-        },
-        options,
-      );
+    handle: async ({ unary, params, body }) => {
+      const outcome = await unary(PermitService.method.revokePayerAuthorizations, {
+        payer: params[0],
+        deployment: body.deployment,
+        keyId: body.keyId ?? "",
+        permitId: body.permitId ?? "",
+        before: BigInt(body.before),
+        signature: body.signature,
+      });
       return {
         body: {
           object: "payer_revocation",

@@ -18,7 +18,7 @@ import {
   RegisterRequest,
   RegistrationTypedData,
 } from "../../schema/signing.js";
-import type { Parameter } from "../document.js";
+import type { Parameter } from "../route-spec.js";
 import { integerQuery, seconds, typedDataAnswer, withBody, type Route } from "../route-kit.js";
 import { bindOfferKeyTypedDataView, typedDataView } from "../views/challenges.js";
 
@@ -47,18 +47,14 @@ export const providerRoutes: readonly Route[] = [
       404: ["offer_not_found"],
       503: ["chain_unavailable"],
     },
-    handle: async ({ rpc, options, body }) => {
-      const { typedData } = await rpc.unary(
-        ProviderService.method.createRegistrationChallenge,
-        {
-          offerId: body.offerId,
-          endpointUrl: body.endpointUrl,
-          nonce: body.nonce ?? "",
-          expiresAt: seconds(body.expiresAt),
-          endpointToken: body.endpointToken ?? "",
-        },
-        options,
-      );
+    handle: async ({ unary, body }) => {
+      const { typedData } = await unary(ProviderService.method.createRegistrationChallenge, {
+        offerId: body.offerId,
+        endpointUrl: body.endpointUrl,
+        nonce: body.nonce ?? "",
+        expiresAt: seconds(body.expiresAt),
+        endpointToken: body.endpointToken ?? "",
+      });
       if (typedData === undefined) throw new Error("challenge answered without typed data");
       return { body: typedDataView(typedData) };
     },
@@ -79,19 +75,15 @@ export const providerRoutes: readonly Route[] = [
       409: ["nonce_used"],
       503: ["chain_unavailable", "upstream_unavailable"],
     },
-    handle: async ({ rpc, options, body }) => {
-      const { offer } = await rpc.unary(
-        ProviderService.method.registerEndpoint,
-        {
-          offerId: body.offerId,
-          endpointUrl: body.endpointUrl,
-          nonce: body.nonce,
-          expiresAt: BigInt(body.expiresAt),
-          signature: body.signature,
-          endpointToken: body.endpointToken ?? "",
-        },
-        options,
-      );
+    handle: async ({ unary, body }) => {
+      const { offer } = await unary(ProviderService.method.registerEndpoint, {
+        offerId: body.offerId,
+        endpointUrl: body.endpointUrl,
+        nonce: body.nonce,
+        expiresAt: BigInt(body.expiresAt),
+        signature: body.signature,
+        endpointToken: body.endpointToken ?? "",
+      });
       if (offer === undefined) throw new Error("registration answered without an offer");
       return { body: { offer: offerResource.view(offer) } };
     },
@@ -109,12 +101,8 @@ export const providerRoutes: readonly Route[] = [
       404: ["offer_not_found"],
       503: ["chain_unavailable", "upstream_unavailable"],
     },
-    handle: async ({ rpc, options, params }) => {
-      const { health } = await rpc.unary(
-        ProviderService.method.getOfferHealth,
-        { offerId: params[0] },
-        options,
-      );
+    handle: async ({ unary, params }) => {
+      const { health } = await unary(ProviderService.method.getOfferHealth, { offerId: params[0] });
       if (health === undefined) throw new Error("health answered without a health record");
       return { body: offerHealthResource.view(health) };
     },
@@ -142,13 +130,11 @@ export const providerRoutes: readonly Route[] = [
       502: ["endpoint_unreachable"],
       503: ["chain_unavailable"],
     },
-    handle: async ({ rpc, options, params, req }) => {
+    handle: async ({ unary, params, req }) => {
       req.resume(); // the spec's verify takes no body
-      const { offer, verification } = await rpc.unary(
-        ProviderService.method.verifyOffer,
-        { offerId: params[0] },
-        options,
-      );
+      const { offer, verification } = await unary(ProviderService.method.verifyOffer, {
+        offerId: params[0],
+      });
       if (offer === undefined) throw new Error("verify answered without an offer");
       return {
         body: {
@@ -173,12 +159,11 @@ export const providerRoutes: readonly Route[] = [
     pathId: offerIdParameter,
     answer: typedDataAnswer(BindOfferKeyTypedData),
     errors: { 400: ["invalid_hex"], 404: ["offer_not_found"], 503: ["chain_unavailable"] },
-    handle: async ({ rpc, options, params, body }) => {
-      const { typedData } = await rpc.unary(
-        ProviderService.method.createKeyBindingChallenge,
-        { offerId: params[0], expiresAt: seconds(body.expiresAt) },
-        options,
-      );
+    handle: async ({ unary, params, body }) => {
+      const { typedData } = await unary(ProviderService.method.createKeyBindingChallenge, {
+        offerId: params[0],
+        expiresAt: seconds(body.expiresAt),
+      });
       if (typedData === undefined) throw new Error("challenge answered without typed data");
       return { body: bindOfferKeyTypedDataView(typedData) };
     },
@@ -200,17 +185,13 @@ export const providerRoutes: readonly Route[] = [
       409: ["nonce_used"],
       503: ["chain_unavailable"],
     },
-    handle: async ({ rpc, options, params, body }) => {
-      const { binding } = await rpc.unary(
-        ProviderService.method.bindKey,
-        {
-          offerId: params[0],
-          expiresAt: BigInt(body.expiresAt),
-          nonce: body.nonce,
-          signature: body.signature,
-        },
-        options,
-      );
+    handle: async ({ unary, params, body }) => {
+      const { binding } = await unary(ProviderService.method.bindKey, {
+        offerId: params[0],
+        expiresAt: BigInt(body.expiresAt),
+        nonce: body.nonce,
+        signature: body.signature,
+      });
       if (binding === undefined) throw new Error("BindKey answered without a binding");
       return { body: { binding: offerKeyBindingResource.view(binding) } };
     },
@@ -235,13 +216,12 @@ export const providerRoutes: readonly Route[] = [
     ],
     answer: { description: "The binding, revoked", schema: OfferKeyBindingEnvelope },
     errors: { 400: ["invalid_hex"], 404: ["binding_not_found"] },
-    handle: async ({ rpc, options, params, req }) => {
+    handle: async ({ unary, params, req }) => {
       req.resume(); // a DELETE takes no body
-      const { binding } = await rpc.unary(
-        ProviderService.method.revokeKeyBinding,
-        { offerId: params[0], id: params[1] },
-        options,
-      );
+      const { binding } = await unary(ProviderService.method.revokeKeyBinding, {
+        offerId: params[0],
+        id: params[1],
+      });
       if (binding === undefined) throw new Error("revocation answered without a binding");
       return { body: { binding: offerKeyBindingResource.view(binding) } };
     },
@@ -270,18 +250,14 @@ export const providerRoutes: readonly Route[] = [
       403: ["not_offer_operator"],
       404: ["offer_not_found"],
     },
-    handle: async ({ rpc, options, params, query }) => {
+    handle: async ({ unary, params, query }) => {
       const from = integerQuery(query, "from");
       const to = integerQuery(query, "to");
-      const { earnings } = await rpc.unary(
-        ProviderService.method.getOfferEarnings,
-        {
-          offerId: params[0],
-          ...(from === undefined ? {} : { from: BigInt(from) }),
-          ...(to === undefined ? {} : { to: BigInt(to) }),
-        },
-        options,
-      );
+      const { earnings } = await unary(ProviderService.method.getOfferEarnings, {
+        offerId: params[0],
+        ...(from === undefined ? {} : { from: BigInt(from) }),
+        ...(to === undefined ? {} : { to: BigInt(to) }),
+      });
       if (earnings === undefined) throw new Error("GetOfferEarnings answered without earnings");
       return { body: offerEarningsResource.view(earnings) };
     },

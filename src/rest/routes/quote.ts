@@ -52,14 +52,10 @@ export const quoteRoutes: readonly Route[] = [
       404: ["model_not_found"],
       503: ["no_eligible_offer", "chain_unavailable"],
     },
-    handle: async ({ rpc, options, req, deps, query }) => {
+    handle: async ({ unary, req, deps, query }) => {
       const dialect = quoteDialect(query);
       const body = await readJsonBytes(req, deps.bodyLimitBytes);
-      const { quote } = await rpc.unary(
-        QuoteService.method.createQuote,
-        { body, dialect },
-        options,
-      );
+      const { quote } = await unary(QuoteService.method.createQuote, { body, dialect });
       if (quote === undefined) throw new Error("CreateQuote answered without a quote");
       return { body: quoteResource.view(quote) };
     },

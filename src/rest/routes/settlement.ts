@@ -41,16 +41,12 @@ export const settlementRoutes: readonly Route[] = [
     ],
     answer: { description: "The batches", schema: SettlementBatchList },
     errors: { 400: ["invalid_request"], 503: ["database_unavailable"] },
-    handle: async ({ rpc, options, query }) => {
+    handle: async ({ unary, query }) => {
       const limit = integerQuery(query, "limit");
-      const { batches } = await rpc.unary(
-        SettlementService.method.listBatches,
-        {
-          ...(limit === undefined ? {} : { limit: Math.min(limit, 4294967295) }),
-          status: statusOf(BatchStatusSchema, query),
-        },
-        options,
-      );
+      const { batches } = await unary(SettlementService.method.listBatches, {
+        ...(limit === undefined ? {} : { limit: Math.min(limit, 4294967295) }),
+        status: statusOf(BatchStatusSchema, query),
+      });
       return { body: { object: "list", data: batches.map(batchRecordResource.view) } };
     },
   },
@@ -66,14 +62,13 @@ export const settlementRoutes: readonly Route[] = [
     optional: true,
     answer: { description: "What the flush did", schema: flushResource.schema },
     errors: { 503: ["settlement_unavailable", "chain_unavailable", "database_unavailable"] },
-    handle: async ({ rpc, options, body }) => {
+    handle: async ({ unary, body }) => {
       const maxRequests = body.maxRequests ?? body.max_requests;
       const dryRun = body.dryRun ?? body.dry_run;
-      const response = await rpc.unary(
-        SettlementService.method.flush,
-        { ...(maxRequests == null ? {} : { maxRequests }), dryRun: dryRun === true },
-        options,
-      );
+      const response = await unary(SettlementService.method.flush, {
+        ...(maxRequests == null ? {} : { maxRequests }),
+        dryRun: dryRun === true,
+      });
       return { body: flushResource.view(response) };
     },
   }),

@@ -37,7 +37,8 @@ export const ChatCompletion = component(
     },
     {
       additionalProperties: true,
-      description: "The provider's OpenAI-compatible chat.completion object, as it came",
+      description:
+        "The provider's OpenAI-compatible chat.completion object, as it came but for `usage`: what was charged (the provider's claim is on the request's record); choices the request did not ask for are removed",
     },
   ),
 );
@@ -54,7 +55,7 @@ export const ChatCompletionChunk = component(
       additionalProperties: true,
       not: { required: ["x_gateway"] },
       description:
-        "An upstream chat.completion.chunk, as it came (the gateway's last one is ChatStreamFinalChunk)",
+        "An upstream chat.completion.chunk, as it came (the gateway's last one is ChatStreamFinalChunk); the usage chunk (`stream_options.include_usage`) shows what was charged",
     },
   ),
 );

@@ -84,9 +84,28 @@ export const usageFigureViews = {
   usage_counted: usageFiguresResource,
 } as const;
 
+/**
+ * How a model, offer or quote is metered (DESIGN.md section 10), wherever it is shown: `exact`
+ * with the tokenizer's name, or `bound`.
+ */
+const meteringFields = (what: string, unknown?: string) =>
+  ({
+    metering: {
+      ...(unknown === undefined ? {} : { emptyIsNull: true }),
+      description: `How the gateway counts ${what}'s tokens: exact (its model's own tokenizer and chat template, named in tokenizer) or bound (no tokenizer is registered for the model: a sound upper bound stands in, output at most the UTF-8 bytes delivered, input at most the bytes sent plus a per-message allowance, so charges run above an exact count). provider.require_exact_metering routes only to exact offers.${unknown ?? ""}`,
+    },
+    tokenizer: {
+      emptyIsNull: true,
+      description: `The tokenizer registry entry that counts ${what}'s tokens when metering is exact; null when bound${unknown === undefined ? "" : " or unknown"}.`,
+    },
+  }) as const;
+
 export const modelResource = protoView(ModelSchema, "Model", {
   constants: { object: "model" },
-  fields: { id: { description: "public model id (catalog id, else the ModelID)" } },
+  fields: {
+    id: { description: "public model id (catalog id, else the ModelID)" },
+    ...meteringFields("the model"),
+  },
 });
 
 const tariffResource = protoView(TariffSchema, "Tariff");
@@ -166,6 +185,10 @@ export const offerResource = protoView(OfferSchema, "Offer", {
       description:
         "The offer's reputation: shown by the catalog (GET /v1/models/{id}, /v1/models/{id}/offers); null in other answers.",
     },
+    ...meteringFields(
+      "the offer",
+      " Shown by the catalog (GET /v1/models/{id}, /v1/models/{id}/offers); null in other answers.",
+    ),
     verified_features: {
       schema: Type.Unsafe<string>({ enum: ["tools", "json_schema", "stream_usage"] }),
       description:
@@ -194,6 +217,7 @@ export const quoteResource = protoView(QuoteSchema, "Quote", {
       description:
         "The output tokens maximum_credits pays for: the output limit times n (every choice may use the whole limit)",
     },
+    ...meteringFields("the quoted request"),
   },
 });
 
@@ -388,7 +412,22 @@ export const Readiness = component(
     checks: Type.Optional(
       Type.Record(
         Type.String(),
-        Type.Object({ ok: Type.Boolean(), error: Type.Optional(Type.String()) }),
+        Type.Object({
+          ok: Type.Boolean(),
+          error: Type.Optional(Type.String()),
+          loading: Type.Optional(
+            Type.Array(Type.String(), {
+              description:
+                "tokenizers: the tokenizers loading now; not ready while one a model with an active offer needs is among them (its offers are not routable until it is loaded)",
+            }),
+          ),
+          failed: Type.Optional(
+            Type.Array(Type.String(), {
+              description:
+                "tokenizers: those whose last load failed (logged); their models are not routable, the rest of the gateway serves",
+            }),
+          ),
+        }),
       ),
     ),
   }),

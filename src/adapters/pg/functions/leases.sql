@@ -154,7 +154,12 @@ $$;
 
 -- Releases every lease of a holder, if it is (still) dead by the orphan rule: its last
 -- heartbeat, or its absence, before `p_orphaned_before`. Returns how many leases it released.
--- One transaction per holder, offers before permits, each in ascending order.
+-- One transaction per holder: first the holder's open records, each closed void by the orphan
+-- rule (gw_close_request: a leased one touches its own row only) so that nothing of it is open
+-- once its leases are gone (reconcileOrphans closes them first; this is for those it left,
+-- beyond its limit); then offers before permits, each in ascending order. Its open records are
+-- found per permit it leases, among that permit's unsettled requests (migration 031: an open
+-- record is 'unsettled'; no index names the status).
 CREATE OR REPLACE FUNCTION gw_release_holder(p_holder text, p_orphaned_before bigint)
 RETURNS integer LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan AS $$
@@ -166,6 +171,16 @@ BEGIN
              WHERE g.instance_id = p_holder AND g.heartbeat_at >= p_orphaned_before) THEN
     RETURN 0;
   END IF;
+  FOR v_key IN
+    SELECT r.id COLLATE "C" FROM permit_leases pl
+    JOIN inference_requests r ON r.permit_id = pl.permit_id AND r.settlement_status = 'unsettled'
+    WHERE pl.holder = p_holder AND r.instance_id = p_holder AND r.leased
+      AND r.status IN ('pending', 'streaming')
+    ORDER BY 1
+  LOOP
+    PERFORM gw_close_request(v_key, 'failed', NULL, NULL, 0, 'void', NULL, 'orphaned',
+      extract(epoch from clock_timestamp())::bigint, p_orphaned_before);
+  END LOOP;
   FOR v_key IN
     SELECT offer_id COLLATE "C" FROM offer_leases WHERE holder = p_holder ORDER BY 1
   LOOP
@@ -185,9 +200,10 @@ $$;
 -- Closes leased requests, in one transaction: each request's final state (inserting its row
 -- when its record was not written yet), and per (holder, permit) the sum of the charges moved
 -- out of the lease into `charged`. Exactly once per request: a request already final is left
--- as it is (finalized false, its stored charge). A lease that cannot cover the charges (it was
--- released by the orphan rule: the holder was taken for dead) charges them nothing: those
--- requests are closed void, as the orphan rule would have closed them.
+-- as it is (finalized false, its stored charge), and so is a second item of the same request in
+-- one batch. A lease that cannot cover the charges (it was released by the orphan rule: the
+-- holder was taken for dead) charges them nothing: those requests are closed void, as the
+-- orphan rule would have closed them.
 --
 -- p_items: a JSON array of objects: id, api_key_id, holder, model, model_id, offer_id,
 -- permit_id, quote_id, stream, maximum, tariff_version, created_at, authorization_id (the
@@ -197,27 +213,46 @@ $$;
 -- created_at of a record its close writes first is the database's clock (migration 016); an
 -- item may also carry cached_input_tokens and reasoning_tokens (migration 018), claimed and
 -- counted (migration 026; JSON objects as gw_close_request's p_claimed and p_counted).
+--
+-- Set-based (issue 35): one UPDATE for every open record of the batch and one INSERT for those
+-- not written yet, each planned once per call, instead of two statements planned per item (the
+-- per-item planning was most of the close's CPU). The UPDATE is HOT (migration 031: no index of
+-- the table names a column it changes); a charged close adds its row to inference_charges.
 CREATE OR REPLACE FUNCTION gw_close_leased_batch(p_items jsonb)
 RETURNS TABLE (idx integer, finalized boolean, credits_charged numeric) LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan AS $$
 DECLARE
-  item record;
-  v_done boolean;
-  v_charge numeric;
   v_group record;
-  v_ids text[] := '{}';
-  v_holders text[] := '{}';
-  v_permits text[] := '{}';
-  v_charges numeric[] := '{}';
-  v_finalized boolean[] := '{}';
+  v_ids text[];
+  v_holders text[];
+  v_permits text[];
+  v_offers text[];
+  v_nows bigint[];
+  v_charges numeric[];
+  v_done text[];
+  v_finalized boolean[];
+  v_n integer;
 BEGIN
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'gw_close_leased_batch needs READ COMMITTED, not %', current_setting('transaction_isolation');
   END IF;
-  -- 1. The requests, in item order (fresh ids of this process: nobody else waits on them but
-  -- the orphan rule, which locks a request row only).
-  FOR item IN
-    SELECT a.ord::integer AS i, r.*
+  SELECT array_agg(r.id ORDER BY a.ord), array_agg(r.holder ORDER BY a.ord),
+    array_agg(r.permit_id ORDER BY a.ord), array_agg(r.offer_id ORDER BY a.ord),
+    array_agg(r.now ORDER BY a.ord), array_agg(LEAST(r.credits_charged, r.maximum) ORDER BY a.ord)
+  INTO v_ids, v_holders, v_permits, v_offers, v_nows, v_charges
+  FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(e, ord)
+  CROSS JOIN LATERAL jsonb_to_record(a.e) AS r(id text, holder text, permit_id text,
+    offer_id text, now bigint, credits_charged numeric, maximum numeric);
+  v_n := COALESCE(array_length(v_ids, 1), 0);
+  IF v_n = 0 THEN
+    RETURN;
+  END IF;
+
+  -- 1. The requests: the open records closed, the missing ones inserted final (the first item
+  -- of each id). Fresh ids of this process: nobody else waits on them but the orphan rule,
+  -- which locks a request row only, so the order the rows are locked in does not matter.
+  WITH item AS (
+    SELECT DISTINCT ON (r.id) r.*, LEAST(r.credits_charged, r.maximum) AS charge
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS a(e, ord)
     CROSS JOIN LATERAL jsonb_to_record(a.e) AS r(
       id text, api_key_id text, holder text, model text, model_id text, offer_id text,
@@ -226,9 +261,8 @@ BEGIN
       credits_charged numeric, billing text, usage_source text, error text, now bigint,
       cached_input_tokens numeric, reasoning_tokens numeric, claimed jsonb, counted jsonb,
       authorization_id text)
-    ORDER BY a.ord
-  LOOP
-    v_charge := LEAST(item.credits_charged, item.maximum);
+    ORDER BY r.id, a.ord
+  ), closed AS (
     UPDATE inference_requests r SET
       status = item.status, offer_id = item.offer_id, maximum_credits = item.maximum,
       tariff_version = item.tariff_version, input_tokens = item.input_tokens,
@@ -243,44 +277,52 @@ BEGIN
       counted_output_tokens = (item.counted->>'output_tokens')::numeric,
       counted_cached_input_tokens = (item.counted->>'cached_input_tokens')::numeric,
       counted_reasoning_tokens = (item.counted->>'reasoning_tokens')::numeric,
-      credits_charged = v_charge, billing = item.billing,
+      credits_charged = item.charge, billing = item.billing,
       usage_source = item.usage_source, error = item.error, completed_at = item.now,
-      settlement_status = CASE WHEN v_charge > 0 THEN 'unsettled' ELSE 'none' END
-    WHERE r.id = item.id AND r.status IN ('pending', 'streaming') AND r.leased;
-    v_done := FOUND;
-    IF NOT v_done THEN
-      INSERT INTO inference_requests (id, api_key_id, instance_id, model, model_id, offer_id,
-        permit_id, quote_id, stream, status, input_tokens, output_tokens, cached_input_tokens,
-        reasoning_tokens, claimed_input_tokens, claimed_output_tokens,
-        claimed_cached_input_tokens, claimed_reasoning_tokens, counted_input_tokens,
-        counted_output_tokens, counted_cached_input_tokens, counted_reasoning_tokens,
-        maximum_credits, credits_charged, billing, usage_source,
-        tariff_version, error, created_at, completed_at, settlement_status, leased,
-        authorization_id)
-      VALUES (item.id, item.api_key_id, item.holder, item.model, item.model_id, item.offer_id,
-        item.permit_id, item.quote_id, item.stream, item.status, item.input_tokens,
-        item.output_tokens, COALESCE(item.cached_input_tokens, 0),
-        COALESCE(item.reasoning_tokens, 0), (item.claimed->>'input_tokens')::numeric,
-        (item.claimed->>'output_tokens')::numeric,
-        (item.claimed->>'cached_input_tokens')::numeric,
-        (item.claimed->>'reasoning_tokens')::numeric, (item.counted->>'input_tokens')::numeric,
-        (item.counted->>'output_tokens')::numeric,
-        (item.counted->>'cached_input_tokens')::numeric,
-        (item.counted->>'reasoning_tokens')::numeric, item.maximum, v_charge, item.billing,
-        item.usage_source,
-        item.tariff_version, item.error, extract(epoch from clock_timestamp())::bigint, item.now,
-        CASE WHEN v_charge > 0 THEN 'unsettled' ELSE 'none' END, true, item.authorization_id)
-      ON CONFLICT (id) DO NOTHING;
-      v_done := FOUND;
+      settlement_status = CASE WHEN item.charge > 0 THEN 'unsettled' ELSE 'none' END
+    FROM item
+    WHERE r.id = item.id AND r.status IN ('pending', 'streaming') AND r.leased
+    RETURNING r.id
+  ), written AS (
+    INSERT INTO inference_requests (id, api_key_id, instance_id, model, model_id, offer_id,
+      permit_id, quote_id, stream, status, input_tokens, output_tokens, cached_input_tokens,
+      reasoning_tokens, claimed_input_tokens, claimed_output_tokens,
+      claimed_cached_input_tokens, claimed_reasoning_tokens, counted_input_tokens,
+      counted_output_tokens, counted_cached_input_tokens, counted_reasoning_tokens,
+      maximum_credits, credits_charged, billing, usage_source,
+      tariff_version, error, created_at, completed_at, settlement_status, leased,
+      authorization_id)
+    SELECT item.id, item.api_key_id, item.holder, item.model, item.model_id, item.offer_id,
+      item.permit_id, item.quote_id, item.stream, item.status, item.input_tokens,
+      item.output_tokens, COALESCE(item.cached_input_tokens, 0),
+      COALESCE(item.reasoning_tokens, 0), (item.claimed->>'input_tokens')::numeric,
+      (item.claimed->>'output_tokens')::numeric,
+      (item.claimed->>'cached_input_tokens')::numeric,
+      (item.claimed->>'reasoning_tokens')::numeric, (item.counted->>'input_tokens')::numeric,
+      (item.counted->>'output_tokens')::numeric,
+      (item.counted->>'cached_input_tokens')::numeric,
+      (item.counted->>'reasoning_tokens')::numeric, item.maximum, item.charge, item.billing,
+      item.usage_source,
+      item.tariff_version, item.error, extract(epoch from clock_timestamp())::bigint, item.now,
+      CASE WHEN item.charge > 0 THEN 'unsettled' ELSE 'none' END, true, item.authorization_id
+    FROM item
+    WHERE NOT EXISTS (SELECT 1 FROM closed WHERE closed.id = item.id)
+    ORDER BY item.id
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+  )
+  SELECT COALESCE(array_agg(d.id), '{}') INTO v_done
+  FROM (SELECT id FROM closed UNION ALL SELECT id FROM written) d;
+
+  v_finalized := array_fill(false, ARRAY[v_n]);
+  FOR i IN 1 .. v_n LOOP
+    IF v_ids[i] = ANY (v_done) AND array_position(v_ids, v_ids[i]) = i THEN
+      v_finalized[i] := true;
+    ELSE
+      -- A new statement, so a new snapshot: it sees a close that committed meanwhile.
+      v_charges[i] := COALESCE(
+        (SELECT r.credits_charged FROM inference_requests r WHERE r.id = v_ids[i]), 0);
     END IF;
-    IF NOT v_done THEN
-      v_charge := COALESCE((SELECT r.credits_charged FROM inference_requests r WHERE r.id = item.id), 0);
-    END IF;
-    v_ids := v_ids || item.id;
-    v_holders := v_holders || item.holder;
-    v_permits := v_permits || item.permit_id;
-    v_charges := v_charges || v_charge;
-    v_finalized := v_finalized || v_done;
   END LOOP;
 
   -- 2. Per (holder, permit), in permit order: the charges move out of the lease.
@@ -310,7 +352,7 @@ BEGIN
         settlement_status = 'none', status = 'failed',
         error = 'its reservation lease was released (the process was taken for stopped)'
       WHERE r.id = ANY (SELECT v_ids[o] FROM unnest(v_group.ords) AS o);
-      FOR i IN 1 .. array_length(v_ids, 1) LOOP
+      FOR i IN 1 .. v_n LOOP
         IF i = ANY (v_group.ords) THEN
           v_charges[i] := 0;
         END IF;
@@ -318,11 +360,15 @@ BEGIN
     END IF;
   END LOOP;
 
-  FOR i IN 1 .. COALESCE(array_length(v_ids, 1), 0) LOOP
-    idx := i;
-    finalized := v_finalized[i];
-    credits_charged := v_charges[i];
-    RETURN NEXT;
-  END LOOP;
+  -- 3. The charges, for receipts and earnings (migration 031).
+  INSERT INTO inference_charges (request_id, permit_id, offer_id, completed_at)
+  SELECT c.id, c.permit_id, c.offer_id, c.now
+  FROM unnest(v_ids, v_permits, v_offers, v_nows, v_charges, v_finalized)
+    AS c(id, permit_id, offer_id, now, charge, done)
+  WHERE c.done AND c.charge > 0;
+
+  RETURN QUERY SELECT c.ord::integer, c.done, c.charge
+    FROM unnest(v_finalized, v_charges) WITH ORDINALITY AS c(done, charge, ord)
+    ORDER BY c.ord;
 END
 $$;

@@ -79,11 +79,11 @@ BEGIN
   END IF;
   INSERT INTO inference_requests (id, api_key_id, instance_id, model, model_id, offer_id,
     permit_id, quote_id, stream, status, input_tokens, maximum_credits, tariff_version, created_at,
-    authorization_id, authorization_capped)
+    authorization_id, authorization_capped, holds_reservation)
   VALUES (p_request_id, p_api_key_id, p_instance_id, p_model, p_model_id, p_offer_id,
     p_permit_id, p_quote_id, p_stream, 'pending', p_input_tokens, p_maximum, p_tariff_version,
     COALESCE(p_now, extract(epoch from clock_timestamp())::bigint), p_authorization_id,
-    COALESCE(p_capped, false));
+    COALESCE(p_capped, false), true);
   IF p_max_concurrency < 1 THEN
     RAISE EXCEPTION USING MESSAGE = 'gw:offer_at_capacity';
   END IF;
@@ -155,7 +155,9 @@ DROP FUNCTION IF EXISTS gw_close_request(text, text, numeric, numeric, numeric, 
 -- provider's claim and the gateway's count (migration 026: `{input_tokens, output_tokens,
 -- cached_input_tokens, reasoning_tokens}`, decimal strings) default to NULL: none. A request
 -- that holds its maximum against its authorization's total cap (migration 030) gives it back
--- there too, its charge kept as the cap's `used`, after the permit's row (lock order).
+-- there too, its charge kept as the cap's `used`, after the permit's row (lock order). A close
+-- that charges adds the request to inference_charges (migration 031), and the close clears
+-- holds_reservation (the orphan rule's index; a leased record never has it).
 CREATE OR REPLACE FUNCTION gw_close_request(
   p_request_id text, p_status text, p_input_tokens numeric, p_output_tokens numeric,
   p_credits_charged numeric, p_billing text, p_usage_source text, p_error text, p_now bigint,
@@ -189,12 +191,13 @@ BEGIN
     error = p_error,
     completed_at = p_now,
     settlement_status = CASE WHEN LEAST(p_credits_charged, r.maximum_credits) > 0
-                             THEN 'unsettled' ELSE 'none' END
+                             THEN 'unsettled' ELSE 'none' END,
+    holds_reservation = false
   WHERE r.id = p_request_id AND r.status IN ('pending', 'streaming')
     AND (p_orphaned_before IS NULL OR GREATEST(
           (SELECT g.heartbeat_at FROM gateway_instances g WHERE g.instance_id = r.instance_id),
           r.created_at) < p_orphaned_before)
-  RETURNING r.permit_id, r.offer_id, r.maximum_credits, r.credits_charged, r.leased,
+  RETURNING r.id, r.permit_id, r.offer_id, r.maximum_credits, r.credits_charged, r.leased,
     r.authorization_id, r.authorization_capped INTO closed;
   IF NOT FOUND THEN
     RETURN QUERY SELECT false, COALESCE(
@@ -228,6 +231,10 @@ BEGIN
       RAISE EXCEPTION 'ledger inconsistency: authorization ledger % is missing',
         closed.authorization_id;
     END IF;
+  END IF;
+  IF closed.credits_charged > 0 THEN
+    INSERT INTO inference_charges (request_id, permit_id, offer_id, completed_at)
+    VALUES (closed.id, closed.permit_id, closed.offer_id, p_now);
   END IF;
   RETURN QUERY SELECT true, closed.credits_charged;
 END
