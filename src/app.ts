@@ -157,6 +157,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       tracer: tracing?.chat,
       tokens,
       logger,
+      chain,
     });
     const housekeeping = startHousekeeping(config, { db, instanceId, chat, logger });
     apiKeys = await wireApiKeys(config, { db, clock, metrics, logger });

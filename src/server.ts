@@ -26,6 +26,8 @@ export interface GatewayHandlerDeps extends AuthOptions {
   readonly services: Services;
   readonly logger: Logger;
   readonly bodyLimitBytes: number;
+  /** Chat requests without credentials may pay with x402 (issue 37). */
+  readonly x402?: boolean | undefined;
   /** MAX_JSON_DEPTH / MAX_JSON_ARRAY_ITEMS of the REST facade's JSON bodies. */
   readonly jsonBounds?: JsonBounds | undefined;
   readonly readiness: () => Promise<Readiness>;
@@ -78,6 +80,7 @@ export function createGatewayHandler(
     services: deps.services,
     guard,
     bodyLimitBytes: deps.bodyLimitBytes,
+    x402: deps.x402,
     jsonBounds: deps.jsonBounds,
     readiness: deps.readiness,
     logger: deps.logger,

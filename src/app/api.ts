@@ -1,6 +1,7 @@
 import type { TokenCounters } from "../domain/tokens.js";
 import type { Logger } from "pino";
 import type { Hex, PublicClient } from "viem";
+import { x402Active } from "./x402.js";
 import { privateKeyToAccount } from "viem/accounts";
 import { createReceiptSigner } from "../adapters/crypto/receipt-signer.js";
 import { createChainSignatureVerifier } from "../adapters/chain/signatures.js";
@@ -231,6 +232,7 @@ export function createApi(
     },
     logger: deps.logger,
     bodyLimitBytes: config.bodyLimitBytes,
+    x402: x402Active(config),
     jsonBounds: { maxDepth: config.maxJsonDepth, maxArrayItems: config.maxJsonArrayItems },
     readiness: deps.readiness,
     findApiKey: (key) => keys.find(key),

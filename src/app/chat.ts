@@ -2,6 +2,8 @@ import type { Logger } from "pino";
 import type { Hex } from "viem";
 import type { Sealer } from "../adapters/crypto/sealer.js";
 import type { Database } from "../adapters/pg/database.js";
+import type { PublicClient } from "viem";
+import { wireX402 } from "./x402.js";
 import {
   createPgLedger,
   createPgQuoteStore,
@@ -73,6 +75,8 @@ export interface ChatDeps {
   /** The gateway's token counters (createTokenCounters, checked at start-up). */
   readonly tokens: TokenCounters;
   readonly logger: Logger;
+  /** The chain, for x402 payments' simulations. */
+  readonly chain: PublicClient;
 }
 
 export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiring> {
@@ -121,6 +125,7 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
     tracer: deps.tracer,
     measurements,
     // Claimed on the endpoint's row: one request per offer per window, fleet-wide (migration 025).
+    x402: wireX402(config, { db, chain: deps.chain }),
     wakeFees: createWakeFees({
       claim: createPgWakeFeeClaimer(db.pool),
       windowSeconds: config.wakeFeeWindowSeconds,

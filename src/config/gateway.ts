@@ -114,6 +114,15 @@ export interface Config {
    * default 90 days): a longer expiry is refused before anything is signed or stored.
    */
   readonly authorizationMaxExpirySeconds: number;
+  /**
+   * x402 (issue 37): chat requests without credentials may pay per request (X402_ENABLED; only
+   * with a settlement key, which settles them), with the in-flight exposure caps per payer and
+   * per deployment (base units of one credit token) and how long a signature must last.
+   */
+  readonly x402Enabled: boolean;
+  readonly x402PayerExposureCap: bigint;
+  readonly x402DeploymentExposureCap: bigint;
+  readonly x402MaxTimeoutSeconds: number;
   /** Settlement: the settlement operator account's key; absent, Flush answers 503 `settlement_unavailable`. */
   readonly settlementPrivateKey: Hex | undefined;
   /**
@@ -278,6 +287,10 @@ export function parseConfig(env: Env): Config {
     ),
     settlementPrivateKey: keys.settlementPrivateKey?.toLowerCase() as Hex | undefined,
     receiptPrivateKey: keys.receiptPrivateKey?.toLowerCase() as Hex | undefined,
+    x402Enabled: r.bool("X402_ENABLED", true),
+    x402PayerExposureCap: r.wei("X402_PAYER_EXPOSURE_CAP", 100n * 10n ** 18n),
+    x402DeploymentExposureCap: r.wei("X402_DEPLOYMENT_EXPOSURE_CAP", 10_000n * 10n ** 18n),
+    x402MaxTimeoutSeconds: r.int("X402_MAX_TIMEOUT_SECONDS", 300, 120, 86_400),
     settlementMaxBatchGas: BigInt(
       r.int("SETTLEMENT_MAX_BATCH_GAS", 12_000_000, 200_000, 1_000_000_000),
     ),

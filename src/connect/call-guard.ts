@@ -69,6 +69,11 @@ export interface CallRequest {
   readonly checked?: Authenticated | undefined;
   /** The key may come as `x-api-key` (the Messages dialect). */
   readonly apiKeyHeader?: boolean;
+  /**
+   * Set when the call came without credentials to a payable route (x402): the caller's address,
+   * the rate-limit key of a request still to be priced.
+   */
+  readonly address?: string | undefined;
   /** A network RPC, counted under its procedure with this HTTP method; absent: a REST route's call. */
   readonly counted?: { readonly method: string } | undefined;
   /** `performance.now()` when the call began; default: when it is opened. */
@@ -148,6 +153,16 @@ export class GuardedCall {
       values.set(callerKey, auth.caller);
     }
     return auth;
+  }
+
+  /**
+   * Admits a caller without credentials who pays per request with x402 (issue 37): as `id`
+   * (`x402:<payer>` for a signed payment, `x402-address:<address>` for a request still to be
+   * priced), rate limited as a key is, with an authority that covers no permit.
+   */
+  async admitPaying(id: string, values: ContextValues): Promise<void> {
+    await this.options.rateLimiter?.take(id);
+    values.set(callerKey, { apiKeyId: id, authority: noAuthority });
   }
 
   /**
@@ -232,6 +247,9 @@ function callerLeft(signal: AbortSignal, code: ErrorCode, error: unknown): boole
 }
 
 const noTimeout = (): undefined => undefined;
+
+/** The authority of a caller without a key: no permit. */
+const noAuthority = { allows: () => false, covering: () => [] };
 
 /**
  * The HandlerContext a service method gets when the REST facade calls it directly: the call's

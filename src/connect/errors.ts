@@ -2,6 +2,11 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { ErrorInfoSchema } from "../../gen/google/rpc/error_details_pb.js";
 import { asGatewayError, isErrorCode, type ErrorCode } from "../domain/errors.js";
 import { wireOf } from "./error-codes.js";
+import { PaymentRequiredError } from "../domain/x402/index.js";
+import { encodePaymentRequiredHeader } from "@x402/core/http";
+
+/** The header of an x402 402 (lower case, as metadata keys are). */
+export const paymentRequiredHeader = "payment-required";
 
 /** ErrorInfo.domain of every gateway error. */
 export const errorDomain = "gateway.v1";
@@ -25,10 +30,15 @@ export function toConnectError(error: unknown): ConnectError {
   const gatewayError = asGatewayError(error);
   const { connect, type } = wireOf(gatewayError.code);
   const retryAfter = gatewayError.retryAfterSeconds;
+  const metadata: Record<string, string> = {};
+  if (retryAfter !== undefined) metadata["retry-after"] = String(retryAfter);
+  // x402 (issue 37): what to pay travels as the error's PAYMENT-REQUIRED header.
+  if (gatewayError instanceof PaymentRequiredError)
+    metadata[paymentRequiredHeader] = encodePaymentRequiredHeader(gatewayError.paymentRequired);
   return new ConnectError(
     gatewayError.message,
     connect,
-    retryAfter === undefined ? undefined : { "retry-after": String(retryAfter) },
+    Object.keys(metadata).length === 0 ? undefined : metadata,
     [
       {
         desc: ErrorInfoSchema,

@@ -288,6 +288,8 @@ export interface ChatFields {
   readonly quoteId: string;
   readonly idempotencyKey: string;
   readonly dialect: Dialect;
+  /** Paid with x402 (the REST facade only; issue 37). */
+  readonly x402?: ChatInput["x402"];
 }
 
 /**
@@ -310,5 +312,6 @@ export function chatInputOf(
     signal,
     dialect: dialectName(req.dialect),
     headers,
+    ...(req.x402 === undefined ? {} : { x402: req.x402 }),
   };
 }

@@ -75,6 +75,22 @@ export const errorCodes = {
   // The request's maximum does not fit what remains of the total credit cap of the payer's
   // authorization of this key (issue 28, item 7).
   authorization_cap_exhausted: "payment",
+  // x402 (issue 37, DESIGN.md section 11): a chat request with no credentials and no payment
+  // (its PAYMENT-REQUIRED header says what to pay), a payment that is malformed, signed for
+  // another request, network, token or payee, or whose signature does not recover its payer, one
+  // below the request's maximum, one expired or not yet valid, one whose nonce already paid a
+  // request, one the chain would refuse (balance, Permit2 allowance: the simulation of its
+  // settlement), and a payer beyond its in-flight exposure cap or refused until an operator
+  // clears it (one of its settlements failed).
+  payment_required: "payment",
+  payment_invalid: "payment",
+  payment_insufficient: "payment",
+  payment_expired: "payment",
+  payment_used: "payment",
+  payment_refused: "payment",
+  permit2_allowance_required: "payment",
+  payment_exposure_exceeded: "payment",
+  payer_blocked: "payment",
   not_offer_operator: "forbidden",
   // The permit's payer has not authorized the calling API key (DESIGN.md section 8), or the
   // authorization expired or was revoked.

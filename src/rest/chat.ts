@@ -4,6 +4,8 @@ import { handlerContext, type GuardedCall } from "../connect/call-guard.js";
 import type { AnswerController, ChatChunk, ChatCompleted, ChatSink } from "../domain/chat/index.js";
 import { chunkChargeOf, type DialectStarted } from "../domain/dialects/index.js";
 import { GatewayError } from "../domain/errors.js";
+import { claimedPayer } from "../domain/x402/index.js";
+import { decodePaymentSignatureHeader } from "@x402/core/http";
 import type { NodeRequest, NodeResponse } from "./body.js";
 import { toHttpError } from "./errors.js";
 import { EventWriter } from "./event-writer.js";
@@ -15,6 +17,21 @@ const jsonPieceBytes = 64 * 1024;
 function header(req: NodeRequest, name: string): string {
   const value = req.headers[name];
   return typeof value === "string" ? value : "";
+}
+
+/**
+ * The request's x402 payment (`PAYMENT-SIGNATURE`, base64 JSON), decoded; undefined without
+ * one; null when it cannot be decoded (refused 402 `payment_invalid` with what to pay).
+ */
+function paymentPayload(req: NodeRequest): unknown {
+  const value = req.headers["payment-signature"];
+  if (typeof value !== "string" || value === "") return undefined;
+  if (value.length > 64 * 1024) return null;
+  try {
+    return decodePaymentSignatureHeader(value) as unknown;
+  } catch {
+    return null;
+  }
 }
 
 /** The chat RPC, by name: how the REST chat routes' calls are logged and counted. */
@@ -45,8 +62,20 @@ export async function relayChat(
 ): Promise<void> {
   const call = guard.open(chatRpc, request);
   const values = createContextValues();
+  // Without credentials on a payable route (the facade let it through): x402 (issue 37).
+  const x402 =
+    request.address === undefined
+      ? undefined
+      : { payload: paymentPayload(req), url: `http://gateway${req.url ?? ""}` };
   try {
-    await call.admit("apiKey", values);
+    if (x402 === undefined) await call.admit("apiKey", values);
+    else {
+      const payer = x402.payload === undefined ? undefined : claimedPayer(x402.payload);
+      await call.admitPaying(
+        payer === undefined ? `x402-address:${request.address}` : `x402:${payer.toLowerCase()}`,
+        values,
+      );
+    }
     if (services.inference?.chatInto === undefined)
       throw new ConnectError(`${chatRpc} is not implemented`, Code.Unimplemented);
   } catch (error) {
@@ -61,6 +90,7 @@ export async function relayChat(
     quoteId: header(req, "x-gateway-quote"),
     idempotencyKey: header(req, "idempotency-key"),
     dialect,
+    x402,
   };
   try {
     await services.inference.chatInto(fields, ctx, writer);

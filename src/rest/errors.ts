@@ -1,5 +1,10 @@
 import { ConnectError } from "@connectrpc/connect";
-import { errorCodeOf, retryAfterOf, toConnectError } from "../connect/errors.js";
+import {
+  errorCodeOf,
+  paymentRequiredHeader,
+  retryAfterOf,
+  toConnectError,
+} from "../connect/errors.js";
 import type { Static } from "@sinclair/typebox";
 import { wireOf } from "../connect/error-codes.js";
 import type { ErrorCode } from "../domain/errors.js";
@@ -30,5 +35,7 @@ export function toHttpError(error: unknown): {
   if (status === 401) headers["www-authenticate"] = "Bearer";
   const retryAfter = retryAfterOf(connectError);
   if (retryAfter !== undefined) headers["retry-after"] = String(retryAfter);
+  const paymentRequired = connectError.metadata.get(paymentRequiredHeader);
+  if (paymentRequired !== null) headers[paymentRequiredHeader] = paymentRequired;
   return { status, body: { error: { code, type, message } }, headers };
 }

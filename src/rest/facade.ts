@@ -133,7 +133,13 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
       const apiKeyHeader = match.route.apiKeyHeader === true;
       const need = match.route.auth ?? "apiKey";
       let checked: Authenticated | undefined;
-      if (need !== "none") {
+      // No credentials on a payable route: the route prices the request or takes its x402
+      // payment (rest/chat.ts); the rest of the routes refuse it here.
+      const paying =
+        match.route.payable === true &&
+        deps.x402 === true &&
+        authorizationOf(header, apiKeyHeader) === null;
+      if (need !== "none" && !paying) {
         try {
           checked = await guard.authenticate(
             need,
@@ -151,6 +157,7 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
         header,
         checked,
         apiKeyHeader,
+        ...(paying ? { address: budgetAddress(req.socket?.remoteAddress) ?? "unknown" } : {}),
       };
       const body = await bodyOf(match.route, req, deps);
       const reply = await match.route.handle({

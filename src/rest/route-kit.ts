@@ -28,6 +28,11 @@ export interface Readiness {
 /** What the routes use of the facade's dependencies (src/rest/facade.ts's FacadeDeps). */
 export interface RouteDeps {
   readonly bodyLimitBytes: number;
+  /**
+   * Chat requests without credentials may pay with x402 (issue 37): the facade hands them to
+   * their route, which prices them (402) or takes their payment; absent or false: 401.
+   */
+  readonly x402?: boolean | undefined;
   readonly readiness: () => Promise<Readiness>;
 }
 
@@ -72,6 +77,8 @@ export interface Route extends RouteSpec {
   readonly bodyLimitBytes?: number;
   /** The API key may come as `x-api-key` when there is no `Authorization` (Anthropic's clients). */
   readonly apiKeyHeader?: boolean;
+  /** A request without credentials may pay for itself with x402 (the chat routes). */
+  readonly payable?: boolean;
 }
 
 /** A route whose JSON body the facade validates: the handler gets it typed. */

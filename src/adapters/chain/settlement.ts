@@ -3,7 +3,9 @@ import {
   ContractFunctionRevertedError,
   decodeFunctionData,
   encodeFunctionData,
+  getAbiItem,
   keccak256,
+  toFunctionSelector,
   TransactionReceiptNotFoundError,
   type Address,
   type Hex,
@@ -19,6 +21,14 @@ import type {
   SettlementChain,
 } from "../../domain/settlement/index.js";
 import { marketAbi } from "../../../gen/contracts/artifacts.js";
+import { encodeWithPayments, paymentFailureDetail, paymentsAbi } from "./x402.js";
+
+/** The Market's errors beside the payments' (a batch with payments reverts with either). */
+const marketWithPayments = [...marketAbi, ...paymentsAbi];
+const settleSelector = toFunctionSelector(getAbiItem({ abi: marketAbi, name: "settle" }));
+const paymentsSelector = toFunctionSelector(
+  getAbiItem({ abi: paymentsAbi, name: "settleWithPayments" }),
+);
 
 export interface ChainSettlementOptions {
   readonly client: PublicClient;
@@ -54,6 +64,9 @@ function revertOf(error: unknown): SettleRevert | undefined {
   } else if (name === "OfferMismatch") {
     revert.permitId = normalizeHex(args[0] as Hex);
     revert.offerId = normalizeHex(args[1] as Hex);
+  } else if (name === "PaymentFailed") {
+    revert.permitId = normalizeHex(args[0] as Hex);
+    revert.detail = paymentFailureDetail(args[1] as Hex);
   }
   return revert;
 }
@@ -146,6 +159,7 @@ export function createChainSettlement(options: ChainSettlementOptions): Settleme
     },
 
     encode(batchId, charges) {
+      if (charges.some((c) => c.payment !== undefined)) return encodeWithPayments(batchId, charges);
       return encodeFunctionData({
         abi: marketAbi,
         functionName: "settle",
@@ -157,16 +171,25 @@ export function createChainSettlement(options: ChainSettlementOptions): Settleme
     },
 
     async simulate(calldata) {
-      const { functionName, args } = decodeFunctionData({ abi: marketAbi, data: calldata });
-      if (functionName !== "settle") throw new Error("settlement calldata is not settle()");
+      const settles = calldata.startsWith(settleSelector);
+      if (!settles && !calldata.startsWith(paymentsSelector))
+        throw new Error("settlement calldata is neither settle() nor settleWithPayments()");
       try {
-        const gas = await client.estimateContractGas({
-          address: market,
-          abi: marketAbi,
-          functionName: "settle",
-          args: args as never,
-          account: signer.address,
-        });
+        const gas = settles
+          ? await client.estimateContractGas({
+              address: market,
+              abi: marketAbi,
+              functionName: "settle",
+              args: decodeFunctionData({ abi: marketAbi, data: calldata }).args as never,
+              account: signer.address,
+            })
+          : await client.estimateContractGas({
+              address: market,
+              abi: marketWithPayments,
+              functionName: "settleWithPayments",
+              args: decodeFunctionData({ abi: paymentsAbi, data: calldata }).args as never,
+              account: signer.address,
+            });
         return { ok: true, gas };
       } catch (error) {
         const revert = revertOf(error);

@@ -2,6 +2,7 @@ import type pg from "pg";
 import { BaseError } from "../../domain/base-error.js";
 import type { Hex } from "viem";
 import type {
+  PaymentItem,
   BatchCharge,
   InFlightBatch,
   PendingCharge,
@@ -10,6 +11,7 @@ import type {
   UnsettleableMark,
 } from "../../domain/settlement/index.js";
 import { inTransaction } from "./ledger-tx.js";
+import { markPaymentsFailed, markPaymentsSettled } from "./x402.js";
 
 /**
  * The settlement tables (migration 008) behind the flusher's {@link SettlementStore} port.
@@ -37,6 +39,7 @@ interface ChargeRow {
   offer_id: string;
   credits_charged: string;
   closable_at: string | null;
+  payment?: PaymentItem | null;
 }
 
 const toCharge = (row: ChargeRow): PendingCharge => ({
@@ -45,6 +48,7 @@ const toCharge = (row: ChargeRow): PendingCharge => ({
   offerId: row.offer_id as Hex,
   credits: BigInt(row.credits_charged),
   closableAt: row.closable_at === null ? undefined : Number(row.closable_at),
+  ...(row.payment == null ? {} : { payment: row.payment }),
 });
 
 interface AttemptRow {
@@ -153,7 +157,8 @@ function queueMethods(
       if (permits !== undefined || charges.length >= limit) return charges;
       const taken = charges.map((c) => c.requestId);
       const rest = await pool.query<ChargeRow>(
-        `SELECT r.id, r.permit_id, r.offer_id, r.credits_charged, NULL AS closable_at
+        `SELECT r.id, r.permit_id, r.offer_id, r.credits_charged, NULL AS closable_at,
+           (SELECT x.payload FROM x402_payments x WHERE x.permit_id = r.permit_id) AS payment
          FROM inference_requests r
          WHERE r.settlement_status = 'unsettled' AND r.credits_charged > 0
            AND NOT (r.id = ANY ($2::text[]))
@@ -193,6 +198,8 @@ function queueMethods(
            RETURNING r.id, r.permit_id, r.credits_charged`,
           [ids, ids.map((id) => reasons.get(id)!)],
         );
+        const byPermit = rows.map((r) => ({ permitId: r.permit_id, reason: reasons.get(r.id)! }));
+        await markPaymentsFailed(client, byPermit, Math.floor(Date.now() / 1000));
         await addToPermits(client, "unsettleable", sumByPermit(rows));
       });
     },
@@ -361,6 +368,11 @@ function outcomeMethods(pool: pg.Pool): Pick<SettlementStore, "markSettled" | "m
           [batchId, outcome.txHash, outcome.settledAt],
         );
         await addToPermits(client, "settled", sumByPermit(rows));
+        await markPaymentsSettled(
+          client,
+          rows.map((r) => r.permit_id),
+          outcome.settledAt,
+        );
         return true;
       });
     },

@@ -82,6 +82,11 @@ export interface Routed {
   readonly failover: boolean;
   readonly counter: TokenCounter;
   readonly inputCount: bigint;
+  /**
+   * Reserve per request in the database, never from a lease: a request paid with x402 (its
+   * permit is its own, single-use).
+   */
+  readonly durable?: boolean | undefined;
 }
 
 /** What admission needs of the pipeline. */
@@ -125,7 +130,7 @@ export async function admit(p: Admitting, turn: ChatTurn, routed: Routed): Promi
       chainSettled: permit.settled,
       maxConcurrency: c.offer.maxConcurrency,
       now,
-      durable: quote !== undefined || input.idempotencyKey !== undefined,
+      durable: routed.durable === true || quote !== undefined || input.idempotencyKey !== undefined,
       permitExpiresAt: permit.expiresAt,
       ...(internal === undefined ? {} : { quote: internal }),
     };

@@ -16,6 +16,7 @@ import type { RelayContext } from "./call-state.js";
 import { admit, type ChatTurn } from "./admission.js";
 import { checkIdempotencyKey, claimKey, KeptAnswer, replay, type Keeping } from "./idempotent.js";
 import { createCloses } from "./lifecycle.js";
+import { runPaid } from "./paid.js";
 import type { ChatInput, ChatTrace, Inference, InferenceDeps } from "./ports.js";
 import { boundQuote, createQuote, noEligibleOffer, type Quoting } from "./quotes.js";
 import { fitsMaxPrice, maxPriceRefusal, rankCandidates, type Candidate } from "./routing.js";
@@ -186,6 +187,12 @@ async function answer(
 
 async function run(p: Pipeline, turn: ChatTurn): Promise<void> {
   const { req, input, now, trace } = turn;
+  // Paid with x402 (no key): the payment in place of the permit (paid.ts).
+  if (input.x402 !== undefined) {
+    if (p.deps.x402 === undefined) throw new GatewayError("missing_api_key", "missing API key");
+    await runPaid(p, turn, p.deps.x402);
+    return;
+  }
   // 1. Quote first: a stale or foreign quote is refused before anything else happens.
   const quote =
     input.quoteId === undefined

@@ -15,6 +15,7 @@ import type { OfferMeasurements } from "../reputation/measurement-types.js";
 import type { Closing } from "./metering.js";
 import type { ChatEvent, ChatSink, FinalizeInput, QuoteRecord, UsageFigures } from "./types.js";
 import type { WakeFees } from "./wake-fees.js";
+import type { X402Payments } from "../x402/index.js";
 
 export interface QuoteStore {
   insert(quote: QuoteRecord): Promise<void>;
@@ -277,6 +278,11 @@ export interface InferenceDeps {
    * ever charged.
    */
   readonly wakeFees?: WakeFees | undefined;
+  /**
+   * x402 payments (issue 37): absent, a request without credentials is refused 401 as before
+   * (the facade never hands one on).
+   */
+  readonly x402?: X402Payments | undefined;
 }
 
 /** Starts the trace of one chat call (the domain never imports a tracing library). */
@@ -323,6 +329,12 @@ export interface ChatInput {
   readonly signal: AbortSignal;
   /** The dialect `body` is written in (DESIGN.md section 9); absent: a chat completion. */
   readonly dialect?: "responses" | "messages" | undefined;
+  /**
+   * The request pays for itself with x402 (no API key): its `PAYMENT-SIGNATURE` payload
+   * (absent: answer 402 with what to pay) and the URL it was made on. `apiKeyId` is then
+   * `x402:<payer>` and `authority` covers nothing.
+   */
+  readonly x402?: { readonly payload: unknown; readonly url: string } | undefined;
   /**
    * The caller's request headers, read only by a tracer (W3C `traceparent`): a reference, so
    * tracing off costs nothing.

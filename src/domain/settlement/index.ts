@@ -37,6 +37,7 @@ export type {
   FlushOptions,
   FlushResult,
   InFlightBatch,
+  PaymentItem,
   PendingCharge,
   PermitChainState,
   PlannedCharge,

@@ -21,12 +21,22 @@ export const selectLimit = 20_000;
 
 /** Sums charges per (permit, offer), in the order each pair first appears (the queue's priority). */
 export function aggregateCharges(charges: readonly PendingCharge[]): PlannedCharge[] {
-  const byPair = new Map<string, { permitId: Hex; offerId: Hex; amount: bigint; ids: string[] }>();
+  const byPair = new Map<
+    string,
+    {
+      permitId: Hex;
+      offerId: Hex;
+      amount: bigint;
+      ids: string[];
+      payment?: PendingCharge["payment"];
+    }
+  >();
   for (const charge of charges) {
     const key = `${charge.permitId}:${charge.offerId}`;
     let entry = byPair.get(key);
     if (entry === undefined) {
       entry = { permitId: charge.permitId, offerId: charge.offerId, amount: 0n, ids: [] };
+      if (charge.payment !== undefined) entry.payment = charge.payment;
       byPair.set(key, entry);
     }
     entry.amount += charge.credits;
@@ -38,6 +48,7 @@ export function aggregateCharges(charges: readonly PendingCharge[]): PlannedChar
     amount: e.amount,
     requests: e.ids.length,
     requestIds: e.ids,
+    ...(e.payment === undefined ? {} : { payment: e.payment }),
   }));
 }
 
@@ -57,6 +68,8 @@ const reasonOf = (revert: SettleRevert): string => {
       return "permit_closed";
     case "NotFound":
       return "not_found";
+    case "PaymentFailed":
+      return revert.detail === undefined ? "payment_failed" : `payment_failed: ${revert.detail}`;
     default:
       return revert.name;
   }
@@ -133,8 +146,11 @@ async function prepare(
         continue;
       }
     }
-    // 2. Permits the chain no longer takes charges for.
-    const permits = [...new Set(candidate.map((c) => c.permitId))];
+    // 2. Permits the chain no longer takes charges for (an x402 payment is no permit until
+    // it settles: step 3 judges it).
+    const permits = [
+      ...new Set(candidate.filter((c) => c.payment === undefined).map((c) => c.permitId)),
+    ];
     const states = await Promise.all(permits.map((p) => chain.permitState(p)));
     const gone = new Map<Hex, string>();
     permits.forEach((p, i) => {

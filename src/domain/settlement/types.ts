@@ -6,6 +6,21 @@ import type { Logger } from "pino";
 import type { Hex } from "viem";
 import type { EarningsBatch } from "../offer-earnings.js";
 
+/**
+ * An x402 payment's signed Permit2 transfer (issue 37), as the Market's `settleWithPayments`
+ * takes it; integers as decimal strings (it is stored as JSON).
+ */
+export interface PaymentItem {
+  readonly permit: {
+    readonly permitted: { readonly token: Hex; readonly amount: string };
+    readonly nonce: string;
+    readonly deadline: string;
+  };
+  readonly owner: Hex;
+  readonly witness: { readonly to: Hex; readonly facilitator: Hex; readonly validAfter: string };
+  readonly signature: Hex;
+}
+
 /** A charged request waiting to settle. */
 export interface PendingCharge {
   readonly requestId: string;
@@ -14,6 +29,8 @@ export interface PendingCharge {
   readonly credits: bigint;
   /** When the permit may be finalised, for a permit in its close grace period. */
   readonly closableAt: number | undefined;
+  /** The request was paid with x402: its permit is the payment, settled with its transfer. */
+  readonly payment?: PaymentItem | undefined;
 }
 
 /** One `Charge` entry of a batch: the sum of a (permit, offer) pair's charges. */
@@ -22,6 +39,8 @@ export interface BatchCharge {
   readonly offerId: Hex;
   readonly amount: bigint;
   readonly requests: number;
+  /** An x402 payment (one request): settled through its signed transfer, not a deposit. */
+  readonly payment?: PaymentItem | undefined;
 }
 
 export interface PlannedCharge extends BatchCharge {
@@ -135,6 +154,8 @@ export interface SettleRevert {
   readonly offerId?: Hex;
   readonly amount?: bigint;
   readonly message: string;
+  /** What an x402 payment's transfer failed on (`PaymentFailed`'s inner error), when decoded. */
+  readonly detail?: string | undefined;
 }
 
 export type Simulation = { ok: true; gas: bigint } | { ok: false; revert: SettleRevert };

@@ -41,6 +41,15 @@ const chatErrors = {
     "permit_offer_mismatch",
     "insufficient_credits",
     "authorization_cap_exhausted",
+    "payment_required",
+    "payment_invalid",
+    "payment_insufficient",
+    "payment_expired",
+    "payment_used",
+    "payment_refused",
+    "permit2_allowance_required",
+    "payment_exposure_exceeded",
+    "payer_blocked",
   ],
   403: ["permit_not_authorized", "authorization_per_request_cap_exceeded"],
   404: ["model_not_found", "quote_not_found"],
@@ -123,6 +132,7 @@ function dialectRoute(spec: {
     errorSchema: spec.error,
     errorBody: dialectError(spec.translator),
     ...(spec.apiKeyHeader === true ? { apiKeyHeader: true } : {}),
+    payable: true,
     handle: async (call) => {
       const body = await readJsonBytes(call.req, call.deps.bodyLimitBytes);
       await relayChat(call, body, spec.dialect);
@@ -158,6 +168,7 @@ export const chatRoutes: readonly Route[] = [
       'The completion: JSON, or an SSE stream with `"stream": true`',
     ),
     errors: chatErrors,
+    payable: true,
     handle: async (call) => {
       const body = await readJsonBytes(call.req, call.deps.bodyLimitBytes);
       await relayChat(call, body);
