@@ -1,4 +1,4 @@
-import { PERMIT2_ADDRESS, x402UptoPermit2ProxyABI } from "@x402/evm";
+import { PERMIT2_ADDRESS, x402UptoPermit2ProxyABI, x402UptoPermit2ProxyAddress } from "@x402/evm";
 import {
   getContract,
   hashDomain,
@@ -11,7 +11,7 @@ import {
   type Hex,
 } from "viem";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { creditTokenAbi, x402UptoPermit2ProxyAbi } from "../gen/contracts/artifacts.js";
+import { creditTokenAbi, marketAbi, x402UptoPermit2ProxyAbi } from "../gen/contracts/artifacts.js";
 import {
   permit2Address,
   permit2DomainSeparator,
@@ -107,6 +107,8 @@ describe("placement on anvil", () => {
     expect(await p.read.WITNESS_TYPEHASH()).toBe(
       keccak256(stringToHex("Witness(address to,address facilitator,uint256 validAfter)")),
     );
+    const market = getContract({ address: f.market, abi: marketAbi, client: f.pub });
+    expect(await market.read.X402_UPTO_PROXY()).toBe(x402UptoPermit2ProxyAddress);
   });
 
   it("is idempotent: a second placement deploys nothing", async () => {

@@ -1,11 +1,15 @@
 /**
  * The chain side of x402 `upto` payments: the two contracts an `@x402/evm` client signs for
- * (Permit2 and the upto proxy, at their canonical addresses), placed on a local anvil chain.
+ * (Permit2 and the upto proxy, at their canonical addresses), placed on a local anvil chain, and
+ * the Market's `X402Payment` built from a client's payload.
  */
-import { PERMIT2_ADDRESS, x402UptoPermit2ProxyAddress } from "@x402/evm";
+import { PERMIT2_ADDRESS, x402UptoPermit2ProxyAddress, type UptoPermit2Payload } from "@x402/evm";
 import {
+  encodeAbiParameters,
   getAddress,
   hashDomain,
+  keccak256,
+  stringToHex,
   type Address,
   type Hex,
   type PublicClient,
@@ -166,4 +170,64 @@ async function setChainId(testClient: TestClient<"anvil">, chainId: number): Pro
     method: "anvil_setChainId",
     params: [chainId],
   });
+}
+
+// ------------------------------------------------------------------ Market payments
+
+const x402IdTag = keccak256(stringToHex("x402-upto"));
+
+/** The Market's record id of an x402 payment: `keccak256(abi.encode(keccak256("x402-upto"), owner, nonce))`. */
+export function x402PermitId(owner: Address, nonce: bigint): Hex {
+  return keccak256(
+    encodeAbiParameters(
+      [{ type: "bytes32" }, { type: "address" }, { type: "uint256" }],
+      [x402IdTag, owner, nonce],
+    ),
+  );
+}
+
+/** One entry of `Market.settleWithPayments(batchId, charges, payments)`. */
+export interface X402Payment {
+  readonly permitId: Hex;
+  readonly offerId: Hex;
+  readonly amount: bigint;
+  readonly permit: {
+    readonly permitted: { readonly token: Address; readonly amount: bigint };
+    readonly nonce: bigint;
+    readonly deadline: bigint;
+  };
+  readonly owner: Address;
+  readonly witness: {
+    readonly to: Address;
+    readonly facilitator: Address;
+    readonly validAfter: bigint;
+  };
+  readonly signature: Hex;
+}
+
+/** The Market's settlement entry for an `@x402/evm` upto payload, charging `amount` to `offerId`. */
+export function x402PaymentFromPayload(
+  payload: UptoPermit2Payload,
+  charge: { offerId: Hex; amount: bigint },
+): X402Payment {
+  const auth = payload.permit2Authorization;
+  const owner = getAddress(auth.from);
+  const nonce = BigInt(auth.nonce);
+  return {
+    permitId: x402PermitId(owner, nonce),
+    offerId: charge.offerId,
+    amount: charge.amount,
+    permit: {
+      permitted: { token: getAddress(auth.permitted.token), amount: BigInt(auth.permitted.amount) },
+      nonce,
+      deadline: BigInt(auth.deadline),
+    },
+    owner,
+    witness: {
+      to: getAddress(auth.witness.to),
+      facilitator: getAddress(auth.witness.facilitator),
+      validAfter: BigInt(auth.witness.validAfter),
+    },
+    signature: payload.signature,
+  };
 }
