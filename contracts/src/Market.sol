@@ -3,6 +3,7 @@ pragma solidity ^0.8.24;
 
 import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
+import {MarketX402} from "./MarketX402.sol";
 
 /// @title Market
 /// @notice Reference on-chain model market the gateway reads: models (one ERC-20 credit token
@@ -11,176 +12,9 @@ import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol
 /// @dev Every state change emits an event so an indexer can rebuild models and offers from logs.
 /// External token calls always come after the state they depend on is written
 /// (checks-effects-interactions), so a hostile credit token cannot re-enter into a stale state.
-contract Market {
+/// Types, errors, events and storage are in `MarketBase`; x402 `upto` payments in `MarketX402`.
+contract Market is MarketX402 {
     using SafeERC20 for IERC20;
-
-    enum ModelStatus {
-        Pending,
-        Active,
-        Paused,
-        Retired
-    }
-
-    enum OfferStatus {
-        Active,
-        Paused,
-        Retired
-    }
-
-    enum PermitState {
-        None,
-        Open,
-        Closing,
-        Closed
-    }
-
-    struct Model {
-        address creator;
-        address creditToken;
-        string repository;
-        string revision;
-        string task;
-        bytes32 poolId;
-        uint256 positionTokenId;
-        ModelStatus status;
-    }
-
-    struct Tariff {
-        uint64 version;
-        uint256 inputPricePerMTok;
-        uint256 outputPricePerMTok;
-        uint256 wakeFee;
-    }
-
-    /// @dev `capabilities` is JSON object text, e.g.
-    /// {"max_output_tokens":4096,"context_window":8192,"streaming":true}
-    struct OfferMetadata {
-        string region;
-        string hardware;
-        uint32 maxConcurrency;
-        string capabilities;
-    }
-
-    struct Offer {
-        bytes32 modelId;
-        address owner;
-        address operator;
-        address payout;
-        OfferStatus status;
-        Tariff tariff;
-        OfferMetadata metadata;
-    }
-
-    struct Permit {
-        address payer;
-        bytes32 modelId;
-        bytes32 offerId;
-        uint256 deposit;
-        uint256 settled;
-        uint64 expiresAt;
-        PermitState state;
-        uint64 closableAt;
-    }
-
-    struct Charge {
-        bytes32 permitId;
-        bytes32 offerId;
-        uint256 amount;
-    }
-
-    error Unauthorized();
-    error NotSettlementOperator();
-    error NotFound();
-    error AlreadyExists();
-    error InvalidState();
-    error InvalidArgument();
-    error BatchAlreadySettled(bytes32 batchId);
-    error ChargeExceedsDeposit(bytes32 permitId, uint256 available, uint256 amount);
-    error OfferMismatch(bytes32 permitId, bytes32 offerId);
-    error GracePeriodNotOver(uint64 closableAt);
-    error DepositNotReceived(uint256 expected, uint256 received);
-
-    event SettlementOperatorChanged(address indexed settlementOperator);
-    event ModelCreated(
-        bytes32 indexed modelId,
-        address indexed creator,
-        address creditToken,
-        string repository,
-        string revision,
-        string task,
-        bytes32 poolId,
-        uint256 positionTokenId
-    );
-    event ModelStatusChanged(bytes32 indexed modelId, ModelStatus status);
-    event OfferCreated(
-        bytes32 indexed offerId,
-        bytes32 indexed modelId,
-        address indexed operator,
-        address owner,
-        address payout
-    );
-    event OfferStatusChanged(bytes32 indexed offerId, OfferStatus status);
-    event OfferTariffChanged(
-        bytes32 indexed offerId,
-        uint64 version,
-        uint256 inputPricePerMTok,
-        uint256 outputPricePerMTok,
-        uint256 wakeFee
-    );
-    event OfferMetadataChanged(
-        bytes32 indexed offerId,
-        string region,
-        string hardware,
-        uint32 maxConcurrency,
-        string capabilities
-    );
-    event OfferOperatorChanged(bytes32 indexed offerId, address indexed operator);
-    event OfferPayoutChanged(bytes32 indexed offerId, address indexed payout);
-    event PermitOpened(
-        bytes32 indexed permitId,
-        address indexed payer,
-        bytes32 indexed modelId,
-        bytes32 offerId,
-        uint256 deposit,
-        uint64 expiresAt
-    );
-    event PermitCloseRequested(bytes32 indexed permitId, uint64 closableAt);
-    event PermitClosed(bytes32 indexed permitId, uint256 refund);
-    event ChargeSettled(
-        bytes32 indexed batchId,
-        bytes32 indexed permitId,
-        bytes32 indexed offerId,
-        uint256 amount
-    );
-    event BatchSettled(bytes32 indexed batchId, uint256 charges, uint256 total);
-
-    address public owner;
-    address public settlementOperator;
-    /// @notice Seconds between `requestClose` and the earliest `finalizeClose`; the window in
-    /// which usage already incurred can still be settled against the permit.
-    uint64 public closeGracePeriod;
-
-    mapping(bytes32 => Model) private _models;
-    mapping(bytes32 => Offer) private _offers;
-    mapping(bytes32 => Permit) private _permits;
-    mapping(bytes32 => bool) private _settledBatches;
-
-    modifier onlyOwner() {
-        if (msg.sender != owner) revert Unauthorized();
-        _;
-    }
-
-    modifier onlyOfferOwner(bytes32 offerId) {
-        Offer storage offer = _existingOffer(offerId);
-        if (msg.sender != offer.owner) revert Unauthorized();
-        _;
-    }
-
-    modifier onlyOfferOwnerOrOperator(bytes32 offerId) {
-        Offer storage offer = _existingOffer(offerId);
-        if (msg.sender != offer.owner && msg.sender != offer.operator) revert Unauthorized();
-        _;
-    }
 
     constructor(address settlementOperator_, uint64 closeGracePeriod_) {
         if (settlementOperator_ == address(0)) revert InvalidArgument();
@@ -391,35 +225,8 @@ contract Market {
     /// derives batch ids deterministically; any bad charge reverts the whole batch.
     /// @dev Expiry does not block settlement: the usage was incurred while the permit was valid.
     function settle(bytes32 batchId, Charge[] calldata charges) external {
-        if (msg.sender != settlementOperator) revert NotSettlementOperator();
-        if (batchId == bytes32(0) || charges.length == 0) revert InvalidArgument();
-        if (_settledBatches[batchId]) revert BatchAlreadySettled(batchId);
-        _settledBatches[batchId] = true;
-
-        uint256 total;
-        for (uint256 i = 0; i < charges.length; ++i) {
-            Charge calldata charge = charges[i];
-            Permit storage permit = _existingPermit(charge.permitId);
-            if (permit.state != PermitState.Open && permit.state != PermitState.Closing) {
-                revert InvalidState();
-            }
-            Offer storage offer = _existingOffer(charge.offerId);
-            if (
-                offer.modelId != permit.modelId ||
-                (permit.offerId != bytes32(0) && permit.offerId != charge.offerId)
-            ) {
-                revert OfferMismatch(charge.permitId, charge.offerId);
-            }
-            if (charge.amount == 0) revert InvalidArgument();
-            uint256 available = permit.deposit - permit.settled;
-            if (charge.amount > available) {
-                revert ChargeExceedsDeposit(charge.permitId, available, charge.amount);
-            }
-            permit.settled += charge.amount;
-            total += charge.amount;
-            emit ChargeSettled(batchId, charge.permitId, charge.offerId, charge.amount);
-            IERC20(_models[permit.modelId].creditToken).safeTransfer(offer.payout, charge.amount);
-        }
+        _beginBatch(batchId, charges.length);
+        uint256 total = _settleCharges(batchId, charges);
         emit BatchSettled(batchId, charges.length, total);
     }
 
@@ -450,21 +257,6 @@ contract Market {
     }
 
     // ---------------------------------------------------------------- internals
-
-    function _existingModel(bytes32 modelId) private view returns (Model storage model) {
-        model = _models[modelId];
-        if (model.creator == address(0)) revert NotFound();
-    }
-
-    function _existingOffer(bytes32 offerId) private view returns (Offer storage offer) {
-        offer = _offers[offerId];
-        if (offer.owner == address(0)) revert NotFound();
-    }
-
-    function _existingPermit(bytes32 permitId) private view returns (Permit storage permit) {
-        permit = _permits[permitId];
-        if (permit.state == PermitState.None) revert NotFound();
-    }
 
     function _emitMetadata(bytes32 offerId, OfferMetadata calldata metadata) private {
         emit OfferMetadataChanged(
