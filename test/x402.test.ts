@@ -1,12 +1,17 @@
 import { decodePaymentRequiredHeader, encodePaymentSignatureHeader } from "@x402/core/http";
 import type { PaymentPayload, PaymentRequired, PaymentRequirements } from "@x402/core/types";
 import { UptoEvmScheme } from "@x402/evm/upto/client";
-import { getAddress, type Hex } from "viem";
+import { wrapFetchWithPayment, x402Client } from "@x402/fetch";
+import { createTestClient, getAddress, http, maxUint256, parseEther, type Hex } from "viem";
+import { creditTokenAbi } from "../gen/contracts/artifacts.js";
+import { permit2Address } from "../src/adapters/chain/x402-contracts.js";
+import { placeX402OnAnvil } from "../src/dev/x402-placement.js";
+import { mintCredits } from "./helpers/market.js";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
-import { settlingEnv } from "./helpers/settlement.js";
-import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { flush, settlementRows, settlingEnv } from "./helpers/settlement.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
  * Issue 37: agents pay per request with x402 `upto` (DESIGN.md section 11). What a caller without
@@ -188,5 +193,208 @@ describe("x402: a chat request without credentials", () => {
     // Too short a window to serve and settle it.
     const hurried = await signed({ ...asked, maxTimeoutSeconds: 30 });
     expect((await refusedWith(hurried)).code).toBe("payment_expired");
+  });
+});
+
+describe("x402: an agent pays per request with an unmodified @x402/fetch", () => {
+  let stack: TestStack;
+  let fake: FakeUpstream;
+  const agentKey = generatePrivateKey();
+  const agent = privateKeyToAccount(agentKey);
+  const funded = 50n * 10n ** 18n;
+
+  beforeAll(async () => {
+    ({ stack, fake } = await startChatStack(settlingEnv));
+    await placeX402OnAnvil(stack.clients, stack.anvil.rpcUrl);
+    const testClient = createTestClient({
+      mode: "anvil",
+      chain: stack.clients.chain,
+      transport: http(stack.anvil.rpcUrl),
+    });
+    await testClient.setBalance({ address: agent.address, value: parseEther("1") });
+    await mintCredits(stack, agent.address, funded);
+    // The agent's one approval of Permit2 (without it the 402 says so: below).
+    const wallet = stack.clients.wallet(agentKey);
+    await stack.clients.publicClient.waitForTransactionReceipt({
+      hash: await wallet.writeContract({
+        address: stack.demo.models[0]!.creditToken,
+        abi: creditTokenAbi,
+        functionName: "approve",
+        args: [permit2Address, maxUint256],
+      }),
+    });
+  }, 120_000);
+  afterAll(async () => {
+    await fake?.stop();
+    await stack?.close();
+  });
+
+  /** The agent's fetch: x402's own client, allowed this market's credit token. */
+  function agentFetch(sent: string[] = []): typeof fetch {
+    const client = new x402Client();
+    client.register("eip155:*", new UptoEvmScheme(agent));
+    client.setSpendControls({
+      allowedAssets: [
+        {
+          network: `eip155:${stack.anvil.chainId}`,
+          asset: stack.demo.models[0]!.creditToken,
+          maxAmountPerPayment: (10n ** 18n).toString(),
+        },
+      ],
+    });
+    const recording: typeof fetch = async (input, init) => {
+      const request = new Request(input, init);
+      const signature = request.headers.get("payment-signature");
+      if (signature !== null) sent.push(signature);
+      return fetch(request);
+    };
+    return wrapFetchWithPayment(recording, client);
+  }
+
+  const balanceOf = (owner: Hex) =>
+    stack.clients.publicClient.readContract({
+      address: stack.demo.models[0]!.creditToken,
+      abi: creditTokenAbi,
+      functionName: "balanceOf",
+      args: [owner],
+    });
+
+  it("gets answers in every dialect, JSON and SSE; settlement takes exactly the charges, once, and pays the offer", async () => {
+    const pay = agentFetch();
+    const payout = stack.roles.operator.address;
+    const before = { agent: await balanceOf(agent.address), payout: await balanceOf(payout) };
+    const ids: string[] = [];
+    for (const { path, body } of routes) {
+      for (const stream of [false, true]) {
+        const res = await pay(`${stack.gateway.url}${path}`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ ...body, stream }),
+        });
+        const text = await res.text();
+        expect({ path, stream, status: res.status }).toEqual({ path, stream, status: 200 });
+        expect(text.length).toBeGreaterThan(0);
+        ids.push(res.headers.get("x-gateway-request-id")!);
+      }
+    }
+    expect(new Set(ids).size).toBe(6);
+    await eventually(async () => {
+      const open = await stack.database.db.pool.query(
+        "SELECT 1 FROM inference_requests WHERE id = ANY ($1) AND status NOT IN ('pending', 'streaming')",
+        [ids],
+      );
+      return open.rowCount === ids.length;
+    });
+    const { rows } = await stack.database.db.pool.query<{
+      id: string;
+      credits_charged: string;
+      api_key_id: string;
+      permit_id: string;
+    }>(
+      "SELECT id, credits_charged::text, api_key_id, permit_id FROM inference_requests WHERE id = ANY ($1)",
+      [ids],
+    );
+    expect(rows.length).toBe(6);
+    for (const r of rows) {
+      expect(r.api_key_id).toBe(`x402:${agent.address.toLowerCase()}`);
+      expect(BigInt(r.credits_charged)).toBeGreaterThan(0n);
+    }
+    const charged = rows.reduce((sum, r) => sum + BigInt(r.credits_charged), 0n);
+    // Nothing moved before settlement.
+    expect(await balanceOf(agent.address)).toBe(before.agent);
+    const flushed = await flush(stack);
+    expect(flushed.status).toBe(200);
+    expect(await balanceOf(agent.address)).toBe(before.agent - charged);
+    expect(await balanceOf(payout)).toBe(before.payout + charged);
+    const settled = await settlementRows(stack, ids);
+    expect(settled.map((s) => s.settlement_status)).toEqual(ids.map(() => "settled"));
+    const payments = await stack.database.db.pool.query<{ state: string }>(
+      "SELECT state FROM x402_payments WHERE permit_id = ANY ($1)",
+      [rows.map((r) => r.permit_id)],
+    );
+    expect(payments.rows.map((p) => p.state)).toEqual(rows.map(() => "settled"));
+    // A second flush moves nothing.
+    await flush(stack);
+    expect(await balanceOf(agent.address)).toBe(before.agent - charged);
+  });
+
+  it("serves one signature once: a replay, sequential or concurrent, is 402 payment_used with no provider call", async () => {
+    const sent: string[] = [];
+    const res = await agentFetch(sent)(`${stack.gateway.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(chatBody),
+    });
+    expect(res.status).toBe(200);
+    await res.text();
+    expect(sent.length).toBe(1);
+    const calls = fake.requests.length;
+    const replay = () =>
+      fetch(`${stack.gateway.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json", "payment-signature": sent[0]! },
+        body: JSON.stringify(chatBody),
+      });
+    const again = await replay();
+    expect(again.status).toBe(402);
+    expect((await json(again)).error.code).toBe("payment_used");
+    expect(fake.requests.length).toBe(calls);
+
+    // A fresh signature sent twice at once: one answer, one refusal.
+    const fresh: string[] = [];
+    const priced = await fetch(`${stack.gateway.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(chatBody),
+    });
+    const asked = decodePaymentRequiredHeader(priced.headers.get("payment-required")!).accepts[0]!;
+    const { payload } = await new UptoEvmScheme(agent).createPaymentPayload(2, asked);
+    fresh.push(encodePaymentSignatureHeader({ x402Version: 2, accepted: asked, payload }));
+    const both = await Promise.all(
+      [0, 1].map(() =>
+        fetch(`${stack.gateway.url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json", "payment-signature": fresh[0]! },
+          body: JSON.stringify(chatBody),
+        }),
+      ),
+    );
+    const statuses = both.map((r) => r.status).sort();
+    expect(statuses).toEqual([200, 402]);
+    const refused = both.find((r) => r.status === 402)!;
+    expect((await json(refused)).error.code).toBe("payment_used");
+    await both.find((r) => r.status === 200)!.text();
+    expect(fake.requests.length).toBe(calls + 1);
+  });
+
+  it("refuses a payer without Permit2 allowance or balance with the reason, before any provider call", async () => {
+    const poor = privateKeyToAccount(generatePrivateKey());
+    const priced = await fetch(`${stack.gateway.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(chatBody),
+    });
+    const asked = decodePaymentRequiredHeader(priced.headers.get("payment-required")!).accepts[0]!;
+    const { payload } = await new UptoEvmScheme(poor).createPaymentPayload(2, asked);
+    const calls = fake.requests.length;
+    const res = await fetch(`${stack.gateway.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: {
+        "content-type": "application/json",
+        "payment-signature": encodePaymentSignatureHeader({
+          x402Version: 2,
+          accepted: asked,
+          payload,
+        }),
+      },
+      body: JSON.stringify(chatBody),
+    });
+    expect(res.status).toBe(402);
+    const body = await json(res);
+    expect(body.error.code).toBe("permit2_allowance_required");
+    expect(body.error.message).toBe(
+      `payer ${poor.address} has approved 0 of token ${getAddress(asked.asset)} to Permit2 (${permit2Address}); this request needs ${asked.amount} (PERMIT2_ALLOWANCE_REQUIRED)`,
+    );
+    expect(fake.requests.length).toBe(calls);
   });
 });

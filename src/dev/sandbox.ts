@@ -14,6 +14,7 @@ import { registerEndpoint, verifyOffer } from "../clients/provider.js";
 import { connectSettlement } from "../clients/settlement.js";
 import { createSettlementWorker, type SettlementWorker } from "../runtime/settlement-worker.js";
 import { demoAccounts, seedDemoMarket } from "./demo-market.js";
+import { placeX402OnAnvil } from "./x402-placement.js";
 import { startDemoProvider, type DemoProvider } from "./demo-provider.js";
 
 /** How often the sandbox's settlement worker flushes: short, so a demo request settles while you watch. */
@@ -104,6 +105,8 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
     const clients = chainClients(anvil.chainId, anvil.rpcUrl, 50);
     const roles = demoAccounts(anvil.accounts);
     const demo = await seedDemoMarket(clients, roles);
+    // x402 (issue 37): Permit2 and the upto proxy where every x402 client looks for them.
+    await placeX402OnAnvil(clients, anvil.rpcUrl);
     logger.info({ market: demo.market, rpcUrl: anvil.rpcUrl }, "demo market deployed");
 
     const catalogFile = join(stateDir, "catalog.json");

@@ -23,8 +23,6 @@ import type {
 import { marketAbi } from "../../../gen/contracts/artifacts.js";
 import { encodeWithPayments, paymentFailureDetail, paymentsAbi } from "./x402.js";
 
-/** The Market's errors beside the payments' (a batch with payments reverts with either). */
-const marketWithPayments = [...marketAbi, ...paymentsAbi];
 const settleSelector = toFunctionSelector(getAbiItem({ abi: marketAbi, name: "settle" }));
 const paymentsSelector = toFunctionSelector(
   getAbiItem({ abi: paymentsAbi, name: "settleWithPayments" }),
@@ -185,7 +183,7 @@ export function createChainSettlement(options: ChainSettlementOptions): Settleme
             })
           : await client.estimateContractGas({
               address: market,
-              abi: marketWithPayments,
+              abi: marketAbi,
               functionName: "settleWithPayments",
               args: decodeFunctionData({ abi: paymentsAbi, data: calldata }).args as never,
               account: signer.address,

@@ -15,6 +15,7 @@ import {
   type Hex,
   type PublicClient,
 } from "viem";
+import { marketAbi } from "../../../gen/contracts/artifacts.js";
 import type { BatchCharge, PaymentItem } from "../../domain/settlement/index.js";
 import { GatewayError } from "../../domain/errors.js";
 import {
@@ -23,16 +24,8 @@ import {
   type UptoPayment,
 } from "../../domain/x402/index.js";
 
-/** The Market's x402 entry point and the errors a payment's transfer can end in. */
-export const paymentsAbi = parseAbi([
-  "struct Charge { bytes32 permitId; bytes32 offerId; uint256 amount; }",
-  "struct TokenPermissions { address token; uint256 amount; }",
-  "struct PermitTransferFrom { TokenPermissions permitted; uint256 nonce; uint256 deadline; }",
-  "struct Witness { address to; address facilitator; uint256 validAfter; }",
-  "struct X402Payment { bytes32 permitId; bytes32 offerId; uint256 amount; PermitTransferFrom permit; address owner; Witness witness; bytes signature; }",
-  "function settleWithPayments(bytes32 batchId, Charge[] charges, X402Payment[] payments)",
-  "error PaymentFailed(bytes32 permitId, bytes reason)",
-]);
+/** The Market, whose `settleWithPayments` and `PaymentFailed` carry x402 payments. */
+export const paymentsAbi = marketAbi;
 
 /** What Permit2, the upto proxy and a token may answer inside `PaymentFailed`. */
 const innerErrorsAbi = parseAbi([
@@ -50,6 +43,8 @@ const innerErrorsAbi = parseAbi([
   "error InvalidOwner()",
   "error ERC20InsufficientBalance(address sender, uint256 balance, uint256 needed)",
   "error ERC20InsufficientAllowance(address spender, uint256 allowance, uint256 needed)",
+  "error WrongPaymentToken(address expected, address token)",
+  "error WrongPaymentWitness(address to, address facilitator)",
 ]);
 
 /** The name of the error inside a `PaymentFailed`'s reason (`TRANSFER_FROM_FAILED`, `InvalidNonce`, ...). */
