@@ -251,6 +251,22 @@ describe("settlement", () => {
     });
   });
 
+  it("an operator's Flush while the gateway's own flush runs (right after a start) waits for it, never 500", async () => {
+    // Both flushes of one process hold the account's lease as the process: before they took
+    // turns, the first to end released it under the other (LeaseLostError, 500).
+    const permitId = await openPermit(stack, { deposit: 10n ** 18n });
+    const chat = await chatOn(stack, permitId);
+    await stack.restart();
+    const flushed = await flush(stack);
+    expect(flushed.status).toBe(200);
+    await eventually(
+      async () => (await settlementRows(stack, [chat.id]))[0]?.settlement_status === "settled",
+      15_000,
+      100,
+    );
+    expect((await chainPermit(stack, permitId)).settled).toBe(chat.charged);
+  });
+
   it("a gateway that starts drives a batch left in flight by a stopped process to its end", async () => {
     const permitId = await openPermit(stack, { deposit: 10n ** 18n });
     const chat = await chatOn(stack, permitId);

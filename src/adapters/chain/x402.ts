@@ -52,7 +52,10 @@ export function paymentFailureDetail(reason: Hex): string {
   if (reason === "0x" || reason.length < 10) return "reverted";
   try {
     const decoded = decodeErrorResult({ abi: innerErrorsAbi, data: reason });
-    return decoded.errorName;
+    // A `require` string (solmate's TRANSFER_FROM_FAILED) is viem's built-in Error(string).
+    const { errorName, args } = decoded as { errorName: string; args?: readonly unknown[] };
+    if (errorName === "Error") return String(args?.[0] ?? "Error").slice(0, 80);
+    return errorName;
   } catch {
     try {
       const decoded = decodeErrorResult({ abi: parseAbi(["error Error(string)"]), data: reason });

@@ -35,7 +35,19 @@ interface FlushRun {
 
 export function createSettlementFlusher(deps: SettlementFlusherDeps): SettlementFlusher {
   const f = flusherOf(deps);
-  const flush = (options: FlushOptions = {}) => flushWithLease(f, options);
+  // One flush at a time in this process: the lease's holder is the process, so a second flush
+  // (the worker's and an operator's Flush) would share it, and the first to end would release
+  // it under the other (found on a Flush right after a restart: 500, lease lost). The second
+  // waits for the first, then flushes what is left.
+  let running: Promise<unknown> = Promise.resolve();
+  const flush = (options: FlushOptions = {}): Promise<FlushResult> => {
+    const next = running.then(
+      () => flushWithLease(f, options),
+      () => flushWithLease(f, options),
+    );
+    running = next.catch(() => undefined);
+    return next;
+  };
   return {
     account: f.account,
     flush,

@@ -1,0 +1,87 @@
+import { UptoEvmScheme } from "@x402/evm/upto/client";
+import { wrapFetchWithPayment, x402Client } from "@x402/fetch";
+import { createTestClient, http, maxUint256, parseEther, type Hex } from "viem";
+import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
+import { creditTokenAbi } from "../../gen/contracts/artifacts.js";
+import { permit2Address } from "../../src/adapters/chain/x402-contracts.js";
+import { mintCredits } from "./market.js";
+import type { TestStack } from "./stack.js";
+
+/** An agent with a wallet: credit tokens of the demo chat model, Permit2 approved once. */
+export interface Agent {
+  readonly key: Hex;
+  readonly account: PrivateKeyAccount;
+  /** An unmodified x402 fetch for it, allowed this market's credit token; `sent` records signatures. */
+  fetch(sent?: string[]): typeof fetch;
+  balance(owner?: Hex): Promise<bigint>;
+}
+
+export async function fundedAgent(stack: TestStack, credits: bigint): Promise<Agent> {
+  const key = generatePrivateKey();
+  const account = privateKeyToAccount(key);
+  const token = stack.demo.models[0]!.creditToken;
+  const testClient = createTestClient({
+    mode: "anvil",
+    chain: stack.clients.chain,
+    transport: http(stack.anvil.rpcUrl),
+  });
+  await testClient.setBalance({ address: account.address, value: parseEther("1") });
+  await mintCredits(stack, account.address, credits);
+  const wallet = stack.clients.wallet(key);
+  await stack.clients.publicClient.waitForTransactionReceipt({
+    hash: await wallet.writeContract({
+      address: token,
+      abi: creditTokenAbi,
+      functionName: "approve",
+      args: [permit2Address, maxUint256],
+    }),
+  });
+  return {
+    key,
+    account,
+    fetch(sent: string[] = []) {
+      const client = new x402Client();
+      client.register("eip155:*", new UptoEvmScheme(account));
+      client.setSpendControls({
+        allowedAssets: [
+          {
+            network: `eip155:${stack.anvil.chainId}`,
+            asset: token,
+            maxAmountPerPayment: (10n ** 18n).toString(),
+          },
+        ],
+      });
+      const recording: typeof fetch = async (input, init) => {
+        const request = new Request(input, init);
+        const signature = request.headers.get("payment-signature");
+        if (signature !== null) sent.push(signature);
+        return fetch(request);
+      };
+      return wrapFetchWithPayment(recording, client);
+    },
+    balance: (owner: Hex = account.address) =>
+      stack.clients.publicClient.readContract({
+        address: token,
+        abi: creditTokenAbi,
+        functionName: "balanceOf",
+        args: [owner],
+      }),
+  };
+}
+
+/** A paid chat on the demo model: the answer's request id, once its record is closed. */
+export async function paidChat(
+  stack: TestStack,
+  pay: typeof fetch,
+  body: object = {
+    model: "demo-chat",
+    messages: [{ role: "user", content: "hi" }],
+    max_tokens: 64,
+  },
+): Promise<Response> {
+  return pay(`${stack.gateway.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+  });
+}
