@@ -1,5 +1,5 @@
 /**
- * x402 payments in PostgreSQL (issue 37, migration 034): one signature pays one request on
+ * x402 payments in PostgreSQL (issue 37, migration 035): one signature pays one request on
  * every gateway process (the (payer, nonce) key), within the in-flight exposure caps, and a
  * payer whose settlement failed is refused until an operator clears it.
  */
