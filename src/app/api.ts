@@ -158,6 +158,7 @@ export function createApi(
     verifier: createChainSignatureVerifier(deps.chain),
     authorities,
     clock,
+    warn: (fields, message) => deps.logger.warn(fields, message),
   });
   // Provider earnings: who may read them is bound by the offer's operator (docs/decisions/settlement.md).
   const keyBindingStore = createPgOfferKeyBindingStore(db.pool);

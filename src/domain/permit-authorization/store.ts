@@ -3,8 +3,9 @@ import type { Hex } from "viem";
 import type { PermitAuthorization } from "./authorizations.js";
 
 /**
- * `revoked`: the payer revoked everything issued at or before a time (its epoch) that is at or
- * after the authorization's `issuedAt`; nothing was stored.
+ * `revoked`: the payer revoked everything issued at or before a time (its epoch, or the epoch of
+ * a scope covering the authorization: its key, its permit) that is at or after the
+ * authorization's `issuedAt`; nothing was stored.
  */
 export type InsertOutcome = "inserted" | "nonce_used" | "revoked";
 
@@ -20,8 +21,6 @@ export interface PayerRevocationFilter {
   readonly before: number;
   /** Unix seconds: the revocation's time. */
   readonly now: number;
-  /** Also raise the payer's epoch to `before` (never lowers it): revoke all. */
-  readonly raiseEpoch: boolean;
 }
 
 /** The table of authorizations (adapters/pg/permit-authorizations.ts). */
@@ -46,8 +45,10 @@ export interface PermitAuthorizationStore {
   ): Promise<PermitAuthorization[]>;
   /**
    * Marks revoked by the payer every authorization matching `filter` that is not revoked yet,
-   * and answers them newest first; with `raiseEpoch` the payer's epoch is raised first, in the
-   * same transaction, and answered (null without).
+   * and answers them newest first. The epoch of the filter's scope is raised to `before` first,
+   * in the same transaction (AuthorizeKey signatures issued at or before it are refused when
+   * submitted later); the payer's epoch (revoke all: no key, no permit) is answered, null for a
+   * scoped revocation.
    */
   revokeByPayer(
     filter: PayerRevocationFilter,
