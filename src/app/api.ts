@@ -166,6 +166,7 @@ export function createApi(
   const keyBindings = createOfferKeyBindingService({
     chainId: config.chainId,
     market: config.marketAddress,
+    deployment: deps.deploymentId,
     operatorOf: async (offerId) => (await offers.getOffer(offerId))?.operator,
     store: keyBindingStore,
     verifier: createChainSignatureVerifier(deps.chain),

@@ -476,6 +476,8 @@ describe("a payer's control of its authorizations, without the key (PostgreSQL o
       MARKET_ADDRESS: stack.demo.market,
       GATEWAY_URL: stack.gateway.url,
       PAYER_PRIVATE_KEY: payer.privateKey,
+      // No terminal: the deployment is pinned, or nothing is signed (issue 37).
+      GATEWAY_DEPLOYMENT_ID: deployment,
       ...extra,
     });
     const cli = async (args: string[], extra: Record<string, string> = {}) => {
