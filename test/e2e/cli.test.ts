@@ -533,6 +533,7 @@ describe("gateway permit (the payer's CLI)", () => {
       PAYER_PRIVATE_KEY: stack.anvil.accounts[7]!.privateKey,
       RPC_URL: stack.config.rpcUrl,
       MARKET_ADDRESS: stack.demo.market,
+      GATEWAY_DEPLOYMENT_ID: await deploymentId(stack.database.db.pool),
     });
     expect(refused.code).toBe(1);
     expect(refused.stderr).toMatch(/\nthe gateway refused \(401 invalid_signature\)/);

@@ -509,7 +509,7 @@ describe("a payer's control of its authorizations, without the key (PostgreSQL o
       expect(text.code).toBe(0);
       expect(text.stdout).toMatch(
         new RegExp(
-          `^signing ListAuthorizations as payer ${payer.address}: gateway deployment ${deployment}, chain ${stack.config.chainId}, market ${stack.demo.market}, valid until \\d{4}-\\d\\d-\\d\\dT`,
+          `^signing ListAuthorizations as payer ${payer.address}: gateway deployment ${deployment} \\(pinned\\), chain ${stack.config.chainId}, market ${stack.demo.market}, valid until \\d{4}-\\d\\d-\\d\\dT`,
         ),
       );
       expect(text.stdout).toContain(`${onA.id}  active   key ${a.id}  permit ${permitId}`);

@@ -156,6 +156,7 @@ describe("permit authorizations (the table)", () => {
       expect(byKey).toEqual({
         revoked: [{ ...a, revokedAt: now, revokedBy: "payer" }],
         epoch: null,
+        revokedBefore: now,
       });
       const byPermit = await revokePayerAuthorizations(test.db.pool, {
         payer: payerC,
@@ -173,6 +174,7 @@ describe("permit authorizations (the table)", () => {
       expect(all).toEqual({
         revoked: [{ ...c, revokedAt: now + 1, revokedBy: "payer" }],
         epoch: now,
+        revokedBefore: now,
       });
       // An older "all" replayed: the epoch stays, nothing more is revoked.
       expect(
@@ -181,7 +183,7 @@ describe("permit authorizations (the table)", () => {
           before: now - 100,
           now: now + 2,
         }),
-      ).toEqual({ revoked: [], epoch: now });
+      ).toEqual({ revoked: [], epoch: now, revokedBefore: now - 100 });
       // Issued at or before the epoch: refused; after it: stored.
       expect(
         await insertPermitAuthorization(
@@ -245,7 +247,7 @@ describe("permit authorizations (the table)", () => {
           before: now,
           now,
         }),
-      ).toEqual({ revoked: [], epoch: null });
+      ).toEqual({ revoked: [], epoch: null, revokedBefore: now });
       // Signed before it (issued at or before `now`), submitted after it: refused, any permit.
       expect(await insert(k.id, now - 30, anyPermit, "k-before-any")).toBe("revoked");
       expect(await insert(k.id, now, permitB, "k-at-b")).toBe("revoked");

@@ -256,29 +256,49 @@ export async function listPayerAuthorizations(
 export async function revokePayerAuthorizations(
   pool: pg.Pool,
   filter: PayerRevocationFilter,
-): Promise<{ revoked: PermitAuthorization[]; epoch: number | null }> {
-  const mark = async (db: Queryable): Promise<PermitAuthorization[]> => {
-    const { rows } = await db.query<Row>(
-      `UPDATE permit_authorizations SET revoked_at = $3, revoked_by = 'payer'
-       WHERE payer = $1 AND revoked_at IS NULL AND issued_at <= $2
-         AND ($4::text IS NULL OR api_key_id = $4)
-         AND ($5::text IS NULL OR permit_id = $5)
-       RETURNING ${columns}, seq`,
-      [filter.payer, filter.before, filter.now, filter.apiKeyId ?? null, filter.permitId ?? null],
+): Promise<{ revoked: PermitAuthorization[]; epoch: number | null; revokedBefore: number }> {
+  const apiKeyId = filter.apiKeyId ?? "";
+  const permitId = filter.permitId ?? anyPermitText;
+  const signedBefore = filter.signedBefore ?? filter.before;
+  return inTransaction(pool, async (client) => {
+    // The payer's row first: every insert and revocation of the payer is ordered by it.
+    await client.query(
+      `INSERT INTO payer_epochs (payer, epoch, updated_at) VALUES ($1, 0, 0)
+       ON CONFLICT (payer) DO NOTHING`,
+      [filter.payer],
     );
-    return (rows as (Row & { seq: string })[])
-      .sort((x, y) => Number(BigInt(y.seq) - BigInt(x.seq)))
-      .map(fromRow);
-  };
-  const all = filter.apiKeyId === undefined && filter.permitId === undefined;
-  if (!all)
-    return inTransaction(pool, async (client) => {
-      await client.query(
-        `INSERT INTO payer_epochs (payer, epoch, updated_at) VALUES ($1, 0, 0)
-         ON CONFLICT (payer) DO NOTHING`,
-        [filter.payer],
+    await client.query("SELECT 1 FROM payer_epochs WHERE payer = $1 FOR UPDATE", [filter.payer]);
+    // A replayed signature (same scope, same signed `before`) applies up to what it applied to
+    // the first time, not to the gateway's clock now. Rows too old to be replayed are dropped.
+    await client.query("DELETE FROM payer_revocations WHERE payer = $1 AND signed_before < $2", [
+      filter.payer,
+      filter.replayableAfter ?? 0,
+    ]);
+    const { rows: applied } = await client.query<{ revoked_before: string }>(
+      `WITH ins AS (
+         INSERT INTO payer_revocations (payer, api_key_id, permit_id, signed_before, revoked_before)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (payer, api_key_id, permit_id, signed_before) DO NOTHING
+         RETURNING revoked_before
+       )
+       SELECT revoked_before::text FROM ins
+       UNION ALL
+       SELECT revoked_before::text FROM payer_revocations
+        WHERE payer = $1 AND api_key_id = $2 AND permit_id = $3 AND signed_before = $4`,
+      [filter.payer, apiKeyId, permitId, signedBefore, filter.before],
+    );
+    const before = Number(applied[0]?.revoked_before ?? filter.before);
+    let epoch: number | null = null;
+    if (apiKeyId === "" && permitId === anyPermitText) {
+      const { rows } = await client.query<{ epoch: string }>(
+        `UPDATE payer_epochs
+            SET epoch = GREATEST(epoch, $2),
+                updated_at = CASE WHEN epoch < $2 THEN $3 ELSE updated_at END
+          WHERE payer = $1 RETURNING epoch::text`,
+        [filter.payer, before, filter.now],
       );
-      await client.query("SELECT 1 FROM payer_epochs WHERE payer = $1 FOR UPDATE", [filter.payer]);
+      epoch = Number(rows[0]!.epoch);
+    } else {
       await client.query(
         `INSERT INTO payer_scope_epochs (payer, api_key_id, permit_id, epoch, updated_at)
          VALUES ($1, $2, $3, $4, $5)
@@ -286,27 +306,20 @@ export async function revokePayerAuthorizations(
            SET epoch = GREATEST(payer_scope_epochs.epoch, EXCLUDED.epoch),
                updated_at = CASE WHEN payer_scope_epochs.epoch < EXCLUDED.epoch
                                  THEN EXCLUDED.updated_at ELSE payer_scope_epochs.updated_at END`,
-        [
-          filter.payer,
-          filter.apiKeyId ?? "",
-          filter.permitId ?? anyPermitText,
-          filter.before,
-          filter.now,
-        ],
+        [filter.payer, apiKeyId, permitId, before, filter.now],
       );
-      return { revoked: await mark(client), epoch: null };
-    });
-  return inTransaction(pool, async (client) => {
-    const { rows } = await client.query<{ epoch: string }>(
-      `INSERT INTO payer_epochs (payer, epoch, updated_at) VALUES ($1, $2, $3)
-       ON CONFLICT (payer) DO UPDATE
-         SET epoch = GREATEST(payer_epochs.epoch, EXCLUDED.epoch),
-             updated_at = CASE WHEN payer_epochs.epoch < EXCLUDED.epoch
-                               THEN EXCLUDED.updated_at ELSE payer_epochs.updated_at END
-       RETURNING epoch::text`,
-      [filter.payer, filter.before, filter.now],
+    }
+    // A later statement: it sees every insert that read the epochs before they were raised.
+    const { rows } = await client.query<Row & { seq: string }>(
+      `UPDATE permit_authorizations SET revoked_at = $3, revoked_by = 'payer'
+       WHERE payer = $1 AND revoked_at IS NULL AND issued_at <= $2
+         AND ($4::text IS NULL OR api_key_id = $4)
+         AND ($5::text IS NULL OR permit_id = $5)
+       RETURNING ${columns}, seq`,
+      [filter.payer, before, filter.now, filter.apiKeyId ?? null, filter.permitId ?? null],
     );
-    return { revoked: await mark(client), epoch: Number(rows[0]!.epoch) };
+    const revoked = rows.sort((x, y) => Number(BigInt(y.seq) - BigInt(x.seq))).map(fromRow);
+    return { revoked, epoch, revokedBefore: before };
   });
 }
 

@@ -17,8 +17,15 @@ export interface PayerRevocationFilter {
   readonly apiKeyId?: string;
   /** Only the authorizations naming exactly this permit; absent: every authorization. */
   readonly permitId?: Hex;
-  /** Unix seconds: authorizations issued at or before it. */
+  /**
+   * Unix seconds: authorizations issued at or before it (the later of the signed `before` and
+   * the gateway's clock), unless this signature was applied before (then that time again).
+   */
   readonly before: number;
+  /** Unix seconds: the `before` the payer signed (default `before`): a replay's key. */
+  readonly signedBefore?: number;
+  /** Signed `before`s older than this can no longer be submitted: their records are dropped. */
+  readonly replayableAfter?: number;
   /** Unix seconds: the revocation's time. */
   readonly now: number;
 }
@@ -52,7 +59,7 @@ export interface PermitAuthorizationStore {
    */
   revokeByPayer(
     filter: PayerRevocationFilter,
-  ): Promise<{ revoked: PermitAuthorization[]; epoch: number | null }>;
+  ): Promise<{ revoked: PermitAuthorization[]; epoch: number | null; revokedBefore: number }>;
   /**
    * Marks it revoked at `now` unless it already is; answers it as it is afterwards, or
    * undefined when there is none (with `apiKeyId`: none held by that key).

@@ -25,3 +25,17 @@ CREATE TABLE payer_scope_epochs (
   PRIMARY KEY (payer, api_key_id, permit_id),
   CHECK (api_key_id <> '' OR permit_id <> '0x0000000000000000000000000000000000000000000000000000000000000000')
 );
+
+-- payer_revocations: the RevokeAuthorizations signatures applied lately (issue 37). A revocation
+-- applies up to the later of its signed `before` and the gateway's clock; a replay of the same
+-- signature (payer, scope, signed `before`) applies up to what the first submission did, so it
+-- revokes nothing issued since. A signed `before` more than 5 minutes behind the gateway's clock
+-- is refused anyway: older rows are dropped by the next revocation of the payer.
+CREATE TABLE payer_revocations (
+  payer text NOT NULL,
+  api_key_id text NOT NULL,
+  permit_id text NOT NULL,
+  signed_before bigint NOT NULL,
+  revoked_before bigint NOT NULL,
+  PRIMARY KEY (payer, api_key_id, permit_id, signed_before)
+);
