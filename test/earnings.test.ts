@@ -1,4 +1,5 @@
 import { execFile } from "node:child_process";
+import { deploymentId } from "../src/adapters/pg/permit-authorizations.js";
 import { promisify } from "node:util";
 import type { Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
@@ -377,6 +378,8 @@ describe("provider earnings", () => {
       OPERATOR_PRIVATE_KEY: stack.roles.operator.privateKey,
       CHAIN_ID: String(stack.config.chainId),
       MARKET_ADDRESS: stack.demo.market,
+      // No terminal: the deployment is pinned, or nothing is signed (issue 37).
+      GATEWAY_DEPLOYMENT_ID: await deploymentId(stack.database.db.pool),
     };
     const cli = async (...args: string[]) => {
       const out = await run(process.execPath, [...gatewayCli, "provider", ...args], { env }).then(

@@ -1408,6 +1408,11 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     );
     await revoke({ status: 400, code: "invalid_json" }, "{");
     await revoke({ status: 401, code: "invalid_signature" }, await revokeBody(stranger));
+    // Signed more than 5 minutes behind the gateway's clock (issue 37): sign again.
+    await revoke(
+      { status: 401, code: "signature_expired" },
+      await revokeBody(owner, { before: nowS() - 400 }),
+    );
     await revoke(
       { status: 403, code: "wrong_deployment" },
       await revokeBody(owner, { deployment: `dep_${"ab".repeat(16)}` }),
@@ -1777,6 +1782,11 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       signature: await privateKeyToAccount(stack.roles.payer.privateKey).signTypedData(
         signable((await challenge({ status: 200 }, chatOffer, {})).body as never),
       ),
+    });
+    // Signed for this deployment, submitted as another's (issue 37): refused before the signature.
+    await bind({ status: 403, code: "wrong_deployment" }, chatOffer, {
+      ...body,
+      deployment: `dep_${"ab".repeat(16)}`,
     });
     await bind({ status: 400, code: "invalid_request" }, chatOffer, { nonce: body.nonce });
     await bind({ status: 400, code: "invalid_json" }, chatOffer, "[");

@@ -159,6 +159,7 @@ export function createApi(
     verifier: createChainSignatureVerifier(deps.chain),
     authorities,
     clock,
+    warn: (fields, message) => deps.logger.warn(fields, message),
   });
   // Provider earnings: who may read them is bound by the offer's operator (docs/decisions/settlement.md).
   const keyBindingStore = createPgOfferKeyBindingStore(db.pool);
@@ -166,6 +167,7 @@ export function createApi(
   const keyBindings = createOfferKeyBindingService({
     chainId: config.chainId,
     market: config.marketAddress,
+    deployment: deps.deploymentId,
     operatorOf: async (offerId) => (await offers.getOffer(offerId))?.operator,
     store: keyBindingStore,
     verifier: createChainSignatureVerifier(deps.chain),

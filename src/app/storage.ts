@@ -11,7 +11,7 @@ import {
 import { openDatabase, type Database } from "../adapters/pg/database.js";
 import { migrate } from "../adapters/pg/migrate.js";
 import { isDatabaseUnavailable } from "../adapters/pg/unavailable.js";
-import { deploymentId } from "../adapters/pg/permit-authorizations.js";
+import { settleDeployment } from "../adapters/pg/deployment.js";
 import type { Config } from "../config.js";
 import { recognizeDatabaseUnavailable } from "../domain/errors.js";
 
@@ -57,9 +57,13 @@ export async function openStorage(
     const { applied } = await migrate(db.session);
     if (applied.length > 0) logger.info({ applied }, "database migrated");
     const key = await endpointEncryptionKey(config, options.inMemoryDatabase === true);
-    const deployment = await deploymentId(db.pool);
+    // The configuration's and the database's must agree (a restored or cloned database does not
+    // answer to another environment's signatures): else the gateway does not start.
+    const deployment = await settleDeployment(db.pool, config.deploymentId);
+    if (deployment.warning !== undefined && config.databaseUrl !== undefined)
+      logger.warn({ deployment: deployment.id }, deployment.warning);
     return {
-      deploymentId: deployment,
+      deploymentId: deployment.id,
       db,
       ownsDatabase,
       key,

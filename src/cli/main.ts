@@ -5,6 +5,7 @@ import { parseArgs } from "node:util";
 import { createApiKey, listApiKeys, revokeApiKey } from "../adapters/pg/api-keys.js";
 import { openDatabase } from "../adapters/pg/database.js";
 import { migrate } from "../adapters/pg/migrate.js";
+import { adoptDeployment, storedDeployment } from "../adapters/pg/deployment.js";
 import { startGateway } from "../app.js";
 import { ConfigError, parseConfig, parseLocalConfig } from "../config.js";
 import { sandboxPermitOpenCommand, sandboxShutdownGraceMs, startSandbox } from "../dev/sandbox.js";
@@ -23,6 +24,10 @@ commands:
   keys create [--name N]    create an API key (printed once)
   keys list                 list API keys (never the keys themselves)
   keys revoke <id|prefix>   revoke an API key
+  deployment                the database's gateway deployment id and GATEWAY_DEPLOYMENT_ID
+  deployment adopt          make GATEWAY_DEPLOYMENT_ID the database's deployment id (a restored or
+                            cloned database in this environment: signatures made for its old id
+                            are refused from then on)
   permit open MODEL --deposit AMOUNT
                             open a permit as the payer (approve the credit token, escrow a deposit)
   permit authorize ...      let an API key spend a payer's permits, signed as the payer
@@ -211,6 +216,37 @@ async function run(argv: string[]): Promise<void> {
           } else process.stdout.write(`revoked ${target}\n`);
         } else {
           throw new UsageError("keys: expected 'create', 'list' or 'revoke <id|prefix>'");
+        }
+      } finally {
+        await db.close();
+      }
+      return;
+    }
+    case "deployment": {
+      const [action] = rest;
+      if (action !== undefined && action !== "adopt")
+        throw new UsageError("deployment: expected nothing or 'adopt'");
+      const { deploymentId: configured } = parseLocalConfig(process.env);
+      if (action === "adopt" && configured === undefined)
+        throw new UsageError(
+          "deployment adopt: set GATEWAY_DEPLOYMENT_ID to the id this environment uses",
+        );
+      const db = await managementDatabase();
+      try {
+        if (action === "adopt") {
+          const { previous, id } = await adoptDeployment(db.pool, configured!);
+          process.stdout.write(
+            previous === id
+              ? `the database's deployment is ${id} already\n`
+              : `the database's deployment is now ${id} (was ${previous}); signatures made for ${previous} are refused from now on\n`,
+          );
+        } else {
+          const stored = await storedDeployment(db.pool);
+          process.stdout.write(
+            `database: ${stored.id} (${stored.configuredAt === null ? "never configured" : `configured ${stored.configuredAt.toISOString()}`})\n` +
+              `GATEWAY_DEPLOYMENT_ID: ${configured ?? "not set"}\n`,
+          );
+          if (configured !== undefined && configured !== stored.id) process.exitCode = 1;
         }
       } finally {
         await db.close();

@@ -11,6 +11,8 @@ import { apiKeyIdPattern } from "../clients/signing-guard.js";
 import { gatewayUrlProblem } from "../clients/gateway-url.js";
 import { gatewayDeployment, type AuthorizationJson } from "../clients/permit.js";
 import { call, InsecureGatewayUrlError, type GatewayConnection } from "../clients/provider.js";
+import { SigningDeclinedError } from "../clients/signing-guard.js";
+import { requirePinsWithoutConfirmation, type CommandOutput } from "./signing.js";
 
 /**
  * `gateway permit authorizations` and `gateway permit revoke --key|--permit|--all`: a payer
@@ -28,7 +30,7 @@ export class PayerControlUsageError extends BaseError {
   readonly reason = "usage";
 }
 
-type Output = { log(line: string): void; error(line: string): void };
+type Output = CommandOutput;
 
 /** The payer's chain as its own configuration says (never as the gateway says). */
 export interface PayerChainFacts {
@@ -90,29 +92,39 @@ interface PayerCommand {
   readonly env: NodeJS.ProcessEnv;
   readonly chain: () => Promise<PayerChainFacts>;
   readonly now?: () => number;
+  /** The deployment the payer pinned (`--deployment`, GATEWAY_DEPLOYMENT_ID). */
+  readonly deployment?: string;
+  /** `--yes`: do not ask, even at a terminal (then the deployment must be pinned). */
+  readonly yes?: boolean;
 }
 
 /**
  * What a payer's control command signs against: the gateway, the payer, its chain and the
  * gateway's deployment there, and the payer's clock (Unix seconds).
  */
-async function payerSession(args: PayerCommand) {
+async function payerSession(args: PayerCommand, out: Output, command: string) {
   const gateway = payerGateway(args.env);
   const payer = payerOf(args.signer, args.payer);
+  requirePinsWithoutConfirmation(out, args.yes === true, args.deployment, command);
   const chain = await args.chain();
-  const deployment = await gatewayDeployment(gateway, chain);
+  const deployment = await gatewayDeployment(gateway, chain, args.deployment);
   const now = Math.floor((args.now ?? Date.now)() / 1000);
   return { gateway, payer, chain, deployment, now };
 }
 
 /** `gateway permit authorizations [--payer ADDRESS] [--json]`. */
 export async function listAuthorizationsAsPayer(args: PayerCommand, out: Output): Promise<void> {
-  const { gateway, payer, chain, deployment, now } = await payerSession(args);
+  const { gateway, payer, chain, deployment, now } = await payerSession(
+    args,
+    out,
+    "authorizations",
+  );
   const expiresAt = now + listTokenSeconds;
-  if (!args.json)
-    out.log(
-      `signing ListAuthorizations as payer ${payer}: gateway deployment ${deployment}, chain ${chain.chainId}, market ${chain.market}, valid until ${when(expiresAt)}`,
-    );
+  await shownAndConfirmed(
+    args,
+    out,
+    `signing ListAuthorizations as payer ${payer}: gateway deployment ${deployment}${pinNote(args)}, chain ${chain.chainId}, market ${chain.market}, valid until ${when(expiresAt)}`,
+  );
   const typed = buildListAuthorizationsTypedData({
     chainId: chain.chainId,
     market: chain.market,
@@ -170,8 +182,14 @@ export async function revokeAuthorizationsAsPayer(
     throw new PayerControlUsageError("--key must be an API key id (key_...)");
   if (args.permitId !== undefined && (!isHex32(args.permitId) || /^0x0{64}$/.test(args.permitId)))
     throw new PayerControlUsageError("--permit must be a permit id (0x + 64 hex digits, not zero)");
-  // The payer's clock: what it revokes is what was issued up to now as it sees it.
-  const { gateway, payer, chain, deployment, now: before } = await payerSession(args);
+  // The payer's clock; the gateway revokes up to the later of it and its own (and says so).
+  const {
+    gateway,
+    payer,
+    chain,
+    deployment,
+    now: before,
+  } = await payerSession(args, out, "revoke");
   const keyId = args.keyId ?? "";
   const permitId = (args.permitId?.toLowerCase() as Hex | undefined) ?? anyPermit;
   const scope = args.all
@@ -182,10 +200,11 @@ export async function revokeAuthorizationsAsPayer(
       ]
         .filter((s) => s !== "")
         .join(" ");
-  if (!args.json)
-    out.log(
-      `signing RevokeAuthorizations as payer ${payer}: ${scope} issued at or before ${when(before)}; gateway deployment ${deployment}, chain ${chain.chainId}, market ${chain.market}`,
-    );
+  await shownAndConfirmed(
+    args,
+    out,
+    `signing RevokeAuthorizations as payer ${payer}: ${scope} issued at or before ${when(before)}; gateway deployment ${deployment}${pinNote(args)}, chain ${chain.chainId}, market ${chain.market}`,
+  );
   const typed = buildRevokeAuthorizationsTypedData({
     chainId: chain.chainId,
     market: chain.market,
@@ -196,6 +215,8 @@ export async function revokeAuthorizationsAsPayer(
     revoked: number;
     authorizations: AuthorizationJson[];
     epoch: number | null;
+    revoked_before?: number;
+    warning?: string | null;
   }>(gateway, "POST", `/v1/payers/${payer}/authorizations/revoke`, {
     deployment,
     ...(keyId === "" ? {} : { keyId }),
@@ -207,6 +228,7 @@ export async function revokeAuthorizationsAsPayer(
     out.log(JSON.stringify({ payer, deployment, before, ...value }, null, 2));
     return;
   }
+  if (typeof value.warning === "string") out.error(`warning: ${value.warning}`);
   out.log(`revoked ${value.revoked} authorization${value.revoked === 1 ? "" : "s"}`);
   for (const a of value.authorizations) out.log(describe(a));
   if (value.revoked > value.authorizations.length)
@@ -215,4 +237,20 @@ export async function revokeAuthorizationsAsPayer(
     out.log(
       `every AuthorizeKey of ${payer} issued at or before ${when(value.epoch)} is refused from now on`,
     );
+}
+
+function pinNote(args: PayerCommand): string {
+  return args.deployment === undefined ? " (GET /v1/gateway: not pinned)" : " (pinned)";
+}
+
+/**
+ * Shows what is signed (stdout; with `--json`, stderr and only before a question) and, when the
+ * deployment was not pinned (then someone is at a terminal: {@link
+ * requirePinsWithoutConfirmation}), asks first.
+ */
+async function shownAndConfirmed(args: PayerCommand, out: Output, line: string): Promise<void> {
+  const ask = args.deployment === undefined && args.yes !== true ? out.ask : undefined;
+  if (!args.json) out.log(line);
+  else if (ask !== undefined) out.error(line);
+  if (ask !== undefined && !(await ask("sign it? [y/N] "))) throw new SigningDeclinedError();
 }

@@ -26,7 +26,13 @@ import {
   PermitUsageError,
   type PermitFlags,
 } from "./permit-args.js";
-import { confirmOn, signingChain, type CommandOutput } from "./signing.js";
+import {
+  confirmOn,
+  pinnedDeployment,
+  requirePinsWithoutConfirmation,
+  signingChain,
+  type CommandOutput,
+} from "./signing.js";
 import { loadSigner } from "./signer.js";
 
 /** `authorizations`: every authorization made for the payer's address, signed as the payer. */
@@ -46,6 +52,7 @@ export async function listAsPayer(
       json: values.json === true,
       env: settings,
       chain: payerChain,
+      ...payerPins(values, settings),
     },
     out,
   );
@@ -60,12 +67,15 @@ export async function authorize(
 ): Promise<void> {
   const request = authorizeArgs(values);
   const connection = gatewayOf(gateway);
+  const deployment = pinnedDeployment(settings);
+  requirePinsWithoutConfirmation(out, values.yes === true, deployment, "authorize");
   const signer = await loadSigner(values.keystore, settings, "PAYER_PRIVATE_KEY");
   const chain = await signingChain(settings);
   const authorization = await authorizeApiKey(connection, {
     signer,
     chain,
     ...request,
+    ...(deployment === undefined ? {} : { deployment }),
     confirm: confirmOn(out, values.yes === true),
   });
   if (values.json === true) out.log(JSON.stringify({ authorization }, null, 2));
@@ -104,6 +114,7 @@ export async function revoke(
         json: values.json === true,
         env: settings,
         chain: payerChain,
+        ...payerPins(values, settings),
       },
       out,
     );
@@ -194,4 +205,13 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
     ...(perRequestCap === undefined ? {} : { perRequestCap }),
     ...(keyId === undefined ? {} : { keyId }),
   };
+}
+
+/** What a payer's control command is told beside its flags: the pinned deployment, `--yes`. */
+function payerPins(
+  values: PermitFlags,
+  settings: NodeJS.ProcessEnv,
+): { deployment?: string; yes: boolean } {
+  const deployment = pinnedDeployment(settings);
+  return { ...(deployment === undefined ? {} : { deployment }), yes: values.yes === true };
 }

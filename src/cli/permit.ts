@@ -35,8 +35,9 @@ export const permitUsage = `usage: gateway permit <command>
                           field by field (any difference: nothing signed, exit 1), shows it, signs
                           as the payer, submits it. No --permit: every permit of the payer;
                           default expiry 30 days, at most 90; caps in credits (the permit's
-                          smallest unit, they need --permit); --key-id: the id 'gateway keys
-                          create' printed, which the challenge must name (else it is shown)
+                          smallest unit, they need --permit); the key id is derived from
+                          GATEWAY_API_KEY (--key-id: a key issued before ids were derived, the id
+                          'gateway keys create' printed), which the challenge must name
   revoke ID [--payer ADDRESS] [--keystore FILE] [--yes] [--json]
                           revoke authorization ID with the payer's signature (any API key)
   authorizations [--payer ADDRESS] [--keystore FILE] [--json]
@@ -60,8 +61,11 @@ export const permitUsage = `usage: gateway permit <command>
                           MARKET_ADDRESS): exit 0 when the settled receipts add up to what settled
 
 Gateway: GATEWAY_URL and GATEWAY_API_KEY (or --gateway / --api-key); authorizations and revoke
-         --key/--permit/--all need GATEWAY_URL only (https://, or http:// on loopback), and sign
-         for the deployment GET /v1/gateway names (shown before signing)
+         --key/--permit/--all need GATEWAY_URL only (https://, or http:// on loopback).
+         authorize, authorizations and revoke --key/--permit/--all sign for a deployment:
+         GATEWAY_DEPLOYMENT_ID or --deployment pins it (GET /v1/gateway and the challenge must
+         name it); unpinned, GET /v1/gateway's is shown and asked about at a terminal, and
+         without a terminal (or with --yes) nothing is sent or signed (exit 2)
 Chain:   RPC_URL, MARKET_ADDRESS, and optionally CHAIN_ID, which the RPC must report
          (or --rpc-url / --market / --chain-id); authorize and revoke take CHAIN_ID without
          RPC_URL too: the chain a signature is for is never taken from the gateway
@@ -70,7 +74,9 @@ Payer:   PAYER_PRIVATE_KEY, or --keystore FILE (an encrypted JSON keystore) with
 
 GATEWAY_URL is https://, or http:// to this machine only (127.0.0.0/8, ::1, localhost); redirects
 are not followed. authorize and revoke print what they are about to sign to stderr and, when
-stdin is a terminal, ask before signing (--yes: do not ask).
+stdin is a terminal, ask before signing (--yes: do not ask). A revocation by key, permit or all
+applies up to the later of this machine's clock and the gateway's (a warning when they differ),
+and what was signed before it and is submitted later is refused.
 
 Exit codes: 0 done, 1 refused (by the gateway or the chain, a challenge that differs from what
 was asked for, or not confirmed: nothing signed), 2 usage.`;

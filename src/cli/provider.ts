@@ -17,7 +17,9 @@ import {
 } from "../clients/provider.js";
 import {
   confirmOn,
+  pinnedDeployment,
   reportClientFailure,
+  requirePinsWithoutConfirmation,
   settingsFromFlags,
   signingChain,
   signingFlags,
@@ -34,12 +36,14 @@ export const providerUsage = `usage: gateway provider <command>
                           exactly that endpoint and token, or none)
   health ID               the offer's chain status, liveness and verification
   verify ID               probe the registered endpoint now and refresh its verification
-  bind-key ID [--expires-at SECONDS] [--key-id KEY_ID] [--operator ADDRESS] [--keystore FILE]
-           [--yes]
+  bind-key ID [--expires-at SECONDS] [--key-id KEY_ID] [--deployment ID] [--operator ADDRESS]
+           [--keystore FILE] [--yes]
                           let the gateway API key read the offer's earnings: signs BindOfferKey with
-                          the offer operator's key (default expiry: 30 days; --key-id: the id
-                          'gateway keys create' printed, which the challenge must name, else it is
-                          shown)
+                          the offer operator's key for this gateway deployment (default expiry: 30
+                          days). The key id is derived from GATEWAY_API_KEY (--key-id: a key issued
+                          before ids were derived, the id 'gateway keys create' printed); the
+                          deployment is --deployment or GATEWAY_DEPLOYMENT_ID when pinned (the
+                          gateway must name it), else GET /v1/gateway's, shown
   earnings ID [--from SECONDS] [--to SECONDS] [--json]
                           the offer's requests, tokens and credits by settlement state, and the
                           batches that settled them (default: the last 30 days; the API key must be
@@ -55,8 +59,10 @@ Chain:    register and bind-key: MARKET_ADDRESS, and RPC_URL (its chain id) or C
 
 register and bind-key build the typed data themselves and compare the gateway's challenge with it
 field by field: on any difference they sign nothing and exit 1 naming the field. What they sign
-is printed to stderr first; when stdin is a terminal they ask (--yes: do not ask). GATEWAY_URL is
-https://, or http:// to this machine only; redirects are not followed.`;
+is printed to stderr first; when stdin is a terminal they ask (--yes: do not ask). bind-key with
+no one to ask (no terminal, or --yes) signs only with the deployment pinned (exit 2 otherwise,
+before anything is sent). GATEWAY_URL is https://, or http:// to this machine only; redirects are
+not followed.`;
 
 export class ProviderUsageError extends BaseError {
   override readonly name = "ProviderUsageError";
@@ -212,6 +218,8 @@ export async function runProviderCommand(
       case "bind-key": {
         const offer = offerId(target);
         const expiresAt = seconds(values["expires-at"], "--expires-at");
+        const deployment = pinnedDeployment(settings);
+        requirePinsWithoutConfirmation(out, values.yes === true, deployment, "bind-key");
         const signer = await operatorAccount(values.keystore, settings);
         const chain = await signingChain(settings);
         const binding = await bindKey(gateway, {
@@ -220,6 +228,7 @@ export async function runProviderCommand(
           chain,
           ...signing,
           ...(keyId === undefined ? {} : { keyId }),
+          ...(deployment === undefined ? {} : { deployment }),
           ...(expiresAt === undefined ? {} : { expiresAt }),
         });
         out.log(

@@ -8,6 +8,7 @@ import {
 } from "../clients/signing-guard.js";
 import { ConfigError, parseSigningChainConfig } from "../config.js";
 import { BaseError } from "../domain/base-error.js";
+import { isDeploymentId } from "../clients/permit.js";
 import {
   GatewayRedirectError,
   GatewayRequestError,
@@ -19,7 +20,10 @@ import {
  * docs/decisions/authority-and-signing.md, "Wallet tools sign only what their user asked for"): once every check
  * passed, the summary goes to stderr (stdout keeps the command's result, `--json` included);
  * when stdin is a terminal the command then asks `sign it? [y/N]` and signs only on `y` or
- * `yes`; `--yes`, or stdin that is not a terminal (a script, a pipe), signs after printing.
+ * `yes`. With no one to ask (`--yes`, or stdin that is not a terminal: a script, a pipe) it signs
+ * after printing only when nothing it signs was left for the gateway to choose (issue 37): the
+ * API key id is derived from the key (or pinned with `--key-id`), and the deployment must be
+ * pinned (`--deployment`, GATEWAY_DEPLOYMENT_ID); else nothing is sent or signed (exit 2).
  */
 
 /** Asks a yes/no question where a person can answer; absent when no one can. */
@@ -30,6 +34,47 @@ export interface CommandOutput {
   log(line: string): void;
   error(line: string): void;
   readonly ask?: Ask;
+}
+
+/**
+ * No one can confirm what is signed (no terminal, or `--yes`) and the deployment it names is not
+ * pinned: nothing was sent or signed (a usage problem, exit 2).
+ */
+export class UnpinnedSigningError extends BaseError {
+  override readonly name = "UnpinnedSigningError";
+  readonly reason = "usage";
+  constructor(command: string) {
+    super(
+      `${command} signs for a gateway deployment; with no one to confirm it (stdin is not a terminal, or --yes) ` +
+        "it must be pinned: pass --deployment DEPLOYMENT_ID or set GATEWAY_DEPLOYMENT_ID (the id the gateway's " +
+        "operator published; GET /v1/gateway answers it); nothing was sent or signed",
+    );
+  }
+}
+
+/** The deployment the user pinned (GATEWAY_DEPLOYMENT_ID, or `--deployment` over it), checked. */
+export function pinnedDeployment(env: NodeJS.ProcessEnv): string | undefined {
+  const raw = env.GATEWAY_DEPLOYMENT_ID?.trim();
+  if (raw === undefined || raw === "") return undefined;
+  if (!isDeploymentId(raw))
+    throw new ConfigError([
+      "GATEWAY_DEPLOYMENT_ID (--deployment) must be a deployment id (dep_..., as GET /v1/gateway answers it)",
+    ]);
+  return raw;
+}
+
+/**
+ * Before anything is sent: a command that signs for a deployment needs someone to confirm it
+ * (a terminal, without `--yes`) or the deployment pinned ({@link UnpinnedSigningError}).
+ */
+export function requirePinsWithoutConfirmation(
+  out: CommandOutput,
+  yes: boolean,
+  deployment: string | undefined,
+  command: string,
+): void {
+  if ((yes || out.ask === undefined) && deployment === undefined)
+    throw new UnpinnedSigningError(command);
 }
 
 /** The configured chain answered, but not as configured: nothing was signed (a usage problem). */
@@ -90,7 +135,7 @@ export function reportClientFailure(
     out.error(`${error.problems.join("; ")}\n\n${usage}`);
     return 2;
   }
-  if (error instanceof SigningChainError) {
+  if (error instanceof SigningChainError || error instanceof UnpinnedSigningError) {
     out.error(error.message);
     return 2;
   }
@@ -130,6 +175,7 @@ export const signingFlags = {
   "rpc-url": { type: "string" },
   market: { type: "string" },
   "chain-id": { type: "string" },
+  deployment: { type: "string" },
 } as const;
 
 /** The gateway and chain flags a client command takes, over the environment (flags win). */
@@ -145,5 +191,6 @@ export function settingsFromFlags(
     ...(flag("rpc-url") === undefined ? {} : { RPC_URL: flag("rpc-url") }),
     ...(flag("market") === undefined ? {} : { MARKET_ADDRESS: flag("market") }),
     ...(flag("chain-id") === undefined ? {} : { CHAIN_ID: flag("chain-id") }),
+    ...(flag("deployment") === undefined ? {} : { GATEWAY_DEPLOYMENT_ID: flag("deployment") }),
   };
 }

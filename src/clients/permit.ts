@@ -11,6 +11,7 @@ import {
   type ConfirmSigning,
   type SigningChain,
 } from "./signing-guard.js";
+import { apiKeyIdOf } from "../domain/api-key-check.js";
 import { normalizeHex } from "../domain/hex.js";
 import {
   anyPermit,
@@ -29,9 +30,10 @@ import { call, type GatewayConnection } from "./provider.js";
  *
  * What the payer signs is built here (src/clients/signing-guard.ts): the payer, the permit, the
  * expiry and the caps from the arguments, the domain from `chain` (this machine's chain and
- * market), the deployment from GET /v1/gateway (shown); the challenge supplies only its nonce,
- * when it was issued (checked against this clock) and the key id (checked against `keyId` when
- * given, else shown), and is compared with it field by field before anything is signed.
+ * market), the key id derived from the key itself (or pinned), the deployment from GET
+ * /v1/gateway (checked against the pinned one when given, else shown); the challenge supplies
+ * only its nonce and when it was issued (checked against this clock), and is compared with it
+ * field by field before anything is signed.
  */
 
 export interface AuthorizationJson {
@@ -61,13 +63,20 @@ export interface GatewayFactsJson {
 /** A deployment id as GET /v1/gateway publishes it (`dep_` and 32 hex digits today). */
 const deploymentPattern = /^[0-9A-Za-z_-]{1,128}$/;
 
+/** The shape of a deployment id a user pins (`--deployment`, GATEWAY_DEPLOYMENT_ID). */
+export function isDeploymentId(value: string): boolean {
+  return deploymentPattern.test(value);
+}
+
 /**
  * The deployment the gateway at `gateway` says it is, checked against this machine's chain: a
- * gateway that serves another chain or market is refused before any challenge.
+ * gateway that serves another chain or market is refused before any challenge, and so is one
+ * that names another deployment than `pinned` (the user's, when given).
  */
 export async function gatewayDeployment(
   gateway: GatewayConnection,
   chain: SigningChain,
+  pinned?: string,
 ): Promise<string> {
   const facts = await call<GatewayFactsJson>(gateway, "GET", "/v1/gateway");
   const source = "the gateway's GET /v1/gateway";
@@ -87,6 +96,8 @@ export async function gatewayDeployment(
       shown(facts.deployment),
       source,
     );
+  if (pinned !== undefined && facts.deployment !== pinned)
+    throw new ChallengeMismatchError("deployment", pinned, shown(facts.deployment), source);
   return facts.deployment;
 }
 
@@ -109,38 +120,19 @@ export interface AuthorizeOptions {
   readonly perRequestCap?: string;
   /**
    * The API key's public id as its holder knows it (`gateway keys create` prints it): the
-   * challenge must name it. Absent: the challenge's, checked against the gateway's listing of
-   * the key's authorizations when it has any, and shown.
+   * challenge must name it. Absent: derived from the connection's key (`apiKeyIdOf`); a key
+   * issued before ids were derived (issue 37) needs it given.
    */
   readonly keyId?: string;
+  /**
+   * The gateway deployment the user pinned (`--deployment`, GATEWAY_DEPLOYMENT_ID): GET
+   * /v1/gateway and the challenge must name it. Absent: GET /v1/gateway's, shown.
+   */
+  readonly deployment?: string;
   /** Shown and asked before signing; absent: signs once every check passed. */
   readonly confirm?: ConfirmSigning;
   /** Unix seconds; default this machine's clock. */
   readonly clock?: () => number;
-}
-
-/**
- * The key id the gateway lists for the calling key's authorizations (GET
- * /v1/permit-authorizations), or undefined when it lists none: a second account of the key's
- * id, from another route than the challenge.
- */
-async function listedKeyId(gateway: GatewayConnection): Promise<string | undefined> {
-  const listed = await call<{ data?: { api_key_id?: unknown }[] }>(
-    gateway,
-    "GET",
-    "/v1/permit-authorizations",
-  );
-  const ids = new Set((listed?.data ?? []).map((a) => a?.api_key_id));
-  if (ids.size === 0) return undefined;
-  const [only] = ids;
-  if (ids.size > 1 || typeof only !== "string")
-    throw new ChallengeMismatchError(
-      "data[].api_key_id",
-      "the one id of the calling key",
-      shown([...ids]),
-      "the gateway's listing of this key's authorizations",
-    );
-  return only;
 }
 
 /**
@@ -158,7 +150,8 @@ export async function authorizeApiKey(
   const expiresAt = options.expiresAt ?? now + defaultAuthorizationLifetimeSeconds;
   const totalCap = options.totalCap ?? "0";
   const perRequestCap = options.perRequestCap ?? "0";
-  const deployment = await gatewayDeployment(gateway, options.chain);
+  const keyId = localKeyId(gateway, options.keyId);
+  const deployment = await gatewayDeployment(gateway, options.chain, options.deployment);
   const expected = (keyId: string, issuedAt: number, nonce: string) =>
     buildAuthorizeKeyTypedData({
       chainId: options.chain.chainId,
@@ -183,19 +176,10 @@ export async function authorizeApiKey(
     perRequestCap,
   });
   checkFrame(expected("", 0, ""), challenge);
-  const keyId = takeKeyId(challenge, options.keyId);
+  takeKeyId(challenge, keyId);
   const typedData = expected(keyId, takeIssuedAt(challenge, now), takeNonce(challenge));
   checkTypedData(typedData, challenge);
-  let keyIdSource = "--key-id";
-  if (options.keyId === undefined) {
-    const listed = await listedKeyId(gateway);
-    if (listed !== undefined && listed !== keyId)
-      throw new ChallengeMismatchError("message.keyId", listed, keyId);
-    keyIdSource =
-      listed === undefined
-        ? "named by the gateway: check it is the id `gateway keys create` printed for the key you authorize, or pass --key-id"
-        : "named by the gateway, as its listing of this key's authorizations does";
-  }
+  const keyIdSource = options.keyId === undefined ? "derived from the API key" : "--key-id";
   const credits = (cap: string) =>
     cap === "0" ? "none" : `${cap} credits (the permit's smallest unit)`;
   const { message } = typedData;
@@ -208,7 +192,10 @@ export async function authorizeApiKey(
       ["expires", when(expiresAt, now)],
       ["total cap", credits(totalCap)],
       ["per request", credits(perRequestCap)],
-      ["deployment", `${deployment} (GET /v1/gateway)`],
+      [
+        "deployment",
+        `${deployment} (${options.deployment === undefined ? "GET /v1/gateway: not pinned" : "pinned"})`,
+      ],
       ["issued", when(message.issuedAt, now)],
     ],
   });
@@ -272,4 +259,15 @@ export async function revokeAuthorizationAsPayer(
     { signature },
   );
   return authorization;
+}
+
+/**
+ * The id of the API key a signature is for, known without the gateway: the one the user pinned,
+ * else derived from the connection's key ({@link apiKeyIdOf}).
+ */
+export function localKeyId(gateway: GatewayConnection, pinned: string | undefined): string {
+  if (pinned !== undefined) return pinned;
+  if (gateway.apiKey === undefined)
+    throw new Error("the key id needs the API key (GATEWAY_API_KEY) or a pinned id");
+  return apiKeyIdOf(gateway.apiKey);
 }

@@ -1,6 +1,7 @@
 import { getAddress, type Address, type Hex, type LocalAccount } from "viem";
 import { canonicalEndpointUrl } from "../adapters/upstream/endpoint-guard.js";
 import { gatewayUrlProblem } from "./gateway-url.js";
+import { gatewayDeployment, localKeyId } from "./permit.js";
 import {
   checkFrame,
   checkTypedData,
@@ -282,8 +283,10 @@ export interface BindKeyOptions {
   readonly operator?: Address;
   /** Unix seconds; default 30 days from now. */
   readonly expiresAt?: number;
-  /** The API key's public id as its holder knows it; absent: the challenge's, shown before signing. */
+  /** The API key's public id as its holder knows it; absent: derived from the connection's key. */
   readonly keyId?: string;
+  /** The gateway deployment the user pinned; absent: GET /v1/gateway's, shown before signing. */
+  readonly deployment?: string;
   readonly confirm?: ConfirmSigning;
   /** Unix seconds; default this machine's clock. */
   readonly clock?: () => number;
@@ -304,11 +307,13 @@ export async function bindKey(
   const offerId = normalizeHex(options.offerId);
   const operator = getAddress(options.operator ?? options.signer.address);
   const expiresAt = options.expiresAt ?? now + defaultAuthorizationLifetimeSeconds;
+  const keyId = localKeyId(gateway, options.keyId);
+  const deployment = await gatewayDeployment(gateway, options.chain, options.deployment);
   const expected = (keyId: string, nonce: string) =>
     buildBindOfferKeyTypedData({
       chainId: options.chain.chainId,
       market: options.chain.market,
-      message: { offerId, operator, keyId, expiresAt, nonce },
+      message: { offerId, operator, keyId, expiresAt, nonce, deployment },
     });
   const challenge = await call<unknown>(
     gateway,
@@ -317,7 +322,7 @@ export async function bindKey(
     { expiresAt },
   );
   checkFrame(expected("", ""), challenge);
-  const keyId = takeKeyId(challenge, options.keyId);
+  takeKeyId(challenge, keyId);
   const typedData: BindOfferKeyTypedData = expected(keyId, takeNonce(challenge));
   checkTypedData(typedData, challenge);
   await options.confirm?.({
@@ -327,11 +332,13 @@ export async function bindKey(
       ["operator", `${operator}${options.operator === undefined ? "" : " (--operator)"}`],
       [
         "API key",
-        options.keyId === undefined
-          ? `${keyId} (named by the gateway: check it is the id \`gateway keys create\` printed for the key that will read the earnings, or pass --key-id)`
-          : `${keyId} (--key-id)`,
+        `${keyId} (${options.keyId === undefined ? "derived from the API key" : "--key-id"})`,
       ],
       ["expires", when(expiresAt, now)],
+      [
+        "deployment",
+        `${deployment} (${options.deployment === undefined ? "GET /v1/gateway: not pinned" : "pinned"})`,
+      ],
     ],
   });
   const signature = await options.signer.signTypedData(signableTypedData(typedData));
@@ -339,7 +346,7 @@ export async function bindKey(
     gateway,
     "POST",
     `/v1/provider-offers/${offerId}/key-bindings`,
-    { expiresAt, nonce: typedData.message.nonce, signature },
+    { expiresAt, nonce: typedData.message.nonce, deployment, signature },
   );
   return binding;
 }

@@ -1,5 +1,6 @@
 import { isAddress, type Address } from "viem";
 import { gatewayUrlProblem } from "../clients/gateway-url.js";
+import { readDeploymentId } from "./gateway.js";
 import { ConfigError, logLevels, type Env, type LogLevel } from "./read.js";
 
 /**
@@ -21,6 +22,8 @@ export interface LocalConfig {
   readonly databaseUrl: string | undefined;
   /** DATABASE_DIRECT_URL: PostgreSQL itself when DATABASE_URL is a pooler (PgBouncer). */
   readonly databaseDirectUrl: string | undefined;
+  /** GATEWAY_DEPLOYMENT_ID (`gateway deployment adopt` writes it into the database). */
+  readonly deploymentId: string | undefined;
 }
 
 export function parseLocalConfig(env: Env): LocalConfig {
@@ -32,6 +35,7 @@ export function parseLocalConfig(env: Env): LocalConfig {
   const rawPort = str("PORT");
   const port = rawPort === undefined ? 8080 : Number(rawPort);
   if (!/^\d+$/.test(rawPort ?? "0") || port > 65535) problems.push("PORT must be 0-65535");
+  const deploymentId = readDeploymentId({ str, problems });
   if (problems.length > 0) throw new ConfigError(problems);
   return {
     logLevel,
@@ -39,6 +43,7 @@ export function parseLocalConfig(env: Env): LocalConfig {
     stateDir: str("GATEWAY_STATE_DIR") ?? ".gateway",
     databaseUrl: str("DATABASE_URL"),
     databaseDirectUrl: str("DATABASE_DIRECT_URL"),
+    deploymentId,
   };
 }
 

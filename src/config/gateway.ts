@@ -1,4 +1,5 @@
 import { isAddress, isHex, type Address, type Hex } from "viem";
+import { deploymentIdPattern } from "../adapters/pg/deployment.js";
 import {
   ConfigError,
   envReader,
@@ -28,6 +29,12 @@ export interface Config {
   readonly databaseDirectUrl: string | undefined;
   /** Where embedded state (PGlite data, dev manifest) lives. */
   readonly stateDir: string;
+  /**
+   * This environment's gateway deployment id (GATEWAY_DEPLOYMENT_ID, `dep_...`): the database's
+   * must be the same, or the gateway does not start (src/adapters/pg/deployment.ts); absent: the
+   * database's, with a warning.
+   */
+  readonly deploymentId: string | undefined;
   readonly rpcUrl: string;
   /**
    * Longest wait for one JSON-RPC answer; a call is tried 3 times (2 retries), so a slow or
@@ -247,6 +254,7 @@ export function parseConfig(env: Env): Config {
     databaseUrl: connection.databaseUrl,
     databaseDirectUrl: connection.databaseDirectUrl,
     stateDir: r.str("GATEWAY_STATE_DIR") ?? ".gateway",
+    deploymentId: readDeploymentId(r),
     rpcUrl: connection.rpcUrl,
     chainTimeoutMs: r.int("CHAIN_TIMEOUT_MS", 10_000, 100, 600_000),
     chainId: connection.chainId,
@@ -456,4 +464,14 @@ function telemetrySettings(r: EnvReader) {
     : (tracesEndpoint ??
       (otlpEndpoint === undefined ? undefined : `${otlpEndpoint.replace(/\/+$/, "")}/v1/traces`));
   return { logLevel, otlpTracesEndpoint };
+}
+
+/** GATEWAY_DEPLOYMENT_ID: `dep_` and 1 to 124 letters, digits, `_` or `-`; absent: undefined. */
+export function readDeploymentId(r: Pick<EnvReader, "str" | "problems">): string | undefined {
+  const id = r.str("GATEWAY_DEPLOYMENT_ID");
+  if (id !== undefined && !deploymentIdPattern.test(id))
+    r.problems.push(
+      "GATEWAY_DEPLOYMENT_ID must be dep_ followed by 1 to 124 letters, digits, _ or - (GET /v1/gateway shows the database's)",
+    );
+  return id;
 }

@@ -170,6 +170,8 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
         revoked: BigInt(outcome.revoked),
         authorizations: outcome.authorizations.map(toMessage),
         ...(outcome.epoch === null ? {} : { epoch: BigInt(outcome.epoch) }),
+        revokedBefore: BigInt(outcome.revokedBefore),
+        ...(outcome.warning === null ? {} : { warning: outcome.warning }),
       });
     },
 

@@ -288,6 +288,7 @@ export function createProviderService(
             keyId: typed.message.keyId,
             expiresAt: BigInt(typed.message.expiresAt),
             nonce: typed.message.nonce,
+            deployment: typed.message.deployment,
           },
         },
       });
@@ -300,6 +301,7 @@ export function createProviderService(
         expiresAt: req.expiresAt,
         nonce: req.nonce,
         signature: req.signature,
+        ...(req.deployment === undefined ? {} : { deployment: req.deployment }),
       });
       return create(BindKeyResponseSchema, { binding: bindingMessage(binding) });
     },

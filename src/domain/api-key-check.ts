@@ -1,4 +1,4 @@
-import { createHmac, randomBytes, timingSafeEqual } from "node:crypto";
+import { createHash, createHmac, randomBytes, timingSafeEqual } from "node:crypto";
 
 /**
  * The shape of an API key (docs/decisions/authority-and-signing.md "Unknown keys cost nothing"): `gw_` and 40 base62
@@ -60,4 +60,16 @@ export function randomBase62(length: number): string {
     }
   }
   return out;
+}
+
+/**
+ * An API key's public id, derived from the key itself (issue 37): `key_` and the first 24 hex
+ * digits (96 bits) of the key's SHA-256, the hash the database keeps (`api_keys.key_hash`). Whoever
+ * holds the key computes its id without asking anyone (the wallet tools do: a gateway cannot make
+ * a payer sign for another key), and the id reveals nothing usable about the key (a preimage of a
+ * 96-bit hash prefix of 190 random bits). Keys issued before issue 37 keep their random ids
+ * (same shape); their holders pin them (`--key-id`).
+ */
+export function apiKeyIdOf(key: string): string {
+  return `key_${createHash("sha256").update(key, "utf8").digest("hex").slice(0, 24)}`;
 }

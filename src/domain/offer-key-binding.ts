@@ -40,6 +40,7 @@ export const bindOfferKeyFields: TypedDataField[] = [
   { name: "keyId", type: "string" },
   { name: "expiresAt", type: "uint64" },
   { name: "nonce", type: "string" },
+  { name: "deployment", type: "string" },
 ];
 
 // A type alias, not an interface: a message must be assignable to the verifier's record type.
@@ -50,6 +51,8 @@ export type BindOfferKeyMessage = {
   /** Unix seconds (a JSON number: wallets read uint64 from numbers). */
   expiresAt: number;
   nonce: string;
+  /** The gateway deployment (GET /v1/gateway `deployment`): a binding does not replay elsewhere. */
+  deployment: string;
 };
 
 /** Wallet-ready JSON (`eth_signTypedData_v4` wants `EIP712Domain` listed). */
@@ -140,6 +143,8 @@ export async function requireEarningsReader(
 export interface OfferKeyBindingServiceDeps {
   chainId: number;
   market: Address;
+  /** This gateway's deployment id (GET /v1/gateway), named in every BindOfferKey. */
+  deployment: string;
   /** The offer's operator as the chain names it now; undefined when there is no such offer. */
   operatorOf: (offerId: Hex) => Promise<Address | undefined>;
   store: OfferKeyBindingStore;
@@ -160,6 +165,8 @@ export interface OfferKeyBindingService {
     expiresAt: number | bigint;
     nonce: string;
     signature: string;
+    /** The deployment the operator signed for, when the caller says; another: `wrong_deployment`. */
+    deployment?: string;
   }): Promise<OfferKeyBinding>;
   /** Revocation by the key that holds it. */
   revoke(req: { apiKeyId: string; offerId: string; id: string }): Promise<OfferKeyBinding>;
@@ -204,6 +211,7 @@ export function createOfferKeyBindingService(
           keyId: req.apiKeyId,
           expiresAt,
           nonce: newChallengeNonce(),
+          deployment: deps.deployment,
         },
       });
     },
@@ -211,6 +219,13 @@ export function createOfferKeyBindingService(
     async bind(req) {
       const offerId = readOfferId(req.offerId);
       const t = now();
+      if (req.deployment !== undefined && req.deployment !== deps.deployment) {
+        throw new GatewayError(
+          "wrong_deployment",
+          `this binding was signed for gateway deployment ${req.deployment.slice(0, 80)}; ` +
+            `this is ${deps.deployment} (GET /v1/gateway)`,
+        );
+      }
       const expiresAt = readExpiresAt(req.expiresAt, t);
       readChallengeNonce(req.nonce);
       const parsed = parseRegistrationSignature(readChallengeSignature(req.signature));
@@ -220,7 +235,14 @@ export function createOfferKeyBindingService(
       const typedData = buildBindOfferKeyTypedData({
         chainId: deps.chainId,
         market: deps.market,
-        message: { offerId, operator, keyId: req.apiKeyId, expiresAt, nonce: req.nonce },
+        message: {
+          offerId,
+          operator,
+          keyId: req.apiKeyId,
+          expiresAt,
+          nonce: req.nonce,
+          deployment: deps.deployment,
+        },
       });
       let valid: boolean;
       try {

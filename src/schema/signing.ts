@@ -141,6 +141,7 @@ export const BindOfferKeyTypedData = typedData("BindOfferKeyTypedData", "BindOff
   keyId: Type.String({ description: "the calling API key's public id" }),
   expiresAt: UnixSeconds,
   nonce: Type.String(),
+  deployment: Type.String({ description: "the gateway deployment (GET /v1/gateway)" }),
 });
 
 // ---------------------------------------------------------------- requests
@@ -161,6 +162,13 @@ export const BindKeyRequest = component(
       expiresAt: SafeInteger,
       nonce: Nonce,
       signature: Signature("the offer operator's 65-byte or EIP-2098 compact signature"),
+      deployment: Type.Optional(
+        Type.String({
+          maxLength: 128,
+          description:
+            "the gateway deployment the operator signed for; another than this one's: 403 wrong_deployment",
+        }),
+      ),
     },
     { description: "The challenge's expiresAt and nonce as signed, and the operator's signature" },
   ),

@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from "node:child_process";
+import { deploymentId } from "../../src/adapters/pg/permit-authorizations.js";
 import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
@@ -452,6 +453,8 @@ describe("gateway permit (the payer's CLI)", () => {
       // The chain the payer signs for is its own configuration's (here without an RPC).
       CHAIN_ID: String(stack.config.chainId),
       MARKET_ADDRESS: stack.demo.market,
+      // No terminal: the deployment is pinned, or nothing is signed (issue 37).
+      GATEWAY_DEPLOYMENT_ID: await deploymentId(stack.database.db.pool),
     };
     const authorized = await runCli(
       ["permit", "authorize", "--permit", stack.demo.permitId, "--json"],
@@ -506,6 +509,7 @@ describe("gateway permit (the payer's CLI)", () => {
       KEYSTORE_PASSWORD: password,
       RPC_URL: stack.config.rpcUrl,
       MARKET_ADDRESS: stack.demo.market,
+      GATEWAY_DEPLOYMENT_ID: await deploymentId(stack.database.db.pool),
     };
     const authorized = await runCli(["permit", "authorize", "--keystore", keystore], env);
     expect(authorized.stderr).toMatch(/^about to sign AuthorizeKey as the payer /);
@@ -529,6 +533,7 @@ describe("gateway permit (the payer's CLI)", () => {
       PAYER_PRIVATE_KEY: stack.anvil.accounts[7]!.privateKey,
       RPC_URL: stack.config.rpcUrl,
       MARKET_ADDRESS: stack.demo.market,
+      GATEWAY_DEPLOYMENT_ID: await deploymentId(stack.database.db.pool),
     });
     expect(refused.code).toBe(1);
     expect(refused.stderr).toMatch(/\nthe gateway refused \(401 invalid_signature\)/);

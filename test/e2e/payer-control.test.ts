@@ -476,6 +476,8 @@ describe("a payer's control of its authorizations, without the key (PostgreSQL o
       MARKET_ADDRESS: stack.demo.market,
       GATEWAY_URL: stack.gateway.url,
       PAYER_PRIVATE_KEY: payer.privateKey,
+      // No terminal: the deployment is pinned, or nothing is signed (issue 37).
+      GATEWAY_DEPLOYMENT_ID: deployment,
       ...extra,
     });
     const cli = async (args: string[], extra: Record<string, string> = {}) => {
@@ -507,7 +509,7 @@ describe("a payer's control of its authorizations, without the key (PostgreSQL o
       expect(text.code).toBe(0);
       expect(text.stdout).toMatch(
         new RegExp(
-          `^signing ListAuthorizations as payer ${payer.address}: gateway deployment ${deployment}, chain ${stack.config.chainId}, market ${stack.demo.market}, valid until \\d{4}-\\d\\d-\\d\\dT`,
+          `^signing ListAuthorizations as payer ${payer.address}: gateway deployment ${deployment} \\(pinned\\), chain ${stack.config.chainId}, market ${stack.demo.market}, valid until \\d{4}-\\d\\d-\\d\\dT`,
         ),
       );
       expect(text.stdout).toContain(`${onA.id}  active   key ${a.id}  permit ${permitId}`);

@@ -1,4 +1,5 @@
 import { randomBytes } from "node:crypto";
+import { deploymentId } from "../../src/adapters/pg/permit-authorizations.js";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -86,6 +87,8 @@ describe("gateway permit: a payer's permit from open to refund", () => {
       GATEWAY_URL: stack.gateway.url,
       GATEWAY_API_KEY: app.key,
       PAYER_PRIVATE_KEY: payer.privateKey,
+      // No terminal: the deployment is pinned, or nothing is signed (issue 37).
+      GATEWAY_DEPLOYMENT_ID: await deploymentId(stack.database.db.pool),
     };
     const startBalance = await tokenBalance(stack, 0, payer.address);
 

@@ -5,6 +5,8 @@ import { getAddress, zeroHash, type Hex } from "viem";
 import { createApiKey } from "../../src/adapters/pg/api-keys.js";
 import { canonicalEndpointUrl } from "../../src/adapters/upstream/endpoint-guard.js";
 import { runPermitCommand } from "../../src/cli/permit.js";
+import { runProviderCommand } from "../../src/cli/provider.js";
+import { apiKeyIdOf } from "../../src/domain/api-key-check.js";
 import { anyPermit } from "../../src/domain/permit-authorization/index.js";
 import { endpointTokenHash, endpointUrlHash } from "../../src/domain/registration/index.js";
 import { authorizeKey, type AuthorizationView } from "../helpers/authorize.js";
@@ -75,6 +77,8 @@ describe("wallet commands sign only what their user asked for", () => {
     GATEWAY_API_KEY: app.key,
     PAYER_PRIVATE_KEY: stack.roles.payer.privateKey,
     OPERATOR_PRIVATE_KEY: stack.roles.operator.privateKey,
+    // Pinned: without a terminal nothing is signed otherwise (issue 37).
+    GATEWAY_DEPLOYMENT_ID: deployment,
     ...extra,
   });
   const cli = async (args: string[], runEnv: NodeJS.ProcessEnv = env()): Promise<CliRun> => {
@@ -399,9 +403,7 @@ describe("wallet commands sign only what their user asked for", () => {
       expect(code).toBe(1);
       expect(questions).toEqual(["sign it? [y/N] "]);
       expect(lines.at(-1)).toBe("not confirmed; nothing was signed");
-      expect(lines).toContain(
-        `  API key      ${app.id} (named by the gateway: check it is the id \`gateway keys create\` printed for the key you authorize, or pass --key-id)`,
-      );
+      expect(lines).toContain(`  API key      ${app.id} (derived from the API key)`);
       await nothingSigned("/v1/permit-authorizations");
       expect(await heldBy(app.key)).toEqual([]);
     });
@@ -435,7 +437,7 @@ describe("wallet commands sign only what their user asked for", () => {
         `  expires      ${expiresAt} (${new Date(expiresAt * 1000).toISOString()}, in 7 days)`,
         "  total cap    5000000000000000000 credits (the permit's smallest unit)",
         "  per request  1000000000000000000 credits (the permit's smallest unit)",
-        `  deployment   ${deployment} (GET /v1/gateway)`,
+        `  deployment   ${deployment} (pinned)`,
       ]);
       expect(lines[8]).toBe(
         `  issued       ${authorization.issued_at} (${new Date(authorization.issued_at * 1000).toISOString()}, now)`,
@@ -447,8 +449,8 @@ describe("wallet commands sign only what their user asked for", () => {
       await served.arrayBuffer();
     }, 60_000);
 
-    it("without --key-id, the key id is checked against the gateway's listing of the key's authorizations", async () => {
-      // The key holds an authorization now (the happy path's): the listing names its id.
+    it("without --key-id, the key id is derived from the key: a challenge naming another is refused", async () => {
+      expect(app.id).toBe(apiKeyIdOf(app.key));
       fake.rewrite(route("POST", challengePath), (c) => ({
         ...c,
         message: { ...c.message, keyId: other.id },
@@ -612,16 +614,142 @@ describe("wallet commands sign only what their user asked for", () => {
       expect(run.stderr).toMatch(
         new RegExp(
           `^about to sign BindOfferKey as the operator of offer ${chatOffer} \\(chain ${chainId()}, market ${market()}\\):\n` +
-            `  offer     ${chatOffer}\n` +
-            `  operator  ${getAddress(stack.roles.operator.address)}\n` +
-            `  API key   ${app.id} \\(--key-id\\)\n` +
-            `  expires   \\d+ \\(.*, in 30 days\\)\n$`,
+            `  offer       ${chatOffer}\n` +
+            `  operator    ${getAddress(stack.roles.operator.address)}\n` +
+            `  API key     ${app.id} \\(--key-id\\)\n` +
+            `  expires     \\d+ \\(.*, in 30 days\\)\n` +
+            `  deployment  ${deployment} \\(pinned\\)\n$`,
         ),
       );
       expect(run.stdout).toMatch(new RegExp(`^bound API key ${app.id} to offer ${chatOffer}`));
       expect(fake.signaturesReceived().map((r) => r.path)).toEqual([
         `/v1/provider-offers/${chatOffer}/key-bindings`,
       ]);
+    });
+  });
+  describe("a gateway that substitutes the key id or the deployment gets no signature, terminal or not (issue 37)", () => {
+    const lying = `dep_${"5e".repeat(16)}`;
+    /** The gateway lies consistently: GET /v1/gateway and every challenge name `lying`. */
+    const lieAboutDeployment = () => {
+      fake.rewrite(route("GET", "/v1/gateway"), (g) => ({ ...g, deployment: lying }));
+      fake.rewrite(route("POST", challengePath), (c) => ({
+        ...c,
+        message: { ...c.message, deployment: lying },
+      }));
+      fake.rewrite(route("POST", /\/key-bindings\/challenge$/), (c) => ({
+        ...c,
+        message: { ...c.message, deployment: lying },
+      }));
+    };
+    /** The CLI in this process, as a terminal would run it: every question answered yes. */
+    const atTerminal = async (
+      run: typeof runPermitCommand,
+      args: string[],
+      runEnv: NodeJS.ProcessEnv,
+    ) => {
+      const lines: string[] = [];
+      const questions: string[] = [];
+      const code = await run(args, runEnv, {
+        log: (line) => lines.push(line),
+        error: (line) => lines.push(line),
+        ask: async (question) => {
+          questions.push(question);
+          return true;
+        },
+      });
+      return { code, lines, questions };
+    };
+    const gatewaySays = `the gateway's GET /v1/gateway differs at deployment: expected ${"DEP"}, got ${lying}; nothing was signed`;
+
+    it("authorize: another key id in the challenge, no --key-id: refused (the id is derived), terminal or not", async () => {
+      fake.rewrite(route("POST", challengePath), (c) => ({
+        ...c,
+        message: { ...c.message, keyId: other.id },
+      }));
+      const expected = `the gateway's challenge differs at message.keyId: expected ${app.id}, got ${other.id}; nothing was signed`;
+      const script = await cli(["permit", "authorize", "--permit", permitId()]);
+      expect(script.code).toBe(1);
+      expect(script.stderr).toBe(`${expected}\n`);
+      const terminal = await atTerminal(
+        runPermitCommand,
+        ["authorize", "--permit", permitId()],
+        env({ GATEWAY_DEPLOYMENT_ID: "" }),
+      );
+      expect(terminal).toEqual({ code: 1, lines: [expected], questions: [] });
+      await nothingSigned("/v1/permit-authorizations");
+      expect(await heldBy(other.key)).toEqual([]);
+    });
+
+    it("authorize: another deployment, pinned: refused before any challenge, terminal or not", async () => {
+      lieAboutDeployment();
+      const script = await cli(["permit", "authorize", "--permit", permitId()]);
+      expect(script.code).toBe(1);
+      expect(script.stderr).toBe(`${gatewaySays.replace("DEP", deployment)}\n`);
+      const terminal = await atTerminal(
+        runPermitCommand,
+        ["authorize", "--permit", permitId(), "--deployment", deployment],
+        env({ GATEWAY_DEPLOYMENT_ID: "" }),
+      );
+      expect(terminal).toEqual({
+        code: 1,
+        lines: [gatewaySays.replace("DEP", deployment)],
+        questions: [],
+      });
+      expect(fake.received.map((r) => `${r.method} ${r.path}`)).toEqual([
+        "GET /v1/gateway",
+        "GET /v1/gateway",
+      ]);
+      await nothingSigned("/v1/permit-authorizations");
+    });
+
+    it("without a terminal and without a pinned deployment, nothing is sent or signed (exit 2), --yes or not", async () => {
+      lieAboutDeployment();
+      const unpinned = env({ GATEWAY_DEPLOYMENT_ID: "" });
+      for (const args of [
+        ["permit", "authorize", "--permit", permitId()],
+        ["permit", "authorize", "--permit", permitId(), "--yes"],
+        ["provider", "bind-key", chatOffer],
+        ["permit", "revoke", "--key", other.id],
+        ["permit", "authorizations"],
+      ]) {
+        const run = await cli(args, unpinned);
+        expect(run.code, args.join(" ")).toBe(2);
+        expect(run.stderr).toBe(
+          `${args[1] === "bind-key" ? "bind-key" : args[1]} signs for a gateway deployment; with no one to confirm it (stdin is not a terminal, or --yes) it must be pinned: pass --deployment DEPLOYMENT_ID or set GATEWAY_DEPLOYMENT_ID (the id the gateway's operator published; GET /v1/gateway answers it); nothing was sent or signed\n`,
+        );
+      }
+      expect(fake.received).toEqual([]);
+    });
+
+    it("at a terminal without a pin, the deployment is shown as not pinned before the question", async () => {
+      const terminal = await atTerminal(
+        runPermitCommand,
+        ["authorize", "--permit", permitId(), "--expires-in", "1d"],
+        env({ GATEWAY_DEPLOYMENT_ID: "" }),
+      );
+      expect(terminal.code).toBe(0);
+      expect(terminal.questions).toEqual(["sign it? [y/N] "]);
+      expect(terminal.lines).toContain(
+        `  deployment   ${deployment} (GET /v1/gateway: not pinned)`,
+      );
+    });
+
+    it("bind-key and the payer's revoke --key: another deployment, pinned: refused, terminal or not", async () => {
+      lieAboutDeployment();
+      const bind = await cli(["provider", "bind-key", chatOffer]);
+      expect(bind.code).toBe(1);
+      expect(bind.stderr).toBe(`${gatewaySays.replace("DEP", deployment)}\n`);
+      const bindAtTerminal = await atTerminal(runProviderCommand, ["bind-key", chatOffer], env());
+      expect(bindAtTerminal).toEqual({
+        code: 1,
+        lines: [gatewaySays.replace("DEP", deployment)],
+        questions: [],
+      });
+      const revoke = await cli(["permit", "revoke", "--key", other.id]);
+      expect(revoke.code).toBe(1);
+      expect(revoke.stderr).toBe(`${gatewaySays.replace("DEP", deployment)}\n`);
+      expect(fake.signaturesReceived()).toEqual([]);
+      expect(fake.received.every((r) => r.path === "/v1/gateway")).toBe(true);
     });
   });
 });

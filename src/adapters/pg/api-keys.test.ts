@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
 import {
@@ -8,6 +9,7 @@ import {
   type Queryable,
 } from "./api-keys.js";
 import { findApiKeyWithAuthorizations } from "./permit-authorizations.js";
+import { apiKeyIdOf } from "../../domain/api-key-check.js";
 
 /** The gateway's lookup of a key (with its permit authorizations, none here). */
 const findActiveApiKey = (db: Queryable, key: string) =>
@@ -45,6 +47,24 @@ describe("api keys", () => {
       createdAt: created.createdAt,
       revokedAt: null,
     });
+  });
+
+  it("derives a key's id from the key: the prefix of the hash the database keeps", async () => {
+    // A fixed vector (sha256sum of the key's bytes, its first 24 hex digits).
+    expect(apiKeyIdOf(`gw_${"0".repeat(40)}`)).toBe("key_56542952ab7be07298eb896f");
+    expect(apiKeyIdOf(`gw_${"a".repeat(40)}`)).toBe(
+      `key_${createHash("sha256")
+        .update(`gw_${"a".repeat(40)}`)
+        .digest("hex")
+        .slice(0, 24)}`,
+    );
+    const created = await createApiKey(test.db.pool, "derived");
+    expect(created.id).toBe(apiKeyIdOf(created.key));
+    const { rows } = await test.db.pool.query<{ derived: string }>(
+      "SELECT 'key_' || substr(encode(key_hash, 'hex'), 1, 24) AS derived FROM api_keys WHERE id = $1",
+      [created.id],
+    );
+    expect(rows[0]!.derived).toBe(created.id);
   });
 
   it("never stores the plaintext key", async () => {

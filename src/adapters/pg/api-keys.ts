@@ -1,6 +1,6 @@
 import { createHash, randomBytes } from "node:crypto";
 import { BaseError } from "../../domain/base-error.js";
-import { apiKeyPrefix, newApiKey } from "../../domain/api-key-check.js";
+import { apiKeyIdOf, apiKeyPrefix, newApiKey } from "../../domain/api-key-check.js";
 import type pg from "pg";
 
 /** Anything that can run a query: the pool, or a client inside a transaction. */
@@ -58,12 +58,13 @@ export async function apiKeyCheckSecret(db: Queryable): Promise<Buffer> {
 /**
  * Issues a new key: `gw_` followed by 32 random base62 characters (about 190 bits) and an 8
  * character check under the deployment's secret ({@link apiKeyCheckSecret}), which lets every
- * gateway refuse a made-up key without a query. The caller must show `key` now; it cannot be
+ * gateway refuse a made-up key without a query. Its id is derived from it ({@link apiKeyIdOf}). The caller must show `key` now; it cannot be
  * recovered later.
  */
 export async function createApiKey(db: Queryable, name: string): Promise<CreatedApiKey> {
   const key = newApiKey(await apiKeyCheckSecret(db));
-  const id = "key_" + randomBytes(12).toString("hex");
+  // Derived from the key (the prefix of its stored hash): its holder computes it alone.
+  const id = apiKeyIdOf(key);
   const prefix = key.slice(0, DISPLAY_PREFIX_LENGTH);
   const { rows } = await db.query<{ created_at: Date }>(
     `INSERT INTO api_keys (id, name, key_hash, prefix, key_check) VALUES ($1, $2, $3, $4, true)

@@ -151,19 +151,18 @@ describe("permit authorizations (the table)", () => {
         apiKeyId: k1.id,
         before: now,
         now,
-        raiseEpoch: false,
       });
       // `later` was issued after `before`: kept.
       expect(byKey).toEqual({
         revoked: [{ ...a, revokedAt: now, revokedBy: "payer" }],
         epoch: null,
+        revokedBefore: now,
       });
       const byPermit = await revokePayerAuthorizations(test.db.pool, {
         payer: payerC,
         permitId: permitA,
         before: now,
         now,
-        raiseEpoch: false,
       });
       expect(byPermit.revoked.map((x) => x.id)).toEqual([b.id]);
 
@@ -171,11 +170,11 @@ describe("permit authorizations (the table)", () => {
         payer: payerC,
         before: now,
         now: now + 1,
-        raiseEpoch: true,
       });
       expect(all).toEqual({
         revoked: [{ ...c, revokedAt: now + 1, revokedBy: "payer" }],
         epoch: now,
+        revokedBefore: now,
       });
       // An older "all" replayed: the epoch stays, nothing more is revoked.
       expect(
@@ -183,9 +182,8 @@ describe("permit authorizations (the table)", () => {
           payer: payerC,
           before: now - 100,
           now: now + 2,
-          raiseEpoch: true,
         }),
-      ).toEqual({ revoked: [], epoch: now });
+      ).toEqual({ revoked: [], epoch: now, revokedBefore: now - 100 });
       // Issued at or before the epoch: refused; after it: stored.
       expect(
         await insertPermitAuthorization(
@@ -214,7 +212,6 @@ describe("permit authorizations (the table)", () => {
         payer: payerE,
         before: now,
         now,
-        raiseEpoch: true,
       });
       // Written as an older gateway would have, without reading the epoch.
       await test.db.pool.query(
@@ -231,6 +228,111 @@ describe("permit authorizations (the table)", () => {
       });
     });
 
+    it("a revocation by key or by permit raises that scope's epoch: an AuthorizeKey signed before it is refused when submitted after it (issue 37)", async () => {
+      const payerS = `0x${"5c".repeat(20)}` as Hex;
+      const permitB = `0x${"0b".repeat(32)}` as Hex;
+      const k = await createApiKey(test.db.pool, "scoped k");
+      const j = await createApiKey(test.db.pool, "scoped j");
+      const insert = (apiKeyId: string, issuedAt: number, permitId: Hex, nonce: string) =>
+        insertPermitAuthorization(
+          test.db.pool,
+          row(apiKeyId, ++n, { payer: payerS, issuedAt, permitId }),
+          proof(nonce),
+        );
+      // `revoke --key K` at `now`: nothing of K's was stored yet.
+      expect(
+        await revokePayerAuthorizations(test.db.pool, {
+          payer: payerS,
+          apiKeyId: k.id,
+          before: now,
+          now,
+        }),
+      ).toEqual({ revoked: [], epoch: null, revokedBefore: now });
+      // Signed before it (issued at or before `now`), submitted after it: refused, any permit.
+      expect(await insert(k.id, now - 30, anyPermit, "k-before-any")).toBe("revoked");
+      expect(await insert(k.id, now, permitB, "k-at-b")).toBe("revoked");
+      // Another key, or issued after the revocation: stored.
+      expect(await insert(j.id, now - 30, anyPermit, "j-before")).toBe("inserted");
+      expect(await insert(k.id, now + 1, anyPermit, "k-after")).toBe("inserted");
+
+      // `revoke --permit B`: authorizations naming B exactly, whatever key.
+      await revokePayerAuthorizations(test.db.pool, {
+        payer: payerS,
+        permitId: permitB,
+        before: now + 10,
+        now: now + 10,
+      });
+      expect(await insert(j.id, now + 5, permitB, "j-b")).toBe("revoked");
+      // Of every permit, or of another permit: not covered by a revocation of B.
+      expect(await insert(j.id, now + 5, anyPermit, "j-any")).toBe("inserted");
+      expect(await insert(j.id, now + 5, permitA, "j-a")).toBe("inserted");
+      // Replaying an older revocation lowers nothing.
+      await revokePayerAuthorizations(test.db.pool, {
+        payer: payerS,
+        apiKeyId: k.id,
+        before: now - 100,
+        now: now + 11,
+      });
+      expect(await insert(k.id, now, anyPermit, "k-again")).toBe("revoked");
+      const { rows } = await test.db.pool.query(
+        "SELECT api_key_id, permit_id, epoch::int FROM payer_scope_epochs WHERE payer = $1 ORDER BY epoch",
+        [payerS],
+      );
+      expect(rows).toEqual([
+        { api_key_id: k.id, permit_id: anyPermit, epoch: now },
+        { api_key_id: "", permit_id: permitB, epoch: now + 10 },
+      ]);
+    });
+
+    it("the key lookup leaves out an authorization a scope's epoch covers, however it was stored", async () => {
+      const payerL = `0x${"5d".repeat(20)}` as Hex;
+      const key = await createApiKey(test.db.pool, "scope lookup");
+      await revokePayerAuthorizations(test.db.pool, {
+        payer: payerL,
+        apiKeyId: key.id,
+        before: now,
+        now,
+      });
+      await test.db.pool.query(
+        `INSERT INTO permit_authorizations
+           (id, api_key_id, payer, permit_id, expires_at, nonce, signature, created_at, issued_at)
+         VALUES ($1, $2, $3, $4, $5, 'raw-scope', '0x', $6, $6)`,
+        [`pauth_${"d".repeat(24)}`, key.id, payerL, anyPermit, now + 60, now],
+      );
+      expect(await findApiKeyWithAuthorizations(test.db.pool, key.key, now)).toEqual({
+        id: key.id,
+        authorizations: [],
+      });
+    });
+
+    it("a revocation by key racing inserts: every authorization of the key issued at or before it ends refused or marked revoked", async () => {
+      const payerK = `0x${"ac".repeat(20)}` as Hex;
+      const key = await createApiKey(test.db.pool, "scoped race");
+      const inserts = Array.from({ length: 40 }, (_, i) =>
+        insertPermitAuthorization(
+          test.db.pool,
+          row(key.id, 2000 + i, { payer: payerK, issuedAt: now }),
+          proof(`scoped-race-${i}`),
+        ),
+      );
+      const revocation = revokePayerAuthorizations(test.db.pool, {
+        payer: payerK,
+        apiKeyId: key.id,
+        before: now,
+        now,
+      });
+      const outcomes = await Promise.all(inserts);
+      const { revoked } = await revocation;
+      const inserted = outcomes.filter((o) => o === "inserted").length;
+      expect(inserted + outcomes.filter((o) => o === "revoked").length).toBe(40);
+      expect(revoked.length).toBe(inserted);
+      const { rows } = await test.db.pool.query<{ n: string }>(
+        "SELECT count(*) AS n FROM permit_authorizations WHERE payer = $1 AND revoked_at IS NULL",
+        [payerK],
+      );
+      expect(rows[0]!.n).toBe("0");
+    });
+
     it("a revoke all racing inserts: every authorization issued at or before the epoch ends refused or marked revoked", async () => {
       const payerR = `0x${"ab".repeat(20)}` as Hex;
       const key = await createApiKey(test.db.pool, "race");
@@ -245,7 +347,6 @@ describe("permit authorizations (the table)", () => {
         payer: payerR,
         before: now,
         now,
-        raiseEpoch: true,
       });
       const outcomes = await Promise.all(inserts);
       const { revoked } = await revocation;

@@ -79,30 +79,61 @@ function fromRow(r: Row): PermitAuthorization {
   };
 }
 
+/** The zero bytes32 as stored: "any permit". */
+const anyPermitText = `0x${"00".repeat(32)}`;
+
+/**
+ * Whether a scope epoch row `s` of payer_scope_epochs (migration 033) covers the authorization
+ * `a`: same payer, its key or any, its permit exactly or any, issued at or before the epoch.
+ */
+const scopeCovers = (s: string, a: string) =>
+  `${s}.payer = ${a}.payer AND ${s}.epoch >= ${a}.issued_at
+   AND (${s}.api_key_id = '' OR ${s}.api_key_id = ${a}.api_key_id)
+   AND (${s}.permit_id = '${anyPermitText}' OR ${s}.permit_id = ${a}.permit_id)`;
+
 /**
  * Stores an authorization with the nonce and signature that made it. `ON CONFLICT DO NOTHING`
  * on (payer, nonce) makes claiming the nonce and storing one step: of two submissions of one
  * signed payload, exactly one is stored.
  *
- * Nothing is stored when the payer's epoch (migration 028) is at or after `issuedAt`. The
- * payer's epoch row is made first (epoch 0) when it has none, then read FOR SHARE by the
- * statement that inserts: a "revoke all" ({@link revokePayerAuthorizations}) locks that row
- * before it marks the rows, so either it waits for this insert and then marks it, or this
- * insert waits for it and reads the raised epoch.
+ * Nothing is stored when the payer's epoch (migration 028), or the epoch of a scope (a key, a
+ * permit: migration 033) covering the authorization, is at or after `issuedAt`. In one
+ * transaction: the payer's epoch row is made (epoch 0) when it has none and locked FOR SHARE;
+ * then a later statement (a snapshot taken once the lock is held) reads the scopes' epochs and
+ * inserts. Every payer revocation ({@link revokePayerAuthorizations}) locks that row FOR UPDATE
+ * before it raises an epoch and marks the rows, so either it waits for this insert and then
+ * marks it, or this insert waits for it and reads the raised epoch.
  */
 export async function insertPermitAuthorization(
+  pool: pg.Pool,
+  a: PermitAuthorization,
+  proof: { nonce: string; signature: Hex },
+): Promise<InsertOutcome> {
+  return inTransaction(pool, async (db) => {
+    await db.query(
+      `INSERT INTO payer_epochs (payer, epoch, updated_at) VALUES ($1, 0, 0)
+       ON CONFLICT (payer) DO NOTHING`,
+      [a.payer],
+    );
+    await db.query("SELECT 1 FROM payer_epochs WHERE payer = $1 FOR SHARE", [a.payer]);
+    return insertUnlessRevoked(db, a, proof);
+  });
+}
+
+async function insertUnlessRevoked(
   db: Queryable,
   a: PermitAuthorization,
   proof: { nonce: string; signature: Hex },
 ): Promise<InsertOutcome> {
-  await db.query(
-    `INSERT INTO payer_epochs (payer, epoch, updated_at) VALUES ($1, 0, 0)
-     ON CONFLICT (payer) DO NOTHING`,
-    [a.payer],
-  );
   const { rows } = await db.query<{ epoch: string | null; inserted: boolean }>(
     `WITH e AS (
-       SELECT epoch FROM payer_epochs WHERE payer = $3 FOR SHARE
+       SELECT max(epoch) AS epoch FROM (
+         SELECT epoch FROM payer_epochs WHERE payer = $3
+         UNION ALL
+         SELECT s.epoch FROM payer_scope_epochs s
+          WHERE s.payer = $3 AND (s.api_key_id = '' OR s.api_key_id = $2)
+            AND (s.permit_id = '${anyPermitText}' OR s.permit_id = $4)
+       ) epochs
      ), ins AS (
        INSERT INTO permit_authorizations
          (id, api_key_id, payer, permit_id, expires_at, nonce, signature, created_at,
@@ -216,40 +247,79 @@ export async function listPayerAuthorizations(
 /**
  * A payer's revocation without the key: marks revoked (by the payer, at `now`) every
  * authorization of the payer issued at or before `before`, of one key and of one permit when
- * named, not revoked yet, and answers them newest first. With `raiseEpoch` (revoke all), the
- * payer's epoch is raised to `before` first (never lowered), in the same transaction: the row
- * lock it takes orders it with every insert of the payer's ({@link insertPermitAuthorization}),
- * and the marking runs in a later statement, so it sees every insert that read the old epoch.
+ * named, not revoked yet, and answers them newest first. First, in the same transaction, the
+ * epoch of its scope is raised to `before` (never lowered): the payer's (revoke all), else the
+ * scope's (migration 033) after locking the payer's row. The row lock orders it with every
+ * insert of the payer's ({@link insertPermitAuthorization}), and the marking runs in a later
+ * statement, so it sees every insert that read the old epoch; what is submitted later is refused.
  */
 export async function revokePayerAuthorizations(
   pool: pg.Pool,
   filter: PayerRevocationFilter,
-): Promise<{ revoked: PermitAuthorization[]; epoch: number | null }> {
-  const mark = async (db: Queryable): Promise<PermitAuthorization[]> => {
-    const { rows } = await db.query<Row>(
+): Promise<{ revoked: PermitAuthorization[]; epoch: number | null; revokedBefore: number }> {
+  const apiKeyId = filter.apiKeyId ?? "";
+  const permitId = filter.permitId ?? anyPermitText;
+  const signedBefore = filter.signedBefore ?? filter.before;
+  return inTransaction(pool, async (client) => {
+    // The payer's row first: every insert and revocation of the payer is ordered by it.
+    await client.query(
+      `INSERT INTO payer_epochs (payer, epoch, updated_at) VALUES ($1, 0, 0)
+       ON CONFLICT (payer) DO NOTHING`,
+      [filter.payer],
+    );
+    await client.query("SELECT 1 FROM payer_epochs WHERE payer = $1 FOR UPDATE", [filter.payer]);
+    // A replayed signature (same scope, same signed `before`) applies up to what it applied to
+    // the first time, not to the gateway's clock now. Rows too old to be replayed are dropped.
+    await client.query("DELETE FROM payer_revocations WHERE payer = $1 AND signed_before < $2", [
+      filter.payer,
+      filter.replayableAfter ?? 0,
+    ]);
+    const { rows: applied } = await client.query<{ revoked_before: string }>(
+      `WITH ins AS (
+         INSERT INTO payer_revocations (payer, api_key_id, permit_id, signed_before, revoked_before)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (payer, api_key_id, permit_id, signed_before) DO NOTHING
+         RETURNING revoked_before
+       )
+       SELECT revoked_before::text FROM ins
+       UNION ALL
+       SELECT revoked_before::text FROM payer_revocations
+        WHERE payer = $1 AND api_key_id = $2 AND permit_id = $3 AND signed_before = $4`,
+      [filter.payer, apiKeyId, permitId, signedBefore, filter.before],
+    );
+    const before = Number(applied[0]?.revoked_before ?? filter.before);
+    let epoch: number | null = null;
+    if (apiKeyId === "" && permitId === anyPermitText) {
+      const { rows } = await client.query<{ epoch: string }>(
+        `UPDATE payer_epochs
+            SET epoch = GREATEST(epoch, $2),
+                updated_at = CASE WHEN epoch < $2 THEN $3 ELSE updated_at END
+          WHERE payer = $1 RETURNING epoch::text`,
+        [filter.payer, before, filter.now],
+      );
+      epoch = Number(rows[0]!.epoch);
+    } else {
+      await client.query(
+        `INSERT INTO payer_scope_epochs (payer, api_key_id, permit_id, epoch, updated_at)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (payer, api_key_id, permit_id) DO UPDATE
+           SET epoch = GREATEST(payer_scope_epochs.epoch, EXCLUDED.epoch),
+               updated_at = CASE WHEN payer_scope_epochs.epoch < EXCLUDED.epoch
+                                 THEN EXCLUDED.updated_at ELSE payer_scope_epochs.updated_at END`,
+        [filter.payer, apiKeyId, permitId, before, filter.now],
+      );
+    }
+    // A later statement: it sees every insert that read the epochs before they were raised.
+    const { rows } = await client.query<Row & { seq: string }>(
       `UPDATE permit_authorizations SET revoked_at = $3, revoked_by = 'payer'
        WHERE payer = $1 AND revoked_at IS NULL AND issued_at <= $2
          AND ($4::text IS NULL OR api_key_id = $4)
          AND ($5::text IS NULL OR permit_id = $5)
        RETURNING ${columns}, seq`,
-      [filter.payer, filter.before, filter.now, filter.apiKeyId ?? null, filter.permitId ?? null],
+      [filter.payer, before, filter.now, filter.apiKeyId ?? null, filter.permitId ?? null],
     );
-    return (rows as (Row & { seq: string })[])
-      .sort((x, y) => Number(BigInt(y.seq) - BigInt(x.seq)))
-      .map(fromRow);
-  };
-  if (!filter.raiseEpoch) return { revoked: await mark(pool), epoch: null };
-  return inTransaction(pool, async (client) => {
-    const { rows } = await client.query<{ epoch: string }>(
-      `INSERT INTO payer_epochs (payer, epoch, updated_at) VALUES ($1, $2, $3)
-       ON CONFLICT (payer) DO UPDATE
-         SET epoch = GREATEST(payer_epochs.epoch, EXCLUDED.epoch),
-             updated_at = CASE WHEN payer_epochs.epoch < EXCLUDED.epoch
-                               THEN EXCLUDED.updated_at ELSE payer_epochs.updated_at END
-       RETURNING epoch::text`,
-      [filter.payer, filter.before, filter.now],
-    );
-    return { revoked: await mark(client), epoch: Number(rows[0]!.epoch) };
+    const revoked = rows.sort((x, y) => Number(BigInt(y.seq) - BigInt(x.seq))).map(fromRow);
+    return { revoked, epoch, revokedBefore: before };
   });
 }
 
@@ -290,7 +360,9 @@ export async function findApiKeyWithAuthorizations(
           FROM permit_authorizations a
          WHERE a.api_key_id = k.id AND a.revoked_at IS NULL AND a.expires_at > $2
            AND NOT EXISTS (SELECT 1 FROM payer_epochs e
-                           WHERE e.payer = a.payer AND e.epoch >= a.issued_at)) AS authorizations
+                           WHERE e.payer = a.payer AND e.epoch >= a.issued_at)
+           AND NOT EXISTS (SELECT 1 FROM payer_scope_epochs s
+                           WHERE ${scopeCovers("s", "a")})) AS authorizations
      FROM api_keys k WHERE k.key_hash = $1 AND k.revoked_at IS NULL`,
     [hashApiKey(key), now],
   );

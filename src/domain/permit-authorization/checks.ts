@@ -6,6 +6,7 @@ import { isHex32, normalizeHex } from "../hex.js";
 import {
   anyPermit,
   listSignatureMaxLifetimeSeconds,
+  revokeBeforeMaxAgeSeconds,
   revokeBeforeSkewSeconds,
 } from "./typed-data.js";
 
@@ -53,10 +54,21 @@ export function readSignatureExpiry(value: unknown, now: number): number {
   return n;
 }
 
-/** A RevokeAuthorizations `before`: at most a minute ahead of the gateway's clock. */
+/**
+ * A RevokeAuthorizations `before`: at most a minute ahead of the gateway's clock, and at most
+ * {@link revokeBeforeMaxAgeSeconds} behind it (401 `signature_expired`: an old revocation is
+ * signed again, and a replay can stretch a revocation by that much at most).
+ */
 export function readBefore(value: unknown, now: number): number {
   const n = readUnixSeconds(value, "before");
   if (n <= 0) throw new GatewayError("invalid_request", "before must be positive (Unix seconds)");
+  if (n < now - revokeBeforeMaxAgeSeconds) {
+    throw new GatewayError(
+      "signature_expired",
+      `this revocation's before (${n}) is more than ${revokeBeforeMaxAgeSeconds} seconds behind the gateway's clock (${now}): ` +
+        "sign a new one (and check this machine's clock)",
+    );
+  }
   if (n > now + revokeBeforeSkewSeconds) {
     throw new GatewayError(
       "invalid_request",

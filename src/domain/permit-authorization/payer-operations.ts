@@ -31,6 +31,8 @@ import {
   buildListAuthorizationsTypedData,
   buildRevokeAuthorizationsTypedData,
   buildRevokeTypedData,
+  revokeBeforeMaxAgeSeconds,
+  revokeClockSkewWarningSeconds,
   type RevokeKeyAuthorizationTypedData,
 } from "./typed-data.js";
 
@@ -134,23 +136,41 @@ export async function revokeForPayer(
     }),
     req.signature,
   );
-  const all = req.keyId === "" && permitId === anyPermit;
-  const { revoked, epoch } = await stored("the authorization store", () =>
+  // The later of the payer's clock and the gateway's: an AuthorizeKey's issuedAt is the
+  // gateway's, so a payer whose clock is behind still revokes what it was shown before now.
+  // A replay of the same signature applies to what the first submission did (the store keeps it).
+  const proposedBefore = Math.max(before, t);
+  const skew = before - t;
+  const warning =
+    Math.abs(skew) > revokeClockSkewWarningSeconds
+      ? `the payer's clock (before ${before}) is ${Math.abs(skew)} seconds ${skew < 0 ? "behind" : "ahead of"} the gateway's (${t}): ` +
+        `revoked what was issued at or before ${proposedBefore}`
+      : null;
+  if (warning !== null)
+    deps.warn?.(
+      { payer: normalizeHex(payer), before, gatewayNow: t, revokedBefore: proposedBefore },
+      "payer revocation: clocks differ",
+    );
+  const applied = await stored("the authorization store", () =>
     deps.store.revokeByPayer({
       payer: normalizeHex(payer),
       ...(req.keyId === "" ? {} : { apiKeyId: req.keyId }),
       ...(permitId === anyPermit ? {} : { permitId }),
-      before,
+      before: proposedBefore,
+      signedBefore: before,
+      replayableAfter: t - revokeBeforeMaxAgeSeconds,
       now: t,
-      raiseEpoch: all,
     }),
   );
+  const { revoked, epoch, revokedBefore } = applied;
   // Refused at once here; other processes learn it from the rows' signals (or their cache
-  // time). Every authorization the epoch voids is among `revoked`: the store marks them all.
+  // time). Every authorization the raised epoch voids is among `revoked`: the store marks them.
   for (const a of revoked) deps.authorities.revoked(a.apiKeyId, a.id);
   return {
     revoked: revoked.length,
     authorizations: revoked.slice(0, payerListMaxLimit),
     epoch,
+    revokedBefore,
+    warning,
   };
 }

@@ -30,6 +30,8 @@ export interface PermitAuthorizationServiceDeps {
   authorities: KeyAuthorities;
   /** Unix seconds. */
   clock: () => number;
+  /** Where a warning goes (the gateway's log); absent: nowhere. Never given a secret. */
+  warn?: (fields: Record<string, unknown>, message: string) => void;
 }
 
 /** The service's clock, in whole Unix seconds. */

@@ -65,6 +65,15 @@ export interface PayerRevocation {
   readonly authorizations: readonly PermitAuthorization[];
   /** The payer's epoch after a revoke all (Unix seconds); null for one by key or permit. */
   readonly epoch: number | null;
+  /**
+   * What was revoked is what was issued at or before this (Unix seconds): the later of the
+   * payer's signed `before` and the gateway's clock. It is also the epoch of the revocation's
+   * scope (the payer's, a key's, a permit's): what was signed up to it and is submitted later is
+   * refused.
+   */
+  readonly revokedBefore: number;
+  /** Set when the payer's clock and the gateway's differ by more than a few seconds. */
+  readonly warning: string | null;
 }
 
 /** The request of one of the service's operations. */

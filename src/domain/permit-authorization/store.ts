@@ -3,8 +3,9 @@ import type { Hex } from "viem";
 import type { PermitAuthorization } from "./authorizations.js";
 
 /**
- * `revoked`: the payer revoked everything issued at or before a time (its epoch) that is at or
- * after the authorization's `issuedAt`; nothing was stored.
+ * `revoked`: the payer revoked everything issued at or before a time (its epoch, or the epoch of
+ * a scope covering the authorization: its key, its permit) that is at or after the
+ * authorization's `issuedAt`; nothing was stored.
  */
 export type InsertOutcome = "inserted" | "nonce_used" | "revoked";
 
@@ -16,12 +17,17 @@ export interface PayerRevocationFilter {
   readonly apiKeyId?: string;
   /** Only the authorizations naming exactly this permit; absent: every authorization. */
   readonly permitId?: Hex;
-  /** Unix seconds: authorizations issued at or before it. */
+  /**
+   * Unix seconds: authorizations issued at or before it (the later of the signed `before` and
+   * the gateway's clock), unless this signature was applied before (then that time again).
+   */
   readonly before: number;
+  /** Unix seconds: the `before` the payer signed (default `before`): a replay's key. */
+  readonly signedBefore?: number;
+  /** Signed `before`s older than this can no longer be submitted: their records are dropped. */
+  readonly replayableAfter?: number;
   /** Unix seconds: the revocation's time. */
   readonly now: number;
-  /** Also raise the payer's epoch to `before` (never lowers it): revoke all. */
-  readonly raiseEpoch: boolean;
 }
 
 /** The table of authorizations (adapters/pg/permit-authorizations.ts). */
@@ -46,12 +52,14 @@ export interface PermitAuthorizationStore {
   ): Promise<PermitAuthorization[]>;
   /**
    * Marks revoked by the payer every authorization matching `filter` that is not revoked yet,
-   * and answers them newest first; with `raiseEpoch` the payer's epoch is raised first, in the
-   * same transaction, and answered (null without).
+   * and answers them newest first. The epoch of the filter's scope is raised to `before` first,
+   * in the same transaction (AuthorizeKey signatures issued at or before it are refused when
+   * submitted later); the payer's epoch (revoke all: no key, no permit) is answered, null for a
+   * scoped revocation.
    */
   revokeByPayer(
     filter: PayerRevocationFilter,
-  ): Promise<{ revoked: PermitAuthorization[]; epoch: number | null }>;
+  ): Promise<{ revoked: PermitAuthorization[]; epoch: number | null; revokedBefore: number }>;
   /**
    * Marks it revoked at `now` unless it already is; answers it as it is afterwards, or
    * undefined when there is none (with `apiKeyId`: none held by that key).

@@ -88,6 +88,16 @@ export const listSignatureMaxLifetimeSeconds = 600;
 /** How far ahead of the gateway's clock a RevokeAuthorizations `before` may be: a minute. */
 export const revokeBeforeSkewSeconds = 60;
 
+/**
+ * How far behind the gateway's clock a RevokeAuthorizations `before` may be (issue 37): five
+ * minutes. The revocation applies up to the later of `before` and the gateway's clock, so an
+ * AuthorizeKey the gateway issued by its own clock after the payer's `before` dies too.
+ */
+export const revokeBeforeMaxAgeSeconds = 300;
+
+/** Clocks further apart than this are warned about when a payer revokes: five seconds. */
+export const revokeClockSkewWarningSeconds = 5;
+
 export interface AuthorizationDomain {
   name: string;
   version: string;

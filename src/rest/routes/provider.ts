@@ -181,6 +181,7 @@ export const providerRoutes: readonly Route[] = [
     errors: {
       400: ["invalid_hex"],
       401: ["invalid_signature"],
+      403: ["wrong_deployment"],
       404: ["offer_not_found"],
       409: ["nonce_used"],
       503: ["chain_unavailable"],
@@ -191,6 +192,7 @@ export const providerRoutes: readonly Route[] = [
         expiresAt: BigInt(body.expiresAt),
         nonce: body.nonce,
         signature: body.signature,
+        ...(body.deployment === undefined ? {} : { deployment: body.deployment }),
       });
       if (binding === undefined) throw new Error("BindKey answered without a binding");
       return { body: { binding: offerKeyBindingResource.view(binding) } };

@@ -102,6 +102,7 @@ export function bindOfferKeyTypedDataView(typed: BindOfferKeyTypedData) {
       keyId: typed.message?.keyId,
       expiresAt: Number(typed.message?.expiresAt ?? 0n),
       nonce: typed.message?.nonce,
+      deployment: typed.message?.deployment,
     },
   };
 }

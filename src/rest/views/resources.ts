@@ -393,6 +393,15 @@ export const PayerRevocation = component(
       description:
         "revoke all: the payer's epoch now (Unix seconds; every AuthorizeKey issued at or before it is refused); null otherwise",
     }),
+    revoked_before: Type.Integer({
+      minimum: 0,
+      description:
+        "what was revoked is what was issued at or before this (Unix seconds): the later of the signed `before` and the gateway's clock; an AuthorizeKey of the revocation's scope (key, permit, all) issued at or before it is refused when submitted later",
+    }),
+    warning: Type.Union([Type.String(), Type.Null()], {
+      description:
+        "set when the payer's clock (`before`) and the gateway's differ by more than 5 seconds",
+    }),
   }),
 );
 

@@ -1,0 +1,11 @@
+-- Issue 37, item 8: the deployment id is configured per environment (GATEWAY_DEPLOYMENT_ID), not
+-- only kept in the database, so that a restored backup or a staging clone of production's
+-- database does not accept signatures made for production.
+--
+-- configured_at: when a gateway's configuration first named this id (null: the id migration 027
+-- made, never named by a configuration). A gateway configured with another id than the row's
+-- refuses to start, naming both, until an operator says which holds: `gateway deployment adopt`
+-- (the configuration's) or GATEWAY_DEPLOYMENT_ID set to the database's. A database never named
+-- and holding no signature yet (no authorization, binding or revocation) takes the configured
+-- id at its first start.
+ALTER TABLE gateway_deployment ADD COLUMN configured_at timestamptz;
