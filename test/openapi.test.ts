@@ -395,6 +395,14 @@ const notProvoked: Record<string, string> = {
     "the per-key rate limit is being built (issue 12): exercised once RATE_LIMIT_* exists",
   request_timeout:
     "the body timeout is being built (issue 12): exercised once BODY_TIMEOUT_MS exists",
+  payment_insufficient:
+    "needs a payment signed below the request's maximum (test/x402.test.ts, signed with @x402/evm)",
+  payment_expired: "needs a payment signed with a short window (test/x402.test.ts)",
+  payment_used: "needs Permit2 on the chain and a paid request (test/x402.test.ts)",
+  payment_refused: "needs Permit2 on the chain and a payer without balance (agent-payments.md)",
+  permit2_allowance_required: "needs Permit2 on the chain (test/x402.test.ts)",
+  payment_exposure_exceeded: "needs a small exposure cap (test/x402-settlement.test.ts)",
+  payer_blocked: "needs a failed x402 settlement (test/x402-settlement.test.ts)",
 };
 
 /**
@@ -546,6 +554,39 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
         expect(answer.headers["www-authenticate"]).toBe("Bearer");
       }
     }
+  });
+
+  it("a chat route without credentials or a permit is answered 402 with what to pay (x402, issue 37)", async () => {
+    const chatPaths = new Set(["/v1/chat/completions", "/v1/responses", "/v1/messages"]);
+    let routes = 0;
+    for (const [method, route, path, headers, body] of everyRequest(stack, {}).filter(([, r]) =>
+      chatPaths.has(r),
+    )) {
+      routes++;
+      const plain = Object.fromEntries(
+        Object.entries(headers).filter(([name]) => !/^(x-gateway-|idempotency-key)/i.test(name)),
+      );
+      const { answer } = await call(
+        method,
+        route,
+        path,
+        { status: 402, code: "payment_required" },
+        { headers: plain, ...(body === undefined ? {} : { body }) },
+      );
+      expect(typeof answer.headers["payment-required"]).toBe("string");
+      // Base64 of "not a payment": not an x402 payload.
+      await call(
+        method,
+        route,
+        path,
+        { status: 402, code: "payment_invalid" },
+        {
+          headers: { ...plain, "payment-signature": "bm90IGEgcGF5bWVudA==" },
+          ...(body === undefined ? {} : { body }),
+        },
+      );
+    }
+    expect(routes).toBe(3);
   });
 
   it("is a valid OpenAPI 3.1 document, served at /openapi.json without credentials", async () => {

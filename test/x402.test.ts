@@ -1,4 +1,8 @@
-import { decodePaymentRequiredHeader, encodePaymentSignatureHeader } from "@x402/core/http";
+import {
+  decodePaymentRequiredHeader,
+  decodePaymentResponseHeader,
+  encodePaymentSignatureHeader,
+} from "@x402/core/http";
 import type { PaymentPayload, PaymentRequired, PaymentRequirements } from "@x402/core/types";
 import { UptoEvmScheme } from "@x402/evm/upto/client";
 import { wrapFetchWithPayment, x402Client } from "@x402/fetch";
@@ -273,6 +277,17 @@ describe("x402: an agent pays per request with an unmodified @x402/fetch", () =>
         });
         const text = await res.text();
         expect({ path, stream, status: res.status }).toEqual({ path, stream, status: 200 });
+        if (!stream) {
+          // The JSON answer says what the payment will settle (headers are gone for a stream).
+          expect(decodePaymentResponseHeader(res.headers.get("payment-response")!)).toEqual({
+            success: true,
+            payer: agent.address,
+            network: `eip155:${stack.anvil.chainId}`,
+            transaction: "",
+            amount: res.headers.get("x-gateway-credits-charged"),
+            extra: { requestId: res.headers.get("x-gateway-request-id"), settlement: "pending" },
+          });
+        }
         expect(text.length).toBeGreaterThan(0);
         ids.push(res.headers.get("x-gateway-request-id")!);
       }

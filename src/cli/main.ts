@@ -1,3 +1,4 @@
+import { sandboxAgentExample } from "../dev/agent-example.js";
 import { join } from "node:path";
 import { createInterface } from "node:readline/promises";
 import { BaseError } from "../domain/base-error.js";
@@ -170,7 +171,8 @@ async function run(argv: string[]): Promise<void> {
           `the payer's key read from the manifest:\n` +
           `  ${sandboxPermitOpenCommand(manifest, sandbox.manifestPath)}\n` +
           `then chat with X-Gateway-Permit set to the permit id it prints; 'permit balance', 'permit close'\n` +
-          `and 'permit finalize' take the same environment (see 'npm run gateway -- permit').\n\n`,
+          `and 'permit finalize' take the same environment (see 'npm run gateway -- permit').\n\n` +
+          sandboxAgentExample(manifest, sandbox.manifestPath),
       );
       return;
     }

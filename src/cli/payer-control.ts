@@ -10,7 +10,7 @@ import { BaseError } from "../domain/base-error.js";
 import { apiKeyIdPattern } from "../clients/signing-guard.js";
 import { gatewayUrlProblem } from "../clients/gateway-url.js";
 import { gatewayDeployment, type AuthorizationJson } from "../clients/permit.js";
-import { call, InsecureGatewayUrlError, type GatewayConnection } from "../clients/provider.js";
+import { call, InsecureGatewayUrlError, type GatewayConnection } from "../clients/gateway-call.js";
 import { SigningDeclinedError } from "../clients/signing-guard.js";
 import { requirePinsWithoutConfirmation, type CommandOutput } from "./signing.js";
 

@@ -4,7 +4,7 @@ import { isAddress, type Address, type Hex } from "viem";
 import type { GatewayClientConfig } from "../config.js";
 import { BaseError } from "../domain/base-error.js";
 import { isHex32 } from "../domain/hex.js";
-import type { GatewayConnection } from "../clients/provider.js";
+import type { GatewayConnection } from "../clients/gateway-call.js";
 import { signingFlags } from "./signing.js";
 
 export class PermitUsageError extends BaseError {

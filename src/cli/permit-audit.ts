@@ -16,7 +16,7 @@ import {
   type SignableUsageFigures,
 } from "../domain/receipts.js";
 import { BaseError } from "../domain/base-error.js";
-import { call, type GatewayConnection } from "../clients/provider.js";
+import { call, type GatewayConnection } from "../clients/gateway-call.js";
 
 /**
  * `gateway permit audit PERMIT_ID`: a payer holds the gateway to its signed usage receipts. It

@@ -27,7 +27,7 @@ import {
 } from "../adapters/chain/permit-transactions.js";
 import { parsePayerChainConfig, type GatewayClientConfig } from "../config.js";
 import { isHex32 } from "../domain/hex.js";
-import { call } from "../clients/provider.js";
+import { call } from "../clients/gateway-call.js";
 import { parseDeposit, parseDuration } from "./amounts.js";
 import type { PayerChainFacts } from "./payer-control.js";
 import {

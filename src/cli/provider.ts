@@ -13,8 +13,8 @@ import {
   registerEndpoint,
   verifyOffer,
   type EarningsJson,
-  type GatewayConnection,
 } from "../clients/provider.js";
+import { type GatewayConnection } from "../clients/gateway-call.js";
 import {
   confirmOn,
   pinnedDeployment,

@@ -13,7 +13,7 @@ import {
   GatewayRedirectError,
   GatewayRequestError,
   InsecureGatewayUrlError,
-} from "../clients/provider.js";
+} from "../clients/gateway-call.js";
 
 /**
  * How a wallet command of the CLI shows what it is about to sign (issue 28, item 1;

@@ -20,7 +20,7 @@ import {
   defaultAuthorizationLifetimeSeconds,
   signable,
 } from "../domain/permit-authorization/index.js";
-import { call, type GatewayConnection } from "./provider.js";
+import { call, type GatewayConnection } from "./gateway-call.js";
 
 /**
  * What a payer runs (with the key holder's API key) to let that key spend its permits: the key

@@ -14,7 +14,7 @@ import { registerEndpoint, verifyOffer } from "../clients/provider.js";
 import { connectSettlement } from "../clients/settlement.js";
 import { createSettlementWorker, type SettlementWorker } from "../runtime/settlement-worker.js";
 import { demoAccounts, seedDemoMarket } from "./demo-market.js";
-import { placeX402OnAnvil } from "./x402-placement.js";
+import { approvePermit2, placeX402OnAnvil } from "./x402-placement.js";
 import { startDemoProvider, type DemoProvider } from "./demo-provider.js";
 
 /** How often the sandbox's settlement worker flushes: short, so a demo request settles while you watch. */
@@ -32,7 +32,7 @@ export interface DevManifest {
   chainId: number;
   marketAddress: Address;
   settlementOperatorToken: string;
-  models: { id: string; modelId: Hex }[];
+  models: { id: string; modelId: Hex; creditToken: Address }[];
   offers: { offerId: Hex; modelId: Hex; status: string }[];
   payer: { address: Address; privateKey: Hex };
   operator: { address: Address; privateKey: Hex };
@@ -105,8 +105,10 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
     const clients = chainClients(anvil.chainId, anvil.rpcUrl, 50);
     const roles = demoAccounts(anvil.accounts);
     const demo = await seedDemoMarket(clients, roles);
-    // x402 (issue 37): Permit2 and the upto proxy where every x402 client looks for them.
+    // x402 (issue 37): Permit2 and the upto proxy where every x402 client looks for them, and
+    // the demo payer's one approval of Permit2, so it can pay as an agent at once.
     await placeX402OnAnvil(clients, anvil.rpcUrl);
+    await approvePermit2(clients, roles.payer.privateKey, demo.models[0]!.creditToken);
     logger.info({ market: demo.market, rpcUrl: anvil.rpcUrl }, "demo market deployed");
 
     const catalogFile = join(stateDir, "catalog.json");
@@ -169,7 +171,7 @@ export async function startSandbox(options: SandboxOptions): Promise<Sandbox> {
         chainId: anvil.chainId,
         marketAddress: demo.market,
         settlementOperatorToken,
-        models: demo.models.map(({ id, modelId }) => ({ id, modelId })),
+        models: demo.models.map(({ id, modelId, creditToken }) => ({ id, modelId, creditToken })),
         offers: demo.offers.map(({ offerId, modelId, status }) => ({ offerId, modelId, status })),
         payer: { address: roles.payer.address, privateKey: roles.payer.privateKey },
         operator: { address: roles.operator.address, privateKey: roles.operator.privateKey },

@@ -1,7 +1,21 @@
-import { createTestClient, http, keccak256, parseEther, stringToHex } from "viem";
+import {
+  createTestClient,
+  http,
+  keccak256,
+  maxUint256,
+  parseEther,
+  stringToHex,
+  type Address,
+  type Hex,
+} from "viem";
+import { creditTokenAbi } from "../../gen/contracts/artifacts.js";
 import { privateKeyToAccount } from "viem/accounts";
 import type { ChainClients } from "../adapters/chain/clients.js";
-import { placeX402Contracts, type PlacedX402Contracts } from "../adapters/chain/x402-contracts.js";
+import {
+  permit2Address,
+  placeX402Contracts,
+  type PlacedX402Contracts,
+} from "../adapters/chain/x402-contracts.js";
 
 /**
  * Places Permit2 and the x402 upto proxy at their canonical addresses on a local anvil
@@ -26,4 +40,19 @@ export async function placeX402OnAnvil(
     wallet: clients.wallet(key),
     testClient,
   });
+}
+
+/** `owner` approves Permit2 for `token`, once (an agent's one transaction before its first payment). */
+export async function approvePermit2(
+  clients: ChainClients,
+  ownerKey: Hex,
+  token: Address,
+): Promise<void> {
+  const hash = await clients.wallet(ownerKey).writeContract({
+    address: token,
+    abi: creditTokenAbi,
+    functionName: "approve",
+    args: [permit2Address, maxUint256],
+  });
+  await clients.publicClient.waitForTransactionReceipt({ hash });
 }

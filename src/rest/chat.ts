@@ -5,7 +5,7 @@ import type { AnswerController, ChatChunk, ChatCompleted, ChatSink } from "../do
 import { chunkChargeOf, type DialectStarted } from "../domain/dialects/index.js";
 import { GatewayError } from "../domain/errors.js";
 import { claimedPayer } from "../domain/x402/index.js";
-import { decodePaymentSignatureHeader } from "@x402/core/http";
+import { decodePaymentSignatureHeader, encodePaymentResponseHeader } from "@x402/core/http";
 import type { NodeRequest, NodeResponse } from "./body.js";
 import { toHttpError } from "./errors.js";
 import { EventWriter } from "./event-writer.js";
@@ -32,6 +32,34 @@ function paymentPayload(req: NodeRequest): unknown {
   } catch {
     return null;
   }
+}
+
+/** The payer and network of a payment that reached the answer (the pipeline verified both). */
+function paidBy(payload: unknown): { payer: string; network: string } | undefined {
+  if (payload === undefined || payload === null) return undefined;
+  const payer = claimedPayer(payload);
+  const network = (payload as { accepted?: { network?: unknown } }).accepted?.network;
+  return payer === undefined || typeof network !== "string" ? undefined : { payer, network };
+}
+
+/**
+ * x402's PAYMENT-RESPONSE of a paid JSON answer: the charge (`amount`, what settlement will
+ * move, at most the signed amount), the payer and network; `transaction` is empty, since the
+ * settlement is batched after the answer (GET /v1/requests/{id} shows it once it lands).
+ */
+function paymentResponse(
+  payment: { payer: string; network: string },
+  requestId: string,
+  charged: string,
+): string {
+  return encodePaymentResponseHeader({
+    success: true,
+    payer: payment.payer,
+    network: payment.network as `${string}:${string}`,
+    transaction: "",
+    amount: charged,
+    extra: { requestId, settlement: "pending" },
+  });
 }
 
 /** The chat RPC, by name: how the REST chat routes' calls are logged and counted. */
@@ -83,7 +111,12 @@ export async function relayChat(
   }
   const method = InferenceService.method.streamChatCompletion;
   const ctx = handlerContext(method, call, request.header, values);
-  const writer = new AnswerWriter(res, call, dialect !== Dialect.UNSPECIFIED);
+  const writer = new AnswerWriter(
+    res,
+    call,
+    dialect !== Dialect.UNSPECIFIED,
+    paidBy(x402?.payload),
+  );
   const fields = {
     body,
     permitId: header(req, "x-gateway-permit"),
@@ -126,6 +159,8 @@ class AnswerWriter implements ChatSink {
     private readonly call: GuardedCall,
     /** A dialect's answer (Responses, Messages): its own closing events, no `[DONE]`. */
     private readonly dialect: boolean,
+    /** Paid with x402: the payer and network its JSON answer's PAYMENT-RESPONSE names. */
+    private readonly payment?: { readonly payer: string; readonly network: string } | undefined,
   ) {}
 
   started(event: DialectStarted, controller: AnswerController): void {
@@ -184,6 +219,9 @@ class AnswerWriter implements ChatSink {
         "x-gateway-offer-id": started.offerId,
         "x-gateway-tariff-version": started.tariffVersion.toString(),
         "x-gateway-credits-charged": charged,
+        ...(this.payment === undefined
+          ? {}
+          : { "payment-response": paymentResponse(this.payment, started.requestId, charged) }),
       });
       // A big answer in pieces (views, no copies): the listener sees a slow reader's
       // progress per piece taken, where one write would show none until all of it left

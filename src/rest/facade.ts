@@ -135,10 +135,13 @@ export function createRestFacade(deps: FacadeDeps): (req: NodeRequest, res: Node
       let checked: Authenticated | undefined;
       // No credentials on a payable route: the route prices the request or takes its x402
       // payment (rest/chat.ts); the rest of the routes refuse it here.
+      // A request naming a permit or a quote meant a key's spending: 401 without the key.
       const paying =
         match.route.payable === true &&
         deps.x402 === true &&
-        authorizationOf(header, apiKeyHeader) === null;
+        authorizationOf(header, apiKeyHeader) === null &&
+        header.get("x-gateway-permit") === null &&
+        header.get("x-gateway-quote") === null;
       if (need !== "none" && !paying) {
         try {
           checked = await guard.authenticate(

@@ -214,6 +214,22 @@ describe("npm start (gateway dev)", () => {
       expect(onSecond.status).toBe(200);
       await onSecond.arrayBuffer();
 
+      // The printed agent example (issue 37, item 7), run as it is: an unmodified x402 client
+      // pays per request as the demo payer, with no API key and no permit.
+      const lines = output.split("\n");
+      const from = lines.findIndex((line) => line.startsWith("An agent pays per request with x402"));
+      expect(from).toBeGreaterThan(-1);
+      const example = lines.slice(from + 2, from + 12).map((line) => line.slice(2));
+      expect(example.length).toBe(10);
+      const script = join(process.cwd(), `.agent-example-${process.pid}.mjs`);
+      await writeFile(script, `${example.join("\n")}\n`);
+      try {
+        const paid = await run(process.execPath, [script]);
+        expect(paid.stdout).toMatch(/^200 \d+ /);
+      } finally {
+        await rm(script, { force: true });
+      }
+
       child.kill("SIGTERM");
       expect(await exited(child)).toBe(0);
       // anvil went with it: its RPC port no longer answers.
