@@ -15,6 +15,7 @@ import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { flush, settlementRows, settlingEnv } from "./helpers/settlement.js";
+import { fundedAgent } from "./helpers/x402.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
@@ -410,6 +411,31 @@ describe("x402: an agent pays per request with an unmodified @x402/fetch", () =>
     expect(body.error.message).toBe(
       `payer ${poor.address} has approved 0 of token ${getAddress(asked.asset)} to Permit2 (${permit2Address}); this request needs ${asked.amount} (PERMIT2_ALLOWANCE_REQUIRED)`,
     );
+    expect(fake.requests.length).toBe(calls);
+
+    // Approved, but holding nothing: the transfer would fail on chain.
+    const broke = await fundedAgent(stack, 0n);
+    const { payload: brokePayload } = await new UptoEvmScheme(broke.account).createPaymentPayload(
+      2,
+      asked,
+    );
+    const refused = await fetch(`${stack.gateway.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: {
+        "content-type": "application/json",
+        "payment-signature": encodePaymentSignatureHeader({
+          x402Version: 2,
+          accepted: asked,
+          payload: brokePayload,
+        }),
+      },
+      body: JSON.stringify(chatBody),
+    });
+    expect(refused.status).toBe(402);
+    expect((await json(refused)).error).toMatchObject({
+      code: "payment_refused",
+      message: `payer ${broke.account.address} holds 0 of token ${getAddress(asked.asset)}; this request may cost ${asked.amount}`,
+    });
     expect(fake.requests.length).toBe(calls);
   });
 });
