@@ -217,7 +217,9 @@ describe("npm start (gateway dev)", () => {
       // The printed agent example (issue 37, item 7), run as it is: an unmodified x402 client
       // pays per request as the demo payer, with no API key and no permit.
       const lines = output.split("\n");
-      const from = lines.findIndex((line) => line.startsWith("An agent pays per request with x402"));
+      const from = lines.findIndex((line) =>
+        line.startsWith("An agent pays per request with x402"),
+      );
       expect(from).toBeGreaterThan(-1);
       const example = lines.slice(from + 2, from + 12).map((line) => line.slice(2));
       expect(example.length).toBe(10);
