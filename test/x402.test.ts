@@ -5,17 +5,14 @@ import {
 } from "@x402/core/http";
 import type { PaymentPayload, PaymentRequired, PaymentRequirements } from "@x402/core/types";
 import { UptoEvmScheme } from "@x402/evm/upto/client";
-import { wrapFetchWithPayment, x402Client } from "@x402/fetch";
-import { createTestClient, getAddress, http, maxUint256, parseEther, type Hex } from "viem";
-import { creditTokenAbi } from "../gen/contracts/artifacts.js";
+import { getAddress, type Hex } from "viem";
 import { permit2Address } from "../src/adapters/chain/x402-contracts.js";
 import { placeX402OnAnvil } from "../src/dev/x402-placement.js";
-import { mintCredits } from "./helpers/market.js";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { flush, settlementRows, settlingEnv } from "./helpers/settlement.js";
-import { fundedAgent } from "./helpers/x402.js";
+import { fundedAgent, type Agent } from "./helpers/x402.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
@@ -204,30 +201,15 @@ describe("x402: a chat request without credentials", () => {
 describe("x402: an agent pays per request with an unmodified @x402/fetch", () => {
   let stack: TestStack;
   let fake: FakeUpstream;
-  const agentKey = generatePrivateKey();
-  const agent = privateKeyToAccount(agentKey);
-  const funded = 50n * 10n ** 18n;
+  /** An agent with 50 credit tokens, Permit2 approved once (without it the 402 says so: below). */
+  let agentWallet: Agent;
+  let agent: Agent["account"];
 
   beforeAll(async () => {
     ({ stack, fake } = await startChatStack(settlingEnv));
     await placeX402OnAnvil(stack.clients, stack.anvil.rpcUrl);
-    const testClient = createTestClient({
-      mode: "anvil",
-      chain: stack.clients.chain,
-      transport: http(stack.anvil.rpcUrl),
-    });
-    await testClient.setBalance({ address: agent.address, value: parseEther("1") });
-    await mintCredits(stack, agent.address, funded);
-    // The agent's one approval of Permit2 (without it the 402 says so: below).
-    const wallet = stack.clients.wallet(agentKey);
-    await stack.clients.publicClient.waitForTransactionReceipt({
-      hash: await wallet.writeContract({
-        address: stack.demo.models[0]!.creditToken,
-        abi: creditTokenAbi,
-        functionName: "approve",
-        args: [permit2Address, maxUint256],
-      }),
-    });
+    agentWallet = await fundedAgent(stack, 50n * 10n ** 18n);
+    agent = agentWallet.account;
   }, 120_000);
   afterAll(async () => {
     await fake?.stop();
@@ -235,34 +217,8 @@ describe("x402: an agent pays per request with an unmodified @x402/fetch", () =>
   });
 
   /** The agent's fetch: x402's own client, allowed this market's credit token. */
-  function agentFetch(sent: string[] = []): typeof fetch {
-    const client = new x402Client();
-    client.register("eip155:*", new UptoEvmScheme(agent));
-    client.setSpendControls({
-      allowedAssets: [
-        {
-          network: `eip155:${stack.anvil.chainId}`,
-          asset: stack.demo.models[0]!.creditToken,
-          maxAmountPerPayment: (10n ** 18n).toString(),
-        },
-      ],
-    });
-    const recording: typeof fetch = async (input, init) => {
-      const request = new Request(input, init);
-      const signature = request.headers.get("payment-signature");
-      if (signature !== null) sent.push(signature);
-      return fetch(request);
-    };
-    return wrapFetchWithPayment(recording, client);
-  }
-
-  const balanceOf = (owner: Hex) =>
-    stack.clients.publicClient.readContract({
-      address: stack.demo.models[0]!.creditToken,
-      abi: creditTokenAbi,
-      functionName: "balanceOf",
-      args: [owner],
-    });
+  const agentFetch = (sent: string[] = []) => agentWallet.fetch(sent);
+  const balanceOf = (owner: Hex) => agentWallet.balance(owner);
 
   it("gets answers in every dialect, JSON and SSE; settlement takes exactly the charges, once, and pays the offer", async () => {
     const pay = agentFetch();

@@ -19,6 +19,7 @@ import { marketAbi } from "../../../gen/contracts/artifacts.js";
 import type { BatchCharge, PaymentItem } from "../../domain/settlement/index.js";
 import { GatewayError } from "../../domain/errors.js";
 import {
+  paymentItemOf,
   permit2Address,
   type SimulatedSettlement,
   type UptoPayment,
@@ -129,20 +130,7 @@ export function createX402Chain(options: X402ChainOptions) {
         offerId,
         amount,
         requests: 1,
-        payment: {
-          permit: {
-            permitted: { token: payment.token, amount: payment.signedAmount.toString() },
-            nonce: payment.nonce.toString(),
-            deadline: payment.deadline.toString(),
-          },
-          owner: payment.payer,
-          witness: {
-            to: payment.witness.to,
-            facilitator: payment.witness.facilitator,
-            validAfter: payment.validAfter.toString(),
-          },
-          signature: payment.signature,
-        },
+        payment: paymentItemOf(payment),
       });
       try {
         await client.simulateContract({

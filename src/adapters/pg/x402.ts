@@ -5,8 +5,7 @@
  */
 import type pg from "pg";
 import type { Hex } from "viem";
-import type { PaymentItem } from "../../domain/settlement/index.js";
-import type { OpenedPayment, OpenRefusal, X402Store } from "../../domain/x402/index.js";
+import { paymentItemOf, type OpenRefusal, type X402Store } from "../../domain/x402/index.js";
 import { inTransaction } from "./ledger-tx.js";
 
 export interface X402Caps {
@@ -14,25 +13,6 @@ export interface X402Caps {
   readonly perPayer: bigint;
   /** Most credits (base units of one token) the open payments of everyone may hold at once. */
   readonly perDeployment: bigint;
-}
-
-/** The signed transfer as settlement submits it (JSON: decimal strings for the integers). */
-export function paymentItemOf(opened: OpenedPayment): PaymentItem {
-  const { payment } = opened;
-  return {
-    permit: {
-      permitted: { token: payment.token, amount: payment.signedAmount.toString() },
-      nonce: payment.nonce.toString(),
-      deadline: payment.deadline.toString(),
-    },
-    owner: payment.payer,
-    witness: {
-      to: payment.witness.to,
-      facilitator: payment.witness.facilitator,
-      validAfter: payment.validAfter.toString(),
-    },
-    signature: payment.signature,
-  };
 }
 
 /**
@@ -105,7 +85,7 @@ export function createPgX402Store(pool: pg.Pool, caps: X402Caps): X402Store {
             payment.signedAmount.toString(),
             maximum.toString(),
             payment.deadline.toString(),
-            JSON.stringify(paymentItemOf(opened)),
+            JSON.stringify(paymentItemOf(opened.payment)),
             now,
           ],
         );

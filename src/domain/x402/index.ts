@@ -1,6 +1,7 @@
 export {
   checkPayment,
   claimedPayer,
+  paymentItemOf,
   paymentRequiredFor,
   PaymentRequiredError,
   permit2Address,

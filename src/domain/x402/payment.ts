@@ -17,6 +17,7 @@ import {
   type Hex,
 } from "viem";
 import { GatewayError, type ErrorCode } from "../errors.js";
+import type { PaymentItem } from "../settlement/index.js";
 
 /** Permit2 and the canonical upto proxy: the addresses every x402 client signs for. */
 export const permit2Address: Address = "0x000000000022D473030F116dDEE9F6B43aC78BA3";
@@ -284,4 +285,22 @@ export function x402PermitId(payer: Address, nonce: bigint): Hex {
       [x402Tag, payer, nonce],
     ),
   );
+}
+
+/** The signed transfer as settlement submits it (`Market.settleWithPayments`; JSON-safe). */
+export function paymentItemOf(payment: UptoPayment): PaymentItem {
+  return {
+    permit: {
+      permitted: { token: payment.token, amount: payment.signedAmount.toString() },
+      nonce: payment.nonce.toString(),
+      deadline: payment.deadline.toString(),
+    },
+    owner: payment.payer,
+    witness: {
+      to: payment.witness.to,
+      facilitator: payment.witness.facilitator,
+      validAfter: payment.validAfter.toString(),
+    },
+    signature: payment.signature,
+  };
 }
