@@ -9,6 +9,7 @@ import { ajv, deref, doc, escape, validatorAt } from "./helpers/openapi-doc.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import {
   buildListAuthorizationsTypedData,
+  buildReadPayerRequestsTypedData,
   buildRevokeAuthorizationsTypedData,
 } from "../src/domain/permit-authorization/index.js";
 import { authorizeKey, signable } from "./helpers/authorize.js";
@@ -1365,6 +1366,75 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
         ),
       };
     };
+    // A payer's ReadPayerRequests token on the request routes (issue 37): its checks answer
+    // before any record is read.
+    const payerToken = async (
+      signer = owner,
+      message: { deployment?: string; expiresAt?: number } = {},
+    ) => {
+      const signed = {
+        payer: owner.address,
+        deployment: message.deployment ?? deployment,
+        expiresAt: message.expiresAt ?? nowS() + 300,
+      };
+      const signature = await signer.signTypedData(
+        signable(buildReadPayerRequestsTypedData({ ...at, message: signed }) as never),
+      );
+      return {
+        authorization: `Payer payer=${signed.payer}, deployment="${signed.deployment}", expires_at=${signed.expiresAt}, signature=${signature}`,
+      };
+    };
+    const unknownRequest = `/v1/requests/0x${"79".repeat(32)}`;
+    for (const [route, path] of [
+      ["/v1/requests/{id}", unknownRequest],
+      ["/v1/requests/{id}/receipt", `${unknownRequest}/receipt`],
+    ] as const) {
+      await call(
+        "GET",
+        route,
+        path,
+        { status: 404, code: "request_not_found" },
+        {
+          headers: await payerToken(),
+        },
+      );
+      await call(
+        "GET",
+        route,
+        path,
+        { status: 401, code: "invalid_signature" },
+        {
+          headers: await payerToken(stranger),
+        },
+      );
+      await call(
+        "GET",
+        route,
+        path,
+        { status: 401, code: "signature_expired" },
+        {
+          headers: await payerToken(owner, { expiresAt: nowS() - 1 }),
+        },
+      );
+      await call(
+        "GET",
+        route,
+        path,
+        { status: 403, code: "wrong_deployment" },
+        {
+          headers: await payerToken(owner, { deployment: `dep_${"ab".repeat(16)}` }),
+        },
+      );
+      await call(
+        "GET",
+        route,
+        path,
+        { status: 400, code: "invalid_request" },
+        {
+          headers: await payerToken(owner, { expiresAt: nowS() + 3600 }),
+        },
+      );
+    }
     const revokeBody = async (
       signer = owner,
       message: { deployment?: string; before?: number; keyId?: string } = {},

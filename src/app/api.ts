@@ -239,6 +239,8 @@ export function createApi(
     readiness: deps.readiness,
     findApiKey: (key) => keys.find(key),
     plausibleApiKey: (key) => keys.plausible(key),
+    // A payer reads the records of the requests it paid with x402 with its signature (issue 37).
+    payerReader: (credential) => permitAuthorizations.payerReader(credential),
     settlementOperatorToken: config.settlementOperatorToken,
     rateLimiter: deps.rateLimiter,
     failedAuthentications: createFailureBudget({

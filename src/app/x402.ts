@@ -2,7 +2,9 @@ import { getAddress, type PublicClient } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { createX402Chain } from "../adapters/chain/x402.js";
 import type { Database } from "../adapters/pg/database.js";
+import { createReceiptSigner } from "../adapters/crypto/receipt-signer.js";
 import { createPgX402Store } from "../adapters/pg/x402.js";
+import { buildUsageReceipt } from "../domain/receipts.js";
 import type { Config } from "../config.js";
 import type { X402Payments } from "../domain/x402/index.js";
 
@@ -26,6 +28,10 @@ export function wireX402(
   const operator = privateKeyToAccount(config.settlementPrivateKey!).address;
   const market = getAddress(config.marketAddress);
   const onChain = createX402Chain({ client: deps.chain, market, operator });
+  const receiptSigner =
+    config.receiptPrivateKey === undefined
+      ? undefined
+      : createReceiptSigner(config.receiptPrivateKey);
   return {
     terms: { chainId: config.chainId, market, maxTimeoutSeconds: config.x402MaxTimeoutSeconds },
     minValiditySeconds,
@@ -35,5 +41,13 @@ export function wireX402(
     }),
     simulate: (payment, amount, offerId, permitId) =>
       onChain.simulate(payment, amount, offerId, permitId),
+    // The receipt a paid stream ends with, signed as GET /v1/requests/{id}/receipt signs it.
+    receipt:
+      receiptSigner === undefined
+        ? undefined
+        : (record) =>
+            receiptSigner.sign(
+              buildUsageReceipt(record, { chainId: config.chainId, market: config.marketAddress }),
+            ),
   };
 }

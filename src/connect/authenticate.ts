@@ -1,6 +1,8 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import { createContextKey } from "@connectrpc/connect";
+import type { Hex } from "viem";
 import { GatewayService } from "../../gen/gateway/v1/gateway_pb.js";
+import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
 import { PermitService } from "../../gen/gateway/v1/permit_pb.js";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
@@ -14,7 +16,7 @@ import type { Caller } from "./context.js";
  * Who may call: anyone (`none`), an API key, the settlement operator's token, or either. The
  * RPCs' needs are {@link rpcAuthNeed}'s; the REST routes declare theirs (src/rest/routes/).
  */
-export type AuthNeed = "none" | "apiKey" | "operator" | "apiKeyOrOperator";
+export type AuthNeed = "none" | "apiKey" | "operator" | "apiKeyOrOperator" | "apiKeyOrPayer";
 
 /** What a request's credentials were found to be, for the need they were checked against. */
 export type Authenticated =
@@ -52,11 +54,84 @@ export interface AuthOptions {
    * limited. Only requests checked with their address (before their body) count.
    */
   readonly failedAuthentications?: FailureBudget | undefined;
+  /**
+   * The payer a `ReadPayerRequests` token is signed by (lowercase; throws 401 `invalid_signature`
+   * / `signature_expired`, 400 `invalid_request`): the credential of `apiKeyOrPayer` calls.
+   * Absent: such calls take an API key only.
+   */
+  readonly payerReader?: ((credential: PayerCredential) => Promise<Hex>) | undefined;
+}
+
+/** `Authorization: Payer payer=0x…, deployment=…, expires_at=…, signature=0x…`, read. */
+export interface PayerCredential {
+  readonly payer: string;
+  readonly deployment: string;
+  readonly expiresAt: number;
+  readonly signature: string;
+}
+
+/**
+ * The caller id of a payer reading the requests it paid with x402: the `api_key_id` those
+ * requests are recorded under (rest/chat.ts), so reading them is the record's rule, unchanged.
+ */
+export const payerCallerId = (payer: Hex): string => `x402:${payer.toLowerCase()}`;
+
+const payerScheme = /^Payer\s+(.+)$/is;
+const payerParam = /^\s*([a-z_]+)\s*=\s*(?:"([^"]*)"|([^\s,"]*))\s*$/i;
+
+/**
+ * The parameters of a `Payer` credential (RFC 9110 auth-params, quoted or not); undefined when
+ * the header is not one. A credential that names a parameter twice, misses one or has a
+ * malformed one is refused 401 `invalid_signature`, before any signature is checked.
+ */
+export function payerCredential(
+  authorization: string | null | undefined,
+): PayerCredential | undefined {
+  if (authorization === null || authorization === undefined) return undefined;
+  const match = payerScheme.exec(authorization);
+  if (match === null) return undefined;
+  const params = new Map<string, string>();
+  for (const part of match[1]!.split(",")) {
+    const param = payerParam.exec(part);
+    const name = param?.[1]?.toLowerCase();
+    if (param === null || name === undefined || params.has(name)) return malformedPayer();
+    params.set(name, param[2] ?? param[3] ?? "");
+  }
+  const payer = params.get("payer");
+  const deployment = params.get("deployment");
+  const expiresAt = params.get("expires_at");
+  const signature = params.get("signature");
+  if (
+    params.size !== 4 ||
+    payer === undefined ||
+    deployment === undefined ||
+    signature === undefined ||
+    expiresAt === undefined ||
+    !/^\d{1,12}$/.test(expiresAt)
+  )
+    return malformedPayer();
+  return { payer, deployment, expiresAt: Number(expiresAt), signature };
+}
+
+function malformedPayer(): never {
+  throw new GatewayError(
+    "invalid_signature",
+    "a Payer credential is 'Payer payer=<address>, deployment=<id>, expires_at=<Unix seconds>, signature=<ReadPayerRequests signature>'",
+  );
 }
 
 /** RPCs that take the settlement operator token as well as an API key. */
 const operatorOrApiKey = new Set([
   `${ProviderService.typeName}/${ProviderService.method.getOfferEarnings.name}`,
+]);
+
+/**
+ * RPCs that take a payer's `ReadPayerRequests` token as well as an API key: the record and
+ * receipt of a request the payer paid with x402 (issue 37), which no API key made.
+ */
+const payerOrApiKey = new Set([
+  `${InferenceService.typeName}/${InferenceService.method.getRequest.name}`,
+  `${InferenceService.typeName}/${InferenceService.method.getRequestReceipt.name}`,
 ]);
 
 /**
@@ -78,6 +153,7 @@ export const publicRpcs: ReadonlySet<string> = new Set([
 export function rpcAuthNeed(service: string, method: string): AuthNeed {
   if (service === GatewayService.typeName || publicRpcs.has(`${service}/${method}`)) return "none";
   if (service === SettlementService.typeName) return "operator";
+  if (payerOrApiKey.has(`${service}/${method}`)) return "apiKeyOrPayer";
   return operatorOrApiKey.has(`${service}/${method}`) ? "apiKeyOrOperator" : "apiKey";
 }
 
@@ -87,6 +163,12 @@ export function bearer(header: string | null | undefined): string | undefined {
   const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
   return match?.[1];
 }
+
+/** The authority of a caller without a key (a payer paying or reading itself): no permit. */
+export const noAuthority: SpendingAuthority = { allows: () => false, covering: () => [] };
+
+/** Payer tokens whose checked signature is kept (the oldest is dropped first). */
+const payerTokensKept = 1024;
 
 function digest(value: string): Buffer {
   return createHash("sha256").update(value).digest();
@@ -148,14 +230,45 @@ export function createAuthenticator(options: AuthOptions): Authenticate {
     return { need, operator: false, caller: { apiKeyId: found.id, authority: found.authority } };
   };
 
+  // Payer tokens checked lately, by credential text: a token is good until its expiresAt, and
+  // its signature is checked once (recovery is milliseconds of CPU, a contract wallet's a call).
+  const payers = new Map<string, { payer: Hex; expiresAt: number }>();
+  const checkPayer = async (
+    need: "apiKeyOrPayer",
+    authorization: string,
+    credential: PayerCredential,
+  ): Promise<Authenticated> => {
+    const reader = options.payerReader;
+    if (reader === undefined) throw new GatewayError("invalid_api_key", "invalid API key");
+    const known = payers.get(authorization);
+    const now = Math.floor(Date.now() / 1000);
+    let payer = known !== undefined && known.expiresAt > now ? known.payer : undefined;
+    if (payer === undefined) {
+      payer = await reader(credential);
+      if (payers.size >= payerTokensKept) payers.delete(payers.keys().next().value!);
+      payers.set(authorization, { payer, expiresAt: credential.expiresAt });
+    }
+    return {
+      need,
+      operator: false,
+      caller: { apiKeyId: payerCallerId(payer), authority: noAuthority },
+    };
+  };
+
   return async (need, authorization, address) => {
+    const credential = need === "apiKeyOrPayer" ? payerCredential(authorization) : undefined;
     const token = bearer(authorization);
-    if (address === undefined || budget === undefined) return check(need, token);
+    const attempt = (): Promise<Authenticated> =>
+      credential === undefined
+        ? check(need, token)
+        : checkPayer("apiKeyOrPayer", authorization!, credential);
+    if (address === undefined || budget === undefined) return attempt();
     const wait = budget.exhausted(address);
     if (wait !== undefined) {
       const mayPass =
         token !== undefined &&
-        ((need !== "apiKey" && isOperator(token)) || (need !== "operator" && plausible(token)));
+        (((need === "operator" || need === "apiKeyOrOperator") && isOperator(token)) ||
+          (need !== "operator" && plausible(token)));
       if (!mayPass) {
         throw new GatewayError(
           "address_rate_limited",
@@ -165,7 +278,7 @@ export function createAuthenticator(options: AuthOptions): Authenticate {
       }
     }
     try {
-      return await check(need, token);
+      return await attempt();
     } catch (error) {
       if (error instanceof GatewayError && error.kind === "unauthenticated") budget.failed(address);
       throw error;

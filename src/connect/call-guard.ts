@@ -6,6 +6,7 @@ import { randomHex } from "../domain/random-id.js";
 import {
   createAuthenticator,
   type Authenticate,
+  noAuthority,
   type AuthNeed,
   type AuthOptions,
   type Authenticated,
@@ -247,9 +248,6 @@ function callerLeft(signal: AbortSignal, code: ErrorCode, error: unknown): boole
 }
 
 const noTimeout = (): undefined => undefined;
-
-/** The authority of a caller without a key: no permit. */
-const noAuthority = { allows: () => false, covering: () => [] };
 
 /**
  * The HandlerContext a service method gets when the REST facade calls it directly: the call's

@@ -10,6 +10,7 @@ import {
   PermitState,
   RequestStatus,
   SettlementStatus,
+  SignedUsageReceiptSchema,
   StreamChatCompletionResponseSchema,
   type Metering as MeteringMessageShape,
   type RequestSettlement,
@@ -164,6 +165,15 @@ export function completedMessage(event: DomainChatCompleted): ChatCompleted {
     usageClaimed: figuresMessage(event.claimed),
     usageCounted: figuresMessage(event.counted),
     usageSource: usageSourceToProto[event.usageFromProvider ? "provider" : "gateway"],
+    ...(event.receipt === undefined
+      ? {}
+      : {
+          receipt: create(SignedUsageReceiptSchema, {
+            receipt: receiptMessage(event.receipt.receipt),
+            signature: event.receipt.signature,
+            signer: event.receipt.signer,
+          }),
+        }),
   };
 }
 

@@ -1,5 +1,7 @@
 import { create, toBinary, toJson } from "@bufbuild/protobuf";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { describe, expect, it } from "vitest";
+import { buildUsageReceipt, signableReceipt } from "../domain/receipts.js";
 import {
   Billing,
   InferenceRequestSchema,
@@ -200,6 +202,53 @@ describe("both numbers: the provider's claim and the gateway's count", () => {
     expect(bareView).toMatchObject({ usage_claimed: null, usage_counted: null });
     expect(chargeOf(bare)).toEqual(bareView);
     expect(chargeOf({ ...completed, usageFromProvider: true }).usage_source).toBe("provider");
+  });
+
+  it("a paid stream's receipt: the RPC's ChatCompleted.receipt is the x_gateway.receipt REST writes", async () => {
+    const account = privateKeyToAccount(generatePrivateKey());
+    const typed = buildUsageReceipt(
+      {
+        id: id(1),
+        permitId: id(9),
+        offerId: id(3),
+        modelId: id(8),
+        tariffVersion: 4n,
+        inputTokens: 12n,
+        outputTokens: 5n,
+        cachedInputTokens: 0n,
+        reasoningTokens: 0n,
+        creditsCharged: 90n,
+        billing: "billed",
+        status: "completed",
+        completedAt: 1_790_000_000,
+        usageSource: "gateway",
+        claimed: null,
+        counted: {
+          inputTokens: 12n,
+          outputTokens: 5n,
+          cachedInputTokens: 0n,
+          reasoningTokens: 0n,
+        },
+      },
+      { chainId: 31337, market: `0x${"ab".repeat(20)}` },
+    );
+    const receipt = {
+      receipt: typed,
+      signature: await account.signTypedData(signableReceipt(typed)),
+      signer: account.address,
+    };
+    const paid: ChatCompleted = { ...completed, receipt };
+    const message = eventToMessage(paid).event.value as ChatCompletedMessage;
+    expect(message.receipt?.signature).toBe(receipt.signature);
+    const view = xGatewayResource.view(message);
+    expect(view["receipt"]).toEqual(receipt);
+    expect(chargeOf(paid)).toEqual(view);
+    expect(JSON.stringify(chunkChargeOf(paid))).toBe(JSON.stringify(view));
+    // Without one, the member is absent (not null): every other answer's bytes are unchanged.
+    expect(
+      "receipt" in xGatewayResource.view(eventToMessage(completed).event.value as object),
+    ).toBe(false);
+    expect("receipt" in chargeOf(completed)).toBe(false);
   });
 
   it("the request record shows both, over the RPC and REST; null when none", () => {

@@ -80,8 +80,9 @@ describe("direct service calls through the call guard", () => {
     const t = setup();
     const taken: string[] = [];
     const withRate = setup({ take: (key) => taken.push(key) });
+    // GetRequest takes an API key or a payer's token (`apiKeyOrPayer`).
     const checked = {
-      need: "apiKey" as const,
+      need: "apiKeyOrPayer" as const,
       operator: false as const,
       caller: { apiKeyId: "key_9", authority },
     };

@@ -48,6 +48,13 @@ const withPathId: Codes = { 400: ["invalid_request"] };
 /** The operator's routes (their failed authentications count for the address too). */
 const operatorKeyed: Codes = { 401: ["invalid_operator_token"], 429: ["address_rate_limited"] };
 
+/** Routes a payer's `ReadPayerRequests` token opens (its checks, before any signature's). */
+const payerSigned: Codes = {
+  400: ["invalid_request"],
+  401: ["invalid_signature", "signature_expired"],
+  403: ["wrong_deployment"],
+};
+
 /** Codes whose answer always carries Retry-After. */
 const retryAfterCodes: readonly ErrorCode[] = ["rate_limited", "address_rate_limited"];
 
@@ -69,7 +76,8 @@ export function routeCodes(route: RouteSpec): Record<number, ErrorCode[]> {
   const auth = route.auth ?? "apiKey";
   return mergeCodes(
     anyRoute,
-    auth === "apiKey" || auth === "apiKeyOrOperator" ? apiKeyed : {},
+    auth === "apiKey" || auth === "apiKeyOrOperator" || auth === "apiKeyOrPayer" ? apiKeyed : {},
+    auth === "apiKeyOrPayer" ? payerSigned : {},
     auth === "operator" ? operatorKeyed : {},
     route.body === undefined ? {} : withBody,
     route.pathId === undefined ? {} : withPathId,
@@ -309,6 +317,7 @@ const securityOf = {
   none: [],
   operator: [{ operatorToken: [] }],
   apiKeyOrOperator: [{ apiKey: [] }, { operatorToken: [] }],
+  apiKeyOrPayer: [{ apiKey: [] }, { payerSignature: [] }],
 } as const;
 
 function operation(route: RouteSpec): Record<string, unknown> {
@@ -385,6 +394,15 @@ export function buildOpenApiDocument(routes: readonly RouteSpec[]): Record<strin
           type: "http",
           scheme: "bearer",
           description: "`Authorization: Bearer <SETTLEMENT_OPERATOR_TOKEN>`",
+        },
+        payerSignature: {
+          type: "http",
+          scheme: "Payer",
+          description: [
+            "`Authorization: Payer payer=<address>, deployment=<GET /v1/gateway deployment>, expires_at=<Unix seconds>, signature=<signature>`:",
+            "the payer's EIP-712 `ReadPayerRequests {payer address, deployment string, expiresAt uint64}` in the gateway's domain",
+            "(as `ListAuthorizations`; at most 600 s ahead), reading the records of the requests it paid with x402 (docs/agents.md)",
+          ].join(" "),
         },
       },
       parameters,

@@ -54,7 +54,7 @@ export interface RouteSpec {
    * Who may call: an API key (default), the settlement operator's token, either of them
    * (`apiKeyOrOperator`), or anyone.
    */
-  readonly auth?: "apiKey" | "operator" | "apiKeyOrOperator" | "none";
+  readonly auth?: "apiKey" | "operator" | "apiKeyOrOperator" | "apiKeyOrPayer" | "none";
   /** `{id}`'s description and shape, for a path with one. */
   readonly pathId?: { readonly description: string; readonly schema?: TSchema };
   /** Path parameters after `{id}` (`/v1/provider-offers/{id}/key-bindings/{bindingId}`). */

@@ -1,3 +1,4 @@
+import type { ReceiptRecord, SignedUsageReceipt } from "../receipts.js";
 import type { Hex } from "viem";
 import type { ModelRecord } from "../catalog.js";
 import { GatewayError } from "../errors.js";
@@ -52,7 +53,12 @@ export interface Admission {
    * reserved: the close's judgment stays synchronous.
    */
   readonly inputCount: bigint;
+  /** Signs the receipt a streamed answer ends with ({@link Routed.receipt}). */
+  readonly receipt?: SignReceipt | undefined;
 }
+
+/** Signs the usage receipt of a closed record (domain/receipts.ts). */
+export type SignReceipt = (record: ReceiptRecord) => Promise<SignedUsageReceipt>;
 
 /**
  * One chat request on its way through the steps: as parsed, as it came, the clock when it was
@@ -87,6 +93,11 @@ export interface Routed {
    * permit is its own, single-use).
    */
   readonly durable?: boolean | undefined;
+  /**
+   * Signs the receipt a streamed answer ends with (a request paid with x402: its headers are
+   * gone by then); absent: the answer ends as every other.
+   */
+  readonly receipt?: SignReceipt | undefined;
 }
 
 /** What admission needs of the pipeline. */
@@ -202,6 +213,7 @@ export async function admit(p: Admitting, turn: ChatTurn, routed: Routed): Promi
     trace,
     counter: routed.counter,
     inputCount: routed.inputCount,
+    ...(routed.receipt === undefined || !req.stream ? {} : { receipt: routed.receipt }),
   };
 }
 

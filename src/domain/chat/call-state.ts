@@ -1,6 +1,7 @@
 import { GatewayError } from "../errors.js";
 import { decideClose, type CancelledBy, type Outcome } from "./billing.js";
-import { RequestClose, type Closes } from "./lifecycle.js";
+import { completionRetries, RequestClose, type Closes } from "./lifecycle.js";
+import type { SignedUsageReceipt } from "../receipts.js";
 import type { Closing } from "./metering.js";
 import type { Usage } from "./types.js";
 import type { OutputTally } from "./output-tally.js";
@@ -150,6 +151,41 @@ export class CallState {
       input: dispatched || this.delivered > 0n ? this.judge(this.provided).charged.inputTokens : 0n,
       delivered: this.deliveredTokens(),
     };
+  }
+
+  /**
+   * Records the close first, then signs the receipt of the record it wrote (the one `GET
+   * /v1/requests/{id}/receipt` signs later: the same fields, so the same signature). None when
+   * the ledger did not take the close now (it waits in the outbox), nothing was charged, or
+   * the signer failed: the stream still ends, and the receipt is there to ask for.
+   */
+  async recordForReceipt(final: Closing): Promise<SignedUsageReceipt | undefined> {
+    const { admission } = this;
+    const { offer } = this.current;
+    const recorded = await this.lifecycle.record(final, completionRetries);
+    if (!recorded.written || recorded.creditsCharged === 0n) return undefined;
+    try {
+      return await admission.receipt!({
+        id: admission.requestId,
+        permitId: admission.permit.permitId,
+        offerId: offer.offerId,
+        modelId: offer.modelId,
+        tariffVersion: offer.tariff.version,
+        inputTokens: final.usage.inputTokens,
+        outputTokens: final.usage.outputTokens,
+        cachedInputTokens: final.usage.cachedInputTokens ?? 0n,
+        reasoningTokens: final.usage.reasoningTokens ?? 0n,
+        creditsCharged: recorded.creditsCharged,
+        billing: final.billing,
+        status: final.status,
+        completedAt: recorded.closedAt,
+        usageSource: final.usageSource,
+        claimed: final.claimed ?? null,
+        counted: final.counted ?? null,
+      });
+    } catch {
+      return undefined;
+    }
   }
 
   /**

@@ -280,7 +280,13 @@ export class ChatCall implements AnswerController {
     );
     lifecycle.answered(final);
     if (this.admission.req.includeUsage) this.showUsage(final);
-    await this.out.completed(this.state.completedEvent(usage, final, judgment));
+    const completed = this.state.completedEvent(usage, final, judgment);
+    if (this.admission.receipt !== undefined) {
+      // Paid with x402: the answer ends with the signed receipt of its recorded close.
+      await this.out.completed({ ...completed, receipt: await this.state.recordForReceipt(final) });
+      return;
+    }
+    await this.out.completed(completed);
     await lifecycle.record(final, completionRetries);
   }
 

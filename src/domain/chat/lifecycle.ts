@@ -141,8 +141,15 @@ export class RequestClose {
     this.recorded = this.closes.recording(this.requestId);
   }
 
-  /** Makes a closing durable: the reservation becomes its charge, exactly once. */
-  async record(c: Closing, retries = 0): Promise<{ creditsCharged: bigint }> {
+  /**
+   * Makes a closing durable: the reservation becomes its charge, exactly once. Answers the
+   * charge, the close's time (Unix seconds, the record's `completed_at`) and whether the ledger
+   * took it now (`written`; false: it waits in the outbox, written later as it is).
+   */
+  async record(
+    c: Closing,
+    retries = 0,
+  ): Promise<{ creditsCharged: bigint; closedAt: number; written: boolean }> {
     this.isDecided = true;
     this.answer = undefined;
     const close: PendingClose = {
@@ -163,12 +170,14 @@ export class RequestClose {
       },
       flag: c.aboveQuote ? { offerId: c.offerId, reason: "usage_above_quote" } : undefined,
     };
+    const closedAt = close.finalize.now;
     try {
       await this.before;
-      return await withRetries(retries, () => this.closes.write(close));
+      const { creditsCharged } = await withRetries(retries, () => this.closes.write(close));
+      return { creditsCharged, closedAt, written: true };
     } catch {
       this.closes.enqueue(close);
-      return { creditsCharged: c.charge };
+      return { creditsCharged: c.charge, closedAt, written: false };
     } finally {
       this.recorded?.();
       this.recorded = undefined;

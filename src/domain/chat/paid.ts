@@ -111,6 +111,7 @@ export async function runPaid(p: Paying, turn: ChatTurn, x402: X402Payments): Pr
       counter,
       inputCount,
       durable: true,
+      receipt: x402.receipt,
     });
   } catch (error) {
     // Nothing was reserved: the signature may pay another try.

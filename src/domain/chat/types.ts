@@ -7,6 +7,7 @@
  * (`lifecycle.ts`), the call to and the relay of the provider's answer (`call.ts`) and its
  * metering (`metering.ts`). It knows neither HTTP nor protobuf.
  */
+import type { SignedUsageReceipt } from "../receipts.js";
 import type { Hex } from "viem";
 
 export const quoteLifetimeSeconds = 60;
@@ -111,6 +112,12 @@ export interface ChatCompleted {
   readonly claimed?: UsageFigures | undefined;
   /** The gateway's own count; absent when no answer was counted (nothing reached the client). */
   readonly counted?: UsageFigures | undefined;
+  /**
+   * The signed usage receipt of the closed record: a streamed answer paid with x402 ends with it
+   * (its headers are gone by then), when the gateway signs receipts and the request charged
+   * something. Absent otherwise.
+   */
+  readonly receipt?: SignedUsageReceipt | undefined;
 }
 
 /**

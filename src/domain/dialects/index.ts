@@ -76,6 +76,7 @@ export function chargeOf(done: ChatCompleted): GatewayCharge {
     usage_claimed: figuresOf(done.claimed),
     usage_counted: figuresOf(done.counted),
     usage_source: done.usageFromProvider ? "provider" : "gateway",
+    ...(done.receipt === undefined ? {} : { receipt: done.receipt }),
   };
 }
 
@@ -98,13 +99,14 @@ const chunkChargeOrder = [
   "usage_claimed",
   "usage_counted",
   "usage_source",
+  "receipt",
 ] as const satisfies readonly (keyof GatewayCharge)[];
 
 /** {@link chargeOf} in a chat completion stream's final chunk (its members' order). */
 export function chunkChargeOf(done: ChatCompleted): GatewayCharge {
   const charge = chargeOf(done);
   const ordered: Record<string, unknown> = {};
-  for (const key of chunkChargeOrder) ordered[key] = charge[key];
+  for (const key of chunkChargeOrder) if (key in charge) ordered[key] = charge[key];
   return ordered as unknown as GatewayCharge;
 }
 

@@ -1,3 +1,4 @@
+import type { SignedUsageReceipt } from "../receipts.js";
 import type { OutputReader } from "../chat/output-tally.js";
 import type { GatewayError } from "../errors.js";
 
@@ -33,6 +34,11 @@ export interface GatewayCharge {
   readonly usage_claimed?: GatewayFigures | null;
   readonly usage_counted?: GatewayFigures | null;
   readonly usage_source?: "provider" | "gateway";
+  /**
+   * The signed usage receipt a streamed answer paid with x402 ends with (ChatCompleted's
+   * `receipt`); absent otherwise.
+   */
+  readonly receipt?: SignedUsageReceipt;
 }
 
 /** Token figures in `x_gateway` (decimal strings, as its other token counts). */

@@ -2,7 +2,7 @@
  * The operations a payer signs for without any API key: revoke one authorization, list every
  * authorization of its address, revoke by key, permit or all.
  */
-import { getAddress } from "viem";
+import { getAddress, type Hex } from "viem";
 import { readChallengeSignature } from "../challenge-window.js";
 import { GatewayError } from "../errors.js";
 import { normalizeHex } from "../hex.js";
@@ -29,6 +29,7 @@ import {
 import {
   anyPermit,
   buildListAuthorizationsTypedData,
+  buildReadPayerRequestsTypedData,
   buildRevokeAuthorizationsTypedData,
   buildRevokeTypedData,
   revokeBeforeMaxAgeSeconds,
@@ -108,6 +109,32 @@ export async function listForPayer(
     }),
   );
   return { authorizations: page.slice(0, limit), hasMore: page.length > limit };
+}
+
+/**
+ * A payer's `ReadPayerRequests` token checked (deployment, expiry, then its signature, an
+ * account's or a contract wallet's): the payer, lowercase, whose paid requests it reads.
+ */
+export async function payerReader(
+  deps: PermitAuthorizationServiceDeps,
+  req: ServiceRequest<"payerReader">,
+): Promise<Hex> {
+  const payer = readPayer(req.payer);
+  const t = nowOf(deps);
+  readDeployment(req.deployment, deps.deployment);
+  const expiresAt = readSignatureExpiry(req.expiresAt, t);
+  readChallengeSignature(req.signature);
+  await verifyPayerSignature(
+    deps,
+    payer,
+    buildReadPayerRequestsTypedData({
+      chainId: deps.chainId,
+      market: deps.market,
+      message: { payer, deployment: deps.deployment, expiresAt },
+    }),
+    req.signature,
+  );
+  return payer.toLowerCase() as Hex;
 }
 
 export async function revokeForPayer(

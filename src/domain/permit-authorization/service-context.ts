@@ -14,6 +14,7 @@ import {
   signable,
   type AuthorizeKeyTypedData,
   type ListAuthorizationsTypedData,
+  type ReadPayerRequestsTypedData,
   type RevokeAuthorizationsTypedData,
   type RevokeKeyAuthorizationTypedData,
 } from "./typed-data.js";
@@ -47,6 +48,7 @@ export async function verifyPayerSignature(
     | AuthorizeKeyTypedData
     | RevokeKeyAuthorizationTypedData
     | ListAuthorizationsTypedData
+    | ReadPayerRequestsTypedData
     | RevokeAuthorizationsTypedData,
   signatureText: string,
 ): Promise<Hex> {

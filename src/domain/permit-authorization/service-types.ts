@@ -1,5 +1,6 @@
 /** The authorization service's interface and the types its operations share (service.ts). */
 import type { PermitAuthorization } from "./authorizations.js";
+import type { Hex } from "viem";
 import type { AuthorizeKeyTypedData, RevokeKeyAuthorizationTypedData } from "./typed-data.js";
 
 export interface PermitAuthorizationService {
@@ -44,6 +45,16 @@ export interface PermitAuthorizationService {
     limit?: number;
     startingAfter?: string;
   }): Promise<{ authorizations: PermitAuthorization[]; hasMore: boolean }>;
+  /**
+   * The payer a `ReadPayerRequests` token is signed by (lowercase), once its deployment, expiry
+   * and signature are checked: it reads the records of the requests the payer paid with x402.
+   */
+  payerReader(req: {
+    payer: string;
+    deployment: string;
+    expiresAt: number | bigint;
+    signature: string;
+  }): Promise<Hex>;
   /** Revocation by key, permit or all on the payer's RevokeAuthorizations signature. */
   revokeForPayer(req: {
     payer: string;

@@ -5,6 +5,7 @@
 import { authorize, createChallenge, listForKey, revokeByKey } from "./key-operations.js";
 import {
   listForPayer,
+  payerReader,
   revocationChallenge,
   revokeBySignature,
   revokeForPayer,
@@ -23,6 +24,7 @@ export function createPermitAuthorizationService(
     revocationChallenge: (id) => revocationChallenge(deps, id),
     revokeBySignature: (req) => revokeBySignature(deps, req),
     listForPayer: (req) => listForPayer(deps, req),
+    payerReader: (req) => payerReader(deps, req),
     revokeForPayer: (req) => revokeForPayer(deps, req),
   };
 }

@@ -68,6 +68,19 @@ export const listAuthorizationsFields: TypedDataField[] = [
 ];
 
 /**
+ * A payer's read token for the records of the requests it paid itself with x402 (issue 37):
+ * `GET /v1/requests/{id}` and its receipt, as `Authorization: Payer ...` (connect/authenticate.ts
+ * `payerCredential`). The same shape as `ListAuthorizations` and the same lifetime bound, but a
+ * type of its own: a token given to list authorizations reads no request, and this one lists
+ * no authorization.
+ */
+export const readPayerRequestsFields: TypedDataField[] = [
+  { name: "payer", type: "address" },
+  { name: "deployment", type: "string" },
+  { name: "expiresAt", type: "uint64" },
+];
+
+/**
  * A payer's revocation without the key (issue 28): every authorization of the payer issued at or
  * before `before` whose key is `keyId` ("" any key) and whose permit is `permitId` (zero: any
  * permit, including the authorizations of every permit). With neither (revoke all) it also
@@ -166,6 +179,13 @@ export interface RevokeKeyAuthorizationTypedData {
 export interface ListAuthorizationsTypedData {
   types: { EIP712Domain: TypedDataField[]; ListAuthorizations: TypedDataField[] };
   primaryType: "ListAuthorizations";
+  domain: AuthorizationDomain;
+  message: ListAuthorizationsMessage;
+}
+
+export interface ReadPayerRequestsTypedData {
+  types: { EIP712Domain: TypedDataField[]; ReadPayerRequests: TypedDataField[] };
+  primaryType: "ReadPayerRequests";
   domain: AuthorizationDomain;
   message: ListAuthorizationsMessage;
 }
@@ -283,6 +303,15 @@ export function buildListAuthorizationsTypedData(args: {
   message: ListAuthorizationsMessage;
 }): ListAuthorizationsTypedData {
   return gatewayTypedData("ListAuthorizations", listAuthorizationsFields, args, args.message);
+}
+
+/** The `ReadPayerRequests` typed data; built alike by the payer's tool and the gateway. */
+export function buildReadPayerRequestsTypedData(args: {
+  chainId: number;
+  market: Address;
+  message: ListAuthorizationsMessage;
+}): ReadPayerRequestsTypedData {
+  return gatewayTypedData("ReadPayerRequests", readPayerRequestsFields, args, args.message);
 }
 
 /** The `RevokeAuthorizations` typed data; built alike by the payer's tool and the gateway. */

@@ -5,6 +5,7 @@
  */
 import type { Address, Hex } from "viem";
 import type { ErrorCode } from "../errors.js";
+import type { ReceiptRecord, SignedUsageReceipt } from "../receipts.js";
 import type { UptoPayment, X402Terms } from "./payment.js";
 
 /** What the chain says of settling `payment` at `amount` for `offerId` (a simulation). */
@@ -56,4 +57,9 @@ export interface X402Payments {
   ): Promise<SimulatedSettlement>;
   /** The credit token's EIP-712 name (its EIP-2612 domain), when known. */
   assetName?(token: Address): string | undefined;
+  /**
+   * Signs a closed paid request's usage receipt, which its streamed answer ends with; absent
+   * when the gateway has no receipt key (the stream ends without one).
+   */
+  readonly receipt?: ((record: ReceiptRecord) => Promise<SignedUsageReceipt>) | undefined;
 }

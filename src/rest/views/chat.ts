@@ -1,5 +1,10 @@
 import { Type } from "@sinclair/typebox";
-import { ChatCompletedSchema } from "../../../gen/gateway/v1/inference_pb.js";
+import {
+  ChatCompletedSchema,
+  type SignedUsageReceipt as SignedUsageReceiptMessage,
+} from "../../../gen/gateway/v1/inference_pb.js";
+import { usageReceiptView } from "./challenges.js";
+import { SignedUsageReceipt } from "./receipts.js";
 import { component } from "../../schema/common.js";
 import { protoView } from "./proto-view.js";
 import { usageDetails, usageFigureFields, usageFigureViews } from "./resources.js";
@@ -15,8 +20,26 @@ import { usageDetails, usageFigureFields, usageFigureViews } from "./resources.j
  * view of the chat RPC's ChatCompleted message.
  */
 export const xGatewayResource = protoView(ChatCompletedSchema, "XGateway", {
-  nested: usageFigureViews,
+  nested: {
+    ...usageFigureViews,
+    receipt: {
+      schema: SignedUsageReceipt,
+      view: (m) => {
+        const signed = m as SignedUsageReceiptMessage;
+        return {
+          receipt: usageReceiptView(signed.receipt!),
+          signature: signed.signature,
+          signer: signed.signer,
+        };
+      },
+    },
+  },
   fields: {
+    receipt: {
+      optional: true,
+      description:
+        "The request's signed usage receipt, as `GET /v1/requests/{id}/receipt` answers it: on the last event of a streamed answer paid with x402 (its headers are gone by then), when the gateway signs receipts and something was charged",
+    },
     // usage_source says the same, in words.
     usage_from_provider: { omit: true },
     billing: { emptyIsNull: true },

@@ -34,6 +34,8 @@ export interface FieldRule {
   readonly description?: string;
   /** Not shown in REST (a field only the gateway's own services read). */
   readonly omit?: boolean;
+  /** A message field shown only when set (absent from the view, not null, when unset). */
+  readonly optional?: boolean;
 }
 
 export interface ViewOptions {
@@ -133,9 +135,16 @@ export function protoView(
   for (const field of desc.fields) {
     const rule = options.fields?.[field.name] ?? {};
     if (rule.omit === true) continue;
-    const { schema, convert } = derive(field, rule, options.nested?.[field.name]);
-    properties[field.name] =
-      rule.description === undefined ? schema : { ...schema, description: rule.description };
+    const derived = derive(field, rule, options.nested?.[field.name]);
+    const described =
+      rule.description === undefined
+        ? derived.schema
+        : { ...derived.schema, description: rule.description };
+    const optional = rule.optional === true;
+    properties[field.name] = optional ? Type.Optional(described) : described;
+    const convert: Convert = optional
+      ? (value) => (value === undefined ? undefined : derived.convert(value))
+      : derived.convert;
     plans.push({ key: field.name, local: field.localName, convert });
   }
   const object = Type.Object(
@@ -149,7 +158,10 @@ export function protoView(
       const out: Record<string, unknown> = {};
       for (const [key, value] of constants) out[key] = value;
       const source = message as Record<string, unknown>;
-      for (const plan of plans) out[plan.key] = plan.convert(source[plan.local]);
+      for (const plan of plans) {
+        const value = plan.convert(source[plan.local]);
+        if (value !== undefined) out[plan.key] = value;
+      }
       return out;
     },
   };
@@ -190,7 +202,8 @@ function derive(
       if (field.message.typeName === "google.protobuf.Struct")
         return base(Type.Object({}, { additionalProperties: true }), (value) => value ?? {});
       const view = nested ?? protoView(field.message, undefined);
-      const empty = view.view(create(field.message));
+      // An optional field is never shown empty: its empty view is not made.
+      const empty = rule.optional === true ? undefined : view.view(create(field.message));
       return base(view.schema, (value) =>
         value === undefined ? empty : view.view(value as object),
       );
