@@ -46,6 +46,7 @@ import {
 import { baseEnv, intSetting, readCommonSettings, type CommonSettings } from "./lib/settings.js";
 import { memoryOf, slowStreamBurst } from "./lib/streams.js";
 import { sustainedLoad, type SustainedFigures } from "./lib/sustained.js";
+import { x402Phase, type X402Figures } from "./lib/x402-phase.js";
 
 /**
  * `npm run bench`: the gateway on a fresh database of a real PostgreSQL, anvil with the demo
@@ -77,6 +78,8 @@ interface Settings extends CommonSettings {
   readonly dialects: boolean;
   /** Seconds of the unary phase (`POST /v1/quotes` on the gateway); 0 skips it. */
   readonly unarySeconds: number;
+  /** Requests per path of the x402 phase (paid beside permit); 0 skips it. */
+  readonly x402Requests: number;
 }
 
 function readSettings(): Settings {
@@ -100,6 +103,7 @@ function readSettings(): Settings {
     slowStreamSeconds: intSetting("BENCH_SLOW_STREAM_SECONDS", 10, 1, 120),
     dialects: intSetting("BENCH_DIALECTS", 1, 0, 1) === 1,
     unarySeconds: intSetting("BENCH_UNARY_SECONDS", common.seconds, 0, 300),
+    x402Requests: intSetting("BENCH_X402_REQUESTS", 200, 0, 10_000),
   };
 }
 
@@ -700,6 +704,30 @@ async function main(): Promise<number> {
       }
     }
 
+    // ---------------------------------------------------------------- x402
+    let x402: X402Figures | undefined;
+    if (settings.x402Requests > 0 && measurable("gateway", "json")) {
+      checkAborted();
+      log(`x402: ${settings.x402Requests} paid and ${settings.x402Requests} permit requests`);
+      try {
+        x402 = await x402Phase({
+          market,
+          anvil,
+          gatewayEnv,
+          apiKey,
+          probe,
+          requests: settings.x402Requests,
+          log,
+          clockTicksPerSecond: probe.clockTicksPerSecond,
+        });
+        log(
+          `  x402 ${x402.x402.gatewayCpuMsPerRequest.toFixed(2)} vs permit ${x402.permit.gatewayCpuMsPerRequest.toFixed(2)} gateway CPU ms/request`,
+        );
+      } catch (error) {
+        problems.push(`x402 is not measured: ${(error as Error).message}`);
+      }
+    }
+
     // ---------------------------------------------------------------- report
     const reportSettings: BenchReport["settings"] = {
       seconds: settings.seconds,
@@ -713,6 +741,7 @@ async function main(): Promise<number> {
       slowStartMs: settings.slowStartMs,
       slowStreamSeconds: settings.slowStreamSeconds,
       unarySeconds: settings.unarySeconds,
+      x402Requests: settings.x402Requests,
       offerMaxConcurrency: market.maxConcurrency,
       permitDeposit: market.permitDeposit.toString(),
       request: requestBody("json"),
@@ -747,6 +776,7 @@ async function main(): Promise<number> {
       loadWide,
       ...(Object.keys(dialects).length > 0 ? { dialects } : {}),
       ...(unary ? { unary } : {}),
+      ...(x402 ? { x402 } : {}),
       slowStreams,
       ...(sustained ? { sustained } : {}),
       comparison,

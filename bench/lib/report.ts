@@ -1,4 +1,5 @@
 import type { LoadResult, Percentiles, Preflight, Scenario } from "./measure.js";
+import type { X402Figures } from "./x402-phase.js";
 import type { PgCpuFigures } from "./pg-cpu.js";
 import type { BurstResult, MemorySample } from "./streams.js";
 import type { SustainedFigures, SustainedWindow } from "./sustained.js";
@@ -83,6 +84,8 @@ export interface BenchReport {
     slowStreamSeconds: number;
     /** Seconds of the unary phase (0: skipped; absent in reports made before it existed). */
     unarySeconds?: number;
+    /** Requests per path of the x402 phase (0: skipped; absent in reports made before it). */
+    x402Requests?: number;
     offerMaxConcurrency: number;
     permitDeposit: string;
     request: string;
@@ -100,6 +103,8 @@ export interface BenchReport {
   >;
   /** The unary phase, `POST /v1/quotes` on the gateway at `connections`, when measured. */
   readonly unary?: LoadPhase;
+  /** An x402-paid JSON request beside a permit's (issue 37), sequential; absent when skipped. */
+  readonly x402?: X402Figures;
   /** The fresh load phases, at `connections`. */
   readonly load: Record<TargetName, Partial<Record<Scenario, LoadPhase>>>;
   /** SSE at `wideConnections`. */
@@ -561,6 +566,40 @@ export function formatReport(report: BenchReport): string {
     }
   }
   out.push("");
+
+  if (report.x402 !== undefined) {
+    const rows: string[][] = [
+      [
+        "x402 beside a permit (sequential JSON)",
+        "wall p50 ms",
+        "p90 ms",
+        "gateway CPU ms/req",
+        "PG ms/req",
+        "anvil CPU ms/req",
+        "n",
+      ],
+    ];
+    for (const [label, f] of [
+      ["permit (API key)", report.x402.permit],
+      ["x402 upto (signature)", report.x402.x402],
+    ] as const) {
+      rows.push([
+        label,
+        num(f.wallMedianMs, 2),
+        num(f.wallP90Ms, 2),
+        num(f.gatewayCpuMsPerRequest, 3),
+        num(f.postgresCpuMsPerRequest, 3),
+        num(f.anvilCpuMsPerRequest, 2),
+        String(f.requests),
+      ]);
+    }
+    out.push(table(rows));
+    out.push(
+      "  (a gateway process of its own with x402 on; alternating rounds; the payments signed before the",
+      "   window; gateway CPU includes the payment's checks and signature recovery, anvil's the simulation)",
+      "",
+    );
+  }
 
   const unloadedRows: string[][] = [["unloaded (1 connection)", "p50 ms", "p90 ms", "p99 ms", "n"]];
   for (const [scenario, metric, label] of [

@@ -17,21 +17,32 @@ export interface X402Caps {
 
 /**
  * The open payments' exposure, per payer and in all, of one token: an open request counts its
- * maximum, a closed one its charge (until settlement ends the payment), a payment whose request
- * was never recorded counts its maximum until its signature expires (it can never settle after).
+ * maximum, a closed one its charge (until settlement ends the payment), a payment without an
+ * unsettled request (never recorded, or in a batch being settled) counts its maximum until its
+ * signature expires (it can never settle after).
+ *
+ * Each open payment finds its request through the partial index of unsettled requests by permit
+ * (`inference_requests_unsettled_permit`, migration 031): the cost is the open payments', never
+ * the request table's. (A join on `settlement_status IN ('unsettled', 'settling')` matched no
+ * index and read every request row: 64 ms of PostgreSQL CPU per paid request at `npm run
+ * bench`'s table size; bench/figures/issue-37-x402.md.) A request in a batch being settled
+ * counts its payment's maximum for those seconds: more than its charge, never less.
  */
-const exposureSql = `
+export const exposureSql = `
   SELECT
     coalesce(sum(e.amount) FILTER (WHERE e.payer = $2), 0)::text AS payer,
     coalesce(sum(e.amount), 0)::text AS total
   FROM (
     SELECT p.payer, CASE
-      WHEN r.id IS NULL THEN CASE WHEN p.deadline < $3 THEN 0 ELSE p.maximum END
+      WHEN r.status IS NULL THEN CASE WHEN p.deadline < $3 THEN 0 ELSE p.maximum END
       WHEN r.status IN ('pending', 'streaming') THEN p.maximum
       ELSE r.credits_charged END AS amount
     FROM x402_payments p
-    LEFT JOIN inference_requests r ON r.permit_id = p.permit_id
-      AND r.settlement_status IN ('unsettled', 'settling')
+    LEFT JOIN LATERAL (
+      SELECT u.status, u.credits_charged FROM inference_requests u
+      WHERE u.permit_id = p.permit_id AND u.settlement_status = 'unsettled'
+      LIMIT 1
+    ) r ON true
     WHERE p.state = 'open' AND p.token = $1
   ) e`;
 
@@ -99,10 +110,12 @@ export function createPgX402Store(pool: pg.Pool, caps: X402Caps): X402Store {
     },
 
     async release(permitId) {
-      // Only a payment no request was recorded for: a recorded one is the settlement's.
+      // Only a payment no request to settle was recorded for: a recorded one is the
+      // settlement's (found through the partial index of unsettled requests by permit).
       await pool.query(
         `DELETE FROM x402_payments p WHERE p.permit_id = $1 AND p.state = 'open'
-           AND NOT EXISTS (SELECT 1 FROM inference_requests r WHERE r.permit_id = p.permit_id)`,
+           AND NOT EXISTS (SELECT 1 FROM inference_requests r
+                           WHERE r.permit_id = p.permit_id AND r.settlement_status = 'unsettled')`,
         [permitId],
       );
     },
