@@ -1,4 +1,5 @@
 import { decodePaymentRequiredHeader, encodePaymentSignatureHeader } from "@x402/core/http";
+import { clearBlockedPayer } from "../src/adapters/pg/x402.js";
 import { UptoEvmScheme } from "@x402/evm/upto/client";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { creditTokenAbi } from "../gen/contracts/artifacts.js";
@@ -162,10 +163,8 @@ describe("x402 settlement: exactly once, failures bounded", () => {
     const body = await json(refused);
     expect(body.error.code).toBe("payer_blocked");
     expect(fake.requests.length).toBe(calls);
-    // An operator clears it.
-    await stack.database.db.pool.query("DELETE FROM x402_blocked_payers WHERE payer = $1", [
-      agent.account.address.toLowerCase(),
-    ]);
+    // An operator clears it (`gateway x402 clear`).
+    expect(await clearBlockedPayer(stack.database.db.pool, agent.account.address)).toBe(true);
     const served = await paidChat(stack, agent.fetch(), chatBody);
     expect(served.status).toBe(200);
     await served.text();

@@ -7,6 +7,8 @@ import { createApiKey, listApiKeys, revokeApiKey } from "../adapters/pg/api-keys
 import { openDatabase } from "../adapters/pg/database.js";
 import { migrate } from "../adapters/pg/migrate.js";
 import { adoptDeployment, storedDeployment } from "../adapters/pg/deployment.js";
+import { clearBlockedPayer, listBlockedPayers } from "../adapters/pg/x402.js";
+import { isAddress } from "viem";
 import { startGateway } from "../app.js";
 import { ConfigError, parseConfig, parseLocalConfig } from "../config.js";
 import { sandboxPermitOpenCommand, sandboxShutdownGraceMs, startSandbox } from "../dev/sandbox.js";
@@ -41,6 +43,8 @@ commands:
                             period refunds what was not settled (see 'gateway permit')
   permit audit ID           check a permit's signed usage receipts against the chain
   provider ...              onboard an offer's endpoint, read its earnings (see 'gateway provider')
+  x402 blocked              the payers refused x402 payments since a settlement of theirs failed
+  x402 clear ADDRESS        let a refused payer pay with x402 again (every gateway process)
   settle                    run the settlement worker (Flush over gRPC on an interval)
   settle reconcile          compare settled sums with the chain; exit 1 on drift
   settle flush [--dry-run] [--max-requests N]
@@ -261,6 +265,30 @@ async function run(argv: string[]): Promise<void> {
     }
     case "provider": {
       process.exitCode = await runProviderCommand(rest, process.env, walletOutput());
+      return;
+    }
+    case "x402": {
+      const [action, target] = rest;
+      if (action === "clear" ? !isAddress(target ?? "", { strict: false }) : action !== "blocked")
+        throw new UsageError("x402: expected 'blocked' or 'clear <payer address>'");
+      const db = await managementDatabase();
+      try {
+        if (action === "blocked") {
+          const blocked = await listBlockedPayers(db.pool);
+          if (blocked.length === 0) process.stdout.write("no payer is refused x402 payments\n");
+          for (const b of blocked)
+            process.stdout.write(
+              `${b.payer}\t${new Date(b.blockedAt * 1000).toISOString()}\t${b.permitId}\t${b.reason}\n`,
+            );
+        } else if (await clearBlockedPayer(db.pool, target as `0x${string}`)) {
+          process.stdout.write(`cleared ${target!.toLowerCase()}: it may pay with x402 again\n`);
+        } else {
+          process.stderr.write(`${target} is not refused x402 payments\n`);
+          process.exitCode = 1;
+        }
+      } finally {
+        await db.close();
+      }
       return;
     }
     case "settle": {

@@ -10,6 +10,8 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import type { DevManifest } from "../../src/dev/sandbox.js";
 import { encryptKeystoreJsonSync, verifyTypedData } from "ethers";
 import { createApiKey } from "../../src/adapters/pg/api-keys.js";
+import { openDatabase } from "../../src/adapters/pg/database.js";
+import { markPaymentsFailed } from "../../src/adapters/pg/x402.js";
 import type { FakeUpstream } from "../helpers/fake-upstream.js";
 import { startSettlementFixture, type SettlementFixture } from "../helpers/settlement-fixture.js";
 import { auditChildLogs, auditSecret } from "../helpers/log-audit.js";
@@ -271,6 +273,59 @@ describe("npm start (gateway dev)", () => {
       env,
     }).catch((e: { code: number }) => e);
     expect((unknown as { code: number }).code).toBe(1);
+  }, 120_000);
+
+  it("x402: lists the payers refused since a settlement failed, and clears one (on the database every process reads)", async () => {
+    const stateDir = await mkdtemp(join(tmpdir(), "gw-x402-"));
+    dirs.push(stateDir);
+    const env: NodeJS.ProcessEnv = { ...process.env, GATEWAY_STATE_DIR: stateDir };
+    delete env.DATABASE_URL;
+    const none = await run(process.execPath, [...cli, "x402", "blocked"], { env });
+    expect(none.stdout).toBe("no payer is refused x402 payments\n");
+    // A failed settlement blocked a payer (the settlement's own marking, as the worker does it).
+    const payer = "0x00000000000000000000000000000000000a11ce";
+    const permitId = `0x${"42".repeat(32)}`;
+    const db = await openDatabase({ dataDir: join(stateDir, "pgdata") });
+    try {
+      await db.pool.query(
+        `INSERT INTO x402_payments (payer, nonce, permit_id, token, signed_amount, maximum, deadline, payload, created_at)
+         VALUES ($1, 7, $2, '0xtoken', 10, 10, 1900000000, '{}', 1800000000)`,
+        [payer, permitId],
+      );
+      const client = await db.pool.connect();
+      try {
+        await markPaymentsFailed(
+          client,
+          [{ permitId, reason: "payment_failed: TRANSFER_FROM_FAILED" }],
+          1_800_000_100,
+        );
+      } finally {
+        client.release();
+      }
+    } finally {
+      await db.close();
+    }
+    const blocked = await run(process.execPath, [...cli, "x402", "blocked"], { env });
+    expect(blocked.stdout).toBe(
+      `${payer}\t${new Date(1_800_000_100_000).toISOString()}\t${permitId}\tpayment_failed: TRANSFER_FROM_FAILED\n`,
+    );
+    const cleared = await run(
+      process.execPath,
+      [...cli, "x402", "clear", "0x00000000000000000000000000000000000A11CE"],
+      { env },
+    );
+    expect(cleared.stdout).toBe(`cleared ${payer}: it may pay with x402 again\n`);
+    expect((await run(process.execPath, [...cli, "x402", "blocked"], { env })).stdout).toBe(
+      "no payer is refused x402 payments\n",
+    );
+    const again = await run(process.execPath, [...cli, "x402", "clear", payer], { env }).catch(
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect(again).toMatchObject({ code: 1, stderr: `${payer} is not refused x402 payments\n` });
+    const bad = await run(process.execPath, [...cli, "x402", "clear", "nobody"], { env }).catch(
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect((bad as { code: number }).code).toBe(2);
   }, 120_000);
 
   it("refuses bad configuration with every problem named", async () => {

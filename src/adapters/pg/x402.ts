@@ -165,6 +165,34 @@ export async function markPaymentsFailed(
   );
 }
 
+/** A payer refused x402 payments after a failed settlement, as an operator reviews it. */
+export interface BlockedPayer {
+  readonly payer: string;
+  /** The payment whose settlement failed. */
+  readonly permitId: string;
+  readonly reason: string;
+  /** Unix seconds. */
+  readonly blockedAt: number;
+}
+
+/** The payers refused x402 payments, the latest first. */
+export async function listBlockedPayers(pool: pg.Pool): Promise<BlockedPayer[]> {
+  const { rows } = await pool.query<{
+    payer: string;
+    permit_id: string;
+    reason: string;
+    blocked_at: string;
+  }>(
+    "SELECT payer, permit_id, reason, blocked_at FROM x402_blocked_payers ORDER BY blocked_at DESC, payer",
+  );
+  return rows.map((r) => ({
+    payer: r.payer,
+    permitId: r.permit_id,
+    reason: r.reason,
+    blockedAt: Number(r.blocked_at),
+  }));
+}
+
 /** An operator clears a payer refused after a failed settlement; true if it was blocked. */
 export async function clearBlockedPayer(pool: pg.Pool, payer: Hex): Promise<boolean> {
   const { rowCount } = await pool.query("DELETE FROM x402_blocked_payers WHERE payer = $1", [
