@@ -2,6 +2,7 @@ import { Code, ConnectError, type ContextValues, type HandlerContext } from "@co
 import type { DescMethod } from "@bufbuild/protobuf";
 import type { Logger } from "pino";
 import type { ErrorCode } from "../domain/errors.js";
+import { GatewayError } from "../domain/errors.js";
 import { randomHex } from "../domain/random-id.js";
 import {
   createAuthenticator,
@@ -161,9 +162,29 @@ export class GuardedCall {
    * (`x402:<payer>` for a signed payment, `x402-address:<address>` for a request still to be
    * priced), rate limited as a key is, with an authority that covers no permit.
    */
-  async admitPaying(id: string, values: ContextValues): Promise<void> {
+  async admitPaying(id: string, values: ContextValues, withPayment = false): Promise<void> {
+    // A payment's checks cost a signature's recovery and a chain call: an address whose
+    // payments were refused as often as its failure budget allows sends no more for a while.
+    const { address } = this.request;
+    const budget = this.options.failedAuthentications;
+    const wait = withPayment && address !== undefined ? budget?.exhausted(address) : undefined;
+    if (wait !== undefined)
+      throw new GatewayError(
+        "address_rate_limited",
+        "too many refused payments from this address; retry after the Retry-After delay",
+        { retryAfterSeconds: wait },
+      );
     await this.options.rateLimiter?.take(id);
     values.set(callerKey, { apiKeyId: id, authority: noAuthority });
+  }
+
+  /**
+   * A payment this caller sent was refused (it did not check out, or the chain or the payment
+   * store refused it): one failure from its address's budget, as a bad key's.
+   */
+  paymentRefused(): void {
+    const { address } = this.request;
+    if (address !== undefined) this.options.failedAuthentications?.failed(address);
   }
 
   /**

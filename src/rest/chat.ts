@@ -7,6 +7,7 @@ import { GatewayError } from "../domain/errors.js";
 import { claimedPayer } from "../domain/x402/index.js";
 import { decodePaymentSignatureHeader, encodePaymentResponseHeader } from "@x402/core/http";
 import type { NodeRequest, NodeResponse } from "./body.js";
+import { errorCodeOf, toConnectError } from "../connect/errors.js";
 import { toHttpError } from "./errors.js";
 import { EventWriter } from "./event-writer.js";
 import type { Call } from "./route-kit.js";
@@ -62,6 +63,25 @@ function paymentResponse(
   });
 }
 
+/**
+ * A payment sent and refused (402 other than `payment_required`, which asks for one): it cost a
+ * signature's check, and maybe a chain call, and counts against its address's failure budget.
+ */
+function refusedPayment(error: unknown): boolean {
+  return paymentRefusals.has(errorCodeOf(toConnectError(error)));
+}
+
+const paymentRefusals: ReadonlySet<string> = new Set([
+  "payment_invalid",
+  "payment_insufficient",
+  "payment_expired",
+  "payment_used",
+  "payment_refused",
+  "permit2_allowance_required",
+  "payment_exposure_exceeded",
+  "payer_blocked",
+]);
+
 /** The chat RPC, by name: how the REST chat routes' calls are logged and counted. */
 const chatRpc = `${InferenceService.typeName}/${InferenceService.method.streamChatCompletion.name}`;
 
@@ -102,6 +122,7 @@ export async function relayChat(
       await call.admitPaying(
         payer === undefined ? `x402-address:${request.address}` : `x402:${payer.toLowerCase()}`,
         values,
+        x402.payload !== undefined,
       );
     }
     if (services.inference?.chatInto === undefined)
@@ -133,7 +154,11 @@ export async function relayChat(
     call.outcome(error);
   }
   // Refused before the answer began: the facade answers the error body.
-  if (writer.refusal !== undefined) throw writer.refusal.error;
+  if (writer.refusal !== undefined) {
+    const { error } = writer.refusal;
+    if (x402?.payload !== undefined && refusedPayment(error)) call.paymentRefused();
+    throw error;
+  }
 }
 
 /**

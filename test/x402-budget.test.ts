@@ -1,0 +1,85 @@
+import { decodePaymentRequiredHeader, encodePaymentSignatureHeader } from "@x402/core/http";
+import { UptoEvmScheme } from "@x402/evm/upto/client";
+import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { placeX402OnAnvil } from "../src/dev/x402-placement.js";
+import type { FakeUpstream } from "./helpers/fake-upstream.js";
+import { settlingEnv } from "./helpers/settlement.js";
+import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js";
+
+/**
+ * Issue 37: a payment the gateway refuses cost it a signature's recovery and a chain call, so an
+ * anonymous caller sending refused payments spends its address's failure budget as unknown API
+ * keys do (ADDRESS_RATE_LIMIT_RPS / _BURST): past it, 429 `address_rate_limited` before any
+ * payment is checked. Asking the price (no payment) and a key's requests are not refused by it.
+ */
+
+const chatBody = {
+  model: "demo-chat",
+  messages: [{ role: "user", content: "hello from an agent" }],
+  max_tokens: 64,
+};
+
+describe("x402: refused payments and the address's failure budget", () => {
+  let stack: TestStack;
+  let fake: FakeUpstream;
+
+  beforeAll(async () => {
+    ({ stack, fake } = await startChatStack({
+      ...settlingEnv,
+      ADDRESS_RATE_LIMIT_RPS: "1",
+      ADDRESS_RATE_LIMIT_BURST: "3",
+    }));
+    await placeX402OnAnvil(stack.clients, stack.anvil.rpcUrl);
+  }, 120_000);
+  afterAll(async () => {
+    await fake?.stop();
+    await stack?.close();
+  });
+
+  const post = (headers: Record<string, string> = {}) =>
+    fetch(`${stack.gateway.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...headers },
+      body: JSON.stringify(chatBody),
+    });
+
+  it("refused payments take from the budget; past it 429 before the payment is checked; a key is still served", async () => {
+    const priced = await post();
+    expect(priced.status).toBe(402);
+    const asked = decodePaymentRequiredHeader(priced.headers.get("payment-required")!).accepts[0]!;
+    // A payer that never approved Permit2: each payment is refused after its checks.
+    const poor = new UptoEvmScheme(privateKeyToAccount(generatePrivateKey()));
+    const signed = async () =>
+      encodePaymentSignatureHeader({
+        x402Version: 2,
+        accepted: asked,
+        payload: (await poor.createPaymentPayload(2, asked)).payload,
+      });
+    const payments = await Promise.all([1, 2, 3, 4].map(() => signed()));
+    const calls = fake.requests.length;
+    const codes: unknown[] = [];
+    for (const payment of payments) {
+      const res = await post({ "payment-signature": payment });
+      codes.push({ status: res.status, code: (await json(res)).error.code });
+      if (res.status === 429) expect(Number(res.headers.get("retry-after"))).toBeGreaterThan(0);
+    }
+    // The budget holds three failures (the price asked before took none).
+    expect(codes).toEqual([
+      { status: 402, code: "permit2_allowance_required" },
+      { status: 402, code: "permit2_allowance_required" },
+      { status: 402, code: "permit2_allowance_required" },
+      { status: 429, code: "address_rate_limited" },
+    ]);
+    // Asking the price costs nothing and is still answered; a key's request is served.
+    expect((await post()).status).toBe(402);
+    const keyed = await authed(stack, "/v1/chat/completions", {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-gateway-permit": stack.demo.permitId },
+      body: JSON.stringify(chatBody),
+    });
+    expect(keyed.status).toBe(200);
+    await keyed.text();
+    expect(fake.requests.length).toBe(calls + 1);
+  });
+});
