@@ -16,7 +16,7 @@ import {
 import { admit, type Admitting, type ChatTurn } from "./admission.js";
 import { serve } from "./call.js";
 import type { RelayContext } from "./call-state.js";
-import { noEligibleOffer } from "./quotes.js";
+import { modelLoading, noEligibleOffer } from "./quotes.js";
 import { rankCandidates, type RoutingContext } from "./routing.js";
 
 /**
@@ -76,12 +76,7 @@ export async function runPaid(p: Paying, turn: ChatTurn, x402: X402Payments): Pr
   // The offers this payment covers (the signed amount caps the request as a per-request cap).
   const candidates = ranked.filter((c) => c.maximumCredits <= payment.signedAmount);
   const counter = p.tokens.forModel(model);
-  if (counter === undefined)
-    throw new GatewayError(
-      "model_loading",
-      `the tokenizer of model ${req.model} is still loading; retry shortly`,
-      { retryAfterSeconds: 1 },
-    );
+  if (counter === undefined) throw modelLoading(req.model);
   const inputCount = await counter.countInput(req);
   const chosen = candidates[0]!;
   const permitId = x402PermitId(payment.payer, payment.nonce);

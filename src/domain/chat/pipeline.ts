@@ -18,7 +18,7 @@ import { checkIdempotencyKey, claimKey, KeptAnswer, replay, type Keeping } from 
 import { createCloses } from "./lifecycle.js";
 import { runPaid } from "./paid.js";
 import type { ChatInput, ChatTrace, Inference, InferenceDeps } from "./ports.js";
-import { boundQuote, createQuote, noEligibleOffer, type Quoting } from "./quotes.js";
+import { boundQuote, createQuote, modelLoading, noEligibleOffer, type Quoting } from "./quotes.js";
 import { fitsMaxPrice, maxPriceRefusal, rankCandidates, type Candidate } from "./routing.js";
 import { ForwardingSink } from "./sink.js";
 import {
@@ -262,19 +262,6 @@ async function run(p: Pipeline, turn: ChatTurn): Promise<void> {
     inputCount,
   });
   await serve(p, admission, turn.out);
-}
-
-/**
- * 503 `model_loading`: the model's tokenizer is still loading (start-up, or the indexer just
- * added the model). It is never loaded on a request's path, and the request is not served by
- * the byte bound meanwhile: refused before anything is reserved.
- */
-function modelLoading(model: string): GatewayError {
-  return new GatewayError(
-    "model_loading",
-    `the tokenizer of model ${model} is still loading; retry shortly`,
-    { retryAfterSeconds: 1 },
-  );
 }
 
 /**

@@ -72,6 +72,19 @@ export function quoteRecord(
   };
 }
 
+/**
+ * 503 `model_loading`: the model's tokenizer is still loading (start-up, or the indexer just
+ * added the model). It is never loaded on a request's path, and the request is not served by
+ * the byte bound meanwhile: refused before anything is reserved.
+ */
+export function modelLoading(model: string): GatewayError {
+  return new GatewayError(
+    "model_loading",
+    `the tokenizer of model ${model} is still loading; retry shortly`,
+    { retryAfterSeconds: 1 },
+  );
+}
+
 export function noEligibleOffer(req: ChatRequest): GatewayError {
   return new GatewayError(
     "no_eligible_offer",
