@@ -1,5 +1,6 @@
 import { getAddress, type PublicClient } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
+import { createChainSignatureVerifier } from "../adapters/chain/signatures.js";
 import { createX402Chain } from "../adapters/chain/x402.js";
 import type { Database } from "../adapters/pg/database.js";
 import { createReceiptSigner } from "../adapters/crypto/receipt-signer.js";
@@ -35,6 +36,7 @@ export function wireX402(
   return {
     terms: { chainId: config.chainId, market, maxTimeoutSeconds: config.x402MaxTimeoutSeconds },
     minValiditySeconds,
+    contractSigner: createChainSignatureVerifier(deps.chain),
     store: createPgX402Store(deps.db.pool, {
       perPayer: config.x402PayerExposureCap,
       perDeployment: config.x402DeploymentExposureCap,

@@ -68,6 +68,7 @@ export async function runPaid(p: Paying, turn: ChatTurn, x402: X402Payments): Pr
       price,
       now,
       minValiditySeconds: x402.minValiditySeconds,
+      contractSigner: x402.contractSigner,
     });
   } catch (error) {
     if (error instanceof GatewayError) throw refuse(error.code, error.message);

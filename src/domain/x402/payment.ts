@@ -17,6 +17,7 @@ import {
   type Hex,
 } from "viem";
 import { GatewayError, type ErrorCode } from "../errors.js";
+import type { SignatureVerifier } from "../signatures.js";
 import type { PaymentItem } from "../settlement/index.js";
 
 /** Permit2 and the canonical upto proxy: the addresses every x402 client signs for. */
@@ -177,10 +178,15 @@ export interface PaymentCheck {
    * (settlement submits it before `deadline`).
    */
   readonly minValiditySeconds: number;
+  /**
+   * Asks the chain whether a contract wallet (ERC-1271) signed, when the signature does not
+   * recover the payer as an account's; absent: only accounts pay.
+   */
+  readonly contractSigner?: SignatureVerifier | undefined;
 }
 
 /**
- * The checks of a signed payment that need no chain, in the order a client can act on:
+ * The checks of a signed payment that need no chain (but a contract wallet's signature), in the order a client can act on:
  * x402 v2 and `upto` on this chain, the token, the payee and facilitator (this Market), the
  * spender (the canonical upto proxy), the signature recovering the payer it names, the time
  * window, and an amount that covers the request's maximum. Throws a {@link GatewayError}
@@ -231,19 +237,7 @@ async function checked(payload: PaymentPayload, check: PaymentCheck): Promise<Up
   if (spender !== uptoProxyAddress)
     throw invalid(`the payment's spender must be the upto proxy ${uptoProxyAddress}`);
   const permit = { permitted: { token, amount: signedAmount }, nonce, deadline };
-  let recovered: Address;
-  try {
-    recovered = await recoverTypedDataAddress({
-      domain: { name: "Permit2", chainId: terms.chainId, verifyingContract: permit2Address },
-      types: uptoWitnessTypes,
-      primaryType: "PermitWitnessTransferFrom",
-      message: { permitted: permit.permitted, spender, nonce, deadline, witness },
-      signature: signature as Hex,
-    });
-  } catch {
-    throw invalid("the signature does not recover");
-  }
-  if (recovered !== payer) throw invalid(`the signature was not made by ${payer}`);
+  // What costs nothing before the signature's recovery (milliseconds of CPU).
   if (witness.validAfter > BigInt(now))
     throw new GatewayError(
       "payment_expired",
@@ -258,6 +252,32 @@ async function checked(payload: PaymentPayload, check: PaymentCheck): Promise<Up
     throw new GatewayError(
       "payment_insufficient",
       `the payment allows ${signedAmount}, this request's maximum is ${price.amount}`,
+    );
+  const typedData = {
+    domain: { name: "Permit2", chainId: terms.chainId, verifyingContract: permit2Address },
+    types: uptoWitnessTypes,
+    primaryType: "PermitWitnessTransferFrom" as const,
+    message: { permitted: permit.permitted, spender, nonce, deadline, witness },
+  };
+  let recovered: Address | undefined;
+  try {
+    recovered = await recoverTypedDataAddress({ ...typedData, signature: signature as Hex });
+  } catch {
+    recovered = undefined;
+  }
+  // Not the payer's key: a contract wallet's signature (ERC-1271), as Permit2 checks it.
+  if (
+    recovered !== payer &&
+    !(await check.contractSigner?.verifyTypedData({
+      address: payer,
+      typedData: typedData as never,
+      signature: signature as Hex,
+    }))
+  )
+    throw invalid(
+      recovered === undefined
+        ? "the signature does not recover"
+        : `the signature was not made by ${payer}`,
     );
   return {
     payer,

@@ -6,6 +6,7 @@
 import type { Address, Hex } from "viem";
 import type { ErrorCode } from "../errors.js";
 import type { ReceiptRecord, SignedUsageReceipt } from "../receipts.js";
+import type { SignatureVerifier } from "../signatures.js";
 import type { UptoPayment, X402Terms } from "./payment.js";
 
 /** What the chain says of settling `payment` at `amount` for `offerId` (a simulation). */
@@ -47,6 +48,8 @@ export interface X402Payments {
   readonly terms: X402Terms;
   /** Seconds a signature must stay valid from admission: the request and its settlement. */
   readonly minValiditySeconds: number;
+  /** Asks the chain whether a contract wallet signed (ERC-1271); absent: accounts only. */
+  readonly contractSigner?: SignatureVerifier | undefined;
   readonly store: X402Store;
   /** The settlement of `payment` at `amount` for `offerId`, as `permitId`, simulated on chain. */
   simulate(
