@@ -4,7 +4,7 @@ import { handlerContext, type GuardedCall } from "../connect/call-guard.js";
 import type { AnswerController, ChatChunk, ChatCompleted, ChatSink } from "../domain/chat/index.js";
 import { chunkChargeOf, type DialectStarted } from "../domain/dialects/index.js";
 import { GatewayError } from "../domain/errors.js";
-import { claimedPayer } from "../domain/x402/index.js";
+import { claimedPayer, paymentRefusalCodes } from "../domain/x402/index.js";
 import { decodePaymentSignatureHeader, encodePaymentResponseHeader } from "@x402/core/http";
 import type { NodeRequest, NodeResponse } from "./body.js";
 import { errorCodeOf, toConnectError } from "../connect/errors.js";
@@ -71,16 +71,7 @@ function refusedPayment(error: unknown): boolean {
   return paymentRefusals.has(errorCodeOf(toConnectError(error)));
 }
 
-const paymentRefusals: ReadonlySet<string> = new Set([
-  "payment_invalid",
-  "payment_insufficient",
-  "payment_expired",
-  "payment_used",
-  "payment_refused",
-  "permit2_allowance_required",
-  "payment_exposure_exceeded",
-  "payer_blocked",
-]);
+const paymentRefusals: ReadonlySet<string> = new Set(paymentRefusalCodes);
 
 /** The chat RPC, by name: how the REST chat routes' calls are logged and counted. */
 const chatRpc = `${InferenceService.typeName}/${InferenceService.method.streamChatCompletion.name}`;

@@ -164,24 +164,22 @@ export class CallState {
     const { offer } = this.current;
     const recorded = await this.lifecycle.record(final, completionRetries);
     if (!recorded.written || recorded.creditsCharged === 0n) return undefined;
+    const { close } = recorded;
     try {
+      // The record as the close wrote it, with the ids the request was reserved under.
       return await admission.receipt!({
+        ...close,
         id: admission.requestId,
         permitId: admission.permit.permitId,
         offerId: offer.offerId,
         modelId: offer.modelId,
         tariffVersion: offer.tariff.version,
-        inputTokens: final.usage.inputTokens,
-        outputTokens: final.usage.outputTokens,
-        cachedInputTokens: final.usage.cachedInputTokens ?? 0n,
-        reasoningTokens: final.usage.reasoningTokens ?? 0n,
+        cachedInputTokens: close.cachedInputTokens ?? 0n,
+        reasoningTokens: close.reasoningTokens ?? 0n,
         creditsCharged: recorded.creditsCharged,
-        billing: final.billing,
-        status: final.status,
-        completedAt: recorded.closedAt,
-        usageSource: final.usageSource,
-        claimed: final.claimed ?? null,
-        counted: final.counted ?? null,
+        completedAt: close.now,
+        claimed: close.claimed ?? null,
+        counted: close.counted ?? null,
       });
     } catch {
       return undefined;

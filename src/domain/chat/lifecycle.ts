@@ -143,13 +143,13 @@ export class RequestClose {
 
   /**
    * Makes a closing durable: the reservation becomes its charge, exactly once. Answers the
-   * charge, the close's time (Unix seconds, the record's `completed_at`) and whether the ledger
+   * charge, the close as written (`now` is the record's `completed_at`) and whether the ledger
    * took it now (`written`; false: it waits in the outbox, written later as it is).
    */
   async record(
     c: Closing,
     retries = 0,
-  ): Promise<{ creditsCharged: bigint; closedAt: number; written: boolean }> {
+  ): Promise<{ creditsCharged: bigint; close: FinalizeInput; written: boolean }> {
     this.isDecided = true;
     this.answer = undefined;
     const close: PendingClose = {
@@ -170,14 +170,13 @@ export class RequestClose {
       },
       flag: c.aboveQuote ? { offerId: c.offerId, reason: "usage_above_quote" } : undefined,
     };
-    const closedAt = close.finalize.now;
     try {
       await this.before;
       const { creditsCharged } = await withRetries(retries, () => this.closes.write(close));
-      return { creditsCharged, closedAt, written: true };
+      return { creditsCharged, close: close.finalize, written: true };
     } catch {
       this.closes.enqueue(close);
-      return { creditsCharged: c.charge, closedAt, written: false };
+      return { creditsCharged: c.charge, close: close.finalize, written: false };
     } finally {
       this.recorded?.();
       this.recorded = undefined;

@@ -2,6 +2,7 @@ export {
   checkPayment,
   claimedPayer,
   paymentItemOf,
+  paymentRefusalCodes,
   paymentRequiredFor,
   PaymentRequiredError,
   permit2Address,

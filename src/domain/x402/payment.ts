@@ -102,6 +102,21 @@ export function paymentRequiredFor(
  * A 402 that carries what to pay: the gateway's error body, and the PAYMENT-REQUIRED header the
  * REST facade writes from `paymentRequired`.
  */
+/**
+ * The codes of a payment refused (402 with a fresh PAYMENT-REQUIRED), besides
+ * `payment_required`, which asks for one: the payment was sent and checked, and failed.
+ */
+export const paymentRefusalCodes = [
+  "payment_invalid",
+  "payment_insufficient",
+  "payment_expired",
+  "payment_used",
+  "payment_refused",
+  "permit2_allowance_required",
+  "payment_exposure_exceeded",
+  "payer_blocked",
+] as const satisfies readonly ErrorCode[];
+
 export class PaymentRequiredError extends GatewayError {
   constructor(
     code: ErrorCode,

@@ -3,6 +3,7 @@ import { Dialect } from "../../../gen/gateway/v1/inference_pb.js";
 import { dialects } from "../../domain/dialects/index.js";
 import type { Dialect as DialectTranslator } from "../../domain/dialects/types.js";
 import { GatewayError } from "../../domain/errors.js";
+import { paymentRefusalCodes } from "../../domain/x402/index.js";
 import { ChatRequest } from "../../schema/chat.js";
 import { MessagesRequest } from "../../schema/messages.js";
 import { ResponsesRequest } from "../../schema/responses.js";
@@ -42,14 +43,7 @@ const chatErrors = {
     "insufficient_credits",
     "authorization_cap_exhausted",
     "payment_required",
-    "payment_invalid",
-    "payment_insufficient",
-    "payment_expired",
-    "payment_used",
-    "payment_refused",
-    "permit2_allowance_required",
-    "payment_exposure_exceeded",
-    "payer_blocked",
+    ...paymentRefusalCodes,
   ],
   403: ["permit_not_authorized", "authorization_per_request_cap_exceeded"],
   404: ["model_not_found", "quote_not_found"],
