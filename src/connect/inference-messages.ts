@@ -31,7 +31,7 @@ import type {
   UsageFigures,
   UsageSource,
 } from "../domain/chat/index.js";
-import type { UsageReceiptTypedData } from "../domain/receipts.js";
+import type { UsageReceiptTypedData } from "../domain/receipt-types.js";
 import type { Caller } from "./context.js";
 
 /**

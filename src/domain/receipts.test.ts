@@ -3,12 +3,8 @@ import { getAddress, type Hex } from "viem";
 import { generatePrivateKey } from "viem/accounts";
 import { describe, expect, it } from "vitest";
 import { createReceiptSigner } from "../adapters/crypto/receipt-signer.js";
-import {
-  buildUsageReceipt,
-  receiptDomainVersion,
-  type ReceiptRecord,
-  type UsageReceiptTypedData,
-} from "./receipts.js";
+import type { UsageReceiptTypedData } from "./receipt-types.js";
+import { buildUsageReceipt, receiptDomainVersion, type ReceiptRecord } from "./receipts.js";
 
 const market = getAddress(`0x${"5f".repeat(20)}`);
 const chainId = 31337;

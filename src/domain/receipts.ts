@@ -3,6 +3,11 @@ import type { UsageFigures, UsageSource } from "./chat/types.js";
 import { GatewayError } from "./errors.js";
 import { gatewayTypedData, type AuthorizationDomain } from "./permit-authorization/index.js";
 import type { TypedDataField } from "./signatures.js";
+import type {
+  SignedUsageReceipt,
+  UsageFiguresMessage,
+  UsageReceiptTypedData,
+} from "./receipt-types.js";
 
 /**
  * Signed usage receipts: for every closed request with a charge, the gateway signs EIP-712 typed
@@ -65,57 +70,6 @@ export const usageReceiptFields: TypedDataField[] = [
   { name: "claimed", type: "UsageFigures" },
   { name: "counted", type: "UsageFigures" },
 ];
-
-/** A `UsageFigures` as JSON carries it (decimal strings). */
-export type UsageFiguresMessage = {
-  present: boolean;
-  inputTokens: string;
-  outputTokens: string;
-  cachedTokens: string;
-  reasoningTokens: string;
-};
-
-/**
- * The receipt's message as JSON carries it: every uint64 and uint256 a decimal string (token
- * counts and the charge may pass 2^53; every EIP-712 implementation reads decimal strings),
- * `closedAt` Unix seconds as a number (as every other timestamp of the API).
- */
-export type UsageReceiptMessage = {
-  requestId: string;
-  permitId: Hex;
-  offerId: Hex;
-  modelId: Hex;
-  tariffVersion: string;
-  inputTokens: string;
-  outputTokens: string;
-  cachedTokens: string;
-  reasoningTokens: string;
-  charge: string;
-  billing: string;
-  closedAt: number;
-  usageSource: string;
-  claimed: UsageFiguresMessage;
-  counted: UsageFiguresMessage;
-};
-
-/** Wallet-ready JSON (`eth_signTypedData_v4` wants `EIP712Domain` listed). */
-export interface UsageReceiptTypedData {
-  types: {
-    EIP712Domain: TypedDataField[];
-    UsageReceipt: TypedDataField[];
-    UsageFigures: TypedDataField[];
-  };
-  primaryType: "UsageReceipt";
-  domain: AuthorizationDomain;
-  message: UsageReceiptMessage;
-}
-
-/** A receipt with the gateway's signature over it. */
-export interface SignedUsageReceipt {
-  readonly receipt: UsageReceiptTypedData;
-  readonly signature: Hex;
-  readonly signer: Address;
-}
 
 /** What a receipt is made of: the closed record's fields it covers. */
 export interface ReceiptRecord {

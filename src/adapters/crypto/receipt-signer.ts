@@ -1,10 +1,7 @@
 import type { Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
-import {
-  receiptDigest,
-  type ReceiptSigner,
-  type UsageReceiptTypedData,
-} from "../../domain/receipts.js";
+import { receiptDigest, type ReceiptSigner } from "../../domain/receipts.js";
+import type { UsageReceiptTypedData } from "../../domain/receipt-types.js";
 import { setBounded } from "../../domain/bounded-cache.js";
 
 /** Signatures remembered by digest (a few MB at most). */

@@ -1,4 +1,5 @@
-import type { ReceiptRecord, SignedUsageReceipt } from "../receipts.js";
+import type { SignedUsageReceipt } from "../receipt-types.js";
+import type { ReceiptRecord } from "../receipts.js";
 import type { Hex } from "viem";
 import type { ModelRecord } from "../catalog.js";
 import { GatewayError } from "../errors.js";

@@ -1,7 +1,7 @@
 import { GatewayError } from "../errors.js";
 import { decideClose, type CancelledBy, type Outcome } from "./billing.js";
 import { completionRetries, RequestClose, type Closes } from "./lifecycle.js";
-import type { SignedUsageReceipt } from "../receipts.js";
+import type { SignedUsageReceipt } from "../receipt-types.js";
 import type { Closing } from "./metering.js";
 import type { Usage } from "./types.js";
 import type { OutputTally } from "./output-tally.js";

@@ -7,7 +7,7 @@
  * (`lifecycle.ts`), the call to and the relay of the provider's answer (`call.ts`) and its
  * metering (`metering.ts`). It knows neither HTTP nor protobuf.
  */
-import type { SignedUsageReceipt } from "../receipts.js";
+import type { SignedUsageReceipt } from "../receipt-types.js";
 import type { Hex } from "viem";
 
 export const quoteLifetimeSeconds = 60;

@@ -1,4 +1,4 @@
-import type { SignedUsageReceipt } from "../receipts.js";
+import type { SignedUsageReceipt } from "../receipt-types.js";
 import type { OutputReader } from "../chat/output-tally.js";
 import type { GatewayError } from "../errors.js";
 

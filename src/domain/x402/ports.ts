@@ -5,7 +5,8 @@
  */
 import type { Address, Hex } from "viem";
 import type { ErrorCode } from "../errors.js";
-import type { ReceiptRecord, SignedUsageReceipt } from "../receipts.js";
+import type { SignedUsageReceipt } from "../receipt-types.js";
+import type { ReceiptRecord } from "../receipts.js";
 import type { SignatureVerifier } from "../signatures.js";
 import type { UptoPayment, X402Terms } from "./payment.js";
 
