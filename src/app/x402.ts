@@ -49,5 +49,6 @@ export function wireX402(
             receiptSigner.sign(
               buildUsageReceipt(record, { chainId: config.chainId, market: config.marketAddress }),
             ),
+    assetDomain: (token) => onChain.assetDomain(token),
   };
 }

@@ -50,6 +50,8 @@ const chatErrors = {
     "permit2_allowance_required",
     "payment_exposure_exceeded",
     "payer_blocked",
+    "eip2612_permit_invalid",
+    "eip2612_permit_expired",
   ],
   403: ["permit_not_authorized", "authorization_per_request_cap_exceeded"],
   404: ["model_not_found", "quote_not_found"],
