@@ -5,7 +5,7 @@ import {
 } from "@x402/core/http";
 import type { PaymentPayload, PaymentRequired } from "@x402/core/types";
 import { UptoEvmScheme } from "@x402/evm/upto/client";
-import { getAddress, type Hex } from "viem";
+import { getAddress, parseSignature, type Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { creditTokenAbi } from "../gen/contracts/artifacts.js";
@@ -156,6 +156,71 @@ describe("x402: a gasless first payment (EIP-2612 approval of Permit2)", () => {
     // A second flush moves nothing.
     await flush(stack);
     expect(await read("balanceOf", owner)).toBe(before.agent - charged);
+  });
+
+  /** A gasless payer's paid chat, closed: its request id, charge and the approval it signed. */
+  async function servedGasless() {
+    const agent = await fundedAgent(stack, 10n ** 18n, { approve: false });
+    const sent: string[] = [];
+    const res = await paidChat(stack, agent.fetch(sent), chatBody);
+    expect(res.status).toBe(200);
+    await res.text();
+    const id = res.headers.get("x-gateway-request-id")!;
+    let charged = 0n;
+    await eventually(async () => {
+      const { rows } = await stack.database.db.pool.query<{ credits_charged: string }>(
+        "SELECT credits_charged::text FROM inference_requests WHERE id = $1 AND status NOT IN ('pending', 'streaming')",
+        [id],
+      );
+      if (rows[0] !== undefined) charged = BigInt(rows[0].credits_charged);
+      return rows.length === 1;
+    });
+    const info = (
+      decodePaymentSignatureHeader(sent[0]!).extensions?.eip2612GasSponsoring as {
+        info: Record<string, string>;
+      }
+    ).info;
+    return { agent, id, charged, info, before: await read("balanceOf", agent.account.address) };
+  }
+
+  it("a gateway that stops between serving and settling: the approval and the payment land once after the restart", async () => {
+    const { agent, id, charged, before } = await servedGasless();
+    await stack.restart();
+    expect(await allowance(agent.account.address)).toBe(0n);
+    expect((await flush(stack)).status).toBe(200);
+    expect(await read("balanceOf", agent.account.address)).toBe(before - charged);
+    expect(await read("nonces", agent.account.address)).toBe(1n);
+    await stack.restart();
+    await flush(stack);
+    expect(await read("balanceOf", agent.account.address)).toBe(before - charged);
+    expect((await settlementRows(stack, [id]))[0]!.settlement_status).toBe("settled");
+  });
+
+  it("an approval someone else submitted first does not fail the batch", async () => {
+    const { agent, id, charged, info, before } = await servedGasless();
+    // Anyone holding the signature may submit it (a front-run): the allowance is then given.
+    const { r, s, v, yParity } = parseSignature(info.signature as Hex);
+    const stranger = stack.clients.wallet(stack.roles.creator.privateKey);
+    await stack.clients.publicClient.waitForTransactionReceipt({
+      hash: await stranger.writeContract({
+        address: token,
+        abi: creditTokenAbi,
+        functionName: "permit",
+        args: [
+          agent.account.address,
+          permit2Address,
+          BigInt(info.amount!),
+          BigInt(info.deadline!),
+          Number(v ?? BigInt(27 + yParity)),
+          r,
+          s,
+        ],
+      }),
+    });
+    expect(await allowance(agent.account.address)).toBe(BigInt(info.amount!));
+    expect((await flush(stack)).status).toBe(200);
+    expect(await read("balanceOf", agent.account.address)).toBe(before - charged);
+    expect((await settlementRows(stack, [id]))[0]!.settlement_status).toBe("settled");
   });
 
   /** The payment the upto client makes for `required` (with its approval), for `account`. */
