@@ -3,6 +3,7 @@ import {
   maxUint256,
   maxUint64,
   parseEventLogs,
+  parseSignature,
   zeroHash,
   type Address,
   type Hex,
@@ -105,6 +106,27 @@ function settleWithPayments(
 ) {
   return market(as).write.settleWithPayments([batchId, charges, payments]);
 }
+
+/** A payer's EIP-2612 approval of Permit2 as the Market takes it, from the client's extension. */
+function approvalOf(extensions: Record<string, unknown> | undefined) {
+  const info = (extensions?.eip2612GasSponsoring as { info: Record<string, string> }).info;
+  const sig = parseSignature(info.signature as Hex);
+  return {
+    value: BigInt(info.amount!),
+    deadline: BigInt(info.deadline!),
+    v: Number(sig.v ?? BigInt(27 + sig.yParity)),
+    r: sig.r,
+    s: sig.s,
+  };
+}
+
+const noApproval: { value: bigint; deadline: bigint; v: number; r: Hex; s: Hex } = {
+  value: 0n,
+  deadline: 0n,
+  v: 0,
+  r: zeroHash,
+  s: zeroHash,
+};
 
 /** Asserts the batch reverts with PaymentFailed(permitId, reason) and decodes the reason. */
 async function paymentFailure(call: Promise<unknown>, p: X402Payment) {
@@ -325,6 +347,83 @@ describe("settleWithPayments", () => {
       (await revertOf(settleWithPayments(id("b"), [], [{ ...p, offerId: id("nope") }]))).errorName,
     ).toBe("NotFound");
     expect(await balances(f, f.addr.payer, f.addr.payout)).toEqual([999_000n, 0n]);
+  });
+
+  it("settles a payer without Permit2 allowance through its EIP-2612 approval, in the batch", async () => {
+    const signed = await clientPayload(
+      f,
+      "payer2",
+      { amount: 5000n, asset: f.token, payTo: f.market, facilitator: f.market },
+      { eip2612: true },
+    );
+    const p = x402PaymentFromPayload(signed.payload, { offerId: offerA, amount: 700n });
+    const approval = approvalOf(signed.extensions);
+    // Without the approval: no allowance.
+    expect(await paymentFailure(settleWithPayments(id("b"), [], [p]), p)).toEqual({
+      errorName: "Error",
+      args: ["TRANSFER_FROM_FAILED"],
+    });
+    const withApprovals = (payments: X402Payment[], approvals: (typeof noApproval)[]) =>
+      market("settler").write.settleWithPaymentsAndApprovals([id("b"), [], payments, approvals]);
+    // One approval per payment, or none: the arrays must match.
+    expect((await revertOf(withApprovals([p], []))).errorName).toBe("InvalidArgument");
+    // Only the operator, as for any batch.
+    expect(
+      (
+        await revertOf(
+          market("stranger").write.settleWithPaymentsAndApprovals([id("b"), [], [p], [approval]]),
+        )
+      ).errorName,
+    ).toBe("NotSettlementOperator");
+    // A tampered approval is ignored by the token: the payment fails as without it.
+    expect(
+      await paymentFailure(withApprovals([p], [{ ...approval, value: approval.value + 1n }]), p),
+    ).toEqual({ errorName: "Error", args: ["TRANSFER_FROM_FAILED"] });
+
+    await mined(f.pub, withApprovals([p], [approval]));
+    expect(await balances(f, f.addr.payer2, f.addr.payout)).toEqual([1_000_000n - 700n, 700n]);
+    const allowance = await f.pub.readContract({
+      address: f.token,
+      abi: creditTokenAbi,
+      functionName: "allowance",
+      args: [f.addr.payer2, permit2Address],
+    });
+    expect(allowance).toBe(5000n - 700n);
+
+    // The same approval again (its EIP-2612 nonce spent): the token refuses it, the batch goes
+    // on with the allowance given; where that allowance is short, only the payment fails.
+    const next = await clientPayload(f, "payer2", {
+      amount: 4000n,
+      asset: f.token,
+      payTo: f.market,
+      facilitator: f.market,
+    });
+    const q = x402PaymentFromPayload(next.payload, { offerId: offerA, amount: 300n });
+    await mined(
+      f.pub,
+      market("settler").write.settleWithPaymentsAndApprovals([id("b2"), [], [q], [approval]]),
+    );
+    expect(await balanceOf(f, f.addr.payer2)).toBe(1_000_000n - 1000n);
+    const last = await clientPayload(f, "payer2", {
+      amount: 5000n,
+      asset: f.token,
+      payTo: f.market,
+      facilitator: f.market,
+    });
+    const r = x402PaymentFromPayload(last.payload, { offerId: offerA, amount: 4500n });
+    expect(
+      await paymentFailure(
+        market("settler").write.settleWithPaymentsAndApprovals([id("b3"), [], [r], [approval]]),
+        r,
+      ),
+    ).toEqual({ errorName: "Error", args: ["TRANSFER_FROM_FAILED"] });
+    // No approval for a payment (deadline 0) leaves it as settleWithPayments would.
+    const s2 = x402PaymentFromPayload(last.payload, { offerId: offerA, amount: 3700n });
+    await mined(
+      f.pub,
+      market("settler").write.settleWithPaymentsAndApprovals([id("b4"), [], [s2], [noApproval]]),
+    );
+    expect(await balanceOf(f, f.addr.payer2)).toBe(1_000_000n - 4700n);
   });
 
   it("records a deadline beyond uint64 as the largest uint64; its id is the contract's", async () => {

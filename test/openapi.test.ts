@@ -404,6 +404,10 @@ const notProvoked: Record<string, string> = {
   permit2_allowance_required: "needs Permit2 on the chain (test/x402.test.ts)",
   payment_exposure_exceeded: "needs a small exposure cap (test/x402-settlement.test.ts)",
   payer_blocked: "needs a failed x402 settlement (test/x402-settlement.test.ts)",
+  eip2612_permit_invalid:
+    "needs a payment with a tampered EIP-2612 approval (test/x402-gasless.test.ts)",
+  eip2612_permit_expired:
+    "needs a payment with an EIP-2612 approval about to expire (test/x402-gasless.test.ts)",
 };
 
 /**

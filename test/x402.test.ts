@@ -99,9 +99,16 @@ describe("x402: a chat request without credentials", () => {
           amount: maximum,
           payTo: getAddress(stack.demo.market),
           maxTimeoutSeconds: 300,
-          extra: { facilitatorAddress: getAddress(stack.demo.market) },
+          // The credit token's EIP-712 domain: the client signs an EIP-2612 approval of
+          // Permit2 in it when its allowance is short (x402-gasless.test.ts).
+          extra: {
+            facilitatorAddress: getAddress(stack.demo.market),
+            name: expect.any(String),
+            version: "1",
+          },
         },
       ]);
+      expect(Object.keys(paymentRequired.extensions ?? {})).toEqual(["eip2612GasSponsoring"]);
       const text = await res.text();
       expect(text).toContain("payment_required");
       expect(fake.requests.length).toBe(before);

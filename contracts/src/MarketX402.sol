@@ -2,6 +2,7 @@
 pragma solidity ^0.8.24;
 
 import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
+import {IERC20Permit} from "@openzeppelin/contracts/token/ERC20/extensions/IERC20Permit.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
 import {MarketBase} from "./MarketBase.sol";
 import {ISignatureTransfer} from "./x402/ISignatureTransfer.sol";
@@ -22,6 +23,9 @@ abstract contract MarketX402 is MarketBase {
     /// @notice The canonical x402 `upto` Permit2 proxy (the spender `@x402/evm` clients sign for).
     address public constant X402_UPTO_PROXY = 0x4020A4f3b7b90ccA423B9fabCc0CE57C6C240002;
 
+    /// @notice Canonical Permit2: the spender of a payer's EIP-2612 approval (gasless first payment).
+    address public constant PERMIT2 = 0x000000000022D473030F116dDEE9F6B43aC78BA3;
+
     bytes32 private constant X402_ID_TAG = keccak256("x402-upto");
 
     struct X402Payment {
@@ -34,6 +38,16 @@ abstract contract MarketX402 is MarketBase {
         address owner;
         IX402UptoPermit2Proxy.Witness witness;
         bytes signature;
+    }
+
+    /// @dev A payer's EIP-2612 `permit(owner, PERMIT2, value, deadline, v, r, s)` on the credit
+    /// token of the payment at the same index (x402's `eip2612GasSponsoring`); `deadline` 0: none.
+    struct Permit2Approval {
+        uint256 value;
+        uint256 deadline;
+        uint8 v;
+        bytes32 r;
+        bytes32 s;
     }
 
     /// @notice A payment could not be settled; `reason` is the revert data of the proxy (or of
@@ -76,11 +90,50 @@ abstract contract MarketX402 is MarketBase {
     ) external {
         uint256 items = charges.length + payments.length;
         _beginBatch(batchId, items);
+        _settleAll(batchId, items, charges, payments);
+    }
+
+    /// @notice `settleWithPayments` for payments whose payers approve Permit2 by an EIP-2612
+    /// signature (a gasless first payment; the operator pays its gas): `approvals[i]` goes with
+    /// `payments[i]`, on that payment's credit token, submitted first and only while the payer's
+    /// allowance to Permit2 is below its value. An approval the token refuses (used, front-run,
+    /// expired) is ignored: a payment still without allowance then fails with `PaymentFailed`.
+    function settleWithPaymentsAndApprovals(
+        bytes32 batchId,
+        Charge[] calldata charges,
+        X402Payment[] calldata payments,
+        Permit2Approval[] calldata approvals
+    ) external {
+        uint256 items = charges.length + payments.length;
+        _beginBatch(batchId, items);
+        if (approvals.length != payments.length) revert InvalidArgument();
+        for (uint256 i = 0; i < payments.length; ++i) {
+            if (approvals[i].deadline != 0) _approvePermit2(payments[i], approvals[i]);
+        }
+        _settleAll(batchId, items, charges, payments);
+    }
+
+    function _settleAll(
+        bytes32 batchId,
+        uint256 items,
+        Charge[] calldata charges,
+        X402Payment[] calldata payments
+    ) private {
         uint256 total = _settleCharges(batchId, charges);
         for (uint256 i = 0; i < payments.length; ++i) {
             total += _settlePayment(batchId, payments[i]);
         }
         emit BatchSettled(batchId, items, total);
+    }
+
+    /// @dev Only on the payment's model's credit token (a payment in another token fails later).
+    function _approvePermit2(X402Payment calldata p, Permit2Approval calldata a) private {
+        address token = _models[_existingOffer(p.offerId).modelId].creditToken;
+        if (p.permit.permitted.token != token) return;
+        if (IERC20(token).allowance(p.owner, PERMIT2) >= a.value) return;
+        try
+            IERC20Permit(token).permit(p.owner, PERMIT2, a.value, a.deadline, a.v, a.r, a.s)
+        {} catch {} // solhint-disable-line no-empty-blocks
     }
 
     function _settlePayment(bytes32 batchId, X402Payment calldata p) private returns (uint256) {

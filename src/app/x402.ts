@@ -51,5 +51,6 @@ export function wireX402(
             receiptSigner.sign(
               buildUsageReceipt(record, { chainId: config.chainId, market: config.marketAddress }),
             ),
+    assetDomain: (token) => onChain.assetDomain(token),
   };
 }

@@ -81,7 +81,10 @@ export const errorCodes = {
   // below the request's maximum, one expired or not yet valid, one whose nonce already paid a
   // request, one the chain would refuse (balance, Permit2 allowance: the simulation of its
   // settlement), and a payer beyond its in-flight exposure cap or refused until an operator
-  // clears it (one of its settlements failed).
+  // clears it (one of its settlements failed). A gasless first payment's EIP-2612 approval of
+  // Permit2 (x402's eip2612GasSponsoring) that is malformed, not the payer's, for another token
+  // or spender, below the payment, badly signed or not taken by the token, or whose deadline
+  // leaves no time to serve and settle.
   payment_required: "payment",
   payment_invalid: "payment",
   payment_insufficient: "payment",
@@ -91,6 +94,8 @@ export const errorCodes = {
   permit2_allowance_required: "payment",
   payment_exposure_exceeded: "payment",
   payer_blocked: "payment",
+  eip2612_permit_invalid: "payment",
+  eip2612_permit_expired: "payment",
   not_offer_operator: "forbidden",
   // The permit's payer has not authorized the calling API key (DESIGN.md section 8), or the
   // authorization expired or was revoked.

@@ -7,7 +7,7 @@ import { permit2Address } from "../../src/adapters/chain/x402-contracts.js";
 import { mintCredits } from "./market.js";
 import type { TestStack } from "./stack.js";
 
-/** An agent with a wallet: credit tokens of the demo chat model, Permit2 approved once. */
+/** An agent with a wallet: credit tokens of the demo chat model, Permit2 approved once (or not). */
 export interface Agent {
   readonly key: Hex;
   readonly account: PrivateKeyAccount;
@@ -16,7 +16,15 @@ export interface Agent {
   balance(owner?: Hex): Promise<bigint>;
 }
 
-export async function fundedAgent(stack: TestStack, credits: bigint): Promise<Agent> {
+/**
+ * `approve: false`: no Permit2 approval (its first payment is gasless: the client signs x402's
+ * `eip2612GasSponsoring` approval, reading its allowance and nonce through the stack's RPC).
+ */
+export async function fundedAgent(
+  stack: TestStack,
+  credits: bigint,
+  { approve = true }: { approve?: boolean } = {},
+): Promise<Agent> {
   const key = generatePrivateKey();
   const account = privateKeyToAccount(key);
   const token = stack.demo.models[0]!.creditToken;
@@ -28,20 +36,21 @@ export async function fundedAgent(stack: TestStack, credits: bigint): Promise<Ag
   await testClient.setBalance({ address: account.address, value: parseEther("1") });
   await mintCredits(stack, account.address, credits);
   const wallet = stack.clients.wallet(key);
-  await stack.clients.publicClient.waitForTransactionReceipt({
-    hash: await wallet.writeContract({
-      address: token,
-      abi: creditTokenAbi,
-      functionName: "approve",
-      args: [permit2Address, maxUint256],
-    }),
-  });
+  if (approve)
+    await stack.clients.publicClient.waitForTransactionReceipt({
+      hash: await wallet.writeContract({
+        address: token,
+        abi: creditTokenAbi,
+        functionName: "approve",
+        args: [permit2Address, maxUint256],
+      }),
+    });
   return {
     key,
     account,
     fetch(sent: string[] = []) {
       const client = new x402Client();
-      client.register("eip155:*", new UptoEvmScheme(account));
+      client.register("eip155:*", new UptoEvmScheme(account, { rpcUrl: stack.anvil.rpcUrl }));
       client.setSpendControls({
         allowedAssets: [
           {

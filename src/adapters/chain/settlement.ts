@@ -24,8 +24,8 @@ import { marketAbi } from "../../../gen/contracts/artifacts.js";
 import { encodeWithPayments, paymentFailureDetail, paymentsAbi } from "./x402.js";
 
 const settleSelector = toFunctionSelector(getAbiItem({ abi: marketAbi, name: "settle" }));
-const paymentsSelector = toFunctionSelector(
-  getAbiItem({ abi: paymentsAbi, name: "settleWithPayments" }),
+const paymentsSelectors = (["settleWithPayments", "settleWithPaymentsAndApprovals"] as const).map(
+  (name) => toFunctionSelector(getAbiItem({ abi: paymentsAbi, name })),
 );
 
 export interface ChainSettlementOptions {
@@ -170,24 +170,19 @@ export function createChainSettlement(options: ChainSettlementOptions): Settleme
 
     async simulate(calldata) {
       const settles = calldata.startsWith(settleSelector);
-      if (!settles && !calldata.startsWith(paymentsSelector))
-        throw new Error("settlement calldata is neither settle() nor settleWithPayments()");
+      if (!settles && !paymentsSelectors.some((s) => calldata.startsWith(s)))
+        throw new Error(
+          "settlement calldata is neither settle() nor settleWithPayments[AndApprovals]()",
+        );
       try {
-        const gas = settles
-          ? await client.estimateContractGas({
-              address: market,
-              abi: marketAbi,
-              functionName: "settle",
-              args: decodeFunctionData({ abi: marketAbi, data: calldata }).args as never,
-              account: signer.address,
-            })
-          : await client.estimateContractGas({
-              address: market,
-              abi: marketAbi,
-              functionName: "settleWithPayments",
-              args: decodeFunctionData({ abi: paymentsAbi, data: calldata }).args as never,
-              account: signer.address,
-            });
+        const { functionName, args } = decodeFunctionData({ abi: marketAbi, data: calldata });
+        const gas = await client.estimateContractGas({
+          address: market,
+          abi: marketAbi,
+          functionName,
+          args,
+          account: signer.address,
+        } as never);
         return { ok: true, gas };
       } catch (error) {
         const revert = revertOf(error);

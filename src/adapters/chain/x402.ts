@@ -7,10 +7,14 @@
 import {
   BaseError,
   ContractFunctionRevertedError,
+  ContractFunctionZeroDataError,
   decodeErrorResult,
   encodeFunctionData,
   erc20Abi,
   parseAbi,
+  parseSignature,
+  zeroAddress,
+  zeroHash,
   type Address,
   type Hex,
   type PublicClient,
@@ -21,12 +25,55 @@ import { GatewayError } from "../../domain/errors.js";
 import {
   paymentItemOf,
   permit2Address,
+  type AssetDomain,
   type SimulatedSettlement,
   type UptoPayment,
 } from "../../domain/x402/index.js";
 
 /** The Market, whose `settleWithPayments` and `PaymentFailed` carry x402 payments. */
 export const paymentsAbi = marketAbi;
+
+const noncesAbi = parseAbi(["function nonces(address owner) view returns (uint256)"]);
+const eip712DomainAbi = parseAbi([
+  "function eip712Domain() view returns (bytes1 fields, string name, string version, uint256 chainId, address verifyingContract, bytes32 salt, uint256[] extensions)",
+]);
+
+/** How long a token found without EIP-2612 is not asked again (it may be redeployed, rarely). */
+const noDomainSeconds = 300;
+
+/**
+ * A token's EIP-712 domain when it takes EIP-2612 approvals: its ERC-5267 `eip712Domain()` names
+ * this chain and the token itself, and it has `nonces(owner)` (OpenZeppelin's `ERC20Permit`, as
+ * `CreditToken`). Undefined otherwise, or when the chain could not be asked (not remembered).
+ */
+async function readAssetDomain(
+  client: PublicClient,
+  token: Address,
+): Promise<{ domain: AssetDomain | undefined; remember: boolean }> {
+  try {
+    const [[, name, version, chainId, verifyingContract]] = await Promise.all([
+      client.readContract({ address: token, abi: eip712DomainAbi, functionName: "eip712Domain" }),
+      client.readContract({
+        address: token,
+        abi: noncesAbi,
+        functionName: "nonces",
+        args: [zeroAddress],
+      }),
+    ]);
+    const ours =
+      chainId === BigInt(await client.getChainId()) &&
+      verifyingContract.toLowerCase() === token.toLowerCase();
+    return { domain: ours ? { name, version } : undefined, remember: true };
+  } catch (error) {
+    const refused =
+      error instanceof BaseError &&
+      error.walk(
+        (e) =>
+          e instanceof ContractFunctionRevertedError || e instanceof ContractFunctionZeroDataError,
+      ) !== null;
+    return { domain: undefined, remember: refused };
+  }
+}
 
 /** What Permit2, the upto proxy and a token may answer inside `PaymentFailed`. */
 const innerErrorsAbi = parseAbi([
@@ -88,20 +135,50 @@ const itemOf = (c: BatchCharge & { payment: PaymentItem }) => ({
   signature: c.payment.signature,
 });
 
-/** A batch with x402 payments as `settleWithPayments` calldata (permit charges beside them). */
-export function encodeWithPayments(batchId: Hex, charges: readonly BatchCharge[]): Hex {
+/** No EIP-2612 approval for the payment at this index (`deadline` 0). */
+const noApproval = { value: 0n, deadline: 0n, v: 0, r: zeroHash, s: zeroHash };
+
+/** A payer's EIP-2612 approval of Permit2 as `settleWithPaymentsAndApprovals` takes it. */
+function approvalOf(payment: PaymentItem) {
+  const approval = payment.approval;
+  if (approval === undefined) return noApproval;
+  const { r, s, v, yParity } = parseSignature(approval.signature);
+  return {
+    value: BigInt(approval.value),
+    deadline: BigInt(approval.deadline),
+    v: Number(v ?? BigInt(27 + yParity)),
+    r,
+    s,
+  };
+}
+
+/**
+ * The Market's call for a batch with x402 payments: `settleWithPayments`, or, when a payment
+ * carries its payer's EIP-2612 approval of Permit2 (a gasless first payment),
+ * `settleWithPaymentsAndApprovals`, which submits the approvals first.
+ */
+function paymentsCall(batchId: Hex, charges: readonly BatchCharge[]) {
   const paid = charges.filter((c): c is BatchCharge & { payment: PaymentItem } => !!c.payment);
-  return encodeFunctionData({
+  const permitCharges = charges
+    .filter((c) => c.payment === undefined)
+    .map((c) => ({ permitId: c.permitId, offerId: c.offerId, amount: c.amount }));
+  const payments = paid.map(itemOf);
+  if (paid.every((c) => c.payment.approval === undefined))
+    return {
+      abi: paymentsAbi,
+      functionName: "settleWithPayments",
+      args: [batchId, permitCharges, payments],
+    } as const;
+  return {
     abi: paymentsAbi,
-    functionName: "settleWithPayments",
-    args: [
-      batchId,
-      charges
-        .filter((c) => c.payment === undefined)
-        .map((c) => ({ permitId: c.permitId, offerId: c.offerId, amount: c.amount })),
-      paid.map(itemOf),
-    ],
-  });
+    functionName: "settleWithPaymentsAndApprovals",
+    args: [batchId, permitCharges, payments, paid.map((c) => approvalOf(c.payment))],
+  } as const;
+}
+
+/** A batch with x402 payments as its Market calldata (permit charges beside them). */
+export function encodeWithPayments(batchId: Hex, charges: readonly BatchCharge[]): Hex {
+  return encodeFunctionData(paymentsCall(batchId, charges) as never);
 }
 
 export interface X402ChainOptions {
@@ -118,28 +195,34 @@ export interface X402ChainOptions {
  */
 export function createX402Chain(options: X402ChainOptions) {
   const { client, market, operator } = options;
+  const domains = new Map<string, { domain: AssetDomain | undefined; until: number }>();
   return {
+    /** The credit token's EIP-712 domain when it takes EIP-2612 (cached per token). */
+    async assetDomain(token: Address): Promise<AssetDomain | undefined> {
+      const known = domains.get(token.toLowerCase());
+      if (known !== undefined && known.until > Date.now()) return known.domain;
+      const { domain, remember } = await readAssetDomain(client, token);
+      if (remember)
+        domains.set(token.toLowerCase(), {
+          domain,
+          until: domain === undefined ? Date.now() + noDomainSeconds * 1000 : Infinity,
+        });
+      return domain;
+    },
+
     async simulate(
       payment: UptoPayment,
       amount: bigint,
       offerId: Hex,
       permitId: Hex,
     ): Promise<SimulatedSettlement> {
-      const item = itemOf({
-        permitId,
-        offerId,
-        amount,
-        requests: 1,
-        payment: paymentItemOf(payment),
-      });
+      // Exact: the batch as settlement would send it, the payer's EIP-2612 approval included
+      // (the Market submits it first), called as the operator on the chain's current state.
+      const call = paymentsCall(`0x${"0".repeat(63)}1`, [
+        { permitId, offerId, amount, requests: 1, payment: paymentItemOf(payment) },
+      ]);
       try {
-        await client.simulateContract({
-          address: market,
-          abi: paymentsAbi,
-          functionName: "settleWithPayments",
-          args: [`0x${"0".repeat(63)}1`, [], [item]],
-          account: operator,
-        });
+        await client.simulateContract({ address: market, account: operator, ...call } as never);
         return { ok: true };
       } catch (error) {
         const reverted =
@@ -187,7 +270,23 @@ async function explain(
       args: [payment.payer, permit2Address],
     }),
   ]);
-  if (allowance < amount)
+  const approval = payment.approval;
+  if (allowance < amount && approval !== undefined) {
+    // The Market submits the approval first: the token takes it only at the payer's nonce.
+    const current = await client.readContract({
+      address: payment.token,
+      abi: noncesAbi,
+      functionName: "nonces",
+      args: [payment.payer],
+    });
+    if (current !== approval.nonce)
+      return {
+        ok: false,
+        code: "eip2612_permit_invalid",
+        message: `the EIP-2612 approval was signed for nonce ${approval.nonce}; payer ${payment.payer}'s nonce at token ${payment.token} is ${current}: sign afresh`,
+      };
+  }
+  if (allowance < amount && approval === undefined)
     return {
       ok: false,
       code: "permit2_allowance_required",

@@ -50,7 +50,7 @@ export async function runPaid(p: Paying, turn: ChatTurn, x402: X402Payments): Pr
   const price: PriceAsked = {
     amount: best.maximumCredits,
     asset: model.creditToken,
-    assetName: x402.assetName?.(model.creditToken),
+    assetDomain: await x402.assetDomain?.(model.creditToken),
     url: paying.url,
     description: `one chat request to ${req.model}, charged what the gateway meters, at most this amount`,
   };

@@ -28,6 +28,7 @@
  * - Charges are aggregated per (permit, offer): one `Charge` entry per pair per batch.
  */
 export type {
+  ApprovalItem,
   BatchCharge,
   BatchRecord,
   BatchReport,

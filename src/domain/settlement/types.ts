@@ -19,6 +19,18 @@ export interface PaymentItem {
   readonly owner: Hex;
   readonly witness: { readonly to: Hex; readonly facilitator: Hex; readonly validAfter: string };
   readonly signature: Hex;
+  /**
+   * The payer's EIP-2612 approval of Permit2 (a gasless first payment), submitted in the batch
+   * (`settleWithPaymentsAndApprovals`) while its allowance is short.
+   */
+  readonly approval?: ApprovalItem | undefined;
+}
+
+/** A signed EIP-2612 `permit(owner, Permit2, value, deadline)` on the payment's token. */
+export interface ApprovalItem {
+  readonly value: string;
+  readonly deadline: string;
+  readonly signature: Hex;
 }
 
 /** A charged request waiting to settle. */

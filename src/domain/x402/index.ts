@@ -15,6 +15,13 @@ export {
   type UptoPayment,
   type X402Terms,
 } from "./payment.js";
+export {
+  checkApproval,
+  eip2612Declaration,
+  eip2612Extension,
+  type AssetDomain,
+  type Permit2Approval,
+} from "./approval.js";
 export type {
   OpenedPayment,
   OpenRefusal,

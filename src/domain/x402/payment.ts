@@ -19,6 +19,12 @@ import {
 import { GatewayError, type ErrorCode } from "../errors.js";
 import type { SignatureVerifier } from "../signatures.js";
 import type { PaymentItem } from "../settlement/index.js";
+import {
+  checkApproval,
+  eip2612Declaration,
+  type AssetDomain,
+  type Permit2Approval,
+} from "./approval.js";
 
 /** Permit2 and the canonical upto proxy: the addresses every x402 client signs for. */
 export const permit2Address: Address = "0x000000000022D473030F116dDEE9F6B43aC78BA3";
@@ -61,8 +67,11 @@ export interface PriceAsked {
   readonly amount: bigint;
   /** The model's credit token. */
   readonly asset: Address;
-  /** The credit token's EIP-712 name (its EIP-2612 domain), when known. */
-  readonly assetName?: string | undefined;
+  /**
+   * The credit token's EIP-712 domain, known when it takes EIP-2612: the 402 then names it
+   * (`extra.name`, `extra.version`) and declares x402's `eip2612GasSponsoring`.
+   */
+  readonly assetDomain?: AssetDomain | undefined;
   /** The route the request was made on (`resource.url`). */
   readonly url: string;
   readonly description: string;
@@ -79,7 +88,9 @@ export function requirementsFor(terms: X402Terms, price: PriceAsked): PaymentReq
     maxTimeoutSeconds: terms.maxTimeoutSeconds,
     extra: {
       facilitatorAddress: terms.market,
-      ...(price.assetName === undefined ? {} : { name: price.assetName, version: "1" }),
+      ...(price.assetDomain === undefined
+        ? {}
+        : { name: price.assetDomain.name, version: price.assetDomain.version }),
     },
   };
 }
@@ -95,6 +106,7 @@ export function paymentRequiredFor(
     ...(error === undefined ? {} : { error }),
     resource: { url: price.url, description: price.description, mimeType: "application/json" },
     accepts: [requirementsFor(terms, price)],
+    ...(price.assetDomain === undefined ? {} : { extensions: eip2612Declaration() }),
   };
 }
 
@@ -115,6 +127,8 @@ export const paymentRefusalCodes = [
   "permit2_allowance_required",
   "payment_exposure_exceeded",
   "payer_blocked",
+  "eip2612_permit_invalid",
+  "eip2612_permit_expired",
 ] as const satisfies readonly ErrorCode[];
 
 export class PaymentRequiredError extends GatewayError {
@@ -150,6 +164,8 @@ export interface UptoPayment {
     readonly facilitator: Address;
     readonly validAfter: bigint;
   };
+  /** The payer's EIP-2612 approval of Permit2, submitted with the settlement (gasless). */
+  readonly approval?: Permit2Approval | undefined;
 }
 
 /** A decoded `PAYMENT-SIGNATURE` header's payer, before anything else is checked (rate limits). */
@@ -294,6 +310,16 @@ async function checked(payload: PaymentPayload, check: PaymentCheck): Promise<Up
         ? "the signature does not recover"
         : `the signature was not made by ${payer}`,
     );
+  const approval = await checkApproval(payload.extensions, {
+    chainId: terms.chainId,
+    permit2: permit2Address,
+    payer,
+    token,
+    signedAmount,
+    domain: price.assetDomain,
+    now,
+    minValiditySeconds: check.minValiditySeconds,
+  });
   return {
     payer,
     token,
@@ -304,6 +330,7 @@ async function checked(payload: PaymentPayload, check: PaymentCheck): Promise<Up
     signature: signature as Hex,
     permit,
     witness,
+    ...(approval === undefined ? {} : { approval }),
   };
 }
 
@@ -337,5 +364,14 @@ export function paymentItemOf(payment: UptoPayment): PaymentItem {
       validAfter: payment.validAfter.toString(),
     },
     signature: payment.signature,
+    ...(payment.approval === undefined
+      ? {}
+      : {
+          approval: {
+            value: payment.approval.value.toString(),
+            deadline: payment.approval.deadline.toString(),
+            signature: payment.approval.signature,
+          },
+        }),
   };
 }

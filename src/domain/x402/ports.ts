@@ -8,6 +8,7 @@ import type { ErrorCode } from "../errors.js";
 import type { SignedUsageReceipt } from "../receipt-types.js";
 import type { ReceiptRecord } from "../receipts.js";
 import type { SignatureVerifier } from "../signatures.js";
+import type { AssetDomain } from "./approval.js";
 import type { UptoPayment, X402Terms } from "./payment.js";
 
 /** What the chain says of settling `payment` at `amount` for `offerId` (a simulation). */
@@ -59,8 +60,11 @@ export interface X402Payments {
     offerId: Hex,
     permitId: Hex,
   ): Promise<SimulatedSettlement>;
-  /** The credit token's EIP-712 name (its EIP-2612 domain), when known. */
-  assetName?(token: Address): string | undefined;
+  /**
+   * The credit token's EIP-712 domain when it takes EIP-2612 approvals (a gasless first
+   * payment); undefined when it does not (or the chain could not say).
+   */
+  assetDomain?(token: Address): Promise<AssetDomain | undefined>;
   /**
    * Signs a closed paid request's usage receipt, which its streamed answer ends with; absent
    * when the gateway has no receipt key (the stream ends without one).
