@@ -141,6 +141,31 @@ async function managementDatabase() {
   return db;
 }
 
+/** `gateway x402 blocked | clear ADDRESS`: the payers refused x402 payments after a failed settlement. */
+async function runX402Command(rest: string[]): Promise<void> {
+  const [action, target] = rest;
+  if (action === "clear" ? !isAddress(target ?? "", { strict: false }) : action !== "blocked")
+    throw new UsageError("x402: expected 'blocked' or 'clear <payer address>'");
+  const db = await managementDatabase();
+  try {
+    if (action === "blocked") {
+      const blocked = await listBlockedPayers(db.pool);
+      if (blocked.length === 0) process.stdout.write("no payer is refused x402 payments\n");
+      for (const b of blocked)
+        process.stdout.write(
+          `${b.payer}\t${new Date(b.blockedAt * 1000).toISOString()}\t${b.permitId}\t${b.reason}\n`,
+        );
+    } else if (await clearBlockedPayer(db.pool, target as `0x${string}`)) {
+      process.stdout.write(`cleared ${target!.toLowerCase()}: it may pay with x402 again\n`);
+    } else {
+      process.stderr.write(`${target} is not refused x402 payments\n`);
+      process.exitCode = 1;
+    }
+  } finally {
+    await db.close();
+  }
+}
+
 async function run(argv: string[]): Promise<void> {
   const [command, ...rest] = argv;
   switch (command) {
@@ -268,27 +293,7 @@ async function run(argv: string[]): Promise<void> {
       return;
     }
     case "x402": {
-      const [action, target] = rest;
-      if (action === "clear" ? !isAddress(target ?? "", { strict: false }) : action !== "blocked")
-        throw new UsageError("x402: expected 'blocked' or 'clear <payer address>'");
-      const db = await managementDatabase();
-      try {
-        if (action === "blocked") {
-          const blocked = await listBlockedPayers(db.pool);
-          if (blocked.length === 0) process.stdout.write("no payer is refused x402 payments\n");
-          for (const b of blocked)
-            process.stdout.write(
-              `${b.payer}\t${new Date(b.blockedAt * 1000).toISOString()}\t${b.permitId}\t${b.reason}\n`,
-            );
-        } else if (await clearBlockedPayer(db.pool, target as `0x${string}`)) {
-          process.stdout.write(`cleared ${target!.toLowerCase()}: it may pay with x402 again\n`);
-        } else {
-          process.stderr.write(`${target} is not refused x402 payments\n`);
-          process.exitCode = 1;
-        }
-      } finally {
-        await db.close();
-      }
+      await runX402Command(rest);
       return;
     }
     case "settle": {
