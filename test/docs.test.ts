@@ -111,7 +111,7 @@ const RUNNERS: readonly Runner[] = [
   { shows: /^manifest /, test: "test/e2e/cli.test.ts", needles: ["dev.json"] },
 
   // The CLI.
-  { shows: /^gateway (keys|settle|migrate)\b/, test: "test/e2e/cli.test.ts" },
+  { shows: /^gateway (keys|settle|migrate|x402)\b/, test: "test/e2e/cli.test.ts" },
   { shows: /^gateway permit (open|balance|close|finalize)\b/, test: "test/e2e/permit-cli.test.ts" },
   { shows: /^gateway permit authorize\b/, test: "test/e2e/wallet-guard.test.ts" },
   {

@@ -397,12 +397,16 @@ describe("settlement sender under faults", () => {
         const receipt = await real.receipt(hash);
         return broadcast && receipt !== undefined ? { ...receipt, status: "reverted" } : receipt;
       },
+      // It hides the batch's settlement once, whenever the first read that would show it
+      // comes (a read before the transaction is mined shows nothing anyway: on a loaded
+      // machine the first look may come before the block).
       batchSettled: async (batchId, fromBlock) => {
-        if (lagging > 0) {
+        const settled = await real.batchSettled(batchId, fromBlock);
+        if (settled !== undefined && lagging > 0) {
           lagging -= 1;
           return undefined;
         }
-        return real.batchSettled(batchId, fromBlock);
+        return settled;
       },
     };
     const result = await flusher(stale).flush();
@@ -410,6 +414,7 @@ describe("settlement sender under faults", () => {
     const batchId = result.batches[0]!.batchId;
     const tried = await attempts(batchId);
     expect(tried).toHaveLength(1);
+    expect(lagging).toBe(0);
     expect(result.batches[0]).toMatchObject({ status: "settled", txHash: tried[0]!.tx_hash });
     expect(await batchOf(ids[0]!)).toEqual({
       batch_id: batchId,
