@@ -25,12 +25,13 @@ import { startTracing } from "./app/tracing.js";
 import type { Config } from "./config.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import type { MeasurementSync } from "./domain/reputation/measurement-types.js";
+import type { OfferCooldowns } from "./domain/reputation/cooldowns.js";
 import type { EndpointSecret, HealthMonitor } from "./domain/health-types.js";
 import type { TokenCounters } from "./domain/tokens.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
 import { createHousekeeping, type Housekeeping } from "./runtime/housekeeping.js";
 import { listen, type Listener } from "./runtime/listen.js";
-import { createMetrics, metricsOnlyHandler } from "./runtime/metrics.js";
+import { createMetrics, metricsOnlyHandler, type ScrapeSources } from "./runtime/metrics.js";
 import type { Tracing } from "./runtime/tracing.js";
 
 export { connectChain };
@@ -152,6 +153,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       upstream,
       instanceId,
       clock,
+      nowMs: clockMs(options.clock),
       acquireStream: (apiKeyId) => rateLimiter.acquireStream(apiKeyId),
       metrics,
       tracer: tracing?.chat,
@@ -167,6 +169,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       chain,
       catalog,
       reputation: chat.reputation,
+      cooldowns: chat.cooldowns,
       permits,
       permitClock: permitClock.now,
       inference: chat.inference,
@@ -183,7 +186,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       shutdown: shutdown.signal,
       logger,
     });
-    metrics.setSources({ ...dependencySources(db, chain), ...sourceSettings(config, clock) });
+    metrics.setSources(scrapeSources(config, { db, chain, clock, cooldowns: chat.cooldowns }));
     await preloaded;
     const { listener, metricsListener } = await listenAll(config, shutdown.guard(handler), metrics);
     health.start();
@@ -364,9 +367,27 @@ function announce(config: Config, logger: Logger, at: { url: string; database: s
   );
 }
 
-/** The settings the metrics' sources read besides the database and the chain. */
-function sourceSettings(config: Config, clock: () => number) {
-  return { confirmations: config.confirmations, clock };
+/** Where the metrics' scrape-time gauges are read. */
+function scrapeSources(
+  config: Config,
+  from: {
+    readonly db: Database;
+    readonly chain: PublicClient;
+    readonly clock: () => number;
+    readonly cooldowns: OfferCooldowns;
+  },
+): ScrapeSources {
+  return {
+    ...dependencySources(from.db, from.chain),
+    confirmations: config.confirmations,
+    clock: from.clock,
+    coolingDown: () => from.cooldowns.coolingCount(),
+  };
+}
+
+/** Unix milliseconds: a test's clock (seconds) moves cooldowns too; else the real one. */
+function clockMs(clock: (() => number) | undefined): () => number {
+  return clock === undefined ? Date.now : () => clock() * 1000;
 }
 
 /** The gateway's shutdown: what each step stops, in its order (src/runtime/shutdown.ts). */

@@ -408,6 +408,8 @@ const notProvoked: Record<string, string> = {
     "needs a payment with a tampered EIP-2612 approval (test/x402-gasless.test.ts)",
   eip2612_permit_expired:
     "needs a payment with an EIP-2612 approval about to expire (test/x402-gasless.test.ts)",
+  offer_cooling_down:
+    "needs a provider answering 429 (test/cooldowns.test.ts: a pinned request and a quote)",
 };
 
 /**

@@ -83,6 +83,12 @@ describe("offer reputation", () => {
     );
     return shown!.reputation;
   };
+  const cooldownUntil = async (offer: Hex): Promise<number | null> => {
+    const { data } = await json(await authed(stack, "/v1/models/demo-chat/offers"));
+    return (data as { offer_id: string; cooldown_until: number | null }[]).find(
+      (o) => o.offer_id === offer,
+    )!.cooldown_until;
+  };
   const recordStatus = async (requestId: string) =>
     (await json(await authed(stack, `/v1/requests/${requestId}`))).status as string;
 
@@ -212,13 +218,19 @@ describe("offer reputation", () => {
     fakes.b.releaseHolds();
 
     // The provider refuses the client's input (400), or says it is busy (429, which a flood
-    // provokes at no cost to its sender).
+    // provokes at no cost to its sender: a first one only cools the offer down, for the second
+    // it asked; test/cooldowns.test.ts).
     fakes.b.setOptions({ stallAfterChunks: undefined, chunks: 2 });
-    for (const status of [400, 422, 429]) {
+    for (const status of [400, 422]) {
       fakes.b.setOptions({ failStatus: status });
       expect((await chat({ offer: b })).status).toBe(502);
     }
-    fakes.b.setOptions({ failStatus: undefined });
+    fakes.b.setOptions({ failStatus: 429, responseHeaders: { "retry-after": "1" } });
+    const busy = await chat({ offer: b });
+    expect(busy.status).toBe(503);
+    expect((await json(busy)).error.code).toBe("offer_cooling_down");
+    fakes.b.setOptions({ failStatus: undefined, responseHeaders: undefined });
+    await eventually(async () => (await cooldownUntil(b)) === null, 5000);
 
     const after = await reputation(b);
     expect(after).toEqual(before);

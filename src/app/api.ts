@@ -36,6 +36,7 @@ import {
 } from "../domain/permit-authorization/index.js";
 import type { RegistrationService } from "../domain/registration/index.js";
 import type { Reputation } from "../domain/reputation/reputation.js";
+import type { OfferCooldowns } from "../domain/reputation/cooldowns.js";
 import type { createMetrics } from "../runtime/metrics.js";
 import { createPgRateLimitStore } from "../adapters/pg/rate-limits.js";
 import { createFleetRateLimiter, type RateLimiter } from "../domain/rate-limit.js";
@@ -130,6 +131,8 @@ export function createApi(
     readonly chain: PublicClient;
     readonly catalog: Catalog;
     readonly reputation: (offerId: Hex) => Reputation;
+    /** Offers cooling down (the catalog shows when each one's cooldown ends). */
+    readonly cooldowns?: Pick<OfferCooldowns, "until"> | undefined;
     readonly permits: ChainPermitReader;
     readonly permitClock: () => number;
     readonly inference: Inference;
@@ -187,7 +190,7 @@ export function createApi(
       : createReceiptSigner(config.receiptPrivateKey);
   return createGatewayHandler({
     services: {
-      catalog: createCatalogService(deps.catalog, deps.reputation),
+      catalog: createCatalogService(deps.catalog, deps.reputation, deps.cooldowns),
       gateway: createGatewayService({
         deployment: deps.deploymentId,
         chainId: config.chainId,

@@ -13,6 +13,7 @@ import { createPgEndpointLookup } from "../adapters/pg/endpoint-lookup.js";
 import { createPgIdempotencyStore } from "../adapters/pg/idempotency.js";
 import { createPgLeaseSignals, type PgLeaseSignals } from "../adapters/pg/lease-signals.js";
 import { createPgLeaseStore } from "../adapters/pg/leases.js";
+import { createPgCooldownStore } from "../adapters/pg/offer-cooldowns.js";
 import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
 import { createUpstreamChat } from "../adapters/upstream/chat.js";
 import type { UpstreamClient } from "../adapters/upstream/http.js";
@@ -26,6 +27,7 @@ import {
 } from "../domain/chat/index.js";
 import { createLeasedLedger, type LeasedLedger } from "../domain/leases/leases.js";
 import { offerReputation } from "../domain/reputation/offer-reputation.js";
+import { createOfferCooldowns, type OfferCooldowns } from "../domain/reputation/cooldowns.js";
 import { createMeasurementSync } from "../domain/reputation/measurement-sync.js";
 import { createOfferMeasurements } from "../domain/reputation/measurements.js";
 import { type MeasurementSync } from "../domain/reputation/measurement-types.js";
@@ -52,6 +54,8 @@ export interface ChatWiring {
   reputation(offerId: Hex): Reputation;
   /** The sharing round (runs on its own; `runOnce` for operators and tests). */
   readonly measurementSync: MeasurementSync;
+  /** Offers cooling down after their provider's 429, shared through the database. */
+  readonly cooldowns: OfferCooldowns;
   /** Stops sharing measurements (first, with the other background tasks). */
   stopBackground(): Promise<void>;
   /** Gives the leases back and stops listening for recalls (after the closes are written). */
@@ -69,6 +73,8 @@ export interface ChatDeps {
   readonly upstream: UpstreamClient;
   readonly instanceId: string;
   readonly clock: () => number;
+  /** Unix milliseconds (cooldowns): the clock above at its finer grain. */
+  readonly nowMs: () => number;
   readonly acquireStream: (apiKeyId: string) => (() => void) | Promise<() => void>;
   readonly metrics: ReturnType<typeof createMetrics>;
   readonly tracer: ChatTracer | undefined;
@@ -95,6 +101,27 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
   });
   const { leaseSignals, leased } = await wireLeases(config, deps, perRequest);
   const { measurements, measurementSync } = await wireMeasurements(config, deps);
+  const cooldownBounds = {
+    maxSeconds: config.upstreamCooldownMaxSeconds,
+    defaultSeconds: Math.min(
+      config.upstreamCooldownDefaultSeconds,
+      config.upstreamCooldownMaxSeconds,
+    ),
+  };
+  // Set here at once by a 429, written for the others, read on the measurements' cadence.
+  const cooldowns = createOfferCooldowns({
+    store: createPgCooldownStore(db.pool),
+    bounds: cooldownBounds,
+    intervalMs: measurementSyncMs,
+    nowMs: deps.nowMs,
+    onError: (error) =>
+      logger.warn(
+        { error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
+        "sharing offer cooldowns failed",
+      ),
+  });
+  await cooldowns.refresh().catch(() => undefined);
+  cooldowns.start();
   const inference = createInference({
     catalog: deps.catalog,
     permits: deps.permits,
@@ -124,6 +151,8 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
     observer: deps.metrics.chat,
     tracer: deps.tracer,
     measurements,
+    cooldowns,
+    cooldownBounds,
     // Claimed on the endpoint's row: one request per offer per window, fleet-wide (migration 025).
     x402: wireX402(config, { db, chain: deps.chain }),
     wakeFees: createWakeFees({
@@ -142,7 +171,11 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
     leased,
     reputation: offerReputation(measurements, measurementSync),
     measurementSync,
-    stopBackground: () => measurementSync.stop(),
+    cooldowns,
+    stopBackground: async () => {
+      await cooldowns.stop();
+      await measurementSync.stop();
+    },
     async stop() {
       await leased?.stop();
       await leaseSignals?.close();

@@ -107,6 +107,14 @@ export interface Config {
   readonly upstreamMinTokensPerSecond: number;
   /** Longest silence allowed between two chunks of a provider's answer. */
   readonly upstreamIdleTimeoutMs: number;
+  /**
+   * The longest a provider's 429 (or 503 with `Retry-After`) takes its offer out of routing,
+   * whatever its `Retry-After` asks (UPSTREAM_COOLDOWN_MAX_SECONDS; docs/decisions/providers-and-routing.md
+   * "Cooldowns").
+   */
+  readonly upstreamCooldownMaxSeconds: number;
+  /** How long a 429 without a (readable) `Retry-After` takes its offer out of routing. */
+  readonly upstreamCooldownDefaultSeconds: number;
   /** How long routing reuses a model's offers and endpoints (changes seen by this process drop it at once). */
   readonly routingCacheMs: number;
   /**
@@ -285,6 +293,8 @@ export function parseConfig(env: Env): Config {
     upstreamTimeoutMs: r.int("UPSTREAM_TIMEOUT_MS", 30_000, 100, 600_000),
     upstreamMinTokensPerSecond: r.int("UPSTREAM_MIN_TOKENS_PER_SECOND", 10, 1, 1_000_000),
     upstreamIdleTimeoutMs: r.int("UPSTREAM_IDLE_TIMEOUT_MS", 60_000, 100, 3_600_000),
+    upstreamCooldownMaxSeconds: r.int("UPSTREAM_COOLDOWN_MAX_SECONDS", 300, 1, 86_400),
+    upstreamCooldownDefaultSeconds: r.int("UPSTREAM_COOLDOWN_DEFAULT_SECONDS", 10, 1, 86_400),
     routingCacheMs: r.int("ROUTING_CACHE_MS", 1000, 0, 60_000),
     apiKeyCacheMs: r.int("API_KEY_CACHE_MS", 5000, 0, 300_000),
     authorizationMaxExpirySeconds: r.int(

@@ -9,6 +9,7 @@ import {
 import type { Hex } from "viem";
 import type { Catalog, ModelRecord, OfferRecord } from "../domain/catalog.js";
 import type { Reputation } from "../domain/reputation/reputation.js";
+import type { OfferCooldowns } from "../domain/reputation/cooldowns.js";
 import {
   modelStatusFromProto,
   modelToMessage,
@@ -19,14 +20,21 @@ import {
 /**
  * The catalog: models and offers, each offer with its reputation (`reputation`: from memory,
  * so listing offers costs no query beyond the catalog's own) and every model and offer with how
- * the gateway meters it (its model's tokenizer, or the byte bound; issue 35).
+ * the gateway meters it (its model's tokenizer, or the byte bound; issue 35), and when an offer
+ * cooling down after its provider's 429 is routed again (`cooldowns`, from memory too).
  */
 export function createCatalogService(
   catalog: Catalog,
   reputation?: (offerId: Hex) => Reputation,
+  cooldowns?: Pick<OfferCooldowns, "until">,
 ): ServiceImpl<typeof CatalogService> {
   const shown = (model: ModelRecord) => (offer: OfferRecord) =>
-    offerToMessage(offer, reputation?.(offer.offerId), model.metering);
+    offerToMessage(
+      offer,
+      reputation?.(offer.offerId),
+      model.metering,
+      cooldowns?.until(offer.offerId),
+    );
   return {
     async listModels(req) {
       const models = await catalog.listModels(modelStatusFromProto(req.status));

@@ -81,8 +81,10 @@ export function offerToMessage(
   offer: OfferRecord,
   reputation?: Reputation,
   metering?: Metering,
+  cooldownUntil?: number,
 ): Offer {
   return create(OfferSchema, {
+    cooldownUntil: cooldownUntil === undefined ? undefined : BigInt(cooldownUntil),
     ...meteringToMessage(metering),
     offerId: offer.offerId,
     modelId: offer.modelId,

@@ -139,6 +139,8 @@ function errorResponse(
       codes.every((c) => retryAfterCodes.includes(c)) ? "Retry-After" : "Retry-After-Optional",
     );
   }
+  if (status === 503 && codes.includes("offer_cooling_down"))
+    headers["Retry-After"] = ref("headers", "Retry-After-Cooldown");
   let note = options.note ?? "";
   if (status === 400 && options.body === true)
     note +=
@@ -220,6 +222,12 @@ const headers: Record<string, Header> = {
   "Retry-After-Optional": {
     description:
       "With `rate_limited` or `address_rate_limited`: seconds until the API key may send again, or the address may fail to authenticate again",
+    required: false,
+    schema: positiveSeconds,
+  },
+  "Retry-After-Cooldown": {
+    description:
+      "With `offer_cooling_down`: seconds until the soonest cooldown of the offers the request may use ends",
     required: false,
     schema: positiveSeconds,
   },

@@ -118,6 +118,19 @@ export const metricDefinitions = {
     labelNames: ["model", "offer"],
     from: "ChatObserver.charged",
   },
+  cooldowns: {
+    type: "counter",
+    name: "gateway_offer_cooldowns_total",
+    help: "Cooldowns started by this process: an offer's provider answered 429 (or 503 with Retry-After) and the offer left routing, in every process, for the time it asked (bounded by UPSTREAM_COOLDOWN_MAX_SECONDS).",
+    labelNames: ["model", "offer"],
+    from: "ChatObserver.cooledDown",
+  },
+  offersCoolingDown: {
+    type: "gauge",
+    name: "gateway_offers_cooling_down",
+    help: "Offers out of routing now because their provider asked for rest (429, or 503 with Retry-After), as this process knows them (its own and those shared by the others).",
+    from: "scrape: the process's cooldowns",
+  },
   openReservations: {
     type: "gauge",
     name: "gateway_open_reservations",

@@ -39,6 +39,8 @@ export interface ScrapeSources {
   readonly clock: () => number;
   /** The longest a scrape waits for one source; a source that fails or times out is left out. */
   readonly timeoutMs?: number;
+  /** Offers cooling down now (from memory). */
+  readonly coolingDown?: () => number;
 }
 
 export interface GatewayMetrics {
@@ -205,6 +207,8 @@ function chatObserver(m: Metrics, modelName: (modelId: Hex) => string): ChatObse
       children.claimInput.observe(claimRatioOf(claimed.inputTokens, counted.inputTokens));
       children.claimOutput.observe(claimRatioOf(claimed.outputTokens, counted.outputTokens));
     },
+    cooledDown: (modelId, offerId) =>
+      m.cooldowns.inc({ model: modelName(modelId), offer: offerId }),
   };
 }
 
@@ -264,6 +268,7 @@ async function refresh(m: Metrics, sources: ScrapeSources | undefined): Promise<
     return;
   }
   const s = sources;
+  if (s.coolingDown !== undefined) m.offersCoolingDown.set(s.coolingDown());
   const timeoutMs = s.timeoutMs ?? collectTimeoutMs;
   const [db, head] = await Promise.allSettled([
     withTimeout(s.query(gaugeQuery), timeoutMs),

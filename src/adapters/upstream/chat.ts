@@ -75,8 +75,10 @@ export function createUpstreamChat(
       timeoutMs: deadlineMs ?? timeouts.timeoutMs,
       idleTimeoutMs: Math.max(timeouts.idleTimeoutMs, deadlineMs ?? 0),
     });
+    const retryAfter = reply.headers["retry-after"];
     return {
       status: reply.status,
+      retryAfter: Array.isArray(retryAfter) ? retryAfter[0] : retryAfter,
       text: () => reply.text(),
       stream: (into) => flowEventData(reply, into),
       discard: () => reply.dump(),

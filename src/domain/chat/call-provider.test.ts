@@ -75,3 +75,51 @@ describe("callProvider", () => {
     expect(stream.body["max_tokens"]).toBe(300);
   });
 });
+
+describe("callProvider: a provider that asks for rest", () => {
+  const req = parseChatRequest(
+    new TextEncoder().encode(
+      JSON.stringify({ model: "m", messages: [{ role: "user", content: "hi" }] }),
+    ),
+    { maxBytes: 1 << 20 },
+  );
+  const attempt = (status: number, retryAfter?: string) =>
+    callProvider(
+      {
+        endpoints: () => Promise.resolve({ url: "https://provider.example" }),
+        upstream: () =>
+          Promise.resolve({
+            status,
+            retryAfter,
+            text: () => Promise.resolve(""),
+            stream: (into: (data: string) => boolean) =>
+              flowFromEvents((async function* () {})(), into),
+            discard: () => Promise.resolve(),
+          }),
+        cooldownBounds: { maxSeconds: 300, defaultSeconds: 10 },
+      },
+      { offer: { offerId }, outputLimit: 16n, maxOutputTokens: 16n },
+      req,
+      new AbortController().signal,
+    );
+
+  it("fails over on a 429 (or a 503 with Retry-After) with the cooldown it asked, not its fault", async () => {
+    for (const [status, retryAfter, seconds] of [
+      [429, "30", 30],
+      [429, undefined, 10],
+      [429, "100000", 300],
+      [503, "7", 7],
+    ] as const) {
+      expect(await attempt(status, retryAfter)).toMatchObject({
+        failure: { code: "upstream_error" },
+        retryable: true,
+        providerFault: false,
+        cooldownSeconds: seconds,
+      });
+    }
+    // A 503 without Retry-After is the provider failing; another 4xx the client's input.
+    expect(await attempt(503)).toMatchObject({ retryable: true, providerFault: true });
+    expect(await attempt(503)).not.toHaveProperty("cooldownSeconds");
+    expect(await attempt(400, "30")).toMatchObject({ retryable: false, providerFault: false });
+  });
+});

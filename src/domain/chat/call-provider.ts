@@ -1,32 +1,45 @@
 import type { Hex } from "viem";
 import { upstreamBody, type ChatRequest } from "./request/index.js";
 import { GatewayError } from "../errors.js";
+import { cooldownSeconds, coolingDown } from "../reputation/cooldowns.js";
 import type { InferenceDeps, UpstreamChatOptions, UpstreamReply } from "./ports.js";
 import type { Candidate } from "./routing.js";
 import type { Admission } from "./admission.js";
 import type { CallState } from "./call-state.js";
 
+/** What one call to a provider came to: its reply, or why another offer may (not) serve. */
+export type Attempt =
+  | { reply: UpstreamReply }
+  | {
+      failure: GatewayError;
+      retryable: boolean;
+      providerFault: boolean;
+      /** Seconds the provider asked not to be called (429, 503 with Retry-After), bounded. */
+      cooldownSeconds?: number | undefined;
+    };
+
 /**
- * One call to an offer's provider, up to its response headers. A connection failure or a
- * 5xx is `retryable` (another offer may serve); a 4xx is the provider refusing this request,
- * which no other offer would answer differently. `providerFault`: the provider failed (no
- * answer, or a 5xx), which counts against its reputation; a 4xx (the client's own input, or a
+ * One call to an offer's provider, up to its response headers. A connection failure, a 5xx or
+ * a 429 is `retryable` (another offer may serve); another 4xx is the provider refusing this
+ * request, which no other offer would answer differently. `providerFault`: the provider failed
+ * (no answer, or a 5xx), which counts against its reputation; a 4xx (the client's own input, or a
  * 429 any client can provoke by flooding) and a failure before the provider was called do not.
+ * A 429, or a 503 with `Retry-After`, carries the cooldown it asked for (`cooldownSeconds`, within
+ * the bounds): the caller takes the offer out of routing, and counts it against the offer only
+ * when it repeats (reputation/cooldowns.ts).
  *
  * The body carries the output limit priced for this offer (the candidate's `outputLimit`; see
  * {@link upstreamBody}), and a non-streamed call is given the time its output bound takes
  * ({@link UpstreamChatOptions.answerOutputTokens}).
  */
 export async function callProvider(
-  deps: Pick<InferenceDeps, "endpoints" | "upstream">,
+  deps: Pick<InferenceDeps, "endpoints" | "upstream" | "cooldownBounds">,
   candidate: Pick<Candidate, "outputLimit" | "maxOutputTokens"> & {
     readonly offer: { readonly offerId: Hex };
   },
   req: ChatRequest,
   signal: AbortSignal,
-): Promise<
-  { reply: UpstreamReply } | { failure: GatewayError; retryable: boolean; providerFault: boolean }
-> {
+): Promise<Attempt> {
   const { offer, outputLimit, maxOutputTokens } = candidate;
   let endpoint: Awaited<ReturnType<typeof deps.endpoints>>;
   try {
@@ -64,11 +77,33 @@ export async function callProvider(
   }
   if (reply.status >= 200 && reply.status < 300) return { reply };
   await reply.discard();
+  const failure = new GatewayError("upstream_error", `the provider answered HTTP ${reply.status}`);
+  const cooldown =
+    deps.cooldownBounds === undefined
+      ? undefined
+      : cooldownSeconds(reply.status, reply.retryAfter, Date.now(), deps.cooldownBounds);
+  if (cooldown !== undefined) {
+    // Counted against the offer by the caller only when it repeats.
+    return { failure, retryable: true, providerFault: false, cooldownSeconds: cooldown };
+  }
   return {
-    failure: new GatewayError("upstream_error", `the provider answered HTTP ${reply.status}`),
-    retryable: reply.status >= 500,
+    failure,
+    retryable: reply.status >= 500 || reply.status === 429,
     providerFault: reply.status >= 500,
   };
+}
+
+/**
+ * The provider asked for rest (`attempt.cooldownSeconds`): its offer is out of routing for that
+ * long in every process, a repeat counts against it, and the failure is `offer_cooling_down`
+ * (what a request with no other offer is answered, with its Retry-After).
+ */
+function cooledDown(state: CallState, seconds: number): GatewayError {
+  const { offer } = state.current;
+  const { repeated } = state.deps.cooldowns?.cool(offer.offerId, seconds) ?? { repeated: false };
+  state.observer?.cooledDown?.(offer.modelId, offer.offerId, seconds);
+  if (repeated) state.providerFailed();
+  return coolingDown([offer.offerId], seconds * 1000);
 }
 
 /**
@@ -101,10 +136,21 @@ export async function dispatch(
     // Counted also when the request then fails over: the failure was this offer's.
     if (attempt.providerFault) state.providerFailed();
     if (!attempt.retryable) throw attempt.failure;
+    const cooling =
+      attempt.cooldownSeconds === undefined
+        ? undefined
+        : cooledDown(state, attempt.cooldownSeconds);
     const { failure } = attempt;
-    const next = admission.candidates.find((c) => !tried.has(c.offer.offerId));
-    if (next === undefined)
+    const cools = deps.cooldowns;
+    // Not to an offer that cooled down since the request was routed.
+    const next = admission.candidates.find(
+      (c) => !tried.has(c.offer.offerId) && cools?.remainingMs(c.offer.offerId) === undefined,
+    );
+    if (next === undefined) {
+      // A pinned request, or no offer left: the provider's own ask, with its Retry-After.
+      if (cooling !== undefined) throw cooling;
       throw new GatewayError("upstream_error", `${failure.message}; no other offer could serve`);
+    }
     const switched = await deps.ledger.switchOffer({
       requestId: admission.requestId,
       offerId: next.offer.offerId,
@@ -114,8 +160,10 @@ export async function dispatch(
       deposit: admission.permit.deposit,
       chainSettled: admission.permit.settled,
     });
-    if (!switched)
+    if (!switched) {
+      if (cooling !== undefined) throw cooling;
       throw new GatewayError("upstream_error", `${failure.message}; no other offer could serve`);
+    }
     state.current = next;
     state.maximumCredits = next.maximumCredits;
   }

@@ -80,7 +80,10 @@ interface Pipeline extends RelayContext {
 
 export function createInference(deps: InferenceDeps): Inference {
   const newId = deps.newId ?? ((): Hex => `0x${randomHex(32)}`);
-  const routing = { measured: (offerId: Hex) => deps.measurements?.get(offerId) };
+  const routing = {
+    measured: (offerId: Hex) => deps.measurements?.get(offerId),
+    coolingMs: (offerId: Hex) => deps.cooldowns?.remainingMs(offerId),
+  };
   const maxResultBytes = deps.idempotencyMaxResultBytes ?? defaultIdempotencyMaxResultBytes;
   const closes = createCloses(deps);
   const bounds = { ...deps.jsonBounds, maxBytes: deps.bodyLimitBytes };

@@ -12,6 +12,7 @@ import type { SpendingAuthority } from "../permit-authorization/index.js";
 import type { PermitReader } from "../permits.js";
 import type { Metering, TokenCounters } from "../tokens.js";
 import type { OfferMeasurements } from "../reputation/measurement-types.js";
+import type { CooldownBounds, OfferCooldowns } from "../reputation/cooldowns.js";
 import type { Closing } from "./metering.js";
 import type { ChatEvent, ChatSink, FinalizeInput, QuoteRecord, UsageFigures } from "./types.js";
 import type { WakeFees } from "./wake-fees.js";
@@ -112,6 +113,8 @@ export type EndpointLookup = (offerId: Hex) => Promise<EndpointSecret | undefine
 
 export interface UpstreamReply {
   readonly status: number;
+  /** The provider's `Retry-After` header, as sent (a 429's or 503's cooldown). */
+  readonly retryAfter?: string | undefined;
   /** The whole body as text (non-streaming answers). */
   text(): Promise<string>;
   /**
@@ -215,6 +218,8 @@ export interface ChatObserver {
   ): void;
   /** A completed answer's claim and count (the claim/count histogram per offer). */
   usageCompared?(modelId: Hex, offerId: Hex, claimed: UsageFigures, counted: UsageFigures): void;
+  /** An offer's provider answered 429 (or 503 with Retry-After): it cools down this long. */
+  cooledDown?(modelId: Hex, offerId: Hex, seconds: number): void;
 }
 
 export interface InferenceDeps {
@@ -264,6 +269,14 @@ export interface InferenceDeps {
    * order.
    */
   readonly measurements?: OfferMeasurements | undefined;
+  /**
+   * Offers cooling down after their provider's 429 (or 503 with Retry-After), shared across
+   * processes (reputation/cooldowns.ts): routing leaves them out, a 429 sets one. Absent: a 429
+   * fails over like a 5xx and nothing cools down.
+   */
+  readonly cooldowns?: OfferCooldowns | undefined;
+  /** The bounds of a cooldown (required with `cooldowns`). */
+  readonly cooldownBounds?: CooldownBounds | undefined;
   /**
    * Admits a `stream: true` chat of an API key before anything is reserved (throws 429
    * `rate_limited` at the key's limit of streams in flight) and returns its release, called

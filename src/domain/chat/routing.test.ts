@@ -363,3 +363,35 @@ describe("usage divergence in routing (docs/decisions/metering-and-tokens.md, Us
     expect(ranked(excluded, undefined)).toEqual([cheap, middle, dear]);
   });
 });
+
+describe("offers cooling down (a provider's 429; reputation/cooldowns.ts)", () => {
+  const cooling = new Map<Hex, number>([
+    [cheap, 30_000],
+    [middle, 4_500],
+  ]);
+  const rankCooling = (provider: object | undefined, pins: (Hex | undefined)[] = []) =>
+    rankCandidates(offers, model, request({ provider }), pins, 5, {
+      coolingMs: (o) => cooling.get(o),
+    }).map((c) => c.offer.offerId);
+
+  it("leaves them out of the ranking and of allow_fallbacks false's one offer", () => {
+    expect(rankCooling(undefined)).toEqual([dear]);
+    expect(rankCooling({ allow_fallbacks: false })).toEqual([dear]);
+    expect(rankCooling({ sort: "price" })).toEqual([dear]);
+  });
+
+  it("refuses 503 offer_cooling_down, Retry-After the seconds left, when none is left", () => {
+    const pinned = refusal(() => rankCooling(undefined, [cheap]));
+    expect(pinned.code).toBe("offer_cooling_down");
+    expect(pinned.retryAfterSeconds).toBe(30);
+    expect(pinned.message).toContain(`offer ${cheap} is cooling down`);
+    // The soonest end of those the preferences left, rounded up.
+    const only = refusal(() => rankCooling({ only: [cheap, middle] }));
+    expect(only.code).toBe("offer_cooling_down");
+    expect(only.retryAfterSeconds).toBe(5);
+    expect(only.message).toContain("every eligible offer of this model is cooling down");
+    expect(
+      refusal(() => rankCooling({ order: [middle], allow_fallbacks: false })).retryAfterSeconds,
+    ).toBe(5);
+  });
+});

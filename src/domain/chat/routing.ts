@@ -10,6 +10,7 @@ import { GatewayError } from "../errors.js";
 import { maximumCredits } from "../pricing.js";
 import type { OfferFeature } from "../offer-features.js";
 import type { ProviderPreferences } from "../provider-preferences.js";
+import { coolingDown } from "../reputation/cooldowns.js";
 import { isDivergenceFlagged } from "../reputation/divergence.js";
 import { isFailing } from "../reputation/reputation.js";
 import type { OfferMeasurement } from "../reputation/measurement-types.js";
@@ -56,6 +57,31 @@ function candidateFor(offer: OfferRecord, req: ChatRequest): Candidate {
  */
 export interface RoutingContext {
   readonly measured?: ((offerId: Hex) => OfferMeasurement | undefined) | undefined;
+  /**
+   * Milliseconds left of an offer's cooldown (its provider answered 429, or 503 with
+   * Retry-After; reputation/cooldowns.ts), undefined when it is not cooling down.
+   */
+  readonly coolingMs?: ((offerId: Hex) => number | undefined) | undefined;
+}
+
+/**
+ * The candidates not cooling down, in their order; when every one is (a pinned request's offer,
+ * or all the model's), 503 `offer_cooling_down` with the soonest end as Retry-After.
+ */
+function withoutCooling(list: Candidate[], ctx: RoutingContext): Candidate[] {
+  const left = ctx.coolingMs;
+  if (left === undefined || list.length === 0) return list;
+  const kept = list.filter((c) => left(c.offer.offerId) === undefined);
+  if (kept.length > 0) return kept;
+  const soonest = Math.min(...list.map((c) => left(c.offer.offerId) ?? 0));
+  return failCooling(list, soonest);
+}
+
+function failCooling(list: readonly Candidate[], soonestMs: number): never {
+  throw coolingDown(
+    list.map((c) => c.offer.offerId),
+    soonestMs,
+  );
 }
 
 /**
@@ -179,7 +205,8 @@ function applyPreferences(
     }
     return [...ordered, ...rest];
   }
-  return prefs.allowFallbacks ? list : list.slice(0, 1);
+  // Without fallbacks, the first offer that is not cooling down.
+  return prefs.allowFallbacks ? list : withoutCooling(list, ctx).slice(0, 1);
 }
 
 /**
@@ -206,7 +233,8 @@ function flaggedLast(list: readonly Candidate[], ctx: RoutingContext): Candidate
  * pinned to it finds no offer (503 `no_eligible_offer`) until its operator verifies it again.
  * No offer of a model whose tokenizer is still loading is routable (the catalog's routing view
  * says so); `provider.require_exact_metering` refuses a model metered by the byte bound, pinned
- * or not.
+ * or not. Offers cooling down (`ctx.coolingMs`) are left out last, after the pins and preferences
+ * chose: a request left with none of them is refused 503 `offer_cooling_down` (Retry-After).
  */
 export function rankCandidates(
   offers: readonly OfferRecord[],
@@ -233,6 +261,17 @@ export function rankCandidates(
         a.offer.inFlight - b.offer.inFlight,
     );
   ranked = flaggedLast(ranked, ctx);
+  return withoutCooling(preferred(ranked, model, req, pinned, ctx), ctx);
+}
+
+/** The ranked candidates as the request's pins and provider preferences leave them. */
+function preferred(
+  ranked: Candidate[],
+  model: ModelRecord,
+  req: ChatRequest,
+  pinned: readonly Hex[],
+  ctx: RoutingContext,
+): Candidate[] {
   if (req.provider === undefined) return ranked;
   // How the request is counted is the client's term, pinned or not (like max_price).
   if (req.provider.requireExactMetering && ranked.length > 0 && model.metering?.kind !== "exact") {

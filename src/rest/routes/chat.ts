@@ -58,7 +58,13 @@ const chatErrors = {
   422: ["idempotency_key_reused"],
   429: ["offer_at_capacity"],
   502: ["upstream_error"],
-  503: ["no_eligible_offer", "model_loading", "upstream_unavailable", "chain_unavailable"],
+  503: [
+    "no_eligible_offer",
+    "offer_cooling_down",
+    "model_loading",
+    "upstream_unavailable",
+    "chain_unavailable",
+  ],
 } as const;
 
 const chatParameters = [

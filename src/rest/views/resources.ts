@@ -124,7 +124,7 @@ const reputationResource = protoView(OfferReputationSchema, "OfferReputation", {
     success_rate_bps: {
       schema: basisPoints,
       description:
-        "Requests the provider served / requests it served or failed (no answer or a 5xx, also when the request failed over; an invalid answer; a stream it broke off). A client's cancel, a 4xx or 429 answer and the gateway's own failures are not counted.",
+        "Requests the provider served / requests it served or failed (no answer or a 5xx, also when the request failed over; an invalid answer; a stream it broke off). A 429 counts only when it repeats a recent cooldown (docs/decisions/providers-and-routing.md, Cooldowns). A client's cancel, a 4xx answer, a first 429 and the gateway's own failures are not counted.",
     },
     time_to_first_token_ms: {
       description:
@@ -189,6 +189,11 @@ export const offerResource = protoView(OfferSchema, "Offer", {
       "the offer",
       " Shown by the catalog (GET /v1/models/{id}, /v1/models/{id}/offers); null in other answers.",
     ),
+    cooldown_until: {
+      integer: true,
+      description:
+        "When the offer's cooldown ends (Unix seconds): its provider answered 429 (or 503 with Retry-After) and no gateway process routes to it until then (a request pinned to it gets 503 offer_cooling_down with Retry-After). Null when it is not cooling down, and in answers other than the catalog's.",
+    },
     verified_features: {
       schema: Type.Unsafe<string>({ enum: ["tools", "json_schema", "stream_usage"] }),
       description:
