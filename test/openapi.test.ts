@@ -233,6 +233,9 @@ function everyRequest(
         messages: [{ role: "user", content: "hi" }],
       }),
     ],
+    ["GET", "/v1/requests", "/v1/requests", credentials],
+    ["GET", "/v1/usage", "/v1/usage", credentials],
+    ["GET", "/v1/permits", "/v1/permits", credentials],
     ["GET", "/v1/requests/{id}", `/v1/requests/0x${"77".repeat(32)}`, credentials],
     ["GET", "/v1/permits/{id}", `/v1/permits/${stack.demo.permitId}`, credentials],
     ["GET", "/v1/requests/{id}/receipt", `/v1/requests/0x${"77".repeat(32)}/receipt`, credentials],
@@ -1104,6 +1107,47 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       { status: 401, code: "missing_api_key" },
       { headers: {} },
     );
+    // The key's activity (issue 38): its requests, its usage or a permit's, its permits.
+    const list = await call("GET", "/v1/requests", "/v1/requests?limit=2", { status: 200 });
+    expect(list.body!.object).toBe("list");
+    for (const [path, code] of [
+      ["/v1/requests?limit=0", "invalid_request"],
+      ["/v1/requests?limit=101", "invalid_request"],
+      ["/v1/requests?status=done", "invalid_request"],
+      ["/v1/requests?created_after=yesterday", "invalid_request"],
+      ["/v1/requests?starting_after=0x12", "invalid_hex"],
+      ["/v1/requests?permit=0x12", "invalid_hex"],
+    ] as const)
+      await call("GET", "/v1/requests", path, { status: 400, code });
+    await call(
+      "GET",
+      "/v1/requests",
+      `/v1/requests?model=demo-chat&permit=${stack.demo.permitId}&status=completed&created_after=0&created_before=${2 ** 40}`,
+      { status: 200 },
+    );
+    await call("GET", "/v1/usage", "/v1/usage", { status: 200 });
+    await call("GET", "/v1/usage", `/v1/usage?bucket=hour&permit=${stack.demo.permitId}`, {
+      status: 200,
+    });
+    for (const [path, code] of [
+      ["/v1/usage?bucket=week", "invalid_request"],
+      ["/v1/usage?from=10&to=5", "invalid_request"],
+      [`/v1/usage?bucket=hour&from=0&to=${8 * 86_400}`, "invalid_request"],
+      ["/v1/usage?permit=0x12", "invalid_hex"],
+    ] as const)
+      await call("GET", "/v1/usage", path, { status: 400, code });
+    await call("GET", "/v1/usage", `/v1/usage?permit=0x${"42".repeat(32)}`, {
+      status: 402,
+      code: "permit_not_found",
+    });
+    await call(
+      "GET",
+      "/v1/usage",
+      `/v1/usage?permit=${stack.demo.permitId}`,
+      { status: 403, code: "permit_not_authorized" },
+      { headers: { authorization: `Bearer ${outsider.key}` } },
+    );
+    await call("GET", "/v1/permits", "/v1/permits", { status: 200 });
   });
 
   it("credit caps on an authorization: a request above the per-request cap, a total cap spent", async () => {
@@ -1391,19 +1435,17 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       };
     };
     const unknownRequest = `/v1/requests/0x${"79".repeat(32)}`;
-    for (const [route, path] of [
-      ["/v1/requests/{id}", unknownRequest],
-      ["/v1/requests/{id}/receipt", `${unknownRequest}/receipt`],
+    // The list and usage of its x402 requests (issue 38) answer on the same token.
+    const found = { status: 404, code: "request_not_found" };
+    for (const [route, path, answer] of [
+      ["/v1/requests/{id}", unknownRequest, found],
+      ["/v1/requests/{id}/receipt", `${unknownRequest}/receipt`, found],
+      ["/v1/requests", "/v1/requests", { status: 200 }],
+      ["/v1/usage", "/v1/usage", { status: 200 }],
     ] as const) {
-      await call(
-        "GET",
-        route,
-        path,
-        { status: 404, code: "request_not_found" },
-        {
-          headers: await payerToken(),
-        },
-      );
+      await call("GET", route, path, answer, {
+        headers: await payerToken(),
+      });
       await call(
         "GET",
         route,
@@ -2024,6 +2066,10 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       status: 503,
       code: "chain_unavailable",
     });
+    await call("GET", "/v1/usage", `/v1/usage?permit=0x${"43".repeat(32)}`, {
+      status: 503,
+      code: "chain_unavailable",
+    });
     await chat({ status: 503, code: "chain_unavailable" }, { model: "demo-chat", messages });
   });
 });
@@ -2094,7 +2140,7 @@ describe.runIf(rateLimits || bodyTimeout)("the limits of issue 12 conform too", 
           body,
         ];
       });
-    expect(requests.length).toBe(27);
+    expect(requests.length).toBe(30);
     for (const [method, route, path, headers, body] of requests) {
       let answer: Answer;
       let tries = 0;

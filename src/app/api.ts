@@ -209,6 +209,11 @@ export function createApi(
         permitLedger: reads.permitLedger,
         clock,
         permitClock: deps.permitClock,
+        activity: {
+          listRequests: reads.listRequests,
+          usage: reads.usage,
+          authorizations: (apiKeyId) => permitAuthorizations.list(apiKeyId),
+        },
         receipts: {
           signer: receiptSigner,
           chainId: config.chainId,

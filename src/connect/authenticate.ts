@@ -127,11 +127,14 @@ const operatorOrApiKey = new Set([
 
 /**
  * RPCs that take a payer's `ReadPayerRequests` token as well as an API key: the record and
- * receipt of a request the payer paid with x402 (issue 37), which no API key made.
+ * receipt of a request the payer paid with x402 (issue 37), which no API key made, and the list
+ * and usage of those requests (issue 38).
  */
 const payerOrApiKey = new Set([
   `${InferenceService.typeName}/${InferenceService.method.getRequest.name}`,
   `${InferenceService.typeName}/${InferenceService.method.getRequestReceipt.name}`,
+  `${InferenceService.typeName}/${InferenceService.method.listRequests.name}`,
+  `${InferenceService.typeName}/${InferenceService.method.getUsage.name}`,
 ]);
 
 /**

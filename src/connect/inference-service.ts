@@ -17,12 +17,18 @@ import { readPermit, type PermitReader } from "../domain/permits.js";
 import { requireAuthority } from "../domain/permit-authorization/index.js";
 import { buildUsageReceipt, type ReceiptSigner } from "../domain/receipts.js";
 import { answerBridge } from "./chat-bridge.js";
+import {
+  getUsage,
+  listPermits,
+  listRequests,
+  permitBalanceMessage,
+  type InferenceActivityDeps,
+} from "./inference-activity.js";
 import { callerKey, type Caller } from "./context.js";
 import {
   chatInputOf,
   type ChatFields,
   eventToMessage,
-  permitStateToProto,
   receiptMessage,
   requestMessage,
   settlementMessage,
@@ -43,6 +49,8 @@ export interface InferenceServiceDeps {
    * chain's latest block time the gateway has seen); default `clock`.
    */
   readonly permitClock?: () => number;
+  /** A key's requests, usage and authorizations (ListRequests, GetUsage, ListPermits). */
+  readonly activity: InferenceActivityDeps;
   /** Usage receipts; absent: the receipt RPCs answer `receipts_unavailable`. */
   readonly receipts?: InferenceReceiptDeps;
 }
@@ -207,6 +215,12 @@ export function createInferenceService(deps: InferenceServiceDeps): InferenceSer
       });
     },
 
+    listRequests: (req, ctx) => listRequests(deps, callerOf(ctx), req),
+
+    getUsage: (req, ctx) => getUsage(deps, callerOf(ctx), req),
+
+    listPermits: (_req, ctx) => listPermits(deps, callerOf(ctx)),
+
     async getPermit(req, ctx) {
       const { authority } = callerOf(ctx);
       const now = deps.clock();
@@ -219,22 +233,7 @@ export function createInferenceService(deps: InferenceServiceDeps): InferenceSer
         now: deps.permitClock === undefined ? now : Math.max(now, deps.permitClock()),
         authorize: (permit) => requireAuthority(authority, permit, now),
       });
-      return create(GetPermitResponseSchema, {
-        permit: {
-          permitId: balance.permitId,
-          state: permitStateToProto[balance.state],
-          modelId: balance.modelId,
-          offerId: balance.offerId ?? "",
-          payer: balance.payer,
-          expiresAt: BigInt(balance.expiresAt),
-          closableAt: balance.closableAt === undefined ? undefined : BigInt(balance.closableAt),
-          deposit: balance.deposit.toString(),
-          settled: balance.settled.toString(),
-          chargedUnsettled: balance.chargedUnsettled.toString(),
-          reserved: balance.reserved.toString(),
-          available: balance.available.toString(),
-        },
-      });
+      return create(GetPermitResponseSchema, { permit: permitBalanceMessage(balance) });
     },
   };
 }

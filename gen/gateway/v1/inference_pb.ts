@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/inference.proto.
  */
 export const file_gateway_v1_inference: GenFile = /*@__PURE__*/
-  fileDesc("ChpnYXRld2F5L3YxL2luZmVyZW5jZS5wcm90bxIKZ2F0ZXdheS52MSKPAQobU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0EgwKBGJvZHkYASABKAwSEQoJcGVybWl0X2lkGAIgASgJEhAKCHF1b3RlX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIkCgdkaWFsZWN0GAUgASgOMhMuZ2F0ZXdheS52MS5EaWFsZWN0IqsBChxTdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlEioKB3N0YXJ0ZWQYASABKAsyFy5nYXRld2F5LnYxLkNoYXRTdGFydGVkSAASJgoFY2h1bmsYAiABKAsyFS5nYXRld2F5LnYxLkNoYXRDaHVua0gAEi4KCWNvbXBsZXRlZBgDIAEoCzIZLmdhdGV3YXkudjEuQ2hhdENvbXBsZXRlZEgAQgcKBWV2ZW50IpgBCgtDaGF0U3RhcnRlZBISCgpyZXF1ZXN0X2lkGAEgASgJEhAKCHF1b3RlX2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAQgASgJEhcKD21heGltdW1fY3JlZGl0cxgFIAEoCRIOCgZzdHJlYW0YBiABKAgSEAoIcmVwbGF5ZWQYByABKAgiUAoJQ2hhdENodW5rEgwKBGRhdGEYASABKAwSJgoIbWV0ZXJpbmcYAiABKAsyFC5nYXRld2F5LnYxLk1ldGVyaW5nEg0KBWV2ZW50GAMgASgJIkgKCE1ldGVyaW5nEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEg8KB2NyZWRpdHMYAyABKAki4QMKDUNoYXRDb21wbGV0ZWQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghxdW90ZV9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgEIAEoCRIUCgxpbnB1dF90b2tlbnMYBSABKAQSFQoNb3V0cHV0X3Rva2VucxgGIAEoBBIXCg9jcmVkaXRzX2NoYXJnZWQYByABKAkSJAoHYmlsbGluZxgIIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxIbChN1c2FnZV9mcm9tX3Byb3ZpZGVyGAkgASgIEhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYCiABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgLIAEoBBIvCg11c2FnZV9jbGFpbWVkGAwgASgLMhguZ2F0ZXdheS52MS5Vc2FnZUZpZ3VyZXMSLwoNdXNhZ2VfY291bnRlZBgNIAEoCzIYLmdhdGV3YXkudjEuVXNhZ2VGaWd1cmVzEi0KDHVzYWdlX3NvdXJjZRgOIAEoDjIXLmdhdGV3YXkudjEuVXNhZ2VTb3VyY2USLwoHcmVjZWlwdBgPIAEoCzIeLmdhdGV3YXkudjEuU2lnbmVkVXNhZ2VSZWNlaXB0ImsKElNpZ25lZFVzYWdlUmVjZWlwdBIyCgdyZWNlaXB0GAEgASgLMiEuZ2F0ZXdheS52MS5Vc2FnZVJlY2VpcHRUeXBlZERhdGESEQoJc2lnbmF0dXJlGAIgASgJEg4KBnNpZ25lchgDIAEoCSJyCgxVc2FnZUZpZ3VyZXMSFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgDIAEoBBIYChByZWFzb25pbmdfdG9rZW5zGAQgASgEIh8KEUdldFJlcXVlc3RSZXF1ZXN0EgoKAmlkGAEgASgJIkMKEkdldFJlcXVlc3RSZXNwb25zZRItCgdyZXF1ZXN0GAEgASgLMhwuZ2F0ZXdheS52MS5JbmZlcmVuY2VSZXF1ZXN0IpwBChFSZXF1ZXN0U2V0dGxlbWVudBIsCgZzdGF0dXMYASABKA4yHC5nYXRld2F5LnYxLlNldHRsZW1lbnRTdGF0dXMSEAoIYmF0Y2hfaWQYAiABKAkSDwoHdHhfaGFzaBgDIAEoCRIXCgpzZXR0bGVkX2F0GAQgASgDSACIAQESDgoGcmVhc29uGAUgASgJQg0KC19zZXR0bGVkX2F0IpgFChBJbmZlcmVuY2VSZXF1ZXN0EgoKAmlkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEhEKCXBlcm1pdF9pZBgFIAEoCRIQCghxdW90ZV9pZBgGIAEoCRIOCgZzdHJlYW0YByABKAgSKQoGc3RhdHVzGAggASgOMhkuZ2F0ZXdheS52MS5SZXF1ZXN0U3RhdHVzEhQKDGlucHV0X3Rva2VucxgJIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAogASgEEhcKD21heGltdW1fY3JlZGl0cxgLIAEoCRIXCg9jcmVkaXRzX2NoYXJnZWQYDCABKAkSFgoOdGFyaWZmX3ZlcnNpb24YDSABKAkSJAoHYmlsbGluZxgOIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxINCgVlcnJvchgPIAEoCRISCgpjcmVhdGVkX2F0GBAgASgDEhkKDGNvbXBsZXRlZF9hdBgRIAEoA0gAiAEBEjEKCnNldHRsZW1lbnQYEiABKAsyHS5nYXRld2F5LnYxLlJlcXVlc3RTZXR0bGVtZW50EhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYEyABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgUIAEoBBIvCg11c2FnZV9jbGFpbWVkGBUgASgLMhguZ2F0ZXdheS52MS5Vc2FnZUZpZ3VyZXMSLwoNdXNhZ2VfY291bnRlZBgWIAEoCzIYLmdhdGV3YXkudjEuVXNhZ2VGaWd1cmVzEi0KDHVzYWdlX3NvdXJjZRgXIAEoDjIXLmdhdGV3YXkudjEuVXNhZ2VTb3VyY2VCDwoNX2NvbXBsZXRlZF9hdCIlChBHZXRQZXJtaXRSZXF1ZXN0EhEKCXBlcm1pdF9pZBgBIAEoCSKdAgoNUGVybWl0QmFsYW5jZRIRCglwZXJtaXRfaWQYASABKAkSJgoFc3RhdGUYAiABKA4yFy5nYXRld2F5LnYxLlBlcm1pdFN0YXRlEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEg0KBXBheWVyGAUgASgJEhIKCmV4cGlyZXNfYXQYBiABKAMSGAoLY2xvc2FibGVfYXQYByABKANIAIgBARIPCgdkZXBvc2l0GAggASgJEg8KB3NldHRsZWQYCSABKAkSGQoRY2hhcmdlZF91bnNldHRsZWQYCiABKAkSEAoIcmVzZXJ2ZWQYCyABKAkSEQoJYXZhaWxhYmxlGAwgASgJQg4KDF9jbG9zYWJsZV9hdCI+ChFHZXRQZXJtaXRSZXNwb25zZRIpCgZwZXJtaXQYASABKAsyGS5nYXRld2F5LnYxLlBlcm1pdEJhbGFuY2UiJgoYR2V0UmVxdWVzdFJlY2VpcHRSZXF1ZXN0EgoKAmlkGAEgASgJIoQDChNVc2FnZVJlY2VpcHRNZXNzYWdlEhIKCnJlcXVlc3RfaWQYASABKAkSEQoJcGVybWl0X2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhAKCG1vZGVsX2lkGAQgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAUgASgEEhQKDGlucHV0X3Rva2VucxgGIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAcgASgEEhUKDWNhY2hlZF90b2tlbnMYCCABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgJIAEoBBIOCgZjaGFyZ2UYCiABKAkSDwoHYmlsbGluZxgLIAEoCRIRCgljbG9zZWRfYXQYDCABKAQSFAoMdXNhZ2Vfc291cmNlGA0gASgJEjAKB2NsYWltZWQYDiABKAsyHy5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdEZpZ3VyZXMSMAoHY291bnRlZBgPIAEoCzIfLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0RmlndXJlcyKEAQoTVXNhZ2VSZWNlaXB0RmlndXJlcxIPCgdwcmVzZW50GAEgASgIEhQKDGlucHV0X3Rva2VucxgCIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAMgASgEEhUKDWNhY2hlZF90b2tlbnMYBCABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgFIAEoBCK2AQoVVXNhZ2VSZWNlaXB0VHlwZWREYXRhEisKBmRvbWFpbhgBIAEoCzIbLmdhdGV3YXkudjEuVHlwZWREYXRhRG9tYWluEigKBXR5cGVzGAIgAygLMhkuZ2F0ZXdheS52MS5UeXBlZERhdGFUeXBlEhQKDHByaW1hcnlfdHlwZRgDIAEoCRIwCgdtZXNzYWdlGAQgASgLMh8uZ2F0ZXdheS52MS5Vc2FnZVJlY2VpcHRNZXNzYWdlInIKGUdldFJlcXVlc3RSZWNlaXB0UmVzcG9uc2USMgoHcmVjZWlwdBgBIAEoCzIhLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0VHlwZWREYXRhEhEKCXNpZ25hdHVyZRgCIAEoCRIOCgZzaWduZXIYAyABKAkiVQoZTGlzdFBlcm1pdFJlY2VpcHRzUmVxdWVzdBIRCglwZXJtaXRfaWQYASABKAkSDQoFbGltaXQYAiABKA0SFgoOc3RhcnRpbmdfYWZ0ZXIYAyABKAkimQEKDVBlcm1pdFJlY2VpcHQSMgoHcmVjZWlwdBgBIAEoCzIhLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0VHlwZWREYXRhEhEKCXNpZ25hdHVyZRgCIAEoCRIOCgZzaWduZXIYAyABKAkSMQoKc2V0dGxlbWVudBgEIAEoCzIdLmdhdGV3YXkudjEuUmVxdWVzdFNldHRsZW1lbnQiWwoaTGlzdFBlcm1pdFJlY2VpcHRzUmVzcG9uc2USKwoIcmVjZWlwdHMYASADKAsyGS5nYXRld2F5LnYxLlBlcm1pdFJlY2VpcHQSEAoIaGFzX21vcmUYAiABKAgqTwoHRGlhbGVjdBIXChNESUFMRUNUX1VOU1BFQ0lGSUVEEAASFQoRRElBTEVDVF9SRVNQT05TRVMQARIUChBESUFMRUNUX01FU1NBR0VTEAIqXQoHQmlsbGluZxIXChNCSUxMSU5HX1VOU1BFQ0lGSUVEEAASEgoOQklMTElOR19CSUxMRUQQARITCg9CSUxMSU5HX1BBUlRJQUwQAhIQCgxCSUxMSU5HX1ZPSUQQAypgCgtVc2FnZVNvdXJjZRIcChhVU0FHRV9TT1VSQ0VfVU5TUEVDSUZJRUQQABIZChVVU0FHRV9TT1VSQ0VfUFJPVklERVIQARIYChRVU0FHRV9TT1VSQ0VfR0FURVdBWRACKsABCg1SZXF1ZXN0U3RhdHVzEh4KGlJFUVVFU1RfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGgoWUkVRVUVTVF9TVEFUVVNfUEVORElORxABEhwKGFJFUVVFU1RfU1RBVFVTX1NUUkVBTUlORxACEhwKGFJFUVVFU1RfU1RBVFVTX0NPTVBMRVRFRBADEhkKFVJFUVVFU1RfU1RBVFVTX0ZBSUxFRBAEEhwKGFJFUVVFU1RfU1RBVFVTX0NBTkNFTExFRBAFKtUBChBTZXR0bGVtZW50U3RhdHVzEiEKHVNFVFRMRU1FTlRfU1RBVFVTX1VOU1BFQ0lGSUVEEAASHwobU0VUVExFTUVOVF9TVEFUVVNfVU5TRVRUTEVEEAESHgoaU0VUVExFTUVOVF9TVEFUVVNfU0VUVExJTkcQAhIdChlTRVRUTEVNRU5UX1NUQVRVU19TRVRUTEVEEAMSGgoWU0VUVExFTUVOVF9TVEFUVVNfTk9ORRAEEiIKHlNFVFRMRU1FTlRfU1RBVFVTX1VOU0VUVExFQUJMRRAFKnUKC1Blcm1pdFN0YXRlEhwKGFBFUk1JVF9TVEFURV9VTlNQRUNJRklFRBAAEhUKEVBFUk1JVF9TVEFURV9PUEVOEAESGAoUUEVSTUlUX1NUQVRFX0NMT1NJTkcQAhIXChNQRVJNSVRfU1RBVEVfQ0xPU0VEEAMy3QMKEEluZmVyZW5jZVNlcnZpY2USawoUU3RyZWFtQ2hhdENvbXBsZXRpb24SJy5nYXRld2F5LnYxLlN0cmVhbUNoYXRDb21wbGV0aW9uUmVxdWVzdBooLmdhdGV3YXkudjEuU3RyZWFtQ2hhdENvbXBsZXRpb25SZXNwb25zZTABEksKCkdldFJlcXVlc3QSHS5nYXRld2F5LnYxLkdldFJlcXVlc3RSZXF1ZXN0Gh4uZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVzcG9uc2USSAoJR2V0UGVybWl0EhwuZ2F0ZXdheS52MS5HZXRQZXJtaXRSZXF1ZXN0Gh0uZ2F0ZXdheS52MS5HZXRQZXJtaXRSZXNwb25zZRJgChFHZXRSZXF1ZXN0UmVjZWlwdBIkLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlY2VpcHRSZXF1ZXN0GiUuZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVjZWlwdFJlc3BvbnNlEmMKEkxpc3RQZXJtaXRSZWNlaXB0cxIlLmdhdGV3YXkudjEuTGlzdFBlcm1pdFJlY2VpcHRzUmVxdWVzdBomLmdhdGV3YXkudjEuTGlzdFBlcm1pdFJlY2VpcHRzUmVzcG9uc2ViBnByb3RvMw", [file_gateway_v1_provider]);
+  fileDesc("ChpnYXRld2F5L3YxL2luZmVyZW5jZS5wcm90bxIKZ2F0ZXdheS52MSKPAQobU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0EgwKBGJvZHkYASABKAwSEQoJcGVybWl0X2lkGAIgASgJEhAKCHF1b3RlX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIkCgdkaWFsZWN0GAUgASgOMhMuZ2F0ZXdheS52MS5EaWFsZWN0IqsBChxTdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlEioKB3N0YXJ0ZWQYASABKAsyFy5nYXRld2F5LnYxLkNoYXRTdGFydGVkSAASJgoFY2h1bmsYAiABKAsyFS5nYXRld2F5LnYxLkNoYXRDaHVua0gAEi4KCWNvbXBsZXRlZBgDIAEoCzIZLmdhdGV3YXkudjEuQ2hhdENvbXBsZXRlZEgAQgcKBWV2ZW50IpgBCgtDaGF0U3RhcnRlZBISCgpyZXF1ZXN0X2lkGAEgASgJEhAKCHF1b3RlX2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAQgASgJEhcKD21heGltdW1fY3JlZGl0cxgFIAEoCRIOCgZzdHJlYW0YBiABKAgSEAoIcmVwbGF5ZWQYByABKAgiUAoJQ2hhdENodW5rEgwKBGRhdGEYASABKAwSJgoIbWV0ZXJpbmcYAiABKAsyFC5nYXRld2F5LnYxLk1ldGVyaW5nEg0KBWV2ZW50GAMgASgJIkgKCE1ldGVyaW5nEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEg8KB2NyZWRpdHMYAyABKAki4QMKDUNoYXRDb21wbGV0ZWQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghxdW90ZV9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgEIAEoCRIUCgxpbnB1dF90b2tlbnMYBSABKAQSFQoNb3V0cHV0X3Rva2VucxgGIAEoBBIXCg9jcmVkaXRzX2NoYXJnZWQYByABKAkSJAoHYmlsbGluZxgIIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxIbChN1c2FnZV9mcm9tX3Byb3ZpZGVyGAkgASgIEhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYCiABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgLIAEoBBIvCg11c2FnZV9jbGFpbWVkGAwgASgLMhguZ2F0ZXdheS52MS5Vc2FnZUZpZ3VyZXMSLwoNdXNhZ2VfY291bnRlZBgNIAEoCzIYLmdhdGV3YXkudjEuVXNhZ2VGaWd1cmVzEi0KDHVzYWdlX3NvdXJjZRgOIAEoDjIXLmdhdGV3YXkudjEuVXNhZ2VTb3VyY2USLwoHcmVjZWlwdBgPIAEoCzIeLmdhdGV3YXkudjEuU2lnbmVkVXNhZ2VSZWNlaXB0ImsKElNpZ25lZFVzYWdlUmVjZWlwdBIyCgdyZWNlaXB0GAEgASgLMiEuZ2F0ZXdheS52MS5Vc2FnZVJlY2VpcHRUeXBlZERhdGESEQoJc2lnbmF0dXJlGAIgASgJEg4KBnNpZ25lchgDIAEoCSJyCgxVc2FnZUZpZ3VyZXMSFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgDIAEoBBIYChByZWFzb25pbmdfdG9rZW5zGAQgASgEIh8KEUdldFJlcXVlc3RSZXF1ZXN0EgoKAmlkGAEgASgJIkMKEkdldFJlcXVlc3RSZXNwb25zZRItCgdyZXF1ZXN0GAEgASgLMhwuZ2F0ZXdheS52MS5JbmZlcmVuY2VSZXF1ZXN0IpwBChFSZXF1ZXN0U2V0dGxlbWVudBIsCgZzdGF0dXMYASABKA4yHC5nYXRld2F5LnYxLlNldHRsZW1lbnRTdGF0dXMSEAoIYmF0Y2hfaWQYAiABKAkSDwoHdHhfaGFzaBgDIAEoCRIXCgpzZXR0bGVkX2F0GAQgASgDSACIAQESDgoGcmVhc29uGAUgASgJQg0KC19zZXR0bGVkX2F0IpgFChBJbmZlcmVuY2VSZXF1ZXN0EgoKAmlkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEhEKCXBlcm1pdF9pZBgFIAEoCRIQCghxdW90ZV9pZBgGIAEoCRIOCgZzdHJlYW0YByABKAgSKQoGc3RhdHVzGAggASgOMhkuZ2F0ZXdheS52MS5SZXF1ZXN0U3RhdHVzEhQKDGlucHV0X3Rva2VucxgJIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAogASgEEhcKD21heGltdW1fY3JlZGl0cxgLIAEoCRIXCg9jcmVkaXRzX2NoYXJnZWQYDCABKAkSFgoOdGFyaWZmX3ZlcnNpb24YDSABKAkSJAoHYmlsbGluZxgOIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxINCgVlcnJvchgPIAEoCRISCgpjcmVhdGVkX2F0GBAgASgDEhkKDGNvbXBsZXRlZF9hdBgRIAEoA0gAiAEBEjEKCnNldHRsZW1lbnQYEiABKAsyHS5nYXRld2F5LnYxLlJlcXVlc3RTZXR0bGVtZW50EhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYEyABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgUIAEoBBIvCg11c2FnZV9jbGFpbWVkGBUgASgLMhguZ2F0ZXdheS52MS5Vc2FnZUZpZ3VyZXMSLwoNdXNhZ2VfY291bnRlZBgWIAEoCzIYLmdhdGV3YXkudjEuVXNhZ2VGaWd1cmVzEi0KDHVzYWdlX3NvdXJjZRgXIAEoDjIXLmdhdGV3YXkudjEuVXNhZ2VTb3VyY2VCDwoNX2NvbXBsZXRlZF9hdCIlChBHZXRQZXJtaXRSZXF1ZXN0EhEKCXBlcm1pdF9pZBgBIAEoCSKdAgoNUGVybWl0QmFsYW5jZRIRCglwZXJtaXRfaWQYASABKAkSJgoFc3RhdGUYAiABKA4yFy5nYXRld2F5LnYxLlBlcm1pdFN0YXRlEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEg0KBXBheWVyGAUgASgJEhIKCmV4cGlyZXNfYXQYBiABKAMSGAoLY2xvc2FibGVfYXQYByABKANIAIgBARIPCgdkZXBvc2l0GAggASgJEg8KB3NldHRsZWQYCSABKAkSGQoRY2hhcmdlZF91bnNldHRsZWQYCiABKAkSEAoIcmVzZXJ2ZWQYCyABKAkSEQoJYXZhaWxhYmxlGAwgASgJQg4KDF9jbG9zYWJsZV9hdCI+ChFHZXRQZXJtaXRSZXNwb25zZRIpCgZwZXJtaXQYASABKAsyGS5nYXRld2F5LnYxLlBlcm1pdEJhbGFuY2UiJgoYR2V0UmVxdWVzdFJlY2VpcHRSZXF1ZXN0EgoKAmlkGAEgASgJIoQDChNVc2FnZVJlY2VpcHRNZXNzYWdlEhIKCnJlcXVlc3RfaWQYASABKAkSEQoJcGVybWl0X2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhAKCG1vZGVsX2lkGAQgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAUgASgEEhQKDGlucHV0X3Rva2VucxgGIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAcgASgEEhUKDWNhY2hlZF90b2tlbnMYCCABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgJIAEoBBIOCgZjaGFyZ2UYCiABKAkSDwoHYmlsbGluZxgLIAEoCRIRCgljbG9zZWRfYXQYDCABKAQSFAoMdXNhZ2Vfc291cmNlGA0gASgJEjAKB2NsYWltZWQYDiABKAsyHy5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdEZpZ3VyZXMSMAoHY291bnRlZBgPIAEoCzIfLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0RmlndXJlcyKEAQoTVXNhZ2VSZWNlaXB0RmlndXJlcxIPCgdwcmVzZW50GAEgASgIEhQKDGlucHV0X3Rva2VucxgCIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAMgASgEEhUKDWNhY2hlZF90b2tlbnMYBCABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgFIAEoBCK2AQoVVXNhZ2VSZWNlaXB0VHlwZWREYXRhEisKBmRvbWFpbhgBIAEoCzIbLmdhdGV3YXkudjEuVHlwZWREYXRhRG9tYWluEigKBXR5cGVzGAIgAygLMhkuZ2F0ZXdheS52MS5UeXBlZERhdGFUeXBlEhQKDHByaW1hcnlfdHlwZRgDIAEoCRIwCgdtZXNzYWdlGAQgASgLMh8uZ2F0ZXdheS52MS5Vc2FnZVJlY2VpcHRNZXNzYWdlInIKGUdldFJlcXVlc3RSZWNlaXB0UmVzcG9uc2USMgoHcmVjZWlwdBgBIAEoCzIhLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0VHlwZWREYXRhEhEKCXNpZ25hdHVyZRgCIAEoCRIOCgZzaWduZXIYAyABKAkiVQoZTGlzdFBlcm1pdFJlY2VpcHRzUmVxdWVzdBIRCglwZXJtaXRfaWQYASABKAkSDQoFbGltaXQYAiABKA0SFgoOc3RhcnRpbmdfYWZ0ZXIYAyABKAkimQEKDVBlcm1pdFJlY2VpcHQSMgoHcmVjZWlwdBgBIAEoCzIhLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0VHlwZWREYXRhEhEKCXNpZ25hdHVyZRgCIAEoCRIOCgZzaWduZXIYAyABKAkSMQoKc2V0dGxlbWVudBgEIAEoCzIdLmdhdGV3YXkudjEuUmVxdWVzdFNldHRsZW1lbnQiWwoaTGlzdFBlcm1pdFJlY2VpcHRzUmVzcG9uc2USKwoIcmVjZWlwdHMYASADKAsyGS5nYXRld2F5LnYxLlBlcm1pdFJlY2VpcHQSEAoIaGFzX21vcmUYAiABKAgi5wEKE0xpc3RSZXF1ZXN0c1JlcXVlc3QSDQoFbGltaXQYASABKA0SFgoOc3RhcnRpbmdfYWZ0ZXIYAiABKAkSDQoFbW9kZWwYAyABKAkSEQoJcGVybWl0X2lkGAQgASgJEikKBnN0YXR1cxgFIAEoDjIZLmdhdGV3YXkudjEuUmVxdWVzdFN0YXR1cxIaCg1jcmVhdGVkX2FmdGVyGAYgASgDSACIAQESGwoOY3JlYXRlZF9iZWZvcmUYByABKANIAYgBAUIQCg5fY3JlYXRlZF9hZnRlckIRCg9fY3JlYXRlZF9iZWZvcmUiWAoUTGlzdFJlcXVlc3RzUmVzcG9uc2USLgoIcmVxdWVzdHMYASADKAsyHC5nYXRld2F5LnYxLkluZmVyZW5jZVJlcXVlc3QSEAoIaGFzX21vcmUYAiABKAgigQEKD0dldFVzYWdlUmVxdWVzdBInCgZidWNrZXQYASABKA4yFy5nYXRld2F5LnYxLlVzYWdlQnVja2V0EhEKCXBlcm1pdF9pZBgCIAEoCRIRCgRmcm9tGAMgASgDSACIAQESDwoCdG8YBCABKANIAYgBAUIHCgVfZnJvbUIFCgNfdG8iigIKClVzYWdlR3JvdXASEQoJc3RhcnRzX2F0GAEgASgDEg0KBW1vZGVsGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhAKCHJlcXVlc3RzGAQgASgEEhQKDGlucHV0X3Rva2VucxgFIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAYgASgEEhwKFGNsYWltZWRfaW5wdXRfdG9rZW5zGAcgASgEEh0KFWNsYWltZWRfb3V0cHV0X3Rva2VucxgIIAEoBBIcChRjb3VudGVkX2lucHV0X3Rva2VucxgJIAEoBBIdChVjb3VudGVkX291dHB1dF90b2tlbnMYCiABKAQSDwoHY3JlZGl0cxgLIAEoCSKQAQoQR2V0VXNhZ2VSZXNwb25zZRInCgZidWNrZXQYASABKA4yFy5nYXRld2F5LnYxLlVzYWdlQnVja2V0EhEKCXBlcm1pdF9pZBgCIAEoCRIMCgRmcm9tGAMgASgDEgoKAnRvGAQgASgDEiYKBmdyb3VwcxgFIAMoCzIWLmdhdGV3YXkudjEuVXNhZ2VHcm91cCIUChJMaXN0UGVybWl0c1JlcXVlc3QiXgoTTGlzdFBlcm1pdHNSZXNwb25zZRIqCgdwZXJtaXRzGAEgAygLMhkuZ2F0ZXdheS52MS5QZXJtaXRCYWxhbmNlEhsKE2V2ZXJ5X3Blcm1pdF9wYXllcnMYAiADKAkqTwoHRGlhbGVjdBIXChNESUFMRUNUX1VOU1BFQ0lGSUVEEAASFQoRRElBTEVDVF9SRVNQT05TRVMQARIUChBESUFMRUNUX01FU1NBR0VTEAIqXQoHQmlsbGluZxIXChNCSUxMSU5HX1VOU1BFQ0lGSUVEEAASEgoOQklMTElOR19CSUxMRUQQARITCg9CSUxMSU5HX1BBUlRJQUwQAhIQCgxCSUxMSU5HX1ZPSUQQAypgCgtVc2FnZVNvdXJjZRIcChhVU0FHRV9TT1VSQ0VfVU5TUEVDSUZJRUQQABIZChVVU0FHRV9TT1VSQ0VfUFJPVklERVIQARIYChRVU0FHRV9TT1VSQ0VfR0FURVdBWRACKsABCg1SZXF1ZXN0U3RhdHVzEh4KGlJFUVVFU1RfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGgoWUkVRVUVTVF9TVEFUVVNfUEVORElORxABEhwKGFJFUVVFU1RfU1RBVFVTX1NUUkVBTUlORxACEhwKGFJFUVVFU1RfU1RBVFVTX0NPTVBMRVRFRBADEhkKFVJFUVVFU1RfU1RBVFVTX0ZBSUxFRBAEEhwKGFJFUVVFU1RfU1RBVFVTX0NBTkNFTExFRBAFKtUBChBTZXR0bGVtZW50U3RhdHVzEiEKHVNFVFRMRU1FTlRfU1RBVFVTX1VOU1BFQ0lGSUVEEAASHwobU0VUVExFTUVOVF9TVEFUVVNfVU5TRVRUTEVEEAESHgoaU0VUVExFTUVOVF9TVEFUVVNfU0VUVExJTkcQAhIdChlTRVRUTEVNRU5UX1NUQVRVU19TRVRUTEVEEAMSGgoWU0VUVExFTUVOVF9TVEFUVVNfTk9ORRAEEiIKHlNFVFRMRU1FTlRfU1RBVFVTX1VOU0VUVExFQUJMRRAFKnUKC1Blcm1pdFN0YXRlEhwKGFBFUk1JVF9TVEFURV9VTlNQRUNJRklFRBAAEhUKEVBFUk1JVF9TVEFURV9PUEVOEAESGAoUUEVSTUlUX1NUQVRFX0NMT1NJTkcQAhIXChNQRVJNSVRfU1RBVEVfQ0xPU0VEEAMqWAoLVXNhZ2VCdWNrZXQSHAoYVVNBR0VfQlVDS0VUX1VOU1BFQ0lGSUVEEAASFQoRVVNBR0VfQlVDS0VUX0hPVVIQARIUChBVU0FHRV9CVUNLRVRfREFZEAIyxwUKEEluZmVyZW5jZVNlcnZpY2USawoUU3RyZWFtQ2hhdENvbXBsZXRpb24SJy5nYXRld2F5LnYxLlN0cmVhbUNoYXRDb21wbGV0aW9uUmVxdWVzdBooLmdhdGV3YXkudjEuU3RyZWFtQ2hhdENvbXBsZXRpb25SZXNwb25zZTABEksKCkdldFJlcXVlc3QSHS5nYXRld2F5LnYxLkdldFJlcXVlc3RSZXF1ZXN0Gh4uZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVzcG9uc2USSAoJR2V0UGVybWl0EhwuZ2F0ZXdheS52MS5HZXRQZXJtaXRSZXF1ZXN0Gh0uZ2F0ZXdheS52MS5HZXRQZXJtaXRSZXNwb25zZRJgChFHZXRSZXF1ZXN0UmVjZWlwdBIkLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlY2VpcHRSZXF1ZXN0GiUuZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVjZWlwdFJlc3BvbnNlEmMKEkxpc3RQZXJtaXRSZWNlaXB0cxIlLmdhdGV3YXkudjEuTGlzdFBlcm1pdFJlY2VpcHRzUmVxdWVzdBomLmdhdGV3YXkudjEuTGlzdFBlcm1pdFJlY2VpcHRzUmVzcG9uc2USUQoMTGlzdFJlcXVlc3RzEh8uZ2F0ZXdheS52MS5MaXN0UmVxdWVzdHNSZXF1ZXN0GiAuZ2F0ZXdheS52MS5MaXN0UmVxdWVzdHNSZXNwb25zZRJFCghHZXRVc2FnZRIbLmdhdGV3YXkudjEuR2V0VXNhZ2VSZXF1ZXN0GhwuZ2F0ZXdheS52MS5HZXRVc2FnZVJlc3BvbnNlEk4KC0xpc3RQZXJtaXRzEh4uZ2F0ZXdheS52MS5MaXN0UGVybWl0c1JlcXVlc3QaHy5nYXRld2F5LnYxLkxpc3RQZXJtaXRzUmVzcG9uc2ViBnByb3RvMw", [file_gateway_v1_provider]);
 
 /**
  * @generated from message gateway.v1.StreamChatCompletionRequest
@@ -1075,6 +1075,297 @@ export const ListPermitReceiptsResponseSchema: GenMessage<ListPermitReceiptsResp
   messageDesc(file_gateway_v1_inference, 22);
 
 /**
+ * @generated from message gateway.v1.ListRequestsRequest
+ */
+export type ListRequestsRequest = Message<"gateway.v1.ListRequestsRequest"> & {
+  /**
+   * At most this many records (1 to 100; 0: 50).
+   *
+   * @generated from field: uint32 limit = 1;
+   */
+  limit: number;
+
+  /**
+   * The id of the last record of the previous page (empty: from the newest).
+   *
+   * @generated from field: string starting_after = 2;
+   */
+  startingAfter: string;
+
+  /**
+   * Only requests for this model (its name, as the request named it).
+   *
+   * @generated from field: string model = 3;
+   */
+  model: string;
+
+  /**
+   * Only requests paid from this permit (Hex32).
+   *
+   * @generated from field: string permit_id = 4;
+   */
+  permitId: string;
+
+  /**
+   * Only requests in this state (unspecified: any).
+   *
+   * @generated from field: gateway.v1.RequestStatus status = 5;
+   */
+  status: RequestStatus;
+
+  /**
+   * Unix seconds: only requests made at or after this.
+   *
+   * @generated from field: optional int64 created_after = 6;
+   */
+  createdAfter?: bigint | undefined;
+
+  /**
+   * Unix seconds: only requests made before this.
+   *
+   * @generated from field: optional int64 created_before = 7;
+   */
+  createdBefore?: bigint | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.ListRequestsRequest.
+ * Use `create(ListRequestsRequestSchema)` to create a new message.
+ */
+export const ListRequestsRequestSchema: GenMessage<ListRequestsRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 23);
+
+/**
+ * @generated from message gateway.v1.ListRequestsResponse
+ */
+export type ListRequestsResponse = Message<"gateway.v1.ListRequestsResponse"> & {
+  /**
+   * @generated from field: repeated gateway.v1.InferenceRequest requests = 1;
+   */
+  requests: InferenceRequest[];
+
+  /**
+   * More records follow the last one (ask again with starting_after).
+   *
+   * @generated from field: bool has_more = 2;
+   */
+  hasMore: boolean;
+};
+
+/**
+ * Describes the message gateway.v1.ListRequestsResponse.
+ * Use `create(ListRequestsResponseSchema)` to create a new message.
+ */
+export const ListRequestsResponseSchema: GenMessage<ListRequestsResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 24);
+
+/**
+ * @generated from message gateway.v1.GetUsageRequest
+ */
+export type GetUsageRequest = Message<"gateway.v1.GetUsageRequest"> & {
+  /**
+   * Hour or day (unspecified: day).
+   *
+   * @generated from field: gateway.v1.UsageBucket bucket = 1;
+   */
+  bucket: UsageBucket;
+
+  /**
+   * Hex32: the usage of every request on this permit; empty: the caller's.
+   *
+   * @generated from field: string permit_id = 2;
+   */
+  permitId: string;
+
+  /**
+   * Unix seconds: requests made at or after this (default `to` minus 7 days).
+   *
+   * @generated from field: optional int64 from = 3;
+   */
+  from?: bigint | undefined;
+
+  /**
+   * Unix seconds: requests made before this (default now + 2: a request made
+   * now is in, its created_at being the database's clock rounded to the second).
+   *
+   * @generated from field: optional int64 to = 4;
+   */
+  to?: bigint | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.GetUsageRequest.
+ * Use `create(GetUsageRequestSchema)` to create a new message.
+ */
+export const GetUsageRequestSchema: GenMessage<GetUsageRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 25);
+
+/**
+ * The usage of one model on one offer in one time bucket. Token counts and
+ * credits are sums over the requests of the group (open requests count as
+ * requests and add nothing else until they close).
+ *
+ * @generated from message gateway.v1.UsageGroup
+ */
+export type UsageGroup = Message<"gateway.v1.UsageGroup"> & {
+  /**
+   * Unix seconds: the start of the UTC hour or day.
+   *
+   * @generated from field: int64 starts_at = 1;
+   */
+  startsAt: bigint;
+
+  /**
+   * @generated from field: string model = 2;
+   */
+  model: string;
+
+  /**
+   * Hex32: the offer that served (the last one tried, for a request that failed over).
+   *
+   * @generated from field: string offer_id = 3;
+   */
+  offerId: string;
+
+  /**
+   * @generated from field: uint64 requests = 4;
+   */
+  requests: bigint;
+
+  /**
+   * The tokens charged (the records' input_tokens and output_tokens).
+   *
+   * @generated from field: uint64 input_tokens = 5;
+   */
+  inputTokens: bigint;
+
+  /**
+   * @generated from field: uint64 output_tokens = 6;
+   */
+  outputTokens: bigint;
+
+  /**
+   * The providers' usage claims (requests without one add nothing).
+   *
+   * @generated from field: uint64 claimed_input_tokens = 7;
+   */
+  claimedInputTokens: bigint;
+
+  /**
+   * @generated from field: uint64 claimed_output_tokens = 8;
+   */
+  claimedOutputTokens: bigint;
+
+  /**
+   * The gateway's own counts (requests without one add nothing).
+   *
+   * @generated from field: uint64 counted_input_tokens = 9;
+   */
+  countedInputTokens: bigint;
+
+  /**
+   * @generated from field: uint64 counted_output_tokens = 10;
+   */
+  countedOutputTokens: bigint;
+
+  /**
+   * Decimal string: the credits charged, in the credit token's base units.
+   *
+   * @generated from field: string credits = 11;
+   */
+  credits: string;
+};
+
+/**
+ * Describes the message gateway.v1.UsageGroup.
+ * Use `create(UsageGroupSchema)` to create a new message.
+ */
+export const UsageGroupSchema: GenMessage<UsageGroup> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 26);
+
+/**
+ * @generated from message gateway.v1.GetUsageResponse
+ */
+export type GetUsageResponse = Message<"gateway.v1.GetUsageResponse"> & {
+  /**
+   * @generated from field: gateway.v1.UsageBucket bucket = 1;
+   */
+  bucket: UsageBucket;
+
+  /**
+   * The permit whose usage this is; empty: the caller's.
+   *
+   * @generated from field: string permit_id = 2;
+   */
+  permitId: string;
+
+  /**
+   * Unix seconds: the range the requests were made in, [from, to).
+   *
+   * @generated from field: int64 from = 3;
+   */
+  from: bigint;
+
+  /**
+   * @generated from field: int64 to = 4;
+   */
+  to: bigint;
+
+  /**
+   * By starts_at, then model, then offer_id.
+   *
+   * @generated from field: repeated gateway.v1.UsageGroup groups = 5;
+   */
+  groups: UsageGroup[];
+};
+
+/**
+ * Describes the message gateway.v1.GetUsageResponse.
+ * Use `create(GetUsageResponseSchema)` to create a new message.
+ */
+export const GetUsageResponseSchema: GenMessage<GetUsageResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 27);
+
+/**
+ * @generated from message gateway.v1.ListPermitsRequest
+ */
+export type ListPermitsRequest = Message<"gateway.v1.ListPermitsRequest"> & {
+};
+
+/**
+ * Describes the message gateway.v1.ListPermitsRequest.
+ * Use `create(ListPermitsRequestSchema)` to create a new message.
+ */
+export const ListPermitsRequestSchema: GenMessage<ListPermitsRequest> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 28);
+
+/**
+ * @generated from message gateway.v1.ListPermitsResponse
+ */
+export type ListPermitsResponse = Message<"gateway.v1.ListPermitsResponse"> & {
+  /**
+   * The permits the key's active authorizations name, by permit id.
+   *
+   * @generated from field: repeated gateway.v1.PermitBalance permits = 1;
+   */
+  permits: PermitBalance[];
+
+  /**
+   * Payers (addresses) whose every permit the key may spend.
+   *
+   * @generated from field: repeated string every_permit_payers = 2;
+   */
+  everyPermitPayers: string[];
+};
+
+/**
+ * Describes the message gateway.v1.ListPermitsResponse.
+ * Use `create(ListPermitsResponseSchema)` to create a new message.
+ */
+export const ListPermitsResponseSchema: GenMessage<ListPermitsResponse> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 29);
+
+/**
  * A client dialect of the chat RPC.
  *
  * @generated from enum gateway.v1.Dialect
@@ -1294,6 +1585,36 @@ export const PermitStateSchema: GenEnum<PermitState> = /*@__PURE__*/
   enumDesc(file_gateway_v1_inference, 5);
 
 /**
+ * The width of a usage group's time bucket (UTC).
+ *
+ * @generated from enum gateway.v1.UsageBucket
+ */
+export enum UsageBucket {
+  /**
+   * A day.
+   *
+   * @generated from enum value: USAGE_BUCKET_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: USAGE_BUCKET_HOUR = 1;
+   */
+  HOUR = 1,
+
+  /**
+   * @generated from enum value: USAGE_BUCKET_DAY = 2;
+   */
+  DAY = 2,
+}
+
+/**
+ * Describes the enum gateway.v1.UsageBucket.
+ */
+export const UsageBucketSchema: GenEnum<UsageBucket> = /*@__PURE__*/
+  enumDesc(file_gateway_v1_inference, 6);
+
+/**
  * Metered chat completions and their records.
  *
  * @generated from service gateway.v1.InferenceService
@@ -1368,6 +1689,50 @@ export const InferenceService: GenService<{
     methodKind: "unary";
     input: typeof ListPermitReceiptsRequestSchema;
     output: typeof ListPermitReceiptsResponseSchema;
+  },
+  /**
+   * The records of the requests made with the calling API key (or, with a payer's
+   * ReadPayerRequests token, those the payer paid with x402), newest first
+   * (created_at, then id, descending), narrowed by the filters that are set.
+   * Read through the index of a key's requests by creation (no other key's row
+   * is read). A `starting_after` that is not one of the caller's requests gives
+   * an empty page, as ListPermitReceipts.
+   *
+   * @generated from rpc gateway.v1.InferenceService.ListRequests
+   */
+  listRequests: {
+    methodKind: "unary";
+    input: typeof ListRequestsRequestSchema;
+    output: typeof ListRequestsResponseSchema;
+  },
+  /**
+   * Requests, tokens (charged, claimed, counted) and credits charged, grouped by
+   * UTC hour or day (of the requests' creation), model and offer: of the calling
+   * API key's requests (or a payer's x402 ones, as ListRequests), or of every
+   * request on one permit whichever key made it (only for API keys the permit's
+   * payer authorized, refused as GetPermit). At most 93 days of days or 7 days of
+   * hours (INVALID_ARGUMENT `invalid_request` beyond).
+   *
+   * @generated from rpc gateway.v1.InferenceService.GetUsage
+   */
+  getUsage: {
+    methodKind: "unary";
+    input: typeof GetUsageRequestSchema;
+    output: typeof GetUsageResponseSchema;
+  },
+  /**
+   * The permits the calling API key may spend: each permit an active
+   * authorization of the key names, with its balance as GetPermit gives it, and
+   * the payers whose every permit the key may spend (an authorization naming no
+   * permit: the gateway does not list a payer's permits from the chain, each is
+   * read with GetPermit).
+   *
+   * @generated from rpc gateway.v1.InferenceService.ListPermits
+   */
+  listPermits: {
+    methodKind: "unary";
+    input: typeof ListPermitsRequestSchema;
+    output: typeof ListPermitsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_gateway_v1_inference, 0);

@@ -17,7 +17,8 @@ export type {
   UsageSource,
 };
 
-interface RequestDbRow {
+/** A row of `inference_requests` as {@link recordColumns} selects it. */
+export interface RequestDbRow {
   id: string;
   api_key_id: string;
   instance_id: string;
@@ -73,7 +74,8 @@ export async function getRequest(
   return row ? toRequestRecord(row) : undefined;
 }
 
-const recordColumns = `id, api_key_id, instance_id, model, model_id, offer_id, permit_id, quote_id,
+/** The columns of a request's record (what {@link toRequestRecord} reads). */
+export const recordColumns = `id, api_key_id, instance_id, model, model_id, offer_id, permit_id, quote_id,
   stream, status, input_tokens, output_tokens, cached_input_tokens, reasoning_tokens,
   maximum_credits, credits_charged, billing, usage_source, tariff_version, error, created_at,
   completed_at, settlement_status, batch_id, tx_hash, settled_at, settlement_reason,
@@ -125,7 +127,7 @@ export async function listChargedRequests(
   return rows.map(toRequestRecord);
 }
 
-function toRequestRecord(row: RequestDbRow): RequestRecord {
+export function toRequestRecord(row: RequestDbRow): RequestRecord {
   return {
     id: row.id,
     apiKeyId: row.api_key_id,

@@ -1,6 +1,8 @@
 import type pg from "pg";
 import type { Hex } from "viem";
 import type { RecordRegistration } from "../../domain/registration/index.js";
+import type { RequestFilter, UsageBucket, UsageScope } from "../../domain/activity.js";
+import { listRequests, usageGroups } from "./activity.js";
 import { listBatches } from "./earnings.js";
 import { permitLedger } from "./ledger/index.js";
 import { recordRegistration } from "./registrations.js";
@@ -17,6 +19,14 @@ export function createPgServiceReads(pool: pg.Pool) {
     permitLedger: (permitId: Hex) => permitLedger(pool, permitId),
     listCharged: (permitId: Hex, limit: number, startingAfter: string | undefined) =>
       listChargedRequests(pool, permitId, limit, startingAfter),
+    listRequests: (
+      apiKeyId: string,
+      filter: RequestFilter,
+      limit: number,
+      startingAfter: string | undefined,
+    ) => listRequests(pool, apiKeyId, filter, limit, startingAfter),
+    usage: (scope: UsageScope, bucket: UsageBucket, from: number, to: number) =>
+      usageGroups(pool, scope, bucket, from, to),
     listBatches: (args: Parameters<typeof listBatches>[1]) => listBatches(pool, args),
   };
 }

@@ -50,6 +50,8 @@ export interface Closes {
   /** Marks a completed answer whose close is about to be written (record reads wait for it). */
   recording(requestId: string): () => void;
   whenRecorded(requestId: string): Promise<void>;
+  /** Settles once the closes being recorded now are (not those recorded later). */
+  whenAllRecorded(): Promise<void>;
   /** Waits for closes being written, then tries the outbox a few times (graceful shutdown). */
   drain(): Promise<void>;
 }
@@ -98,6 +100,7 @@ export function createCloses(deps: Pick<InferenceDeps, "ledger" | "clock">): Clo
       };
     },
     whenRecorded: (requestId) => recording.get(requestId) ?? Promise.resolve(),
+    whenAllRecorded: async () => void (await Promise.all([...recording.values()])),
     async drain() {
       while (recording.size > 0) await Promise.all(recording.values());
       for (let round = 0; outbox.size > 0 && round < 5; round++) {

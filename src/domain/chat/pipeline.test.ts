@@ -387,16 +387,21 @@ describe("inference pipeline", () => {
     const rest = events.next();
     let recorded = false;
     const whenRecorded = inference.whenRecorded(done.requestId).then(() => (recorded = true));
+    // A list of the key's records (ListRequests) waits for it as well.
+    let allRecorded = false;
+    const whenAll = inference.whenAllRecorded().then(() => (allRecorded = true));
     let drained = false;
     const drain = inference.drain().then(() => (drained = true));
     await new Promise((resolve) => setTimeout(resolve, 10));
     expect(commit).toBeDefined();
     expect(recorded).toBe(false);
+    expect(allRecorded).toBe(false);
     // A graceful shutdown waits for it too.
     expect(drained).toBe(false);
     commit!();
     expect((await rest).done).toBe(true);
     await whenRecorded;
+    await whenAll;
     await drain;
     expect(committed).toEqual(["completed"]);
   });

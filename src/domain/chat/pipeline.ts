@@ -106,6 +106,10 @@ export function createInference(deps: InferenceDeps): Inference {
       await closes.whenRecorded(requestId);
       await deps.ledger.whenWritten?.(requestId);
     },
+    whenAllRecorded: async () => {
+      await closes.whenAllRecorded();
+      await deps.ledger.whenAllWritten?.();
+    },
     drain: async () => {
       if (p.running > 0) await new Promise<void>((resolve) => p.whenIdle.push(resolve));
       await closes.drain();

@@ -100,6 +100,8 @@ export interface Ledger {
   }): Promise<boolean>;
   /** Settles once a record write of the request still in progress has ended (leases). */
   whenWritten?(requestId: string): Promise<void>;
+  /** Settles once every record write in progress now has ended (leases). */
+  whenAllWritten?(): Promise<void>;
   recordOfferFlag(input: {
     offerId: Hex;
     requestId: Hex;
@@ -380,6 +382,12 @@ export interface Inference {
    * now (a completed answer goes to the client just before its charge is committed).
    */
   whenRecorded(requestId: string): Promise<void>;
+  /**
+   * Settles once every request this process answered so far has its record written (opened and,
+   * if answered, closed): a list of a key's records reads its own writes (ListRequests). Waits
+   * for the writes in flight now, which the batches bound, never for later ones.
+   */
+  whenAllRecorded(): Promise<void>;
   /**
    * Settles when no chat call is under way any more and every answer given so far has its
    * final state recorded (graceful shutdown: called once the calls in flight ended or were cut).

@@ -63,6 +63,8 @@ export interface LeaseOptions {
 export interface LeasedLedger extends Ledger {
   /** Settles once the request's record write (if any is pending) has ended. */
   whenWritten(requestId: string): Promise<void>;
+  /** Settles once the record writes pending now have ended. */
+  whenAllWritten(): Promise<void>;
   /** A permit's close was requested: admit nothing more on it, give its leases back at once. */
   revokePermit(permitId: Hex): void;
   /** One round of heartbeat, idle return and epoch checks (the timer calls it). */
@@ -131,6 +133,8 @@ export function createLeasedLedger(options: LeaseOptions): LeasedLedger {
     switchOffer: (input) => switchOffer(s, input),
     recordOfferFlag: (input) => fallback.recordOfferFlag(input),
     whenWritten: (requestId) => s.requests.get(requestId)?.written ?? Promise.resolve(),
+    whenAllWritten: async () =>
+      void (await Promise.all([...s.requests.values()].map((r) => r.written))),
     revokePermit(permitId) {
       const id = permitId.toLowerCase() as Hex;
       s.revoked.add(id);
