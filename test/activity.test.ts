@@ -1,5 +1,7 @@
 import type { Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
+import * as grpc from "@grpc/grpc-js";
+import { InferenceService, UsageBucket } from "../gen/gateway/v1/inference_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   listRequestsQuery,
@@ -11,6 +13,7 @@ import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import { buildReadPayerRequestsTypedData } from "../src/domain/permit-authorization/index.js";
 import { seededRecord, seedRequests, type SeedSpec } from "./helpers/activity-seed.js";
 import { authorizeKey, signable } from "./helpers/authorize.js";
+import { grpcClient, grpcUnary } from "./helpers/grpc.js";
 import { testDatabaseUrl } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { openPermit } from "./helpers/market.js";
@@ -97,6 +100,43 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
     // A permit's usage counts every key's requests on it.
     const permitUsage = await get(`/v1/usage?bucket=hour&permit=${stack.demo.permitId}`);
     expect((permitUsage.body.groups as Json[]).reduce((n, g) => n + g.requests, 0)).toBe(3);
+  });
+
+  it("answers the same over gRPC (@grpc/grpc-js): ListRequests, GetUsage, ListPermits", async () => {
+    const client = grpcClient(stack.gateway.url);
+    const auth = { authorization: `Bearer ${stack.apiKey}` };
+    try {
+      const rest = await get("/v1/requests?limit=1");
+      const listed = await grpcUnary(
+        client,
+        InferenceService.method.listRequests,
+        { limit: 1 },
+        auth,
+      );
+      expect(listed.requests.map((r) => r.id)).toEqual([rest.body.data[0].id]);
+      expect(listed.hasMore).toBe(rest.body.has_more);
+      const usage = await grpcUnary(
+        client,
+        InferenceService.method.getUsage,
+        { bucket: UsageBucket.HOUR, permitId: stack.demo.permitId },
+        auth,
+      );
+      const restUsage = await get(
+        `/v1/usage?bucket=hour&permit=${stack.demo.permitId}&from=${usage.from}&to=${usage.to}`,
+      );
+      expect(usage.groups.map((g) => g.credits)).toEqual(
+        (restUsage.body.groups as Json[]).map((g) => g.credits),
+      );
+      const permits = await grpcUnary(client, InferenceService.method.listPermits, {}, auth);
+      expect(permits.everyPermitPayers).toEqual([stack.roles.payer.address.toLowerCase()]);
+      // Without a key: UNAUTHENTICATED, as every keyed RPC.
+      const refused = await grpcUnary(client, InferenceService.method.listRequests, {}).catch(
+        (e: grpc.ServiceError) => e,
+      );
+      expect((refused as grpc.ServiceError).code).toBe(grpc.status.UNAUTHENTICATED);
+    } finally {
+      client.close();
+    }
   });
 
   it("a key the payer did not authorize for a permit is refused its usage exactly as GET /v1/permits/{id}", async () => {
