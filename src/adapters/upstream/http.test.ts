@@ -118,8 +118,12 @@ describe("upstream client", () => {
     // The body's end comes a moment after `[DONE]`, as a provider that flushes each event
     // would send it: a reader that stops at `[DONE]` must not cost the connection.
     let connections = 0;
+    // Each answer's end, as the server sent it (the wait below is on it, not on a fixed time:
+    // on a loaded machine the 20 ms can stretch).
+    let ended: Promise<void> = Promise.resolve();
     const url = await listen((req, res) => {
       req.resume();
+      ended = new Promise((resolve) => res.once("finish", () => resolve()));
       req.on("end", () => {
         res.writeHead(200, { "content-type": "text/event-stream" });
         res.write('data: {"n":1}\n\ndata: [DONE]\n\n');
@@ -137,6 +141,8 @@ describe("upstream client", () => {
           seen.push(data);
         }
         expect(seen).toEqual(['{"n":1}']);
+        // The body's end sent, then a moment for the client to take it (and free the socket).
+        await ended;
         await new Promise((r) => setTimeout(r, 60));
       }
       expect(connections).toBe(1);
