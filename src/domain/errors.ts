@@ -155,8 +155,9 @@ export const errorCodes = {
   upstream_error: "bad_gateway",
   endpoint_unreachable: "bad_gateway",
   no_eligible_offer: "unavailable",
-  // Every offer the request may use is cooling down: its provider answered 429 (or 503 with
-  // Retry-After) and routing leaves it alone for the time it asked. Carries Retry-After.
+  // Every offer the request may use is cooling down: its provider answered "too many requests"
+  // (or "unavailable" with Retry-After) and routing leaves it alone for the time it asked.
+  // Carries Retry-After.
   offer_cooling_down: "unavailable",
   upstream_unavailable: "unavailable",
   chain_unavailable: "unavailable",
