@@ -55,6 +55,8 @@ async function authorization(
     issuedAt: NOW,
     totalCap: caps.totalCap ?? 0n,
     perRequestCap: caps.perRequestCap ?? 0n,
+    period: "",
+    periodCap: 0n,
     createdAt: NOW,
     revokedAt: null,
     revokedBy: null,
