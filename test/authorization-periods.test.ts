@@ -21,8 +21,14 @@ import {
   periodUse,
   type PermitAuthorization,
 } from "../src/domain/permit-authorization/index.js";
+import { startGateway, type Gateway } from "../src/app.js";
+import { authorizeKey, type AuthorizationView } from "./helpers/authorize.js";
 import { createTestDatabase, describeIfPostgres, type TestDatabase } from "./helpers/db.js";
+import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { completion, hex32, NOW, reservation } from "./helpers/ledger.js";
+import { auditSecret } from "./helpers/log-audit.js";
+import { openPermit } from "./helpers/market.js";
+import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
  * Budgets that renew (issue 38, item 2): a daily cap shared by two gateway processes (two pools
@@ -194,3 +200,142 @@ describeIfPostgres("a daily cap shared by two gateway processes (issue 38)", () 
     expect(violations).toEqual([]);
   });
 });
+
+/**
+ * The same over HTTP: two gateways on one PostgreSQL (each its own pool, as two processes are),
+ * sharing one controlled clock that the test moves a day ahead.
+ */
+describeIfPostgres(
+  "an agent's daily budget, over HTTP on two gateways with a controlled clock (issue 38)",
+  () => {
+    let stack: TestStack;
+    let fake: FakeUpstream;
+    let otherDb: Database;
+    let other: Gateway;
+    let offset = 0;
+    const clock = () => Math.floor(Date.now() / 1000) + offset;
+    const K = 3;
+    let maximum: bigint;
+    let agent: string;
+    let daily: AuthorizationView;
+    const body = JSON.stringify({
+      model: "demo-chat",
+      messages: [{ role: "user", content: "an agent's call" }],
+      max_tokens: 16,
+    });
+    const chat = (base: string) =>
+      fetch(`${base}/v1/chat/completions`, {
+        method: "POST",
+        headers: {
+          authorization: `Bearer ${agent}`,
+          "content-type": "application/json",
+          "x-gateway-permit": daily.permit_id,
+        },
+        body,
+      });
+
+    beforeAll(async () => {
+      // An offer's verification stands a week here, not a day: the clock moves a day ahead.
+      ({ stack, fake } = await startChatStack(
+        { PERMIT_CACHE_MS: "60000", VERIFICATION_TTL_SECONDS: String(7 * 86_400) },
+        { clock },
+      ));
+      otherDb = await openDatabase({ url: stack.database.url! });
+      other = await startGateway(stack.config, { logger: stack.logger, database: otherDb, clock });
+      const quote = await json(
+        await authed(stack, "/v1/quotes", {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body,
+        }),
+      );
+      maximum = BigInt(quote.maximum_credits);
+      agent = (await createApiKey(stack.database.db.pool, "agent")).key;
+      auditSecret("api key", agent);
+      daily = await authorizeKey(stack.gateway.url, agent, stack.roles.payer.privateKey, {
+        permitId: await openPermit(stack, { deposit: 100n * maximum }),
+        period: "day",
+        periodCap: (BigInt(K) * maximum).toString(),
+      });
+    }, 120_000);
+    afterAll(async () => {
+      await other?.close();
+      await otherDb?.close();
+      await fake?.stop();
+      await stack?.close();
+    });
+
+    /** 3·K chats across both gateways while the provider holds every admitted one. */
+    const burst = async () => {
+      const calls = fake.calls("/v1/chat/completions");
+      fake.setOptions({ stallBeforeHeadersMs: 60_000 });
+      let refused = 0;
+      const answers = Promise.all(
+        Array.from({ length: 3 * K }, async (_, i) => {
+          const res = await chat(i % 2 === 0 ? stack.gateway.url : other.url);
+          const text = await res.text();
+          if (res.status !== 200) refused++;
+          return res.status === 200
+            ? { status: 200 }
+            : {
+                status: res.status,
+                error: (JSON.parse(text) as { error: { code: string; message: string } }).error,
+                retryAfter: res.headers.get("retry-after"),
+              };
+        }),
+      );
+      try {
+        await eventually(
+          async () => refused === 2 * K && fake.calls("/v1/chat/completions") === calls + K,
+          20_000,
+        );
+        await new Promise((r) => setTimeout(r, 300));
+        expect(fake.calls("/v1/chat/completions")).toBe(calls + K);
+      } finally {
+        fake.setOptions({ stallBeforeHeadersMs: undefined });
+        fake.releaseHolds();
+      }
+      return answers;
+    };
+
+    it("admits exactly the day's budget across both, refuses the rest naming the day and its renewal, and admits again once the day rolls over", async () => {
+      const first = await burst();
+      expect(first.filter((a) => a.status === 200)).toHaveLength(K);
+      const refusals = first.filter((a) => a.status !== 200);
+      expect(refusals).toHaveLength(2 * K);
+      const renews = periodEnd("day", clock());
+      for (const r of refusals) {
+        expect(r).toMatchObject({
+          status: 402,
+          error: { code: "authorization_period_cap_exhausted" },
+        });
+        expect(r.error!.message).toContain(
+          `renews at ${new Date(renews * 1000).toISOString()} (${renews}, Unix seconds`,
+        );
+        expect(Number(r.retryAfter)).toBeGreaterThan(0);
+        expect(Number(r.retryAfter)).toBeLessThanOrEqual(renews - clock() + 1);
+      }
+      const listed = async () =>
+        (
+          (await json(
+            await fetch(`${stack.gateway.url}/v1/permit-authorizations`, {
+              headers: { authorization: `Bearer ${agent}` },
+            }),
+          )) as { data: AuthorizationView[] }
+        ).data.find((a) => a.id === daily.id)!;
+      const today = await listed();
+      expect(today).toMatchObject({ period: "day", period_renews_at: renews });
+      expect(BigInt(today.period_used)).toBeGreaterThan(0n);
+      expect(BigInt(today.period_used)).toBeLessThanOrEqual(BigInt(K) * maximum);
+
+      // A day later on both gateways' clock: the budget is whole again.
+      offset += 86_400;
+      expect(await listed()).toMatchObject({ period_used: "0", period_renews_at: renews + 86_400 });
+      const second = await burst();
+      expect(second.filter((a) => a.status === 200)).toHaveLength(K);
+      expect(second.filter((a) => a.status !== 200).map((a) => a.error?.code)).toEqual(
+        Array.from({ length: 2 * K }, () => "authorization_period_cap_exhausted"),
+      );
+    }, 120_000);
+  },
+);
