@@ -606,6 +606,8 @@ describeIfPostgres(
           issuedAt: NOW,
           totalCap: cap,
           perRequestCap: maximum,
+          period: "",
+          periodCap: 0n,
           createdAt: NOW,
           revokedAt: null,
           revokedBy: null,

@@ -1150,10 +1150,15 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     await call("GET", "/v1/permits", "/v1/permits", { status: 200 });
   });
 
-  it("credit caps on an authorization: a request above the per-request cap, a total cap spent", async () => {
+  it("credit caps on an authorization: a request above the per-request cap, a total cap spent, a daily cap spent", async () => {
     // Two agents of the demo permit's payer: one may spend 1 credit per request, the other
     // 1 credit in all; any request's maximum is above either.
-    const agent = async (caps: { totalCap: string; perRequestCap?: string }) => {
+    const agent = async (caps: {
+      totalCap: string;
+      perRequestCap?: string;
+      period?: string;
+      periodCap?: string;
+    }) => {
       const created = await createApiKey(stack.database.db.pool, "agent");
       auditSecret("api key", created.key);
       await authorizeKey(base, created.key, stack.roles.payer.privateKey, {
@@ -1164,6 +1169,8 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
     };
     const narrow = await agent({ totalCap: "1", perRequestCap: "1" });
     const spent = await agent({ totalCap: "1" });
+    // And one that may spend 1 credit a day (issue 38): no request fits today's cap.
+    const daily = await agent({ totalCap: "0", period: "day", periodCap: "1" });
     for (const [route, body] of [
       ["/v1/chat/completions", { model: "demo-chat", messages }],
       ["/v1/responses", { model: "demo-chat", input: messages }],
@@ -1172,6 +1179,7 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       for (const [key, expected] of [
         [narrow, { status: 403, code: "authorization_per_request_cap_exceeded" }],
         [spent, { status: 402, code: "authorization_cap_exhausted" }],
+        [daily, { status: 402, code: "authorization_period_cap_exhausted" }],
       ] as const) {
         await call("POST", route, route, expected, {
           headers: {

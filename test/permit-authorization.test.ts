@@ -137,6 +137,8 @@ describe("spending authority (PostgreSQL or PGlite, anvil)", () => {
         deployment: typed.message.deployment,
         totalCap: typed.message.totalCap,
         perRequestCap: typed.message.perRequestCap,
+        period: typed.message.period,
+        periodCap: typed.message.periodCap,
         nonce: typed.message.nonce,
         signature,
       }),
@@ -334,6 +336,8 @@ describe("spending authority (PostgreSQL or PGlite, anvil)", () => {
       "deployment",
       "totalCap",
       "perRequestCap",
+      "period",
+      "periodCap",
       "nonce",
     ]);
     expect(typed.message).toMatchObject({
@@ -380,6 +384,44 @@ describe("spending authority (PostgreSQL or PGlite, anvil)", () => {
       total_cap: "5000",
       per_request_cap: "0",
     });
+  });
+
+  it("signs a periodic cap (issue 38): a changed, raised or dropped period or period cap does not verify; the stored one lists its period, its use and its renewal", async () => {
+    const permitId = await freshPermit();
+    const app = await newKey();
+    const typed = await challenge(app.key, {
+      payer: payerAddress,
+      permitId,
+      period: "day",
+      periodCap: "7000",
+    });
+    expect(typed.message).toMatchObject({ period: "day", periodCap: "7000", totalCap: "0" });
+    const payer = privateKeyToAccount(payerKey);
+    const signature = await payer.signTypedData(signable(typed));
+    for (const altered of [
+      { period: "month" },
+      { period: "week" },
+      { periodCap: "7001" },
+      { period: "", periodCap: "0" },
+    ]) {
+      const res = await submit(app.key, { message: { ...typed.message, ...altered } }, signature);
+      expect({ altered, status: res.status }).toEqual({ altered, status: 401 });
+      expect((await json(res)).error.code).toBe("invalid_signature");
+    }
+    const stored = await submit(app.key, typed, signature);
+    expect(stored.status).toBe(200);
+    expect((await json(stored)).authorization).toMatchObject({
+      period: "day",
+      period_cap: "7000",
+      period_used: "0",
+    });
+    const listed = (await json(await call(app.key, "/v1/permit-authorizations"))).data[0];
+    const now = Math.floor(Date.now() / 1000);
+    expect(listed).toMatchObject({ period: "day", period_cap: "7000", period_used: "0" });
+    // The end of the current UTC day (or the next, read at midnight).
+    expect(listed.period_renews_at % 86_400).toBe(0);
+    expect(listed.period_renews_at).toBeGreaterThan(now - 5);
+    expect(listed.period_renews_at).toBeLessThanOrEqual(now + 86_400);
   });
 
   it("caps an authorization's lifetime (AUTHORIZATION_MAX_EXPIRY_SECONDS, 90 days) and a challenge's age (a day), and a cap names one permit", async () => {

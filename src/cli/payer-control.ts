@@ -63,10 +63,15 @@ function when(seconds: number): string {
 /** One authorization, one line. */
 function describe(a: AuthorizationJson & { credits_used?: string; last_used_at?: number | null }) {
   const permit = a.permit_id === zeroHash ? "every permit" : `permit ${a.permit_id}`;
+  const periodic =
+    a.period === undefined || a.period === ""
+      ? ""
+      : `, ${a.period_cap ?? "?"} per ${a.period} (used ${a.period_used ?? "0"}` +
+        `${a.period_renews_at ? `, renews ${when(a.period_renews_at)}` : ""})`;
   const caps =
-    a.total_cap === "0" && a.per_request_cap === "0"
+    a.total_cap === "0" && a.per_request_cap === "0" && periodic === ""
       ? "no cap"
-      : `cap ${a.total_cap === "0" ? "none" : a.total_cap} total, ${a.per_request_cap === "0" ? "none" : a.per_request_cap} per request`;
+      : `cap ${a.total_cap === "0" ? "none" : a.total_cap} total, ${a.per_request_cap === "0" ? "none" : a.per_request_cap} per request${periodic}`;
   const used =
     a.credits_used === undefined
       ? ""

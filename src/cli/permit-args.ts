@@ -28,6 +28,8 @@ export function parsePermitArgs(args: string[]) {
       "key-id": { type: "string" },
       "total-cap": { type: "string" },
       "per-request-cap": { type: "string" },
+      period: { type: "string" },
+      "period-cap": { type: "string" },
       yes: { type: "boolean" },
       "expires-at": { type: "string" },
       "expires-in": { type: "string" },

@@ -153,6 +153,8 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
   expiresAt?: number;
   totalCap?: string;
   perRequestCap?: string;
+  period?: string;
+  periodCap?: string;
   keyId?: string;
 } {
   const permitId = values.permit as string | undefined;
@@ -176,19 +178,30 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
   }
   const totalCap = values["total-cap"] as string | undefined;
   const perRequestCap = values["per-request-cap"] as string | undefined;
+  const period = values.period as string | undefined;
+  const periodCap = values["period-cap"] as string | undefined;
   for (const [flag, cap] of [
     ["--total-cap", totalCap],
     ["--per-request-cap", perRequestCap],
+    ["--period-cap", periodCap],
   ] as const)
     if (cap !== undefined && !/^(0|[1-9]\d{0,77})$/.test(cap))
       throw new PermitUsageError(
         `${flag} must be credits: a whole number of the permit's smallest unit ("0": no cap)`,
       );
   try {
-    readCaps(totalCap, perRequestCap, (permitId as Hex | undefined) ?? anyPermit);
+    readCaps(
+      totalCap,
+      perRequestCap,
+      (permitId as Hex | undefined) ?? anyPermit,
+      period,
+      periodCap,
+    );
   } catch (error) {
     if (error instanceof GatewayError)
-      throw new PermitUsageError(`${error.message} (--total-cap, --per-request-cap, --permit)`);
+      throw new PermitUsageError(
+        `${error.message} (--total-cap, --per-request-cap, --period, --period-cap, --permit)`,
+      );
     throw error;
   }
   const keyId = values["key-id"] as string | undefined;
@@ -203,6 +216,8 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
     ...(expiresAt === undefined ? {} : { expiresAt }),
     ...(totalCap === undefined ? {} : { totalCap }),
     ...(perRequestCap === undefined ? {} : { perRequestCap }),
+    ...(period === undefined ? {} : { period }),
+    ...(periodCap === undefined ? {} : { periodCap }),
     ...(keyId === undefined ? {} : { keyId }),
   };
 }

@@ -47,6 +47,11 @@ export interface AuthorizationJson {
   issued_at: number;
   total_cap: string;
   per_request_cap: string;
+  /** The periodic cap (issue 38): "day", "week", "month" or "" (none), and its use now. */
+  period?: string;
+  period_cap?: string;
+  period_used?: string;
+  period_renews_at?: number | null;
   created_at: number;
   revoked_at: number | null;
   revoked_by: "key" | "payer" | null;
@@ -118,6 +123,9 @@ export interface AuthorizeOptions {
   /** Credits (the permit's smallest unit), a decimal string; absent or "0": no cap. */
   readonly totalCap?: string;
   readonly perRequestCap?: string;
+  /** A periodic cap (issue 38): "day", "week" or "month" (UTC), with `periodCap` credits. */
+  readonly period?: string;
+  readonly periodCap?: string;
   /**
    * The API key's public id as its holder knows it (`gateway keys create` prints it): the
    * challenge must name it. Absent: derived from the connection's key (`apiKeyIdOf`); a key
@@ -150,6 +158,8 @@ export async function authorizeApiKey(
   const expiresAt = options.expiresAt ?? now + defaultAuthorizationLifetimeSeconds;
   const totalCap = options.totalCap ?? "0";
   const perRequestCap = options.perRequestCap ?? "0";
+  const period = options.period ?? "";
+  const periodCap = options.periodCap ?? "0";
   const keyId = localKeyId(gateway, options.keyId);
   const deployment = await gatewayDeployment(gateway, options.chain, options.deployment);
   const expected = (keyId: string, issuedAt: number, nonce: string) =>
@@ -165,6 +175,8 @@ export async function authorizeApiKey(
         deployment,
         totalCap,
         perRequestCap,
+        period,
+        periodCap,
         nonce,
       },
     });
@@ -174,6 +186,7 @@ export async function authorizeApiKey(
     expiresAt,
     totalCap,
     perRequestCap,
+    ...(period === "" ? {} : { period, periodCap }),
   });
   checkFrame(expected("", 0, ""), challenge);
   takeKeyId(challenge, keyId);
@@ -192,6 +205,7 @@ export async function authorizeApiKey(
       ["expires", when(expiresAt, now)],
       ["total cap", credits(totalCap)],
       ["per request", credits(perRequestCap)],
+      ["per period", period === "" ? "none" : `${credits(periodCap)} per UTC ${period}`],
       [
         "deployment",
         `${deployment} (${options.deployment === undefined ? "GET /v1/gateway: not pinned" : "pinned"})`,
@@ -212,6 +226,7 @@ export async function authorizeApiKey(
       deployment: message.deployment,
       totalCap: message.totalCap,
       perRequestCap: message.perRequestCap,
+      ...(message.period === "" ? {} : { period: message.period, periodCap: message.periodCap }),
       nonce: message.nonce,
       signature,
     },

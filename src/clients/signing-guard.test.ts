@@ -24,6 +24,8 @@ const message: AuthorizeKeyMessage = {
   deployment: "dep_5b2e9c0d4a7f41e6b3c8d2a9f0e1b7c4",
   totalCap: "5000",
   perRequestCap: "0",
+  period: "",
+  periodCap: "0",
   nonce: `0x${"cd".repeat(32)}`,
 };
 const built = () => buildAuthorizeKeyTypedData({ chainId: 31337, market, message });
@@ -59,7 +61,9 @@ describe("the signing guard's comparison (issue 28, item 1)", () => {
       ["primaryType", (c) => (c.primaryType = "Permit")],
       ["types.AuthorizeKey[0]", (c) => (c.types.AuthorizeKey[0].type = "bytes32")],
       ["types.AuthorizeKey[0]", (c) => (c.types.AuthorizeKey[0].extra = true)],
-      ["types.AuthorizeKey[9]", (c) => c.types.AuthorizeKey.push({ name: "x", type: "string" })],
+      ["types.AuthorizeKey[11]", (c) => c.types.AuthorizeKey.push({ name: "x", type: "string" })],
+      // A gateway that asks for the AuthorizeKey of before issue 38 (no periodic cap fields).
+      ["types.AuthorizeKey[8]", (c) => c.types.AuthorizeKey.splice(8, 2)],
       ["types.EIP712Domain", (c) => delete c.types.EIP712Domain],
       ["domain.name", (c) => (c.domain.name = "Model Market Gateway ")],
       ["domain.salt", (c) => (c.domain.salt = `0x${"00".repeat(32)}`)],
@@ -68,6 +72,8 @@ describe("the signing guard's comparison (issue 28, item 1)", () => {
       ["message.expiresAt", (c) => (c.message.expiresAt = "0x695b5a00")],
       ["message.keyId", (c) => (c.message.keyId = "KEY_0123456789abcdef01234567")],
       ["message.nonce", (c) => delete c.message.nonce],
+      ["message.period", (c) => (c.message.period = "month")],
+      ["message.periodCap", (c) => (c.message.periodCap = "1")],
       ["message", (c) => (c.message = [])],
       ["description", (c) => (c.description = "harmless")],
     ];

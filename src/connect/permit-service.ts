@@ -17,6 +17,7 @@ import {
 import { GatewayError } from "../domain/errors.js";
 import {
   authorizationStatus,
+  periodUse,
   type AuthorizationStatus,
   type PermitAuthorization,
   type PermitAuthorizationService,
@@ -45,28 +46,7 @@ function apiKeyOf(ctx: HandlerContext): string {
 /** PermitService: the transport of domain/permit-authorization.ts, nothing more. */
 export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof PermitService> {
   const { authorizations } = deps;
-  const toMessage = (a: PermitAuthorization): PermitAuthorizationMessage =>
-    create(PermitAuthorizationSchema, {
-      id: a.id,
-      apiKeyId: a.apiKeyId,
-      payer: a.payer,
-      permitId: a.permitId,
-      expiresAt: BigInt(a.expiresAt),
-      issuedAt: BigInt(a.issuedAt),
-      totalCap: a.totalCap.toString(),
-      perRequestCap: a.perRequestCap.toString(),
-      createdAt: BigInt(a.createdAt),
-      revokedAt: a.revokedAt === null ? undefined : BigInt(a.revokedAt),
-      status: statusToProto[authorizationStatus(a, deps.clock())],
-      revokedBy: a.revokedBy ?? "",
-      // A new authorization has no use; a listing reads it (permit-authorizations.ts).
-      creditsUsed: (a.use?.creditsUsed ?? 0n).toString(),
-      creditsReserved: (a.use?.creditsReserved ?? 0n).toString(),
-      lastUsedAt:
-        a.use?.lastUsedAt === undefined || a.use.lastUsedAt === null
-          ? undefined
-          : BigInt(a.use.lastUsedAt),
-    });
+  const toMessage = (a: PermitAuthorization) => authorizationMessage(a, deps.clock());
 
   return {
     createAuthorizationChallenge(req, ctx) {
@@ -77,6 +57,8 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
         ...(req.expiresAt === undefined ? {} : { expiresAt: req.expiresAt }),
         totalCap: req.totalCap,
         perRequestCap: req.perRequestCap,
+        period: req.period,
+        periodCap: req.periodCap,
       });
       return create(CreateAuthorizationChallengeResponseSchema, {
         typedData: {
@@ -90,6 +72,8 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
             deployment: typed.message.deployment,
             totalCap: typed.message.totalCap,
             perRequestCap: typed.message.perRequestCap,
+            period: typed.message.period,
+            periodCap: typed.message.periodCap,
             nonce: typed.message.nonce,
           },
         },
@@ -106,6 +90,8 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
         ...(req.deployment === "" ? {} : { deployment: req.deployment }),
         totalCap: req.totalCap,
         perRequestCap: req.perRequestCap,
+        period: req.period,
+        periodCap: req.periodCap,
         nonce: req.nonce,
         signature: req.signature,
       });
@@ -185,4 +171,43 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
       });
     },
   };
+}
+
+/** The current period's use of a periodic cap (issue 38): none without one. */
+function periodFields(
+  a: PermitAuthorization,
+  now: number,
+): { periodUsed: string; periodRenewsAt?: bigint } {
+  const use = periodUse(a, now);
+  return use === undefined
+    ? { periodUsed: "0" }
+    : { periodUsed: use.used.toString(), periodRenewsAt: BigInt(use.renewsAt) };
+}
+
+/** An authorization as the wire has it, its status and its period's use read at `now`. */
+function authorizationMessage(a: PermitAuthorization, now: number): PermitAuthorizationMessage {
+  return create(PermitAuthorizationSchema, {
+    id: a.id,
+    apiKeyId: a.apiKeyId,
+    payer: a.payer,
+    permitId: a.permitId,
+    expiresAt: BigInt(a.expiresAt),
+    issuedAt: BigInt(a.issuedAt),
+    totalCap: a.totalCap.toString(),
+    perRequestCap: a.perRequestCap.toString(),
+    createdAt: BigInt(a.createdAt),
+    revokedAt: a.revokedAt === null ? undefined : BigInt(a.revokedAt),
+    status: statusToProto[authorizationStatus(a, now)],
+    revokedBy: a.revokedBy ?? "",
+    // A new authorization has no use; a listing reads it (permit-authorizations.ts).
+    creditsUsed: (a.use?.creditsUsed ?? 0n).toString(),
+    creditsReserved: (a.use?.creditsReserved ?? 0n).toString(),
+    period: a.period,
+    periodCap: a.periodCap.toString(),
+    ...periodFields(a, now),
+    lastUsedAt:
+      a.use?.lastUsedAt === undefined || a.use.lastUsedAt === null
+        ? undefined
+        : BigInt(a.use.lastUsedAt),
+  });
 }

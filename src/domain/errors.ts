@@ -75,6 +75,10 @@ export const errorCodes = {
   // The request's maximum does not fit what remains of the total credit cap of the payer's
   // authorization of this key (issue 28, item 7).
   authorization_cap_exhausted: "payment",
+  // The request's maximum does not fit what remains, in the current UTC day, week or month, of
+  // the periodic cap of the payer's authorization of this key (issue 38); the message names the
+  // period and when it renews.
+  authorization_period_cap_exhausted: "payment",
   // x402 (issue 37, DESIGN.md section 11): a chat request with no credentials and no payment
   // (its PAYMENT-REQUIRED header says what to pay), a payment that is malformed, signed for
   // another request, network, token or payee, or whose signature does not recover its payer, one

@@ -123,6 +123,10 @@ export const AuthorizeKeyTypedData = typedData("AuthorizeKeyTypedData", "Authori
     ...Decimal,
     description: "credits one request may reserve through it; 0: no cap",
   } as TSchema,
+  period: Type.String({
+    description: 'the periodic cap\'s UTC calendar period: "day", "week", "month"; "": none',
+  }),
+  periodCap: { ...Decimal, description: "credits per period; 0: none" } as TSchema,
   nonce: Type.String(),
 });
 
@@ -199,6 +203,22 @@ export const AuthorizationChallengeRequest = component(
           "credits per request (the permit's smallest unit), a decimal string; absent or 0: no cap",
       }),
     ),
+    period: OptionalNullable(
+      Type.Union(
+        [Type.Literal(""), Type.Literal("day"), Type.Literal("week"), Type.Literal("month")],
+        {
+          description:
+            "the periodic cap's period: a UTC calendar day, week (from Monday) or month; absent or empty: none",
+        },
+      ),
+    ),
+    periodCap: OptionalNullable(
+      Type.String({
+        pattern: "^(0|[1-9][0-9]{0,77})$",
+        description:
+          "credits per period (the permit's smallest unit), a decimal string; absent or 0: none",
+      }),
+    ),
   }),
 );
 
@@ -228,6 +248,22 @@ export const AuthorizeKeyRequest = component(
           pattern: "^(0|[1-9][0-9]{0,77})$",
           description:
             "credits (the permit's smallest unit), a decimal string; absent or 0: no cap",
+        }),
+      ),
+      period: OptionalNullable(
+        Type.Union(
+          [Type.Literal(""), Type.Literal("day"), Type.Literal("week"), Type.Literal("month")],
+          {
+            description:
+              "the periodic cap's period: a UTC calendar day, week (from Monday) or month; absent or empty: none",
+          },
+        ),
+      ),
+      periodCap: OptionalNullable(
+        Type.String({
+          pattern: "^(0|[1-9][0-9]{0,77})$",
+          description:
+            "credits per period (the permit's smallest unit), a decimal string; absent or 0: none",
         }),
       ),
       nonce: Nonce,

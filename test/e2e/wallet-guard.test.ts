@@ -217,7 +217,22 @@ describe("wallet commands sign only what their user asked for", () => {
           },
         }),
         () =>
-          "the gateway's challenge differs at types.AuthorizeKey[6]: expected totalCap uint256, got nonce string; nothing was signed",
+          "the gateway's challenge differs at types.AuthorizeKey[6]: expected totalCap uint256, got period string; nothing was signed",
+      ],
+      [
+        // The AuthorizeKey of before issue 38: a periodic cap the user asked for would be lost.
+        "a field list without the periodic cap",
+        (c) => ({
+          ...c,
+          types: {
+            ...c.types,
+            AuthorizeKey: c.types.AuthorizeKey.filter(
+              (f: { name: string }) => f.name !== "period" && f.name !== "periodCap",
+            ),
+          },
+        }),
+        () =>
+          "the gateway's challenge differs at types.AuthorizeKey[8]: expected period string, got nonce string; nothing was signed",
       ],
       [
         "another EIP712Domain (a salt)",
@@ -415,6 +430,10 @@ describe("wallet commands sign only what their user asked for", () => {
         "5000000000000000000",
         "--per-request-cap",
         "1000000000000000000",
+        "--period",
+        "day",
+        "--period-cap",
+        "3000000000000000000",
         "--json",
       ]);
       expect(run.code).toBe(0);
@@ -427,9 +446,12 @@ describe("wallet commands sign only what their user asked for", () => {
         expires_at: expiresAt,
         total_cap: "5000000000000000000",
         per_request_cap: "1000000000000000000",
+        period: "day",
+        period_cap: "3000000000000000000",
+        period_used: "0",
       });
       const lines = run.stderr.split("\n");
-      expect(lines.slice(0, 8)).toEqual([
+      expect(lines.slice(0, 9)).toEqual([
         `about to sign AuthorizeKey as the payer ${payer()} (chain ${chainId()}, market ${market()}):`,
         `  payer        ${payer()}`,
         `  API key      ${app.id} (--key-id)`,
@@ -437,12 +459,13 @@ describe("wallet commands sign only what their user asked for", () => {
         `  expires      ${expiresAt} (${new Date(expiresAt * 1000).toISOString()}, in 7 days)`,
         "  total cap    5000000000000000000 credits (the permit's smallest unit)",
         "  per request  1000000000000000000 credits (the permit's smallest unit)",
+        "  per period   3000000000000000000 credits (the permit's smallest unit) per UTC day",
         `  deployment   ${deployment} (pinned)`,
       ]);
-      expect(lines[8]).toBe(
+      expect(lines[9]).toBe(
         `  issued       ${authorization.issued_at} (${new Date(authorization.issued_at * 1000).toISOString()}, now)`,
       );
-      expect(lines.slice(9)).toEqual([""]);
+      expect(lines.slice(10)).toEqual([""]);
       expect(fake.signaturesReceived().map((r) => r.path)).toEqual(["/v1/permit-authorizations"]);
       const served = await chat(app.key);
       expect(served.status).toBe(200);

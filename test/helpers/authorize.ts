@@ -13,6 +13,10 @@ export interface AuthorizationView {
   issued_at: number;
   total_cap: string;
   per_request_cap: string;
+  period: "" | "day" | "week" | "month";
+  period_cap: string;
+  period_used: string;
+  period_renews_at: number | null;
   credits_used: string;
   credits_reserved: string;
   last_used_at: number | null;
@@ -57,7 +61,14 @@ export async function authorizeKey(
   baseUrl: string,
   apiKey: string,
   payerPrivateKey: Hex,
-  options: { permitId?: Hex; expiresAt?: number; totalCap?: string; perRequestCap?: string } = {},
+  options: {
+    permitId?: Hex;
+    expiresAt?: number;
+    totalCap?: string;
+    perRequestCap?: string;
+    period?: string;
+    periodCap?: string;
+  } = {},
 ): Promise<AuthorizationView> {
   const payer = privateKeyToAccount(payerPrivateKey);
   const headers = { authorization: `Bearer ${apiKey}`, "content-type": "application/json" };
@@ -70,6 +81,8 @@ export async function authorizeKey(
       ...(options.expiresAt === undefined ? {} : { expiresAt: options.expiresAt }),
       ...(options.totalCap === undefined ? {} : { totalCap: options.totalCap }),
       ...(options.perRequestCap === undefined ? {} : { perRequestCap: options.perRequestCap }),
+      ...(options.period === undefined ? {} : { period: options.period }),
+      ...(options.periodCap === undefined ? {} : { periodCap: options.periodCap }),
     }),
   });
   if (challenge.status !== 200) {
@@ -86,6 +99,8 @@ export async function authorizeKey(
       deployment: string;
       totalCap: string;
       perRequestCap: string;
+      period: string;
+      periodCap: string;
       nonce: string;
     };
   };
@@ -101,6 +116,8 @@ export async function authorizeKey(
       deployment: typedData.message.deployment,
       totalCap: typedData.message.totalCap,
       perRequestCap: typedData.message.perRequestCap,
+      period: typedData.message.period,
+      periodCap: typedData.message.periodCap,
       nonce: typedData.message.nonce,
       signature,
     }),

@@ -39,6 +39,8 @@ export const payerAuthority: SpendingAuthority = createKeyAuthorities({ ttlMs: 6
       issuedAt: now,
       totalCap: 0n,
       perRequestCap: 0n,
+      period: "",
+      periodCap: 0n,
       createdAt: now,
       revokedAt: null,
       revokedBy: null,

@@ -81,6 +81,8 @@ describeIfPostgres("authority signals on PostgreSQL (migration 029's triggers, L
       issuedAt: 1_700_000_000,
       totalCap: 0n,
       perRequestCap: 0n,
+      period: "" as const,
+      periodCap: 0n,
       createdAt: 1_700_000_000,
       revokedAt: null,
       revokedBy: null,

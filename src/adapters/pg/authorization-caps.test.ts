@@ -44,7 +44,12 @@ let n = 0;
 
 /** A stored authorization of the test key on one permit, with the caps given. */
 async function authorization(
-  caps: { totalCap?: bigint; perRequestCap?: bigint } = {},
+  caps: {
+    totalCap?: bigint;
+    perRequestCap?: bigint;
+    period?: PermitAuthorization["period"];
+    periodCap?: bigint;
+  } = {},
 ): Promise<PermitAuthorization> {
   const a: PermitAuthorization = {
     id: `pauth_${(++n).toString(16).padStart(24, "0")}`,
@@ -55,6 +60,8 @@ async function authorization(
     issuedAt: NOW,
     totalCap: caps.totalCap ?? 0n,
     perRequestCap: caps.perRequestCap ?? 0n,
+    period: caps.period ?? "",
+    periodCap: caps.periodCap ?? 0n,
     createdAt: NOW,
     revokedAt: null,
     revokedBy: null,
@@ -274,6 +281,115 @@ describe("an authorization's total cap, reserved like a deposit", () => {
       admitted.map((r, i) => batcher.finalize(completion(r.requestId, BigInt(100 * (i + 1))))),
     );
     expect(await capLedger(a.id)).toEqual({ reserved: 0n, used: 600n, totalCap: 3_000n });
+  });
+});
+
+describe("an authorization's periodic cap (issue 38, migration 039)", () => {
+  const day = 86_400;
+  const today = Math.floor(NOW / day) * day;
+  /** The period's part of the cap's ledger row. */
+  async function periodLedger(authorizationId: string) {
+    const { rows } = await test.db.pool.query<{
+      period_start: string;
+      period_reserved: string;
+      period_used: string;
+      reserved: string;
+      used: string;
+    }>(
+      `SELECT period_start, period_reserved, period_used, reserved, used
+       FROM authorization_ledgers WHERE authorization_id = $1`,
+      [authorizationId],
+    );
+    const row = rows[0]!;
+    return {
+      start: Number(row.period_start),
+      reserved: BigInt(row.period_reserved),
+      used: BigInt(row.period_used),
+      total: { reserved: BigInt(row.reserved), used: BigInt(row.used) },
+    };
+  }
+  const inPeriod = (a: PermitAuthorization, start: number, overrides: Partial<ReserveInput> = {}) =>
+    through(a, { capped: true, periodStart: start, ...overrides });
+  const periodOf = async (requestId: string) =>
+    (
+      await test.db.pool.query<{ p: string | null }>(
+        "SELECT authorization_period_start::text AS p FROM inference_requests WHERE id = $1",
+        [requestId],
+      )
+    ).rows[0]!.p;
+
+  it("refuses with the period's code what the period cannot hold, and with the total's what the total cannot", async () => {
+    const daily = await authorization({ period: "day", periodCap: 1_500n });
+    expect(await reserve(test.db.pool, inPeriod(daily, today))).toEqual({ ok: true });
+    expect(await reserve(test.db.pool, inPeriod(daily, today))).toEqual({
+      ok: false,
+      reason: "authorization_period_cap_exhausted",
+    });
+    // Above the cap from the first request: no row is made, the period's code still.
+    const tiny = await authorization({ period: "week", periodCap: 10n });
+    expect(await reserve(test.db.pool, inPeriod(tiny, today))).toEqual({
+      ok: false,
+      reason: "authorization_period_cap_exhausted",
+    });
+    const both = await authorization({ totalCap: 1_500n, period: "day", periodCap: 5_000n });
+    expect(await reserve(test.db.pool, inPeriod(both, today))).toEqual({ ok: true });
+    expect(await reserve(test.db.pool, inPeriod(both, today))).toEqual({
+      ok: false,
+      reason: "authorization_cap_exhausted",
+    });
+  });
+
+  it("counts a request of a process whose clock is behind in the row's newer period, and records that period", async () => {
+    const daily = await authorization({ period: "day", periodCap: 2_500n });
+    const tomorrow = inPeriod(daily, today + day);
+    expect(await reserve(test.db.pool, tomorrow)).toEqual({ ok: true });
+    const late = inPeriod(daily, today);
+    expect(await reserve(test.db.pool, late)).toEqual({ ok: true });
+    expect(await periodOf(late.requestId)).toBe(String(today + day));
+    expect(await periodLedger(daily.id)).toMatchObject({ start: today + day, reserved: 2_000n });
+    expect(await reserve(test.db.pool, inPeriod(daily, today))).toEqual({
+      ok: false,
+      reason: "authorization_period_cap_exhausted",
+    });
+    await finalize(test.db.pool, completion(late.requestId, 300n));
+    expect(await periodLedger(daily.id)).toMatchObject({ reserved: 1_000n, used: 300n });
+  });
+
+  it("resizes the period's reservation on failover while the period is the request's, and only the total's after a rollover", async () => {
+    const daily = await authorization({ period: "day", periodCap: 1_500n });
+    const r = inPeriod(daily, today);
+    expect(await reserve(test.db.pool, r)).toEqual({ ok: true });
+    const to = (maximumCredits: bigint) => ({
+      requestId: r.requestId,
+      offerId: hex32(),
+      maximumCredits,
+      tariffVersion: 1n,
+      maxConcurrency: 10,
+      deposit: 10n ** 9n,
+      chainSettled: 0n,
+    });
+    expect(await switchOffer(test.db.pool, to(1_600n))).toBe(false);
+    expect(await switchOffer(test.db.pool, to(1_500n))).toBe(true);
+    expect(await periodLedger(daily.id)).toMatchObject({ reserved: 1_500n });
+    expect(await switchOffer(test.db.pool, to(900n))).toBe(true);
+    expect(await periodLedger(daily.id)).toMatchObject({ reserved: 900n });
+    // The next day's first request rolls the row over: the open request's resize is the
+    // total's alone, and its close charges the earlier day, not this one.
+    const next = inPeriod(daily, today + day);
+    expect(await reserve(test.db.pool, next)).toEqual({ ok: true });
+    expect(await switchOffer(test.db.pool, to(1_200n))).toBe(true);
+    expect(await periodLedger(daily.id)).toMatchObject({
+      start: today + day,
+      reserved: 1_000n,
+      used: 0n,
+      total: { reserved: 2_200n, used: 0n },
+    });
+    await finalize(test.db.pool, completion(r.requestId, 1_100n));
+    expect(await periodLedger(daily.id)).toMatchObject({
+      reserved: 1_000n,
+      used: 0n,
+      total: { reserved: 1_000n, used: 1_100n },
+    });
   });
 });
 

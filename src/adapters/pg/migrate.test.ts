@@ -206,7 +206,7 @@ const CURRENT_FUNCTIONS = [
   "gw_rate_lease(text,integer,integer,double precision,double precision)",
   "gw_rate_streams(text,text,integer,integer,double precision)",
   "gw_release_holder(text,bigint)",
-  "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb,text,boolean)",
+  "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb,text,boolean,bigint)",
   "gw_return_offer_lease(text,text,integer)",
   "gw_return_permit_lease(text,text,numeric)",
   "gw_void_reservation(text,text,text,text,text,text,text,text,boolean,numeric,numeric,text,bigint)",
@@ -228,12 +228,13 @@ const NEWER = [
 /**
  * Functions redefined since the old layout, by their current signature and the old layout's
  * (migration 026: the close writes the provider's claim and the gateway's count; migration 030:
- * the reservation records its authorization and holds a capped one's cap; migration 031: the
+ * the reservation records its authorization and holds a capped one's cap, migration 039 its
+ * period's too; migration 031: the
  * leased close is set-based and HOT, and a dead holder's open records are closed before its
  * leases go back): compared by name, their definitions are the current files' own.
  */
 const CHANGED: Readonly<Record<string, string>> = {
-  "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb,text,boolean)":
+  "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb,text,boolean,bigint)":
     "gw_reserve(text,text,text,text,text,text,text,text,boolean,numeric,numeric,numeric,numeric,numeric,integer,bigint,jsonb)",
   "gw_batch_reserve(jsonb)": "gw_reserve_batch(jsonb)",
   "gw_close_batch(jsonb)": "gw_close_batch(jsonb)",

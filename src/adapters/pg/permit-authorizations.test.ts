@@ -34,6 +34,8 @@ describe("permit authorizations (the table)", () => {
     issuedAt: now,
     totalCap: 0n,
     perRequestCap: 0n,
+    period: "" as const,
+    periodCap: 0n,
     createdAt: now,
     revokedAt: null,
     revokedBy: null,

@@ -6,6 +6,10 @@ import type {
   PermitAuthorization,
   PermitAuthorizationStore,
 } from "../../domain/permit-authorization/index.js";
+import {
+  isAuthorizationPeriod,
+  type AuthorizationPeriod,
+} from "../../domain/permit-authorization/periods.js";
 import { inTransaction } from "./ledger-tx.js";
 import { API_KEY_PREFIX, hashApiKey, type Queryable } from "./api-keys.js";
 
@@ -18,6 +22,8 @@ interface Row {
   issued_at: string;
   total_cap: string;
   per_request_cap: string;
+  period: string;
+  period_cap: string;
   created_at: string;
   revoked_at: string | null;
   revoked_by: "key" | "payer" | null;
@@ -25,11 +31,14 @@ interface Row {
   credits_used?: string;
   credits_reserved?: string;
   last_used_at?: string | null;
+  /** A periodic cap's ledger: its period's start and what it holds (null: no ledger yet). */
+  period_start?: string | null;
+  period_held?: string | null;
 }
 
 const columns =
   "id, api_key_id, payer, permit_id, expires_at, issued_at, total_cap, per_request_cap, " +
-  "created_at, revoked_at, revoked_by";
+  "period, period_cap, created_at, revoked_at, revoked_by";
 
 /**
  * The use of the authorization `a` (issue 28, item 7), as the columns credits_used,
@@ -39,7 +48,10 @@ const columns =
  * ledger (authorization_ledgers: what its closed requests were charged, what its open ones
  * hold), the figures its admissions are checked against; one without is summed from its
  * requests (their charges once closed, their maxima while open). The last use is its newest
- * request (the index on authorization_id, created_at).
+ * request (the index on authorization_id, created_at). A periodic cap's ledger adds the start of
+ * the period it last admitted a request in and what that period holds (used and reserved,
+ * migration 039); whether that is still the current period is the reader's clock's to say
+ * (`periodUse`, authorizations.ts).
  */
 export function useColumns(a: string): string {
   const requests = `FROM inference_requests ir WHERE ir.authorization_id = ${a}.id`;
@@ -48,7 +60,10 @@ export function useColumns(a: string): string {
        ${requests} AND ir.status NOT IN ('pending', 'streaming')))::text AS credits_used,
      COALESCE((SELECT al.reserved ${ledger}), (SELECT COALESCE(sum(ir.maximum_credits), 0)
        ${requests} AND ir.status IN ('pending', 'streaming')))::text AS credits_reserved,
-     (SELECT max(ir.created_at) ${requests})::text AS last_used_at`;
+     (SELECT max(ir.created_at) ${requests})::text AS last_used_at,
+     (SELECT al.period_start::text ${ledger} AND al.period_cap > 0) AS period_start,
+     (SELECT (al.period_used + al.period_reserved)::text ${ledger} AND al.period_cap > 0)
+       AS period_held`;
 }
 
 function fromRow(r: Row): PermitAuthorization {
@@ -61,6 +76,8 @@ function fromRow(r: Row): PermitAuthorization {
     issuedAt: Number(r.issued_at),
     totalCap: BigInt(r.total_cap),
     perRequestCap: BigInt(r.per_request_cap),
+    period: readPeriod(r.period),
+    periodCap: BigInt(r.period_cap),
     createdAt: Number(r.created_at),
     revokedAt: r.revoked_at === null ? null : Number(r.revoked_at),
     revokedBy: r.revoked_by,
@@ -74,9 +91,23 @@ function fromRow(r: Row): PermitAuthorization {
               r.last_used_at === undefined || r.last_used_at === null
                 ? null
                 : Number(r.last_used_at),
+            ...(r.period_start === undefined || r.period_start === null
+              ? {}
+              : {
+                  period: {
+                    start: Number(r.period_start),
+                    held: BigInt(r.period_held ?? "0"),
+                  },
+                }),
           },
         }),
   };
+}
+
+/** A stored period (a CHECK keeps it one of these). */
+function readPeriod(value: string): AuthorizationPeriod {
+  if (!isAuthorizationPeriod(value)) throw new Error(`permit_authorizations.period ${value}`);
+  return value;
 }
 
 /** The zero bytes32 as stored: "any permit". */
@@ -137,9 +168,9 @@ async function insertUnlessRevoked(
      ), ins AS (
        INSERT INTO permit_authorizations
          (id, api_key_id, payer, permit_id, expires_at, nonce, signature, created_at,
-          issued_at, total_cap, per_request_cap)
+          issued_at, total_cap, per_request_cap, period, period_cap)
        SELECT $1, $2, $3, $4, $5::bigint, $6, $7, $8::bigint, $9::bigint, $10::numeric,
-              $11::numeric
+              $11::numeric, $12, $13::numeric
        WHERE NOT EXISTS (SELECT 1 FROM e WHERE e.epoch >= $9::bigint)
        ON CONFLICT (payer, nonce) DO NOTHING
        RETURNING id
@@ -157,6 +188,8 @@ async function insertUnlessRevoked(
       a.issuedAt,
       a.totalCap.toString(),
       a.perRequestCap.toString(),
+      a.period,
+      a.periodCap.toString(),
     ],
   );
   const row = rows[0]!;
@@ -355,7 +388,8 @@ export async function findApiKeyWithAuthorizations(
                  'id', a.id, 'api_key_id', a.api_key_id, 'payer', a.payer,
                  'permit_id', a.permit_id, 'expires_at', a.expires_at::text,
                  'issued_at', a.issued_at::text, 'total_cap', a.total_cap::text,
-                 'per_request_cap', a.per_request_cap::text,
+                 'per_request_cap', a.per_request_cap::text, 'period', a.period,
+                 'period_cap', a.period_cap::text,
                  'created_at', a.created_at::text, 'revoked_at', NULL, 'revoked_by', NULL))
           FROM permit_authorizations a
          WHERE a.api_key_id = k.id AND a.revoked_at IS NULL AND a.expires_at > $2

@@ -5,6 +5,9 @@ import type { ModelRecord } from "../catalog.js";
 import { GatewayError } from "../errors.js";
 import {
   fitsPerRequestCap,
+  periodCapRefusal,
+  periodStart,
+  reservesAgainstCap,
   totalCapRefusal,
   type PermitAuthorization,
 } from "../permit-authorization/index.js";
@@ -153,7 +156,7 @@ export async function admit(p: Admitting, turn: ChatTurn, routed: Routed): Promi
     let grant = through[0]!;
     let result = await reserveOrVoid(p, requestId, reservationThrough(reservation, grant));
     for (const next of through.slice(1)) {
-      if (result.ok || result.reason !== "authorization_cap_exhausted") break;
+      if (result.ok || !capRefusals.has(result.reason)) break;
       grant = next;
       result = await reserveOrVoid(p, requestId, reservationThrough(reservation, grant));
     }
@@ -169,6 +172,8 @@ export async function admit(p: Admitting, turn: ChatTurn, routed: Routed): Promi
     }
     if (result.reason === "authorization_cap_exhausted")
       throw totalCapRefusal(grant, q.maximumCredits);
+    if (result.reason === "authorization_period_cap_exhausted")
+      throw periodCapRefusal(grant, q.maximumCredits, now);
     if (result.reason === "insufficient_credits") {
       throw new GatewayError(
         "insufficient_credits",
@@ -223,9 +228,23 @@ async function claimWakeFee(p: Admitting, offerId: Hex): Promise<boolean> {
   return p.deps.wakeFees === undefined ? false : p.deps.wakeFees.claim(offerId);
 }
 
-/** A reservation admitted through `grant`: recorded on the request, and capped by its total. */
+/** The refusals of an authorization's own caps: the next capped authorization is tried. */
+const capRefusals: ReadonlySet<string> = new Set([
+  "authorization_cap_exhausted",
+  "authorization_period_cap_exhausted",
+]);
+
+/**
+ * A reservation admitted through `grant`: recorded on the request, and capped by its total or
+ * its periodic cap (issue 38: counted against the period that holds the gateway's `now`).
+ */
 function reservationThrough(reservation: ReserveInput, grant: PermitAuthorization): ReserveInput {
-  return { ...reservation, authorizationId: grant.id, capped: grant.totalCap !== 0n };
+  return {
+    ...reservation,
+    authorizationId: grant.id,
+    capped: reservesAgainstCap(grant),
+    ...(grant.period === "" ? {} : { periodStart: periodStart(grant.period, reservation.now) }),
+  };
 }
 
 /**

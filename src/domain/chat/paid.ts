@@ -148,6 +148,8 @@ function paymentGrant(
     issuedAt: now,
     totalCap: 0n,
     perRequestCap: payment.signedAmount,
+    period: "",
+    periodCap: 0n,
     createdAt: now,
     revokedAt: null,
     revokedBy: null,

@@ -21,6 +21,9 @@ import { GatewayError } from "../errors.js";
 import {
   anyPermit,
   createKeyAuthorities,
+  periodEnd,
+  periodStart,
+  type AuthorizationPeriod,
   type SpendingAuthority,
 } from "../permit-authorization/index.js";
 import { CheckedSink } from "../../../test/helpers/checked-sink.js";
@@ -157,6 +160,8 @@ describe("inference pipeline", () => {
       issuedAt: now,
       totalCap: 0n,
       perRequestCap: 0n,
+      period: "" as const,
+      periodCap: 0n,
       createdAt: now,
       revokedAt: null,
       revokedBy: null,
@@ -720,6 +725,8 @@ describe("authorization credit caps (issue 28, item 7)", () => {
     issuedAt: now,
     totalCap: caps.totalCap ?? 0n,
     perRequestCap: caps.perRequestCap ?? 0n,
+    period: "" as AuthorizationPeriod,
+    periodCap: 0n,
     createdAt: now + n,
     revokedAt: null,
     revokedBy: null,
@@ -871,6 +878,37 @@ describe("authorization credit caps (issue 28, item 7)", () => {
     expect(tried).toEqual([grant(1).id, grant(2).id]);
     expect(refused.called).toEqual([]);
     expect(refused.finalized).toEqual([]);
+  });
+
+  it("reserves a periodically capped request against the period that holds the gateway's clock, and refuses 402 authorization_period_cap_exhausted naming the period and its renewal (issue 38)", async () => {
+    const reserved: Reservation[] = [];
+    const daily = { ...grant(1), period: "day" as const, periodCap: 10n ** 15n };
+    const refused = setup({
+      offers,
+      authority: authorityOf(daily),
+      ledger: {
+        reserve: async (input: Reservation) => {
+          reserved.push(input);
+          return { ok: false, reason: "authorization_period_cap_exhausted" } as const;
+        },
+      },
+    });
+    const error = (await refused.chat().catch((e: unknown) => e)) as GatewayError;
+    expect(reserved).toEqual([
+      expect.objectContaining({
+        authorizationId: daily.id,
+        capped: true,
+        periodStart: periodStart("day", now),
+      }),
+    ]);
+    expect(error.code).toBe("authorization_period_cap_exhausted");
+    expect(httpStatusOf(error.code)).toBe(402);
+    const renews = periodEnd("day", now);
+    expect(error.message).toContain(
+      `renews at ${new Date(renews * 1000).toISOString()} (${renews}`,
+    );
+    expect(error.retryAfterSeconds).toBe(renews - now);
+    expect(refused.called).toEqual([]);
   });
 
   it("checks a supplied quote's maximum against the per-request cap", async () => {

@@ -24,7 +24,11 @@ export interface QuoteStore {
 }
 
 export type ReserveRefusal =
-  "insufficient_credits" | "offer_at_capacity" | "quote_used" | "authorization_cap_exhausted";
+  | "insufficient_credits"
+  | "offer_at_capacity"
+  | "quote_used"
+  | "authorization_cap_exhausted"
+  | "authorization_period_cap_exhausted";
 export type ReserveResult = { ok: true } | { ok: false; reason: ReserveRefusal };
 
 /**
@@ -63,6 +67,12 @@ export interface ReserveInput {
    * (never against a lease); refused `authorization_cap_exhausted` when it does not fit.
    */
   readonly capped?: boolean;
+  /**
+   * That authorization has a periodic cap (issue 38): the start (Unix seconds, the gateway's
+   * clock) of the period the request is admitted in, which it counts against; refused
+   * `authorization_period_cap_exhausted` when it does not fit what remains of that period's cap.
+   */
+  readonly periodStart?: number;
 }
 
 /** The reservation ledger (adapters/pg/ledger/index.ts); each call is one transaction. */

@@ -16,7 +16,7 @@ type SwitchInput = Parameters<Ledger["switchOffer"]>[0];
 
 /** Admits a request against this process's leases (a durable or capped one: per request). */
 export async function reserve(s: LeaseState, input: ReserveInput): Promise<ReserveResult> {
-  // A request capped by its authorization's total reserves against the cap per request
+  // A request capped by its authorization's total or periodic cap reserves against it per request
   // (adapters/pg/ledger/index.ts, "Authorization caps"): a cap leased to one process would refuse
   // another's request while it sat idle here.
   if (input.durable === true || input.capped === true) return reservePerRequest(s, input);

@@ -1,6 +1,7 @@
 /** An API key's authorization by a payer: its record, its status, and its credit caps. */
 import type { Hex } from "viem";
 import { GatewayError } from "../errors.js";
+import { periodEnd, periodStart, type AuthorizationPeriod } from "./periods.js";
 import { anyPermit } from "./typed-data.js";
 
 export type AuthorizationStatus = "active" | "expired" | "revoked";
@@ -20,6 +21,10 @@ export interface PermitAuthorization {
   readonly totalCap: bigint;
   /** Credits one request may reserve through it; 0n: no cap. */
   readonly perRequestCap: bigint;
+  /** The periodic cap's UTC calendar period (issue 38); "": none. */
+  readonly period: AuthorizationPeriod;
+  /** Credits the key may spend through it per period; 0n: none. */
+  readonly periodCap: bigint;
   /** Unix seconds. */
   readonly createdAt: number;
   /** Unix seconds; null while not revoked. */
@@ -40,6 +45,30 @@ export interface AuthorizationUse {
   readonly creditsReserved: bigint;
   /** Unix seconds (the database's clock): when it last admitted a request; null: never. */
   readonly lastUsedAt: number | null;
+  /**
+   * A periodic cap's ledger (migration 039): the start (Unix seconds) of the period it last
+   * admitted a request in, and what that period's requests were charged and hold. Absent: it
+   * never admitted one. {@link periodUse} says what counts now.
+   */
+  readonly period?: { readonly start: number; readonly held: bigint };
+}
+
+/**
+ * A periodic cap's use at `now`: what the current period's requests were charged and hold (0n
+ * when the ledger's period is an earlier one: the period rolled over) and when the current
+ * period renews (Unix seconds). Undefined without a periodic cap.
+ */
+export function periodUse(
+  a: PermitAuthorization,
+  now: number,
+): { used: bigint; renewsAt: number } | undefined {
+  if (a.period === "") return undefined;
+  const current = periodStart(a.period, now);
+  const ledger = a.use?.period;
+  return {
+    used: ledger !== undefined && ledger.start >= current ? ledger.held : 0n,
+    renewsAt: periodEnd(a.period, now),
+  };
 }
 
 export function authorizationStatus(a: PermitAuthorization, now: number): AuthorizationStatus {
@@ -78,11 +107,13 @@ export function covers(
  * The order in which a request is admitted through the authorizations that cover its permit
  * (issue 28, item 7): one without any cap first (nothing to check or reserve), then those with
  * only a per-request cap (checked in memory; the largest first), then those with a total cap
- * (the maximum is reserved against the cap, per request; in the order they were made). So a
+ * or a periodic cap (the maximum is reserved against the cap, per request; in the order they
+ * were made). So a
  * payer's narrow authorization never spends what a wider one of the same key would cover.
  */
 export function byCapOrder(a: PermitAuthorization, b: PermitAuthorization): number {
-  const rank = (x: PermitAuthorization) => (x.totalCap !== 0n ? 2 : x.perRequestCap !== 0n ? 1 : 0);
+  const rank = (x: PermitAuthorization) =>
+    reservesAgainstCap(x) ? 2 : x.perRequestCap !== 0n ? 1 : 0;
   const byRank = rank(a) - rank(b);
   if (byRank !== 0) return byRank;
   if (rank(a) === 1 && a.perRequestCap !== b.perRequestCap)
@@ -123,5 +154,35 @@ export function totalCapRefusal(a: PermitAuthorization, maximum: bigint): Gatewa
     `this request's maximum of ${maximum} credits does not fit what remains of the total cap ` +
       `of ${a.totalCap} credits that the payer set on authorization ${a.id} (what it has used ` +
       "and holds: GET /v1/permit-authorizations)",
+  );
+}
+
+/**
+ * Whether a request admitted through `a` reserves its maximum against `a`'s own ledger (a total
+ * or a periodic cap, issue 38): per request and durably, never against a lease.
+ */
+export function reservesAgainstCap(a: PermitAuthorization): boolean {
+  return a.totalCap !== 0n || a.periodCap !== 0n;
+}
+
+/**
+ * The refusal (402 `authorization_period_cap_exhausted`) of a request whose maximum does not fit
+ * what remains of `a`'s periodic cap in the current period: it names the period and when it
+ * renews (ISO and Unix seconds), so that an agent knows when to come back.
+ */
+export function periodCapRefusal(
+  a: PermitAuthorization,
+  maximum: bigint,
+  now: number,
+): GatewayError {
+  const period = a.period === "" ? "day" : a.period;
+  const renews = periodEnd(period, now);
+  return new GatewayError(
+    "authorization_period_cap_exhausted",
+    `this request's maximum of ${maximum} credits does not fit what remains of this ${period}'s ` +
+      `cap of ${a.periodCap} credits that the payer set on authorization ${a.id}; it renews at ` +
+      `${new Date(renews * 1000).toISOString()} (${renews}, Unix seconds; UTC ${period}s)`,
+    // Retry-After: when the period renews (a client that honours it comes back then).
+    { retryAfterSeconds: Math.max(1, renews - now) },
   );
 }

@@ -3,6 +3,7 @@ import { getAddress, isAddress, type Address, type Hex } from "viem";
 import { readExpiresAt, readUnixSeconds } from "../challenge-window.js";
 import { GatewayError } from "../errors.js";
 import { isHex32, normalizeHex } from "../hex.js";
+import { capPeriods, isAuthorizationPeriod, type AuthorizationPeriod } from "./periods.js";
 import {
   anyPermit,
   listSignatureMaxLifetimeSeconds,
@@ -182,18 +183,46 @@ function readCredits(value: unknown, name: string): bigint {
   return n;
 }
 
+/** An authorization's caps, as signed (typed-data.ts `AuthorizeKey`). */
+export interface AuthorizationCaps {
+  readonly totalCap: bigint;
+  readonly perRequestCap: bigint;
+  /** The periodic cap's period (issue 38); "": none. */
+  readonly period: AuthorizationPeriod;
+  /** Credits per period; 0n: none (exactly when `period` is ""). */
+  readonly periodCap: bigint;
+}
+
 /**
- * An authorization's caps (issue 28, item 7): credits in the permit's smallest unit, 0 for none.
- * A cap names one permit, whose token is its unit; a per-request cap above the total is the total.
+ * An authorization's caps (issue 28, item 7; issue 38): credits in the permit's smallest unit, 0
+ * for none. A cap names one permit, whose token is its unit; a per-request cap above the total
+ * (or above the periodic cap) could never be reached, and is refused. A periodic cap names its
+ * period and its credits, both or neither.
  */
 export function readCaps(
   totalValue: unknown,
   perRequestValue: unknown,
   permitId: Hex,
-): { totalCap: bigint; perRequestCap: bigint } {
+  periodValue?: unknown,
+  periodCapValue?: unknown,
+): AuthorizationCaps {
   const totalCap = readCredits(totalValue, "totalCap");
   const perRequestCap = readCredits(perRequestValue, "perRequestCap");
-  if ((totalCap !== 0n || perRequestCap !== 0n) && permitId === anyPermit) {
+  const period = periodValue === undefined || periodValue === null ? "" : periodValue;
+  if (!isAuthorizationPeriod(period)) {
+    throw new GatewayError(
+      "authorization_cap_invalid",
+      `period must be one of ${capPeriods.join(", ")} (UTC calendar periods), or "" for none`,
+    );
+  }
+  const periodCap = readCredits(periodCapValue, "periodCap");
+  if ((period === "") !== (periodCap === 0n)) {
+    throw new GatewayError(
+      "authorization_cap_invalid",
+      "a periodic cap names both its period and its credits (periodCap), or neither",
+    );
+  }
+  if ((totalCap !== 0n || perRequestCap !== 0n || periodCap !== 0n) && permitId === anyPermit) {
     throw new GatewayError(
       "authorization_cap_invalid",
       "a credit cap needs one permit (permitId): its token is the cap's unit",
@@ -202,5 +231,8 @@ export function readCaps(
   if (totalCap !== 0n && perRequestCap > totalCap) {
     throw new GatewayError("authorization_cap_invalid", "perRequestCap is above totalCap");
   }
-  return { totalCap, perRequestCap };
+  if (periodCap !== 0n && perRequestCap > periodCap) {
+    throw new GatewayError("authorization_cap_invalid", "perRequestCap is above periodCap");
+  }
+  return { totalCap, perRequestCap, period, periodCap };
 }

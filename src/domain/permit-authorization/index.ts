@@ -47,11 +47,22 @@ export {
   covers,
   fitsPerRequestCap,
   perRequestCapRefusal,
+  periodCapRefusal,
+  periodUse,
+  reservesAgainstCap,
   totalCapRefusal,
   type AuthorizationStatus,
   type AuthorizationUse,
   type PermitAuthorization,
 } from "./authorizations.js";
+export {
+  capPeriods,
+  isAuthorizationPeriod,
+  periodEnd,
+  periodStart,
+  type AuthorizationPeriod,
+  type CapPeriod,
+} from "./periods.js";
 export {
   createKeyAuthorities,
   requireAuthority,

@@ -43,7 +43,7 @@ export function createChallenge(
     Math.min(defaultAuthorizationLifetimeSeconds, deps.maxLifetimeSeconds),
     (value) => readAuthorizationExpiry(value, t, t, deps.maxLifetimeSeconds),
   );
-  const caps = readCaps(req.totalCap, req.perRequestCap, permitId);
+  const caps = readCaps(req.totalCap, req.perRequestCap, permitId, req.period, req.periodCap);
   return authorizeKeyTypedData(deps, caps, {
     payer,
     keyId: req.apiKeyId,
@@ -60,7 +60,7 @@ function authorizeKeyTypedData(
   caps: ReturnType<typeof readCaps>,
   message: Omit<
     Parameters<typeof buildAuthorizeKeyTypedData>[0]["message"],
-    "deployment" | "totalCap" | "perRequestCap"
+    "deployment" | "totalCap" | "perRequestCap" | "period" | "periodCap"
   >,
 ): AuthorizeKeyTypedData {
   return buildAuthorizeKeyTypedData({
@@ -75,6 +75,8 @@ function authorizeKeyTypedData(
       deployment: deps.deployment,
       totalCap: caps.totalCap.toString(),
       perRequestCap: caps.perRequestCap.toString(),
+      period: caps.period,
+      periodCap: caps.periodCap.toString(),
       nonce: message.nonce,
     },
   });
@@ -96,7 +98,7 @@ export async function authorize(
   }
   const issuedAt = readIssuedAt(req.issuedAt, t);
   const expiresAt = readAuthorizationExpiry(req.expiresAt, t, issuedAt, deps.maxLifetimeSeconds);
-  const caps = readCaps(req.totalCap, req.perRequestCap, permitId);
+  const caps = readCaps(req.totalCap, req.perRequestCap, permitId, req.period, req.periodCap);
   readChallengeNonce(req.nonce);
   readChallengeSignature(req.signature);
   // The key id is the caller's, never the body's: a signature made for another key does
@@ -119,6 +121,8 @@ export async function authorize(
     issuedAt,
     totalCap: caps.totalCap,
     perRequestCap: caps.perRequestCap,
+    period: caps.period,
+    periodCap: caps.periodCap,
     createdAt: t,
     revokedAt: null,
     revokedBy: null,

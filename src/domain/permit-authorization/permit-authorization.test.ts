@@ -20,6 +20,8 @@ const authorization = (overrides: Partial<PermitAuthorization> = {}): PermitAuth
   issuedAt: now - 60,
   totalCap: 0n,
   perRequestCap: 0n,
+  period: "",
+  periodCap: 0n,
   createdAt: now - 60,
   revokedAt: null,
   revokedBy: null,

@@ -12,6 +12,9 @@ export interface PermitAuthorizationService {
     /** Credits, a decimal string; absent or "0": no cap. */
     totalCap?: string;
     perRequestCap?: string;
+    /** "day", "week", "month"; absent or "": no periodic cap (then `periodCap` too). */
+    period?: string;
+    periodCap?: string;
   }): AuthorizeKeyTypedData;
   authorize(req: {
     apiKeyId: string;
@@ -23,6 +26,8 @@ export interface PermitAuthorizationService {
     deployment?: string;
     totalCap?: string;
     perRequestCap?: string;
+    period?: string;
+    periodCap?: string;
     nonce: string;
     signature: string;
   }): Promise<PermitAuthorization>;

@@ -33,7 +33,13 @@ export const defaultMaxAuthorizationLifetimeSeconds = 90 * 24 * 3600;
  * own tool can build or check before signing: the key id (derived from the key), the permit, the
  * expiry and the caps (the command's arguments), the deployment (published at GET /v1/gateway,
  * shown before signing); only `nonce` and `issuedAt` come from the gateway's challenge.
- * `totalCap` and `perRequestCap` are credits in the permit's smallest unit, 0 for none.
+ * `totalCap` and `perRequestCap` are credits in the permit's smallest unit, 0 for none; `period`
+ * ("day", "week", "month": UTC calendar periods; "" none) and `periodCap` (credits per period, 0
+ * none) are the periodic cap (issue 38). Adding fields changes the type hash, as the caps did in
+ * issue 28, with no new domain version: the struct's field list is what a signature is over, so a
+ * signature of the older list never verifies as the newer one. Rows stored before migration 039
+ * keep their proof, which verifies under the field list without `period` and `periodCap`
+ * ({@link authorizeKeyFieldsBeforePeriods}); they read as having no periodic cap.
  */
 export const authorizeKeyFields: TypedDataField[] = [
   { name: "payer", type: "address" },
@@ -44,8 +50,15 @@ export const authorizeKeyFields: TypedDataField[] = [
   { name: "deployment", type: "string" },
   { name: "totalCap", type: "uint256" },
   { name: "perRequestCap", type: "uint256" },
+  { name: "period", type: "string" },
+  { name: "periodCap", type: "uint256" },
   { name: "nonce", type: "string" },
 ];
+
+/** `AuthorizeKey` as signed before issue 38: the proof of an authorization stored before 039. */
+export const authorizeKeyFieldsBeforePeriods: readonly TypedDataField[] = authorizeKeyFields.filter(
+  (f) => f.name !== "period" && f.name !== "periodCap",
+);
 
 /**
  * A payer's revocation names one authorization by id. It needs no nonce or expiry: revoking is
@@ -133,6 +146,10 @@ export type AuthorizeKeyMessage = {
   totalCap: string;
   /** Credits, a decimal string (uint256); "0": no cap. */
   perRequestCap: string;
+  /** "day", "week", "month" (UTC calendar periods); "": no periodic cap. */
+  period: string;
+  /** Credits per period, a decimal string (uint256); "0": none. */
+  periodCap: string;
   nonce: string;
 };
 

@@ -42,6 +42,7 @@ const chatErrors = {
     "permit_offer_mismatch",
     "insufficient_credits",
     "authorization_cap_exhausted",
+    "authorization_period_cap_exhausted",
     "payment_required",
     ...paymentRefusalCodes,
   ],

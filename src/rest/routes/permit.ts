@@ -55,6 +55,8 @@ export const permitRoutes: readonly Route[] = [
         expiresAt: seconds(body.expiresAt),
         totalCap: body.totalCap ?? "",
         perRequestCap: body.perRequestCap ?? "",
+        period: body.period ?? "",
+        periodCap: body.periodCap ?? "",
       });
       if (typedData === undefined) throw new Error("challenge answered without typed data");
       return { body: authorizeKeyTypedDataView(typedData) };
@@ -85,6 +87,8 @@ export const permitRoutes: readonly Route[] = [
         deployment: body.deployment ?? "",
         totalCap: body.totalCap ?? "",
         perRequestCap: body.perRequestCap ?? "",
+        period: body.period ?? "",
+        periodCap: body.periodCap ?? "",
         nonce: body.nonce,
         signature: body.signature,
       });

@@ -77,6 +77,8 @@ export function authorizeKeyTypedDataView(typed: AuthorizeKeyTypedData) {
       deployment: typed.message?.deployment,
       totalCap: typed.message?.totalCap,
       perRequestCap: typed.message?.perRequestCap,
+      period: typed.message?.period,
+      periodCap: typed.message?.periodCap,
       nonce: typed.message?.nonce,
     },
   };

@@ -28,9 +28,12 @@ CREATE OR REPLACE FUNCTION gw_permit_available(
   SELECT p_deposit - (p_charged + GREATEST(0, p_chain_settled - p_settled)) - p_reserved
 $$;
 
--- 030 added the authorization to gw_reserve's parameters (a new function): the old one goes.
+-- 030 added the authorization to gw_reserve's parameters, and 039 the period's start (a new
+-- function each time): the old ones go.
 DROP FUNCTION IF EXISTS gw_reserve(text, text, text, text, text, text, text, text, boolean, numeric,
   numeric, numeric, numeric, numeric, integer, bigint, jsonb);
+DROP FUNCTION IF EXISTS gw_reserve(text, text, text, text, text, text, text, text, boolean, numeric,
+  numeric, numeric, numeric, numeric, integer, bigint, jsonb, text, boolean);
 
 -- gw_reserve: admits a request (migrations 005, 006, 007, 016, 030). An internal quote is inserted
 -- already used by its request; the offer's and the permit's rows are admitted by their
@@ -51,14 +54,25 @@ DROP FUNCTION IF EXISTS gw_reserve(text, text, text, text, text, text, text, tex
 -- the permit's (lock order); refused `gw:authorization_cap_exhausted` when the cap less what
 -- its requests used and hold cannot cover the maximum. An uncapped request runs exactly the
 -- statements it ran before, the request's INSERT carrying the authorization.
+-- p_period_start (migration 039, issue 38): the authorization has a periodic cap, and this is
+-- the start (Unix seconds, the gateway's clock) of the period the request is admitted in. The
+-- same conditional UPDATE also checks the period's cap: a newer period than the row's starts
+-- the row's period over (period_reserved and period_used from zero; the open requests of the
+-- earlier period no longer count against it), and the request records the period it counts
+-- against (the row's, if a process whose clock is behind sends an older start), so that its
+-- close charges that period only. Refused `gw:authorization_period_cap_exhausted` when the
+-- period's cap, not the total, is what cannot cover the maximum.
 CREATE OR REPLACE FUNCTION gw_reserve(
   p_request_id text, p_api_key_id text, p_instance_id text, p_model text, p_model_id text,
   p_offer_id text, p_permit_id text, p_quote_id text, p_stream boolean, p_maximum numeric,
   p_tariff_version numeric, p_input_tokens numeric, p_deposit numeric, p_chain_settled numeric,
   p_max_concurrency integer, p_now bigint, p_quote jsonb, p_authorization_id text,
-  p_capped boolean
+  p_capped boolean, p_period_start bigint DEFAULT NULL
 ) RETURNS void LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+  v_period_start bigint;
+  v_admitted boolean := false;
 BEGIN
   IF current_setting('transaction_isolation') <> 'read committed' THEN
     RAISE EXCEPTION 'gw_reserve needs READ COMMITTED, not %', current_setting('transaction_isolation');
@@ -79,11 +93,11 @@ BEGIN
   END IF;
   INSERT INTO inference_requests (id, api_key_id, instance_id, model, model_id, offer_id,
     permit_id, quote_id, stream, status, input_tokens, maximum_credits, tariff_version, created_at,
-    authorization_id, authorization_capped, holds_reservation)
+    authorization_id, authorization_capped, holds_reservation, authorization_period_start)
   VALUES (p_request_id, p_api_key_id, p_instance_id, p_model, p_model_id, p_offer_id,
     p_permit_id, p_quote_id, p_stream, 'pending', p_input_tokens, p_maximum, p_tariff_version,
     COALESCE(p_now, extract(epoch from clock_timestamp())::bigint), p_authorization_id,
-    COALESCE(p_capped, false), true);
+    COALESCE(p_capped, false), true, CASE WHEN p_capped THEN p_period_start END);
   IF p_max_concurrency < 1 THEN
     RAISE EXCEPTION USING MESSAGE = 'gw:offer_at_capacity';
   END IF;
@@ -117,23 +131,51 @@ BEGIN
     END IF;
   END IF;
   IF p_capped THEN
-    UPDATE authorization_ledgers l SET reserved = l.reserved + p_maximum
-    WHERE l.authorization_id = p_authorization_id
-      AND l.total_cap - l.used - l.reserved >= p_maximum;
-    IF NOT FOUND THEN
-      -- Its first capped request makes the row (as a permit's first makes its ledger row),
-      -- only where the cap could hold this reservation; an authorization without a total cap
-      -- gets none, and a request that says it is capped by one is refused.
-      INSERT INTO authorization_ledgers (authorization_id, total_cap)
-      SELECT a.id, a.total_cap FROM permit_authorizations a
-      WHERE a.id = p_authorization_id AND a.total_cap > 0 AND a.total_cap >= p_maximum
-      ON CONFLICT (authorization_id) DO NOTHING;
-      UPDATE authorization_ledgers l SET reserved = l.reserved + p_maximum
+    FOR attempt IN 1..2 LOOP
+      UPDATE authorization_ledgers l SET
+        reserved = l.reserved + p_maximum,
+        period_start = CASE
+          WHEN p_period_start > l.period_start THEN p_period_start ELSE l.period_start END,
+        period_reserved = CASE
+          WHEN p_period_start IS NULL THEN l.period_reserved
+          WHEN p_period_start > l.period_start THEN p_maximum
+          ELSE l.period_reserved + p_maximum END,
+        period_used = CASE
+          WHEN p_period_start > l.period_start THEN 0 ELSE l.period_used END
       WHERE l.authorization_id = p_authorization_id
-        AND l.total_cap - l.used - l.reserved >= p_maximum;
-      IF NOT FOUND THEN
-        RAISE EXCEPTION USING MESSAGE = 'gw:authorization_cap_exhausted';
+        AND (l.total_cap = 0 OR l.total_cap - l.used - l.reserved >= p_maximum)
+        AND (l.period_cap = 0 OR l.period_cap - p_maximum >= CASE
+          WHEN p_period_start > l.period_start THEN 0
+          ELSE l.period_used + l.period_reserved END)
+      RETURNING l.period_start INTO v_period_start;
+      v_admitted := FOUND;
+      EXIT WHEN v_admitted OR attempt = 2;
+      -- Its first capped request makes the row (as a permit's first makes its ledger row),
+      -- only where the caps could hold this reservation; an authorization without a total or
+      -- periodic cap gets none, and a request that says it is capped by one is refused.
+      INSERT INTO authorization_ledgers (authorization_id, total_cap, period, period_cap)
+      SELECT a.id, a.total_cap, a.period, a.period_cap FROM permit_authorizations a
+      WHERE a.id = p_authorization_id AND (a.total_cap > 0 OR a.period_cap > 0)
+        AND (a.total_cap = 0 OR a.total_cap >= p_maximum)
+        AND (a.period_cap = 0 OR a.period_cap >= p_maximum)
+      ON CONFLICT (authorization_id) DO NOTHING;
+    END LOOP;
+    IF NOT v_admitted THEN
+      -- Which cap refused it, read after the fact (no lock: the refusal stands either way): the
+      -- period's when the total (if any) could still hold the maximum.
+      IF EXISTS (SELECT 1 FROM permit_authorizations a
+                 LEFT JOIN authorization_ledgers l ON l.authorization_id = a.id
+                 WHERE a.id = p_authorization_id AND a.period_cap > 0
+                   AND (a.total_cap = 0
+                        OR a.total_cap - COALESCE(l.used, 0) - COALESCE(l.reserved, 0)
+                          >= p_maximum)) THEN
+        RAISE EXCEPTION USING MESSAGE = 'gw:authorization_period_cap_exhausted';
       END IF;
+      RAISE EXCEPTION USING MESSAGE = 'gw:authorization_cap_exhausted';
+    END IF;
+    IF v_period_start IS DISTINCT FROM p_period_start AND p_period_start IS NOT NULL THEN
+      UPDATE inference_requests SET authorization_period_start = v_period_start
+      WHERE id = p_request_id;
     END IF;
   END IF;
 END
@@ -198,7 +240,7 @@ BEGIN
           (SELECT g.heartbeat_at FROM gateway_instances g WHERE g.instance_id = r.instance_id),
           r.created_at) < p_orphaned_before)
   RETURNING r.id, r.permit_id, r.offer_id, r.maximum_credits, r.credits_charged, r.leased,
-    r.authorization_id, r.authorization_capped INTO closed;
+    r.authorization_id, r.authorization_capped, r.authorization_period_start INTO closed;
   IF NOT FOUND THEN
     RETURN QUERY SELECT false, COALESCE(
       (SELECT r.credits_charged FROM inference_requests r WHERE r.id = p_request_id), 0::numeric);
@@ -224,8 +266,14 @@ BEGIN
     RAISE EXCEPTION 'ledger inconsistency: permit ledger % is missing', closed.permit_id;
   END IF;
   IF closed.authorization_capped THEN
+    -- A request admitted in an earlier period than the row's (migration 039) leaves the current
+    -- period alone: the rollover already started it from zero without it.
     UPDATE authorization_ledgers
-      SET reserved = reserved - closed.maximum_credits, used = used + closed.credits_charged
+      SET reserved = reserved - closed.maximum_credits, used = used + closed.credits_charged,
+        period_reserved = CASE WHEN period_start = closed.authorization_period_start
+          THEN period_reserved - closed.maximum_credits ELSE period_reserved END,
+        period_used = CASE WHEN period_start = closed.authorization_period_start
+          THEN period_used + closed.credits_charged ELSE period_used END
       WHERE authorization_id = closed.authorization_id;
     IF NOT FOUND THEN
       RAISE EXCEPTION 'ledger inconsistency: authorization ledger % is missing',
@@ -294,10 +342,11 @@ $$;
 -- p_items: a JSON array of objects with gw_reserve's arguments, named without the `p_`:
 -- request_id, api_key_id, instance_id, model, model_id, offer_id, permit_id, quote_id, stream,
 -- maximum, tariff_version, input_tokens, deposit, chain_settled, max_concurrency, now, quote,
--- authorization_id, capped
+-- authorization_id, capped, period_start (migration 039)
 -- (amounts as decimal strings; quote as the JSON text of a `quotes` row, or null). One row per
 -- item: idx (1-based position in p_items) and outcome: 'ok', the refusal
--- ('quote_used' | 'offer_at_capacity' | 'insufficient_credits' | 'authorization_cap_exhausted'),
+-- ('quote_used' | 'offer_at_capacity' | 'insufficient_credits' | 'authorization_cap_exhausted'
+-- | 'authorization_period_cap_exhausted'),
 -- or 'error:<sqlstate>: <message>'.
 -- Named gw_reserve_batch before (migration 006 to issue 21): the old name goes, so that exactly
 -- one definition starts with "gw_reserve".
@@ -362,8 +411,9 @@ BEGIN
     SELECT DISTINCT (e->>'authorization_id') COLLATE "C" FROM jsonb_array_elements(p_items) e
     WHERE (e->>'capped')::boolean AND (e->>'max_concurrency')::integer >= 1 ORDER BY 1
   LOOP
-    INSERT INTO authorization_ledgers (authorization_id, total_cap)
-    SELECT a.id, a.total_cap FROM permit_authorizations a WHERE a.id = v_key AND a.total_cap > 0
+    INSERT INTO authorization_ledgers (authorization_id, total_cap, period, period_cap)
+    SELECT a.id, a.total_cap, a.period, a.period_cap FROM permit_authorizations a
+    WHERE a.id = v_key AND (a.total_cap > 0 OR a.period_cap > 0)
     ON CONFLICT (authorization_id) DO NOTHING;
     IF NOT FOUND THEN
       UPDATE authorization_ledgers l SET reserved = l.reserved WHERE l.authorization_id = v_key;
@@ -378,7 +428,8 @@ BEGIN
       request_id text, api_key_id text, instance_id text, model text, model_id text,
       offer_id text, permit_id text, quote_id text, stream boolean, maximum numeric,
       tariff_version numeric, input_tokens numeric, deposit numeric, chain_settled numeric,
-      max_concurrency integer, now bigint, quote text, authorization_id text, capped boolean)
+      max_concurrency integer, now bigint, quote text, authorization_id text, capped boolean,
+      period_start bigint)
     ORDER BY a.ord
   LOOP
     idx := item.i;
@@ -390,13 +441,13 @@ BEGIN
           item.model_id, item.offer_id, item.permit_id, item.quote_id, item.stream, item.maximum,
           item.tariff_version, item.input_tokens, item.deposit, item.chain_settled,
           item.max_concurrency, item.now, item.quote::jsonb, item.authorization_id,
-          COALESCE(item.capped, false));
+          COALESCE(item.capped, false), item.period_start);
         outcome := 'ok';
       EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
         outcome := CASE
           WHEN v_message IN ('gw:quote_used', 'gw:offer_at_capacity', 'gw:insufficient_credits',
-            'gw:authorization_cap_exhausted')
+            'gw:authorization_cap_exhausted', 'gw:authorization_period_cap_exhausted')
             THEN substr(v_message, 4)
           ELSE 'error:' || v_state || ': ' || v_message
         END;

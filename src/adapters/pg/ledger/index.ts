@@ -70,6 +70,15 @@
  * process's request while credits sat idle in this one's lease. Uncapped requests run the
  * statements they ran before (`gw_reserve`'s INSERT carries the authorization's id, which a
  * leased record's INSERT carries too), so they pay nothing for the caps.
+ *
+ * A periodic cap (issue 38, migration 039: per UTC day, week or month) is the same deposit per
+ * period, in the same row and the same UPDATE: `period_reserved` and `period_used` of the period
+ * that starts at `period_start`, which a request admitted in a newer period (`periodStart`, from
+ * the gateway's clock) starts over from zero. The request records the period it counts against,
+ * and its close (or failover resize) touches the period's figures only while that is still the
+ * row's period: a request admitted before a rollover never charges the new period. Refused
+ * `authorization_period_cap_exhausted` when the period's cap, not the total, is short. Such a
+ * request is `capped` too, so it never goes through a lease either.
  */
 export {
   markStreaming,

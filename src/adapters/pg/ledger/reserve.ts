@@ -64,7 +64,7 @@ export async function reserveOne(pool: pg.Pool, args: ReserveArgs): Promise<Rese
     await pool.query(
       `SELECT gw_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::numeric, $11::numeric,
          $12::numeric, $13::numeric, $14::numeric, $15::integer, $16::bigint, $17::jsonb, $18,
-         $19::boolean)`,
+         $19::boolean, $20::bigint)`,
       Object.values(args),
     );
     return { ok: true };
@@ -103,6 +103,8 @@ export interface ReserveArgs {
   readonly quote: string | null;
   readonly authorization_id: string | null;
   readonly capped: boolean;
+  /** The start of the period a periodically capped request counts against; null: none. */
+  readonly period_start: number | null;
 }
 
 /** Checks a reservation and maps it to gw_reserve's arguments. */
@@ -117,6 +119,9 @@ export function reserveArgs(input: ReserveInput): ReserveArgs {
   }
   if (input.capped === true && input.authorizationId === undefined) {
     throw new RangeError("reserve: a capped request names its authorization");
+  }
+  if (input.periodStart !== undefined && input.capped !== true) {
+    throw new RangeError("reserve: a request counted against a period is capped");
   }
   return {
     request_id: input.requestId,
@@ -138,6 +143,7 @@ export function reserveArgs(input: ReserveInput): ReserveArgs {
     quote: input.quote === undefined ? null : quoteColumns(input.quote),
     authorization_id: input.authorizationId ?? null,
     capped: input.capped === true,
+    period_start: input.periodStart ?? null,
   };
 }
 
@@ -146,6 +152,7 @@ const REFUSALS: readonly string[] = [
   "offer_at_capacity",
   "insufficient_credits",
   "authorization_cap_exhausted",
+  "authorization_period_cap_exhausted",
 ] satisfies readonly ReserveRefusal[];
 
 /** The refusal that `text` names after `prefix`, if it names one. */
@@ -201,8 +208,10 @@ export async function switchOffer(pool: pg.Pool, input: SwitchOfferInput): Promi
       maximum_credits: string;
       authorization_id: string | null;
       authorization_capped: boolean;
+      authorization_period_start: string | null;
     }>(
-      `SELECT offer_id, permit_id, maximum_credits, authorization_id, authorization_capped
+      `SELECT offer_id, permit_id, maximum_credits, authorization_id, authorization_capped,
+              authorization_period_start
        FROM inference_requests WHERE id = $1 AND status = 'pending' FOR UPDATE`,
       [input.requestId],
     );
@@ -249,12 +258,18 @@ export async function switchOffer(pool: pg.Pool, input: SwitchOfferInput): Promi
       );
       expectOneRow(shrunk.rowCount, `permit ledger ${request.permit_id}`);
     }
-    // A capped request's cap reservation follows its maximum, after the permit (lock order).
+    // A capped request's cap reservation follows its maximum, after the permit (lock order),
+    // and so does its period's, while the row's period is still the request's (migration 039).
     if (request.authorization_capped && growth !== 0n) {
       const resized = await client.query(
-        `UPDATE authorization_ledgers SET reserved = reserved + $2::numeric
-         WHERE authorization_id = $1 AND ($2::numeric < 0 OR total_cap - used - reserved >= $2::numeric)`,
-        [request.authorization_id, growth.toString()],
+        `UPDATE authorization_ledgers SET reserved = reserved + $2::numeric,
+           period_reserved = CASE WHEN period_start = $3::bigint
+             THEN period_reserved + $2::numeric ELSE period_reserved END
+         WHERE authorization_id = $1 AND ($2::numeric < 0 OR (
+           (total_cap = 0 OR total_cap - used - reserved >= $2::numeric)
+           AND (period_cap = 0 OR period_start IS DISTINCT FROM $3::bigint
+                OR period_cap - period_used - period_reserved >= $2::numeric)))`,
+        [request.authorization_id, growth.toString(), request.authorization_period_start],
       );
       if (resized.rowCount !== 1) {
         if (growth > 0n) return refuse(false);
