@@ -113,4 +113,22 @@ describe("credit token units, indexed from the chain", () => {
     expect(await tokenRow(hostile)).toEqual([first]);
     expect((await store().getModel(e.id))?.creditTokenDecimals).toBe(18);
   });
+
+  it("reads the tokens of models indexed before token units were (a catalog older than 040)", async () => {
+    const chat = stack.demo.models[0]!;
+    await stack.database.db.pool.query("DELETE FROM credit_tokens WHERE token = $1", [
+      chat.creditToken.toLowerCase(),
+    ]);
+    expect((await store().getModel(chat.modelId))?.creditTokenSymbol).toBeUndefined();
+    const testClient = createTestClient({
+      mode: "anvil",
+      chain: stack.clients.chain,
+      transport: http(stack.anvil.rpcUrl),
+    });
+    await testClient.mine({ blocks: 1 });
+    await indexedTo(await stack.clients.publicClient.getBlockNumber());
+    const model = await store().getModel(chat.modelId);
+    expect(model?.creditTokenDecimals).toBe(18);
+    expect(model?.creditTokenSymbol).toBe("DCHAT");
+  });
 });

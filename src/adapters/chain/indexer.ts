@@ -15,6 +15,7 @@ import {
   knownCreditTokens,
   readCursor,
   recordCreditToken,
+  unrecordedCreditTokens,
   upsertModel,
   upsertOffer,
   type ModelState,
@@ -259,7 +260,9 @@ export async function writeCatalogRows(
 
 /**
  * The decimals and symbol of the credit tokens `models` name that were never read (read once per
- * token: a recorded token is not asked again, by this process or any other), at `block`.
+ * token: a recorded token is not asked again, by this process or any other), at `block`; with a
+ * few tokens of models indexed before they were read (migration 040), so an existing catalog
+ * learns its units over the next passes.
  */
 async function readNewCreditTokens(
   client: PublicClient,
@@ -267,7 +270,8 @@ async function readNewCreditTokens(
   models: readonly ModelState[],
   block: bigint,
 ): Promise<{ token: Hex; units: TokenUnits }[]> {
-  const tokens = [...new Set(models.map((m) => m.creditToken))];
+  const backlog = await unrecordedCreditTokens(db, 16);
+  const tokens = [...new Set([...models.map((m) => m.creditToken), ...backlog])];
   if (tokens.length === 0) return [];
   const known = await knownCreditTokens(db, tokens);
   const unread = tokens.filter((token) => !known.has(token));

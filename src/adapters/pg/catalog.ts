@@ -338,6 +338,20 @@ export async function knownCreditTokens(
 }
 
 /**
+ * Credit tokens of indexed models never read (models indexed before migration 040): up to
+ * `limit` of them, for the indexer to read on its next pass.
+ */
+export async function unrecordedCreditTokens(db: Queryable, limit: number): Promise<Hex[]> {
+  const { rows } = await db.query<{ credit_token: Hex }>(
+    `SELECT DISTINCT m.credit_token FROM models m
+     WHERE NOT EXISTS (SELECT 1 FROM credit_tokens t WHERE t.token = m.credit_token)
+     LIMIT $1`,
+    [limit],
+  );
+  return rows.map((r) => r.credit_token);
+}
+
+/**
  * Records a credit token's decimals and symbol as read at `block` (undefined: unknown), once: a
  * token already recorded keeps its first row (read once per token, migration 040).
  */
