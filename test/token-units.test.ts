@@ -4,7 +4,7 @@ import { marketAbi } from "../gen/contracts/artifacts.js";
 import { deployCreditToken } from "../src/adapters/chain/deploy.js";
 import { createPgCatalogStore } from "../src/adapters/pg/catalog.js";
 import { id32 } from "../src/dev/demo-market.js";
-import { eventually, startTestStack, type TestStack } from "./helpers/stack.js";
+import { authed, eventually, json, startTestStack, type TestStack } from "./helpers/stack.js";
 
 // Issue 38, item 3: the indexer reads each model's credit token's decimals and symbol once per
 // token, keeps only what is safe to show, and says "unknown" for a token that answers nothing
@@ -96,7 +96,15 @@ describe("credit token units, indexed from the chain", () => {
     expect(await tokenRow(hostile)).toEqual([
       { decimals: 18, symbol: null, read_block: expect.any(String) },
     ]);
+    // The API: base units stay, the decimals beside them; an unshowable symbol is null.
+    const view = await json(await authed(stack, `/v1/models/${a.id}`));
+    expect(view).toMatchObject({ credit_token_decimals: 18, credit_token_symbol: null });
+    expect(JSON.stringify(view)).not.toContain("onerror");
     for (const { id } of [b, c, d]) {
+      expect(await json(await authed(stack, `/v1/models/${id}`))).toMatchObject({
+        credit_token_decimals: null,
+        credit_token_symbol: null,
+      });
       const model = await store().getModel(id);
       expect(model?.creditTokenDecimals).toBeUndefined();
       expect(model?.creditTokenSymbol).toBeUndefined();
