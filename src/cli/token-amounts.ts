@@ -1,5 +1,4 @@
-import type { GatewayClientConfig } from "../config.js";
-import { call } from "../clients/gateway-call.js";
+import { call, type GatewayConnection } from "../clients/gateway-call.js";
 import {
   formatAmountExact,
   tokenDecimals,
@@ -19,7 +18,7 @@ interface ModelUnitsJson {
  * gateway, may pass on anything).
  */
 export async function gatewayModelUnits(
-  gateway: GatewayClientConfig,
+  gateway: GatewayConnection,
   model: string,
 ): Promise<TokenUnits> {
   const found = await call<ModelUnitsJson>(

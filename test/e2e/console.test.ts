@@ -704,25 +704,20 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       await card.waitFor();
       for (const state of ["unsettled", "settling", "settled", "unsettleable"] as const) {
         const cells = await card.locator(`[data-state="${state}"] td`).allTextContents();
-        expect(
-          cells.map((c) => c.replaceAll("\u202f", "")),
-          state,
-        ).toEqual([
+        expect(cells, state).toEqual([
           state,
           String(earnings[state].requests),
           earnings[state].input_tokens,
           earnings[state].output_tokens,
-          // The earnings name no model, so no token: base units, said to be (issue 38, item 3).
-          `${earnings[state].credits} base units`,
+          inDchat(earnings[state].credits),
         ]);
       }
       const batch = card.locator(`[data-batch-id="${settledRecord.settlement.batch_id}"] td`);
       const cells = await batch.allTextContents();
       expect(cells[0]).toBe(settledRecord.settlement.batch_id);
       expect(cells[1]).toBe("settled");
-      expect(cells[3]!.replaceAll("\u202f", "")).toBe(
-        `${settledRecord.credits_charged} base units`,
-      );
+      expect(cells[3]).toBe(inDchat(settledRecord.credits_charged));
+      expect(await baseUnitIntegers(`[data-earnings-of="${offerId}"]`)).toEqual([]);
       expect(cells[4]).toBe(settledRecord.settlement.tx_hash);
       await page.locator("#earnings-panel").screenshot({ path: join(artifacts, "earnings.png") });
       await page.locator("#request-panel").screenshot({ path: join(artifacts, "request.png") });
