@@ -447,6 +447,9 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       expect(await card.locator(`[data-field="charge"] data`).getAttribute("value")).toBe(
         settledRecord.credits_charged,
       );
+      expect(await card.locator(`[data-field="charge"] data`).textContent()).toBe(
+        inDchat(settledRecord.credits_charged),
+      );
       expect(await page.inputValue("#receipt-request-id")).toBe(requestId);
       await page
         .locator("#receipt-panel")
