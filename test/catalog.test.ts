@@ -24,6 +24,8 @@ const modelFields = [
   "position_token_id",
   "provider_count",
   "status",
+  "credit_token_decimals",
+  "credit_token_symbol",
 ];
 const offerFields = [
   "offer_id",
@@ -138,6 +140,9 @@ describe("catalog", () => {
         task: "chat",
         creator: stack.roles.creator.address.toLowerCase(),
         credit_token: stack.demo.models[0]!.creditToken.toLowerCase(),
+        // Beside the base units every amount is in: the token's own decimals and symbol.
+        credit_token_decimals: 18,
+        credit_token_symbol: "DCHAT",
         position_token_id: "1",
         provider_count: 1, // one active, one paused offer
         status: "active",

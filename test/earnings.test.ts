@@ -17,6 +17,7 @@ import { closePermit, openPermit } from "./helpers/market.js";
 import { gatewayCli } from "./helpers/processes.js";
 import { chatOn, flush, settlingEnv, tokenBalance } from "./helpers/settlement.js";
 import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { formatAmount } from "../src/domain/token-units.js";
 
 const run = promisify(execFile);
 
@@ -419,6 +420,12 @@ describe("provider earnings", () => {
     expect(Number(/^settled\s+(\d+)\s/m.exec(text.stdout)?.[1])).toBe(viaRest.settled.requests);
     expect(text.stdout).toContain(`payout ${viaRest.payout}`);
     expect(text.stdout).toContain(`unsettleable: permit_closed`);
+    // Amounts in the model's token units, the exact base units beside them (issue 38, item 3).
+    expect(viaRest.model_id).toBe(stack.demo.models[0]!.modelId);
+    const settled = BigInt(viaRest.settled.credits);
+    expect(text.stdout).toContain(
+      `${formatAmount(settled, { decimals: 18, symbol: "DCHAT" })} (${settled} base units)`,
+    );
     expect(text.stdout).not.toContain(key);
   });
 

@@ -4,6 +4,8 @@ import { parseDeposit, parseDuration } from "./amounts.js";
 describe("parseDeposit", () => {
   it.each([
     ["1000000", 18, false, 1_000_000n],
+    // A token whose decimals are unknown still takes base units.
+    ["1000000", undefined, false, 1_000_000n],
     ["12.5tokens", 18, false, 12_500_000_000_000_000_000n],
     ["12.5 tokens", 6, false, 12_500_000n],
     ["12.5", 6, true, 12_500_000n],
@@ -18,7 +20,7 @@ describe("parseDeposit", () => {
       123_456_789_012_345_678_901_123_456_789_012_345_678n,
     ],
   ])(
-    "%s with %i decimals (tokens flag %s) is %s base units",
+    "%s with %s decimals (tokens flag %s) is %s base units",
     (text, decimals, tokens, expected) => {
       expect(parseDeposit(text, decimals, tokens)).toBe(expected);
     },
@@ -33,7 +35,8 @@ describe("parseDeposit", () => {
     ["1e18", 18, false, /base units \(1000000\) or tokens/],
     ["0x10", 18, false, /base units \(1000000\) or tokens/],
     ["1.tokens", 18, false, /base units \(1000000\) or tokens/],
-  ])("refuses %s (%i decimals)", (text, decimals, tokens, message) => {
+    ["1tokens", undefined, false, /decimals are unknown .* give base units/],
+  ])("refuses %s (%s decimals)", (text, decimals, tokens, message) => {
     expect(() => parseDeposit(text, decimals, tokens)).toThrow(message);
   });
 });

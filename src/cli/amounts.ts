@@ -10,9 +10,10 @@ export class AmountError extends BaseError {
  * A deposit as typed, either base units (`1000000`, whole numbers only) or whole tokens
  * (`12.5tokens`, or `12.5` with `tokens` true), converted with the token's `decimals` by exact
  * decimal arithmetic: a fraction finer than the token's smallest unit is refused, never rounded.
- * Zero is refused (the market refuses an empty permit).
+ * Zero is refused (the market refuses an empty permit). A token whose decimals are unknown takes
+ * base units only.
  */
-export function parseDeposit(text: string, decimals: number, tokens = false): bigint {
+export function parseDeposit(text: string, decimals: number | undefined, tokens = false): bigint {
   const match = /^(\d+)(?:\.(\d+))?\s*(tokens?)?$/.exec(text.trim());
   if (match === null)
     throw new AmountError(
@@ -28,6 +29,10 @@ export function parseDeposit(text: string, decimals: number, tokens = false): bi
       );
     amount = BigInt(whole);
   } else {
+    if (decimals === undefined)
+      throw new AmountError(
+        `--deposit ${text}: the token's decimals are unknown (it does not answer decimals()), so give base units`,
+      );
     const digits = fraction ?? "";
     if (digits.length > decimals)
       throw new AmountError(

@@ -6,7 +6,6 @@ import { randomBytes } from "node:crypto";
 import {
   createPublicClient,
   createWalletClient,
-  formatUnits,
   http,
   zeroHash,
   type Address,
@@ -28,7 +27,9 @@ import {
 import { parsePayerChainConfig, type GatewayClientConfig } from "../config.js";
 import { isHex32 } from "../domain/hex.js";
 import { call } from "../clients/gateway-call.js";
+import { formatAmountExact } from "../domain/token-units.js";
 import { parseDeposit, parseDuration } from "./amounts.js";
+import { gatewayModelUnits, withTokenUnits } from "./token-amounts.js";
 import type { PayerChainFacts } from "./payer-control.js";
 import {
   expiryFlags,
@@ -62,8 +63,9 @@ function when(seconds: bigint | number): string {
   return `${seconds} (${new Date(Number(seconds) * 1000).toISOString()})`;
 }
 
+/** An amount for a person: token units with the symbol, the exact base units beside them. */
 function tokens(amount: bigint, token: ModelToken): string {
-  return `${amount} (${formatUnits(amount, token.decimals)} ${token.symbol})`;
+  return formatAmountExact(amount, token);
 }
 
 /** Public (and, with `account`, wallet) clients on the configured chain, its id checked first. */
@@ -192,7 +194,7 @@ export async function open(
           deposit: opened.deposit.toString(),
           expires_at: Number(opened.expiresAt),
           credit_token: opened.creditToken.toLowerCase(),
-          decimals: token.decimals,
+          decimals: token.decimals ?? null,
           transactions: { approve: opened.approveTx ?? null, open: opened.openTx },
         },
         null,
@@ -228,7 +230,14 @@ export async function balance(
     if (json) out.log(JSON.stringify({ source: "gateway", ...view }, null, 2));
     else {
       out.log(`permit ${view.permit_id} (${view.state}), as the gateway accounts for it`);
-      logFields(out, view, [...chainPermitFields, "charged_unsettled", "reserved", "available"]);
+      const units = await gatewayModelUnits(gateway, view.model_id);
+      const amounts = ["deposit", "settled", "charged_unsettled", "reserved", "available"] as const;
+      logFields(out, withTokenUnits(view, amounts, units), [
+        ...chainPermitFields,
+        "charged_unsettled",
+        "reserved",
+        "available",
+      ]);
     }
     return;
   }
@@ -255,7 +264,8 @@ export async function balance(
   out.log(
     `permit ${view.permit_id} (${view.state}), read from the chain: no GATEWAY_API_KEY, so charges not yet settled and open reservations are not shown`,
   );
-  logFields(out, view, chainPermitFields);
+  const token = await readModelToken(publicClient, market, permit.modelId);
+  logFields(out, withTokenUnits(view, ["deposit", "settled"], token), chainPermitFields);
 }
 
 /** `close ID`: the payer requests the permit's close. */
@@ -315,7 +325,7 @@ export async function finalizePermit(
       `closed permit ${permitId}: refunded ${tokens(refund, token)} to the payer ${permit.payer}`,
     );
     out.log(
-      `  deposit ${permit.deposit}, settled ${permit.settled}${signer.address.toLowerCase() === permit.payer.toLowerCase() ? "" : ` (sent by ${signer.address}, not the payer: the refund went to the payer)`}`,
+      `  deposit ${tokens(permit.deposit, token)}, settled ${tokens(permit.settled, token)}${signer.address.toLowerCase() === permit.payer.toLowerCase() ? "" : ` (sent by ${signer.address}, not the payer: the refund went to the payer)`}`,
     );
     out.log(`  tx ${tx}`);
   }

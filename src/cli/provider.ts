@@ -26,6 +26,8 @@ import {
   type CommandOutput,
 } from "./signing.js";
 import { loadSigner, SignerUsageError } from "./signer.js";
+import { formatAmountExact, type TokenUnits } from "../domain/token-units.js";
+import { gatewayModelUnits } from "./token-amounts.js";
 
 export const providerUsage = `usage: gateway provider <command>
 
@@ -95,8 +97,12 @@ function seconds(raw: string | undefined, name: string): number | undefined {
   return Number(raw);
 }
 
-/** The earnings as lines a person reads (the amounts exactly as the gateway states them). */
-function earningsText(e: EarningsJson): string[] {
+/**
+ * The earnings as lines a person reads: amounts in the model's token units with the symbol, the
+ * exact base units beside them.
+ */
+function earningsText(e: EarningsJson, units: TokenUnits): string[] {
+  const amount = (credits: string) => formatAmountExact(BigInt(credits), units);
   const lines = [
     `offer ${e.offer_id}, payout ${e.payout}, charges completed in [${e.from}, ${e.to})`,
     "state          requests  input tokens  output tokens  credits",
@@ -105,15 +111,15 @@ function earningsText(e: EarningsJson): string[] {
     const t = e[state];
     lines.push(
       `${state.padEnd(14)} ${String(t.requests).padStart(8)}  ${t.input_tokens.padStart(12)}  ` +
-        `${t.output_tokens.padStart(13)}  ${t.credits}`,
+        `${t.output_tokens.padStart(13)}  ${amount(t.credits)}`,
     );
   }
   for (const r of e.unsettleable_reasons)
-    lines.push(`  unsettleable: ${r.reason}: ${r.requests} requests, ${r.credits} credits`);
+    lines.push(`  unsettleable: ${r.reason}: ${r.requests} requests, ${amount(r.credits)}`);
   for (const b of e.batches) {
     lines.push(
       `batch ${b.batch_id} ${b.status} tx ${b.tx_hash ?? "-"} settled_at ${b.settled_at ?? "-"}: ` +
-        `${b.requests} requests, ${b.credits} credits`,
+        `${b.requests} requests, ${amount(b.credits)}`,
     );
   }
   if (e.batches_truncated) lines.push("(more batches than listed: narrow the window)");
@@ -249,7 +255,8 @@ export async function runProviderCommand(
           out.log(JSON.stringify(earnings, null, 2));
           return 0;
         }
-        for (const line of earningsText(earnings)) out.log(line);
+        const units = await gatewayModelUnits(gateway, earnings.model_id);
+        for (const line of earningsText(earnings, units)) out.log(line);
         return 0;
       }
       default:

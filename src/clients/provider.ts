@@ -273,6 +273,7 @@ export interface EarningsTotalsJson {
 export interface EarningsJson {
   object: "offer_earnings";
   offer_id: string;
+  model_id: string;
   payout: string;
   from: number;
   to: number;

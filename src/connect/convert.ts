@@ -64,6 +64,12 @@ export function modelToMessage(model: ModelRecord, directory: ModelDirectory): M
     task: model.task,
     creator: model.creator,
     creditToken: model.creditToken,
+    ...(model.creditTokenDecimals === undefined
+      ? {}
+      : { creditTokenDecimals: model.creditTokenDecimals }),
+    ...(model.creditTokenSymbol === undefined
+      ? {}
+      : { creditTokenSymbol: model.creditTokenSymbol }),
     poolId: model.poolId,
     positionTokenId: model.positionTokenId.toString(),
     providerCount: model.activeOffers,

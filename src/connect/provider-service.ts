@@ -133,6 +133,7 @@ const seconds = (value: number | undefined): bigint | undefined =>
 /** An offer's earnings as the RPC answers them. */
 const earningsMessage = (e: OfferEarnings) => ({
   offerId: e.offerId,
+  modelId: e.modelId,
   payout: e.payout,
   from: BigInt(e.from),
   to: BigInt(e.to),

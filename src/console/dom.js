@@ -3,6 +3,7 @@
  * parties the reader does not control (an offer's region, hardware and capabilities are what its
  * provider wrote on chain): text is only ever set as text, never parsed as markup.
  */
+import { amountText } from "./units.js";
 
 /**
  * An element with attributes and children (strings become text nodes).
@@ -40,14 +41,19 @@ export function facts(rows, className = "facts") {
 }
 
 /**
- * An amount in the credit token's base units: exact (a decimal string, never a float), digits
- * grouped for reading; the machine-readable value in `data[value]`.
- * @param {string | null | undefined} value
+ * An amount for a person: in the credit token's units with its symbol when `units` has the
+ * token's decimals (src/console/units.js), else in base units, digits grouped. The exact base
+ * units, to copy, are the tooltip and `data[value]`.
+ * @param {string | null | undefined} value base units, a decimal string
+ * @param {{ decimals?: number, symbol?: string }} [units]
  */
-export function credits(value) {
+export function credits(value, units = {}) {
   if (value === null || value === undefined) return h("span", { class: "muted" }, "—");
-  const text = /^\d+$/.test(value) ? value.replace(/\B(?=(\d{3})+(?!\d))/g, "\u202f") : value;
-  return h("data", { value, class: "amount" }, text);
+  return h(
+    "data",
+    { value, class: "amount", title: `${value} base units` },
+    amountText(value, units),
+  );
 }
 
 /** A Unix time (seconds) as a `<time>`; null as a dash. @param {number | null | undefined} seconds */

@@ -17,6 +17,14 @@ export interface ModelRecord {
   readonly modelId: Hex;
   readonly creator: Hex;
   readonly creditToken: Hex;
+  /**
+   * The credit token's decimals and symbol as its contract answered them (read once per token by
+   * the indexer, migration 040): absent while unread or when the token answered nothing the
+   * gateway shows (src/domain/token-units.ts); amounts stay in base units everywhere but the
+   * text a person reads.
+   */
+  readonly creditTokenDecimals?: number | undefined;
+  readonly creditTokenSymbol?: string | undefined;
   readonly repository: string;
   readonly revision: string;
   readonly task: string;

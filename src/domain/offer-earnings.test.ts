@@ -43,6 +43,7 @@ describe("earningsWindow", () => {
 describe("foldEarnings", () => {
   const meta = {
     offerId: `0x${"aa".repeat(32)}`,
+    modelId: `0x${"cc".repeat(32)}`,
     payout: `0x${"bb".repeat(20)}`,
     from: 0,
     to: 9,

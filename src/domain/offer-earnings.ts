@@ -56,6 +56,8 @@ export interface EarningsStore {
 
 export interface OfferEarnings {
   readonly offerId: Hex;
+  /** The offer's model: its credit token's units are those of every amount here. */
+  readonly modelId: Hex;
   readonly payout: Hex;
   readonly from: number;
   readonly to: number;
@@ -106,7 +108,7 @@ export function earningsWindow(
 /** Folds the store's groups into the four states and the reasons. */
 export function foldEarnings(
   rows: EarningsRows,
-  meta: { offerId: Hex; payout: Hex; from: number; to: number },
+  meta: { offerId: Hex; modelId: Hex; payout: Hex; from: number; to: number },
 ): OfferEarnings {
   const totals: Record<EarningsState, EarningsTotals> = {
     unsettled: zero,
@@ -172,7 +174,12 @@ export function createOfferEarningsService(deps: OfferEarningsServiceDeps): Offe
           cause: err,
         });
       }
-      return foldEarnings(rows, { offerId, payout: offer.payout, ...window });
+      return foldEarnings(rows, {
+        offerId,
+        modelId: offer.modelId,
+        payout: offer.payout,
+        ...window,
+      });
     },
   };
 }

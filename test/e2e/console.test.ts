@@ -12,6 +12,7 @@ import { chainClients } from "../../src/adapters/chain/clients.js";
 import { demoMetadata, demoTariff, id32 } from "../../src/dev/demo-market.js";
 import type { DevManifest } from "../../src/dev/sandbox.js";
 import { signableReceipt } from "../../src/domain/receipts.js";
+import { formatAmount } from "../../src/domain/token-units.js";
 import type { EarningsJson } from "../../src/clients/provider.js";
 import { bindKey } from "../../src/clients/provider.js";
 import { consoleSecurityHeaders, createConsoleAssets } from "../../src/rest/console.js";
@@ -237,6 +238,21 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       page.locator(`${scope} [data-field="${name}"] dd > :first-child`);
     const amount = async (scope: string, name: string) =>
       (await field(scope, name).getAttribute("value")) ?? "";
+    /** The demo models' credit tokens: 18 decimals, their own symbol. */
+    const dchat = { decimals: 18, symbol: "DCHAT" };
+    const inDchat = (value: string | bigint) => formatAmount(BigInt(value), dchat);
+    /**
+     * Where a person reads amounts (ids and addresses, in `<code>`, aside), no base-unit integer
+     * of 10 digits or more is shown (issue 38, item 4's acceptance): amounts are token units.
+     */
+    const baseUnitIntegers = (scope: string) =>
+      page.locator(scope).evaluateAll((els) =>
+        els.flatMap((el) => {
+          const copy = el.cloneNode(true) as typeof el;
+          for (const c of copy.querySelectorAll("code")) c.remove();
+          return copy.textContent!.match(/\d[\d\u202f]{9,}/g) ?? [];
+        }),
+      );
 
     it("shows the catalog, a permit's balance falling by a request's charge, and the request settling", async () => {
       await page.goto(`${m.baseUrl}/console`);
@@ -287,6 +303,9 @@ describe("market console (GET /console) on npm start's sandbox", () => {
         ]) {
           const dd = page.locator(`${card} dt:text-is("${term}") + dd data`);
           expect(await dd.getAttribute("value")).toBe(value);
+          // Read in DCHAT; the exact base units to copy in the tooltip.
+          expect(await dd.textContent()).toBe(inDchat(value!));
+          expect(await dd.getAttribute("title")).toBe(`${value} base units`);
         }
         const health = (await json(await api(`/v1/provider-offers/${offer.offer_id}/health`))) as {
           running: boolean;
@@ -310,6 +329,7 @@ describe("market console (GET /console) on npm start's sandbox", () => {
         expect(await page.locator(`${card} [data-field="claimed"] dd`).textContent()).toBe(
           String(offer.usage_divergence.claimed),
         );
+        expect(await baseUnitIntegers(card)).toEqual([]);
       }
       await page.screenshot({ path: join(artifacts, "catalog.png"), fullPage: true });
 
@@ -322,10 +342,10 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       expect(await amount(permit, "deposit")).toBe(before.deposit);
       expect(await amount(permit, "available")).toBe(before.available);
       expect(await amount(permit, "settled")).toBe(before.settled);
-      // What a reader sees is the same number, digits grouped.
-      expect((await field(permit, "deposit").textContent())!.replaceAll("\u202f", "")).toBe(
-        before.deposit,
-      );
+      // What a reader sees is the same amount in DCHAT.
+      expect(await field(permit, "deposit").textContent()).toBe(inDchat(before.deposit));
+      expect(await field(permit, "available").textContent()).toBe(inDchat(before.available));
+      expect(await baseUnitIntegers(permit)).toEqual([]);
 
       // A chat through the API, as any client makes one (streamed: the reputation's time to
       // first token and output speed are measured over streamed answers).
@@ -356,6 +376,10 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       const request = `[data-request-id="${requestId}"]`;
       await page.locator(request).waitFor();
       expect(await amount(request, "credits_charged")).toBe(record.credits_charged);
+      expect(await field(request, "credits_charged").textContent()).toBe(
+        inDchat(record.credits_charged),
+      );
+      expect(await baseUnitIntegers(request)).toEqual([]);
       // The page follows the settlement until the sandbox's worker has settled it.
       await expect
         .poll(() => field(request, "settlement_status").textContent(), { timeout: 30_000 })
@@ -422,6 +446,9 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       );
       expect(await card.locator(`[data-field="charge"] data`).getAttribute("value")).toBe(
         settledRecord.credits_charged,
+      );
+      expect(await card.locator(`[data-field="charge"] data`).textContent()).toBe(
+        inDchat(settledRecord.credits_charged),
       );
       expect(await page.inputValue("#receipt-request-id")).toBe(requestId);
       await page
@@ -535,7 +562,7 @@ describe("market console (GET /console) on npm start's sandbox", () => {
         .toBe("settled");
       const cells = await row.locator("td").allTextContents();
       expect(cells[1]).toBe(requestId);
-      expect(cells[2]!.replaceAll("\u202f", "")).toBe(settledRecord.credits_charged);
+      expect(cells[2]).toBe(inDchat(settledRecord.credits_charged));
       expect(cells[3]).toBe(`${settledRecord.input_tokens} / ${settledRecord.output_tokens}`);
       expect(cells[4]).toBe("settled");
       expect(cells[5]).toBe(settledRecord.settlement.batch_id);
@@ -563,7 +590,10 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       expect(caption).toContain(
         `${list.data.length} charged request${list.data.length === 1 ? "" : "s"}`,
       );
-      expect(caption).toContain(`${total} credits in all, ${settledSum} of them settled on chain.`);
+      expect(caption).toContain(
+        `${inDchat(total)} in all, ${inDchat(settledSum)} of them settled on chain.`,
+      );
+      expect(await baseUnitIntegers("#permit-panel")).toEqual([]);
       // The chart is named by that text for screen readers.
       expect(
         await page.evaluate(
@@ -677,22 +707,20 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       await card.waitFor();
       for (const state of ["unsettled", "settling", "settled", "unsettleable"] as const) {
         const cells = await card.locator(`[data-state="${state}"] td`).allTextContents();
-        expect(
-          cells.map((c) => c.replaceAll("\u202f", "")),
-          state,
-        ).toEqual([
+        expect(cells, state).toEqual([
           state,
           String(earnings[state].requests),
           earnings[state].input_tokens,
           earnings[state].output_tokens,
-          earnings[state].credits,
+          inDchat(earnings[state].credits),
         ]);
       }
       const batch = card.locator(`[data-batch-id="${settledRecord.settlement.batch_id}"] td`);
       const cells = await batch.allTextContents();
       expect(cells[0]).toBe(settledRecord.settlement.batch_id);
       expect(cells[1]).toBe("settled");
-      expect(cells[3]!.replaceAll("\u202f", "")).toBe(settledRecord.credits_charged);
+      expect(cells[3]).toBe(inDchat(settledRecord.credits_charged));
+      expect(await baseUnitIntegers(`[data-earnings-of="${offerId}"]`)).toEqual([]);
       expect(cells[4]).toBe(settledRecord.settlement.tx_hash);
       await page.locator("#earnings-panel").screenshot({ path: join(artifacts, "earnings.png") });
       await page.locator("#request-panel").screenshot({ path: join(artifacts, "request.png") });

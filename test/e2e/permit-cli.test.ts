@@ -7,6 +7,7 @@ import { encryptKeystoreJsonSync } from "ethers";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Hex } from "viem";
 import { createApiKey } from "../../src/adapters/pg/api-keys.js";
+import { formatAmount } from "../../src/domain/token-units.js";
 import type { FakeUpstream } from "../helpers/fake-upstream.js";
 import { auditSecret } from "../helpers/log-audit.js";
 import { advanceChainTime, mintCredits } from "../helpers/market.js";
@@ -160,6 +161,14 @@ describe("gateway permit: a payer's permit from open to refund", () => {
       reserved: "0",
       available: (20n * token - charged).toString(),
     });
+    // For a person: every amount in DCHAT, the exact base units beside it (issue 38, item 3).
+    const read = await cli(["balance", permitId], env);
+    expect(read.code).toBe(0);
+    expect(read.stdout).toContain(`  deposit           20 DCHAT (${20n * token} base units)\n`);
+    expect(read.stdout).toContain(`  settled           0 DCHAT (0 base units)\n`);
+    expect(read.stdout).toContain(
+      `  charged_unsettled ${formatAmount(charged, { decimals: 18, symbol: "DCHAT" })} (${charged} base units)\n`,
+    );
 
     const flushed = await flush(stack);
     expect(flushed.status).toBe(200);
@@ -238,7 +247,7 @@ describe("gateway permit: a payer's permit from open to refund", () => {
     expect(opened.stderr).toBe("");
     expect(opened.code).toBe(0);
     const permitId = /^opened permit (0x[0-9a-f]{64})$/m.exec(opened.stdout)![1] as Hex;
-    expect(opened.stdout).toContain(`  deposit    3000000 (0.000000000003 DCHAT)\n`);
+    expect(opened.stdout).toContain(`  deposit    0.000000000003 DCHAT (3000000 base units)\n`);
     expect(opened.stdout).toContain(`next: let an API key spend it: gateway permit authorize`);
 
     const refused = await cli(["close", permitId], strangerEnv);
@@ -265,8 +274,8 @@ describe("gateway permit: a payer's permit from open to refund", () => {
     expect(finalized.stderr).toBe("");
     expect(finalized.code).toBe(0);
     expect(finalized.stdout).toBe(
-      `closed permit ${permitId}: refunded 3000000 (0.000000000003 DCHAT) to the payer ${payer.address}\n` +
-        `  deposit 3000000, settled 0 (sent by ${stranger.address}, not the payer: the refund went to the payer)\n` +
+      `closed permit ${permitId}: refunded 0.000000000003 DCHAT (3000000 base units) to the payer ${payer.address}\n` +
+        `  deposit 0.000000000003 DCHAT (3000000 base units), settled 0 DCHAT (0 base units) (sent by ${stranger.address}, not the payer: the refund went to the payer)\n` +
         `  tx ${/ {2}tx (0x[0-9a-f]{64})/.exec(finalized.stdout)![1]}\n`,
     );
     expect((await tokenBalance(stack, 0, payer.address)) - payerBefore).toBe(3_000_000n);

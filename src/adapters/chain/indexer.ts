@@ -12,7 +12,10 @@ import { normalizeHex } from "../../domain/hex.js";
 import {
   advanceCursor,
   existingModels,
+  knownCreditTokens,
   readCursor,
+  recordCreditToken,
+  unrecordedCreditTokens,
   upsertModel,
   upsertOffer,
   type ModelState,
@@ -30,6 +33,8 @@ import {
   type RawModel,
   type RawOffer,
 } from "./catalog-values.js";
+import { readTokenUnits } from "./token-units.js";
+import type { TokenUnits } from "../../domain/token-units.js";
 
 export interface IndexerDeps {
   readonly client: PublicClient;
@@ -254,6 +259,28 @@ export async function writeCatalogRows(
 }
 
 /**
+ * The decimals and symbol of the credit tokens `models` name that were never read (read once per
+ * token: a recorded token is not asked again, by this process or any other), at `block`; with a
+ * few tokens of models indexed before they were read (migration 040), so an existing catalog
+ * learns its units over the next passes.
+ */
+async function readNewCreditTokens(
+  client: PublicClient,
+  db: Queryable,
+  models: readonly ModelState[],
+  block: bigint,
+): Promise<{ token: Hex; units: TokenUnits }[]> {
+  const backlog = await unrecordedCreditTokens(db, 16);
+  const tokens = [...new Set([...models.map((m) => m.creditToken), ...backlog])];
+  if (tokens.length === 0) return [];
+  const known = await knownCreditTokens(db, tokens);
+  const unread = tokens.filter((token) => !known.has(token));
+  return Promise.all(
+    unread.map(async (token) => ({ token, units: await readTokenUnits(client, token, block) })),
+  );
+}
+
+/**
  * Indexes models and offers from the market's events. Each range of blocks
  * is read, the models and offers its events touch are re-read from contract
  * state at the range's last block, and rows and cursor are written in one
@@ -314,11 +341,13 @@ export function createIndexer(deps: IndexerDeps): Indexer {
     const models = await Promise.all(
       [...modelIds].map((id) => readModel(client, market, id, toBlock)),
     );
+    const tokens = await readNewCreditTokens(client, pool, models, toBlock);
 
     let changes: QuarantineChange[];
     const db = await pool.connect();
     try {
       await db.query("BEGIN");
+      for (const { token, units } of tokens) await recordCreditToken(db, token, units, toBlock);
       changes = await writeCatalogRows(db, { models, offers }, toBlock);
       for (const c of closings)
         await recordPermitClosing(db, c.permitId, c.closableAt, c.blockNumber);

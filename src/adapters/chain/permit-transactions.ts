@@ -14,6 +14,8 @@ import {
   type WalletClient,
 } from "viem";
 import { creditTokenAbi, marketAbi } from "../../../gen/contracts/artifacts.js";
+import type { TokenUnits } from "../../domain/token-units.js";
+import { readTokenUnits } from "./token-units.js";
 import { BaseError } from "../../domain/base-error.js";
 
 /**
@@ -91,12 +93,14 @@ export async function readChainPermit(
   };
 }
 
-/** A model's credit token as the market names it, with the token's decimals and symbol. */
-export interface ModelToken {
+/**
+ * A model's credit token as the market names it, with the token's decimals and symbol as far as
+ * they can be shown (src/domain/token-units.ts: undefined when the token does not answer, or
+ * answers a value a terminal should not print).
+ */
+export interface ModelToken extends TokenUnits {
   readonly modelId: Hex;
   readonly creditToken: Address;
-  readonly decimals: number;
-  readonly symbol: string;
 }
 
 /** The credit token of `modelId` (read from the market, never from anyone's say-so). */
@@ -113,19 +117,8 @@ export async function readModelToken(
   });
   if (model.creator === zeroAddress)
     throw new MarketRefusedError("NotFound", `no model ${modelId} on the market`);
-  const [decimals, symbol] = await Promise.all([
-    publicClient.readContract({
-      address: model.creditToken,
-      abi: creditTokenAbi,
-      functionName: "decimals",
-    }),
-    publicClient.readContract({
-      address: model.creditToken,
-      abi: creditTokenAbi,
-      functionName: "symbol",
-    }),
-  ]);
-  return { modelId, creditToken: model.creditToken, decimals, symbol };
+  const units = await readTokenUnits(publicClient, model.creditToken);
+  return { modelId, creditToken: model.creditToken, ...units };
 }
 
 // The token's own errors (OpenZeppelin's IERC20Errors), so a refusal from inside `openPermit`'s

@@ -10,6 +10,7 @@ import type {
 } from "../../domain/catalog.js";
 import { declaredHiddenReasoningRatio } from "../../domain/chat/usage.js";
 import { isOfferFeature } from "../../domain/offer-features.js";
+import type { TokenUnits } from "../../domain/token-units.js";
 
 export type Queryable = Pick<pg.Pool, "query">;
 
@@ -38,6 +39,8 @@ interface ModelRow {
   status: ModelStatus;
   active_offers: string;
   quarantine_reason: string | null;
+  credit_token_decimals: number | null;
+  credit_token_symbol: string | null;
 }
 
 interface OfferRow {
@@ -71,8 +74,10 @@ interface OfferRow {
 // offer, with its reason (`model_quarantined` when it is its model that is quarantined).
 const modelSelect = `
   SELECT m.*, (SELECT count(*) FROM offers o WHERE o.model_id = m.model_id AND o.status = 'active'
-      AND o.quarantine_reason IS NULL) AS active_offers
-  FROM models m`;
+      AND o.quarantine_reason IS NULL) AS active_offers,
+    t.decimals AS credit_token_decimals, t.symbol AS credit_token_symbol
+  FROM models m
+  LEFT JOIN credit_tokens t ON t.token = m.credit_token`;
 
 const offerSelect = `
   SELECT o.*, e.verified_at, e.verification_expires_at, e.verified_features,
@@ -97,6 +102,10 @@ function toModel(row: ModelRow): ModelRecord {
     positionTokenId: BigInt(row.position_token_id),
     status: row.status,
     activeOffers: Number(row.active_offers),
+    ...(row.credit_token_decimals === null
+      ? {}
+      : { creditTokenDecimals: row.credit_token_decimals }),
+    ...(row.credit_token_symbol === null ? {} : { creditTokenSymbol: row.credit_token_symbol }),
     ...(row.quarantine_reason === null ? {} : { quarantineReason: row.quarantine_reason }),
   };
 }
@@ -313,5 +322,48 @@ export async function advanceCursor(db: Queryable, name: string, block: bigint):
      ON CONFLICT (name) DO UPDATE SET block_number = GREATEST(chain_cursors.block_number, EXCLUDED.block_number),
        updated_at = now()`,
     [name, block.toString()],
+  );
+}
+
+/** Of `tokens`, those whose decimals and symbol were read already (a row in `credit_tokens`). */
+export async function knownCreditTokens(
+  db: Queryable,
+  tokens: readonly string[],
+): Promise<Set<string>> {
+  const { rows } = await db.query<{ token: string }>(
+    "SELECT token FROM credit_tokens WHERE token = ANY($1::text[])",
+    [tokens],
+  );
+  return new Set(rows.map((r) => r.token));
+}
+
+/**
+ * Credit tokens of indexed models never read (models indexed before migration 040): up to
+ * `limit` of them, for the indexer to read on its next pass.
+ */
+export async function unrecordedCreditTokens(db: Queryable, limit: number): Promise<Hex[]> {
+  const { rows } = await db.query<{ credit_token: Hex }>(
+    `SELECT DISTINCT m.credit_token FROM models m
+     WHERE NOT EXISTS (SELECT 1 FROM credit_tokens t WHERE t.token = m.credit_token)
+     LIMIT $1`,
+    [limit],
+  );
+  return rows.map((r) => r.credit_token);
+}
+
+/**
+ * Records a credit token's decimals and symbol as read at `block` (undefined: unknown), once: a
+ * token already recorded keeps its first row (read once per token, migration 040).
+ */
+export async function recordCreditToken(
+  db: Queryable,
+  token: string,
+  units: TokenUnits,
+  block: bigint,
+): Promise<void> {
+  await db.query(
+    `INSERT INTO credit_tokens (token, decimals, symbol, read_block) VALUES ($1, $2, $3, $4)
+     ON CONFLICT (token) DO NOTHING`,
+    [token, units.decimals ?? null, units.symbol ?? null, block.toString()],
   );
 }

@@ -6,6 +6,7 @@
  */
 import { segment } from "../api.js";
 import { badge, code, credits, facts, h, messageLine, time } from "../dom.js";
+import { tokenUnits } from "../units.js";
 import { divergenceView, reputationChart, reputationView } from "./reputation.js";
 
 /** @type {import("../app.js").Panel} */
@@ -67,7 +68,7 @@ function modelView(model, index, api) {
       const answer = await api.get(`/v1/models/${segment(model.id)}/offers`);
       message.info(`${answer.data.length} offer${answer.data.length === 1 ? "" : "s"}.`);
       if (answer.data.length > 0) offers.append(reputationChart(answer.data));
-      for (const offer of answer.data) offers.append(offerView(offer, api));
+      for (const offer of answer.data) offers.append(offerView(offer, api, tokenUnits(model)));
     } catch (error) {
       loaded = false;
       message.error(error);
@@ -108,8 +109,9 @@ function meteringText(item) {
 /**
  * @param {Record<string, any>} offer
  * @param {import("../api.js").Api} api
+ * @param {{ decimals?: number, symbol?: string }} units the model's credit token's
  */
-function offerView(offer, api) {
+function offerView(offer, api, units) {
   const health = h("div", { class: "health" }, h("h5", {}, "Health"));
   const healthMessage = messageLine();
   health.append(healthMessage.element);
@@ -145,13 +147,13 @@ function offerView(offer, api) {
       ["Operator", code(offer.operator)],
       ["Capabilities", capabilities.length === 0 ? "none" : capabilities.join("; ")],
     ]),
-    h("h5", {}, "Tariff (credit base units)"),
+    h("h5", {}, "Tariff"),
     tariff === undefined || tariff === null
       ? h("p", { class: "muted" }, "No tariff.")
       : facts([
-          ["Input, per million tokens", credits(tariff.input_price_per_mtok)],
-          ["Output, per million tokens", credits(tariff.output_price_per_mtok)],
-          ["Wake fee", credits(tariff.wake_fee)],
+          ["Input, per million tokens", credits(tariff.input_price_per_mtok, units)],
+          ["Output, per million tokens", credits(tariff.output_price_per_mtok, units)],
+          ["Wake fee", credits(tariff.wake_fee, units)],
           ["Version", tariff.version],
         ]),
     h("h5", {}, "Verification"),

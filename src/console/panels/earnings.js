@@ -11,6 +11,7 @@
 import { segment } from "../api.js";
 import { badge, code, credits, facts, h, table, time } from "../dom.js";
 import { idLookup } from "../lookup.js";
+import { modelUnits } from "../units.js";
 
 /** The states an offer's charges are counted in, in the order they move. */
 const states = ["unsettled", "settling", "settled", "unsettleable"];
@@ -31,9 +32,10 @@ export const earningsPanel = {
       loading: "Loading…",
       read: async (id) => {
         const earnings = await api.get(`/v1/provider-offers/${segment(id)}/earnings`);
+        const units = await modelUnits(api, earnings.model_id);
         return () => {
           message.clear();
-          view.replaceChildren(earningsView(earnings));
+          view.replaceChildren(earningsView(earnings, units));
         };
       },
     });
@@ -48,8 +50,11 @@ export const earningsPanel = {
   },
 };
 
-/** @param {Record<string, any>} e */
-function earningsView(e) {
+/**
+ * @param {Record<string, any>} e
+ * @param {{ decimals?: number, symbol?: string }} units the offer's model's credit token's
+ */
+function earningsView(e, units) {
   return h(
     "article",
     { class: "card", "data-earnings-of": e.offer_id },
@@ -67,7 +72,7 @@ function earningsView(e) {
         String(e[state].requests),
         e[state].input_tokens,
         e[state].output_tokens,
-        credits(e[state].credits),
+        credits(e[state].credits, units),
       ]),
       states.map((state) => ({ "data-state": state })),
     ),
@@ -76,7 +81,11 @@ function earningsView(e) {
       : table(
           "Why charges are unsettleable",
           ["Reason", "Requests", "Credits"],
-          e.unsettleable_reasons.map((r) => [r.reason, String(r.requests), credits(r.credits)]),
+          e.unsettleable_reasons.map((r) => [
+            r.reason,
+            String(r.requests),
+            credits(r.credits, units),
+          ]),
         ),
     e.batches.length === 0
       ? h("p", { class: "muted" }, "No settlement batch carries the offer's charges yet.")
@@ -87,7 +96,7 @@ function earningsView(e) {
             code(b.batch_id),
             badge(b.status),
             String(b.requests),
-            credits(b.credits),
+            credits(b.credits, units),
             // As text: the gateway knows no block explorer to link to.
             code(b.tx_hash),
             time(b.created_at),

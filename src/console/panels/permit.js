@@ -6,6 +6,7 @@
  */
 import { segment } from "../api.js";
 import { badge, code, credits, facts, h, hexIdForm, messageLine, time } from "../dom.js";
+import { modelUnits } from "../units.js";
 import { fetchReceipts, receiptsView } from "./receipts.js";
 
 /** How often a shown balance is read again (ms). */
@@ -32,6 +33,8 @@ export const permitPanel = {
 
     /** @type {string | undefined} */
     let shown;
+    /** The shown permit's model's token units (its amounts are written in them). */
+    let units = {};
     /** @type {ReturnType<typeof setTimeout> | undefined} */
     let timer;
     /** The latest load: only it schedules the next (a load the "ledger" event starts mid-way
@@ -52,9 +55,10 @@ export const permitPanel = {
       const id = shown;
       try {
         const permit = await api.get(`/v1/permits/${segment(id)}`);
+        units = await modelUnits(api, permit.model_id);
         if (id !== shown) return;
         message.clear();
-        view.replaceChildren(balanceView(permit));
+        view.replaceChildren(balanceView(permit, units));
       } catch (error) {
         if (id !== shown) return;
         view.replaceChildren();
@@ -66,7 +70,7 @@ export const permitPanel = {
         const state = JSON.stringify(list.map((r) => [r.receipt.message, r.settlement]));
         if (state !== receiptsShown) {
           receiptsShown = state;
-          receipts.replaceChildren(h("h3", {}, "Receipts"), receiptsView(list, complete));
+          receipts.replaceChildren(h("h3", {}, "Receipts"), receiptsView(list, complete, units));
         }
         receiptsMessage.clear();
       } catch (error) {
@@ -81,6 +85,7 @@ export const permitPanel = {
     /** @param {string} id */
     function show(id) {
       shown = id.trim();
+      units = {};
       input.value = shown;
       view.replaceChildren();
       receipts.replaceChildren();
@@ -102,18 +107,21 @@ export const permitPanel = {
   },
 };
 
-/** @param {Record<string, any>} permit */
-function balanceView(permit) {
+/**
+ * @param {Record<string, any>} permit
+ * @param {{ decimals?: number, symbol?: string }} units
+ */
+function balanceView(permit, units) {
   return h(
     "article",
     { class: "card", "data-permit-id": permit.permit_id },
     facts([
       ["State", badge(permit.state), "state"],
-      ["Available", credits(permit.available), "available"],
-      ["Deposit", credits(permit.deposit), "deposit"],
-      ["Settled", credits(permit.settled), "settled"],
-      ["Charged, not yet settled", credits(permit.charged_unsettled), "charged_unsettled"],
-      ["Reserved for requests in flight", credits(permit.reserved), "reserved"],
+      ["Available", credits(permit.available, units), "available"],
+      ["Deposit", credits(permit.deposit, units), "deposit"],
+      ["Settled", credits(permit.settled, units), "settled"],
+      ["Charged, not yet settled", credits(permit.charged_unsettled, units), "charged_unsettled"],
+      ["Reserved for requests in flight", credits(permit.reserved, units), "reserved"],
       ["Permit id", code(permit.permit_id)],
       ["Model id", code(permit.model_id)],
       ["Offer", permit.offer_id === null ? "any offer of the model" : code(permit.offer_id)],

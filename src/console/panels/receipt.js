@@ -8,6 +8,7 @@
  */
 import { segment } from "../api.js";
 import { code, credits, facts, h, time } from "../dom.js";
+import { modelUnits } from "../units.js";
 import { idLookup } from "../lookup.js";
 import { recoverTypedDataSigner, sameAddress } from "../vendor/eip712.js";
 
@@ -32,9 +33,10 @@ export const receiptPanel = {
           api.get(`/v1/requests/${segment(id)}`),
         ]);
         const checks = await verifyReceipt(signed, gateway, record);
+        const units = await modelUnits(api, record.model);
         return () => {
           message.clear();
-          view.replaceChildren(receiptView(id, signed, checks));
+          view.replaceChildren(receiptView(id, signed, checks, units));
         };
       },
     });
@@ -164,8 +166,9 @@ function figures(f) {
  * @param {string} id
  * @param {Record<string, any>} signed
  * @param {Check[]} checks
+ * @param {{ decimals?: number, symbol?: string }} units the request's model's credit token's
  */
-function receiptView(id, signed, checks) {
+function receiptView(id, signed, checks, units) {
   const verified = checks.every((c) => c.ok);
   const m = signed.receipt.message ?? {};
   return h(
@@ -205,7 +208,7 @@ function receiptView(id, signed, checks) {
       ),
     ),
     facts([
-      ["Charge", credits(m.charge), "charge"],
+      ["Charge", credits(m.charge, units), "charge"],
       ["Input tokens", String(m.inputTokens)],
       ["Output tokens", String(m.outputTokens)],
       ["Billing", String(m.billing)],

@@ -7,6 +7,7 @@
  */
 import { segment } from "../api.js";
 import { badge, code, credits, h, svg, table, time } from "../dom.js";
+import { amountText } from "../units.js";
 
 /** Receipts per page asked for, and pages read at most (the newest are on the last page). */
 const pageSize = 100;
@@ -37,15 +38,16 @@ export async function fetchReceipts(api, permitId) {
 /**
  * @param {Record<string, any>[]} receipts oldest first
  * @param {boolean} complete whether these are all of the permit's receipts
+ * @param {{ decimals?: number, symbol?: string }} [units] the permit's model's credit token's
  */
-export function receiptsView(receipts, complete) {
+export function receiptsView(receipts, complete, units = {}) {
   if (receipts.length === 0)
     return h("div", { class: "receipts" }, h("p", { class: "muted" }, "No charged request yet."));
   const recent = receipts.slice(-recentRows).reverse();
   return h(
     "div",
     { class: "receipts" },
-    spendChart(receipts, complete),
+    spendChart(receipts, complete, units),
     table(
       `Recent requests of the permit (newest first, ${recent.length} of ${receipts.length}${complete ? "" : "+"})`,
       ["Closed", "Request", "Charge", "Tokens in / out", "Settlement", "Batch", "Transaction"],
@@ -54,7 +56,7 @@ export function receiptsView(receipts, complete) {
         return [
           time(m.closedAt),
           code(m.requestId),
-          credits(m.charge),
+          credits(m.charge, units),
           `${m.inputTokens} / ${m.outputTokens}`,
           badge(settlement.status),
           code(settlement.batch_id),
@@ -69,11 +71,6 @@ export function receiptsView(receipts, complete) {
   );
 }
 
-/** Digits grouped by thousands, exact (a bigint, never a float). @param {bigint} value */
-function grouped(value) {
-  return value.toString().replace(/\B(?=(\d{3})+(?!\d))/g, "\u202f");
-}
-
 const width = 600;
 const height = 220;
 const pad = { left: 16, right: 16, top: 28, bottom: 36 };
@@ -82,8 +79,9 @@ const pad = { left: 16, right: 16, top: 28, bottom: 36 };
  * Cumulative spend over time, one step per charged request; settled requests' marks filled.
  * @param {Record<string, any>[]} receipts oldest first
  * @param {boolean} complete
+ * @param {{ decimals?: number, symbol?: string }} units
  */
-function spendChart(receipts, complete) {
+function spendChart(receipts, complete, units) {
   const times = receipts.map((r) => Number(r.receipt.message.closedAt));
   const charges = receipts.map((r) => BigInt(r.receipt.message.charge));
   const total = charges.reduce((a, b) => a + b, 0n);
@@ -121,7 +119,7 @@ function spendChart(receipts, complete) {
   const summary =
     `Spend over time: ${receipts.length}${complete ? "" : "+"} charged request` +
     `${receipts.length === 1 ? "" : "s"} from ${date(t0)} to ${date(t1)} UTC, ` +
-    `${total} credits in all, ${settled} of them settled on chain.`;
+    `${amountText(String(total), units)} in all, ${amountText(String(settled), units)} of them settled on chain.`;
   const chart = svg(
     "svg",
     {
@@ -140,7 +138,11 @@ function spendChart(receipts, complete) {
     }),
     svg("polyline", { points: points.join(" "), class: "series" }),
     ...marks,
-    svg("text", { x: pad.left, y: 18, class: "label" }, `${grouped(total)} credits in all`),
+    svg(
+      "text",
+      { x: pad.left, y: 18, class: "label" },
+      `${amountText(String(total), units)} in all`,
+    ),
     svg("text", { x: pad.left, y: height - 10, class: "label" }, date(t0)),
     svg("text", { x: width - pad.right, y: height - 10, class: "label end" }, date(t1)),
   );

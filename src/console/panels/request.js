@@ -5,6 +5,7 @@
  */
 import { segment } from "../api.js";
 import { badge, code, credits, facts, h, time } from "../dom.js";
+import { modelUnits } from "../units.js";
 import { idLookup } from "../lookup.js";
 
 /** How often an unfinished request is read again (ms): about the sandbox worker's pace. */
@@ -33,12 +34,13 @@ export const requestPanel = {
       className: "request",
       read: async (id) => {
         const record = await api.get(`/v1/requests/${segment(id)}`);
+        const units = await modelUnits(api, record.model);
         return () => {
           const settlement = record.settlement.status;
           if (lastSettlement !== undefined && settlement !== lastSettlement)
             events.dispatchEvent(new Event("ledger"));
           lastSettlement = settlement;
-          view.replaceChildren(recordView(record, events));
+          view.replaceChildren(recordView(record, events, units));
           const final = finalSettlements.has(settlement) && !openStatuses.has(record.status);
           message.info(
             final ? `Settlement: ${settlement}.` : `Settlement: ${settlement}; following it…`,
@@ -68,8 +70,9 @@ export const requestPanel = {
 /**
  * @param {Record<string, any>} record
  * @param {EventTarget} events
+ * @param {{ decimals?: number, symbol?: string }} units the model's credit token's
  */
-function recordView(record, events) {
+function recordView(record, events, units) {
   const showPermit = h("button", { type: "button" }, "Show its permit");
   showPermit.addEventListener("click", () =>
     events.dispatchEvent(new CustomEvent("show-permit", { detail: record.permit_id })),
@@ -100,8 +103,8 @@ function recordView(record, events) {
       ],
       ["Claimed by the provider", inOut(record.usage_claimed), "usage_claimed"],
       ["Counted by the gateway", inOut(record.usage_counted), "usage_counted"],
-      ["Most it could cost", credits(record.maximum_credits), "maximum_credits"],
-      ["Charged", credits(record.credits_charged), "credits_charged"],
+      ["Most it could cost", credits(record.maximum_credits, units), "maximum_credits"],
+      ["Charged", credits(record.credits_charged, units), "credits_charged"],
       ["Billing", record.billing ?? "—"],
       ["Error", record.error ?? undefined],
       ["Created", time(record.created_at)],

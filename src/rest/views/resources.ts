@@ -31,6 +31,7 @@ import {
 } from "../../../gen/gateway/v1/settlement_pb.js";
 import { component, Hex32 } from "../../schema/common.js";
 import { protoView } from "./proto-view.js";
+import { maxTokenDecimals } from "../../domain/token-units.js";
 
 /**
  * The REST resources: each the view of the protobuf message it mirrors (proto-view.ts), with
@@ -105,6 +106,16 @@ export const modelResource = protoView(ModelSchema, "Model", {
   fields: {
     id: { description: "public model id (catalog id, else the ModelID)" },
     ...meteringFields("the model"),
+    credit_token_decimals: {
+      schema: Type.Integer({ minimum: 0, maximum: maxTokenDecimals }),
+      description:
+        "The credit token's decimals, as its contract answers decimals(). Every amount of this model (offer prices, quotes, permit balances, request charges, usage) is in the token's base units; amount / 10^credit_token_decimals is the amount in tokens. null when unknown (the token answered nothing usable, or is not read yet): show base units then, never assume 18.",
+    },
+    credit_token_symbol: {
+      schema: Type.String({ pattern: "^[A-Za-z0-9$._+-]{1,16}$" }),
+      description:
+        "The credit token's symbol, as its contract answers symbol(), when it is 1-16 ASCII letters, digits or $._+- (a token's answer is untrusted text: anything else is not shown); null otherwise.",
+    },
   },
 });
 

@@ -1,0 +1,57 @@
+import fc from "fast-check";
+import { describe, expect, it } from "vitest";
+// The console's module, as the browser runs it (plain JavaScript, no build step).
+// @ts-expect-error -- a JavaScript module without declarations
+import { amountText, tokenUnits, unitsText } from "../src/console/units.js";
+import { formatAmount, tokenDecimals, tokenSymbol } from "../src/domain/token-units.js";
+
+type Units = { decimals?: number; symbol?: string };
+const consoleUnits = tokenUnits as (model: object) => Units;
+const consoleAmount = amountText as (amount: string, units: Units) => string;
+const consoleUnitsText = unitsText as (amount: string, decimals: number) => string;
+
+// The console writes amounts by the same rules as the CLI (src/domain/token-units.ts): the page
+// and the terminal must never disagree on what an amount is.
+describe("the console's token units", () => {
+  it("writes exact token units with the symbol, base units when the decimals are unknown", () => {
+    expect(consoleAmount("2000000000000000000", { decimals: 18, symbol: "DCHAT" })).toBe("2 DCHAT");
+    expect(consoleAmount("99999999868000000000", { decimals: 18, symbol: "DCHAT" })).toBe(
+      "99.999999868 DCHAT",
+    );
+    expect(consoleAmount("1500000", { decimals: 6 })).toBe("1.5 units");
+    expect(consoleAmount("1500000", {})).toBe("1\u202f500\u202f000 base units");
+  });
+
+  it("agrees with the CLI's formatter on any amount and decimals", () => {
+    fc.assert(
+      fc.property(fc.bigInt({ min: 0n, max: 2n ** 256n - 1n }), fc.nat(36), (amount, decimals) => {
+        const units = { decimals, symbol: "TOK" };
+        expect(consoleAmount(amount.toString(), units)).toBe(formatAmount(amount, units));
+        expect(consoleUnitsText(amount.toString(), decimals)).toBe(
+          formatAmount(amount, units).slice(0, -4),
+        );
+      }),
+    );
+  });
+
+  it("shows a model's decimals and symbol only when the CLI would", () => {
+    const values: [unknown, unknown][] = [
+      [18, "DCHAT"],
+      [37, "<b>x</b>"],
+      [-1, "USD\u0421"],
+      [6.5, "\u001b[2J"],
+      [null, null],
+      ["18", "A".repeat(17)],
+      [0, "$WIF"],
+    ];
+    for (const [decimals, symbol] of values) {
+      const shown = consoleUnits({ credit_token_decimals: decimals, credit_token_symbol: symbol });
+      expect(shown.decimals).toBe(
+        typeof decimals === "number" && Number.isInteger(decimals)
+          ? tokenDecimals(decimals)
+          : undefined,
+      );
+      expect(shown.symbol).toBe(tokenSymbol(typeof symbol === "string" ? symbol : undefined));
+    }
+  });
+});
