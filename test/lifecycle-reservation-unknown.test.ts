@@ -40,7 +40,7 @@ describeIfPostgres(
 
     const pool = () => stack.database.db.pool;
     const reserveArgs =
-      "text, text, text, text, text, text, text, text, boolean, numeric, numeric, numeric, numeric, numeric, integer, bigint, jsonb, text, boolean";
+      "text, text, text, text, text, text, text, text, boolean, numeric, numeric, numeric, numeric, numeric, integer, bigint, jsonb, text, boolean, bigint";
     const closeFunctions = async (suffix: "" | "_off", to: "" | "_off") => {
       for (const name of ["gw_close_request", "gw_close_batch", "gw_close_leased_batch"]) {
         await pool().query(`ALTER FUNCTION ${name}${suffix} RENAME TO ${name}${to}`);
@@ -55,13 +55,13 @@ describeIfPostgres(
         p_offer_id text, p_permit_id text, p_quote_id text, p_stream boolean, p_maximum numeric,
         p_tariff_version numeric, p_input_tokens numeric, p_deposit numeric,
         p_chain_settled numeric, p_max_concurrency integer, p_now bigint, p_quote jsonb,
-        p_authorization_id text, p_capped boolean
+        p_authorization_id text, p_capped boolean, p_period_start bigint DEFAULT NULL
       ) RETURNS void LANGUAGE plpgsql AS $$
       BEGIN
         PERFORM gw_reserve_real(p_request_id, p_api_key_id, p_instance_id, p_model, p_model_id,
           p_offer_id, p_permit_id, p_quote_id, p_stream, p_maximum, p_tariff_version,
           p_input_tokens, p_deposit, p_chain_settled, p_max_concurrency, p_now, p_quote,
-          p_authorization_id, p_capped);
+          p_authorization_id, p_capped, p_period_start);
         PERFORM pg_sleep(2);
       END
       $$`);
