@@ -90,3 +90,20 @@ export interface OfferAuditStanding extends OfferAuditVerdict {
   /** When the evidence was last cleared by a passing verification (undefined: never). */
   readonly clearedAtMs?: number | undefined;
 }
+
+/** One model's evidence, as the statistics read it. */
+export interface ModelAuditInput {
+  readonly modelId: Hex;
+  /** The anchor offer the operator named for the model; undefined: the majority of its offers. */
+  readonly anchorOfferId?: Hex | undefined;
+  /** Every audited offer's samples since its last clearing, oldest first (the anchor's too). */
+  readonly offers: ReadonlyMap<Hex, readonly AuditSample[]>;
+  /** Reference values shipped for the model (pinned files), by sequence id: mean nats/token. */
+  readonly referenceLogprobs?: ReadonlyMap<string, number> | undefined;
+}
+
+/**
+ * The market's decision (implemented by src/domain/audits/evidence.ts): deterministic (seeded
+ * from the offer id and its batches), so every process computing it from the same samples agrees.
+ */
+export type JudgeMarket = (models: readonly ModelAuditInput[]) => OfferAuditVerdict[];
