@@ -1,10 +1,11 @@
-import { decodePaymentRequiredHeader, encodePaymentSignatureHeader } from "@x402/core/http";
+import { decodePaymentRequiredHeader } from "@x402/core/http";
 import { UptoEvmScheme } from "@x402/evm/upto/client";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { placeX402OnAnvil } from "../src/dev/x402-placement.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { settlingEnv } from "./helpers/settlement.js";
+import { paymentHeader } from "./helpers/x402.js";
 import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
@@ -51,11 +52,7 @@ describe("x402: refused payments and the address's failure budget", () => {
     // A payer that never approved Permit2: each payment is refused after its checks.
     const poor = new UptoEvmScheme(privateKeyToAccount(generatePrivateKey()));
     const signed = async () =>
-      encodePaymentSignatureHeader({
-        x402Version: 2,
-        accepted: asked,
-        payload: (await poor.createPaymentPayload(2, asked)).payload,
-      });
+      paymentHeader(asked, (await poor.createPaymentPayload(2, asked)).payload);
     const payments = await Promise.all([1, 2, 3, 4].map(() => signed()));
     const calls = fake.requests.length;
     const codes: unknown[] = [];

@@ -1,3 +1,4 @@
+import { decodePaymentRequiredHeader, encodePaymentSignatureHeader } from "@x402/core/http";
 import { UptoEvmScheme } from "@x402/evm/upto/client";
 import { wrapFetchWithPayment, x402Client } from "@x402/fetch";
 import { createTestClient, http, maxUint256, parseEther, type Hex } from "viem";
@@ -91,6 +92,33 @@ export async function paidChat(
   return pay(`${stack.gateway.url}/v1/chat/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+  });
+}
+
+/** What the gateway asks to be paid for a chat `body` sent without credentials: its 402's first `accepts`. */
+export async function askedPayment(stack: TestStack, body: object): Promise<Asked> {
+  const priced = await fetch(`${stack.gateway.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  return decodePaymentRequiredHeader(priced.headers.get("payment-required")!).accepts[0]!;
+}
+
+/** A payment requirement as the gateway's 402 states it. */
+export type Asked = ReturnType<typeof decodePaymentRequiredHeader>["accepts"][number];
+
+/** The PAYMENT-SIGNATURE header paying `asked` with a scheme client's `payload`. */
+export function paymentHeader(asked: Asked, payload: Record<string, unknown>): string {
+  return encodePaymentSignatureHeader({ x402Version: 2, accepted: asked, payload });
+}
+
+/** A chat `body` sent with the PAYMENT-SIGNATURE `payment` (the signer's, or a forged one). */
+export function postPaid(stack: TestStack, payment: string, body: object): Promise<Response> {
+  return fetch(`${stack.gateway.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json", "payment-signature": payment },
     body: JSON.stringify(body),
   });
 }
