@@ -5,8 +5,12 @@ import { createTestClient, http, maxUint256, parseEther, type Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
 import { creditTokenAbi } from "../../gen/contracts/artifacts.js";
 import { permit2Address } from "../../src/adapters/chain/x402-contracts.js";
+import {
+  buildReadPayerRequestsTypedData,
+  signable,
+} from "../../src/domain/permit-authorization/index.js";
 import { mintCredits } from "./market.js";
-import type { TestStack } from "./stack.js";
+import { json, type TestStack } from "./stack.js";
 
 /** An agent with a wallet: credit tokens of the demo chat model, Permit2 approved once (or not). */
 export interface Agent {
@@ -121,4 +125,28 @@ export function postPaid(stack: TestStack, payment: string, body: object): Promi
     headers: { "content-type": "application/json", "payment-signature": payment },
     body: JSON.stringify(body),
   });
+}
+
+/**
+ * A payer's `Authorization: Payer ...` credential (an EIP-712 `ReadPayerRequests`) signed by
+ * `account`: for this gateway's deployment unless another is named, good for 5 minutes unless
+ * `expiresAt` says otherwise.
+ */
+export async function payerCredential(
+  stack: TestStack,
+  account: PrivateKeyAccount,
+  options: { expiresAt?: number; deployment?: string } = {},
+): Promise<string> {
+  const expiresAt = options.expiresAt ?? Math.floor(Date.now() / 1000) + 300;
+  const deployment =
+    options.deployment ??
+    String((await json(await fetch(`${stack.gateway.url}/v1/gateway`))).deployment);
+  const message = { payer: account.address, deployment, expiresAt };
+  const typed = buildReadPayerRequestsTypedData({
+    chainId: stack.anvil.chainId,
+    market: stack.demo.market,
+    message,
+  });
+  const signature = await account.signTypedData(signable(typed) as never);
+  return `Payer payer=${account.address}, deployment="${deployment}", expires_at=${expiresAt}, signature=${signature}`;
 }
