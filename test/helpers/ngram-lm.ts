@@ -15,7 +15,8 @@ import { hashSeed, mixSeed, unitOf } from "../../src/domain/audits/random.js";
  *   a fixed factor in [1 - bound, 1 + bound] (default ±{@link QUANTIZATION_BOUND} = ±10%), then
  *   renormalised: a quantized copy of the same weights, honest.
  * - {@link createImpostorLm}: another model: the reference's log-probabilities mixed with
- *   another seed's, half and half (a "smaller model" that agrees with it only in part).
+ *   another seed's (half and half by default: another model entirely; 0.2 of the other's in the
+ *   bench's "close" impostor, about 0.3 nats/token from the reference, as a 2×-cheaper model).
  * - {@link createMixerLm}: the impostor for 30% of requests, chosen per request.
  *
  * Every model also has kernel noise, as real serving stacks do: each request adds a uniform
@@ -26,8 +27,11 @@ import { hashSeed, mixSeed, unitOf } from "../../src/domain/audits/random.js";
 
 /** Words in the vocabulary. */
 export const VOCAB_SIZE = 300;
-/** Logit scale of the reference's next-token distributions (standard normal × this). */
-export const LOGIT_SCALE = 2.5;
+/**
+ * Logit scale of the reference's next-token distributions (standard normal × this): about 1.6
+ * nats per token, in the range of real models' text at temperature 1.
+ */
+export const LOGIT_SCALE = 4;
 /** Share of contexts planted as border inputs. */
 export const BORDER_SHARE = 0.15;
 /** Gap between the two near-tied tokens of a border input, nats. */
