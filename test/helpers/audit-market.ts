@@ -40,6 +40,11 @@ export interface MarketPlan {
   readonly quantized: number;
   /** Add the close impostor (a 2×-cheaper-like model, ~0.3 nats/token from the reference). */
   readonly close: boolean;
+  /**
+   * Whether the operator named the anchor: without, the first offer is one more honest offer
+   * (still probed on every border input) and each offer is judged against the majority.
+   */
+  readonly anchor?: boolean;
 }
 
 export const DEFAULT_PLAN: MarketPlan = {
@@ -188,7 +193,7 @@ export function simulateMarket(seed: number, plan: MarketPlan = DEFAULT_PLAN): O
     verdicts = judge([
       {
         modelId,
-        anchorOfferId: anchor.id,
+        anchorOfferId: plan.anchor === false ? undefined : anchor.id,
         offers: new Map(offers.map((o) => [o.id, o.samples])),
         referenceLogprobs,
       },
