@@ -229,31 +229,48 @@ describe("the market's decision", () => {
 /** The bench's first seeds (bench/figures/audits.md holds all of them). */
 const RUNS = 6;
 /**
- * The documented budget, in rounds of the plan (8 border probes, 10 completions, 4 challenges
- * per offer per round): the largest the bench's runs needed (bench/figures/audits.md).
+ * The documented budget, in rounds of the plan (per offer per round: 8 border probes, 10
+ * completions, 4 logprob challenges, about 600 tokens): the most any of the bench's 200 runs
+ * needed (bench/figures/audits.md). In 8 of those runs the mixer was flagged but not yet
+ * excluded after the 30 rounds; every other run excluded it.
  */
-const IMPOSTOR_FLAG_ROUNDS = 0;
-const IMPOSTOR_EXCLUDE_ROUNDS = 0;
-const MIXER_FLAG_ROUNDS = 0;
-const MIXER_EXCLUDE_ROUNDS = 0;
+const IMPOSTOR_FLAG_ROUNDS = 3;
+const IMPOSTOR_EXCLUDE_ROUNDS = 4;
+const MIXER_FLAG_ROUNDS = 29;
+const MIXER_EXCLUDE_ROUNDS = 30;
+const CLOSE_FLAG_ROUNDS = 6;
+const CLOSE_EXCLUDE_ROUNDS = 11;
 
 describe("a simulated market (the bench's plan, its first seeds)", () => {
   const outcomes = Array.from({ length: RUNS }, (_, r) => simulateMarket(1 + r, DEFAULT_PLAN));
   const all = outcomes.flat();
   const ofKind = (kind: OfferOutcome["kind"]) => all.filter((o) => o.kind === kind);
 
-  it("flags and excludes the impostor and the mixer in every run, within the documented budget", () => {
-    // Budgets (rounds of the plan; bench/figures/audits.md, docs/decisions/audits.md).
+  it("flags the impostor and the mixer in every run within the documented budget", () => {
     for (const o of ofKind("impostor")) {
       expect(o.flaggedRound).toBeLessThanOrEqual(IMPOSTOR_FLAG_ROUNDS);
       expect(o.excludedRound).toBeLessThanOrEqual(IMPOSTOR_EXCLUDE_ROUNDS);
     }
+    for (const o of ofKind("close")) {
+      expect(o.flaggedRound).toBeLessThanOrEqual(CLOSE_FLAG_ROUNDS);
+      expect(o.excludedRound).toBeLessThanOrEqual(CLOSE_EXCLUDE_ROUNDS);
+    }
     for (const o of ofKind("mixer")) {
       expect(o.flaggedRound).toBeLessThanOrEqual(MIXER_FLAG_ROUNDS);
-      expect(o.excludedRound).toBeLessThanOrEqual(MIXER_EXCLUDE_ROUNDS);
+      if (o.excludedRound !== undefined) {
+        expect(o.excludedRound).toBeLessThanOrEqual(MIXER_EXCLUDE_ROUNDS);
+      }
     }
-    expect(ofKind("impostor").map((o) => o.finalState)).toEqual(Array(RUNS).fill("excluded"));
-    expect(ofKind("mixer").map((o) => o.finalState)).toEqual(Array(RUNS).fill("excluded"));
+    // What these seeds gave: the impostor always at rounds 3 and 4; the mixer flagged at rounds
+    // 12, 10, 6, 8, 11, 20 and excluded in all but the sixth run.
+    expect(ofKind("impostor").map((o) => [o.flaggedRound, o.excludedRound])).toEqual(
+      Array(RUNS).fill([3, 4]),
+    );
+    expect(ofKind("mixer").map((o) => o.flaggedRound)).toEqual([12, 10, 6, 8, 11, 20]);
+    expect(ofKind("mixer").map((o) => o.finalState)).toEqual([
+      ...Array(RUNS - 1).fill("excluded"),
+      "flagged",
+    ]);
   });
 
   it("flags honest and quantized offers no more often than the stated rate allows", () => {
@@ -265,7 +282,33 @@ describe("a simulated market (the bench's plan, its first seeds)", () => {
     expect(flagged).toBe(0);
   });
 
+  it("without an anchor, judges each offer against the majority of the others", () => {
+    const majority = simulateMarket(1, { ...DEFAULT_PLAN, anchor: false });
+    const states = Object.fromEntries(
+      ["anchor", "honest", "quantized", "impostor", "mixer", "close"].map((kind) => [
+        kind,
+        majority.filter((o) => o.kind === kind).map((o) => o.finalState),
+      ]),
+    );
+    expect(states).toEqual({
+      anchor: ["passing"],
+      honest: Array(DEFAULT_PLAN.honest).fill("passing"),
+      quantized: Array(DEFAULT_PLAN.quantized).fill("passing"),
+      impostor: ["excluded"],
+      mixer: ["excluded"],
+      close: ["excluded"],
+    });
+    // The reference is always an honest offer of the majority, never the offer itself.
+    for (const o of majority) {
+      const reference = majority.find((r) => r.offerId === o.finalVerdict.reference.offerId)!;
+      expect(o.finalVerdict.reference.kind).toBe("majority");
+      expect(["anchor", "honest", "quantized"]).toContain(reference.kind);
+      expect(reference.offerId).not.toBe(o.offerId);
+    }
+  });
+
   it("is deterministic: a run again gives the same verdicts", () => {
-    expect(verdictsOf(simulateMarket(1, DEFAULT_PLAN))).toEqual(verdictsOf(outcomes[0]!));
+    const short = { ...DEFAULT_PLAN, rounds: 6 };
+    expect(verdictsOf(simulateMarket(1, short))).toEqual(verdictsOf(simulateMarket(1, short)));
   });
 });
