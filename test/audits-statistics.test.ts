@@ -13,7 +13,12 @@ import {
   mmdPermutationTest,
   mmdSquared,
 } from "../src/domain/audits/statistics.js";
-import { BORDER_MIN_REFERENCE, borderMisses, borderProfile } from "../src/domain/audits/tests.js";
+import {
+  BORDER_MIN_REFERENCE,
+  borderMisses,
+  borderProfile,
+  logprobGaps,
+} from "../src/domain/audits/tests.js";
 import type { AuditSample, ModelAuditInput } from "../src/domain/audits/types.js";
 import { DEFAULT_PLAN, simulateMarket, type OfferOutcome } from "./helpers/audit-market.js";
 import { createReferenceLm, VOCAB } from "./helpers/ngram-lm.js";
@@ -163,6 +168,29 @@ describe("border probes", () => {
     ];
     expect(firstToken("  beta and more")).toBe("beta");
     expect(borderMisses(offer, borderProfile(reference))).toEqual([0, 1]);
+  });
+});
+
+describe("logprob scoring", () => {
+  it("takes a provider's non-finite claim as the largest gap, not as no evidence", () => {
+    const claim = (promptId: string, meanLogprob: number): AuditSample => ({
+      offerId: `0x${"01".padStart(64, "0")}`,
+      modelId: `0x${"ab".repeat(32)}`,
+      test: "logprob",
+      promptId,
+      meanLogprob,
+      atMs: 0,
+    });
+    const values = new Map([
+      ["s1", -1.5],
+      ["s2", -2],
+    ]);
+    const gaps = logprobGaps(
+      [claim("s1", -1.25), claim("s2", Number.NaN), claim("s3", -1), claim("s1", Infinity)],
+      values,
+    );
+    // s3 has no reference value and is not graded.
+    expect(gaps).toEqual([0.25, -1, -1]);
   });
 });
 
