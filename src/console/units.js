@@ -73,3 +73,22 @@ export function modelUnits(api, ref) {
   }
   return units;
 }
+
+/**
+ * An amount rounded to `significant` digits for a derived figure (a rate, an axis label), where
+ * every digit of an exact value is noise: ("12571428571", 18 decimals) -> "≈0.00000001257 DCHAT".
+ * Exact on BigInt; "≈" says when rounding changed the value.
+ * @param {bigint} amount base units
+ * @param {{ decimals?: number, symbol?: string }} units
+ * @param {number} [significant]
+ */
+export function roughAmountText(amount, units, significant = 4) {
+  const negative = amount < 0n;
+  const abs = negative ? -amount : amount;
+  const digits = abs.toString().length;
+  if (digits <= significant) return amountText(amount.toString(), units);
+  const scale = 10n ** BigInt(digits - significant);
+  const rounded = ((abs + scale / 2n) / scale) * scale;
+  const text = amountText((negative ? -rounded : rounded).toString(), units);
+  return rounded === abs ? text : `≈${text}`;
+}
