@@ -13,6 +13,7 @@ import { h } from "./dom.js";
 import { catalogPanel } from "./panels/catalog.js";
 import { comparePanel } from "./panels/compare.js";
 import { earningsPanel } from "./panels/earnings.js";
+import { offerEarningsPanel } from "./panels/offer-earnings.js";
 import { permitPanel } from "./panels/permit.js";
 import { permitsPanel } from "./panels/permits.js";
 import { receiptPanel } from "./panels/receipt.js";
@@ -36,7 +37,7 @@ import { spendPanel } from "./panels/spend.js";
  * The panels, in page (and focus) order: first what a key holder lives with (nothing to paste
  * but the key), then the catalog's details and the lookups by id. @type {Panel[]}
  */
-const dashboard = [permitsPanel, spendPanel, requestsPanel, comparePanel];
+const dashboard = [permitsPanel, spendPanel, requestsPanel, comparePanel, offerEarningsPanel];
 const lookups = [catalogPanel, permitPanel, requestPanel, receiptPanel, earningsPanel];
 
 const api = createApi(sessionStorage);

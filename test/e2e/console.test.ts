@@ -870,7 +870,7 @@ describe("market console (GET /console) on npm start's sandbox", () => {
         "Spend per day by model, in DCHAT",
       );
       expect(await chart.locator(`desc#${descId}`).textContent()).toContain(
-        `${inDchat(spent)} in all over 30 days for demo-chat`,
+        `${inDchat(spent)} in all over 30 days (demo-chat)`,
       );
 
       // 3. The requests table, newest first as the API lists them; "More requests" reads the
@@ -935,9 +935,56 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       }
       expect(await page.locator("[data-compare-model]").count()).toBe(models.length);
 
+      // 5. The key is a provider's too (its operator bound it to the demo offer above): that
+      // offer's earnings per day, settled or not, with nothing pasted.
+      const bindings = (await json(await api("/v1/provider-offers/key-bindings"))) as {
+        data: { offer_id: string }[];
+      };
+      expect(bindings.data.map((b) => b.offer_id)).toEqual([settledRecord.offer_id]);
+      const earned = (await json(
+        await api(
+          `/v1/provider-offers/${settledRecord.offer_id}/earnings?from=${to - 30 * 86400}&to=${to}`,
+        ),
+      )) as EarningsJson;
+      const card = `[data-earnings-over-time="${settledRecord.offer_id}"]`;
+      await page.locator(card).waitFor();
+      // Every charge of the demo offer is this key's (the sandbox's only permit and key).
+      const earnedTotal = earned.days.reduce((s, d) => s + BigInt(d.credits), 0n);
+      expect(earnedTotal).toBe(spent);
+      const earnedRows = page.locator(`${card} tr[data-earnings-day]`);
+      await expect.poll(() => earnedRows.count()).toBe(earned.days.length);
+      for (const d of earned.days) {
+        const day = new Date(d.starts_at * 1000).toISOString().slice(0, 10);
+        const tds = await page
+          .locator(`${card} tr[data-earnings-day="${day}"] td`)
+          .allTextContents();
+        expect(tds.slice(0, 3)).toEqual([day, String(d.requests), inDchat(d.credits)]);
+        // Settlement moves on while the page shows it: settled as the API said, or more.
+        const settledShown = await page
+          .locator(`${card} tr[data-earnings-day="${day}"] td data`)
+          .nth(1)
+          .getAttribute("value");
+        expect(BigInt(settledShown!)).toBeGreaterThanOrEqual(BigInt(d.settled_credits));
+        expect(BigInt(settledShown!)).toBeLessThanOrEqual(BigInt(d.credits));
+        baseValues.add(d.credits).add(d.settled_credits);
+      }
+      expect(await field(card, "earned").textContent()).toBe(inDchat(earnedTotal));
+      const earningsChart = page.locator(`${card} svg[data-chart="earnings-by-day"]`);
+      expect(await earningsChart.getAttribute("role")).toBe("img");
+      expect(await earningsChart.locator("title").textContent()).toBe("Earnings per day, in DCHAT");
+      expect(await earningsChart.locator("desc").textContent()).toContain(
+        `${inDchat(earnedTotal)} in all over 30 days (settled on chain, not yet settled)`,
+      );
+
       // No base-unit integer where a person reads an amount: no integer part of 10 digits or
       // more (ids and hashes, in <code>, aside), and none of the exact base-unit values above.
-      const dashboard = ["#permits-panel", "#spend-panel", "#requests-panel", "#compare-panel"];
+      const dashboard = [
+        "#permits-panel",
+        "#spend-panel",
+        "#requests-panel",
+        "#compare-panel",
+        "#offer-earnings-panel",
+      ];
       for (const scope of dashboard) {
         const text = await page.locator(scope).evaluate((el) => {
           const copy = el.cloneNode(true) as typeof el;
@@ -955,7 +1002,7 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       );
 
       await shoot("console-desktop.png", ["#permits-panel", "#spend-panel", "#requests-panel"]);
-      await shoot("console-offers.png", ["#compare-panel"]);
+      await shoot("console-offers.png", ["#compare-panel", "#offer-earnings-panel"]);
 
       // One click from a row to its record and its receipt, verified in the page.
       const newest = records[0]!;

@@ -5,13 +5,12 @@
  * elements (no markup, no inline style: the CSP refuses it), named by its `<title>` and described
  * by its `<desc>`; the table is its text alternative and holds every number it draws.
  */
-import { h, svg, table, credits } from "../dom.js";
-import { amountText, modelUnits, roughAmountText } from "../units.js";
+import { credits, h, table } from "../dom.js";
+import { dayChart, dayText } from "../day-chart.js";
+import { modelUnits } from "../units.js";
 
 const days = 30;
 const daySeconds = 86400;
-/** Series colours (console.css `.series-N`), in model order. */
-const palette = 6;
 
 /** @type {import("../app.js").Panel} */
 export const spendPanel = {
@@ -108,7 +107,15 @@ function spendViews(usage, from, units) {
     return h(
       "div",
       { class: "spend-token", "data-spend-token": tokenUnits.symbol ?? "base units" },
-      chart(rows, models, from, tokenUnits),
+      dayChart({
+        rows: rows.map((c) => ({ day: c.day, series: c.model, credits: c.credits })),
+        series: models,
+        from,
+        days,
+        units: tokenUnits,
+        title: `Spend per day by model, in ${tokenUnits.symbol ?? "base units"}`,
+        name: "spend-by-model",
+      }),
       table(
         `Spend by day and model, in ${tokenUnits.symbol ?? "base units"} (newest first)`,
         ["Day (UTC)", "Model", "Requests", "Tokens in / out", "Spend"],
@@ -123,105 +130,4 @@ function spendViews(usage, from, units) {
       ),
     );
   });
-}
-
-/** @param {number} seconds */
-function dayText(seconds) {
-  return new Date(seconds * 1000).toISOString().slice(0, 10);
-}
-
-const width = 640;
-const height = 240;
-const pad = { left: 12, right: 12, top: 30, bottom: 34 };
-
-/**
- * Bars per day stacked by model, with a legend.
- * @param {{ day: number, model: string, credits: bigint }[]} rows
- * @param {string[]} models
- * @param {number} from
- * @param {Units} units
- */
-function chart(rows, models, from, units) {
-  const perDay = new Map();
-  for (const r of rows) perDay.set(r.day, (perDay.get(r.day) ?? 0n) + r.credits);
-  const max = [...perDay.values()].reduce((a, b) => (b > a ? b : a), 0n);
-  const total = [...perDay.values()].reduce((a, b) => a + b, 0n);
-  const plotW = width - pad.left - pad.right;
-  const plotH = height - pad.top - pad.bottom;
-  const slot = plotW / days;
-  // Amounts are bigints: scaled in thousandths of the largest day, a float only for the drawing.
-  const scale = (amount) => (max === 0n ? 0 : Number((amount * 1000n) / max) / 1000) * plotH;
-
-  const bars = [];
-  for (let i = 0; i < days; i++) {
-    const day = from + i * daySeconds;
-    let y = pad.top + plotH;
-    models.forEach((model, m) => {
-      const cell = rows.find((r) => r.day === day && r.model === model);
-      if (cell === undefined || cell.credits === 0n) return;
-      const barH = Math.max(1, scale(cell.credits));
-      y -= barH;
-      bars.push(
-        svg("rect", {
-          x: pad.left + i * slot + 1,
-          y,
-          width: Math.max(1, slot - 2),
-          height: barH,
-          class: `stack series-${m % palette}`,
-          "data-day": dayText(day),
-          "data-series": model,
-        }),
-      );
-    });
-  }
-  const id = `spend-${Math.random().toString(36).slice(2)}`;
-  const busiest = [...perDay.entries()].find(([, v]) => v === max);
-  const described =
-    `${amountText(total.toString(), units)} in all over ${days} days for ${models.join(", ")}; ` +
-    `the most in one day ${roughAmountText(max, units)}` +
-    (busiest === undefined ? "." : ` on ${dayText(busiest[0])}.`);
-  const legend = models.map((model, m) =>
-    h("li", {}, h("span", { class: `swatch series-${m % palette}`, "aria-hidden": "true" }), model),
-  );
-  return h(
-    "figure",
-    { class: "chart-figure" },
-    svg(
-      "svg",
-      {
-        viewBox: `0 0 ${width} ${height}`,
-        class: "chart",
-        role: "img",
-        "aria-labelledby": `${id}-title ${id}-desc`,
-        "data-chart": "spend-by-model",
-      },
-      svg(
-        "title",
-        { id: `${id}-title` },
-        `Spend per day by model, in ${units.symbol ?? "base units"}`,
-      ),
-      svg("desc", { id: `${id}-desc` }, described),
-      svg("line", {
-        x1: pad.left,
-        y1: pad.top + plotH,
-        x2: pad.left + plotW,
-        y2: pad.top + plotH,
-        class: "axis",
-      }),
-      ...bars,
-      svg(
-        "text",
-        { x: pad.left, y: 18, class: "label" },
-        `largest day ${roughAmountText(max, units)}`,
-      ),
-      svg("text", { x: pad.left, y: height - 10, class: "label" }, dayText(from)),
-      svg(
-        "text",
-        { x: width - pad.right, y: height - 10, class: "label end" },
-        dayText(from + (days - 1) * daySeconds),
-      ),
-    ),
-    h("figcaption", { "data-field": "spend-total" }, described),
-    h("ul", { class: "legend" }, ...legend),
-  );
 }
