@@ -53,25 +53,39 @@ export function amountText(amount, units) {
   return `${unitsText(amount, units.decimals)} ${units.symbol ?? "units"}`;
 }
 
-/** @type {Map<string, Promise<{ decimals?: number, symbol?: string }>>} */
+/** @type {Map<string, Promise<Record<string, any> | undefined>>} */
 const known = new Map();
 
 /**
- * A model's token units by its id or public id (`GET /v1/models/{ref}`), asked once per page;
- * unknown when the model cannot be read (its amounts then stay in base units).
+ * A model by its id or public id (`GET /v1/models/{ref}`), asked once per page; undefined when
+ * it cannot be read (asked again next time).
  * @param {import("./api.js").Api} api
  * @param {string} ref
  */
-export function modelUnits(api, ref) {
-  let units = known.get(ref);
-  if (units === undefined) {
-    units = api.get(`/v1/models/${encodeURIComponent(ref)}`).then(tokenUnits, () => {
-      known.delete(ref);
-      return {};
-    });
-    known.set(ref, units);
+export function modelOf(api, ref) {
+  let model = known.get(ref);
+  if (model === undefined) {
+    model = api.get(`/v1/models/${encodeURIComponent(ref)}`).then(
+      (m) => m,
+      () => {
+        known.delete(ref);
+        return undefined;
+      },
+    );
+    known.set(ref, model);
   }
-  return units;
+  return model;
+}
+
+/**
+ * A model's token units by its id or public id; unknown when the model cannot be read (its
+ * amounts then stay in base units).
+ * @param {import("./api.js").Api} api
+ * @param {string} ref
+ */
+export async function modelUnits(api, ref) {
+  const model = await modelOf(api, ref);
+  return model === undefined ? {} : tokenUnits(model);
 }
 
 /**

@@ -9,7 +9,7 @@
  */
 import { segment } from "../api.js";
 import { badge, code, credits, h, messageLine, table } from "../dom.js";
-import { modelUnits, roughAmountText } from "../units.js";
+import { modelOf, roughAmountText, tokenUnits } from "../units.js";
 
 /** The burn rate's window: GET /v1/usage's default range. */
 const burnDays = 7n;
@@ -90,19 +90,27 @@ async function readPermits(api) {
   }
   return Promise.all(
     permits.map(async (permit) => {
-      const [units, usage] = await Promise.all([
-        modelUnits(api, permit.model_id),
-        api.get(`/v1/usage?permit=${segment(permit.permit_id)}`),
+      const [model, usage] = await Promise.all([
+        modelOf(api, permit.model_id),
+        // A permit whose usage cannot be read still shows its balance (its rate as unknown).
+        api.get(`/v1/usage?permit=${segment(permit.permit_id)}`).catch(() => undefined),
       ]);
-      const spent = usage.groups.reduce((sum, g) => sum + BigInt(g.credits), 0n);
-      const model = usage.groups[0]?.model;
-      return { permit, units, spent, model };
+      const spent =
+        usage === undefined
+          ? undefined
+          : usage.groups.reduce((sum, g) => sum + BigInt(g.credits), 0n);
+      return {
+        permit,
+        units: model === undefined ? {} : tokenUnits(model),
+        spent,
+        model: model?.id,
+      };
     }),
   );
 }
 
 /**
- * @param {{ permit: Record<string, any>, units: { decimals?: number, symbol?: string }, spent: bigint, model?: string }[]} rows
+ * @param {{ permit: Record<string, any>, units: { decimals?: number, symbol?: string }, spent?: bigint, model?: string }[]} rows
  * @param {EventTarget} events
  */
 function permitsTable(rows, events) {
@@ -118,7 +126,7 @@ function permitsTable(rows, events) {
       "Days left at this rate",
     ],
     rows.map(({ permit, units, spent, model }) => {
-      const perDay = spent / burnDays;
+      const unknown = h("span", { class: "muted" }, "unknown");
       const show = h(
         "button",
         { type: "button", class: "link" },
@@ -144,11 +152,17 @@ function permitsTable(rows, events) {
         badge(permit.state),
         credits(permit.available, units),
         credits(permit.deposit, units),
-        credits(spent.toString(), units),
-        spent === 0n
-          ? h("span", { class: "muted" }, "no spend")
-          : h("span", { class: "amount", "data-field": "burn" }, roughAmountText(perDay, units)),
-        daysLeft(BigInt(permit.available), spent),
+        spent === undefined ? unknown : credits(spent.toString(), units),
+        spent === undefined
+          ? unknown
+          : spent === 0n
+            ? h("span", { class: "muted" }, "no spend")
+            : h(
+                "span",
+                { class: "amount", "data-field": "burn" },
+                roughAmountText(spent / burnDays, units),
+              ),
+        spent === undefined ? unknown : daysLeft(BigInt(permit.available), spent),
       ];
     }),
     rows.map(({ permit }) => ({ "data-permit-row": permit.permit_id })),
