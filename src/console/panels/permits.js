@@ -3,9 +3,8 @@
  * credits its requests were charged over the last 7 days (GET /v1/usage?permit=), per day, and
  * the days its available balance lasts at that rate. Amounts in the permit's model's token units.
  *
- * An authorization may name no permit (every permit of its payer): the gateway does not list a
- * payer's permits from the chain, so those shown are the ones the key's recent requests
- * (GET /v1/requests) were paid from; any other is read by its id in the lookups below.
+ * An authorization may name no permit (every permit of its payer): the gateway lists each permit
+ * that payer opened (the newest 100, indexed from the chain's PermitOpened events).
  */
 import { segment } from "../api.js";
 import { badge, code, credits, h, messageLine, table } from "../dom.js";
@@ -13,8 +12,6 @@ import { modelOf, roughAmountText, tokenUnits } from "../units.js";
 
 /** The burn rate's window: GET /v1/usage's default range. */
 const burnDays = 7n;
-/** Recent requests read to find the permits of payers who authorized every permit. */
-const recentRequests = 100;
 /** Beyond this, "days left" says "more than 100 years". */
 const maxDaysLeft = 36500n;
 
@@ -74,20 +71,7 @@ export const permitsPanel = {
 async function readPermits(api) {
   const listed = await api.get("/v1/permits");
   /** @type {Record<string, any>[]} */
-  const permits = [...listed.data];
-  const payers = new Set(listed.every_permit_payers.map((p) => String(p).toLowerCase()));
-  if (payers.size > 0) {
-    const recent = await api.get(`/v1/requests?limit=${recentRequests}`);
-    const known = new Set(permits.map((p) => p.permit_id));
-    const used = [...new Set(recent.data.map((r) => r.permit_id))].filter(
-      (id) => typeof id === "string" && !known.has(id),
-    );
-    const read = await Promise.all(
-      used.map((id) => api.get(`/v1/permits/${segment(id)}`).catch(() => undefined)),
-    );
-    for (const p of read)
-      if (p !== undefined && payers.has(String(p.payer).toLowerCase())) permits.push(p);
-  }
+  const permits = listed.data;
   return Promise.all(
     permits.map(async (permit) => {
       const [model, usage] = await Promise.all([
