@@ -26,6 +26,7 @@ const message: AuthorizeKeyMessage = {
   perRequestCap: "0",
   period: "",
   periodCap: "0",
+  warnAt: "0",
   nonce: `0x${"cd".repeat(32)}`,
 };
 const built = () => buildAuthorizeKeyTypedData({ chainId: 31337, market, message });
