@@ -68,10 +68,14 @@ function describe(a: AuthorizationJson & { credits_used?: string; last_used_at?:
       ? ""
       : `, ${a.period_cap ?? "?"} per ${a.period} (used ${a.period_used ?? "0"}` +
         `${a.period_renews_at ? `, renews ${when(a.period_renews_at)}` : ""})`;
+  const warn =
+    a.warn_at === undefined || a.warn_at === "0"
+      ? ""
+      : `, warn at ${a.warn_at}${a.warn_reached === true ? " (reached)" : ""}`;
   const caps =
     a.total_cap === "0" && a.per_request_cap === "0" && periodic === ""
       ? "no cap"
-      : `cap ${a.total_cap === "0" ? "none" : a.total_cap} total, ${a.per_request_cap === "0" ? "none" : a.per_request_cap} per request${periodic}`;
+      : `cap ${a.total_cap === "0" ? "none" : a.total_cap} total, ${a.per_request_cap === "0" ? "none" : a.per_request_cap} per request${periodic}${warn}`;
   const used =
     a.credits_used === undefined
       ? ""

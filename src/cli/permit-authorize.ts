@@ -155,6 +155,7 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
   perRequestCap?: string;
   period?: string;
   periodCap?: string;
+  warnAt?: string;
   keyId?: string;
 } {
   const permitId = values.permit as string | undefined;
@@ -180,10 +181,12 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
   const perRequestCap = values["per-request-cap"] as string | undefined;
   const period = values.period as string | undefined;
   const periodCap = values["period-cap"] as string | undefined;
+  const warnAt = values["warn-at"] as string | undefined;
   for (const [flag, cap] of [
     ["--total-cap", totalCap],
     ["--per-request-cap", perRequestCap],
     ["--period-cap", periodCap],
+    ["--warn-at", warnAt],
   ] as const)
     if (cap !== undefined && !/^(0|[1-9]\d{0,77})$/.test(cap))
       throw new PermitUsageError(
@@ -196,11 +199,12 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
       (permitId as Hex | undefined) ?? anyPermit,
       period,
       periodCap,
+      warnAt,
     );
   } catch (error) {
     if (error instanceof GatewayError)
       throw new PermitUsageError(
-        `${error.message} (--total-cap, --per-request-cap, --period, --period-cap, --permit)`,
+        `${error.message} (--total-cap, --per-request-cap, --period, --period-cap, --warn-at, --permit)`,
       );
     throw error;
   }
@@ -218,6 +222,7 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
     ...(perRequestCap === undefined ? {} : { perRequestCap }),
     ...(period === undefined ? {} : { period }),
     ...(periodCap === undefined ? {} : { periodCap }),
+    ...(warnAt === undefined ? {} : { warnAt }),
     ...(keyId === undefined ? {} : { keyId }),
   };
 }

@@ -29,14 +29,16 @@ export const permitUsage = `usage: gateway permit <command>
                           time); default id random. Prints the permit id and the transactions.
   authorize [--permit ID] [--expires-at UNIX_SECONDS | --expires-in 30d] [--total-cap CREDITS]
             [--per-request-cap CREDITS] [--period day|week|month --period-cap CREDITS]
-            [--key-id KEY_ID] [--payer ADDRESS] [--keystore FILE] [--yes] [--json]
+            [--warn-at CREDITS] [--key-id KEY_ID] [--payer ADDRESS] [--keystore FILE] [--yes] [--json]
                           let the API key GATEWAY_API_KEY spend the payer's permits: builds the
                           AuthorizeKey typed data itself, compares the gateway's challenge with it
                           field by field (any difference: nothing signed, exit 1), shows it, signs
                           as the payer, submits it. No --permit: every permit of the payer;
                           default expiry 30 days, at most 90; caps in credits (the permit's
                           smallest unit, they need --permit); --period with --period-cap: at
-                          most that much per UTC day, week (from Monday) or month; the key id is derived from
+                          most that much per UTC day, week (from Monday) or month; --warn-at: the
+                          use (of the period, else in all) from which answers carry a warning
+                          (x_gateway.budget_warning); the key id is derived from
                           GATEWAY_API_KEY (--key-id: a key issued before ids were derived, the id
                           'gateway keys create' printed), which the challenge must name
   revoke ID [--payer ADDRESS] [--keystore FILE] [--yes] [--json]
