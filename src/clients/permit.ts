@@ -13,6 +13,7 @@ import {
 } from "./signing-guard.js";
 import { apiKeyIdOf } from "../domain/api-key-check.js";
 import { normalizeHex } from "../domain/hex.js";
+import { formatAmountExact, type TokenUnits } from "../domain/token-units.js";
 import {
   anyPermit,
   buildAuthorizeKeyTypedData,
@@ -132,6 +133,12 @@ export interface AuthorizeOptions {
   /** The soft threshold (issue 38): credits of use from which answers carry a warning. */
   readonly warnAt?: string;
   /**
+   * The permit's credit token units, as the payer's own chain states them: the summary before
+   * signing shows the caps in tokens with the symbol, the exact base units (what is signed)
+   * beside them. Absent: base units only.
+   */
+  readonly units?: TokenUnits;
+  /**
    * The API key's public id as its holder knows it (`gateway keys create` prints it): the
    * challenge must name it. Absent: derived from the connection's key (`apiKeyIdOf`); a key
    * issued before ids were derived (issue 37) needs it given.
@@ -201,8 +208,13 @@ export async function authorizeApiKey(
   const typedData = expected(keyId, takeIssuedAt(challenge, now), takeNonce(challenge));
   checkTypedData(typedData, challenge);
   const keyIdSource = options.keyId === undefined ? "derived from the API key" : "--key-id";
+  const units = options.units;
   const credits = (cap: string) =>
-    cap === "0" ? "none" : `${cap} credits (the permit's smallest unit)`;
+    cap === "0"
+      ? "none"
+      : units === undefined || units.decimals === undefined
+        ? `${cap} credits (the permit's smallest unit)`
+        : formatAmountExact(BigInt(cap), units);
   const { message } = typedData;
   await options.confirm?.({
     title: `about to sign AuthorizeKey as the payer ${payer} (chain ${options.chain.chainId}, market ${options.chain.market})`,
