@@ -23,10 +23,7 @@ import {
   type UsageReceiptTypedData as UsageReceiptTypedDataMessage,
   UsageSource as UsageSourceMessage,
 } from "../../gen/gateway/v1/inference_pb.js";
-import {
-  budgetWarningText,
-  type BudgetWarning,
-} from "../domain/permit-authorization/index.js";
+import { budgetWarningText, type BudgetWarning } from "../domain/permit-authorization/index.js";
 import type { RequestRecord } from "../domain/requests.js";
 import type {
   ChatCompleted as DomainChatCompleted,

@@ -169,7 +169,11 @@ describe("the AuthorizeKey with a periodic cap (issue 38)", () => {
     expect(await verify(authorizeKeyFieldsBeforePeriods, before, signature)).toBe(true);
     // Not as the newer type, whatever period it is read with.
     expect(
-      await verify(authorizeKeyFields, { ...before, period: "", periodCap: "0", warnAt: "0" }, signature),
+      await verify(
+        authorizeKeyFields,
+        { ...before, period: "", periodCap: "0", warnAt: "0" },
+        signature,
+      ),
     ).toBe(false);
   });
 });

@@ -24,7 +24,9 @@ import { usageDetails, usageFigureFields, usageFigureViews } from "./resources.j
 const budgetWarningResource = protoView(BudgetWarningSchema, "BudgetWarning", {
   fields: {
     code: { description: "authorization_warn_threshold_reached" },
-    period: { description: 'the periodic cap\'s period ("day", "week", "month"), or "" (the total)' },
+    period: {
+      description: 'the periodic cap\'s period ("day", "week", "month"), or "" (the total)',
+    },
   },
 });
 
