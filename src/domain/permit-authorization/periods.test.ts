@@ -41,8 +41,13 @@ describe("a signed periodic cap (readCaps)", () => {
       perRequestCap: 0n,
       period: "day",
       periodCap: 2000n,
+      warnAt: 0n,
     });
-    expect(readCaps(undefined, undefined, anyPermit)).toMatchObject({ period: "", periodCap: 0n });
+    expect(readCaps(undefined, undefined, anyPermit)).toMatchObject({
+      period: "",
+      periodCap: 0n,
+      warnAt: 0n,
+    });
   });
 
   it.each([
