@@ -1148,6 +1148,11 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       { status: 403, code: "permit_not_authorized" },
       { headers: { authorization: `Bearer ${outsider.key}` } },
     );
+    // A payer's usage is read on that payer's signature only: a key is refused.
+    await call("GET", "/v1/usage", `/v1/usage?payer=0x${"42".repeat(20)}`, {
+      status: 403,
+      code: "not_payer",
+    });
     await call("GET", "/v1/permits", "/v1/permits", { status: 200 });
   });
 

@@ -36,6 +36,7 @@ import {
   type PermitLedger,
 } from "../domain/permit-balance.js";
 import type { RequestRecord, RequestStatus as DomainStatus } from "../domain/requests.js";
+import { payerCallerId } from "./authenticate.js";
 import type { Caller } from "./context.js";
 import { permitStateToProto, requestMessage } from "./inference-messages.js";
 import type { Inference } from "../domain/chat/index.js";
@@ -173,7 +174,11 @@ export async function getUsage(
     now,
   );
   let scope: UsageScope = { apiKeyId: caller.apiKeyId };
-  if (req.permitId !== "") {
+  if (req.payer !== "") {
+    if (req.permitId !== "")
+      throw new GatewayError("invalid_request", "ask for a payer's usage or a permit's, not both");
+    scope = payerScope(caller, req.payer);
+  } else if (req.permitId !== "") {
     if (!isHex32(req.permitId))
       throw new GatewayError("invalid_hex", "the permit id must be a Hex32");
     const permitId = normalizeHex(req.permitId);
@@ -189,6 +194,7 @@ export async function getUsage(
   return create(GetUsageResponseSchema, {
     bucket: bucket === "hour" ? UsageBucketMessage.HOUR : UsageBucketMessage.DAY,
     permitId: "permitId" in scope ? scope.permitId : "",
+    payer: "payer" in scope ? scope.payer : "",
     from: BigInt(range.from),
     to: BigInt(range.to),
     groups: groups.map((g) => ({
@@ -205,6 +211,24 @@ export async function getUsage(
       credits: g.credits.toString(),
     })),
   });
+}
+
+/**
+ * A payer's usage scope: only the payer itself, on its ReadPayerRequests signature (its caller
+ * id, connect/authenticate.ts), may read it; an API key (whoever it spends for) or another payer
+ * is refused 403 `not_payer`, before anything is read.
+ */
+function payerScope(caller: Caller, asked: string): UsageScope {
+  if (!/^0x[0-9a-fA-F]{40}$/.test(asked))
+    throw new GatewayError("invalid_request", "payer must be an address (0x + 40 hex digits)");
+  const payer = asked.toLowerCase() as Hex;
+  const x402Caller = payerCallerId(payer);
+  if (caller.apiKeyId !== x402Caller)
+    throw new GatewayError(
+      "not_payer",
+      "a payer's usage is read only with that payer's own signature (Authorization: Payer ...)",
+    );
+  return { payer, x402Caller };
 }
 
 export function permitBalanceMessage(balance: PermitBalance): PermitBalanceMessage {

@@ -2,7 +2,7 @@ import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
 import { Dialect, InferenceService } from "../../gen/gateway/v1/inference_pb.js";
 import { handlerContext, type GuardedCall } from "../connect/call-guard.js";
 import type { AnswerController, ChatChunk, ChatCompleted, ChatSink } from "../domain/chat/index.js";
-import { chunkChargeOf, type DialectStarted } from "../domain/dialects/index.js";
+import { chargeOf, chunkChargeOf, type DialectStarted } from "../domain/dialects/index.js";
 import { GatewayError } from "../domain/errors.js";
 import { claimedPayer, paymentRefusalCodes } from "../domain/x402/index.js";
 import { decodePaymentSignatureHeader, encodePaymentResponseHeader } from "@x402/core/http";
@@ -236,6 +236,11 @@ class AnswerWriter implements ChatSink {
         "x-gateway-offer-id": started.offerId,
         "x-gateway-tariff-version": started.tariffVersion.toString(),
         "x-gateway-credits-charged": charged,
+        // A chat completion's JSON answer is the provider's object, without x_gateway: the
+        // payer's soft threshold reached (issue 38) comes as a header, as the charge does.
+        ...(done.budgetWarning === undefined || this.dialect
+          ? {}
+          : { "x-gateway-budget-warning": JSON.stringify(chargeOf(done).budget_warning) }),
         ...(this.payment === undefined
           ? {}
           : { "payment-response": paymentResponse(this.payment, started.requestId, charged) }),

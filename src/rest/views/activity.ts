@@ -32,6 +32,10 @@ export const usageResource = protoView(GetUsageResponseSchema, "Usage", {
   nested: { groups: usageGroupResource },
   fields: {
     permit_id: { emptyIsNull: true, description: "the permit; null: the caller's requests" },
+    payer: {
+      emptyIsNull: true,
+      description: "the payer (lowercase address) whose usage this is; null: not a payer's",
+    },
     from: { integer: true, description: "Unix seconds: requests made at or after this" },
     to: { integer: true, description: "Unix seconds: requests made before this" },
   },
