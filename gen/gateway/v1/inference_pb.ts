@@ -1435,14 +1435,15 @@ export const ListPermitsRequestSchema: GenMessage<ListPermitsRequest> = /*@__PUR
  */
 export type ListPermitsResponse = Message<"gateway.v1.ListPermitsResponse"> & {
   /**
-   * The permits the key's active authorizations name, by permit id.
+   * The permits the key's active authorizations name, and the newest 100 the payers of its
+   * every-permit authorizations opened (as the indexer saw them open), by permit id.
    *
    * @generated from field: repeated gateway.v1.PermitBalance permits = 1;
    */
   permits: PermitBalance[];
 
   /**
-   * Payers (addresses) whose every permit the key may spend.
+   * Payers (addresses) whose every permit the key may spend (their permits are in `permits`).
    *
    * @generated from field: repeated string every_permit_payers = 2;
    */
