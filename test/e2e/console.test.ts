@@ -781,17 +781,13 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       const baseValues = new Set<string>();
 
       // 1. The permits: the demo key's authorization covers every permit of the payer, so the
-      // demo permit is found through the key's requests, with its balance and burn rate.
-      const listed = (await json(await api("/v1/permits"))) as {
-        data: unknown[];
-        every_permit_payers: string[];
-      };
-      expect(listed).toEqual({
+      // gateway lists each permit the payer opened (the demo permit), with its balance.
+      const balance = (await json(await api(`/v1/permits/${m.permitId}`))) as PermitBalance;
+      expect(await json(await api("/v1/permits"))).toEqual({
         object: "list",
-        data: [],
+        data: [balance],
         every_permit_payers: [m.payer.address.toLowerCase()],
       });
-      const balance = (await json(await api(`/v1/permits/${m.permitId}`))) as PermitBalance;
       const usage = (await json(await api(`/v1/usage?permit=${m.permitId}`))) as {
         groups: { credits: string }[];
       };

@@ -6,7 +6,8 @@
  * words, not only by position.
  */
 import { segment } from "../api.js";
-import { badge, credits, h, messageLine, table, time } from "../dom.js";
+import { badge, credits, h, table, time } from "../dom.js";
+import { mountKeyedPanel } from "../keyed-panel.js";
 import { tokenUnits } from "../units.js";
 import { short } from "./permits.js";
 
@@ -14,46 +15,24 @@ import { short } from "./permits.js";
 export const comparePanel = {
   id: "compare",
   title: "Offers compared",
-  mount(section, { api, events }) {
-    const message = messageLine();
-    const reload = h("button", { type: "button" }, "Refresh offers");
-    const view = h("div", { class: "compare" });
-    section.append(
-      h(
-        "p",
-        { class: "hint" },
-        "Every offer of each model, side by side. Speed and score are medians over the reputation window; an offer in cooldown asked for a pause (429 or 503) and is not routed to until it ends.",
-      ),
-      h("div", { class: "buttons" }, reload),
-      message.element,
-      view,
-    );
-    let generation = 0;
-
-    async function load() {
-      const mine = ++generation;
-      view.replaceChildren();
-      if (!api.hasKey()) {
-        message.info("Enter an API key to compare the offers.");
-        return;
-      }
-      message.info("Loading offers…");
-      try {
-        const models = (await api.get("/v1/models")).data;
+  mount(section, context) {
+    mountKeyedPanel(section, context, {
+      className: "compare",
+      hint: "Every offer of each model, side by side. Speed and score are medians over the reputation window; an offer in cooldown asked for a pause (429 or 503) and is not routed to until it ends.",
+      refresh: "Refresh offers",
+      noKey: "Enter an API key to compare the offers.",
+      loading: "Loading offers…",
+      read: async () => {
+        const models = (await context.api.get("/v1/models")).data;
         const offers = await Promise.all(
-          models.map((m) => api.get(`/v1/models/${segment(m.id)}/offers`)),
+          models.map((m) => context.api.get(`/v1/models/${segment(m.id)}/offers`)),
         );
-        if (mine !== generation) return;
-        message.clear();
-        view.replaceChildren(...models.map((m, i) => modelComparison(m, offers[i].data)));
-      } catch (error) {
-        if (mine === generation) message.error(error);
-      }
-    }
-
-    reload.addEventListener("click", load);
-    events.addEventListener("key", load);
-    message.info("Enter an API key to compare the offers.");
+        return { models, offers };
+      },
+      show: ({ models, offers }) => ({
+        nodes: models.map((m, i) => modelComparison(m, offers[i].data)),
+      }),
+    });
   },
 };
 

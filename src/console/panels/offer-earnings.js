@@ -5,7 +5,8 @@
  * numbers, in the offer's model's token units. No id to paste: the bindings name the offers.
  */
 import { segment } from "../api.js";
-import { code, credits, facts, h, messageLine, table } from "../dom.js";
+import { code, credits, facts, h, table } from "../dom.js";
+import { mountKeyedPanel } from "../keyed-panel.js";
 import { dayChart, dayText } from "../day-chart.js";
 import { modelUnits } from "../units.js";
 
@@ -18,52 +19,30 @@ const openSeries = "not yet settled";
 export const offerEarningsPanel = {
   id: "offer-earnings",
   title: "Your offers' earnings",
-  mount(section, { api, events }) {
-    const message = messageLine();
-    const reload = h("button", { type: "button" }, "Refresh earnings");
-    const view = h("div", { class: "offer-earnings" });
-    section.append(
-      h(
-        "p",
-        { class: "hint" },
-        `For a provider's key: the offers whose operator bound this key (gateway provider bind-key), and what each earned per UTC day over the last ${days} days.`,
-      ),
-      h("div", { class: "buttons" }, reload),
-      message.element,
-      view,
-    );
-    let generation = 0;
-
-    async function load() {
-      const mine = ++generation;
-      view.replaceChildren();
-      if (!api.hasKey()) {
-        message.info("Enter an API key to see the earnings of the offers it is bound to.");
-        return;
-      }
-      message.info("Loading…");
-      try {
+  mount(section, context) {
+    const { api } = context;
+    mountKeyedPanel(section, context, {
+      className: "offer-earnings",
+      hint: `For a provider's key: the offers whose operator bound this key (gateway provider bind-key), and what each earned per UTC day over the last ${days} days.`,
+      refresh: "Refresh earnings",
+      noKey: "Enter an API key to see the earnings of the offers it is bound to.",
+      loading: "Loading…",
+      onLedger: true,
+      read: async () => {
         const bindings = (await api.get("/v1/provider-offers/key-bindings")).data;
         const offers = [...new Set(bindings.map((b) => String(b.offer_id)))];
         const to = (Math.floor(Date.now() / 1000 / daySeconds) + 1) * daySeconds;
         const from = to - days * daySeconds;
-        const cards = await Promise.all(offers.map((id) => offerCard(api, id, from, to)));
-        if (mine !== generation) return;
-        message.info(
-          offers.length === 0
+        return Promise.all(offers.map((id) => offerCard(api, id, from, to)));
+      },
+      show: (cards) => ({
+        info:
+          cards.length === 0
             ? "This key is bound to no offer (an offer's operator binds one with gateway provider bind-key)."
-            : `${offers.length} offer${offers.length === 1 ? "" : "s"} bound to this key.`,
-        );
-        view.replaceChildren(...cards);
-      } catch (error) {
-        if (mine === generation) message.error(error);
-      }
-    }
-
-    reload.addEventListener("click", load);
-    events.addEventListener("key", load);
-    events.addEventListener("ledger", load);
-    message.info("Enter an API key to see the earnings of the offers it is bound to.");
+            : `${cards.length} offer${cards.length === 1 ? "" : "s"} bound to this key.`,
+        nodes: cards,
+      }),
+    });
   },
 };
 

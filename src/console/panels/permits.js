@@ -7,7 +7,8 @@
  * that payer opened (the newest 100, indexed from the chain's PermitOpened events).
  */
 import { segment } from "../api.js";
-import { badge, code, credits, h, messageLine, table } from "../dom.js";
+import { badge, code, credits, h, table } from "../dom.js";
+import { mountKeyedPanel } from "../keyed-panel.js";
 import { modelOf, roughAmountText, tokenUnits } from "../units.js";
 
 /** The burn rate's window: GET /v1/usage's default range. */
@@ -19,48 +20,23 @@ const maxDaysLeft = 36500n;
 export const permitsPanel = {
   id: "permits",
   title: "Your permits",
-  mount(section, { api, events }) {
-    const message = messageLine();
-    const reload = h("button", { type: "button" }, "Refresh permits");
-    const view = h("div", { class: "permits" });
-    section.append(
-      h(
-        "p",
-        { class: "hint" },
-        "What this key may spend, and how fast it is spending it: the burn rate is the credits charged over the last 7 days, per day.",
-      ),
-      h("div", { class: "buttons" }, reload),
-      message.element,
-      view,
-    );
-    let generation = 0;
-
-    async function load() {
-      const mine = ++generation;
-      view.replaceChildren();
-      if (!api.hasKey()) {
-        message.info("Enter an API key to see the permits it may spend.");
-        return;
-      }
-      message.info("Loading permits…");
-      try {
-        const rows = await readPermits(api);
-        if (mine !== generation) return;
-        message.info(
+  mount(section, context) {
+    mountKeyedPanel(section, context, {
+      className: "permits",
+      hint: "What this key may spend, and how fast it is spending it: the burn rate is the credits charged over the last 7 days, per day.",
+      refresh: "Refresh permits",
+      noKey: "Enter an API key to see the permits it may spend.",
+      loading: "Loading permits…",
+      onLedger: true,
+      read: () => readPermits(context.api),
+      show: (rows) => ({
+        info:
           rows.length === 0
-            ? "No permit yet: this key is authorized for none, and has paid for no request."
+            ? "No permit yet: this key is authorized for none."
             : `${rows.length} permit${rows.length === 1 ? "" : "s"}.`,
-        );
-        if (rows.length > 0) view.replaceChildren(permitsTable(rows, events));
-      } catch (error) {
-        if (mine === generation) message.error(error);
-      }
-    }
-
-    reload.addEventListener("click", load);
-    events.addEventListener("key", load);
-    events.addEventListener("ledger", load);
-    message.info("Enter an API key to see the permits it may spend.");
+        nodes: rows.length === 0 ? [] : [permitsTable(rows, context.events)],
+      }),
+    });
   },
 };
 

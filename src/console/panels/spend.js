@@ -6,6 +6,7 @@
  * by its `<desc>`; the table is its text alternative and holds every number it draws.
  */
 import { credits, h, table } from "../dom.js";
+import { mountKeyedPanel } from "../keyed-panel.js";
 import { dayChart, dayText } from "../day-chart.js";
 import { modelUnits } from "../units.js";
 
@@ -16,31 +17,16 @@ const daySeconds = 86400;
 export const spendPanel = {
   id: "spend",
   title: "Spend over time",
-  mount(section, { api, events }) {
-    const reload = h("button", { type: "button" }, "Refresh spend");
-    const status = h("p", { class: "status", role: "status" });
-    const view = h("div", { class: "spend" });
-    section.append(
-      h(
-        "p",
-        { class: "hint" },
-        `Credits this key's requests were charged, by UTC day and model, over the last ${days} days.`,
-      ),
-      h("div", { class: "buttons" }, reload),
-      status,
-      view,
-    );
-    let generation = 0;
-
-    async function load() {
-      const mine = ++generation;
-      view.replaceChildren();
-      if (!api.hasKey()) {
-        status.textContent = "Enter an API key to see its spend.";
-        return;
-      }
-      status.textContent = "Loading spend…";
-      try {
+  mount(section, context) {
+    const { api } = context;
+    mountKeyedPanel(section, context, {
+      className: "spend",
+      hint: `Credits this key's requests were charged, by UTC day and model, over the last ${days} days.`,
+      refresh: "Refresh spend",
+      noKey: "Enter an API key to see its spend.",
+      loading: "Loading spend…",
+      onLedger: true,
+      read: async () => {
         const to = Math.floor(Date.now() / 1000 / daySeconds + 1) * daySeconds;
         const from = to - days * daySeconds;
         const usage = await api.get(`/v1/usage?bucket=day&from=${from}&to=${to}`);
@@ -48,21 +34,13 @@ export const spendPanel = {
         const units = new Map(
           await Promise.all(models.map(async (m) => [m, await modelUnits(api, m)])),
         );
-        if (mine !== generation) return;
-        status.textContent =
-          usage.groups.length === 0 ? `No request in the last ${days} days.` : "";
-        if (usage.groups.length > 0) view.replaceChildren(...spendViews(usage, from, units));
-      } catch (error) {
-        if (mine !== generation) return;
-        const e = /** @type {{ code?: string, message?: string }} */ (error);
-        status.textContent = `${e.code ?? "error"}: ${e.message ?? String(error)}`;
-      }
-    }
-
-    reload.addEventListener("click", load);
-    events.addEventListener("key", load);
-    events.addEventListener("ledger", load);
-    status.textContent = "Enter an API key to see its spend.";
+        return { usage, from, units };
+      },
+      show: ({ usage, from, units }) =>
+        usage.groups.length === 0
+          ? { info: `No request in the last ${days} days.`, nodes: [] }
+          : { nodes: spendViews(usage, from, units) },
+    });
   },
 };
 
