@@ -4,6 +4,7 @@ import type { RecordRegistration } from "../../domain/registration/index.js";
 import type { RequestFilter, UsageBucket, UsageScope } from "../../domain/activity.js";
 import { listRequests, usageGroups } from "./activity.js";
 import { listBatches } from "./earnings.js";
+import { permitsOpenedBy } from "./opened-permits.js";
 import { permitLedger } from "./ledger/index.js";
 import { recordRegistration } from "./registrations.js";
 import { getRequest, listChargedRequests } from "./requests.js";
@@ -28,6 +29,8 @@ export function createPgServiceReads(pool: pg.Pool) {
     usage: (scope: UsageScope, bucket: UsageBucket, from: number, to: number) =>
       usageGroups(pool, scope, bucket, from, to),
     listBatches: (args: Parameters<typeof listBatches>[1]) => listBatches(pool, args),
+    permitsOpenedBy: (payers: readonly Hex[], limit: number) =>
+      permitsOpenedBy(pool, payers, limit),
   };
 }
 
