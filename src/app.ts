@@ -9,6 +9,7 @@ import * as ledger from "./adapters/pg/ledger/index.js";
 import { createUpstreamClient, type UpstreamClient } from "./adapters/upstream/http.js";
 import { createApi, wireApiKeys, wireRateLimiter, type ApiKeyWiring } from "./app/api.js";
 import { connectChain, marketReads, startIndexer, type IndexerHooks } from "./app/chain.js";
+import { prepareAudits, wireAudits, type AuditOptions, type AuditWiring } from "./app/audits.js";
 import { wireChat, type ChatWiring } from "./app/chat.js";
 import { wireProviders } from "./app/provider.js";
 import { createReadiness, dependencySources } from "./runtime/readiness.js";
@@ -58,6 +59,8 @@ export interface Gateway {
   readonly metricsUrl: string;
   /** The gateway's token counters (the tokenizer registry, checked at start-up). */
   readonly tokens: TokenCounters;
+  /** The blind audits' runner (AUDIT_PERMITS; src/domain/audits/runner.ts); undefined when off. */
+  readonly audits: AuditWiring["runner"] | undefined;
   close(): Promise<void>;
 }
 
@@ -74,6 +77,8 @@ export interface StartOptions {
    * tokenizer registry's (TOKENIZER_REGISTRY over the embedded one, checked at start-up).
    */
   readonly tokens?: PreloadingCounters;
+  /** The audits' statistics, standing and (tests) choices and timers (src/app/audits.ts). */
+  readonly audits?: AuditOptions;
 }
 
 /**
@@ -143,7 +148,9 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     const readiness = createReadiness({ db, chain, draining, tokenizers: preloads.readiness });
     await ledger.heartbeat(db.pool, instanceId);
     const rateLimiter = wireRateLimiter(config, { db, instanceId, logger });
+    const preparedAudits = await prepareAudits(config);
     chat = await wireChat(config, {
+      observeRequest: preparedAudits?.shapes.observe,
       db,
       sealer: storage.sealer,
       catalog,
@@ -192,6 +199,15 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     health.start();
     settlement.start();
     const { url, metricsUrl } = urlsOf(config, listener, metricsListener);
+    const audits = wireAudits(config, {
+      url,
+      db,
+      catalog,
+      prepared: preparedAudits,
+      metrics,
+      logger,
+      options: options.audits,
+    });
     announce(config, logger, { url, database: db.kind });
 
     const parts = {
@@ -209,6 +225,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       tracing,
       storage,
       tokens: options.tokens === undefined ? tokens : undefined,
+      audits,
     };
     return {
       port: listener.port,
@@ -223,6 +240,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       measurementSync: chat.measurementSync,
       metricsUrl,
       tokens,
+      audits: audits?.runner,
       close: () => closeGateway(parts),
     };
   } catch (error) {
@@ -407,6 +425,7 @@ function closeGateway(parts: {
   readonly storage: Storage;
   /** The counters the gateway made (a test's own are the test's to stop). */
   readonly tokens: PreloadingCounters | undefined;
+  readonly audits: AuditWiring | undefined;
 }): Promise<void> {
   // Stopped at once when the shutdown begins; awaited after the closes are written.
   let settlementStopped: Promise<void> | undefined;
@@ -418,6 +437,7 @@ function closeGateway(parts: {
         parts.indexer.stop(),
         parts.housekeeping.stop(),
         parts.chat.stopBackground(),
+        parts.audits?.close(),
       ]);
     },
     listener: parts.listener,

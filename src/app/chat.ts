@@ -18,6 +18,7 @@ import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
 import { createUpstreamChat } from "../adapters/upstream/chat.js";
 import type { UpstreamClient } from "../adapters/upstream/http.js";
 import type { Config } from "../config.js";
+import type { ShapeSample } from "../domain/audits/shapes.js";
 import type { Catalog } from "../domain/catalog.js";
 import {
   createInference,
@@ -65,6 +66,8 @@ export interface ChatWiring {
 /** What the chat pipeline is wired from. */
 export interface ChatDeps {
   readonly db: Database;
+  /** The audits' sample of clients' request shapes (src/domain/audits/shapes.ts). */
+  readonly observeRequest?: ShapeSample["observe"] | undefined;
   readonly sealer: Sealer;
   readonly catalog: Catalog;
   readonly permits: PermitReader;
@@ -124,6 +127,7 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
   cooldowns.start();
   const inference = createInference({
     catalog: deps.catalog,
+    observeRequest: deps.observeRequest,
     permits: deps.permits,
     quotes: createPgQuoteStore(db.pool),
     ledger: leased ?? perRequest,
