@@ -205,6 +205,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       catalog,
       prepared: preparedAudits,
       metrics,
+      clock,
       logger,
       options: options.audits,
     });

@@ -65,6 +65,8 @@ export function wireAudits(
     readonly catalog: Catalog;
     readonly prepared: PreparedAudits | undefined;
     readonly metrics: ReturnType<typeof createMetrics>;
+    /** Unix seconds (the gateway's clock). */
+    readonly clock: () => number;
     readonly logger: Logger;
     readonly options?: AuditOptions | undefined;
   },
@@ -92,6 +94,7 @@ export function wireAudits(
     evaluateEveryMs: audits.evaluateIntervalMs,
     rng: options.rng ?? cryptoRandom,
     nowMs: options.nowMs ?? Date.now,
+    clock: deps.clock,
     logger: deps.logger.child({ component: "audits" }),
   });
   if (options.start !== false) runner.start();

@@ -42,7 +42,14 @@ export function reserveAuditSpend(
       `UPDATE audit_spend SET reserved = reserved + $4, requests = requests + 1
        WHERE day = $1 AND ((scope = 'offer' AND id = $2 AND spent + reserved + $4 <= $5)
          OR (scope = 'model' AND id = $3 AND spent + reserved + $4 <= $6))`,
-      [day, offerId, modelId, amount.toString(), budget.perOffer.toString(), budget.perModel.toString()],
+      [
+        day,
+        offerId,
+        modelId,
+        amount.toString(),
+        budget.perOffer.toString(),
+        budget.perModel.toString(),
+      ],
     );
     return rowCount === 2 ? true : refuse(false);
   });

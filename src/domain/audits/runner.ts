@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
 import type { Logger } from "pino";
-import type { Catalog } from "../catalog.js";
+import { isEligible, type Catalog } from "../catalog.js";
 import { auditDay, type AuditBudget, type AuditSpendStore } from "./budget.js";
 import type { ShapeSample } from "./shapes.js";
 import {
@@ -102,14 +102,18 @@ export interface AuditRunnerDeps {
   /** Between two evaluations. */
   readonly evaluateEveryMs: number;
   readonly rng: Random;
-  /** Unix milliseconds. */
+  /** Unix milliseconds: samples' times and the budget's day. */
   readonly nowMs: () => number;
+  /** Unix seconds, the gateway's clock: which offers routing would serve now. */
+  readonly clock: () => number;
   readonly logger?: Logger | undefined;
 }
 
 /** What one audit came to. */
 export type AuditOutcome =
   | { readonly status: "idle" }
+  /** No client of the model sent a framing the test could copy (shapes.ts): nothing sent. */
+  | { readonly status: "no_shape"; readonly target: AuditTarget; readonly test: TrafficTest }
   | { readonly status: "over_budget"; readonly target: AuditTarget; readonly test: TrafficTest }
   | {
       readonly status: "sent";
@@ -146,13 +150,18 @@ export function createAuditRunner(deps: AuditRunnerDeps): AuditRunner {
     const out: AuditTarget[] = [];
     for (const [modelId, permitId] of deps.permits) {
       const modelName = deps.catalog.directory.publicId(modelId);
-      let offers;
+      let view;
       try {
-        offers = (await deps.catalog.routingView(modelName)).offers;
+        view = await deps.catalog.routingView(modelName);
       } catch {
         continue; // a model not (or no longer) served: nothing to audit
       }
-      for (const offer of offers) out.push({ modelId, modelName, offerId: offer.offerId, permitId });
+      const now = deps.clock();
+      // The offers a client's request could reach (the anchor among them): active, verified,
+      // registered.
+      for (const offer of view.offers)
+        if (isEligible(offer, view.model, now))
+          out.push({ modelId, modelName, offerId: offer.offerId, permitId });
     }
     return out;
   };
@@ -177,7 +186,9 @@ export function createAuditRunner(deps: AuditRunnerDeps): AuditRunner {
         auditTimer = setTimeout(() => {
           const run = runner
             .runOnce()
-            .catch((error: unknown) => deps.logger?.warn({ error: messageOf(error) }, "audit failed"))
+            .catch((error: unknown) =>
+              deps.logger?.warn({ error: messageOf(error) }, "audit failed"),
+            )
             .finally(() => running.delete(run));
           running.add(run);
           void schedule();
@@ -215,10 +226,14 @@ async function audit(deps: AuditRunnerDeps, target: AuditTarget): Promise<AuditO
   const { rng, corpus } = deps;
   const now = deps.nowMs();
   const test = pickTest(rng);
-  const prompts = test === "mmd" ? mmdPrompts(corpus, target.modelId, now) : borderPrompts(corpus, target.modelId);
+  const prompts =
+    test === "mmd"
+      ? mmdPrompts(corpus, target.modelId, now)
+      : borderPrompts(corpus, target.modelId);
   const prompt = pick(rng, prompts);
   if (prompt === undefined) return { status: "idle" };
   const shape = pickShape(rng, deps.shapes.shapes(target.modelId), test);
+  if (shape === undefined) return { status: "no_shape", target, test };
   const body = auditBody(corpus, rng, { shape, prompt, modelName: target.modelName });
   let quote;
   try {

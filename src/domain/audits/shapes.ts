@@ -91,8 +91,7 @@ function isParam(value: JsonValue): boolean {
   if (value === null || typeof value !== "object") return true;
   // `stream_options`: an object of booleans.
   return (
-    !Array.isArray(value) &&
-    Object.values(value).every((v) => typeof v === "boolean" || v === null)
+    !Array.isArray(value) && Object.values(value).every((v) => typeof v === "boolean" || v === null)
   );
 }
 
@@ -132,7 +131,12 @@ export const shapeSampleSize = 64;
 
 export interface ShapeSample {
   /** A client's request (the pipeline calls it once the model is known). */
-  observe(modelId: Hex, req: ChatRequest, dialect: ShapeDialect | undefined, apiKeyId: string): void;
+  observe(
+    modelId: Hex,
+    req: ChatRequest,
+    dialect: ShapeDialect | undefined,
+    apiKeyId: string,
+  ): void;
   /** The shapes kept for a model, oldest first. */
   shapes(modelId: Hex): readonly RequestShape[];
 }

@@ -145,28 +145,17 @@ export function pickTest(rng: Random): TrafficTest {
 
 /**
  * The framing an audit of `test` copies: a recent client's shape of the model that carries no
- * content and asks for the test's temperature; else {@link fallbackShape}.
+ * content and asks for the test's temperature. Undefined when no client of the model sent one:
+ * the audit then waits (a framing no client uses would tell the provider what it is).
  */
 export function pickShape(
   rng: Random,
   shapes: readonly RequestShape[],
   test: TrafficTest,
-): RequestShape {
+): RequestShape | undefined {
   const temperature = trafficTests[test].temperature;
   const fitting = shapes.filter((s) => copiableShape(s) && s.params["temperature"] === temperature);
-  return pick(rng, fitting) ?? fallbackShape(temperature);
-}
-
-/** The shape an audit takes when no client of the model sent a copiable one at its temperature. */
-export function fallbackShape(temperature: number): RequestShape {
-  return {
-    dialect: "chat",
-    members: ["model", "messages", "temperature", "max_tokens"],
-    params: { temperature, max_tokens: 256 },
-    layout: { kind: "compact" },
-    system: false,
-    parts: false,
-  };
+  return pick(rng, fitting);
 }
 
 // ---------------------------------------------------------------- the body
