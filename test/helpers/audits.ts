@@ -25,13 +25,18 @@ export interface AuditStack {
   readonly auditKeyId: string;
   /** A permit of a client (the demo payer's, spent with the stack's key). */
   readonly clientPermit: Hex;
-  readonly gateway: Gateway;
+  /** The gateway now (restartWith replaces it). */
+  gateway: Gateway;
+  /** Stops the gateway and starts it again with these audit settings and options. */
+  restartWith(settings: AuditSettings, options: AuditOptions): Promise<Gateway>;
 }
 
+export type AuditSettings = Partial<Omit<AuditConfig, "auditApiKey" | "permits">> & {
+  readonly env?: Record<string, string>;
+};
+
 export async function startAuditStack(
-  settings: Partial<Omit<AuditConfig, "auditApiKey" | "permits">> & {
-    readonly env?: Record<string, string>;
-  },
+  settings: AuditSettings,
   options: AuditOptions,
 ): Promise<AuditStack> {
   const { stack, fake, chatOffer } = await startChatStack(settings.env ?? {});
@@ -44,22 +49,25 @@ export async function startAuditStack(
     await authorizeKey(stack.gateway.url, auditKey, stack.roles.payer.privateKey, {
       permitId: auditPermit,
     });
-    await stack.gateway.close();
-    const audits: AuditConfig = {
-      auditApiKey: auditKey,
-      permits: new Map([[modelId, auditPermit]]),
-      anchors: settings.anchors ?? new Map(),
-      budgetPerOffer: settings.budgetPerOffer ?? 10n ** 30n,
-      budgetPerModel: settings.budgetPerModel ?? 10n ** 30n,
-      requestsPerOfferPerDay: settings.requestsPerOfferPerDay ?? 100,
-      evaluateIntervalMs: settings.evaluateIntervalMs ?? 3_600_000,
-      evidenceWindowDays: settings.evidenceWindowDays ?? 30,
+    const start = async (set: AuditSettings, opts: AuditOptions): Promise<Gateway> => {
+      await stack.gateway.close();
+      const audits: AuditConfig = {
+        auditApiKey: auditKey,
+        permits: new Map([[modelId, auditPermit]]),
+        anchors: set.anchors ?? new Map(),
+        budgetPerOffer: set.budgetPerOffer ?? 10n ** 30n,
+        budgetPerModel: set.budgetPerModel ?? 10n ** 30n,
+        requestsPerOfferPerDay: set.requestsPerOfferPerDay ?? 100,
+        evaluateIntervalMs: set.evaluateIntervalMs ?? 3_600_000,
+        evidenceWindowDays: set.evidenceWindowDays ?? 30,
+      };
+      stack.gateway = await startGateway(
+        { ...stack.config, audits },
+        { logger: stack.logger, database: stack.database.db, audits: { start: false, ...opts } },
+      );
+      return stack.gateway;
     };
-    stack.gateway = await startGateway(
-      { ...stack.config, audits },
-      { logger: stack.logger, database: stack.database.db, audits: { start: false, ...options } },
-    );
-    return {
+    const audited: AuditStack = {
       stack,
       fake,
       chatOffer,
@@ -67,8 +75,13 @@ export async function startAuditStack(
       auditPermit,
       auditKeyId: apiKeyIdOf(auditKey),
       clientPermit,
-      gateway: stack.gateway,
+      gateway: await start(settings, options),
+      async restartWith(set, opts) {
+        audited.gateway = await start(set, opts);
+        return audited.gateway;
+      },
     };
+    return audited;
   } catch (error) {
     await stack.close();
     await fake.stop();

@@ -114,7 +114,13 @@ export type AuditOutcome =
   | { readonly status: "idle" }
   /** No client of the model sent a framing the test could copy (shapes.ts): nothing sent. */
   | { readonly status: "no_shape"; readonly target: AuditTarget; readonly test: TrafficTest }
-  | { readonly status: "over_budget"; readonly target: AuditTarget; readonly test: TrafficTest }
+  | {
+      readonly status: "over_budget";
+      readonly target: AuditTarget;
+      readonly test: TrafficTest;
+      /** What the audit would have reserved (its quote's most): more than the budget has left. */
+      readonly maximumCredits: bigint;
+    }
   | {
       readonly status: "sent";
       readonly target: AuditTarget;
@@ -245,7 +251,7 @@ async function audit(deps: AuditRunnerDeps, target: AuditTarget): Promise<AuditO
   const { modelId, offerId } = target;
   const reserved = quote.maximumCredits;
   if (!(await deps.spend.reserve(day, modelId, offerId, reserved, deps.budget)))
-    return { status: "over_budget", target, test };
+    return { status: "over_budget", target, test, maximumCredits: reserved };
   let answer: AuditAnswer | undefined;
   try {
     answer = await deps.client.send(body, target.permitId, quote.quoteId);
