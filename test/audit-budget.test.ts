@@ -4,6 +4,7 @@ import { auditSpendOn } from "../src/adapters/pg/audit-traffic.js";
 import { auditDay } from "../src/domain/audits/budget.js";
 import type { AuditOutcome } from "../src/domain/audits/runner.js";
 import { seededRandom } from "../src/domain/audits/traffic.js";
+import { runAuditsBudget } from "../src/cli/audits-budget.js";
 import { startAuditStack, type AuditStack } from "./helpers/audits.js";
 import { flush, settlementRows, settlingEnv } from "./helpers/settlement.js";
 
@@ -20,6 +21,8 @@ let a: AuditStack;
 let vnow = Date.now();
 /** The most one audit can cost here (a quote of a long corpus prompt at the clients' limit). */
 let perAudit = 0n;
+/** The day the budget was reached (`vnow` moves on after it). */
+let budgetDay = "";
 const budgetAudits = 4n;
 
 async function sendClient(temperature: number): Promise<void> {
@@ -113,6 +116,7 @@ describe("the daily audit budget", () => {
       if (last.status === "sent") sent.push(last);
     }
     const day = auditDay(vnow);
+    budgetDay = day;
     const lines = await auditSpendOn(a.stack.database.db.pool, day);
     const offerLine = lines.find((l) => l.scope === "offer" && l.id === a.chatOffer)!;
     const budget = budgetAudits * perAudit;
@@ -142,6 +146,39 @@ describe("the daily audit budget", () => {
       expect(await metricValue("gateway_audit_requests_total", `${labels},test="${test}"`)).toBe(
         count,
       );
+  });
+
+  it("the operator's view: `gateway audits budget` shows spend against budget per model and offer", async () => {
+    const out: string[] = [];
+    const env = {
+      AUDIT_PERMITS: `${a.modelId}=${a.auditPermit}`,
+      AUDIT_DAILY_BUDGET_PER_OFFER: (budgetAudits * perAudit).toString(),
+      AUDIT_DAILY_BUDGET_PER_MODEL: (100n * perAudit).toString(),
+    };
+    // `gateway audits budget --day <day>`: the CLI's command over the stack's database.
+    const status = await runAuditsBudget(a.stack.database.db.pool, ["--day", budgetDay], env, {
+      out: (line) => out.push(line),
+    });
+    expect(status).toBe(0);
+    const spent = sent.reduce((sum, o) => sum + o.charged, 0n);
+    const budget = budgetAudits * perAudit;
+    expect(out[0]).toBe(
+      `audits on ${budgetDay} (UTC): budget ${100n * perAudit} per model, ${budget} per offer (credits, base units)`,
+    );
+    expect(out.slice(1)).toEqual([
+      `model\t${a.modelId}\tspent ${spent}\treserved 0\tbudget ${100n * perAudit}\tleft ${100n * perAudit - spent}\taudits ${sent.length}`,
+      `offer\t${a.chatOffer}\tspent ${spent}\treserved 0\tbudget ${budget}\tleft ${budget - spent}\taudits ${sent.length}`,
+    ]);
+    // A budget lowered below what was spent shows the line over it (exit status 1).
+    const lower = { ...env, AUDIT_DAILY_BUDGET_PER_OFFER: (spent - 1n).toString() };
+    expect(
+      await runAuditsBudget(a.stack.database.db.pool, ["--day", budgetDay], lower, {
+        out: () => {},
+      }),
+    ).toBe(1);
+    await expect(
+      runAuditsBudget(a.stack.database.db.pool, ["--day", "yesterday"], env, { out: () => {} }),
+    ).rejects.toThrow("--day takes YYYY-MM-DD");
   });
 
   it("the next day (UTC) they resume", async () => {
