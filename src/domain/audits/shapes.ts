@@ -106,10 +106,11 @@ export function shapeOf(req: ChatRequest, dialect: ShapeDialect): RequestShape {
     if (gatewayMembers.has(member.key)) continue;
     members.push(member.key);
     if (member.key === "model" || member.key === "messages") continue;
+    // Only a copiable member's value is kept; any other member (a `user`, tools, a stop string)
+    // keeps its name only: the shape is then not copiable, and nothing of the value is kept.
     const value = req.body[member.key];
-    if (value !== undefined && isParam(value)) params[member.key] = value;
-    // A member whose value is content (tools, stop...) keeps its name only: the shape is then
-    // not copiable, and nothing of the value is kept.
+    if (copiable.has(member.key) && value !== undefined && isParam(value))
+      params[member.key] = value;
   }
   const first = req.messages[0];
   const user = req.messages.find((m) => m.role === "user");
