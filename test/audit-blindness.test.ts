@@ -1,6 +1,7 @@
 import type { IncomingHttpHeaders } from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { AuditOutcome } from "../src/domain/audits/runner.js";
+import type { ModelAuditInput, OfferAuditVerdict } from "../src/domain/audits/types.js";
 import { seededRandom } from "../src/domain/audits/traffic.js";
 import { loadAuditCorpus } from "../src/adapters/audits/corpus.js";
 import { ksTwoSample, startAuditStack, type AuditStack } from "./helpers/audits.js";
@@ -146,13 +147,37 @@ interface Seen {
 }
 
 const seen: Seen[] = [];
+/** What the statistics were handed, and what the standing was given (their ports, recorded). */
+const judged: ModelAuditInput[][] = [];
+const saved: (readonly OfferAuditVerdict[])[] = [];
 const outcomes: AuditOutcome[] = [];
 
 beforeAll(async () => {
   a = await startAuditStack(
     // Audits as frequent as half the clients, so the two streams are of comparable size.
     { requestsPerOfferPerDay: 43_200 },
-    { rng: seededRandom(20261130), nowMs: () => vnow },
+    {
+      rng: seededRandom(20261130),
+      nowMs: () => vnow,
+      judge: (models) => {
+        judged.push([...models]);
+        return models.flatMap((m) =>
+          [...m.offers.keys()].map((offerId) => ({
+            offerId,
+            modelId: m.modelId,
+            state: "unaudited" as const,
+            eValue: 1,
+            flagAt: 20,
+            excludeAt: 1000,
+            reference: { kind: "majority" as const },
+            tests: [],
+          })),
+        );
+      },
+      saveVerdicts: async (verdicts) => {
+        saved.push(verdicts);
+      },
+    },
   );
   const runner = a.gateway.audits!;
   const chats = () => a.fake.requests.filter((r) => r.path === "/v1/chat/completions");
@@ -313,5 +338,21 @@ describe("what the provider receives: audits among clients", () => {
     const gaps = (kind: boolean) =>
       times.flatMap((s, i) => (i > 0 && s.audit === kind ? [s.at - times[i - 1]!.at] : []));
     expect(ksTwoSample(gaps(true), gaps(false)).p).toBeLessThan(0.01);
+  });
+
+  it("what came back is stored, and the evaluation hands each model's samples to the statistics and the verdicts to the standing", async () => {
+    const verdicts = await a.gateway.audits!.evaluate();
+    expect(judged).toHaveLength(1);
+    const [input] = judged[0]!;
+    expect(input!.modelId).toBe(a.modelId);
+    expect(input!.anchorOfferId).toBeUndefined();
+    expect([...input!.offers.keys()]).toEqual([a.chatOffer]);
+    const samples = input!.offers.get(a.chatOffer)!;
+    const sent = outcomes.filter((o) => o.status === "sent");
+    expect(samples.map((x) => [x.test, x.promptId])).toEqual(sent.map((o) => [o.test, o.promptId]));
+    // The first characters of the visible answer, whatever the dialect and framing carried it.
+    expect(new Set(samples.map((x) => x.text))).toEqual(new Set(["word0 word1"]));
+    expect(saved).toEqual([verdicts]);
+    expect(verdicts.map((v) => v.offerId)).toEqual([a.chatOffer]);
   });
 });
