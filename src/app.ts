@@ -9,7 +9,7 @@ import * as ledger from "./adapters/pg/ledger/index.js";
 import { createUpstreamClient, type UpstreamClient } from "./adapters/upstream/http.js";
 import { createApi, wireApiKeys, wireRateLimiter, type ApiKeyWiring } from "./app/api.js";
 import { connectChain, marketReads, startIndexer, type IndexerHooks } from "./app/chain.js";
-import { prepareAudits, wireAudits, type AuditOptions, type AuditWiring } from "./app/audits.js";
+import type { AuditOptions } from "./app/audits.js";
 import { wireChat, type ChatWiring } from "./app/chat.js";
 import { wireProviders } from "./app/provider.js";
 import { createReadiness, dependencySources } from "./runtime/readiness.js";
@@ -24,6 +24,7 @@ import {
 } from "./app/tokenizer-preloads.js";
 import { startTracing } from "./app/tracing.js";
 import type { Config } from "./config.js";
+import type { AuditRunner } from "./domain/audits/runner.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import type { MeasurementSync } from "./domain/reputation/measurement-types.js";
 import type { OfferCooldowns } from "./domain/reputation/cooldowns.js";
@@ -60,7 +61,7 @@ export interface Gateway {
   /** The gateway's token counters (the tokenizer registry, checked at start-up). */
   readonly tokens: TokenCounters;
   /** The blind audits' runner (AUDIT_PERMITS; src/domain/audits/runner.ts); undefined when off. */
-  readonly audits: AuditWiring["runner"] | undefined;
+  readonly audits: AuditRunner | undefined;
   close(): Promise<void>;
 }
 
@@ -148,9 +149,8 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     const readiness = createReadiness({ db, chain, draining, tokenizers: preloads.readiness });
     await ledger.heartbeat(db.pool, instanceId);
     const rateLimiter = wireRateLimiter(config, { db, instanceId, logger });
-    const preparedAudits = await prepareAudits(config);
     chat = await wireChat(config, {
-      observeRequest: preparedAudits?.shapes.observe,
+      auditOptions: options.audits,
       db,
       sealer: storage.sealer,
       catalog,
@@ -196,21 +196,9 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     metrics.setSources(scrapeSources(config, { db, chain, clock, cooldowns: chat.cooldowns }));
     await preloaded;
     const { listener, metricsListener } = await listenAll(config, shutdown.guard(handler), metrics);
-    health.start();
-    settlement.start();
     const { url, metricsUrl } = urlsOf(config, listener, metricsListener);
-    const audits = wireAudits(config, {
-      url,
-      db,
-      catalog,
-      prepared: preparedAudits,
-      metrics,
-      clock,
-      logger,
-      options: options.audits,
-    });
+    const audits = startListening({ health, settlement, chat, url });
     announce(config, logger, { url, database: db.kind });
-
     const parts = {
       shutdown,
       settlement,
@@ -226,7 +214,6 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       tracing,
       storage,
       tokens: options.tokens === undefined ? tokens : undefined,
-      audits,
     };
     return {
       port: listener.port,
@@ -241,7 +228,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       measurementSync: chat.measurementSync,
       metricsUrl,
       tokens,
-      audits: audits?.runner,
+      audits,
       close: () => closeGateway(parts),
     };
   } catch (error) {
@@ -339,6 +326,21 @@ function wireRouting(
   return { catalog, endpointCache, invalidateRouting, preloads };
 }
 
+/**
+ * What starts once the gateway listens: the prober, the settlement rounds, and the blind audits
+ * (they reach the gateway at `url`, its own port); returns the audits' runner.
+ */
+function startListening(parts: {
+  readonly health: HealthMonitor;
+  readonly settlement: Settlement;
+  readonly chat: ChatWiring;
+  readonly url: string;
+}): AuditRunner | undefined {
+  parts.health.start();
+  parts.settlement.start();
+  return parts.chat.audits?.start(parts.url);
+}
+
 /** The gateway's listener, and the metrics' own when METRICS_PORT is set. */
 async function listenAll(
   config: Config,
@@ -426,7 +428,6 @@ function closeGateway(parts: {
   readonly storage: Storage;
   /** The counters the gateway made (a test's own are the test's to stop). */
   readonly tokens: PreloadingCounters | undefined;
-  readonly audits: AuditWiring | undefined;
 }): Promise<void> {
   // Stopped at once when the shutdown begins; awaited after the closes are written.
   let settlementStopped: Promise<void> | undefined;
@@ -438,7 +439,7 @@ function closeGateway(parts: {
         parts.indexer.stop(),
         parts.housekeeping.stop(),
         parts.chat.stopBackground(),
-        parts.audits?.close(),
+        parts.chat.audits?.close(),
       ]);
     },
     listener: parts.listener,

@@ -155,8 +155,10 @@ describe("the daily audit budget", () => {
       AUDIT_DAILY_BUDGET_PER_OFFER: (budgetAudits * perAudit).toString(),
       AUDIT_DAILY_BUDGET_PER_MODEL: (100n * perAudit).toString(),
     };
-    // `gateway audits budget --day <day>`: the CLI's command over the stack's database.
-    const status = await runAuditsBudget(a.stack.database.db.pool, ["--day", budgetDay], env, {
+    // `gateway audits budget --day <day>`: the command's function (src/cli/audits-budget.ts, what
+    // the CLI runs after its arguments) over the stack's database.
+    const argv = ["audits", "budget", "--day", budgetDay];
+    const status = await runAuditsBudget(a.stack.database.db.pool, argv.slice(2), env, {
       out: (line) => out.push(line),
     });
     expect(status).toBe(0);

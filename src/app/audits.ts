@@ -2,12 +2,12 @@ import type { Logger } from "pino";
 import { loadAuditCorpus } from "../adapters/audits/corpus.js";
 import type { Database } from "../adapters/pg/database.js";
 import { createPgAuditSampleStore, createPgAuditSpendStore } from "../adapters/pg/audit-traffic.js";
-import { connectAudits } from "../clients/inference.js";
+import { connectAudits, type AuditConnection } from "../clients/inference.js";
 import type { Config } from "../config.js";
 import { apiKeyIdOf } from "../domain/api-key-check.js";
 import { createAuditRunner, type AuditRunner, type SaveVerdicts } from "../domain/audits/runner.js";
 import { createShapeSample, type ShapeSample } from "../domain/audits/shapes.js";
-import { cryptoRandom, type AuditCorpus, type Random } from "../domain/audits/traffic.js";
+import { cryptoRandom, type Random } from "../domain/audits/traffic.js";
 import type { JudgeMarket } from "../domain/audits/types.js";
 import type { Catalog } from "../domain/catalog.js";
 import type { createMetrics } from "../runtime/metrics.js";
@@ -31,78 +31,73 @@ export interface AuditOptions {
   readonly start?: boolean | undefined;
 }
 
-/** What the audits need before the gateway listens: the corpus (checked), the shape sample. */
-export interface PreparedAudits {
-  readonly shapes: ShapeSample;
-  readonly corpus: AuditCorpus;
-}
-
-/**
- * The corpus, read and checked against its pins at start-up (a changed file stops the start),
- * and the shape sample audits copy from; undefined when audits are not configured.
- */
-export async function prepareAudits(config: Config): Promise<PreparedAudits | undefined> {
-  const audits = config.audits;
-  if (audits === undefined) return undefined;
-  const ownKey = apiKeyIdOf(audits.auditApiKey);
-  return {
-    shapes: createShapeSample({ ignoredKey: () => ownKey }),
-    corpus: await loadAuditCorpus(),
-  };
-}
-
+/** The audits of one gateway: wired before it listens, started once it does. */
 export interface AuditWiring {
-  readonly runner: AuditRunner;
+  /** The sample of clients' request shapes the chat pipeline feeds. */
+  readonly shapes: ShapeSample;
+  /** Connects to the gateway at `url` (its own gRPC port) and starts the runner. */
+  start(url: string): AuditRunner;
   /** Stops the timers, waits for audits under way, closes the connection. */
   close(): Promise<void>;
 }
 
-export function wireAudits(
+/**
+ * The audits, when configured: the corpus read and checked against its pins now (a changed file
+ * stops the start), the shape sample, and the runner once the gateway listens.
+ */
+export async function prepareAudits(
   config: Config,
+  options: { readonly audits?: AuditOptions | undefined },
   deps: {
-    readonly url: string;
     readonly db: Database;
     readonly catalog: Catalog;
-    readonly prepared: PreparedAudits | undefined;
     readonly metrics: ReturnType<typeof createMetrics>;
     /** Unix seconds (the gateway's clock). */
     readonly clock: () => number;
     readonly logger: Logger;
-    readonly options?: AuditOptions | undefined;
   },
-): AuditWiring | undefined {
+): Promise<AuditWiring | undefined> {
   const audits = config.audits;
-  const prepared = deps.prepared;
-  if (audits === undefined || prepared === undefined) return undefined;
-  const options = deps.options ?? {};
-  const connection = connectAudits(deps.url, audits.auditApiKey);
-  const runner = createAuditRunner({
-    catalog: deps.catalog,
-    permits: audits.permits,
-    anchors: audits.anchors,
-    corpus: prepared.corpus,
-    shapes: prepared.shapes,
-    client: connection.client,
-    spend: createPgAuditSpendStore(deps.db.pool),
-    budget: { perOffer: audits.budgetPerOffer, perModel: audits.budgetPerModel },
-    samples: createPgAuditSampleStore(deps.db.pool),
-    observer: deps.metrics.audits,
-    judge: options.judge,
-    saveVerdicts: options.saveVerdicts,
-    perOfferPerDay: audits.requestsPerOfferPerDay,
-    evidenceWindowMs: audits.evidenceWindowDays * 86_400_000,
-    evaluateEveryMs: audits.evaluateIntervalMs,
-    rng: options.rng ?? cryptoRandom,
-    nowMs: options.nowMs ?? Date.now,
-    clock: deps.clock,
-    logger: deps.logger.child({ component: "audits" }),
-  });
-  if (options.start !== false) runner.start();
+  if (audits === undefined) return undefined;
+  const ownKey = apiKeyIdOf(audits.auditApiKey);
+  const shapes = createShapeSample({ ignoredKey: () => ownKey });
+  const corpus = await loadAuditCorpus();
+  const spend = createPgAuditSpendStore(deps.db.pool);
+  const samples = createPgAuditSampleStore(deps.db.pool);
+  const settings = options.audits ?? {};
+  let connection: AuditConnection | undefined;
+  let runner: AuditRunner | undefined;
   return {
-    runner,
-    close: async () => {
-      await runner.stop();
-      connection.close();
+    shapes,
+    start(url) {
+      connection = connectAudits(url, audits.auditApiKey);
+      runner = createAuditRunner({
+        catalog: deps.catalog,
+        permits: audits.permits,
+        anchors: audits.anchors,
+        corpus,
+        shapes,
+        client: connection.client,
+        spend,
+        budget: { perOffer: audits.budgetPerOffer, perModel: audits.budgetPerModel },
+        samples,
+        observer: deps.metrics.audits,
+        judge: settings.judge,
+        saveVerdicts: settings.saveVerdicts,
+        perOfferPerDay: audits.requestsPerOfferPerDay,
+        evidenceWindowMs: audits.evidenceWindowDays * 86_400_000,
+        evaluateEveryMs: audits.evaluateIntervalMs,
+        rng: settings.rng ?? cryptoRandom,
+        nowMs: settings.nowMs ?? Date.now,
+        clock: deps.clock,
+        logger: deps.logger.child({ component: "audits" }),
+      });
+      if (settings.start !== false) runner.start();
+      return runner;
+    },
+    async close() {
+      await runner?.stop();
+      connection?.close();
     },
   };
 }

@@ -170,6 +170,23 @@ async function runX402Command(rest: string[]): Promise<void> {
   }
 }
 
+/** `gateway audits budget [--day YYYY-MM-DD]`: the day's audit spend against the budgets. */
+async function runAuditsCommand(rest: string[]): Promise<void> {
+  const [action, ...args] = rest;
+  if (action !== "budget") throw new UsageError("audits: expected 'budget'");
+  const db = await managementDatabase();
+  try {
+    process.exitCode = await runAuditsBudget(db.pool, args, process.env, {
+      out: (line) => process.stdout.write(`${line}\n`),
+    });
+  } catch (error) {
+    if (error instanceof RangeError) throw new UsageError(error.message);
+    throw error;
+  } finally {
+    await db.close();
+  }
+}
+
 async function run(argv: string[]): Promise<void> {
   const [command, ...rest] = argv;
   switch (command) {
@@ -301,19 +318,7 @@ async function run(argv: string[]): Promise<void> {
       return;
     }
     case "audits": {
-      const [action, ...args] = rest;
-      if (action !== "budget") throw new UsageError("audits: expected 'budget'");
-      const db = await managementDatabase();
-      try {
-        process.exitCode = await runAuditsBudget(db.pool, args, process.env, {
-          out: (line) => process.stdout.write(`${line}\n`),
-        });
-      } catch (error) {
-        if (error instanceof RangeError) throw new UsageError(error.message);
-        throw error;
-      } finally {
-        await db.close();
-      }
+      await runAuditsCommand(rest);
       return;
     }
     case "settle": {
