@@ -222,9 +222,11 @@ function headerSet(headers: IncomingHttpHeaders): string {
   return kept.join("\n");
 }
 
+/** How a body is laid out: one member a line (the gateway's spliced `max_tokens` may lead), `": `, or compact. */
 function layoutOf(raw: string): string {
-  if (/^\{\s*\n/.test(raw)) return `pretty:${/^\{\n( *)/.exec(raw)![1]!.length}`;
-  return /": /.test(raw.slice(0, 40)) ? "spaced" : "compact";
+  const indent = /\n( +)"/.exec(raw);
+  if (indent !== null) return `pretty:${indent[1]!.length}`;
+  return /": /.test(raw) ? "spaced" : "compact";
 }
 
 function body(s: Seen): Record<string, unknown> {
