@@ -7,6 +7,7 @@ import { seededRandom } from "../src/domain/audits/traffic.js";
 import { runAuditsBudget } from "../src/cli/audits-budget.js";
 import { startAuditStack, type AuditStack } from "./helpers/audits.js";
 import { flush, settlementRows, settlingEnv } from "./helpers/settlement.js";
+import { eventually } from "./helpers/stack.js";
 
 /**
  * Issue 39, acceptance: "Audits stop at the daily budget; their cost shows in the metrics and in
@@ -216,4 +217,38 @@ describe("the daily audit budget", () => {
     expect(flushed.status).toBe(200);
     for (const r of await settlementRows(a.stack, ids)) expect(r.settlement_status).toBe("settled");
   }, 60_000);
+
+  it("started with the gateway, audits go on their own at random times, and stop with it", async () => {
+    const before = await auditRequests();
+    // About one audit every 10 ms of the offer's day: a few within the wait.
+    await a.restartWith(
+      { env: settlingEnv, requestsPerOfferPerDay: 8_640_000 },
+      { rng: seededRandom(13), nowMs: () => vnow, start: true },
+    );
+    // A new process knows nothing of its clients yet: audits wait for their framings.
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(await auditRequests()).toBe(before);
+    for (const t of [0, 1]) await sendClient(t);
+    await eventually(async () => (await auditRequests()) >= before + 3, 20_000);
+    await a.gateway.close();
+    const after = await auditRequests();
+    // Stopped: nothing more is sent once the gateway closed.
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    expect(await auditRequests()).toBe(after);
+    const { rows } = await a.stack.database.db.pool.query<{ open: string }>(
+      "SELECT count(*)::text AS open FROM inference_requests WHERE permit_id = $1 AND status IN ('pending', 'streaming')",
+      [a.auditPermit],
+    );
+    expect(rows[0]!.open).toBe("0");
+    // The stack's own close starts the gateway again for nothing: give it one to close.
+    await a.restartWith({ env: settlingEnv }, { nowMs: () => vnow });
+  }, 60_000);
 });
+
+async function auditRequests(): Promise<number> {
+  const { rows } = await a.stack.database.db.pool.query<{ n: string }>(
+    "SELECT count(*)::text AS n FROM inference_requests WHERE permit_id = $1",
+    [a.auditPermit],
+  );
+  return Number(rows[0]!.n);
+}
