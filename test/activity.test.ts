@@ -33,12 +33,37 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
   let fake: FakeUpstream;
   /** A second key the demo payer authorized too. */
   let other: { id: string; key: string };
+  /** Its authorization (every permit of the demo payer). */
+  let otherAuthorization: string;
 
   beforeAll(async () => {
     ({ stack, fake } = await startChatStack());
     other = await createApiKey(stack.database.db.pool, "other");
-    await authorizeKey(stack.gateway.url, other.key, stack.roles.payer.privateKey);
+    otherAuthorization = (
+      await authorizeKey(stack.gateway.url, other.key, stack.roles.payer.privateKey)
+    ).id;
   }, 120_000);
+
+  /** A payer's ReadPayerRequests credential (`Authorization: Payer ...`), signed by `privateKey`. */
+  async function payerToken(privateKey: Hex): Promise<string> {
+    const payer = privateKeyToAccount(privateKey);
+    const deployment = (await get("/v1/gateway")).body.deployment as string;
+    const message = {
+      payer: payer.address,
+      deployment,
+      expiresAt: Math.floor(Date.now() / 1000) + 300,
+    };
+    const signature = await payer.signTypedData(
+      signable(
+        buildReadPayerRequestsTypedData({
+          chainId: stack.config.chainId,
+          market: stack.demo.market,
+          message,
+        }) as never,
+      ),
+    );
+    return `Payer payer=${payer.address}, deployment="${deployment}", expires_at=${message.expiresAt}, signature=${signature}`;
+  }
   afterAll(async () => {
     await fake?.stop();
     await stack?.close();
@@ -155,15 +180,32 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
     expect((await get("/v1/requests", stranger.key)).body.data).toEqual([]);
   });
 
-  it("GET /v1/permits: each permit an authorization names with its balance as GET /v1/permits/{id}, and the payers of every-permit authorizations", async () => {
+  it("GET /v1/permits: each permit an authorization names with its balance as GET /v1/permits/{id}, and every permit the payer of an every-permit authorization opened", async () => {
     const payer = stack.roles.payer.address.toLowerCase();
-    expect((await get("/v1/permits")).body).toEqual({
-      object: "list",
-      data: [],
-      every_permit_payers: [payer],
-    });
+    const balanceOf = async (permitId: Hex, key?: string) =>
+      (await get(`/v1/permits/${permitId.toLowerCase()}`, key)).body;
+    // The demo key may spend every permit of the demo payer: the demo permit is listed, with
+    // no permit id pasted anywhere.
+    await expect
+      .poll(async () => (await get("/v1/permits")).body, { timeout: 5000 })
+      .toEqual({
+        object: "list",
+        data: [await balanceOf(stack.demo.permitId)],
+        every_permit_payers: [payer],
+      });
     const named = await createApiKey(stack.database.db.pool, "named");
     const second = await openPermit(stack, { deposit: 10n ** 21n });
+    // A permit the payer opens later is covered by the same authorization: listed once the
+    // indexer has seen it open, with nothing signed again.
+    const both = await Promise.all(
+      [stack.demo.permitId, second]
+        .map((p) => p.toLowerCase() as Hex)
+        .sort()
+        .map((p) => balanceOf(p)),
+    );
+    await expect
+      .poll(async () => (await get("/v1/permits")).body, { timeout: 5000 })
+      .toEqual({ object: "list", data: both, every_permit_payers: [payer] });
     for (const permitId of [stack.demo.permitId, second])
       await authorizeKey(stack.gateway.url, named.key, stack.roles.payer.privateKey, { permitId });
     const list = await get("/v1/permits", named.key);
@@ -208,6 +250,59 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
     expect((usage.body.groups as Json[]).reduce((n, g) => n + g.requests, 0)).toBe(7);
   });
 
+  it("a payer reads its own usage on its signature (its permits' requests, every key's, and its x402 payments); another payer and any key are refused 403 not_payer", async () => {
+    const demoPayer = privateKeyToAccount(stack.roles.payer.privateKey).address;
+    const requestIds = [await chat(stack.apiKey), await chat(other.key), await chat(other.key)];
+    const now = Math.floor(Date.now() / 1000);
+    const range = `from=${now - 3600}&to=${now + 60}`;
+    const own = await get(
+      `/v1/usage?payer=${demoPayer}&${range}`,
+      await payerToken(stack.roles.payer.privateKey),
+    );
+    expect(own.status).toBe(200);
+    expect(own.body.payer).toBe(demoPayer.toLowerCase());
+    expect(own.body.permit_id).toBeNull();
+    // The same requests the permit's usage has: every request on the demo payer's permit, by
+    // either key (each admitted through an authorization the payer signed).
+    const permitUsage = await get(`/v1/usage?permit=${stack.demo.permitId}&${range}`);
+    expect(own.body.groups).toEqual(permitUsage.body.groups);
+    // Every record of the range the payer's authorizations admitted, the three just made among
+    // them: what the database holds, counted apart.
+    const { rows } = await stack.database.db.pool.query<{ id: string }>(
+      `SELECT ir.id FROM inference_requests ir JOIN permit_authorizations a
+         ON a.id = ir.authorization_id
+       WHERE a.payer = $1 AND ir.created_at >= $2 AND ir.created_at < $3`,
+      [demoPayer.toLowerCase(), now - 3600, now + 60],
+    );
+    expect(rows.map((r) => r.id)).toEqual(expect.arrayContaining(requestIds));
+    expect((own.body.groups as Json[]).reduce((n, g) => n + g.requests, 0)).toBe(rows.length);
+
+    // Another payer (its own x402 requests only, on its own signature) cannot read this one's.
+    const stranger = stack.anvil.accounts[8]!.privateKey;
+    const strangerToken = await payerToken(stranger);
+    const refused = await get(`/v1/usage?payer=${demoPayer}&${range}`, strangerToken);
+    expect(refused.status).toBe(403);
+    expect(refused.body.error.code).toBe("not_payer");
+    const strangerOwn = await get(
+      `/v1/usage?payer=${privateKeyToAccount(stranger).address}&${range}`,
+      strangerToken,
+    );
+    expect(strangerOwn.status).toBe(200);
+    expect(strangerOwn.body.groups).toEqual([]);
+    // Nor can any key, even one the payer authorized.
+    for (const key of [stack.apiKey, other.key]) {
+      const byKey = await get(`/v1/usage?payer=${demoPayer}&${range}`, key);
+      expect(byKey.status).toBe(403);
+      expect(byKey.body.error.code).toBe("not_payer");
+    }
+    const both = await get(
+      `/v1/usage?payer=${demoPayer}&permit=${stack.demo.permitId}`,
+      await payerToken(stack.roles.payer.privateKey),
+    );
+    expect(both.status).toBe(400);
+    expect(both.body.error.code).toBe("invalid_request");
+  });
+
   /** A seed of `count` records from 2024-01-10 05:00 UTC, 173 s between pairs (about 10 days). */
   function bulkSpec(apiKeyId: string, count: number, tag: string, permits: [Hex, Hex]): SeedSpec {
     const offer = (n: number) => `0x${n.toString(16).padStart(64, "0")}`;
@@ -239,12 +334,22 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
 
       beforeAll(async () => {
         bulk = await createApiKey(stack.database.db.pool, "bulk");
-        await authorizeKey(stack.gateway.url, bulk.key, stack.roles.payer.privateKey);
+        const bulkAuthorization = await authorizeKey(
+          stack.gateway.url,
+          bulk.key,
+          stack.roles.payer.privateKey,
+        );
         const second = await openPermit(stack, { deposit: 10n ** 21n });
-        spec = bulkSpec(bulk.id, count, "bulk", [stack.demo.permitId, second]);
+        spec = {
+          ...bulkSpec(bulk.id, count, "bulk", [stack.demo.permitId, second]),
+          authorizationId: bulkAuthorization.id,
+        };
         // Another key's records on the same permits, models and times: never in the bulk key's
-        // list or usage, always in its permits' usage.
-        noise = bulkSpec(other.id, noiseCount, "noise", [stack.demo.permitId, second]);
+        // list or usage, always in its permits' usage and its payer's.
+        noise = {
+          ...bulkSpec(other.id, noiseCount, "noise", [stack.demo.permitId, second]),
+          authorizationId: otherAuthorization,
+        };
         await seedRequests(stack.database.db.pool, spec);
         await seedRequests(stack.database.db.pool, noise);
       }, 120_000);
@@ -403,6 +508,34 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
         ].filter((r) => r.permitId === permit && r.createdAt < end);
         expect(byModel(permitUsage.body.groups as Json[])).toEqual(sums(ofPermit, 86_400));
 
+        // The payer's usage, on its signature: both keys' records on both its permits.
+        const payer = privateKeyToAccount(stack.roles.payer.privateKey).address;
+        const payerToken_ = await payerToken(stack.roles.payer.privateKey);
+        const payerPath = `/v1/usage?payer=${payer}&from=${spec.start}&to=${end}`;
+        const payerUsage = await get(payerPath, payerToken_);
+        expect(payerUsage.status).toBe(200);
+        const ofPayer = [
+          ...all,
+          ...Array.from({ length: noiseCount }, (_, i) => seededRecord(noise, i)),
+        ].filter((r) => r.createdAt < end);
+        expect(byModel(payerUsage.body.groups as Json[])).toEqual(sums(ofPayer, 86_400));
+        // Under 50 ms over 10,000 of the payer's requests (both keys' records of the range's
+        // first 2,500 seconds-pairs: 5,000 each), the median of a few over HTTP, its signature
+        // checked once and kept.
+        const tenThousand = `/v1/usage?payer=${payer}&from=${spec.start}&to=${spec.start + 2_500 * spec.step}`;
+        const timed = await get(tenThousand, payerToken_);
+        expect((timed.body.groups as Json[]).reduce((n, g) => n + g.requests, 0)).toBe(10_000);
+        const times: number[] = [];
+        for (let k = 0; k < 7; k++) {
+          const t0 = performance.now();
+          expect((await get(tenThousand, payerToken_)).status).toBe(200);
+          times.push(performance.now() - t0);
+        }
+        console.log(
+          `payer usage over 10,000 requests: ${times.map((t) => t.toFixed(1)).join(", ")} ms`,
+        );
+        expect(times.sort((a, b) => a - b)[3]).toBeLessThan(50);
+
         // By hour over two days.
         const [from, to] = [spec.start + 86_400, spec.start + 3 * 86_400];
         const hourly = await get(`/v1/usage?bucket=hour&from=${from}&to=${to}`, bulk.key);
@@ -474,6 +607,15 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
         );
         expect(permitUsage).not.toMatch(/Seq Scan on inference_requests/);
         expect(permitUsage).toMatch(/inference_requests_permit_created/);
+        // A payer's: its authorizations by payer, each one's requests by its index, and its
+        // x402 payments' by their caller id's.
+        const payer = privateKeyToAccount(stack.roles.payer.privateKey).address.toLowerCase();
+        const payerUsage = await plan(
+          usageQuery({ payer: payer as Hex, x402Caller: `x402:${payer}` }, "day", spec.start, end),
+        );
+        expect(payerUsage).not.toMatch(/Seq Scan on inference_requests/);
+        expect(payerUsage).toMatch(/inference_requests_authorization/);
+        expect(payerUsage).toMatch(/inference_requests_key_created/);
       });
     },
   );

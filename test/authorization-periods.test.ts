@@ -84,6 +84,7 @@ describeIfPostgres("a daily cap shared by two gateway processes (issue 38)", () 
       perRequestCap: 0n,
       period: "day",
       periodCap: cap,
+      warnAt: 0n,
       createdAt: NOW,
       revokedAt: null,
       revokedBy: null,

@@ -608,6 +608,7 @@ describeIfPostgres(
           perRequestCap: maximum,
           period: "",
           periodCap: 0n,
+          warnAt: 0n,
           createdAt: NOW,
           revokedAt: null,
           revokedBy: null,

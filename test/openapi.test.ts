@@ -360,6 +360,7 @@ function everyRequest(
       `/v1/provider-offers/${offer}/earnings`,
       credentials,
     ],
+    ["GET", "/v1/provider-offers/key-bindings", "/v1/provider-offers/key-bindings", credentials],
     ["POST", "/settlements/flush", "/settlements/flush", op, "{}"],
     ["GET", "/settlements/batches", "/settlements/batches", op],
   ];
@@ -1147,6 +1148,11 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
       { status: 403, code: "permit_not_authorized" },
       { headers: { authorization: `Bearer ${outsider.key}` } },
     );
+    // A payer's usage is read on that payer's signature only: a key is refused.
+    await call("GET", "/v1/usage", `/v1/usage?payer=0x${"42".repeat(20)}`, {
+      status: 403,
+      code: "not_payer",
+    });
     await call("GET", "/v1/permits", "/v1/permits", { status: 200 });
   });
 
@@ -1982,6 +1988,15 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
 
     await earnings({ status: 200 }, `/v1/provider-offers/${chatOffer}/earnings`);
     await earnings({ status: 200 }, `/v1/provider-offers/${chatOffer}/earnings?from=0&to=100`);
+    await call(
+      "GET",
+      "/v1/provider-offers/key-bindings",
+      "/v1/provider-offers/key-bindings",
+      {
+        status: 200,
+      },
+      { headers: key() },
+    );
     await earnings({ status: 200 }, `/v1/provider-offers/${chatOffer}/earnings`, {
       authorization: `Bearer ${stack.operatorToken}`,
     });
@@ -2148,7 +2163,7 @@ describe.runIf(rateLimits || bodyTimeout)("the limits of issue 12 conform too", 
           body,
         ];
       });
-    expect(requests.length).toBe(30);
+    expect(requests.length).toBe(31);
     for (const [method, route, path, headers, body] of requests) {
       let answer: Answer;
       let tries = 0;

@@ -338,6 +338,7 @@ describe("spending authority (PostgreSQL or PGlite, anvil)", () => {
       "perRequestCap",
       "period",
       "periodCap",
+      "warnAt",
       "nonce",
     ]);
     expect(typed.message).toMatchObject({

@@ -15,6 +15,7 @@ import { createPgIdempotencyStore } from "../adapters/pg/idempotency.js";
 import { createPgLeaseSignals, type PgLeaseSignals } from "../adapters/pg/lease-signals.js";
 import { createPgLeaseStore } from "../adapters/pg/leases.js";
 import { createPgCooldownStore } from "../adapters/pg/offer-cooldowns.js";
+import { createAuthorizationThresholds } from "../adapters/pg/authorization-warnings.js";
 import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
 import { createUpstreamChat } from "../adapters/upstream/chat.js";
 import type { UpstreamClient } from "../adapters/upstream/http.js";
@@ -161,6 +162,8 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
     measurements,
     cooldowns,
     cooldownBounds,
+    // A payer's soft threshold, read on its capped authorization's ledger (migration 041).
+    thresholds: createAuthorizationThresholds(db.pool),
     // Claimed on the endpoint's row: one request per offer per window, fleet-wide (migration 025).
     x402: wireX402(config, { db, chain: deps.chain }),
     wakeFees: createWakeFees({

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { parseDeposit, parseDuration } from "./amounts.js";
+import { parseCredits, parseDeposit, parseDuration } from "./amounts.js";
 
 describe("parseDeposit", () => {
   it.each([
@@ -54,5 +54,30 @@ describe("parseDuration", () => {
 
   it.each(["0", "0d", "1.5d", "30 days", "-1h", ""])("refuses %j", (text) => {
     expect(() => parseDuration(text)).toThrow(/--expires-in must be/);
+  });
+});
+
+describe("parseCredits (a cap or threshold as typed)", () => {
+  it.each([
+    ["2500000", 18, false, "2500000"],
+    ["0", 18, false, "0"],
+    ["0tokens", 18, false, "0"],
+    ["2.5tokens", 18, false, "2500000000000000000"],
+    ["2.5", 6, true, "2500000"],
+    ["0.000001 tokens", 6, false, "1"],
+    // Base units need no decimals: a token that does not state them still takes them.
+    ["1000", undefined, false, "1000"],
+  ])("%s with %s decimals (--tokens %s) signs %s base units", (text, decimals, tokens, want) => {
+    expect(parseCredits(text, "--total-cap", decimals, tokens)).toBe(want);
+  });
+
+  it.each([
+    ["0.0000001tokens", 6, false, /--period-cap 0.0000001tokens: the token has 6 decimals/],
+    ["2.5", 18, false, /--period-cap in base units is a whole number; .*"2.5tokens"/],
+    ["1tokens", undefined, false, /decimals are unknown .* give base units/],
+    ["-1", 18, false, /--period-cap must be base units \(1000000\) or tokens/],
+    [`${1n << 256n}`, 18, false, /above 2\^256 - 1/],
+  ])("refuses %s (%s decimals)", (text, decimals, tokens, message) => {
+    expect(() => parseCredits(text, "--period-cap", decimals, tokens)).toThrow(message);
   });
 });

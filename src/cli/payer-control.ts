@@ -7,6 +7,7 @@ import {
   signable,
 } from "../domain/permit-authorization/index.js";
 import { BaseError } from "../domain/base-error.js";
+import { formatAmount, type TokenUnits } from "../domain/token-units.js";
 import { apiKeyIdPattern } from "../clients/signing-guard.js";
 import { gatewayUrlProblem } from "../clients/gateway-url.js";
 import { gatewayDeployment, type AuthorizationJson } from "../clients/permit.js";
@@ -60,28 +61,60 @@ function when(seconds: number): string {
   return new Date(seconds * 1000).toISOString().replace(".000Z", "Z");
 }
 
-/** One authorization, one line. */
-function describe(a: AuthorizationJson & { credits_used?: string; last_used_at?: number | null }) {
+/**
+ * One authorization, one line, its amounts in the permit's token units with the symbol when the
+ * chain stated them (`units`), else in base units.
+ */
+function describe(
+  a: AuthorizationJson & { credits_used?: string; last_used_at?: number | null },
+  units: TokenUnits | undefined,
+) {
+  const amount = (value: string | undefined) =>
+    value === undefined || units === undefined || units.decimals === undefined
+      ? (value ?? "?")
+      : formatAmount(BigInt(value), units);
   const permit = a.permit_id === zeroHash ? "every permit" : `permit ${a.permit_id}`;
   const periodic =
     a.period === undefined || a.period === ""
       ? ""
-      : `, ${a.period_cap ?? "?"} per ${a.period} (used ${a.period_used ?? "0"}` +
+      : `, ${amount(a.period_cap)} per ${a.period} (used ${amount(a.period_used ?? "0")}` +
         `${a.period_renews_at ? `, renews ${when(a.period_renews_at)}` : ""})`;
+  const warn =
+    a.warn_at === undefined || a.warn_at === "0"
+      ? ""
+      : `, warn at ${amount(a.warn_at)}${a.warn_reached === true ? " (reached)" : ""}`;
+  const cap = (value: string) => (value === "0" ? "none" : amount(value));
   const caps =
     a.total_cap === "0" && a.per_request_cap === "0" && periodic === ""
       ? "no cap"
-      : `cap ${a.total_cap === "0" ? "none" : a.total_cap} total, ${a.per_request_cap === "0" ? "none" : a.per_request_cap} per request${periodic}`;
+      : `cap ${cap(a.total_cap)} total, ${cap(a.per_request_cap)} per request${periodic}${warn}`;
   const used =
     a.credits_used === undefined
       ? ""
-      : `  used ${a.credits_used}${a.last_used_at ? ` (last ${when(a.last_used_at)})` : ""}`;
+      : `  used ${amount(a.credits_used)}${a.last_used_at ? ` (last ${when(a.last_used_at)})` : ""}`;
   const revoked =
     a.revoked_at === null ? "" : `  revoked ${when(a.revoked_at)} by the ${a.revoked_by ?? "?"}`;
   return (
     `${a.id}  ${a.status.padEnd(7)}  key ${a.api_key_id}  ${permit}  ` +
     `issued ${when(a.issued_at)}  expires ${when(a.expires_at)}  ${caps}${used}${revoked}`
   );
+}
+
+/**
+ * The token units of each permit the authorizations name (none for "every permit"), read once
+ * each; a permit whose units cannot be read shows base units.
+ */
+async function unitsOf(
+  all: readonly AuthorizationJson[],
+  read: ((permitId: Hex) => Promise<TokenUnits | undefined>) | undefined,
+): Promise<Map<string, TokenUnits | undefined>> {
+  const out = new Map<string, TokenUnits | undefined>();
+  if (read === undefined) return out;
+  const ids = [...new Set(all.map((a) => a.permit_id).filter((id) => id !== zeroHash))];
+  await Promise.all(
+    ids.map(async (id) => out.set(id, await read(id as Hex).catch(() => undefined))),
+  );
+  return out;
 }
 
 /** How long the read token this command signs lasts (the gateway takes at most 10 minutes). */
@@ -96,6 +129,8 @@ interface PayerCommand {
   readonly json: boolean;
   readonly env: NodeJS.ProcessEnv;
   readonly chain: () => Promise<PayerChainFacts>;
+  /** A permit's credit token units, as the chain states them (amounts shown in tokens). */
+  readonly units?: (permitId: Hex) => Promise<TokenUnits | undefined>;
   readonly now?: () => number;
   /** The deployment the payer pinned (`--deployment`, GATEWAY_DEPLOYMENT_ID). */
   readonly deployment?: string;
@@ -165,7 +200,8 @@ export async function listAuthorizationsAsPayer(args: PayerCommand, out: Output)
   }
   const active = all.filter((a) => a.status === "active").length;
   out.log(`${all.length} authorizations (${active} active), newest first:`);
-  for (const a of all) out.log(describe(a));
+  const units = await unitsOf(all, args.units);
+  for (const a of all) out.log(describe(a, units.get(a.permit_id)));
 }
 
 /** `gateway permit revoke --key KEY_ID [--permit ID]`, `--permit ID`, `--all`. */
@@ -235,7 +271,8 @@ export async function revokeAuthorizationsAsPayer(
   }
   if (typeof value.warning === "string") out.error(`warning: ${value.warning}`);
   out.log(`revoked ${value.revoked} authorization${value.revoked === 1 ? "" : "s"}`);
-  for (const a of value.authorizations) out.log(describe(a));
+  const units = await unitsOf(value.authorizations, args.units);
+  for (const a of value.authorizations) out.log(describe(a, units.get(a.permit_id)));
   if (value.revoked > value.authorizations.length)
     out.log(`(and ${value.revoked - value.authorizations.length} more)`);
   if (value.epoch !== null)

@@ -30,6 +30,7 @@ export function parsePermitArgs(args: string[]) {
       "per-request-cap": { type: "string" },
       period: { type: "string" },
       "period-cap": { type: "string" },
+      "warn-at": { type: "string" },
       yes: { type: "boolean" },
       "expires-at": { type: "string" },
       "expires-in": { type: "string" },

@@ -13,7 +13,8 @@ import {
   readCaps,
 } from "../domain/permit-authorization/index.js";
 import { authorizeApiKey, revokeAuthorizationAsPayer } from "../clients/permit.js";
-import { parseDuration } from "./amounts.js";
+import type { TokenUnits } from "../domain/token-units.js";
+import { parseCredits, parseDuration } from "./amounts.js";
 import {
   listAuthorizationsAsPayer,
   revokeAuthorizationsAsPayer,
@@ -42,6 +43,7 @@ export async function listAsPayer(
   settings: NodeJS.ProcessEnv,
   payerChain: () => Promise<PayerChainFacts>,
   out: CommandOutput,
+  permitUnits?: PermitUnits,
 ): Promise<void> {
   if (target !== undefined) throw new PermitUsageError(`unexpected argument '${target}'`);
   const signer = await loadSigner(values.keystore, settings, "PAYER_PRIVATE_KEY");
@@ -52,11 +54,15 @@ export async function listAsPayer(
       json: values.json === true,
       env: settings,
       chain: payerChain,
+      ...(permitUnits === undefined ? {} : { units: permitUnits }),
       ...payerPins(values, settings),
     },
     out,
   );
 }
+
+/** A permit's credit token units as the market states them (permit-chain.ts). */
+export type PermitUnits = (permitId: Hex) => Promise<TokenUnits | undefined>;
 
 /** `authorize`: let the API key spend the payer's permits, signed as the payer. */
 export async function authorize(
@@ -64,8 +70,14 @@ export async function authorize(
   settings: NodeJS.ProcessEnv,
   gateway: GatewayClientConfig | undefined,
   out: CommandOutput,
+  permitUnits?: PermitUnits,
 ): Promise<void> {
-  const request = authorizeArgs(values);
+  // The caps may be typed in the permit's token units: its decimals are read from the chain
+  // first (the permit id checked before), and shown with the symbol before signing.
+  const permitId = permitFlag(values);
+  const units =
+    permitId === undefined || permitUnits === undefined ? undefined : await permitUnits(permitId);
+  const request = authorizeArgs(values, units);
   const connection = gatewayOf(gateway);
   const deployment = pinnedDeployment(settings);
   requirePinsWithoutConfirmation(out, values.yes === true, deployment, "authorize");
@@ -75,6 +87,7 @@ export async function authorize(
     signer,
     chain,
     ...request,
+    ...(units === undefined ? {} : { units }),
     ...(deployment === undefined ? {} : { deployment }),
     confirm: confirmOn(out, values.yes === true),
   });
@@ -101,12 +114,14 @@ export async function revoke(
   gateway: GatewayClientConfig | undefined,
   payerChain: () => Promise<PayerChainFacts>,
   out: CommandOutput,
+  permitUnits?: PermitUnits,
 ): Promise<void> {
   if (target === undefined) {
     const signer = await loadSigner(values.keystore, settings, "PAYER_PRIVATE_KEY");
     await revokeAuthorizationsAsPayer(
       {
         signer,
+        ...(permitUnits === undefined ? {} : { units: permitUnits }),
         ...(values.payer === undefined ? {} : { payer: values.payer }),
         ...(values.key === undefined ? {} : { keyId: values.key }),
         ...(values.permit === undefined ? {} : { permitId: values.permit }),
@@ -147,7 +162,41 @@ export async function revoke(
  * most 90 days away: gateways refuse more by default, AUTHORIZATION_MAX_EXPIRY_SECONDS), the
  * caps (the domain's rules, src/domain/permit-authorization/checks.ts `readCaps`), the key id.
  */
-function authorizeArgs(values: Record<string, string | boolean | undefined>): {
+function permitFlag(values: Record<string, string | boolean | undefined>): Hex | undefined {
+  const permitId = values.permit as string | undefined;
+  if (permitId !== undefined && !isHex32(permitId))
+    throw new PermitUsageError("--permit must be a permit id (0x + 64 hex digits)");
+  return permitId?.toLowerCase() as Hex | undefined;
+}
+
+/**
+ * The caps as typed (`--total-cap`, `--per-request-cap`, `--period-cap`, `--warn-at`): base units
+ * (`2500000`), or token units (`2.5tokens`, or any with `--tokens`) in the permit's token's
+ * decimals (`units`, read from the chain; unknown: base units only), as signed: base units.
+ */
+function capArgs(
+  values: Record<string, string | boolean | undefined>,
+  units: TokenUnits | undefined,
+): { totalCap?: string; perRequestCap?: string; periodCap?: string; warnAt?: string } {
+  const read = (flag: string) => {
+    const text = values[flag] as string | undefined;
+    return text === undefined
+      ? undefined
+      : parseCredits(text, `--${flag}`, units?.decimals, values.tokens === true);
+  };
+  const caps = {
+    totalCap: read("total-cap"),
+    perRequestCap: read("per-request-cap"),
+    periodCap: read("period-cap"),
+    warnAt: read("warn-at"),
+  };
+  return Object.fromEntries(Object.entries(caps).filter(([, v]) => v !== undefined));
+}
+
+function authorizeArgs(
+  values: Record<string, string | boolean | undefined>,
+  units: TokenUnits | undefined,
+): {
   payer?: Address;
   permitId?: Hex;
   expiresAt?: number;
@@ -155,11 +204,10 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
   perRequestCap?: string;
   period?: string;
   periodCap?: string;
+  warnAt?: string;
   keyId?: string;
 } {
-  const permitId = values.permit as string | undefined;
-  if (permitId !== undefined && !isHex32(permitId))
-    throw new PermitUsageError("--permit must be a permit id (0x + 64 hex digits)");
+  const permitId = permitFlag(values);
   const { expiresAtArg, expiresIn } = expiryFlags(values);
   const now = Math.floor(Date.now() / 1000);
   const expiresAt =
@@ -176,31 +224,14 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
           "an authorization is renewed, not made to last (gateways refuse it: AUTHORIZATION_MAX_EXPIRY_SECONDS)",
       );
   }
-  const totalCap = values["total-cap"] as string | undefined;
-  const perRequestCap = values["per-request-cap"] as string | undefined;
+  const { totalCap, perRequestCap, periodCap, warnAt } = capArgs(values, units);
   const period = values.period as string | undefined;
-  const periodCap = values["period-cap"] as string | undefined;
-  for (const [flag, cap] of [
-    ["--total-cap", totalCap],
-    ["--per-request-cap", perRequestCap],
-    ["--period-cap", periodCap],
-  ] as const)
-    if (cap !== undefined && !/^(0|[1-9]\d{0,77})$/.test(cap))
-      throw new PermitUsageError(
-        `${flag} must be credits: a whole number of the permit's smallest unit ("0": no cap)`,
-      );
   try {
-    readCaps(
-      totalCap,
-      perRequestCap,
-      (permitId as Hex | undefined) ?? anyPermit,
-      period,
-      periodCap,
-    );
+    readCaps(totalCap, perRequestCap, permitId ?? anyPermit, period, periodCap, warnAt);
   } catch (error) {
     if (error instanceof GatewayError)
       throw new PermitUsageError(
-        `${error.message} (--total-cap, --per-request-cap, --period, --period-cap, --permit)`,
+        `${error.message} (--total-cap, --per-request-cap, --period, --period-cap, --warn-at, --permit)`,
       );
     throw error;
   }
@@ -212,12 +243,13 @@ function authorizeArgs(values: Record<string, string | boolean | undefined>): {
   const payer = payerArg(values.payer as string | undefined);
   return {
     ...(payer === undefined ? {} : { payer }),
-    ...(permitId === undefined ? {} : { permitId: permitId.toLowerCase() as Hex }),
+    ...(permitId === undefined ? {} : { permitId }),
     ...(expiresAt === undefined ? {} : { expiresAt }),
     ...(totalCap === undefined ? {} : { totalCap }),
     ...(perRequestCap === undefined ? {} : { perRequestCap }),
     ...(period === undefined ? {} : { period }),
     ...(periodCap === undefined ? {} : { periodCap }),
+    ...(warnAt === undefined ? {} : { warnAt }),
     ...(keyId === undefined ? {} : { keyId }),
   };
 }

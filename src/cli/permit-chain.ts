@@ -27,7 +27,7 @@ import {
 import { parsePayerChainConfig, type GatewayClientConfig } from "../config.js";
 import { isHex32 } from "../domain/hex.js";
 import { call } from "../clients/gateway-call.js";
-import { formatAmountExact } from "../domain/token-units.js";
+import { formatAmountExact, type TokenUnits } from "../domain/token-units.js";
 import { parseDeposit, parseDuration } from "./amounts.js";
 import { gatewayModelUnits, withTokenUnits } from "./token-amounts.js";
 import type { PayerChainFacts } from "./payer-control.js";
@@ -123,6 +123,35 @@ const chainPermitFields = [
   "deposit",
   "settled",
 ] as const;
+
+/**
+ * The credit token units of permits as the market states them (the permit's model's token: its
+ * decimals and symbol read from the chain, never a gateway's say-so), read once per permit, for
+ * amounts a payer types or reads (caps in token units, the summary before signing, the
+ * listing). Undefined without RPC_URL (a payer may sign with CHAIN_ID alone) or for a permit the
+ * chain does not hold.
+ */
+export function permitUnitsReader(
+  env: NodeJS.ProcessEnv,
+): (permitId: Hex) => Promise<TokenUnits | undefined> {
+  const known = new Map<string, Promise<TokenUnits | undefined>>();
+  let chain: ReturnType<typeof connectChain> | undefined;
+  return (permitId) => {
+    if ((env.RPC_URL ?? "") === "") return Promise.resolve(undefined);
+    let found = known.get(permitId.toLowerCase());
+    if (found === undefined) {
+      chain ??= connectChain(env);
+      found = chain.then(async ({ publicClient, market }) => {
+        const permit = await readChainPermit(publicClient, market, permitId);
+        if (permit === undefined) return undefined;
+        const token = await readModelToken(publicClient, market, permit.modelId);
+        return { decimals: token.decimals, symbol: token.symbol };
+      });
+      known.set(permitId.toLowerCase(), found);
+    }
+    return found;
+  };
+}
 
 /** The chain id and market the payer configured (the RPC's chain id, checked). */
 export async function payerChainFacts(env: NodeJS.ProcessEnv): Promise<PayerChainFacts> {

@@ -13,7 +13,14 @@ import {
   WrongChainError,
 } from "./permit-args.js";
 import { authorize, listAsPayer, revoke } from "./permit-authorize.js";
-import { balance, closePermit, finalizePermit, open, payerChainFacts } from "./permit-chain.js";
+import {
+  balance,
+  closePermit,
+  finalizePermit,
+  open,
+  payerChainFacts,
+  permitUnitsReader,
+} from "./permit-chain.js";
 import { reportClientFailure, settingsFromFlags, type CommandOutput } from "./signing.js";
 import { SignerUsageError } from "./signer.js";
 
@@ -29,14 +36,19 @@ export const permitUsage = `usage: gateway permit <command>
                           time); default id random. Prints the permit id and the transactions.
   authorize [--permit ID] [--expires-at UNIX_SECONDS | --expires-in 30d] [--total-cap CREDITS]
             [--per-request-cap CREDITS] [--period day|week|month --period-cap CREDITS]
-            [--key-id KEY_ID] [--payer ADDRESS] [--keystore FILE] [--yes] [--json]
+            [--warn-at CREDITS] [--tokens] [--key-id KEY_ID] [--payer ADDRESS] [--keystore FILE]
+            [--yes] [--json]
                           let the API key GATEWAY_API_KEY spend the payer's permits: builds the
                           AuthorizeKey typed data itself, compares the gateway's challenge with it
                           field by field (any difference: nothing signed, exit 1), shows it, signs
                           as the payer, submits it. No --permit: every permit of the payer;
-                          default expiry 30 days, at most 90; caps in credits (the permit's
-                          smallest unit, they need --permit); --period with --period-cap: at
-                          most that much per UTC day, week (from Monday) or month; the key id is derived from
+                          default expiry 30 days, at most 90; caps (they need --permit) in base
+                          units (2500000) or token units (2.5tokens, or 2.5 with --tokens: the
+                          permit's token's decimals, read from the chain with RPC_URL; a finer
+                          fraction is refused), shown in tokens before signing; --period with --period-cap: at
+                          most that much per UTC day, week (from Monday) or month; --warn-at: the
+                          use (of the period, else in all) from which answers carry a warning
+                          (x_gateway.budget_warning); the key id is derived from
                           GATEWAY_API_KEY (--key-id: a key issued before ids were derived, the id
                           'gateway keys create' printed), which the challenge must name
   revoke ID [--payer ADDRESS] [--keystore FILE] [--yes] [--json]
@@ -106,18 +118,20 @@ export async function runPermitCommand(
     const gateway = payerCall ? undefined : parseGatewayClientConfig(settings);
     /** The chain id and market the payer configured (the RPC's chain id, checked). */
     const payerChain = () => payerChainFacts(settings);
+    /** A permit's credit token units, from the market (amounts typed and shown in tokens). */
+    const permitUnits = permitUnitsReader(settings);
     switch (action) {
       case "authorizations":
-        await listAsPayer(target, values, settings, payerChain, out);
+        await listAsPayer(target, values, settings, payerChain, out, permitUnits);
         return 0;
       case "open":
         await open(target, values, settings, gateway, out);
         return 0;
       case "authorize":
-        await authorize(values, settings, gateway, out);
+        await authorize(values, settings, gateway, out, permitUnits);
         return 0;
       case "revoke":
-        await revoke(target, values, settings, gateway, payerChain, out);
+        await revoke(target, values, settings, gateway, payerChain, out, permitUnits);
         return 0;
       case "audit": {
         if (target === undefined || !isHex32(target))

@@ -13,6 +13,7 @@ import {
 } from "./signing-guard.js";
 import { apiKeyIdOf } from "../domain/api-key-check.js";
 import { normalizeHex } from "../domain/hex.js";
+import { formatAmountExact, type TokenUnits } from "../domain/token-units.js";
 import {
   anyPermit,
   buildAuthorizeKeyTypedData,
@@ -52,6 +53,9 @@ export interface AuthorizationJson {
   period_cap?: string;
   period_used?: string;
   period_renews_at?: number | null;
+  /** The soft threshold (issue 38), "0" none; whether the use it is measured on reached it. */
+  warn_at?: string;
+  warn_reached?: boolean;
   created_at: number;
   revoked_at: number | null;
   revoked_by: "key" | "payer" | null;
@@ -126,6 +130,14 @@ export interface AuthorizeOptions {
   /** A periodic cap (issue 38): "day", "week" or "month" (UTC), with `periodCap` credits. */
   readonly period?: string;
   readonly periodCap?: string;
+  /** The soft threshold (issue 38): credits of use from which answers carry a warning. */
+  readonly warnAt?: string;
+  /**
+   * The permit's credit token units, as the payer's own chain states them: the summary before
+   * signing shows the caps in tokens with the symbol, the exact base units (what is signed)
+   * beside them. Absent: base units only.
+   */
+  readonly units?: TokenUnits;
   /**
    * The API key's public id as its holder knows it (`gateway keys create` prints it): the
    * challenge must name it. Absent: derived from the connection's key (`apiKeyIdOf`); a key
@@ -160,6 +172,7 @@ export async function authorizeApiKey(
   const perRequestCap = options.perRequestCap ?? "0";
   const period = options.period ?? "";
   const periodCap = options.periodCap ?? "0";
+  const warnAt = options.warnAt ?? "0";
   const keyId = localKeyId(gateway, options.keyId);
   const deployment = await gatewayDeployment(gateway, options.chain, options.deployment);
   const expected = (keyId: string, issuedAt: number, nonce: string) =>
@@ -177,6 +190,7 @@ export async function authorizeApiKey(
         perRequestCap,
         period,
         periodCap,
+        warnAt,
         nonce,
       },
     });
@@ -187,14 +201,20 @@ export async function authorizeApiKey(
     totalCap,
     perRequestCap,
     ...(period === "" ? {} : { period, periodCap }),
+    ...(warnAt === "0" ? {} : { warnAt }),
   });
   checkFrame(expected("", 0, ""), challenge);
   takeKeyId(challenge, keyId);
   const typedData = expected(keyId, takeIssuedAt(challenge, now), takeNonce(challenge));
   checkTypedData(typedData, challenge);
   const keyIdSource = options.keyId === undefined ? "derived from the API key" : "--key-id";
+  const units = options.units;
   const credits = (cap: string) =>
-    cap === "0" ? "none" : `${cap} credits (the permit's smallest unit)`;
+    cap === "0"
+      ? "none"
+      : units === undefined || units.decimals === undefined
+        ? `${cap} credits (the permit's smallest unit)`
+        : formatAmountExact(BigInt(cap), units);
   const { message } = typedData;
   await options.confirm?.({
     title: `about to sign AuthorizeKey as the payer ${payer} (chain ${options.chain.chainId}, market ${options.chain.market})`,
@@ -206,6 +226,12 @@ export async function authorizeApiKey(
       ["total cap", credits(totalCap)],
       ["per request", credits(perRequestCap)],
       ["per period", period === "" ? "none" : `${credits(periodCap)} per UTC ${period}`],
+      [
+        "warn at",
+        warnAt === "0"
+          ? "none"
+          : `${credits(warnAt)} of use ${period === "" ? "in all" : `per UTC ${period}`}`,
+      ],
       [
         "deployment",
         `${deployment} (${options.deployment === undefined ? "GET /v1/gateway: not pinned" : "pinned"})`,
@@ -227,6 +253,7 @@ export async function authorizeApiKey(
       totalCap: message.totalCap,
       perRequestCap: message.perRequestCap,
       ...(message.period === "" ? {} : { period: message.period, periodCap: message.periodCap }),
+      ...(message.warnAt === "0" ? {} : { warnAt: message.warnAt }),
       nonce: message.nonce,
       signature,
     },

@@ -26,6 +26,7 @@ const message: AuthorizeKeyMessage = {
   perRequestCap: "0",
   period: "",
   periodCap: "0",
+  warnAt: "0",
   nonce: `0x${"cd".repeat(32)}`,
 };
 const built = () => buildAuthorizeKeyTypedData({ chainId: 31337, market, message });
@@ -61,7 +62,7 @@ describe("the signing guard's comparison (issue 28, item 1)", () => {
       ["primaryType", (c) => (c.primaryType = "Permit")],
       ["types.AuthorizeKey[0]", (c) => (c.types.AuthorizeKey[0].type = "bytes32")],
       ["types.AuthorizeKey[0]", (c) => (c.types.AuthorizeKey[0].extra = true)],
-      ["types.AuthorizeKey[11]", (c) => c.types.AuthorizeKey.push({ name: "x", type: "string" })],
+      ["types.AuthorizeKey[12]", (c) => c.types.AuthorizeKey.push({ name: "x", type: "string" })],
       // A gateway that asks for the AuthorizeKey of before issue 38 (no periodic cap fields).
       ["types.AuthorizeKey[8]", (c) => c.types.AuthorizeKey.splice(8, 2)],
       ["types.EIP712Domain", (c) => delete c.types.EIP712Domain],
@@ -74,6 +75,7 @@ describe("the signing guard's comparison (issue 28, item 1)", () => {
       ["message.nonce", (c) => delete c.message.nonce],
       ["message.period", (c) => (c.message.period = "month")],
       ["message.periodCap", (c) => (c.message.periodCap = "1")],
+      ["message.warnAt", (c) => (c.message.warnAt = "1")],
       ["message", (c) => (c.message = [])],
       ["description", (c) => (c.description = "harmless")],
     ];

@@ -36,6 +36,7 @@ import {
   type PermitLedger,
 } from "../domain/permit-balance.js";
 import type { RequestRecord, RequestStatus as DomainStatus } from "../domain/requests.js";
+import { payerCallerId } from "./authenticate.js";
 import type { Caller } from "./context.js";
 import { permitStateToProto, requestMessage } from "./inference-messages.js";
 import type { Inference } from "../domain/chat/index.js";
@@ -64,7 +65,15 @@ export interface InferenceActivityDeps {
   ) => Promise<UsageGroup[]>;
   /** The key's authorizations (any status), as PermitService lists them. */
   readonly authorizations: (apiKeyId: string) => Promise<PermitAuthorization[]>;
+  /** The newest `limit` permits the chain says these payers opened (adapters/pg/opened-permits.ts). */
+  readonly permitsOpenedBy: (payers: readonly Hex[], limit: number) => Promise<Hex[]>;
 }
+
+/**
+ * The most permits GET /v1/permits lists for the payers of a key's every-permit authorizations
+ * (the newest the payers opened); the permits authorizations name are listed besides.
+ */
+export const everyPermitListed = 100;
 
 /** What the activity RPCs read (InferenceServiceDeps, inference-service.ts, holds it all). */
 export interface ActivityContext {
@@ -165,7 +174,11 @@ export async function getUsage(
     now,
   );
   let scope: UsageScope = { apiKeyId: caller.apiKeyId };
-  if (req.permitId !== "") {
+  if (req.payer !== "") {
+    if (req.permitId !== "")
+      throw new GatewayError("invalid_request", "ask for a payer's usage or a permit's, not both");
+    scope = payerScope(caller, req.payer);
+  } else if (req.permitId !== "") {
     if (!isHex32(req.permitId))
       throw new GatewayError("invalid_hex", "the permit id must be a Hex32");
     const permitId = normalizeHex(req.permitId);
@@ -181,6 +194,7 @@ export async function getUsage(
   return create(GetUsageResponseSchema, {
     bucket: bucket === "hour" ? UsageBucketMessage.HOUR : UsageBucketMessage.DAY,
     permitId: "permitId" in scope ? scope.permitId : "",
+    payer: "payer" in scope ? scope.payer : "",
     from: BigInt(range.from),
     to: BigInt(range.to),
     groups: groups.map((g) => ({
@@ -197,6 +211,24 @@ export async function getUsage(
       credits: g.credits.toString(),
     })),
   });
+}
+
+/**
+ * A payer's usage scope: only the payer itself, on its ReadPayerRequests signature (its caller
+ * id, connect/authenticate.ts), may read it; an API key (whoever it spends for) or another payer
+ * is refused 403 `not_payer`, before anything is read.
+ */
+function payerScope(caller: Caller, asked: string): UsageScope {
+  if (!/^0x[0-9a-fA-F]{40}$/.test(asked))
+    throw new GatewayError("invalid_request", "payer must be an address (0x + 40 hex digits)");
+  const payer = asked.toLowerCase() as Hex;
+  const x402Caller = payerCallerId(payer);
+  if (caller.apiKeyId !== x402Caller)
+    throw new GatewayError(
+      "not_payer",
+      "a payer's usage is read only with that payer's own signature (Authorization: Payer ...)",
+    );
+  return { payer, x402Caller };
 }
 
 export function permitBalanceMessage(balance: PermitBalance): PermitBalanceMessage {
@@ -253,7 +285,13 @@ export async function listPermits(
   ).filter((a) => authorizationStatus(a, now) === "active");
   const named = [...new Set(active.filter((a) => a.permitId !== anyPermit).map((a) => a.permitId))];
   const payers = [...new Set(active.filter((a) => a.permitId === anyPermit).map((a) => a.payer))];
-  const balances = await Promise.all(named.sort().map((id) => namedBalance(deps, caller, id, now)));
+  // A payer's every-permit authorization covers each permit it opened: the chain lists none, so
+  // the indexer keeps them from PermitOpened. Each is still read and checked as a named one.
+  const opened = await read("the permits opened", () =>
+    deps.activity.permitsOpenedBy(payers, everyPermitListed),
+  );
+  const ids = [...new Set([...named, ...opened.map(normalizeHex)])].sort();
+  const balances = await Promise.all(ids.map((id) => namedBalance(deps, caller, id, now)));
   return create(ListPermitsResponseSchema, {
     permits: balances.filter((b) => b !== undefined).map(permitBalanceMessage),
     everyPermitPayers: payers.sort(),

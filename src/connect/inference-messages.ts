@@ -1,6 +1,7 @@
 import { create } from "@bufbuild/protobuf";
 import {
   Billing,
+  BudgetWarningSchema,
   ChatChunkSchema,
   ChatCompletedSchema,
   ChatStartedSchema,
@@ -22,6 +23,7 @@ import {
   type UsageReceiptTypedData as UsageReceiptTypedDataMessage,
   UsageSource as UsageSourceMessage,
 } from "../../gen/gateway/v1/inference_pb.js";
+import { budgetWarningText, type BudgetWarning } from "../domain/permit-authorization/index.js";
 import type { RequestRecord } from "../domain/requests.js";
 import type {
   ChatCompleted as DomainChatCompleted,
@@ -174,7 +176,24 @@ export function completedMessage(event: DomainChatCompleted): ChatCompleted {
             signer: event.receipt.signer,
           }),
         }),
+    ...(event.budgetWarning === undefined
+      ? {}
+      : { budgetWarning: budgetWarningMessage(event.budgetWarning) }),
   };
+}
+
+/** A payer's soft threshold reached (issue 38), as ChatCompleted carries it. */
+function budgetWarningMessage(w: BudgetWarning) {
+  return create(BudgetWarningSchema, {
+    code: "authorization_warn_threshold_reached",
+    message: budgetWarningText(w),
+    authorizationId: w.authorizationId,
+    warnAt: w.warnAt.toString(),
+    used: w.used.toString(),
+    cap: w.cap.toString(),
+    period: w.period,
+    ...(w.renewsAt === undefined ? {} : { periodRenewsAt: BigInt(w.renewsAt) }),
+  });
 }
 
 const statusToProto: Record<string, RequestStatus> = {

@@ -18,6 +18,7 @@ import { GatewayError } from "../domain/errors.js";
 import {
   authorizationStatus,
   periodUse,
+  warnUse,
   type AuthorizationStatus,
   type PermitAuthorization,
   type PermitAuthorizationService,
@@ -59,6 +60,7 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
         perRequestCap: req.perRequestCap,
         period: req.period,
         periodCap: req.periodCap,
+        warnAt: req.warnAt,
       });
       return create(CreateAuthorizationChallengeResponseSchema, {
         typedData: {
@@ -74,6 +76,7 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
             perRequestCap: typed.message.perRequestCap,
             period: typed.message.period,
             periodCap: typed.message.periodCap,
+            warnAt: typed.message.warnAt,
             nonce: typed.message.nonce,
           },
         },
@@ -92,6 +95,7 @@ export function createPermitService(deps: PermitServiceDeps): ServiceImpl<typeof
         perRequestCap: req.perRequestCap,
         period: req.period,
         periodCap: req.periodCap,
+        warnAt: req.warnAt,
         nonce: req.nonce,
         signature: req.signature,
       });
@@ -205,6 +209,8 @@ function authorizationMessage(a: PermitAuthorization, now: number): PermitAuthor
     period: a.period,
     periodCap: a.periodCap.toString(),
     ...periodFields(a, now),
+    warnAt: a.warnAt.toString(),
+    warnReached: warnUse(a, now)?.reached ?? false,
     lastUsedAt:
       a.use?.lastUsedAt === undefined || a.use.lastUsedAt === null
         ? undefined

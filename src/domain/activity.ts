@@ -37,8 +37,15 @@ export const usageRangeMaxSeconds: Readonly<Record<UsageBucket, number>> = {
 /** The range asked when none is: the last 7 days. */
 export const usageDefaultSeconds = 7 * 86_400;
 
-/** Whose usage: a key's (or an x402 payer's, its caller id) requests, or a permit's. */
-export type UsageScope = { readonly apiKeyId: string } | { readonly permitId: Hex };
+/**
+ * Whose usage: a key's (or an x402 payer's, its caller id) requests, a permit's, or a payer's
+ * (every request admitted through an authorization it signed, and its x402 payments, whose
+ * caller id is `x402Caller`).
+ */
+export type UsageScope =
+  | { readonly apiKeyId: string }
+  | { readonly permitId: Hex }
+  | { readonly payer: Hex; readonly x402Caller: string };
 
 /** The usage of one model on one offer in one bucket (sums over its requests). */
 export interface UsageGroup {

@@ -101,6 +101,8 @@ export const errorCodes = {
   eip2612_permit_invalid: "payment",
   eip2612_permit_expired: "payment",
   not_offer_operator: "forbidden",
+  // A payer's usage (GET /v1/usage?payer=) asked by anyone but that payer on its own signature.
+  not_payer: "forbidden",
   // The permit's payer has not authorized the calling API key (DESIGN.md section 8), or the
   // authorization expired or was revoked.
   permit_not_authorized: "forbidden",

@@ -257,6 +257,12 @@ const headers: Record<string, Header> = {
     required: false,
     schema: { type: "string", pattern: "^(0|[1-9][0-9]*)$" },
   },
+  "X-Gateway-Budget-Warning": {
+    description:
+      "A chat completion's JSON answer (which carries no `x_gateway`) admitted at or over its payer's soft threshold: `x_gateway.budget_warning` as compact JSON (the BudgetWarning schema). The dialects' JSON answers and every stream carry it in `x_gateway` instead",
+    required: false,
+    schema: { type: "string" },
+  },
   Trailer: {
     description: "`X-Gateway-Credits-Charged` (streams: the charge arrives as a trailer)",
     required: false,

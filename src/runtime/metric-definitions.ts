@@ -139,6 +139,20 @@ export const metricDefinitions = {
     labelNames: ["model", "offer"],
     from: "ChatObserver.cooledDown",
   },
+  budgetWarnings: {
+    type: "counter",
+    name: "gateway_budget_warnings_total",
+    help: "Chat requests admitted at or over the soft threshold (warn_at) their payer signed on the authorization that admitted them, by the authorization's period (day, week, month, or total): each such answer carries x_gateway.budget_warning.",
+    labelNames: ["period"],
+    from: "ChatObserver.budgetWarned",
+  },
+  budgetThresholdsCrossed: {
+    type: "counter",
+    name: "gateway_budget_thresholds_crossed_total",
+    help: "Soft thresholds crossed: the one admission per authorization and period (or ever, for a threshold on the total) that found its use at or over warn_at first, across every gateway process, by the authorization's period (day, week, month, or total).",
+    labelNames: ["period"],
+    from: "ChatObserver.budgetWarned",
+  },
   offersCoolingDown: {
     type: "gauge",
     name: "gateway_offers_cooling_down",

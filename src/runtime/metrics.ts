@@ -213,6 +213,11 @@ function chatObserver(m: Metrics, modelName: (modelId: Hex) => string): ChatObse
     },
     cooledDown: (modelId, offerId) =>
       m.cooldowns.inc({ model: modelName(modelId), offer: offerId }),
+    budgetWarned(period, crossed) {
+      const labels = { period: period === "" ? "total" : period };
+      m.budgetWarnings.inc(labels);
+      if (crossed) m.budgetThresholdsCrossed.inc(labels);
+    },
   };
 }
 

@@ -127,6 +127,11 @@ export const AuthorizeKeyTypedData = typedData("AuthorizeKeyTypedData", "Authori
     description: 'the periodic cap\'s UTC calendar period: "day", "week", "month"; "": none',
   }),
   periodCap: { ...Decimal, description: "credits per period; 0: none" } as TSchema,
+  warnAt: {
+    ...Decimal,
+    description:
+      "the soft threshold: credits of use (the current period's with a periodic cap, else the total's) from which answers carry x_gateway.budget_warning; 0: none",
+  } as TSchema,
   nonce: Type.String(),
 });
 
@@ -219,6 +224,13 @@ export const AuthorizationChallengeRequest = component(
           "credits per period (the permit's smallest unit), a decimal string; absent or 0: none",
       }),
     ),
+    warnAt: OptionalNullable(
+      Type.String({
+        pattern: "^(0|[1-9][0-9]{0,77})$",
+        description:
+          "the soft threshold: credits of use (the current period's with a periodic cap, else the total's) from which answers carry x_gateway.budget_warning, at most that cap; absent or 0: none",
+      }),
+    ),
   }),
 );
 
@@ -264,6 +276,12 @@ export const AuthorizeKeyRequest = component(
           pattern: "^(0|[1-9][0-9]{0,77})$",
           description:
             "credits per period (the permit's smallest unit), a decimal string; absent or 0: none",
+        }),
+      ),
+      warnAt: OptionalNullable(
+        Type.String({
+          pattern: "^(0|[1-9][0-9]{0,77})$",
+          description: "as signed: the soft threshold in credits; absent or 0: none",
         }),
       ),
       nonce: Nonce,

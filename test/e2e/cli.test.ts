@@ -616,4 +616,85 @@ describe("gateway permit (the payer's CLI)", () => {
     expect(usage.code).toBe(2);
     expect(usage.stderr).toContain("--permit must be a permit id");
   });
+
+  it("caps typed in token units (2.5tokens, or --tokens) are signed in base units, shown before signing in tokens with the symbol and the exact base units, and listed in tokens; a fraction finer than the token is refused", async () => {
+    const app = await createApiKey(stack.database.db.pool, "cli units app");
+    auditSecret("api key", app.key);
+    const env = {
+      PATH: process.env.PATH ?? "",
+      GATEWAY_URL: stack.gateway.url,
+      GATEWAY_API_KEY: app.key,
+      PAYER_PRIVATE_KEY: stack.roles.payer.privateKey,
+      // The token's decimals and symbol are the chain's (the permit's model's credit token).
+      RPC_URL: stack.config.rpcUrl,
+      MARKET_ADDRESS: stack.demo.market,
+      GATEWAY_DEPLOYMENT_ID: await deploymentId(stack.database.db.pool),
+    };
+    const permit = ["permit", "authorize", "--permit", stack.demo.permitId];
+    const authorized = await runCli(
+      [
+        ...permit,
+        ...["--total-cap", "2.5tokens", "--per-request-cap", "100000000000000000"],
+        ...["--period", "day", "--period-cap", "1.25tokens", "--warn-at", "1tokens", "--json"],
+      ],
+      env,
+    );
+    expect(authorized.code).toBe(0);
+    const summary = authorized.stderr;
+    expect(summary).toContain("  total cap    2.5 DCHAT (2500000000000000000 base units)");
+    expect(summary).toContain("  per request  0.1 DCHAT (100000000000000000 base units)");
+    expect(summary).toContain(
+      "  per period   1.25 DCHAT (1250000000000000000 base units) per UTC day",
+    );
+    expect(summary).toContain(
+      "  warn at      1 DCHAT (1000000000000000000 base units) of use per UTC day",
+    );
+    const { authorization } = JSON.parse(authorized.stdout) as {
+      authorization: {
+        total_cap: string;
+        per_request_cap: string;
+        period_cap: string;
+        warn_at: string;
+      };
+    };
+    expect(authorization).toMatchObject({
+      total_cap: "2500000000000000000",
+      per_request_cap: "100000000000000000",
+      period_cap: "1250000000000000000",
+      warn_at: "1000000000000000000",
+    });
+
+    // --tokens: every cap in tokens.
+    const tokens = await runCli([...permit, "--total-cap", "3", "--tokens", "--json"], env);
+    expect(tokens.code).toBe(0);
+    expect(JSON.parse(tokens.stdout).authorization.total_cap).toBe("3000000000000000000");
+
+    // The payer's listing reads them in tokens with the symbol.
+    const listed = await runCli(["permit", "authorizations"], env);
+    expect(listed.code).toBe(0);
+    expect(listed.stdout).toContain(
+      "cap 2.5 DCHAT total, 0.1 DCHAT per request, 1.25 DCHAT per day (used 0 DCHAT, renews ",
+    );
+    expect(listed.stdout).toContain(", warn at 1 DCHAT  used 0 DCHAT");
+    expect(listed.stdout).toContain("cap 3 DCHAT total, none per request");
+
+    for (const [args, message] of [
+      [["--total-cap", "0.0000000000000000001tokens"], "at most 18 fractional digits"],
+      [["--total-cap", "2.5"], 'for tokens write "2.5tokens" or add --tokens'],
+      [["--warn-at", "1e18"], "--warn-at must be base units (1000000) or tokens (12.5tokens)"],
+    ] as const) {
+      const refused = await runCli([...permit, ...args], env);
+      expect(refused.code).toBe(2);
+      expect(refused.stderr).toContain(message);
+    }
+    // Without RPC_URL the token's decimals are not read: token units are refused, base units
+    // still sign.
+    const { RPC_URL: _rpc, ...noRpc } = env;
+    const unread = await runCli([...permit, "--total-cap", "1tokens"], {
+      ...noRpc,
+      CHAIN_ID: String(stack.config.chainId),
+    });
+    expect(unread.code).toBe(2);
+    expect(unread.stderr).toContain("the token's decimals are unknown");
+  });
 });

@@ -232,7 +232,19 @@ describe("wallet commands sign only what their user asked for", () => {
           },
         }),
         () =>
-          "the gateway's challenge differs at types.AuthorizeKey[8]: expected period string, got nonce string; nothing was signed",
+          "the gateway's challenge differs at types.AuthorizeKey[8]: expected period string, got warnAt uint256; nothing was signed",
+      ],
+      [
+        "a field list without the soft threshold (a key holder dropping the payer's warning)",
+        (c) => ({
+          ...c,
+          types: {
+            ...c.types,
+            AuthorizeKey: c.types.AuthorizeKey.filter((f: { name: string }) => f.name !== "warnAt"),
+          },
+        }),
+        () =>
+          "the gateway's challenge differs at types.AuthorizeKey[10]: expected warnAt uint256, got nonce string; nothing was signed",
       ],
       [
         "another EIP712Domain (a salt)",
@@ -359,7 +371,10 @@ describe("wallet commands sign only what their user asked for", () => {
         "1.5",
       ]);
       expect(notCredits.code).toBe(2);
-      expect(notCredits.stderr).toMatch(/^--total-cap must be credits/);
+      // A bare fraction is neither base units nor (without the suffix or --tokens) tokens.
+      expect(notCredits.stderr).toMatch(
+        /^--total-cap in base units is a whole number; for tokens write "1.5tokens" or add --tokens/,
+      );
       expect(fake.received).toEqual([]);
     });
 
@@ -434,6 +449,8 @@ describe("wallet commands sign only what their user asked for", () => {
         "day",
         "--period-cap",
         "3000000000000000000",
+        "--warn-at",
+        "2.5tokens",
         "--json",
       ]);
       expect(run.code).toBe(0);
@@ -449,23 +466,27 @@ describe("wallet commands sign only what their user asked for", () => {
         period: "day",
         period_cap: "3000000000000000000",
         period_used: "0",
+        warn_at: "2500000000000000000",
+        warn_reached: false,
       });
       const lines = run.stderr.split("\n");
-      expect(lines.slice(0, 9)).toEqual([
+      // Amounts in the permit's token units (read from the chain), the base units signed beside.
+      expect(lines.slice(0, 10)).toEqual([
         `about to sign AuthorizeKey as the payer ${payer()} (chain ${chainId()}, market ${market()}):`,
         `  payer        ${payer()}`,
         `  API key      ${app.id} (--key-id)`,
         `  permit       ${permitId()}`,
         `  expires      ${expiresAt} (${new Date(expiresAt * 1000).toISOString()}, in 7 days)`,
-        "  total cap    5000000000000000000 credits (the permit's smallest unit)",
-        "  per request  1000000000000000000 credits (the permit's smallest unit)",
-        "  per period   3000000000000000000 credits (the permit's smallest unit) per UTC day",
+        "  total cap    5 DCHAT (5000000000000000000 base units)",
+        "  per request  1 DCHAT (1000000000000000000 base units)",
+        "  per period   3 DCHAT (3000000000000000000 base units) per UTC day",
+        "  warn at      2.5 DCHAT (2500000000000000000 base units) of use per UTC day",
         `  deployment   ${deployment} (pinned)`,
       ]);
-      expect(lines[9]).toBe(
+      expect(lines[10]).toBe(
         `  issued       ${authorization.issued_at} (${new Date(authorization.issued_at * 1000).toISOString()}, now)`,
       );
-      expect(lines.slice(10)).toEqual([""]);
+      expect(lines.slice(11)).toEqual([""]);
       expect(fake.signaturesReceived().map((r) => r.path)).toEqual(["/v1/permit-authorizations"]);
       const served = await chat(app.key);
       expect(served.status).toBe(200);

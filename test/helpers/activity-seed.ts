@@ -27,6 +27,8 @@ export interface SeedSpec {
   readonly permits: readonly [string, string];
   /** Distinguishes the ids of seeds on one database. */
   readonly tag: string;
+  /** The authorization every record was admitted through (a payer's usage reads by it). */
+  readonly authorizationId?: string;
 }
 
 export async function seedRequests(db: Queryable, spec: SeedSpec): Promise<void> {
@@ -41,7 +43,7 @@ export async function seedRequests(db: Queryable, spec: SeedSpec): Promise<void>
        permit_id, quote_id, stream, status, input_tokens, output_tokens, maximum_credits,
        credits_charged, billing, usage_source, tariff_version, error, created_at, completed_at,
        settlement_status, claimed_input_tokens, claimed_output_tokens, counted_input_tokens,
-       counted_output_tokens, leased)
+       counted_output_tokens, leased, authorization_id)
      SELECT '0x' || encode(sha256(($8 || ':' || i)::bytea), 'hex'), $1, 'gw_seed',
        ($5::text[])[i % 3 + 1], '0x' || encode(sha256(($5::text[])[i % 3 + 1]::bytea), 'hex'),
        ($6::text[])[(i % 3) * 2 + (i / 3) % 2 + 1], ($7::text[])[(i / 2) % 2 + 1],
@@ -62,7 +64,7 @@ export async function seedRequests(db: Queryable, spec: SeedSpec): Promise<void>
        CASE WHEN status = 'pending' OR i % 5 = 0 THEN NULL ELSE i % 37 END,
        CASE WHEN status = 'pending' OR i % 7 = 0 THEN NULL ELSE 10 + i % 50 END,
        CASE WHEN status = 'pending' OR i % 7 = 0 THEN NULL ELSE 1 + i % 37 END,
-       true
+       true, $9::text
      FROM s`,
     [
       spec.apiKeyId,
@@ -73,6 +75,7 @@ export async function seedRequests(db: Queryable, spec: SeedSpec): Promise<void>
       spec.offers.flat(),
       spec.permits,
       spec.tag,
+      spec.authorizationId ?? null,
     ],
   );
 }

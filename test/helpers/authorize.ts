@@ -17,6 +17,8 @@ export interface AuthorizationView {
   period_cap: string;
   period_used: string;
   period_renews_at: number | null;
+  warn_at: string;
+  warn_reached: boolean;
   credits_used: string;
   credits_reserved: string;
   last_used_at: number | null;
@@ -68,6 +70,7 @@ export async function authorizeKey(
     perRequestCap?: string;
     period?: string;
     periodCap?: string;
+    warnAt?: string;
   } = {},
 ): Promise<AuthorizationView> {
   const payer = privateKeyToAccount(payerPrivateKey);
@@ -83,6 +86,7 @@ export async function authorizeKey(
       ...(options.perRequestCap === undefined ? {} : { perRequestCap: options.perRequestCap }),
       ...(options.period === undefined ? {} : { period: options.period }),
       ...(options.periodCap === undefined ? {} : { periodCap: options.periodCap }),
+      ...(options.warnAt === undefined ? {} : { warnAt: options.warnAt }),
     }),
   });
   if (challenge.status !== 200) {
@@ -101,6 +105,7 @@ export async function authorizeKey(
       perRequestCap: string;
       period: string;
       periodCap: string;
+      warnAt: string;
       nonce: string;
     };
   };
@@ -118,6 +123,7 @@ export async function authorizeKey(
       perRequestCap: typedData.message.perRequestCap,
       period: typedData.message.period,
       periodCap: typedData.message.periodCap,
+      warnAt: typedData.message.warnAt,
       nonce: typedData.message.nonce,
       signature,
     }),

@@ -41,6 +41,7 @@ export const payerAuthority: SpendingAuthority = createKeyAuthorities({ ttlMs: 6
       perRequestCap: 0n,
       period: "",
       periodCap: 0n,
+      warnAt: 0n,
       createdAt: now,
       revokedAt: null,
       revokedBy: null,

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/inference.proto.
  */
 export const file_gateway_v1_inference: GenFile = /*@__PURE__*/
-  fileDesc("ChpnYXRld2F5L3YxL2luZmVyZW5jZS5wcm90bxIKZ2F0ZXdheS52MSKPAQobU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0EgwKBGJvZHkYASABKAwSEQoJcGVybWl0X2lkGAIgASgJEhAKCHF1b3RlX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIkCgdkaWFsZWN0GAUgASgOMhMuZ2F0ZXdheS52MS5EaWFsZWN0IqsBChxTdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlEioKB3N0YXJ0ZWQYASABKAsyFy5nYXRld2F5LnYxLkNoYXRTdGFydGVkSAASJgoFY2h1bmsYAiABKAsyFS5nYXRld2F5LnYxLkNoYXRDaHVua0gAEi4KCWNvbXBsZXRlZBgDIAEoCzIZLmdhdGV3YXkudjEuQ2hhdENvbXBsZXRlZEgAQgcKBWV2ZW50IpgBCgtDaGF0U3RhcnRlZBISCgpyZXF1ZXN0X2lkGAEgASgJEhAKCHF1b3RlX2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAQgASgJEhcKD21heGltdW1fY3JlZGl0cxgFIAEoCRIOCgZzdHJlYW0YBiABKAgSEAoIcmVwbGF5ZWQYByABKAgiUAoJQ2hhdENodW5rEgwKBGRhdGEYASABKAwSJgoIbWV0ZXJpbmcYAiABKAsyFC5nYXRld2F5LnYxLk1ldGVyaW5nEg0KBWV2ZW50GAMgASgJIkgKCE1ldGVyaW5nEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEg8KB2NyZWRpdHMYAyABKAki4QMKDUNoYXRDb21wbGV0ZWQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghxdW90ZV9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgEIAEoCRIUCgxpbnB1dF90b2tlbnMYBSABKAQSFQoNb3V0cHV0X3Rva2VucxgGIAEoBBIXCg9jcmVkaXRzX2NoYXJnZWQYByABKAkSJAoHYmlsbGluZxgIIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxIbChN1c2FnZV9mcm9tX3Byb3ZpZGVyGAkgASgIEhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYCiABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgLIAEoBBIvCg11c2FnZV9jbGFpbWVkGAwgASgLMhguZ2F0ZXdheS52MS5Vc2FnZUZpZ3VyZXMSLwoNdXNhZ2VfY291bnRlZBgNIAEoCzIYLmdhdGV3YXkudjEuVXNhZ2VGaWd1cmVzEi0KDHVzYWdlX3NvdXJjZRgOIAEoDjIXLmdhdGV3YXkudjEuVXNhZ2VTb3VyY2USLwoHcmVjZWlwdBgPIAEoCzIeLmdhdGV3YXkudjEuU2lnbmVkVXNhZ2VSZWNlaXB0ImsKElNpZ25lZFVzYWdlUmVjZWlwdBIyCgdyZWNlaXB0GAEgASgLMiEuZ2F0ZXdheS52MS5Vc2FnZVJlY2VpcHRUeXBlZERhdGESEQoJc2lnbmF0dXJlGAIgASgJEg4KBnNpZ25lchgDIAEoCSJyCgxVc2FnZUZpZ3VyZXMSFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQSGwoTY2FjaGVkX2lucHV0X3Rva2VucxgDIAEoBBIYChByZWFzb25pbmdfdG9rZW5zGAQgASgEIh8KEUdldFJlcXVlc3RSZXF1ZXN0EgoKAmlkGAEgASgJIkMKEkdldFJlcXVlc3RSZXNwb25zZRItCgdyZXF1ZXN0GAEgASgLMhwuZ2F0ZXdheS52MS5JbmZlcmVuY2VSZXF1ZXN0IpwBChFSZXF1ZXN0U2V0dGxlbWVudBIsCgZzdGF0dXMYASABKA4yHC5nYXRld2F5LnYxLlNldHRsZW1lbnRTdGF0dXMSEAoIYmF0Y2hfaWQYAiABKAkSDwoHdHhfaGFzaBgDIAEoCRIXCgpzZXR0bGVkX2F0GAQgASgDSACIAQESDgoGcmVhc29uGAUgASgJQg0KC19zZXR0bGVkX2F0IpgFChBJbmZlcmVuY2VSZXF1ZXN0EgoKAmlkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEhEKCXBlcm1pdF9pZBgFIAEoCRIQCghxdW90ZV9pZBgGIAEoCRIOCgZzdHJlYW0YByABKAgSKQoGc3RhdHVzGAggASgOMhkuZ2F0ZXdheS52MS5SZXF1ZXN0U3RhdHVzEhQKDGlucHV0X3Rva2VucxgJIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAogASgEEhcKD21heGltdW1fY3JlZGl0cxgLIAEoCRIXCg9jcmVkaXRzX2NoYXJnZWQYDCABKAkSFgoOdGFyaWZmX3ZlcnNpb24YDSABKAkSJAoHYmlsbGluZxgOIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxINCgVlcnJvchgPIAEoCRISCgpjcmVhdGVkX2F0GBAgASgDEhkKDGNvbXBsZXRlZF9hdBgRIAEoA0gAiAEBEjEKCnNldHRsZW1lbnQYEiABKAsyHS5nYXRld2F5LnYxLlJlcXVlc3RTZXR0bGVtZW50EhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYEyABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgUIAEoBBIvCg11c2FnZV9jbGFpbWVkGBUgASgLMhguZ2F0ZXdheS52MS5Vc2FnZUZpZ3VyZXMSLwoNdXNhZ2VfY291bnRlZBgWIAEoCzIYLmdhdGV3YXkudjEuVXNhZ2VGaWd1cmVzEi0KDHVzYWdlX3NvdXJjZRgXIAEoDjIXLmdhdGV3YXkudjEuVXNhZ2VTb3VyY2VCDwoNX2NvbXBsZXRlZF9hdCIlChBHZXRQZXJtaXRSZXF1ZXN0EhEKCXBlcm1pdF9pZBgBIAEoCSKdAgoNUGVybWl0QmFsYW5jZRIRCglwZXJtaXRfaWQYASABKAkSJgoFc3RhdGUYAiABKA4yFy5nYXRld2F5LnYxLlBlcm1pdFN0YXRlEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEg0KBXBheWVyGAUgASgJEhIKCmV4cGlyZXNfYXQYBiABKAMSGAoLY2xvc2FibGVfYXQYByABKANIAIgBARIPCgdkZXBvc2l0GAggASgJEg8KB3NldHRsZWQYCSABKAkSGQoRY2hhcmdlZF91bnNldHRsZWQYCiABKAkSEAoIcmVzZXJ2ZWQYCyABKAkSEQoJYXZhaWxhYmxlGAwgASgJQg4KDF9jbG9zYWJsZV9hdCI+ChFHZXRQZXJtaXRSZXNwb25zZRIpCgZwZXJtaXQYASABKAsyGS5nYXRld2F5LnYxLlBlcm1pdEJhbGFuY2UiJgoYR2V0UmVxdWVzdFJlY2VpcHRSZXF1ZXN0EgoKAmlkGAEgASgJIoQDChNVc2FnZVJlY2VpcHRNZXNzYWdlEhIKCnJlcXVlc3RfaWQYASABKAkSEQoJcGVybWl0X2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhAKCG1vZGVsX2lkGAQgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAUgASgEEhQKDGlucHV0X3Rva2VucxgGIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAcgASgEEhUKDWNhY2hlZF90b2tlbnMYCCABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgJIAEoBBIOCgZjaGFyZ2UYCiABKAkSDwoHYmlsbGluZxgLIAEoCRIRCgljbG9zZWRfYXQYDCABKAQSFAoMdXNhZ2Vfc291cmNlGA0gASgJEjAKB2NsYWltZWQYDiABKAsyHy5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdEZpZ3VyZXMSMAoHY291bnRlZBgPIAEoCzIfLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0RmlndXJlcyKEAQoTVXNhZ2VSZWNlaXB0RmlndXJlcxIPCgdwcmVzZW50GAEgASgIEhQKDGlucHV0X3Rva2VucxgCIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAMgASgEEhUKDWNhY2hlZF90b2tlbnMYBCABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgFIAEoBCK2AQoVVXNhZ2VSZWNlaXB0VHlwZWREYXRhEisKBmRvbWFpbhgBIAEoCzIbLmdhdGV3YXkudjEuVHlwZWREYXRhRG9tYWluEigKBXR5cGVzGAIgAygLMhkuZ2F0ZXdheS52MS5UeXBlZERhdGFUeXBlEhQKDHByaW1hcnlfdHlwZRgDIAEoCRIwCgdtZXNzYWdlGAQgASgLMh8uZ2F0ZXdheS52MS5Vc2FnZVJlY2VpcHRNZXNzYWdlInIKGUdldFJlcXVlc3RSZWNlaXB0UmVzcG9uc2USMgoHcmVjZWlwdBgBIAEoCzIhLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0VHlwZWREYXRhEhEKCXNpZ25hdHVyZRgCIAEoCRIOCgZzaWduZXIYAyABKAkiVQoZTGlzdFBlcm1pdFJlY2VpcHRzUmVxdWVzdBIRCglwZXJtaXRfaWQYASABKAkSDQoFbGltaXQYAiABKA0SFgoOc3RhcnRpbmdfYWZ0ZXIYAyABKAkimQEKDVBlcm1pdFJlY2VpcHQSMgoHcmVjZWlwdBgBIAEoCzIhLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0VHlwZWREYXRhEhEKCXNpZ25hdHVyZRgCIAEoCRIOCgZzaWduZXIYAyABKAkSMQoKc2V0dGxlbWVudBgEIAEoCzIdLmdhdGV3YXkudjEuUmVxdWVzdFNldHRsZW1lbnQiWwoaTGlzdFBlcm1pdFJlY2VpcHRzUmVzcG9uc2USKwoIcmVjZWlwdHMYASADKAsyGS5nYXRld2F5LnYxLlBlcm1pdFJlY2VpcHQSEAoIaGFzX21vcmUYAiABKAgi5wEKE0xpc3RSZXF1ZXN0c1JlcXVlc3QSDQoFbGltaXQYASABKA0SFgoOc3RhcnRpbmdfYWZ0ZXIYAiABKAkSDQoFbW9kZWwYAyABKAkSEQoJcGVybWl0X2lkGAQgASgJEikKBnN0YXR1cxgFIAEoDjIZLmdhdGV3YXkudjEuUmVxdWVzdFN0YXR1cxIaCg1jcmVhdGVkX2FmdGVyGAYgASgDSACIAQESGwoOY3JlYXRlZF9iZWZvcmUYByABKANIAYgBAUIQCg5fY3JlYXRlZF9hZnRlckIRCg9fY3JlYXRlZF9iZWZvcmUiWAoUTGlzdFJlcXVlc3RzUmVzcG9uc2USLgoIcmVxdWVzdHMYASADKAsyHC5nYXRld2F5LnYxLkluZmVyZW5jZVJlcXVlc3QSEAoIaGFzX21vcmUYAiABKAgigQEKD0dldFVzYWdlUmVxdWVzdBInCgZidWNrZXQYASABKA4yFy5nYXRld2F5LnYxLlVzYWdlQnVja2V0EhEKCXBlcm1pdF9pZBgCIAEoCRIRCgRmcm9tGAMgASgDSACIAQESDwoCdG8YBCABKANIAYgBAUIHCgVfZnJvbUIFCgNfdG8iigIKClVzYWdlR3JvdXASEQoJc3RhcnRzX2F0GAEgASgDEg0KBW1vZGVsGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhAKCHJlcXVlc3RzGAQgASgEEhQKDGlucHV0X3Rva2VucxgFIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAYgASgEEhwKFGNsYWltZWRfaW5wdXRfdG9rZW5zGAcgASgEEh0KFWNsYWltZWRfb3V0cHV0X3Rva2VucxgIIAEoBBIcChRjb3VudGVkX2lucHV0X3Rva2VucxgJIAEoBBIdChVjb3VudGVkX291dHB1dF90b2tlbnMYCiABKAQSDwoHY3JlZGl0cxgLIAEoCSKQAQoQR2V0VXNhZ2VSZXNwb25zZRInCgZidWNrZXQYASABKA4yFy5nYXRld2F5LnYxLlVzYWdlQnVja2V0EhEKCXBlcm1pdF9pZBgCIAEoCRIMCgRmcm9tGAMgASgDEgoKAnRvGAQgASgDEiYKBmdyb3VwcxgFIAMoCzIWLmdhdGV3YXkudjEuVXNhZ2VHcm91cCIUChJMaXN0UGVybWl0c1JlcXVlc3QiXgoTTGlzdFBlcm1pdHNSZXNwb25zZRIqCgdwZXJtaXRzGAEgAygLMhkuZ2F0ZXdheS52MS5QZXJtaXRCYWxhbmNlEhsKE2V2ZXJ5X3Blcm1pdF9wYXllcnMYAiADKAkqTwoHRGlhbGVjdBIXChNESUFMRUNUX1VOU1BFQ0lGSUVEEAASFQoRRElBTEVDVF9SRVNQT05TRVMQARIUChBESUFMRUNUX01FU1NBR0VTEAIqXQoHQmlsbGluZxIXChNCSUxMSU5HX1VOU1BFQ0lGSUVEEAASEgoOQklMTElOR19CSUxMRUQQARITCg9CSUxMSU5HX1BBUlRJQUwQAhIQCgxCSUxMSU5HX1ZPSUQQAypgCgtVc2FnZVNvdXJjZRIcChhVU0FHRV9TT1VSQ0VfVU5TUEVDSUZJRUQQABIZChVVU0FHRV9TT1VSQ0VfUFJPVklERVIQARIYChRVU0FHRV9TT1VSQ0VfR0FURVdBWRACKsABCg1SZXF1ZXN0U3RhdHVzEh4KGlJFUVVFU1RfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGgoWUkVRVUVTVF9TVEFUVVNfUEVORElORxABEhwKGFJFUVVFU1RfU1RBVFVTX1NUUkVBTUlORxACEhwKGFJFUVVFU1RfU1RBVFVTX0NPTVBMRVRFRBADEhkKFVJFUVVFU1RfU1RBVFVTX0ZBSUxFRBAEEhwKGFJFUVVFU1RfU1RBVFVTX0NBTkNFTExFRBAFKtUBChBTZXR0bGVtZW50U3RhdHVzEiEKHVNFVFRMRU1FTlRfU1RBVFVTX1VOU1BFQ0lGSUVEEAASHwobU0VUVExFTUVOVF9TVEFUVVNfVU5TRVRUTEVEEAESHgoaU0VUVExFTUVOVF9TVEFUVVNfU0VUVExJTkcQAhIdChlTRVRUTEVNRU5UX1NUQVRVU19TRVRUTEVEEAMSGgoWU0VUVExFTUVOVF9TVEFUVVNfTk9ORRAEEiIKHlNFVFRMRU1FTlRfU1RBVFVTX1VOU0VUVExFQUJMRRAFKnUKC1Blcm1pdFN0YXRlEhwKGFBFUk1JVF9TVEFURV9VTlNQRUNJRklFRBAAEhUKEVBFUk1JVF9TVEFURV9PUEVOEAESGAoUUEVSTUlUX1NUQVRFX0NMT1NJTkcQAhIXChNQRVJNSVRfU1RBVEVfQ0xPU0VEEAMqWAoLVXNhZ2VCdWNrZXQSHAoYVVNBR0VfQlVDS0VUX1VOU1BFQ0lGSUVEEAASFQoRVVNBR0VfQlVDS0VUX0hPVVIQARIUChBVU0FHRV9CVUNLRVRfREFZEAIyxwUKEEluZmVyZW5jZVNlcnZpY2USawoUU3RyZWFtQ2hhdENvbXBsZXRpb24SJy5nYXRld2F5LnYxLlN0cmVhbUNoYXRDb21wbGV0aW9uUmVxdWVzdBooLmdhdGV3YXkudjEuU3RyZWFtQ2hhdENvbXBsZXRpb25SZXNwb25zZTABEksKCkdldFJlcXVlc3QSHS5nYXRld2F5LnYxLkdldFJlcXVlc3RSZXF1ZXN0Gh4uZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVzcG9uc2USSAoJR2V0UGVybWl0EhwuZ2F0ZXdheS52MS5HZXRQZXJtaXRSZXF1ZXN0Gh0uZ2F0ZXdheS52MS5HZXRQZXJtaXRSZXNwb25zZRJgChFHZXRSZXF1ZXN0UmVjZWlwdBIkLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlY2VpcHRSZXF1ZXN0GiUuZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVjZWlwdFJlc3BvbnNlEmMKEkxpc3RQZXJtaXRSZWNlaXB0cxIlLmdhdGV3YXkudjEuTGlzdFBlcm1pdFJlY2VpcHRzUmVxdWVzdBomLmdhdGV3YXkudjEuTGlzdFBlcm1pdFJlY2VpcHRzUmVzcG9uc2USUQoMTGlzdFJlcXVlc3RzEh8uZ2F0ZXdheS52MS5MaXN0UmVxdWVzdHNSZXF1ZXN0GiAuZ2F0ZXdheS52MS5MaXN0UmVxdWVzdHNSZXNwb25zZRJFCghHZXRVc2FnZRIbLmdhdGV3YXkudjEuR2V0VXNhZ2VSZXF1ZXN0GhwuZ2F0ZXdheS52MS5HZXRVc2FnZVJlc3BvbnNlEk4KC0xpc3RQZXJtaXRzEh4uZ2F0ZXdheS52MS5MaXN0UGVybWl0c1JlcXVlc3QaHy5nYXRld2F5LnYxLkxpc3RQZXJtaXRzUmVzcG9uc2ViBnByb3RvMw", [file_gateway_v1_provider]);
+  fileDesc("ChpnYXRld2F5L3YxL2luZmVyZW5jZS5wcm90bxIKZ2F0ZXdheS52MSKPAQobU3RyZWFtQ2hhdENvbXBsZXRpb25SZXF1ZXN0EgwKBGJvZHkYASABKAwSEQoJcGVybWl0X2lkGAIgASgJEhAKCHF1b3RlX2lkGAMgASgJEhcKD2lkZW1wb3RlbmN5X2tleRgEIAEoCRIkCgdkaWFsZWN0GAUgASgOMhMuZ2F0ZXdheS52MS5EaWFsZWN0IqsBChxTdHJlYW1DaGF0Q29tcGxldGlvblJlc3BvbnNlEioKB3N0YXJ0ZWQYASABKAsyFy5nYXRld2F5LnYxLkNoYXRTdGFydGVkSAASJgoFY2h1bmsYAiABKAsyFS5nYXRld2F5LnYxLkNoYXRDaHVua0gAEi4KCWNvbXBsZXRlZBgDIAEoCzIZLmdhdGV3YXkudjEuQ2hhdENvbXBsZXRlZEgAQgcKBWV2ZW50IpgBCgtDaGF0U3RhcnRlZBISCgpyZXF1ZXN0X2lkGAEgASgJEhAKCHF1b3RlX2lkGAIgASgJEhAKCG9mZmVyX2lkGAMgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAQgASgJEhcKD21heGltdW1fY3JlZGl0cxgFIAEoCRIOCgZzdHJlYW0YBiABKAgSEAoIcmVwbGF5ZWQYByABKAgiUAoJQ2hhdENodW5rEgwKBGRhdGEYASABKAwSJgoIbWV0ZXJpbmcYAiABKAsyFC5nYXRld2F5LnYxLk1ldGVyaW5nEg0KBWV2ZW50GAMgASgJIkgKCE1ldGVyaW5nEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEg8KB2NyZWRpdHMYAyABKAkilAQKDUNoYXRDb21wbGV0ZWQSEgoKcmVxdWVzdF9pZBgBIAEoCRIQCghxdW90ZV9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgEIAEoCRIUCgxpbnB1dF90b2tlbnMYBSABKAQSFQoNb3V0cHV0X3Rva2VucxgGIAEoBBIXCg9jcmVkaXRzX2NoYXJnZWQYByABKAkSJAoHYmlsbGluZxgIIAEoDjITLmdhdGV3YXkudjEuQmlsbGluZxIbChN1c2FnZV9mcm9tX3Byb3ZpZGVyGAkgASgIEhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYCiABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgLIAEoBBIvCg11c2FnZV9jbGFpbWVkGAwgASgLMhguZ2F0ZXdheS52MS5Vc2FnZUZpZ3VyZXMSLwoNdXNhZ2VfY291bnRlZBgNIAEoCzIYLmdhdGV3YXkudjEuVXNhZ2VGaWd1cmVzEi0KDHVzYWdlX3NvdXJjZRgOIAEoDjIXLmdhdGV3YXkudjEuVXNhZ2VTb3VyY2USLwoHcmVjZWlwdBgPIAEoCzIeLmdhdGV3YXkudjEuU2lnbmVkVXNhZ2VSZWNlaXB0EjEKDmJ1ZGdldF93YXJuaW5nGBAgASgLMhkuZ2F0ZXdheS52MS5CdWRnZXRXYXJuaW5nIrgBCg1CdWRnZXRXYXJuaW5nEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRIYChBhdXRob3JpemF0aW9uX2lkGAMgASgJEg8KB3dhcm5fYXQYBCABKAkSDAoEdXNlZBgFIAEoCRILCgNjYXAYBiABKAkSDgoGcGVyaW9kGAcgASgJEh0KEHBlcmlvZF9yZW5ld3NfYXQYCCABKANIAIgBAUITChFfcGVyaW9kX3JlbmV3c19hdCJrChJTaWduZWRVc2FnZVJlY2VpcHQSMgoHcmVjZWlwdBgBIAEoCzIhLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0VHlwZWREYXRhEhEKCXNpZ25hdHVyZRgCIAEoCRIOCgZzaWduZXIYAyABKAkicgoMVXNhZ2VGaWd1cmVzEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEhsKE2NhY2hlZF9pbnB1dF90b2tlbnMYAyABKAQSGAoQcmVhc29uaW5nX3Rva2VucxgEIAEoBCIfChFHZXRSZXF1ZXN0UmVxdWVzdBIKCgJpZBgBIAEoCSJDChJHZXRSZXF1ZXN0UmVzcG9uc2USLQoHcmVxdWVzdBgBIAEoCzIcLmdhdGV3YXkudjEuSW5mZXJlbmNlUmVxdWVzdCKcAQoRUmVxdWVzdFNldHRsZW1lbnQSLAoGc3RhdHVzGAEgASgOMhwuZ2F0ZXdheS52MS5TZXR0bGVtZW50U3RhdHVzEhAKCGJhdGNoX2lkGAIgASgJEg8KB3R4X2hhc2gYAyABKAkSFwoKc2V0dGxlZF9hdBgEIAEoA0gAiAEBEg4KBnJlYXNvbhgFIAEoCUINCgtfc2V0dGxlZF9hdCKYBQoQSW5mZXJlbmNlUmVxdWVzdBIKCgJpZBgBIAEoCRINCgVtb2RlbBgCIAEoCRIQCghtb2RlbF9pZBgDIAEoCRIQCghvZmZlcl9pZBgEIAEoCRIRCglwZXJtaXRfaWQYBSABKAkSEAoIcXVvdGVfaWQYBiABKAkSDgoGc3RyZWFtGAcgASgIEikKBnN0YXR1cxgIIAEoDjIZLmdhdGV3YXkudjEuUmVxdWVzdFN0YXR1cxIUCgxpbnB1dF90b2tlbnMYCSABKAQSFQoNb3V0cHV0X3Rva2VucxgKIAEoBBIXCg9tYXhpbXVtX2NyZWRpdHMYCyABKAkSFwoPY3JlZGl0c19jaGFyZ2VkGAwgASgJEhYKDnRhcmlmZl92ZXJzaW9uGA0gASgJEiQKB2JpbGxpbmcYDiABKA4yEy5nYXRld2F5LnYxLkJpbGxpbmcSDQoFZXJyb3IYDyABKAkSEgoKY3JlYXRlZF9hdBgQIAEoAxIZCgxjb21wbGV0ZWRfYXQYESABKANIAIgBARIxCgpzZXR0bGVtZW50GBIgASgLMh0uZ2F0ZXdheS52MS5SZXF1ZXN0U2V0dGxlbWVudBIbChNjYWNoZWRfaW5wdXRfdG9rZW5zGBMgASgEEhgKEHJlYXNvbmluZ190b2tlbnMYFCABKAQSLwoNdXNhZ2VfY2xhaW1lZBgVIAEoCzIYLmdhdGV3YXkudjEuVXNhZ2VGaWd1cmVzEi8KDXVzYWdlX2NvdW50ZWQYFiABKAsyGC5nYXRld2F5LnYxLlVzYWdlRmlndXJlcxItCgx1c2FnZV9zb3VyY2UYFyABKA4yFy5nYXRld2F5LnYxLlVzYWdlU291cmNlQg8KDV9jb21wbGV0ZWRfYXQiJQoQR2V0UGVybWl0UmVxdWVzdBIRCglwZXJtaXRfaWQYASABKAkinQIKDVBlcm1pdEJhbGFuY2USEQoJcGVybWl0X2lkGAEgASgJEiYKBXN0YXRlGAIgASgOMhcuZ2F0ZXdheS52MS5QZXJtaXRTdGF0ZRIQCghtb2RlbF9pZBgDIAEoCRIQCghvZmZlcl9pZBgEIAEoCRINCgVwYXllchgFIAEoCRISCgpleHBpcmVzX2F0GAYgASgDEhgKC2Nsb3NhYmxlX2F0GAcgASgDSACIAQESDwoHZGVwb3NpdBgIIAEoCRIPCgdzZXR0bGVkGAkgASgJEhkKEWNoYXJnZWRfdW5zZXR0bGVkGAogASgJEhAKCHJlc2VydmVkGAsgASgJEhEKCWF2YWlsYWJsZRgMIAEoCUIOCgxfY2xvc2FibGVfYXQiPgoRR2V0UGVybWl0UmVzcG9uc2USKQoGcGVybWl0GAEgASgLMhkuZ2F0ZXdheS52MS5QZXJtaXRCYWxhbmNlIiYKGEdldFJlcXVlc3RSZWNlaXB0UmVxdWVzdBIKCgJpZBgBIAEoCSKEAwoTVXNhZ2VSZWNlaXB0TWVzc2FnZRISCgpyZXF1ZXN0X2lkGAEgASgJEhEKCXBlcm1pdF9pZBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIQCghtb2RlbF9pZBgEIAEoCRIWCg50YXJpZmZfdmVyc2lvbhgFIAEoBBIUCgxpbnB1dF90b2tlbnMYBiABKAQSFQoNb3V0cHV0X3Rva2VucxgHIAEoBBIVCg1jYWNoZWRfdG9rZW5zGAggASgEEhgKEHJlYXNvbmluZ190b2tlbnMYCSABKAQSDgoGY2hhcmdlGAogASgJEg8KB2JpbGxpbmcYCyABKAkSEQoJY2xvc2VkX2F0GAwgASgEEhQKDHVzYWdlX3NvdXJjZRgNIAEoCRIwCgdjbGFpbWVkGA4gASgLMh8uZ2F0ZXdheS52MS5Vc2FnZVJlY2VpcHRGaWd1cmVzEjAKB2NvdW50ZWQYDyABKAsyHy5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdEZpZ3VyZXMihAEKE1VzYWdlUmVjZWlwdEZpZ3VyZXMSDwoHcHJlc2VudBgBIAEoCBIUCgxpbnB1dF90b2tlbnMYAiABKAQSFQoNb3V0cHV0X3Rva2VucxgDIAEoBBIVCg1jYWNoZWRfdG9rZW5zGAQgASgEEhgKEHJlYXNvbmluZ190b2tlbnMYBSABKAQitgEKFVVzYWdlUmVjZWlwdFR5cGVkRGF0YRIrCgZkb21haW4YASABKAsyGy5nYXRld2F5LnYxLlR5cGVkRGF0YURvbWFpbhIoCgV0eXBlcxgCIAMoCzIZLmdhdGV3YXkudjEuVHlwZWREYXRhVHlwZRIUCgxwcmltYXJ5X3R5cGUYAyABKAkSMAoHbWVzc2FnZRgEIAEoCzIfLmdhdGV3YXkudjEuVXNhZ2VSZWNlaXB0TWVzc2FnZSJyChlHZXRSZXF1ZXN0UmVjZWlwdFJlc3BvbnNlEjIKB3JlY2VpcHQYASABKAsyIS5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdFR5cGVkRGF0YRIRCglzaWduYXR1cmUYAiABKAkSDgoGc2lnbmVyGAMgASgJIlUKGUxpc3RQZXJtaXRSZWNlaXB0c1JlcXVlc3QSEQoJcGVybWl0X2lkGAEgASgJEg0KBWxpbWl0GAIgASgNEhYKDnN0YXJ0aW5nX2FmdGVyGAMgASgJIpkBCg1QZXJtaXRSZWNlaXB0EjIKB3JlY2VpcHQYASABKAsyIS5nYXRld2F5LnYxLlVzYWdlUmVjZWlwdFR5cGVkRGF0YRIRCglzaWduYXR1cmUYAiABKAkSDgoGc2lnbmVyGAMgASgJEjEKCnNldHRsZW1lbnQYBCABKAsyHS5nYXRld2F5LnYxLlJlcXVlc3RTZXR0bGVtZW50IlsKGkxpc3RQZXJtaXRSZWNlaXB0c1Jlc3BvbnNlEisKCHJlY2VpcHRzGAEgAygLMhkuZ2F0ZXdheS52MS5QZXJtaXRSZWNlaXB0EhAKCGhhc19tb3JlGAIgASgIIucBChNMaXN0UmVxdWVzdHNSZXF1ZXN0Eg0KBWxpbWl0GAEgASgNEhYKDnN0YXJ0aW5nX2FmdGVyGAIgASgJEg0KBW1vZGVsGAMgASgJEhEKCXBlcm1pdF9pZBgEIAEoCRIpCgZzdGF0dXMYBSABKA4yGS5nYXRld2F5LnYxLlJlcXVlc3RTdGF0dXMSGgoNY3JlYXRlZF9hZnRlchgGIAEoA0gAiAEBEhsKDmNyZWF0ZWRfYmVmb3JlGAcgASgDSAGIAQFCEAoOX2NyZWF0ZWRfYWZ0ZXJCEQoPX2NyZWF0ZWRfYmVmb3JlIlgKFExpc3RSZXF1ZXN0c1Jlc3BvbnNlEi4KCHJlcXVlc3RzGAEgAygLMhwuZ2F0ZXdheS52MS5JbmZlcmVuY2VSZXF1ZXN0EhAKCGhhc19tb3JlGAIgASgIIpABCg9HZXRVc2FnZVJlcXVlc3QSJwoGYnVja2V0GAEgASgOMhcuZ2F0ZXdheS52MS5Vc2FnZUJ1Y2tldBIRCglwZXJtaXRfaWQYAiABKAkSEQoEZnJvbRgDIAEoA0gAiAEBEg8KAnRvGAQgASgDSAGIAQESDQoFcGF5ZXIYBSABKAlCBwoFX2Zyb21CBQoDX3RvIooCCgpVc2FnZUdyb3VwEhEKCXN0YXJ0c19hdBgBIAEoAxINCgVtb2RlbBgCIAEoCRIQCghvZmZlcl9pZBgDIAEoCRIQCghyZXF1ZXN0cxgEIAEoBBIUCgxpbnB1dF90b2tlbnMYBSABKAQSFQoNb3V0cHV0X3Rva2VucxgGIAEoBBIcChRjbGFpbWVkX2lucHV0X3Rva2VucxgHIAEoBBIdChVjbGFpbWVkX291dHB1dF90b2tlbnMYCCABKAQSHAoUY291bnRlZF9pbnB1dF90b2tlbnMYCSABKAQSHQoVY291bnRlZF9vdXRwdXRfdG9rZW5zGAogASgEEg8KB2NyZWRpdHMYCyABKAkinwEKEEdldFVzYWdlUmVzcG9uc2USJwoGYnVja2V0GAEgASgOMhcuZ2F0ZXdheS52MS5Vc2FnZUJ1Y2tldBIRCglwZXJtaXRfaWQYAiABKAkSDAoEZnJvbRgDIAEoAxIKCgJ0bxgEIAEoAxImCgZncm91cHMYBSADKAsyFi5nYXRld2F5LnYxLlVzYWdlR3JvdXASDQoFcGF5ZXIYBiABKAkiFAoSTGlzdFBlcm1pdHNSZXF1ZXN0Il4KE0xpc3RQZXJtaXRzUmVzcG9uc2USKgoHcGVybWl0cxgBIAMoCzIZLmdhdGV3YXkudjEuUGVybWl0QmFsYW5jZRIbChNldmVyeV9wZXJtaXRfcGF5ZXJzGAIgAygJKk8KB0RpYWxlY3QSFwoTRElBTEVDVF9VTlNQRUNJRklFRBAAEhUKEURJQUxFQ1RfUkVTUE9OU0VTEAESFAoQRElBTEVDVF9NRVNTQUdFUxACKl0KB0JpbGxpbmcSFwoTQklMTElOR19VTlNQRUNJRklFRBAAEhIKDkJJTExJTkdfQklMTEVEEAESEwoPQklMTElOR19QQVJUSUFMEAISEAoMQklMTElOR19WT0lEEAMqYAoLVXNhZ2VTb3VyY2USHAoYVVNBR0VfU09VUkNFX1VOU1BFQ0lGSUVEEAASGQoVVVNBR0VfU09VUkNFX1BST1ZJREVSEAESGAoUVVNBR0VfU09VUkNFX0dBVEVXQVkQAirAAQoNUmVxdWVzdFN0YXR1cxIeChpSRVFVRVNUX1NUQVRVU19VTlNQRUNJRklFRBAAEhoKFlJFUVVFU1RfU1RBVFVTX1BFTkRJTkcQARIcChhSRVFVRVNUX1NUQVRVU19TVFJFQU1JTkcQAhIcChhSRVFVRVNUX1NUQVRVU19DT01QTEVURUQQAxIZChVSRVFVRVNUX1NUQVRVU19GQUlMRUQQBBIcChhSRVFVRVNUX1NUQVRVU19DQU5DRUxMRUQQBSrVAQoQU2V0dGxlbWVudFN0YXR1cxIhCh1TRVRUTEVNRU5UX1NUQVRVU19VTlNQRUNJRklFRBAAEh8KG1NFVFRMRU1FTlRfU1RBVFVTX1VOU0VUVExFRBABEh4KGlNFVFRMRU1FTlRfU1RBVFVTX1NFVFRMSU5HEAISHQoZU0VUVExFTUVOVF9TVEFUVVNfU0VUVExFRBADEhoKFlNFVFRMRU1FTlRfU1RBVFVTX05PTkUQBBIiCh5TRVRUTEVNRU5UX1NUQVRVU19VTlNFVFRMRUFCTEUQBSp1CgtQZXJtaXRTdGF0ZRIcChhQRVJNSVRfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFQRVJNSVRfU1RBVEVfT1BFThABEhgKFFBFUk1JVF9TVEFURV9DTE9TSU5HEAISFwoTUEVSTUlUX1NUQVRFX0NMT1NFRBADKlgKC1VzYWdlQnVja2V0EhwKGFVTQUdFX0JVQ0tFVF9VTlNQRUNJRklFRBAAEhUKEVVTQUdFX0JVQ0tFVF9IT1VSEAESFAoQVVNBR0VfQlVDS0VUX0RBWRACMscFChBJbmZlcmVuY2VTZXJ2aWNlEmsKFFN0cmVhbUNoYXRDb21wbGV0aW9uEicuZ2F0ZXdheS52MS5TdHJlYW1DaGF0Q29tcGxldGlvblJlcXVlc3QaKC5nYXRld2F5LnYxLlN0cmVhbUNoYXRDb21wbGV0aW9uUmVzcG9uc2UwARJLCgpHZXRSZXF1ZXN0Eh0uZ2F0ZXdheS52MS5HZXRSZXF1ZXN0UmVxdWVzdBoeLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlc3BvbnNlEkgKCUdldFBlcm1pdBIcLmdhdGV3YXkudjEuR2V0UGVybWl0UmVxdWVzdBodLmdhdGV3YXkudjEuR2V0UGVybWl0UmVzcG9uc2USYAoRR2V0UmVxdWVzdFJlY2VpcHQSJC5nYXRld2F5LnYxLkdldFJlcXVlc3RSZWNlaXB0UmVxdWVzdBolLmdhdGV3YXkudjEuR2V0UmVxdWVzdFJlY2VpcHRSZXNwb25zZRJjChJMaXN0UGVybWl0UmVjZWlwdHMSJS5nYXRld2F5LnYxLkxpc3RQZXJtaXRSZWNlaXB0c1JlcXVlc3QaJi5nYXRld2F5LnYxLkxpc3RQZXJtaXRSZWNlaXB0c1Jlc3BvbnNlElEKDExpc3RSZXF1ZXN0cxIfLmdhdGV3YXkudjEuTGlzdFJlcXVlc3RzUmVxdWVzdBogLmdhdGV3YXkudjEuTGlzdFJlcXVlc3RzUmVzcG9uc2USRQoIR2V0VXNhZ2USGy5nYXRld2F5LnYxLkdldFVzYWdlUmVxdWVzdBocLmdhdGV3YXkudjEuR2V0VXNhZ2VSZXNwb25zZRJOCgtMaXN0UGVybWl0cxIeLmdhdGV3YXkudjEuTGlzdFBlcm1pdHNSZXF1ZXN0Gh8uZ2F0ZXdheS52MS5MaXN0UGVybWl0c1Jlc3BvbnNlYgZwcm90bzM", [file_gateway_v1_provider]);
 
 /**
  * @generated from message gateway.v1.StreamChatCompletionRequest
@@ -323,6 +323,15 @@ export type ChatCompleted = Message<"gateway.v1.ChatCompleted"> & {
    * @generated from field: gateway.v1.SignedUsageReceipt receipt = 15;
    */
   receipt?: SignedUsageReceipt | undefined;
+
+  /**
+   * Set when the request was admitted through an authorization whose payer set a soft
+   * threshold (warn_at) and the use it is measured on was at or over it just after this
+   * request's admission (issue 38); unset otherwise.
+   *
+   * @generated from field: gateway.v1.BudgetWarning budget_warning = 16;
+   */
+  budgetWarning?: BudgetWarning | undefined;
 };
 
 /**
@@ -331,6 +340,70 @@ export type ChatCompleted = Message<"gateway.v1.ChatCompleted"> & {
  */
 export const ChatCompletedSchema: GenMessage<ChatCompleted> = /*@__PURE__*/
   messageDesc(file_gateway_v1_inference, 5);
+
+/**
+ * A payer's soft threshold reached (issue 38): the use of the authorization the request was
+ * admitted through (charged and held; the current period's when it has a periodic cap, else
+ * the total's) is at or over the threshold the payer signed. Amounts are decimal credits.
+ *
+ * @generated from message gateway.v1.BudgetWarning
+ */
+export type BudgetWarning = Message<"gateway.v1.BudgetWarning"> & {
+  /**
+   * "authorization_warn_threshold_reached".
+   *
+   * @generated from field: string code = 1;
+   */
+  code: string;
+
+  /**
+   * @generated from field: string message = 2;
+   */
+  message: string;
+
+  /**
+   * @generated from field: string authorization_id = 3;
+   */
+  authorizationId: string;
+
+  /**
+   * @generated from field: string warn_at = 4;
+   */
+  warnAt: string;
+
+  /**
+   * @generated from field: string used = 5;
+   */
+  used: string;
+
+  /**
+   * The cap the threshold is measured against: the periodic cap, else the total.
+   *
+   * @generated from field: string cap = 6;
+   */
+  cap: string;
+
+  /**
+   * "day", "week", "month", or "" (the total).
+   *
+   * @generated from field: string period = 7;
+   */
+  period: string;
+
+  /**
+   * Unix seconds: when the period renews; absent for the total.
+   *
+   * @generated from field: optional int64 period_renews_at = 8;
+   */
+  periodRenewsAt?: bigint | undefined;
+};
+
+/**
+ * Describes the message gateway.v1.BudgetWarning.
+ * Use `create(BudgetWarningSchema)` to create a new message.
+ */
+export const BudgetWarningSchema: GenMessage<BudgetWarning> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_inference, 6);
 
 /**
  * A usage receipt with the gateway's receipt key's signature over it.
@@ -363,7 +436,7 @@ export type SignedUsageReceipt = Message<"gateway.v1.SignedUsageReceipt"> & {
  * Use `create(SignedUsageReceiptSchema)` to create a new message.
  */
 export const SignedUsageReceiptSchema: GenMessage<SignedUsageReceipt> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 6);
+  messageDesc(file_gateway_v1_inference, 7);
 
 /**
  * Token figures of one answer: a provider's usage claim, or the gateway's own
@@ -403,7 +476,7 @@ export type UsageFigures = Message<"gateway.v1.UsageFigures"> & {
  * Use `create(UsageFiguresSchema)` to create a new message.
  */
 export const UsageFiguresSchema: GenMessage<UsageFigures> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 7);
+  messageDesc(file_gateway_v1_inference, 8);
 
 /**
  * @generated from message gateway.v1.GetRequestRequest
@@ -422,7 +495,7 @@ export type GetRequestRequest = Message<"gateway.v1.GetRequestRequest"> & {
  * Use `create(GetRequestRequestSchema)` to create a new message.
  */
 export const GetRequestRequestSchema: GenMessage<GetRequestRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 8);
+  messageDesc(file_gateway_v1_inference, 9);
 
 /**
  * @generated from message gateway.v1.GetRequestResponse
@@ -439,7 +512,7 @@ export type GetRequestResponse = Message<"gateway.v1.GetRequestResponse"> & {
  * Use `create(GetRequestResponseSchema)` to create a new message.
  */
 export const GetRequestResponseSchema: GenMessage<GetRequestResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 9);
+  messageDesc(file_gateway_v1_inference, 10);
 
 /**
  * @generated from message gateway.v1.RequestSettlement
@@ -478,7 +551,7 @@ export type RequestSettlement = Message<"gateway.v1.RequestSettlement"> & {
  * Use `create(RequestSettlementSchema)` to create a new message.
  */
 export const RequestSettlementSchema: GenMessage<RequestSettlement> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 10);
+  messageDesc(file_gateway_v1_inference, 11);
 
 /**
  * The record of one chat completion request.
@@ -614,7 +687,7 @@ export type InferenceRequest = Message<"gateway.v1.InferenceRequest"> & {
  * Use `create(InferenceRequestSchema)` to create a new message.
  */
 export const InferenceRequestSchema: GenMessage<InferenceRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 11);
+  messageDesc(file_gateway_v1_inference, 12);
 
 /**
  * @generated from message gateway.v1.GetPermitRequest
@@ -633,7 +706,7 @@ export type GetPermitRequest = Message<"gateway.v1.GetPermitRequest"> & {
  * Use `create(GetPermitRequestSchema)` to create a new message.
  */
 export const GetPermitRequestSchema: GenMessage<GetPermitRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 12);
+  messageDesc(file_gateway_v1_inference, 13);
 
 /**
  * A permit's balance. Amounts are decimal strings in the model's credit
@@ -724,7 +797,7 @@ export type PermitBalance = Message<"gateway.v1.PermitBalance"> & {
  * Use `create(PermitBalanceSchema)` to create a new message.
  */
 export const PermitBalanceSchema: GenMessage<PermitBalance> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 13);
+  messageDesc(file_gateway_v1_inference, 14);
 
 /**
  * @generated from message gateway.v1.GetPermitResponse
@@ -741,7 +814,7 @@ export type GetPermitResponse = Message<"gateway.v1.GetPermitResponse"> & {
  * Use `create(GetPermitResponseSchema)` to create a new message.
  */
 export const GetPermitResponseSchema: GenMessage<GetPermitResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 14);
+  messageDesc(file_gateway_v1_inference, 15);
 
 /**
  * @generated from message gateway.v1.GetRequestReceiptRequest
@@ -760,7 +833,7 @@ export type GetRequestReceiptRequest = Message<"gateway.v1.GetRequestReceiptRequ
  * Use `create(GetRequestReceiptRequestSchema)` to create a new message.
  */
 export const GetRequestReceiptRequestSchema: GenMessage<GetRequestReceiptRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 15);
+  messageDesc(file_gateway_v1_inference, 16);
 
 /**
  * UsageReceipt(string requestId, bytes32 permitId, bytes32 offerId, bytes32 modelId,
@@ -871,7 +944,7 @@ export type UsageReceiptMessage = Message<"gateway.v1.UsageReceiptMessage"> & {
  * Use `create(UsageReceiptMessageSchema)` to create a new message.
  */
 export const UsageReceiptMessageSchema: GenMessage<UsageReceiptMessage> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 16);
+  messageDesc(file_gateway_v1_inference, 17);
 
 /**
  * The EIP-712 struct UsageFigures of a receipt.
@@ -910,7 +983,7 @@ export type UsageReceiptFigures = Message<"gateway.v1.UsageReceiptFigures"> & {
  * Use `create(UsageReceiptFiguresSchema)` to create a new message.
  */
 export const UsageReceiptFiguresSchema: GenMessage<UsageReceiptFigures> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 17);
+  messageDesc(file_gateway_v1_inference, 18);
 
 /**
  * EIP-712 typed data of a usage receipt, as eth_signTypedData_v4 verifies it.
@@ -947,7 +1020,7 @@ export type UsageReceiptTypedData = Message<"gateway.v1.UsageReceiptTypedData"> 
  * Use `create(UsageReceiptTypedDataSchema)` to create a new message.
  */
 export const UsageReceiptTypedDataSchema: GenMessage<UsageReceiptTypedData> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 18);
+  messageDesc(file_gateway_v1_inference, 19);
 
 /**
  * @generated from message gateway.v1.GetRequestReceiptResponse
@@ -978,7 +1051,7 @@ export type GetRequestReceiptResponse = Message<"gateway.v1.GetRequestReceiptRes
  * Use `create(GetRequestReceiptResponseSchema)` to create a new message.
  */
 export const GetRequestReceiptResponseSchema: GenMessage<GetRequestReceiptResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 19);
+  messageDesc(file_gateway_v1_inference, 20);
 
 /**
  * @generated from message gateway.v1.ListPermitReceiptsRequest
@@ -1011,7 +1084,7 @@ export type ListPermitReceiptsRequest = Message<"gateway.v1.ListPermitReceiptsRe
  * Use `create(ListPermitReceiptsRequestSchema)` to create a new message.
  */
 export const ListPermitReceiptsRequestSchema: GenMessage<ListPermitReceiptsRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 20);
+  messageDesc(file_gateway_v1_inference, 21);
 
 /**
  * A permit's receipt with what became of its charge.
@@ -1048,7 +1121,7 @@ export type PermitReceipt = Message<"gateway.v1.PermitReceipt"> & {
  * Use `create(PermitReceiptSchema)` to create a new message.
  */
 export const PermitReceiptSchema: GenMessage<PermitReceipt> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 21);
+  messageDesc(file_gateway_v1_inference, 22);
 
 /**
  * @generated from message gateway.v1.ListPermitReceiptsResponse
@@ -1072,7 +1145,7 @@ export type ListPermitReceiptsResponse = Message<"gateway.v1.ListPermitReceiptsR
  * Use `create(ListPermitReceiptsResponseSchema)` to create a new message.
  */
 export const ListPermitReceiptsResponseSchema: GenMessage<ListPermitReceiptsResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 22);
+  messageDesc(file_gateway_v1_inference, 23);
 
 /**
  * @generated from message gateway.v1.ListRequestsRequest
@@ -1133,7 +1206,7 @@ export type ListRequestsRequest = Message<"gateway.v1.ListRequestsRequest"> & {
  * Use `create(ListRequestsRequestSchema)` to create a new message.
  */
 export const ListRequestsRequestSchema: GenMessage<ListRequestsRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 23);
+  messageDesc(file_gateway_v1_inference, 24);
 
 /**
  * @generated from message gateway.v1.ListRequestsResponse
@@ -1157,7 +1230,7 @@ export type ListRequestsResponse = Message<"gateway.v1.ListRequestsResponse"> & 
  * Use `create(ListRequestsResponseSchema)` to create a new message.
  */
 export const ListRequestsResponseSchema: GenMessage<ListRequestsResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 24);
+  messageDesc(file_gateway_v1_inference, 25);
 
 /**
  * @generated from message gateway.v1.GetUsageRequest
@@ -1191,6 +1264,17 @@ export type GetUsageRequest = Message<"gateway.v1.GetUsageRequest"> & {
    * @generated from field: optional int64 to = 4;
    */
   to?: bigint | undefined;
+
+  /**
+   * An address: the usage of every request of this payer (admitted through an
+   * authorization it signed, on any of its permits, by any key, and its x402
+   * payments). Only on that payer's own ReadPayerRequests signature
+   * (`Authorization: Payer ...`); anyone else, an API key included, is refused
+   * `not_payer`. Not with permit_id.
+   *
+   * @generated from field: string payer = 5;
+   */
+  payer: string;
 };
 
 /**
@@ -1198,7 +1282,7 @@ export type GetUsageRequest = Message<"gateway.v1.GetUsageRequest"> & {
  * Use `create(GetUsageRequestSchema)` to create a new message.
  */
 export const GetUsageRequestSchema: GenMessage<GetUsageRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 25);
+  messageDesc(file_gateway_v1_inference, 26);
 
 /**
  * The usage of one model on one offer in one time bucket. Token counts and
@@ -1281,7 +1365,7 @@ export type UsageGroup = Message<"gateway.v1.UsageGroup"> & {
  * Use `create(UsageGroupSchema)` to create a new message.
  */
 export const UsageGroupSchema: GenMessage<UsageGroup> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 26);
+  messageDesc(file_gateway_v1_inference, 27);
 
 /**
  * @generated from message gateway.v1.GetUsageResponse
@@ -1317,6 +1401,13 @@ export type GetUsageResponse = Message<"gateway.v1.GetUsageResponse"> & {
    * @generated from field: repeated gateway.v1.UsageGroup groups = 5;
    */
   groups: UsageGroup[];
+
+  /**
+   * The payer (lowercase address) whose usage this is; empty: not a payer's.
+   *
+   * @generated from field: string payer = 6;
+   */
+  payer: string;
 };
 
 /**
@@ -1324,7 +1415,7 @@ export type GetUsageResponse = Message<"gateway.v1.GetUsageResponse"> & {
  * Use `create(GetUsageResponseSchema)` to create a new message.
  */
 export const GetUsageResponseSchema: GenMessage<GetUsageResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 27);
+  messageDesc(file_gateway_v1_inference, 28);
 
 /**
  * @generated from message gateway.v1.ListPermitsRequest
@@ -1337,21 +1428,22 @@ export type ListPermitsRequest = Message<"gateway.v1.ListPermitsRequest"> & {
  * Use `create(ListPermitsRequestSchema)` to create a new message.
  */
 export const ListPermitsRequestSchema: GenMessage<ListPermitsRequest> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 28);
+  messageDesc(file_gateway_v1_inference, 29);
 
 /**
  * @generated from message gateway.v1.ListPermitsResponse
  */
 export type ListPermitsResponse = Message<"gateway.v1.ListPermitsResponse"> & {
   /**
-   * The permits the key's active authorizations name, by permit id.
+   * The permits the key's active authorizations name, and the newest 100 the payers of its
+   * every-permit authorizations opened (as the indexer saw them open), by permit id.
    *
    * @generated from field: repeated gateway.v1.PermitBalance permits = 1;
    */
   permits: PermitBalance[];
 
   /**
-   * Payers (addresses) whose every permit the key may spend.
+   * Payers (addresses) whose every permit the key may spend (their permits are in `permits`).
    *
    * @generated from field: repeated string every_permit_payers = 2;
    */
@@ -1363,7 +1455,7 @@ export type ListPermitsResponse = Message<"gateway.v1.ListPermitsResponse"> & {
  * Use `create(ListPermitsResponseSchema)` to create a new message.
  */
 export const ListPermitsResponseSchema: GenMessage<ListPermitsResponse> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_inference, 29);
+  messageDesc(file_gateway_v1_inference, 30);
 
 /**
  * A client dialect of the chat RPC.
@@ -1710,8 +1802,10 @@ export const InferenceService: GenService<{
    * UTC hour or day (of the requests' creation), model and offer: of the calling
    * API key's requests (or a payer's x402 ones, as ListRequests), or of every
    * request on one permit whichever key made it (only for API keys the permit's
-   * payer authorized, refused as GetPermit). At most 93 days of days or 7 days of
-   * hours (INVALID_ARGUMENT `invalid_request` beyond).
+   * payer authorized, refused as GetPermit), or of every request of one payer
+   * (`payer`: on that payer's own signature only, PERMISSION_DENIED `not_payer`
+   * otherwise). At most 93 days of days or 7 days of hours (INVALID_ARGUMENT
+   * `invalid_request` beyond).
    *
    * @generated from rpc gateway.v1.InferenceService.GetUsage
    */

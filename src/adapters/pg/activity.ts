@@ -83,9 +83,27 @@ export async function listRequests(
   });
 }
 
+/** The sums of a usage group, over the rows `r` of a scope's range. */
+const usageSums = `count(*) AS requests,
+        sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
+        coalesce(sum(claimed_input_tokens), 0) AS claimed_input_tokens,
+        coalesce(sum(claimed_output_tokens), 0) AS claimed_output_tokens,
+        coalesce(sum(counted_input_tokens), 0) AS counted_input_tokens,
+        coalesce(sum(counted_output_tokens), 0) AS counted_output_tokens,
+        coalesce(sum(credits_charged), 0) AS credits`;
+
+/** The columns a payer's two ranges give the sums (the same for both, for UNION ALL). */
+const usageColumns = `ir.created_at, ir.model, ir.offer_id, ir.input_tokens, ir.output_tokens,
+  ir.claimed_input_tokens, ir.claimed_output_tokens, ir.counted_input_tokens,
+  ir.counted_output_tokens, ir.credits_charged`;
+
 /**
- * The usage of a key's or a permit's requests made in `[from, to)`, grouped by UTC bucket of
- * creation, model and offer (ordered so): one range of the scope's index, summed.
+ * The usage of a key's, a permit's or a payer's requests made in `[from, to)`, grouped by UTC
+ * bucket of creation, model and offer (ordered so). A key or a permit: one range of its index,
+ * summed. A payer: its authorizations (permit_authorizations_payer_nonce), each one's requests
+ * of the range (inference_requests_authorization: every request on one of its permits was
+ * admitted through one of them), and beside them its x402 payments' requests (their caller id's
+ * range of inference_requests_key_created; they have no authorization, so the two never meet).
  */
 export function usageQuery(
   scope: UsageScope,
@@ -93,19 +111,30 @@ export function usageQuery(
   from: number,
   to: number,
 ): SqlQuery {
+  const group = "GROUP BY 1, 2, 3 ORDER BY 1, 2, 3";
+  if ("payer" in scope) {
+    return {
+      text: `SELECT (created_at / $4) * $4 AS starts_at, model, offer_id, ${usageSums}
+        FROM (
+          SELECT ${usageColumns} FROM permit_authorizations a
+            JOIN inference_requests ir ON ir.authorization_id = a.id
+           WHERE a.payer = $1 AND ir.authorization_id IS NOT NULL
+             AND ir.created_at >= $2 AND ir.created_at < $3
+          UNION ALL
+          SELECT ${usageColumns} FROM inference_requests ir
+           WHERE ir.api_key_id = $5 AND ir.created_at >= $2 AND ir.created_at < $3
+        ) r
+        ${group}`,
+      values: [scope.payer.toLowerCase(), from, to, bucketSeconds[bucket], scope.x402Caller],
+    };
+  }
   const [column, id] =
     "permitId" in scope ? ["permit_id", scope.permitId] : ["api_key_id", scope.apiKeyId];
   return {
-    text: `SELECT (created_at / $4) * $4 AS starts_at, model, offer_id, count(*) AS requests,
-        sum(input_tokens) AS input_tokens, sum(output_tokens) AS output_tokens,
-        coalesce(sum(claimed_input_tokens), 0) AS claimed_input_tokens,
-        coalesce(sum(claimed_output_tokens), 0) AS claimed_output_tokens,
-        coalesce(sum(counted_input_tokens), 0) AS counted_input_tokens,
-        coalesce(sum(counted_output_tokens), 0) AS counted_output_tokens,
-        coalesce(sum(credits_charged), 0) AS credits
+    text: `SELECT (created_at / $4) * $4 AS starts_at, model, offer_id, ${usageSums}
       FROM inference_requests
       WHERE ${column} = $1 AND created_at >= $2 AND created_at < $3
-      GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`,
+      ${group}`,
     values: [id, from, to, bucketSeconds[bucket]],
   };
 }

@@ -83,6 +83,7 @@ describeIfPostgres("authority signals on PostgreSQL (migration 029's triggers, L
       perRequestCap: 0n,
       period: "" as const,
       periodCap: 0n,
+      warnAt: 0n,
       createdAt: 1_700_000_000,
       revokedAt: null,
       revokedBy: null,

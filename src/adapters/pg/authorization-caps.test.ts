@@ -49,6 +49,7 @@ async function authorization(
     perRequestCap?: bigint;
     period?: PermitAuthorization["period"];
     periodCap?: bigint;
+    warnAt?: bigint;
   } = {},
 ): Promise<PermitAuthorization> {
   const a: PermitAuthorization = {
@@ -62,6 +63,7 @@ async function authorization(
     perRequestCap: caps.perRequestCap ?? 0n,
     period: caps.period ?? "",
     periodCap: caps.periodCap ?? 0n,
+    warnAt: caps.warnAt ?? 0n,
     createdAt: NOW,
     revokedAt: null,
     revokedBy: null,

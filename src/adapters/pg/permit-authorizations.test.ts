@@ -36,6 +36,7 @@ describe("permit authorizations (the table)", () => {
     perRequestCap: 0n,
     period: "" as const,
     periodCap: 0n,
+    warnAt: 0n,
     createdAt: now,
     revokedAt: null,
     revokedBy: null,

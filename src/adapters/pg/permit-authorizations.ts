@@ -24,6 +24,7 @@ interface Row {
   per_request_cap: string;
   period: string;
   period_cap: string;
+  warn_at: string;
   created_at: string;
   revoked_at: string | null;
   revoked_by: "key" | "payer" | null;
@@ -38,7 +39,7 @@ interface Row {
 
 const columns =
   "id, api_key_id, payer, permit_id, expires_at, issued_at, total_cap, per_request_cap, " +
-  "period, period_cap, created_at, revoked_at, revoked_by";
+  "period, period_cap, warn_at, created_at, revoked_at, revoked_by";
 
 /**
  * The use of the authorization `a` (issue 28, item 7), as the columns credits_used,
@@ -78,6 +79,7 @@ function fromRow(r: Row): PermitAuthorization {
     perRequestCap: BigInt(r.per_request_cap),
     period: readPeriod(r.period),
     periodCap: BigInt(r.period_cap),
+    warnAt: BigInt(r.warn_at),
     createdAt: Number(r.created_at),
     revokedAt: r.revoked_at === null ? null : Number(r.revoked_at),
     revokedBy: r.revoked_by,
@@ -168,9 +170,9 @@ async function insertUnlessRevoked(
      ), ins AS (
        INSERT INTO permit_authorizations
          (id, api_key_id, payer, permit_id, expires_at, nonce, signature, created_at,
-          issued_at, total_cap, per_request_cap, period, period_cap)
+          issued_at, total_cap, per_request_cap, period, period_cap, warn_at)
        SELECT $1, $2, $3, $4, $5::bigint, $6, $7, $8::bigint, $9::bigint, $10::numeric,
-              $11::numeric, $12, $13::numeric
+              $11::numeric, $12, $13::numeric, $14::numeric
        WHERE NOT EXISTS (SELECT 1 FROM e WHERE e.epoch >= $9::bigint)
        ON CONFLICT (payer, nonce) DO NOTHING
        RETURNING id
@@ -190,6 +192,7 @@ async function insertUnlessRevoked(
       a.perRequestCap.toString(),
       a.period,
       a.periodCap.toString(),
+      a.warnAt.toString(),
     ],
   );
   const row = rows[0]!;
@@ -389,7 +392,7 @@ export async function findApiKeyWithAuthorizations(
                  'permit_id', a.permit_id, 'expires_at', a.expires_at::text,
                  'issued_at', a.issued_at::text, 'total_cap', a.total_cap::text,
                  'per_request_cap', a.per_request_cap::text, 'period', a.period,
-                 'period_cap', a.period_cap::text,
+                 'period_cap', a.period_cap::text, 'warn_at', a.warn_at::text,
                  'created_at', a.created_at::text, 'revoked_at', NULL, 'revoked_by', NULL))
           FROM permit_authorizations a
          WHERE a.api_key_id = k.id AND a.revoked_at IS NULL AND a.expires_at > $2

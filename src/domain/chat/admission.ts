@@ -4,11 +4,13 @@ import type { Hex } from "viem";
 import type { ModelRecord } from "../catalog.js";
 import { GatewayError } from "../errors.js";
 import {
+  budgetWarning,
   fitsPerRequestCap,
   periodCapRefusal,
   periodStart,
   reservesAgainstCap,
   totalCapRefusal,
+  type BudgetWarning,
   type PermitAuthorization,
 } from "../permit-authorization/index.js";
 import type { Permit } from "../permits.js";
@@ -59,6 +61,8 @@ export interface Admission {
   readonly inputCount: bigint;
   /** Signs the receipt a streamed answer ends with ({@link Routed.receipt}). */
   readonly receipt?: SignReceipt | undefined;
+  /** The payer's soft threshold, reached by this admission's authorization (issue 38). */
+  readonly budgetWarning?: BudgetWarning | undefined;
 }
 
 /** Signs the usage receipt of a closed record (domain/receipts.ts). */
@@ -192,6 +196,7 @@ export async function admit(p: Admitting, turn: ChatTurn, routed: Routed): Promi
     );
   }
   const grant = admittedBy;
+  const warning = await thresholdReached(p, grant, now);
   trace?.admitted({
     requestId,
     quoteId,
@@ -220,7 +225,28 @@ export async function admit(p: Admitting, turn: ChatTurn, routed: Routed): Promi
     counter: routed.counter,
     inputCount: routed.inputCount,
     ...(routed.receipt === undefined || !req.stream ? {} : { receipt: routed.receipt }),
+    ...(warning === undefined ? {} : { budgetWarning: warning }),
   };
+}
+
+/**
+ * The payer's soft threshold on the authorization that admitted the request (issue 38), read on
+ * its ledger just after the admission: the warning the answer carries when the use is at or over
+ * it, the crossing counted once per period. A warning is advice: when its read fails, the
+ * request is served without one.
+ */
+async function thresholdReached(
+  p: Admitting,
+  grant: PermitAuthorization,
+  now: number,
+): Promise<BudgetWarning | undefined> {
+  const thresholds = p.deps.thresholds;
+  if (grant.warnAt === 0n || thresholds === undefined) return undefined;
+  const measured = await thresholds.measure(grant.id, grant.warnAt).catch(() => undefined);
+  if (measured === undefined) return undefined;
+  const warning = budgetWarning(grant, measured.used, now);
+  if (warning !== undefined) p.deps.observer?.budgetWarned?.(grant.period, measured.crossed);
+  return warning;
 }
 
 /** Whether this request is charged its offer's wake fee (absent `wakeFees`: never). */

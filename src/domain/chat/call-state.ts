@@ -219,6 +219,9 @@ export class CallState {
       reasoningTokens: usage.reasoningTokens ?? 0n,
       claimed: final.claimed,
       counted: final.counted,
+      ...(this.admission.budgetWarning === undefined
+        ? {}
+        : { budgetWarning: this.admission.budgetWarning }),
     };
   }
 }

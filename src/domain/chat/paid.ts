@@ -150,6 +150,7 @@ function paymentGrant(
     perRequestCap: payment.signedAmount,
     period: "",
     periodCap: 0n,
+    warnAt: 0n,
     createdAt: now,
     revokedAt: null,
     revokedBy: null,

@@ -75,6 +75,23 @@ export interface ReserveInput {
   readonly periodStart?: number;
 }
 
+/**
+ * A payer's soft threshold on the ledger of a capped authorization (issue 38;
+ * adapters/pg/authorization-warnings.ts), read just after a request's admission through it.
+ */
+export interface AuthorizationThresholds {
+  /**
+   * The use `warnAt` is measured on (the current period's with a periodic cap, else the
+   * total's: charged and held), and whether this call is the one that found it crossed first in
+   * its period (exactly one per period, across processes). Undefined: the authorization has no
+   * ledger (no total or periodic cap).
+   */
+  measure(
+    authorizationId: string,
+    warnAt: bigint,
+  ): Promise<{ used: bigint; crossed: boolean } | undefined>;
+}
+
 /** The reservation ledger (adapters/pg/ledger/index.ts); each call is one transaction. */
 export interface Ledger {
   /**
@@ -232,6 +249,12 @@ export interface ChatObserver {
   usageCompared?(modelId: Hex, offerId: Hex, claimed: UsageFigures, counted: UsageFigures): void;
   /** An offer's provider answered 429 (or 503 with Retry-After): it cools down this long. */
   cooledDown?(modelId: Hex, offerId: Hex, seconds: number): void;
+  /**
+   * A request admitted at or over its authorization's soft threshold (issue 38): `crossed` for
+   * the one admission per period that crossed it; `period` is the authorization's ("" the
+   * total's). No id: the metric's labels stay bounded and name no one.
+   */
+  budgetWarned?(period: string, crossed: boolean): void;
 }
 
 export interface InferenceDeps {
@@ -301,6 +324,11 @@ export interface InferenceDeps {
   readonly cooldowns?: OfferCooldowns | undefined;
   /** The bounds of a cooldown (required with `cooldowns`). */
   readonly cooldownBounds?: CooldownBounds | undefined;
+  /**
+   * The soft thresholds payers set on capped authorizations (issue 38): absent, no answer
+   * carries a budget warning.
+   */
+  readonly thresholds?: AuthorizationThresholds | undefined;
   /**
    * Admits a `stream: true` chat of an API key before anything is reserved (throws 429
    * `rate_limited` at the key's limit of streams in flight) and returns its release, called

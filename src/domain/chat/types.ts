@@ -8,6 +8,7 @@
  * metering (`metering.ts`). It knows neither HTTP nor protobuf.
  */
 import type { SignedUsageReceipt } from "../receipt-types.js";
+import type { BudgetWarning } from "../permit-authorization/index.js";
 import type { Hex } from "viem";
 
 export const quoteLifetimeSeconds = 60;
@@ -118,6 +119,11 @@ export interface ChatCompleted {
    * something. Absent otherwise.
    */
   readonly receipt?: SignedUsageReceipt | undefined;
+  /**
+   * The payer's soft threshold reached (issue 38): the authorization that admitted the request
+   * was at or over it just after the admission. Absent otherwise.
+   */
+  readonly budgetWarning?: BudgetWarning | undefined;
 }
 
 /**

@@ -3,9 +3,16 @@ import { ForwardingSink } from "../chat/sink.js";
 import type { AnswerController, AnswerSink } from "../chat/types.js";
 import type { ChatChunk, ChatCompleted, ChatStarted, UsageFigures } from "../chat/types.js";
 import { GatewayError } from "../errors.js";
+import { budgetWarningText, type BudgetWarning } from "../permit-authorization/index.js";
 import { messagesDialect } from "./messages.js";
 import { responsesDialect } from "./responses.js";
-import type { Dialect, GatewayCharge, GatewayFigures, StreamTranslator } from "./types.js";
+import type {
+  Dialect,
+  GatewayBudgetWarning,
+  GatewayCharge,
+  GatewayFigures,
+  StreamTranslator,
+} from "./types.js";
 
 /**
  * The translator stage (DESIGN.md section 9): a client's dialect in, the canonical chat
@@ -77,6 +84,23 @@ export function chargeOf(done: ChatCompleted): GatewayCharge {
     usage_counted: figuresOf(done.counted),
     usage_source: done.usageFromProvider ? "provider" : "gateway",
     ...(done.receipt === undefined ? {} : { receipt: done.receipt }),
+    ...(done.budgetWarning === undefined
+      ? {}
+      : { budget_warning: budgetWarningOf(done.budgetWarning) }),
+  };
+}
+
+/** `x_gateway.budget_warning` (issue 38): the view of ChatCompleted's `budget_warning`. */
+function budgetWarningOf(w: BudgetWarning): GatewayBudgetWarning {
+  return {
+    code: "authorization_warn_threshold_reached",
+    message: budgetWarningText(w),
+    authorization_id: w.authorizationId,
+    warn_at: w.warnAt.toString(),
+    used: w.used.toString(),
+    cap: w.cap.toString(),
+    period: w.period,
+    period_renews_at: w.renewsAt ?? null,
   };
 }
 
@@ -100,6 +124,7 @@ const chunkChargeOrder = [
   "usage_counted",
   "usage_source",
   "receipt",
+  "budget_warning",
 ] as const satisfies readonly (keyof GatewayCharge)[];
 
 /** {@link chargeOf} in a chat completion stream's final chunk (its members' order). */

@@ -39,6 +39,21 @@ export interface GatewayCharge {
    * `receipt`); absent otherwise.
    */
   readonly receipt?: SignedUsageReceipt;
+  /** The payer's soft threshold reached (ChatCompleted's `budget_warning`); absent otherwise. */
+  readonly budget_warning?: GatewayBudgetWarning;
+}
+
+/** `x_gateway.budget_warning` (issue 38): amounts as decimal strings. */
+export interface GatewayBudgetWarning {
+  readonly code: "authorization_warn_threshold_reached";
+  readonly message: string;
+  readonly authorization_id: string;
+  readonly warn_at: string;
+  readonly used: string;
+  readonly cap: string;
+  readonly period: string;
+  /** Unix seconds; null for a threshold on the total. */
+  readonly period_renews_at: number | null;
 }
 
 /** Token figures in `x_gateway` (decimal strings, as its other token counts). */

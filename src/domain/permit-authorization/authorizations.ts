@@ -25,6 +25,12 @@ export interface PermitAuthorization {
   readonly period: AuthorizationPeriod;
   /** Credits the key may spend through it per period; 0n: none. */
   readonly periodCap: bigint;
+  /**
+   * The payer's soft threshold (issue 38; checks.ts `readCaps`): from this use on (the current
+   * period's with a periodic cap, else the total's), answers carry a warning; 0n: none. Signed
+   * in AuthorizeKey: the key holder can neither change nor drop it.
+   */
+  readonly warnAt: bigint;
   /** Unix seconds. */
   readonly createdAt: number;
   /** Unix seconds; null while not revoked. */
@@ -184,5 +190,76 @@ export function periodCapRefusal(
       `${new Date(renews * 1000).toISOString()} (${renews}, Unix seconds; UTC ${period}s)`,
     // Retry-After: when the period renews (a client that honours it comes back then).
     { retryAfterSeconds: Math.max(1, renews - now) },
+  );
+}
+
+/**
+ * A soft threshold reached (issue 38): the warning an answer admitted through `authorizationId`
+ * carries in `x_gateway.budget_warning`. `used` is what counts against the cap the threshold is
+ * measured on (charged and held: the maxima of open requests count until they close), of the
+ * current `period` ("" the total's; `renewsAt` then absent).
+ */
+export interface BudgetWarning {
+  readonly authorizationId: string;
+  readonly warnAt: bigint;
+  readonly used: bigint;
+  /** The cap the threshold is measured against: the periodic cap, else the total. */
+  readonly cap: bigint;
+  readonly period: AuthorizationPeriod;
+  /** Unix seconds: when the period renews; absent for the total. */
+  readonly renewsAt?: number;
+}
+
+/** The cap `a`'s soft threshold is measured against: its periodic cap, else its total. */
+export function warnedCap(a: PermitAuthorization): bigint {
+  return a.periodCap !== 0n ? a.periodCap : a.totalCap;
+}
+
+/**
+ * The warning of an answer admitted through `a` when `used` (read from its ledger just after the
+ * admission) is at or over its soft threshold; undefined below it or without one.
+ */
+export function budgetWarning(
+  a: PermitAuthorization,
+  used: bigint,
+  now: number,
+): BudgetWarning | undefined {
+  if (a.warnAt === 0n || used < a.warnAt) return undefined;
+  return {
+    authorizationId: a.id,
+    warnAt: a.warnAt,
+    used,
+    cap: warnedCap(a),
+    period: a.period,
+    ...(a.period === "" ? {} : { renewsAt: periodEnd(a.period, now) }),
+  };
+}
+
+/**
+ * The use a listing compares with `a`'s soft threshold at `now`: the current period's (charged
+ * and held) with a periodic cap, else what its requests were charged and hold; and whether it
+ * is at or over the threshold. Undefined without one.
+ */
+export function warnUse(
+  a: PermitAuthorization,
+  now: number,
+): { used: bigint; reached: boolean } | undefined {
+  if (a.warnAt === 0n) return undefined;
+  const period = periodUse(a, now);
+  const used =
+    period?.used ?? (a.use === undefined ? 0n : a.use.creditsUsed + a.use.creditsReserved);
+  return { used, reached: used >= a.warnAt };
+}
+
+/** A {@link BudgetWarning} in words, for the person or agent reading the answer. */
+export function budgetWarningText(w: BudgetWarning): string {
+  const scope = w.period === "" ? "total cap" : `cap for this UTC ${w.period}`;
+  const renews =
+    w.renewsAt === undefined
+      ? ""
+      : `; the period renews at ${new Date(w.renewsAt * 1000).toISOString()}`;
+  return (
+    `authorization ${w.authorizationId} has used ${w.used} credits of its ${scope} of ` +
+    `${w.cap}, at or over the ${w.warnAt} its payer asked to be warned at${renews}`
   );
 }

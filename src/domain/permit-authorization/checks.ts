@@ -191,13 +191,20 @@ export interface AuthorizationCaps {
   readonly period: AuthorizationPeriod;
   /** Credits per period; 0n: none (exactly when `period` is ""). */
   readonly periodCap: bigint;
+  /**
+   * The soft threshold (issue 38): credits of use (the current period's with a periodic cap,
+   * else the total's) from which answers carry a warning; 0n: none.
+   */
+  readonly warnAt: bigint;
 }
 
 /**
  * An authorization's caps (issue 28, item 7; issue 38): credits in the permit's smallest unit, 0
  * for none. A cap names one permit, whose token is its unit; a per-request cap above the total
  * (or above the periodic cap) could never be reached, and is refused. A periodic cap names its
- * period and its credits, both or neither.
+ * period and its credits, both or neither. A soft threshold (`warnAt`) is measured on the
+ * ledger a cap keeps, so it needs a total or periodic cap and is at most the cap it is measured
+ * against (the periodic one when there is one): one above it would never be reached.
  */
 export function readCaps(
   totalValue: unknown,
@@ -205,6 +212,7 @@ export function readCaps(
   permitId: Hex,
   periodValue?: unknown,
   periodCapValue?: unknown,
+  warnAtValue?: unknown,
 ): AuthorizationCaps {
   const totalCap = readCredits(totalValue, "totalCap");
   const perRequestCap = readCredits(perRequestValue, "perRequestCap");
@@ -234,5 +242,19 @@ export function readCaps(
   if (periodCap !== 0n && perRequestCap > periodCap) {
     throw new GatewayError("authorization_cap_invalid", "perRequestCap is above periodCap");
   }
-  return { totalCap, perRequestCap, period, periodCap };
+  const warnAt = readCredits(warnAtValue, "warnAt");
+  const measured = periodCap !== 0n ? periodCap : totalCap;
+  if (warnAt !== 0n && measured === 0n) {
+    throw new GatewayError(
+      "authorization_cap_invalid",
+      "a soft threshold (warnAt) is measured against a total or periodic cap: set one",
+    );
+  }
+  if (warnAt > measured) {
+    throw new GatewayError(
+      "authorization_cap_invalid",
+      `warnAt is above ${periodCap !== 0n ? "periodCap" : "totalCap"}, which it is measured against`,
+    );
+  }
+  return { totalCap, perRequestCap, period, periodCap, warnAt };
 }

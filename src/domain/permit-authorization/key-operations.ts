@@ -43,7 +43,14 @@ export function createChallenge(
     Math.min(defaultAuthorizationLifetimeSeconds, deps.maxLifetimeSeconds),
     (value) => readAuthorizationExpiry(value, t, t, deps.maxLifetimeSeconds),
   );
-  const caps = readCaps(req.totalCap, req.perRequestCap, permitId, req.period, req.periodCap);
+  const caps = readCaps(
+    req.totalCap,
+    req.perRequestCap,
+    permitId,
+    req.period,
+    req.periodCap,
+    req.warnAt,
+  );
   return authorizeKeyTypedData(deps, caps, {
     payer,
     keyId: req.apiKeyId,
@@ -60,7 +67,7 @@ function authorizeKeyTypedData(
   caps: ReturnType<typeof readCaps>,
   message: Omit<
     Parameters<typeof buildAuthorizeKeyTypedData>[0]["message"],
-    "deployment" | "totalCap" | "perRequestCap" | "period" | "periodCap"
+    "deployment" | "totalCap" | "perRequestCap" | "period" | "periodCap" | "warnAt"
   >,
 ): AuthorizeKeyTypedData {
   return buildAuthorizeKeyTypedData({
@@ -77,6 +84,7 @@ function authorizeKeyTypedData(
       perRequestCap: caps.perRequestCap.toString(),
       period: caps.period,
       periodCap: caps.periodCap.toString(),
+      warnAt: caps.warnAt.toString(),
       nonce: message.nonce,
     },
   });
@@ -98,7 +106,14 @@ export async function authorize(
   }
   const issuedAt = readIssuedAt(req.issuedAt, t);
   const expiresAt = readAuthorizationExpiry(req.expiresAt, t, issuedAt, deps.maxLifetimeSeconds);
-  const caps = readCaps(req.totalCap, req.perRequestCap, permitId, req.period, req.periodCap);
+  const caps = readCaps(
+    req.totalCap,
+    req.perRequestCap,
+    permitId,
+    req.period,
+    req.periodCap,
+    req.warnAt,
+  );
   readChallengeNonce(req.nonce);
   readChallengeSignature(req.signature);
   // The key id is the caller's, never the body's: a signature made for another key does
@@ -123,6 +138,7 @@ export async function authorize(
     perRequestCap: caps.perRequestCap,
     period: caps.period,
     periodCap: caps.periodCap,
+    warnAt: caps.warnAt,
     createdAt: t,
     revokedAt: null,
     revokedBy: null,

@@ -41,8 +41,13 @@ describe("a signed periodic cap (readCaps)", () => {
       perRequestCap: 0n,
       period: "day",
       periodCap: 2000n,
+      warnAt: 0n,
     });
-    expect(readCaps(undefined, undefined, anyPermit)).toMatchObject({ period: "", periodCap: 0n });
+    expect(readCaps(undefined, undefined, anyPermit)).toMatchObject({
+      period: "",
+      periodCap: 0n,
+      warnAt: 0n,
+    });
   });
 
   it.each([
@@ -76,6 +81,7 @@ describe("a periodic cap's use and refusal", () => {
     perRequestCap: 0n,
     period: "day",
     periodCap: 2000n,
+    warnAt: 0n,
     createdAt: at("2026-11-01T00:00:00Z"),
     revokedAt: null,
     revokedBy: null,
@@ -127,6 +133,7 @@ describe("the AuthorizeKey with a periodic cap (issue 38)", () => {
     perRequestCap: "0",
     period: "day",
     periodCap: "2000",
+    warnAt: "0",
     nonce: "n",
   };
   const domain = gatewaySigningDomain(31337, `0x${"22".repeat(20)}`);
@@ -157,7 +164,7 @@ describe("the AuthorizeKey with a periodic cap (issue 38)", () => {
   });
 
   it("leaves the proof of an authorization stored before it verifiable under the older field list", async () => {
-    const { period: _p, periodCap: _c, ...before } = message;
+    const { period: _p, periodCap: _c, warnAt: _w, ...before } = message;
     const signature = await account.signTypedData({
       domain,
       types: { AuthorizeKey: [...authorizeKeyFieldsBeforePeriods] },
@@ -167,7 +174,11 @@ describe("the AuthorizeKey with a periodic cap (issue 38)", () => {
     expect(await verify(authorizeKeyFieldsBeforePeriods, before, signature)).toBe(true);
     // Not as the newer type, whatever period it is read with.
     expect(
-      await verify(authorizeKeyFields, { ...before, period: "", periodCap: "0" }, signature),
+      await verify(
+        authorizeKeyFields,
+        { ...before, period: "", periodCap: "0", warnAt: "0" },
+        signature,
+      ),
     ).toBe(false);
   });
 });

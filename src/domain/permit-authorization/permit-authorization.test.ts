@@ -22,6 +22,7 @@ const authorization = (overrides: Partial<PermitAuthorization> = {}): PermitAuth
   perRequestCap: 0n,
   period: "",
   periodCap: 0n,
+  warnAt: 0n,
   createdAt: now - 60,
   revokedAt: null,
   revokedBy: null,

@@ -15,6 +15,8 @@ export interface PermitAuthorizationService {
     /** "day", "week", "month"; absent or "": no periodic cap (then `periodCap` too). */
     period?: string;
     periodCap?: string;
+    /** The soft threshold: credits, a decimal string; absent or "0": none. */
+    warnAt?: string;
   }): AuthorizeKeyTypedData;
   authorize(req: {
     apiKeyId: string;
@@ -28,6 +30,7 @@ export interface PermitAuthorizationService {
     perRequestCap?: string;
     period?: string;
     periodCap?: string;
+    warnAt?: string;
     nonce: string;
     signature: string;
   }): Promise<PermitAuthorization>;

@@ -52,12 +52,18 @@ export const authorizeKeyFields: TypedDataField[] = [
   { name: "perRequestCap", type: "uint256" },
   { name: "period", type: "string" },
   { name: "periodCap", type: "uint256" },
+  { name: "warnAt", type: "uint256" },
   { name: "nonce", type: "string" },
 ];
 
 /** `AuthorizeKey` as signed before issue 38: the proof of an authorization stored before 039. */
 export const authorizeKeyFieldsBeforePeriods: readonly TypedDataField[] = authorizeKeyFields.filter(
-  (f) => f.name !== "period" && f.name !== "periodCap",
+  (f) => f.name !== "period" && f.name !== "periodCap" && f.name !== "warnAt",
+);
+
+/** `AuthorizeKey` as signed before the soft threshold: the proof of a row stored before 041. */
+export const authorizeKeyFieldsBeforeWarnAt: readonly TypedDataField[] = authorizeKeyFields.filter(
+  (f) => f.name !== "warnAt",
 );
 
 /**
@@ -150,6 +156,8 @@ export type AuthorizeKeyMessage = {
   period: string;
   /** Credits per period, a decimal string (uint256); "0": none. */
   periodCap: string;
+  /** The soft threshold: credits, a decimal string (uint256); "0": none. */
+  warnAt: string;
   nonce: string;
 };
 

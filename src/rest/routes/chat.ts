@@ -85,6 +85,7 @@ function chatAnswer(json: TSchema, events: TSchema, description: string): Respon
       "X-Gateway-Offer-Id": header("X-Gateway-Offer-Id"),
       "X-Gateway-Tariff-Version": header("X-Gateway-Tariff-Version"),
       "X-Gateway-Credits-Charged": header("X-Gateway-Credits-Charged-Json"),
+      "X-Gateway-Budget-Warning": header("X-Gateway-Budget-Warning"),
       Trailer: header("Trailer"),
     },
     content: {

@@ -137,15 +137,18 @@ export const inferenceRoutes: readonly Route[] = [
     path: "/v1/usage",
     operationId: "getUsage",
     summary:
-      "Requests, tokens and credits by hour or day, model and offer (the caller's, or a permit's)",
+      "Requests, tokens and credits by hour or day, model and offer (the caller's, a permit's or, on its signature, a payer's)",
     description: [
       "The usage of the requests made in `[from, to)` (Unix seconds; default the 7 days up to",
       "now), grouped by UTC `bucket` (`hour` or `day`, the default) of their creation, model and",
       "offer: requests, tokens charged, the providers' claims and the gateway's counts, credits",
       "charged (base units). Of the calling API key's requests (a payer's signature: its x402",
       "requests), or with `permit` of every request on that permit whichever key made it (API",
-      "keys the permit's payer authorized; others are refused as `GET /v1/permits/{id}`). A range",
-      "spans at most 93 days by day, 7 days by hour (400 `invalid_request`).",
+      "keys the permit's payer authorized; others are refused as `GET /v1/permits/{id}`), or with",
+      "`payer` of every request of that payer: those admitted through an authorization it signed",
+      "(every request on its permits, whichever key) and its x402 payments, only on that payer's",
+      "own signature (`Authorization: Payer ...`; an API key or another payer: 403 `not_payer`).",
+      "A range spans at most 93 days by day, 7 days by hour (400 `invalid_request`).",
     ].join("\n"),
     tag: "inference",
     auth: "apiKeyOrPayer",
@@ -164,6 +167,14 @@ export const inferenceRoutes: readonly Route[] = [
         description: "the permit whose usage (default: the caller's requests)",
         schema: Hex32,
       },
+      {
+        name: "payer",
+        in: "query",
+        required: false,
+        description:
+          "the payer whose usage (its every permit and x402 payment): only on its own signature",
+        schema: { type: "string", pattern: "^0x[0-9a-fA-F]{40}$" },
+      },
       timeParam("from", "Unix seconds: requests made at or after this (default to - 7 days)"),
       timeParam("to", "Unix seconds: requests made before this (default: now included)"),
     ],
@@ -171,7 +182,7 @@ export const inferenceRoutes: readonly Route[] = [
     errors: {
       400: ["invalid_hex", "invalid_request"],
       402: ["permit_not_found"],
-      403: ["permit_not_authorized"],
+      403: ["permit_not_authorized", "not_payer"],
       503: ["chain_unavailable"],
     },
     handle: async ({ unary, query }) => {
@@ -179,6 +190,7 @@ export const inferenceRoutes: readonly Route[] = [
       const usage = await unary(InferenceService.method.getUsage, {
         bucket: enumParam(params, "bucket", UsageBucketSchema),
         permitId: params.get("permit") ?? "",
+        payer: params.get("payer") ?? "",
         from: seconds(params, "from"),
         to: seconds(params, "to"),
       });
@@ -193,8 +205,8 @@ export const inferenceRoutes: readonly Route[] = [
     description: [
       "Each permit an active authorization of the calling key names, with its balance as",
       "`GET /v1/permits/{id}` gives it (a permit the chain does not hold is left out), and",
-      "`every_permit_payers`: the payers who authorized the key for every permit of theirs",
-      "(the gateway does not list a payer's permits from the chain; read each by its id).",
+      "`every_permit_payers`: the payers who authorized the key for every permit of theirs,",
+      "whose permits are listed too (the newest 100 each opened, as the indexer saw them).",
     ].join("\n"),
     tag: "inference",
     answer: { description: "The permits", schema: SpendablePermitList },

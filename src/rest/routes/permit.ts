@@ -57,6 +57,7 @@ export const permitRoutes: readonly Route[] = [
         perRequestCap: body.perRequestCap ?? "",
         period: body.period ?? "",
         periodCap: body.periodCap ?? "",
+        warnAt: body.warnAt ?? "",
       });
       if (typedData === undefined) throw new Error("challenge answered without typed data");
       return { body: authorizeKeyTypedDataView(typedData) };
@@ -89,6 +90,7 @@ export const permitRoutes: readonly Route[] = [
         perRequestCap: body.perRequestCap ?? "",
         period: body.period ?? "",
         periodCap: body.periodCap ?? "",
+        warnAt: body.warnAt ?? "",
         nonce: body.nonce,
         signature: body.signature,
       });

@@ -79,6 +79,7 @@ export function authorizeKeyTypedDataView(typed: AuthorizeKeyTypedData) {
       perRequestCap: typed.message?.perRequestCap,
       period: typed.message?.period,
       periodCap: typed.message?.periodCap,
+      warnAt: typed.message?.warnAt,
       nonce: typed.message?.nonce,
     },
   };

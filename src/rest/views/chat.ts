@@ -1,5 +1,6 @@
 import { Type } from "@sinclair/typebox";
 import {
+  BudgetWarningSchema,
   ChatCompletedSchema,
   type SignedUsageReceipt as SignedUsageReceiptMessage,
 } from "../../../gen/gateway/v1/inference_pb.js";
@@ -19,9 +20,20 @@ import { usageDetails, usageFigureFields, usageFigureViews } from "./resources.j
  * `x_gateway`, the charge of a completed answer (every dialect's last event and JSON answer): the
  * view of the chat RPC's ChatCompleted message.
  */
+/** A payer's soft threshold reached (issue 38), in `x_gateway.budget_warning`. */
+const budgetWarningResource = protoView(BudgetWarningSchema, "BudgetWarning", {
+  fields: {
+    code: { description: "authorization_warn_threshold_reached" },
+    period: {
+      description: 'the periodic cap\'s period ("day", "week", "month"), or "" (the total)',
+    },
+  },
+});
+
 export const xGatewayResource = protoView(ChatCompletedSchema, "XGateway", {
   nested: {
     ...usageFigureViews,
+    budget_warning: budgetWarningResource,
     receipt: {
       schema: SignedUsageReceipt,
       view: (m) => {
@@ -39,6 +51,11 @@ export const xGatewayResource = protoView(ChatCompletedSchema, "XGateway", {
       optional: true,
       description:
         "The request's signed usage receipt, as `GET /v1/requests/{id}/receipt` answers it: on the last event of a streamed answer paid with x402 (its headers are gone by then), when the gateway signs receipts and something was charged",
+    },
+    budget_warning: {
+      optional: true,
+      description:
+        "The payer's soft threshold (warn_at, signed in its authorization of the key) reached: the use of the authorization that admitted the request, the current period's with a periodic cap, else the total's (charged and held), was at or over it just after this request's admission. Absent below it or without one",
     },
     // usage_source says the same, in words.
     usage_from_provider: { omit: true },

@@ -93,6 +93,7 @@ const fieldShapes: Readonly<Record<string, TSchema>> = {
   total_cap: Decimal,
   per_request_cap: Decimal,
   period_cap: Decimal,
+  warn_at: Decimal,
   period_used: Decimal,
   period_renews_at: UnixSeconds,
   credits_used: Decimal,

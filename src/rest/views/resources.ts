@@ -15,6 +15,7 @@ import {
 import { PermitAuthorizationSchema } from "../../../gen/gateway/v1/permit_pb.js";
 import {
   EarningsBatchSchema,
+  EarningsDaySchema,
   EarningsTotalsSchema,
   OfferEarningsSchema,
   OfferHealthSchema,
@@ -329,6 +330,14 @@ export const offerEarningsResource = protoView(OfferEarningsSchema, "OfferEarnin
         tx_hash: { emptyIsNull: true },
       },
     }),
+    days: protoView(EarningsDaySchema, "EarningsDay", {
+      fields: {
+        starts_at: { description: "Unix seconds: the start of the UTC day of completion" },
+        requests: { integer: true },
+        credits: { description: "credits charged that day, every settlement state (base units)" },
+        settled_credits: { description: "of them, settled on chain (base units)" },
+      },
+    }),
   },
   fields: {
     from: { integer: true, description: "Unix seconds: charges completed at or after this" },
@@ -360,6 +369,16 @@ export const PermitAuthorizationList = listOf(
 );
 
 export const SettlementBatchList = listOf("SettlementBatchList", batchRecordResource.schema);
+
+export const OfferKeyBindingList = component(
+  "OfferKeyBindingList",
+  Type.Object({
+    object: Type.Literal("list"),
+    data: Type.Array(offerKeyBindingResource.schema, {
+      description: "the calling key's active bindings, newest first",
+    }),
+  }),
+);
 
 export const OfferKeyBindingEnvelope = component(
   "OfferKeyBindingEnvelope",
