@@ -1,6 +1,7 @@
 import type { IncomingHttpHeaders } from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { AuditOutcome } from "../src/domain/audits/runner.js";
+import { judgeMarket } from "../src/domain/audits/evidence.js";
 import type { ModelAuditInput, OfferAuditVerdict } from "../src/domain/audits/types.js";
 import { seededRandom } from "../src/domain/audits/traffic.js";
 import { loadAuditCorpus } from "../src/adapters/audits/corpus.js";
@@ -356,5 +357,10 @@ describe("what the provider receives: audits among clients", () => {
     expect(new Set(samples.map((x) => x.text))).toEqual(new Set(["word0 word1"]));
     expect(saved).toEqual([verdicts]);
     expect(verdicts.map((v) => v.offerId)).toEqual([a.chatOffer]);
+    // The statistics the gateway runs by default read the same input: one offer of the model has
+    // no peer to be compared with (no anchor, no majority), so it stays unaudited.
+    expect(judgeMarket(judged[0]!).map((v) => [v.offerId, v.state])).toEqual([
+      [a.chatOffer, "unaudited"],
+    ]);
   });
 });

@@ -8,6 +8,7 @@ import { apiKeyIdOf } from "../domain/api-key-check.js";
 import { createAuditRunner, type AuditRunner, type SaveVerdicts } from "../domain/audits/runner.js";
 import { createShapeSample, type ShapeSample } from "../domain/audits/shapes.js";
 import { cryptoRandom, type Random } from "../domain/audits/traffic.js";
+import { judgeMarket } from "../domain/audits/evidence.js";
 import type { JudgeMarket } from "../domain/audits/types.js";
 import type { Catalog } from "../domain/catalog.js";
 import type { createMetrics } from "../runtime/metrics.js";
@@ -20,7 +21,7 @@ import type { createMetrics } from "../runtime/metrics.js";
 
 /** What a caller of startGateway may give the audits (tests: a seeded choice, no timers). */
 export interface AuditOptions {
-  /** The statistics (src/domain/audits/evidence.ts); absent: samples are collected only. */
+  /** The statistics; absent: src/domain/audits/evidence.ts's `judgeMarket`. */
   readonly judge?: JudgeMarket | undefined;
   /** The standing's store of verdicts (src/adapters/pg/audits.ts). */
   readonly saveVerdicts?: SaveVerdicts | undefined;
@@ -82,7 +83,7 @@ export async function prepareAudits(
         budget: { perOffer: audits.budgetPerOffer, perModel: audits.budgetPerModel },
         samples,
         observer: deps.metrics.audits,
-        judge: settings.judge,
+        judge: settings.judge ?? judgeMarket,
         saveVerdicts: settings.saveVerdicts,
         perOfferPerDay: audits.requestsPerOfferPerDay,
         evidenceWindowMs: audits.evidenceWindowDays * 86_400_000,
