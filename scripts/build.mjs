@@ -67,6 +67,7 @@ const assets = [
   "src/adapters/pg/migrations",
   "src/adapters/pg/functions",
   "src/adapters/tokenizers/default",
+  "src/adapters/audits/data",
   "src/adapters/tokenizers/gemma/gemma3-table.gz",
   "src/console",
 ];

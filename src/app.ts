@@ -9,6 +9,7 @@ import * as ledger from "./adapters/pg/ledger/index.js";
 import { createUpstreamClient, type UpstreamClient } from "./adapters/upstream/http.js";
 import { createApi, wireApiKeys, wireRateLimiter, type ApiKeyWiring } from "./app/api.js";
 import { connectChain, marketReads, startIndexer, type IndexerHooks } from "./app/chain.js";
+import type { AuditOptions } from "./app/audits.js";
 import { wireChat, type ChatWiring } from "./app/chat.js";
 import { wireProviders } from "./app/provider.js";
 import { createReadiness, dependencySources } from "./runtime/readiness.js";
@@ -23,6 +24,7 @@ import {
 } from "./app/tokenizer-preloads.js";
 import { startTracing } from "./app/tracing.js";
 import type { Config } from "./config.js";
+import type { AuditRunner } from "./domain/audits/runner.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import type { MeasurementSync } from "./domain/reputation/measurement-types.js";
 import type { OfferCooldowns } from "./domain/reputation/cooldowns.js";
@@ -58,6 +60,8 @@ export interface Gateway {
   readonly metricsUrl: string;
   /** The gateway's token counters (the tokenizer registry, checked at start-up). */
   readonly tokens: TokenCounters;
+  /** The blind audits' runner (AUDIT_PERMITS; src/domain/audits/runner.ts); undefined when off. */
+  readonly audits: AuditRunner | undefined;
   close(): Promise<void>;
 }
 
@@ -74,6 +78,8 @@ export interface StartOptions {
    * tokenizer registry's (TOKENIZER_REGISTRY over the embedded one, checked at start-up).
    */
   readonly tokens?: PreloadingCounters;
+  /** The audits' statistics, standing and (tests) choices and timers (src/app/audits.ts). */
+  readonly audits?: AuditOptions;
 }
 
 /**
@@ -144,6 +150,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     await ledger.heartbeat(db.pool, instanceId);
     const rateLimiter = wireRateLimiter(config, { db, instanceId, logger });
     chat = await wireChat(config, {
+      auditOptions: options.audits,
       db,
       sealer: storage.sealer,
       catalog,
@@ -189,11 +196,9 @@ export async function startGateway(config: Config, options: StartOptions): Promi
     metrics.setSources(scrapeSources(config, { db, chain, clock, cooldowns: chat.cooldowns }));
     await preloaded;
     const { listener, metricsListener } = await listenAll(config, shutdown.guard(handler), metrics);
-    health.start();
-    settlement.start();
     const { url, metricsUrl } = urlsOf(config, listener, metricsListener);
+    const audits = startListening({ health, settlement, chat, url });
     announce(config, logger, { url, database: db.kind });
-
     const parts = {
       shutdown,
       settlement,
@@ -223,6 +228,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       measurementSync: chat.measurementSync,
       metricsUrl,
       tokens,
+      audits,
       close: () => closeGateway(parts),
     };
   } catch (error) {
@@ -318,6 +324,21 @@ function wireRouting(
   };
   const preloads = createTokenizerPreloads({ tokens, catalog, logger: deps.logger });
   return { catalog, endpointCache, invalidateRouting, preloads };
+}
+
+/**
+ * What starts once the gateway listens: the prober, the settlement rounds, and the blind audits
+ * (they reach the gateway at `url`, its own port); returns the audits' runner.
+ */
+function startListening(parts: {
+  readonly health: HealthMonitor;
+  readonly settlement: Settlement;
+  readonly chat: ChatWiring;
+  readonly url: string;
+}): AuditRunner | undefined {
+  parts.health.start();
+  parts.settlement.start();
+  return parts.chat.audits?.start(parts.url);
 }
 
 /** The gateway's listener, and the metrics' own when METRICS_PORT is set. */
@@ -418,6 +439,7 @@ function closeGateway(parts: {
         parts.indexer.stop(),
         parts.housekeeping.stop(),
         parts.chat.stopBackground(),
+        parts.chat.audits?.close(),
       ]);
     },
     listener: parts.listener,

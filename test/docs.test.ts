@@ -124,6 +124,7 @@ const RUNNERS: readonly Runner[] = [
   { shows: /^gateway provider (register|verify|health)\b/, test: "test/provider.test.ts" },
   { shows: /^gateway provider bind-key\b/, test: "test/e2e/wallet-guard.test.ts" },
   { shows: /^gateway provider earnings\b/, test: "test/earnings.test.ts" },
+  { shows: /^gateway audits budget\b/, test: "test/audit-budget.test.ts" },
 
   // The REST routes, called with curl.
   { shows: /^curl .*\/health\b/, test: "test/e2e/cli.test.ts" },

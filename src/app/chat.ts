@@ -3,6 +3,7 @@ import type { Hex } from "viem";
 import type { Sealer } from "../adapters/crypto/sealer.js";
 import type { Database } from "../adapters/pg/database.js";
 import type { PublicClient } from "viem";
+import { prepareAudits, type AuditOptions, type AuditWiring } from "./audits.js";
 import { wireX402 } from "./x402.js";
 import {
   createPgLedger,
@@ -49,6 +50,8 @@ const measurementSyncMs = 5_000;
 /** The metered chat pipeline of this process and what runs beside it. */
 export interface ChatWiring {
   readonly inference: Inference;
+  /** The blind audits (src/app/audits.ts), started once the gateway listens; undefined when off. */
+  readonly audits: AuditWiring | undefined;
   /** The reservation leases (absent when RESERVATION_LEASES is off). */
   readonly leased: LeasedLedger | undefined;
   /** Each offer's reputation, from memory (the catalog's; docs/decisions/providers-and-routing.md). */
@@ -66,6 +69,8 @@ export interface ChatWiring {
 /** What the chat pipeline is wired from. */
 export interface ChatDeps {
   readonly db: Database;
+  /** The audits' options (tests: seeded choices, no timers; the statistics and standing). */
+  readonly auditOptions?: AuditOptions | undefined;
   readonly sealer: Sealer;
   readonly catalog: Catalog;
   readonly permits: PermitReader;
@@ -123,8 +128,11 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
   });
   await cooldowns.refresh().catch(() => undefined);
   cooldowns.start();
+  // The blind audits (AUDIT_PERMITS): their corpus checked now, their sample of clients' shapes.
+  const audits = await prepareAudits(config, { audits: deps.auditOptions }, deps);
   const inference = createInference({
     catalog: deps.catalog,
+    observeRequest: audits?.shapes.observe,
     permits: deps.permits,
     quotes: createPgQuoteStore(db.pool),
     ledger: leased ?? perRequest,
@@ -171,6 +179,7 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
   });
   return {
     inference,
+    audits,
     leased,
     reputation: offerReputation(measurements, measurementSync),
     measurementSync,

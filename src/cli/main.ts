@@ -13,6 +13,7 @@ import { startGateway } from "../app.js";
 import { ConfigError, parseConfig, parseLocalConfig } from "../config.js";
 import { sandboxPermitOpenCommand, sandboxShutdownGraceMs, startSandbox } from "../dev/sandbox.js";
 import { createLogger } from "../runtime/logger.js";
+import { runAuditsBudget } from "./audits-budget.js";
 import { runPermitCommand } from "./permit.js";
 import { runProviderCommand } from "./provider.js";
 import { runSettleCommand } from "./settle.js";
@@ -43,6 +44,9 @@ commands:
                             period refunds what was not settled (see 'gateway permit')
   permit audit ID           check a permit's signed usage receipts against the chain
   provider ...              onboard an offer's endpoint, read its earnings (see 'gateway provider')
+  audits budget [--day YYYY-MM-DD]
+                            what the blind audits spent on a UTC day (today), per model and offer,
+                            against AUDIT_DAILY_BUDGET_PER_OFFER / _PER_MODEL; exit 1 when over
   x402 blocked              the payers refused x402 payments since a settlement of theirs failed
   x402 clear ADDRESS        let a refused payer pay with x402 again (every gateway process)
   settle                    run the settlement worker (Flush over gRPC on an interval)
@@ -161,6 +165,23 @@ async function runX402Command(rest: string[]): Promise<void> {
       process.stderr.write(`${target} is not refused x402 payments\n`);
       process.exitCode = 1;
     }
+  } finally {
+    await db.close();
+  }
+}
+
+/** `gateway audits budget [--day YYYY-MM-DD]`: the day's audit spend against the budgets. */
+async function runAuditsCommand(rest: string[]): Promise<void> {
+  const [action, ...args] = rest;
+  if (action !== "budget") throw new UsageError("audits: expected 'budget'");
+  const db = await managementDatabase();
+  try {
+    process.exitCode = await runAuditsBudget(db.pool, args, process.env, {
+      out: (line) => process.stdout.write(`${line}\n`),
+    });
+  } catch (error) {
+    if (error instanceof RangeError) throw new UsageError(error.message);
+    throw error;
   } finally {
     await db.close();
   }
@@ -294,6 +315,10 @@ async function run(argv: string[]): Promise<void> {
     }
     case "x402": {
       await runX402Command(rest);
+      return;
+    }
+    case "audits": {
+      await runAuditsCommand(rest);
       return;
     }
     case "settle": {

@@ -1,5 +1,6 @@
 import { isAddress, isHex, type Address, type Hex } from "viem";
 import { deploymentIdPattern } from "../adapters/pg/deployment.js";
+import { auditSettings, type AuditConfig } from "./audits.js";
 import {
   ConfigError,
   envReader,
@@ -138,6 +139,8 @@ export interface Config {
   readonly x402PayerExposureCap: bigint;
   readonly x402DeploymentExposureCap: bigint;
   readonly x402MaxTimeoutSeconds: number;
+  /** Blind audits (issue 39; src/config/audits.ts): undefined when off (no AUDIT_PERMITS). */
+  readonly audits: AuditConfig | undefined;
   /** Settlement: the settlement operator account's key; absent, Flush answers 503 `settlement_unavailable`. */
   readonly settlementPrivateKey: Hex | undefined;
   /**
@@ -309,6 +312,7 @@ export function parseConfig(env: Env): Config {
     x402PayerExposureCap: r.wei("X402_PAYER_EXPOSURE_CAP", 100n * 10n ** 18n),
     x402DeploymentExposureCap: r.wei("X402_DEPLOYMENT_EXPOSURE_CAP", 10_000n * 10n ** 18n),
     x402MaxTimeoutSeconds: r.int("X402_MAX_TIMEOUT_SECONDS", 300, 120, 86_400),
+    audits: auditSettings(r),
     settlementMaxBatchGas: BigInt(
       r.int("SETTLEMENT_MAX_BATCH_GAS", 12_000_000, 200_000, 1_000_000_000),
     ),

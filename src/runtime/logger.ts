@@ -28,6 +28,8 @@ export const secretFields: readonly string[] = [
   "SETTLEMENT_PRIVATE_KEY",
   "receiptPrivateKey",
   "RECEIPT_PRIVATE_KEY",
+  "auditApiKey",
+  "AUDIT_API_KEY",
   "endpointEncryptionKey",
   "ENDPOINT_ENCRYPTION_KEY",
   "GATEWAY_API_KEY",

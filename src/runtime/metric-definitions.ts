@@ -118,6 +118,20 @@ export const metricDefinitions = {
     labelNames: ["model", "offer"],
     from: "ChatObserver.charged",
   },
+  auditRequests: {
+    type: "counter",
+    name: "gateway_audit_requests_total",
+    help: "Blind audit requests sent (issue 39), by model, offer and test (border_probe, mmd); each paid by the operator's audit permit like any request.",
+    labelNames: ["model", "offer", "test"],
+    from: "AuditObserver.sent",
+  },
+  auditCredits: {
+    type: "counter",
+    name: "gateway_audit_credits_spent_total",
+    help: "Credits audits were charged (the operator's audit permit), by model and offer: what the daily audit budget counts (approximate above 2^53, never use it for money).",
+    labelNames: ["model", "offer"],
+    from: "AuditObserver.spent",
+  },
   cooldowns: {
     type: "counter",
     name: "gateway_offer_cooldowns_total",

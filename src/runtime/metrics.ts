@@ -7,6 +7,7 @@ import {
   type LabelValues,
 } from "prom-client";
 import type { RpcObserver } from "../connect/call-guard.js";
+import type { AuditObserver } from "../domain/audits/runner.js";
 import type { ChatObserver } from "../domain/chat/ports.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { createSharedRefresh } from "../domain/shared-refresh.js";
@@ -49,6 +50,8 @@ export interface GatewayMetrics {
   readonly settlement: SettlementObserver;
   readonly rpc: RpcObserver;
   readonly rest: RestObserver;
+  /** The blind audits' requests and spend (src/domain/audits/runner.ts). */
+  readonly audits: AuditObserver;
   /**
    * The authority listener (src/adapters/pg/authority-signals.ts) went up or down: while it is
    * down, changes to keys and authorizations made elsewhere apply within API_KEY_CACHE_MS.
@@ -157,6 +160,7 @@ export function createMetrics(
       insufficientFunds: () => m.insufficientFunds.inc(),
     },
     ...requestObservers(m),
+    audits: auditObserver(m, options.modelName ?? ((modelId: Hex) => modelId)),
     authorityListener: (up) => m.authorityListenerUp.set(up ? 1 : 0),
     setSources(s) {
       sources = s;
@@ -213,6 +217,18 @@ function chatObserver(m: Metrics, modelName: (modelId: Hex) => string): ChatObse
       const labels = { period: period === "" ? "total" : period };
       m.budgetWarnings.inc(labels);
       if (crossed) m.budgetThresholdsCrossed.inc(labels);
+    },
+  };
+}
+
+/** The audits' hooks: labelled as the chat's are (the model's public id, the OfferID). */
+function auditObserver(m: Metrics, modelName: (modelId: Hex) => string): AuditObserver {
+  return {
+    sent: (modelId, offerId, test) =>
+      m.auditRequests.inc({ model: modelName(modelId), offer: offerId, test }),
+    spent(modelId, offerId, credits) {
+      if (credits > 0n)
+        m.auditCredits.inc({ model: modelName(modelId), offer: offerId }, Number(credits));
     },
   };
 }

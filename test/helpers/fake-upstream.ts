@@ -117,6 +117,8 @@ export interface FakeRequest {
   readonly headers: IncomingHttpHeaders;
   /** The parsed JSON body, the raw text when it is not JSON, undefined when empty. */
   readonly body: unknown;
+  /** The body's bytes as text (how the JSON was laid out). */
+  readonly raw: string;
   /** True once the connection closed before the response was complete (client went away). */
   readonly closedEarly: boolean;
   /** Settles when the exchange ends: the response completed, or the connection closed first. */
@@ -235,6 +237,7 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
         path,
         headers: req.headers,
         body,
+        raw: text,
         get closedEarly() {
           return closedEarly;
         },

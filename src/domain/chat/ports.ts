@@ -6,7 +6,7 @@
  */
 import type { Hex } from "viem";
 import type { Catalog } from "../catalog.js";
-import type { JsonBounds } from "./request/index.js";
+import type { ChatRequest, JsonBounds } from "./request/index.js";
 import type { EndpointSecret } from "../health-types.js";
 import type { SpendingAuthority } from "../permit-authorization/index.js";
 import type { PermitReader } from "../permits.js";
@@ -259,6 +259,18 @@ export interface ChatObserver {
 
 export interface InferenceDeps {
   readonly catalog: Catalog;
+  /**
+   * Sees each chat request made with an API key once its model is known (the audits' sample of
+   * what clients' requests look like, never what they say: src/domain/audits/shapes.ts).
+   */
+  readonly observeRequest?:
+    | ((
+        modelId: Hex,
+        req: ChatRequest,
+        dialect: "responses" | "messages" | undefined,
+        apiKeyId: string,
+      ) => void)
+    | undefined;
   readonly permits: PermitReader;
   readonly quotes: QuoteStore;
   readonly ledger: Ledger;

@@ -1,0 +1,120 @@
+import { createHash } from "node:crypto";
+import { readFile } from "node:fs/promises";
+import { fileURLToPath } from "node:url";
+import type { Hex } from "viem";
+import { BaseError } from "../../domain/base-error.js";
+import { isHex32, normalizeHex } from "../../domain/hex.js";
+import type { AuditCorpus, CorpusPrompt, CorpusTurn } from "../../domain/audits/traffic.js";
+
+/**
+ * The audit corpus shipped with the gateway (issue 39, item 1), and its reference data: files
+ * under `data/`, each pinned by its SHA-256 in `data/manifest.json`, as the tokenizers' files are
+ * (src/adapters/tokenizers/registry.ts): what an audit asks, and what it is compared with, is the
+ * same for every gateway with the same files, and a changed file is a start-up error rather than
+ * silently different audits. A file the manifest does not list is never read.
+ *
+ * - `corpus.json`: `{ "prompts": [...], "probes": [...], "systems": { "en": [...] } }`; a prompt
+ *   is `{ "id", "lang", "task", "system"?, "turns": [{ "role": "user" | "assistant",
+ *   "content" }] }`, user first and last.
+ * - `borders/<ModelID>.json`: `{ "modelId", "prompts": [...] }`, border inputs found black-box on
+ *   the model's anchor (prompts whose top-1 first token nearly ties), in the prompts' format.
+ * - `reference/<ModelID>.json`: `{ "modelId", "logprobs": { "<sequence id>": <mean nats/token> } }`,
+ *   measured once on the reference weights (types.ts `referenceLogprobs`).
+ */
+
+export class AuditCorpusError extends BaseError {
+  readonly reason = "audit_corpus_invalid";
+  override readonly name = "AuditCorpusError";
+}
+
+/** The folder of the shipped corpus and its manifest. */
+export const auditDataDir = fileURLToPath(new URL("./data/", import.meta.url));
+
+interface Manifest {
+  readonly files: Readonly<Record<string, string>>;
+}
+
+async function readPinned(dir: string, file: string, pinned: string): Promise<unknown> {
+  const bytes = await readFile(`${dir}${file}`);
+  const actual = createHash("sha256").update(bytes).digest("hex");
+  if (actual !== pinned)
+    throw new AuditCorpusError(
+      `audit data file ${file} has sha256 ${actual}, its manifest pins ${pinned}`,
+    );
+  return JSON.parse(bytes.toString("utf8")) as unknown;
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+function prompts(value: unknown, file: string): CorpusPrompt[] {
+  if (!Array.isArray(value)) throw new AuditCorpusError(`${file}: prompts must be an array`);
+  return value.map((p, i) => {
+    const where = `${file}: prompt ${i}`;
+    if (!isObject(p) || typeof p["id"] !== "string" || typeof p["lang"] !== "string")
+      throw new AuditCorpusError(`${where} needs a string id and lang`);
+    const turns = p["turns"];
+    if (!Array.isArray(turns) || turns.length === 0 || turns.length % 2 === 0)
+      throw new AuditCorpusError(`${where}: turns must alternate user and assistant, user last`);
+    const checked = turns.map((t, j): CorpusTurn => {
+      const role = j % 2 === 0 ? "user" : "assistant";
+      if (!isObject(t) || t["role"] !== role || typeof t["content"] !== "string")
+        throw new AuditCorpusError(`${where}: turn ${j} must be a ${role} turn with text`);
+      return { role, content: t["content"] };
+    });
+    return {
+      id: p["id"],
+      lang: p["lang"],
+      task: typeof p["task"] === "string" ? p["task"] : "chat",
+      system: typeof p["system"] === "string" ? p["system"] : undefined,
+      turns: checked,
+    };
+  });
+}
+
+function modelOf(file: string, value: Record<string, unknown>): Hex {
+  const id = value["modelId"];
+  if (typeof id !== "string" || !isHex32(id) || !file.includes(normalizeHex(id)))
+    throw new AuditCorpusError(`${file}: modelId must be the Hex32 its file is named after`);
+  return normalizeHex(id);
+}
+
+/** Loads the corpus of `dir` (the shipped one by default), checking every file's SHA-256. */
+export async function loadAuditCorpus(dir: string = auditDataDir): Promise<AuditCorpus> {
+  const manifest = JSON.parse(await readFile(`${dir}manifest.json`, "utf8")) as Manifest;
+  const pin = manifest.files["corpus.json"];
+  if (pin === undefined) throw new AuditCorpusError("the manifest pins no corpus.json");
+  const main = await readPinned(dir, "corpus.json", pin);
+  if (!isObject(main)) throw new AuditCorpusError("corpus.json must be an object");
+  const systems: Record<string, string[]> = {};
+  for (const [lang, list] of Object.entries(isObject(main["systems"]) ? main["systems"] : {}))
+    if (Array.isArray(list)) systems[lang] = list.filter((s): s is string => typeof s === "string");
+  const borders = new Map<Hex, CorpusPrompt[]>();
+  const referenceLogprobs = new Map<Hex, Map<string, number>>();
+  for (const [file, sha] of Object.entries(manifest.files)) {
+    if (file.startsWith("borders/")) {
+      const value = await readPinned(dir, file, sha);
+      if (!isObject(value)) throw new AuditCorpusError(`${file} must be an object`);
+      borders.set(modelOf(file, value), prompts(value["prompts"], file));
+    } else if (file.startsWith("reference/")) {
+      const value = await readPinned(dir, file, sha);
+      if (!isObject(value) || !isObject(value["logprobs"]))
+        throw new AuditCorpusError(`${file} needs a logprobs object`);
+      const values = new Map<string, number>();
+      for (const [id, v] of Object.entries(value["logprobs"])) {
+        if (typeof v !== "number" || !(v <= 0))
+          throw new AuditCorpusError(`${file}: ${id} must be a mean log-probability (<= 0)`);
+        values.set(id, v);
+      }
+      referenceLogprobs.set(modelOf(file, value), values);
+    }
+  }
+  return {
+    prompts: prompts(main["prompts"], "corpus.json"),
+    probes: prompts(main["probes"], "corpus.json"),
+    systems,
+    borders,
+    referenceLogprobs,
+  };
+}
