@@ -26,6 +26,7 @@ import type { Config } from "./config.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import type { MeasurementSync } from "./domain/reputation/measurement-types.js";
 import type { OfferCooldowns } from "./domain/reputation/cooldowns.js";
+import type { AuditStandings } from "./domain/audits/standing.js";
 import type { EndpointSecret, HealthMonitor } from "./domain/health-types.js";
 import type { TokenCounters } from "./domain/tokens.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
@@ -54,6 +55,11 @@ export interface Gateway {
    * 5 s; `runOnce` for operators and tests).
    */
   readonly measurementSync: MeasurementSync;
+  /**
+   * The offers' audit standings as this process holds them (read every 5 s; `refresh` for
+   * operators and tests).
+   */
+  readonly audits: AuditStandings;
   /** Where `GET /metrics` is served: `url` unless METRICS_PORT gave it its own listener. */
   readonly metricsUrl: string;
   /** The gateway's token counters (the tokenizer registry, checked at start-up). */
@@ -170,6 +176,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       catalog,
       reputation: chat.reputation,
       cooldowns: chat.cooldowns,
+      audits: chat.audits,
       permits,
       permitClock: permitClock.now,
       inference: chat.inference,
@@ -221,6 +228,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       instanceId,
       housekeeping,
       measurementSync: chat.measurementSync,
+      audits: chat.audits,
       metricsUrl,
       tokens,
       close: () => closeGateway(parts),

@@ -24,6 +24,9 @@ import { createInferenceService } from "../connect/inference-service.js";
 import { createPermitService } from "../connect/permit-service.js";
 import { createProviderService } from "../connect/provider-service.js";
 import { createQuoteService } from "../connect/quote-service.js";
+import { createAuditService } from "../connect/audit-service.js";
+import { readAuditStandings } from "../adapters/pg/audits.js";
+import type { AuditStandings } from "../domain/audits/standing.js";
 import { createSettlementService } from "../connect/settlement-service.js";
 import type { Catalog } from "../domain/catalog.js";
 import type { Inference } from "../domain/chat/index.js";
@@ -133,6 +136,8 @@ export function createApi(
     readonly reputation: (offerId: Hex) => Reputation;
     /** Offers cooling down (the catalog shows when each one's cooldown ends). */
     readonly cooldowns?: Pick<OfferCooldowns, "until"> | undefined;
+    /** The offers' audit standings (the catalog and quotes show each offer's). */
+    readonly audits?: Pick<AuditStandings, "get"> | undefined;
     readonly permits: ChainPermitReader;
     readonly permitClock: () => number;
     readonly inference: Inference;
@@ -190,7 +195,7 @@ export function createApi(
       : createReceiptSigner(config.receiptPrivateKey);
   return createGatewayHandler({
     services: {
-      catalog: createCatalogService(deps.catalog, deps.reputation, deps.cooldowns),
+      catalog: createCatalogService(deps.catalog, deps.reputation, deps.cooldowns, deps.audits),
       gateway: createGatewayService({
         deployment: deps.deploymentId,
         chainId: config.chainId,
@@ -201,7 +206,8 @@ export function createApi(
             : privateKeyToAccount(config.settlementPrivateKey).address,
         receiptSigner: receiptSigner?.address,
       }),
-      quote: createQuoteService(deps.inference),
+      quote: createQuoteService(deps.inference, deps.audits),
+      audit: createAuditService({ read: () => readAuditStandings(db.pool) }),
       inference: createInferenceService({
         inference: deps.inference,
         findRequest: reads.findRequest,

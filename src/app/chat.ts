@@ -14,6 +14,8 @@ import { createPgIdempotencyStore } from "../adapters/pg/idempotency.js";
 import { createPgLeaseSignals, type PgLeaseSignals } from "../adapters/pg/lease-signals.js";
 import { createPgLeaseStore } from "../adapters/pg/leases.js";
 import { createPgCooldownStore } from "../adapters/pg/offer-cooldowns.js";
+import { createPgAuditStandingStore } from "../adapters/pg/audits.js";
+import { createAuditStandings, type AuditStandings } from "../domain/audits/standing.js";
 import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
 import { createUpstreamChat } from "../adapters/upstream/chat.js";
 import type { UpstreamClient } from "../adapters/upstream/http.js";
@@ -56,6 +58,8 @@ export interface ChatWiring {
   readonly measurementSync: MeasurementSync;
   /** Offers cooling down after their provider's 429, shared through the database. */
   readonly cooldowns: OfferCooldowns;
+  /** The offers' audit standings (read from the database on the measurements' cadence). */
+  readonly audits: AuditStandings;
   /** Stops sharing measurements (first, with the other background tasks). */
   stopBackground(): Promise<void>;
   /** Gives the leases back and stops listening for recalls (after the closes are written). */
@@ -122,6 +126,27 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
   });
   await cooldowns.refresh().catch(() => undefined);
   cooldowns.start();
+  // Written by the process that judged the market; every process reads them on this round, and
+  // once before it serves, so a restart routes nothing to an excluded offer (a failed read is
+  // logged; the first round reads them again).
+  const audits = createAuditStandings({
+    store: createPgAuditStandingStore(db.pool),
+    intervalMs: measurementSyncMs,
+    onError: (error) =>
+      logger.warn(
+        { error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
+        "reading offer audit standings failed",
+      ),
+  });
+  await audits
+    .refresh()
+    .catch((error: unknown) =>
+      logger.warn(
+        { error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
+        "reading offer audit standings failed",
+      ),
+    );
+  audits.start();
   const inference = createInference({
     catalog: deps.catalog,
     permits: deps.permits,
@@ -153,6 +178,7 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
     measurements,
     cooldowns,
     cooldownBounds,
+    audits,
     // Claimed on the endpoint's row: one request per offer per window, fleet-wide (migration 025).
     x402: wireX402(config, { db, chain: deps.chain }),
     wakeFees: createWakeFees({
@@ -169,10 +195,12 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
   return {
     inference,
     leased,
-    reputation: offerReputation(measurements, measurementSync),
+    reputation: offerReputation(measurements, measurementSync, audits),
     measurementSync,
     cooldowns,
+    audits,
     stopBackground: async () => {
+      await audits.stop();
       await cooldowns.stop();
       await measurementSync.stop();
     },

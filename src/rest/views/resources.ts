@@ -32,6 +32,7 @@ import {
 import { component, Hex32 } from "../../schema/common.js";
 import { protoView } from "./proto-view.js";
 import { maxTokenDecimals } from "../../domain/token-units.js";
+import { offerAuditResource } from "./audits.js";
 
 /**
  * The REST resources: each the view of the protobuf message it mirrors (proto-view.ts), with
@@ -152,6 +153,10 @@ const reputationResource = protoView(OfferReputationSchema, "OfferReputation", {
     },
     flags: { description: "Requests whose provider reported more usage than it could have." },
     requests: { description: "Requests counted: served plus failed by the provider." },
+    model_mismatch: {
+      description:
+        "The offer's audits found it serving another model than the one it sells (Offer.audit flagged or excluded): its score is 0.",
+    },
   },
 });
 
@@ -184,8 +189,14 @@ export const offerResource = protoView(OfferSchema, "Offer", {
     tariff: tariffResource,
     reputation: reputationResource,
     usage_divergence: usageDivergenceResource,
+    audit: offerAuditResource,
   },
   fields: {
+    audit: {
+      emptyIsNull: true,
+      description:
+        "What the offer's audits say (state, e-value, thresholds, reference; model_mismatch when flagged or excluded): shown by the catalog for every offer (GET /v1/models/{id}, /v1/models/{id}/offers; unaudited when never judged); null in other answers.",
+    },
     usage_divergence: {
       emptyIsNull: true,
       description:
@@ -228,7 +239,12 @@ export const verificationRunResource = protoView(VerificationRunSchema, undefine
 });
 
 export const quoteResource = protoView(QuoteSchema, "Quote", {
+  nested: { audit: offerAuditResource },
   fields: {
+    audit: {
+      description:
+        "What the quoted offer's audits say, as the catalog shows it (unaudited when never judged).",
+    },
     max_output_tokens: {
       description:
         "The output tokens maximum_credits pays for: the output limit times n (every choice may use the whole limit)",
