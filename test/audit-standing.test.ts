@@ -2,6 +2,7 @@ import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readAuditStandings, saveAuditVerdicts } from "../src/adapters/pg/audits.js";
 import { startGateway, type Gateway } from "../src/app.js";
+import { runAuditsCommand } from "../src/cli/audits.js";
 import { verifyOffer } from "../src/clients/provider.js";
 import type { AuditState, OfferAuditVerdict } from "../src/domain/audits/types.js";
 import { describeIfPostgres } from "./helpers/db.js";
@@ -288,6 +289,40 @@ describe("an offer its audits exclude receives no client request until it verifi
     expect(data.map((s: { offer_id: string }) => s.offer_id).sort()).toEqual([a, b].sort());
     const ofA = data.find((s: { offer_id: string }) => s.offer_id === a);
     expect(ofA.cleared_at).toBeTypeOf("number");
+
+    // `gateway audits`: the same, over gRPC with the operator token.
+    const run = async (args: string[], token = stack.operatorToken) => {
+      const out: string[] = [];
+      const error: string[] = [];
+      const env = { GATEWAY_URL: stack.gateway.url, SETTLEMENT_OPERATOR_TOKEN: token };
+      const code = await runAuditsCommand(args, env, {
+        out: (line) => out.push(line),
+        error: (line) => error.push(line),
+      });
+      return { code, out, error };
+    };
+    const modelId = stack.demo.models[0]!.modelId;
+    const printed = await run(["--model", modelId]);
+    expect(printed.code).toBe(0);
+    const lines = printed.out.flatMap((l) => l.split("\n"));
+    const at = lines.indexOf(`offer ${b} (model ${modelId})`);
+    expect(at).toBeGreaterThanOrEqual(0);
+    expect(lines.slice(at + 1, at + 4)).toEqual([
+      "  state flagged (model_mismatch): e-value 41, flags at 40, excluded at 400",
+      `  reference majority; updated ${new Date(ofB.audit.updated_at * 1000).toISOString()}; evidence cleared never`,
+      "  mmd: 64 samples against 128 of the reference, statistic 0.0123457, p-value 0.00042, e-value 41",
+    ]);
+    expect(lines).toContain(`offer ${a} (model ${modelId})`);
+    expect((await run(["--model", `0x${"ab".repeat(32)}`])).out).toEqual([
+      "no offer has been judged by the audits yet",
+    ]);
+    const asJson = JSON.parse((await run(["--json"])).out.join("\n"));
+    expect(asJson.standings).toHaveLength(2);
+    const refusedCli = await run([], `op_${"0".repeat(32)}`);
+    expect(refusedCli.code).toBe(1);
+    expect(refusedCli.error.join("\n")).toContain("invalid_operator_token");
+    expect(refusedCli.error.join("\n")).not.toContain(stack.operatorToken);
+    expect((await run(["--model", "0x12"])).code).toBe(2);
   });
 });
 

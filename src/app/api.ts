@@ -133,11 +133,14 @@ export function createApi(
     readonly deploymentId: string;
     readonly chain: PublicClient;
     readonly catalog: Catalog;
-    readonly reputation: (offerId: Hex) => Reputation;
-    /** Offers cooling down (the catalog shows when each one's cooldown ends). */
-    readonly cooldowns?: Pick<OfferCooldowns, "until"> | undefined;
-    /** The offers' audit standings (the catalog and quotes show each offer's). */
-    readonly audits?: Pick<AuditStandings, "get"> | undefined;
+    /** What the catalog (and quotes) show of each offer beside the chain's record, from memory. */
+    readonly offerViews: {
+      readonly reputation: (offerId: Hex) => Reputation;
+      /** Offers cooling down (the catalog shows when each one's cooldown ends). */
+      readonly cooldowns?: Pick<OfferCooldowns, "until"> | undefined;
+      /** The offers' audit standings (the catalog and quotes show each offer's). */
+      readonly audits?: Pick<AuditStandings, "get"> | undefined;
+    };
     readonly permits: ChainPermitReader;
     readonly permitClock: () => number;
     readonly inference: Inference;
@@ -195,7 +198,12 @@ export function createApi(
       : createReceiptSigner(config.receiptPrivateKey);
   return createGatewayHandler({
     services: {
-      catalog: createCatalogService(deps.catalog, deps.reputation, deps.cooldowns, deps.audits),
+      catalog: createCatalogService(
+        deps.catalog,
+        deps.offerViews.reputation,
+        deps.offerViews.cooldowns,
+        deps.offerViews.audits,
+      ),
       gateway: createGatewayService({
         deployment: deps.deploymentId,
         chainId: config.chainId,
@@ -206,7 +214,7 @@ export function createApi(
             : privateKeyToAccount(config.settlementPrivateKey).address,
         receiptSigner: receiptSigner?.address,
       }),
-      quote: createQuoteService(deps.inference, deps.audits),
+      quote: createQuoteService(deps.inference, deps.offerViews.audits),
       audit: createAuditService({ read: () => readAuditStandings(db.pool) }),
       inference: createInferenceService({
         inference: deps.inference,

@@ -16,6 +16,7 @@ import { createLogger } from "../runtime/logger.js";
 import { runPermitCommand } from "./permit.js";
 import { runProviderCommand } from "./provider.js";
 import { runSettleCommand } from "./settle.js";
+import { runAuditsCommand } from "./audits.js";
 import type { CommandOutput } from "./signing.js";
 
 const usage = `usage: gateway <command>
@@ -49,6 +50,9 @@ commands:
   settle reconcile          compare settled sums with the chain; exit 1 on drift
   settle flush [--dry-run] [--max-requests N]
                             one Flush now (see 'gateway settle help')
+  audits [--model ID] [--json]
+                            every offer's audit standing with its evidence (operator token; see
+                            'gateway audits help')
 
 Environment: see README.md ("Configuration").`;
 
@@ -294,6 +298,13 @@ async function run(argv: string[]): Promise<void> {
     }
     case "x402": {
       await runX402Command(rest);
+      return;
+    }
+    case "audits": {
+      process.exitCode = await runAuditsCommand(rest, process.env, {
+        out: (line) => process.stdout.write(`${line}\n`),
+        error: (line) => process.stderr.write(`${line}\n`),
+      });
       return;
     }
     case "settle": {
