@@ -13,7 +13,7 @@ import { authed, eventually, json, startChatStack, type TestStack } from "./help
 /**
  * Offers serve the model they sell (issue 39, item 4 and the acceptance line "an offer beyond
  * the stronger threshold receives no client request, pinned ones included (503 with a reason),
- * until it verifies again"; docs/decisions/audits.md): two offers of `demo-chat` on their own
+ * until it verifies again"; docs/decisions/audit-standing.md): two offers of `demo-chat` on their own
  * fake providers, `a` cheaper (ranked first), `b` dearer. The market's verdicts are written
  * straight into the store (the statistics that produce them are tested on their own), as the
  * process that judged the market writes them. The tests run in order.
@@ -299,11 +299,11 @@ describe("an offer its audits exclude receives no client request until it verifi
         out: (line) => out.push(line),
         error: (line) => error.push(line),
       });
-      return { code, out, error };
+      return { code, out, error, command: ["gateway", "audits", ...args].join(" ") };
     };
     const modelId = stack.demo.models[0]!.modelId;
     const printed = await run(["--model", modelId]);
-    expect(printed.code).toBe(0);
+    expect(printed.code, printed.command).toBe(0);
     const lines = printed.out.flatMap((l) => l.split("\n"));
     const at = lines.indexOf(`offer ${b} (model ${modelId})`);
     expect(at).toBeGreaterThanOrEqual(0);

@@ -5,7 +5,7 @@ import { component } from "../../schema/common.js";
 import { protoView } from "./proto-view.js";
 
 /**
- * The audits' REST views (docs/decisions/audits.md): an offer's standing as the catalog and
+ * The audits' REST views (docs/decisions/audit-standing.md): an offer's standing as the catalog and
  * quotes show it, and the operator's view with the evidence.
  */
 
@@ -20,7 +20,7 @@ const Statistic = component(
 
 export const offerAuditResource = protoView(OfferAuditSchema, "OfferAudit", {
   description:
-    "What the offer's audits say (docs/decisions/audits.md): blind audit requests compared with the model's reference, evidence accumulated as an anytime-valid e-value with false-discovery control across the market's offers.",
+    "What the offer's audits say (docs/decisions/audit-standing.md): blind audit requests compared with the model's reference, evidence accumulated as an anytime-valid e-value with false-discovery control across the market's offers.",
   fields: {
     state: {
       description:
