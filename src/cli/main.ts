@@ -129,6 +129,12 @@ function stopSignal(): Promise<string> {
   });
 }
 
+/** Lines a gRPC command prints: answers on stdout, failures on stderr. */
+const lineOutput = {
+  out: (line: string) => process.stdout.write(`${line}\n`),
+  error: (line: string) => process.stderr.write(`${line}\n`),
+};
+
 /** The database a management command works on: DATABASE_URL, else the embedded one under the state dir. */
 async function managementDatabase() {
   const {
@@ -301,18 +307,11 @@ async function run(argv: string[]): Promise<void> {
       return;
     }
     case "audits": {
-      process.exitCode = await runAuditsCommand(rest, process.env, {
-        out: (line) => process.stdout.write(`${line}\n`),
-        error: (line) => process.stderr.write(`${line}\n`),
-      });
+      process.exitCode = await runAuditsCommand(rest, process.env, lineOutput);
       return;
     }
     case "settle": {
-      process.exitCode = await runSettleCommand(rest, process.env, {
-        out: (line) => process.stdout.write(`${line}\n`),
-        error: (line) => process.stderr.write(`${line}\n`),
-        stopSignal,
-      });
+      process.exitCode = await runSettleCommand(rest, process.env, { ...lineOutput, stopSignal });
       return;
     }
     default:
