@@ -25,7 +25,7 @@ import { createPermitService } from "../connect/permit-service.js";
 import { createProviderService } from "../connect/provider-service.js";
 import { createQuoteService } from "../connect/quote-service.js";
 import { createAuditService } from "../connect/audit-service.js";
-import { readAuditStandings } from "../adapters/pg/audits.js";
+import { createPgAuditStandingStore } from "../adapters/pg/audits.js";
 import type { AuditStandings } from "../domain/audits/standing.js";
 import { createSettlementService } from "../connect/settlement-service.js";
 import type { Catalog } from "../domain/catalog.js";
@@ -215,7 +215,7 @@ export function createApi(
         receiptSigner: receiptSigner?.address,
       }),
       quote: createQuoteService(deps.inference, deps.offerViews.audits),
-      audit: createAuditService({ read: () => readAuditStandings(db.pool) }),
+      audit: createAuditService(createPgAuditStandingStore(db.pool)),
       inference: createInferenceService({
         inference: deps.inference,
         findRequest: reads.findRequest,

@@ -1,13 +1,12 @@
 import { create } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
-import type { Hex } from "viem";
 import {
   AuditService,
   AuditTest,
   ListAuditStandingsResponseSchema,
 } from "../../gen/gateway/v1/audit_pb.js";
-import { decimalString } from "../domain/audits/standing.js";
-import type { AuditTestName, OfferAuditStanding } from "../domain/audits/types.js";
+import { decimalString, type AuditStandingStore } from "../domain/audits/standing.js";
+import type { AuditTestName } from "../domain/audits/types.js";
 import { GatewayError } from "../domain/errors.js";
 import { isHex32 } from "../domain/hex.js";
 import { auditToMessage } from "./convert.js";
@@ -23,9 +22,9 @@ const testToProto: Record<AuditTestName, AuditTest> = {
  * evidence it rests on, read from the database when asked (`read`: the standings every process
  * routes by). The operator token is checked by the auth interceptor before the call.
  */
-export function createAuditService(deps: {
-  readonly read: () => Promise<ReadonlyMap<Hex, OfferAuditStanding>>;
-}): ServiceImpl<typeof AuditService> {
+export function createAuditService(
+  deps: Pick<AuditStandingStore, "read">,
+): ServiceImpl<typeof AuditService> {
   return {
     async listAuditStandings(req) {
       const modelId = req.modelId.toLowerCase();
