@@ -457,8 +457,8 @@ export type OfferReputation = Message<"gateway.v1.OfferReputation"> & {
    * 0 to 10000: the weighted mean of the success rate (weight 4), the time to first token and
    * throughput terms (2 each) and the verification pass rate (2), of those with data, reduced
    * by the share of requests flagged (tenfold) and by the share of usage claims that diverged
-   * (tenfold, once 20 claims are counted; 0 while excluded, `usage_divergence`). Unset until a
-   * request is counted.
+   * (tenfold, once 20 claims are counted; 0 while excluded, `usage_divergence`); 0 while the
+   * offer's audits flag or exclude it (`model_mismatch`). Unset until a request is counted.
    *
    * @generated from field: optional uint32 score = 1;
    */

@@ -100,6 +100,7 @@ describe("the audit standings' store", () => {
       ok: false,
       check: "completion_failed",
       message: "no",
+      transport: false,
       ranAt: t0 + 10,
     });
     expect(await stateOf(db, offerId)).toBe("excluded");

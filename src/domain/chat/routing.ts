@@ -161,7 +161,7 @@ export function tokenizerLoading(model: Pick<ModelRecord, "repository">): Gatewa
 
 /**
  * Applies the request's provider preferences (provider-preferences.ts) to the ranked
- * candidates. Filters first (only, ignore, require_parameters, max_price: each one that leaves
+ * candidates. Filters first (only, ignore, require_audited, require_parameters, max_price: each one that leaves
  * nothing is named in the refusal), then the order: `sort` replaces the default ranking, and
  * `order` puts its offers first; `allow_fallbacks: false` keeps only the `order` list (without
  * one, only the first offer).

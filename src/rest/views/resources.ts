@@ -131,7 +131,7 @@ const reputationResource = protoView(OfferReputationSchema, "OfferReputation", {
     score: {
       schema: basisPoints,
       description:
-        "floor(weighted mean of the terms with data: success_rate_bps x4, 10000*1000/(1000+time_to_first_token_ms) x2, 10000*tps/(tps+50) x2, verification_pass_rate_bps x2) * (10000 - min(10000, 10 * flagged basis points of requests)) / 10000, then * (10000 - min(10000, 10 * usage_divergence.share_bps)) / 10000 once usage_divergence.claimed is at least 20 (0 while excluded), each product rounded down; null until a request is counted in the window",
+        "floor(weighted mean of the terms with data: success_rate_bps x4, 10000*1000/(1000+time_to_first_token_ms) x2, 10000*tps/(tps+50) x2, verification_pass_rate_bps x2) * (10000 - min(10000, 10 * flagged basis points of requests)) / 10000, then * (10000 - min(10000, 10 * usage_divergence.share_bps)) / 10000 once usage_divergence.claimed is at least 20 (0 while excluded), each product rounded down; 0 while model_mismatch (the offer's audits flag or exclude it); null until a request is counted in the window",
     },
     success_rate_bps: {
       schema: basisPoints,
