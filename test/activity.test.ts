@@ -155,15 +155,32 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
     expect((await get("/v1/requests", stranger.key)).body.data).toEqual([]);
   });
 
-  it("GET /v1/permits: each permit an authorization names with its balance as GET /v1/permits/{id}, and the payers of every-permit authorizations", async () => {
+  it("GET /v1/permits: each permit an authorization names with its balance as GET /v1/permits/{id}, and every permit the payer of an every-permit authorization opened", async () => {
     const payer = stack.roles.payer.address.toLowerCase();
-    expect((await get("/v1/permits")).body).toEqual({
-      object: "list",
-      data: [],
-      every_permit_payers: [payer],
-    });
+    const balanceOf = async (permitId: Hex, key?: string) =>
+      (await get(`/v1/permits/${permitId.toLowerCase()}`, key)).body;
+    // The demo key may spend every permit of the demo payer: the demo permit is listed, with
+    // no permit id pasted anywhere.
+    await expect
+      .poll(async () => (await get("/v1/permits")).body, { timeout: 5000 })
+      .toEqual({
+        object: "list",
+        data: [await balanceOf(stack.demo.permitId)],
+        every_permit_payers: [payer],
+      });
     const named = await createApiKey(stack.database.db.pool, "named");
     const second = await openPermit(stack, { deposit: 10n ** 21n });
+    // A permit the payer opens later is covered by the same authorization: listed once the
+    // indexer has seen it open, with nothing signed again.
+    const both = await Promise.all(
+      [stack.demo.permitId, second]
+        .map((p) => p.toLowerCase() as Hex)
+        .sort()
+        .map((p) => balanceOf(p)),
+    );
+    await expect
+      .poll(async () => (await get("/v1/permits")).body, { timeout: 5000 })
+      .toEqual({ object: "list", data: both, every_permit_payers: [payer] });
     for (const permitId of [stack.demo.permitId, second])
       await authorizeKey(stack.gateway.url, named.key, stack.roles.payer.privateKey, { permitId });
     const list = await get("/v1/permits", named.key);

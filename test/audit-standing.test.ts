@@ -13,7 +13,7 @@ import { authed, eventually, json, startChatStack, type TestStack } from "./help
 /**
  * Offers serve the model they sell (issue 39, item 4 and the acceptance line "an offer beyond
  * the stronger threshold receives no client request, pinned ones included (503 with a reason),
- * until it verifies again"; docs/decisions/audit-standing.md): two offers of `demo-chat` on their own
+ * until it verifies again"; docs/decisions/audits.md): two offers of `demo-chat` on their own
  * fake providers, `a` cheaper (ranked first), `b` dearer. The market's verdicts are written
  * straight into the store (the statistics that produce them are tested on their own), as the
  * process that judged the market writes them. The tests run in order.

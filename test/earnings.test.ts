@@ -202,6 +202,56 @@ describe("provider earnings", () => {
     expect((await json(after)).error.code).toBe("not_offer_operator");
   });
 
+  it("lists a key's active bindings to that key only: not another key's, not once revoked", async () => {
+    const key = await newKey("provider console");
+    const competitor = await newKey("competitor console");
+    const list = async (k: string | undefined) => {
+      const res = await fetch(`${stack.gateway.url}/v1/provider-offers/key-bindings`, {
+        headers: as(k),
+      });
+      return { status: res.status, body: await json(res) };
+    };
+    expect(await list(key)).toEqual({ status: 200, body: { object: "list", data: [] } });
+    const { status, body } = await list(undefined);
+    expect(status).toBe(401);
+    expect(body.error.code).toBe("missing_api_key");
+
+    const first = await bindKey(
+      { baseUrl: stack.gateway.url, apiKey: key },
+      { offerId: chatOffer, signer: operator(), chain: chain() },
+    );
+    const second = await bindKey(
+      { baseUrl: stack.gateway.url, apiKey: key },
+      { offerId: otherOffer, signer: operator(), chain: chain() },
+    );
+    const mine = await list(key);
+    expect(mine.status).toBe(200);
+    // Newest first, each as the binding answer showed it.
+    expect(mine.body.data).toEqual([second, first]);
+    expect(mine.body.data.map((b: { offer_id: string }) => b.offer_id)).toEqual([
+      otherOffer,
+      chatOffer,
+    ]);
+    // Another key sees none of them: a competitor does not learn which offers a key reads.
+    expect((await list(competitor)).body).toEqual({ object: "list", data: [] });
+
+    const revoked = await fetch(
+      `${stack.gateway.url}/v1/provider-offers/${otherOffer}/key-bindings/${second.id}`,
+      { method: "DELETE", headers: as(key) },
+    );
+    expect(revoked.status).toBe(200);
+    expect((await list(key)).body.data).toEqual([first]);
+
+    // Over gRPC, the same.
+    const client = grpcClient(stack.gateway.url);
+    try {
+      const answer = await grpcUnary(client, ProviderService.method.listKeyBindings, {}, as(key));
+      expect(answer.bindings.map((b) => [b.id, b.offerId])).toEqual([[first.id, chatOffer]]);
+    } finally {
+      client.close();
+    }
+  });
+
   it("settled credits are what the payout received on chain; unsettleable charges are listed with their reason; the operator token and the batch list see the same batch", async () => {
     const key = await newKey("earnings reader");
     await bindKey(
@@ -276,6 +326,43 @@ describe("provider earnings", () => {
     expect(e.unsettleable_reasons).toEqual([
       { reason: "permit_closed", requests: 1, credits: doomedChat.charged.toString() },
     ]);
+    // Earnings over time: the same charges by UTC day of completion, oldest first. They add up
+    // to the states' totals, the settled ones to what settled; this test's four charges fell on
+    // the days their records completed.
+    const states = [e.unsettled, e.settling, e.settled, e.unsettleable];
+    expect(e.days.map((d) => d.starts_at % 86400)).toEqual(e.days.map(() => 0));
+    expect(e.days.map((d) => d.starts_at)).toEqual(e.days.map((d) => d.starts_at).sort());
+    expect(e.days.reduce((s, d) => s + d.requests, 0)).toBe(
+      states.reduce((s, t) => s + t.requests, 0),
+    );
+    expect(e.days.reduce((s, d) => s + BigInt(d.credits), 0n)).toBe(
+      states.reduce((s, t) => s + BigInt(t.credits), 0n),
+    );
+    expect(e.days.reduce((s, d) => s + BigInt(d.settled_credits), 0n)).toBe(
+      BigInt(e.settled.credits),
+    );
+    const grew = new Map<number, { requests: number; credits: bigint; settled: bigint }>();
+    for (const d of e.days) {
+      const was = before.days.find((b) => b.starts_at === d.starts_at);
+      const delta = {
+        requests: d.requests - (was?.requests ?? 0),
+        credits: BigInt(d.credits) - BigInt(was?.credits ?? "0"),
+        settled: BigInt(d.settled_credits) - BigInt(was?.settled_credits ?? "0"),
+      };
+      if (delta.requests !== 0) grew.set(d.starts_at, delta);
+    }
+    const expected = new Map<number, { requests: number; credits: bigint; settled: bigint }>();
+    records.forEach((r: { completed_at: number; credits_charged: string }, i) => {
+      const day = Math.floor(r.completed_at / 86400) * 86400;
+      const held = expected.get(day) ?? { requests: 0, credits: 0n, settled: 0n };
+      const credits = BigInt(r.credits_charged);
+      expected.set(day, {
+        requests: held.requests + 1,
+        credits: held.credits + credits,
+        settled: held.settled + (i < 3 ? credits : 0n),
+      });
+    });
+    expect(grew).toEqual(expected);
     const listed = e.batches.find((b) => b.batch_id === batch.batch_id);
     expect(listed).toMatchObject({
       status: "settled",

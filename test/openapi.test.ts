@@ -360,6 +360,7 @@ function everyRequest(
       `/v1/provider-offers/${offer}/earnings`,
       credentials,
     ],
+    ["GET", "/v1/provider-offers/key-bindings", "/v1/provider-offers/key-bindings", credentials],
     ["POST", "/settlements/flush", "/settlements/flush", op, "{}"],
     ["GET", "/settlements/batches", "/settlements/batches", op],
     ["GET", "/audits/standings", "/audits/standings", op],
@@ -1985,6 +1986,15 @@ describe("the REST facade conforms to its OpenAPI 3.1 description", () => {
 
     await earnings({ status: 200 }, `/v1/provider-offers/${chatOffer}/earnings`);
     await earnings({ status: 200 }, `/v1/provider-offers/${chatOffer}/earnings?from=0&to=100`);
+    await call(
+      "GET",
+      "/v1/provider-offers/key-bindings",
+      "/v1/provider-offers/key-bindings",
+      {
+        status: 200,
+      },
+      { headers: key() },
+    );
     await earnings({ status: 200 }, `/v1/provider-offers/${chatOffer}/earnings`, {
       authorization: `Bearer ${stack.operatorToken}`,
     });

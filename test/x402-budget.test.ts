@@ -1,4 +1,4 @@
-import { decodePaymentRequiredHeader, encodePaymentSignatureHeader } from "@x402/core/http";
+import { decodePaymentRequiredHeader } from "@x402/core/http";
 import { UptoEvmScheme } from "@x402/evm/upto/client";
 import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -6,12 +6,15 @@ import { placeX402OnAnvil } from "../src/dev/x402-placement.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { settlingEnv } from "./helpers/settlement.js";
 import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { payerCredential, paymentHeader } from "./helpers/x402.js";
 
 /**
  * Issue 37: a payment the gateway refuses cost it a signature's recovery and a chain call, so an
  * anonymous caller sending refused payments spends its address's failure budget as unknown API
  * keys do (ADDRESS_RATE_LIMIT_RPS / _BURST): past it, 429 `address_rate_limited` before any
  * payment is checked. Asking the price (no payment) and a key's requests are not refused by it.
+ * A payer read token seen for the first time costs a recovery too, valid or not, and anyone can
+ * sign one with a fresh key: it takes from the same budget; a token already checked does not.
  */
 
 const chatBody = {
@@ -51,11 +54,7 @@ describe("x402: refused payments and the address's failure budget", () => {
     // A payer that never approved Permit2: each payment is refused after its checks.
     const poor = new UptoEvmScheme(privateKeyToAccount(generatePrivateKey()));
     const signed = async () =>
-      encodePaymentSignatureHeader({
-        x402Version: 2,
-        accepted: asked,
-        payload: (await poor.createPaymentPayload(2, asked)).payload,
-      });
+      paymentHeader(asked, (await poor.createPaymentPayload(2, asked)).payload);
     const payments = await Promise.all([1, 2, 3, 4].map(() => signed()));
     const calls = fake.requests.length;
     const codes: unknown[] = [];
@@ -81,5 +80,34 @@ describe("x402: refused payments and the address's failure budget", () => {
     expect(keyed.status).toBe(200);
     await keyed.text();
     expect(fake.requests.length).toBe(calls + 1);
+  });
+
+  it("new payer read tokens take from the budget even when they hold; a token already checked still reads", async () => {
+    // The test before spent the budget: wait until it is whole again (3 at 1 a second).
+    await new Promise((resolve) => setTimeout(resolve, 3_200));
+    const list = (authorization: string) =>
+      fetch(`${stack.gateway.url}/v1/requests`, { headers: { authorization } });
+    const tokens = await Promise.all(
+      [1, 2, 3, 4].map(() => payerCredential(stack, privateKeyToAccount(generatePrivateKey()))),
+    );
+    const statuses: unknown[] = [];
+    for (const token of tokens) {
+      const res = await list(token);
+      statuses.push({
+        status: res.status,
+        code: res.ok ? undefined : (await json(res)).error.code,
+      });
+      if (res.ok) expect((await json(res)).data).toEqual([]);
+    }
+    expect(statuses).toEqual([
+      { status: 200, code: undefined },
+      { status: 200, code: undefined },
+      { status: 200, code: undefined },
+      { status: 429, code: "address_rate_limited" },
+    ]);
+    // The first token was checked: reading with it again recovers nothing and is served.
+    const again = await list(tokens[0]!);
+    expect(again.status).toBe(200);
+    expect((await json(again)).data).toEqual([]);
   });
 });

@@ -1,4 +1,3 @@
-import { decodePaymentRequiredHeader, encodePaymentSignatureHeader } from "@x402/core/http";
 import { UptoEvmScheme } from "@x402/evm/upto/client";
 import { wrapFetchWithPayment, x402Client } from "@x402/fetch";
 import {
@@ -20,6 +19,7 @@ import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { mintCredits } from "./helpers/market.js";
 import { flush, settlementRows, settlingEnv } from "./helpers/settlement.js";
 import { eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { askedPayment, paymentHeader, postPaid } from "./helpers/x402.js";
 
 /**
  * Issue 37: a contract wallet (ERC-1271) pays per request as an account does. Its signature does
@@ -124,27 +124,11 @@ describe("x402: a contract wallet pays", () => {
   });
 
   it("refuses a signature for the wallet that its owner did not make, before any provider call", async () => {
-    const priced = await fetch(`${stack.gateway.url}/v1/chat/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify(chatBody),
-    });
-    const asked = decodePaymentRequiredHeader(priced.headers.get("payment-required")!).accepts[0]!;
+    const asked = await askedPayment(stack, chatBody);
     const stranger = privateKeyToAccount(generatePrivateKey());
     const { payload } = await new UptoEvmScheme(signer(stranger)).createPaymentPayload(2, asked);
     const calls = fake.requests.length;
-    const res = await fetch(`${stack.gateway.url}/v1/chat/completions`, {
-      method: "POST",
-      headers: {
-        "content-type": "application/json",
-        "payment-signature": encodePaymentSignatureHeader({
-          x402Version: 2,
-          accepted: asked,
-          payload,
-        }),
-      },
-      body: JSON.stringify(chatBody),
-    });
+    const res = await postPaid(stack, paymentHeader(asked, payload), chatBody);
     expect(res.status).toBe(402);
     expect((await json(res)).error).toMatchObject({
       code: "payment_invalid",

@@ -1,16 +1,12 @@
 import { getAddress, recoverTypedDataAddress, type Hex } from "viem";
 import { generatePrivateKey, privateKeyToAccount, type PrivateKeyAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  buildReadPayerRequestsTypedData,
-  signable,
-} from "../src/domain/permit-authorization/index.js";
 import { signableReceipt } from "../src/domain/receipts.js";
 import { placeX402OnAnvil } from "../src/dev/x402-placement.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { settlingEnv } from "./helpers/settlement.js";
 import { authed, json, startChatStack, type TestStack } from "./helpers/stack.js";
-import { fundedAgent, type Agent } from "./helpers/x402.js";
+import { fundedAgent, payerCredential as signPayerCredential, type Agent } from "./helpers/x402.js";
 
 /**
  * Issue 37, item 5: the receipt of a request paid with x402. A streamed answer's headers are
@@ -88,25 +84,10 @@ describe("x402: the receipt of a paid request", () => {
     await stack?.close();
   });
 
-  /** The payer's `Authorization: Payer ...` credential, signed by `account`. */
-  async function payerCredential(
+  const payerCredential = (
     account: PrivateKeyAccount,
     options: { expiresAt?: number; deployment?: string } = {},
-  ): Promise<string> {
-    const expiresAt = options.expiresAt ?? Math.floor(Date.now() / 1000) + 300;
-    const message = {
-      payer: account.address,
-      deployment: options.deployment ?? deployment,
-      expiresAt,
-    };
-    const typed = buildReadPayerRequestsTypedData({
-      chainId: stack.anvil.chainId,
-      market: stack.demo.market,
-      message,
-    });
-    const signature = await account.signTypedData(signable(typed) as never);
-    return `Payer payer=${account.address}, deployment="${message.deployment}", expires_at=${expiresAt}, signature=${signature}`;
-  }
+  ) => signPayerCredential(stack, account, { deployment, ...options });
 
   const read = (path: string, authorization?: string) =>
     fetch(`${stack.gateway.url}${path}`, {

@@ -12,7 +12,7 @@ import { generatePrivateKey, privateKeyToAccount } from "viem/accounts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { flush, settlementRows, settlingEnv } from "./helpers/settlement.js";
-import { fundedAgent, type Agent } from "./helpers/x402.js";
+import { askedPayment, fundedAgent, paymentHeader, postPaid, type Agent } from "./helpers/x402.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
@@ -321,23 +321,10 @@ describe("x402: an agent pays per request with an unmodified @x402/fetch", () =>
 
     // A fresh signature sent twice at once: one answer, one refusal.
     const fresh: string[] = [];
-    const priced = await fetch(`${stack.gateway.url}/v1/chat/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify(chatBody),
-    });
-    const asked = decodePaymentRequiredHeader(priced.headers.get("payment-required")!).accepts[0]!;
+    const asked = await askedPayment(stack, chatBody);
     const { payload } = await new UptoEvmScheme(agent).createPaymentPayload(2, asked);
-    fresh.push(encodePaymentSignatureHeader({ x402Version: 2, accepted: asked, payload }));
-    const both = await Promise.all(
-      [0, 1].map(() =>
-        fetch(`${stack.gateway.url}/v1/chat/completions`, {
-          method: "POST",
-          headers: { "content-type": "application/json", "payment-signature": fresh[0]! },
-          body: JSON.stringify(chatBody),
-        }),
-      ),
-    );
+    fresh.push(paymentHeader(asked, payload));
+    const both = await Promise.all([0, 1].map(() => postPaid(stack, fresh[0]!, chatBody)));
     const statuses = both.map((r) => r.status).sort();
     expect(statuses).toEqual([200, 402]);
     const refused = both.find((r) => r.status === 402)!;
@@ -348,26 +335,10 @@ describe("x402: an agent pays per request with an unmodified @x402/fetch", () =>
 
   it("refuses a payer without Permit2 allowance or balance with the reason, before any provider call", async () => {
     const poor = privateKeyToAccount(generatePrivateKey());
-    const priced = await fetch(`${stack.gateway.url}/v1/chat/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify(chatBody),
-    });
-    const asked = decodePaymentRequiredHeader(priced.headers.get("payment-required")!).accepts[0]!;
+    const asked = await askedPayment(stack, chatBody);
     const { payload } = await new UptoEvmScheme(poor).createPaymentPayload(2, asked);
     const calls = fake.requests.length;
-    const res = await fetch(`${stack.gateway.url}/v1/chat/completions`, {
-      method: "POST",
-      headers: {
-        "content-type": "application/json",
-        "payment-signature": encodePaymentSignatureHeader({
-          x402Version: 2,
-          accepted: asked,
-          payload,
-        }),
-      },
-      body: JSON.stringify(chatBody),
-    });
+    const res = await postPaid(stack, paymentHeader(asked, payload), chatBody);
     expect(res.status).toBe(402);
     const body = await json(res);
     expect(body.error.code).toBe("permit2_allowance_required");
@@ -382,18 +353,7 @@ describe("x402: an agent pays per request with an unmodified @x402/fetch", () =>
       2,
       asked,
     );
-    const refused = await fetch(`${stack.gateway.url}/v1/chat/completions`, {
-      method: "POST",
-      headers: {
-        "content-type": "application/json",
-        "payment-signature": encodePaymentSignatureHeader({
-          x402Version: 2,
-          accepted: asked,
-          payload: brokePayload,
-        }),
-      },
-      body: JSON.stringify(chatBody),
-    });
+    const refused = await postPaid(stack, paymentHeader(asked, brokePayload), chatBody);
     expect(refused.status).toBe(402);
     expect((await json(refused)).error).toMatchObject({
       code: "payment_refused",

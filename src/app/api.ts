@@ -10,6 +10,7 @@ import { createPgApiKeyLookup } from "../adapters/pg/api-key-lookup.js";
 import { apiKeyCheckSecret } from "../adapters/pg/api-keys.js";
 import { createPgAuthoritySignals } from "../adapters/pg/authority-signals.js";
 import type { Database } from "../adapters/pg/database.js";
+import { permitsOpenedBy } from "../adapters/pg/opened-permits.js";
 import { createPgPermitAuthorizationStore } from "../adapters/pg/permit-authorizations.js";
 import { createPgServiceReads } from "../adapters/pg/service-stores.js";
 import { createChainOfferReader } from "../adapters/chain/offers.js";
@@ -227,6 +228,7 @@ export function createApi(
           listRequests: reads.listRequests,
           usage: reads.usage,
           authorizations: (apiKeyId) => permitAuthorizations.list(apiKeyId),
+          permitsOpenedBy: (payers, limit) => permitsOpenedBy(db.pool, payers, limit),
         },
         receipts: {
           signer: receiptSigner,

@@ -292,6 +292,8 @@ export interface EarningsJson {
     credits: string;
   }[];
   batches_truncated: boolean;
+  /** By UTC day of completion, oldest first: earnings over time. */
+  days: { starts_at: number; requests: number; credits: string; settled_credits: string }[];
 }
 
 /** An offer's earnings over [from, to) (Unix seconds; the gateway's defaults when absent). */

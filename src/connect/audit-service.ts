@@ -18,7 +18,7 @@ const testToProto: Record<AuditTestName, AuditTest> = {
 };
 
 /**
- * The operator's view of the audits (docs/decisions/audit-standing.md): every offer's standing with the
+ * The operator's view of the audits (docs/decisions/audits.md): every offer's standing with the
  * evidence it rests on, read from the database when asked (`read`: the standings every process
  * routes by). The operator token is checked by the auth interceptor before the call.
  */

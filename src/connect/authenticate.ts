@@ -260,8 +260,17 @@ export function createAuthenticator(options: AuthOptions): Authenticate {
     };
   };
 
+  /** Whether a payer token's signature was checked lately and holds (no recovery needed). */
+  const knownPayer = (authorization: string): boolean =>
+    (payers.get(authorization)?.expiresAt ?? 0) > Math.floor(Date.now() / 1000);
+
   return async (need, authorization, address) => {
     const credential = need === "apiKeyOrPayer" ? payerCredential(authorization) : undefined;
+    // A payer token seen for the first time costs a signature's recovery (a contract wallet's,
+    // a chain call) whether it holds or not, and anyone can sign one with a new key each time:
+    // its check takes from the address's failure budget as a failed one does. A payer reading
+    // its requests reuses its token until it expires, checked once.
+    const fresh = credential !== undefined && !knownPayer(authorization!);
     const token = bearer(authorization);
     const attempt = (): Promise<Authenticated> =>
       credential === undefined
@@ -271,9 +280,10 @@ export function createAuthenticator(options: AuthOptions): Authenticate {
     const wait = budget.exhausted(address);
     if (wait !== undefined) {
       const mayPass =
-        token !== undefined &&
-        (((need === "operator" || need === "apiKeyOrOperator") && isOperator(token)) ||
-          (need !== "operator" && plausible(token)));
+        (credential !== undefined && !fresh) ||
+        (token !== undefined &&
+          (((need === "operator" || need === "apiKeyOrOperator") && isOperator(token)) ||
+            (need !== "operator" && plausible(token))));
       if (!mayPass) {
         throw new GatewayError(
           "address_rate_limited",
@@ -283,7 +293,9 @@ export function createAuthenticator(options: AuthOptions): Authenticate {
       }
     }
     try {
-      return await attempt();
+      const authenticated = await attempt();
+      if (fresh) budget.failed(address);
+      return authenticated;
     } catch (error) {
       if (error instanceof GatewayError && error.kind === "unauthenticated") budget.failed(address);
       throw error;

@@ -64,7 +64,15 @@ export interface InferenceActivityDeps {
   ) => Promise<UsageGroup[]>;
   /** The key's authorizations (any status), as PermitService lists them. */
   readonly authorizations: (apiKeyId: string) => Promise<PermitAuthorization[]>;
+  /** The newest `limit` permits the chain says these payers opened (adapters/pg/opened-permits.ts). */
+  readonly permitsOpenedBy: (payers: readonly Hex[], limit: number) => Promise<Hex[]>;
 }
+
+/**
+ * The most permits GET /v1/permits lists for the payers of a key's every-permit authorizations
+ * (the newest the payers opened); the permits authorizations name are listed besides.
+ */
+export const everyPermitListed = 100;
 
 /** What the activity RPCs read (InferenceServiceDeps, inference-service.ts, holds it all). */
 export interface ActivityContext {
@@ -253,7 +261,13 @@ export async function listPermits(
   ).filter((a) => authorizationStatus(a, now) === "active");
   const named = [...new Set(active.filter((a) => a.permitId !== anyPermit).map((a) => a.permitId))];
   const payers = [...new Set(active.filter((a) => a.permitId === anyPermit).map((a) => a.payer))];
-  const balances = await Promise.all(named.sort().map((id) => namedBalance(deps, caller, id, now)));
+  // A payer's every-permit authorization covers each permit it opened: the chain lists none, so
+  // the indexer keeps them from PermitOpened. Each is still read and checked as a named one.
+  const opened = await read("the permits opened", () =>
+    deps.activity.permitsOpenedBy(payers, everyPermitListed),
+  );
+  const ids = [...new Set([...named, ...opened.map(normalizeHex)])].sort();
+  const balances = await Promise.all(ids.map((id) => namedBalance(deps, caller, id, now)));
   return create(ListPermitsResponseSchema, {
     permits: balances.filter((b) => b !== undefined).map(permitBalanceMessage),
     everyPermitPayers: payers.sort(),

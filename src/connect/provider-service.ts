@@ -6,6 +6,7 @@ import {
   CreateKeyBindingChallengeResponseSchema,
   CreateRegistrationChallengeResponseSchema,
   GetOfferEarningsResponseSchema,
+  ListKeyBindingsResponseSchema,
   GetOfferHealthResponseSchema,
   OfferKeyBindingSchema,
   OfferKeyBindingStatus,
@@ -156,6 +157,12 @@ const earningsMessage = (e: OfferEarnings) => ({
     credits: b.credits.toString(),
   })),
   batchesTruncated: e.batchesTruncated,
+  days: e.days.map((d) => ({
+    startsAt: BigInt(d.startsAt),
+    requests: BigInt(d.requests),
+    credits: d.credits.toString(),
+    settledCredits: d.settledCredits.toString(),
+  })),
 });
 
 /**
@@ -314,6 +321,13 @@ export function createProviderService(
         id: req.id,
       });
       return create(RevokeKeyBindingResponseSchema, { binding: bindingMessage(binding) });
+    },
+
+    async listKeyBindings(_req, ctx) {
+      const bindings = await need(deps.keyBindings, "key binding").list({
+        apiKeyId: apiKeyOf(ctx),
+      });
+      return create(ListKeyBindingsResponseSchema, { bindings: bindings.map(bindingMessage) });
     },
 
     async getOfferEarnings(req, ctx) {

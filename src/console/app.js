@@ -1,6 +1,6 @@
 /**
  * The console's entry: the API key form and the panels. Each panel is one module exporting
- * `{ id, title, mount(section, context) }`; adding one is a module and a line in `panels`.
+ * `{ id, title, mount(section, context) }`; adding one is a module and a line in `dashboard` or `lookups`.
  *
  * Panels talk through `context.events`:
  *   "key"         the key was set or forgotten (reload what you show, or clear it)
@@ -11,10 +11,15 @@
 import { createApi } from "./api.js";
 import { h } from "./dom.js";
 import { catalogPanel } from "./panels/catalog.js";
+import { comparePanel } from "./panels/compare.js";
 import { earningsPanel } from "./panels/earnings.js";
+import { offerEarningsPanel } from "./panels/offer-earnings.js";
 import { permitPanel } from "./panels/permit.js";
+import { permitsPanel } from "./panels/permits.js";
 import { receiptPanel } from "./panels/receipt.js";
 import { requestPanel } from "./panels/request.js";
+import { requestsPanel } from "./panels/requests.js";
+import { spendPanel } from "./panels/spend.js";
 
 /**
  * @typedef {object} PanelContext
@@ -28,14 +33,26 @@ import { requestPanel } from "./panels/request.js";
  * @property {(section: HTMLElement, context: PanelContext) => void} mount
  */
 
-/** The panels, in page (and focus) order. @type {Panel[]} */
-const panels = [catalogPanel, permitPanel, requestPanel, receiptPanel, earningsPanel];
+/**
+ * The panels, in page (and focus) order: first what a key holder lives with (nothing to paste
+ * but the key), then the catalog's details and the lookups by id. @type {Panel[]}
+ */
+const dashboard = [permitsPanel, spendPanel, requestsPanel, comparePanel, offerEarningsPanel];
+const lookups = [catalogPanel, permitPanel, requestPanel, receiptPanel, earningsPanel];
 
 const api = createApi(sessionStorage);
 const events = new EventTarget();
 
 const host = /** @type {HTMLElement} */ (document.getElementById("panels"));
-for (const panel of panels) {
+for (const panel of [...dashboard, ...lookups]) {
+  if (panel === lookups[0])
+    host.append(
+      h(
+        "p",
+        { class: "divider", id: "advanced" },
+        "Advanced: the catalog in full, and a permit, a request, a receipt or an offer's earnings by its id.",
+      ),
+    );
   const titleId = `${panel.id}-title`;
   const section = h(
     "section",

@@ -53,23 +53,56 @@ export function amountText(amount, units) {
   return `${unitsText(amount, units.decimals)} ${units.symbol ?? "units"}`;
 }
 
-/** @type {Map<string, Promise<{ decimals?: number, symbol?: string }>>} */
+/** @type {Map<string, Promise<Record<string, any> | undefined>>} */
 const known = new Map();
 
 /**
- * A model's token units by its id or public id (`GET /v1/models/{ref}`), asked once per page;
- * unknown when the model cannot be read (its amounts then stay in base units).
+ * A model by its id or public id (`GET /v1/models/{ref}`), asked once per page; undefined when
+ * it cannot be read (asked again next time).
  * @param {import("./api.js").Api} api
  * @param {string} ref
  */
-export function modelUnits(api, ref) {
-  let units = known.get(ref);
-  if (units === undefined) {
-    units = api.get(`/v1/models/${encodeURIComponent(ref)}`).then(tokenUnits, () => {
-      known.delete(ref);
-      return {};
-    });
-    known.set(ref, units);
+export function modelOf(api, ref) {
+  let model = known.get(ref);
+  if (model === undefined) {
+    model = api.get(`/v1/models/${encodeURIComponent(ref)}`).then(
+      (m) => m,
+      () => {
+        known.delete(ref);
+        return undefined;
+      },
+    );
+    known.set(ref, model);
   }
-  return units;
+  return model;
+}
+
+/**
+ * A model's token units by its id or public id; unknown when the model cannot be read (its
+ * amounts then stay in base units).
+ * @param {import("./api.js").Api} api
+ * @param {string} ref
+ */
+export async function modelUnits(api, ref) {
+  const model = await modelOf(api, ref);
+  return model === undefined ? {} : tokenUnits(model);
+}
+
+/**
+ * An amount rounded to `significant` digits for a derived figure (a rate, an axis label), where
+ * every digit of an exact value is noise: ("12571428571", 18 decimals) -> "≈0.00000001257 DCHAT".
+ * Exact on BigInt; "≈" says when rounding changed the value.
+ * @param {bigint} amount base units
+ * @param {{ decimals?: number, symbol?: string }} units
+ * @param {number} [significant]
+ */
+export function roughAmountText(amount, units, significant = 4) {
+  const negative = amount < 0n;
+  const abs = negative ? -amount : amount;
+  const digits = abs.toString().length;
+  if (digits <= significant) return amountText(amount.toString(), units);
+  const scale = 10n ** BigInt(digits - significant);
+  const rounded = ((abs + scale / 2n) / scale) * scale;
+  const text = amountText((negative ? -rounded : rounded).toString(), units);
+  return rounded === abs ? text : `≈${text}`;
 }

@@ -164,7 +164,7 @@ export const errorCodes = {
   // Carries Retry-After.
   offer_cooling_down: "unavailable",
   // The offer the request is pinned to (or every offer it may use) is out of routing: its audits
-  // found it serving another model than the one it sells (docs/decisions/audit-standing.md); it returns
+  // found it serving another model than the one it sells (docs/decisions/audits.md); it returns
   // once its operator verifies it again.
   offer_model_mismatch: "unavailable",
   upstream_unavailable: "unavailable",

@@ -82,9 +82,14 @@ describe("foldEarnings", () => {
           g("unsettleable", null, 1, 5n),
         ],
         batches: Array.from({ length: maxEarningsBatches + 1 }, (_, i) => batch(i)),
+        days: [{ startsAt: 86400, requests: 7, credits: big + 17n, settledCredits: big }],
       },
       meta,
     );
+    // The days pass through as the store read them (one snapshot with the totals).
+    expect(folded.days).toEqual([
+      { startsAt: 86400, requests: 7, credits: big + 17n, settledCredits: big },
+    ]);
     expect(folded.totals.settled).toEqual({
       requests: 2,
       inputTokens: 20n,

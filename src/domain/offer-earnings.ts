@@ -42,10 +42,23 @@ export interface EarningsBatch {
   readonly credits: bigint;
 }
 
+/** The offer's charges completed on one UTC day. */
+export interface EarningsDay {
+  /** Unix seconds: the start of the UTC day. */
+  readonly startsAt: number;
+  readonly requests: number;
+  /** In every settlement state. */
+  readonly credits: bigint;
+  /** Of `credits`, settled on chain. */
+  readonly settledCredits: bigint;
+}
+
 /** What the store answers for one offer and window (one snapshot). */
 export interface EarningsRows {
   /** One entry per state, and per reason for unsettleable charges. */
   readonly groups: readonly (EarningsTotals & { state: EarningsState; reason: string | null })[];
+  /** By UTC day of completion, oldest first; days without a charge left out. */
+  readonly days: readonly EarningsDay[];
   /** Newest first, at most `limit + 1` (the extra one says there are more). */
   readonly batches: readonly EarningsBatch[];
 }
@@ -66,6 +79,8 @@ export interface OfferEarnings {
   readonly unsettleableReasons: readonly { reason: string; requests: number; credits: bigint }[];
   readonly batches: readonly EarningsBatch[];
   readonly batchesTruncated: boolean;
+  /** The window's charges by UTC day of completion, oldest first (earnings over time). */
+  readonly days: readonly EarningsDay[];
 }
 
 const zero: EarningsTotals = { requests: 0, inputTokens: 0n, outputTokens: 0n, credits: 0n };
@@ -136,6 +151,7 @@ export function foldEarnings(
     ),
     batches: rows.batches.slice(0, maxEarningsBatches),
     batchesTruncated: rows.batches.length > maxEarningsBatches,
+    days: rows.days,
   };
 }
 

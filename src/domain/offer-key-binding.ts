@@ -110,6 +110,8 @@ export interface OfferKeyBindingStore {
   }): Promise<OfferKeyBinding | undefined>;
   /** The key's bindings to the offer that are neither revoked nor expired at `now`. */
   active(apiKeyId: string, offerId: Hex, now: number): Promise<OfferKeyBinding[]>;
+  /** The key's bindings, to any offer, neither revoked nor expired at `now`; newest first. */
+  activeOfKey(apiKeyId: string, now: number): Promise<OfferKeyBinding[]>;
 }
 
 /** Who asks for an offer's earnings. */
@@ -170,6 +172,8 @@ export interface OfferKeyBindingService {
   }): Promise<OfferKeyBinding>;
   /** Revocation by the key that holds it. */
   revoke(req: { apiKeyId: string; offerId: string; id: string }): Promise<OfferKeyBinding>;
+  /** The key's active bindings (the offers whose earnings it may read), newest first. */
+  list(req: { apiKeyId: string }): Promise<OfferKeyBinding[]>;
 }
 
 const bindingIdShape = /^okb_[0-9a-f]{24}$/;
@@ -293,6 +297,10 @@ export function createOfferKeyBindingService(
         );
       }
       return revoked;
+    },
+
+    async list(req) {
+      return stored(() => deps.store.activeOfKey(req.apiKeyId, now()));
     },
   };
 }

@@ -36,9 +36,11 @@ function paymentPayload(req: NodeRequest): unknown {
 }
 
 /** The payer and network of a payment that reached the answer (the pipeline verified both). */
-function paidBy(payload: unknown): { payer: string; network: string } | undefined {
+function paidBy(
+  payload: unknown,
+  payer: string | undefined,
+): { payer: string; network: string } | undefined {
   if (payload === undefined || payload === null) return undefined;
-  const payer = claimedPayer(payload);
   const network = (payload as { accepted?: { network?: unknown } }).accepted?.network;
   return payer === undefined || typeof network !== "string" ? undefined : { payer, network };
 }
@@ -102,20 +104,19 @@ export async function relayChat(
   const call = guard.open(chatRpc, request);
   const values = createContextValues();
   // Without credentials on a payable route (the facade let it through): x402 (issue 37).
+  const payload = request.address === undefined ? undefined : paymentPayload(req);
   const x402 =
-    request.address === undefined
-      ? undefined
-      : { payload: paymentPayload(req), url: `http://gateway${req.url ?? ""}` };
+    request.address === undefined ? undefined : { payload, url: `http://gateway${req.url ?? ""}` };
+  // The address the payment names (unverified until the pipeline checks its signature).
+  const payer = payload === undefined ? undefined : claimedPayer(payload);
   try {
     if (x402 === undefined) await call.admit("apiKey", values);
-    else {
-      const payer = x402.payload === undefined ? undefined : claimedPayer(x402.payload);
+    else
       await call.admitPaying(
         payer === undefined ? `x402-address:${request.address}` : `x402:${payer.toLowerCase()}`,
         values,
         x402.payload !== undefined,
       );
-    }
     if (services.inference?.chatInto === undefined)
       throw new ConnectError(`${chatRpc} is not implemented`, Code.Unimplemented);
   } catch (error) {
@@ -127,7 +128,7 @@ export async function relayChat(
     res,
     call,
     dialect !== Dialect.UNSPECIFIED,
-    paidBy(x402?.payload),
+    paidBy(payload, payer),
   );
   const fields = {
     body,

@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join, relative, resolve } from "node:path";
 import type { Browser, BrowserContext, Page } from "playwright-core";
@@ -35,11 +35,14 @@ if (!haveBrowser)
 
 /** Where screenshots go (gitignored). */
 const artifacts = resolve("test-artifacts/console");
+/** The screenshots the docs show (written only when asked: CONSOLE_SCREENSHOTS=docs). */
+const docShots = resolve("docs/screenshots");
 /** The files the sandbox serves: the build's copy of src/console (the process runs dist/). */
 const served = createConsoleAssets(resolve("dist/src/console"));
 
 interface Reputation {
   score: number | null;
+  flags: number;
   time_to_first_token_ms: number | null;
   output_tokens_per_second: number | null;
   requests: number;
@@ -253,6 +256,23 @@ describe("market console (GET /console) on npm start's sandbox", () => {
           return copy.textContent!.match(/\d[\d\u202f]{9,}/g) ?? [];
         }),
       );
+
+    /**
+     * A screenshot of the part of the page from the first to the last of `scopes`, the page's
+     * width, into the artifacts; with CONSOLE_SCREENSHOTS=docs also into docs/screenshots/
+     * (the ones docs/app-developers.md shows).
+     */
+    const shoot = async (name: string, scopes: string[]) => {
+      const boxes = await Promise.all(scopes.map((s) => page.locator(s).boundingBox()));
+      const top = Math.min(...boxes.map((b) => b!.y));
+      const bottom = Math.max(...boxes.map((b) => b!.y + b!.height));
+      const scrollY = await page.evaluate(() => (globalThis as unknown as Win).scrollY);
+      const width = page.viewportSize()!.width;
+      const clip = { x: 0, y: top + scrollY - 8, width, height: bottom - top + 16 };
+      const png = await page.screenshot({ fullPage: true, clip });
+      writeFileSync(join(artifacts, name), png);
+      if (process.env.CONSOLE_SCREENSHOTS === "docs") writeFileSync(join(docShots, name), png);
+    };
 
     it("shows the catalog, a permit's balance falling by a request's charge, and the request settling", async () => {
       await page.goto(`${m.baseUrl}/console`);
@@ -730,9 +750,314 @@ describe("market console (GET /console) on npm start's sandbox", () => {
       expect(await page.evaluate(() => (globalThis as unknown as Win).cspViolations)).toEqual([]);
     });
 
+    it("lives on the key alone: its permits with balance and burn rate, spend by model, its requests and the offers compared, in token units", async () => {
+      // More chats on the demo permit (the flow made one): the spend to show, and more requests
+      // than the table's first page (10), so "More requests" pages with the cursor.
+      for (let i = 0; i < 10; i++) {
+        const chat = await api("/v1/chat/completions", {
+          method: "POST",
+          headers: { "x-gateway-permit": m.permitId, "content-type": "application/json" },
+          body: JSON.stringify({
+            model: "demo-chat",
+            messages: [{ role: "user", content: `hello dashboard ${i}` }],
+          }),
+        });
+        expect(chat.status).toBe(200);
+        await chat.arrayBuffer();
+      }
+      // A person comes back and pastes the key: no id is pasted anywhere.
+      await page.fill("#api-key", m.apiKey);
+      await page.press("#api-key", "Enter");
+      const models = (
+        (await json(await api("/v1/models"))) as {
+          data: { id: string; credit_token_decimals: number; credit_token_symbol: string }[];
+        }
+      ).data;
+      const unitsOf = (model: string) => {
+        const x = models.find((y) => y.id === model)!;
+        return { decimals: x.credit_token_decimals, symbol: x.credit_token_symbol };
+      };
+      /** Base-unit values the API gave, which the page must show in token units only. */
+      const baseValues = new Set<string>();
+
+      // 1. The permits: the demo key's authorization covers every permit of the payer, so the
+      // demo permit is found through the key's requests, with its balance and burn rate.
+      const listed = (await json(await api("/v1/permits"))) as {
+        data: unknown[];
+        every_permit_payers: string[];
+      };
+      expect(listed).toEqual({
+        object: "list",
+        data: [],
+        every_permit_payers: [m.payer.address.toLowerCase()],
+      });
+      const balance = (await json(await api(`/v1/permits/${m.permitId}`))) as PermitBalance;
+      const usage = (await json(await api(`/v1/usage?permit=${m.permitId}`))) as {
+        groups: { credits: string }[];
+      };
+      const spent = usage.groups.reduce((s, g) => s + BigInt(g.credits), 0n);
+      // The sum of the records: 11 chats, each charged.
+      const records: RequestRecord[] = [];
+      for (let after = ""; ;) {
+        const p = (await json(
+          await api(`/v1/requests?limit=100${after === "" ? "" : `&starting_after=${after}`}`),
+        )) as {
+          data: (RequestRecord & { model: string; created_at: number })[];
+          has_more: boolean;
+        };
+        records.push(...p.data);
+        if (!p.has_more) break;
+        after = p.data.at(-1)!.id;
+      }
+      expect(records.length).toBe(11);
+      expect(spent).toBe(records.reduce((s, r) => s + BigInt(r.credits_charged), 0n));
+      // Four significant digits of the credits per day over the 7 days.
+      const perDay = spent / 7n;
+      const scale = 10n ** BigInt(Math.max(0, perDay.toString().length - 4));
+      const rounded = ((perDay + scale / 2n) / scale) * scale;
+      const tenths = (BigInt(balance.available) * 70n) / spent;
+      const row = page.locator(`[data-permit-row="${m.permitId}"] td`);
+      await expect.poll(() => row.count(), { timeout: 20_000 }).toBe(7);
+      expect(await row.allTextContents()).toEqual([
+        // The short id shown; the whole id, and what the button does, said to screen readers.
+        `${m.permitId.slice(0, 6)}…${m.permitId.slice(-4)}: permit ${m.permitId}, show its balance and receipts demo-chat`,
+        "open",
+        inDchat(balance.available),
+        inDchat(balance.deposit),
+        inDchat(spent),
+        `${rounded === perDay ? "" : "≈"}${inDchat(rounded)}`,
+        tenths >= 365_000n ? "over 100 years" : `${tenths / 10n}.${tenths % 10n} days`,
+      ]);
+      for (const v of [balance.available, balance.deposit, spent.toString(), perDay.toString()])
+        baseValues.add(v);
+
+      // 2. Spend over time by model: the table holds what the API's usage by day says, and the
+      // chart is named and described for screen readers.
+      const to = (Math.floor(Date.now() / 1000 / 86400) + 1) * 86400;
+      const byDay = (await json(
+        await api(`/v1/usage?bucket=day&from=${to - 30 * 86400}&to=${to}`),
+      )) as { groups: { starts_at: number; model: string; requests: number; credits: string }[] };
+      const cells = new Map<string, { requests: number; credits: bigint }>();
+      for (const g of byDay.groups) {
+        const key = `${new Date(g.starts_at * 1000).toISOString().slice(0, 10)} ${g.model}`;
+        const c = cells.get(key) ?? { requests: 0, credits: 0n };
+        cells.set(key, {
+          requests: c.requests + g.requests,
+          credits: c.credits + BigInt(g.credits),
+        });
+      }
+      expect([...cells.values()].reduce((s, c) => s + c.credits, 0n)).toBe(spent);
+      const spendRows = page.locator("#spend-panel tr[data-spend-day]");
+      await expect.poll(() => spendRows.count()).toBe(cells.size);
+      for (const [key, c] of cells) {
+        const [day, model] = key.split(" ");
+        const tds = await page
+          .locator(`#spend-panel tr[data-spend-day="${day}"][data-spend-model="${model}"] td`)
+          .allTextContents();
+        expect([tds[0], tds[1], tds[2], tds[4]]).toEqual([
+          day,
+          model,
+          String(c.requests),
+          formatAmount(c.credits, unitsOf(model!)),
+        ]);
+        baseValues.add(c.credits.toString());
+      }
+      const chart = page.locator('#spend-panel svg[data-chart="spend-by-model"]');
+      expect(await chart.getAttribute("role")).toBe("img");
+      expect(await chart.locator("rect.stack").count()).toBe(cells.size);
+      const [titleId, descId] = (await chart.getAttribute("aria-labelledby"))!.split(" ");
+      expect(await chart.locator(`title#${titleId}`).textContent()).toBe(
+        "Spend per day by model, in DCHAT",
+      );
+      expect(await chart.locator(`desc#${descId}`).textContent()).toContain(
+        `${inDchat(spent)} in all over 30 days (demo-chat)`,
+      );
+
+      // 3. The requests table, newest first as the API lists them; "More requests" reads the
+      // next page with the cursor.
+      const requestRows = page.locator("#requests-panel tr[data-request-row]");
+      await expect.poll(() => requestRows.count()).toBe(10);
+      await page.getByRole("button", { name: "More requests" }).click();
+      await expect.poll(() => requestRows.count()).toBe(11);
+      expect(
+        await requestRows.evaluateAll((els) => els.map((e) => e.getAttribute("data-request-row"))),
+      ).toEqual(records.map((r) => r.id));
+      expect(await page.getByRole("button", { name: "More requests" }).isHidden()).toBe(true);
+      for (const r of records.slice(0, 3)) {
+        const tds = await page
+          .locator(`#requests-panel tr[data-request-row="${r.id}"] td`)
+          .allTextContents();
+        expect([tds[2], tds[4], tds[5]]).toEqual([
+          "demo-chat",
+          `${r.input_tokens} / ${r.output_tokens}`,
+          inDchat(r.credits_charged),
+        ]);
+      }
+      for (const r of records) baseValues.add(r.credits_charged);
+
+      // 4. Per model, its offers side by side: prices per million tokens in the model's token,
+      // metering, cooldown and flags as the offers resource says.
+      for (const model of models) {
+        const offers = (
+          (await json(await api(`/v1/models/${model.id}/offers`))) as {
+            data: (Offer & {
+              metering: string;
+              tokenizer: string;
+              cooldown_until: number | null;
+            })[];
+          }
+        ).data;
+        const rows = page.locator(`[data-compare-model="${model.id}"] tr[data-compare-offer]`);
+        await expect.poll(() => rows.count()).toBe(offers.length);
+        for (const o of offers) {
+          const tds = await page
+            .locator(`[data-compare-model="${model.id}"] [data-compare-offer="${o.offer_id}"] td`)
+            .allTextContents();
+          const units = unitsOf(model.id);
+          expect(tds[1]).toBe(o.status);
+          expect(tds[2]).toBe(formatAmount(BigInt(o.tariff.input_price_per_mtok), units));
+          expect(tds[3]).toBe(formatAmount(BigInt(o.tariff.output_price_per_mtok), units));
+          expect(tds[4]).toMatch(/^(\d+ ms|no data)$/);
+          expect(tds[5]).toMatch(/^(\d+ tokens\/s|no data)$/);
+          expect(tds[6]).toMatch(/^(\d+ of 10000|no score yet)$/);
+          expect(tds[7]).toBe(
+            o.metering === "exact"
+              ? `exact tokenizer (${o.tokenizer})`
+              : "upper bound (no tokenizer)",
+          );
+          expect(o.cooldown_until).toBeNull();
+          expect(tds[8]).toBe("none");
+          expect(tds[9]).toBe(
+            o.reputation.flags > 0 ? `${o.reputation.flags} flagged requests` : "none",
+          );
+          baseValues.add(o.tariff.input_price_per_mtok).add(o.tariff.output_price_per_mtok);
+        }
+      }
+      expect(await page.locator("[data-compare-model]").count()).toBe(models.length);
+
+      // 5. The key is a provider's too (its operator bound it to the demo offer above): that
+      // offer's earnings per day, settled or not, with nothing pasted.
+      const bindings = (await json(await api("/v1/provider-offers/key-bindings"))) as {
+        data: { offer_id: string }[];
+      };
+      expect(bindings.data.map((b) => b.offer_id)).toEqual([settledRecord.offer_id]);
+      const earned = (await json(
+        await api(
+          `/v1/provider-offers/${settledRecord.offer_id}/earnings?from=${to - 30 * 86400}&to=${to}`,
+        ),
+      )) as EarningsJson;
+      const card = `[data-earnings-over-time="${settledRecord.offer_id}"]`;
+      await page.locator(card).waitFor();
+      // Every charge of the demo offer is this key's (the sandbox's only permit and key).
+      const earnedTotal = earned.days.reduce((s, d) => s + BigInt(d.credits), 0n);
+      expect(earnedTotal).toBe(spent);
+      const earnedRows = page.locator(`${card} tr[data-earnings-day]`);
+      await expect.poll(() => earnedRows.count()).toBe(earned.days.length);
+      for (const d of earned.days) {
+        const day = new Date(d.starts_at * 1000).toISOString().slice(0, 10);
+        const tds = await page
+          .locator(`${card} tr[data-earnings-day="${day}"] td`)
+          .allTextContents();
+        expect(tds.slice(0, 3)).toEqual([day, String(d.requests), inDchat(d.credits)]);
+        // Settlement moves on while the page shows it: settled as the API said, or more.
+        const settledShown = await page
+          .locator(`${card} tr[data-earnings-day="${day}"] td data`)
+          .nth(1)
+          .getAttribute("value");
+        expect(BigInt(settledShown!)).toBeGreaterThanOrEqual(BigInt(d.settled_credits));
+        expect(BigInt(settledShown!)).toBeLessThanOrEqual(BigInt(d.credits));
+        baseValues.add(d.credits).add(d.settled_credits);
+      }
+      expect(await field(card, "earned").textContent()).toBe(inDchat(earnedTotal));
+      const earningsChart = page.locator(`${card} svg[data-chart="earnings-by-day"]`);
+      expect(await earningsChart.getAttribute("role")).toBe("img");
+      expect(await earningsChart.locator("title").textContent()).toBe("Earnings per day, in DCHAT");
+      expect(await earningsChart.locator("desc").textContent()).toContain(
+        `${inDchat(earnedTotal)} in all over 30 days (settled on chain, not yet settled)`,
+      );
+
+      // No base-unit integer where a person reads an amount: no integer part of 10 digits or
+      // more (ids and hashes, in <code>, aside), and none of the exact base-unit values above.
+      const dashboard = [
+        "#permits-panel",
+        "#spend-panel",
+        "#requests-panel",
+        "#compare-panel",
+        "#offer-earnings-panel",
+      ];
+      for (const scope of dashboard) {
+        const text = await page.locator(scope).evaluate((el) => {
+          const copy = el.cloneNode(true) as typeof el;
+          for (const c of copy.querySelectorAll("code")) c.remove();
+          return copy.textContent!;
+        });
+        expect(text.match(/(?<![\d.])\d[\d\u202f]{9,}/g) ?? [], scope).toEqual([]);
+        const shown = [...baseValues].filter((v) => v.length >= 6 && text.includes(v));
+        expect(shown, scope).toEqual([]);
+      }
+      // The check sees base units: the catalog's offer cards keep them as `data[value]`.
+      expect(baseValues.has(balance.deposit)).toBe(true);
+      expect(await page.locator("#permits-panel").evaluate((el) => el.innerHTML)).toContain(
+        `value="${balance.deposit}"`,
+      );
+
+      await shoot("console-desktop.png", ["#permits-panel", "#spend-panel", "#requests-panel"]);
+      await shoot("console-offers.png", ["#compare-panel", "#offer-earnings-panel"]);
+
+      // One click from a row to its record and its receipt, verified in the page.
+      const newest = records[0]!;
+      await page
+        .getByRole("button", { name: `request ${newest.id}, show its record and receipt` })
+        .click();
+      const detail = page.locator("#requests-panel .request-detail");
+      await detail.locator(`[data-detail-of="${newest.id}"]`).waitFor();
+      expect(
+        await detail
+          .locator(`[data-request-id="${newest.id}"] [data-field="credits_charged"] data`)
+          .textContent(),
+      ).toBe(inDchat(newest.credits_charged));
+      const receipt = detail.locator(`[data-receipt-of="${newest.id}"]`);
+      await receipt.waitFor();
+      expect(await receipt.getAttribute("data-verdict")).toBe("verified");
+      expect(
+        await receipt
+          .locator(".checks li")
+          .evaluateAll((els) => els.map((e) => e.getAttribute("data-check-ok"))),
+      ).toEqual(["true", "true", "true", "true", "true", "true", "true"]);
+      expect(await receipt.locator(`[data-field="charge"] data`).textContent()).toBe(
+        inDchat(newest.credits_charged),
+      );
+
+      // On a phone (390 x 844): the page does not scroll sideways; tables scroll in their box.
+      await page.setViewportSize({ width: 390, height: 844 });
+      const fit = await page.evaluate(() => {
+        const w = globalThis as unknown as Win;
+        return {
+          page: w.document.documentElement.scrollWidth <= w.innerWidth,
+          boxes: [...w.document.querySelectorAll(".table-box")]
+            .filter((b) => b.getClientRects().length > 0)
+            .map((b) => b.getBoundingClientRect().right <= w.innerWidth),
+          scrolling: [...w.document.querySelectorAll("#compare-panel .table-box")].some(
+            (b) => b.scrollWidth > b.clientWidth,
+          ),
+        };
+      });
+      expect(fit.page).toBe(true);
+      expect(fit.boxes.length).toBeGreaterThanOrEqual(4);
+      expect(fit.boxes.every(Boolean)).toBe(true);
+      // The comparison is wider than a phone: it scrolls inside its box.
+      expect(fit.scrolling).toBe(true);
+      await page.evaluate(() => (globalThis as unknown as Win).scrollTo(0, 0));
+      await shoot("console-phone.png", ["#permits-panel", "#spend-panel"]);
+      await page.setViewportSize({ width: 1280, height: 900 });
+      expect(await page.evaluate(() => (globalThis as unknown as Win).cspViolations)).toEqual([]);
+    }, 120_000);
+
     it("has no serious or critical accessibility violations (axe-core), and fits a phone's width", async () => {
-      // Run over the page as the flow left it: catalog open, a permit and a request shown.
-      await page.locator("[data-request-id]").waitFor();
+      // Run over the page as the flow left it: catalog open, a permit and a request shown, the
+      // dashboard loaded with a request's record and receipt open.
+      await page.locator("#request-panel [data-request-id]").waitFor();
+      await page.locator("#requests-panel [data-receipt-of]").waitFor();
       const axeSource = readFileSync(
         createRequire(import.meta.url).resolve("axe-core/axe.min.js"),
         "utf8",
@@ -877,9 +1202,17 @@ interface Win {
     documentElement: { scrollWidth: number };
     body: { innerHTML: string; append(node: unknown): void };
     createElement(tag: string): { textContent: string };
+    querySelectorAll(selector: string): Iterable<{
+      getClientRects(): { length: number };
+      getBoundingClientRect(): { right: number };
+      scrollWidth: number;
+      clientWidth: number;
+    }>;
     getElementById(id: string): { textContent: string | null } | null;
   };
   innerWidth: number;
+  scrollTo(x: number, y: number): void;
+  scrollY: number;
   localStorage: { length: number };
   sessionStorage: { length: number };
   cspViolations: string[];

@@ -202,7 +202,7 @@ export const AuditTestSchema: GenEnum<AuditTest> = /*@__PURE__*/
   enumDesc(file_gateway_v1_audit, 0);
 
 /**
- * The operator's view of the market's audits (DESIGN.md section 12; docs/decisions/audit-standing.md):
+ * The operator's view of the market's audits (DESIGN.md section 12; docs/decisions/audits.md):
  * every offer's standing with the evidence it rests on. Called with the settlement operator
  * token (the operator's one credential).
  *

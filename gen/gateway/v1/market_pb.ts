@@ -377,7 +377,7 @@ export type Offer = Message<"gateway.v1.Offer"> & {
   cooldownUntil?: bigint | undefined;
 
   /**
-   * What the offer's audits say (docs/decisions/audit-standing.md): filled by the catalog (every offer;
+   * What the offer's audits say (docs/decisions/audits.md): filled by the catalog (every offer;
    * one never judged is `unaudited`); unset in other answers.
    *
    * @generated from field: gateway.v1.OfferAudit audit = 20;
@@ -638,7 +638,7 @@ export const MeteringKindSchema: GenEnum<MeteringKind> = /*@__PURE__*/
   enumDesc(file_gateway_v1_market, 2);
 
 /**
- * What an offer's audits say (DESIGN.md section 12; docs/decisions/audit-standing.md).
+ * What an offer's audits say (DESIGN.md section 12; docs/decisions/audits.md).
  *
  * @generated from enum gateway.v1.AuditState
  */

@@ -152,7 +152,7 @@ export type Quote = Message<"gateway.v1.Quote"> & {
   tokenizer: string;
 
   /**
-   * What the quoted offer's audits say (docs/decisions/audit-standing.md), as the catalog shows it.
+   * What the quoted offer's audits say (docs/decisions/audits.md), as the catalog shows it.
    *
    * @generated from field: gateway.v1.OfferAudit audit = 13;
    */

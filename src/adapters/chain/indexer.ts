@@ -23,6 +23,7 @@ import {
   type Queryable,
   type UpsertResult,
 } from "../pg/catalog.js";
+import { recordOpenedPermits, type OpenedPermit } from "../pg/opened-permits.js";
 import { recordPermitClosing } from "../pg/settlement.js";
 import { marketAbi } from "../../../gen/contracts/artifacts.js";
 import {
@@ -315,7 +316,16 @@ export function createIndexer(deps: IndexerDeps): Indexer {
     const modelIds = new Set<Hex>();
     const offerIds = new Set<Hex>();
     const closings: { permitId: Hex; closableAt: number; blockNumber: bigint }[] = [];
+    const opened: OpenedPermit[] = [];
     for (const event of events) {
+      if (event.eventName === "PermitOpened") {
+        const { permitId, payer, modelId } = event.args as {
+          permitId: Hex;
+          payer: Hex;
+          modelId: Hex;
+        };
+        opened.push({ permitId, payer, modelId, blockNumber: event.blockNumber });
+      }
       if (event.eventName === "PermitCloseRequested") {
         const { permitId, closableAt } = event.args as { permitId: Hex; closableAt: bigint };
         closings.push({
@@ -351,6 +361,7 @@ export function createIndexer(deps: IndexerDeps): Indexer {
       changes = await writeCatalogRows(db, { models, offers }, toBlock);
       for (const c of closings)
         await recordPermitClosing(db, c.permitId, c.closableAt, c.blockNumber);
+      await recordOpenedPermits(db, opened);
       await advanceCursor(db, cursorName, toBlock);
       await db.query("COMMIT");
     } catch (error) {

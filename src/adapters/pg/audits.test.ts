@@ -10,7 +10,7 @@ import { readAuditStandings, saveAuditVerdicts } from "./audits.js";
 import type { Queryable } from "./catalog.js";
 import { recordVerification } from "./endpoint-health.js";
 
-// `offer_audit_standings` (migration 042; docs/decisions/audit-standing.md): what the judging
+// `offer_audit_standings` (migration 042; docs/decisions/audits.md): what the judging
 // process writes, what every process reads, and what a passing verification clears.
 
 const modelId = `0x${"11".repeat(32)}` as Hex;

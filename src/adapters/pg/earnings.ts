@@ -27,6 +27,13 @@ interface GroupJson {
   credits: string;
 }
 
+interface DayJson {
+  starts_at: string | number;
+  requests: string;
+  credits: string;
+  settled_credits: string;
+}
+
 interface BatchJson {
   batch_id: string;
   status: BatchStatus;
@@ -40,7 +47,8 @@ interface BatchJson {
 /**
  * One statement, so the totals and the batches are one snapshot: a flush that settles a batch
  * between two reads would otherwise show its charges both settling and in a settled batch.
- * Sums are cast to text inside the JSON (a JSON number would not survive above 2^53). The charges
+ * Sums are cast to text inside the JSON (a JSON number would not survive above 2^53); the days
+ * are the same charges by UTC day of completion (earnings over time). The charges
  * are a final request's with a charge (`credits_charged > 0`: open requests have none, void ones
  * are 0), found through inference_charges (migration 031), indexed on (offer_id, completed_at).
  */
@@ -48,10 +56,14 @@ export async function readOfferEarnings(
   db: Queryable,
   args: { offerId: Hex; from: number; to: number; limit: number },
 ): Promise<EarningsRows> {
-  const { rows } = await db.query<{ groups: GroupJson[] | null; batches: BatchJson[] | null }>(
+  const { rows } = await db.query<{
+    groups: GroupJson[] | null;
+    days: DayJson[] | null;
+    batches: BatchJson[] | null;
+  }>(
     `WITH charges AS (
        SELECT r.settlement_status, r.settlement_reason, r.batch_id, r.input_tokens,
-         r.output_tokens, r.credits_charged
+         r.output_tokens, r.credits_charged, c.completed_at
        FROM inference_charges c JOIN inference_requests r ON r.id = c.request_id
        WHERE c.offer_id = $1 AND c.completed_at >= $2 AND c.completed_at < $3
          AND r.credits_charged > 0
@@ -62,6 +74,12 @@ export async function readOfferEarnings(
          count(*)::text AS requests, sum(input_tokens)::text AS input_tokens,
          sum(output_tokens)::text AS output_tokens, sum(credits_charged)::text AS credits
        FROM charges GROUP BY 1, 2
+     ), days AS (
+       SELECT (completed_at / 86400) * 86400 AS starts_at, count(*)::text AS requests,
+         sum(credits_charged)::text AS credits,
+         coalesce(sum(credits_charged) FILTER (WHERE settlement_status = 'settled'), 0)::text
+           AS settled_credits
+       FROM charges GROUP BY 1
      ), in_batches AS (
        SELECT batch_id, count(*)::text AS requests, sum(credits_charged)::text AS credits
        FROM charges WHERE batch_id IS NOT NULL GROUP BY batch_id
@@ -72,6 +90,7 @@ export async function readOfferEarnings(
        LIMIT $4
      )
      SELECT (SELECT json_agg(groups) FROM groups) AS groups,
+       (SELECT json_agg(days ORDER BY starts_at) FROM days) AS days,
        (SELECT json_agg(batches ORDER BY created_at DESC, batch_id DESC) FROM batches) AS batches`,
     [args.offerId, args.from, args.to, args.limit + 1],
   );
@@ -84,6 +103,12 @@ export async function readOfferEarnings(
       inputTokens: BigInt(g.input_tokens),
       outputTokens: BigInt(g.output_tokens),
       credits: BigInt(g.credits),
+    })),
+    days: (row?.days ?? []).map((d) => ({
+      startsAt: Number(d.starts_at),
+      requests: Number(d.requests),
+      credits: BigInt(d.credits),
+      settledCredits: BigInt(d.settled_credits),
     })),
     batches: (row?.batches ?? []).map((b) => ({
       batchId: b.batch_id as Hex,

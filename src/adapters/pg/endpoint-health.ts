@@ -90,7 +90,7 @@ export async function recordProbe(
  * timeout, a refused connection, a 429 or a 5xx). Either failure keeps the failed check in
  * `verification_error`. Success clears the offer's standing usage exclusion, if any (migration
  * 024, docs/decisions/metering-and-tokens.md "Usage divergence"), and its audit exclusion with
- * its evidence (migration 042, docs/decisions/audit-standing.md): only a verification that passed brings
+ * its evidence (migration 042, docs/decisions/audits.md): only a verification that passed brings
  * it back.
  *
  * With `sealed`, the row is updated only while it still holds that sealed endpoint: a

@@ -73,5 +73,16 @@ export function createPgOfferKeyBindingStore(db: Queryable): OfferKeyBindingStor
       );
       return rows.map(fromRow);
     },
+
+    async activeOfKey(apiKeyId, now) {
+      // offer_key_bindings_key_offer (api_key_id, offer_id) finds the key's rows.
+      const { rows } = await db.query<Row>(
+        `SELECT ${columns} FROM offer_key_bindings
+         WHERE api_key_id = $1 AND revoked_at IS NULL AND expires_at > $2
+         ORDER BY seq DESC`,
+        [apiKeyId, now],
+      );
+      return rows.map(fromRow);
+    },
   };
 }

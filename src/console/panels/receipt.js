@@ -168,7 +168,7 @@ function figures(f) {
  * @param {Check[]} checks
  * @param {{ decimals?: number, symbol?: string }} units the request's model's credit token's
  */
-function receiptView(id, signed, checks, units) {
+export function receiptView(id, signed, checks, units) {
   const verified = checks.every((c) => c.ok);
   const m = signed.receipt.message ?? {};
   return h(

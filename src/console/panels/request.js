@@ -68,11 +68,14 @@ export const requestPanel = {
 };
 
 /**
+ * A request's record as a card; with `actions`, the buttons that show its permit and its receipt
+ * in the lookup panels (the requests table shows the receipt beside the record instead).
  * @param {Record<string, any>} record
  * @param {EventTarget} events
  * @param {{ decimals?: number, symbol?: string }} units the model's credit token's
+ * @param {{ actions?: boolean }} [options]
  */
-function recordView(record, events, units) {
+export function recordView(record, events, units, { actions = true } = {}) {
   const showPermit = h("button", { type: "button" }, "Show its permit");
   showPermit.addEventListener("click", () =>
     events.dispatchEvent(new CustomEvent("show-permit", { detail: record.permit_id })),
@@ -118,7 +121,7 @@ function recordView(record, events, units) {
       ["Settled", time(s.settled_at)],
       ["Reason", s.reason ?? undefined],
     ]),
-    h("div", { class: "buttons" }, showPermit, showReceipt),
+    actions && h("div", { class: "buttons" }, showPermit, showReceipt),
   );
 }
 

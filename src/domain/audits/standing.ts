@@ -4,7 +4,7 @@ import type { AuditState, OfferAuditStanding, OfferAuditVerdict } from "./types.
 
 /**
  * The audit standing every process holds (issue 39, item 4; DESIGN.md section 12;
- * docs/decisions/audit-standing.md): the market's latest verdict per offer, kept in PostgreSQL
+ * docs/decisions/audits.md): the market's latest verdict per offer, kept in PostgreSQL
  * (migration 042, src/adapters/pg/audits.ts) and read by every process on a short round, as
  * offer cooldowns are (src/domain/reputation/cooldowns.ts). Routing reads memory only:
  *

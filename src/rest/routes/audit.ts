@@ -10,7 +10,7 @@ export const auditRoutes: readonly Route[] = [
     operationId: "listAuditStandings",
     summary: "Every offer's audit standing with its evidence (operator)",
     description:
-      "The offers the market's audits judged (docs/decisions/audit-standing.md), by model then offer id: the state, e-value and thresholds, the reference, and per test the samples, statistic, p-value and e-value. Offers never judged are not listed (the catalog shows them unaudited). `model_id` keeps one model's offers.",
+      "The offers the market's audits judged (docs/decisions/audits.md), by model then offer id: the state, e-value and thresholds, the reference, and per test the samples, statistic, p-value and e-value. Offers never judged are not listed (the catalog shows them unaudited). `model_id` keeps one model's offers.",
     tag: "audits",
     auth: "operator",
     parameters: [

@@ -193,8 +193,8 @@ export const inferenceRoutes: readonly Route[] = [
     description: [
       "Each permit an active authorization of the calling key names, with its balance as",
       "`GET /v1/permits/{id}` gives it (a permit the chain does not hold is left out), and",
-      "`every_permit_payers`: the payers who authorized the key for every permit of theirs",
-      "(the gateway does not list a payer's permits from the chain; read each by its id).",
+      "`every_permit_payers`: the payers who authorized the key for every permit of theirs,",
+      "whose permits are listed too (the newest 100 each opened, as the indexer saw them).",
     ].join("\n"),
     tag: "inference",
     answer: { description: "The permits", schema: SpendablePermitList },

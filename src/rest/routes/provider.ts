@@ -3,6 +3,7 @@ import { Hex32 } from "../../schema/common.js";
 import {
   OfferEnvelope,
   OfferKeyBindingEnvelope,
+  OfferKeyBindingList,
   VerifiedOffer,
   offerEarningsResource,
   offerHealthResource,
@@ -230,12 +231,28 @@ export const providerRoutes: readonly Route[] = [
   },
   {
     method: "GET",
+    path: "/v1/provider-offers/key-bindings",
+    operationId: "listKeyBindings",
+    summary: "The calling API key's active key bindings: the offers whose earnings it may read",
+    description:
+      "Every binding an offer's operator signed for the calling key that is neither revoked nor expired, newest first (the market console finds a provider's offers with it). A binding whose signer is no longer the offer's operator is listed, and its earnings read is refused (403 `not_offer_operator`).",
+    tag: "provider",
+    answer: { description: "The bindings", schema: OfferKeyBindingList },
+    handle: async ({ unary }) => {
+      const { bindings } = await unary(ProviderService.method.listKeyBindings, {});
+      return {
+        body: { object: "list", data: bindings.map((b) => offerKeyBindingResource.view(b)) },
+      };
+    },
+  },
+  {
+    method: "GET",
     path: "/v1/provider-offers/{id}/earnings",
     operationId: "getOfferEarnings",
     summary:
       "An offer's earnings by settlement state (its operator's bound keys, or the settlement operator)",
     description:
-      "Charges completed in [from, to) by settlement state (unsettled, settling, settled, unsettleable with the reasons), and the batches carrying them (newest first, at most 100). Only an API key the offer's current operator bound to the offer (POST .../key-bindings), or the settlement operator token; any other key is 403 `not_offer_operator`.",
+      "Charges completed in [from, to) by settlement state (unsettled, settling, settled, unsettleable with the reasons), by UTC day of completion (`days`, oldest first: earnings over time), and the batches carrying them (newest first, at most 100). Only an API key the offer's current operator bound to the offer (POST .../key-bindings), or the settlement operator token; any other key is 403 `not_offer_operator`.",
     tag: "provider",
     auth: "apiKeyOrOperator",
     pathId: offerIdParameter,

@@ -42,11 +42,11 @@ export const SpendablePermitList = component(
   Type.Object({
     object: Type.Literal("list"),
     data: Type.Array(permitBalanceResource.schema, {
-      description: "the permits the key's active authorizations name, with their balances",
+      description:
+        "the permits the key's active authorizations name, and the newest 100 the payers of its every-permit authorizations opened, with their balances",
     }),
     every_permit_payers: Type.Array(Address, {
-      description:
-        "payers whose every permit the key may spend (read each with GET /v1/permits/{id})",
+      description: "payers whose every permit the key may spend (their permits are in data)",
     }),
   }),
 );

@@ -2,10 +2,10 @@ import { Type } from "@sinclair/typebox";
 import { AuditStandingSchema, AuditTestEvidenceSchema } from "../../../gen/gateway/v1/audit_pb.js";
 import { OfferAuditSchema } from "../../../gen/gateway/v1/market_pb.js";
 import { component } from "../../schema/common.js";
-import { protoView } from "./proto-view.js";
+import { protoView, type FieldRule } from "./proto-view.js";
 
 /**
- * The audits' REST views (docs/decisions/audit-standing.md): an offer's standing as the catalog and
+ * The audits' REST views (docs/decisions/audits.md): an offer's standing as the catalog and
  * quotes show it, and the operator's view with the evidence.
  */
 
@@ -20,7 +20,7 @@ const Statistic = component(
 
 export const offerAuditResource = protoView(OfferAuditSchema, "OfferAudit", {
   description:
-    "What the offer's audits say (docs/decisions/audit-standing.md): blind audit requests compared with the model's reference, evidence accumulated as an anytime-valid e-value with false-discovery control across the market's offers.",
+    "What the offer's audits say (docs/decisions/audits.md): blind audit requests compared with the model's reference, evidence accumulated as an anytime-valid e-value with false-discovery control across the market's offers.",
   fields: {
     state: {
       description:
@@ -90,3 +90,20 @@ export const AuditStandingList = component(
   "AuditStandingList",
   Type.Object({ object: Type.Literal("list"), data: Type.Array(auditStandingResource.schema) }),
 );
+
+/** How the offer, its reputation and a quote describe their audit members. */
+export const auditFields = {
+  offer: {
+    emptyIsNull: true,
+    description:
+      "What the offer's audits say (state, e-value, thresholds, reference; model_mismatch when flagged or excluded): shown by the catalog for every offer (GET /v1/models/{id}, /v1/models/{id}/offers; unaudited when never judged); null in other answers.",
+  },
+  quote: {
+    description:
+      "What the quoted offer's audits say, as the catalog shows it (unaudited when never judged).",
+  },
+  reputation: {
+    description:
+      "The offer's audits found it serving another model than the one it sells (Offer.audit flagged or excluded): its score is 0.",
+  },
+} as const satisfies Record<string, FieldRule>;

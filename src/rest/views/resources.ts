@@ -15,6 +15,7 @@ import {
 import { PermitAuthorizationSchema } from "../../../gen/gateway/v1/permit_pb.js";
 import {
   EarningsBatchSchema,
+  EarningsDaySchema,
   EarningsTotalsSchema,
   OfferEarningsSchema,
   OfferHealthSchema,
@@ -32,7 +33,7 @@ import {
 import { component, Hex32 } from "../../schema/common.js";
 import { protoView } from "./proto-view.js";
 import { maxTokenDecimals } from "../../domain/token-units.js";
-import { offerAuditResource } from "./audits.js";
+import { auditFields, offerAuditResource } from "./audits.js";
 
 /**
  * The REST resources: each the view of the protobuf message it mirrors (proto-view.ts), with
@@ -153,10 +154,7 @@ const reputationResource = protoView(OfferReputationSchema, "OfferReputation", {
     },
     flags: { description: "Requests whose provider reported more usage than it could have." },
     requests: { description: "Requests counted: served plus failed by the provider." },
-    model_mismatch: {
-      description:
-        "The offer's audits found it serving another model than the one it sells (Offer.audit flagged or excluded): its score is 0.",
-    },
+    model_mismatch: auditFields.reputation,
   },
 });
 
@@ -192,11 +190,7 @@ export const offerResource = protoView(OfferSchema, "Offer", {
     audit: offerAuditResource,
   },
   fields: {
-    audit: {
-      emptyIsNull: true,
-      description:
-        "What the offer's audits say (state, e-value, thresholds, reference; model_mismatch when flagged or excluded): shown by the catalog for every offer (GET /v1/models/{id}, /v1/models/{id}/offers; unaudited when never judged); null in other answers.",
-    },
+    audit: auditFields.offer,
     usage_divergence: {
       emptyIsNull: true,
       description:
@@ -241,10 +235,7 @@ export const verificationRunResource = protoView(VerificationRunSchema, undefine
 export const quoteResource = protoView(QuoteSchema, "Quote", {
   nested: { audit: offerAuditResource },
   fields: {
-    audit: {
-      description:
-        "What the quoted offer's audits say, as the catalog shows it (unaudited when never judged).",
-    },
+    audit: auditFields.quote,
     max_output_tokens: {
       description:
         "The output tokens maximum_credits pays for: the output limit times n (every choice may use the whole limit)",
@@ -345,6 +336,14 @@ export const offerEarningsResource = protoView(OfferEarningsSchema, "OfferEarnin
         tx_hash: { emptyIsNull: true },
       },
     }),
+    days: protoView(EarningsDaySchema, "EarningsDay", {
+      fields: {
+        starts_at: { description: "Unix seconds: the start of the UTC day of completion" },
+        requests: { integer: true },
+        credits: { description: "credits charged that day, every settlement state (base units)" },
+        settled_credits: { description: "of them, settled on chain (base units)" },
+      },
+    }),
   },
   fields: {
     from: { integer: true, description: "Unix seconds: charges completed at or after this" },
@@ -376,6 +375,16 @@ export const PermitAuthorizationList = listOf(
 );
 
 export const SettlementBatchList = listOf("SettlementBatchList", batchRecordResource.schema);
+
+export const OfferKeyBindingList = component(
+  "OfferKeyBindingList",
+  Type.Object({
+    object: Type.Literal("list"),
+    data: Type.Array(offerKeyBindingResource.schema, {
+      description: "the calling key's active bindings, newest first",
+    }),
+  }),
+);
 
 export const OfferKeyBindingEnvelope = component(
   "OfferKeyBindingEnvelope",

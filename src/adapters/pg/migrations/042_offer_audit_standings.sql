@@ -1,4 +1,4 @@
--- Offers serve the model they sell (issue 39; DESIGN.md section 12; docs/decisions/audit-standing.md):
+-- Offers serve the model they sell (issue 39; DESIGN.md section 12; docs/decisions/audits.md):
 -- each offer's audit standing, the market's latest verdict on it (src/domain/audits/types.ts,
 -- `OfferAuditVerdict`). Written by the process that judged the market (one statement for all
 -- its verdicts), read whole by every process on a short round: routing reads memory only
