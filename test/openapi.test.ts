@@ -2174,7 +2174,7 @@ describe.runIf(rateLimits || bodyTimeout)("the limits of issue 12 conform too", 
           body,
         ];
       });
-    expect(requests.length).toBe(31);
+    expect(requests.length).toBe(32);
     for (const [method, route, path, headers, body] of requests) {
       let answer: Answer;
       let tries = 0;
