@@ -28,6 +28,7 @@ import type { AuditRunner } from "./domain/audits/runner.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import type { MeasurementSync } from "./domain/reputation/measurement-types.js";
 import type { OfferCooldowns } from "./domain/reputation/cooldowns.js";
+import type { AuditStandings } from "./domain/audits/standing.js";
 import type { EndpointSecret, HealthMonitor } from "./domain/health-types.js";
 import type { TokenCounters } from "./domain/tokens.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
@@ -56,6 +57,11 @@ export interface Gateway {
    * 5 s; `runOnce` for operators and tests).
    */
   readonly measurementSync: MeasurementSync;
+  /**
+   * The offers' audit standings as this process holds them (read every 5 s; `refresh` for
+   * operators and tests).
+   */
+  readonly standings: AuditStandings;
   /** Where `GET /metrics` is served: `url` unless METRICS_PORT gave it its own listener. */
   readonly metricsUrl: string;
   /** The gateway's token counters (the tokenizer registry, checked at start-up). */
@@ -175,8 +181,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       deploymentId: storage.deploymentId,
       chain,
       catalog,
-      reputation: chat.reputation,
-      cooldowns: chat.cooldowns,
+      offerViews: chat,
       permits,
       permitClock: permitClock.now,
       inference: chat.inference,
@@ -226,6 +231,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       instanceId,
       housekeeping,
       measurementSync: chat.measurementSync,
+      standings: chat.standings,
       metricsUrl,
       tokens,
       audits,

@@ -1,11 +1,10 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startGateway, type Gateway } from "../src/app.js";
-import { demoTariff } from "../src/dev/demo-market.js";
 import { priceCredits } from "../src/domain/pricing.js";
 import { describeIfPostgres } from "./helpers/db.js";
-import { startFakeUpstream, type FakeUpstream } from "./helpers/fake-upstream.js";
-import { onboard, setOffer } from "./helpers/market.js";
+import type { FakeUpstream } from "./helpers/fake-upstream.js";
+import { dearerTariff, secondChatOffer } from "./helpers/market.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
 /**
@@ -17,12 +16,7 @@ import { authed, eventually, json, startChatStack, type TestStack } from "./help
 const messages = [{ role: "user" as const, content: "hello gateway" }];
 const chatPath = "/v1/chat/completions";
 /** The second offer's tariff: dearer, so the demo chat offer is ranked first. */
-const dearer = {
-  version: 0n,
-  inputPricePerMTok: demoTariff.inputPricePerMTok * 2n,
-  outputPricePerMTok: demoTariff.outputPricePerMTok * 2n,
-  wakeFee: 0n,
-};
+const dearer = dearerTariff;
 
 interface ClosedRow {
   offer_id: string;
@@ -36,15 +30,9 @@ interface ClosedRow {
 
 /** Two offers on their own fake providers, the second dearer; started on `stack`. */
 async function twoOffers(stack: TestStack, a: FakeUpstream) {
-  const b = stack.demo.offers.find((o) => o.status === "paused")!.offerId;
-  await setOffer(stack, b, {
-    status: 0,
-    tariff: { input: dearer.inputPricePerMTok, output: dearer.outputPricePerMTok, wake: 0n },
-  });
-  const fakeB = await startFakeUpstream({ models: ["demo-chat"], chunks: 2 });
-  await onboard(stack, b, fakeB.url);
+  const second = await secondChatOffer(stack);
   a.setOptions({ failStatus: undefined, responseHeaders: undefined });
-  return { b, fakeB };
+  return second;
 }
 
 /** The request's record once closed, with its count of charges (inference_charges rows). */

@@ -112,6 +112,7 @@ const RUNNERS: readonly Runner[] = [
 
   // The CLI.
   { shows: /^gateway (keys|settle|migrate|x402)\b/, test: "test/e2e/cli.test.ts" },
+  { shows: /^gateway audits\b/, test: "test/audit-standing.test.ts" },
   { shows: /^gateway permit (open|balance|close|finalize)\b/, test: "test/e2e/permit-cli.test.ts" },
   { shows: /^gateway permit authorize\b/, test: "test/e2e/wallet-guard.test.ts" },
   {
@@ -138,6 +139,7 @@ const RUNNERS: readonly Runner[] = [
   { shows: /^curl .*\/v1\/permits\//, test: "test/permit-balance.test.ts" },
   { shows: /^curl .*\/v1\/gateway\b/, test: "test/receipts.test.ts" },
   { shows: /^curl .*\/v1\/provider-offers\/\S+\/earnings\b/, test: "test/earnings.test.ts" },
+  { shows: /^curl .*\/audits\/standings\b/, test: "test/audit-standing.test.ts" },
 ];
 
 /** Commands the docs show that no test runs yet: each is a `todo` until one does. */

@@ -44,7 +44,10 @@ function countQueries(pool: pg.Pool): { readonly count: number; readonly texts: 
  * every 5 s whatever else happens, so a run slowed by a loaded machine meets one; not a route's.
  */
 function isMeasurementSync(text: string): boolean {
-  return /\boffer_(measurements|usage_exclusions|verification_runs)\b/.test(text);
+  // The other shared reads on the same 5 s round: cooldowns, and the audits' standings.
+  return /\boffer_(measurements|usage_exclusions|verification_runs|cooldowns|audit_standings)\b/.test(
+    text,
+  );
 }
 
 /** The statements the public routes' shared reads make: readiness's and the metrics gauges'. */

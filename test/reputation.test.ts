@@ -126,6 +126,7 @@ describe("offer reputation", () => {
       flags: 0,
       requests: 0,
       window_seconds: 900,
+      model_mismatch: false,
     };
     expect(await reputation(b)).toEqual(empty);
     // Record counts are read on the sharing round (every 5 s; here at once): the onboarding's

@@ -24,6 +24,9 @@ import { createInferenceService } from "../connect/inference-service.js";
 import { createPermitService } from "../connect/permit-service.js";
 import { createProviderService } from "../connect/provider-service.js";
 import { createQuoteService } from "../connect/quote-service.js";
+import { createAuditService } from "../connect/audit-service.js";
+import { createPgAuditStandingStore } from "../adapters/pg/audits.js";
+import type { AuditStandings } from "../domain/audits/standing.js";
 import { createSettlementService } from "../connect/settlement-service.js";
 import type { Catalog } from "../domain/catalog.js";
 import type { Inference } from "../domain/chat/index.js";
@@ -130,9 +133,14 @@ export function createApi(
     readonly deploymentId: string;
     readonly chain: PublicClient;
     readonly catalog: Catalog;
-    readonly reputation: (offerId: Hex) => Reputation;
-    /** Offers cooling down (the catalog shows when each one's cooldown ends). */
-    readonly cooldowns?: Pick<OfferCooldowns, "until"> | undefined;
+    /** What the catalog (and quotes) show of each offer beside the chain's record, from memory. */
+    readonly offerViews: {
+      readonly reputation: (offerId: Hex) => Reputation;
+      /** Offers cooling down (the catalog shows when each one's cooldown ends). */
+      readonly cooldowns?: Pick<OfferCooldowns, "until"> | undefined;
+      /** The offers' audit standings (the catalog and quotes show each offer's). */
+      readonly standings?: Pick<AuditStandings, "get"> | undefined;
+    };
     readonly permits: ChainPermitReader;
     readonly permitClock: () => number;
     readonly inference: Inference;
@@ -190,7 +198,12 @@ export function createApi(
       : createReceiptSigner(config.receiptPrivateKey);
   return createGatewayHandler({
     services: {
-      catalog: createCatalogService(deps.catalog, deps.reputation, deps.cooldowns),
+      catalog: createCatalogService(
+        deps.catalog,
+        deps.offerViews.reputation,
+        deps.offerViews.cooldowns,
+        deps.offerViews.standings,
+      ),
       gateway: createGatewayService({
         deployment: deps.deploymentId,
         chainId: config.chainId,
@@ -201,7 +214,8 @@ export function createApi(
             : privateKeyToAccount(config.settlementPrivateKey).address,
         receiptSigner: receiptSigner?.address,
       }),
-      quote: createQuoteService(deps.inference),
+      quote: createQuoteService(deps.inference, deps.offerViews.standings),
+      audit: createAuditService(createPgAuditStandingStore(db.pool)),
       inference: createInferenceService({
         inference: deps.inference,
         findRequest: reads.findRequest,

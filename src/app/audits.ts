@@ -10,6 +10,7 @@ import { createShapeSample, type ShapeSample } from "../domain/audits/shapes.js"
 import { cryptoRandom, type Random } from "../domain/audits/traffic.js";
 import { judgeMarket } from "../domain/audits/evidence.js";
 import type { JudgeMarket } from "../domain/audits/types.js";
+import { clearedTimes, type AuditStandingStore } from "../domain/audits/standing.js";
 import type { Catalog } from "../domain/catalog.js";
 import type { createMetrics } from "../runtime/metrics.js";
 
@@ -23,7 +24,7 @@ import type { createMetrics } from "../runtime/metrics.js";
 export interface AuditOptions {
   /** The statistics; absent: src/domain/audits/evidence.ts's `judgeMarket`. */
   readonly judge?: JudgeMarket | undefined;
-  /** The standing's store of verdicts (src/adapters/pg/audits.ts). */
+  /** Where verdicts go; absent: the standing's store (src/adapters/pg/audits.ts). */
   readonly saveVerdicts?: SaveVerdicts | undefined;
   readonly rng?: Random | undefined;
   /** Unix milliseconds (samples' times, the budget's day). */
@@ -56,6 +57,8 @@ export async function prepareAudits(
     /** Unix seconds (the gateway's clock). */
     readonly clock: () => number;
     readonly logger: Logger;
+    /** The standings every process routes by (the verdicts are written there). */
+    readonly standings: AuditStandingStore;
   },
 ): Promise<AuditWiring | undefined> {
   const audits = config.audits;
@@ -84,7 +87,11 @@ export async function prepareAudits(
         samples,
         observer: deps.metrics.audits,
         judge: settings.judge ?? judgeMarket,
-        saveVerdicts: settings.saveVerdicts,
+        saveVerdicts:
+          settings.saveVerdicts ??
+          ((verdicts, readAtMs) =>
+            deps.standings.save(verdicts, { readAtMs, nowMs: (settings.nowMs ?? Date.now)() })),
+        clearedAt: () => clearedTimes(deps.standings),
         perOfferPerDay: audits.requestsPerOfferPerDay,
         evidenceWindowMs: audits.evidenceWindowDays * 86_400_000,
         evaluateEveryMs: audits.evaluateIntervalMs,

@@ -16,6 +16,8 @@ import { createPgLeaseSignals, type PgLeaseSignals } from "../adapters/pg/lease-
 import { createPgLeaseStore } from "../adapters/pg/leases.js";
 import { createPgCooldownStore } from "../adapters/pg/offer-cooldowns.js";
 import { createAuthorizationThresholds } from "../adapters/pg/authorization-warnings.js";
+import { createPgAuditStandingStore } from "../adapters/pg/audits.js";
+import { createAuditStandings, type AuditStandings } from "../domain/audits/standing.js";
 import { createPgMeasurementStore } from "../adapters/pg/offer-measurements.js";
 import { createUpstreamChat } from "../adapters/upstream/chat.js";
 import type { UpstreamClient } from "../adapters/upstream/http.js";
@@ -60,6 +62,8 @@ export interface ChatWiring {
   readonly measurementSync: MeasurementSync;
   /** Offers cooling down after their provider's 429, shared through the database. */
   readonly cooldowns: OfferCooldowns;
+  /** The offers' audit standings (read from the database on the measurements' cadence). */
+  readonly standings: AuditStandings;
   /** Stops sharing measurements (first, with the other background tasks). */
   stopBackground(): Promise<void>;
   /** Gives the leases back and stops listening for recalls (after the closes are written). */
@@ -129,7 +133,33 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
   await cooldowns.refresh().catch(() => undefined);
   cooldowns.start();
   // The blind audits (AUDIT_PERMITS): their corpus checked now, their sample of clients' shapes.
-  const audits = await prepareAudits(config, { audits: deps.auditOptions }, deps);
+  const standingStore = createPgAuditStandingStore(db.pool);
+  const audits = await prepareAudits(
+    config,
+    { audits: deps.auditOptions },
+    { ...deps, standings: standingStore },
+  );
+  // Written by the process that judged the market; every process reads them on this round, and
+  // once before it serves, so a restart routes nothing to an excluded offer (a failed read is
+  // logged; the first round reads them again).
+  const standings = createAuditStandings({
+    store: standingStore,
+    intervalMs: measurementSyncMs,
+    onError: (error) =>
+      logger.warn(
+        { error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
+        "reading offer audit standings failed",
+      ),
+  });
+  await standings
+    .refresh()
+    .catch((error: unknown) =>
+      logger.warn(
+        { error: error instanceof Error ? error.message.split("\n")[0] : "failed" },
+        "reading offer audit standings failed",
+      ),
+    );
+  standings.start();
   const inference = createInference({
     catalog: deps.catalog,
     observeRequest: audits?.shapes.observe,
@@ -164,6 +194,7 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
     cooldownBounds,
     // A payer's soft threshold, read on its capped authorization's ledger (migration 041).
     thresholds: createAuthorizationThresholds(db.pool),
+    audits: standings,
     // Claimed on the endpoint's row: one request per offer per window, fleet-wide (migration 025).
     x402: wireX402(config, { db, chain: deps.chain }),
     wakeFees: createWakeFees({
@@ -181,10 +212,12 @@ export async function wireChat(config: Config, deps: ChatDeps): Promise<ChatWiri
     inference,
     audits,
     leased,
-    reputation: offerReputation(measurements, measurementSync),
+    reputation: offerReputation(measurements, measurementSync, standings),
     measurementSync,
     cooldowns,
+    standings,
     stopBackground: async () => {
+      await standings.stop();
       await cooldowns.stop();
       await measurementSync.stop();
     },

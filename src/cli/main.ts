@@ -17,6 +17,7 @@ import { runAuditsBudget } from "./audits-budget.js";
 import { runPermitCommand } from "./permit.js";
 import { runProviderCommand } from "./provider.js";
 import { runSettleCommand } from "./settle.js";
+import { runAuditsCommand } from "./audits.js";
 import type { CommandOutput } from "./signing.js";
 
 const usage = `usage: gateway <command>
@@ -53,6 +54,9 @@ commands:
   settle reconcile          compare settled sums with the chain; exit 1 on drift
   settle flush [--dry-run] [--max-requests N]
                             one Flush now (see 'gateway settle help')
+  audits [--model ID] [--json]
+                            every offer's audit standing with its evidence (operator token; see
+                            'gateway audits help')
 
 Environment: see README.md ("Configuration").`;
 
@@ -129,6 +133,12 @@ function stopSignal(): Promise<string> {
   });
 }
 
+/** Lines a gRPC command prints: answers on stdout, failures on stderr. */
+const lineOutput = {
+  out: (line: string) => process.stdout.write(`${line}\n`),
+  error: (line: string) => process.stderr.write(`${line}\n`),
+};
+
 /** The database a management command works on: DATABASE_URL, else the embedded one under the state dir. */
 async function managementDatabase() {
   const {
@@ -171,9 +181,7 @@ async function runX402Command(rest: string[]): Promise<void> {
 }
 
 /** `gateway audits budget [--day YYYY-MM-DD]`: the day's audit spend against the budgets. */
-async function runAuditsCommand(rest: string[]): Promise<void> {
-  const [action, ...args] = rest;
-  if (action !== "budget") throw new UsageError("audits: expected 'budget'");
+async function runAuditsBudgetCommand(args: string[]): Promise<void> {
   const db = await managementDatabase();
   try {
     process.exitCode = await runAuditsBudget(db.pool, args, process.env, {
@@ -318,15 +326,12 @@ async function run(argv: string[]): Promise<void> {
       return;
     }
     case "audits": {
-      await runAuditsCommand(rest);
+      if (rest[0] === "budget") await runAuditsBudgetCommand(rest.slice(1));
+      else process.exitCode = await runAuditsCommand(rest, process.env, lineOutput);
       return;
     }
     case "settle": {
-      process.exitCode = await runSettleCommand(rest, process.env, {
-        out: (line) => process.stdout.write(`${line}\n`),
-        error: (line) => process.stderr.write(`${line}\n`),
-        stopSignal,
-      });
+      process.exitCode = await runSettleCommand(rest, process.env, { ...lineOutput, stopSignal });
       return;
     }
     default:

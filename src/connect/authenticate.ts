@@ -6,6 +6,7 @@ import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
 import { PermitService } from "../../gen/gateway/v1/permit_pb.js";
 import { ProviderService } from "../../gen/gateway/v1/provider_pb.js";
 import { SettlementService } from "../../gen/gateway/v1/settlement_pb.js";
+import { AuditService } from "../../gen/gateway/v1/audit_pb.js";
 import { GatewayError } from "../domain/errors.js";
 import type { SpendingAuthority } from "../domain/permit-authorization/index.js";
 import type { FailureBudget } from "../domain/failure-budget.js";
@@ -150,12 +151,13 @@ export const publicRpcs: ReadonlySet<string> = new Set([
 
 /**
  * Every RPC needs credentials but GatewayService's (public facts answered from memory) and
- * {@link publicRpcs} (a payer's signed calls): the settlement service the operator token,
+ * {@link publicRpcs} (a payer's signed calls): the settlement and audit services the operator token,
  * everything else an API key; a few ({@link operatorOrApiKey}) take either.
  */
 export function rpcAuthNeed(service: string, method: string): AuthNeed {
   if (service === GatewayService.typeName || publicRpcs.has(`${service}/${method}`)) return "none";
-  if (service === SettlementService.typeName) return "operator";
+  if (service === SettlementService.typeName || service === AuditService.typeName)
+    return "operator";
   if (payerOrApiKey.has(`${service}/${method}`)) return "apiKeyOrPayer";
   return operatorOrApiKey.has(`${service}/${method}`) ? "apiKeyOrOperator" : "apiKey";
 }

@@ -10,7 +10,9 @@ import type { Hex } from "viem";
 import type { Catalog, ModelRecord, OfferRecord } from "../domain/catalog.js";
 import type { Reputation } from "../domain/reputation/reputation.js";
 import type { OfferCooldowns } from "../domain/reputation/cooldowns.js";
+import type { AuditStandings } from "../domain/audits/standing.js";
 import {
+  auditToMessage,
   modelStatusFromProto,
   modelToMessage,
   offerStatusFromProto,
@@ -21,12 +23,14 @@ import {
  * The catalog: models and offers, each offer with its reputation (`reputation`: from memory,
  * so listing offers costs no query beyond the catalog's own) and every model and offer with how
  * the gateway meters it (its model's tokenizer, or the byte bound; issue 35), and when an offer
- * cooling down after its provider's 429 is routed again (`cooldowns`, from memory too).
+ * cooling down after its provider's 429 is routed again (`cooldowns`, from memory too), and what
+ * its audits say (`audits`, from memory: every offer, `unaudited` when never judged).
  */
 export function createCatalogService(
   catalog: Catalog,
   reputation?: (offerId: Hex) => Reputation,
   cooldowns?: Pick<OfferCooldowns, "until">,
+  audits?: Pick<AuditStandings, "get">,
 ): ServiceImpl<typeof CatalogService> {
   const shown = (model: ModelRecord) => (offer: OfferRecord) =>
     offerToMessage(
@@ -34,6 +38,7 @@ export function createCatalogService(
       reputation?.(offer.offerId),
       model.metering,
       cooldowns?.until(offer.offerId),
+      audits === undefined ? undefined : auditToMessage(audits.get(offer.offerId)),
     );
   return {
     async listModels(req) {

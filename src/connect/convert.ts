@@ -1,16 +1,22 @@
 import { create } from "@bufbuild/protobuf";
 import {
+  AuditReferenceKind,
+  AuditState,
   MeteringKind,
   ModelSchema,
   ModelStatus,
+  OfferAuditSchema,
   OfferSchema,
   OfferStatus,
   type Model,
+  type OfferAudit,
   type Offer,
 } from "../../gen/gateway/v1/market_pb.js";
 import type { ModelDirectory, ModelRecord, OfferRecord } from "../domain/catalog.js";
 import * as domain from "../domain/catalog.js";
 import type { Reputation } from "../domain/reputation/reputation.js";
+import { decimalString, isModelMismatch } from "../domain/audits/standing.js";
+import type * as audits from "../domain/audits/types.js";
 import type { TypedDataField } from "../domain/signatures.js";
 import type { Metering } from "../domain/tokens.js";
 
@@ -35,6 +41,40 @@ export function modelStatusFromProto(status: ModelStatus): domain.ModelStatus | 
 
 export function offerStatusFromProto(status: OfferStatus): domain.OfferStatus | undefined {
   return domain.offerStatuses.find((s) => offerStatusToProto[s] === status);
+}
+
+const auditStateToProto: Record<audits.AuditState, AuditState> = {
+  unaudited: AuditState.UNAUDITED,
+  passing: AuditState.PASSING,
+  flagged: AuditState.FLAGGED,
+  excluded: AuditState.EXCLUDED,
+};
+
+const referenceKindToProto: Record<
+  audits.OfferAuditVerdict["reference"]["kind"],
+  AuditReferenceKind
+> = {
+  anchor: AuditReferenceKind.ANCHOR,
+  majority: AuditReferenceKind.MAJORITY,
+  data: AuditReferenceKind.DATA,
+};
+
+/**
+ * An offer's audit standing as the catalog and quotes show it; without one (never judged),
+ * `unaudited` with an e-value of 1 and no thresholds.
+ */
+export function auditToMessage(standing: audits.OfferAuditStanding | undefined): OfferAudit {
+  if (standing === undefined)
+    return create(OfferAuditSchema, { state: AuditState.UNAUDITED, eValue: "1" });
+  return create(OfferAuditSchema, {
+    state: auditStateToProto[standing.state],
+    eValue: decimalString(standing.eValue),
+    flagAt: decimalString(standing.flagAt),
+    excludeAt: decimalString(standing.excludeAt),
+    referenceKind: referenceKindToProto[standing.reference.kind],
+    updatedAt: BigInt(Math.floor(standing.updatedAtMs / 1000)),
+    modelMismatch: isModelMismatch(standing.state),
+  });
 }
 
 export function offerStatusToMessage(status: domain.OfferStatus): OfferStatus {
@@ -88,8 +128,10 @@ export function offerToMessage(
   reputation?: Reputation,
   metering?: Metering,
   cooldownUntil?: number,
+  audit?: OfferAudit,
 ): Offer {
   return create(OfferSchema, {
+    audit,
     cooldownUntil: cooldownUntil === undefined ? undefined : BigInt(cooldownUntil),
     ...meteringToMessage(metering),
     offerId: offer.offerId,
@@ -124,6 +166,7 @@ export function offerToMessage(
             flags: reputation.flags,
             requests: reputation.requests,
             windowSeconds: reputation.windowSeconds,
+            modelMismatch: reputation.modelMismatch,
           },
     usageDivergence:
       reputation === undefined

@@ -4,10 +4,15 @@ import { CreateQuoteResponseSchema, QuoteService } from "../../gen/gateway/v1/qu
 import { GatewayError } from "../domain/errors.js";
 import type { Inference } from "../domain/chat/index.js";
 import { callerKey } from "./context.js";
-import { meteringToMessage } from "./convert.js";
+import type { AuditStandings } from "../domain/audits/standing.js";
+import { auditToMessage, meteringToMessage } from "./convert.js";
 import { dialectName } from "./inference-messages.js";
 
-export function createQuoteService(inference: Inference): ServiceImpl<typeof QuoteService> {
+/** Quotes, each with the quoted offer's audit standing (`audits`, from memory). */
+export function createQuoteService(
+  inference: Inference,
+  audits?: Pick<AuditStandings, "get">,
+): ServiceImpl<typeof QuoteService> {
   return {
     async createQuote(req, ctx) {
       const caller = ctx.values.get(callerKey);
@@ -30,6 +35,7 @@ export function createQuoteService(inference: Inference): ServiceImpl<typeof Quo
           maximumCredits: quote.maximumCredits.toString(),
           expiresAt: BigInt(quote.expiresAt),
           ...meteringToMessage(quote.metering),
+          audit: auditToMessage(audits?.get(quote.offerId)),
         },
       });
     },

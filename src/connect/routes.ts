@@ -1,4 +1,5 @@
 import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
+import { AuditService } from "../../gen/gateway/v1/audit_pb.js";
 import { CatalogService } from "../../gen/gateway/v1/catalog_pb.js";
 import { GatewayService } from "../../gen/gateway/v1/gateway_pb.js";
 import { InferenceService } from "../../gen/gateway/v1/inference_pb.js";
@@ -28,6 +29,8 @@ export interface Services {
   readonly permit?: Partial<ServiceImpl<typeof PermitService>>;
   readonly provider?: Partial<ServiceImpl<typeof ProviderService>>;
   readonly settlement?: Partial<ServiceImpl<typeof SettlementService>>;
+  /** The operator's view of the audits (the settlement operator token). */
+  readonly audit?: Partial<ServiceImpl<typeof AuditService>>;
   /** Public facts (no credentials). */
   readonly gateway?: Partial<ServiceImpl<typeof GatewayService>>;
 }
@@ -41,6 +44,7 @@ export function serviceBindings(services: Services): ServiceBinding[] {
     { service: PermitService, impl: services.permit ?? {} },
     { service: ProviderService, impl: services.provider ?? {} },
     { service: SettlementService, impl: services.settlement ?? {} },
+    { service: AuditService, impl: services.audit ?? {} },
     { service: GatewayService, impl: services.gateway ?? {} },
   ];
 }
@@ -75,6 +79,7 @@ export function createRoutes(services: Services): (router: ConnectRouter) => voi
       );
     router.service(ProviderService, services.provider ?? {});
     router.service(SettlementService, services.settlement ?? {});
+    router.service(AuditService, services.audit ?? {});
     router.service(GatewayService, services.gateway ?? {});
   };
 }

@@ -165,6 +165,10 @@ export const errorCodes = {
   // (or "unavailable" with Retry-After) and routing leaves it alone for the time it asked.
   // Carries Retry-After.
   offer_cooling_down: "unavailable",
+  // The offer the request is pinned to (or every offer it may use) is out of routing: its audits
+  // found it serving another model than the one it sells (docs/decisions/audits.md); it returns
+  // once its operator verifies it again.
+  offer_model_mismatch: "unavailable",
   upstream_unavailable: "unavailable",
   chain_unavailable: "unavailable",
   database_unavailable: "unavailable",

@@ -32,6 +32,10 @@ import { normalizeHex } from "./hex.js";
  *   the gateway meters with their model's own tokenizer, not by the byte bound (DESIGN.md
  *   section 10; the catalog and quotes show each offer's `metering`). Like `max_price`, it also
  *   holds for a pinned request: how a request is counted is the client's term, not a ranking.
+ * - `require_audited` (the gateway's own member too): only offers whose audits pass (the
+ *   catalog's `audit.state` is `passing`: audited, no evidence of another model; DESIGN.md
+ *   section 12). Unaudited offers (new, or a model without a reference) are left out as well.
+ *   It also holds for a pinned request: which model answers is the client's term.
  *
  * OpenRouter's other members (data_collection, zdr, quantizations, ...) describe providers this
  * market does not state, so they are refused rather than silently ignored.
@@ -54,6 +58,8 @@ export interface ProviderPreferences {
   readonly requireParameters: boolean;
   /** Only offers metered exactly (their model's own tokenizer), never by the byte bound. */
   readonly requireExactMetering: boolean;
+  /** Only offers whose audits pass (`audit.state` passing). */
+  readonly requireAudited: boolean;
 }
 
 /** The object's structure and bounds, compiled once (src/schema/chat.ts). */
@@ -84,6 +90,7 @@ export function parseProviderPreferences(value: unknown): ProviderPreferences | 
           },
     requireParameters: body.require_parameters ?? false,
     requireExactMetering: body.require_exact_metering ?? false,
+    requireAudited: body.require_audited ?? false,
   };
 }
 

@@ -325,6 +325,7 @@ const tags = [
   },
   { name: "provider", description: "provider onboarding (EIP-712) and offer health" },
   { name: "settlement", description: "settlement on chain (operator token)" },
+  { name: "audits", description: "the audits' evidence per offer (operator token)" },
 ];
 
 const securityOf = {

@@ -49,7 +49,8 @@ export interface RouteSpec {
   readonly operationId: string;
   readonly summary: string;
   readonly description?: string;
-  readonly tag: "operations" | "catalog" | "inference" | "permits" | "provider" | "settlement";
+  readonly tag:
+    "operations" | "catalog" | "inference" | "permits" | "provider" | "settlement" | "audits";
   /**
    * Who may call: an API key (default), the settlement operator's token, either of them
    * (`apiKeyOrOperator`), or anyone.

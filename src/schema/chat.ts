@@ -95,11 +95,16 @@ export const ProviderPreferences = component(
         description:
           "Route only to offers the gateway meters exactly, with the model's own tokenizer (Offer.metering exact); an offer metered by the byte bound (no tokenizer registered for its model) is excluded, and a request only such offers could serve is refused 503 no_eligible_offer naming this member. Holds for a pinned request too.",
       }),
+      require_audited: OptionalNullable(Type.Boolean(), {
+        default: false,
+        description:
+          "Route only to offers whose audits pass (Offer.audit.state passing: audited, no evidence that the offer serves another model than the one it sells); unaudited, flagged and excluded offers are left out, and a request only such offers could serve is refused 503 no_eligible_offer naming this member. Holds for a pinned request too.",
+      }),
     },
     {
       additionalProperties: false,
       description:
-        "OpenRouter's provider routing object, applied to this market's offers (offer ids); null members are absent. The gateway's own member: it is not sent to the provider. Where the request's offer, its quote or its permit pins an offer, only max_price and require_exact_metering apply: a pin wins over the rest. An invalid object, or an OpenRouter member this gateway does not support (data_collection, zdr, quantizations, ...), is refused 400 invalid_request naming the field; preferences that leave no eligible offer are refused 503 no_eligible_offer naming the preference.",
+        "OpenRouter's provider routing object, applied to this market's offers (offer ids); null members are absent. The gateway's own member: it is not sent to the provider. Where the request's offer, its quote or its permit pins an offer, only max_price, require_exact_metering and require_audited apply: a pin wins over the rest. An invalid object, or an OpenRouter member this gateway does not support (data_collection, zdr, quantizations, ...), is refused 400 invalid_request naming the field; preferences that leave no eligible offer are refused 503 no_eligible_offer naming the preference.",
     },
   ),
 );

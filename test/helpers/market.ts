@@ -1,8 +1,9 @@
 import type { ContractFunctionArgs, ContractFunctionName, Hex } from "viem";
 import { privateKeyToAccount } from "viem/accounts";
 import { creditTokenAbi, marketAbi } from "../../gen/contracts/artifacts.js";
-import { id32, type demoMetadata } from "../../src/dev/demo-market.js";
+import { demoTariff, id32, type demoMetadata } from "../../src/dev/demo-market.js";
 import { registerEndpoint, verifyOffer } from "../../src/clients/provider.js";
+import { startFakeUpstream, type FakeUpstream } from "./fake-upstream.js";
 import { auditSecret } from "./log-audit.js";
 import type { TestStack } from "./stack.js";
 
@@ -179,4 +180,31 @@ export function demoChatOffer(stack: TestStack): Hex {
   return stack.demo.offers.find(
     (o) => o.status === "active" && o.modelId === stack.demo.models[0]!.modelId,
   )!.offerId;
+}
+
+/** Twice the demo tariff: an offer at it is ranked after the demo chat offer. */
+export const dearerTariff = {
+  version: 0n,
+  inputPricePerMTok: demoTariff.inputPricePerMTok * 2n,
+  outputPricePerMTok: demoTariff.outputPricePerMTok * 2n,
+  wakeFee: 0n,
+};
+
+/**
+ * A second offer of `demo-chat` (the demo market's paused one), activated at
+ * {@link dearerTariff} and onboarded on its own fake provider.
+ */
+export async function secondChatOffer(stack: TestStack): Promise<{ b: Hex; fakeB: FakeUpstream }> {
+  const b = stack.demo.offers.find((o) => o.status === "paused")!.offerId;
+  await setOffer(stack, b, {
+    status: 0,
+    tariff: {
+      input: dearerTariff.inputPricePerMTok,
+      output: dearerTariff.outputPricePerMTok,
+      wake: 0n,
+    },
+  });
+  const fakeB = await startFakeUpstream({ models: ["demo-chat"], chunks: 2 });
+  await onboard(stack, b, fakeB.url);
+  return { b, fakeB };
 }

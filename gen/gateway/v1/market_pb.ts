@@ -11,7 +11,69 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/market.proto.
  */
 export const file_gateway_v1_market: GenFile = /*@__PURE__*/
-  fileDesc("ChdnYXRld2F5L3YxL21hcmtldC5wcm90bxIKZ2F0ZXdheS52MSK1AwoFTW9kZWwSCgoCaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIQCghyZXZpc2lvbhgEIAEoCRIMCgR0YXNrGAUgASgJEg8KB2NyZWF0b3IYBiABKAkSFAoMY3JlZGl0X3Rva2VuGAcgASgJEg8KB3Bvb2xfaWQYCCABKAkSGQoRcG9zaXRpb25fdG9rZW5faWQYCSABKAkSFgoOcHJvdmlkZXJfY291bnQYCiABKA0SJwoGc3RhdHVzGAsgASgOMhcuZ2F0ZXdheS52MS5Nb2RlbFN0YXR1cxIPCgdhbGlhc2VzGAwgAygJEioKCG1ldGVyaW5nGA0gASgOMhguZ2F0ZXdheS52MS5NZXRlcmluZ0tpbmQSEQoJdG9rZW5pemVyGA4gASgJEiIKFWNyZWRpdF90b2tlbl9kZWNpbWFscxgPIAEoDUgAiAEBEiAKE2NyZWRpdF90b2tlbl9zeW1ib2wYECABKAlIAYgBAUIYChZfY3JlZGl0X3Rva2VuX2RlY2ltYWxzQhYKFF9jcmVkaXRfdG9rZW5fc3ltYm9sImgKBlRhcmlmZhIPCgd2ZXJzaW9uGAEgASgJEhwKFGlucHV0X3ByaWNlX3Blcl9tdG9rGAIgASgJEh0KFW91dHB1dF9wcmljZV9wZXJfbXRvaxgDIAEoCRIQCgh3YWtlX2ZlZRgEIAEoCSL/BAoFT2ZmZXISEAoIb2ZmZXJfaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEAoIb3BlcmF0b3IYAyABKAkSDgoGcGF5b3V0GAQgASgJEicKBnN0YXR1cxgFIAEoDjIXLmdhdGV3YXkudjEuT2ZmZXJTdGF0dXMSFgoOdGFyaWZmX3ZlcnNpb24YBiABKAkSLQoMY2FwYWJpbGl0aWVzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIYCgt2ZXJpZmllZF9hdBgIIAEoA0gAiAEBEiQKF3ZlcmlmaWNhdGlvbl9leHBpcmVzX2F0GAkgASgDSAGIAQESDgoGcmVnaW9uGAogASgJEhAKCGhhcmR3YXJlGAsgASgJEhcKD21heF9jb25jdXJyZW5jeRgMIAEoDRIiCgZ0YXJpZmYYDSABKAsyEi5nYXRld2F5LnYxLlRhcmlmZhIZChF2ZXJpZmllZF9mZWF0dXJlcxgOIAMoCRIvCgpyZXB1dGF0aW9uGA8gASgLMhsuZ2F0ZXdheS52MS5PZmZlclJlcHV0YXRpb24SOgoQdXNhZ2VfZGl2ZXJnZW5jZRgQIAEoCzIgLmdhdGV3YXkudjEuT2ZmZXJVc2FnZURpdmVyZ2VuY2USKgoIbWV0ZXJpbmcYESABKA4yGC5nYXRld2F5LnYxLk1ldGVyaW5nS2luZBIRCgl0b2tlbml6ZXIYEiABKAkSGwoOY29vbGRvd25fdW50aWwYEyABKANIAogBAUIOCgxfdmVyaWZpZWRfYXRCGgoYX3ZlcmlmaWNhdGlvbl9leHBpcmVzX2F0QhEKD19jb29sZG93bl91bnRpbCKCAQoUT2ZmZXJVc2FnZURpdmVyZ2VuY2USDwoHY2xhaW1lZBgBIAEoDRIQCghkaXZlcmdlZBgCIAEoDRIWCglzaGFyZV9icHMYAyABKA1IAIgBARIPCgdmbGFnZ2VkGAQgASgIEhAKCGV4Y2x1ZGVkGAUgASgIQgwKCl9zaGFyZV9icHMi6AIKD09mZmVyUmVwdXRhdGlvbhISCgVzY29yZRgBIAEoDUgAiAEBEh0KEHN1Y2Nlc3NfcmF0ZV9icHMYAiABKA1IAYgBARIjChZ0aW1lX3RvX2ZpcnN0X3Rva2VuX21zGAMgASgNSAKIAQESJQoYb3V0cHV0X3Rva2Vuc19wZXJfc2Vjb25kGAQgASgNSAOIAQESJwoadmVyaWZpY2F0aW9uX3Bhc3NfcmF0ZV9icHMYBSABKA1IBIgBARINCgVmbGFncxgGIAEoDRIQCghyZXF1ZXN0cxgHIAEoDRIWCg53aW5kb3dfc2Vjb25kcxgIIAEoDUIICgZfc2NvcmVCEwoRX3N1Y2Nlc3NfcmF0ZV9icHNCGQoXX3RpbWVfdG9fZmlyc3RfdG9rZW5fbXNCGwoZX291dHB1dF90b2tlbnNfcGVyX3NlY29uZEIdChtfdmVyaWZpY2F0aW9uX3Bhc3NfcmF0ZV9icHMqkQEKC01vZGVsU3RhdHVzEhwKGE1PREVMX1NUQVRVU19VTlNQRUNJRklFRBAAEhgKFE1PREVMX1NUQVRVU19QRU5ESU5HEAESFwoTTU9ERUxfU1RBVFVTX0FDVElWRRACEhcKE01PREVMX1NUQVRVU19QQVVTRUQQAxIYChRNT0RFTF9TVEFUVVNfUkVUSVJFRBAEKncKC09mZmVyU3RhdHVzEhwKGE9GRkVSX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE09GRkVSX1NUQVRVU19BQ1RJVkUQARIXChNPRkZFUl9TVEFUVVNfUEFVU0VEEAISGAoUT0ZGRVJfU1RBVFVTX1JFVElSRUQQAypfCgxNZXRlcmluZ0tpbmQSHQoZTUVURVJJTkdfS0lORF9VTlNQRUNJRklFRBAAEhcKE01FVEVSSU5HX0tJTkRfRVhBQ1QQARIXChNNRVRFUklOR19LSU5EX0JPVU5EEAJiBnByb3RvMw", [file_google_protobuf_struct]);
+  fileDesc("ChdnYXRld2F5L3YxL21hcmtldC5wcm90bxIKZ2F0ZXdheS52MSLhAQoKT2ZmZXJBdWRpdBIlCgVzdGF0ZRgBIAEoDjIWLmdhdGV3YXkudjEuQXVkaXRTdGF0ZRIPCgdlX3ZhbHVlGAIgASgJEg8KB2ZsYWdfYXQYAyABKAkSEgoKZXhjbHVkZV9hdBgEIAEoCRI2Cg5yZWZlcmVuY2Vfa2luZBgFIAEoDjIeLmdhdGV3YXkudjEuQXVkaXRSZWZlcmVuY2VLaW5kEhcKCnVwZGF0ZWRfYXQYBiABKANIAIgBARIWCg5tb2RlbF9taXNtYXRjaBgHIAEoCEINCgtfdXBkYXRlZF9hdCK1AwoFTW9kZWwSCgoCaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIQCghyZXZpc2lvbhgEIAEoCRIMCgR0YXNrGAUgASgJEg8KB2NyZWF0b3IYBiABKAkSFAoMY3JlZGl0X3Rva2VuGAcgASgJEg8KB3Bvb2xfaWQYCCABKAkSGQoRcG9zaXRpb25fdG9rZW5faWQYCSABKAkSFgoOcHJvdmlkZXJfY291bnQYCiABKA0SJwoGc3RhdHVzGAsgASgOMhcuZ2F0ZXdheS52MS5Nb2RlbFN0YXR1cxIPCgdhbGlhc2VzGAwgAygJEioKCG1ldGVyaW5nGA0gASgOMhguZ2F0ZXdheS52MS5NZXRlcmluZ0tpbmQSEQoJdG9rZW5pemVyGA4gASgJEiIKFWNyZWRpdF90b2tlbl9kZWNpbWFscxgPIAEoDUgAiAEBEiAKE2NyZWRpdF90b2tlbl9zeW1ib2wYECABKAlIAYgBAUIYChZfY3JlZGl0X3Rva2VuX2RlY2ltYWxzQhYKFF9jcmVkaXRfdG9rZW5fc3ltYm9sImgKBlRhcmlmZhIPCgd2ZXJzaW9uGAEgASgJEhwKFGlucHV0X3ByaWNlX3Blcl9tdG9rGAIgASgJEh0KFW91dHB1dF9wcmljZV9wZXJfbXRvaxgDIAEoCRIQCgh3YWtlX2ZlZRgEIAEoCSKmBQoFT2ZmZXISEAoIb2ZmZXJfaWQYASABKAkSEAoIbW9kZWxfaWQYAiABKAkSEAoIb3BlcmF0b3IYAyABKAkSDgoGcGF5b3V0GAQgASgJEicKBnN0YXR1cxgFIAEoDjIXLmdhdGV3YXkudjEuT2ZmZXJTdGF0dXMSFgoOdGFyaWZmX3ZlcnNpb24YBiABKAkSLQoMY2FwYWJpbGl0aWVzGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIYCgt2ZXJpZmllZF9hdBgIIAEoA0gAiAEBEiQKF3ZlcmlmaWNhdGlvbl9leHBpcmVzX2F0GAkgASgDSAGIAQESDgoGcmVnaW9uGAogASgJEhAKCGhhcmR3YXJlGAsgASgJEhcKD21heF9jb25jdXJyZW5jeRgMIAEoDRIiCgZ0YXJpZmYYDSABKAsyEi5nYXRld2F5LnYxLlRhcmlmZhIZChF2ZXJpZmllZF9mZWF0dXJlcxgOIAMoCRIvCgpyZXB1dGF0aW9uGA8gASgLMhsuZ2F0ZXdheS52MS5PZmZlclJlcHV0YXRpb24SOgoQdXNhZ2VfZGl2ZXJnZW5jZRgQIAEoCzIgLmdhdGV3YXkudjEuT2ZmZXJVc2FnZURpdmVyZ2VuY2USKgoIbWV0ZXJpbmcYESABKA4yGC5nYXRld2F5LnYxLk1ldGVyaW5nS2luZBIRCgl0b2tlbml6ZXIYEiABKAkSGwoOY29vbGRvd25fdW50aWwYEyABKANIAogBARIlCgVhdWRpdBgUIAEoCzIWLmdhdGV3YXkudjEuT2ZmZXJBdWRpdEIOCgxfdmVyaWZpZWRfYXRCGgoYX3ZlcmlmaWNhdGlvbl9leHBpcmVzX2F0QhEKD19jb29sZG93bl91bnRpbCKCAQoUT2ZmZXJVc2FnZURpdmVyZ2VuY2USDwoHY2xhaW1lZBgBIAEoDRIQCghkaXZlcmdlZBgCIAEoDRIWCglzaGFyZV9icHMYAyABKA1IAIgBARIPCgdmbGFnZ2VkGAQgASgIEhAKCGV4Y2x1ZGVkGAUgASgIQgwKCl9zaGFyZV9icHMigAMKD09mZmVyUmVwdXRhdGlvbhISCgVzY29yZRgBIAEoDUgAiAEBEh0KEHN1Y2Nlc3NfcmF0ZV9icHMYAiABKA1IAYgBARIjChZ0aW1lX3RvX2ZpcnN0X3Rva2VuX21zGAMgASgNSAKIAQESJQoYb3V0cHV0X3Rva2Vuc19wZXJfc2Vjb25kGAQgASgNSAOIAQESJwoadmVyaWZpY2F0aW9uX3Bhc3NfcmF0ZV9icHMYBSABKA1IBIgBARINCgVmbGFncxgGIAEoDRIQCghyZXF1ZXN0cxgHIAEoDRIWCg53aW5kb3dfc2Vjb25kcxgIIAEoDRIWCg5tb2RlbF9taXNtYXRjaBgJIAEoCEIICgZfc2NvcmVCEwoRX3N1Y2Nlc3NfcmF0ZV9icHNCGQoXX3RpbWVfdG9fZmlyc3RfdG9rZW5fbXNCGwoZX291dHB1dF90b2tlbnNfcGVyX3NlY29uZEIdChtfdmVyaWZpY2F0aW9uX3Bhc3NfcmF0ZV9icHMqkQEKC01vZGVsU3RhdHVzEhwKGE1PREVMX1NUQVRVU19VTlNQRUNJRklFRBAAEhgKFE1PREVMX1NUQVRVU19QRU5ESU5HEAESFwoTTU9ERUxfU1RBVFVTX0FDVElWRRACEhcKE01PREVMX1NUQVRVU19QQVVTRUQQAxIYChRNT0RFTF9TVEFUVVNfUkVUSVJFRBAEKncKC09mZmVyU3RhdHVzEhwKGE9GRkVSX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE09GRkVSX1NUQVRVU19BQ1RJVkUQARIXChNPRkZFUl9TVEFUVVNfUEFVU0VEEAISGAoUT0ZGRVJfU1RBVFVTX1JFVElSRUQQAypfCgxNZXRlcmluZ0tpbmQSHQoZTUVURVJJTkdfS0lORF9VTlNQRUNJRklFRBAAEhcKE01FVEVSSU5HX0tJTkRfRVhBQ1QQARIXChNNRVRFUklOR19LSU5EX0JPVU5EEAIqkAEKCkF1ZGl0U3RhdGUSGwoXQVVESVRfU1RBVEVfVU5TUEVDSUZJRUQQABIZChVBVURJVF9TVEFURV9VTkFVRElURUQQARIXChNBVURJVF9TVEFURV9QQVNTSU5HEAISFwoTQVVESVRfU1RBVEVfRkxBR0dFRBADEhgKFEFVRElUX1NUQVRFX0VYQ0xVREVEEAQqnQEKEkF1ZGl0UmVmZXJlbmNlS2luZBIkCiBBVURJVF9SRUZFUkVOQ0VfS0lORF9VTlNQRUNJRklFRBAAEh8KG0FVRElUX1JFRkVSRU5DRV9LSU5EX0FOQ0hPUhABEiEKHUFVRElUX1JFRkVSRU5DRV9LSU5EX01BSk9SSVRZEAISHQoZQVVESVRfUkVGRVJFTkNFX0tJTkRfREFUQRADYgZwcm90bzM", [file_google_protobuf_struct]);
+
+/**
+ * An offer's audit standing as the catalog and quotes show it. Statistics are decimal strings
+ * of six significant digits (never exponent notation).
+ *
+ * @generated from message gateway.v1.OfferAudit
+ */
+export type OfferAudit = Message<"gateway.v1.OfferAudit"> & {
+  /**
+   * @generated from field: gateway.v1.AuditState state = 1;
+   */
+  state: AuditState;
+
+  /**
+   * The offer's accumulated e-value (anytime-valid: 1 is no evidence, larger is evidence of
+   * another model).
+   *
+   * @generated from field: string e_value = 2;
+   */
+  eValue: string;
+
+  /**
+   * The e-value that flags, and the one that excludes, at the market's size (false-discovery
+   * control across its offers); empty when the offer was never judged.
+   *
+   * @generated from field: string flag_at = 3;
+   */
+  flagAt: string;
+
+  /**
+   * @generated from field: string exclude_at = 4;
+   */
+  excludeAt: string;
+
+  /**
+   * What the offer was compared with; unspecified when it was never judged.
+   *
+   * @generated from field: gateway.v1.AuditReferenceKind reference_kind = 5;
+   */
+  referenceKind: AuditReferenceKind;
+
+  /**
+   * When the standing was last written (absent: never judged).
+   *
+   * @generated from field: optional int64 updated_at = 6;
+   */
+  updatedAt?: bigint | undefined;
+
+  /**
+   * Flagged or excluded: the offer's audits found it serving another model.
+   *
+   * @generated from field: bool model_mismatch = 7;
+   */
+  modelMismatch: boolean;
+};
+
+/**
+ * Describes the message gateway.v1.OfferAudit.
+ * Use `create(OfferAuditSchema)` to create a new message.
+ */
+export const OfferAuditSchema: GenMessage<OfferAudit> = /*@__PURE__*/
+  messageDesc(file_gateway_v1_market, 0);
 
 /**
  * A canonical model published on chain.
@@ -133,7 +195,7 @@ export type Model = Message<"gateway.v1.Model"> & {
  * Use `create(ModelSchema)` to create a new message.
  */
 export const ModelSchema: GenMessage<Model> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_market, 0);
+  messageDesc(file_gateway_v1_market, 1);
 
 /**
  * An offer's price list. Changing it on chain bumps the version.
@@ -173,7 +235,7 @@ export type Tariff = Message<"gateway.v1.Tariff"> & {
  * Use `create(TariffSchema)` to create a new message.
  */
 export const TariffSchema: GenMessage<Tariff> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_market, 1);
+  messageDesc(file_gateway_v1_market, 2);
 
 /**
  * A provider's offer to serve one model.
@@ -313,6 +375,14 @@ export type Offer = Message<"gateway.v1.Offer"> & {
    * @generated from field: optional int64 cooldown_until = 19;
    */
   cooldownUntil?: bigint | undefined;
+
+  /**
+   * What the offer's audits say (docs/decisions/audits.md): filled by the catalog (every offer;
+   * one never judged is `unaudited`); unset in other answers.
+   *
+   * @generated from field: gateway.v1.OfferAudit audit = 20;
+   */
+  audit?: OfferAudit | undefined;
 };
 
 /**
@@ -320,7 +390,7 @@ export type Offer = Message<"gateway.v1.Offer"> & {
  * Use `create(OfferSchema)` to create a new message.
  */
 export const OfferSchema: GenMessage<Offer> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_market, 2);
+  messageDesc(file_gateway_v1_market, 3);
 
 /**
  * How often an offer's usage claims ran above the gateway's count plus tolerance, over the
@@ -372,7 +442,7 @@ export type OfferUsageDivergence = Message<"gateway.v1.OfferUsageDivergence"> & 
  * Use `create(OfferUsageDivergenceSchema)` to create a new message.
  */
 export const OfferUsageDivergenceSchema: GenMessage<OfferUsageDivergence> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_market, 3);
+  messageDesc(file_gateway_v1_market, 4);
 
 /**
  * An offer's reputation over the last `window_seconds` (docs/decisions.md "Offer reputation").
@@ -387,8 +457,8 @@ export type OfferReputation = Message<"gateway.v1.OfferReputation"> & {
    * 0 to 10000: the weighted mean of the success rate (weight 4), the time to first token and
    * throughput terms (2 each) and the verification pass rate (2), of those with data, reduced
    * by the share of requests flagged (tenfold) and by the share of usage claims that diverged
-   * (tenfold, once 20 claims are counted; 0 while excluded, `usage_divergence`). Unset until a
-   * request is counted.
+   * (tenfold, once 20 claims are counted; 0 while excluded, `usage_divergence`); 0 while the
+   * offer's audits flag or exclude it (`model_mismatch`). Unset until a request is counted.
    *
    * @generated from field: optional uint32 score = 1;
    */
@@ -444,6 +514,14 @@ export type OfferReputation = Message<"gateway.v1.OfferReputation"> & {
    * @generated from field: uint32 window_seconds = 8;
    */
   windowSeconds: number;
+
+  /**
+   * The offer's audits found it serving another model than the one it sells (`audit` flagged
+   * or excluded): its score is 0.
+   *
+   * @generated from field: bool model_mismatch = 9;
+   */
+  modelMismatch: boolean;
 };
 
 /**
@@ -451,7 +529,7 @@ export type OfferReputation = Message<"gateway.v1.OfferReputation"> & {
  * Use `create(OfferReputationSchema)` to create a new message.
  */
 export const OfferReputationSchema: GenMessage<OfferReputation> = /*@__PURE__*/
-  messageDesc(file_gateway_v1_market, 4);
+  messageDesc(file_gateway_v1_market, 5);
 
 /**
  * Lifecycle of a model on chain.
@@ -558,4 +636,92 @@ export enum MeteringKind {
  */
 export const MeteringKindSchema: GenEnum<MeteringKind> = /*@__PURE__*/
   enumDesc(file_gateway_v1_market, 2);
+
+/**
+ * What an offer's audits say (DESIGN.md section 12; docs/decisions/audits.md).
+ *
+ * @generated from enum gateway.v1.AuditState
+ */
+export enum AuditState {
+  /**
+   * @generated from enum value: AUDIT_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Not enough evidence yet either way (a new offer, a model without a reference, or evidence
+   * cleared by a verification that passed).
+   *
+   * @generated from enum value: AUDIT_STATE_UNAUDITED = 1;
+   */
+  UNAUDITED = 1,
+
+  /**
+   * Audited: the evidence is below the first threshold. `provider.require_audited` routes only
+   * to these offers.
+   *
+   * @generated from enum value: AUDIT_STATE_PASSING = 2;
+   */
+  PASSING = 2,
+
+  /**
+   * Beyond the first threshold (`model_mismatch`): sorted after every offer that is not.
+   *
+   * @generated from enum value: AUDIT_STATE_FLAGGED = 3;
+   */
+  FLAGGED = 3,
+
+  /**
+   * Beyond the stronger threshold: out of routing (a request pinned to it gets 503
+   * offer_model_mismatch) until a verification of the offer passes again.
+   *
+   * @generated from enum value: AUDIT_STATE_EXCLUDED = 4;
+   */
+  EXCLUDED = 4,
+}
+
+/**
+ * Describes the enum gateway.v1.AuditState.
+ */
+export const AuditStateSchema: GenEnum<AuditState> = /*@__PURE__*/
+  enumDesc(file_gateway_v1_market, 3);
+
+/**
+ * What an offer was compared with.
+ *
+ * @generated from enum gateway.v1.AuditReferenceKind
+ */
+export enum AuditReferenceKind {
+  /**
+   * @generated from enum value: AUDIT_REFERENCE_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The anchor offer the operator named for the model.
+   *
+   * @generated from enum value: AUDIT_REFERENCE_KIND_ANCHOR = 1;
+   */
+  ANCHOR = 1,
+
+  /**
+   * The majority of the model's offers.
+   *
+   * @generated from enum value: AUDIT_REFERENCE_KIND_MAJORITY = 2;
+   */
+  MAJORITY = 2,
+
+  /**
+   * Reference data shipped with the gateway, pinned by SHA-256.
+   *
+   * @generated from enum value: AUDIT_REFERENCE_KIND_DATA = 3;
+   */
+  DATA = 3,
+}
+
+/**
+ * Describes the enum gateway.v1.AuditReferenceKind.
+ */
+export const AuditReferenceKindSchema: GenEnum<AuditReferenceKind> = /*@__PURE__*/
+  enumDesc(file_gateway_v1_market, 4);
 

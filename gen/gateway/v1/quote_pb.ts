@@ -6,7 +6,7 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Dialect } from "./inference_pb.js";
 import { file_gateway_v1_inference } from "./inference_pb.js";
-import type { MeteringKind } from "./market_pb.js";
+import type { MeteringKind, OfferAudit } from "./market_pb.js";
 import { file_gateway_v1_market } from "./market_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file gateway/v1/quote.proto.
  */
 export const file_gateway_v1_quote: GenFile = /*@__PURE__*/
-  fileDesc("ChZnYXRld2F5L3YxL3F1b3RlLnByb3RvEgpnYXRld2F5LnYxIkgKEkNyZWF0ZVF1b3RlUmVxdWVzdBIMCgRib2R5GAEgASgMEiQKB2RpYWxlY3QYAiABKA4yEy5nYXRld2F5LnYxLkRpYWxlY3QiNwoTQ3JlYXRlUXVvdGVSZXNwb25zZRIgCgVxdW90ZRgBIAEoCzIRLmdhdGV3YXkudjEuUXVvdGUimQIKBVF1b3RlEhAKCHF1b3RlX2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAUgASgJEhQKDGlucHV0X3Rva2VucxgGIAEoCRIZChFtYXhfb3V0cHV0X3Rva2VucxgHIAEoCRIWCg53YWtlc19lbmRwb2ludBgIIAEoCBIXCg9tYXhpbXVtX2NyZWRpdHMYCSABKAkSEgoKZXhwaXJlc19hdBgKIAEoAxIqCghtZXRlcmluZxgLIAEoDjIYLmdhdGV3YXkudjEuTWV0ZXJpbmdLaW5kEhEKCXRva2VuaXplchgMIAEoCTJeCgxRdW90ZVNlcnZpY2USTgoLQ3JlYXRlUXVvdGUSHi5nYXRld2F5LnYxLkNyZWF0ZVF1b3RlUmVxdWVzdBofLmdhdGV3YXkudjEuQ3JlYXRlUXVvdGVSZXNwb25zZWIGcHJvdG8z", [file_gateway_v1_inference, file_gateway_v1_market]);
+  fileDesc("ChZnYXRld2F5L3YxL3F1b3RlLnByb3RvEgpnYXRld2F5LnYxIkgKEkNyZWF0ZVF1b3RlUmVxdWVzdBIMCgRib2R5GAEgASgMEiQKB2RpYWxlY3QYAiABKA4yEy5nYXRld2F5LnYxLkRpYWxlY3QiNwoTQ3JlYXRlUXVvdGVSZXNwb25zZRIgCgVxdW90ZRgBIAEoCzIRLmdhdGV3YXkudjEuUXVvdGUiwAIKBVF1b3RlEhAKCHF1b3RlX2lkGAEgASgJEg0KBW1vZGVsGAIgASgJEhAKCG1vZGVsX2lkGAMgASgJEhAKCG9mZmVyX2lkGAQgASgJEhYKDnRhcmlmZl92ZXJzaW9uGAUgASgJEhQKDGlucHV0X3Rva2VucxgGIAEoCRIZChFtYXhfb3V0cHV0X3Rva2VucxgHIAEoCRIWCg53YWtlc19lbmRwb2ludBgIIAEoCBIXCg9tYXhpbXVtX2NyZWRpdHMYCSABKAkSEgoKZXhwaXJlc19hdBgKIAEoAxIqCghtZXRlcmluZxgLIAEoDjIYLmdhdGV3YXkudjEuTWV0ZXJpbmdLaW5kEhEKCXRva2VuaXplchgMIAEoCRIlCgVhdWRpdBgNIAEoCzIWLmdhdGV3YXkudjEuT2ZmZXJBdWRpdDJeCgxRdW90ZVNlcnZpY2USTgoLQ3JlYXRlUXVvdGUSHi5nYXRld2F5LnYxLkNyZWF0ZVF1b3RlUmVxdWVzdBofLmdhdGV3YXkudjEuQ3JlYXRlUXVvdGVSZXNwb25zZWIGcHJvdG8z", [file_gateway_v1_inference, file_gateway_v1_market]);
 
 /**
  * @generated from message gateway.v1.CreateQuoteRequest
@@ -150,6 +150,13 @@ export type Quote = Message<"gateway.v1.Quote"> & {
    * @generated from field: string tokenizer = 12;
    */
   tokenizer: string;
+
+  /**
+   * What the quoted offer's audits say (docs/decisions/audits.md), as the catalog shows it.
+   *
+   * @generated from field: gateway.v1.OfferAudit audit = 13;
+   */
+  audit?: OfferAudit | undefined;
 };
 
 /**

@@ -89,7 +89,9 @@ export async function recordProbe(
  * both as they are (DESIGN.md section 8: a verification that stands is not knocked out by a
  * timeout, a refused connection, a 429 or a 5xx). Either failure keeps the failed check in
  * `verification_error`. Success clears the offer's standing usage exclusion, if any (migration
- * 024, docs/decisions/metering-and-tokens.md "Usage divergence"): only a verification that passed brings it back.
+ * 024, docs/decisions/metering-and-tokens.md "Usage divergence"), and its audit exclusion with
+ * its evidence (migration 042, docs/decisions/audits.md): only a verification that passed brings
+ * it back.
  *
  * With `sealed`, the row is updated only while it still holds that sealed endpoint: a
  * verification that raced a re-registration must not vouch for the new endpoint. Returns
@@ -113,7 +115,10 @@ export async function recordVerification(
   // The run is also kept in `offer_verification_runs` (the catalog's pass rate), in the same
   // statement and only when the endpoint row was updated: a run that raced a re-registration
   // is no run of the new endpoint. A run that passed clears a standing usage exclusion
-  // (migration 024): the operator verified again.
+  // (migration 024) and an audit exclusion (migration 042: its evidence too, and no sample
+  // before the end of the run's second counts again): the operator verified again. Only an
+  // exclusion is cleared: a verification is the operator's to ask for, so it must not wash
+  // a flag (or a passing offer's evidence) away.
   const { rowCount } = await db.query(
     `WITH updated AS (UPDATE provider_endpoints
      SET verified_at = CASE WHEN $6 = 'unreachable' THEN verified_at ELSE $2::bigint END,
@@ -135,6 +140,11 @@ export async function recordVerification(
      RETURNING offer_id),
      cleared AS (UPDATE offer_usage_exclusions SET cleared_at = $5
        WHERE $6 = 'verified' AND cleared_at IS NULL
+         AND offer_id IN (SELECT offer_id FROM updated)),
+     audit_cleared AS (UPDATE offer_audit_standings
+       SET state = 'unaudited', e_value = 1, tests = '[]'::jsonb,
+         cleared_at_ms = ($5::bigint + 1) * 1000, updated_at_ms = ($5::bigint + 1) * 1000
+       WHERE $6 = 'verified' AND state = 'excluded'
          AND offer_id IN (SELECT offer_id FROM updated))
      INSERT INTO offer_verification_runs (offer_id, ran_at, outcome)
      SELECT offer_id, $5, $6 FROM updated`,

@@ -70,8 +70,21 @@ export interface AuditSampleStore {
   since(modelId: Hex, sinceMs: number): Promise<AuditSample[]>;
 }
 
-/** The standing's port (src/adapters/pg/audits.ts): keeps the verdicts every process reads. */
-export type SaveVerdicts = (verdicts: readonly OfferAuditVerdict[]) => Promise<void>;
+/**
+ * The standing's port (src/adapters/pg/audits.ts): keeps the verdicts every process reads.
+ * `readAtMs`: when the samples they were judged from were read (a verdict is not written over an
+ * offer whose evidence a passing verification cleared after that).
+ */
+export type SaveVerdicts = (
+  verdicts: readonly OfferAuditVerdict[],
+  readAtMs: number,
+) => Promise<void>;
+
+/**
+ * When each offer's evidence was last cleared (a verification of it passed after an exclusion,
+ * standing.ts): samples taken before no longer count against it.
+ */
+export type ClearedAt = () => Promise<ReadonlyMap<Hex, number>>;
 
 /** What audits report to the metrics (src/runtime/metrics.ts). */
 export interface AuditObserver {
@@ -95,6 +108,8 @@ export interface AuditRunnerDeps {
   /** The statistics (src/domain/audits/evidence.ts); absent: samples are only collected. */
   readonly judge?: JudgeMarket | undefined;
   readonly saveVerdicts?: SaveVerdicts | undefined;
+  /** Absent: no offer's evidence was ever cleared. */
+  readonly clearedAt?: ClearedAt | undefined;
   /** Audits per offer per day on average. */
   readonly perOfferPerDay: number;
   /** How far back the evaluation reads samples. */
@@ -285,11 +300,15 @@ async function audit(deps: AuditRunnerDeps, target: AuditTarget): Promise<AuditO
 /** Every audited model's samples in the window, judged together (false discovery across all). */
 async function evaluate(deps: AuditRunnerDeps): Promise<OfferAuditVerdict[]> {
   if (deps.judge === undefined) return [];
-  const since = deps.nowMs() - deps.evidenceWindowMs;
+  const readAtMs = deps.nowMs();
+  const since = readAtMs - deps.evidenceWindowMs;
+  // Read before the samples: a clearing after this read is caught when the verdicts are saved.
+  const cleared = (await deps.clearedAt?.()) ?? new Map<Hex, number>();
   const models: ModelAuditInput[] = [];
   for (const modelId of deps.permits.keys()) {
     const offers = new Map<Hex, AuditSample[]>();
     for (const sample of await deps.samples.since(modelId, since)) {
+      if (sample.atMs < (cleared.get(sample.offerId) ?? 0)) continue;
       let list = offers.get(sample.offerId);
       if (list === undefined) offers.set(sample.offerId, (list = []));
       list.push(sample);
@@ -303,6 +322,6 @@ async function evaluate(deps: AuditRunnerDeps): Promise<OfferAuditVerdict[]> {
     });
   }
   const verdicts = deps.judge(models);
-  await deps.saveVerdicts?.(verdicts);
+  await deps.saveVerdicts?.(verdicts, readAtMs);
   return verdicts;
 }

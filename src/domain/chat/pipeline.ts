@@ -80,9 +80,11 @@ interface Pipeline extends RelayContext {
 
 export function createInference(deps: InferenceDeps): Inference {
   const newId = deps.newId ?? ((): Hex => `0x${randomHex(32)}`);
+  const audits = deps.audits;
   const routing = {
     measured: (offerId: Hex) => deps.measurements?.get(offerId),
     coolingMs: (offerId: Hex) => deps.cooldowns?.remainingMs(offerId),
+    audit: audits === undefined ? undefined : (offerId: Hex) => audits.stateOf(offerId),
   };
   const maxResultBytes = deps.idempotencyMaxResultBytes ?? defaultIdempotencyMaxResultBytes;
   const closes = createCloses(deps);

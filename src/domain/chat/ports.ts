@@ -13,6 +13,7 @@ import type { PermitReader } from "../permits.js";
 import type { Metering, TokenCounters } from "../tokens.js";
 import type { OfferMeasurements } from "../reputation/measurement-types.js";
 import type { CooldownBounds, OfferCooldowns } from "../reputation/cooldowns.js";
+import type { AuditStandings } from "../audits/standing.js";
 import type { Closing } from "./metering.js";
 import type { ChatEvent, ChatSink, FinalizeInput, QuoteRecord, UsageFigures } from "./types.js";
 import type { WakeFees } from "./wake-fees.js";
@@ -329,6 +330,12 @@ export interface InferenceDeps {
    * carries a budget warning.
    */
   readonly thresholds?: AuthorizationThresholds | undefined;
+  /**
+   * The offers' audit standings, shared across processes (audits/standing.ts): routing sorts
+   * flagged offers last, leaves excluded ones out (pinned: 503 `offer_model_mismatch`) and
+   * serves `provider.require_audited`. Absent: every offer is `unaudited`.
+   */
+  readonly audits?: Pick<AuditStandings, "stateOf"> | undefined;
   /**
    * Admits a `stream: true` chat of an API key before anything is reserved (throws 429
    * `rate_limited` at the key's limit of streams in flight) and returns its release, called

@@ -4,6 +4,7 @@ import type { ModelRecord, OfferRecord } from "../catalog.js";
 import { parseChatRequest } from "./request/index.js";
 import { GatewayError } from "../errors.js";
 import { createOfferMeasurements } from "../reputation/measurements.js";
+import type { AuditState } from "../audits/types.js";
 import { fitsMaxPrice, rankCandidates, requiredFeatures } from "./routing.js";
 
 const modelId = `0x${"ab".repeat(32)}` as Hex;
@@ -265,6 +266,7 @@ describe("provider object validation", () => {
       maxPrice: { prompt: 5n, completion: 0n },
       requireParameters: true,
       requireExactMetering: false,
+      requireAudited: false,
     });
   });
 });
@@ -393,5 +395,67 @@ describe("offers cooling down (a provider's 429; reputation/cooldowns.ts)", () =
     expect(
       refusal(() => rankCooling({ order: [middle], allow_fallbacks: false })).retryAfterSeconds,
     ).toBe(5);
+  });
+});
+
+describe("offers by their audits (audits/standing.ts)", () => {
+  const rankAudited = (
+    states: Partial<Record<Hex, AuditState>>,
+    provider: object | undefined,
+    pins: (Hex | undefined)[] = [],
+    cooling: Partial<Record<Hex, number>> = {},
+  ) =>
+    rankCandidates(offers, model, request({ provider }), pins, 5, {
+      audit: (o) => states[o] ?? "unaudited",
+      coolingMs: (o) => cooling[o],
+    }).map((c) => c.offer.offerId);
+
+  it("sorts flagged offers after every other, whatever provider.sort says", () => {
+    expect(rankAudited({ [cheap]: "flagged" }, undefined)).toEqual([middle, dear, cheap]);
+    expect(rankAudited({ [cheap]: "flagged" }, { sort: "price" })).toEqual([middle, dear, cheap]);
+    expect(rankAudited({ [cheap]: "flagged" }, { allow_fallbacks: false })).toEqual([middle]);
+    // A pin to a flagged offer is served by it.
+    expect(rankAudited({ [cheap]: "flagged" }, undefined, [cheap])).toEqual([cheap]);
+  });
+
+  it("leaves excluded offers out; a request left with none but them is 503 offer_model_mismatch", () => {
+    const excluded = { [cheap]: "excluded" } as const;
+    expect(rankAudited(excluded, undefined)).toEqual([middle, dear]);
+    expect(rankAudited(excluded, { allow_fallbacks: false })).toEqual([middle]);
+    expect(rankAudited(excluded, { order: [cheap] })).toEqual([middle, dear]);
+    for (const [provider, pins] of [
+      [undefined, [cheap]],
+      [{ only: [cheap] }, []],
+      [{ order: [cheap], allow_fallbacks: false }, []],
+    ] as const) {
+      const error = refusal(() => rankAudited(excluded, provider, [...pins]));
+      expect(error.code).toBe("offer_model_mismatch");
+      expect(error.message).toContain(`offer ${cheap} is out of routing`);
+    }
+    const all = refusal(() =>
+      rankAudited({ [cheap]: "excluded", [middle]: "excluded", [dear]: "excluded" }, undefined),
+    );
+    expect(all.code).toBe("offer_model_mismatch");
+    expect(all.message).toContain("every eligible offer of this model is out of routing");
+    // Excluded and cooling down: the exclusion is what the client is told (it lasts).
+    expect(refusal(() => rankAudited(excluded, undefined, [cheap], { [cheap]: 5000 })).code).toBe(
+      "offer_model_mismatch",
+    );
+  });
+
+  it("provider.require_audited keeps only passing offers, pinned or not, naming itself", () => {
+    const states = { [cheap]: "unaudited", [middle]: "flagged", [dear]: "passing" } as const;
+    expect(rankAudited(states, { require_audited: true })).toEqual([dear]);
+    expect(rankAudited(states, { require_audited: true }, [dear])).toEqual([dear]);
+    for (const pins of [[cheap], []]) {
+      const error = refusal(() =>
+        rankAudited({ ...states, [dear]: "excluded" }, { require_audited: true }, pins),
+      );
+      expect(error.code).toBe("no_eligible_offer");
+      expect(error.message).toContain("provider.require_audited");
+    }
+    expect(refusal(() => rankAudited(states, { require_audited: true }, [cheap])).code).toBe(
+      "no_eligible_offer",
+    );
   });
 });

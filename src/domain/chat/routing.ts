@@ -10,6 +10,8 @@ import { GatewayError } from "../errors.js";
 import { maximumCredits } from "../pricing.js";
 import type { OfferFeature } from "../offer-features.js";
 import type { ProviderPreferences } from "../provider-preferences.js";
+import { isModelMismatch, modelMismatch } from "../audits/standing.js";
+import type { AuditState } from "../audits/types.js";
 import { coolingDown } from "../reputation/cooldowns.js";
 import { isDivergenceFlagged } from "../reputation/divergence.js";
 import { isFailing } from "../reputation/reputation.js";
@@ -62,6 +64,24 @@ export interface RoutingContext {
    * Retry-After; reputation/cooldowns.ts), undefined when it is not cooling down.
    */
   readonly coolingMs?: ((offerId: Hex) => number | undefined) | undefined;
+  /**
+   * The offer's audit state (src/domain/audits/standing.ts; `unaudited` without a standing):
+   * `flagged` and `excluded` offers sort last, `excluded` ones are out of routing (503
+   * `offer_model_mismatch` when nothing else is left), `provider.require_audited` keeps `passing`.
+   */
+  readonly audit?: ((offerId: Hex) => AuditState) | undefined;
+}
+
+/**
+ * The candidates whose audits do not exclude them, in their order; when every one is excluded
+ * (a pinned request's offer, or all the model's), 503 `offer_model_mismatch` naming why.
+ */
+function withoutMismatched(list: Candidate[], ctx: RoutingContext): Candidate[] {
+  const audit = ctx.audit;
+  if (audit === undefined || list.length === 0) return list;
+  const kept = list.filter((c) => audit(c.offer.offerId) !== "excluded");
+  if (kept.length > 0) return kept;
+  throw modelMismatch(list.map((c) => c.offer.offerId));
 }
 
 /**
@@ -141,7 +161,7 @@ export function tokenizerLoading(model: Pick<ModelRecord, "repository">): Gatewa
 
 /**
  * Applies the request's provider preferences (provider-preferences.ts) to the ranked
- * candidates. Filters first (only, ignore, require_parameters, max_price: each one that leaves
+ * candidates. Filters first (only, ignore, require_audited, require_parameters, max_price: each one that leaves
  * nothing is named in the refusal), then the order: `sort` replaces the default ranking, and
  * `order` puts its offers first; `allow_fallbacks: false` keeps only the `order` list (without
  * one, only the first offer).
@@ -166,6 +186,7 @@ function applyPreferences(
     const ignore = new Set(prefs.ignore);
     narrow((c) => !ignore.has(c.offer.offerId), "provider.ignore");
   }
+  if (prefs.requireAudited) narrow((c) => isAudited(c, ctx), auditedOnly);
   if (prefs.requireParameters) {
     const needed = requiredFeatures(req);
     narrow(
@@ -205,17 +226,31 @@ function applyPreferences(
     }
     return [...ordered, ...rest];
   }
-  // Without fallbacks, the first offer that is not cooling down.
-  return prefs.allowFallbacks ? list : withoutCooling(list, ctx).slice(0, 1);
+  // Without fallbacks, the first offer neither excluded by its audits nor cooling down.
+  return prefs.allowFallbacks
+    ? list
+    : withoutCooling(withoutMismatched(list, ctx), ctx).slice(0, 1);
+}
+
+/** What a request with `provider.require_audited` is refused naming. */
+const auditedOnly =
+  "provider.require_audited (only offers whose audits pass: Offer.audit.state passing)";
+
+/** Whether the offer's audits pass (`provider.require_audited`). */
+function isAudited(c: Candidate, ctx: RoutingContext): boolean {
+  return ctx.audit?.(c.offer.offerId) === "passing";
 }
 
 /**
- * Offers flagged for diverging usage claims (src/domain/reputation/divergence.ts) after every offer that is
- * not, each part in its order (a stable partition): whatever `provider.sort` says, a cheap or
- * quick offer that overstates its usage is not preferred to an honest one.
+ * Offers flagged for diverging usage claims (src/domain/reputation/divergence.ts) or by their
+ * audits (`model_mismatch`, src/domain/audits/standing.ts) after every offer that is not, each
+ * part in its order (a stable partition): whatever `provider.sort` says, a cheap or quick offer
+ * that overstates its usage or serves another model is not preferred to an honest one.
  */
 function flaggedLast(list: readonly Candidate[], ctx: RoutingContext): Candidate[] {
-  const flagged = (c: Candidate) => isDivergenceFlagged(ctx.measured?.(c.offer.offerId));
+  const flagged = (c: Candidate) =>
+    isDivergenceFlagged(ctx.measured?.(c.offer.offerId)) ||
+    (ctx.audit !== undefined && isModelMismatch(ctx.audit(c.offer.offerId)));
   return [...list.filter((c) => !flagged(c)), ...list.filter(flagged)];
 }
 
@@ -231,6 +266,11 @@ function flaggedLast(list: readonly Candidate[], ctx: RoutingContext): Candidate
  *
  * An offer excluded for diverging usage claims is not eligible, pinned or not: a request or quote
  * pinned to it finds no offer (503 `no_eligible_offer`) until its operator verifies it again.
+ * An offer its audits exclude (`ctx.audit`) is left out after the pins and preferences chose,
+ * before the cooldowns: a request left with none but such offers (pinned to one, `provider.only`
+ * or `order` without fallbacks naming only such offers, or a model whose every offer is one) is
+ * refused 503 `offer_model_mismatch`. `provider.require_audited` keeps only offers whose audits
+ * pass, pinned or not (like `require_exact_metering`, a term of the client's).
  * No offer of a model whose tokenizer is still loading is routable (the catalog's routing view
  * says so); `provider.require_exact_metering` refuses a model metered by the byte bound, pinned
  * or not. Offers cooling down (`ctx.coolingMs`) are left out last, after the pins and preferences
@@ -261,7 +301,7 @@ export function rankCandidates(
         a.offer.inFlight - b.offer.inFlight,
     );
   ranked = flaggedLast(ranked, ctx);
-  return withoutCooling(preferred(ranked, model, req, pinned, ctx), ctx);
+  return withoutCooling(withoutMismatched(preferred(ranked, model, req, pinned, ctx), ctx), ctx);
 }
 
 /** The ranked candidates as the request's pins and provider preferences leave them. */
@@ -279,6 +319,9 @@ function preferred(
       `provider.require_exact_metering: model ${model.repository.slice(0, 200)} (revision ${model.revision.slice(0, 80)}) is metered by the byte bound, no tokenizer being registered for it`,
     );
   }
+  // So is whether it is served by an offer whose audits pass (the model it pays for).
+  if (req.provider.requireAudited && ranked.length > 0 && !ranked.some((c) => isAudited(c, ctx)))
+    throw refused(auditedOnly);
   // A pin wins over every preference but the prices the client set.
   if (pinned.length > 0) return withinMaxPrice(ranked, req.provider.maxPrice);
   return applyPreferences(ranked, req.provider, req, ctx);

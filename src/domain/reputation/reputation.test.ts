@@ -39,6 +39,7 @@ describe("offer reputation", () => {
       requests: 0,
       windowSeconds: 900,
       usageDivergence: noDivergence,
+      modelMismatch: false,
     });
   });
 
@@ -59,6 +60,7 @@ describe("offer reputation", () => {
       requests: 10,
       windowSeconds: 900,
       usageDivergence: noDivergence,
+      modelMismatch: false,
     });
     expect(r.score).toBe(7700);
   });

@@ -5,6 +5,8 @@ import {
   usageDivergenceOf,
   type UsageDivergence,
 } from "./divergence.js";
+import { isModelMismatch } from "../audits/standing.js";
+import type { AuditState } from "../audits/types.js";
 
 /**
  * An offer's reputation (issue 22; docs/decisions/providers-and-routing.md "Offer reputation"): what the gateway
@@ -25,7 +27,8 @@ import {
  * diverge from the gateway's count, tenfold, the same way (`(10000 - min(10000, 10 * share))
  * / 10000`, once the window holds `divergenceMinClaims` claimed answers and the diverged ones
  * come from more than one payer, `divergenceFlagMinPayers`; 0 for an offer
- * excluded for its claims): an offer flagged for divergence (more than 10 %) scores 0. A term
+ * excluded for its claims): an offer flagged for divergence (more than 10 %) scores 0; so does
+ * an offer its audits flag or exclude (`model_mismatch`, src/domain/audits/standing.ts). A term
  * without data is left out of the mean (its
  * weight too). Without a request counted in the window there is no score (null), as a new
  * offer shows: a verification says the endpoint conforms, not how it serves, and a score of
@@ -66,6 +69,8 @@ export interface Reputation {
   readonly windowSeconds: number;
   /** Its usage claims against the gateway's count (src/domain/reputation/divergence.ts). */
   readonly usageDivergence: UsageDivergence;
+  /** Its audits found it serving another model (flagged or excluded): the score is 0. */
+  readonly modelMismatch: boolean;
 }
 
 const bps = (part: number, whole: number): number => Math.floor((part * 10000) / whole);
@@ -75,7 +80,9 @@ export function reputationOf(
   measured: OfferMeasurement | undefined,
   counts: OfferRecordCounts | undefined,
   windowSeconds: number,
+  audit: AuditState = "unaudited",
 ): Reputation {
+  const modelMismatch = isModelMismatch(audit);
   const requests = (measured?.served ?? 0) + (measured?.failed ?? 0);
   const successRateBps = requests === 0 ? undefined : bps(measured?.served ?? 0, requests);
   const ttft = measured?.latencyMs === undefined ? undefined : Math.round(measured.latencyMs);
@@ -109,6 +116,7 @@ export function reputationOf(
     const factor = Math.max(0, 10000 - flagPenalty * flagRateBps);
     score = Math.floor((Math.floor(sum / weight) * factor) / 10000);
     score = Math.floor((score * divergenceFactor(usageDivergence)) / 10000);
+    if (modelMismatch) score = 0;
   }
   return {
     score,
@@ -120,6 +128,7 @@ export function reputationOf(
     requests,
     windowSeconds,
     usageDivergence,
+    modelMismatch,
   };
 }
 

@@ -62,6 +62,7 @@ const chatErrors = {
   503: [
     "no_eligible_offer",
     "offer_cooling_down",
+    "offer_model_mismatch",
     "model_loading",
     "upstream_unavailable",
     "chain_unavailable",

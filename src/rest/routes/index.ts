@@ -11,6 +11,7 @@ import { permitRoutes } from "./permit.js";
 import { providerRoutes } from "./provider.js";
 import { quoteRoutes } from "./quote.js";
 import { settlementRoutes } from "./settlement.js";
+import { auditRoutes } from "./audit.js";
 
 /**
  * The REST surface, one entry per route: what the OpenAPI document says of it (src/rest/
@@ -31,6 +32,7 @@ export const routes: readonly Route[] = [
   ...permitRoutes,
   ...providerRoutes,
   ...settlementRoutes,
+  ...auditRoutes,
 ];
 
 let document: Record<string, unknown> | undefined;

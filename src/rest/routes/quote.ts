@@ -50,7 +50,7 @@ export const quoteRoutes: readonly Route[] = [
     errors: {
       400: ["invalid_hex"],
       404: ["model_not_found"],
-      503: ["no_eligible_offer", "offer_cooling_down", "chain_unavailable"],
+      503: ["no_eligible_offer", "offer_cooling_down", "offer_model_mismatch", "chain_unavailable"],
     },
     handle: async ({ unary, req, deps, query }) => {
       const dialect = quoteDialect(query);

@@ -33,6 +33,7 @@ import {
 import { component, Hex32 } from "../../schema/common.js";
 import { protoView } from "./proto-view.js";
 import { maxTokenDecimals } from "../../domain/token-units.js";
+import { auditFields, offerAuditResource } from "./audits.js";
 
 /**
  * The REST resources: each the view of the protobuf message it mirrors (proto-view.ts), with
@@ -131,7 +132,7 @@ const reputationResource = protoView(OfferReputationSchema, "OfferReputation", {
     score: {
       schema: basisPoints,
       description:
-        "floor(weighted mean of the terms with data: success_rate_bps x4, 10000*1000/(1000+time_to_first_token_ms) x2, 10000*tps/(tps+50) x2, verification_pass_rate_bps x2) * (10000 - min(10000, 10 * flagged basis points of requests)) / 10000, then * (10000 - min(10000, 10 * usage_divergence.share_bps)) / 10000 once usage_divergence.claimed is at least 20 (0 while excluded), each product rounded down; null until a request is counted in the window",
+        "floor(weighted mean of the terms with data: success_rate_bps x4, 10000*1000/(1000+time_to_first_token_ms) x2, 10000*tps/(tps+50) x2, verification_pass_rate_bps x2) * (10000 - min(10000, 10 * flagged basis points of requests)) / 10000, then * (10000 - min(10000, 10 * usage_divergence.share_bps)) / 10000 once usage_divergence.claimed is at least 20 (0 while excluded), each product rounded down; 0 while model_mismatch (the offer's audits flag or exclude it); null until a request is counted in the window",
     },
     success_rate_bps: {
       schema: basisPoints,
@@ -153,6 +154,7 @@ const reputationResource = protoView(OfferReputationSchema, "OfferReputation", {
     },
     flags: { description: "Requests whose provider reported more usage than it could have." },
     requests: { description: "Requests counted: served plus failed by the provider." },
+    model_mismatch: auditFields.reputation,
   },
 });
 
@@ -185,8 +187,10 @@ export const offerResource = protoView(OfferSchema, "Offer", {
     tariff: tariffResource,
     reputation: reputationResource,
     usage_divergence: usageDivergenceResource,
+    audit: offerAuditResource,
   },
   fields: {
+    audit: auditFields.offer,
     usage_divergence: {
       emptyIsNull: true,
       description:
@@ -229,7 +233,9 @@ export const verificationRunResource = protoView(VerificationRunSchema, undefine
 });
 
 export const quoteResource = protoView(QuoteSchema, "Quote", {
+  nested: { audit: offerAuditResource },
   fields: {
+    audit: auditFields.quote,
     max_output_tokens: {
       description:
         "The output tokens maximum_credits pays for: the output limit times n (every choice may use the whole limit)",

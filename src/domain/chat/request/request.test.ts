@@ -345,6 +345,7 @@ describe("parseChatRequest", () => {
       allowFallbacks: true,
       requireParameters: false,
       requireExactMetering: false,
+      requireAudited: false,
     });
   });
 
@@ -375,6 +376,7 @@ describe("parseChatRequest", () => {
       maxPrice: { prompt: 0n, completion: BigInt(top) },
       requireParameters: true,
       requireExactMetering: true,
+      requireAudited: false,
     });
     // Null members are absent, as everywhere in the chat body.
     const nulls = { order: null, only: null, ignore: null, allow_fallbacks: null, sort: null };
@@ -392,6 +394,7 @@ describe("parseChatRequest", () => {
       allowFallbacks: true,
       requireParameters: false,
       requireExactMetering: false,
+      requireAudited: false,
       maxPrice: {},
     });
     expect(parseBody({ ...minimal, provider: null }).provider).toBeUndefined();
