@@ -4,6 +4,8 @@ import { describe, expect, it } from "vitest";
 // @ts-expect-error -- a JavaScript module without declarations
 import { amountText, tokenUnits, unitsText } from "../src/console/units.js";
 import { formatAmount, tokenDecimals, tokenSymbol } from "../src/domain/token-units.js";
+// @ts-expect-error -- a JavaScript module without declarations
+import { auditText } from "../src/console/audit-text.js";
 
 type Units = { decimals?: number; symbol?: string };
 const consoleUnits = tokenUnits as (model: object) => Units;
@@ -53,5 +55,25 @@ describe("the console's token units", () => {
       );
       expect(shown.symbol).toBe(tokenSymbol(typeof symbol === "string" ? symbol : undefined));
     }
+  });
+});
+
+describe("the console's audit status", () => {
+  const text = auditText as (audit: object | null) => string;
+  it("names each state with the evidence against its threshold", () => {
+    const judged = { e_value: "41.5", flag_at: "20", exclude_at: "1000" };
+    expect(text({ state: "unaudited", e_value: "1", flag_at: null, exclude_at: null })).toBe(
+      "not audited yet",
+    );
+    expect(text({ ...judged, state: "passing", e_value: "0.8", reference_kind: "anchor" })).toBe(
+      "passing against the anchor (e-value 0.8, flags at 20)",
+    );
+    expect(text({ ...judged, state: "flagged", reference_kind: "majority" })).toBe(
+      "model mismatch: flagged against the majority (e-value 41.5 ≥ 20)",
+    );
+    expect(text({ ...judged, state: "excluded", e_value: "5000" })).toBe(
+      "model mismatch: out of routing until verified again (e-value 5000 ≥ 1000)",
+    );
+    expect(text(null)).toBe("unknown");
   });
 });

@@ -926,6 +926,9 @@ describe("market console (GET /console) on npm start's sandbox", () => {
           expect(tds[9]).toBe(
             o.reputation.flags > 0 ? `${o.reputation.flags} flagged requests` : "none",
           );
+          // The sandbox runs no audits: every offer is unaudited.
+          expect(o.audit.state).toBe("unaudited");
+          expect(tds[10]).toBe("not audited yet");
           baseValues.add(o.tariff.input_price_per_mtok).add(o.tariff.output_price_per_mtok);
         }
       }

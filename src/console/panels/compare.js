@@ -7,6 +7,7 @@
  */
 import { segment } from "../api.js";
 import { badge, credits, h, table, time } from "../dom.js";
+import { auditText } from "../audit-text.js";
 import { mountKeyedPanel } from "../keyed-panel.js";
 import { tokenUnits } from "../units.js";
 import { short } from "./permits.js";
@@ -72,6 +73,7 @@ function modelComparison(model, offers) {
             "Metering",
             "Cooldown",
             "Flags",
+            "Audits",
           ],
           offers.map((o) => {
             const r = o.reputation ?? {};
@@ -103,6 +105,7 @@ function modelComparison(model, offers) {
               meteringText(o),
               cooldownText(o.cooldown_until),
               flagsText(o),
+              auditText(o.audit),
             ];
           }),
           offers.map((o) => ({ "data-compare-offer": o.offer_id })),
