@@ -53,6 +53,7 @@ interface Offer {
   tariff: { input_price_per_mtok: string; output_price_per_mtok: string; wake_fee: string };
   reputation: Reputation;
   usage_divergence: { claimed: number; flagged: boolean; excluded: boolean };
+  audit: { state: string };
 }
 interface RequestRecord {
   id: string;

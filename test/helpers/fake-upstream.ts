@@ -108,6 +108,12 @@ export interface FakeUpstreamOptions {
    * cannot do structured output fails the gateway's `json_schema` feature check). Default true.
    */
   jsonSchema?: boolean | undefined;
+  /**
+   * The answer's pieces, from the request's body (a model the test drives, e.g. the n-gram
+   * fixture, test/helpers/ngram-lm.ts); undefined: the default words. At most the request's
+   * token limit of them are sent, as with the default words.
+   */
+  answer?: ((request: Record<string, unknown>) => string[] | undefined) | undefined;
 }
 
 export interface FakeRequest {
@@ -158,6 +164,7 @@ const defaults: Required<
   Omit<
     FakeUpstreamOptions,
     | "token"
+    | "answer"
     | "usage"
     | "inflateUsage"
     | "failStatus"
@@ -316,7 +323,9 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
     const limit = positiveInt(request.max_completion_tokens) ?? positiveInt(request.max_tokens);
     const count =
       limit === undefined || opts.ignoreLimit === true ? opts.chunks : Math.min(opts.chunks, limit);
-    let pieces = Array.from({ length: count }, (_, i) => (i === 0 ? "word0" : ` word${i}`));
+    let pieces =
+      opts.answer?.(request)?.slice(0, limit ?? Infinity) ??
+      Array.from({ length: count }, (_, i) => (i === 0 ? "word0" : ` word${i}`));
     const messages = request.messages as { role?: unknown; content?: unknown }[];
     const lastMessage = messages[messages.length - 1];
     const tools = Array.isArray(request.tools)

@@ -52,6 +52,8 @@ interface Judged {
   readonly outcomes: readonly TestOutcome[];
   readonly audited: boolean;
   readonly eValue: number;
+  /** The anchor the operator named: the reference itself, never flagged (see below). */
+  readonly anchor?: boolean;
 }
 
 /** The e-value of an offer: the mean of its tests' (a mean of e-values is an e-value). */
@@ -119,7 +121,10 @@ function judgeModel(input: ModelAuditInput, cache: PermutationCache | undefined)
     const medoid = leaveOneOutMedoid(ids, distances, offerId);
     return medoid === undefined ? { kind: "majority" } : { kind: "majority", offerId: medoid };
   };
-  return ids.map((offerId) => judgeOffer(input, offerId, referenceOf, cache));
+  return ids.map((offerId) => ({
+    ...judgeOffer(input, offerId, referenceOf, cache),
+    anchor: offerId === anchor,
+  }));
 }
 
 /** The judge, with its options; {@link judgeMarket} is the one with the defaults. */
@@ -138,8 +143,12 @@ export function createJudgeMarket(options: JudgeOptions = {}): JudgeMarket {
     const m = audited.length;
     return judged.map((j): OfferAuditVerdict => {
       const index = audited.indexOf(j);
-      const flagged = index >= 0 && flag.rejected.has(index);
-      const excluded = index >= 0 && exclude.rejected.has(index);
+      // The anchor is the reference the operator vouches for: its e-value against the majority
+      // is shown (the majority differs from it), but it is never flagged or excluded by it. With
+      // one other offer, that offer is the "majority": an impostor would otherwise take the
+      // anchor down with it.
+      const flagged = index >= 0 && flag.rejected.has(index) && j.anchor !== true;
+      const excluded = index >= 0 && exclude.rejected.has(index) && j.anchor !== true;
       const state: AuditState = !j.audited
         ? "unaudited"
         : excluded
