@@ -111,10 +111,12 @@ describe("audits end to end: an offer serving another model is found and taken o
       if (verdicts.find((v) => v.offerId === impostor)?.state === "excluded") break;
     }
     expect(outcomes.every((o) => o.status === "sent")).toBe(true);
-    // The seeded run settles it after 13 rounds of 40 (both offers audited, half of them border
-    // probes at temperature 0; the border probes carry the evidence here: the fixture's models
-    // differ on the near-ties, MMD on 100 characters of 32 words does not tell them apart).
-    expect(outcomes.length).toBe(520);
+    // The seeded run settles it after 5 rounds of 40 (both offers audited, half of them border
+    // probes at temperature 0). The border probes carry the evidence: the fixture's models differ
+    // on the near-ties, which the runner finds on the anchor and then mostly asks (520 audits
+    // before it did, asking every candidate alike); MMD on 100 characters of 32 words does not
+    // tell these two apart.
+    expect(outcomes.length).toBe(200);
     const byOffer = new Map(verdicts.map((v) => [v.offerId, v]));
     const bad = byOffer.get(impostor)!;
     const anchor = byOffer.get(honest)!;

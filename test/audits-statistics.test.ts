@@ -167,6 +167,11 @@ describe("border probes", () => {
       probe(2, "q", "gamma", 22), // "q" has too few reference answers: not graded
     ];
     expect(firstToken("  beta and more")).toBe("beta");
+    // A comma is a token of its own, a CJK character is one; an answer opening with a mark is it.
+    expect(firstToken("Blue, mostly")).toBe("Blue");
+    expect(firstToken("巴黎是法国的首都。")).toBe("巴");
+    expect(firstToken("「はい」")).toBe("「");
+    expect(firstToken("Ça va")).toBe("Ça");
     expect(borderMisses(offer, borderProfile(reference))).toEqual([0, 1]);
   });
 });

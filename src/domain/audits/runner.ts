@@ -7,6 +7,8 @@ import {
   answerText,
   auditBody,
   borderPrompts,
+  foundBorders,
+  pickBorderPrompt,
   mmdPrompts,
   nextGapMs,
   pick,
@@ -162,6 +164,9 @@ export interface AuditRunner {
 }
 
 export function createAuditRunner(deps: AuditRunnerDeps): AuditRunner {
+  // The near-ties found on each model's reference (ModelID -> prompt ids), renewed by every
+  // evaluation from the samples it reads.
+  const borders = new Map<Hex, ReadonlySet<string>>();
   const running = new Set<Promise<unknown>>();
   let stopped = true;
   let auditTimer: NodeJS.Timeout | undefined;
@@ -192,10 +197,10 @@ export function createAuditRunner(deps: AuditRunnerDeps): AuditRunner {
     runOnce: async () => {
       const target = pick(deps.rng, await targets());
       if (target === undefined) return { status: "idle" };
-      return audit(deps, target);
+      return audit(deps, target, borders.get(target.modelId));
     },
     nextDelayMs: (count) => nextGapMs(deps.rng, deps.perOfferPerDay, count),
-    evaluate: () => evaluate(deps),
+    evaluate: () => evaluate(deps, borders),
     start() {
       if (!stopped) return;
       stopped = false;
@@ -243,15 +248,18 @@ function messageOf(error: unknown): string {
 }
 
 /** One audit of `target`: choose, reserve, send, settle, sample. */
-async function audit(deps: AuditRunnerDeps, target: AuditTarget): Promise<AuditOutcome> {
+async function audit(
+  deps: AuditRunnerDeps,
+  target: AuditTarget,
+  borders: ReadonlySet<string> | undefined,
+): Promise<AuditOutcome> {
   const { rng, corpus } = deps;
   const now = deps.nowMs();
   const test = pickTest(rng);
-  const prompts =
+  const prompt =
     test === "mmd"
-      ? mmdPrompts(corpus, target.modelId, now)
-      : borderPrompts(corpus, target.modelId);
-  const prompt = pick(rng, prompts);
+      ? pick(rng, mmdPrompts(corpus, target.modelId, now))
+      : pickBorderPrompt(rng, borderPrompts(corpus, target.modelId), borders);
   if (prompt === undefined) return { status: "idle" };
   const shape = pickShape(rng, deps.shapes.shapes(target.modelId), test);
   if (shape === undefined) return { status: "no_shape", target, test };
@@ -298,7 +306,10 @@ async function audit(deps: AuditRunnerDeps, target: AuditTarget): Promise<AuditO
 }
 
 /** Every audited model's samples in the window, judged together (false discovery across all). */
-async function evaluate(deps: AuditRunnerDeps): Promise<OfferAuditVerdict[]> {
+async function evaluate(
+  deps: AuditRunnerDeps,
+  borders: Map<Hex, ReadonlySet<string>>,
+): Promise<OfferAuditVerdict[]> {
   if (deps.judge === undefined) return [];
   const readAtMs = deps.nowMs();
   const since = readAtMs - deps.evidenceWindowMs;
@@ -314,6 +325,12 @@ async function evaluate(deps: AuditRunnerDeps): Promise<OfferAuditVerdict[]> {
       list.push(sample);
     }
     if (offers.size === 0) continue;
+    // The reference's temperature-0 answers: the anchor's, or every offer's without one.
+    const anchor = deps.anchors.get(modelId);
+    borders.set(
+      modelId,
+      foundBorders(anchor === undefined ? [...offers.values()].flat() : (offers.get(anchor) ?? [])),
+    );
     models.push({
       modelId,
       anchorOfferId: deps.anchors.get(modelId),

@@ -25,9 +25,18 @@ export interface TextSample {
   readonly text: string;
 }
 
-/** The first word of an answer (whitespace-delimited), cut at {@link FIRST_TOKEN_CHARS}. */
+/**
+ * The first token of an answer, as near as the text tells without the model's tokenizer: a
+ * CJK character alone (those scripts write no spaces, and their tokens are a character or two),
+ * else the first run of letters, marks and digits, else the first other character; cut at
+ * {@link FIRST_TOKEN_CHARS}. "Blue", "Blue," and "Blue sky" begin alike: a tokenizer splits the
+ * comma off, so a punctuation mark is not another first token.
+ */
 export function firstToken(text: string): string {
-  const match = /\S+/.exec(text);
+  const match =
+    /^(?:[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Hangul}]|[\p{L}\p{M}\p{N}]+|\S)/u.exec(
+      text.trimStart(),
+    );
   return match ? match[0].slice(0, FIRST_TOKEN_CHARS) : "";
 }
 

@@ -4,6 +4,7 @@ import { loadAuditCorpus } from "../../adapters/audits/corpus.js";
 import { parseChatRequest } from "../chat/request/index.js";
 import { canonicalBody, dialects } from "../dialects/index.js";
 import { createShapeSample, shapeOf, type RequestShape, type ShapeDialect } from "./shapes.js";
+import type { AuditSample } from "./types.js";
 import {
   answerText,
   auditBody,
@@ -12,6 +13,8 @@ import {
   nextGapMs,
   pickShape,
   seededRandom,
+  foundBorders,
+  pickBorderPrompt,
 } from "./traffic.js";
 
 const bounds = { maxBytes: 1 << 20, maxDepth: 64, maxArrayItems: 10_000 };
@@ -196,5 +199,58 @@ describe("the answer's text, as each dialect carries it", () => {
       }),
     ).toBe("Fine");
     expect(answerText("chat", { choices: [] })).toBe("");
+  });
+});
+
+describe("border inputs found on the reference", () => {
+  const probe = (promptId: string, text: string): AuditSample => ({
+    offerId: `0x${"a".repeat(64)}` as Hex,
+    modelId: `0x${"b".repeat(64)}` as Hex,
+    test: "border_probe",
+    promptId,
+    text,
+    atMs: 0,
+  });
+
+  it("a candidate whose temperature-0 answers began with two tokens, asked often enough, is a near-tie", () => {
+    const samples = [
+      // Asked 3 times, two first tokens: a near-tie.
+      probe("p1", "Paris is"),
+      probe("p1", "The capital"),
+      probe("p1", "Paris, of course"),
+      // Asked 3 times, one first token: not.
+      probe("p2", "Blue sky"),
+      probe("p2", "Blue"),
+      probe("p2", "Blue, mostly"),
+      // Two tokens but asked twice: not judged yet.
+      probe("p3", "yes"),
+      probe("p3", "no"),
+      // A completion for MMD is not a probe.
+      { ...probe("p4", "one"), test: "mmd" as const },
+      { ...probe("p4", "two"), test: "mmd" as const },
+      { ...probe("p4", "three"), test: "mmd" as const },
+    ];
+    expect([...foundBorders(samples)]).toEqual(["p1"]);
+  });
+
+  it("border probes mostly ask the near-ties found, and go on searching the other candidates", () => {
+    const candidates = ["p1", "p2", "p3", "p4"].map((id) => ({ id, turns: [] }) as never);
+    const rng = seededRandom(3);
+    const asked = new Map<string, number>();
+    for (let i = 0; i < 4000; i += 1) {
+      const p = pickBorderPrompt(rng, candidates, new Set(["p2"])) as { id: string };
+      asked.set(p.id, (asked.get(p.id) ?? 0) + 1);
+    }
+    // 75 % from the near-ties, the other 25 % spread over every candidate (p2 among them).
+    const share = (id: string) => asked.get(id)! / 4000;
+    expect(share("p2")).toBeGreaterThan(0.78);
+    expect(share("p2")).toBeLessThan(0.84);
+    for (const id of ["p1", "p3", "p4"]) expect(share(id)).toBeGreaterThan(0.04);
+    // Nothing found yet: every candidate alike, and no draw spent on the choice.
+    const a = seededRandom(9);
+    const b = seededRandom(9);
+    expect(pickBorderPrompt(a, candidates, new Set())).toBe(
+      pickBorderPrompt(b, candidates, undefined),
+    );
   });
 });

@@ -1,7 +1,8 @@
 import { randomInt } from "node:crypto";
 import type { Hex } from "viem";
 import type { JsonValue } from "../catalog.js";
-import type { AuditTestName } from "./types.js";
+import { firstToken } from "./statistics.js";
+import type { AuditSample, AuditTestName } from "./types.js";
 import { copiableShape, type JsonLayout, type RequestShape, type ShapeDialect } from "./shapes.js";
 
 /**
@@ -101,6 +102,46 @@ export function mmdPrompts(corpus: AuditCorpus, modelId: Hex, nowMs: number): Co
 export function borderPrompts(corpus: AuditCorpus, modelId: Hex): readonly CorpusPrompt[] {
   const own = corpus.borders.get(modelId);
   return own !== undefined && own.length > 0 ? own : corpus.probes;
+}
+
+/** Answers at temperature 0 a candidate needs on the reference before it can be judged a near-tie. */
+export const borderMinAnswers = 3;
+/** Share of border probes asked from the near-ties found (the rest go on searching). */
+export const borderFoundShare = 0.75;
+
+/**
+ * Border inputs found black-box on the reference (B3IT): the candidates whose temperature-0
+ * answers, asked at least {@link borderMinAnswers} times, began with two or more different
+ * tokens. Only a near-tie of the top tokens flips at temperature 0 (kernel noise, batching), and
+ * a near-tie is where another model's top token most often differs. `samples`: the reference's
+ * (the anchor's, or every offer's of a model without one).
+ */
+export function foundBorders(samples: readonly AuditSample[]): Set<string> {
+  const answers = new Map<string, { count: number; first: Set<string> }>();
+  for (const s of samples) {
+    if (s.test !== "border_probe") continue;
+    const entry = answers.get(s.promptId) ?? { count: 0, first: new Set<string>() };
+    entry.count += 1;
+    entry.first.add(firstToken(s.text ?? ""));
+    answers.set(s.promptId, entry);
+  }
+  const found = new Set<string>();
+  for (const [promptId, { count, first }] of answers)
+    if (count >= borderMinAnswers && first.size >= 2) found.add(promptId);
+  return found;
+}
+
+/**
+ * The prompt a border probe asks: mostly one of the near-ties found on the reference, else any
+ * candidate (the search goes on, and probes stay as varied as before).
+ */
+export function pickBorderPrompt(
+  rng: Random,
+  candidates: readonly CorpusPrompt[],
+  found: ReadonlySet<string> | undefined,
+): CorpusPrompt | undefined {
+  const ties = found === undefined ? [] : candidates.filter((p) => found.has(p.id));
+  return ties.length > 0 && rng() < borderFoundShare ? pick(rng, ties) : pick(rng, candidates);
 }
 
 // ---------------------------------------------------------------- scheduling
