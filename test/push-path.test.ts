@@ -109,8 +109,15 @@ describe("the REST chat path, per streamed event", () => {
   it("creates no promise per event: 1,000 more events cost no more promises than the answer's own", async () => {
     // Warm: the tokenizer, the routing view, the lease.
     await promisesFor(20);
-    const small = await promisesFor(100);
-    const large = await promisesFor(1100);
+    // The hook counts every promise of the process: a background round (cooldowns, measurements,
+    // audit standings, every 5 s) that falls inside one window adds its own. They only add, so
+    // the pair whose difference is least is the path's own (three pairs at most).
+    let small = await promisesFor(100);
+    let large = await promisesFor(1100);
+    for (let pair = 1; pair < 3 && (large.promises - small.promises) / 1000 >= 0.25; pair += 1) {
+      const [s, l] = [await promisesFor(100), await promisesFor(1100)];
+      if (l.promises - s.promises < large.promises - small.promises) [small, large] = [s, l];
+    }
     // Every event reached the client: 100 and 1,100 content events, the final chunk, [DONE].
     const contentEvents = (text: string) => text.split('"content":" w"').length - 1;
     expect(contentEvents(small.text)).toBe(100);
