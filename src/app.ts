@@ -28,7 +28,7 @@ import type { AuditRunner } from "./domain/audits/runner.js";
 import { createCatalog, ModelDirectory } from "./domain/catalog.js";
 import type { MeasurementSync } from "./domain/reputation/measurement-types.js";
 import type { OfferCooldowns } from "./domain/reputation/cooldowns.js";
-import type { AuditStandings } from "./domain/audits/standing.js";
+import { auditStateCounts, type AuditStandings } from "./domain/audits/standing.js";
 import type { EndpointSecret, HealthMonitor } from "./domain/health-types.js";
 import type { TokenCounters } from "./domain/tokens.js";
 import { createTtlCache } from "./domain/ttl-cache.js";
@@ -198,7 +198,15 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       shutdown: shutdown.signal,
       logger,
     });
-    metrics.setSources(scrapeSources(config, { db, chain, clock, cooldowns: chat.cooldowns }));
+    metrics.setSources(
+      scrapeSources(config, {
+        db,
+        chain,
+        clock,
+        cooldowns: chat.cooldowns,
+        standings: chat.standings,
+      }),
+    );
     await preloaded;
     const { listener, metricsListener } = await listenAll(config, shutdown.guard(handler), metrics);
     const { url, metricsUrl } = urlsOf(config, listener, metricsListener);
@@ -402,6 +410,7 @@ function scrapeSources(
     readonly chain: PublicClient;
     readonly clock: () => number;
     readonly cooldowns: OfferCooldowns;
+    readonly standings: AuditStandings;
   },
 ): ScrapeSources {
   return {
@@ -409,6 +418,7 @@ function scrapeSources(
     confirmations: config.confirmations,
     clock: from.clock,
     coolingDown: () => from.cooldowns.coolingCount(),
+    auditStates: () => auditStateCounts(from.standings.all()),
   };
 }
 

@@ -149,6 +149,11 @@ describe("audits end to end: an offer serving another model is found and taken o
       model_mismatch: false,
     });
 
+    const metrics = await (await fetch(a.gateway.metricsUrl)).text();
+    expect(metrics).toMatch(/^gateway_audit_offers\{state="excluded"\} 1$/m);
+    expect(metrics).toMatch(/^gateway_audit_offers\{state="passing"\} 1$/m);
+    expect(metrics).toMatch(/^gateway_audit_offers\{state="flagged"\} 0$/m);
+
     // After: the impostor receives no client request, the anchor serves them; pinned to the
     // impostor: 503 naming the reason.
     const impostorCalls = a.fake.calls("/v1/chat/completions");

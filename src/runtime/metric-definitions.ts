@@ -159,6 +159,13 @@ export const metricDefinitions = {
     help: "Offers out of routing now because their provider asked for rest (429, or 503 with Retry-After), as this process knows them (its own and those shared by the others).",
     from: "scrape: the process's cooldowns",
   },
+  auditOffers: {
+    type: "gauge",
+    name: "gateway_audit_offers",
+    help: "Offers by what their audits say (issue 39), as this process last read the shared standings: passing, flagged (model_mismatch, routed last) or excluded (out of routing until verified again); offers never judged are not counted.",
+    labelNames: ["state"],
+    from: "scrape: the process's audit standings",
+  },
   openReservations: {
     type: "gauge",
     name: "gateway_open_reservations",

@@ -42,6 +42,8 @@ export interface ScrapeSources {
   readonly timeoutMs?: number;
   /** Offers cooling down now (from memory). */
   readonly coolingDown?: () => number;
+  /** Offers judged by the audits, by state (from memory). */
+  readonly auditStates?: () => ReadonlyMap<string, number>;
 }
 
 export interface GatewayMetrics {
@@ -290,6 +292,11 @@ async function refresh(m: Metrics, sources: ScrapeSources | undefined): Promise<
   }
   const s = sources;
   if (s.coolingDown !== undefined) m.offersCoolingDown.set(s.coolingDown());
+  if (s.auditStates !== undefined) {
+    const states = s.auditStates();
+    for (const state of ["passing", "flagged", "excluded"])
+      m.auditOffers.set({ state }, states.get(state) ?? 0);
+  }
   const timeoutMs = s.timeoutMs ?? collectTimeoutMs;
   const [db, head] = await Promise.allSettled([
     withTimeout(s.query(gaugeQuery), timeoutMs),

@@ -45,6 +45,13 @@ export async function clearedTimes(
   return cleared;
 }
 
+/** How many offers stand in each audit state (a metric's figures). */
+export function auditStateCounts(standings: readonly OfferAuditStanding[]): Map<string, number> {
+  const counts = new Map<string, number>();
+  for (const { state } of standings) counts.set(state, (counts.get(state) ?? 0) + 1);
+  return counts;
+}
+
 export interface AuditStandings {
   /** The offer's standing; undefined: never judged (`unaudited`). */
   get(offerId: Hex): OfferAuditStanding | undefined;
