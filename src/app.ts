@@ -198,15 +198,7 @@ export async function startGateway(config: Config, options: StartOptions): Promi
       shutdown: shutdown.signal,
       logger,
     });
-    metrics.setSources(
-      scrapeSources(config, {
-        db,
-        chain,
-        clock,
-        cooldowns: chat.cooldowns,
-        standings: chat.standings,
-      }),
-    );
+    metrics.setSources(scrapeSources(config, { db, chain, clock, chat }));
     await preloaded;
     const { listener, metricsListener } = await listenAll(config, shutdown.guard(handler), metrics);
     const { url, metricsUrl } = urlsOf(config, listener, metricsListener);
@@ -409,16 +401,16 @@ function scrapeSources(
     readonly db: Database;
     readonly chain: PublicClient;
     readonly clock: () => number;
-    readonly cooldowns: OfferCooldowns;
-    readonly standings: AuditStandings;
+    /** What routing holds in memory: the cooldowns and the audit standings. */
+    readonly chat: { readonly cooldowns: OfferCooldowns; readonly standings: AuditStandings };
   },
 ): ScrapeSources {
   return {
     ...dependencySources(from.db, from.chain),
     confirmations: config.confirmations,
     clock: from.clock,
-    coolingDown: () => from.cooldowns.coolingCount(),
-    auditStates: () => auditStateCounts(from.standings.all()),
+    coolingDown: () => from.chat.cooldowns.coolingCount(),
+    auditStates: () => auditStateCounts(from.chat.standings.all()),
   };
 }
 
