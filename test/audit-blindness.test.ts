@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { AuditOutcome } from "../src/domain/audits/runner.js";
 import { judgeMarket } from "../src/domain/audits/evidence.js";
 import type { ModelAuditInput, OfferAuditVerdict } from "../src/domain/audits/types.js";
-import { seededRandom } from "../src/domain/audits/traffic.js";
+import { seededRandom } from "../src/domain/audits/random.js";
 import { loadAuditCorpus } from "../src/adapters/audits/corpus.js";
 import { ksTwoSample, startAuditStack, type AuditStack } from "./helpers/audits.js";
 import type { FakeRequest } from "./helpers/fake-upstream.js";

@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { auditSpendOn } from "../src/adapters/pg/audit-traffic.js";
 import { auditDay } from "../src/domain/audits/budget.js";
 import type { AuditOutcome } from "../src/domain/audits/runner.js";
-import { seededRandom } from "../src/domain/audits/traffic.js";
+import { seededRandom } from "../src/domain/audits/random.js";
 import { runAuditsBudget } from "../src/cli/audits-budget.js";
 import { startAuditStack, type AuditStack } from "./helpers/audits.js";
 import { flush, settlementRows, settlingEnv } from "./helpers/settlement.js";

@@ -4,6 +4,7 @@ import { loadAuditCorpus } from "../../adapters/audits/corpus.js";
 import { parseChatRequest } from "../chat/request/index.js";
 import { canonicalBody, dialects } from "../dialects/index.js";
 import { createShapeSample, shapeOf, type RequestShape, type ShapeDialect } from "./shapes.js";
+import { seededRandom } from "./random.js";
 import type { AuditSample } from "./types.js";
 import {
   answerText,
@@ -12,7 +13,6 @@ import {
   mmdPrompts,
   nextGapMs,
   pickShape,
-  seededRandom,
   foundBorders,
   pickBorderPrompt,
 } from "./traffic.js";

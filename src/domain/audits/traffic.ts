@@ -1,6 +1,7 @@
 import { randomInt } from "node:crypto";
 import type { Hex } from "viem";
 import type { JsonValue } from "../catalog.js";
+import { hashSeed, seededRandom } from "./random.js";
 import { firstToken } from "./statistics.js";
 import type { AuditSample, AuditTestName } from "./types.js";
 import { copiableShape, type JsonLayout, type RequestShape, type ShapeDialect } from "./shapes.js";
@@ -24,18 +25,6 @@ export type Random = () => number;
 
 /** Uniform [0, 1) from the system's cryptographic source (a provider cannot predict the choices). */
 export const cryptoRandom: Random = () => randomInt(0, 2 ** 48) / 2 ** 48;
-
-/** A seeded generator (mulberry32) for deterministic tests and reproducible simulations. */
-export function seededRandom(seed: number): Random {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 // ---------------------------------------------------------------- the corpus
 
@@ -73,15 +62,6 @@ export const mmdPromptsPerPeriod = 25;
 /** The MMD batch's period (a week, as Model Equality Testing's audits run). */
 export const mmdPeriodMs = 7 * 86_400_000;
 
-function hashString(text: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < text.length; i += 1) {
-    h ^= text.charCodeAt(i);
-    h = Math.imul(h, 0x01000193);
-  }
-  return h >>> 0;
-}
-
 /**
  * The MMD prompts of a model in the period holding `nowMs`: a fixed draw from the corpus (the
  * same for every offer of the model and every process), so each prompt collects samples from
@@ -89,7 +69,7 @@ function hashString(text: string): number {
  */
 export function mmdPrompts(corpus: AuditCorpus, modelId: Hex, nowMs: number): CorpusPrompt[] {
   const period = Math.floor(nowMs / mmdPeriodMs);
-  const rng = seededRandom(hashString(`${modelId}:${period}`));
+  const rng = seededRandom(hashSeed(`${modelId}:${period}`));
   const pool = [...corpus.prompts];
   const picked: CorpusPrompt[] = [];
   while (picked.length < mmdPromptsPerPeriod && pool.length > 0) {
