@@ -941,12 +941,22 @@ describe("market console (GET /console) on npm start's sandbox", () => {
         data: { offer_id: string }[];
       };
       expect(bindings.data.map((b) => b.offer_id)).toEqual([settledRecord.offer_id]);
-      const earned = (await json(
-        await api(
-          `/v1/provider-offers/${settledRecord.offer_id}/earnings?from=${to - 30 * 86400}&to=${to}`,
-        ),
-      )) as EarningsJson;
+      // Settlement moves on while the page shows it: once every charge has settled (the
+      // sandbox's worker flushes every 2 s) the figures stop moving, and the panel shown afresh
+      // then must show exactly the API's.
+      const earningsPath = `/v1/provider-offers/${settledRecord.offer_id}/earnings?from=${to - 30 * 86400}&to=${to}`;
+      let earned = (await json(await api(earningsPath))) as EarningsJson;
+      await expect
+        .poll(
+          async () => {
+            earned = (await json(await api(earningsPath))) as EarningsJson;
+            return earned.days.every((d) => d.settled_credits === d.credits);
+          },
+          { timeout: 30_000 },
+        )
+        .toBe(true);
       const card = `[data-earnings-over-time="${settledRecord.offer_id}"]`;
+      await page.locator("#offer-earnings-panel button", { hasText: "Refresh earnings" }).click();
       await page.locator(card).waitFor();
       // Every charge of the demo offer is this key's (the sandbox's only permit and key).
       const earnedTotal = earned.days.reduce((s, d) => s + BigInt(d.credits), 0n);
@@ -959,13 +969,15 @@ describe("market console (GET /console) on npm start's sandbox", () => {
           .locator(`${card} tr[data-earnings-day="${day}"] td`)
           .allTextContents();
         expect(tds.slice(0, 3)).toEqual([day, String(d.requests), inDchat(d.credits)]);
-        // Settlement moves on while the page shows it: settled as the API said, or more.
-        const settledShown = await page
-          .locator(`${card} tr[data-earnings-day="${day}"] td data`)
-          .nth(1)
-          .getAttribute("value");
-        expect(BigInt(settledShown!)).toBeGreaterThanOrEqual(BigInt(d.settled_credits));
-        expect(BigInt(settledShown!)).toBeLessThanOrEqual(BigInt(d.credits));
+        // Settled, every charge of it (the panel was shown after the last settled).
+        await expect
+          .poll(() =>
+            page
+              .locator(`${card} tr[data-earnings-day="${day}"] td data`)
+              .nth(1)
+              .getAttribute("value"),
+          )
+          .toBe(d.settled_credits);
         baseValues.add(d.credits).add(d.settled_credits);
       }
       expect(await field(card, "earned").textContent()).toBe(inDchat(earnedTotal));
