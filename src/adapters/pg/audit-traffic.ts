@@ -25,14 +25,15 @@ export function reserveAuditSpend(
   const modelId = normalizeHex(line.modelId);
   const offerId = normalizeHex(line.offerId);
   return inTransaction(pool, async (client) => {
+    // Lines made and locked in one order (the model's, then the offer's: 'model' < 'offer'), the
+    // same in every transaction and in the settlement, so two audits never wait on each other
+    // in a circle (a new row is held by the transaction that inserted it).
     await client.query(
       `INSERT INTO audit_spend (day, scope, id, model_id)
-       VALUES ($1, 'offer', $2, $3), ($1, 'model', $3, $3)
+       VALUES ($1, 'model', $3, $3), ($1, 'offer', $2, $3)
        ON CONFLICT (day, scope, id) DO NOTHING`,
       [day, offerId, modelId],
     );
-    // Locked in key order (offer's line after model's: 'model' < 'offer'), the same in every
-    // transaction, so two reservations never wait on each other in a circle.
     await client.query(
       `SELECT 1 FROM audit_spend WHERE day = $1 AND ((scope = 'model' AND id = $3)
          OR (scope = 'offer' AND id = $2)) ORDER BY scope FOR UPDATE`,
@@ -64,9 +65,16 @@ export async function settleAuditSpend(
   charged: bigint,
 ): Promise<void> {
   const spent = charged < reserved ? charged : reserved;
+  // The rows locked in the reservation's order first (a bare UPDATE locks them in the order it
+  // finds them, and a reservation holding the model's line waiting for the offer's would
+  // deadlock with it: seen on PostgreSQL under concurrent audits).
   await db.query(
-    `UPDATE audit_spend SET reserved = reserved - $4, spent = spent + $5
-     WHERE day = $1 AND ((scope = 'offer' AND id = $2) OR (scope = 'model' AND id = $3))`,
+    `WITH locked AS (
+       SELECT day, scope, id FROM audit_spend
+       WHERE day = $1 AND ((scope = 'offer' AND id = $2) OR (scope = 'model' AND id = $3))
+       ORDER BY scope FOR UPDATE)
+     UPDATE audit_spend a SET reserved = a.reserved - $4, spent = a.spent + $5
+     FROM locked l WHERE a.day = l.day AND a.scope = l.scope AND a.id = l.id`,
     [
       day,
       normalizeHex(line.offerId),
