@@ -1,6 +1,7 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join, relative, resolve } from "node:path";
+import { isDeepStrictEqual } from "node:util";
 import type { Browser, BrowserContext, Page } from "playwright-core";
 import { chromium } from "playwright-core";
 import type { Hex } from "viem";
@@ -783,12 +784,23 @@ describe("market console (GET /console) on npm start's sandbox", () => {
 
       // 1. The permits: the demo key's authorization covers every permit of the payer, so the
       // gateway lists each permit the payer opened (the demo permit), with its balance.
-      const balance = (await json(await api(`/v1/permits/${m.permitId}`))) as PermitBalance;
-      expect(await json(await api("/v1/permits"))).toEqual({
-        object: "list",
-        data: [balance],
-        every_permit_payers: [m.payer.address.toLowerCase()],
-      });
+      // Settlement moves `settled` on between two reads: the two must agree once, read back
+      // to back.
+      let balance = (await json(await api(`/v1/permits/${m.permitId}`))) as PermitBalance;
+      await expect
+        .poll(
+          async () => {
+            const listed: unknown = await json(await api("/v1/permits"));
+            balance = (await json(await api(`/v1/permits/${m.permitId}`))) as PermitBalance;
+            return isDeepStrictEqual(listed, {
+              object: "list",
+              data: [balance],
+              every_permit_payers: [m.payer.address.toLowerCase()],
+            });
+          },
+          { timeout: 30_000 },
+        )
+        .toBe(true);
       const usage = (await json(await api(`/v1/usage?permit=${m.permitId}`))) as {
         groups: { credits: string }[];
       };
