@@ -114,6 +114,37 @@ export interface FakeUpstreamOptions {
    * token limit of them are sent, as with the default words.
    */
   answer?: ((request: Record<string, unknown>) => string[] | undefined) | undefined;
+  /**
+   * Answer a request with `logprobs: true` with the first choice's log-probabilities, one entry
+   * per piece (its `token` the piece, `bytes` its UTF-8): `true` gives each piece -0.25 with one
+   * less probable alternative; a function gives each piece's value and alternatives (a model the
+   * test drives, or a provider's lie). Default: none given.
+   */
+  logprobs?: true | LogprobsOf | undefined;
+}
+
+/** Each piece's log-probability and alternatives (`top_logprobs`), for a request's pieces. */
+export type LogprobsOf = (
+  request: Record<string, unknown>,
+  pieces: readonly string[],
+) => { logprob: number; top_logprobs: { token: string; logprob: number }[] }[];
+
+function logprobEntries(
+  opts: FakeUpstreamOptions,
+  request: Record<string, unknown>,
+  pieces: readonly string[],
+): Record<string, unknown>[] | undefined {
+  if (request.logprobs !== true || opts.logprobs === undefined) return undefined;
+  const values =
+    opts.logprobs === true
+      ? pieces.map(() => ({ logprob: -0.25, top_logprobs: [{ token: "x", logprob: -2 }] }))
+      : opts.logprobs(request, pieces);
+  return pieces.map((token, i) => ({
+    token,
+    bytes: [...Buffer.from(token, "utf8")],
+    logprob: values[i]?.logprob ?? 0,
+    top_logprobs: values[i]?.top_logprobs ?? [],
+  }));
 }
 
 export interface FakeRequest {
@@ -165,6 +196,7 @@ const defaults: Required<
     FakeUpstreamOptions,
     | "token"
     | "answer"
+    | "logprobs"
     | "usage"
     | "inflateUsage"
     | "failStatus"
@@ -352,6 +384,7 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
         : limit !== undefined && limit < opts.chunks && opts.ignoreLimit !== true
           ? "length"
           : "stop";
+    const logprobs = toolCall === undefined ? logprobEntries(opts, request, pieces) : undefined;
     const choices = opts.honourN === true ? (positiveInt(request.n) ?? 1) : 1;
     const indexes = Array.from({ length: choices }, (_, index) => index);
     const inflate = opts.inflateUsage;
@@ -410,6 +443,7 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
                     },
                   ],
                 },
+          ...(logprobs === undefined ? {} : { logprobs: { content: logprobs } }),
           finish_reason: finishReason,
         })),
         ...(opts.omitUsage ? {} : { usage: usageObject }),
@@ -514,6 +548,7 @@ export async function startFakeUpstream(initial: FakeUpstreamOptions = {}): Prom
       const deltas = indexes.map((index) => ({
         index,
         delta: { content: piece },
+        ...(logprobs === undefined ? {} : { logprobs: { content: [logprobs[i]] } }),
         finish_reason: null,
       }));
       if (!(await send(chunk(deltas)))) {

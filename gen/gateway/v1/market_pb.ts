@@ -327,8 +327,10 @@ export type Offer = Message<"gateway.v1.Offer"> & {
   /**
    * Features the last successful verification proved of the endpoint: `tools` (a tool call
    * answered), `json_schema` (a response_format json_schema answered with parseable JSON),
-   * `stream_usage` (a stream carried usage). `provider.require_parameters` routes a request
-   * only to offers that proved every feature it uses.
+   * `stream_usage` (a stream carried usage), `logprobs` (a temperature-0 completion's
+   * log-probabilities spelled its text and passed the gateway's checks).
+   * `provider.require_parameters` routes a request only to offers that proved every feature it
+   * uses.
    *
    * @generated from field: repeated string verified_features = 14;
    */

@@ -1,5 +1,6 @@
 import type { EndpointSecret } from "../../domain/health-types.js";
 import type { UpstreamClient } from "./http.js";
+import { answerLogprobs, logprobFault } from "../../domain/audits/logprobs.js";
 import { badStatus, CheckFailed, isObject, readJson, sendCompletion } from "./probe-io.js";
 
 /**
@@ -16,7 +17,9 @@ async function featureCompletion(
   body: object,
   timeoutMs: number,
   what: string,
-): Promise<{ verdict: FeatureVerdict } | { message: Record<string, unknown> }> {
+): Promise<
+  { verdict: FeatureVerdict } | { message: Record<string, unknown>; completion: unknown }
+> {
   try {
     const { response, signal } = await sendCompletion(upstream, endpoint, body, timeoutMs, what);
     if (response.status !== 200) {
@@ -27,7 +30,7 @@ async function featureCompletion(
     const choice =
       isObject(completion) && Array.isArray(completion.choices) ? completion.choices[0] : undefined;
     const message = isObject(choice) ? choice.message : undefined;
-    return isObject(message) ? { message } : { verdict: "not_proven" };
+    return isObject(message) ? { message, completion } : { verdict: "not_proven" };
   } catch (err) {
     if (err instanceof CheckFailed) return { verdict: err.transport ? "unanswered" : "not_proven" };
     return { verdict: "unanswered" };
@@ -120,4 +123,40 @@ function parsesAsObject(text: string): boolean {
   } catch {
     return false;
   }
+}
+
+/**
+ * `logprobs`: a temperature-0 completion asking for log-probabilities (and 5 alternatives) must
+ * answer them for its first choice, and they must pass the checks the logprob audits apply
+ * (domain/audits/logprobs.ts): the scored tokens spell the text, every value is a
+ * log-probability, no alternative is more probable than the token sent, their mass is at most
+ * 1. An offer with it also gets logprob audits (docs/decisions/audits.md).
+ */
+export async function checkLogprobs(
+  upstream: UpstreamClient,
+  endpoint: EndpointSecret,
+  model: string,
+  timeoutMs: number,
+): Promise<FeatureVerdict> {
+  const answer = await featureCompletion(
+    upstream,
+    endpoint,
+    {
+      model,
+      messages: [{ role: "user", content: "Name three colours." }],
+      logprobs: true,
+      top_logprobs: 5,
+      temperature: 0,
+      max_tokens: 8,
+      stream: false,
+    },
+    timeoutMs,
+    "a chat completion with log-probabilities",
+  );
+  if ("verdict" in answer) return answer.verdict;
+  const content = answer.message.content;
+  const entries = answerLogprobs([answer.completion]);
+  if (typeof content !== "string" || entries === undefined || entries.length === 0)
+    return "not_proven";
+  return logprobFault(entries, content, true) === undefined ? "proven" : "not_proven";
 }

@@ -106,6 +106,7 @@ describe("verifyEndpoint", () => {
       },
       { model: "acme/llama", tool_choice: { type: "function", function: { name: "get_weather" } } },
       { model: "acme/llama", response_format: { type: "json_schema" } },
+      { model: "acme/llama", logprobs: true, top_logprobs: 5, temperature: 0, stream: false },
     ]);
     expect(f.requests.every((r) => r.headers.authorization === `Bearer ${token}`)).toBe(true);
   });

@@ -14,7 +14,7 @@ import {
 } from "../../domain/tokens.js";
 import { readEventStream } from "./event-stream.js";
 import type { UpstreamClient } from "./http.js";
-import { checkJsonSchema, checkTools } from "./probe-features.js";
+import { checkJsonSchema, checkLogprobs, checkTools } from "./probe-features.js";
 import {
   badStatus,
   CheckFailed,
@@ -112,8 +112,10 @@ export async function probeLiveness(
  *    of requests that use it with `provider.require_parameters`): `tools` when a completion
  *    offered one function with `tool_choice` naming it answers a call of it with JSON
  *    arguments; `json_schema` when a completion with a `response_format` JSON schema answers
- *    content that parses as a JSON object. A check that got no answer (transport) is reported
- *    `unanswered`, so the feature's standing value is kept.
+ *    content that parses as a JSON object; `logprobs` when a temperature-0 completion asking
+ *    for log-probabilities answers ones that pass the audits' checks (probe-features.ts). A
+ *    check that got no answer (transport) is reported `unanswered`, so the feature's standing
+ *    value is kept.
  *
  * `subject` names the model whose token counter counts (and the offer's declared hidden
  * reasoning); without it, the byte bound counts and no hidden reasoning is allowed.
@@ -148,6 +150,7 @@ export async function verifyEndpoint(
     for (const [feature, check] of [
       ["tools", checkTools],
       ["json_schema", checkJsonSchema],
+      ["logprobs", checkLogprobs],
     ] as const) {
       const verdict = await check(upstream, endpoint, model, timeoutMs);
       if (verdict === "proven") features.push(feature);

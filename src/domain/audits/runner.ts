@@ -2,19 +2,22 @@ import type { Hex } from "viem";
 import type { Logger } from "pino";
 import { isEligible, type Catalog } from "../catalog.js";
 import { auditDay, type AuditBudget, type AuditSpendStore } from "./budget.js";
-import type { ShapeSample } from "./shapes.js";
+import { answerLogprobs, LOGPROB_TOKENS, logprobScore } from "./logprobs.js";
+import type { RequestShape, ShapeSample } from "./shapes.js";
 import {
   answerText,
   auditBody,
   borderPrompts,
   foundBorders,
   pickBorderPrompt,
+  logprobPrompts,
   mmdPrompts,
   nextGapMs,
   pick,
   pickShape,
   pickTest,
   sampleChars,
+  sequenceId,
   type AuditBody,
   type AuditCorpus,
   type AuditTarget,
@@ -187,7 +190,13 @@ export function createAuditRunner(deps: AuditRunnerDeps): AuditRunner {
       // registered.
       for (const offer of view.offers)
         if (isEligible(offer, view.model, now))
-          out.push({ modelId, modelName, offerId: offer.offerId, permitId });
+          out.push({
+            modelId,
+            modelName,
+            offerId: offer.offerId,
+            permitId,
+            logprobs: offer.verifiedFeatures?.includes("logprobs") === true,
+          });
     }
     return out;
   };
@@ -255,11 +264,13 @@ async function audit(
 ): Promise<AuditOutcome> {
   const { rng, corpus } = deps;
   const now = deps.nowMs();
-  const test = pickTest(rng);
+  const test = pickTest(rng, target.logprobs === true);
   const prompt =
     test === "mmd"
       ? pick(rng, mmdPrompts(corpus, target.modelId, now))
-      : pickBorderPrompt(rng, borderPrompts(corpus, target.modelId), borders);
+      : test === "logprob"
+        ? pick(rng, logprobPrompts(corpus, target.modelId, now))
+        : pickBorderPrompt(rng, borderPrompts(corpus, target.modelId), borders);
   if (prompt === undefined) return { status: "idle" };
   const shape = pickShape(rng, deps.shapes.shapes(target.modelId), test);
   if (shape === undefined) return { status: "no_shape", target, test };
@@ -288,21 +299,37 @@ async function audit(
   }
   const charged = answer.charged ?? reserved;
   if (answer.completed) {
-    const text = answer.events
-      .map((e) => answerText(body.dialect, e.data, e.event))
-      .join("")
-      .slice(0, sampleChars);
-    await deps.samples.add({
+    const whole = answer.events.map((e) => answerText(body.dialect, e.data, e.event)).join("");
+    const sample: StoredAuditSample = {
       offerId,
       modelId,
       test,
       promptId: prompt.id,
-      text,
+      text: whole.slice(0, sampleChars),
       atMs: now,
       requestId: answer.requestId,
-    });
+    };
+    await deps.samples.add(test === "logprob" ? scored(sample, answer, whole, shape) : sample);
   }
   return { status: "sent", target, test, promptId: prompt.id, answer, charged };
+}
+
+/**
+ * A logprob challenge's sample: the answer's score (logprobs.ts) under the sequence it scored.
+ * Values that fail a check, or that were asked for and not given, score `-Infinity` under the
+ * sequence an honest answer of the shape's length would have had.
+ */
+function scored(
+  sample: StoredAuditSample,
+  answer: AuditAnswer,
+  whole: string,
+  shape: RequestShape,
+): StoredAuditSample {
+  const score = logprobScore(answerLogprobs(answer.events.map((e) => e.data)), whole);
+  const limit = Number(shape.params["max_completion_tokens"] ?? shape.params["max_tokens"] ?? 0);
+  const tokens =
+    score.tokens > 0 ? score.tokens : Math.min(LOGPROB_TOKENS, limit > 0 ? limit : LOGPROB_TOKENS);
+  return { ...sample, promptId: sequenceId(sample.promptId, tokens), meanLogprob: score.mean };
 }
 
 /** Every audited model's samples in the window, judged together (false discovery across all). */

@@ -68,11 +68,21 @@ export const mmdPeriodMs = 7 * 86_400_000;
  * every offer and from the reference.
  */
 export function mmdPrompts(corpus: AuditCorpus, modelId: Hex, nowMs: number): CorpusPrompt[] {
+  return periodDraw(corpus, modelId, nowMs, mmdPromptsPerPeriod);
+}
+
+/** `count` corpus prompts drawn for the period holding `nowMs`, seeded by `key` and the period. */
+function periodDraw(
+  corpus: AuditCorpus,
+  key: string,
+  nowMs: number,
+  count: number,
+): CorpusPrompt[] {
   const period = Math.floor(nowMs / mmdPeriodMs);
-  const rng = seededRandom(hashSeed(`${modelId}:${period}`));
+  const rng = seededRandom(hashSeed(`${key}:${period}`));
   const pool = [...corpus.prompts];
   const picked: CorpusPrompt[] = [];
-  while (picked.length < mmdPromptsPerPeriod && pool.length > 0) {
+  while (picked.length < count && pool.length > 0) {
     picked.push(pool.splice(Math.floor(rng() * pool.length), 1)[0]!);
   }
   return picked;
@@ -133,6 +143,8 @@ export interface AuditTarget {
   readonly modelName: string;
   readonly offerId: Hex;
   readonly permitId: Hex;
+  /** Its verification proved the `logprobs` feature: logprob challenges may go to it. */
+  readonly logprobs?: boolean | undefined;
 }
 
 /**
@@ -151,17 +163,59 @@ export function pick<T>(rng: Random, items: readonly T[]): T | undefined {
   return items.length === 0 ? undefined : items[Math.floor(rng() * items.length)];
 }
 
-/** The tests the traffic runs, and their temperature (`logprob` needs reference data: none sent). */
+/**
+ * The tests the traffic runs, and their temperature. `logprob` scores a temperature-0 answer's
+ * log-probabilities (logprobs.ts), so it goes only to offers whose verification proved the
+ * `logprobs` feature, framed as a client's request that asked for them.
+ */
 export const trafficTests = {
   border_probe: { temperature: 0 },
   mmd: { temperature: 1 },
-} as const satisfies Partial<Record<AuditTestName, { temperature: number }>>;
+  logprob: { temperature: 0 },
+} as const satisfies Record<AuditTestName, { temperature: number }>;
 
 export type TrafficTest = keyof typeof trafficTests;
 
-/** Border probes are half the audits (about 50–100 a day per offer at the default rate). */
-export function pickTest(rng: Random): TrafficTest {
+/** Share of an offer's audits that score log-probabilities, when it exposes them. */
+export const logprobShare = 0.25;
+
+/**
+ * Border probes are half the audits (about 50–100 a day per offer at the default rate), MMD
+ * completions the other half; of an offer that exposes log-probabilities, a quarter are
+ * logprob challenges first (`withLogprobs`).
+ */
+export function pickTest(rng: Random, withLogprobs = false): TrafficTest {
+  if (withLogprobs && rng() < logprobShare) return "logprob";
   return rng() < 0.5 ? "border_probe" : "mmd";
+}
+
+/** Sequences the logprob test scores per period when the model has no shipped reference. */
+export const logprobPromptsPerPeriod = 20;
+
+/**
+ * The prompts a model's logprob challenges ask in the period holding `nowMs`: the sequences of
+ * its shipped reference (corpus.ts `reference/`; ids `<prompt id>#<tokens>`) when it has one,
+ * else a fixed draw of the corpus (the same for every offer and the anchor, whose answers are
+ * then the reference).
+ */
+export function logprobPrompts(corpus: AuditCorpus, modelId: Hex, nowMs: number): CorpusPrompt[] {
+  const shipped = corpus.referenceLogprobs.get(modelId);
+  if (shipped !== undefined && shipped.size > 0) {
+    const ids = new Set([...shipped.keys()].map(sequencePrompt));
+    return corpus.prompts.filter((p) => ids.has(p.id));
+  }
+  return periodDraw(corpus, `${modelId}:logprob`, nowMs, logprobPromptsPerPeriod);
+}
+
+/** A logprob sequence's id: the prompt and how many tokens of the answer were scored. */
+export function sequenceId(promptId: string, tokens: number): string {
+  return `${promptId}#${tokens}`;
+}
+
+/** The prompt a sequence id names. */
+export function sequencePrompt(sequence: string): string {
+  const at = sequence.lastIndexOf("#");
+  return at < 0 ? sequence : sequence.slice(0, at);
 }
 
 /**
@@ -175,7 +229,13 @@ export function pickShape(
   test: TrafficTest,
 ): RequestShape | undefined {
   const temperature = trafficTests[test].temperature;
-  const fitting = shapes.filter((s) => copiableShape(s) && s.params["temperature"] === temperature);
+  const fitting = shapes.filter(
+    (s) =>
+      copiableShape(s) &&
+      s.params["temperature"] === temperature &&
+      // A logprob challenge copies a chat client that asked for log-probabilities.
+      (test !== "logprob" || (s.dialect === "chat" && s.params["logprobs"] === true)),
+  );
   return pick(rng, fitting);
 }
 

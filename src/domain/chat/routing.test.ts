@@ -221,6 +221,8 @@ describe("provider preferences in routing (OpenRouter's provider object)", () =>
     expect(used({ tool_choice: "none" })).toEqual([]);
     expect(used({ response_format: { type: "json_schema" } })).toEqual(["json_schema"]);
     expect(used({ response_format: { type: "json_object" } })).toEqual([]);
+    expect(used({ logprobs: true, top_logprobs: 3 })).toEqual(["logprobs"]);
+    expect(used({ logprobs: false })).toEqual([]);
   });
 });
 

@@ -107,7 +107,7 @@ function failCooling(list: readonly Candidate[], soonestMs: number): never {
 /**
  * The features a request uses that an offer's verification can prove (`require_parameters`):
  * tools (a non-empty `tools` or a `tool_choice` other than "none"), a `response_format` of type
- * `json_schema`, and usage on a stream (the gateway always asks for it there).
+ * `json_schema`, usage on a stream (the gateway always asks for it there), and `logprobs: true`.
  */
 export function requiredFeatures(req: ChatRequest): OfferFeature[] {
   const features: OfferFeature[] = [];
@@ -126,6 +126,7 @@ export function requiredFeatures(req: ChatRequest): OfferFeature[] {
   )
     features.push("json_schema");
   if (req.stream) features.push("stream_usage");
+  if (req.body["logprobs"] === true) features.push("logprobs");
   return features;
 }
 

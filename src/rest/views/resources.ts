@@ -33,6 +33,7 @@ import {
 import { component, Hex32 } from "../../schema/common.js";
 import { protoView } from "./proto-view.js";
 import { maxTokenDecimals } from "../../domain/token-units.js";
+import { offerFeatures } from "../../domain/offer-features.js";
 import { auditFields, offerAuditResource } from "./audits.js";
 
 /**
@@ -211,9 +212,9 @@ export const offerResource = protoView(OfferSchema, "Offer", {
         "When the offer's cooldown ends (Unix seconds): its provider answered 429 (or 503 with Retry-After) and no gateway process routes to it until then (a request pinned to it gets 503 offer_cooling_down with Retry-After). Null when it is not cooling down, and in answers other than the catalog's.",
     },
     verified_features: {
-      schema: Type.Unsafe<string>({ enum: ["tools", "json_schema", "stream_usage"] }),
+      schema: Type.Unsafe<string>({ enum: [...offerFeatures] }),
       description:
-        "Features the endpoint's last successful verification proved: tools (a tool call answered), json_schema (a response_format json_schema answered with parseable JSON), stream_usage (a stream carried usage). provider.require_parameters routes only to offers that proved every feature a request uses.",
+        "Features the endpoint's last successful verification proved: tools (a tool call answered), json_schema (a response_format json_schema answered with parseable JSON), stream_usage (a stream carried usage), logprobs (a temperature-0 completion's log-probabilities spelled its text and passed the gateway's checks; offers with it also get logprob audits). provider.require_parameters routes only to offers that proved every feature a request uses.",
     },
   },
 });
