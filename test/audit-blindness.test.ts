@@ -1,4 +1,5 @@
 import type { IncomingHttpHeaders } from "node:http";
+import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { AuditOutcome } from "../src/domain/audits/runner.js";
 import { judgeMarket } from "../src/domain/audits/evidence.js";
@@ -6,7 +7,9 @@ import type { ModelAuditInput, OfferAuditVerdict } from "../src/domain/audits/ty
 import { seededRandom } from "../src/domain/audits/random.js";
 import { loadAuditCorpus } from "../src/adapters/audits/corpus.js";
 import { ksTwoSample, startAuditStack, type AuditStack } from "./helpers/audits.js";
+import { authorizeKey } from "./helpers/authorize.js";
 import type { FakeRequest } from "./helpers/fake-upstream.js";
+import { openPermit } from "./helpers/market.js";
 
 /**
  * Issue 39, acceptance: "An audit request cannot be told from a client's by anything the
@@ -16,7 +19,8 @@ import type { FakeRequest } from "./helpers/fake-upstream.js";
  * The attack is the provider's: it sees every request the gateway sends it (a real HTTP fake
  * upstream records them) and looks for anything that sets audits apart. A client mix (several
  * SDKs' framings: compact, Python-spaced and pretty JSON, the Messages and Responses dialects,
- * streamed or not, temperature 0 and 1, one with a `user`) and the auditor run against it on
+ * streamed or not, temperature 0 and 1, one with a `user`; from three payers, since an audit
+ * copies only what several payers send) and the auditor run against it on
  * one virtual timeline: client arrivals a seeded Poisson process, the auditor's its own
  * schedule (`nextDelayMs`), each request sent at its turn, so what the provider receives is
  * compared field by field, and the arrival times by a two-sample Kolmogorov–Smirnov test.
@@ -124,15 +128,17 @@ const profiles: Profile[] = [
 let a: AuditStack;
 let vnow = Date.now();
 let clientCount = 0;
+/** The clients' payers' permits (an audit copies what several payers send: shapes.ts). */
+const clientPermits: Hex[] = [];
 
-async function sendClient(profile: Profile): Promise<void> {
+async function sendClient(profile: Profile, permitId: Hex): Promise<void> {
   clientCount += 1;
   const res = await fetch(`${a.gateway.url}${profile.path}`, {
     method: "POST",
     headers: {
       authorization: `Bearer ${a.stack.apiKey}`,
       "content-type": "application/json",
-      "x-gateway-permit": a.clientPermit,
+      "x-gateway-permit": permitId,
     },
     body: layouts[profile.layout](profile.body(`client question number ${clientCount}`)),
   });
@@ -180,10 +186,21 @@ beforeAll(async () => {
       },
     },
   );
+  // Three payers (the demo payer, anvil's accounts 5 and 6), their permits spent by one key.
+  clientPermits.push(a.clientPermit);
+  for (const account of a.stack.anvil.accounts.slice(5, 7)) {
+    const permitId = await openPermit(a.stack, {
+      deposit: 10n ** 24n,
+      payerPrivateKey: account.privateKey,
+    });
+    await authorizeKey(a.gateway.url, a.stack.apiKey, account.privateKey, { permitId });
+    clientPermits.push(permitId);
+  }
   const runner = a.gateway.audits!;
   const chats = () => a.fake.requests.filter((r) => r.path === "/v1/chat/completions");
   // Warm-up: the auditor learns what clients send (none of it is compared).
-  for (const profile of [...profiles, ...profiles]) await sendClient(profile);
+  for (const permitId of clientPermits)
+    for (const profile of profiles) await sendClient(profile, permitId);
   const rng = seededRandom(7);
   let nextClient = vnow - Math.log(1 - rng()) / clientRatePerMs;
   let nextAudit = vnow + runner.nextDelayMs(1);
@@ -200,7 +217,8 @@ beforeAll(async () => {
       audits += 1;
       nextAudit = vnow + runner.nextDelayMs(1);
     } else {
-      await sendClient(profiles[Math.floor(rng() * profiles.length)]!);
+      const profile = profiles[Math.floor(rng() * profiles.length)]!;
+      await sendClient(profile, clientPermits[clientCount % clientPermits.length]!);
       nextClient = vnow - Math.log(1 - rng()) / clientRatePerMs;
     }
     const after = chats();

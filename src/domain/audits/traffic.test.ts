@@ -129,7 +129,7 @@ describe("an audit framed as a client's request", async () => {
   });
 
   it("the sample keeps the last shapes of each model, never the auditor's own", () => {
-    const sample = createShapeSample({ ignoredKey: () => "key_audit", size: 2 });
+    const sample = createShapeSample({ ignoredKey: () => "key_audit", size: 3 });
     const req = (t: number) =>
       parseChatRequest(
         encoder.encode(
@@ -137,14 +137,15 @@ describe("an audit framed as a client's request", async () => {
         ),
         bounds,
       );
-    sample.observe(modelId, req(0), undefined, "key_client");
-    sample.observe(modelId, req(1), "messages", "key_client");
-    sample.observe(modelId, req(2), undefined, "key_audit");
-    sample.observe(modelId, req(3), undefined, "key_client");
-    expect(sample.shapes(modelId).map((s) => [s.dialect, s.params["temperature"]])).toEqual([
-      ["messages", 1],
-      ["chat", 3],
-    ]);
+    const payer = (n: number): Hex => `0x${String(n).repeat(40)}`;
+    // The first falls out of the sample; the auditor's own (temperature 0.5) is never in it.
+    sample.observe(modelId, req(1), undefined, "key_client", payer(5));
+    sample.observe(modelId, req(1), undefined, "key_client", payer(1));
+    sample.observe(modelId, req(0.5), undefined, "key_audit", payer(4));
+    sample.observe(modelId, req(1), undefined, "key_client", payer(2));
+    sample.observe(modelId, req(1), undefined, "key_client", payer(3));
+    sample.observe(`0x${"22".repeat(32)}`, req(0), undefined, "key_client", payer(6));
+    expect(sample.shapes(modelId).map((s) => s.params["temperature"])).toEqual([1, 1, 1]);
   });
 
   it("MMD prompts are one draw per model and period, the same for every offer", () => {

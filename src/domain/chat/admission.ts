@@ -196,6 +196,9 @@ export async function admit(p: Admitting, turn: ChatTurn, routed: Routed): Promi
     );
   }
   const grant = admittedBy;
+  // Only now, admitted (authorized, reserved: paid for), is the request's shape seen by the
+  // audits' sample (src/domain/audits/shapes.ts): a refused request frames no audit.
+  p.deps.observeRequest?.(model.modelId, req, input.dialect, input.apiKeyId, permit.payer);
   const warning = await thresholdReached(p, grant, now);
   trace?.admitted({
     requestId,

@@ -209,7 +209,6 @@ async function run(p: Pipeline, turn: ChatTurn): Promise<void> {
       : await boundQuote(p.deps.quotes, input.quoteId, input.apiKeyId, req, now);
   if (quote !== undefined) trace?.step("quote");
   const { model, offers } = await p.deps.catalog.routingView(req.model);
-  p.deps.observeRequest?.(model.modelId, req, input.dialect, input.apiKeyId);
   if (quote !== undefined) {
     const offer = offers.find((o) => o.offerId === quote.offerId);
     if (offer === undefined || offer.tariff.version !== quote.tariffVersion) {

@@ -261,8 +261,10 @@ export interface ChatObserver {
 export interface InferenceDeps {
   readonly catalog: Catalog;
   /**
-   * Sees each chat request made with an API key once its model is known (the audits' sample of
-   * what clients' requests look like, never what they say: src/domain/audits/shapes.ts).
+   * Sees each chat request once it is admitted (reserved on its permit; never a refused one),
+   * with the payer whose permit pays for it (an x402 request's: the paying address): the
+   * audits' sample of what clients' requests look like, never what they say
+   * (src/domain/audits/shapes.ts).
    */
   readonly observeRequest?:
     | ((
@@ -270,6 +272,7 @@ export interface InferenceDeps {
         req: ChatRequest,
         dialect: "responses" | "messages" | undefined,
         apiKeyId: string,
+        payer: Hex,
       ) => void)
     | undefined;
   readonly permits: PermitReader;
