@@ -7,9 +7,7 @@ import type { ModelAuditInput, OfferAuditVerdict } from "../src/domain/audits/ty
 import { seededRandom } from "../src/domain/audits/random.js";
 import { loadAuditCorpus } from "../src/adapters/audits/corpus.js";
 import { ksTwoSample, startAuditStack, type AuditStack } from "./helpers/audits.js";
-import { authorizeKey } from "./helpers/authorize.js";
 import type { FakeRequest } from "./helpers/fake-upstream.js";
-import { openPermit } from "./helpers/market.js";
 
 /**
  * Issue 39, acceptance: "An audit request cannot be told from a client's by anything the
@@ -187,15 +185,7 @@ beforeAll(async () => {
     },
   );
   // Three payers (the demo payer, anvil's accounts 5 and 6), their permits spent by one key.
-  clientPermits.push(a.clientPermit);
-  for (const account of a.stack.anvil.accounts.slice(5, 7)) {
-    const permitId = await openPermit(a.stack, {
-      deposit: 10n ** 24n,
-      payerPrivateKey: account.privateKey,
-    });
-    await authorizeKey(a.gateway.url, a.stack.apiKey, account.privateKey, { permitId });
-    clientPermits.push(permitId);
-  }
+  clientPermits.push(...a.clientPermits);
   const runner = a.gateway.audits!;
   const chats = () => a.fake.requests.filter((r) => r.path === "/v1/chat/completions");
   // Warm-up: the auditor learns what clients send (none of it is compared).

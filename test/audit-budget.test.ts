@@ -26,13 +26,18 @@ let perAudit = 0n;
 let budgetDay = "";
 const budgetAudits = 4n;
 
+/** A client's request from each of the stack's three payers (audits copy only those). */
 async function sendClient(temperature: number): Promise<void> {
+  for (const permitId of a.clientPermits) await sendOne(temperature, permitId);
+}
+
+async function sendOne(temperature: number, permitId: Hex): Promise<void> {
   const res = await fetch(`${a.gateway.url}/v1/chat/completions`, {
     method: "POST",
     headers: {
       authorization: `Bearer ${a.stack.apiKey}`,
       "content-type": "application/json",
-      "x-gateway-permit": a.clientPermit,
+      "x-gateway-permit": permitId,
     },
     body: JSON.stringify({
       model: "demo-chat",

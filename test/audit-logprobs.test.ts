@@ -81,13 +81,13 @@ let vnow = Date.UTC(2026, 10, 30, 12);
 const reference = createReferenceLm(901);
 const referenceDist: Distribution = (c) => reference.logProbs(c);
 
-async function client(extra: Record<string, unknown> = {}) {
+async function client(extra: Record<string, unknown> = {}, permitId: Hex = a.clientPermit) {
   return fetch(`${a.gateway.url}/v1/chat/completions`, {
     method: "POST",
     headers: {
       authorization: `Bearer ${a.stack.apiKey}`,
       "content-type": "application/json",
-      "x-gateway-permit": a.clientPermit,
+      "x-gateway-permit": permitId,
     },
     body: JSON.stringify({
       model: "demo-chat",
@@ -164,6 +164,9 @@ describe("logprob audits", () => {
       timeout: 600_000,
     },
     async () => {
+      // The other two payers ask the same (an audit copies a framing three payers sent).
+      for (const permitId of a.clientPermits.slice(1))
+        expect((await client({}, permitId)).status).toBe(200);
       const runner = a.gateway.audits!;
       const outcomes: AuditOutcome[] = [];
       let verdicts = await runner.evaluate();

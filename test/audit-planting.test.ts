@@ -52,15 +52,7 @@ beforeAll(async () => {
   const accounts = stack.anvil.accounts;
   // The honest payers: the demo payer and anvil's accounts 5 and 6, their permits spent by the
   // stack's key.
-  const honest: Hex[] = [a.clientPermit];
-  for (const account of accounts.slice(5, 7)) {
-    const permitId = await openPermit(stack, {
-      deposit: 10n ** 24n,
-      payerPrivateKey: account.privateKey,
-    });
-    await authorizeKey(a.gateway.url, stack.apiKey, account.privateKey, { permitId });
-    honest.push(permitId);
-  }
+  const honest = a.clientPermits;
   // The provider as a client: its own key, a funded permit of account 7, and a permit that
   // cannot pay for anything from each of accounts 7, 8 and 9.
   const attackerKey = (await createApiKey(stack.database.db.pool, "attacker")).key;

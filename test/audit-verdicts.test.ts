@@ -47,13 +47,17 @@ let fakeHonest: FakeUpstream;
 let impostor: Hex;
 let vnow = Date.UTC(2026, 10, 30, 12);
 
-async function client(temperature: number, extra: Record<string, unknown> = {}) {
+async function client(
+  temperature: number,
+  extra: Record<string, unknown> = {},
+  permitId: Hex = a.clientPermit,
+) {
   return fetch(`${a.gateway.url}/v1/chat/completions`, {
     method: "POST",
     headers: {
       authorization: `Bearer ${a.stack.apiKey}`,
       "content-type": "application/json",
-      "x-gateway-permit": a.clientPermit,
+      "x-gateway-permit": permitId,
     },
     body: JSON.stringify({
       model: "demo-chat",
@@ -88,15 +92,16 @@ afterAll(async () => {
 describe("audits end to end: an offer serving another model is found and taken out of routing", () => {
   it("the blind audits' evidence flags the impostor beyond the exclusion threshold, never the anchor, and routing follows", async () => {
     // Before: the cheaper offer (the impostor) gets the clients. Their framings, at the
-    // temperatures the audits use, are what the audits copy.
+    // temperatures the audits use, are what the audits copy (sent by three payers).
     const before = a.fake.calls("/v1/chat/completions");
-    for (const t of [0, 1, 0, 1]) {
-      const res = await client(t);
-      expect(res.status).toBe(200);
-      expect(res.headers.get("x-gateway-offer-id")?.toLowerCase()).toBe(impostor.toLowerCase());
-      await res.text();
-    }
-    expect(a.fake.calls("/v1/chat/completions")).toBe(before + 4);
+    for (const permitId of a.clientPermits)
+      for (const t of [0, 1]) {
+        const res = await client(t, {}, permitId);
+        expect(res.status).toBe(200);
+        expect(res.headers.get("x-gateway-offer-id")?.toLowerCase()).toBe(impostor.toLowerCase());
+        await res.text();
+      }
+    expect(a.fake.calls("/v1/chat/completions")).toBe(before + 6);
 
     const runner = a.gateway.audits!;
     const outcomes: AuditOutcome[] = [];

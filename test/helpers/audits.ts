@@ -25,6 +25,12 @@ export interface AuditStack {
   readonly auditKeyId: string;
   /** A permit of a client (the demo payer's, spent with the stack's key). */
   readonly clientPermit: Hex;
+  /**
+   * Permits of three client payers (the demo payer's first, then anvil's accounts 5 and 6),
+   * each spent with the stack's key: an audit copies only a framing several payers sent
+   * (src/domain/audits/shapes.ts), so clients whose framing audits copy send from all three.
+   */
+  readonly clientPermits: readonly Hex[];
   /** The gateway now (restartWith replaces it). */
   gateway: Gateway;
   /** Stops the gateway and starts it again with these audit settings and options. */
@@ -43,6 +49,15 @@ export async function startAuditStack(
   try {
     const modelId = stack.demo.models[0]!.modelId;
     const clientPermit = await openPermit(stack, { deposit: 10n ** 24n });
+    const clientPermits: Hex[] = [clientPermit];
+    for (const account of stack.anvil.accounts.slice(5, 7)) {
+      const permitId = await openPermit(stack, {
+        deposit: 10n ** 24n,
+        payerPrivateKey: account.privateKey,
+      });
+      await authorizeKey(stack.gateway.url, stack.apiKey, account.privateKey, { permitId });
+      clientPermits.push(permitId);
+    }
     const auditPermit = await openPermit(stack, { deposit: 10n ** 24n });
     const auditKey = (await createApiKey(stack.database.db.pool, "audits")).key;
     auditSecret("api key", auditKey);
@@ -75,6 +90,7 @@ export async function startAuditStack(
       auditPermit,
       auditKeyId: apiKeyIdOf(auditKey),
       clientPermit,
+      clientPermits,
       gateway: await start(settings, options),
       async restartWith(set, opts) {
         audited.gateway = await start(set, opts);
