@@ -19,6 +19,7 @@ import { openDatabase, type Database } from "../src/adapters/pg/database.js";
 import { migrate } from "../src/adapters/pg/migrate.js";
 import { createPgSettlementStore } from "../src/adapters/pg/settlement.js";
 import { demoMetadata, demoTariff, id32 } from "../src/dev/demo-market.js";
+import { seededRandom } from "../src/domain/audits/random.js";
 import {
   createSettlementFlusher,
   type BatchReport,
@@ -26,7 +27,6 @@ import {
   type SettlementStore,
 } from "../src/domain/settlement/index.js";
 import { createLogger } from "../src/runtime/logger.js";
-import { prng } from "./lib/prng.js";
 import { intSetting } from "./lib/settings.js";
 import { createBenchDatabase } from "./lib/setup.js";
 
@@ -88,7 +88,7 @@ const price = (input: number, output: number): bigint =>
  * apart, oldest first.
  */
 function planRequests(charges: number, permits: number): PlannedRequest[] {
-  const rng = prng(20_261_122);
+  const rng = seededRandom(20_261_122);
   const maxOutput = 1024;
   const start = Math.floor(Date.now() / 1000) - charges - 60;
   return Array.from({ length: charges }, (_, i) => {

@@ -10,14 +10,14 @@ import {
   type SqlQuery,
 } from "../src/adapters/pg/activity.js";
 import { createApiKey } from "../src/adapters/pg/api-keys.js";
-import { buildReadPayerRequestsTypedData } from "../src/domain/permit-authorization/index.js";
 import { seededRecord, seedRequests, type SeedSpec } from "./helpers/activity-seed.js";
-import { authorizeKey, signable } from "./helpers/authorize.js";
+import { authorizeKey } from "./helpers/authorize.js";
 import { grpcClient, grpcUnary } from "./helpers/grpc.js";
 import { testDatabaseUrl } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { openPermit } from "./helpers/market.js";
 import { json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { payerCredential } from "./helpers/x402.js";
 
 /**
  * Issue 38, item 1: a key's requests (GET /v1/requests), the usage of a key or a permit
@@ -45,25 +45,7 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
   }, 120_000);
 
   /** A payer's ReadPayerRequests credential (`Authorization: Payer ...`), signed by `privateKey`. */
-  async function payerToken(privateKey: Hex): Promise<string> {
-    const payer = privateKeyToAccount(privateKey);
-    const deployment = (await get("/v1/gateway")).body.deployment as string;
-    const message = {
-      payer: payer.address,
-      deployment,
-      expiresAt: Math.floor(Date.now() / 1000) + 300,
-    };
-    const signature = await payer.signTypedData(
-      signable(
-        buildReadPayerRequestsTypedData({
-          chainId: stack.config.chainId,
-          market: stack.demo.market,
-          message,
-        }) as never,
-      ),
-    );
-    return `Payer payer=${payer.address}, deployment="${deployment}", expires_at=${message.expiresAt}, signature=${signature}`;
-  }
+  const payerToken = (privateKey: Hex) => payerCredential(stack, privateKeyToAccount(privateKey));
   afterAll(async () => {
     await fake?.stop();
     await stack?.close();
@@ -226,22 +208,7 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
       stack.demo.permitId,
     ]);
     await seedRequests(stack.database.db.pool, spec);
-    const deployment = (await get("/v1/gateway")).body.deployment as string;
-    const message = {
-      payer: payer.address,
-      deployment,
-      expiresAt: Math.floor(Date.now() / 1000) + 300,
-    };
-    const signature = await payer.signTypedData(
-      signable(
-        buildReadPayerRequestsTypedData({
-          chainId: stack.config.chainId,
-          market: stack.demo.market,
-          message,
-        }) as never,
-      ),
-    );
-    const token = `Payer payer=${payer.address}, deployment="${deployment}", expires_at=${message.expiresAt}, signature=${signature}`;
+    const token = await payerCredential(stack, payer);
     const listed = await get("/v1/requests", token);
     expect(listed.status).toBe(200);
     expect((listed.body.data as Json[]).length).toBe(7);

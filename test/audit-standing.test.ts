@@ -1,7 +1,6 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readAuditStandings, saveAuditVerdicts } from "../src/adapters/pg/audits.js";
-import { startGateway, type Gateway } from "../src/app.js";
 import { runAuditsCommand } from "../src/cli/audits.js";
 import { verifyOffer } from "../src/clients/provider.js";
 import type { AuditState, OfferAuditVerdict } from "../src/domain/audits/types.js";
@@ -9,6 +8,7 @@ import { describeIfPostgres } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { secondChatOffer } from "./helpers/market.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { demoChat, useTwoGateways } from "./helpers/two-gateways.js";
 
 /**
  * Offers serve the model they sell (issue 39, item 4 and the acceptance line "an offer beyond
@@ -55,26 +55,13 @@ interface AuditView {
   model_mismatch: boolean;
 }
 
-function twoOfferChat(stack: () => TestStack) {
-  return (body: object = {}, via?: Gateway) =>
-    fetch(`${(via ?? stack().gateway).url}${chatPath}`, {
-      method: "POST",
-      headers: {
-        authorization: `Bearer ${stack().apiKey}`,
-        "content-type": "application/json",
-        "x-gateway-permit": stack().demo.permitId,
-      },
-      body: JSON.stringify({ model: "demo-chat", messages, ...body }),
-    });
-}
-
 describe("an offer its audits exclude receives no client request until it verifies again", () => {
   let stack: TestStack;
   let fakeA: FakeUpstream;
   let fakeB: FakeUpstream;
   let a: Hex;
   let b: Hex;
-  const chat = twoOfferChat(() => stack);
+  const chat = demoChat(() => stack);
   /** Writes the verdicts as the judging process does, and runs this process's round now. */
   const judge = async (verdicts: OfferAuditVerdict[], readAtMs = Date.now()) => {
     await saveAuditVerdicts(stack.database.db.pool, verdicts, { readAtMs, nowMs: Date.now() });
@@ -327,33 +314,11 @@ describe("an offer its audits exclude receives no client request until it verifi
 });
 
 describeIfPostgres("two gateway processes agree on an audit exclusion", () => {
-  let stack: TestStack;
-  let second: Gateway;
-  let fakeA: FakeUpstream;
-  let fakeB: FakeUpstream;
-  let a: Hex;
-  let b: Hex;
-  const chat = twoOfferChat(() => stack);
-
-  beforeAll(async () => {
-    const started = await startChatStack({ PERMIT_CACHE_MS: "0" });
-    stack = started.stack;
-    fakeA = started.fake;
-    a = started.chatOffer;
-    ({ b, fakeB } = await secondChatOffer(stack));
-    second = await startGateway(stack.config, {
-      logger: stack.logger,
-      database: stack.database.db,
-    });
-  }, 120_000);
-  afterAll(async () => {
-    await second?.close();
-    await fakeB?.stop();
-    await fakeA?.stop();
-    await stack?.close();
-  });
+  const two = useTwoGateways();
+  const chat = demoChat(() => two().stack);
 
   it("the process that did not write the verdict stops routing to the offer after its round", async () => {
+    const { stack, second, fakeA, a, b } = two();
     const first = await chat({}, second);
     expect(first.status).toBe(200);
     expect(first.headers.get("x-gateway-offer-id")).toBe(a);

@@ -23,7 +23,7 @@ import {
 } from "../src/domain/permit-authorization/index.js";
 import { startGateway, type Gateway } from "../src/app.js";
 import { authorizeKey, type AuthorizationView } from "./helpers/authorize.js";
-import { createTestDatabase, describeIfPostgres, type TestDatabase } from "./helpers/db.js";
+import { describeIfPostgres, useTestDatabase } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { completion, hex32, NOW, reservation } from "./helpers/ledger.js";
 import { auditSecret } from "./helpers/log-audit.js";
@@ -37,15 +37,13 @@ import { authed, eventually, json, startChatStack, type TestStack } from "./help
  * `now` its admission passes (domain/chat/admission.ts `reservationThrough`).
  */
 describeIfPostgres("a daily cap shared by two gateway processes (issue 38)", () => {
-  let test: TestDatabase;
+  const test = useTestDatabase();
   let b: Database;
   beforeAll(async () => {
-    test = await createTestDatabase();
     b = await openDatabase({ url: test.url! });
   });
   afterAll(async () => {
     await b?.close();
-    await test?.drop();
   });
 
   async function periodLedger(client: pg.Client | pg.Pool, authorizationId: string) {

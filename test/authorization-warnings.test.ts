@@ -7,7 +7,7 @@ import { createApiKey } from "../src/adapters/pg/api-keys.js";
 import { createAuthorizationThresholds } from "../src/adapters/pg/authorization-warnings.js";
 import { insertPermitAuthorization } from "../src/adapters/pg/permit-authorizations.js";
 import { authorizeKey, signable, type AuthorizationView } from "./helpers/authorize.js";
-import { createTestDatabase, describeIfPostgres, type TestDatabase } from "./helpers/db.js";
+import { describeIfPostgres, useTestDatabase } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { hex32, NOW } from "./helpers/ledger.js";
 import { openPermit } from "./helpers/market.js";
@@ -283,10 +283,9 @@ describe("a payer's soft threshold on an authorization", () => {
  * connections) measuring the same crossed authorization together find exactly one crossing.
  */
 describeIfPostgres("a soft threshold's crossing, across processes", () => {
-  let test: TestDatabase;
+  const test = useTestDatabase();
   let other: pg.Pool;
   beforeAll(async () => {
-    test = await createTestDatabase();
     other = new pg.Pool({ connectionString: test.url!, max: 8 });
     // The database dropped (FORCE) at the end may still reach an idle client of this pool with
     // 57P01: pg-pool re-emits it on the pool, where it must not be an uncaught error.
@@ -294,7 +293,6 @@ describeIfPostgres("a soft threshold's crossing, across processes", () => {
   });
   afterAll(async () => {
     await other?.end();
-    await test?.drop();
   });
 
   it("marks exactly one of many concurrent measures as the crossing, and again once the period rolls over", async () => {

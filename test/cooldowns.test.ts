@@ -1,11 +1,11 @@
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startGateway, type Gateway } from "../src/app.js";
 import { priceCredits } from "../src/domain/pricing.js";
 import { describeIfPostgres } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { dearerTariff, secondChatOffer } from "./helpers/market.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
+import { demoChat, useTwoGateways } from "./helpers/two-gateways.js";
 
 /**
  * A provider's 429 honoured (issue 38, item 5; docs/decisions/providers-and-routing.md
@@ -26,13 +26,6 @@ interface ClosedRow {
   input_tokens: string;
   output_tokens: string;
   charges: string;
-}
-
-/** Two offers on their own fake providers, the second dearer; started on `stack`. */
-async function twoOffers(stack: TestStack, a: FakeUpstream) {
-  const second = await secondChatOffer(stack);
-  a.setOptions({ failStatus: undefined, responseHeaders: undefined });
-  return second;
 }
 
 /** The request's record once closed, with its count of charges (inference_charges rows). */
@@ -63,16 +56,7 @@ describe("a provider's 429 takes its offer out of routing for the time it asked"
   let held: number | undefined;
   const clock = () => held ?? Math.floor(Date.now() / 1000);
 
-  const chat = (body: object, via: string = stack.gateway.url) =>
-    fetch(`${via}${chatPath}`, {
-      method: "POST",
-      headers: {
-        authorization: `Bearer ${stack.apiKey}`,
-        "content-type": "application/json",
-        "x-gateway-permit": stack.demo.permitId,
-      },
-      body: JSON.stringify({ model: "demo-chat", messages, ...body }),
-    });
+  const chat = demoChat(() => stack);
   /** A served answer: the offer that served it, its request id and the charge it shows. */
   const served = async (body: object = {}) => {
     const res = await chat(body);
@@ -100,7 +84,7 @@ describe("a provider's 429 takes its offer out of routing for the time it asked"
     stack = started.stack;
     fakeA = started.fake;
     a = started.chatOffer;
-    ({ b, fakeB } = await twoOffers(stack, fakeA));
+    ({ b, fakeB } = await secondChatOffer(stack));
   }, 120_000);
   afterAll(async () => {
     await fakeB?.stop();
@@ -202,49 +186,17 @@ describe("a provider's 429 takes its offer out of routing for the time it asked"
 });
 
 describeIfPostgres("two gateway processes share a cooldown", () => {
-  let stack: TestStack;
-  let second: Gateway;
-  let fakeA: FakeUpstream;
-  let fakeB: FakeUpstream;
-  let a: Hex;
-  let b: Hex;
-
-  const chat = (via: Gateway, body: object = {}) =>
-    fetch(`${via.url}${chatPath}`, {
-      method: "POST",
-      headers: {
-        authorization: `Bearer ${stack.apiKey}`,
-        "content-type": "application/json",
-        "x-gateway-permit": stack.demo.permitId,
-      },
-      body: JSON.stringify({ model: "demo-chat", messages, ...body }),
-    });
-
-  beforeAll(async () => {
-    const started = await startChatStack({ PERMIT_CACHE_MS: "0" });
-    stack = started.stack;
-    fakeA = started.fake;
-    a = started.chatOffer;
-    ({ b, fakeB } = await twoOffers(stack, fakeA));
-    second = await startGateway(stack.config, {
-      logger: stack.logger,
-      database: stack.database.db,
-    });
-  }, 120_000);
-  afterAll(async () => {
-    await second?.close();
-    await fakeB?.stop();
-    await fakeA?.stop();
-    await stack?.close();
-  });
+  const two = useTwoGateways();
+  const chat = demoChat(() => two().stack);
 
   it("the process that did not see the 429 does not call the cooling offer", async () => {
-    const first = await chat(second);
+    const { stack, second, fakeA, a, b } = two();
+    const first = await chat({}, second);
     expect(first.status).toBe(200);
     expect(first.headers.get("x-gateway-offer-id")).toBe(a);
     fakeA.setOptions({ failStatus: 429, responseHeaders: { "retry-after": "30" } });
     const callsA = fakeA.calls(chatPath);
-    const failedOver = await chat(stack.gateway);
+    const failedOver = await chat();
     expect(failedOver.status).toBe(200);
     expect(failedOver.headers.get("x-gateway-offer-id")).toBe(b);
     expect(fakeA.calls(chatPath)).toBe(callsA + 1);
@@ -266,12 +218,12 @@ describeIfPostgres("two gateway processes share a cooldown", () => {
       100,
     );
     for (let i = 0; i < 3; i++) {
-      const res = await chat(second, i % 2 === 0 ? {} : { stream: true });
+      const res = await chat(i % 2 === 0 ? {} : { stream: true }, second);
       await res.text();
       expect(res.status).toBe(200);
       expect(res.headers.get("x-gateway-offer-id")).toBe(b);
     }
-    const pinned = await chat(second, { offer: a });
+    const pinned = await chat({ offer: a }, second);
     expect(pinned.status).toBe(503);
     expect((await json(pinned)).error.code).toBe("offer_cooling_down");
     const retryAfter = Number(pinned.headers.get("retry-after"));

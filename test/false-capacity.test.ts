@@ -5,7 +5,7 @@ import {
   type LedgerBatcher,
   type ReserveInput,
 } from "../src/adapters/pg/ledger/index.js";
-import { createTestDatabase, describeIfPostgres, type TestDatabase } from "./helpers/db.js";
+import { describeIfPostgres, useTestDatabase } from "./helpers/db.js";
 import { completion, hex32, reservation } from "./helpers/ledger.js";
 
 /**
@@ -36,7 +36,7 @@ describeIfPostgres("offer capacity after a plain VACUUM of a small ledger", () =
   const statementMs = 1_000;
   const offerId = hex32();
   const permitId = hex32();
-  let test: TestDatabase;
+  const test = useTestDatabase();
   /** One connection, as one of the gateway's: the plan cache is per connection. */
   let pool: pg.Pool;
   let ledger: LedgerBatcher;
@@ -74,7 +74,6 @@ describeIfPostgres("offer capacity after a plain VACUUM of a small ledger", () =
   }
 
   beforeAll(async () => {
-    test = await createTestDatabase();
     // The measured server runs with autovacuum off; an autoanalyze would replan (and hide it).
     for (const table of ["inference_requests", "quotes", "offer_loads", "permit_ledgers"]) {
       await test.db.pool.query(`ALTER TABLE ${table} SET (autovacuum_enabled = false)`);
@@ -111,7 +110,6 @@ describeIfPostgres("offer capacity after a plain VACUUM of a small ledger", () =
 
   afterAll(async () => {
     await pool?.end();
-    await test?.drop();
   });
 
   it("closes keep up, so a finished request never holds its offer slot", async () => {

@@ -21,7 +21,7 @@ import { isEligible } from "../src/domain/catalog.js";
 import { demoMetadata, demoTariff, id32 } from "../src/dev/demo-market.js";
 import { rawModelArb, rawOfferArb } from "./helpers/chain-values.js";
 import { testModel, testOffer, now } from "./helpers/chat-market.js";
-import { createTestDatabase, type TestDatabase } from "./helpers/db.js";
+import { createTestDatabase, useTestDatabase } from "./helpers/db.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { authed, eventually, json, startChatStack, type TestStack } from "./helpers/stack.js";
 
@@ -70,13 +70,9 @@ describe("quarantine: eligibility", () => {
 });
 
 describe("quarantine: the database", () => {
-  let database: TestDatabase;
+  const database = useTestDatabase();
   beforeAll(async () => {
-    database = await createTestDatabase();
     await upsertModel(database.db.pool, validModel, 1n);
-  });
-  afterAll(async () => {
-    await database?.drop();
   });
 
   it("accepts the row of any chain offer or model, or its quarantine (no savepoint needed)", async () => {

@@ -19,7 +19,7 @@ import {
 } from "../src/adapters/pg/ledger/index.js";
 import type { ReserveResult } from "../src/domain/chat/ports.js";
 import { insertPermitAuthorization } from "../src/adapters/pg/permit-authorizations.js";
-import { createTestDatabase, describeIfPostgres, type TestDatabase } from "./helpers/db.js";
+import { describeIfPostgres, useTestDatabase } from "./helpers/db.js";
 import {
   completion,
   hex32,
@@ -91,25 +91,23 @@ function poolOf(p: { readonly a: Database; readonly b: Database }, i: number): p
 
 /** One fresh database with two handles on it, as two gateway processes have, for a suite. */
 function twoProcesses(): { readonly a: Database; readonly b: Database; readonly url: string } {
-  let test: TestDatabase | undefined;
+  const test = useTestDatabase();
   let b: Database | undefined;
   beforeAll(async () => {
-    test = await createTestDatabase();
     b = await openDatabase({ url: test.url! });
   });
   afterAll(async () => {
     await b?.close();
-    await test?.drop();
   });
   return {
     get a() {
-      return test!.db;
+      return test.db;
     },
     get b() {
       return b!;
     },
     get url() {
-      return test!.url!;
+      return test.url!;
     },
   };
 }

@@ -5,7 +5,7 @@ import { execFile } from "node:child_process";
 import pg from "pg";
 import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { prng } from "../bench/lib/prng.js";
+import { seededRandom } from "../src/domain/audits/random.js";
 import { marketAbi } from "../gen/contracts/artifacts.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { auditChildLogs } from "./helpers/log-audit.js";
@@ -32,7 +32,7 @@ const seed = Number(process.env.SOAK_SEED ?? Date.now() % 1_000_000);
 const orphanSeconds = 3;
 const maxTokens = 16;
 
-const random = prng(seed);
+const random = seededRandom(seed);
 const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
 
 interface SoakPermit {

@@ -6,17 +6,15 @@ import { startAnvil, type AnvilInstance } from "../src/adapters/chain/anvil.js";
 import { startGateway } from "../src/app.js";
 import { parseConfig } from "../src/config.js";
 import { createLogger } from "../src/runtime/logger.js";
-import { createTestDatabase, type TestDatabase } from "./helpers/db.js";
+import { useTestDatabase } from "./helpers/db.js";
 
 describe("startup checks", () => {
   let anvil: AnvilInstance;
-  let database: TestDatabase;
+  const database = useTestDatabase();
   beforeAll(async () => {
     anvil = await startAnvil({ chainId: 31337 });
-    database = await createTestDatabase();
   });
   afterAll(async () => {
-    await database?.drop();
     await anvil?.stop();
   });
 

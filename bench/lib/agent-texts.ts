@@ -1,4 +1,4 @@
-import { prng } from "./prng.js";
+import { seededRandom } from "../../src/domain/audits/random.js";
 
 /**
  * The texts of `npm run bench:agent` (issue 35), all deterministic (seeded), so every run and
@@ -119,7 +119,7 @@ export interface AgentConversation {
 
 /** The agent's conversation (system prompt and six turns of history), the same every call. */
 export function agentConversation(): AgentConversation {
-  const random = prng(35);
+  const random = seededRandom(35);
   const history = [
     { role: "system", content: systemPrompt(random) },
     {
@@ -153,7 +153,7 @@ export function agentBody(
   i: number,
   opts: { model: string; stream: boolean; maxTokens: number; user: string },
 ): string {
-  const random = prng(1000 + (i % 100_000));
+  const random = seededRandom(1000 + (i % 100_000));
   return JSON.stringify({
     model: opts.model,
     messages: [
@@ -175,7 +175,7 @@ export function cjkChunks(chunks: number, size: number): string[] {
     "网关会计量每一个响应服务提供方报告的用量只是一个声明由获得报酬的一方提出网关自己的计数才是测量结果" +
     "如果两者的差异超过容差付款人只需支付较低的那个数字东京的桜は三月の終わりから四月の初めにかけて満開" +
     "长江是中国最长的河流发源于青藏高原流经十一个省级行政区最后注入东海沿岸城市众多经济发达历史悠久";
-  const random = prng(7);
+  const random = seededRandom(7);
   const out: string[] = [];
   for (let c = 0; c < chunks; c++) {
     let piece = "";
@@ -187,7 +187,7 @@ export function cjkChunks(chunks: number, size: number): string[] {
 
 /** English prose (the text the meter has always counted), `chunks` pieces of `words` words. */
 export function proseChunks(chunks: number, wordsEach: number): string[] {
-  const random = prng(13);
+  const random = seededRandom(13);
   return Array.from(
     { length: chunks },
     (_, i) => `${i === 0 ? "" : " "}${prose(random, wordsEach)}`,
@@ -196,7 +196,7 @@ export function proseChunks(chunks: number, wordsEach: number): string[] {
 
 /** Compact JSON (no space anywhere) of about `bytes` bytes: the answer of a JSON-mode call. */
 export function compactJson(bytes: number): string {
-  const random = prng(11);
+  const random = seededRandom(11);
   const items: unknown[] = [];
   let size = 2;
   while (size < bytes) {

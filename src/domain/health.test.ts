@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import { startFakeUpstream, type FakeUpstream } from "../../test/helpers/fake-upstream.js";
-import { createTestDatabase, type TestDatabase } from "../../test/helpers/db.js";
+import { useTestDatabase } from "../../test/helpers/db.js";
 import {
   createPgEndpointHealthStore,
   getEndpointHealth,
@@ -27,7 +27,7 @@ const modelId = `0x${"11".repeat(32)}` as Hex;
 const names = ["acme/llama", modelId];
 const token = "tok-health-secret";
 
-let test: TestDatabase;
+const test = useTestDatabase();
 let db: Queryable;
 let upstream: UpstreamClient;
 let offerCounter = 0;
@@ -42,7 +42,6 @@ const logger = {
 };
 
 beforeAll(async () => {
-  test = await createTestDatabase();
   db = test.db.pool;
   upstream = createUpstreamClient({ allowPrivate: true });
   await db.query(
@@ -55,7 +54,6 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await upstream?.close();
-  await test?.drop();
 });
 
 afterEach(async () => {

@@ -9,6 +9,7 @@ import type {
 } from "./health-types.js";
 import { runVerification } from "./health-verification.js";
 import { normalizeHex } from "./hex.js";
+import { createPeriodic } from "./periodic.js";
 
 /**
  * Liveness and verification of registered provider endpoints.
@@ -37,9 +38,6 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
   // One probe per endpoint at a time, whoever asks (the loop or an on-demand refresh).
   const inflight = new Map<Hex, Promise<boolean>>();
   const refreshing = new Map<Hex, Promise<EndpointHealth | undefined>>();
-  let timer: NodeJS.Timeout | undefined;
-  let round: Promise<unknown> | undefined;
-  let started = false;
   // Aborted by stop(): probes under way end at once and record nothing.
   let stopping = new AbortController();
 
@@ -93,44 +91,35 @@ export function createHealthMonitor(deps: HealthMonitorDeps): HealthMonitor {
     return { probed: endpoints.length, running };
   };
 
-  const loop = (): void => {
-    // In a fleet of gateways sharing one database, an endpoint another process probed in the
-    // last half interval is skipped.
-    const minAgeSeconds = Math.floor(deps.intervalMs / 2000);
-    round = probeAll({ minAgeSeconds })
-      .then(({ probed, running }) => {
-        if (probed > 0) logger.info({ probed, running }, "probed provider endpoints");
-      })
-      .catch((err: unknown) => {
-        logger.warn(
-          { error: err instanceof Error ? err.message : String(err) },
-          "probing provider endpoints failed",
-        );
-      })
-      .finally(() => {
-        if (started) {
-          timer = setTimeout(loop, deps.intervalMs);
-          timer.unref();
-        }
-      });
-  };
+  const rounds = createPeriodic({
+    run: async () => {
+      // In a fleet of gateways sharing one database, an endpoint another process probed in the
+      // last half interval is skipped.
+      const minAgeSeconds = Math.floor(deps.intervalMs / 2000);
+      const { probed, running } = await probeAll({ minAgeSeconds });
+      if (probed > 0) logger.info({ probed, running }, "probed provider endpoints");
+    },
+    intervalMs: deps.intervalMs,
+    onError: (err) =>
+      logger.warn(
+        { error: err instanceof Error ? err.message : String(err) },
+        "probing provider endpoints failed",
+      ),
+    immediate: true,
+  });
 
   // One verification run per offer at a time in this process; the store bounds the fleet.
   const verifying = new Map<Hex, Promise<VerificationOutcome>>();
 
   return {
     start() {
-      if (started) return;
-      started = true;
+      // Aborted only by a stop(): a start() while running keeps the probes under way.
       if (stopping.signal.aborted) stopping = new AbortController();
-      loop();
+      rounds.start();
     },
     async stop() {
-      started = false;
       stopping.abort();
-      if (timer !== undefined) clearTimeout(timer);
-      timer = undefined;
-      await round;
+      await rounds.stop();
       await Promise.allSettled(inflight.values());
     },
     probeAll,

@@ -1,7 +1,7 @@
 import { Writable } from "node:stream";
 import type pg from "pg";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../test/helpers/db.js";
+import { describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../test/helpers/db.js";
 import { id, reservation } from "../../test/helpers/ledger.js";
 import { databaseNow, heartbeat, reserve } from "../adapters/pg/ledger/index.js";
 import { getRequest } from "../adapters/pg/requests.js";
@@ -15,14 +15,7 @@ import { createLogger } from "./logger.js";
  * closes their outboxes hold.
  */
 describe("housekeeping: the orphan rule after this process's own heartbeats broke", () => {
-  let test: TestDatabase;
-
-  beforeAll(async () => {
-    test = await createTestDatabase();
-  });
-  afterAll(async () => {
-    await test?.drop();
-  });
+  const test = useTestDatabase();
 
   /** An open request of a process that last heartbeated two minutes ago (a dead one). */
   const deadRequest = async (): Promise<string> => {

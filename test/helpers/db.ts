@@ -7,7 +7,7 @@ import { fileURLToPath } from "node:url";
 import { gunzipSync } from "node:zlib";
 import { PGlite } from "@electric-sql/pglite";
 import pg from "pg";
-import { describe } from "vitest";
+import { afterAll, beforeAll, describe } from "vitest";
 import {
   openDatabase,
   servePglite,
@@ -81,6 +81,42 @@ export async function createTestDatabase(
     }
   }
   return test;
+}
+
+/**
+ * A fresh database ({@link createTestDatabase}) for the tests of the enclosing `describe` (or of
+ * the file, called at its top level): created before them, dropped after them. Hooks registered
+ * after this call run after the creation and before the drop (vitest runs `afterAll` hooks in
+ * reverse order), so they may seed it or close what they opened on it.
+ *
+ * The returned object reads the database once created (`test.db.pool` in a test or a later
+ * hook, as with a variable the hooks set); read before, it throws.
+ */
+export function useTestDatabase(
+  opts: Parameters<typeof createTestDatabase>[0] = {},
+): Omit<TestDatabase, "drop"> {
+  let test: TestDatabase | undefined;
+  beforeAll(async () => {
+    test = await createTestDatabase(opts);
+  });
+  afterAll(async () => {
+    await test?.drop();
+  });
+  const created = (): TestDatabase => {
+    if (test === undefined) throw new Error("useTestDatabase: the database is not created yet");
+    return test;
+  };
+  return {
+    get url() {
+      return created().url;
+    },
+    get directUrl() {
+      return created().directUrl;
+    },
+    get db() {
+      return created().db;
+    },
+  };
 }
 
 async function createPostgres(

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import {
   AmbiguousApiKeyPrefixError,
   createApiKey,
@@ -15,15 +15,7 @@ import { apiKeyIdOf } from "../../domain/api-key-check.js";
 const findActiveApiKey = (db: Queryable, key: string) =>
   findApiKeyWithAuthorizations(db, key, 1_800_000_000);
 
-let test: TestDatabase;
-
-beforeAll(async () => {
-  test = await createTestDatabase();
-});
-
-afterAll(async () => {
-  await test?.drop();
-});
+const test = useTestDatabase();
 
 describe("api keys", () => {
   it("creates a key that can be found, and lists it without the key", async () => {

@@ -8,11 +8,7 @@ import {
   reserveAuditSpend,
   settleAuditSpend,
 } from "./audit-traffic.js";
-import {
-  createTestDatabase,
-  describeIfPostgres,
-  type TestDatabase,
-} from "../../../test/helpers/db.js";
+import { describeIfPostgres, useTestDatabase } from "../../../test/helpers/db.js";
 
 // The audits' tables (migration 043): the daily budget's reservations, and the samples.
 
@@ -23,11 +19,7 @@ const offerB = hex(3);
 const day = "2026-11-30";
 
 describe("the audit budget's lines", () => {
-  let test: TestDatabase;
-  beforeAll(async () => {
-    test = await createTestDatabase();
-  });
-  afterAll(async () => test?.drop());
+  const test = useTestDatabase();
 
   it("reserves on the offer's and the model's line both or neither", async () => {
     const { pool } = test.db;
@@ -98,15 +90,13 @@ describe("the audit budget's lines", () => {
 });
 
 describeIfPostgres("the audit budget under concurrent audits of two processes", () => {
-  let test: TestDatabase;
+  const test = useTestDatabase();
   let other: Database;
   beforeAll(async () => {
-    test = await createTestDatabase();
     other = await openDatabase({ url: test.url! });
   });
   afterAll(async () => {
     await other?.close();
-    await test?.drop();
   });
 
   it("never passes the budget: exactly as many reservations as fit succeed", async () => {

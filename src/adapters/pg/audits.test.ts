@@ -1,10 +1,6 @@
 import type { Hex } from "viem";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  createTestDatabase,
-  describeIfPostgres,
-  type TestDatabase,
-} from "../../../test/helpers/db.js";
+import { beforeAll, describe, expect, it } from "vitest";
+import { describeIfPostgres, useTestDatabase } from "../../../test/helpers/db.js";
 import type { AuditState, OfferAuditVerdict } from "../../domain/audits/types.js";
 import { readAuditStandings, saveAuditVerdicts } from "./audits.js";
 import type { Queryable } from "./catalog.js";
@@ -67,15 +63,11 @@ const stateOf = async (db: Queryable, offerId: Hex) =>
   (await readAuditStandings(db)).get(offerId)?.state;
 
 describe("the audit standings' store", () => {
-  let test: TestDatabase;
+  const test = useTestDatabase();
   let db: Queryable;
   beforeAll(async () => {
-    test = await createTestDatabase();
     db = test.db.pool;
     await seedModel(db);
-  });
-  afterAll(async () => {
-    await test?.drop();
   });
 
   it("keeps a verdict as written, an infinite e-value and the evidence included", async () => {
@@ -143,15 +135,11 @@ describe("the audit standings' store", () => {
 });
 
 describeIfPostgres("a verdict racing a verification's clearing (real PostgreSQL)", () => {
-  let test: TestDatabase;
+  const test = useTestDatabase();
   let db: Queryable;
   beforeAll(async () => {
-    test = await createTestDatabase();
     db = test.db.pool;
     await seedModel(db);
-  });
-  afterAll(async () => {
-    await test?.drop();
   });
 
   it("never leaves an offer excluded by samples read before the verification that cleared it", async () => {

@@ -1,10 +1,6 @@
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  createTestDatabase,
-  describeIfPostgres,
-  type TestDatabase,
-} from "../../../test/helpers/db.js";
+import { describeIfPostgres, useTestDatabase } from "../../../test/helpers/db.js";
 import { startFaultProxy, type FaultProxy } from "../../../test/helpers/fault-proxy.js";
 import { eventually } from "../../../test/helpers/stack.js";
 import { createApiKey, revokeApiKey } from "./api-keys.js";
@@ -26,7 +22,7 @@ describe("authority signal payloads", () => {
 });
 
 describeIfPostgres("authority signals on PostgreSQL (migration 029's triggers, LISTEN)", () => {
-  let test: TestDatabase;
+  const test = useTestDatabase();
   let proxy: FaultProxy;
   let session: pg.Pool;
   const heard: AuthoritySignal[] = [];
@@ -34,7 +30,6 @@ describeIfPostgres("authority signals on PostgreSQL (migration 029's triggers, L
   let signals: ReturnType<typeof createPgAuthoritySignals>;
 
   beforeAll(async () => {
-    test = await createTestDatabase();
     const url = new URL(test.url!);
     proxy = await startFaultProxy({ host: url.hostname, port: Number(url.port || 5432) });
     session = new pg.Pool({ connectionString: proxy.url(test.url!), max: 1 });
@@ -54,7 +49,6 @@ describeIfPostgres("authority signals on PostgreSQL (migration 029's triggers, L
     await signals?.close();
     await session?.end();
     await proxy?.close();
-    await test?.drop();
   });
 
   const heardSince = async (from: number, expected: AuthoritySignal[]) => {

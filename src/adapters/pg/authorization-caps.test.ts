@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { beforeAll, describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import { completion, hex32, id, NOW, reservation } from "../../../test/helpers/ledger.js";
 import type { PermitAuthorization } from "../../domain/permit-authorization/index.js";
 import { createApiKey } from "./api-keys.js";
@@ -26,18 +26,13 @@ import { getQuote } from "./quotes.js";
 // one connection at a time (PGlite or PostgreSQL). Concurrency across processes:
 // test/ledger-concurrency.test.ts and test/e2e/authorization-caps.test.ts.
 
-let test: TestDatabase;
+const test = useTestDatabase();
 let apiKeyId: string;
 
 beforeAll(async () => {
-  test = await createTestDatabase();
   apiKeyId = (await createApiKey(test.db.pool, "caps")).id;
   // The fixtures' process is alive throughout: only the orphan test's requests are orphans.
   await heartbeat(test.db.pool, "instance_live", NOW + 10_000);
-});
-
-afterAll(async () => {
-  await test?.drop();
 });
 
 let n = 0;

@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { beforeAll, describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import { createPgCatalogStore, upsertModel, upsertOffer, type OfferState } from "./catalog.js";
 
 // The hidden reasoning ratio is a priced term of the tariff version (issue 35, item 9; migration
@@ -10,10 +10,9 @@ const modelId = `0x${"21".repeat(32)}` as Hex;
 const offerId = `0x${"22".repeat(32)}` as Hex;
 const address = `0x${"23".repeat(20)}` as Hex;
 
-let test: TestDatabase;
+const test = useTestDatabase();
 
 beforeAll(async () => {
-  test = await createTestDatabase();
   await upsertModel(
     test.db.pool,
     {
@@ -29,10 +28,6 @@ beforeAll(async () => {
     },
     1n,
   );
-});
-
-afterAll(async () => {
-  await test?.drop();
 });
 
 const offer = (version: bigint, ratio: unknown): OfferState => ({

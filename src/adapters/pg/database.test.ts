@@ -1,12 +1,12 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, describe, expect, it } from "vitest";
 import {
   createTestDatabase,
   describeIfPostgres,
   testDatabaseUrl,
-  type TestDatabase,
+  useTestDatabase,
 } from "../../../test/helpers/db.js";
 import { DatabaseOpenError, openDatabase, redactDatabaseUrl } from "./database.js";
 
@@ -52,13 +52,7 @@ describe("openDatabase on PostgreSQL: a bad URL", () => {
 });
 
 describe("openDatabase", () => {
-  let test: TestDatabase;
-  beforeAll(async () => {
-    test = await createTestDatabase({ migrate: false });
-  });
-  afterAll(async () => {
-    await test?.drop();
-  });
+  const test = useTestDatabase({ migrate: false });
 
   it("reports its kind", () => {
     expect(test.db.kind).toBe(testDatabaseUrl() === undefined ? "pglite" : "postgres");
@@ -94,13 +88,7 @@ describe("openDatabase", () => {
 });
 
 describeIfPostgres("openDatabase on PostgreSQL: a connection lost while checked out", () => {
-  let test: TestDatabase;
-  beforeAll(async () => {
-    test = await createTestDatabase({ migrate: false });
-  });
-  afterAll(async () => {
-    await test?.drop();
-  });
+  const test = useTestDatabase({ migrate: false });
 
   it("is logged and fails its holder's next query; it does not stop the process", async () => {
     // pg-pool listens for 'error' only on idle clients: without the gateway's own listener the

@@ -1,7 +1,7 @@
 import pg from "pg";
 import type { Hex } from "viem";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { beforeAll, describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import type { Queryable } from "./catalog.js";
 import { claimWakeFee, recordProbe } from "./endpoint-health.js";
 import { upsertProviderEndpoint } from "./registrations.js";
@@ -13,12 +13,11 @@ const address = `0x${"33".repeat(20)}` as Hex;
 const window = 300;
 const t0 = 1_700_000_000;
 
-let test: TestDatabase;
+const test = useTestDatabase();
 let db: Queryable;
 let offerCounter = 0;
 
 beforeAll(async () => {
-  test = await createTestDatabase();
   db = test.db.pool;
   await db.query(
     `INSERT INTO models (model_id, creator, credit_token, repository, revision, task, pool_id,
@@ -26,10 +25,6 @@ beforeAll(async () => {
      VALUES ($1, $2, $2, 'acme/llama', 'main', 'chat', $1, 1, 'active', 1)`,
     [modelId, address],
   );
-});
-
-afterAll(async () => {
-  await test?.drop();
 });
 
 async function endpoint(): Promise<Hex> {

@@ -1,9 +1,5 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import {
-  createTestDatabase,
-  type TestDatabase,
-  testDatabaseUrl,
-} from "../../../test/helpers/db.js";
+import { describe, expect, it } from "vitest";
+import { testDatabaseUrl, useTestDatabase } from "../../../test/helpers/db.js";
 import { hex32, NOW, reservation } from "../../../test/helpers/ledger.js";
 import * as ledger from "./ledger/index.js";
 import { listChargedRequests } from "./requests.js";
@@ -15,14 +11,7 @@ import { listChargedRequests } from "./requests.js";
  * version (fillfactor).
  */
 describe("the close is a HOT update (migration 031)", () => {
-  let test: TestDatabase;
-
-  beforeAll(async () => {
-    test = await createTestDatabase();
-  });
-  afterAll(async () => {
-    await test?.drop();
-  });
+  const test = useTestDatabase();
 
   /**
    * The columns a leased close writes with a new value (gw_close_leased_batch). settlement_status

@@ -1,5 +1,5 @@
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { beforeEach, describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import { completion, id, NOW, reservation } from "../../../test/helpers/ledger.js";
 import type { ChatEvent } from "../../domain/chat/index.js";
 import { createPgIdempotencyStore, releaseOrphanedClaims } from "./idempotency.js";
@@ -15,15 +15,7 @@ import { getRequest } from "./requests.js";
 
 // Idempotency claims are leases of the claiming process (issue 10, defect 7).
 
-let test: TestDatabase;
-
-beforeAll(async () => {
-  test = await createTestDatabase();
-});
-
-afterAll(async () => {
-  await test?.drop();
-});
+const test = useTestDatabase();
 
 // Each test counts the claims it releases; those of the one before would be stale by then.
 beforeEach(async () => {

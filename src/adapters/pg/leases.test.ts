@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { afterAll, describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import { hex32, NOW } from "../../../test/helpers/ledger.js";
 import type { LeaseStore } from "../../domain/leases/store.js";
 import { createLeasedLedger, type LeasedLedger } from "../../domain/leases/leases.js";
@@ -13,15 +13,11 @@ import { getRequest } from "./requests.js";
 const MAX = 1_000n;
 
 describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
-  let test: TestDatabase;
+  const test = useTestDatabase();
   const started: LeasedLedger[] = [];
 
-  beforeAll(async () => {
-    test = await createTestDatabase();
-  });
   afterAll(async () => {
     for (const l of started) await l.stop().catch(() => undefined);
-    await test?.drop();
   });
 
   /** A process's leased ledger on the test database, with a clock the test moves. */

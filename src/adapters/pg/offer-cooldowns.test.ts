@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { beforeAll, describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import type { Queryable } from "./catalog.js";
 import { readCooldowns, writeCooldown } from "./offer-cooldowns.js";
 
@@ -10,16 +10,11 @@ const offer = `0x${"0C".repeat(32)}` as Hex;
 const id = offer.toLowerCase() as Hex;
 const t = 1_800_000_000_000;
 
-let test: TestDatabase;
+const test = useTestDatabase();
 let db: Queryable;
 
-beforeAll(async () => {
-  test = await createTestDatabase();
+beforeAll(() => {
   db = test.db.pool;
-});
-
-afterAll(async () => {
-  await test?.drop();
 });
 
 describe("offer cooldowns in the database", () => {

@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { beforeAll, describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import { createOfferMeasurements } from "../../domain/reputation/measurements.js";
 import { keptDivergedPayers } from "../../domain/reputation/measurement-types.js";
 import type { Queryable } from "./catalog.js";
@@ -12,16 +12,11 @@ import { excludeOffer, readMeasurements, writeMeasurements } from "./offer-measu
 const offer = `0x${"0a".repeat(32)}` as Hex;
 const payer = (i: number) => `0x${i.toString(16).padStart(40, "0")}` as Hex;
 
-let test: TestDatabase;
+const test = useTestDatabase();
 let db: Queryable;
 
-beforeAll(async () => {
-  test = await createTestDatabase();
+beforeAll(() => {
   db = test.db.pool;
-});
-
-afterAll(async () => {
-  await test?.drop();
 });
 
 describe("offer measurements in the database: diverged payers", () => {

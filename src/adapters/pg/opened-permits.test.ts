@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { beforeAll, describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import type { Queryable } from "./catalog.js";
 import { permitsOpenedBy, recordOpenedPermits } from "./opened-permits.js";
 
@@ -11,16 +11,11 @@ const payerA = `0x${"Aa".repeat(20)}` as Hex;
 const payerB = `0x${"bB".repeat(20)}` as Hex;
 const model = id(0xfeed);
 
-let test: TestDatabase;
+const test = useTestDatabase();
 let db: Queryable;
 
-beforeAll(async () => {
-  test = await createTestDatabase();
+beforeAll(() => {
   db = test.db.pool;
-});
-
-afterAll(async () => {
-  await test?.drop();
 });
 
 describe("opened permits in the database", () => {

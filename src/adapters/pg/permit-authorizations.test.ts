@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import { anyPermit, type PermitAuthorization } from "../../domain/permit-authorization/index.js";
 import { createApiKey } from "./api-keys.js";
 import {
@@ -16,13 +16,7 @@ const now = 1_800_000_000;
 const payer = `0x${"aa".repeat(20)}` as Hex;
 const proof = (nonce: string) => ({ nonce, signature: `0x${"11".repeat(65)}` as Hex });
 
-let test: TestDatabase;
-beforeAll(async () => {
-  test = await createTestDatabase();
-});
-afterAll(async () => {
-  await test?.drop();
-});
+const test = useTestDatabase();
 
 describe("permit authorizations (the table)", () => {
   const row = (apiKeyId: string, n: number, overrides: Partial<PermitAuthorization> = {}) => ({

@@ -1,19 +1,12 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import { createFleetRateLimiter } from "../../domain/rate-limit.js";
 import { GatewayError } from "../../domain/errors.js";
 import { createPgRateLimitStore } from "./rate-limits.js";
 
 /** The fleet's limits in the database (migration 020): on PGlite, and on PostgreSQL when set. */
 describe("fleet rate limit store (functions/rate-limits.sql)", () => {
-  let test: TestDatabase;
-
-  beforeAll(async () => {
-    test = await createTestDatabase();
-  });
-  afterAll(async () => {
-    await test?.drop();
-  });
+  const test = useTestDatabase();
 
   const budget = async (key: string) =>
     (

@@ -1,5 +1,5 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../test/helpers/db.js";
+import { describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../test/helpers/db.js";
 import { exposureSql } from "./x402.js";
 
 /**
@@ -10,14 +10,7 @@ import { exposureSql } from "./x402.js";
  * of inference_requests, which this catches.
  */
 describe("x402 exposure: answered by index", () => {
-  let test: TestDatabase;
-
-  beforeAll(async () => {
-    test = await createTestDatabase();
-  });
-  afterAll(async () => {
-    await test?.drop();
-  });
+  const test = useTestDatabase();
 
   it("reads inference_requests only through inference_requests_unsettled_permit", async () => {
     const sql = exposureSql

@@ -1,5 +1,6 @@
 import type { Hex } from "viem";
 import { GatewayError } from "../errors.js";
+import { createPeriodic } from "../periodic.js";
 import type { AuditState, OfferAuditStanding, OfferAuditVerdict } from "./types.js";
 
 /**
@@ -80,37 +81,21 @@ export function createAuditStandings(deps: {
   readonly onError?: (error: unknown) => void;
 }): AuditStandings {
   let known = new Map<Hex, OfferAuditStanding>();
-  let timer: NodeJS.Timeout | undefined;
-  let round: Promise<void> | undefined;
   const refresh = async () => {
     known = await deps.store.read();
   };
-  const loop = () => {
-    round = refresh()
-      .catch((error: unknown) => deps.onError?.(error))
-      .finally(() => {
-        if (timer !== undefined) {
-          timer = setTimeout(loop, deps.intervalMs);
-          timer.unref();
-        }
-      });
-  };
+  const rounds = createPeriodic({
+    run: refresh,
+    intervalMs: deps.intervalMs,
+    onError: deps.onError,
+  });
   return {
     get: (offerId) => known.get(offerId),
     stateOf: (offerId) => known.get(offerId)?.state ?? "unaudited",
     all: () => [...known.values()],
     refresh,
-    start() {
-      if (timer !== undefined) return;
-      timer = setTimeout(loop, deps.intervalMs);
-      timer.unref();
-    },
-    async stop() {
-      const t = timer;
-      timer = undefined;
-      if (t !== undefined) clearTimeout(t);
-      await round;
-    },
+    start: rounds.start,
+    stop: rounds.stop,
   };
 }
 

@@ -1,5 +1,6 @@
 import type { Hex } from "viem";
 import { GatewayError } from "../errors.js";
+import { createPeriodic } from "../periodic.js";
 
 /**
  * Offers cooling down (issue 38, item 5; docs/decisions/providers-and-routing.md "Cooldowns: a
@@ -108,8 +109,6 @@ export function createOfferCooldowns(deps: {
 }): OfferCooldowns {
   const now = deps.nowMs ?? Date.now;
   const known = new Map<Hex, Cooldown>();
-  let timer: NodeJS.Timeout | undefined;
-  let round: Promise<void> | undefined;
   const merge = (offerId: Hex, cooldown: Cooldown) => {
     const mine = known.get(offerId);
     if (mine === undefined || mine.untilMs < cooldown.untilMs) known.set(offerId, cooldown);
@@ -122,16 +121,11 @@ export function createOfferCooldowns(deps: {
     for (const [offerId, c] of known) if (c.untilMs < horizon) known.delete(offerId);
     for (const [offerId, c] of shared) merge(offerId, c);
   };
-  const loop = () => {
-    round = refresh()
-      .catch((error: unknown) => deps.onError?.(error))
-      .finally(() => {
-        if (timer !== undefined) {
-          timer = setTimeout(loop, deps.intervalMs);
-          timer.unref();
-        }
-      });
-  };
+  const rounds = createPeriodic({
+    run: refresh,
+    intervalMs: deps.intervalMs,
+    onError: deps.onError,
+  });
   const remainingMs = (offerId: Hex) => {
     const c = known.get(offerId);
     if (c === undefined) return undefined;
@@ -161,17 +155,8 @@ export function createOfferCooldowns(deps: {
       return n;
     },
     refresh,
-    start() {
-      if (timer !== undefined) return;
-      timer = setTimeout(loop, deps.intervalMs);
-      timer.unref();
-    },
-    async stop() {
-      const t = timer;
-      timer = undefined;
-      if (t !== undefined) clearTimeout(t);
-      await round;
-    },
+    start: rounds.start,
+    stop: rounds.stop,
   };
 }
 

@@ -1,4 +1,5 @@
 import type { Hex } from "viem";
+import { createPeriodic } from "../periodic.js";
 import type {
   MeasurementStore,
   MeasurementSync,
@@ -38,8 +39,6 @@ export function createMeasurementSync(deps: {
    */
   confirm?: (offerId: Hex) => void;
 }): MeasurementSync {
-  let timer: NodeJS.Timeout | undefined;
-  let round: Promise<void> | undefined;
   let counts = new Map<Hex, OfferRecordCounts>();
   const runOnce = async () => {
     deps.measurements.setExclusions(await deps.store.readExclusions());
@@ -58,32 +57,18 @@ export function createMeasurementSync(deps: {
     }
     counts = await deps.store.readCounts(deps.clock() - deps.measurements.windowSeconds);
   };
-  const loop = () => {
-    round = runOnce()
-      .catch((error: unknown) => deps.onError?.(error))
-      .finally(() => {
-        if (timer !== undefined) {
-          timer = setTimeout(loop, deps.intervalMs);
-          timer.unref();
-        }
-      });
-  };
+  const rounds = createPeriodic({
+    run: runOnce,
+    intervalMs: deps.intervalMs,
+    onError: deps.onError,
+  });
   return {
     runOnce,
-    start() {
-      if (timer !== undefined) return;
-      timer = setTimeout(loop, deps.intervalMs);
-      timer.unref();
-    },
+    start: rounds.start,
     async readExclusions() {
       deps.measurements.setExclusions(await deps.store.readExclusions());
     },
-    async stop() {
-      const t = timer;
-      timer = undefined;
-      if (t !== undefined) clearTimeout(t);
-      await round;
-    },
+    stop: rounds.stop,
     counts: (offerId) => counts.get(offerId),
   };
 }

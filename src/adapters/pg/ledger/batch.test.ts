@@ -1,7 +1,7 @@
 import type pg from "pg";
 import type { Hex } from "viem";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../../test/helpers/db.js";
+import { describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../../test/helpers/db.js";
 import {
   completion,
   hex32,
@@ -24,15 +24,7 @@ import { getRequest } from "../requests.js";
 // The batched ledger (migration 006) on whichever database the tests run on: what a batch
 // commits, and that each item of it keeps the semantics of a single reserve/finalize.
 
-let test: TestDatabase;
-
-beforeAll(async () => {
-  test = await createTestDatabase();
-});
-
-afterAll(async () => {
-  await test?.drop();
-});
+const test = useTestDatabase();
 
 function inFlight(offerId: Hex): Promise<number> {
   return offerInFlight(test.db.pool, offerId);

@@ -1,8 +1,8 @@
 import { randomBytes } from "node:crypto";
 import fc from "fast-check";
 import type { Hex } from "viem";
-import { afterAll, beforeAll, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../../test/helpers/db.js";
+import { expect, it } from "vitest";
+import { useTestDatabase } from "../../../../test/helpers/db.js";
 import {
   finalize,
   heartbeat,
@@ -19,15 +19,7 @@ import type { Billing, FinalRequestStatus, RequestStatus } from "../requests.js"
 // Each run uses its own permits, offers, instances and request ids, so runs (and fast-check's
 // shrinking, which replays runs) do not see each other's rows.
 
-let test: TestDatabase;
-
-beforeAll(async () => {
-  test = await createTestDatabase();
-});
-
-afterAll(async () => {
-  await test?.drop();
-});
+const test = useTestDatabase();
 
 const NOW = 1_800_000_000;
 const STALE_AFTER = 60;

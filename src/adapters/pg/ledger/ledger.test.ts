@@ -1,6 +1,6 @@
 import type { Hex } from "viem";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createTestDatabase, type TestDatabase } from "../../../../test/helpers/db.js";
+import { describe, expect, it } from "vitest";
+import { useTestDatabase } from "../../../../test/helpers/db.js";
 import {
   completion,
   hex32,
@@ -25,15 +25,7 @@ import {
 import { getQuote, insertQuote } from "../quotes.js";
 import { getRequest } from "../requests.js";
 
-let test: TestDatabase;
-
-beforeAll(async () => {
-  test = await createTestDatabase();
-});
-
-afterAll(async () => {
-  await test?.drop();
-});
+const test = useTestDatabase();
 
 function inFlight(offerId: Hex): Promise<number> {
   return offerInFlight(test.db.pool, offerId);
