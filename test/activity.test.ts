@@ -164,41 +164,48 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
 
   it("GET /v1/permits: each permit an authorization names with its balance as GET /v1/permits/{id}, and every permit the payer of an every-permit authorization opened", async () => {
     const payer = stack.roles.payer.address.toLowerCase();
-    const balanceOf = async (permitId: Hex, key?: string) =>
-      (await get(`/v1/permits/${permitId.toLowerCase()}`, key)).body;
+    // The list, and each permit's own answer read just after it: settlement moves a permit's
+    // `settled` at any time, so they are compared once a list and its permits' reads agree.
+    const listed = async (permits: Hex[], key?: string) => {
+      const list = await get("/v1/permits", key);
+      const data = await Promise.all(
+        permits
+          .map((p) => p.toLowerCase())
+          .sort()
+          .map(async (p) => (await get(`/v1/permits/${p}`, key)).body),
+      );
+      return { status: list.status, body: list.body, data };
+    };
+    const agree = async (permits: Hex[], everyPermitPayers: string[], key?: string) =>
+      expect
+        .poll(
+          async () => {
+            const read = await listed(permits, key);
+            return read.status === 200 &&
+              JSON.stringify(read.body) ===
+                JSON.stringify({
+                  object: "list",
+                  data: read.data,
+                  every_permit_payers: everyPermitPayers,
+                })
+              ? "agree"
+              : JSON.stringify(read);
+          },
+          { timeout: 5000 },
+        )
+        .toBe("agree");
     // The demo key may spend every permit of the demo payer: the demo permit is listed, with
     // no permit id pasted anywhere.
-    await expect
-      .poll(async () => (await get("/v1/permits")).body, { timeout: 5000 })
-      .toEqual({
-        object: "list",
-        data: [await balanceOf(stack.demo.permitId)],
-        every_permit_payers: [payer],
-      });
+    await agree([stack.demo.permitId], [payer]);
     const named = await createApiKey(stack.database.db.pool, "named");
     const second = await openPermit(stack, { deposit: 10n ** 21n });
     // A permit the payer opens later is covered by the same authorization: listed once the
     // indexer has seen it open, with nothing signed again.
-    const both = await Promise.all(
-      [stack.demo.permitId, second]
-        .map((p) => p.toLowerCase() as Hex)
-        .sort()
-        .map((p) => balanceOf(p)),
-    );
-    await expect
-      .poll(async () => (await get("/v1/permits")).body, { timeout: 5000 })
-      .toEqual({ object: "list", data: both, every_permit_payers: [payer] });
+    await agree([stack.demo.permitId, second], [payer]);
     for (const permitId of [stack.demo.permitId, second])
       await authorizeKey(stack.gateway.url, named.key, stack.roles.payer.privateKey, { permitId });
-    const list = await get("/v1/permits", named.key);
-    expect(list.status).toBe(200);
-    const expected = await Promise.all(
-      [stack.demo.permitId, second]
-        .map((p) => p.toLowerCase())
-        .sort()
-        .map(async (p) => (await get(`/v1/permits/${p}`, named.key)).body),
-    );
-    expect(list.body).toEqual({ object: "list", data: expected, every_permit_payers: [] });
+    // A key the payer named the permits for: both listed, and no every-permit payer.
+    await agree([stack.demo.permitId, second], [], named.key);
   });
 
   it("a payer lists the requests it paid with x402 on its signature, and no key's", async () => {
@@ -486,22 +493,12 @@ describe("activity: GET /v1/requests, GET /v1/usage, GET /v1/permits", () => {
           ...Array.from({ length: noiseCount }, (_, i) => seededRecord(noise, i)),
         ].filter((r) => r.createdAt < end);
         expect(byModel(payerUsage.body.groups as Json[])).toEqual(sums(ofPayer, 86_400));
-        // Under 50 ms over 10,000 of the payer's requests (both keys' records of the range's
-        // first 2,500 seconds-pairs: 5,000 each), the median of a few over HTTP, its signature
-        // checked once and kept.
+        // Over 10,000 of the payer's requests (both keys' records of the range's first 2,500
+        // seconds-pairs: 5,000 each). How fast is the bench's to say, never a timed test; that
+        // it is read by index is checked with EXPLAIN below.
         const tenThousand = `/v1/usage?payer=${payer}&from=${spec.start}&to=${spec.start + 2_500 * spec.step}`;
-        const timed = await get(tenThousand, payerToken_);
-        expect((timed.body.groups as Json[]).reduce((n, g) => n + g.requests, 0)).toBe(10_000);
-        const times: number[] = [];
-        for (let k = 0; k < 7; k++) {
-          const t0 = performance.now();
-          expect((await get(tenThousand, payerToken_)).status).toBe(200);
-          times.push(performance.now() - t0);
-        }
-        console.log(
-          `payer usage over 10,000 requests: ${times.map((t) => t.toFixed(1)).join(", ")} ms`,
-        );
-        expect(times.sort((a, b) => a - b)[3]).toBeLessThan(50);
+        const counted = await get(tenThousand, payerToken_);
+        expect((counted.body.groups as Json[]).reduce((n, g) => n + g.requests, 0)).toBe(10_000);
 
         // By hour over two days.
         const [from, to] = [spec.start + 86_400, spec.start + 3 * 86_400];
