@@ -542,8 +542,8 @@ describe("health monitor", () => {
     );
     expect(f.calls("/v1/models")).toBe(1);
     // One-token completion, stream, the counting completion (JSON and streamed), then the
-    // tools and JSON-schema feature checks.
-    expect(f.calls("/v1/chat/completions")).toBe(6);
+    // tools, JSON-schema and logprobs feature checks.
+    expect(f.calls("/v1/chat/completions")).toBe(7);
     expect(new Set(results).size).toBe(1);
     expect(results[0]).toMatchObject({ ok: true, replayed: false });
   });
