@@ -112,6 +112,12 @@ const RUNNERS: readonly Runner[] = [
 
   // The CLI.
   { shows: /^gateway (keys|settle|migrate|x402)\b/, test: "test/e2e/cli.test.ts" },
+  // The subcommand's function is called with its flags (it needs only the database).
+  {
+    shows: /^gateway audits export-reference\b/,
+    test: "test/audit-export.test.ts",
+    needles: ["runAuditsExport(", '"--model"', '"--out"'],
+  },
   { shows: /^gateway audits\b/, test: "test/audit-standing.test.ts" },
   { shows: /^gateway permit (open|balance|close|finalize)\b/, test: "test/e2e/permit-cli.test.ts" },
   { shows: /^gateway permit authorize\b/, test: "test/e2e/wallet-guard.test.ts" },

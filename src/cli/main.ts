@@ -14,6 +14,7 @@ import { ConfigError, parseConfig, parseLocalConfig } from "../config.js";
 import { sandboxPermitOpenCommand, sandboxShutdownGraceMs, startSandbox } from "../dev/sandbox.js";
 import { createLogger } from "../runtime/logger.js";
 import { runAuditsBudget } from "./audits-budget.js";
+import { runAuditsExport } from "./audits-export.js";
 import { runPermitCommand } from "./permit.js";
 import { runProviderCommand } from "./provider.js";
 import { runSettleCommand } from "./settle.js";
@@ -48,6 +49,9 @@ commands:
   audits budget [--day YYYY-MM-DD]
                             what the blind audits spent on a UTC day (today), per model and offer,
                             against AUDIT_DAILY_BUDGET_PER_OFFER / _PER_MODEL; exit 1 when over
+  audits export-reference --model MODEL [--out DIR]
+                            a model's border inputs and logprob reference from its anchor's audit
+                            samples (AUDIT_ANCHORS), as corpus files to ship, with their SHA-256
   x402 blocked              the payers refused x402 payments since a settlement of theirs failed
   x402 clear ADDRESS        let a refused payer pay with x402 again (every gateway process)
   settle                    run the settlement worker (Flush over gRPC on an interval)
@@ -195,6 +199,19 @@ async function runAuditsBudgetCommand(args: string[]): Promise<void> {
   }
 }
 
+/** `gateway audits export-reference`: a model's reference from its anchor, as files to ship. */
+async function runAuditsExportCommand(args: string[]): Promise<void> {
+  const db = await managementDatabase();
+  try {
+    process.exitCode = await runAuditsExport(db.pool, args, process.env, lineOutput);
+  } catch (error) {
+    if (error instanceof RangeError) throw new UsageError(error.message);
+    throw error;
+  } finally {
+    await db.close();
+  }
+}
+
 async function run(argv: string[]): Promise<void> {
   const [command, ...rest] = argv;
   switch (command) {
@@ -327,6 +344,7 @@ async function run(argv: string[]): Promise<void> {
     }
     case "audits": {
       if (rest[0] === "budget") await runAuditsBudgetCommand(rest.slice(1));
+      else if (rest[0] === "export-reference") await runAuditsExportCommand(rest.slice(1));
       else process.exitCode = await runAuditsCommand(rest, process.env, lineOutput);
       return;
     }

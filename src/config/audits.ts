@@ -96,3 +96,14 @@ export function parseAuditBudgetConfig(
   if (r.problems.length > 0) throw new ConfigError(r.problems);
   return budget;
 }
+
+/**
+ * The anchors alone (`gateway audits export-reference`): ModelID -> OfferID from AUDIT_ANCHORS,
+ * empty when it is not set.
+ */
+export function parseAuditAnchors(env: Env): ReadonlyMap<Hex, Hex> {
+  const r = envReader(env);
+  const anchors = pairs(r, "AUDIT_ANCHORS", "OFFER_ID");
+  if (r.problems.length > 0) throw new ConfigError(r.problems);
+  return anchors;
+}
