@@ -24,7 +24,17 @@ export const auditsUsage = `usage: gateway audits [--model MODEL_ID] [--json]
   --model MODEL_ID   only this model's offers (its Hex32 ModelID)
   --json             the answer as protobuf JSON
 
-Gateway:  GATEWAY_URL (default http://127.0.0.1:8080), SETTLEMENT_OPERATOR_TOKEN (required)`;
+Gateway:  GATEWAY_URL (default http://127.0.0.1:8080), SETTLEMENT_OPERATOR_TOKEN (required)
+
+usage: gateway audits export-reference --model MODEL [--out DIR]
+
+  Writes the model's reference data from its anchor's audit samples (AUDIT_ANCHORS), read from
+  the database (DATABASE_URL): borders/<ModelID>.json (the near-ties found on the anchor) and
+  reference/<ModelID>.json (the median logprob score per sequence), and prints each file's
+  SHA-256 and the manifest lines that pin it.
+
+  --model MODEL      the model's ModelID, or its public id from CATALOG_FILE
+  --out DIR          the folder the files go to (default: the current folder)`;
 
 export class AuditsUsageError extends BaseError {
   override readonly name = "AuditsUsageError";
