@@ -296,8 +296,14 @@ describe("tokenizers loaded before served, metering shown", () => {
     counters.route("demo/coder-small", "llama3.2-broken");
     try {
       await setOfferMetadata(stack, coderOffer, demoMetadata("eu-test-2", "gpu-test"));
-      await eventually(async () => (await ready()).body.checks.tokenizers.failed.length > 0);
-      const state = await ready();
+      // Ready once the failure is known (another check, the database's or the chain's, may
+      // answer late on a loaded machine: the wait is for both, and times out if the failed
+      // load kept the gateway unready).
+      let state = await ready();
+      await eventually(async () => {
+        state = await ready();
+        return state.body.checks.tokenizers.failed.length > 0 && state.status === 200;
+      });
       expect(state.status).toBe(200);
       expect(state.body.checks.tokenizers).toMatchObject({
         ok: true,
