@@ -468,7 +468,9 @@ describe("SQL functions", () => {
         expect({ version, defs: await functionDefs(test) }).toEqual({ version, defs: freshDefs });
         await test.drop();
       }
-    });
+      // Nine databases, each migrated through every migration: about 60 s on PGlite under
+      // load, more with each migration added. The time is the work's, not a bound.
+    }, 240_000);
   });
 });
 
