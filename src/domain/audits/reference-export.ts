@@ -1,5 +1,6 @@
 import type { Hex } from "viem";
 import { normalizeHex } from "../hex.js";
+import { median } from "./statistics.js";
 import { foundBorders, type AuditCorpus, type CorpusPrompt } from "./traffic.js";
 import type { AuditSample } from "./types.js";
 
@@ -31,12 +32,6 @@ export interface ReferenceExport {
   readonly borders: readonly CorpusPrompt[];
   /** Median mean log-probability per sequence id, by id. */
   readonly logprobs: ReadonlyMap<string, number>;
-}
-
-function median(values: readonly number[]): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  const mid = Math.floor(sorted.length / 2);
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
 }
 
 /**
@@ -76,7 +71,9 @@ export function exportReference(
   for (const s of own) {
     if (s.test !== "logprob" || s.meanLogprob === undefined || !Number.isFinite(s.meanLogprob))
       continue;
-    scores.set(s.promptId, [...(scores.get(s.promptId) ?? []), s.meanLogprob]);
+    let list = scores.get(s.promptId);
+    if (list === undefined) scores.set(s.promptId, (list = []));
+    list.push(s.meanLogprob);
   }
   const logprobs = new Map<string, number>();
   for (const id of [...scores.keys()].sort()) {

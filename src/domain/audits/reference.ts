@@ -1,5 +1,5 @@
 import type { Hex } from "viem";
-import { mmdSquared, type TextSample } from "./statistics.js";
+import { median, mmdSquared, type TextSample } from "./statistics.js";
 import { borderMisses, borderProfile, logprobGaps, MMD_BATCH, referenceLogprobs } from "./tests.js";
 import type { AuditSample } from "./types.js";
 
@@ -64,12 +64,6 @@ export function offerDistances(offers: readonly (readonly AuditSample[])[]): num
   return offers.map((_, a) =>
     offers.map((_, b) => matrices.reduce((sum, m) => sum + (m[a]![b] ?? 0), 0)),
   );
-}
-
-function median(values: readonly number[]): number {
-  const sorted = [...values].sort((x, y) => x - y);
-  const mid = sorted.length >> 1;
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
 }
 
 /**

@@ -256,3 +256,10 @@ export function eBenjaminiHochberg(eValues: readonly number[], alpha: number): E
 export function ebhThreshold(m: number, alpha: number, count: number, rejected: boolean): number {
   return m / (alpha * Math.max(1, rejected ? count : count + 1));
 }
+
+/** The median of `values` (the mean of the two middle ones for an even count); not empty. */
+export function median(values: readonly number[]): number {
+  const sorted = [...values].sort((x, y) => x - y);
+  const mid = sorted.length >> 1;
+  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+}
