@@ -7,7 +7,7 @@ import { LOGPROB_TOKENS } from "../src/domain/audits/logprobs.js";
 import { startAuditStack, type AuditStack } from "./helpers/audits.js";
 import type { FakeUpstream, LogprobsOf } from "./helpers/fake-upstream.js";
 import { secondChatOffer } from "./helpers/market.js";
-import { contextOf, createReferenceLm, VOCAB } from "./helpers/ngram-lm.js";
+import { contextOf, createReferenceLm, promptOf, VOCAB } from "./helpers/ngram-lm.js";
 import { sseData } from "./helpers/sse.js";
 import { json } from "./helpers/stack.js";
 
@@ -36,9 +36,7 @@ function sharpened(base: Distribution, temperature: number): Distribution {
 
 /** The greedy answer of `dist` to a request and, per token, its values and top alternatives. */
 function greedy(dist: Distribution, body: Record<string, unknown>) {
-  const messages = (body.messages ?? []) as { role?: string; content?: unknown }[];
-  const last = [...messages].reverse().find((m) => m.role === "user")?.content;
-  const prompt = typeof last === "string" ? last : JSON.stringify(last ?? "");
+  const prompt = promptOf(body);
   const limit = Math.min(Number(body.max_completion_tokens ?? body.max_tokens ?? 16), 16);
   const topK = Number(body.top_logprobs ?? 0);
   let context = contextOf(prompt);

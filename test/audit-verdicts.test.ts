@@ -5,7 +5,7 @@ import type { AuditOutcome } from "../src/domain/audits/runner.js";
 import { startAuditStack, type AuditStack } from "./helpers/audits.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { secondChatOffer } from "./helpers/market.js";
-import { createImpostorLm, createReferenceLm, type NgramLm } from "./helpers/ngram-lm.js";
+import { createImpostorLm, createReferenceLm, promptOf, type NgramLm } from "./helpers/ngram-lm.js";
 import { json } from "./helpers/stack.js";
 
 /**
@@ -15,17 +15,6 @@ import { json } from "./helpers/stack.js";
  * gRPC port, the statistics judging what came back, the verdicts stored in the standing every
  * process reads, and routing acting on them. The operator named the honest offer the anchor.
  */
-
-/** The visible text of a request's last user message (the prompt the fixture answers). */
-function promptOf(body: Record<string, unknown>): string {
-  const messages = (body.messages ?? []) as { role?: string; content?: unknown }[];
-  const last = [...messages].reverse().find((m) => m.role === "user");
-  const content = last?.content;
-  if (typeof content === "string") return content;
-  if (Array.isArray(content))
-    return content.map((p) => String((p as { text?: unknown }).text ?? "")).join("");
-  return "";
-}
 
 /** A provider answering from `lm`: each request's randomness seeded from its order. */
 function answering(lm: NgramLm, seed: number): (body: Record<string, unknown>) => string[] {

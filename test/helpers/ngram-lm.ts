@@ -280,3 +280,14 @@ export function findBorderPrompts(lm: NgramLm, rng: () => number, tries = 8): st
     return seen.size > 1;
   });
 }
+
+/** The visible text of a request's last user message (the prompt the fixture answers). */
+export function promptOf(body: Record<string, unknown>): string {
+  const messages = (body.messages ?? []) as { role?: string; content?: unknown }[];
+  const last = [...messages].reverse().find((m) => m.role === "user");
+  const content = last?.content;
+  if (typeof content === "string") return content;
+  if (Array.isArray(content))
+    return content.map((p) => String((p as { text?: unknown }).text ?? "")).join("");
+  return "";
+}
