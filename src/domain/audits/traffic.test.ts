@@ -12,6 +12,8 @@ import {
   mmdPeriodMs,
   mmdPrompts,
   nextGapMs,
+  logprobShare,
+  pickAuditTest,
   pickShape,
   foundBorders,
   pickBorderPrompt,
@@ -126,6 +128,42 @@ describe("an audit framed as a client's request", async () => {
       expect(pickShape(rng, [cold, warm], "mmd")).toBe(warm);
     }
     expect(pickShape(rng, [cold], "mmd")).toBeUndefined();
+  });
+
+  it("sends a logprob challenge only to an offer exposing logprobs, and only when a client's framing asked for them", () => {
+    const cold = shapeOfBody("chat", clientBodies[0]![2]);
+    const asking = shapeOfBody(
+      "chat",
+      JSON.stringify({
+        model,
+        messages: [{ role: "user", content: "x" }],
+        temperature: 0,
+        logprobs: true,
+      }),
+    );
+    const target = {
+      modelId: `0x${"ab".repeat(32)}` as Hex,
+      modelName: model,
+      offerId: `0x${"cd".repeat(32)}` as Hex,
+      permitId: `0x${"ef".repeat(32)}` as Hex,
+    };
+    const tests = (logprobs: boolean, shapes: RequestShape[]) => {
+      const rng = seededRandom(11);
+      const drawn = Array.from({ length: 400 }, () =>
+        pickAuditTest(rng, { ...target, logprobs }, shapes),
+      );
+      return drawn.filter((t) => t === "logprob").length;
+    };
+    // No client asked for log-probabilities: none of its audits is spent on a challenge that
+    // would find no framing to copy.
+    expect(tests(true, [cold])).toBe(0);
+    // The offer exposes none: no challenge, whatever clients ask.
+    expect(tests(false, [cold, asking])).toBe(0);
+    // Both: about a quarter of its audits (logprobShare); with this seed, 118 of 400 draws.
+    const share = tests(true, [cold, asking]);
+    expect(share).toBe(118);
+    expect(Math.abs(share / 400 - logprobShare)).toBeLessThan(0.05);
+    expect(pickShape(seededRandom(3), [cold, asking], "logprob")).toBe(asking);
   });
 
   it("the sample keeps the last shapes of each model, never the auditor's own", () => {

@@ -228,15 +228,33 @@ export function pickShape(
   shapes: readonly RequestShape[],
   test: TrafficTest,
 ): RequestShape | undefined {
-  const temperature = trafficTests[test].temperature;
-  const fitting = shapes.filter(
-    (s) =>
-      copiableShape(s) &&
-      s.params["temperature"] === temperature &&
-      // A logprob challenge copies a chat client that asked for log-probabilities.
-      (test !== "logprob" || (s.dialect === "chat" && s.params["logprobs"] === true)),
+  return pick(
+    rng,
+    shapes.filter((s) => fitsTest(s, test)),
   );
-  return pick(rng, fitting);
+}
+
+/** Whether an audit of `test` may copy `shape`: no content, and the test's temperature. */
+function fitsTest(shape: RequestShape, test: TrafficTest): boolean {
+  return (
+    copiableShape(shape) &&
+    shape.params["temperature"] === trafficTests[test].temperature &&
+    // A logprob challenge copies a chat client that asked for log-probabilities.
+    (test !== "logprob" || (shape.dialect === "chat" && shape.params["logprobs"] === true))
+  );
+}
+
+/**
+ * The test of an audit of `target`: a logprob challenge only when the offer exposes
+ * log-probabilities and a client's framing asked for them (else that quarter of its audits
+ * would find nothing to copy and go unsent), else a border probe or an MMD completion.
+ */
+export function pickAuditTest(
+  rng: Random,
+  target: AuditTarget,
+  shapes: readonly RequestShape[],
+): TrafficTest {
+  return pickTest(rng, target.logprobs === true && shapes.some((s) => fitsTest(s, "logprob")));
 }
 
 // ---------------------------------------------------------------- the body
