@@ -25,6 +25,8 @@ let perAudit = 0n;
 /** The day the budget was reached (`vnow` moves on after it). */
 let budgetDay = "";
 const budgetAudits = 4n;
+/** The audits drawn and not sent this process (the budget's refusals, framings missing). */
+const skipped: AuditOutcome[] = [];
 
 /** A client's request from each of the stack's three payers (audits copy only those). */
 async function sendClient(temperature: number): Promise<void> {
@@ -112,6 +114,7 @@ describe("the daily audit budget", () => {
     sent = outcomes.filter(
       (o): o is Extract<AuditOutcome, { status: "sent" }> => o.status === "sent",
     );
+    skipped.push(...outcomes.filter((o) => o.status === "over_budget" || o.status === "no_shape"));
     const refused = outcomes.filter((o) => o.status === "over_budget");
     expect(sent.length + refused.length).toBe(12);
     expect(refused.length).toBeGreaterThan(0);
@@ -120,6 +123,7 @@ describe("the daily audit budget", () => {
     for (let i = 0; i < 300 && last?.status !== "over_budget"; i += 1) {
       last = await runner.runOnce();
       if (last.status === "sent") sent.push(last);
+      else if (last.status === "over_budget" || last.status === "no_shape") skipped.push(last);
     }
     const day = auditDay(vnow);
     budgetDay = day;
@@ -150,6 +154,18 @@ describe("the daily audit budget", () => {
     for (const o of sent) byTest.set(o.test, (byTest.get(o.test) ?? 0) + 1);
     for (const [test, count] of byTest)
       expect(await metricValue("gateway_audit_requests_total", `${labels},test="${test}"`)).toBe(
+        count,
+      );
+    // And the audits drawn but not sent, by test and reason: the budget's refusals among them.
+    const byReason = new Map<string, number>();
+    for (const o of skipped)
+      if (o.status === "over_budget" || o.status === "no_shape") {
+        const key = `test="${o.test}",reason="${o.status}"`;
+        byReason.set(key, (byReason.get(key) ?? 0) + 1);
+      }
+    expect([...byReason.keys()].some((k) => k.includes('reason="over_budget"'))).toBe(true);
+    for (const [key, count] of byReason)
+      expect(await metricValue("gateway_audit_skipped_total", `model="demo-chat",${key}`)).toBe(
         count,
       );
   });

@@ -121,9 +121,16 @@ export const metricDefinitions = {
   auditRequests: {
     type: "counter",
     name: "gateway_audit_requests_total",
-    help: "Blind audit requests sent (issue 39), by model, offer and test (border_probe, mmd); each paid by the operator's audit permit like any request.",
+    help: "Blind audit requests sent (issue 39), by model, offer and test (border_probe, mmd, logprob); each paid by the operator's audit permit like any request.",
     labelNames: ["model", "offer", "test"],
     from: "AuditObserver.sent",
+  },
+  auditSkipped: {
+    type: "counter",
+    name: "gateway_audit_skipped_total",
+    help: "Blind audits drawn and not sent, by model, test and reason: no_shape (no client of the model sent a framing the audit could copy: audits of it wait for clients) or over_budget (the day's audit budget could not take the audit's most).",
+    labelNames: ["model", "test", "reason"],
+    from: "AuditObserver.skipped",
   },
   auditCredits: {
     type: "counter",

@@ -228,6 +228,8 @@ function auditObserver(m: Metrics, modelName: (modelId: Hex) => string): AuditOb
   return {
     sent: (modelId, offerId, test) =>
       m.auditRequests.inc({ model: modelName(modelId), offer: offerId, test }),
+    skipped: (modelId, test, reason) =>
+      m.auditSkipped.inc({ model: modelName(modelId), test, reason }),
     spent(modelId, offerId, credits) {
       if (credits > 0n)
         m.auditCredits.inc({ model: modelName(modelId), offer: offerId }, Number(credits));

@@ -14,8 +14,8 @@ import {
   mmdPrompts,
   nextGapMs,
   pick,
+  pickAuditTest,
   pickShape,
-  pickTest,
   sampleChars,
   sequenceId,
   type AuditBody,
@@ -94,6 +94,11 @@ export type ClearedAt = () => Promise<ReadonlyMap<Hex, number>>;
 /** What audits report to the metrics (src/runtime/metrics.ts). */
 export interface AuditObserver {
   sent(modelId: Hex, offerId: Hex, test: AuditTestName): void;
+  /**
+   * An audit drawn and not sent: no client of the model sent a framing it could copy
+   * (`no_shape`), or the day's budget could not take its most (`over_budget`).
+   */
+  skipped(modelId: Hex, test: AuditTestName, reason: "no_shape" | "over_budget"): void;
   spent(modelId: Hex, offerId: Hex, credits: bigint): void;
 }
 
@@ -264,7 +269,8 @@ async function audit(
 ): Promise<AuditOutcome> {
   const { rng, corpus } = deps;
   const now = deps.nowMs();
-  const test = pickTest(rng, target.logprobs === true);
+  const shapes = deps.shapes.shapes(target.modelId);
+  const test = pickAuditTest(rng, target, shapes);
   const prompt =
     test === "mmd"
       ? pick(rng, mmdPrompts(corpus, target.modelId, now))
@@ -272,8 +278,11 @@ async function audit(
         ? pick(rng, logprobPrompts(corpus, target.modelId, now))
         : pickBorderPrompt(rng, borderPrompts(corpus, target.modelId), borders);
   if (prompt === undefined) return { status: "idle" };
-  const shape = pickShape(rng, deps.shapes.shapes(target.modelId), test);
-  if (shape === undefined) return { status: "no_shape", target, test };
+  const shape = pickShape(rng, shapes, test);
+  if (shape === undefined) {
+    deps.observer?.skipped(target.modelId, test, "no_shape");
+    return { status: "no_shape", target, test };
+  }
   const body = auditBody(corpus, rng, { shape, prompt, modelName: target.modelName });
   let quote;
   try {
@@ -284,8 +293,10 @@ async function audit(
   const day = auditDay(now);
   const { modelId, offerId } = target;
   const reserved = quote.maximumCredits;
-  if (!(await deps.spend.reserve(day, modelId, offerId, reserved, deps.budget)))
+  if (!(await deps.spend.reserve(day, modelId, offerId, reserved, deps.budget))) {
+    deps.observer?.skipped(modelId, test, "over_budget");
     return { status: "over_budget", target, test, maximumCredits: reserved };
+  }
   let answer: AuditAnswer | undefined;
   try {
     answer = await deps.client.send(body, target.permitId, quote.quoteId);
