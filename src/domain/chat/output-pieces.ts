@@ -99,3 +99,36 @@ function cutFunction(fn: Json, keep: (text: string) => string): Json {
     copy["arguments"] = keep(copy["arguments"]);
   return copy;
 }
+
+const encoder = new TextEncoder();
+
+/** The bytes an entry of a choice's `logprobs` list spells (its `bytes`, else its token's). */
+function entryBytes(entry: unknown): number {
+  if (typeof entry !== "object" || entry === null) return 0;
+  const { bytes, token } = entry as Json;
+  if (Array.isArray(bytes)) return bytes.length;
+  return typeof token === "string" ? encoder.encode(token).length : 0;
+}
+
+/**
+ * A choice's `logprobs` cut as its delta or message was by {@link cutPieces}: each list
+ * (`content`, `refusal`) keeps the entries that begin inside the text its field kept, so a
+ * client is not sent the tokens of output cut away. The last entry kept may end past the cut, as
+ * the kept text may end inside a provider's token (the gateway cuts where its own count reaches
+ * the limit).
+ */
+export function cutLogprobs(logprobs: unknown, cut: Json): unknown {
+  if (typeof logprobs !== "object" || logprobs === null || Array.isArray(logprobs)) return logprobs;
+  const copy: Json = { ...(logprobs as Json) };
+  for (const field of ["content", "refusal"] as const) {
+    const entries = copy[field];
+    if (!Array.isArray(entries)) continue;
+    const text = cut[field];
+    const room = typeof text === "string" ? encoder.encode(text).length : 0;
+    let spelled = 0;
+    let keep = 0;
+    while (keep < entries.length && spelled < room) spelled += entryBytes(entries[keep++]);
+    if (keep < entries.length) copy[field] = entries.slice(0, keep);
+  }
+  return copy;
+}

@@ -1,4 +1,4 @@
-import { cutPieces, piecesOf, type TextField } from "./output-pieces.js";
+import { cutLogprobs, cutPieces, piecesOf, type TextField } from "./output-pieces.js";
 import { GatewayError } from "../errors.js";
 import { utf8Length, type OutputCount, type TokenCounter } from "../tokens.js";
 
@@ -204,7 +204,14 @@ export class OutputTally {
       changed[i] =
         replacement === null
           ? null
-          : { ...choice, delta: replacement, finish_reason: "length" as const };
+          : {
+              ...choice,
+              delta: replacement,
+              ...("logprobs" in choice! && {
+                logprobs: cutLogprobs(choice["logprobs"], replacement),
+              }),
+              finish_reason: "length" as const,
+            };
     }
     if (stray && ++this.strayChunks > strayChunkLimit) {
       throw new GatewayError(
@@ -262,6 +269,7 @@ export class OutputTally {
       }
       if (cut !== undefined) {
         choice!["message"] = cut;
+        if ("logprobs" in choice!) choice["logprobs"] = cutLogprobs(choice["logprobs"], cut);
         choice!["finish_reason"] = "length";
         changed = true;
       }
