@@ -138,6 +138,37 @@ describe("a provider's marker never reaches an audit", async () => {
     ]);
   });
 
+  it("a whole number written as a float (`1.0`) is copied as written, and one payer's way of writing it is not", () => {
+    const python = (payer: string, temperature: string) => ({
+      shape: shapeOf(
+        parseChatRequest(
+          encoder.encode(
+            `{"model": "${model}", "messages": [{"role": "user", "content": "hi"}], "temperature": ${temperature}}`,
+          ),
+          bounds,
+        ),
+        "chat",
+      ),
+      payer,
+    });
+    // Three payers write 1.0 (Python floats): audits write 1.0 too, as their bodies' bytes show.
+    const floats = copiableShapes(honest.map((p) => python(p, "1.0")));
+    expect(floats.map((s) => s.floats)).toEqual([
+      ["temperature"],
+      ["temperature"],
+      ["temperature"],
+    ]);
+    const bytes = auditBody(corpus, seededRandom(5), {
+      shape: floats[0]!,
+      prompt: corpus.probes[0]!,
+      modelName: model,
+    }).bytes;
+    expect(decoder.decode(bytes)).toMatch(/, "temperature": 1\.0\}$/);
+    // Three write 1, the provider alone 1e0: its framing is not copied.
+    const mixed = copiableShapes([...honest.map((p) => python(p, "1")), python(provider, "1e0")]);
+    expect(mixed.map((s) => s.floats)).toEqual([undefined, undefined, undefined]);
+  });
+
   it("payers are counted, not API keys: one payer's three keys are one", () => {
     const sample = createShapeSample({ ignoredKey: () => "key_audit" });
     const req = parseChatRequest(

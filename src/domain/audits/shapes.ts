@@ -34,6 +34,12 @@ export interface RequestShape {
   readonly system: boolean;
   /** User text is sent as an array of text parts rather than a string. */
   readonly parts: boolean;
+  /**
+   * Parameters whose whole number the client wrote as a float (`1.0`, Python's habit for a
+   * `float`; JavaScript writes `1`): an audit writes them so too (chat only: the other
+   * dialects reach the provider as the gateway writes them).
+   */
+  readonly floats?: readonly string[];
 }
 
 /**
@@ -72,6 +78,15 @@ export function copiableShape(shape: RequestShape): boolean {
 
 const SPACE = 0x20;
 const NEWLINE = 0x0a;
+const DOT = 0x2e;
+const EXP = new Set([0x45, 0x65]);
+
+/** Whether `member`'s value, a whole number, is written with a fraction or an exponent. */
+function writtenAsFloat(req: ChatRequest, member: { valueStart: number; valueEnd: number }) {
+  for (let i = member.valueStart; i < member.valueEnd; i += 1)
+    if (req.raw[i] === DOT || EXP.has(req.raw[i]!)) return true;
+  return false;
+}
 
 function layoutOf(req: ChatRequest): JsonLayout {
   const { raw, members } = req;
@@ -103,6 +118,7 @@ function isParam(value: JsonValue): boolean {
 export function shapeOf(req: ChatRequest, dialect: ShapeDialect): RequestShape {
   const members: string[] = [];
   const params: Record<string, JsonValue> = {};
+  const floats: string[] = [];
   for (const member of req.members) {
     if (gatewayMembers.has(member.key)) continue;
     members.push(member.key);
@@ -110,8 +126,11 @@ export function shapeOf(req: ChatRequest, dialect: ShapeDialect): RequestShape {
     // Only a copiable member's value is kept; any other member (a `user`, tools, a stop string)
     // keeps its name only: the shape is then not copiable, and nothing of the value is kept.
     const value = req.body[member.key];
-    if (copiable.has(member.key) && value !== undefined && isParam(value))
+    if (copiable.has(member.key) && value !== undefined && isParam(value)) {
       params[member.key] = value;
+      if (dialect === "chat" && Number.isSafeInteger(value) && writtenAsFloat(req, member))
+        floats.push(member.key);
+    }
   }
   const first = req.messages[0];
   const user = req.messages.find((m) => m.role === "user");
@@ -122,6 +141,7 @@ export function shapeOf(req: ChatRequest, dialect: ShapeDialect): RequestShape {
     layout: dialect === "chat" ? layoutOf(req) : { kind: "compact" },
     system: first?.role === "system" || first?.role === "developer",
     parts: Array.isArray(user?.content),
+    ...(floats.length > 0 && { floats }),
   };
 }
 
@@ -176,10 +196,12 @@ const commonValues: Readonly<Record<string, readonly JsonValue[]>> = {
  * What an audit sends of a parameter's value: the value, but of a seed only its number of
  * digits (the audit sends a fresh seed as long; traffic.ts).
  */
-function sentOf(member: string, value: JsonValue): string {
+function sentOf(member: string, value: JsonValue, shape?: RequestShape): string {
   if (member === "seed" && typeof value === "number" && Number.isSafeInteger(value) && value >= 10)
     return `${String(value).length} digits`;
-  return JSON.stringify(value);
+  return shape?.floats?.includes(member) === true
+    ? `${JSON.stringify(value)}.0`
+    : JSON.stringify(value);
 }
 
 function isCommon(member: string, value: JsonValue): boolean {
@@ -224,19 +246,24 @@ export interface ObservedShape {
  */
 function commonized(shape: RequestShape, values: Payers): RequestShape | undefined {
   let params: Record<string, JsonValue> | undefined;
+  let floats = shape.floats;
   for (const [member, value] of Object.entries(shape.params)) {
-    if (isCommon(member, value) || values.enough(`${member}=${sentOf(member, value)}`)) continue;
+    // A float's `.0` is as common as its number: both SDKs' habits.
+    if (isCommon(member, value) || values.enough(`${member}=${sentOf(member, value, shape)}`))
+      continue;
     const nearest = nearestCommon(member, value);
     if (nearest === undefined) return undefined;
     (params ??= { ...shape.params })[member] = nearest;
+    floats = floats?.filter((f) => f !== member);
   }
-  return params === undefined ? shape : { ...shape, params };
+  if (params === undefined) return shape;
+  return { ...shape, params, ...(floats !== undefined && { floats }) };
 }
 
 /** Everything of a shape an audit body carries (traffic.ts `auditBody`), as one key. */
 function framingOf(shape: RequestShape): string {
   const { dialect, members, layout, system, parts, params } = shape;
-  const values = members.map((m) => (m in params ? sentOf(m, params[m]!) : null));
+  const values = members.map((m) => (m in params ? sentOf(m, params[m]!, shape) : null));
   return JSON.stringify([dialect, members, layout, system, parts, values]);
 }
 
@@ -256,7 +283,7 @@ export function copiableShapes(observed: readonly ObservedShape[]): RequestShape
   const values = new Payers();
   for (const { shape, payer } of observed)
     for (const [member, value] of Object.entries(shape.params))
-      values.add(`${member}=${sentOf(member, value)}`, payer);
+      values.add(`${member}=${sentOf(member, value, shape)}`, payer);
   const made: { shape: RequestShape; key: string }[] = [];
   const framings = new Payers();
   for (const { shape, payer } of observed) {

@@ -49,6 +49,11 @@ const clientBodies: [string, ShapeDialect, string][] = [
     `{"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}], "model": "${model}", "temperature": 1, "top_p": 0.9, "stream": true, "stream_options": {"include_usage": true}}`,
   ],
   [
+    "chat, Python-spaced, floats",
+    "chat",
+    `{"model": "${model}", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64, "temperature": 0.0, "top_p": 1.0}`,
+  ],
+  [
     "chat, pretty (4)",
     "chat",
     JSON.stringify({ model, temperature: 0, messages: [{ role: "user", content: "hi" }] }, null, 4),

@@ -266,8 +266,27 @@ export interface AuditBody {
 
 const encoder = new TextEncoder();
 
-/** JSON laid out as a client of `layout` writes it. */
-export function serialize(value: JsonValue, layout: JsonLayout): string {
+/**
+ * JSON laid out as a client of `layout` writes it, the whole numbers of the top-level members
+ * `floats` written as floats (`1.0`). Those are written as placeholder strings first (a NUL
+ * and the number: no corpus text holds a NUL), then as the float.
+ */
+export function serialize(
+  value: JsonValue,
+  layout: JsonLayout,
+  floats: readonly string[] = [],
+): string {
+  const top = value as Record<string, JsonValue>;
+  const marked = floats.filter((m) => Number.isSafeInteger(top[m]));
+  const body =
+    marked.length === 0
+      ? value
+      : { ...top, ...Object.fromEntries(marked.map((m) => [m, `\u0000${String(top[m])}`])) };
+  const text = laidOut(body, layout);
+  return marked.length === 0 ? text : text.replace(/"\\u0000(-?\d+)"/g, "$1.0");
+}
+
+function laidOut(value: JsonValue, layout: JsonLayout): string {
   if (layout.kind === "compact") return JSON.stringify(value);
   if (layout.kind === "pretty") return JSON.stringify(value, null, layout.indent);
   const walk = (v: JsonValue): string => {
@@ -317,8 +336,12 @@ export function auditBody(
   else if (shape.dialect === "responses")
     body = responsesBody(modelName, prompt, system, shape, params);
   else body = chatBody(modelName, prompt, system, shape, params);
-  const layout = shape.dialect === "chat" ? shape.layout : { kind: "compact" as const };
-  return { dialect: shape.dialect, bytes: encoder.encode(serialize(body, layout)) };
+  if (shape.dialect !== "chat")
+    return { dialect: shape.dialect, bytes: encoder.encode(serialize(body, { kind: "compact" })) };
+  return {
+    dialect: shape.dialect,
+    bytes: encoder.encode(serialize(body, shape.layout, shape.floats)),
+  };
 }
 
 function chatBody(
