@@ -1,6 +1,7 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { ALPHA_EXCLUDE, ALPHA_FLAG } from "../src/domain/audits/evidence.js";
+import { median as medianOf } from "../src/domain/audits/statistics.js";
 import {
   DEFAULT_PLAN,
   simulateMarket,
@@ -48,10 +49,7 @@ function upperBound(successes: number, trials: number, confidence = 0.95): numbe
 }
 
 function median(values: readonly number[]): number | undefined {
-  if (values.length === 0) return undefined;
-  const sorted = [...values].sort((a, b) => a - b);
-  const mid = sorted.length >> 1;
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+  return values.length === 0 ? undefined : medianOf(values);
 }
 
 interface Row {
