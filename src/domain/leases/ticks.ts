@@ -19,6 +19,13 @@ export async function tick(s: LeaseState): Promise<void> {
     }
   }
   await Promise.all(beats);
+  // A give-back under way (what a close freed on a scarce lease, sent at once) ends first: its
+  // pool is busy meanwhile, and a tick that skipped it would keep the rest idle one tick more.
+  const returning: Promise<void>[] = [];
+  for (const epoch of s.epochs.all)
+    for (const pool of epoch.pools.values())
+      if (pool.returning !== undefined) returning.push(pool.returning);
+  await Promise.allSettled(returning);
   const nowSeconds = s.permitClock();
   const work: Promise<void>[] = [];
   for (const epoch of s.epochs.all) {
