@@ -3,7 +3,14 @@
  * or silently breaks, and the direct connection that carries what needs a session. The money
  * suites themselves run through the pooler with `npm run test:pgbouncer`.
  */
+import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
+import { once } from "node:events";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { connect } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
 import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -11,6 +18,7 @@ import { openDatabase, type Database, type DatabaseLogger } from "../src/adapter
 import { createPgLeaseSignals, type PgLeaseSignals } from "../src/adapters/pg/lease-signals.js";
 import { migrate } from "../src/adapters/pg/migrate.js";
 import { pgbouncerSkipReason, startPgBouncer, type PgBouncer } from "./helpers/pgbouncer.js";
+import { eventually } from "./helpers/stack.js";
 
 const skip = pgbouncerSkipReason();
 if (skip !== undefined) console.warn(`test/pgbouncer.test.ts skipped: ${skip}`);
@@ -150,4 +158,48 @@ describe.skipIf(skip !== undefined)("behind PgBouncer (transaction pooling)", ()
     expect(heard).toEqual(["permit:0xdef"]); // the direct listener hears it
     expect(missed).toEqual([]); // the pooled one does not
   });
+
+  it("a test process ended by a signal leaves no PgBouncer running", async () => {
+    // A vitest worker ended with a signal fires no `exit` event: its PgBouncer used to stay.
+    const dir = await mkdtemp(join(tmpdir(), "gw-bouncer-owner-"));
+    const script = join(dir, "owner.mts");
+    const helper = pathToFileURL(join(import.meta.dirname, "helpers", "pgbouncer.ts")).href;
+    await writeFile(
+      script,
+      `import { startPgBouncer } from ${JSON.stringify(helper)};\n` +
+        `const b = await startPgBouncer(process.env.OWNER_URL!);\n` +
+        `console.log(b.port);\nsetInterval(() => {}, 1000);\n`,
+    );
+    const owner = spawn(process.execPath, ["--import", "tsx", script], {
+      env: { ...process.env, OWNER_URL: serverUrl },
+      stdio: ["ignore", "pipe", "inherit"],
+    });
+    try {
+      const [line] = (await Promise.race([
+        once(owner.stdout!, "data"),
+        once(owner, "exit").then(([code]) => {
+          throw new Error(`the owner process exited with ${String(code)} before its PgBouncer ran`);
+        }),
+      ])) as [Buffer];
+      const port = Number(line.toString().trim());
+      expect(await accepts(port)).toBe(true);
+      owner.kill("SIGKILL");
+      await eventually(async () => !(await accepts(port)), 10_000, 50);
+    } finally {
+      owner.kill("SIGKILL");
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
 });
+
+/** Whether something accepts TCP connections on 127.0.0.1:`port`. */
+function accepts(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = connect(port, "127.0.0.1");
+    socket.once("connect", () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.once("error", () => resolve(false));
+  });
+}

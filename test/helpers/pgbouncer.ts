@@ -77,9 +77,11 @@ export async function startPgBouncer(serverUrl: string): Promise<PgBouncer> {
     );
     await writeFile(join(dir, "userlist.txt"), `"${user}" ""\n`);
     if (runAs !== undefined) await chownAll(dir, runAs);
-    const child = spawn(binary, [...(runAs === undefined ? [] : ["-u", runAs]), ini], {
-      stdio: ["ignore", "ignore", "pipe"],
-    });
+    const child = spawn(
+      "sh",
+      ["-c", watchdog, "sh", binary, ...(runAs === undefined ? [] : ["-u", runAs]), ini],
+      { stdio: ["pipe", "ignore", "pipe"] },
+    );
     let stderr = "";
     child.stderr?.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
     const url = (database: string) => {
@@ -92,6 +94,7 @@ export async function startPgBouncer(serverUrl: string): Promise<PgBouncer> {
     try {
       await waitUntilServing(child, url(server.pathname.slice(1) || "postgres"));
     } catch (error) {
+      child.stdin?.destroy();
       child.kill("SIGKILL");
       const log = await readFile(join(dir, "pgbouncer.log"), "utf8").catch(() => "");
       lastError = new Error(`pgbouncer did not start: ${String(error)}\n${stderr}\n${log}`);
@@ -103,13 +106,13 @@ export async function startPgBouncer(serverUrl: string): Promise<PgBouncer> {
       (stopped ??= (async () => {
         if (running()) {
           const exited = new Promise((resolve) => child.once("exit", resolve));
-          child.kill("SIGTERM"); // immediate shutdown (SIGINT would wait for its clients)
+          child.stdin?.end(); // the watchdog's SIGTERM: immediate shutdown (SIGINT would wait)
           await exited;
         }
         await rm(dir, { recursive: true, force: true });
       })());
     const kill = () => {
-      if (running()) child.kill("SIGTERM");
+      child.stdin?.destroy();
       rmSync(dir, { recursive: true, force: true });
     };
     return { port, url, stop, kill };
@@ -117,6 +120,15 @@ export async function startPgBouncer(serverUrl: string): Promise<PgBouncer> {
   await rm(dir, { recursive: true, force: true });
   throw lastError;
 }
+
+/**
+ * PgBouncer runs under this shell, which stops it (SIGTERM) once the test process's end of the
+ * shell's stdin closes: at `stop()`, and however the test process ends (a vitest worker ended
+ * with a signal fires no `exit` event, and left its PgBouncer running). The shell exits with
+ * PgBouncer. Its stdin is kept as fd 3: a background list's stdin is /dev/null.
+ */
+const watchdog =
+  'exec 3<&0; "$@" </dev/null & pid=$!; (cat <&3 >/dev/null; kill "$pid" 2>/dev/null) & wait "$pid"';
 
 async function waitUntilServing(child: ChildProcess, url: string): Promise<void> {
   const deadline = Date.now() + 10_000;
