@@ -145,72 +145,59 @@ describe("reservation leases (migration 010, domain/chat/leases.ts)", () => {
     expect(s.ledger.charged).toBe(1_200n);
   });
 
-  it("refuses only when the database refuses to extend, and never admits past the deposit", async () => {
-    const a = processLedger("gw_b1");
-    const b = processLedger("gw_b2");
-    const [permitId, offerId] = [hex32(), hex32()];
-    const deposit = 3n * MAX;
-    const held: Hex[] = [];
-    for (const r of [request(permitId, offerId, deposit), request(permitId, offerId, deposit)]) {
-      expect(await a.leases.reserve(r)).toEqual({ ok: true });
-      held.push(r.requestId);
-    }
-    const third = request(permitId, offerId, deposit);
-    expect(await b.leases.reserve(third)).toEqual({ ok: true });
-    // Both processes' leases now cover the deposit: the next request of either is refused.
-    expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({
-      ok: false,
-      reason: "insufficient_credits",
-    });
-    expect(await a.leases.reserve(request(permitId, offerId, deposit))).toEqual({
-      ok: false,
-      reason: "insufficient_credits",
-    });
-    let s = await state(permitId, offerId);
-    expect(s.ledger.reserved + s.ledger.charged).toBeLessThanOrEqual(deposit);
-    // A's requests end void and its lease goes back: B can use those credits now.
-    for (const id of held) await a.leases.finalize({ ...close(id, 0n), billing: "void" });
-    a.clock.ms += 1_500;
-    await a.leases.tick();
-    expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({ ok: true });
-    expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({ ok: true });
-    s = await state(permitId, offerId);
-    expect(s.ledger.reserved).toBe(deposit);
-    expect(s.leased).toBe(deposit);
+  /**
+   * A store whose give-backs take 300 ms: the first close's freed credits go back at once (the
+   * permit is scarce), and the tick after the second close must wait for that give-back rather
+   * than skip the busy pool (CI on a loaded machine: the other process's request was refused).
+   */
+  const slowReturns = (store: LeaseStore): LeaseStore => ({
+    ...store,
+    returnPermit: async (holder, permitId, credits) => {
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      return store.returnPermit(holder, permitId, credits);
+    },
   });
 
-  it("a tick waits for a give-back under way, then gives back the rest: a slow database keeps nothing idle", async () => {
-    // The first close's freed credits go back at once (the permit is scarce); the second close
-    // finds that give-back under way. A tick must not skip the pool for it (CI on a loaded
-    // machine: the other process's next request was refused).
-    const slow = (store: LeaseStore): LeaseStore => ({
-      ...store,
-      returnPermit: async (holder, permitId, credits) => {
-        await new Promise((resolve) => setTimeout(resolve, 300));
-        return store.returnPermit(holder, permitId, credits);
-      },
-    });
-    const a = processLedger("gw_s1", slow);
-    const b = processLedger("gw_s2");
-    const [permitId, offerId] = [hex32(), hex32()];
-    const deposit = 3n * MAX;
-    const held: Hex[] = [];
-    for (const r of [request(permitId, offerId, deposit), request(permitId, offerId, deposit)]) {
-      expect(await a.leases.reserve(r)).toEqual({ ok: true });
-      held.push(r.requestId);
-    }
-    expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({ ok: true });
-    // A is refused too: its lease turns scarce, so what a close frees goes back at once.
-    expect(await a.leases.reserve(request(permitId, offerId, deposit))).toMatchObject({
-      ok: false,
-    });
-    for (const id of held) await a.leases.finalize({ ...close(id, 0n), billing: "void" });
-    a.clock.ms += 1_500;
-    await a.leases.tick();
-    expect((await state(permitId, offerId)).leased).toBe(MAX);
-    expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({ ok: true });
-    expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({ ok: true });
-  });
+  it.each([
+    ["a prompt database", "p", (store: LeaseStore) => store],
+    ["slow give-backs", "s", slowReturns],
+  ])(
+    "refuses only when the database refuses to extend, and never admits past the deposit (%s)",
+    async (_name, tag, wrap) => {
+      const a = processLedger(`gw_b1${tag}`, wrap);
+      const b = processLedger(`gw_b2${tag}`);
+      const [permitId, offerId] = [hex32(), hex32()];
+      const deposit = 3n * MAX;
+      const held: Hex[] = [];
+      for (const r of [request(permitId, offerId, deposit), request(permitId, offerId, deposit)]) {
+        expect(await a.leases.reserve(r)).toEqual({ ok: true });
+        held.push(r.requestId);
+      }
+      const third = request(permitId, offerId, deposit);
+      expect(await b.leases.reserve(third)).toEqual({ ok: true });
+      // Both processes' leases now cover the deposit: the next request of either is refused.
+      expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({
+        ok: false,
+        reason: "insufficient_credits",
+      });
+      expect(await a.leases.reserve(request(permitId, offerId, deposit))).toEqual({
+        ok: false,
+        reason: "insufficient_credits",
+      });
+      let s = await state(permitId, offerId);
+      expect(s.ledger.reserved + s.ledger.charged).toBeLessThanOrEqual(deposit);
+      // A's requests end void and its lease goes back: B can use those credits now.
+      for (const id of held) await a.leases.finalize({ ...close(id, 0n), billing: "void" });
+      a.clock.ms += 1_500;
+      await a.leases.tick();
+      expect((await state(permitId, offerId)).leased).toBe(MAX);
+      expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({ ok: true });
+      expect(await b.leases.reserve(request(permitId, offerId, deposit))).toEqual({ ok: true });
+      s = await state(permitId, offerId);
+      expect(s.ledger.reserved).toBe(deposit);
+      expect(s.leased).toBe(deposit);
+    },
+  );
 
   it("admits nothing on a revoked (closing) permit and gives back its free credits at once", async () => {
     const { leases, clock } = processLedger("gw_c");
