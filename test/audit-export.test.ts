@@ -4,7 +4,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Hex } from "viem";
 import { afterAll, describe, expect, it } from "vitest";
-import { auditDataDir, loadAuditCorpus } from "../src/adapters/audits/corpus.js";
+import {
+  auditDataDir,
+  loadAuditCorpus,
+  loadOperatorCorpus,
+} from "../src/adapters/audits/corpus.js";
 import { insertAuditSample } from "../src/adapters/pg/audit-traffic.js";
 import { runAuditsExport } from "../src/cli/audits-export.js";
 import type { AuditTestName } from "../src/domain/audits/types.js";
@@ -184,5 +188,44 @@ describe("gateway audits export-reference", () => {
         ["en-question-05#8", -0.123457],
       ]),
     );
+  });
+
+  it("with AUDIT_CORPUS_DIR, exports the border inputs of the operator's corpus, which it then reads back", async () => {
+    // The operator's corpus: its audits' samples name its prompts, not the shipped ones.
+    const dir = await tempDir();
+    const prompt = (id: string, task: string, content: string) => ({
+      id,
+      lang: "en",
+      task,
+      turns: [{ role: "user", content }],
+    });
+    const corpus = JSON.stringify({
+      prompts: Array.from({ length: 25 }, (_, i) => prompt(`own-q${i}`, "question", `Q ${i}?`)),
+      probes: [prompt("own-p0", "probe", "Heads or tails? One word.")],
+      systems: {},
+    });
+    const manifest = { files: { "corpus.json": sha(corpus) } as Record<string, string> };
+    await writeFile(join(dir, "corpus.json"), corpus);
+    await writeFile(join(dir, "manifest.json"), JSON.stringify(manifest));
+    for (const text of ["Heads", "Tails", "Heads"])
+      await add(anchor, "border_probe", "own-p0", text);
+
+    const env = { AUDIT_ANCHORS: `${model}=${anchor}`, AUDIT_CORPUS_DIR: dir };
+    const done = await run(test.db.pool, ["--model", model, "--out", dir], env);
+    expect(done.error).toEqual([]);
+    expect(done.code).toBe(0);
+    // The anchor's scores of the shipped corpus's sequences (the test above) name prompts this
+    // corpus does not state: no audit of it asks them, they are left out.
+    expect(done.out[0]).toBe(
+      `model ${model}, anchor ${anchor}: 1 border inputs, 0 logprob sequences`,
+    );
+    const file = `borders/${model}.json`;
+    const bordersSha = sha(await readFile(join(dir, file), "utf8"));
+    expect(done.out[1]).toBe(`${file}\tsha256 ${bordersSha}`);
+    manifest.files[file] = bordersSha;
+    await writeFile(join(dir, "manifest.json"), JSON.stringify(manifest));
+    const loaded = await loadOperatorCorpus(dir);
+    expect(loaded.source).toBe("operator");
+    expect(loaded.corpus.borders.get(model)?.map((p) => p.id)).toEqual(["own-p0"]);
   });
 });

@@ -1,5 +1,5 @@
 import type { Logger } from "pino";
-import { loadAuditCorpus } from "../adapters/audits/corpus.js";
+import { loadOperatorCorpus } from "../adapters/audits/corpus.js";
 import type { Database } from "../adapters/pg/database.js";
 import { createPgAuditSampleStore, createPgAuditSpendStore } from "../adapters/pg/audit-traffic.js";
 import { connectAudits, type AuditConnection } from "../clients/inference.js";
@@ -44,8 +44,9 @@ export interface AuditWiring {
 }
 
 /**
- * The audits, when configured: the corpus read and checked against its pins now (a changed file
- * stops the start), the shape sample, and the runner once the gateway listens.
+ * The audits, when configured: the corpus (AUDIT_CORPUS_DIR, else the shipped one, with a
+ * warning) read and checked against its pins now (a changed file stops the start), the shape
+ * sample, and the runner once the gateway listens.
  */
 export async function prepareAudits(
   config: Config,
@@ -65,7 +66,15 @@ export async function prepareAudits(
   if (audits === undefined) return undefined;
   const ownKey = apiKeyIdOf(audits.auditApiKey);
   const shapes = createShapeSample({ ignoredKey: () => ownKey });
-  const corpus = await loadAuditCorpus();
+  const { corpus, source } = await loadOperatorCorpus(audits.corpusDir);
+  deps.metrics.auditCorpus(source);
+  if (source === "shipped")
+    deps.logger.warn(
+      { component: "audits", corpus: "shipped" },
+      "audits ask the shipped corpus's prompts, which anyone can read: a provider that reads " +
+        "them can answer audits honestly and clients otherwise; set AUDIT_CORPUS_DIR to a " +
+        "corpus of your own (docs/operators.md, Blind audits)",
+    );
   const spend = createPgAuditSpendStore(deps.db.pool);
   const samples = createPgAuditSampleStore(deps.db.pool);
   const settings = options.audits ?? {};

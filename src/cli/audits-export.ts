@@ -1,11 +1,11 @@
 import { parseArgs } from "node:util";
 import type { Hex } from "viem";
-import { loadAuditCorpus } from "../adapters/audits/corpus.js";
+import { loadOperatorCorpus } from "../adapters/audits/corpus.js";
 import { referenceFiles, writeReferenceFiles } from "../adapters/audits/reference-files.js";
 import { loadCatalogFile } from "../adapters/catalog-file.js";
 import { auditSamplesSince } from "../adapters/pg/audit-traffic.js";
 import type { Queryable } from "../adapters/pg/catalog.js";
-import { parseAuditAnchors } from "../config/audits.js";
+import { parseAuditAnchors, parseAuditCorpusDir } from "../config/audits.js";
 import type { Env } from "../config/read.js";
 import { exportReference, referenceMinSamples } from "../domain/audits/reference-export.js";
 import { ModelDirectory } from "../domain/catalog.js";
@@ -69,7 +69,8 @@ export async function runAuditsExport(
     );
     return 1;
   }
-  const corpus = await loadAuditCorpus();
+  // The corpus the gateway's audits ask: the samples' prompt ids are its.
+  const { corpus } = await loadOperatorCorpus(parseAuditCorpusDir(env));
   const data = exportReference(corpus, modelId, anchor, await auditSamplesSince(db, modelId, 0));
   const files = referenceFiles(data);
   if (files.length === 0) {

@@ -20,6 +20,11 @@ export interface AuditConfig {
   readonly requestsPerOfferPerDay: number;
   readonly evaluateIntervalMs: number;
   readonly evidenceWindowDays: number;
+  /**
+   * The operator's own corpus (a folder laid out as src/adapters/audits/data/), or undefined:
+   * the shipped one, which anyone can read.
+   */
+  readonly corpusDir: string | undefined;
 }
 
 /** `MODEL_ID=VALUE,...` with Hex32 on both sides. */
@@ -77,6 +82,7 @@ export function auditSettings(r: EnvReader): AuditConfig | undefined {
     requestsPerOfferPerDay: r.int("AUDIT_REQUESTS_PER_OFFER_PER_DAY", 100, 1, 100_000),
     evaluateIntervalMs: r.int("AUDIT_EVALUATE_INTERVAL_MS", 3_600_000, 1000, 7 * 86_400_000),
     evidenceWindowDays: r.int("AUDIT_EVIDENCE_WINDOW_DAYS", 30, 1, 365),
+    corpusDir: r.str("AUDIT_CORPUS_DIR"),
   };
 }
 
@@ -95,6 +101,11 @@ export function parseAuditBudgetConfig(
         };
   if (r.problems.length > 0) throw new ConfigError(r.problems);
   return budget;
+}
+
+/** `AUDIT_CORPUS_DIR` alone (`gateway audits export-reference`): undefined when not set. */
+export function parseAuditCorpusDir(env: Env): string | undefined {
+  return envReader(env).str("AUDIT_CORPUS_DIR");
 }
 
 /**

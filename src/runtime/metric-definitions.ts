@@ -236,6 +236,12 @@ export const metricDefinitions = {
     labelNames: ["operation"],
     from: "rejections with code chain_unavailable; scrape: a failed chain head read",
   },
+  auditCorpusPublic: {
+    type: "gauge",
+    name: "gateway_audit_corpus_public",
+    help: "1 while the blind audits ask the shipped corpus's prompts, which anyone can read (a provider that reads them can tell audits from clients); 0 with the operator's own corpus (AUDIT_CORPUS_DIR). Absent while audits are off.",
+    from: "GatewayMetrics.auditCorpus",
+  },
   authorityListenerUp: {
     type: "gauge",
     name: "gateway_authority_listener_up",

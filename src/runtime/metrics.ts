@@ -59,6 +59,8 @@ export interface GatewayMetrics {
    * down, changes to keys and authorizations made elsewhere apply within API_KEY_CACHE_MS.
    */
   authorityListener(up: boolean): void;
+  /** The corpus the audits ask: the shipped (public) one or the operator's own. */
+  auditCorpus(source: "shipped" | "operator"): void;
   /** Sets where the scrape-time gauges are read (until then they are absent). */
   setSources(sources: ScrapeSources): void;
   /**
@@ -164,6 +166,7 @@ export function createMetrics(
     ...requestObservers(m),
     audits: auditObserver(m, options.modelName ?? ((modelId: Hex) => modelId)),
     authorityListener: (up) => m.authorityListenerUp.set(up ? 1 : 0),
+    auditCorpus: (source) => m.auditCorpusPublic.set(source === "shipped" ? 1 : 0),
     setSources(s) {
       sources = s;
     },

@@ -75,6 +75,7 @@ export async function startAuditStack(
         requestsPerOfferPerDay: set.requestsPerOfferPerDay ?? 100,
         evaluateIntervalMs: set.evaluateIntervalMs ?? 3_600_000,
         evidenceWindowDays: set.evidenceWindowDays ?? 30,
+        corpusDir: set.corpusDir,
       };
       stack.gateway = await startGateway(
         { ...stack.config, audits },

@@ -3,7 +3,7 @@ import { cp, mkdtemp, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { auditDataDir, AuditCorpusError, loadAuditCorpus } from "./corpus.js";
+import { auditDataDir, AuditCorpusError, loadAuditCorpus, loadOperatorCorpus } from "./corpus.js";
 
 const sha = (text: string) => createHash("sha256").update(text).digest("hex");
 const dirs: string[] = [];
@@ -81,5 +81,78 @@ describe("the shipped audit corpus", () => {
     expect([...corpus.referenceLogprobs.get(modelId as `0x${string}`)!]).toEqual([
       ["seq-1", -1.25],
     ]);
+  });
+});
+
+/** An operator's corpus folder: `prompts` questions and `probes` probes, pinned (no slash). */
+async function ownCorpus(
+  prompts: number,
+  probes: number,
+  edit: (corpus: {
+    prompts: { id: string; turns: { role: string; content: string }[] }[];
+  }) => void = () => {},
+): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), "gw-own-corpus-"));
+  dirs.push(dir);
+  const prompt = (id: string, content: string) => ({
+    id,
+    lang: "en",
+    task: "question",
+    turns: [{ role: "user", content }],
+  });
+  const corpus = {
+    prompts: Array.from({ length: prompts }, (_, i) =>
+      prompt(`q${i}`, `Our question number ${i}?`),
+    ),
+    probes: Array.from({ length: probes }, (_, i) =>
+      prompt(`p${i}`, `Pick one: ${i} or ${i + 1}?`),
+    ),
+    systems: { en: ["Be brief."] },
+  };
+  edit(corpus);
+  const text = JSON.stringify(corpus);
+  await writeFile(join(dir, "corpus.json"), text);
+  await writeFile(
+    join(dir, "manifest.json"),
+    JSON.stringify({ files: { "corpus.json": sha(text) } }),
+  );
+  return dir;
+}
+
+describe("an operator's own corpus (AUDIT_CORPUS_DIR)", () => {
+  it("is read from its folder, pinned by its own manifest; without one the shipped corpus is used and said to be", async () => {
+    const own = await loadOperatorCorpus(await ownCorpus(25, 1));
+    expect(own.source).toBe("operator");
+    expect(own.corpus.prompts.map((p) => p.id)).toEqual(
+      Array.from({ length: 25 }, (_, i) => `q${i}`),
+    );
+    expect(own.corpus.probes.map((p) => p.id)).toEqual(["p0"]);
+    const shipped = await loadOperatorCorpus(undefined);
+    expect(shipped.source).toBe("shipped");
+    expect(shipped.corpus.prompts.length).toBe((await loadAuditCorpus()).prompts.length);
+  });
+
+  it("refuses a user turn of the shipped corpus, whatever its spaces and case: a provider reads those here", async () => {
+    const shipped = await loadAuditCorpus();
+    const copied = shipped.prompts[3]!.turns[0]!.content;
+    const dir = await ownCorpus(30, 2, (c) => {
+      c.prompts[7]!.turns[0]!.content = `  ${copied.toUpperCase().replace(/ /g, "   ")} `;
+    });
+    await expect(loadOperatorCorpus(dir)).rejects.toThrow(AuditCorpusError);
+    await expect(loadOperatorCorpus(dir)).rejects.toThrow(
+      `AUDIT_CORPUS_DIR: 1 user turn(s) are the shipped corpus's (q7, as shipped ${shipped.prompts[3]!.id})`,
+    );
+  });
+
+  it("refuses too few prompts for an MMD period (25), no probe, or an id used twice", async () => {
+    await expect(loadOperatorCorpus(await ownCorpus(24, 1))).rejects.toThrow(
+      "corpus.json has 24 prompts and 1 probes: the audits need at least 25 prompts and 1 probe",
+    );
+    await expect(loadOperatorCorpus(await ownCorpus(25, 0))).rejects.toThrow(
+      "corpus.json has 25 prompts and 0 probes",
+    );
+    await expect(
+      loadOperatorCorpus(await ownCorpus(26, 1, (c) => (c.prompts[5]!.id = "q2"))),
+    ).rejects.toThrow("corpus.json: prompt id q2 is used twice");
   });
 });

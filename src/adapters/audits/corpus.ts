@@ -4,7 +4,12 @@ import { fileURLToPath } from "node:url";
 import type { Hex } from "viem";
 import { BaseError } from "../../domain/base-error.js";
 import { isHex32, normalizeHex } from "../../domain/hex.js";
-import type { AuditCorpus, CorpusPrompt, CorpusTurn } from "../../domain/audits/traffic.js";
+import {
+  mmdPromptsPerPeriod,
+  type AuditCorpus,
+  type CorpusPrompt,
+  type CorpusTurn,
+} from "../../domain/audits/traffic.js";
 
 /**
  * The audit corpus shipped with the gateway (issue 39, item 1), and its reference data: files
@@ -20,6 +25,10 @@ import type { AuditCorpus, CorpusPrompt, CorpusTurn } from "../../domain/audits/
  *   the model's anchor (prompts whose top-1 first token nearly ties), in the prompts' format.
  * - `reference/<ModelID>.json`: `{ "modelId", "logprobs": { "<sequence id>": <mean nats/token> } }`,
  *   measured once on the reference weights (types.ts `referenceLogprobs`).
+ *
+ * The shipped corpus is public: anyone, a provider included, can read its prompts and answer
+ * honestly exactly the requests that carry one. An operator's own corpus (`AUDIT_CORPUS_DIR`,
+ * {@link loadOperatorCorpus}) has the same layout and is kept where no provider reads it.
  */
 
 export class AuditCorpusError extends BaseError {
@@ -80,7 +89,12 @@ function modelOf(file: string, value: Record<string, unknown>): Hex {
   return normalizeHex(id);
 }
 
-/** Loads the corpus of `dir` (the shipped one by default), checking every file's SHA-256. */
+/**
+ * Loads the corpus of `dir` (the shipped one by default), checking every file's SHA-256, that
+ * ids are unique, and that it has what the audits draw: at least {@link mmdPromptsPerPeriod}
+ * prompts (an MMD period's draw; fewer, and each would be asked more often) and one short-answer
+ * probe (the border inputs' candidates).
+ */
 export async function loadAuditCorpus(dir: string = auditDataDir): Promise<AuditCorpus> {
   const manifest = JSON.parse(await readFile(`${dir}manifest.json`, "utf8")) as Manifest;
   const pin = manifest.files["corpus.json"];
@@ -110,11 +124,61 @@ export async function loadAuditCorpus(dir: string = auditDataDir): Promise<Audit
       referenceLogprobs.set(modelOf(file, value), values);
     }
   }
-  return {
+  const corpus = {
     prompts: prompts(main["prompts"], "corpus.json"),
     probes: prompts(main["probes"], "corpus.json"),
     systems,
     borders,
     referenceLogprobs,
   };
+  const ids = [...corpus.prompts, ...corpus.probes].map((p) => p.id);
+  const repeated = ids.find((id, i) => ids.indexOf(id) !== i);
+  if (repeated !== undefined)
+    throw new AuditCorpusError(`corpus.json: prompt id ${repeated} is used twice`);
+  if (corpus.prompts.length < mmdPromptsPerPeriod || corpus.probes.length === 0)
+    throw new AuditCorpusError(
+      `corpus.json has ${corpus.prompts.length} prompts and ${corpus.probes.length} probes: ` +
+        `the audits need at least ${mmdPromptsPerPeriod} prompts and 1 probe`,
+    );
+  return corpus;
+}
+
+/** The corpus audits ask: an operator's own, or the shipped (public) one. */
+export interface LoadedAuditCorpus {
+  readonly corpus: AuditCorpus;
+  /** `shipped`: anyone can read its prompts, so a provider can tell audits by them. */
+  readonly source: "shipped" | "operator";
+}
+
+/** A user turn as compared across corpora: spaces folded, case ignored. */
+const folded = (text: string) => text.trim().replace(/\s+/g, " ").toLowerCase();
+
+function userTurns(corpus: AuditCorpus): Map<string, string> {
+  const turns = new Map<string, string>();
+  const all = [...corpus.prompts, ...corpus.probes, ...[...corpus.borders.values()].flat()];
+  for (const p of all)
+    for (const t of p.turns) if (t.role === "user") turns.set(folded(t.content), p.id);
+  return turns;
+}
+
+/**
+ * The operator's corpus at `dir` (`AUDIT_CORPUS_DIR`: the shipped layout, its own manifest), or
+ * the shipped one when `dir` is undefined. An operator's corpus may hold no user turn of the
+ * shipped one (spaces and case aside): a provider reads those in this repository, and would
+ * answer honestly the audits that carry them.
+ */
+export async function loadOperatorCorpus(dir: string | undefined): Promise<LoadedAuditCorpus> {
+  if (dir === undefined) return { corpus: await loadAuditCorpus(), source: "shipped" };
+  const corpus = await loadAuditCorpus(dir.endsWith("/") ? dir : `${dir}/`);
+  const shipped = userTurns(await loadAuditCorpus());
+  const public_ = [...userTurns(corpus)].filter(([text]) => shipped.has(text));
+  if (public_.length > 0)
+    throw new AuditCorpusError(
+      `AUDIT_CORPUS_DIR: ${public_.length} user turn(s) are the shipped corpus's ` +
+        `(${public_
+          .slice(0, 3)
+          .map(([text, id]) => `${id}, as shipped ${shipped.get(text)}`)
+          .join("; ")}), which anyone can read: a provider would answer those audits honestly`,
+    );
+  return { corpus, source: "operator" };
 }

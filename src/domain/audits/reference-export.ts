@@ -1,7 +1,7 @@
 import type { Hex } from "viem";
 import { normalizeHex } from "../hex.js";
 import { median } from "./statistics.js";
-import { foundBorders, type AuditCorpus, type CorpusPrompt } from "./traffic.js";
+import { foundBorders, sequencePrompt, type AuditCorpus, type CorpusPrompt } from "./traffic.js";
 import type { AuditSample } from "./types.js";
 
 /**
@@ -47,8 +47,10 @@ const byId = (a: { id: string }, b: { id: string }) => (a.id < b.id ? -1 : a.id 
 
 /**
  * The reference data of `modelId` from its anchor's samples (`samples`: every sample of the
- * model; only the anchor's count). A border found whose prompt the corpus no longer states is
- * left out (its text is unknown).
+ * model; only the anchor's count). A border found, or a logprob sequence, whose prompt the
+ * corpus does not state is left out: its text is unknown, or (samples of another corpus the
+ * audits asked before, e.g. the shipped one before AUDIT_CORPUS_DIR) no audit of this corpus
+ * asks it.
  */
 export function exportReference(
   corpus: AuditCorpus,
@@ -67,10 +69,12 @@ export function exportReference(
     .map((id) => known.get(id))
     .filter((p): p is CorpusPrompt => p !== undefined)
     .sort(byId);
+  const asked = new Set(corpus.prompts.map((p) => p.id));
   const scores = new Map<string, number[]>();
   for (const s of own) {
     if (s.test !== "logprob" || s.meanLogprob === undefined || !Number.isFinite(s.meanLogprob))
       continue;
+    if (!asked.has(sequencePrompt(s.promptId))) continue;
     let list = scores.get(s.promptId);
     if (list === undefined) scores.set(s.promptId, (list = []));
     list.push(s.meanLogprob);
