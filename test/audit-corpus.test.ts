@@ -18,6 +18,7 @@ import {
   VOCAB,
   type NgramLm,
 } from "./helpers/ngram-lm.js";
+import { json } from "./helpers/stack.js";
 
 /**
  * What a provider can do with the shipped corpus (issue 39, item 1: audits a provider cannot
@@ -196,6 +197,8 @@ describe("a provider that reads the shipped corpus", () => {
     expect(await (await fetch(a.gateway.metricsUrl)).text()).toMatch(
       /^gateway_audit_corpus_public 1$/m,
     );
+    // Clients and payers see it too: a passing status from a public corpus says little.
+    expect((await json(await fetch(`${a.gateway.url}/v1/gateway`))).audit_corpus).toBe("shipped");
 
     await clientRequests();
     expect(readerAnswered).toEqual({ reference: 0, impostor: 6 });
@@ -220,6 +223,7 @@ describe("a provider that reads the shipped corpus", () => {
     expect(await (await fetch(a.gateway.metricsUrl)).text()).toMatch(
       /^gateway_audit_corpus_public 0$/m,
     );
+    expect((await json(await fetch(`${a.gateway.url}/v1/gateway`))).audit_corpus).toBe("operator");
     const before = { ...readerAnswered };
     await clientRequests();
     const { outcomes, verdict } = await auditRounds(a.gateway.audits!);

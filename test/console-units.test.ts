@@ -59,7 +59,7 @@ describe("the console's token units", () => {
 });
 
 describe("the console's audit status", () => {
-  const text = auditText as (audit: object | null) => string;
+  const text = auditText as (audit: object | null, corpus?: string | null) => string;
   it("names each state with the evidence against its threshold", () => {
     const judged = { e_value: "41.5", flag_at: "20", exclude_at: "1000" };
     expect(text({ state: "unaudited", e_value: "1", flag_at: null, exclude_at: null })).toBe(
@@ -75,5 +75,17 @@ describe("the console's audit status", () => {
       "model mismatch: out of routing until verified again (e-value 5000 ≥ 1000)",
     );
     expect(text(null)).toBe("unknown");
+  });
+
+  it("says that a pass comes from public prompts when the audits ask the shipped corpus", () => {
+    const passing = { state: "passing", e_value: "0.8", flag_at: "20", reference_kind: "anchor" };
+    expect(text(passing, "shipped")).toBe(
+      "passing against the anchor (e-value 0.8, flags at 20); the audits ask public prompts, which a provider can tell from clients'",
+    );
+    expect(text(passing, "operator")).toBe("passing against the anchor (e-value 0.8, flags at 20)");
+    // A flag holds whatever the prompts: the provider failed audits it could have recognised.
+    expect(text({ ...passing, state: "flagged", e_value: "41.5" }, "shipped")).toBe(
+      "model mismatch: flagged against the anchor (e-value 41.5 ≥ 20)",
+    );
   });
 });

@@ -118,6 +118,7 @@ describe("unauthenticated routes", () => {
           settlement_account: null,
           receipt_signer: null,
           deployment: rows[0]!.id,
+          audit_corpus: null,
         })}`,
       ]),
     );

@@ -93,6 +93,7 @@ describe("signed usage receipts", () => {
       settlement_account: stack.roles.settlement.address,
       receipt_signer: receiptSigner,
       deployment: expect.stringMatching(/^dep_[0-9a-f]{32}$/),
+      audit_corpus: null,
     };
     const open = await fetch(`${stack.gateway.url}/v1/gateway`);
     expect(open.status).toBe(200);
@@ -525,6 +526,7 @@ describe("a gateway without a receipt key", () => {
       settlement_account: null,
       receipt_signer: null,
       deployment: expect.stringMatching(/^dep_[0-9a-f]{32}$/),
+      audit_corpus: null,
     });
     for (const path of [
       `/v1/requests/0x${"77".repeat(32)}/receipt`,

@@ -27,6 +27,7 @@ import { createQuoteService } from "../connect/quote-service.js";
 import { createAuditService } from "../connect/audit-service.js";
 import { createPgAuditStandingStore } from "../adapters/pg/audits.js";
 import type { AuditStandings } from "../domain/audits/standing.js";
+import type { AuditWiring } from "./audits.js";
 import { createSettlementService } from "../connect/settlement-service.js";
 import type { Catalog } from "../domain/catalog.js";
 import type { Inference } from "../domain/chat/index.js";
@@ -125,39 +126,41 @@ export async function wireApiKeys(
   return { authorities, keys, close: () => signals.close() };
 }
 
+/** What the API is made of (createApi). */
+export interface ApiDeps {
+  readonly db: Database;
+  readonly deploymentId: string;
+  readonly chain: PublicClient;
+  readonly catalog: Catalog;
+  /** What the catalog (and quotes) show of each offer beside the chain's record, from memory. */
+  readonly offerViews: {
+    readonly reputation: (offerId: Hex) => Reputation;
+    /** Offers cooling down (the catalog shows when each one's cooldown ends). */
+    readonly cooldowns?: Pick<OfferCooldowns, "until"> | undefined;
+    /** The offers' audit standings (the catalog and quotes show each offer's). */
+    readonly standings?: Pick<AuditStandings, "get"> | undefined;
+    /** The blind audits, when on: GET /v1/gateway says which corpus they ask. */
+    readonly audits?: Pick<AuditWiring, "source"> | undefined;
+  };
+  readonly permits: ChainPermitReader;
+  readonly permitClock: () => number;
+  readonly inference: Inference;
+  readonly registration: RegistrationService;
+  readonly health: HealthMonitor;
+  readonly tokens: TokenCounters;
+  readonly settlement: Settlement;
+  readonly invalidateRouting: () => void;
+  readonly rateLimiter: RateLimiter;
+  readonly apiKeys: ApiKeyWiring;
+  readonly readiness: () => Promise<Readiness>;
+  readonly clock: () => number;
+  readonly metrics: ReturnType<typeof createMetrics>;
+  readonly shutdown: AbortSignal;
+  readonly logger: Logger;
+}
+
 /** The RPC services, and the one handler that serves them over Connect, gRPC and REST. */
-export function createApi(
-  config: Config,
-  deps: {
-    readonly db: Database;
-    readonly deploymentId: string;
-    readonly chain: PublicClient;
-    readonly catalog: Catalog;
-    /** What the catalog (and quotes) show of each offer beside the chain's record, from memory. */
-    readonly offerViews: {
-      readonly reputation: (offerId: Hex) => Reputation;
-      /** Offers cooling down (the catalog shows when each one's cooldown ends). */
-      readonly cooldowns?: Pick<OfferCooldowns, "until"> | undefined;
-      /** The offers' audit standings (the catalog and quotes show each offer's). */
-      readonly standings?: Pick<AuditStandings, "get"> | undefined;
-    };
-    readonly permits: ChainPermitReader;
-    readonly permitClock: () => number;
-    readonly inference: Inference;
-    readonly registration: RegistrationService;
-    readonly health: HealthMonitor;
-    readonly tokens: TokenCounters;
-    readonly settlement: Settlement;
-    readonly invalidateRouting: () => void;
-    readonly rateLimiter: RateLimiter;
-    readonly apiKeys: ApiKeyWiring;
-    readonly readiness: () => Promise<Readiness>;
-    readonly clock: () => number;
-    readonly metrics: ReturnType<typeof createMetrics>;
-    readonly shutdown: AbortSignal;
-    readonly logger: Logger;
-  },
-) {
+export function createApi(config: Config, deps: ApiDeps) {
   const { db, clock } = deps;
   // Spending authority (DESIGN.md section 8): held per API key with the key itself.
   const { authorities, keys } = deps.apiKeys;
@@ -213,6 +216,7 @@ export function createApi(
             ? undefined
             : privateKeyToAccount(config.settlementPrivateKey).address,
         receiptSigner: receiptSigner?.address,
+        auditCorpus: deps.offerViews.audits?.source,
       }),
       quote: createQuoteService(deps.inference, deps.offerViews.standings),
       audit: createAuditService(createPgAuditStandingStore(db.pool)),

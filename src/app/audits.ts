@@ -35,6 +35,8 @@ export interface AuditOptions {
 
 /** The audits of one gateway: wired before it listens, started once it does. */
 export interface AuditWiring {
+  /** The corpus the audits ask: the operator's own (AUDIT_CORPUS_DIR) or the shipped one. */
+  readonly source: "shipped" | "operator";
   /** The sample of clients' request shapes the chat pipeline feeds. */
   readonly shapes: ShapeSample;
   /** Connects to the gateway at `url` (its own gRPC port) and starts the runner. */
@@ -81,6 +83,7 @@ export async function prepareAudits(
   let connection: AuditConnection | undefined;
   let runner: AuditRunner | undefined;
   return {
+    source,
     shapes,
     start(url) {
       connection = connectAudits(url, audits.auditApiKey);

@@ -1,7 +1,11 @@
 import { create } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import type { Address } from "viem";
-import { GatewayService, GetGatewayResponseSchema } from "../../gen/gateway/v1/gateway_pb.js";
+import {
+  AuditCorpus,
+  GatewayService,
+  GetGatewayResponseSchema,
+} from "../../gen/gateway/v1/gateway_pb.js";
 
 export interface GatewayFacts {
   /** This database's deployment id: named in every payer's AuthorizeKey signature. */
@@ -12,7 +16,14 @@ export interface GatewayFacts {
   readonly settlementAccount: Address | undefined;
   /** The receipt key's address (RECEIPT_PRIVATE_KEY's); absent: no receipts. */
   readonly receiptSigner: Address | undefined;
+  /** The corpus the blind audits ask; absent: no audits. */
+  readonly auditCorpus?: "shipped" | "operator" | undefined;
 }
+
+const corpusOf = {
+  shipped: AuditCorpus.SHIPPED,
+  operator: AuditCorpus.OPERATOR,
+} as const;
 
 /**
  * GatewayService: public facts, no credentials (the auth interceptor lets this service through).
@@ -27,6 +38,8 @@ export function createGatewayService(facts: GatewayFacts): ServiceImpl<typeof Ga
       settlementAccount: facts.settlementAccount ?? "",
       receiptSigner: facts.receiptSigner ?? "",
       deployment: facts.deployment,
+      auditCorpus:
+        facts.auditCorpus === undefined ? AuditCorpus.UNSPECIFIED : corpusOf[facts.auditCorpus],
     },
   });
   return {

@@ -2,15 +2,15 @@
 // @generated from file gateway/v1/gateway.proto (package gateway.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file gateway/v1/gateway.proto.
  */
 export const file_gateway_v1_gateway: GenFile = /*@__PURE__*/
-  fileDesc("ChhnYXRld2F5L3YxL2dhdGV3YXkucHJvdG8SCmdhdGV3YXkudjEiEwoRR2V0R2F0ZXdheVJlcXVlc3QidwoLR2F0ZXdheUluZm8SEAoIY2hhaW5faWQYASABKAQSDgoGbWFya2V0GAIgASgJEhoKEnNldHRsZW1lbnRfYWNjb3VudBgDIAEoCRIWCg5yZWNlaXB0X3NpZ25lchgEIAEoCRISCgpkZXBsb3ltZW50GAUgASgJIj4KEkdldEdhdGV3YXlSZXNwb25zZRIoCgdnYXRld2F5GAEgASgLMhcuZ2F0ZXdheS52MS5HYXRld2F5SW5mbzJdCg5HYXRld2F5U2VydmljZRJLCgpHZXRHYXRld2F5Eh0uZ2F0ZXdheS52MS5HZXRHYXRld2F5UmVxdWVzdBoeLmdhdGV3YXkudjEuR2V0R2F0ZXdheVJlc3BvbnNlYgZwcm90bzM");
+  fileDesc("ChhnYXRld2F5L3YxL2dhdGV3YXkucHJvdG8SCmdhdGV3YXkudjEiEwoRR2V0R2F0ZXdheVJlcXVlc3QipgEKC0dhdGV3YXlJbmZvEhAKCGNoYWluX2lkGAEgASgEEg4KBm1hcmtldBgCIAEoCRIaChJzZXR0bGVtZW50X2FjY291bnQYAyABKAkSFgoOcmVjZWlwdF9zaWduZXIYBCABKAkSEgoKZGVwbG95bWVudBgFIAEoCRItCgxhdWRpdF9jb3JwdXMYBiABKA4yFy5nYXRld2F5LnYxLkF1ZGl0Q29ycHVzIj4KEkdldEdhdGV3YXlSZXNwb25zZRIoCgdnYXRld2F5GAEgASgLMhcuZ2F0ZXdheS52MS5HYXRld2F5SW5mbypgCgtBdWRpdENvcnB1cxIcChhBVURJVF9DT1JQVVNfVU5TUEVDSUZJRUQQABIYChRBVURJVF9DT1JQVVNfU0hJUFBFRBABEhkKFUFVRElUX0NPUlBVU19PUEVSQVRPUhACMl0KDkdhdGV3YXlTZXJ2aWNlEksKCkdldEdhdGV3YXkSHS5nYXRld2F5LnYxLkdldEdhdGV3YXlSZXF1ZXN0Gh4uZ2F0ZXdheS52MS5HZXRHYXRld2F5UmVzcG9uc2ViBnByb3RvMw");
 
 /**
  * @generated from message gateway.v1.GetGatewayRequest
@@ -66,6 +66,14 @@ export type GatewayInfo = Message<"gateway.v1.GatewayInfo"> & {
    * @generated from field: string deployment = 5;
    */
   deployment: string;
+
+  /**
+   * The prompts this gateway's blind audits ask (docs/operators.md, "Blind audits");
+   * unspecified when it runs no audits.
+   *
+   * @generated from field: gateway.v1.AuditCorpus audit_corpus = 6;
+   */
+  auditCorpus: AuditCorpus;
 };
 
 /**
@@ -91,6 +99,40 @@ export type GetGatewayResponse = Message<"gateway.v1.GetGatewayResponse"> & {
  */
 export const GetGatewayResponseSchema: GenMessage<GetGatewayResponse> = /*@__PURE__*/
   messageDesc(file_gateway_v1_gateway, 2);
+
+/**
+ * Where a gateway's audit prompts come from.
+ *
+ * @generated from enum gateway.v1.AuditCorpus
+ */
+export enum AuditCorpus {
+  /**
+   * @generated from enum value: AUDIT_CORPUS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The corpus shipped with the gateway: public, so a provider that reads it can
+   * tell audits from clients by their prompts. A flag is still evidence; a
+   * passing audit status says little.
+   *
+   * @generated from enum value: AUDIT_CORPUS_SHIPPED = 1;
+   */
+  SHIPPED = 1,
+
+  /**
+   * The operator's own corpus (AUDIT_CORPUS_DIR), which providers do not read.
+   *
+   * @generated from enum value: AUDIT_CORPUS_OPERATOR = 2;
+   */
+  OPERATOR = 2,
+}
+
+/**
+ * Describes the enum gateway.v1.AuditCorpus.
+ */
+export const AuditCorpusSchema: GenEnum<AuditCorpus> = /*@__PURE__*/
+  enumDesc(file_gateway_v1_gateway, 0);
 
 /**
  * Public facts about this gateway, for anyone: no credentials. Answered from

@@ -24,14 +24,17 @@ export const comparePanel = {
       noKey: "Enter an API key to compare the offers.",
       loading: "Loading offers…",
       read: async () => {
-        const models = (await context.api.get("/v1/models")).data;
+        const [gateway, models] = await Promise.all([
+          context.api.get("/v1/gateway"),
+          context.api.get("/v1/models").then((list) => list.data),
+        ]);
         const offers = await Promise.all(
           models.map((m) => context.api.get(`/v1/models/${segment(m.id)}/offers`)),
         );
-        return { models, offers };
+        return { models, offers, corpus: gateway.audit_corpus };
       },
-      show: ({ models, offers }) => ({
-        nodes: models.map((m, i) => modelComparison(m, offers[i].data)),
+      show: ({ models, offers, corpus }) => ({
+        nodes: models.map((m, i) => modelComparison(m, offers[i].data, corpus)),
       }),
     });
   },
@@ -40,8 +43,9 @@ export const comparePanel = {
 /**
  * @param {Record<string, any>} model
  * @param {Record<string, any>[]} offers
+ * @param {string | null | undefined} corpus `GET /v1/gateway`'s `audit_corpus`
  */
-function modelComparison(model, offers) {
+function modelComparison(model, offers, corpus) {
   const units = tokenUnits(model);
   const price = (o) =>
     o.tariff === null || o.tariff === undefined
@@ -105,7 +109,7 @@ function modelComparison(model, offers) {
               meteringText(o),
               cooldownText(o.cooldown_until),
               flagsText(o),
-              auditText(o.audit),
+              auditText(o.audit, corpus),
             ];
           }),
           offers.map((o) => ({ "data-compare-offer": o.offer_id })),

@@ -28,6 +28,11 @@ export const gatewayResource = protoView(GatewayInfoSchema, "Gateway", {
       description:
         "the address that signs usage receipts; null: this gateway signs none (RECEIPT_PRIVATE_KEY unset)",
     },
+    audit_corpus: {
+      emptyIsNull: true,
+      description:
+        "the prompts its blind audits ask: operator (the operator's own corpus, which providers do not read) or shipped (the public corpus shipped with the gateway: a provider that reads it can tell audits by their prompts, so a passing audit status says little, a flag still holds); null: no audits",
+    },
   },
 });
 
