@@ -96,7 +96,7 @@ async function writeOwnCorpus(dir: string): Promise<void> {
       task: "probe",
       turns: user(`Answer with one word: what follows ${VOCAB[100 + i]}`),
     })),
-    systems: { en: ["You are a helpful assistant."] },
+    systems: { en: ["Keep answers short and plain."] },
   };
   const text = JSON.stringify(corpus, null, 2);
   const sha = createHash("sha256").update(text).digest("hex");

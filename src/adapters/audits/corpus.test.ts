@@ -140,7 +140,17 @@ describe("an operator's own corpus (AUDIT_CORPUS_DIR)", () => {
     });
     await expect(loadOperatorCorpus(dir)).rejects.toThrow(AuditCorpusError);
     await expect(loadOperatorCorpus(dir)).rejects.toThrow(
-      `AUDIT_CORPUS_DIR: 1 user turn(s) are the shipped corpus's (q7, as shipped ${shipped.prompts[3]!.id})`,
+      `AUDIT_CORPUS_DIR: 1 text(s) are the shipped corpus's (q7, as shipped ${shipped.prompts[3]!.id})`,
+    );
+  });
+
+  it("refuses a system message of the shipped corpus: an audit sends it as the client's", async () => {
+    const system = (await loadAuditCorpus()).systems["fr"]![1]!;
+    const dir = await ownCorpus(25, 1, (c) => {
+      (c as { systems?: Record<string, string[]> }).systems = { en: ["Be brief.", system] };
+    });
+    await expect(loadOperatorCorpus(dir)).rejects.toThrow(
+      "AUDIT_CORPUS_DIR: 1 text(s) are the shipped corpus's (systems.en[1], as shipped systems.fr[1])",
     );
   });
 

@@ -153,28 +153,33 @@ export interface LoadedAuditCorpus {
 /** A user turn as compared across corpora: spaces folded, case ignored. */
 const folded = (text: string) => text.trim().replace(/\s+/g, " ").toLowerCase();
 
-function userTurns(corpus: AuditCorpus): Map<string, string> {
-  const turns = new Map<string, string>();
+/** The corpus's texts an audit sends as the client's (user turns, system messages), by where. */
+function ownTexts(corpus: AuditCorpus): Map<string, string> {
+  const texts = new Map<string, string>();
   const all = [...corpus.prompts, ...corpus.probes, ...[...corpus.borders.values()].flat()];
-  for (const p of all)
-    for (const t of p.turns) if (t.role === "user") turns.set(folded(t.content), p.id);
-  return turns;
+  for (const p of all) {
+    for (const t of p.turns) if (t.role === "user") texts.set(folded(t.content), p.id);
+    if (p.system !== undefined) texts.set(folded(p.system), `${p.id}'s system`);
+  }
+  for (const [lang, list] of Object.entries(corpus.systems))
+    list.forEach((text, i) => texts.set(folded(text), `systems.${lang}[${i}]`));
+  return texts;
 }
 
 /**
  * The operator's corpus at `dir` (`AUDIT_CORPUS_DIR`: the shipped layout, its own manifest), or
- * the shipped one when `dir` is undefined. An operator's corpus may hold no user turn of the
- * shipped one (spaces and case aside): a provider reads those in this repository, and would
- * answer honestly the audits that carry them.
+ * the shipped one when `dir` is undefined. An operator's corpus may hold no user turn or system
+ * message of the shipped one (spaces and case aside): a provider reads those in this repository,
+ * and would answer honestly the audits that carry them.
  */
 export async function loadOperatorCorpus(dir: string | undefined): Promise<LoadedAuditCorpus> {
   if (dir === undefined) return { corpus: await loadAuditCorpus(), source: "shipped" };
   const corpus = await loadAuditCorpus(dir.endsWith("/") ? dir : `${dir}/`);
-  const shipped = userTurns(await loadAuditCorpus());
-  const public_ = [...userTurns(corpus)].filter(([text]) => shipped.has(text));
+  const shipped = ownTexts(await loadAuditCorpus());
+  const public_ = [...ownTexts(corpus)].filter(([text]) => shipped.has(text));
   if (public_.length > 0)
     throw new AuditCorpusError(
-      `AUDIT_CORPUS_DIR: ${public_.length} user turn(s) are the shipped corpus's ` +
+      `AUDIT_CORPUS_DIR: ${public_.length} text(s) are the shipped corpus's ` +
         `(${public_
           .slice(0, 3)
           .map(([text, id]) => `${id}, as shipped ${shipped.get(text)}`)
