@@ -39,6 +39,8 @@ export interface AuditStack {
 
 export type AuditSettings = Partial<Omit<AuditConfig, "auditApiKey" | "permits">> & {
   readonly env?: Record<string, string>;
+  /** The gateway's clock (Unix seconds); absent: the real one. */
+  readonly clock?: () => number;
 };
 
 export async function startAuditStack(
@@ -79,7 +81,12 @@ export async function startAuditStack(
       };
       stack.gateway = await startGateway(
         { ...stack.config, audits },
-        { logger: stack.logger, database: stack.database.db, audits: { start: false, ...opts } },
+        {
+          logger: stack.logger,
+          database: stack.database.db,
+          audits: { start: false, ...opts },
+          ...(set.clock === undefined ? {} : { clock: set.clock }),
+        },
       );
       return stack.gateway;
     };

@@ -189,7 +189,15 @@ export async function* plan(
   options: FlushOptions,
   limit: number,
 ): AsyncGenerator<Prepared & { batchId: Hex }> {
-  const pending = await f.store.pendingCharges({ limit, permits: options.permits });
+  const held = f.deps.heldDaily;
+  const pending = await f.store.pendingCharges({
+    limit,
+    permits: options.permits,
+    held:
+      held === undefined || held.length === 0
+        ? undefined
+        : { permits: held, before: utcDayStart(f.clock()) },
+  });
   let entries = aggregateCharges(pending);
   const maxEntries = entriesUnder(f.deps.maxBatchGas);
   while (entries.length > 0) {
@@ -199,4 +207,9 @@ export async function* plan(
     entries = entries.filter((e) => !taken.has(e));
     yield { batchId, ...prepared };
   }
+}
+
+/** The start of the UTC day holding `now` (Unix seconds). */
+export function utcDayStart(now: number): number {
+  return now - (((now % 86_400) + 86_400) % 86_400);
 }
