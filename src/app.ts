@@ -411,7 +411,6 @@ function scrapeSources(
     clock: from.clock,
     coolingDown: () => from.chat.cooldowns.coolingCount(),
     auditStates: () => auditStateCounts(from.chat.standings.all()),
-    heldDaily: config.audits === undefined ? undefined : [...config.audits.permits.values()],
   };
 }
 

@@ -75,8 +75,6 @@ export function createSettlement(
           leaseSeconds: config.settlementLeaseSeconds,
           pollMs: Math.min(config.pollIntervalMs, 1000),
           closeMarginSeconds: config.settlementCloseMarginSeconds,
-          // The audits' permits settle a day at a time (a provider must not see each audit).
-          heldDaily: config.audits === undefined ? undefined : [...config.audits.permits.values()],
           observer: deps.metrics.settlement,
           // What we just settled is read afresh (the view's four amounts add up at once),
           // without waiting for the indexer to see ChargeSettled.

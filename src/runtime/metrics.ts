@@ -11,7 +11,7 @@ import type { AuditObserver } from "../domain/audits/runner.js";
 import type { ChatObserver } from "../domain/chat/ports.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { createSharedRefresh } from "../domain/shared-refresh.js";
-import { utcDayStart, type SettlementObserver } from "../domain/settlement/index.js";
+import type { SettlementObserver } from "../domain/settlement/index.js";
 import type { NodeRequest } from "../rest/body.js";
 import { toHttpError } from "../rest/errors.js";
 import type { NodeResponse } from "../rest/body.js";
@@ -31,15 +31,7 @@ import { registerMetrics, type Metrics } from "./metric-definitions.js";
 /** Where the gauges read at scrape time come from. */
 export interface ScrapeSources {
   /** Runs one query (the gateway's pool). */
-  readonly query: (
-    text: string,
-    values?: unknown[],
-  ) => Promise<{ rows: Record<string, unknown>[] }>;
-  /**
-   * Permits whose charges settle a UTC day at a time (the audits'): those of the current day are
-   * left out of the oldest unsettled charge's age, which says how far settlement is behind.
-   */
-  readonly heldDaily?: readonly string[] | undefined;
+  readonly query: (text: string) => Promise<{ rows: Record<string, unknown>[] }>;
   /** The chain's head block. */
   readonly chainHead: () => Promise<bigint>;
   /** Blocks the indexer stays behind the head by design (CONFIRMATIONS). */
@@ -110,8 +102,7 @@ const gaugeQuery = `SELECT
      WHERE status IN ('pending', 'submitted')))::text AS unsettled,
   LEAST(
     (SELECT min(completed_at) FROM inference_requests
-      WHERE settlement_status = 'unsettled' AND credits_charged > 0
-        AND NOT (permit_id = ANY ($1::text[]) AND completed_at >= $2)),
+      WHERE settlement_status = 'unsettled' AND credits_charged > 0),
     (SELECT min(r.completed_at) FROM settlement_batches b
       JOIN inference_requests r ON r.batch_id = b.batch_id
       WHERE b.status IN ('pending', 'submitted')))::text AS oldest,
@@ -313,7 +304,7 @@ async function refresh(m: Metrics, sources: ScrapeSources | undefined): Promise<
   }
   const timeoutMs = s.timeoutMs ?? collectTimeoutMs;
   const [db, head] = await Promise.allSettled([
-    withTimeout(s.query(gaugeQuery, [s.heldDaily ?? [], utcDayStart(s.clock())]), timeoutMs),
+    withTimeout(s.query(gaugeQuery), timeoutMs),
     withTimeout(s.chainHead(), timeoutMs),
   ]);
   const row = db.status === "fulfilled" ? db.value.rows[0] : undefined;

@@ -19,7 +19,7 @@ export async function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T
 /** What readiness and the metrics' scrape ask: the gateway's database, and the chain's head. */
 export function dependencySources(db: Database, chain: PublicClient) {
   return {
-    query: (text: string, values?: unknown[]) => db.pool.query(text, values),
+    query: (text: string) => db.pool.query(text),
     chainHead: () => chain.getBlockNumber({ cacheTime: 0 }),
   };
 }

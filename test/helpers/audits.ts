@@ -39,8 +39,6 @@ export interface AuditStack {
 
 export type AuditSettings = Partial<Omit<AuditConfig, "auditApiKey" | "permits">> & {
   readonly env?: Record<string, string>;
-  /** The gateway's clock (Unix seconds); absent: the real one. */
-  readonly clock?: () => number;
 };
 
 export async function startAuditStack(
@@ -81,12 +79,7 @@ export async function startAuditStack(
       };
       stack.gateway = await startGateway(
         { ...stack.config, audits },
-        {
-          logger: stack.logger,
-          database: stack.database.db,
-          audits: { start: false, ...opts },
-          ...(set.clock === undefined ? {} : { clock: set.clock }),
-        },
+        { logger: stack.logger, database: stack.database.db, audits: { start: false, ...opts } },
       );
       return stack.gateway;
     };

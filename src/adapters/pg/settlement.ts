@@ -137,7 +137,7 @@ function queueMethods(
   pool: pg.Pool,
 ): Pick<SettlementStore, "pendingCharges" | "closingPermitsWithCharges" | "markUnsettleable"> {
   return {
-    async pendingCharges({ limit, permits, held }) {
+    async pendingCharges({ limit, permits }) {
       // Charges on permits in their close grace period first (soonest closable first), then
       // the oldest; each query walks a partial index of the unsettled requests (migration 031:
       // by permit, and by admission, since no index names the close's completed_at). Open
@@ -162,10 +162,9 @@ function queueMethods(
          FROM inference_requests r
          WHERE r.settlement_status = 'unsettled' AND r.credits_charged > 0
            AND NOT (r.id = ANY ($2::text[]))
-           AND NOT (r.permit_id = ANY ($3::text[]) AND r.completed_at >= $4)
          ORDER BY r.created_at, r.id
          LIMIT $1`,
-        [limit - charges.length, taken, held?.permits ?? [], held?.before ?? 0],
+        [limit - charges.length, taken],
       );
       return charges.concat(rest.rows.map(toCharge));
     },

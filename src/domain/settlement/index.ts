@@ -55,7 +55,7 @@ export type {
   UnsettleableReport,
 } from "./types.js";
 export { bump, capFees, minReplacementBumpPercent, replacementFees } from "./fees.js";
-export { aggregateCharges, entriesUnder, utcDayStart } from "./plan.js";
+export { aggregateCharges, entriesUnder } from "./plan.js";
 export { createSettlementFlusher } from "./flusher.js";
 export {
   reconcile,

@@ -189,15 +189,7 @@ export async function* plan(
   options: FlushOptions,
   limit: number,
 ): AsyncGenerator<Prepared & { batchId: Hex }> {
-  const held = f.deps.heldDaily;
-  const pending = await f.store.pendingCharges({
-    limit,
-    permits: options.permits,
-    held:
-      held === undefined || held.length === 0
-        ? undefined
-        : { permits: held, before: utcDayStart(f.clock()) },
-  });
+  const pending = await f.store.pendingCharges({ limit, permits: options.permits });
   let entries = aggregateCharges(pending);
   const maxEntries = entriesUnder(f.deps.maxBatchGas);
   while (entries.length > 0) {
@@ -207,9 +199,4 @@ export async function* plan(
     entries = entries.filter((e) => !taken.has(e));
     yield { batchId, ...prepared };
   }
-}
-
-/** The start of the UTC day holding `now` (Unix seconds). */
-export function utcDayStart(now: number): number {
-  return now - (((now % 86_400) + 86_400) % 86_400);
 }

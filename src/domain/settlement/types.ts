@@ -107,8 +107,6 @@ export interface SettlementStore {
   pendingCharges(opts: {
     limit: number;
     permits?: readonly Hex[] | undefined;
-    /** Leaves out these permits' charges completed at or after `before` (unless closing). */
-    held?: HeldCharges | undefined;
   }): Promise<PendingCharge[]>;
   closingPermitsWithCharges(): Promise<{ permitId: Hex; closableAt: number }[]>;
   markUnsettleable(account: Hex, holder: string, marks: readonly UnsettleableMark[]): Promise<void>;
@@ -268,13 +266,6 @@ export interface FlushOptions {
   readonly signal?: AbortSignal | undefined;
 }
 
-/** Charges the queue leaves out for now: those of `permits` completed at or after `before`. */
-export interface HeldCharges {
-  readonly permits: readonly Hex[];
-  /** Unix seconds. */
-  readonly before: number;
-}
-
 export interface SettlementFlusherDeps {
   readonly store: SettlementStore;
   readonly chain: SettlementChain;
@@ -295,14 +286,6 @@ export interface SettlementFlusherDeps {
   readonly leaseSeconds: number;
   /** Between two looks at the chain while a transaction is in flight. */
   readonly pollMs: number;
-  /**
-   * Permits whose charges settle a UTC day at a time: none of a day's until the day has ended,
-   * then all of them together, one `Charge` per (permit, offer). The blind audits' permits: a
-   * `ChargeSettled` per audit, a few seconds after it, would show the provider which of its
-   * requests were audits (their amounts and times) and so, afterwards, the operator's prompts.
-   * A permit in its close grace period settles at once, as any.
-   */
-  readonly heldDaily?: readonly Hex[] | undefined;
   /** Settle charges of closing permits this long before `closableAt` at the latest. */
   readonly closeMarginSeconds?: number;
   /** Metrics hooks; absent: nothing is observed. */
