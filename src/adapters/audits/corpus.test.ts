@@ -154,6 +154,14 @@ describe("an operator's own corpus (AUDIT_CORPUS_DIR)", () => {
     );
   });
 
+  it("refuses a folder without a manifest, naming the file", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "gw-own-corpus-"));
+    dirs.push(dir);
+    await expect(loadOperatorCorpus(dir)).rejects.toThrow(
+      `cannot read the audit corpus manifest ${dir}/manifest.json: ENOENT`,
+    );
+  });
+
   it("refuses too few prompts for an MMD period (25), no probe, or an id used twice", async () => {
     await expect(loadOperatorCorpus(await ownCorpus(24, 1))).rejects.toThrow(
       "corpus.json has 24 prompts and 1 probes: the audits need at least 25 prompts and 1 probe",

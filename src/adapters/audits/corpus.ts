@@ -96,7 +96,14 @@ function modelOf(file: string, value: Record<string, unknown>): Hex {
  * probe (the border inputs' candidates).
  */
 export async function loadAuditCorpus(dir: string = auditDataDir): Promise<AuditCorpus> {
-  const manifest = JSON.parse(await readFile(`${dir}manifest.json`, "utf8")) as Manifest;
+  let manifest: Manifest;
+  try {
+    manifest = JSON.parse(await readFile(`${dir}manifest.json`, "utf8")) as Manifest;
+  } catch (error) {
+    throw new AuditCorpusError(
+      `cannot read the audit corpus manifest ${dir}manifest.json: ${(error as Error).message}`,
+    );
+  }
   const pin = manifest.files["corpus.json"];
   if (pin === undefined) throw new AuditCorpusError("the manifest pins no corpus.json");
   const main = await readPinned(dir, "corpus.json", pin);
