@@ -202,7 +202,7 @@ describe("gateway audits export-reference", () => {
     const corpus = JSON.stringify({
       prompts: Array.from({ length: 25 }, (_, i) => prompt(`own-q${i}`, "question", `Q ${i}?`)),
       probes: [prompt("own-p0", "probe", "Heads or tails? One word.")],
-      systems: {},
+      systems: { en: ["Answer in one short line."] },
     });
     const manifest = { files: { "corpus.json": sha(corpus) } as Record<string, string> };
     await writeFile(join(dir, "corpus.json"), corpus);

@@ -154,6 +154,15 @@ describe("an operator's own corpus (AUDIT_CORPUS_DIR)", () => {
     );
   });
 
+  it("refuses prompts no system message can frame: none of their own, none for their language or English", async () => {
+    const dir = await ownCorpus(25, 1, (c) => {
+      (c as { systems?: Record<string, string[]> }).systems = { de: ["Antworte kurz."] };
+    });
+    await expect(loadOperatorCorpus(dir)).rejects.toThrow(
+      "corpus.json: prompt q0 has no system message, and systems has none for en (an audit copying a framing with a system message needs one)",
+    );
+  });
+
   it("refuses a folder without a manifest, naming the file", async () => {
     const dir = await mkdtemp(join(tmpdir(), "gw-own-corpus-"));
     dirs.push(dir);

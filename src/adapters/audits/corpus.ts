@@ -142,6 +142,20 @@ export async function loadAuditCorpus(dir: string = auditDataDir): Promise<Audit
   const repeated = ids.find((id, i) => ids.indexOf(id) !== i);
   if (repeated !== undefined)
     throw new AuditCorpusError(`corpus.json: prompt id ${repeated} is used twice`);
+  // A framing whose clients send a system message gets one from the prompt, else its language's
+  // list, else English's: an audit without one would differ from the clients it copies.
+  const bare = [...corpus.prompts, ...corpus.probes].find(
+    (p) =>
+      p.system === undefined &&
+      (systems[p.lang] ?? []).length === 0 &&
+      (systems["en"] ?? []).length === 0,
+  );
+  if (bare !== undefined)
+    throw new AuditCorpusError(
+      `corpus.json: prompt ${bare.id} has no system message, and systems has none for ` +
+        `${bare.lang === "en" ? "en" : `${bare.lang} nor for en`} (an audit copying a framing ` +
+        "with a system message needs one)",
+    );
   if (corpus.prompts.length < mmdPromptsPerPeriod || corpus.probes.length === 0)
     throw new AuditCorpusError(
       `corpus.json has ${corpus.prompts.length} prompts and ${corpus.probes.length} probes: ` +
