@@ -300,7 +300,6 @@ describe("signed usage receipts", () => {
 
     const settled = await flush(stack);
     expect(settled.status).toBe(200);
-    const batch = settled.body.batches.find((b: { status: string }) => b.status === "settled");
 
     const list = async (query: string, key = stack.apiKey) => {
       const r = await fetch(`${stack.gateway.url}/v1/permits/${permitId}/receipts${query}`, {
@@ -322,12 +321,22 @@ describe("signed usage receipts", () => {
         String(a.requestId).localeCompare(String(b.requestId)),
     );
     expect(listed).toEqual(order);
+    // One (permit, offer) entry: every charge in one batch, settled, as the ledger records it.
+    // (A flush may also settle other permits' charges left by earlier tests, in batches of their
+    // own, listed before this one: the receipts name theirs.)
+    const batchId = all.body.data[0].settlement.batch_id as string;
+    const { rows: recorded } = await stack.database.db.pool.query<{
+      status: string;
+      tx_hash: string;
+    }>("SELECT status, tx_hash FROM settlement_batches WHERE batch_id = $1", [batchId]);
+    const batch = recorded[0]!;
+    expect(batch.status).toBe("settled");
     for (const item of all.body.data) {
       expect(item.object).toBe("usage_receipt");
       expect(recover(item.receipt, item.signature)).toBe(receiptSigner);
       expect(item.settlement).toMatchObject({
         status: "settled",
-        batch_id: batch.batch_id,
+        batch_id: batchId,
         tx_hash: batch.tx_hash,
       });
     }
