@@ -5,7 +5,7 @@ import { auditDay } from "../src/domain/audits/budget.js";
 import type { AuditOutcome } from "../src/domain/audits/runner.js";
 import { seededRandom } from "../src/domain/audits/random.js";
 import { runAuditsBudget } from "../src/cli/audits-budget.js";
-import { startAuditStack, type AuditStack } from "./helpers/audits.js";
+import { clientChat, startAuditStack, type AuditStack } from "./helpers/audits.js";
 import { flush, settlementRows, settlingEnv } from "./helpers/settlement.js";
 import { eventually } from "./helpers/stack.js";
 
@@ -34,19 +34,10 @@ async function sendClient(temperature: number): Promise<void> {
 }
 
 async function sendOne(temperature: number, permitId: Hex): Promise<void> {
-  const res = await fetch(`${a.gateway.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: {
-      authorization: `Bearer ${a.stack.apiKey}`,
-      "content-type": "application/json",
-      "x-gateway-permit": permitId,
-    },
-    body: JSON.stringify({
-      model: "demo-chat",
-      messages: [{ role: "user", content: "a client's question" }],
-      temperature,
-      max_tokens: 32,
-    }),
+  const res = await clientChat(a, permitId, {
+    messages: [{ role: "user", content: "a client's question" }],
+    temperature,
+    max_tokens: 32,
   });
   await res.text();
   expect(res.status).toBe(200);

@@ -8,7 +8,7 @@ import { auditDataDir } from "../src/adapters/audits/corpus.js";
 import { mixSeed, seededRandom } from "../src/domain/audits/random.js";
 import type { AuditOutcome, AuditRunner } from "../src/domain/audits/runner.js";
 import type { OfferAuditVerdict } from "../src/domain/audits/types.js";
-import { startAuditStack, type AuditStack } from "./helpers/audits.js";
+import { clientChat, startAuditStack, type AuditStack } from "./helpers/audits.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { secondChatOffer } from "./helpers/market.js";
 import {
@@ -117,20 +117,11 @@ async function clientRequests(): Promise<void> {
   // Clients of the model, at the audits' temperatures, from three payers (what audits copy).
   for (const permitId of a.clientPermits)
     for (const temperature of [0, 1]) {
-      const res = await fetch(`${a.gateway.url}/v1/chat/completions`, {
-        method: "POST",
-        headers: {
-          authorization: `Bearer ${a.stack.apiKey}`,
-          "content-type": "application/json",
-          "x-gateway-permit": permitId,
-        },
-        body: JSON.stringify({
-          model: "demo-chat",
-          messages: [{ role: "user", content: "tell me something about the sea" }],
-          temperature,
-          max_tokens: 32,
-          offer: reader,
-        }),
+      const res = await clientChat(a, permitId, {
+        messages: [{ role: "user", content: "tell me something about the sea" }],
+        temperature,
+        max_tokens: 32,
+        offer: reader,
       });
       expect(res.status).toBe(200);
       await res.text();

@@ -4,7 +4,7 @@ import { verifyOffer } from "../src/clients/provider.js";
 import { seededRandom } from "../src/domain/audits/random.js";
 import type { AuditOutcome } from "../src/domain/audits/runner.js";
 import { LOGPROB_TOKENS } from "../src/domain/audits/logprobs.js";
-import { startAuditStack, type AuditStack } from "./helpers/audits.js";
+import { clientChat, startAuditStack, type AuditStack } from "./helpers/audits.js";
 import type { FakeUpstream, LogprobsOf } from "./helpers/fake-upstream.js";
 import { secondChatOffer } from "./helpers/market.js";
 import { contextOf, createReferenceLm, promptOf, VOCAB } from "./helpers/ngram-lm.js";
@@ -80,22 +80,13 @@ const reference = createReferenceLm(901);
 const referenceDist: Distribution = (c) => reference.logProbs(c);
 
 async function client(extra: Record<string, unknown> = {}, permitId: Hex = a.clientPermit) {
-  return fetch(`${a.gateway.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: {
-      authorization: `Bearer ${a.stack.apiKey}`,
-      "content-type": "application/json",
-      "x-gateway-permit": permitId,
-    },
-    body: JSON.stringify({
-      model: "demo-chat",
-      messages: [{ role: "user", content: "classify the sea" }],
-      temperature: 0,
-      max_tokens: 64,
-      logprobs: true,
-      top_logprobs: 3,
-      ...extra,
-    }),
+  return clientChat(a, permitId, {
+    messages: [{ role: "user", content: "classify the sea" }],
+    temperature: 0,
+    max_tokens: 64,
+    logprobs: true,
+    top_logprobs: 3,
+    ...extra,
   });
 }
 

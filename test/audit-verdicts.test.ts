@@ -2,7 +2,7 @@ import type { Hex } from "viem";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { mixSeed, seededRandom } from "../src/domain/audits/random.js";
 import type { AuditOutcome } from "../src/domain/audits/runner.js";
-import { startAuditStack, type AuditStack } from "./helpers/audits.js";
+import { clientChat, startAuditStack, type AuditStack } from "./helpers/audits.js";
 import type { FakeUpstream } from "./helpers/fake-upstream.js";
 import { secondChatOffer } from "./helpers/market.js";
 import { createImpostorLm, createReferenceLm, promptOf, type NgramLm } from "./helpers/ngram-lm.js";
@@ -41,20 +41,11 @@ async function client(
   extra: Record<string, unknown> = {},
   permitId: Hex = a.clientPermit,
 ) {
-  return fetch(`${a.gateway.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: {
-      authorization: `Bearer ${a.stack.apiKey}`,
-      "content-type": "application/json",
-      "x-gateway-permit": permitId,
-    },
-    body: JSON.stringify({
-      model: "demo-chat",
-      messages: [{ role: "user", content: "tell me something about the sea" }],
-      temperature,
-      max_tokens: 32,
-      ...extra,
-    }),
+  return clientChat(a, permitId, {
+    messages: [{ role: "user", content: "tell me something about the sea" }],
+    temperature,
+    max_tokens: 32,
+    ...extra,
   });
 }
 

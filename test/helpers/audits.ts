@@ -107,6 +107,26 @@ export async function startAuditStack(
 }
 
 /**
+ * A client's chat of `demo-chat` on `permitId` with the stack's API key: `body`'s members after
+ * `model`, in its order (audits copy a framing member by member).
+ */
+export function clientChat(
+  a: Pick<AuditStack, "stack" | "gateway">,
+  permitId: Hex,
+  body: Record<string, unknown>,
+): Promise<Response> {
+  return fetch(`${a.gateway.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: {
+      authorization: `Bearer ${a.stack.apiKey}`,
+      "content-type": "application/json",
+      "x-gateway-permit": permitId,
+    },
+    body: JSON.stringify({ model: "demo-chat", ...body }),
+  });
+}
+
+/**
  * The two-sample Kolmogorov–Smirnov test: the statistic D (the largest gap between the two
  * empirical distribution functions) and its asymptotic p-value (Numerical Recipes' `kstwo`:
  * Q_KS((√n_e + 0.12 + 0.11/√n_e)·D), n_e = nm/(n+m)).
