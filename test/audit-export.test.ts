@@ -225,7 +225,6 @@ describe("gateway audits export-reference", () => {
     manifest.files[file] = bordersSha;
     await writeFile(join(dir, "manifest.json"), JSON.stringify(manifest));
     const loaded = await loadOperatorCorpus(dir);
-    expect(loaded.source).toBe("operator");
-    expect(loaded.corpus.borders.get(model)?.map((p) => p.id)).toEqual(["own-p0"]);
+    expect(loaded.borders.get(model)?.map((p) => p.id)).toEqual(["own-p0"]);
   });
 });

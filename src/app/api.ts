@@ -18,6 +18,7 @@ import { createPgOfferKeyBindingStore } from "../adapters/pg/offer-key-bindings.
 import { createOfferEarningsService } from "../domain/offer-earnings.js";
 import { createOfferKeyBindingService } from "../domain/offer-key-binding.js";
 import type { Config } from "../config.js";
+import { auditCorpusSource } from "../config/audits.js";
 import { createCatalogService } from "../connect/catalog-service.js";
 import { createGatewayService } from "../connect/gateway-service.js";
 import { createInferenceService } from "../connect/inference-service.js";
@@ -27,7 +28,6 @@ import { createQuoteService } from "../connect/quote-service.js";
 import { createAuditService } from "../connect/audit-service.js";
 import { createPgAuditStandingStore } from "../adapters/pg/audits.js";
 import type { AuditStandings } from "../domain/audits/standing.js";
-import type { AuditWiring } from "./audits.js";
 import { createSettlementService } from "../connect/settlement-service.js";
 import type { Catalog } from "../domain/catalog.js";
 import type { Inference } from "../domain/chat/index.js";
@@ -139,8 +139,6 @@ export interface ApiDeps {
     readonly cooldowns?: Pick<OfferCooldowns, "until"> | undefined;
     /** The offers' audit standings (the catalog and quotes show each offer's). */
     readonly standings?: Pick<AuditStandings, "get"> | undefined;
-    /** The blind audits, when on: GET /v1/gateway says which corpus they ask. */
-    readonly audits?: Pick<AuditWiring, "source"> | undefined;
   };
   readonly permits: ChainPermitReader;
   readonly permitClock: () => number;
@@ -216,7 +214,7 @@ export function createApi(config: Config, deps: ApiDeps) {
             ? undefined
             : privateKeyToAccount(config.settlementPrivateKey).address,
         receiptSigner: receiptSigner?.address,
-        auditCorpus: deps.offerViews.audits?.source,
+        auditCorpus: auditCorpusSource(config.audits),
       }),
       quote: createQuoteService(deps.inference, deps.offerViews.standings),
       audit: createAuditService(createPgAuditStandingStore(db.pool)),

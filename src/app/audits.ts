@@ -4,6 +4,7 @@ import type { Database } from "../adapters/pg/database.js";
 import { createPgAuditSampleStore, createPgAuditSpendStore } from "../adapters/pg/audit-traffic.js";
 import { connectAudits, type AuditConnection } from "../clients/inference.js";
 import type { Config } from "../config.js";
+import { auditCorpusSource } from "../config/audits.js";
 import { apiKeyIdOf } from "../domain/api-key-check.js";
 import { createAuditRunner, type AuditRunner, type SaveVerdicts } from "../domain/audits/runner.js";
 import { createShapeSample, type ShapeSample } from "../domain/audits/shapes.js";
@@ -35,8 +36,6 @@ export interface AuditOptions {
 
 /** The audits of one gateway: wired before it listens, started once it does. */
 export interface AuditWiring {
-  /** The corpus the audits ask: the operator's own (AUDIT_CORPUS_DIR) or the shipped one. */
-  readonly source: "shipped" | "operator";
   /** The sample of clients' request shapes the chat pipeline feeds. */
   readonly shapes: ShapeSample;
   /** Connects to the gateway at `url` (its own gRPC port) and starts the runner. */
@@ -68,7 +67,8 @@ export async function prepareAudits(
   if (audits === undefined) return undefined;
   const ownKey = apiKeyIdOf(audits.auditApiKey);
   const shapes = createShapeSample({ ignoredKey: () => ownKey });
-  const { corpus, source } = await loadOperatorCorpus(audits.corpusDir);
+  const corpus = await loadOperatorCorpus(audits.corpusDir);
+  const source = auditCorpusSource(audits)!;
   deps.metrics.auditCorpus(source);
   if (source === "shipped")
     deps.logger.warn(
@@ -83,7 +83,6 @@ export async function prepareAudits(
   let connection: AuditConnection | undefined;
   let runner: AuditRunner | undefined;
   return {
-    source,
     shapes,
     start(url) {
       connection = connectAudits(url, audits.auditApiKey);

@@ -70,7 +70,7 @@ export async function runAuditsExport(
     return 1;
   }
   // The corpus the gateway's audits ask: the samples' prompt ids are its.
-  const { corpus } = await loadOperatorCorpus(parseAuditCorpusDir(env));
+  const corpus = await loadOperatorCorpus(parseAuditCorpusDir(env));
   const data = exportReference(corpus, modelId, anchor, await auditSamplesSince(db, modelId, 0));
   const files = referenceFiles(data);
   if (files.length === 0) {

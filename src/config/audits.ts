@@ -1,4 +1,5 @@
 import type { Hex } from "viem";
+import type { AuditCorpusSource } from "../domain/audits/types.js";
 import { isHex32, normalizeHex } from "../domain/hex.js";
 import { envReader, ConfigError, type Env, type EnvReader } from "./read.js";
 
@@ -67,6 +68,8 @@ export function auditSettings(r: EnvReader): AuditConfig | undefined {
   const anchors = pairs(r, "AUDIT_ANCHORS", "OFFER_ID");
   if (permits.size === 0) {
     if (anchors.size > 0) r.problems.push("AUDIT_ANCHORS needs AUDIT_PERMITS");
+    if (r.str("AUDIT_CORPUS_DIR") !== undefined)
+      r.problems.push("AUDIT_CORPUS_DIR needs AUDIT_PERMITS");
     return undefined;
   }
   const auditApiKey = r.required("AUDIT_API_KEY", "the API key audits are sent with");
@@ -101,6 +104,12 @@ export function parseAuditBudgetConfig(
         };
   if (r.problems.length > 0) throw new ConfigError(r.problems);
   return budget;
+}
+
+/** The corpus the audits ask, or undefined when audits are off. */
+export function auditCorpusSource(audits: AuditConfig | undefined): AuditCorpusSource | undefined {
+  if (audits === undefined) return undefined;
+  return audits.corpusDir === undefined ? "shipped" : "operator";
 }
 
 /** `AUDIT_CORPUS_DIR` alone (`gateway audits export-reference`): undefined when not set. */

@@ -8,6 +8,7 @@ import {
   parsePayerChainConfig,
   parseSettleConfig,
 } from "../config.js";
+import { auditCorpusSource } from "./audits.js";
 
 const base = {
   RPC_URL: "http://127.0.0.1:8545",
@@ -467,5 +468,40 @@ describe("tracing settings", () => {
       "OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or https:// URL",
     ]);
     expect(String((error as Error).message)).not.toContain("s3cret");
+  });
+});
+
+describe("the audits' settings", () => {
+  const model = `0x${"39".repeat(32)}`;
+  const audited = {
+    ...base,
+    AUDIT_PERMITS: `${model}=0x${"a1".repeat(32)}`,
+    AUDIT_API_KEY: "gk_audit_key_for_the_test",
+    AUDIT_DAILY_BUDGET_PER_OFFER: "1000",
+    AUDIT_DAILY_BUDGET_PER_MODEL: "5000",
+  };
+
+  it("asks the operator's corpus with AUDIT_CORPUS_DIR, else the shipped one; none without audits", () => {
+    const own = parseConfig({ ...audited, AUDIT_CORPUS_DIR: "/srv/audit-corpus" }).audits;
+    expect(own?.corpusDir).toBe("/srv/audit-corpus");
+    expect(auditCorpusSource(own)).toBe("operator");
+    expect(auditCorpusSource(parseConfig(audited).audits)).toBe("shipped");
+    expect(auditCorpusSource(parseConfig(base).audits)).toBeUndefined();
+  });
+
+  it("refuses AUDIT_CORPUS_DIR or AUDIT_ANCHORS without AUDIT_PERMITS, rather than ignore them", () => {
+    try {
+      parseConfig({
+        ...base,
+        AUDIT_CORPUS_DIR: "/srv/audit-corpus",
+        AUDIT_ANCHORS: `${model}=0x${"b2".repeat(32)}`,
+      });
+      expect.unreachable("parseConfig accepted audit settings without AUDIT_PERMITS");
+    } catch (error) {
+      expect((error as ConfigError).problems).toEqual([
+        "AUDIT_ANCHORS needs AUDIT_PERMITS",
+        "AUDIT_CORPUS_DIR needs AUDIT_PERMITS",
+      ]);
+    }
   });
 });

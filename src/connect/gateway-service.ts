@@ -1,6 +1,7 @@
 import { create } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import type { Address } from "viem";
+import type { AuditCorpusSource } from "../domain/audits/types.js";
 import {
   AuditCorpus,
   GatewayService,
@@ -17,7 +18,7 @@ export interface GatewayFacts {
   /** The receipt key's address (RECEIPT_PRIVATE_KEY's); absent: no receipts. */
   readonly receiptSigner: Address | undefined;
   /** The corpus the blind audits ask; absent: no audits. */
-  readonly auditCorpus?: "shipped" | "operator" | undefined;
+  readonly auditCorpus?: AuditCorpusSource | undefined;
 }
 
 const corpusOf = {

@@ -8,6 +8,7 @@ import {
 } from "prom-client";
 import type { RpcObserver } from "../connect/call-guard.js";
 import type { AuditObserver } from "../domain/audits/runner.js";
+import type { AuditCorpusSource } from "../domain/audits/types.js";
 import type { ChatObserver } from "../domain/chat/ports.js";
 import { GatewayError, type ErrorCode } from "../domain/errors.js";
 import { createSharedRefresh } from "../domain/shared-refresh.js";
@@ -60,7 +61,7 @@ export interface GatewayMetrics {
    */
   authorityListener(up: boolean): void;
   /** The corpus the audits ask: the shipped (public) one or the operator's own. */
-  auditCorpus(source: "shipped" | "operator"): void;
+  auditCorpus(source: AuditCorpusSource): void;
   /** Sets where the scrape-time gauges are read (until then they are absent). */
   setSources(sources: ScrapeSources): void;
   /**

@@ -138,10 +138,11 @@ export async function loadAuditCorpus(dir: string = auditDataDir): Promise<Audit
     borders,
     referenceLogprobs,
   };
-  const ids = [...corpus.prompts, ...corpus.probes].map((p) => p.id);
-  const repeated = ids.find((id, i) => ids.indexOf(id) !== i);
-  if (repeated !== undefined)
-    throw new AuditCorpusError(`corpus.json: prompt id ${repeated} is used twice`);
+  const ids = new Set<string>();
+  for (const { id } of [...corpus.prompts, ...corpus.probes]) {
+    if (ids.has(id)) throw new AuditCorpusError(`corpus.json: prompt id ${id} is used twice`);
+    ids.add(id);
+  }
   // A framing whose clients send a system message gets one from the prompt, else its language's
   // list, else English's: an audit without one would differ from the clients it copies.
   const bare = [...corpus.prompts, ...corpus.probes].find(
@@ -162,13 +163,6 @@ export async function loadAuditCorpus(dir: string = auditDataDir): Promise<Audit
         `the audits need at least ${mmdPromptsPerPeriod} prompts and 1 probe`,
     );
   return corpus;
-}
-
-/** The corpus audits ask: an operator's own, or the shipped (public) one. */
-export interface LoadedAuditCorpus {
-  readonly corpus: AuditCorpus;
-  /** `shipped`: anyone can read its prompts, so a provider can tell audits by them. */
-  readonly source: "shipped" | "operator";
 }
 
 /** A user turn as compared across corpora: spaces folded, case ignored. */
@@ -193,8 +187,8 @@ function ownTexts(corpus: AuditCorpus): Map<string, string> {
  * message of the shipped one (spaces and case aside): a provider reads those in this repository,
  * and would answer honestly the audits that carry them.
  */
-export async function loadOperatorCorpus(dir: string | undefined): Promise<LoadedAuditCorpus> {
-  if (dir === undefined) return { corpus: await loadAuditCorpus(), source: "shipped" };
+export async function loadOperatorCorpus(dir: string | undefined): Promise<AuditCorpus> {
+  if (dir === undefined) return loadAuditCorpus();
   const corpus = await loadAuditCorpus(dir.endsWith("/") ? dir : `${dir}/`);
   const shipped = ownTexts(await loadAuditCorpus());
   const public_ = [...ownTexts(corpus)].filter(([text]) => shipped.has(text));
@@ -206,5 +200,5 @@ export async function loadOperatorCorpus(dir: string | undefined): Promise<Loade
           .map(([text, id]) => `${id}, as shipped ${shipped.get(text)}`)
           .join("; ")}), which anyone can read: a provider would answer those audits honestly`,
     );
-  return { corpus, source: "operator" };
+  return corpus;
 }

@@ -40,6 +40,12 @@ export type AuditTestName =
  */
 export type AuditState = "unaudited" | "passing" | "flagged" | "excluded";
 
+/**
+ * Where the audits' prompts come from: the operator's own corpus (`AUDIT_CORPUS_DIR`), or the
+ * one shipped with the gateway, which anyone can read (a provider can tell audits by it).
+ */
+export type AuditCorpusSource = "shipped" | "operator";
+
 /** One audit observation: one answer of one offer (or of the reference) to one audit prompt. */
 export interface AuditSample {
   readonly offerId: Hex;
